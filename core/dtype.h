@@ -1,0 +1,137 @@
+// Element types and their conversions.
+//
+// f32 is the compute type on CPU; bf16 and f16 are storage formats there
+// (every conversion rounds to nearest, ties to even, like the hardware), and
+// compute formats on CUDA (with f32 accumulation).
+#ifndef ZE_CORE_DTYPE_H_
+#define ZE_CORE_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ze {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Bytes per element: 4 for f32, 2 for bf16 and f16.
+constexpr size_t SizeOf(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+// "f32", "bf16", "f16".
+const char* DTypeName(DType dtype);
+// safetensors spelling: "F32", "BF16", "F16".
+const char* DTypeSafetensorsName(DType dtype);
+// Parses either spelling (case-insensitive; also "float32", "bfloat16",
+// "float16", "fp32", "fp16"); InvalidArgument naming the text otherwise.
+absl::StatusOr<DType> ParseDType(absl::string_view text);
+
+inline uint32_t FloatBits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+inline float BitsToFloat(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// f32 -> bf16, round to nearest even. NaN stays NaN (quiet, sign kept);
+// overflow rounds to infinity as IEEE requires.
+inline uint16_t FloatToBf16Bits(float value) {
+  const uint32_t bits = FloatBits(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+
+inline float Bf16BitsToFloat(uint16_t bits) {
+  return BitsToFloat(static_cast<uint32_t>(bits) << 16);
+}
+
+// f32 -> IEEE binary16, round to nearest even, with subnormals, overflow to
+// infinity, and NaN kept NaN (quiet, sign kept).
+uint16_t FloatToF16Bits(float value);
+float F16BitsToFloat(uint16_t bits);
+
+// Storage-only 16-bit types: a bit pattern with conversions. Arithmetic
+// happens in f32.
+struct bf16 {
+  uint16_t bits = 0;
+  bf16() = default;
+  explicit bf16(float value) : bits(FloatToBf16Bits(value)) {}
+  static bf16 FromBits(uint16_t bits) {
+    bf16 value;
+    value.bits = bits;
+    return value;
+  }
+  explicit operator float() const { return Bf16BitsToFloat(bits); }
+};
+
+struct f16 {
+  uint16_t bits = 0;
+  f16() = default;
+  explicit f16(float value) : bits(FloatToF16Bits(value)) {}
+  static f16 FromBits(uint16_t bits) {
+    f16 value;
+    value.bits = bits;
+    return value;
+  }
+  explicit operator float() const { return F16BitsToFloat(bits); }
+};
+
+// Maps a C++ element type to its DType.
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<bf16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<f16> {
+  static constexpr DType value = DType::kF16;
+};
+
+// Reads element `index` of a buffer of `dtype` as f32.
+inline float LoadAsFloat(const void* data, DType dtype, size_t index) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[index];
+    case DType::kBF16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(data)[index]);
+    case DType::kF16:
+      return F16BitsToFloat(static_cast<const uint16_t*>(data)[index]);
+  }
+  return 0.0f;
+}
+
+// Writes f32 `value`, rounded to `dtype`, to element `index`.
+inline void StoreFromFloat(void* data, DType dtype, size_t index,
+                           float value) {
+  switch (dtype) {
+    case DType::kF32:
+      static_cast<float*>(data)[index] = value;
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(data)[index] = FloatToBf16Bits(value);
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[index] = FloatToF16Bits(value);
+      return;
+  }
+}
+
+}  // namespace ze
+
+#endif  // ZE_CORE_DTYPE_H_

@@ -1,0 +1,82 @@
+// Streams and events: the ordering primitives every asynchronous API takes.
+//
+// On CUDA a Stream wraps a cudaStream_t; work queued on it runs in order, and
+// an Event marks a point in a stream that another stream or the host can wait
+// for. On the CPU, work runs when it is issued, so a CPU stream is already
+// complete and its events are always ready.
+//
+// Both are small value types sharing ownership of the underlying handle; the
+// last copy destroys it.
+#ifndef ZE_CORE_STREAM_H_
+#define ZE_CORE_STREAM_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device.h"
+
+namespace ze {
+
+class Stream {
+ public:
+  // The CPU stream (immediate).
+  Stream() = default;
+
+  // The legacy default stream of `device` (CPU: the immediate stream).
+  static Stream Default(const Device& device);
+  // A new non-blocking stream on `device`, optionally high priority (used
+  // for communication so it is not starved by compute).
+  static absl::StatusOr<Stream> Create(const Device& device,
+                                       bool high_priority = false);
+
+  const Device& device() const { return device_; }
+  // The cudaStream_t as void* (null: CPU stream or CUDA default stream).
+  void* native() const { return handle_ ? handle_->stream : nullptr; }
+
+  // Blocks the host until all work queued so far has finished.
+  absl::Status Synchronize() const;
+
+ private:
+  struct Handle {
+    void* stream = nullptr;
+    int device_index = 0;
+    ~Handle();
+  };
+  Device device_ = Device::Cpu();
+  std::shared_ptr<Handle> handle_;
+};
+
+class Event {
+ public:
+  // A CPU event (always complete).
+  Event() = default;
+  // A new event on `device` (timing enabled when `timing`).
+  static absl::StatusOr<Event> Create(const Device& device,
+                                      bool timing = false);
+
+  // Marks the current end of `stream`'s queue.
+  absl::Status Record(const Stream& stream);
+  // Makes future work on `stream` wait until this event completes (does not
+  // block the host).
+  absl::Status StreamWait(const Stream& stream) const;
+  // Blocks the host until the event completes.
+  absl::Status Synchronize() const;
+  // True when the work before the recorded point has finished.
+  bool Query() const;
+  // Milliseconds between two recorded timing events (after completion).
+  static absl::StatusOr<float> ElapsedMs(const Event& start, const Event& end);
+
+ private:
+  struct Handle {
+    void* event = nullptr;
+    int device_index = 0;
+    ~Handle();
+  };
+  Device device_ = Device::Cpu();
+  std::shared_ptr<Handle> handle_;
+};
+
+}  // namespace ze
+
+#endif  // ZE_CORE_STREAM_H_

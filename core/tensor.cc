@@ -1,0 +1,103 @@
+#include "core/tensor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+
+namespace ze {
+
+int64_t NumElements(const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) count *= dimension;
+  return count;
+}
+
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+Storage::~Storage() {
+  if (allocator_ != nullptr) allocator_->Deallocate(data_, bytes_);
+}
+
+absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype,
+                                     const Device& device,
+                                     Allocator* allocator) {
+  for (int64_t dimension : shape) {
+    if (dimension < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative dimension in shape ", ShapeToString(shape)));
+    }
+  }
+  if (allocator == nullptr) allocator = GetAllocator(device);
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.device_ = device;
+  tensor.shape_ = shape;
+  tensor.numel_ = NumElements(shape);
+  const size_t bytes = tensor.nbytes();
+  ZE_ASSIGN_OR_RETURN(void* data, allocator->Allocate(bytes));
+  tensor.storage_ = std::make_shared<Storage>(data, bytes, device, allocator);
+  return tensor;
+}
+
+absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
+                                     const Device& device,
+                                     Allocator* allocator) {
+  ZE_ASSIGN_OR_RETURN(Tensor tensor, Empty(shape, dtype, device, allocator));
+  if (tensor.nbytes() == 0) return tensor;
+  if (device.is_cpu()) {
+    std::memset(tensor.data(), 0, tensor.nbytes());
+  } else {
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+    ZE_RETURN_IF_ERROR(CudaStatus(cudaMemset(tensor.data(), 0, tensor.nbytes()),
+                                  "cudaMemset"));
+  }
+  return tensor;
+}
+
+Tensor Tensor::Wrap(void* data, const Shape& shape, DType dtype,
+                    const Device& device) {
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.device_ = device;
+  tensor.shape_ = shape;
+  tensor.numel_ = NumElements(shape);
+  tensor.storage_ =
+      std::make_shared<Storage>(data, tensor.nbytes(), device, nullptr);
+  return tensor;
+}
+
+int64_t Tensor::size(int axis) const {
+  if (axis < 0) axis += dim();
+  ZE_CHECK(axis >= 0 && axis < dim());
+  return shape_[axis];
+}
+
+Tensor Tensor::Slice(int64_t offset, int64_t count) const {
+  ZE_CHECK(offset >= 0 && count >= 0 && offset + count <= numel_);
+  Tensor view = *this;
+  view.offset_bytes_ = offset_bytes_ + static_cast<size_t>(offset) * SizeOf(dtype_);
+  view.shape_ = {count};
+  view.numel_ = count;
+  return view;
+}
+
+Tensor Tensor::View(const Shape& shape) const {
+  ZE_CHECK(NumElements(shape) == numel_);
+  Tensor view = *this;
+  view.shape_ = shape;
+  return view;
+}
+
+std::string Tensor::DebugString() const {
+  if (!defined()) return "Tensor(undefined)";
+  return absl::StrCat("Tensor(", DTypeName(dtype_), ", ", ShapeToString(shape_),
+                      ", ", device_.ToString(), ")");
+}
+
+}  // namespace ze
