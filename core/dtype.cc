@@ -15,6 +15,8 @@ const char* DTypeName(DType dtype) {
       return "bf16";
     case DType::kF16:
       return "f16";
+    case DType::kI32:
+      return "i32";
   }
   return "unknown";
 }
@@ -27,6 +29,8 @@ const char* DTypeSafetensorsName(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kI32:
+      return "I32";
   }
   return "unknown";
 }
@@ -44,9 +48,10 @@ absl::StatusOr<DType> ParseDType(absl::string_view text) {
       lower == "half") {
     return DType::kF16;
   }
+  if (lower == "i32" || lower == "int32") return DType::kI32;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype \"", text,
-                   "\" (expected one of f32, bf16, f16)"));
+                   "\" (expected one of f32, bf16, f16, i32)"));
 }
 
 uint16_t FloatToF16Bits(float value) {

@@ -16,10 +16,14 @@
 
 namespace ze {
 
-enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kI32 is for integer data (token ids, targets); it is not a float format:
+// casts to or from it are not supported by the kernels in core/ops.h.
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
-// Bytes per element: 4 for f32, 2 for bf16 and f16.
-constexpr size_t SizeOf(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+// Bytes per element: 4 for f32 and i32, 2 for bf16 and f16.
+constexpr size_t SizeOf(DType dtype) {
+  return (dtype == DType::kF32 || dtype == DType::kI32) ? 4 : 2;
+}
 
 // "f32", "bf16", "f16".
 const char* DTypeName(DType dtype);
@@ -112,6 +116,8 @@ inline float LoadAsFloat(const void* data, DType dtype, size_t index) {
       return Bf16BitsToFloat(static_cast<const uint16_t*>(data)[index]);
     case DType::kF16:
       return F16BitsToFloat(static_cast<const uint16_t*>(data)[index]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(data)[index]);
   }
   return 0.0f;
 }
@@ -128,6 +134,9 @@ inline void StoreFromFloat(void* data, DType dtype, size_t index,
       return;
     case DType::kF16:
       static_cast<uint16_t*>(data)[index] = FloatToF16Bits(value);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(data)[index] = static_cast<int32_t>(value);
       return;
   }
 }

@@ -67,6 +67,9 @@ absl::Status Fill(const Tensor& dst, float value, const Stream& stream) {
   if (dst.dtype() == DType::kF32) {
     float* data = dst.data_as<float>();
     for (int64_t i = 0; i < count; ++i) data[i] = value;
+  } else if (dst.dtype() == DType::kI32) {
+    int32_t* data = dst.data_as<int32_t>();
+    for (int64_t i = 0; i < count; ++i) data[i] = static_cast<int32_t>(value);
   } else {
     const uint16_t bits = dst.dtype() == DType::kBF16 ? FloatToBf16Bits(value)
                                                       : FloatToF16Bits(value);

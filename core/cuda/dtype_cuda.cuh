@@ -8,7 +8,7 @@
 namespace ze {
 namespace cuda {
 
-enum : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
 __device__ __forceinline__ float LoadF32(const void* data, int dtype,
                                          int64_t index) {
@@ -17,6 +17,8 @@ __device__ __forceinline__ float LoadF32(const void* data, int dtype,
       return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[index]);
     case kF16:
       return __half2float(static_cast<const __half*>(data)[index]);
+    case kI32:
+      return static_cast<float>(static_cast<const int*>(data)[index]);
     default:
       return static_cast<const float*>(data)[index];
   }
@@ -31,6 +33,9 @@ __device__ __forceinline__ void StoreF32(void* data, int dtype, int64_t index,
       return;
     case kF16:
       static_cast<__half*>(data)[index] = __float2half_rn(value);
+      return;
+    case kI32:
+      static_cast<int*>(data)[index] = static_cast<int>(value);
       return;
     default:
       static_cast<float*>(data)[index] = value;
