@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine needs into gpu_bundle/ (git-ignored): every test
+# tagged `gpu` (with its runfiles), the benchmarks and examples, and the
+# non-system shared libraries they link. The GPU machine has CUDA 13, NCCL,
+# Open MPI 4.1 and mpirun but no Bazel and no Abseil; those libraries that it
+# has (libc, libstdc++, CUDA, NCCL, MPI) are not copied.
+#
+# Then on the GPU machine: gpu_bundle/run_gpu_tests.sh (exits non-zero on any
+# failure) and gpu_bundle/bin/<benchmark>.
+#
+# Usage: tools/gpu_bundle.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install_deps.sh
+
+bundle=gpu_bundle
+rm -rf "${bundle}"
+mkdir -p "${bundle}/bin" "${bundle}/lib" "${bundle}/tests"
+
+bazel build //... 2>&1 | grep -v linux-sandbox | tail -3
+bin_dir="$(bazel info bazel-bin 2>/dev/null)"
+
+# Libraries the GPU machine provides itself (or that must match its driver).
+system_library_pattern='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libnvidia|libcudart|libcublas|libcublasLt|libnccl|libmpi|libopen-|libpmix|libevent|libhwloc|libz\.|libudev|libltdl|libnl-|libibverbs|librdmacm|libfabric|libpsm|libucp|libucs|libuct|libucm|libefa|libnuma|libmunge|libcrypto|libssl|libutil\.)'
+
+copy_libraries() {
+  local binary="$1"
+  ldd "${binary}" 2>/dev/null | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    if [[ ! "${name}" =~ ${system_library_pattern} && ! -e "${bundle}/lib/${name}" ]]; then
+      cp -L "${path}" "${bundle}/lib/${name}"
+    fi
+  done
+}
+
+add_binary() {  # add_binary <bazel-bin relative path> <destination>
+  local source="${bin_dir}/$1" destination="$2"
+  mkdir -p "$(dirname "${destination}")"
+  cp -L "${source}" "${destination}"
+  chmod u+w "${destination}"
+  strip --strip-debug "${destination}" 2>/dev/null || true
+  copy_libraries "${source}"
+}
+
+# gpu tests: label -> (kind, path). sh_tests keep their runfiles tree.
+: > "${bundle}/tests/manifest.txt"
+for label in $(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null); do
+  package="${label#//}"; package="${package%%:*}"; name="${label##*:}"
+  kind="$(bazel query --output=label_kind "${label}" 2>/dev/null | awk '{print $1}')"
+  if [[ "${kind}" == "sh_test" ]]; then
+    runfiles="${bin_dir}/${package}/${name}.runfiles"
+    mkdir -p "${bundle}/tests/${package}"
+    cp -rL "${runfiles}" "${bundle}/tests/${package}/${name}.runfiles"
+    # Binaries inside runfiles get their libraries too, and lose debug info.
+    find "${bundle}/tests/${package}/${name}.runfiles" -type f -perm -u+x | while read -r file; do
+      if file "${file}" | grep -q ELF; then
+        chmod u+w "${file}"; strip --strip-debug "${file}" 2>/dev/null || true
+        copy_libraries "${file}"
+      fi
+    done
+    echo "sh ${package} ${name}" >> "${bundle}/tests/manifest.txt"
+  else
+    add_binary "${package}/${name}" "${bundle}/tests/${package}/${name}"
+    echo "cc ${package} ${name}" >> "${bundle}/tests/manifest.txt"
+  fi
+done
+
+# Benchmarks and examples: every cc_binary under bench/ and examples/.
+for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/cuda/...)' 2>/dev/null); do
+  package="${label#//}"; package="${package%%:*}"; name="${label##*:}"
+  add_binary "${package}/${name}" "${bundle}/bin/${name}"
+done
+
+cp tools/run_gpu_tests.sh "${bundle}/run_gpu_tests.sh"
+cp -r examples/configs "${bundle}/configs" 2>/dev/null || true
+echo "gpu_bundle: $(du -sh "${bundle}" | cut -f1) in ${bundle}/ ($(wc -l < "${bundle}/tests/manifest.txt") gpu tests)"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs, if any is missing.
+# Idempotent; safe to call from every entry script. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap    # Bazel 4.2, works offline
+  libabsl-dev        # Abseil 20220623
+  libgtest-dev       # GoogleTest 1.12 (+ gmock)
+  libopenmpi-dev     # Open MPI 4.1 headers and libraries
+  openmpi-bin        # mpirun
+  nlohmann-json3-dev # nlohmann-json 3.11
+  libopenblas-dev    # OpenBLAS for CPU matrix products
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("${package}")
+  fi
+done
+
+if ((${#missing[@]} > 0)); then
+  echo "install_deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  # Package lists may be empty on a fresh machine.
+  ${SUDO} apt-get update -qq
+  ${SUDO} apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "install_deps: the CUDA 13 toolkit must be installed at /usr/local/cuda (nvcc not found)" >&2
+  exit 1
+fi

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every gpu-tagged test packed by tools/gpu_bundle.sh, on the GPU
+# machine, without Bazel. Prints each result and `gpu tests: N passed, M
+# failed`; exits non-zero on any failure. Logs go to $OUT (or /tmp) as
+# gpu_test_logs/<package>_<name>.log.
+set -uo pipefail
+bundle="$(cd "$(dirname "$0")" && pwd)"
+export LD_LIBRARY_PATH="${bundle}/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export NCCL_NVLS_ENABLE=0
+logs="${OUT:-/tmp}/gpu_test_logs"
+mkdir -p "${logs}"
+filter="${1:-}"
+
+passed=0
+failed=0
+while read -r kind package name; do
+  [[ -n "${filter}" && "${package}/${name}" != *${filter}* ]] && continue
+  log="${logs}/${package//\//_}_${name}.log"
+  start=$(date +%s)
+  if [[ "${kind}" == "sh" ]]; then
+    runfiles="${bundle}/tests/${package}/${name}.runfiles"
+    (cd "${runfiles}/zero_engine" && TEST_SRCDIR="${runfiles}" TEST_WORKSPACE=zero_engine \
+      TEST_TMPDIR="$(mktemp -d)" timeout 600 "./${package}/${name}") > "${log}" 2>&1
+  else
+    (cd "${bundle}" && TEST_TMPDIR="$(mktemp -d)" timeout 600 "${bundle}/tests/${package}/${name}") > "${log}" 2>&1
+  fi
+  result=$?
+  elapsed=$(( $(date +%s) - start ))
+  if [[ ${result} -eq 0 ]]; then
+    passed=$((passed + 1)); echo "PASSED ${package}:${name} (${elapsed}s)"
+  else
+    failed=$((failed + 1)); echo "FAILED ${package}:${name} (${elapsed}s, exit ${result}); last lines:"
+    tail -25 "${log}" | sed 's/^/    /'
+  fi
+done < "${bundle}/tests/manifest.txt"
+echo "gpu tests: ${passed} passed, ${failed} failed"
+[[ ${failed} -eq 0 ]]
