@@ -1,0 +1,206 @@
+// Single-process tests: bootstrap parsing, timeout resolution, equal slices,
+// the recent-collectives ring, argument validation, and the local backend.
+// Multi-rank behaviour is tested under mpirun in tests/comm/.
+#include <map>
+#include <string>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/equal_slices.h"
+#include "comm/factory.h"
+#include "comm/recent_collectives.h"
+#include "core/ops.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace comm {
+namespace {
+
+std::function<const char*(const char*)> Env(
+    const std::map<std::string, std::string>& vars) {
+  return [vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(BootstrapTest, NoLauncherIsRankZeroOfOne) {
+  absl::StatusOr<LaunchInfo> info = ParseLaunchInfo(Env({}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->launched);
+  EXPECT_EQ(info->rank, 0);
+  EXPECT_EQ(info->world_size, 1);
+}
+
+TEST(BootstrapTest, ReadsOpenMpiVariables) {
+  absl::StatusOr<LaunchInfo> info = ParseLaunchInfo(
+      Env({{"OMPI_COMM_WORLD_SIZE", "4"},
+           {"OMPI_COMM_WORLD_RANK", "3"},
+           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->launched);
+  EXPECT_EQ(info->rank, 3);
+  EXPECT_EQ(info->world_size, 4);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_size, 2);
+}
+
+TEST(BootstrapTest, RejectsBadValuesNamingTheVariable) {
+  absl::StatusOr<LaunchInfo> info = ParseLaunchInfo(
+      Env({{"OMPI_COMM_WORLD_SIZE", "two"}, {"OMPI_COMM_WORLD_RANK", "0"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(info.status().message().find("OMPI_COMM_WORLD_SIZE"),
+            std::string::npos);
+  info = ParseLaunchInfo(
+      Env({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "2"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("OMPI_COMM_WORLD_RANK=2"),
+            std::string::npos);
+}
+
+TEST(BootstrapTest, DeviceIndexWrapsAroundTheGpus) {
+  EXPECT_EQ(DeviceIndexForRank(0, 1), 0);
+  EXPECT_EQ(DeviceIndexForRank(3, 1), 0);
+  EXPECT_EQ(DeviceIndexForRank(5, 4), 1);
+  EXPECT_EQ(DeviceIndexForRank(2, 0), -1);
+}
+
+TEST(BootstrapTest, TimeoutFromOptionThenEnvironmentThenDefault) {
+  EXPECT_EQ(*ResolveTimeoutSeconds(3, Env({{"ZE_COMM_TIMEOUT_SECONDS", "7"}})),
+            3);
+  EXPECT_EQ(*ResolveTimeoutSeconds(0, Env({{"ZE_COMM_TIMEOUT_SECONDS", "7.5"}})),
+            7.5);
+  EXPECT_EQ(*ResolveTimeoutSeconds(0, Env({})), 600);
+  absl::StatusOr<double> bad =
+      ResolveTimeoutSeconds(0, Env({{"ZE_COMM_TIMEOUT_SECONDS", "-1"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ZE_COMM_TIMEOUT_SECONDS"),
+            std::string::npos);
+}
+
+TEST(EqualSlicesTest, PadsUnevenTotals) {
+  EqualSlices s = EqualSlices::Make(53, 3);
+  EXPECT_EQ(s.slice, 18);
+  EXPECT_EQ(s.padded_total(), 54);
+  EXPECT_EQ(s.offset(2), 36);
+  EXPECT_EQ(s.valid_count(0), 18);
+  EXPECT_EQ(s.valid_count(2), 17);
+  // More ranks than elements: trailing ranks own only padding.
+  s = EqualSlices::Make(2, 4);
+  EXPECT_EQ(s.slice, 1);
+  EXPECT_EQ(s.valid_count(1), 1);
+  EXPECT_EQ(s.valid_count(3), 0);
+  // Alignment rounds each slice up.
+  s = EqualSlices::Make(53, 3, 8);
+  EXPECT_EQ(s.slice, 24);
+  EXPECT_EQ(s.valid_count(2), 5);
+  EXPECT_EQ(EqualSlices::Make(0, 3).padded_total(), 0);
+}
+
+TEST(RecentCollectivesTest, KeepsTheLastRecordsInOrder) {
+  RecentCollectives recent(/*rank=*/2, /*capacity=*/3);
+  for (int i = 0; i < 5; ++i) {
+    CollectiveRecord record;
+    record.kind = CollectiveKind::kAllReduce;
+    record.count = 53 + i;
+    record.dtype = DType::kBF16;
+    EXPECT_EQ(recent.Issue(record), static_cast<uint64_t>(i + 1));
+  }
+  recent.MarkCompleted(4);
+  recent.MarkFailed(5);
+  const std::string dump = recent.Dump();
+  EXPECT_EQ(dump.find("#2"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("rank 2: all_reduce(sum) #3: 55 x bf16 PENDING"),
+            std::string::npos)
+      << dump;
+  EXPECT_NE(dump.find("#4: 56 x bf16 completed"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("#5: 57 x bf16 FAILED"), std::string::npos) << dump;
+  EXPECT_LT(dump.find("#3"), dump.find("#5"));
+  EXPECT_EQ(recent.next(), 6u);
+}
+
+class LocalCommTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CommOptions options;
+    options.device = "cpu";
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        CreateCommunicator(options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comm_ = std::move(*comm);
+  }
+  Tensor Make(const std::vector<float>& values, DType dtype = DType::kF32) {
+    return *FromHostFloats(values, {static_cast<int64_t>(values.size())}, dtype,
+                           Device::Cpu(), stream_);
+  }
+  std::vector<float> Read(const Tensor& t) { return *ToHostFloats(t, stream_); }
+
+  std::unique_ptr<Communicator> comm_;
+  Stream stream_;
+};
+
+TEST_F(LocalCommTest, AProcessWithoutLauncherIsAWorldOfOne) {
+  EXPECT_EQ(comm_->rank(), 0);
+  EXPECT_EQ(comm_->world_size(), 1);
+  EXPECT_STREQ(comm_->backend_name(), "local");
+  EXPECT_EQ(comm_->timeout_seconds(), 600);
+}
+
+TEST_F(LocalCommTest, CollectivesOfOneRankCopy) {
+  Tensor in = Make({1.5f, -2, 3}, DType::kBF16);
+  Tensor out = Make({0, 0, 0}, DType::kBF16);
+  absl::StatusOr<Work> work =
+      comm_->AllReduce(in, out, ReduceOp::kAverage, stream_);
+  ASSERT_TRUE(work.ok()) << work.status();
+  ASSERT_TRUE(work->Wait().ok());
+  EXPECT_EQ(Read(out), (std::vector<float>{1.5f, -2, 3}));
+  Tensor gathered = Make({0, 0, 0}, DType::kBF16);
+  ASSERT_TRUE(comm_->AllGather(in, gathered, stream_)->Wait().ok());
+  EXPECT_EQ(Read(gathered), (std::vector<float>{1.5f, -2, 3}));
+  ASSERT_TRUE(comm_->Broadcast(in, 0, stream_)->Wait().ok());
+  ASSERT_TRUE(comm_->Barrier().ok());
+  EXPECT_EQ(comm_->next_sequence_number(), 5u);
+  EXPECT_NE(comm_->DumpRecentCollectives().find("all_gather #2: 3 x bf16 completed"),
+            std::string::npos)
+      << comm_->DumpRecentCollectives();
+}
+
+TEST_F(LocalCommTest, RejectsMismatchedArgumentsNamingThem) {
+  Tensor a = Make({1, 2, 3});
+  Tensor b = Make({1, 2});
+  absl::StatusOr<Work> work = comm_->AllReduce(a, b, ReduceOp::kSum, stream_);
+  ASSERT_FALSE(work.ok());
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(work.status().message().find("all_reduce on rank 0"),
+            std::string::npos)
+      << work.status();
+  work = comm_->AllReduce(a, Make({1, 2, 3}, DType::kF16), ReduceOp::kSum,
+                          stream_);
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kInvalidArgument);
+  work = comm_->AllReduce(a.Slice(0, 2), a.Slice(1, 2), ReduceOp::kSum, stream_);
+  EXPECT_NE(work.status().message().find("partially overlap"), std::string::npos)
+      << work.status();
+  work = comm_->Broadcast(a, 1, stream_);
+  EXPECT_NE(work.status().message().find("root 1 is outside"), std::string::npos)
+      << work.status();
+  // A failed validation consumes no sequence number.
+  EXPECT_EQ(comm_->next_sequence_number(), 1u);
+}
+
+TEST(FactoryTest, RejectsUnknownChoices) {
+  CommOptions options;
+  options.backend = "gloo";
+  options.device = "cpu";
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateCommunicator(options);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_NE(comm.status().message().find("\"gloo\""), std::string::npos);
+  options.backend = "nccl";
+  comm = CreateCommunicator(options);
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace ze

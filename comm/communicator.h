@@ -1,0 +1,229 @@
+// Communicator: collective operations over ze::Tensors across the ranks of a
+// job launched by mpirun (or a single process, which is rank 0 of 1).
+//
+// Backends (chosen by CreateCommunicator in comm/factory.h):
+//   "nccl"  device memory only, one GPU per rank; ops queued on CUDA streams.
+//   "mpi"   host memory; device memory is staged through pinned host buffers,
+//           so several ranks may share one GPU (how multi-rank GPU code is
+//           tested on a single GPU). bf16/f16 are reduced in f32.
+//   "local" a world of one process started without a launcher; every
+//           collective is a copy (or nothing).
+//
+// Every operation is asynchronous and stream-ordered:
+//   * It reads its input after all work queued on `stream` before the call
+//     (on the CPU stream, the input as it is at the call).
+//   * When the call returns OK, the operation has been queued or started;
+//     nothing is guaranteed to have completed. The returned Work is the
+//     handle to its completion.
+//   * Neither the input nor the output may be read or written by anyone until
+//     Work::Wait() (host) or Work::StreamWait(s) (work later queued on s)
+//     has returned OK. Only then is the output defined.
+//   * All ranks must issue the same collectives, with the same element
+//     counts, dtypes, reduce ops and roots, in the same order. A rank that
+//     skips or reorders one makes the others' Wait fail with
+//     DeadlineExceeded after the timeout (see CommOptions), naming the
+//     operation and its sequence number; they never hang silently.
+//
+// Tensors must be contiguous (all ze::Tensors are), have the same dtype on
+// input and output (f32, bf16 or f16), and live on the communicator's
+// device() (or on the host, for the mpi and local backends). Shapes do not
+// matter; element counts do.
+//
+// A Communicator is not thread-safe: one thread at a time issues operations
+// and waits on their Work. A Work must not outlive its communicator.
+#ifndef ZE_COMM_COMMUNICATOR_H_
+#define ZE_COMM_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/recent_collectives.h"
+#include "core/device.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace ze {
+namespace comm {
+
+// The handle to one issued operation (or one coalesced group). Cheap to copy;
+// copies refer to the same operation. A default-constructed Work is complete.
+class Work {
+ public:
+  // What a backend implements; users only see Work.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual absl::Status Wait() = 0;
+    virtual absl::Status StreamWait(const Stream& stream) = 0;
+    virtual absl::StatusOr<bool> Poll() = 0;
+    virtual uint64_t first_sequence_number() const = 0;
+  };
+
+  Work() = default;
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  // Blocks the host until the operation has completed on every rank it
+  // depends on and its output is defined and visible to the host (for device
+  // tensors: to work queued afterwards on the operation's stream, and, after
+  // a host synchronisation of that stream, to the host).
+  // Fails with DeadlineExceeded when it has not completed within the
+  // communicator's timeout (counted from the start of this Wait); the message
+  // names the operation, its sequence number, element count, dtype and this
+  // rank, and the communicator logs its recent collectives. After a timeout
+  // or a backend error the communicator is broken: later operations fail
+  // with FailedPrecondition. Calling Wait again after success is a no-op.
+  absl::Status Wait() const { return impl_ ? impl_->Wait() : absl::OkStatus(); }
+
+  // Makes work queued later on `stream` wait for this operation's output
+  // without blocking the host where the backend can (nccl: an event wait).
+  // The mpi backend with device tensors must block the host until the MPI
+  // transfer completes (then queues the copy back to the device), with the
+  // same timeout as Wait.
+  absl::Status StreamWait(const Stream& stream) const {
+    return impl_ ? impl_->StreamWait(stream) : absl::OkStatus();
+  }
+
+  // Non-blocking test: true once Wait would return OK at once. Errors as
+  // for Wait, except that it never times out.
+  absl::StatusOr<bool> Poll() const {
+    return impl_ ? impl_->Poll() : absl::StatusOr<bool>(true);
+  }
+
+  // The sequence number of the (first) operation; 0 for an empty Work.
+  uint64_t sequence_number() const {
+    return impl_ ? impl_->first_sequence_number() : 0;
+  }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// One collective, as given to Communicator::Coalesced. Holding the tensors
+// keeps their storage alive while the operation is in flight.
+struct CollectiveOp {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  Tensor input;
+  Tensor output;  // Broadcast: same as input
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int root = 0;
+
+  static CollectiveOp AllReduce(const Tensor& input, const Tensor& output,
+                                ReduceOp op = ReduceOp::kSum);
+  static CollectiveOp ReduceScatter(const Tensor& input, const Tensor& output,
+                                    ReduceOp op = ReduceOp::kSum);
+  static CollectiveOp AllGather(const Tensor& input, const Tensor& output);
+  static CollectiveOp Broadcast(const Tensor& tensor, int root);
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Rank among the processes on this host (OMPI_COMM_WORLD_LOCAL_RANK).
+  int local_rank() const { return local_rank_; }
+  // The device this rank's tensors live on (cuda:local_rank % device_count,
+  // or cpu).
+  const Device& device() const { return device_; }
+  // "mpi", "nccl" or "local".
+  virtual const char* backend_name() const = 0;
+
+  // output[i] = op over ranks of input[i], on every rank.
+  // Sizes: input and output have the same element count (any count, e.g. 53
+  // at 3 ranks). In place when input and output are the same tensor (same
+  // data pointer); partial overlap is not allowed. kAverage is the sum
+  // divided by world_size, rounded once to the dtype.
+  absl::StatusOr<Work> AllReduce(const Tensor& input, const Tensor& output,
+                                 ReduceOp op, const Stream& stream);
+
+  // Reduces across ranks, and leaves slice `rank` of the result on each rank:
+  // output[i] = op over ranks of input[rank * count + i].
+  // Sizes: input has world_size * count elements, output has count. In place
+  // when output is exactly this rank's slice of input
+  // (input.Slice(rank * count, count)); other overlaps are not allowed.
+  // For a total that does not divide by world_size, pad (comm/equal_slices.h).
+  absl::StatusOr<Work> ReduceScatter(const Tensor& input, const Tensor& output,
+                                     ReduceOp op, const Stream& stream);
+
+  // Concatenates every rank's input, in rank order, into output on every
+  // rank: output[r * count + i] = input of rank r [i].
+  // Sizes: input has count elements, output world_size * count. In place when
+  // input is exactly this rank's slice of output
+  // (output.Slice(rank * count, count)); other overlaps are not allowed.
+  absl::StatusOr<Work> AllGather(const Tensor& input, const Tensor& output,
+                                 const Stream& stream);
+
+  // Copies `root`'s tensor into `tensor` on every other rank (in place on
+  // every rank; the root's tensor is only read). Every rank passes the same
+  // element count. Fails with InvalidArgument for a root outside
+  // [0, world_size).
+  absl::StatusOr<Work> Broadcast(const Tensor& tensor, int root,
+                                 const Stream& stream);
+
+  // Issues several operations as one group: a backend may fuse them (NCCL
+  // group) and every rank must pass the same list. Each operation obeys its
+  // own contract above and gets its own sequence number; operations within
+  // a group must not write memory another op of the group reads. The Work
+  // completes when all of them have. An empty list returns a complete Work.
+  absl::StatusOr<Work> Coalesced(const std::vector<CollectiveOp>& ops,
+                                 const Stream& stream);
+
+  // Blocks the host until every rank has called Barrier (and every operation
+  // this rank issued before it has completed). Fails like Work::Wait.
+  absl::Status Barrier();
+
+  // The last (up to 64) collectives this communicator issued, one per line,
+  // oldest first, with sequence number, op, count, dtype and state.
+  std::string DumpRecentCollectives() const { return recorder_->Dump(); }
+  // The sequence number the next collective will get (starts at 1).
+  uint64_t next_sequence_number() const { return recorder_->next(); }
+  // Seconds a Wait may take before it fails with DeadlineExceeded.
+  double timeout_seconds() const { return timeout_seconds_; }
+
+ protected:
+  Communicator(int rank, int world_size, int local_rank, Device device,
+               double timeout_seconds);
+
+  // Issues `ops` (already validated; never empty). `sequence_numbers[i]` is
+  // ops[i]'s number, already recorded as issued.
+  virtual absl::StatusOr<Work> Issue(
+      const std::vector<CollectiveOp>& ops,
+      const std::vector<uint64_t>& sequence_numbers, const Stream& stream) = 0;
+  // Backend barrier: blocks until all ranks arrive (timeout as Wait).
+  virtual absl::Status BarrierImpl(uint64_t sequence_number) = 0;
+  // Whether this backend accepts tensors on `device`.
+  virtual bool AcceptsDevice(const Device& device) const = 0;
+
+  // The DeadlineExceeded status for the operations `first`..`last` after
+  // `seconds`; logs the recent collectives at ERROR.
+  absl::Status TimeoutError(uint64_t first_sequence, uint64_t last_sequence,
+                            double waited_seconds) const;
+  const std::shared_ptr<RecentCollectives>& recorder() const {
+    return recorder_;
+  }
+
+  // Set once a timeout or backend error made the communicator unusable.
+  absl::Status broken_ = absl::OkStatus();
+
+ private:
+  absl::Status Validate(const CollectiveOp& op) const;
+
+  int rank_;
+  int world_size_;
+  int local_rank_;
+  Device device_;
+  double timeout_seconds_;
+  std::shared_ptr<RecentCollectives> recorder_;
+};
+
+}  // namespace comm
+}  // namespace ze
+
+#endif  // ZE_COMM_COMMUNICATOR_H_
