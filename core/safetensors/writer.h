@@ -1,0 +1,110 @@
+// Writing safetensors files as a stream, atomically.
+//
+//   ZE_ASSIGN_OR_RETURN(auto writer, safetensors::Writer::Create(
+//       path, {{"wte.weight", ElementType::kF32, {V, C}}, ...}, metadata));
+//   ZE_RETURN_IF_ERROR(writer->Append("wte.weight", first_rows));  // chunks
+//   ZE_RETURN_IF_ERROR(writer->Append("wte.weight", other_rows));  // in order
+//   ...
+//   ZE_RETURN_IF_ERROR(writer->Finish());
+//
+// Every tensor's name, dtype and shape is declared up front, which fixes the
+// header; the data then streams in declaration order, each tensor in one or
+// more chunks (e.g. one per rank's shard, or one per slice of a bigger flat
+// buffer), so the whole file never has to be in memory.
+//
+// Atomicity: bytes go to a temporary file beside `path` ("<path>.tmp.XXXXXX");
+// Finish fsyncs it, renames it over `path` and fsyncs the directory. Until
+// Finish succeeds, `path` is untouched (an older file there survives), and a
+// writer that fails or is destroyed unfinished deletes its temporary file.
+//
+// A Writer is not thread-safe; use one per thread.
+#ifndef ZE_CORE_SAFETENSORS_WRITER_H_
+#define ZE_CORE_SAFETENSORS_WRITER_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/safetensors/format.h"
+#include "core/tensor.h"
+
+namespace ze {
+namespace safetensors {
+
+class Writer {
+public:
+  // Validates the declarations (format.h SerializeHeader), creates the
+  // temporary file in `path`'s directory and writes the header.
+  // InvalidArgument for bad declarations; NotFound when the directory does
+  // not exist; PermissionDenied when it is not writable; ResourceExhausted
+  // when the disk is full. Messages name `path`.
+  static absl::StatusOr<std::unique_ptr<Writer>>
+  Create(std::string path, std::vector<TensorSpec> tensors,
+         const Metadata &metadata = {});
+
+  // Deletes the temporary file unless Finish succeeded.
+  ~Writer();
+  Writer(const Writer &) = delete;
+  Writer &operator=(const Writer &) = delete;
+
+  // Appends the elements of `values` (a CPU tensor of the tensor's dtype;
+  // its shape is irrelevant, only its row-major elements count) to tensor
+  // `name`. `name` must be the tensor being written: the first declared
+  // tensor that is not yet complete. FailedPrecondition for another name or
+  // after a failure or Finish; InvalidArgument when the dtype differs, the
+  // tensor is not on the CPU, or it has more elements than `name` still
+  // lacks. Write errors (ResourceExhausted for a full disk) name the path;
+  // after one the writer is failed and its temporary file is gone.
+  absl::Status Append(absl::string_view name, const Tensor &values);
+
+  // Like Append with raw little-endian bytes; `bytes` must be a multiple of
+  // the element size.
+  absl::Status AppendBytes(absl::string_view name, const void *data,
+                           size_t bytes);
+
+  // Checks every declared byte was written (FailedPrecondition naming the
+  // first incomplete tensor otherwise), then flushes, fsyncs, renames over
+  // `path` and fsyncs the directory. On error nothing is left at the
+  // temporary name and `path` holds what it held before.
+  absl::Status Finish();
+
+  const std::string &path() const { return path_; }
+  // The declared tensors with their assigned data offsets.
+  const std::vector<TensorInfo> &layout() const { return layout_; }
+
+private:
+  Writer(std::string path, std::string temp_path, int fd,
+         std::vector<TensorInfo> layout);
+  // Skips completed (incl. zero-size) tensors.
+  void AdvancePastCompleteTensors();
+  absl::Status Write(const void *data, size_t bytes);
+  absl::Status Flush();
+  // Records `status` as the writer's failure and removes the temp file.
+  absl::Status Fail(absl::Status status);
+
+  std::string path_;
+  std::string temp_path_;
+  int fd_;
+  std::vector<TensorInfo> layout_;
+  size_t current_ = 0; // index into layout_ of the tensor being filled
+  uint64_t written_in_current_ = 0;
+  std::string buffer_;   // small appends are batched into one write
+  absl::Status failure_; // sticky: every call after a failure returns it
+  bool finished_ = false;
+};
+
+// Writes whole CPU tensors, in the given order, in one call (Create, Append
+// each, Finish); same errors as those.
+absl::Status
+WriteFile(const std::string &path,
+          const std::vector<std::pair<std::string, Tensor>> &tensors,
+          const Metadata &metadata = {});
+
+} // namespace safetensors
+} // namespace ze
+
+#endif // ZE_CORE_SAFETENSORS_WRITER_H_
