@@ -1,0 +1,241 @@
+// Fused CUDA optimizer step: one pass over the slice, reading the gradient,
+// master weight and state once and writing the state, the master weight and
+// the rounded model weight once. Each thread handles 4 consecutive elements
+// with 16-byte (f32) or 8-byte (16-bit) vector accesses when every pointer is
+// aligned for them (slices from flat_layout.h always are); otherwise the
+// same code runs one element at a time. Explicit __fmaf_rn / __fmul_rn /
+// __fsqrt_rn / __fdiv_rn keep nvcc from contracting differently from the CPU
+// kernel (optimizer_kernels.h spells out the sequence).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "zero/optimizer_kernels.h"
+
+namespace ze {
+namespace zero {
+namespace cuda {
+namespace {
+
+enum : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+constexpr int kThreads = 256;
+constexpr int kVector = 4;
+
+template <int kDType>
+__device__ __forceinline__ float LoadOne(const void* data, int64_t i) {
+  if (kDType == kBF16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
+  } else if (kDType == kF16) {
+    return __half2float(static_cast<const __half*>(data)[i]);
+  } else {
+    return static_cast<const float*>(data)[i];
+  }
+}
+
+template <int kDType>
+__device__ __forceinline__ void StoreOne(void* data, int64_t i, float value) {
+  if (kDType == kBF16) {
+    static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(value);
+  } else if (kDType == kF16) {
+    static_cast<__half*>(data)[i] = __float2half_rn(value);
+  } else if (kDType == kF32) {
+    static_cast<float*>(data)[i] = value;
+  }
+}
+
+// Loads elements [i, i + 4) into v; i is a multiple of 4.
+template <int kDType>
+__device__ __forceinline__ void Load4(const void* data, int64_t i, float* v) {
+  if (kDType == kF32) {
+    const float4 x =
+        *reinterpret_cast<const float4*>(static_cast<const float*>(data) + i);
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+  } else {
+    const uint2 raw =
+        *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(data) + i);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+    for (int k = 0; k < 4; ++k) v[k] = LoadOne<kDType>(h, k);
+  }
+}
+
+template <int kDType>
+__device__ __forceinline__ void Store4(void* data, int64_t i, const float* v) {
+  if (kDType == kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(data) + i) =
+        make_float4(v[0], v[1], v[2], v[3]);
+  } else if (kDType == kBF16 || kDType == kF16) {
+    uint2 raw;
+    uint16_t* h = reinterpret_cast<uint16_t*>(&raw);
+    for (int k = 0; k < 4; ++k) StoreOne<kDType>(h, k, v[k]);
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(data) + i) = raw;
+  }
+}
+
+__device__ __forceinline__ void AdamElement(const OptimizerCoefficients& c,
+                                            float grad, float& p, float& m,
+                                            float& v) {
+  float g = __fmul_rn(grad, c.grad_scale);
+  g = __fmaf_rn(c.l2, p, g);
+  m = __fmaf_rn(c.beta1, m, __fmul_rn(c.one_minus_beta1, g));
+  v = __fmaf_rn(c.beta2, v, __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
+  const float denom =
+      __fmaf_rn(__fsqrt_rn(v), c.inv_sqrt_bias_correction2, c.eps);
+  p = __fmul_rn(p, c.decay_factor);
+  p = __fmaf_rn(c.neg_step_size, __fdiv_rn(m, denom), p);
+}
+
+__device__ __forceinline__ void SgdElement(const OptimizerCoefficients& c,
+                                           float grad, float& p, float* buf) {
+  float g = __fmul_rn(grad, c.grad_scale);
+  g = __fmaf_rn(c.l2, p, g);
+  if (c.has_momentum_buffer) {
+    const float b =
+        c.first_step
+            ? g
+            : __fmaf_rn(c.momentum, *buf, __fmul_rn(c.one_minus_dampening, g));
+    *buf = b;
+    g = c.nesterov ? __fmaf_rn(c.momentum, b, g) : b;
+  }
+  p = __fmaf_rn(c.neg_step_size, g, p);
+}
+
+// Elements [4 * group, 4 * group + 4) per iteration when kVectorised;
+// otherwise one element per iteration. The grid strides over the slice.
+template <int kGrad, int kOut, bool kVectorised>
+__global__ void OptimizerKernel(OptimizerCoefficients c, float* master,
+                                float* state0, float* state1, const void* grads,
+                                void* out, int64_t count) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (kVectorised) {
+    const int64_t groups = count / kVector;
+    for (int64_t group = first; group < groups; group += stride) {
+      const int64_t i = group * kVector;
+      float p[kVector], g[kVector];
+      Load4<kF32>(master, i, p);
+      Load4<kGrad>(grads, i, g);
+      if (c.kind == kKernelAdam) {
+        float m[kVector], v[kVector];
+        Load4<kF32>(state0, i, m);
+        Load4<kF32>(state1, i, v);
+        for (int k = 0; k < kVector; ++k)
+          AdamElement(c, g[k], p[k], m[k], v[k]);
+        Store4<kF32>(state0, i, m);
+        Store4<kF32>(state1, i, v);
+      } else if (c.has_momentum_buffer) {
+        float b[kVector] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (!c.first_step) Load4<kF32>(state0, i, b);
+        for (int k = 0; k < kVector; ++k) SgdElement(c, g[k], p[k], &b[k]);
+        Store4<kF32>(state0, i, b);
+      } else {
+        for (int k = 0; k < kVector; ++k) SgdElement(c, g[k], p[k], nullptr);
+      }
+      Store4<kF32>(master, i, p);
+      Store4<kOut>(out, i, p);
+    }
+    // The tail (count % 4 elements) goes to the first threads.
+    const int64_t tail = groups * kVector + first;
+    if (tail < count) {
+      float p = master[tail];
+      const float g = LoadOne<kGrad>(grads, tail);
+      if (c.kind == kKernelAdam) {
+        AdamElement(c, g, p, state0[tail], state1[tail]);
+      } else {
+        SgdElement(c, g, p, c.has_momentum_buffer ? state0 + tail : nullptr);
+      }
+      master[tail] = p;
+      StoreOne<kOut>(out, tail, p);
+    }
+  } else {
+    for (int64_t i = first; i < count; i += stride) {
+      float p = master[i];
+      const float g = LoadOne<kGrad>(grads, i);
+      if (c.kind == kKernelAdam) {
+        AdamElement(c, g, p, state0[i], state1[i]);
+      } else {
+        SgdElement(c, g, p, c.has_momentum_buffer ? state0 + i : nullptr);
+      }
+      master[i] = p;
+      StoreOne<kOut>(out, i, p);
+    }
+  }
+}
+
+bool Aligned(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+template <int kGrad, int kOut>
+int Launch(const OptimizerCoefficients& c, float* master, float* state0,
+           float* state1, const void* grads, void* out, int64_t count,
+           cudaStream_t stream) {
+  const uintptr_t grad_bytes = kGrad == kF32 ? 16 : 8;
+  const uintptr_t out_bytes = kOut == kF32 ? 16 : 8;
+  const bool vectorised =
+      Aligned(master, 16) && (state0 == nullptr || Aligned(state0, 16)) &&
+      (state1 == nullptr || Aligned(state1, 16)) &&
+      Aligned(grads, grad_bytes) && (out == nullptr || Aligned(out, out_bytes));
+  const int64_t work = vectorised ? (count + kVector - 1) / kVector : count;
+  int64_t blocks = (work + kThreads - 1) / kThreads;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;  // grid-stride beyond this
+  if (blocks < 1) blocks = 1;
+  if (vectorised) {
+    OptimizerKernel<kGrad, kOut, true>
+        <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+            c, master, state0, state1, grads, out, count);
+  } else {
+    OptimizerKernel<kGrad, kOut, false>
+        <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+            c, master, state0, state1, grads, out, count);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kGrad>
+int LaunchForOut(const OptimizerCoefficients& c, float* master, float* state0,
+                 float* state1, const void* grads, void* out, int out_dtype,
+                 int64_t count, cudaStream_t stream) {
+  switch (out_dtype) {
+    case kF32:
+      return Launch<kGrad, kF32>(c, master, state0, state1, grads, out, count,
+                                 stream);
+    case kBF16:
+      return Launch<kGrad, kBF16>(c, master, state0, state1, grads, out, count,
+                                  stream);
+    case kF16:
+      return Launch<kGrad, kF16>(c, master, state0, state1, grads, out, count,
+                                 stream);
+    default:
+      return Launch<kGrad, kNoOutput>(c, master, state0, state1, grads, nullptr,
+                                      count, stream);
+  }
+}
+
+}  // namespace
+
+int LaunchOptimizerStep(const OptimizerCoefficients& coefficients,
+                        float* master, float* state0, float* state1,
+                        const void* grads, int grad_dtype, void* out,
+                        int out_dtype, int64_t count, void* stream) {
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (grad_dtype) {
+    case kBF16:
+      return LaunchForOut<kBF16>(coefficients, master, state0, state1, grads,
+                                 out, out_dtype, count, cuda_stream);
+    case kF16:
+      return LaunchForOut<kF16>(coefficients, master, state0, state1, grads,
+                                out, out_dtype, count, cuda_stream);
+    default:
+      return LaunchForOut<kF32>(coefficients, master, state0, state1, grads,
+                                out, out_dtype, count, cuda_stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace zero
+}  // namespace ze

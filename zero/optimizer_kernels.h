@@ -1,0 +1,83 @@
+// The element-wise optimizer update shared by the CPU and CUDA kernels.
+// Host-only header (plain C++; the .cu file includes it too).
+//
+// FlatOptimizer (optimizer.h) turns its options and StepArgs into the
+// per-step coefficients below once on the host, in double precision, so the
+// kernels only evaluate, for every element i, in f32:
+//
+//   g = grad[i] * grad_scale
+//   Adam/AdamW:
+//     g = fma(l2, p, g)                          (l2 = 0 for AdamW)
+//     m = fma(beta1, m, one_minus_beta1 * g)
+//     v = fma(beta2, v, (one_minus_beta2 * g) * g)
+//     denom = fma(sqrt(v), inv_sqrt_bias_correction2, eps)
+//     p = p * decay_factor                       (1 - lr wd for AdamW, else 1)
+//     p = fma(neg_step_size, m / denom, p)       (neg_step_size = -lr / (1 -
+//     b1^t))
+//   SGD:
+//     g = fma(l2, p, g)
+//     if momentum buffer: buf = first_step ? g : fma(momentum, buf,
+//     one_minus_dampening * g)
+//                         g = nesterov ? fma(momentum, buf, g) : buf
+//     p = fma(neg_step_size, g, p)               (neg_step_size = -lr)
+//   out[i] = p rounded to out_dtype (when out is given)
+//
+// The CPU (AVX2) and CUDA kernels evaluate exactly this sequence with the
+// same fused operations and IEEE sqrt/division, so they agree bit for bit.
+#ifndef ZE_ZERO_OPTIMIZER_KERNELS_H_
+#define ZE_ZERO_OPTIMIZER_KERNELS_H_
+
+#include <cstdint>
+
+namespace ze {
+namespace zero {
+
+enum : int { kKernelAdam = 0, kKernelSgd = 1 };
+
+struct OptimizerCoefficients {
+  int kind = kKernelAdam;  // kKernelAdam (Adam and AdamW) or kKernelSgd
+  float grad_scale = 1.0f;
+  float l2 = 0.0f;
+  float decay_factor = 1.0f;
+  float neg_step_size = 0.0f;
+  // Adam
+  float beta1 = 0.0f;
+  float one_minus_beta1 = 1.0f;
+  float beta2 = 0.0f;
+  float one_minus_beta2 = 1.0f;
+  float eps = 0.0f;
+  float inv_sqrt_bias_correction2 = 1.0f;
+  // SGD
+  float momentum = 0.0f;
+  float one_minus_dampening = 1.0f;
+  int has_momentum_buffer = 0;
+  int nesterov = 0;
+  int first_step = 0;
+};
+
+// Sentinel for "no model-weight output".
+constexpr int kNoOutput = -1;
+
+// CPU: updates master[0, count) in place. state0/state1 are exp_avg and
+// exp_avg_sq (Adam) or the momentum buffer and null (SGD; both null without
+// momentum). grads has grad_dtype (a ze::DType value: f32, bf16, f16); out
+// (may be null when out_dtype is kNoOutput) receives the rounded weights.
+// Single-threaded; vectorised 8 wide. Never fails.
+void CpuOptimizerStep(const OptimizerCoefficients& coefficients, float* master,
+                      float* state0, float* state1, const void* grads,
+                      int grad_dtype, void* out, int out_dtype, int64_t count);
+
+namespace cuda {
+
+// CUDA: the same update queued on `stream` (a cudaStream_t as void*); all
+// pointers device memory. Returns the cudaError_t of the launch as int.
+int LaunchOptimizerStep(const OptimizerCoefficients& coefficients,
+                        float* master, float* state0, float* state1,
+                        const void* grads, int grad_dtype, void* out,
+                        int out_dtype, int64_t count, void* stream);
+
+}  // namespace cuda
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_OPTIMIZER_KERNELS_H_
