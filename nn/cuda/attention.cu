@@ -1,0 +1,797 @@
+// Causal self-attention, FlashAttention-2 algorithm (Dao, 2023), own code.
+//
+// Tensor-core path (bf16/f16): a CTA of 4 warps works on a 64-row tile; each
+// warp owns 16 rows and keeps its scores, probabilities and accumulators in
+// mma.sync m16n8k16 fragments (registers), so softmax needs no shared-memory
+// round trip. Fragment layouts (g = lane / 4, t = lane % 4):
+//   A (16x16, row-major): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..),
+//                         a3 (g+8, 2t+8..)
+//   B (16x8, k x n):      b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C (16x8, f32):        c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+// A C fragment pair of one 16-row x 16-column block, rounded to 16 bits, is
+// exactly an A fragment: that is how P feeds P @ V.
+// Operands whose k index runs along shared-memory rows (V, dO, Q, K as "B"
+// of a product over rows) are loaded with ldmatrix .trans.
+//
+// Shared-memory rows are padded by 8 elements (16 bytes) so the 8 rows a
+// quad-group or ldmatrix touches fall in distinct banks.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "nn/cuda/attention.h"
+#include "nn/cuda/cuda_common.cuh"
+
+namespace ze {
+namespace nn {
+namespace cuda_kernels {
+namespace {
+
+constexpr int kTile = 64;  // query rows and key rows per tile
+constexpr int kWarps = 4;  // 16 rows each
+constexpr int kThreads = kWarps * 32;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void Run(float (&c)[4],
+                                             const uint32_t (&a)[4],
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void Run(float (&c)[4],
+                                             const uint32_t (&a)[4],
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four transposed 8x8 matrices: lanes 0-7, 8-15, 16-23, 24-31 give the row
+// addresses of matrices 0..3; r[i] is this lane's fragment of matrix i.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
+                                                const void* p) {
+  asm volatile(
+      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(SharedAddress(p)));
+}
+
+__device__ __forceinline__ uint32_t Lds32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Loads rows [row0, row0 + 64) x columns [0, DP) of a (T, ld) slice into a
+// padded shared tile, zero-filling rows >= seq_len and columns >= head_dim.
+// Vector path (16-byte cp.async) when head_dim % 8 == 0 and ld % 8 == 0.
+template <typename T, int DP>
+__device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t ld,
+                                         int row0, int seq_len, int head_dim,
+                                         bool vector) {
+  constexpr int kStride = DP + 8;
+  if (vector) {
+    constexpr int kChunks = DP / 8;
+    for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+      const int r = idx / kChunks;
+      const int c = (idx % kChunks) * 8;
+      const bool valid = row0 + r < seq_len && c < head_dim;
+      const T* g = valid ? src + static_cast<int64_t>(row0 + r) * ld + c : src;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                       SharedAddress(tile + r * kStride + c)),
+                   "l"(g), "r"(valid ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  } else {
+    for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
+      const int r = idx / DP;
+      const int c = idx % DP;
+      const bool valid = row0 + r < seq_len && c < head_dim;
+      tile[r * kStride + c] = valid
+                                  ? src[static_cast<int64_t>(row0 + r) * ld + c]
+                                  : FromFloat<T>(0.0f);
+    }
+  }
+}
+
+__device__ __forceinline__ void WaitTiles() {
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+}
+
+// acc (16 x 64, 8 n-tiles) += A rows [arow0, arow0+16) of `a` (stride
+// kStride) times B^T where B rows are `b` rows [0, 64) (a "k-contiguous" B:
+// element (k, n) is b[n * stride + k]). Reduction over DP columns.
+template <typename T, int DP>
+__device__ __forceinline__ void MatmulABt(float (&acc)[8][4], const T* a,
+                                          const T* b, int arow0) {
+  constexpr int kStride = DP + 8;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    uint32_t af[4];
+    const T* ap = a + (arow0 + g) * kStride + kk * 16 + 2 * t;
+    af[0] = Lds32(ap);
+    af[1] = Lds32(ap + 8 * kStride);
+    af[2] = Lds32(ap + 8);
+    af[3] = Lds32(ap + 8 * kStride + 8);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const T* bp = b + (nt * 8 + g) * kStride + kk * 16 + 2 * t;
+      Mma<T>::Run(acc[nt], af, Lds32(bp), Lds32(bp + 8));
+    }
+  }
+}
+
+// acc (16 x DP) += P (16 x 64, given as packed A fragments for 4 k-chunks)
+// times rows [0, 64) of `b` (element (k, n) = b[k * stride + n]).
+template <typename T, int DP>
+__device__ __forceinline__ void MatmulPB(float (&acc)[DP / 8][4],
+                                         const uint32_t (&pf)[4][4],
+                                         const T* b) {
+  constexpr int kStride = DP + 8;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; dt += 2) {
+      uint32_t bf[4];
+      LdMatrixX4Trans(
+          bf, b + (kc * 16 + (lane & 15)) * kStride + dt * 8 + (lane >> 4) * 8);
+      Mma<T>::Run(acc[dt], pf[kc], bf[0], bf[1]);
+      Mma<T>::Run(acc[dt + 1], pf[kc], bf[2], bf[3]);
+    }
+  }
+}
+
+// Rounds a 16 x 64 C-fragment tile into A fragments for 4 k-chunks of 16.
+template <typename T>
+__device__ __forceinline__ void PackA(const float (&c)[8][4],
+                                      uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    a[kc][0] = Mma<T>::Pack(c[2 * kc][0], c[2 * kc][1]);
+    a[kc][1] = Mma<T>::Pack(c[2 * kc][2], c[2 * kc][3]);
+    a[kc][2] = Mma<T>::Pack(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[kc][3] = Mma<T>::Pack(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+  }
+}
+
+// grid (num_tiles, B*H); block kThreads. scale_log2 = log2(e) / sqrt(D).
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(const T* __restrict__ qkv, T* __restrict__ out,
+                       float* __restrict__ logsumexp, int seq_len, int heads,
+                       int head_dim, float scale_log2) {
+  constexpr int kStride = DP + 8;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sq = reinterpret_cast<T*>(shared_bytes);  // (64, DP) queries
+  T* sk = sq + kTile * kStride;                // (64, DP) keys
+  T* sv = sk + kTile * kStride;                // (64, DP) values
+
+  // Later query tiles see more keys: schedule them first.
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int bh = blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  LoadTile<T, DP>(sq, q_src, ld, qt * kTile, seq_len, head_dim, vector);
+
+  float o[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};                // this thread's columns only
+  const int q_row0 = qt * kTile + warp * 16 + g;  // and q_row0 + 8
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // everyone is done with the previous K/V tile
+    LoadTile<T, DP>(sk, k_src, ld, kt * kTile, seq_len, head_dim, vector);
+    LoadTile<T, DP>(sv, v_src, ld, kt * kTile, seq_len, head_dim, vector);
+    WaitTiles();
+
+    float s[8][4];  // (16 queries, 64 keys)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    MatmulABt<T, DP>(s, sq, sk, warp * 16);
+
+    // Scale into the log2 domain and mask future keys (only the diagonal
+    // tile has any). Key 0 is never masked, so no row is ever all -inf.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query = q_row0 + (e >> 1) * 8;
+        const int key = kt * kTile + nt * 8 + 2 * t + (e & 1);
+        float v = s[nt][e] * scale_log2;
+        if (kt == qt && key > query) v = -INFINITY;
+        s[nt][e] = v;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
+      }
+    }
+    float correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      correction[r] = exp2f(row_max[r] - new_max);
+      row_max[r] = new_max;
+      row_sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[nt][e] - row_max[e >> 1]);
+        s[nt][e] = p;
+        row_sum[e >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      o[dt][0] *= correction[0];
+      o[dt][1] *= correction[0];
+      o[dt][2] *= correction[1];
+      o[dt][3] *= correction[1];
+    }
+    uint32_t pf[4][4];
+    PackA<T>(s, pf);
+    MatmulPB<T, DP>(o, pf, sv);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  T* out_base =
+      out + static_cast<int64_t>(b) * seq_len * channels + h * head_dim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    if (query >= seq_len) continue;
+    const float inv = 1.0f / row_sum[r];
+    T* dst = out_base + static_cast<int64_t>(query) * channels;
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) dst[col] = FromFloat<T>(o[dt][2 * r] * inv);
+      if (col + 1 < head_dim)
+        dst[col + 1] = FromFloat<T>(o[dt][2 * r + 1] * inv);
+    }
+    if (t == 0) {
+      logsumexp[static_cast<int64_t>(bh) * seq_len + query] =
+          (row_max[r] + log2f(row_sum[r])) * kLn2;
+    }
+  }
+}
+
+// delta[bh, t] = dO[b, t, h, :] . O[b, t, h, :]. Warp per row.
+template <typename T>
+__global__ void AttentionDeltaKernel(const T* __restrict__ dout,
+                                     const T* __restrict__ out, float* delta,
+                                     int batch, int seq_len, int heads,
+                                     int head_dim) {
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<int64_t>(batch) * heads * seq_len) return;
+  const int64_t bh = row / seq_len;
+  const int tpos = static_cast<int>(row % seq_len);
+  const int b = static_cast<int>(bh / heads), h = static_cast<int>(bh % heads);
+  const int64_t offset =
+      (static_cast<int64_t>(b) * seq_len + tpos) * heads * head_dim +
+      h * head_dim;
+  float sum = 0.0f;
+  for (int d = lane; d < head_dim; d += 32) {
+    sum += ToFloat(dout[offset + d]) * ToFloat(out[offset + d]);
+  }
+  sum = WarpSum(sum);
+  if (lane == 0) delta[row] = sum;
+}
+
+// grid (num_tiles, B*H): one CTA per 64-key tile, looping over the query
+// tiles that can see it. dK and dV stay in registers; dQ contributions go
+// to an f32 accumulator with atomics (several key tiles share a query row).
+template <typename T, int DP>
+__global__ void __launch_bounds__(kThreads)
+    FlashBackwardKernel(const T* __restrict__ dout, const T* __restrict__ qkv,
+                        const float* __restrict__ logsumexp,
+                        const float* __restrict__ delta,
+                        float* __restrict__ dq_accum, T* __restrict__ dqkv,
+                        int seq_len, int heads, int head_dim, float scale,
+                        float scale_log2) {
+  constexpr int kStride = DP + 8;
+  constexpr int kDsStride = kTile + 8;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sk = reinterpret_cast<T*>(shared_bytes);  // (64 keys, DP)
+  T* sv = sk + kTile * kStride;                // (64 keys, DP)
+  T* sq = sv + kTile * kStride;                // (64 queries, DP)
+  T* sdo = sq + kTile * kStride;               // (64 queries, DP)
+  T* sds = sdo + kTile * kStride;              // (64 queries, 64 keys)
+  float* slse = reinterpret_cast<float*>(sds + kTile * kDsStride);  // (64)
+  float* sdelta = slse + kTile;                                     // (64)
+
+  const int kt = blockIdx.x;
+  const int num_tiles = gridDim.x;
+  const int bh = blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const int64_t token0 = static_cast<int64_t>(b) * seq_len;
+  const T* q_src = qkv + token0 * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src = dout + token0 * channels + h * head_dim;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int key_row0 = kt * kTile + warp * 16 + g;  // and key_row0 + 8
+
+  LoadTile<T, DP>(sk, k_src, ld, kt * kTile, seq_len, head_dim, vector);
+  LoadTile<T, DP>(sv, v_src, ld, kt * kTile, seq_len, head_dim, vector);
+
+  float dk[DP / 8][4], dv[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i) {
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  }
+
+  for (int qt = kt; qt < num_tiles; ++qt) {
+    __syncthreads();  // everyone is done with the previous Q/dO/dS tiles
+    LoadTile<T, DP>(sq, q_src, ld, qt * kTile, seq_len, head_dim, vector);
+    LoadTile<T, DP>(sdo, do_src, channels, qt * kTile, seq_len, head_dim,
+                    vector);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const int query = qt * kTile + i;
+      const bool valid = query < seq_len;
+      // +inf logsumexp makes padded rows' probabilities exactly 0.
+      slse[i] =
+          valid ? logsumexp[static_cast<int64_t>(bh) * seq_len + query] * kLog2e
+                : INFINITY;
+      sdelta[i] =
+          valid ? delta[static_cast<int64_t>(bh) * seq_len + query] : 0.0f;
+    }
+    WaitTiles();
+
+    // P^T (16 keys, 64 queries) = exp(scale * K Q^T - logsumexp).
+    float p[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.0f;
+    MatmulABt<T, DP>(p, sk, sq, warp * 16);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int local_q = nt * 8 + 2 * t + (e & 1);
+        const int key = key_row0 + (e >> 1) * 8;
+        const int query = qt * kTile + local_q;
+        p[nt][e] =
+            key > query ? 0.0f : exp2f(p[nt][e] * scale_log2 - slse[local_q]);
+      }
+    }
+    // dV (16 keys, DP) += P^T dO.
+    uint32_t af[4][4];
+    PackA<T>(p, af);
+    MatmulPB<T, DP>(dv, af, sdo);
+
+    // dP^T (16 keys, 64 queries) = V dO^T; dS^T = P^T (dP^T - delta).
+    float ds[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0.0f;
+    MatmulABt<T, DP>(ds, sv, sdo, warp * 16);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int local_q = nt * 8 + 2 * t + (e & 1);
+        ds[nt][e] = p[nt][e] * (ds[nt][e] - sdelta[local_q]);
+      }
+    }
+    // dK (16 keys, DP) += dS^T Q (scaled at the end).
+    PackA<T>(ds, af);
+    MatmulPB<T, DP>(dk, af, sq);
+
+    // dS to shared memory as (queries, keys) for dQ = dS K.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int local_q = nt * 8 + 2 * t + (e & 1);
+        const int local_key = warp * 16 + g + (e >> 1) * 8;
+        sds[local_q * kDsStride + local_key] = FromFloat<T>(ds[nt][e]);
+      }
+    }
+    __syncthreads();
+
+    // dQ rows [warp*16, warp*16+16) of this query tile += scale * dS K.
+    float dq[DP / 8][4];
+#pragma unroll
+    for (int i = 0; i < DP / 8; ++i)
+      dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      const T* ap = sds + (warp * 16 + g) * kDsStride + kc * 16 + 2 * t;
+      uint32_t a[4] = {Lds32(ap), Lds32(ap + 8 * kDsStride), Lds32(ap + 8),
+                       Lds32(ap + 8 * kDsStride + 8)};
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; dt += 2) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(bf, sk + (kc * 16 + (lane & 15)) * kStride + dt * 8 +
+                                (lane >> 4) * 8);
+        Mma<T>::Run(dq[dt], a, bf[0], bf[1]);
+        Mma<T>::Run(dq[dt + 1], a, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int query = qt * kTile + warp * 16 + g + r * 8;
+      if (query >= seq_len) continue;
+      float* dst =
+          dq_accum + (static_cast<int64_t>(bh) * seq_len + query) * head_dim;
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim) atomicAdd(dst + col, dq[dt][2 * r] * scale);
+        if (col + 1 < head_dim)
+          atomicAdd(dst + col + 1, dq[dt][2 * r + 1] * scale);
+      }
+    }
+  }
+
+  // dK, dV rows of this key tile into dqkv's k and v parts.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_row0 + r * 8;
+    if (key >= seq_len) continue;
+    T* dk_dst = dqkv + (token0 + key) * ld + channels + h * head_dim;
+    T* dv_dst = dk_dst + channels;
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) {
+        dk_dst[col] = FromFloat<T>(dk[dt][2 * r] * scale);
+        dv_dst[col] = FromFloat<T>(dv[dt][2 * r]);
+      }
+      if (col + 1 < head_dim) {
+        dk_dst[col + 1] = FromFloat<T>(dk[dt][2 * r + 1] * scale);
+        dv_dst[col + 1] = FromFloat<T>(dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// dqkv's q part = dq_accum (B, H, T, D) rearranged to (B, T, H, D).
+template <typename T>
+__global__ void WriteDqKernel(const float* __restrict__ dq_accum,
+                              T* __restrict__ dqkv, int batch, int seq_len,
+                              int heads, int head_dim) {
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(batch) * seq_len * channels) return;
+  const int64_t token = idx / channels;  // b * T + t
+  const int64_t c = idx % channels;
+  const int64_t b = token / seq_len, tpos = token % seq_len;
+  const int64_t h = c / head_dim, d = c % head_dim;
+  dqkv[token * 3 * channels + c] =
+      FromFloat<T>(dq_accum[((b * heads + h) * seq_len + tpos) * head_dim + d]);
+}
+
+// ---- f32 reference-speed path: a warp per query row, lanes over D.
+constexpr int kMaxPerLane = kMaxAttentionHeadDim / 32;
+
+__global__ void SimpleForwardKernel(const float* __restrict__ qkv,
+                                    float* __restrict__ out, float* logsumexp,
+                                    int batch, int seq_len, int heads,
+                                    int head_dim, float scale) {
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<int64_t>(batch) * heads * seq_len) return;
+  const int64_t bh = row / seq_len;
+  const int query = static_cast<int>(row % seq_len);
+  const int64_t b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const float* base = qkv + b * seq_len * 3 * channels + h * head_dim;
+  float q[kMaxPerLane], o[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = lane + 32 * i;
+    q[i] = d < head_dim ? base[query * 3 * channels + d] : 0.0f;
+    o[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int key = 0; key <= query; ++key) {
+    const float* k = base + static_cast<int64_t>(key) * 3 * channels + channels;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < head_dim) dot += q[i] * k[d];
+    }
+    const float s = WarpSum(dot) * scale;
+    const float new_m = fmaxf(m, s);
+    const float corr = expf(m - new_m);
+    const float p = expf(s - new_m);
+    l = l * corr + p;
+    m = new_m;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      o[i] = o[i] * corr + (d < head_dim ? p * k[channels + d] : 0.0f);
+    }
+  }
+  float* dst = out + (b * seq_len + query) * channels + h * head_dim;
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < head_dim) dst[d] = o[i] / l;
+  }
+  if (lane == 0) logsumexp[row] = m + logf(l);
+}
+
+// dqkv must be zeroed first (dK, dV are accumulated with atomics).
+__global__ void SimpleBackwardKernel(const float* __restrict__ dout,
+                                     const float* __restrict__ qkv,
+                                     const float* __restrict__ logsumexp,
+                                     const float* __restrict__ delta,
+                                     float* dqkv, int batch, int seq_len,
+                                     int heads, int head_dim, float scale) {
+  const int64_t row =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= static_cast<int64_t>(batch) * heads * seq_len) return;
+  const int64_t bh = row / seq_len;
+  const int query = static_cast<int>(row % seq_len);
+  const int64_t b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const float* base = qkv + b * seq_len * ld + h * head_dim;
+  float* dbase = dqkv + b * seq_len * ld + h * head_dim;
+  const float* dorow = dout + (b * seq_len + query) * channels + h * head_dim;
+  float q[kMaxPerLane], dov[kMaxPerLane], dq[kMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = lane + 32 * i;
+    q[i] = d < head_dim ? base[query * ld + d] : 0.0f;
+    dov[i] = d < head_dim ? dorow[d] : 0.0f;
+    dq[i] = 0.0f;
+  }
+  const float lse = logsumexp[row];
+  const float dlt = delta[row];
+  for (int key = 0; key <= query; ++key) {
+    const float* k = base + static_cast<int64_t>(key) * ld + channels;
+    const float* v = k + channels;
+    float dot = 0.0f, dp = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < head_dim) {
+        dot += q[i] * k[d];
+        dp += dov[i] * v[d];
+      }
+    }
+    const float p = expf(WarpSum(dot) * scale - lse);
+    const float ds = p * (WarpSum(dp) - dlt);
+    float* dk = dbase + static_cast<int64_t>(key) * ld + channels;
+#pragma unroll
+    for (int i = 0; i < kMaxPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < head_dim) {
+        dq[i] += ds * k[d] * scale;
+        atomicAdd(dk + d, ds * q[i] * scale);
+        atomicAdd(dk + channels + d, p * dov[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < head_dim) dbase[query * ld + d] = dq[i];
+  }
+}
+
+template <int DP>
+constexpr size_t ForwardSharedBytes() {
+  return 3 * kTile * (DP + 8) * 2;
+}
+template <int DP>
+constexpr size_t BackwardSharedBytes() {
+  return 4 * kTile * (DP + 8) * 2 + kTile * (kTile + 8) * 2 + 2 * kTile * 4;
+}
+
+// Calls body(std::integral_constant<int, DP>) with the smallest instantiated
+// padded head size >= head_dim.
+template <typename Body>
+int DispatchHeadDim(int head_dim, Body&& body) {
+  if (head_dim <= 64) return body(std::integral_constant<int, 64>());
+  if (head_dim <= 80) return body(std::integral_constant<int, 80>());
+  if (head_dim <= 128) return body(std::integral_constant<int, 128>());
+  if (head_dim <= 256) return body(std::integral_constant<int, 256>());
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+template <typename T>
+int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
+                      int seq_len, int heads, int head_dim,
+                      cudaStream_t stream) {
+  return DispatchHeadDim(head_dim, [&](auto dp) {
+    constexpr int DP = decltype(dp)::value;
+    constexpr size_t shared = ForwardSharedBytes<DP>();
+    auto kernel = FlashForwardKernel<T, DP>;
+    if (shared > 48 * 1024) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared));
+    }
+    const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
+    kernel<<<grid, kThreads, shared, stream>>>(
+        static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp, seq_len,
+        heads, head_dim, kLog2e / sqrtf(static_cast<float>(head_dim)));
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+template <typename T>
+int BackwardTensorCore(const void* dout, const void* qkv,
+                       const float* logsumexp, const float* delta,
+                       float* dq_accum, void* dqkv, int batch, int seq_len,
+                       int heads, int head_dim, cudaStream_t stream) {
+  return DispatchHeadDim(head_dim, [&](auto dp) {
+    constexpr int DP = decltype(dp)::value;
+    constexpr size_t shared = BackwardSharedBytes<DP>();
+    auto kernel = FlashBackwardKernel<T, DP>;
+    if (shared > 48 * 1024) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared));
+    }
+    const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+    const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
+    kernel<<<grid, kThreads, shared, stream>>>(
+        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+        delta, dq_accum, static_cast<T*>(dqkv), seq_len, heads, head_dim, scale,
+        scale * kLog2e);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int64_t RoundUp256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
+                           int batch, int seq_len, int heads, int head_dim,
+                           int dtype, void* stream) {
+  if (batch == 0 || seq_len == 0 || heads == 0) return 0;
+  if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case kBF16:
+      return ForwardTensorCore<__nv_bfloat16>(qkv, out, logsumexp, batch,
+                                              seq_len, heads, head_dim, s);
+    case kF16:
+      return ForwardTensorCore<__half>(qkv, out, logsumexp, batch, seq_len,
+                                       heads, head_dim, s);
+    case kF32: {
+      const int64_t rows = static_cast<int64_t>(batch) * heads * seq_len;
+      SimpleForwardKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+          static_cast<const float*>(qkv), static_cast<float*>(out), logsumexp,
+          batch, seq_len, heads, head_dim,
+          1.0f / sqrtf(static_cast<float>(head_dim)));
+      return static_cast<int>(cudaGetLastError());
+    }
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+size_t AttentionBackwardWorkspaceBytes(int batch, int seq_len, int heads,
+                                       int head_dim) {
+  const int64_t rows = static_cast<int64_t>(batch) * heads * seq_len;
+  return static_cast<size_t>(RoundUp256(rows * head_dim * 4) +
+                             RoundUp256(rows * 4));
+}
+
+int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
+                            const float* logsumexp, void* dqkv, void* workspace,
+                            int batch, int seq_len, int heads, int head_dim,
+                            int dtype, void* stream) {
+  if (batch == 0 || seq_len == 0 || heads == 0) return 0;
+  if (head_dim <= 0 || head_dim > kMaxAttentionHeadDim) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t rows = static_cast<int64_t>(batch) * heads * seq_len;
+  float* dq_accum = static_cast<float*>(workspace);
+  float* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                          RoundUp256(rows * head_dim * 4));
+  const unsigned delta_grid = static_cast<unsigned>((rows + 7) / 8);
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t dq_count = static_cast<int64_t>(batch) * seq_len * channels;
+  const unsigned dq_grid = static_cast<unsigned>((dq_count + 255) / 256);
+  int error = 0;
+  switch (dtype) {
+    case kBF16:
+    case kF16: {
+      error = static_cast<int>(
+          cudaMemsetAsync(dq_accum, 0, rows * head_dim * 4, s));
+      if (error != 0) return error;
+      auto run = [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        AttentionDeltaKernel<T><<<delta_grid, 256, 0, s>>>(
+            static_cast<const T*>(dout), static_cast<const T*>(out), delta,
+            batch, seq_len, heads, head_dim);
+        int e = BackwardTensorCore<T>(dout, qkv, logsumexp, delta, dq_accum,
+                                      dqkv, batch, seq_len, heads, head_dim, s);
+        if (e != 0) return e;
+        WriteDqKernel<T><<<dq_grid, 256, 0, s>>>(
+            dq_accum, static_cast<T*>(dqkv), batch, seq_len, heads, head_dim);
+        return static_cast<int>(cudaGetLastError());
+      };
+      if (dtype == kBF16) return run(static_cast<__nv_bfloat16*>(nullptr));
+      return run(static_cast<__half*>(nullptr));
+    }
+    case kF32: {
+      error = static_cast<int>(cudaMemsetAsync(dqkv, 0, dq_count * 3 * 4, s));
+      if (error != 0) return error;
+      AttentionDeltaKernel<float><<<delta_grid, 256, 0, s>>>(
+          static_cast<const float*>(dout), static_cast<const float*>(out),
+          delta, batch, seq_len, heads, head_dim);
+      SimpleBackwardKernel<<<delta_grid, 256, 0, s>>>(
+          static_cast<const float*>(dout), static_cast<const float*>(qkv),
+          logsumexp, delta, static_cast<float*>(dqkv), batch, seq_len, heads,
+          head_dim, 1.0f / sqrtf(static_cast<float>(head_dim)));
+      return static_cast<int>(cudaGetLastError());
+    }
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace cuda_kernels
+}  // namespace nn
+}  // namespace ze

@@ -1,0 +1,44 @@
+// CUDA launchers for causal multi-head self-attention (FlashAttention-2
+// style: tiled online softmax, the (T, T) score matrix never reaches device
+// memory). Host-only header; attention.cu implements it.
+//
+// Layouts: qkv (B, T, 3C) with per token [q | k | v], each (H, D), C = H*D;
+// out (B, T, C); logsumexp (B, H, T) f32 (natural log, of the scaled scores).
+// dtype is a ze::DType value (0 f32, 1 bf16, 2 f16). bf16/f16 use tensor
+// cores (mma.sync m16n8k16, f32 accumulation) for any D <= 256 (D a
+// multiple of 16, 64 or 128 best; other D are zero-padded to the next
+// instantiated size); f32 uses a simple, slow kernel meant for tests.
+// Launchers return the cudaError_t of the launch as int (0 = success).
+#ifndef ZE_NN_CUDA_ATTENTION_H_
+#define ZE_NN_CUDA_ATTENTION_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ze {
+namespace nn {
+namespace cuda_kernels {
+
+constexpr int kMaxAttentionHeadDim = 256;
+
+int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
+                           int batch, int seq_len, int heads, int head_dim,
+                           int dtype, void* stream);
+
+// Bytes of device workspace LaunchAttentionBackward needs (f32 dQ
+// accumulator (B, H, T, D) and the row sums D_i = dO_i . O_i (B, H, T)).
+size_t AttentionBackwardWorkspaceBytes(int batch, int seq_len, int heads,
+                                       int head_dim);
+
+// dqkv (B, T, 3C) overwritten. `workspace` holds at least
+// AttentionBackwardWorkspaceBytes bytes, 256-byte aligned, contents ignored.
+int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
+                            const float* logsumexp, void* dqkv, void* workspace,
+                            int batch, int seq_len, int heads, int head_dim,
+                            int dtype, void* stream);
+
+}  // namespace cuda_kernels
+}  // namespace nn
+}  // namespace ze
+
+#endif  // ZE_NN_CUDA_ATTENTION_H_

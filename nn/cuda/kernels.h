@@ -1,0 +1,104 @@
+// CUDA launchers for the GPT building blocks other than matrix products and
+// attention (see attention.h): LayerNorm, GELU, embedding, cross-entropy and
+// the column reductions behind bias and LayerNorm parameter gradients.
+// Host-only header: plain C++ includes it; kernels.cu implements it.
+//
+// Conventions: pointers are device memory, `dtype` is a ze::DType value
+// (0 f32, 1 bf16, 2 f16), `stream` is a cudaStream_t as void*. Each launcher
+// queues its work and returns the cudaError_t of the launch as int (0 =
+// success); nothing synchronises. Row-major, contiguous; M rows.
+#ifndef ZE_NN_CUDA_KERNELS_H_
+#define ZE_NN_CUDA_KERNELS_H_
+
+#include <cstdint>
+
+namespace ze {
+namespace nn {
+namespace cuda_kernels {
+
+// y (M, C) = (x - mean) * rstd * weight (C) + bias (C), eps 1e-5.
+// x, weight, bias, y share `dtype`; bias may be null. mean, rstd (M) f32,
+// either may be null (not saved).
+int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
+                           void* y, float* mean, float* rstd, int64_t rows,
+                           int64_t cols, int dtype, void* stream);
+
+// Number of per-block partial rows LaunchLayerNormBackward writes; size the
+// partial buffers (num_partials, C) f32 with it.
+int LayerNormBackwardNumPartials(int64_t rows);
+
+// dx (M, C) = LayerNorm input gradient (overwritten; null: skipped).
+// weight_partials / bias_partials (num_partials, C) f32 receive per-block
+// sums of dy * xhat and dy (null: skipped); reduce them with
+// LaunchAddColumnSums. dy, x, weight, dx share `dtype`.
+int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
+                            const float* mean, const float* rstd, void* dx,
+                            float* weight_partials, float* bias_partials,
+                            int64_t rows, int64_t cols, int dtype,
+                            void* stream);
+
+// target (cols) of `target_dtype` += sum over rows of partials (rows, cols)
+// f32. Each column is owned by one thread: deterministic.
+int LaunchAddColumnSums(const float* partials, int64_t rows, int64_t cols,
+                        void* target, int target_dtype, void* stream);
+
+// Number of partial rows LaunchColumnPartialSums writes for `rows` rows.
+int ColumnPartialSumsCount(int64_t rows);
+// partials (ColumnPartialSumsCount(rows), cols) f32 = sums of row chunks of
+// x (rows, cols) of `dtype` (used for a Linear's bias gradient).
+int LaunchColumnPartialSums(const void* x, int64_t rows, int64_t cols,
+                            int dtype, float* partials, void* stream);
+
+// y = gelu_tanh(x), count elements.
+int LaunchGeluForward(const void* x, void* y, int64_t count, int dtype,
+                      void* stream);
+// dx = dy * gelu_tanh'(x); dx may alias dy.
+int LaunchGeluBackward(const void* dy, const void* x, void* dx, int64_t count,
+                       int dtype, void* stream);
+
+// out (B*T, C) = token_table[clamp(tokens)] + position_table[t] (position
+// table may be null). Token ids outside [0, V) are clamped.
+int LaunchEmbeddingForward(const int32_t* tokens, const void* token_table,
+                           const void* position_table, void* out, int64_t batch,
+                           int64_t seq_len, int64_t cols, int64_t vocab,
+                           int dtype, void* stream);
+
+// grad_position_table (>= T, C) of `dtype` += sum over batch of dy (B, T, C).
+int LaunchEmbeddingPositionBackward(const void* dy, void* grad_position_table,
+                                    int64_t batch, int64_t seq_len,
+                                    int64_t cols, int dtype, int grad_dtype,
+                                    void* stream);
+
+// grad_token_table (V, C) f32 += dy rows scattered by token id (atomics:
+// summation order varies run to run).
+int LaunchEmbeddingScatterAddF32(const void* dy, int dtype,
+                                 const int32_t* tokens, int64_t rows,
+                                 int64_t cols, int64_t vocab,
+                                 float* grad_token_table, void* stream);
+
+// For 16-bit token-table gradients: `touched` (V) int32 must be zeroed by
+// the caller; marks touched rows, zeroes them in `scratch` (V, C) f32 (other
+// rows are never read), scatter-adds dy there, then adds touched rows into
+// grad_token_table (V, C) of grad_dtype. Cost scales with touched rows.
+int LaunchEmbeddingScatterAddViaScratch(const void* dy, int dtype,
+                                        const int32_t* tokens, int64_t rows,
+                                        int64_t cols, int64_t vocab,
+                                        int32_t* touched, float* scratch,
+                                        void* grad_token_table, int grad_dtype,
+                                        void* stream);
+
+// losses (M) f32 = logsumexp(logits row) - logits[target]; 0 where target < 0.
+int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
+                              float* losses, int64_t rows, int64_t vocab,
+                              int dtype, void* stream);
+// grad (M, V) = scale * (softmax(row) - onehot(target)), 0 for target < 0.
+// grad may alias logits.
+int LaunchCrossEntropyBackward(const void* logits, const int32_t* targets,
+                               float scale, void* grad, int64_t rows,
+                               int64_t vocab, int dtype, void* stream);
+
+}  // namespace cuda_kernels
+}  // namespace nn
+}  // namespace ze
+
+#endif  // ZE_NN_CUDA_KERNELS_H_
