@@ -1,0 +1,350 @@
+// Multi-rank collective tests, run by mpirun (see BUILD.bazel): every rank
+// runs the same gtest cases on one communicator and checks exact values.
+//
+//   collectives_mpi_test --device=cpu|cuda --backend=auto|mpi|nccl
+//
+// Inputs are small integers, so sums over up to 4 ranks are exact in bf16
+// and f16, and every expected value is computed here independently: the
+// reduction in f32, rounded once to the dtype. Only NCCL's average (which
+// may scale before summing) gets a tolerance.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/equal_slices.h"
+#include "comm/factory.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace comm {
+namespace {
+
+Communicator* g_comm = nullptr;
+Stream* g_stream = nullptr;
+std::string g_backend_flag = "auto";
+
+const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin,
+                         ReduceOp::kAverage};
+
+// Rank r's value at element i: an integer in [-5, 5].
+float Value(int r, int64_t i) {
+  return static_cast<float>((i * 7 + r * 3) % 11) - 5.0f;
+}
+
+float RoundTo(DType dtype, float value) {
+  uint32_t storage = 0;
+  StoreFromFloat(&storage, dtype, 0, value);
+  return LoadAsFloat(&storage, dtype, 0);
+}
+
+// The reduction of Value(r, i) over all ranks, rounded once.
+float Expected(ReduceOp op, DType dtype, int64_t i) {
+  const int n = g_comm->world_size();
+  float result = Value(0, i);
+  for (int r = 1; r < n; ++r) {
+    const float v = Value(r, i);
+    if (op == ReduceOp::kMax) {
+      result = std::max(result, v);
+    } else if (op == ReduceOp::kMin) {
+      result = std::min(result, v);
+    } else {
+      result += v;
+    }
+  }
+  if (op == ReduceOp::kAverage) result /= static_cast<float>(n);
+  return RoundTo(dtype, result);
+}
+
+float Tolerance(ReduceOp op, float expected) {
+  if (op == ReduceOp::kAverage && std::string(g_comm->backend_name()) == "nccl") {
+    return 1e-2f * std::max(1.0f, std::fabs(expected));
+  }
+  return 0.0f;
+}
+
+Tensor Make(const std::vector<float>& values, DType dtype) {
+  absl::StatusOr<Tensor> t =
+      FromHostFloats(values, {static_cast<int64_t>(values.size())}, dtype,
+                     g_stream->device(), *g_stream);
+  ZE_CHECK_OK(t.status());
+  return *t;
+}
+
+std::vector<float> Read(const Tensor& t) {
+  absl::StatusOr<std::vector<float>> values = ToHostFloats(t, *g_stream);
+  ZE_CHECK_OK(values.status());
+  return *values;
+}
+
+std::vector<float> RankValues(int r, int64_t offset, int64_t count) {
+  std::vector<float> values(count);
+  for (int64_t i = 0; i < count; ++i) values[i] = Value(r, offset + i);
+  return values;
+}
+
+std::string Label(DType dtype, ReduceOp op, int64_t count, bool in_place) {
+  return std::string(DTypeName(dtype)) + " " + ReduceOpName(op) + " count " +
+         std::to_string(count) + (in_place ? " in place" : " out of place") +
+         " rank " + std::to_string(g_comm->rank());
+}
+
+TEST(Collectives, AllReduceEveryDTypeOpSizeAndPlacement) {
+  const int n = g_comm->world_size();
+  for (DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (int64_t count : {int64_t{1}, int64_t{53}, int64_t{7 * n + 1}}) {
+        for (bool in_place : {false, true}) {
+          Tensor input = Make(RankValues(g_comm->rank(), 0, count), dtype);
+          Tensor output = in_place ? input
+                                   : Make(std::vector<float>(count, 99), dtype);
+          absl::StatusOr<Work> work =
+              g_comm->AllReduce(input, output, op, *g_stream);
+          ASSERT_TRUE(work.ok()) << work.status();
+          ASSERT_TRUE(work->Wait().ok());
+          const std::vector<float> got = Read(output);
+          for (int64_t i = 0; i < count; ++i) {
+            const float want = Expected(op, dtype, i);
+            ASSERT_NEAR(got[i], want, Tolerance(op, want))
+                << Label(dtype, op, count, in_place) << " element " << i;
+          }
+          if (!in_place) {
+            EXPECT_EQ(Read(input), RankValues(g_comm->rank(), 0, count))
+                << "input changed: " << Label(dtype, op, count, in_place);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, ReduceScatterEveryDTypeOpSizeAndPlacement) {
+  const int n = g_comm->world_size();
+  const int me = g_comm->rank();
+  for (DType dtype : kDTypes) {
+    for (ReduceOp op : kOps) {
+      for (int64_t count : {int64_t{1}, int64_t{18}}) {
+        for (bool in_place : {false, true}) {
+          Tensor input = Make(RankValues(me, 0, n * count), dtype);
+          Tensor output = in_place ? input.Slice(me * count, count)
+                                   : Make(std::vector<float>(count, 99), dtype);
+          absl::StatusOr<Work> work =
+              g_comm->ReduceScatter(input, output, op, *g_stream);
+          ASSERT_TRUE(work.ok()) << work.status();
+          ASSERT_TRUE(work->StreamWait(*g_stream).ok());
+          const std::vector<float> got = Read(output);
+          for (int64_t i = 0; i < count; ++i) {
+            const float want = Expected(op, dtype, me * count + i);
+            ASSERT_NEAR(got[i], want, Tolerance(op, want))
+                << Label(dtype, op, count, in_place) << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, AllGatherEveryDTypeSizeAndPlacement) {
+  const int n = g_comm->world_size();
+  const int me = g_comm->rank();
+  for (DType dtype : kDTypes) {
+    for (int64_t count : {int64_t{1}, int64_t{18}}) {
+      for (bool in_place : {false, true}) {
+        std::vector<float> initial(n * count, 99);
+        if (in_place) {
+          for (int64_t i = 0; i < count; ++i) initial[me * count + i] = Value(me, i);
+        }
+        Tensor output = Make(initial, dtype);
+        Tensor input = in_place ? output.Slice(me * count, count)
+                                : Make(RankValues(me, 0, count), dtype);
+        absl::StatusOr<Work> work = g_comm->AllGather(input, output, *g_stream);
+        ASSERT_TRUE(work.ok()) << work.status();
+        ASSERT_TRUE(work->Wait().ok());
+        const std::vector<float> got = Read(output);
+        for (int r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(got[r * count + i], Value(r, i))
+                << Label(dtype, ReduceOp::kSum, count, in_place) << " from rank "
+                << r << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Collectives, BroadcastFromEveryRoot) {
+  const int n = g_comm->world_size();
+  for (DType dtype : kDTypes) {
+    for (int root = 0; root < n; ++root) {
+      Tensor tensor = g_comm->rank() == root
+                          ? Make(RankValues(root, 0, 53), dtype)
+                          : Make(std::vector<float>(53, 0), dtype);
+      absl::StatusOr<Work> work = g_comm->Broadcast(tensor, root, *g_stream);
+      ASSERT_TRUE(work.ok()) << work.status();
+      ASSERT_TRUE(work->Wait().ok());
+      EXPECT_EQ(Read(tensor), RankValues(root, 0, 53))
+          << DTypeName(dtype) << " root " << root;
+    }
+  }
+}
+
+// Totals that do not divide by the world size, through padded equal slices.
+TEST(Collectives, UnevenTotalsThroughEqualSlices) {
+  const int n = g_comm->world_size();
+  const int me = g_comm->rank();
+  for (DType dtype : kDTypes) {
+    for (int64_t total : {int64_t{53}, int64_t{5}, int64_t{2}}) {
+      const EqualSlices slices = EqualSlices::Make(total, n);
+      // Reduce-scatter of a padded buffer: padding stays zero.
+      std::vector<float> padded(slices.padded_total(), 0);
+      for (int64_t i = 0; i < total; ++i) padded[i] = Value(me, i);
+      Tensor input = Make(padded, dtype);
+      Tensor shard = Make(std::vector<float>(slices.slice, 99), dtype);
+      ASSERT_TRUE(g_comm->ReduceScatter(input, shard, ReduceOp::kSum, *g_stream)
+                      ->Wait()
+                      .ok());
+      std::vector<float> got = Read(shard);
+      for (int64_t i = 0; i < slices.slice; ++i) {
+        const float want = i < slices.valid_count(me)
+                               ? Expected(ReduceOp::kSum, dtype, slices.offset(me) + i)
+                               : 0.0f;
+        ASSERT_EQ(got[i], want) << DTypeName(dtype) << " total " << total
+                                << " rank " << me << " element " << i;
+      }
+      // All-gather of each rank's slice back into the padded whole.
+      Tensor whole = Make(std::vector<float>(slices.padded_total(), 99), dtype);
+      ASSERT_TRUE(g_comm->AllGather(shard, whole, *g_stream)->Wait().ok());
+      got = Read(whole);
+      for (int64_t i = 0; i < total; ++i) {
+        ASSERT_EQ(got[i], Expected(ReduceOp::kSum, dtype, i))
+            << DTypeName(dtype) << " total " << total << " element " << i;
+      }
+      for (int64_t i = total; i < slices.padded_total(); ++i) {
+        ASSERT_EQ(got[i], 0.0f) << "padding element " << i;
+      }
+    }
+  }
+}
+
+TEST(Collectives, CoalescedGroupOfMixedOperations) {
+  const int n = g_comm->world_size();
+  const int me = g_comm->rank();
+  Tensor reduce_in = Make(RankValues(me, 0, 53), DType::kBF16);
+  Tensor reduce_out = Make(std::vector<float>(53, 99), DType::kBF16);
+  Tensor scatter_in = Make(RankValues(me, 0, n * 5), DType::kF16);
+  Tensor scatter_out = scatter_in.Slice(me * 5, 5);
+  Tensor gather_in = Make(RankValues(me, 0, 3), DType::kF32);
+  Tensor gather_out = Make(std::vector<float>(n * 3, 99), DType::kF32);
+  Tensor broadcast = Make(me == n - 1 ? RankValues(me, 0, 4) : std::vector<float>(4, 0),
+                          DType::kF32);
+  const uint64_t first = g_comm->next_sequence_number();
+  absl::StatusOr<Work> work = g_comm->Coalesced(
+      {CollectiveOp::AllReduce(reduce_in, reduce_out, ReduceOp::kMax),
+       CollectiveOp::ReduceScatter(scatter_in, scatter_out, ReduceOp::kSum),
+       CollectiveOp::AllGather(gather_in, gather_out),
+       CollectiveOp::Broadcast(broadcast, n - 1)},
+      *g_stream);
+  ASSERT_TRUE(work.ok()) << work.status();
+  EXPECT_EQ(work->sequence_number(), first);
+  EXPECT_EQ(g_comm->next_sequence_number(), first + 4);
+  ASSERT_TRUE(work->Wait().ok());
+  std::vector<float> got = Read(reduce_out);
+  for (int64_t i = 0; i < 53; ++i) {
+    ASSERT_EQ(got[i], Expected(ReduceOp::kMax, DType::kBF16, i)) << i;
+  }
+  got = Read(scatter_out);
+  for (int64_t i = 0; i < 5; ++i) {
+    ASSERT_EQ(got[i], Expected(ReduceOp::kSum, DType::kF16, me * 5 + i)) << i;
+  }
+  got = Read(gather_out);
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(got[r * 3 + i], Value(r, i));
+  }
+  EXPECT_EQ(Read(broadcast), RankValues(n - 1, 0, 4));
+}
+
+TEST(Collectives, OutstandingWorkWaitedOutOfOrder) {
+  std::vector<Tensor> tensors;
+  std::vector<Work> works;
+  for (int k = 0; k < 6; ++k) {
+    tensors.push_back(Make(RankValues(g_comm->rank(), k, 17), DType::kF32));
+    absl::StatusOr<Work> work =
+        g_comm->AllReduce(tensors.back(), tensors.back(), ReduceOp::kSum, *g_stream);
+    ASSERT_TRUE(work.ok()) << work.status();
+    works.push_back(*work);
+  }
+  for (int k = 5; k >= 0; --k) {
+    ASSERT_TRUE(works[k].Wait().ok());
+    const std::vector<float> got = Read(tensors[k]);
+    for (int64_t i = 0; i < 17; ++i) {
+      ASSERT_EQ(got[i], Expected(ReduceOp::kSum, DType::kF32, k + i));
+    }
+  }
+  // Polling a completed Work says so.
+  absl::StatusOr<bool> done = works[0].Poll();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+}
+
+TEST(Collectives, EveryRankAgreesOnSequenceNumbersAfterBarrier) {
+  ASSERT_TRUE(g_comm->Barrier().ok());
+  const int n = g_comm->world_size();
+  // Sequence numbers stay far below 2^24, so f32 carries them exactly.
+  const float mine = static_cast<float>(g_comm->next_sequence_number());
+  Tensor all = Make(std::vector<float>(n, 0), DType::kF32);
+  ASSERT_TRUE(g_comm->AllGather(Make({mine}, DType::kF32), all, *g_stream)
+                  ->Wait()
+                  .ok());
+  for (float other : Read(all)) EXPECT_EQ(other, mine);
+  EXPECT_NE(g_comm->DumpRecentCollectives().find("completed"), std::string::npos);
+  EXPECT_EQ(g_comm->DumpRecentCollectives().find("PENDING"), std::string::npos)
+      << g_comm->DumpRecentCollectives();
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace ze
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ze::comm::CommOptions options;
+  options.device = "cpu";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
+  }
+  absl::StatusOr<std::unique_ptr<ze::comm::Communicator>> comm =
+      ze::comm::CreateCommunicator(options);
+  if (!comm.ok()) {
+    if (comm.status().code() == absl::StatusCode::kFailedPrecondition &&
+        options.backend == "nccl") {
+      std::printf("SKIP: %s\n", std::string(comm.status().message()).c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "CreateCommunicator: %s\n", comm.status().ToString().c_str());
+    return 1;
+  }
+  ze::Stream stream;
+  if ((*comm)->device().is_cuda() && options.device != "cpu") {
+    absl::StatusOr<ze::Stream> created = ze::Stream::Create((*comm)->device());
+    ZE_CHECK_OK(created.status());
+    stream = *created;
+  }
+  ze::comm::g_comm = comm->get();
+  ze::comm::g_stream = &stream;
+  std::printf("rank %d of %d: backend %s, tensors on %s\n", (*comm)->rank(),
+              (*comm)->world_size(), (*comm)->backend_name(),
+              stream.device().ToString().c_str());
+  const int result = RUN_ALL_TESTS();
+  // Everyone finishes before anyone tears down MPI.
+  ZE_CHECK_OK((*comm)->Barrier());
+  comm->reset();
+  return result;
+}
