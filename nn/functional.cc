@@ -1,0 +1,609 @@
+// Validation and device dispatch for nn/functional.h.
+//
+// Every check happens here, once, so both backends can trust their inputs.
+// Tensors whose leading dimensions are folded into rows ((..., K) for Linear,
+// LayerNorm and cross-entropy) are handed to the backends as 2-D views.
+#include "nn/functional.h"
+
+#include <initializer_list>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "nn/cuda/functional_cuda.h"
+#include "nn/functional_cpu.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+bool IsFloat(DType dtype) { return dtype != DType::kI32; }
+
+absl::Status Invalid(const char *op, const std::string &message) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", message));
+}
+
+absl::Status RequireDefined(const char *op, const char *name,
+                            const Tensor &tensor) {
+  if (!tensor.defined()) {
+    return Invalid(op, absl::StrCat(name, " is undefined"));
+  }
+  return absl::OkStatus();
+}
+
+// `tensor` must have exactly `shape`.
+absl::Status RequireShape(const char *op, const char *name,
+                          const Tensor &tensor, const Shape &shape) {
+  if (tensor.shape() != shape) {
+    return Invalid(op,
+                   absl::StrCat(name, " must have shape ", ShapeToString(shape),
+                                ", got ", ShapeToString(tensor.shape())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireDType(const char *op, const char *name,
+                          const Tensor &tensor, DType dtype) {
+  if (tensor.dtype() != dtype) {
+    return Invalid(op, absl::StrCat(name, " must be ", DTypeName(dtype),
+                                    ", got ", DTypeName(tensor.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RequireFloat(const char *op, const char *name,
+                          const Tensor &tensor) {
+  if (!IsFloat(tensor.dtype())) {
+    return Invalid(op, absl::StrCat(name, " must be a float dtype, got ",
+                                    DTypeName(tensor.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+// All defined tensors among `tensors` must sit on `reference`'s device.
+absl::Status RequireSameDevice(
+    const char *op, const char *reference_name, const Tensor &reference,
+    std::initializer_list<std::pair<const char *, const Tensor *>> tensors) {
+  for (const auto &[name, tensor] : tensors) {
+    if (tensor->defined() && tensor->device() != reference.device()) {
+      return Invalid(op,
+                     absl::StrCat(name, " is on ", tensor->device().ToString(),
+                                  " but ", reference_name, " is on ",
+                                  reference.device().ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rows when the last dimension is folded away: (..., last) -> (rows, last).
+absl::StatusOr<int64_t> RowsOf(const char *op, const char *name,
+                               const Tensor &tensor, int64_t last) {
+  if (tensor.dim() < 1 || tensor.shape().back() != last) {
+    return Invalid(op, absl::StrCat(name, " must have shape (..., ", last,
+                                    "), got ", ShapeToString(tensor.shape())));
+  }
+  return last == 0 ? 0 : tensor.numel() / last;
+}
+
+Tensor View2D(const Tensor &tensor, int64_t rows, int64_t columns) {
+  return tensor.defined() ? tensor.View({rows, columns}) : tensor;
+}
+
+} // namespace
+
+absl::Status LinearForward(const Tensor &input, const Tensor &weight,
+                           const Tensor &bias, const Tensor &output,
+                           const Stream &stream) {
+  const char *op = "LinearForward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  if (weight.dim() != 2) {
+    return Invalid(op, absl::StrCat("weight must be (N, K), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t n = weight.size(0), k = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, k));
+  ZE_ASSIGN_OR_RETURN(const int64_t output_rows,
+                      RowsOf(op, "output", output, n));
+  if (output_rows != m) {
+    return Invalid(op, absl::StrCat("output ", ShapeToString(output.shape()),
+                                    " has ", output_rows, " rows, input ",
+                                    ShapeToString(input.shape()), " has ", m));
+  }
+  if (bias.defined())
+    ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {n}));
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"input", &input},
+        {"weight", &weight},
+        {"output", &output}}) {
+    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  if (bias.defined())
+    ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "input", input,
+      {{"weight", &weight}, {"bias", &bias}, {"output", &output}}));
+  if (input.data() == output.data() && input.numel() > 0) {
+    return Invalid(op, "output must not alias input");
+  }
+  const Tensor input_2d = View2D(input, m, k);
+  const Tensor output_2d = View2D(output, m, n);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LinearForward(input_2d, weight, bias, output_2d,
+                                       stream);
+  }
+  return cpu_backend::LinearForward(input_2d, weight, bias, output_2d);
+}
+
+absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
+                            const Tensor &weight, const Tensor &grad_input,
+                            const Tensor &grad_weight, const Tensor &grad_bias,
+                            const Stream &stream) {
+  const char *op = "LinearBackward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  if (weight.dim() != 2) {
+    return Invalid(op, absl::StrCat("weight must be (N, K), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t n = weight.size(0), k = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(const int64_t m,
+                      RowsOf(op, "grad_output", grad_output, n));
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  }
+  if (input.defined()) {
+    ZE_ASSIGN_OR_RETURN(const int64_t input_rows,
+                        RowsOf(op, "input", input, k));
+    if (input_rows != m) {
+      return Invalid(op, absl::StrCat("input ", ShapeToString(input.shape()),
+                                      " and grad_output ",
+                                      ShapeToString(grad_output.shape()),
+                                      " have different row counts"));
+    }
+  }
+  if (grad_input.defined()) {
+    ZE_ASSIGN_OR_RETURN(const int64_t grad_input_rows,
+                        RowsOf(op, "grad_input", grad_input, k));
+    if (grad_input_rows != m) {
+      return Invalid(op, absl::StrCat("grad_input ",
+                                      ShapeToString(grad_input.shape()),
+                                      " must have ", m, " rows"));
+    }
+  }
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_weight", grad_weight, weight.shape()));
+  }
+  if (grad_bias.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {n}));
+  }
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"input", &input},
+        {"weight", &weight},
+        {"grad_input", &grad_input},
+        {"grad_weight", &grad_weight},
+        {"grad_bias", &grad_bias}}) {
+    if (tensor->defined())
+      ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
+                                       {{"input", &input},
+                                        {"weight", &weight},
+                                        {"grad_input", &grad_input},
+                                        {"grad_weight", &grad_weight},
+                                        {"grad_bias", &grad_bias}}));
+  const Tensor grad_output_2d = View2D(grad_output, m, n);
+  const Tensor input_2d = View2D(input, m, k);
+  const Tensor grad_input_2d = View2D(grad_input, m, k);
+  if (grad_output.device().is_cuda()) {
+    return cuda_backend::LinearBackward(grad_output_2d, input_2d, weight,
+                                        grad_input_2d, grad_weight, grad_bias,
+                                        stream);
+  }
+  return cpu_backend::LinearBackward(grad_output_2d, input_2d, weight,
+                                     grad_input_2d, grad_weight, grad_bias);
+}
+
+absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
+                              const Tensor &bias, const Tensor &output,
+                              const Tensor &mean, const Tensor &rstd,
+                              const Stream &stream) {
+  const char *op = "LayerNormForward";
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"input", &input},
+        {"weight", &weight},
+        {"bias", &bias},
+        {"output", &output},
+        {"mean", &mean},
+        {"rstd", &rstd}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+  }
+  if (weight.dim() != 1) {
+    return Invalid(op, absl::StrCat("weight must be (C), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t c = weight.size(0);
+  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, c));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {c}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "mean", mean, {m}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {m}));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "mean", mean, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
+                                       {{"weight", &weight},
+                                        {"bias", &bias},
+                                        {"output", &output},
+                                        {"mean", &mean},
+                                        {"rstd", &rstd}}));
+  const Tensor input_2d = View2D(input, m, c);
+  const Tensor output_2d = View2D(output, m, c);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LayerNormForward(input_2d, weight, bias, output_2d,
+                                          mean, rstd, stream);
+  }
+  return cpu_backend::LayerNormForward(input_2d, weight, bias, output_2d, mean,
+                                       rstd);
+}
+
+absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
+                               const Tensor &weight, const Tensor &mean,
+                               const Tensor &rstd, const Tensor &grad_input,
+                               const Tensor &grad_weight,
+                               const Tensor &grad_bias, const Stream &stream) {
+  const char *op = "LayerNormBackward";
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"input", &input},
+        {"weight", &weight},
+        {"mean", &mean},
+        {"rstd", &rstd}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+  }
+  if (weight.dim() != 1) {
+    return Invalid(op, absl::StrCat("weight must be (C), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t c = weight.size(0);
+  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, c));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_output", grad_output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "mean", mean, {m}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {m}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "mean", mean, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
+  if (grad_input.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_input", grad_input, input.shape()));
+  }
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_weight", grad_weight, {c}));
+  }
+  if (grad_bias.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {c}));
+  }
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"input", &input},
+        {"weight", &weight},
+        {"grad_input", &grad_input},
+        {"grad_weight", &grad_weight},
+        {"grad_bias", &grad_bias}}) {
+    if (tensor->defined())
+      ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
+                                       {{"input", &input},
+                                        {"weight", &weight},
+                                        {"mean", &mean},
+                                        {"rstd", &rstd},
+                                        {"grad_input", &grad_input},
+                                        {"grad_weight", &grad_weight},
+                                        {"grad_bias", &grad_bias}}));
+  const Tensor grad_output_2d = View2D(grad_output, m, c);
+  const Tensor input_2d = View2D(input, m, c);
+  const Tensor grad_input_2d = View2D(grad_input, m, c);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LayerNormBackward(grad_output_2d, input_2d, weight,
+                                           mean, rstd, grad_input_2d,
+                                           grad_weight, grad_bias, stream);
+  }
+  return cpu_backend::LayerNormBackward(grad_output_2d, input_2d, weight, mean,
+                                        rstd, grad_input_2d, grad_weight,
+                                        grad_bias);
+}
+
+absl::Status GeluForward(const Tensor &input, const Tensor &output,
+                         const Stream &stream) {
+  const char *op = "GeluForward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "input", input, {{"output", &output}}));
+  if (input.device().is_cuda()) {
+    return cuda_backend::GeluForward(input, output, stream);
+  }
+  return cpu_backend::GeluForward(input, output);
+}
+
+absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
+                          const Tensor &grad_input, const Stream &stream) {
+  const char *op = "GeluBackward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_output", grad_output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "grad_input", grad_input, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "input", input,
+      {{"grad_output", &grad_output}, {"grad_input", &grad_input}}));
+  if (input.device().is_cuda()) {
+    return cuda_backend::GeluBackward(grad_output, input, grad_input, stream);
+  }
+  return cpu_backend::GeluBackward(grad_output, input, grad_input);
+}
+
+namespace {
+
+// Shared checks of the attention forward/backward arguments; returns C.
+absl::StatusOr<int64_t> CheckAttentionShapes(const char *op, const Tensor &qkv,
+                                             int num_heads,
+                                             const Tensor &output,
+                                             const Tensor &logsumexp) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "qkv", qkv));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) {
+    return Invalid(op, absl::StrCat("qkv must be (B, T, 3 * C), got ",
+                                    ShapeToString(qkv.shape())));
+  }
+  const int64_t batch = qkv.size(0), seq = qkv.size(1);
+  const int64_t channels = qkv.size(2) / 3;
+  if (num_heads <= 0 || channels % num_heads != 0) {
+    return Invalid(op,
+                   absl::StrCat("num_heads = ", num_heads,
+                                " must be positive and divide C = ", channels));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "output", output, {batch, seq, channels}));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "logsumexp", logsumexp, {batch, num_heads, seq}));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "qkv", qkv));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "logsumexp", logsumexp, DType::kF32));
+  return channels;
+}
+
+} // namespace
+
+absl::Status AttentionForward(const Tensor &qkv, int num_heads,
+                              const Tensor &output, const Tensor &logsumexp,
+                              const Stream &stream) {
+  const char *op = "AttentionForward";
+  ZE_RETURN_IF_ERROR(
+      CheckAttentionShapes(op, qkv, num_heads, output, logsumexp).status());
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "qkv", qkv, {{"output", &output}, {"logsumexp", &logsumexp}}));
+  if (qkv.device().is_cuda()) {
+    return cuda_backend::AttentionForward(qkv, num_heads, output, logsumexp,
+                                          stream);
+  }
+  return cpu_backend::AttentionForward(qkv, num_heads, output, logsumexp);
+}
+
+absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
+                               const Tensor &output, const Tensor &logsumexp,
+                               int num_heads, const Tensor &grad_qkv,
+                               const Stream &stream) {
+  const char *op = "AttentionBackward";
+  ZE_RETURN_IF_ERROR(
+      CheckAttentionShapes(op, qkv, num_heads, output, logsumexp).status());
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_qkv", grad_qkv));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_output", grad_output, output.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "grad_qkv", grad_qkv, qkv.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_qkv", grad_qkv));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "qkv", qkv,
+                                       {{"grad_output", &grad_output},
+                                        {"output", &output},
+                                        {"logsumexp", &logsumexp},
+                                        {"grad_qkv", &grad_qkv}}));
+  if (qkv.device().is_cuda()) {
+    return cuda_backend::AttentionBackward(grad_output, qkv, output, logsumexp,
+                                           num_heads, grad_qkv, stream);
+  }
+  return cpu_backend::AttentionBackward(grad_output, qkv, output, logsumexp,
+                                        num_heads, grad_qkv);
+}
+
+absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
+                              const Tensor &position_table,
+                              const Tensor &output, const Stream &stream) {
+  const char *op = "EmbeddingForward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "tokens", tokens));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "token_table", token_table));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  if (tokens.dim() != 2) {
+    return Invalid(op, absl::StrCat("tokens must be (B, T), got ",
+                                    ShapeToString(tokens.shape())));
+  }
+  ZE_RETURN_IF_ERROR(RequireDType(op, "tokens", tokens, DType::kI32));
+  if (token_table.dim() != 2) {
+    return Invalid(op, absl::StrCat("token_table must be (V, C), got ",
+                                    ShapeToString(token_table.shape())));
+  }
+  const int64_t batch = tokens.size(0), seq = tokens.size(1);
+  const int64_t channels = token_table.size(1);
+  if (position_table.defined()) {
+    if (position_table.dim() != 2 || position_table.size(1) != channels ||
+        position_table.size(0) < seq) {
+      return Invalid(op, absl::StrCat("position_table must be (max_T >= ", seq,
+                                      ", ", channels, "), got ",
+                                      ShapeToString(position_table.shape())));
+    }
+    ZE_RETURN_IF_ERROR(RequireFloat(op, "position_table", position_table));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "output", output, {batch, seq, channels}));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "token_table", token_table));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "tokens", tokens,
+                                       {{"token_table", &token_table},
+                                        {"position_table", &position_table},
+                                        {"output", &output}}));
+  if (tokens.device().is_cuda()) {
+    return cuda_backend::EmbeddingForward(tokens, token_table, position_table,
+                                          output, stream);
+  }
+  return cpu_backend::EmbeddingForward(tokens, token_table, position_table,
+                                       output);
+}
+
+absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
+                               const Tensor &grad_token_table,
+                               const Tensor &grad_position_table,
+                               const Stream &stream) {
+  const char *op = "EmbeddingBackward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "tokens", tokens));
+  if (tokens.dim() != 2) {
+    return Invalid(op, absl::StrCat("tokens must be (B, T), got ",
+                                    ShapeToString(tokens.shape())));
+  }
+  ZE_RETURN_IF_ERROR(RequireDType(op, "tokens", tokens, DType::kI32));
+  if (grad_output.dim() != 3 || grad_output.size(0) != tokens.size(0) ||
+      grad_output.size(1) != tokens.size(1)) {
+    return Invalid(op, absl::StrCat("grad_output must be (B, T, C) matching "
+                                    "tokens ",
+                                    ShapeToString(tokens.shape()), ", got ",
+                                    ShapeToString(grad_output.shape())));
+  }
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_output", grad_output));
+  const int64_t channels = grad_output.size(2);
+  if (grad_token_table.defined()) {
+    if (grad_token_table.dim() != 2 || grad_token_table.size(1) != channels) {
+      return Invalid(op, absl::StrCat("grad_token_table must be (V, ", channels,
+                                      "), got ",
+                                      ShapeToString(grad_token_table.shape())));
+    }
+    ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_token_table", grad_token_table));
+  }
+  if (grad_position_table.defined()) {
+    if (grad_position_table.dim() != 2 ||
+        grad_position_table.size(1) != channels ||
+        grad_position_table.size(0) < tokens.size(1)) {
+      return Invalid(op,
+                     absl::StrCat("grad_position_table must be (max_T >= ",
+                                  tokens.size(1), ", ", channels, "), got ",
+                                  ShapeToString(grad_position_table.shape())));
+    }
+    ZE_RETURN_IF_ERROR(
+        RequireFloat(op, "grad_position_table", grad_position_table));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "grad_output", grad_output,
+                        {{"tokens", &tokens},
+                         {"grad_token_table", &grad_token_table},
+                         {"grad_position_table", &grad_position_table}}));
+  if (tokens.device().is_cuda()) {
+    return cuda_backend::EmbeddingBackward(
+        grad_output, tokens, grad_token_table, grad_position_table, stream);
+  }
+  return cpu_backend::EmbeddingBackward(grad_output, tokens, grad_token_table,
+                                        grad_position_table);
+}
+
+namespace {
+
+// Checks logits (..., V) against targets (...); returns the row count.
+absl::StatusOr<int64_t> CheckCrossEntropyShapes(const char *op,
+                                                const Tensor &logits,
+                                                const Tensor &targets) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logits", logits));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "targets", targets));
+  if (logits.dim() < 2) {
+    return Invalid(op, absl::StrCat("logits must be (M, V), got ",
+                                    ShapeToString(logits.shape())));
+  }
+  const int64_t vocab = logits.shape().back();
+  ZE_ASSIGN_OR_RETURN(const int64_t rows, RowsOf(op, "logits", logits, vocab));
+  if (targets.numel() != rows) {
+    return Invalid(op, absl::StrCat("targets ", ShapeToString(targets.shape()),
+                                    " must hold one id per logits row (", rows,
+                                    ")"));
+  }
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "logits", logits));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "targets", targets, DType::kI32));
+  return rows;
+}
+
+} // namespace
+
+absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
+                                 const Tensor &losses, const Stream &stream) {
+  const char *op = "CrossEntropyForward";
+  ZE_ASSIGN_OR_RETURN(const int64_t rows,
+                      CheckCrossEntropyShapes(op, logits, targets));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "losses", losses));
+  if (losses.numel() != rows) {
+    return Invalid(op,
+                   absl::StrCat("losses ", ShapeToString(losses.shape()),
+                                " must hold one value per row (", rows, ")"));
+  }
+  ZE_RETURN_IF_ERROR(RequireDType(op, "losses", losses, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "logits", logits, {{"targets", &targets}, {"losses", &losses}}));
+  const int64_t vocab = logits.shape().back();
+  const Tensor logits_2d = View2D(logits, rows, vocab);
+  const Tensor targets_1d = targets.View({rows});
+  const Tensor losses_1d = losses.View({rows});
+  if (logits.device().is_cuda()) {
+    return cuda_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d,
+                                             stream);
+  }
+  return cpu_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d);
+}
+
+absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
+                                  float grad_scale, const Tensor &grad_logits,
+                                  const Stream &stream) {
+  const char *op = "CrossEntropyBackward";
+  ZE_ASSIGN_OR_RETURN(const int64_t rows,
+                      CheckCrossEntropyShapes(op, logits, targets));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_logits", grad_logits));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_logits", grad_logits, logits.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_logits", grad_logits));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "logits", logits,
+      {{"targets", &targets}, {"grad_logits", &grad_logits}}));
+  const int64_t vocab = logits.shape().back();
+  const Tensor logits_2d = View2D(logits, rows, vocab);
+  const Tensor targets_1d = targets.View({rows});
+  const Tensor grad_logits_2d = View2D(grad_logits, rows, vocab);
+  if (logits.device().is_cuda()) {
+    return cuda_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
+                                              grad_logits_2d, stream);
+  }
+  return cpu_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
+                                           grad_logits_2d);
+}
+
+} // namespace nn
+} // namespace ze

@@ -1,0 +1,543 @@
+#include "nn/functional_cpu.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+
+namespace ze {
+namespace nn {
+namespace cpu_backend {
+namespace {
+
+// A read-only f32 view of a host tensor: the tensor's own bytes when it is
+// f32, otherwise a widened copy (bf16/f16 are storage formats on the CPU).
+class FloatIn {
+public:
+  explicit FloatIn(const Tensor &tensor) {
+    if (!tensor.defined())
+      return;
+    if (tensor.dtype() == DType::kF32) {
+      data_ = tensor.data_as<const float>();
+      return;
+    }
+    widened_.resize(tensor.numel());
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      widened_[i] = LoadAsFloat(tensor.data(), tensor.dtype(), i);
+    }
+    data_ = widened_.data();
+  }
+  const float *get() const { return data_; }
+
+private:
+  const float *data_ = nullptr;
+  std::vector<float> widened_;
+};
+
+// A writable f32 view of a host tensor. An f32 tensor is written in place;
+// other dtypes go through an f32 buffer that Commit() rounds back. With
+// `load`, the buffer starts from the tensor's values (for accumulation).
+class FloatOut {
+public:
+  FloatOut(const Tensor &tensor, bool load) : tensor_(tensor) {
+    if (!tensor.defined())
+      return;
+    if (tensor.dtype() == DType::kF32) {
+      data_ = tensor.data_as<float>();
+      return;
+    }
+    buffer_.assign(tensor.numel(), 0.0f);
+    if (load) {
+      for (int64_t i = 0; i < tensor.numel(); ++i) {
+        buffer_[i] = LoadAsFloat(tensor.data(), tensor.dtype(), i);
+      }
+    }
+    data_ = buffer_.data();
+  }
+  float *get() const { return data_; }
+  void Commit() {
+    if (!tensor_.defined() || tensor_.dtype() == DType::kF32)
+      return;
+    for (int64_t i = 0; i < tensor_.numel(); ++i) {
+      StoreFromFloat(tensor_.data(), tensor_.dtype(), i, buffer_[i]);
+    }
+  }
+
+private:
+  Tensor tensor_;
+  float *data_ = nullptr;
+  std::vector<float> buffer_;
+};
+
+constexpr float kLayerNormEpsilon = 1e-5f;
+
+} // namespace
+
+absl::Status LinearForward(const Tensor &input, const Tensor &weight,
+                           const Tensor &bias, const Tensor &output) {
+  const int m = static_cast<int>(input.size(0));
+  const int k = static_cast<int>(input.size(1));
+  const int n = static_cast<int>(weight.size(0));
+  FloatIn x(input), w(weight), b(bias);
+  FloatOut y(output, /*load=*/false);
+  if (m > 0 && n > 0) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x.get(),
+                k, w.get(), k, 0.0f, y.get(), n);
+  }
+  if (bias.defined()) {
+    for (int row = 0; row < m; ++row) {
+      float *y_row = y.get() + static_cast<int64_t>(row) * n;
+      for (int col = 0; col < n; ++col)
+        y_row[col] += b.get()[col];
+    }
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
+                            const Tensor &weight, const Tensor &grad_input,
+                            const Tensor &grad_weight,
+                            const Tensor &grad_bias) {
+  const int m = static_cast<int>(grad_output.size(0));
+  const int n = static_cast<int>(grad_output.size(1));
+  const int k = static_cast<int>(weight.size(1));
+  FloatIn dy(grad_output);
+  if (grad_input.defined()) {
+    FloatIn w(weight);
+    FloatOut dx(grad_input, /*load=*/false);
+    if (m > 0 && k > 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f,
+                  dy.get(), n, w.get(), k, 0.0f, dx.get(), k);
+    }
+    dx.Commit();
+  }
+  if (grad_weight.defined()) {
+    FloatIn x(input);
+    FloatOut dw(grad_weight, /*load=*/true);
+    if (n > 0 && k > 0 && m > 0) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f,
+                  dy.get(), n, x.get(), k, 1.0f, dw.get(), k);
+    }
+    dw.Commit();
+  }
+  if (grad_bias.defined()) {
+    FloatOut db(grad_bias, /*load=*/true);
+    for (int row = 0; row < m; ++row) {
+      const float *dy_row = dy.get() + static_cast<int64_t>(row) * n;
+      for (int col = 0; col < n; ++col)
+        db.get()[col] += dy_row[col];
+    }
+    db.Commit();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
+                              const Tensor &bias, const Tensor &output,
+                              const Tensor &mean, const Tensor &rstd) {
+  const int64_t rows = input.size(0);
+  const int64_t channels = input.size(1);
+  FloatIn x(input), w(weight), b(bias);
+  FloatOut y(output, /*load=*/false);
+  float *mean_out = mean.data_as<float>();
+  float *rstd_out = rstd.data_as<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *x_row = x.get() + row * channels;
+    float *y_row = y.get() + row * channels;
+    double sum = 0.0;
+    for (int64_t c = 0; c < channels; ++c)
+      sum += x_row[c];
+    const float row_mean = static_cast<float>(sum / channels);
+    double squares = 0.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      const double centered = x_row[c] - row_mean;
+      squares += centered * centered;
+    }
+    const float row_rstd = static_cast<float>(
+        1.0 / std::sqrt(squares / channels + kLayerNormEpsilon));
+    for (int64_t c = 0; c < channels; ++c) {
+      y_row[c] = (x_row[c] - row_mean) * row_rstd * w.get()[c] + b.get()[c];
+    }
+    mean_out[row] = row_mean;
+    rstd_out[row] = row_rstd;
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
+                               const Tensor &weight, const Tensor &mean,
+                               const Tensor &rstd, const Tensor &grad_input,
+                               const Tensor &grad_weight,
+                               const Tensor &grad_bias) {
+  const int64_t rows = input.size(0);
+  const int64_t channels = input.size(1);
+  FloatIn dy(grad_output), x(input), w(weight);
+  FloatOut dx(grad_input, /*load=*/false);
+  FloatOut dw(grad_weight, /*load=*/true);
+  FloatOut db(grad_bias, /*load=*/true);
+  const float *mean_in = mean.data_as<const float>();
+  const float *rstd_in = rstd.data_as<const float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *dy_row = dy.get() + row * channels;
+    const float *x_row = x.get() + row * channels;
+    const float row_mean = mean_in[row];
+    const float row_rstd = rstd_in[row];
+    // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), where
+    // dxhat = dy * weight and xhat is the normalised input.
+    double dxhat_sum = 0.0, dxhat_xhat_sum = 0.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float xhat = (x_row[c] - row_mean) * row_rstd;
+      const float dxhat = dy_row[c] * w.get()[c];
+      dxhat_sum += dxhat;
+      dxhat_xhat_sum += dxhat * xhat;
+      if (dw.get() != nullptr)
+        dw.get()[c] += dy_row[c] * xhat;
+      if (db.get() != nullptr)
+        db.get()[c] += dy_row[c];
+    }
+    if (dx.get() == nullptr)
+      continue;
+    const float dxhat_mean = static_cast<float>(dxhat_sum / channels);
+    const float dxhat_xhat_mean = static_cast<float>(dxhat_xhat_sum / channels);
+    float *dx_row = dx.get() + row * channels;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float xhat = (x_row[c] - row_mean) * row_rstd;
+      const float dxhat = dy_row[c] * w.get()[c];
+      dx_row[c] = row_rstd * (dxhat - dxhat_mean - xhat * dxhat_xhat_mean);
+    }
+  }
+  dx.Commit();
+  dw.Commit();
+  db.Commit();
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+} // namespace
+
+absl::Status GeluForward(const Tensor &input, const Tensor &output) {
+  FloatIn x(input);
+  FloatOut y(output, /*load=*/false);
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    const float v = x.get()[i];
+    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+    y.get()[i] = 0.5f * v * (1.0f + std::tanh(inner));
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
+                          const Tensor &grad_input) {
+  // grad_input may alias grad_output: FloatIn widens (or points at) dy before
+  // any element of dx is written, and each element only reads its own dy.
+  FloatIn dy(grad_output), x(input);
+  FloatOut dx(grad_input, /*load=*/false);
+  for (int64_t i = 0; i < input.numel(); ++i) {
+    const float v = x.get()[i];
+    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+    const float tanh_inner = std::tanh(inner);
+    const float sech2 = 1.0f - tanh_inner * tanh_inner;
+    const float derivative =
+        0.5f * (1.0f + tanh_inner) +
+        0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    dx.get()[i] = dy.get()[i] * derivative;
+  }
+  dx.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status AttentionForward(const Tensor &qkv, int num_heads,
+                              const Tensor &output, const Tensor &logsumexp) {
+  const int batch = static_cast<int>(qkv.size(0));
+  const int seq = static_cast<int>(qkv.size(1));
+  const int channels = static_cast<int>(output.size(2));
+  const int head_dim = channels / num_heads;
+  const int qkv_stride = 3 * channels;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  FloatIn qkv_f(qkv);
+  FloatOut out(output, /*load=*/false);
+  float *lse = logsumexp.data_as<float>();
+  std::vector<float> probs(static_cast<size_t>(seq) * seq); // (T, T)
+  for (int b = 0; b < batch; ++b) {
+    for (int h = 0; h < num_heads; ++h) {
+      const float *q = qkv_f.get() +
+                       static_cast<int64_t>(b) * seq * qkv_stride +
+                       h * head_dim;
+      const float *k = q + channels;
+      const float *v = q + 2 * channels;
+      float *o =
+          out.get() + static_cast<int64_t>(b) * seq * channels + h * head_dim;
+      float *lse_bh = lse + (static_cast<int64_t>(b) * num_heads + h) * seq;
+      // scores (T, T) = scale * q (T, D) @ k (T, D)^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, head_dim,
+                  scale, q, qkv_stride, k, qkv_stride, 0.0f, probs.data(), seq);
+      for (int i = 0; i < seq; ++i) {
+        float *row = probs.data() + static_cast<int64_t>(i) * seq;
+        float row_max = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j <= i; ++j)
+          row_max = std::max(row_max, row[j]);
+        double sum = 0.0;
+        for (int j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] - row_max);
+          sum += row[j];
+        }
+        const float inverse_sum = static_cast<float>(1.0 / sum);
+        for (int j = 0; j <= i; ++j)
+          row[j] *= inverse_sum;
+        for (int j = i + 1; j < seq; ++j)
+          row[j] = 0.0f; // causal mask
+        lse_bh[i] = row_max + static_cast<float>(std::log(sum));
+      }
+      // o (T, D) = probs (T, T) @ v (T, D)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, head_dim, seq,
+                  1.0f, probs.data(), seq, v, qkv_stride, 0.0f, o, channels);
+    }
+  }
+  out.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
+                               const Tensor &output, const Tensor &logsumexp,
+                               int num_heads, const Tensor &grad_qkv) {
+  const int batch = static_cast<int>(qkv.size(0));
+  const int seq = static_cast<int>(qkv.size(1));
+  const int channels = static_cast<int>(output.size(2));
+  const int head_dim = channels / num_heads;
+  const int qkv_stride = 3 * channels;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  FloatIn qkv_f(qkv), out_f(output), dout_f(grad_output);
+  FloatOut dqkv(grad_qkv, /*load=*/false);
+  const float *lse = logsumexp.data_as<const float>();
+  std::vector<float> probs(static_cast<size_t>(seq) * seq);       // (T, T)
+  std::vector<float> grad_scores(static_cast<size_t>(seq) * seq); // (T, T)
+  for (int b = 0; b < batch; ++b) {
+    for (int h = 0; h < num_heads; ++h) {
+      const int64_t qkv_offset =
+          static_cast<int64_t>(b) * seq * qkv_stride + h * head_dim;
+      const int64_t out_offset =
+          static_cast<int64_t>(b) * seq * channels + h * head_dim;
+      const float *q = qkv_f.get() + qkv_offset;
+      const float *k = q + channels;
+      const float *v = q + 2 * channels;
+      const float *o = out_f.get() + out_offset;
+      const float *d_o = dout_f.get() + out_offset;
+      float *dq = dqkv.get() + qkv_offset;
+      float *dk = dq + channels;
+      float *dv = dq + 2 * channels;
+      const float *lse_bh =
+          lse + (static_cast<int64_t>(b) * num_heads + h) * seq;
+      // Recompute probs from the saved logsumexp instead of storing (T, T).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, head_dim,
+                  scale, q, qkv_stride, k, qkv_stride, 0.0f, probs.data(), seq);
+      // dprobs (T, T) = d_o (T, D) @ v (T, D)^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, head_dim,
+                  1.0f, d_o, channels, v, qkv_stride, 0.0f, grad_scores.data(),
+                  seq);
+      for (int i = 0; i < seq; ++i) {
+        float *p_row = probs.data() + static_cast<int64_t>(i) * seq;
+        float *ds_row = grad_scores.data() + static_cast<int64_t>(i) * seq;
+        // sum_j p_ij dp_ij equals d_o_i . o_i, which avoids a pass over T.
+        double row_dot = 0.0;
+        for (int d = 0; d < head_dim; ++d) {
+          row_dot +=
+              static_cast<double>(d_o[static_cast<int64_t>(i) * channels + d]) *
+              o[static_cast<int64_t>(i) * channels + d];
+        }
+        for (int j = 0; j <= i; ++j) {
+          p_row[j] = std::exp(p_row[j] - lse_bh[i]);
+          ds_row[j] = p_row[j] * (ds_row[j] - static_cast<float>(row_dot));
+        }
+        for (int j = i + 1; j < seq; ++j) {
+          p_row[j] = 0.0f;
+          ds_row[j] = 0.0f;
+        }
+      }
+      // dq = scale * dscores @ k; dk = scale * dscores^T @ q; dv = probs^T @
+      // d_o
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, head_dim, seq,
+                  scale, grad_scores.data(), seq, k, qkv_stride, 0.0f, dq,
+                  qkv_stride);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, seq, head_dim, seq,
+                  scale, grad_scores.data(), seq, q, qkv_stride, 0.0f, dk,
+                  qkv_stride);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, seq, head_dim, seq,
+                  1.0f, probs.data(), seq, d_o, channels, 0.0f, dv, qkv_stride);
+    }
+  }
+  dqkv.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
+                              const Tensor &position_table,
+                              const Tensor &output) {
+  const int64_t batch = tokens.size(0);
+  const int64_t seq = tokens.size(1);
+  const int64_t vocab = token_table.size(0);
+  const int64_t channels = token_table.size(1);
+  const int32_t *ids = tokens.data_as<const int32_t>();
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EmbeddingForward: tokens[", i / seq, ", ", i % seq, "] = ", ids[i],
+          " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  FloatIn wte(token_table), wpe(position_table);
+  FloatOut out(output, /*load=*/false);
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    const float *token_row = wte.get() + ids[i] * channels;
+    float *out_row = out.get() + i * channels;
+    if (wpe.get() != nullptr) {
+      const float *position_row = wpe.get() + (i % seq) * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        out_row[c] = token_row[c] + position_row[c];
+      }
+    } else {
+      for (int64_t c = 0; c < channels; ++c)
+        out_row[c] = token_row[c];
+    }
+  }
+  out.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
+                               const Tensor &grad_token_table,
+                               const Tensor &grad_position_table) {
+  const int64_t batch = tokens.size(0);
+  const int64_t seq = tokens.size(1);
+  const int64_t channels = grad_output.size(2);
+  const int32_t *ids = tokens.data_as<const int32_t>();
+  FloatIn dout(grad_output);
+  if (grad_token_table.defined()) {
+    const int64_t vocab = grad_token_table.size(0);
+    for (int64_t i = 0; i < batch * seq; ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "EmbeddingBackward: tokens[", i / seq, ", ", i % seq,
+            "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    FloatOut dwte(grad_token_table, /*load=*/true);
+    for (int64_t i = 0; i < batch * seq; ++i) {
+      float *row = dwte.get() + ids[i] * channels;
+      const float *d_row = dout.get() + i * channels;
+      for (int64_t c = 0; c < channels; ++c)
+        row[c] += d_row[c];
+    }
+    dwte.Commit();
+  }
+  if (grad_position_table.defined()) {
+    FloatOut dwpe(grad_position_table, /*load=*/true);
+    for (int64_t i = 0; i < batch * seq; ++i) {
+      float *row = dwpe.get() + (i % seq) * channels;
+      const float *d_row = dout.get() + i * channels;
+      for (int64_t c = 0; c < channels; ++c)
+        row[c] += d_row[c];
+    }
+    dwpe.Commit();
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Checks every target is < vocab (negative means ignored).
+absl::Status CheckTargets(const int32_t *targets, int64_t rows, int64_t vocab,
+                          const char *operation) {
+  for (int64_t row = 0; row < rows; ++row) {
+    if (targets[row] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(operation, ": targets[", row, "] = ", targets[row],
+                       " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// logsumexp of one row, in double for a stable reference.
+float RowLogSumExp(const float *row, int64_t count) {
+  float row_max = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < count; ++i)
+    row_max = std::max(row_max, row[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < count; ++i)
+    sum += std::exp(row[i] - row_max);
+  return row_max + static_cast<float>(std::log(sum));
+}
+
+} // namespace
+
+absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
+                                 const Tensor &losses) {
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  const int32_t *target_ids = targets.data_as<const int32_t>();
+  {
+    absl::Status status =
+        CheckTargets(target_ids, rows, vocab, "CrossEntropyForward");
+    if (!status.ok())
+      return status;
+  }
+  FloatIn x(logits);
+  float *loss_out = losses.data_as<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    if (target_ids[row] < 0) {
+      loss_out[row] = 0.0f;
+      continue;
+    }
+    const float *x_row = x.get() + row * vocab;
+    loss_out[row] = RowLogSumExp(x_row, vocab) - x_row[target_ids[row]];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
+                                  float grad_scale, const Tensor &grad_logits) {
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  const int32_t *target_ids = targets.data_as<const int32_t>();
+  {
+    absl::Status status =
+        CheckTargets(target_ids, rows, vocab, "CrossEntropyBackward");
+    if (!status.ok())
+      return status;
+  }
+  // grad_logits may alias logits: each row's logsumexp is taken before the
+  // row is overwritten, and rows are independent.
+  FloatIn x(logits);
+  FloatOut dx(grad_logits, /*load=*/false);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *x_row = x.get() + row * vocab;
+    float *dx_row = dx.get() + row * vocab;
+    if (target_ids[row] < 0) {
+      for (int64_t i = 0; i < vocab; ++i)
+        dx_row[i] = 0.0f;
+      continue;
+    }
+    const float lse = RowLogSumExp(x_row, vocab);
+    for (int64_t i = 0; i < vocab; ++i) {
+      dx_row[i] = grad_scale * std::exp(x_row[i] - lse);
+    }
+    dx_row[target_ids[row]] -= grad_scale;
+  }
+  dx.Commit();
+  return absl::OkStatus();
+}
+
+} // namespace cpu_backend
+} // namespace nn
+} // namespace ze

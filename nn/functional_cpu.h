@@ -1,0 +1,61 @@
+// CPU implementations of nn/functional.h (namespace ze::nn::cpu_backend).
+//
+// Called by nn/functional.cc after validation, so shapes, dtypes and devices
+// are already checked: inputs are 2-D (M, ...) views where functional.h says
+// so, and every tensor is on the host. Math is f32 (OpenBLAS sgemm for matrix
+// products); bf16/f16 tensors are widened to f32 and outputs rounded back to
+// nearest even. Work is done when a function returns. Same contracts as
+// nn/functional.h (parameter grads accumulate, input grads are overwritten).
+#ifndef ZE_NN_FUNCTIONAL_CPU_H_
+#define ZE_NN_FUNCTIONAL_CPU_H_
+
+#include "absl/status/status.h"
+#include "core/tensor.h"
+
+namespace ze {
+namespace nn {
+namespace cpu_backend {
+
+// input (M, K), weight (N, K), bias (N) or undefined, output (M, N).
+absl::Status LinearForward(const Tensor &input, const Tensor &weight,
+                           const Tensor &bias, const Tensor &output);
+absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
+                            const Tensor &weight, const Tensor &grad_input,
+                            const Tensor &grad_weight, const Tensor &grad_bias);
+// input (M, C); mean, rstd (M) f32.
+absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
+                              const Tensor &bias, const Tensor &output,
+                              const Tensor &mean, const Tensor &rstd);
+absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
+                               const Tensor &weight, const Tensor &mean,
+                               const Tensor &rstd, const Tensor &grad_input,
+                               const Tensor &grad_weight,
+                               const Tensor &grad_bias);
+absl::Status GeluForward(const Tensor &input, const Tensor &output);
+absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
+                          const Tensor &grad_input);
+// qkv (B, T, 3C), output (B, T, C), logsumexp (B, H, T) f32.
+absl::Status AttentionForward(const Tensor &qkv, int num_heads,
+                              const Tensor &output, const Tensor &logsumexp);
+absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
+                               const Tensor &output, const Tensor &logsumexp,
+                               int num_heads, const Tensor &grad_qkv);
+// tokens (B, T) i32; InvalidArgument for an id outside [0, V).
+absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
+                              const Tensor &position_table,
+                              const Tensor &output);
+absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
+                               const Tensor &grad_token_table,
+                               const Tensor &grad_position_table);
+// logits (M, V), targets (M) i32, losses (M) f32. InvalidArgument for a
+// target >= V.
+absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
+                                 const Tensor &losses);
+absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
+                                  float grad_scale, const Tensor &grad_logits);
+
+} // namespace cpu_backend
+} // namespace nn
+} // namespace ze
+
+#endif // ZE_NN_FUNCTIONAL_CPU_H_

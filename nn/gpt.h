@@ -1,0 +1,130 @@
+// GPT: token + position embedding, N pre-LN transformer blocks, a final
+// LayerNorm, and an output head tied to the token embedding
+// (logits = x @ wte^T), with a cross-entropy loss.
+//
+// Parameter names (stable, used by checkpoints and the engine):
+//   embed.wte (Vp, C), embed.wpe (max_T, C),
+//   blocks.N.ln1.{weight,bias}, blocks.N.attn.qkv.{weight,bias},
+//   blocks.N.attn.proj.{weight,bias}, blocks.N.ln2.{weight,bias},
+//   blocks.N.mlp.fc.{weight,bias}, blocks.N.mlp.proj.{weight,bias},
+//   ln_f.{weight,bias}.
+// The head ("lm_head") lists embed.wte among its DirectParameters, so a
+// ZeRO-3 hook on lm_head gathers the tied table as it must.
+#ifndef ZE_NN_GPT_H_
+#define ZE_NN_GPT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace ze {
+namespace nn {
+
+struct GptConfig {
+  int num_layers = 12;
+  int num_heads = 12;
+  int64_t channels = 768;
+  int64_t vocab_size = 50257;
+  // Rows of the token table and columns of the logits; 0 means vocab_size.
+  // Padding (e.g. to 50304, a multiple of 128) makes the matrix products
+  // faster. The padded columns take part in the softmax, as in Megatron's
+  // padded vocabularies: no target ever points at them, so training drives
+  // their logits down and the loss differs negligibly from the unpadded one.
+  int64_t padded_vocab_size = 0;
+  int64_t max_seq_len = 1024;
+  // Checkpoint every block (see Module::set_activation_checkpointing).
+  bool activation_checkpointing = false;
+
+  int64_t table_rows() const {
+    return padded_vocab_size > 0 ? padded_vocab_size : vocab_size;
+  }
+  // InvalidArgument naming the field when a value is out of range.
+  absl::Status Validate() const;
+  // Number of parameter elements of the model this config builds (the tied
+  // head counts once).
+  int64_t NumParameters() const;
+
+  // GPT-2 / GPT-3 sizes: "124M" (12 layers, 12 heads, 768), "350M" (24, 16,
+  // 1024), "760M" (24, 16, 1536), "1.3B" (24, 32, 2048), "2.7B" (32, 32,
+  // 2560), "6.7B" (32, 32, 4096), "13B" (40, 40, 5120); vocabulary 50257,
+  // sequence 1024. With `pad_vocab`, padded_vocab_size is 50304.
+  // InvalidArgument listing the known names otherwise.
+  static absl::StatusOr<GptConfig> Preset(const std::string &name,
+                                          bool pad_vocab = false);
+  static std::vector<std::string> PresetNames();
+};
+
+// Construction options.
+struct GptOptions {
+  Device device = Device::Cpu();
+  DType dtype = DType::kF32;
+  uint64_t seed = 0;
+  // False: shapes only, no parameter storage (partitioned construction);
+  // call MaterializeParameters (or set data/shards) later.
+  bool materialize = true;
+};
+
+class GptModel : public Module {
+public:
+  // Builds the tree and, with options.materialize, initialises every
+  // parameter from (seed, name). InvalidArgument for a bad config;
+  // ResourceExhausted when parameters do not fit.
+  static absl::StatusOr<std::unique_ptr<GptModel>>
+  Create(const GptConfig &config, const GptOptions &options,
+         const Stream &stream = Stream());
+
+  const GptConfig &config() const { return config_; }
+  const GptOptions &options() const { return options_; }
+  Embedding *embed() const { return embed_; }
+  Sequential *blocks() const { return blocks_; }
+  LayerNorm *ln_f() const { return ln_f_; }
+  TiedOutputHead *lm_head() const { return lm_head_; }
+
+  // Forward through the public Module::Forward (hooks fire) plus the loss.
+  //   tokens, targets (B, T) i32 on the model's device; a target < 0 is
+  //   ignored. Returns the mean loss over counted targets. Reads the
+  //   per-row losses (and the targets) back to the host: one stream
+  //   synchronisation per call. The logits stay alive until BackwardLoss.
+  absl::StatusOr<float> ForwardLoss(const Tensor &tokens, const Tensor &targets,
+                                    const Stream &stream);
+  // Backpropagates loss_scale * (mean loss of the last ForwardLoss) through
+  // the public Module::Backward, accumulating into the parameters' grads.
+  // The logits buffer is reused for their gradient. FailedPrecondition
+  // without a preceding ForwardLoss.
+  absl::Status BackwardLoss(float loss_scale, const Stream &stream);
+  // Targets counted by the last ForwardLoss.
+  int64_t counted_targets() const { return counted_targets_; }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_logits,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override;
+
+private:
+  GptModel(const GptConfig &config, const GptOptions &options);
+
+  GptConfig config_;
+  GptOptions options_;
+  Embedding *embed_;
+  Sequential *blocks_;
+  LayerNorm *ln_f_;
+  TiedOutputHead *lm_head_;
+  // Between ForwardLoss and BackwardLoss.
+  Tensor logits_;  // (B, T, Vp)
+  Tensor targets_; // (B, T) i32
+  int64_t counted_targets_ = 0;
+};
+
+} // namespace nn
+} // namespace ze
+
+#endif // ZE_NN_GPT_H_

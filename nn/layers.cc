@@ -1,0 +1,369 @@
+#include "nn/layers.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "nn/functional.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+// shape with its last dimension replaced by `last`.
+Shape WithLastDim(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+absl::Status RequireLastDim(const Tensor &input, int64_t expected,
+                            const char *what) {
+  if (!input.defined() || input.dim() < 1 || input.shape().back() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " expects input (..., ", expected, "), got ",
+        input.defined() ? ShapeToString(input.shape()) : "undefined"));
+  }
+  return absl::OkStatus();
+}
+
+// Parameter data, or undefined for a null parameter (optional bias).
+absl::StatusOr<Tensor> DataOrUndefined(const Parameter *parameter) {
+  if (parameter == nullptr)
+    return Tensor();
+  return parameter->data();
+}
+
+absl::StatusOr<Tensor> GradOrUndefined(Parameter *parameter,
+                                       const Stream &stream) {
+  if (parameter == nullptr)
+    return Tensor();
+  return parameter->GradForAccumulation(stream);
+}
+
+} // namespace
+
+// ---------------------------------------------------------------- Linear
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
+               const LayerOptions &options, const Initializer &weight_init)
+    : Module("Linear"), out_features_(out_features) {
+  weight_ = RegisterParameter("weight", {out_features, in_features},
+                              options.dtype, options.device, weight_init);
+  if (with_bias) {
+    bias_ = RegisterParameter("bias", {out_features}, options.dtype,
+                              options.device, Initializer::Zeros());
+  }
+}
+
+absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
+                                           const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireLastDim(input, weight_->shape()[1], "Linear"));
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor bias, DataOrUndefined(bias_));
+  ZE_ASSIGN_OR_RETURN(Tensor output,
+                      Tensor::Empty(WithLastDim(input.shape(), out_features_),
+                                    input.dtype(), input.device()));
+  ZE_RETURN_IF_ERROR(LinearForward(input, weight, bias, output, stream));
+  saved_inputs_.Save(input);
+  return output;
+}
+
+absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
+                                            const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_inputs_.empty()));
+  const Tensor input = saved_inputs_.Pop();
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor grad_weight, GradOrUndefined(weight_, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_bias, GradOrUndefined(bias_, stream));
+  ZE_ASSIGN_OR_RETURN(
+      Tensor grad_input,
+      Tensor::Empty(input.shape(), grad_output.dtype(), grad_output.device()));
+  ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, weight, grad_input,
+                                    grad_weight, grad_bias, stream));
+  return grad_input;
+}
+
+// ---------------------------------------------------------------- Embedding
+
+Embedding::Embedding(int64_t vocab_size, int64_t max_seq_len, int64_t channels,
+                     const LayerOptions &options, float init_std)
+    : Module("Embedding"), max_seq_len_(max_seq_len) {
+  token_table_ =
+      RegisterParameter("wte", {vocab_size, channels}, options.dtype,
+                        options.device, Initializer::Normal(init_std));
+  position_table_ =
+      RegisterParameter("wpe", {max_seq_len, channels}, options.dtype,
+                        options.device, Initializer::Normal(init_std));
+}
+
+absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor &tokens,
+                                              const Stream &stream) {
+  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32 ||
+      tokens.size(1) > max_seq_len_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Embedding expects tokens (B, T <= ", max_seq_len_, ") i32, got ",
+        tokens.defined() ? tokens.DebugString() : "undefined"));
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor wte, token_table_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor wpe, position_table_->data());
+  // (B, T, C)
+  ZE_ASSIGN_OR_RETURN(
+      Tensor output,
+      Tensor::Empty({tokens.size(0), tokens.size(1), wte.size(1)}, wte.dtype(),
+                    wte.device()));
+  ZE_RETURN_IF_ERROR(EmbeddingForward(tokens, wte, wpe, output, stream));
+  saved_tokens_.Save(tokens);
+  return output;
+}
+
+absl::StatusOr<Tensor> Embedding::BackwardImpl(const Tensor &grad_output,
+                                               const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_tokens_.empty()));
+  const Tensor tokens = saved_tokens_.Pop();
+  ZE_ASSIGN_OR_RETURN(Tensor grad_wte,
+                      token_table_->GradForAccumulation(stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_wpe,
+                      position_table_->GradForAccumulation(stream));
+  if (grad_wte.defined() || grad_wpe.defined()) {
+    ZE_RETURN_IF_ERROR(
+        EmbeddingBackward(grad_output, tokens, grad_wte, grad_wpe, stream));
+  }
+  return Tensor();
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+LayerNorm::LayerNorm(int64_t channels, const LayerOptions &options)
+    : Module("LayerNorm") {
+  weight_ = RegisterParameter("weight", {channels}, options.dtype,
+                              options.device, Initializer::Ones());
+  bias_ = RegisterParameter("bias", {channels}, options.dtype, options.device,
+                            Initializer::Zeros());
+}
+
+absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor &input,
+                                              const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireLastDim(input, weight_->shape()[0], "LayerNorm"));
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor bias, bias_->data());
+  const int64_t rows = input.numel() / input.shape().back();
+  ZE_ASSIGN_OR_RETURN(Tensor output, Tensor::Empty(input.shape(), input.dtype(),
+                                                   input.device()));
+  ZE_ASSIGN_OR_RETURN(Tensor mean,
+                      Tensor::Empty({rows}, DType::kF32, input.device()));
+  ZE_ASSIGN_OR_RETURN(Tensor rstd,
+                      Tensor::Empty({rows}, DType::kF32, input.device()));
+  ZE_RETURN_IF_ERROR(
+      LayerNormForward(input, weight, bias, output, mean, rstd, stream));
+  saved_.Save(Saved{input, mean, rstd});
+  return output;
+}
+
+absl::StatusOr<Tensor> LayerNorm::BackwardImpl(const Tensor &grad_output,
+                                               const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
+  const Saved saved = saved_.Pop();
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor grad_weight, weight_->GradForAccumulation(stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_bias, bias_->GradForAccumulation(stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
+                      Tensor::Empty(saved.input.shape(), grad_output.dtype(),
+                                    grad_output.device()));
+  ZE_RETURN_IF_ERROR(LayerNormBackward(grad_output, saved.input, weight,
+                                       saved.mean, saved.rstd, grad_input,
+                                       grad_weight, grad_bias, stream));
+  return grad_input;
+}
+
+// ---------------------------------------------------------------- Gelu
+
+absl::StatusOr<Tensor> Gelu::ForwardImpl(const Tensor &input,
+                                         const Stream &stream) {
+  ZE_ASSIGN_OR_RETURN(Tensor output, Tensor::Empty(input.shape(), input.dtype(),
+                                                   input.device()));
+  ZE_RETURN_IF_ERROR(GeluForward(input, output, stream));
+  saved_inputs_.Save(input);
+  return output;
+}
+
+absl::StatusOr<Tensor> Gelu::BackwardImpl(const Tensor &grad_output,
+                                          const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_inputs_.empty()));
+  const Tensor input = saved_inputs_.Pop();
+  ZE_ASSIGN_OR_RETURN(
+      Tensor grad_input,
+      Tensor::Empty(input.shape(), grad_output.dtype(), grad_output.device()));
+  ZE_RETURN_IF_ERROR(GeluBackward(grad_output, input, grad_input, stream));
+  return grad_input;
+}
+
+// ---------------------------------------------------------------- Attention
+
+CausalSelfAttention::CausalSelfAttention(int64_t channels, int num_heads,
+                                         int num_layers,
+                                         const LayerOptions &options)
+    : Module("CausalSelfAttention"), num_heads_(num_heads) {
+  ZE_CHECK(num_heads > 0 && channels % num_heads == 0);
+  qkv_ = RegisterChild(
+      "qkv", std::make_unique<Linear>(channels, 3 * channels, true, options));
+  proj_ = RegisterChild(
+      "proj",
+      std::make_unique<Linear>(channels, channels, true, options,
+                               Initializer::ScaledResidual(0.02f, num_layers)));
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor &input,
+                                                        const Stream &stream) {
+  if (!input.defined() || input.dim() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CausalSelfAttention expects input (B, T, C), got ",
+        input.defined() ? ShapeToString(input.shape()) : "undefined"));
+  }
+  const int64_t batch = input.size(0), seq = input.size(1),
+                channels = input.size(2);
+  ZE_ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(input, stream)); // (B,T,3C)
+  ZE_ASSIGN_OR_RETURN(
+      Tensor attended, // (B, T, C)
+      Tensor::Empty({batch, seq, channels}, input.dtype(), input.device()));
+  ZE_ASSIGN_OR_RETURN(
+      Tensor logsumexp, // (B, H, T)
+      Tensor::Empty({batch, num_heads_, seq}, DType::kF32, input.device()));
+  ZE_RETURN_IF_ERROR(
+      AttentionForward(qkv, num_heads_, attended, logsumexp, stream));
+  saved_.Save(Saved{qkv, attended, logsumexp});
+  return proj_->Forward(attended, stream);
+}
+
+absl::StatusOr<Tensor>
+CausalSelfAttention::BackwardImpl(const Tensor &grad_output,
+                                  const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
+  const Saved saved = saved_.Pop();
+  // (B, T, C)
+  ZE_ASSIGN_OR_RETURN(Tensor grad_attended,
+                      proj_->Backward(grad_output, stream));
+  // (B, T, 3C)
+  ZE_ASSIGN_OR_RETURN(Tensor grad_qkv,
+                      Tensor::Empty(saved.qkv.shape(), grad_output.dtype(),
+                                    grad_output.device()));
+  ZE_RETURN_IF_ERROR(AttentionBackward(grad_attended, saved.qkv, saved.output,
+                                       saved.logsumexp, num_heads_, grad_qkv,
+                                       stream));
+  return qkv_->Backward(grad_qkv, stream);
+}
+
+// ---------------------------------------------------------------- Mlp
+
+Mlp::Mlp(int64_t channels, int num_layers, const LayerOptions &options)
+    : Sequential("Mlp") {
+  Append("fc", std::make_unique<Linear>(channels, 4 * channels, true, options));
+  Append("gelu", std::make_unique<Gelu>());
+  Append("proj", std::make_unique<Linear>(
+                     4 * channels, channels, true, options,
+                     Initializer::ScaledResidual(0.02f, num_layers)));
+}
+
+// ---------------------------------------------------------------- Block
+
+Block::Block(int64_t channels, int num_heads, int num_layers,
+             const LayerOptions &options)
+    : Module("Block") {
+  ln1_ = RegisterChild("ln1", std::make_unique<LayerNorm>(channels, options));
+  attn_ = RegisterChild("attn", std::make_unique<CausalSelfAttention>(
+                                    channels, num_heads, num_layers, options));
+  ln2_ = RegisterChild("ln2", std::make_unique<LayerNorm>(channels, options));
+  mlp_ = RegisterChild("mlp",
+                       std::make_unique<Mlp>(channels, num_layers, options));
+}
+
+absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor &input,
+                                          const Stream &stream) {
+  ZE_ASSIGN_OR_RETURN(Tensor normed, ln1_->Forward(input, stream));
+  // The branch outputs are fresh tensors nobody saved, so the residual sums
+  // are written into them in place (no extra (B, T, C) buffers).
+  ZE_ASSIGN_OR_RETURN(Tensor residual, attn_->Forward(normed, stream));
+  ZE_RETURN_IF_ERROR(Add(input, residual, residual, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor normed2, ln2_->Forward(residual, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor output, mlp_->Forward(normed2, stream));
+  ZE_RETURN_IF_ERROR(Add(residual, output, output, stream));
+  return output;
+}
+
+absl::StatusOr<Tensor> Block::BackwardImpl(const Tensor &grad_output,
+                                           const Stream &stream) {
+  // d(residual) = d(out) + ln2'(mlp'(d(out))); the branch gradient is ours,
+  // so the sum goes into it in place.
+  ZE_ASSIGN_OR_RETURN(Tensor grad_mlp_in, mlp_->Backward(grad_output, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_residual,
+                      ln2_->Backward(grad_mlp_in, stream));
+  ZE_RETURN_IF_ERROR(Add(grad_residual, grad_output, grad_residual, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_attn_in,
+                      attn_->Backward(grad_residual, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_input, ln1_->Backward(grad_attn_in, stream));
+  ZE_RETURN_IF_ERROR(Add(grad_input, grad_residual, grad_input, stream));
+  return grad_input;
+}
+
+// ---------------------------------------------------------------- Tied head
+
+TiedOutputHead::TiedOutputHead(std::shared_ptr<Parameter> table)
+    : Module("TiedOutputHead"), table_(table.get()) {
+  ZE_CHECK(table_ != nullptr && table_->shape().size() == 2);
+  UseSharedParameter(std::move(table));
+}
+
+absl::StatusOr<Tensor> TiedOutputHead::ForwardImpl(const Tensor &input,
+                                                   const Stream &stream) {
+  ZE_RETURN_IF_ERROR(
+      RequireLastDim(input, table_->shape()[1], "TiedOutputHead"));
+  ZE_ASSIGN_OR_RETURN(Tensor table, table_->data());
+  // (..., V)
+  ZE_ASSIGN_OR_RETURN(Tensor logits,
+                      Tensor::Empty(WithLastDim(input.shape(), table.size(0)),
+                                    input.dtype(), input.device()));
+  ZE_RETURN_IF_ERROR(LinearForward(input, table, Tensor(), logits, stream));
+  saved_inputs_.Save(input);
+  return logits;
+}
+
+absl::StatusOr<Tensor> TiedOutputHead::BackwardImpl(const Tensor &grad_output,
+                                                    const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_inputs_.empty()));
+  const Tensor input = saved_inputs_.Pop();
+  ZE_ASSIGN_OR_RETURN(Tensor table, table_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor grad_table, table_->GradForAccumulation(stream));
+  ZE_ASSIGN_OR_RETURN(
+      Tensor grad_input,
+      Tensor::Empty(input.shape(), grad_output.dtype(), grad_output.device()));
+  ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, table, grad_input,
+                                    grad_table, Tensor(), stream));
+  return grad_input;
+}
+
+// ---------------------------------------------------------------- Repeat
+
+Repeat::Repeat(std::unique_ptr<Module> layer, int times)
+    : Module("Repeat"), times_(times) {
+  ZE_CHECK(times >= 1);
+  layer_ = RegisterChild("layer", std::move(layer));
+}
+
+absl::StatusOr<Tensor> Repeat::ForwardImpl(const Tensor &input,
+                                           const Stream &stream) {
+  Tensor activation = input;
+  for (int i = 0; i < times_; ++i) {
+    ZE_ASSIGN_OR_RETURN(activation, layer_->Forward(activation, stream));
+  }
+  return activation;
+}
+
+absl::StatusOr<Tensor> Repeat::BackwardImpl(const Tensor &grad_output,
+                                            const Stream &stream) {
+  Tensor grad = grad_output;
+  for (int i = 0; i < times_; ++i) {
+    ZE_ASSIGN_OR_RETURN(grad, layer_->Backward(grad, stream));
+  }
+  return grad;
+}
+
+} // namespace nn
+} // namespace ze

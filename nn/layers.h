@@ -1,0 +1,220 @@
+// Built-in layers: Linear, Embedding (token + position), LayerNorm, GELU,
+// causal multi-head self-attention, MLP, the pre-LN transformer Block, a
+// tied output head and Repeat (one child run several times).
+//
+// Every layer is built for one device and dtype (LayerOptions) with no
+// parameter storage; the root materialises parameters once the tree, and so
+// every full parameter name, is complete (Module::MaterializeParameters).
+// Activations take the dtype and device of the layer's input (token ids:
+// of the embedding table). Shapes below: B batch, T sequence, C channels.
+#ifndef ZE_NN_LAYERS_H_
+#define ZE_NN_LAYERS_H_
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace ze {
+namespace nn {
+
+// Where and in what format a layer's parameters live.
+struct LayerOptions {
+  Device device = Device::Cpu();
+  DType dtype = DType::kF32;
+};
+
+// output (..., out) = input (..., in) @ weight (out, in)^T + bias (out).
+// Parameters: "weight" (initializer given, GPT-2 default normal(0.02)) and,
+// with bias, "bias" (zeros).
+class Linear : public Module {
+public:
+  Linear(int64_t in_features, int64_t out_features, bool with_bias,
+         const LayerOptions &options,
+         const Initializer &weight_init = Initializer::Normal(0.02f));
+  Parameter *weight() const { return weight_; }
+  Parameter *bias() const { return bias_; } // null without bias
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
+
+private:
+  int64_t out_features_;
+  Parameter *weight_;
+  Parameter *bias_ = nullptr;
+  SavedStack<Tensor> saved_inputs_; // (..., in) per call
+};
+
+// output (B, T, C) = wte[tokens] + wpe[0..T). Input: tokens (B, T) i32.
+// Parameters "wte" (V, C) and "wpe" (max_T, C), both normal(init_std).
+// Backward returns an undefined tensor (token ids have no gradient).
+class Embedding : public Module {
+public:
+  Embedding(int64_t vocab_size, int64_t max_seq_len, int64_t channels,
+            const LayerOptions &options, float init_std = 0.02f);
+  Parameter *token_table() const { return token_table_; }
+  Parameter *position_table() const { return position_table_; }
+  // For weight tying (e.g. TiedOutputHead).
+  std::shared_ptr<Parameter> shared_token_table() const {
+    return SharedParameter(token_table_);
+  }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_tokens_.Clear(); }
+
+private:
+  int64_t max_seq_len_;
+  Parameter *token_table_;
+  Parameter *position_table_;
+  SavedStack<Tensor> saved_tokens_; // (B, T) i32 per call
+};
+
+// LayerNorm over the last dimension, eps 1e-5. Parameters "weight" (ones),
+// "bias" (zeros), both (C).
+class LayerNorm : public Module {
+public:
+  LayerNorm(int64_t channels, const LayerOptions &options);
+  Parameter *weight() const { return weight_; }
+  Parameter *bias() const { return bias_; }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_.Clear(); }
+
+private:
+  struct Saved {
+    Tensor input; // (..., C)
+    Tensor mean;  // (M) f32
+    Tensor rstd;  // (M) f32
+  };
+  Parameter *weight_;
+  Parameter *bias_;
+  SavedStack<Saved> saved_;
+};
+
+// GELU (tanh approximation), any shape. No parameters.
+class Gelu : public Module {
+public:
+  Gelu() : Module("Gelu") {}
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
+
+private:
+  SavedStack<Tensor> saved_inputs_;
+};
+
+// Causal multi-head self-attention: children "qkv" (Linear C -> 3C) and
+// "proj" (Linear C -> C, scaled residual init for `num_layers`).
+// (B, T, C) -> (B, T, C).
+class CausalSelfAttention : public Module {
+public:
+  CausalSelfAttention(int64_t channels, int num_heads, int num_layers,
+                      const LayerOptions &options);
+  Linear *qkv() const { return qkv_; }
+  Linear *proj() const { return proj_; }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_.Clear(); }
+
+private:
+  struct Saved {
+    Tensor qkv;       // (B, T, 3C)
+    Tensor output;    // (B, T, C), attention output before proj
+    Tensor logsumexp; // (B, H, T) f32
+  };
+  int num_heads_;
+  Linear *qkv_;
+  Linear *proj_;
+  SavedStack<Saved> saved_;
+};
+
+// The transformer MLP as a Sequential: "fc" (C -> 4C), "gelu", "proj"
+// (4C -> C, scaled residual init).
+class Mlp : public Sequential {
+public:
+  Mlp(int64_t channels, int num_layers, const LayerOptions &options);
+};
+
+// Pre-LN transformer block:
+//   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
+// Children "ln1", "attn", "ln2", "mlp". (B, T, C) -> (B, T, C).
+class Block : public Module {
+public:
+  Block(int64_t channels, int num_heads, int num_layers,
+        const LayerOptions &options);
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+
+private:
+  LayerNorm *ln1_;
+  CausalSelfAttention *attn_;
+  LayerNorm *ln2_;
+  Mlp *mlp_;
+};
+
+// logits (..., V) = input (..., C) @ table (V, C)^T, where `table` is a
+// parameter owned by another module (GPT's token embedding). The table keeps
+// its owner's name and its gradient accumulates both uses.
+class TiedOutputHead : public Module {
+public:
+  explicit TiedOutputHead(std::shared_ptr<Parameter> table);
+  Parameter *table() const { return table_; }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+  void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
+
+private:
+  Parameter *table_;
+  SavedStack<Tensor> saved_inputs_; // (..., C) per call
+};
+
+// Runs its one child "layer" `times` times (weights shared across the
+// repeats); Backward runs the child's Backward `times` times.
+class Repeat : public Module {
+public:
+  Repeat(std::unique_ptr<Module> layer, int times);
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+
+private:
+  Module *layer_;
+  int times_;
+};
+
+} // namespace nn
+} // namespace ze
+
+#endif // ZE_NN_LAYERS_H_

@@ -1,0 +1,304 @@
+#include "nn/module.h"
+
+#include <atomic>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+thread_local bool saving_enabled = true;
+std::atomic<int64_t> next_hook_id{1};
+
+int KindIndex(HookKind kind) { return static_cast<int>(kind); }
+
+} // namespace
+
+const char *HookKindName(HookKind kind) {
+  switch (kind) {
+  case HookKind::kPreForward:
+    return "pre-forward";
+  case HookKind::kPostForward:
+    return "post-forward";
+  case HookKind::kPreBackward:
+    return "pre-backward";
+  case HookKind::kPostBackward:
+    return "post-backward";
+  }
+  return "unknown";
+}
+
+NoSaveScope::NoSaveScope() : previous_(saving_enabled) {
+  saving_enabled = false;
+}
+NoSaveScope::~NoSaveScope() { saving_enabled = previous_; }
+bool SavingEnabled() { return saving_enabled; }
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+Module::~Module() = default;
+
+std::string Module::FullName() const {
+  if (parent_ == nullptr)
+    return "";
+  const std::string prefix = parent_->FullName();
+  return prefix.empty() ? local_name_ : absl::StrCat(prefix, ".", local_name_);
+}
+
+std::string Module::DisplayName() const {
+  const std::string name = FullName();
+  return name.empty() ? absl::StrCat("<root ", type_name_, ">")
+                      : absl::StrCat(name, " (", type_name_, ")");
+}
+
+absl::Status Module::RunHooks(HookKind kind, const Stream &stream) {
+  // Iterate over a copy: a hook may add or remove hooks of this module.
+  const std::vector<HookEntry> entries = hooks_[KindIndex(kind)];
+  for (const HookEntry &entry : entries) {
+    absl::Status status = entry.hook(*this, stream);
+    if (!status.ok()) {
+      return Annotate(
+          status, absl::StrCat(HookKindName(kind), " hook of ", DisplayName()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Module::ForwardWithHooks(const Tensor &input,
+                                                const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreForward, stream));
+  absl::StatusOr<Tensor> output = ForwardImpl(input, stream);
+  if (!output.ok()) {
+    return Annotate(output.status(),
+                    absl::StrCat("forward of ", DisplayName()));
+  }
+  ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPostForward, stream));
+  return output;
+}
+
+absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
+                                       const Stream &stream) {
+  if (!SavingEnabled())
+    return ForwardWithHooks(input, stream);
+  const bool checkpointed = checkpointing_;
+  absl::StatusOr<Tensor> output;
+  if (checkpointed) {
+    // Keep only the input; nothing below this module saves activations.
+    NoSaveScope no_save;
+    output = ForwardWithHooks(input, stream);
+  } else {
+    output = ForwardWithHooks(input, stream);
+  }
+  if (!output.ok())
+    return output;
+  call_checkpointed_.push_back(checkpointed);
+  if (checkpointed)
+    checkpoint_inputs_.push_back(input);
+  return output;
+}
+
+absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
+                                        const Stream &stream) {
+  if (call_checkpointed_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Backward of ", DisplayName(),
+                     " without a saved Forward (was it run under "
+                     "NoSaveScope, or backpropagated already?)"));
+  }
+  const bool checkpointed = call_checkpointed_.back();
+  call_checkpointed_.pop_back();
+  Tensor checkpoint_input;
+  if (checkpointed) {
+    checkpoint_input = std::move(checkpoint_inputs_.back());
+    checkpoint_inputs_.pop_back();
+  }
+  ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
+  if (checkpointed) {
+    // Recompute with saving enabled, so this module and its children hold
+    // exactly what a non-checkpointed forward would have saved. The output
+    // itself is not needed.
+    ZE_RETURN_IF_ERROR(ForwardWithHooks(checkpoint_input, stream).status());
+  }
+  absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output, stream);
+  if (!grad_input.ok()) {
+    return Annotate(grad_input.status(),
+                    absl::StrCat("backward of ", DisplayName()));
+  }
+  ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPostBackward, stream));
+  return grad_input;
+}
+
+HookHandle Module::AddHook(HookKind kind, Hook hook) {
+  HookHandle handle{next_hook_id.fetch_add(1)};
+  hooks_[KindIndex(kind)].push_back(HookEntry{handle, std::move(hook)});
+  return handle;
+}
+
+bool Module::RemoveHook(HookHandle handle) {
+  for (std::vector<HookEntry> &entries : hooks_) {
+    for (auto it = entries.begin(); it != entries.end(); ++it) {
+      if (it->handle.id == handle.id) {
+        entries.erase(it);
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+int Module::NumHooks(HookKind kind) const {
+  return static_cast<int>(hooks_[KindIndex(kind)].size());
+}
+
+std::vector<Module *> Module::Modules() {
+  std::vector<Module *> result;
+  std::vector<Module *> stack = {this};
+  while (!stack.empty()) {
+    Module *module = stack.back();
+    stack.pop_back();
+    result.push_back(module);
+    const auto &children = module->child_views_;
+    for (auto it = children.rbegin(); it != children.rend(); ++it) {
+      stack.push_back(it->second);
+    }
+  }
+  return result;
+}
+
+std::vector<Parameter *> Module::Parameters() {
+  std::vector<Parameter *> result;
+  std::unordered_set<const Parameter *> seen;
+  for (Module *module : Modules()) {
+    for (Parameter *parameter : module->direct_parameters_) {
+      if (seen.insert(parameter).second)
+        result.push_back(parameter);
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<Parameter *>
+Module::FindParameter(const std::string &full_name) {
+  for (Parameter *parameter : Parameters()) {
+    if (parameter->name() == full_name)
+      return parameter;
+  }
+  return absl::NotFoundError(absl::StrCat("no parameter named '", full_name,
+                                          "' under ", DisplayName()));
+}
+
+int64_t Module::NumParameterElements() {
+  int64_t total = 0;
+  for (Parameter *parameter : Parameters())
+    total += parameter->numel();
+  return total;
+}
+
+absl::Status Module::MaterializeParameters(uint64_t seed,
+                                           const Stream &stream) {
+  for (Parameter *parameter : Parameters()) {
+    if (parameter->state() == ParameterState::kAbsent) {
+      ZE_RETURN_IF_ERROR(parameter->Materialize(seed, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Module::ZeroGrad(const Stream &stream) {
+  for (Parameter *parameter : Parameters()) {
+    if (parameter->grad().defined()) {
+      ZE_RETURN_IF_ERROR(Fill(parameter->grad(), 0.0f, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Module::ClearSavedState() {
+  for (Module *module : Modules()) {
+    module->call_checkpointed_.clear();
+    module->checkpoint_inputs_.clear();
+    module->ClearSavedStateImpl();
+  }
+}
+
+int Module::PendingBackwardCalls() const {
+  return static_cast<int>(call_checkpointed_.size());
+}
+
+void Module::CheckNewName(const std::string &name) const {
+  ZE_CHECK(!name.empty());
+  ZE_CHECK(name.find('.') == std::string::npos);
+  for (const auto &child : child_views_)
+    ZE_CHECK(child.first != name);
+  for (const auto &parameter : parameters_) {
+    ZE_CHECK(parameter->owner() != this || parameter->local_name() != name);
+  }
+}
+
+void Module::AdoptChild(const std::string &name,
+                        std::unique_ptr<Module> child) {
+  ZE_CHECK(child != nullptr && child->parent_ == nullptr);
+  CheckNewName(name);
+  child->parent_ = this;
+  child->local_name_ = name;
+  child_views_.emplace_back(name, child.get());
+  owned_children_.push_back(std::move(child));
+}
+
+Parameter *Module::RegisterParameter(const std::string &name,
+                                     const Shape &shape, DType dtype,
+                                     const Device &device,
+                                     const Initializer &initializer) {
+  CheckNewName(name);
+  auto parameter = std::make_shared<Parameter>(this, name, shape, dtype, device,
+                                               initializer);
+  direct_parameters_.push_back(parameter.get());
+  parameters_.push_back(std::move(parameter));
+  return direct_parameters_.back();
+}
+
+void Module::UseSharedParameter(std::shared_ptr<Parameter> parameter) {
+  ZE_CHECK(parameter != nullptr);
+  direct_parameters_.push_back(parameter.get());
+  parameters_.push_back(std::move(parameter));
+}
+
+std::shared_ptr<Parameter>
+Module::SharedParameter(const Parameter *parameter) const {
+  for (const auto &owned : parameters_) {
+    if (owned.get() == parameter)
+      return owned;
+  }
+  return nullptr;
+}
+
+absl::Status Module::RequireSaved(bool has_record) const {
+  if (has_record)
+    return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(DisplayName(), ": no saved forward state for backward"));
+}
+
+absl::StatusOr<Tensor> Sequential::ForwardImpl(const Tensor &input,
+                                               const Stream &stream) {
+  Tensor activation = input;
+  for (const auto &[name, child] : children()) {
+    ZE_ASSIGN_OR_RETURN(activation, child->Forward(activation, stream));
+  }
+  return activation;
+}
+
+absl::StatusOr<Tensor> Sequential::BackwardImpl(const Tensor &grad_output,
+                                                const Stream &stream) {
+  Tensor grad = grad_output;
+  for (auto it = children().rbegin(); it != children().rend(); ++it) {
+    ZE_ASSIGN_OR_RETURN(grad, it->second->Backward(grad, stream));
+  }
+  return grad;
+}
+
+} // namespace nn
+} // namespace ze

@@ -1,0 +1,272 @@
+// Module: a tree of named children and named Parameters, with hooks.
+//
+// Activations are Tensors. Forward takes the input activation and returns the
+// output; Backward takes the gradient of the output and returns the gradient
+// of the input (undefined when the input has no gradient, e.g. token ids).
+// Backward never modifies `grad_output`.
+//
+// The public Forward/Backward are non-virtual (NVI). They run the module's
+// hooks around the virtual ForwardImpl/BackwardImpl:
+//
+//   Forward:   pre-forward hooks, ForwardImpl, post-forward hooks
+//   Backward:  pre-backward hooks, [checkpoint recompute], BackwardImpl,
+//              post-backward hooks
+//
+// Containers call their children's public Forward/Backward, so a container's
+// own hooks fire around its children's (pre hooks before, post hooks after).
+// A module's pre-backward hooks fire before its BackwardImpl reads any
+// parameter, and for a container before any child's backward. Hooks of one
+// kind run in the order they were added. This is the seam ZeRO-3 is built on:
+// gather in pre-forward/pre-backward, release in post-forward/post-backward,
+// reduce-scatter gradients in post-backward.
+//
+// Per-call state: each Forward call pushes what its backward needs (when
+// saving is enabled, see NoSaveScope) and each Backward pops the most recent
+// record, so a module run several times in one forward is backpropagated in
+// reverse order. Backward with nothing saved is FailedPrecondition.
+//
+// Activation checkpointing (set_activation_checkpointing): Forward keeps
+// only its input and runs ForwardImpl with saving disabled, so no child
+// keeps activations. Backward re-runs the forward with saving enabled (the
+// module's forward hooks and every child's fire again, so parameters are
+// gathered again) and then runs BackwardImpl. Gradients are bit-identical
+// with and without checkpointing because the recomputation is the same
+// deterministic computation.
+//
+// Memory: activations are allocated per call from the tensor's device
+// allocator (the CUDA caching allocator makes that cheap) and freed when the
+// last Tensor referring to them goes away. All work of one call is queued
+// on the given stream; nothing here synchronises with the host.
+//
+// Modules are not thread-safe and not copyable.
+#ifndef ZE_NN_MODULE_H_
+#define ZE_NN_MODULE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "nn/init.h"
+#include "nn/parameter.h"
+
+namespace ze {
+namespace nn {
+
+enum class HookKind { kPreForward, kPostForward, kPreBackward, kPostBackward };
+const char *HookKindName(HookKind kind);
+
+class Module;
+
+// A hook receives the module it is attached to and the stream the module's
+// work is queued on. A non-OK Status aborts the Forward/Backward and is
+// returned to its caller (annotated with the module's name).
+using Hook = std::function<absl::Status(Module &module, const Stream &stream)>;
+
+// Identifies one registered hook, for removal. Ids are unique process-wide.
+struct HookHandle {
+  int64_t id = 0;
+  bool valid() const { return id != 0; }
+};
+
+// While alive, Forward calls on this thread save nothing for backward
+// (inference, or the first pass of a checkpointed module). Nestable.
+class NoSaveScope {
+public:
+  NoSaveScope();
+  ~NoSaveScope();
+  NoSaveScope(const NoSaveScope &) = delete;
+  NoSaveScope &operator=(const NoSaveScope &) = delete;
+
+private:
+  bool previous_;
+};
+// True unless a NoSaveScope is alive on this thread.
+bool SavingEnabled();
+
+class Module {
+public:
+  // `type_name` is for messages ("Linear", "Block").
+  explicit Module(std::string type_name);
+  virtual ~Module();
+  Module(const Module &) = delete;
+  Module &operator=(const Module &) = delete;
+
+  // Runs hooks and ForwardImpl. Returns the output activation, or the first
+  // error (from a hook or the implementation), annotated with this module's
+  // name and type.
+  absl::StatusOr<Tensor> Forward(const Tensor &input, const Stream &stream);
+  // Runs hooks, recomputes the forward when checkpointed, then BackwardImpl.
+  // Returns the gradient of the input of the matching Forward (the most
+  // recent one not yet backpropagated). FailedPrecondition when no Forward
+  // was saved.
+  absl::StatusOr<Tensor> Backward(const Tensor &grad_output,
+                                  const Stream &stream);
+
+  // Adds a hook of `kind`; the model need not cooperate. The handle removes
+  // it. Hooks may be added or removed from inside a hook; the change takes
+  // effect from the next Forward/Backward of this module.
+  HookHandle AddHook(HookKind kind, Hook hook);
+  // Removes the hook; false when no hook of this module has that handle.
+  bool RemoveHook(HookHandle handle);
+  int NumHooks(HookKind kind) const;
+
+  // Activation checkpointing of this module (see the file comment).
+  void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
+  const std::string &type_name() const { return type_name_; }
+  // Name within the parent ("attn", "3"); "" for a root.
+  const std::string &local_name() const { return local_name_; }
+  // Dotted path from the root ("blocks.3.attn"); "" for the root.
+  std::string FullName() const;
+  // Full name, or "<root Type>" for a root, for messages.
+  std::string DisplayName() const;
+  Module *parent() const { return parent_; }
+
+  // Direct children in registration order.
+  const std::vector<std::pair<std::string, Module *>> &children() const {
+    return child_views_;
+  }
+  // This module and all descendants, depth-first pre-order (children in
+  // registration order). Stable across calls.
+  std::vector<Module *> Modules();
+  // Parameters this module's own ForwardImpl/BackwardImpl read (its own and
+  // shared ones such as a tied output head's weight), in registration order.
+  const std::vector<Parameter *> &DirectParameters() const {
+    return direct_parameters_;
+  }
+  // Every parameter of the subtree once (a shared parameter at its first
+  // use), in the order of Modules() and then registration. Stable.
+  std::vector<Parameter *> Parameters();
+  // Parameter by full name ("blocks.0.ln1.weight"); NotFound otherwise.
+  absl::StatusOr<Parameter *> FindParameter(const std::string &full_name);
+  // Sum of numel over Parameters().
+  int64_t NumParameterElements();
+
+  // Materialises every absent parameter of the subtree from the
+  // deterministic initializer (see Parameter::Materialize).
+  absl::Status MaterializeParameters(uint64_t seed, const Stream &stream);
+  // Zeroes every defined grad slot of the subtree (queued on `stream`).
+  absl::Status ZeroGrad(const Stream &stream);
+
+  // Drops all saved per-call state of the subtree (e.g. after an error or an
+  // abandoned forward).
+  void ClearSavedState();
+  // Saved forward calls not yet backpropagated, this module only.
+  int PendingBackwardCalls() const;
+
+protected:
+  virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                             const Stream &stream) = 0;
+  virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                              const Stream &stream) = 0;
+  // Drop everything this module's ForwardImpl saved (not its children's).
+  virtual void ClearSavedStateImpl() {}
+
+  // Takes ownership of `child` under `name` (unique among this module's
+  // children and parameters, no '.'); returns the raw pointer for the
+  // caller's convenience. Aborts on a bad or duplicate name (a bug in the
+  // model's constructor).
+  template <typename M>
+  M *RegisterChild(const std::string &name, std::unique_ptr<M> child) {
+    M *raw = child.get();
+    AdoptChild(name, std::unique_ptr<Module>(std::move(child)));
+    return raw;
+  }
+  // Creates a parameter owned by this module (no storage yet).
+  Parameter *RegisterParameter(const std::string &name, const Shape &shape,
+                               DType dtype, const Device &device,
+                               const Initializer &initializer);
+  // Uses a parameter owned elsewhere (weight tying). It keeps its owner's
+  // name; this module lists it in DirectParameters.
+  void UseSharedParameter(std::shared_ptr<Parameter> parameter);
+  std::shared_ptr<Parameter> SharedParameter(const Parameter *parameter) const;
+
+  // FailedPrecondition naming this module when `has_record` is false (a
+  // leaf's BackwardImpl found no saved record).
+  absl::Status RequireSaved(bool has_record) const;
+
+private:
+  void AdoptChild(const std::string &name, std::unique_ptr<Module> child);
+  void CheckNewName(const std::string &name) const;
+  absl::Status RunHooks(HookKind kind, const Stream &stream);
+  absl::StatusOr<Tensor> ForwardWithHooks(const Tensor &input,
+                                          const Stream &stream);
+
+  struct HookEntry {
+    HookHandle handle;
+    Hook hook;
+  };
+
+  std::string type_name_;
+  std::string local_name_;
+  Module *parent_ = nullptr;
+  std::vector<std::unique_ptr<Module>> owned_children_;
+  std::vector<std::pair<std::string, Module *>> child_views_;
+  std::vector<std::shared_ptr<Parameter>> parameters_; // owned + shared
+  std::vector<Parameter *> direct_parameters_;
+  std::vector<HookEntry> hooks_[4];
+  bool checkpointing_ = false;
+  // Per saved Forward call: whether it was checkpointed, and its input.
+  std::vector<bool> call_checkpointed_;
+  std::vector<Tensor> checkpoint_inputs_;
+};
+
+// Runs children in order; Backward runs them in reverse. Children are named
+// "0", "1", ... unless given names.
+class Sequential : public Module {
+public:
+  Sequential() : Module("Sequential") {}
+  // For subclasses that are sequences with a more specific type name.
+  explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
+  // Appends `child` named after its position.
+  template <typename M> M *Append(std::unique_ptr<M> child) {
+    return Append(std::to_string(children().size()), std::move(child));
+  }
+  template <typename M>
+  M *Append(const std::string &name, std::unique_ptr<M> child) {
+    return RegisterChild(name, std::move(child));
+  }
+  int size() const { return static_cast<int>(children().size()); }
+  Module *at(int index) const { return children()[index].second; }
+
+protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+};
+
+// A stack of saved per-call records for leaf modules: Save pushes only when
+// saving is enabled; Pop returns the most recent (LIFO, matching the reverse
+// order of backward).
+template <typename Record> class SavedStack {
+public:
+  void Save(Record record) {
+    if (SavingEnabled())
+      records_.push_back(std::move(record));
+  }
+  bool empty() const { return records_.empty(); }
+  int size() const { return static_cast<int>(records_.size()); }
+  Record Pop() {
+    Record record = std::move(records_.back());
+    records_.pop_back();
+    return record;
+  }
+  void Clear() { records_.clear(); }
+
+private:
+  std::vector<Record> records_;
+};
+
+} // namespace nn
+} // namespace ze
+
+#endif // ZE_NN_MODULE_H_
