@@ -34,40 +34,40 @@ namespace nn {
 
 // output (M, N) = input (M, K) @ weight (N, K)^T + bias (N).
 // `bias` may be undefined. `output` must not alias `input`.
-absl::Status LinearForward(const Tensor &input, const Tensor &weight,
-                           const Tensor &bias, const Tensor &output,
-                           const Stream &stream);
+absl::Status LinearForward(const Tensor& input, const Tensor& weight,
+                           const Tensor& bias, const Tensor& output,
+                           const Stream& stream);
 
 // grad_input (M, K)   = grad_output (M, N) @ weight (N, K)      (overwritten)
 // grad_weight (N, K) += grad_output^T @ input (M, K)           (accumulated)
 // grad_bias (N)      += sum over rows of grad_output           (accumulated)
 // Each output may be undefined (skipped).
-absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
-                            const Tensor &weight, const Tensor &grad_input,
-                            const Tensor &grad_weight, const Tensor &grad_bias,
-                            const Stream &stream);
+absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
+                            const Tensor& weight, const Tensor& grad_input,
+                            const Tensor& grad_weight, const Tensor& grad_bias,
+                            const Stream& stream);
 
 // output (M, C) = (input - mean) * rstd * weight (C) + bias (C), with
 // eps = 1e-5 as GPT-2. Saves mean (M) and rstd (M), f32, for backward.
-absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
-                              const Tensor &bias, const Tensor &output,
-                              const Tensor &mean, const Tensor &rstd,
-                              const Stream &stream);
+absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
+                              const Tensor& bias, const Tensor& output,
+                              const Tensor& mean, const Tensor& rstd,
+                              const Stream& stream);
 
 // grad_input (M, C) overwritten; grad_weight (C), grad_bias (C) accumulated.
-absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
-                               const Tensor &weight, const Tensor &mean,
-                               const Tensor &rstd, const Tensor &grad_input,
-                               const Tensor &grad_weight,
-                               const Tensor &grad_bias, const Stream &stream);
+absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
+                               const Tensor& weight, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& grad_input,
+                               const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Stream& stream);
 
 // GELU, tanh approximation (GPT-2):
 // output = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any shape.
-absl::Status GeluForward(const Tensor &input, const Tensor &output,
-                         const Stream &stream);
+absl::Status GeluForward(const Tensor& input, const Tensor& output,
+                         const Stream& stream);
 // grad_input = grad_output * gelu'(input). grad_input may alias grad_output.
-absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
-                          const Tensor &grad_input, const Stream &stream);
+absl::Status GeluBackward(const Tensor& grad_output, const Tensor& input,
+                          const Tensor& grad_input, const Stream& stream);
 
 // Causal multi-head self-attention core.
 //   qkv (B, T, 3 * C): per token [q | k | v], each (H, D) with C = H * D
@@ -75,45 +75,45 @@ absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
 //   output (B, T, C):  softmax(q k^T / sqrt(D) + causal mask) v, heads
 //                      concatenated.
 //   logsumexp (B, H, T) f32: per query row, saved for backward.
-absl::Status AttentionForward(const Tensor &qkv, int num_heads,
-                              const Tensor &output, const Tensor &logsumexp,
-                              const Stream &stream);
+absl::Status AttentionForward(const Tensor& qkv, int num_heads,
+                              const Tensor& output, const Tensor& logsumexp,
+                              const Stream& stream);
 // grad_qkv (B, T, 3 * C) overwritten.
-absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
-                               const Tensor &output, const Tensor &logsumexp,
-                               int num_heads, const Tensor &grad_qkv,
-                               const Stream &stream);
+absl::Status AttentionBackward(const Tensor& grad_output, const Tensor& qkv,
+                               const Tensor& output, const Tensor& logsumexp,
+                               int num_heads, const Tensor& grad_qkv,
+                               const Stream& stream);
 
 // output (B, T, C) = token_table[tokens[b, t]] + position_table[t].
 //   tokens (B, T) i32; token_table (V, C); position_table (max_T >= T, C).
 //   position_table may be undefined (no position embedding).
 // A token id outside [0, V) is InvalidArgument on CPU; on CUDA it is
 // clamped-and-flagged by the kernel (checked by the caller's data loader).
-absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
-                              const Tensor &position_table,
-                              const Tensor &output, const Stream &stream);
+absl::Status EmbeddingForward(const Tensor& tokens, const Tensor& token_table,
+                              const Tensor& position_table,
+                              const Tensor& output, const Stream& stream);
 // grad_token_table (V, C) += scatter-add of grad_output rows by token id;
 // grad_position_table (max_T, C) += sum over the batch (rows t < T only).
 // Either may be undefined.
-absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
-                               const Tensor &grad_token_table,
-                               const Tensor &grad_position_table,
-                               const Stream &stream);
+absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
+                               const Tensor& grad_token_table,
+                               const Tensor& grad_position_table,
+                               const Stream& stream);
 
 // Per-row softmax cross-entropy.
 //   logits (M, V); targets (M) i32, a target < 0 marks an ignored row
 //   (loss 0, gradient 0); losses (M) f32 = logsumexp(row) - row[target].
-absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses, const Stream &stream);
+absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
+                                 const Tensor& losses, const Stream& stream);
 // grad_logits (M, V) = grad_scale * (softmax(logits) - onehot(target)) for
 // rows with target >= 0, 0 for ignored rows. grad_scale is dLoss/dloss_i
 // (e.g. loss_scale / number_of_counted_rows). grad_logits MAY alias logits
 // (computed in place, saving a (M, V) buffer).
-absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
-                                  float grad_scale, const Tensor &grad_logits,
-                                  const Stream &stream);
+absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                  float grad_scale, const Tensor& grad_logits,
+                                  const Stream& stream);
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_FUNCTIONAL_H_
+#endif  // ZE_NN_FUNCTIONAL_H_
