@@ -1,0 +1,442 @@
+// Checks every CUDA building block against a plain double-precision CPU
+// reference written here, on small awkward shapes (rows and sequence
+// lengths not multiples of the tiles, vocabularies not multiples of 8, head
+// sizes 20/40/64/80/128), in f32 and bf16 (and f16 for attention). Inputs
+// are rounded to the storage dtype first, so the reference sees exactly the
+// values the GPU sees. Tagged gpu: runs on the GPU machine.
+//
+// Each check prints "name dtype max_abs_err max_ref rel" and passes when
+// max_abs_err <= tol * max(|ref|, 1e-3).
+#include "nn/cuda/functional_cuda.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+namespace cb = ::ze::nn::cuda_backend;
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+
+double Tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 2e-5;
+    case DType::kF16:
+      return 1e-2;
+    default:
+      return 2.5e-2;
+  }
+}
+
+class FunctionalCudaTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_GT(CudaDeviceCount(), 0) << "this test needs a GPU";
+    stream_ = *Stream::Create(Device::Cuda(0));
+  }
+
+  // A device tensor of random normal values (times `scale`) in `dtype`, and
+  // the rounded values it holds.
+  Tensor Random(const Shape& shape, DType dtype, uint32_t seed, Vec* rounded,
+                float scale = 1.0f) {
+    std::mt19937 generator(seed);
+    std::normal_distribution<float> normal(0.0f, scale);
+    Vec values(NumElements(shape));
+    for (float& v : values) v = normal(generator);
+    Tensor t = *FromHostFloats(values, shape, dtype, Device::Cuda(0), stream_);
+    *rounded = *ToHostFloats(t, stream_);
+    return t;
+  }
+
+  Tensor Tokens(const std::vector<int32_t>& ids, const Shape& shape) {
+    Tensor t = *Tensor::Empty(shape, DType::kI32, Device::Cuda(0));
+    EXPECT_EQ(cudaMemcpy(t.data(), ids.data(), ids.size() * 4,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return t;
+  }
+
+  Vec Host(const Tensor& t) { return *ToHostFloats(t, stream_); }
+
+  void Check(const std::string& name, DType dtype, const Vec& got,
+             const DVec& ref, double tol_scale = 1.0) {
+    ASSERT_EQ(got.size(), ref.size()) << name;
+    double max_err = 0.0, max_ref = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double err = std::fabs(got[i] - ref[i]);
+      if (!(err <= max_err)) {  // also catches NaN
+        max_err = std::isnan(err) ? INFINITY : err;
+        worst = i;
+      }
+      max_ref = std::max(max_ref, std::fabs(ref[i]));
+    }
+    const double bound = Tolerance(dtype) * tol_scale * std::max(max_ref, 1e-3);
+    std::printf("%-40s %-4s max_abs_err %.3e max_ref %.3e rel %.3e %s\n",
+                name.c_str(), DTypeName(dtype), max_err, max_ref,
+                max_err / std::max(max_ref, 1e-30),
+                max_err <= bound ? "ok" : "FAIL");
+    EXPECT_LE(max_err, bound)
+        << name << " " << DTypeName(dtype) << " worst index " << worst
+        << " got " << got[worst] << " want " << ref[worst];
+  }
+
+  Stream stream_;
+};
+
+TEST_F(FunctionalCudaTest, Linear) {
+  struct Case {
+    int64_t m, k, n;
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (Case c : {Case{37, 72, 50}, Case{5, 33, 7}, Case{256, 128, 384}}) {
+      const std::string tag = "Linear " + std::to_string(c.m) + "x" +
+                              std::to_string(c.k) + "x" + std::to_string(c.n);
+      Vec x, w, b, dy, gw0, gb0;
+      Tensor tx = Random({c.m, c.k}, dtype, 1, &x);
+      Tensor tw = Random({c.n, c.k}, dtype, 2, &w, 0.2f);
+      Tensor tb = Random({c.n}, dtype, 3, &b);
+      Tensor ty = *Tensor::Empty({c.m, c.n}, dtype, Device::Cuda(0));
+      ASSERT_TRUE(cb::LinearForward(tx, tw, tb, ty, stream_).ok());
+      DVec y(c.m * c.n);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double s = b[j];
+          for (int64_t l = 0; l < c.k; ++l)
+            s += double(x[i * c.k + l]) * w[j * c.k + l];
+          y[i * c.n + j] = s;
+        }
+      Check(tag + " forward", dtype, Host(ty), y);
+      // Without bias.
+      ASSERT_TRUE(cb::LinearForward(tx, tw, Tensor(), ty, stream_).ok());
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) y[i * c.n + j] -= b[j];
+      Check(tag + " forward no bias", dtype, Host(ty), y);
+
+      Tensor tdy = Random({c.m, c.n}, dtype, 4, &dy);
+      Tensor tgw = Random({c.n, c.k}, dtype, 5, &gw0);
+      Tensor tgb = Random({c.n}, dtype, 6, &gb0);
+      Tensor tdx = *Tensor::Empty({c.m, c.k}, dtype, Device::Cuda(0));
+      DVec dx(c.m * c.k, 0.0), gw(c.n * c.k, 0.0), gb(c.n, 0.0);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          const double g = dy[i * c.n + j];
+          gb[j] += g;
+          for (int64_t l = 0; l < c.k; ++l) {
+            dx[i * c.k + l] += g * w[j * c.k + l];
+            gw[j * c.k + l] += g * x[i * c.k + l];
+          }
+        }
+      for (int repeat = 1; repeat <= 2; ++repeat) {
+        ASSERT_TRUE(
+            cb::LinearBackward(tdy, tx, tw, tdx, tgw, tgb, stream_).ok());
+        DVec want_gw(gw.size()), want_gb(gb.size());
+        for (size_t i = 0; i < gw.size(); ++i)
+          want_gw[i] = gw0[i] + repeat * gw[i];
+        for (size_t i = 0; i < gb.size(); ++i)
+          want_gb[i] = gb0[i] + repeat * gb[i];
+        const std::string r = " (backward x" + std::to_string(repeat) + ")";
+        Check(tag + " grad_input" + r, dtype, Host(tdx), dx);
+        Check(tag + " grad_weight" + r, dtype, Host(tgw), want_gw);
+        Check(tag + " grad_bias" + r, dtype, Host(tgb), want_gb);
+      }
+      // Optional outputs skipped.
+      ASSERT_TRUE(
+          cb::LinearBackward(tdy, tx, tw, tdx, Tensor(), Tensor(), stream_)
+              .ok());
+      Check(tag + " grad_input only", dtype, Host(tdx), dx);
+    }
+  }
+}
+
+TEST_F(FunctionalCudaTest, LayerNorm) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t cols : {64, 100, 2048}) {
+      const int64_t rows = 19;
+      const std::string tag = "LayerNorm C=" + std::to_string(cols);
+      Vec x, w, b, dy, gw0, gb0;
+      Tensor tx = Random({rows, cols}, dtype, 11, &x, 2.0f);
+      Tensor tw = Random({cols}, dtype, 12, &w);
+      Tensor tb = Random({cols}, dtype, 13, &b);
+      Tensor ty = *Tensor::Empty({rows, cols}, dtype, Device::Cuda(0));
+      Tensor tmean = *Tensor::Empty({rows}, DType::kF32, Device::Cuda(0));
+      Tensor trstd = *Tensor::Empty({rows}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(
+          cb::LayerNormForward(tx, tw, tb, ty, tmean, trstd, stream_).ok());
+      DVec y(rows * cols), mean(rows), rstd(rows), dx(rows * cols), gw(cols, 0),
+          gb(cols, 0);
+      Tensor tdy = Random({rows, cols}, dtype, 14, &dy);
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = 0, v = 0;
+        for (int64_t c = 0; c < cols; ++c) m += x[r * cols + c];
+        m /= cols;
+        for (int64_t c = 0; c < cols; ++c)
+          v += (x[r * cols + c] - m) * (x[r * cols + c] - m);
+        const double rs = 1.0 / std::sqrt(v / cols + 1e-5);
+        mean[r] = m;
+        rstd[r] = rs;
+        double sg = 0, sgx = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double xh = (x[r * cols + c] - m) * rs;
+          y[r * cols + c] = xh * w[c] + b[c];
+          const double g = dy[r * cols + c];
+          sg += g * w[c];
+          sgx += g * w[c] * xh;
+          gw[c] += g * xh;
+          gb[c] += g;
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          const double xh = (x[r * cols + c] - m) * rs;
+          dx[r * cols + c] =
+              rs * (dy[r * cols + c] * w[c] - sg / cols - xh * sgx / cols);
+        }
+      }
+      Check(tag + " forward", dtype, Host(ty), y);
+      Check(tag + " mean", DType::kF32, Host(tmean), mean, 10.0);
+      Check(tag + " rstd", DType::kF32, Host(trstd), rstd, 10.0);
+      Tensor tgw = Random({cols}, dtype, 15, &gw0);
+      Tensor tgb = Random({cols}, dtype, 16, &gb0);
+      Tensor tdx = *Tensor::Empty({rows, cols}, dtype, Device::Cuda(0));
+      for (int repeat = 1; repeat <= 2; ++repeat) {
+        ASSERT_TRUE(cb::LayerNormBackward(tdy, tx, tw, tmean, trstd, tdx, tgw,
+                                          tgb, stream_)
+                        .ok());
+        DVec want_gw(cols), want_gb(cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          want_gw[c] = gw0[c] + repeat * gw[c];
+          want_gb[c] = gb0[c] + repeat * gb[c];
+        }
+        const std::string r = " (backward x" + std::to_string(repeat) + ")";
+        Check(tag + " grad_input" + r, dtype, Host(tdx), dx);
+        Check(tag + " grad_weight" + r, dtype, Host(tgw), want_gw);
+        Check(tag + " grad_bias" + r, dtype, Host(tgb), want_gb);
+      }
+    }
+  }
+}
+
+TEST_F(FunctionalCudaTest, Gelu) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t count : {1003, 4096}) {
+      Vec x, dy;
+      Tensor tx = Random({count}, dtype, 21, &x, 3.0f);
+      Tensor tdy = Random({count}, dtype, 22, &dy);
+      Tensor ty = *Tensor::Empty({count}, dtype, Device::Cuda(0));
+      ASSERT_TRUE(cb::GeluForward(tx, ty, stream_).ok());
+      DVec y(count), dx(count);
+      const double k = std::sqrt(2.0 / M_PI);
+      for (int64_t i = 0; i < count; ++i) {
+        const double v = x[i];
+        const double t = std::tanh(k * (v + 0.044715 * v * v * v));
+        y[i] = 0.5 * v * (1 + t);
+        const double dt = (1 - t * t) * k * (1 + 3 * 0.044715 * v * v);
+        dx[i] = dy[i] * (0.5 * (1 + t) + 0.5 * v * dt);
+      }
+      const std::string tag = "Gelu n=" + std::to_string(count);
+      Check(tag + " forward", dtype, Host(ty), y);
+      // In place: grad_input aliases grad_output.
+      ASSERT_TRUE(cb::GeluBackward(tdy, tx, tdy, stream_).ok());
+      Check(tag + " backward in place", dtype, Host(tdy), dx);
+    }
+  }
+}
+
+// Reference causal attention in double. qkv (B, T, 3C); returns out
+// (B, T, C), lse (B, H, T); with dout, fills dqkv (B, T, 3C).
+void ReferenceAttention(const Vec& qkv, const Vec& dout, int B, int T, int H,
+                        int D, DVec* out, DVec* lse, DVec* dqkv) {
+  const int C = H * D;
+  out->assign(static_cast<size_t>(B) * T * C, 0.0);
+  lse->assign(static_cast<size_t>(B) * H * T, 0.0);
+  dqkv->assign(static_cast<size_t>(B) * T * 3 * C, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto at = [&](int b, int t, int part, int h, int d) {
+    return (static_cast<size_t>(b) * T + t) * 3 * C + part * C + h * D + d;
+  };
+  std::vector<double> p(T), dp(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int q = 0; q < T; ++q) {
+        double m = -INFINITY;
+        for (int k = 0; k <= q; ++k) {
+          double s = 0;
+          for (int d = 0; d < D; ++d)
+            s += double(qkv[at(b, q, 0, h, d)]) * qkv[at(b, k, 1, h, d)];
+          p[k] = s * scale;
+          m = std::max(m, p[k]);
+        }
+        double sum = 0;
+        for (int k = 0; k <= q; ++k) sum += (p[k] = std::exp(p[k] - m));
+        (*lse)[(static_cast<size_t>(b) * H + h) * T + q] = m + std::log(sum);
+        for (int k = 0; k <= q; ++k) p[k] /= sum;
+        const size_t orow = (static_cast<size_t>(b) * T + q) * C + h * D;
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (int k = 0; k <= q; ++k) o += p[k] * qkv[at(b, k, 2, h, d)];
+          (*out)[orow + d] = o;
+        }
+        double delta = 0;
+        for (int k = 0; k <= q; ++k) {
+          double s = 0;
+          for (int d = 0; d < D; ++d)
+            s += double(dout[orow + d]) * qkv[at(b, k, 2, h, d)];
+          dp[k] = s;
+          delta += p[k] * s;
+        }
+        for (int k = 0; k <= q; ++k) {
+          const double ds = p[k] * (dp[k] - delta) * scale;
+          for (int d = 0; d < D; ++d) {
+            (*dqkv)[at(b, q, 0, h, d)] += ds * qkv[at(b, k, 1, h, d)];
+            (*dqkv)[at(b, k, 1, h, d)] += ds * qkv[at(b, q, 0, h, d)];
+            (*dqkv)[at(b, k, 2, h, d)] += p[k] * dout[orow + d];
+          }
+        }
+      }
+}
+
+TEST_F(FunctionalCudaTest, Attention) {
+  struct Case {
+    DType dtype;
+    int B, T, H, D;
+  };
+  const std::vector<Case> cases = {
+      {DType::kF32, 2, 67, 2, 64},    {DType::kF32, 1, 33, 3, 20},
+      {DType::kBF16, 2, 67, 2, 64},   {DType::kBF16, 1, 130, 2, 64},
+      {DType::kBF16, 1, 64, 1, 64},   {DType::kBF16, 2, 67, 2, 80},
+      {DType::kBF16, 1, 100, 2, 128}, {DType::kBF16, 1, 67, 2, 40},
+      {DType::kBF16, 1, 45, 2, 20},   {DType::kBF16, 1, 70, 1, 256},
+      {DType::kF16, 2, 67, 2, 64},    {DType::kF16, 1, 200, 2, 128},
+  };
+  for (const Case& c : cases) {
+    const int C = c.H * c.D;
+    const std::string tag = "Attention B" + std::to_string(c.B) + " T" +
+                            std::to_string(c.T) + " H" + std::to_string(c.H) +
+                            " D" + std::to_string(c.D);
+    Vec qkv, dout;
+    Tensor tqkv = Random({c.B, c.T, 3 * C}, c.dtype, 31, &qkv);
+    Tensor tdout = Random({c.B, c.T, C}, c.dtype, 32, &dout);
+    Tensor tout = *Tensor::Empty({c.B, c.T, C}, c.dtype, Device::Cuda(0));
+    Tensor tlse = *Tensor::Empty({c.B, c.H, c.T}, DType::kF32, Device::Cuda(0));
+    Tensor tdqkv = *Tensor::Empty({c.B, c.T, 3 * C}, c.dtype, Device::Cuda(0));
+    ASSERT_TRUE(cb::AttentionForward(tqkv, c.H, tout, tlse, stream_).ok())
+        << tag;
+    // Backward with the GPU's own (rounded) output, as training does.
+    ASSERT_TRUE(
+        cb::AttentionBackward(tdout, tqkv, tout, tlse, c.H, tdqkv, stream_)
+            .ok())
+        << tag;
+    DVec out, lse, dqkv;
+    ReferenceAttention(qkv, dout, c.B, c.T, c.H, c.D, &out, &lse, &dqkv);
+    Check(tag + " output", c.dtype, Host(tout), out);
+    Check(tag + " logsumexp", c.dtype, Host(tlse), lse, 0.2);
+    Check(tag + " grad_qkv", c.dtype, Host(tdqkv), dqkv, 1.5);
+  }
+}
+
+TEST_F(FunctionalCudaTest, Embedding) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t cols : {64, 36}) {
+      const int64_t B = 3, T = 5, V = 1003, max_t = 8;
+      std::vector<int32_t> ids(B * T);
+      for (int64_t i = 0; i < B * T; ++i)
+        ids[i] = static_cast<int32_t>((i * 7919) % 11 * 91);
+      ids[3] = ids[4] = 1002;  // repeats and the last row
+      Tensor tokens = Tokens(ids, {B, T});
+      Vec wte, wpe, dy, gte0, gpe0;
+      Tensor twte = Random({V, cols}, dtype, 41, &wte);
+      Tensor twpe = Random({max_t, cols}, dtype, 42, &wpe);
+      Tensor tout = *Tensor::Empty({B, T, cols}, dtype, Device::Cuda(0));
+      ASSERT_TRUE(cb::EmbeddingForward(tokens, twte, twpe, tout, stream_).ok());
+      DVec out(B * T * cols);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          out[r * cols + c] =
+              double(wte[ids[r] * cols + c]) + wpe[(r % T) * cols + c];
+      const std::string tag = "Embedding C=" + std::to_string(cols);
+      Check(tag + " forward", dtype, Host(tout), out);
+
+      Tensor tdy = Random({B, T, cols}, dtype, 43, &dy);
+      Tensor tgte = Random({V, cols}, dtype, 44, &gte0);
+      Tensor tgpe = Random({max_t, cols}, dtype, 45, &gpe0);
+      DVec gte(V * cols, 0.0), gpe(max_t * cols, 0.0);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          gte[ids[r] * cols + c] += dy[r * cols + c];
+          gpe[(r % T) * cols + c] += dy[r * cols + c];
+        }
+      for (int repeat = 1; repeat <= 2; ++repeat) {
+        ASSERT_TRUE(
+            cb::EmbeddingBackward(tdy, tokens, tgte, tgpe, stream_).ok());
+        DVec want_te(gte.size()), want_pe(gpe.size());
+        for (size_t i = 0; i < gte.size(); ++i)
+          want_te[i] = gte0[i] + repeat * gte[i];
+        for (size_t i = 0; i < gpe.size(); ++i)
+          want_pe[i] = gpe0[i] + repeat * gpe[i];
+        const std::string r = " (backward x" + std::to_string(repeat) + ")";
+        Check(tag + " grad_token_table" + r, dtype, Host(tgte), want_te);
+        Check(tag + " grad_position_table" + r, dtype, Host(tgpe), want_pe);
+      }
+    }
+  }
+}
+
+TEST_F(FunctionalCudaTest, CrossEntropy) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t V : {1003, 1024}) {
+      const int64_t M = 7;
+      std::vector<int32_t> targets = {5, -1, 1002, 0, 17, -1, 999};
+      for (int32_t& t : targets) t = t >= V ? static_cast<int32_t>(V - 1) : t;
+      Tensor ttargets = Tokens(targets, {M});
+      Vec logits;
+      Tensor tlogits = Random({M, V}, dtype, 51, &logits, 4.0f);
+      Tensor tlosses = *Tensor::Empty({M}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(
+          cb::CrossEntropyForward(tlogits, ttargets, tlosses, stream_).ok());
+      DVec losses(M, 0.0), grad(M * V, 0.0);
+      const double scale = 0.5;
+      for (int64_t r = 0; r < M; ++r) {
+        if (targets[r] < 0) continue;
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < V; ++c)
+          m = std::max(m, double(logits[r * V + c]));
+        for (int64_t c = 0; c < V; ++c) s += std::exp(logits[r * V + c] - m);
+        const double lse = m + std::log(s);
+        losses[r] = lse - logits[r * V + targets[r]];
+        for (int64_t c = 0; c < V; ++c) {
+          grad[r * V + c] = scale * (std::exp(logits[r * V + c] - lse) -
+                                     (c == targets[r] ? 1.0 : 0.0));
+        }
+      }
+      const std::string tag = "CrossEntropy V=" + std::to_string(V);
+      Check(tag + " losses", DType::kF32, Host(tlosses), losses,
+            dtype == DType::kF32 ? 1 : 5);
+      Tensor tgrad = *Tensor::Empty({M, V}, dtype, Device::Cuda(0));
+      ASSERT_TRUE(
+          cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tgrad, stream_)
+              .ok());
+      Check(tag + " grad", dtype, Host(tgrad), grad);
+      // In place: grad_logits aliases logits.
+      ASSERT_TRUE(
+          cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tlogits, stream_)
+              .ok());
+      Check(tag + " grad in place", dtype, Host(tlogits), grad);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace ze
