@@ -16,9 +16,9 @@ namespace ze {
 namespace comm {
 namespace {
 
-std::function<const char*(const char*)> Env(
-    const std::map<std::string, std::string>& vars) {
-  return [vars](const char* name) -> const char* {
+std::function<const char *(const char *)>
+Env(const std::map<std::string, std::string> &vars) {
+  return [vars](const char *name) -> const char * {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   };
@@ -33,11 +33,11 @@ TEST(BootstrapTest, NoLauncherIsRankZeroOfOne) {
 }
 
 TEST(BootstrapTest, ReadsOpenMpiVariables) {
-  absl::StatusOr<LaunchInfo> info = ParseLaunchInfo(
-      Env({{"OMPI_COMM_WORLD_SIZE", "4"},
-           {"OMPI_COMM_WORLD_RANK", "3"},
-           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  absl::StatusOr<LaunchInfo> info =
+      ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "4"},
+                           {"OMPI_COMM_WORLD_RANK", "3"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_TRUE(info->launched);
   EXPECT_EQ(info->rank, 3);
@@ -70,8 +70,9 @@ TEST(BootstrapTest, DeviceIndexWrapsAroundTheGpus) {
 TEST(BootstrapTest, TimeoutFromOptionThenEnvironmentThenDefault) {
   EXPECT_EQ(*ResolveTimeoutSeconds(3, Env({{"ZE_COMM_TIMEOUT_SECONDS", "7"}})),
             3);
-  EXPECT_EQ(*ResolveTimeoutSeconds(0, Env({{"ZE_COMM_TIMEOUT_SECONDS", "7.5"}})),
-            7.5);
+  EXPECT_EQ(
+      *ResolveTimeoutSeconds(0, Env({{"ZE_COMM_TIMEOUT_SECONDS", "7.5"}})),
+      7.5);
   EXPECT_EQ(*ResolveTimeoutSeconds(0, Env({})), 600);
   absl::StatusOr<double> bad =
       ResolveTimeoutSeconds(0, Env({{"ZE_COMM_TIMEOUT_SECONDS", "-1"}}));
@@ -122,7 +123,7 @@ TEST(RecentCollectivesTest, KeepsTheLastRecordsInOrder) {
 }
 
 class LocalCommTest : public ::testing::Test {
- protected:
+protected:
   void SetUp() override {
     CommOptions options;
     options.device = "cpu";
@@ -131,11 +132,11 @@ class LocalCommTest : public ::testing::Test {
     ASSERT_TRUE(comm.ok()) << comm.status();
     comm_ = std::move(*comm);
   }
-  Tensor Make(const std::vector<float>& values, DType dtype = DType::kF32) {
+  Tensor Make(const std::vector<float> &values, DType dtype = DType::kF32) {
     return *FromHostFloats(values, {static_cast<int64_t>(values.size())}, dtype,
                            Device::Cpu(), stream_);
   }
-  std::vector<float> Read(const Tensor& t) { return *ToHostFloats(t, stream_); }
+  std::vector<float> Read(const Tensor &t) { return *ToHostFloats(t, stream_); }
 
   std::unique_ptr<Communicator> comm_;
   Stream stream_;
@@ -162,8 +163,9 @@ TEST_F(LocalCommTest, CollectivesOfOneRankCopy) {
   ASSERT_TRUE(comm_->Broadcast(in, 0, stream_)->Wait().ok());
   ASSERT_TRUE(comm_->Barrier().ok());
   EXPECT_EQ(comm_->next_sequence_number(), 5u);
-  EXPECT_NE(comm_->DumpRecentCollectives().find("all_gather #2: 3 x bf16 completed"),
-            std::string::npos)
+  EXPECT_NE(
+      comm_->DumpRecentCollectives().find("all_gather #2: 3 x bf16 completed"),
+      std::string::npos)
       << comm_->DumpRecentCollectives();
 }
 
@@ -179,11 +181,14 @@ TEST_F(LocalCommTest, RejectsMismatchedArgumentsNamingThem) {
   work = comm_->AllReduce(a, Make({1, 2, 3}, DType::kF16), ReduceOp::kSum,
                           stream_);
   EXPECT_EQ(work.status().code(), absl::StatusCode::kInvalidArgument);
-  work = comm_->AllReduce(a.Slice(0, 2), a.Slice(1, 2), ReduceOp::kSum, stream_);
-  EXPECT_NE(work.status().message().find("partially overlap"), std::string::npos)
+  work =
+      comm_->AllReduce(a.Slice(0, 2), a.Slice(1, 2), ReduceOp::kSum, stream_);
+  EXPECT_NE(work.status().message().find("partially overlap"),
+            std::string::npos)
       << work.status();
   work = comm_->Broadcast(a, 1, stream_);
-  EXPECT_NE(work.status().message().find("root 1 is outside"), std::string::npos)
+  EXPECT_NE(work.status().message().find("root 1 is outside"),
+            std::string::npos)
       << work.status();
   // A failed validation consumes no sequence number.
   EXPECT_EQ(comm_->next_sequence_number(), 1u);
@@ -193,7 +198,8 @@ TEST(FactoryTest, RejectsUnknownChoices) {
   CommOptions options;
   options.backend = "gloo";
   options.device = "cpu";
-  absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateCommunicator(options);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      CreateCommunicator(options);
   ASSERT_FALSE(comm.ok());
   EXPECT_NE(comm.status().message().find("\"gloo\""), std::string::npos);
   options.backend = "nccl";
@@ -201,6 +207,6 @@ TEST(FactoryTest, RejectsUnknownChoices) {
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-}  // namespace
-}  // namespace comm
-}  // namespace ze
+} // namespace
+} // namespace comm
+} // namespace ze

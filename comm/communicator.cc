@@ -11,7 +11,7 @@ namespace ze {
 namespace comm {
 namespace {
 
-bool Overlap(const Tensor& a, const Tensor& b) {
+bool Overlap(const Tensor &a, const Tensor &b) {
   const auto a_begin = reinterpret_cast<uintptr_t>(a.data());
   const auto b_begin = reinterpret_cast<uintptr_t>(b.data());
   return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
@@ -21,9 +21,9 @@ bool IsFloatFormat(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
-}  // namespace
+} // namespace
 
-CollectiveOp CollectiveOp::AllReduce(const Tensor& input, const Tensor& output,
+CollectiveOp CollectiveOp::AllReduce(const Tensor &input, const Tensor &output,
                                      ReduceOp op) {
   CollectiveOp result;
   result.kind = CollectiveKind::kAllReduce;
@@ -33,15 +33,15 @@ CollectiveOp CollectiveOp::AllReduce(const Tensor& input, const Tensor& output,
   return result;
 }
 
-CollectiveOp CollectiveOp::ReduceScatter(const Tensor& input,
-                                         const Tensor& output, ReduceOp op) {
+CollectiveOp CollectiveOp::ReduceScatter(const Tensor &input,
+                                         const Tensor &output, ReduceOp op) {
   CollectiveOp result = AllReduce(input, output, op);
   result.kind = CollectiveKind::kReduceScatter;
   return result;
 }
 
-CollectiveOp CollectiveOp::AllGather(const Tensor& input,
-                                     const Tensor& output) {
+CollectiveOp CollectiveOp::AllGather(const Tensor &input,
+                                     const Tensor &output) {
   CollectiveOp result;
   result.kind = CollectiveKind::kAllGather;
   result.input = input;
@@ -49,7 +49,7 @@ CollectiveOp CollectiveOp::AllGather(const Tensor& input,
   return result;
 }
 
-CollectiveOp CollectiveOp::Broadcast(const Tensor& tensor, int root) {
+CollectiveOp CollectiveOp::Broadcast(const Tensor &tensor, int root) {
   CollectiveOp result;
   result.kind = CollectiveKind::kBroadcast;
   result.input = tensor;
@@ -60,33 +60,31 @@ CollectiveOp CollectiveOp::Broadcast(const Tensor& tensor, int root) {
 
 Communicator::Communicator(int rank, int world_size, int local_rank,
                            Device device, double timeout_seconds)
-    : rank_(rank),
-      world_size_(world_size),
-      local_rank_(local_rank),
-      device_(device),
-      timeout_seconds_(timeout_seconds),
+    : rank_(rank), world_size_(world_size), local_rank_(local_rank),
+      device_(device), timeout_seconds_(timeout_seconds),
       recorder_(std::make_shared<RecentCollectives>(rank)) {}
 
-absl::Status Communicator::Validate(const CollectiveOp& op) const {
+absl::Status Communicator::Validate(const CollectiveOp &op) const {
   const std::string name = CollectiveKindName(op.kind);
-  const std::string where = absl::StrCat(name, " on rank ", rank_, " of ",
-                                         world_size_, " (", backend_name(),
-                                         " backend)");
+  const std::string where =
+      absl::StrCat(name, " on rank ", rank_, " of ", world_size_, " (",
+                   backend_name(), " backend)");
   if (!op.input.defined() || !op.output.defined()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": input or output tensor is undefined"));
   }
-  if (!IsFloatFormat(op.input.dtype()) || op.input.dtype() != op.output.dtype()) {
+  if (!IsFloatFormat(op.input.dtype()) ||
+      op.input.dtype() != op.output.dtype()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": input and output must share one of f32, bf16, f16; got ",
         op.input.DebugString(), " and ", op.output.DebugString()));
   }
   if (op.input.device() != op.output.device()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": input and output on different devices: ",
-        op.input.DebugString(), " and ", op.output.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": input and output on different devices: ",
+                     op.input.DebugString(), " and ", op.output.DebugString()));
   }
-  const Device& device = op.input.device();
+  const Device &device = op.input.device();
   if (!AcceptsDevice(device) || (device.is_cuda() && device != device_)) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": tensor ", op.input.DebugString(),
@@ -97,114 +95,116 @@ absl::Status Communicator::Validate(const CollectiveOp& op) const {
   const int64_t out = op.output.numel();
   const bool same = op.input.data() == op.output.data();
   switch (op.kind) {
-    case CollectiveKind::kAllReduce:
-      if (in != out) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": input has ", in, " elements but output has ", out));
-      }
-      if (!same && Overlap(op.input, op.output)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": input and output partially overlap"));
-      }
-      break;
-    case CollectiveKind::kReduceScatter: {
-      if (in != out * world_size_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": input must have world_size * output elements (",
-            world_size_, " * ", out, "), got ", in,
-            "; pad to equal slices (comm/equal_slices.h)"));
-      }
-      const bool in_place = static_cast<char*>(op.output.data()) ==
-                            static_cast<char*>(op.input.data()) +
-                                rank_ * op.output.nbytes();
-      if (!in_place && Overlap(op.input, op.output)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": output overlaps input but is not this rank's slice"));
-      }
-      break;
+  case CollectiveKind::kAllReduce:
+    if (in != out) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": input has ", in, " elements but output has ", out));
     }
-    case CollectiveKind::kAllGather: {
-      if (out != in * world_size_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": output must have world_size * input elements (",
-            world_size_, " * ", in, "), got ", out));
-      }
-      const bool in_place = static_cast<char*>(op.input.data()) ==
-                            static_cast<char*>(op.output.data()) +
-                                rank_ * op.input.nbytes();
-      if (!in_place && Overlap(op.input, op.output)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": input overlaps output but is not this rank's slice"));
-      }
-      break;
-    }
-    case CollectiveKind::kBroadcast:
-      if (!same) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": broadcast is in place (input == output)"));
-      }
-      if (op.root < 0 || op.root >= world_size_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": root ", op.root, " is outside [0, ", world_size_, ")"));
-      }
-      break;
-    case CollectiveKind::kBarrier:
+    if (!same && Overlap(op.input, op.output)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": use Communicator::Barrier()"));
+          absl::StrCat(where, ": input and output partially overlap"));
+    }
+    break;
+  case CollectiveKind::kReduceScatter: {
+    if (in != out * world_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": input must have world_size * output elements (",
+          world_size_, " * ", out, "), got ", in,
+          "; pad to equal slices (comm/equal_slices.h)"));
+    }
+    const bool in_place =
+        static_cast<char *>(op.output.data()) ==
+        static_cast<char *>(op.input.data()) + rank_ * op.output.nbytes();
+    if (!in_place && Overlap(op.input, op.output)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": output overlaps input but is not this rank's slice"));
+    }
+    break;
+  }
+  case CollectiveKind::kAllGather: {
+    if (out != in * world_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": output must have world_size * input elements (",
+          world_size_, " * ", in, "), got ", out));
+    }
+    const bool in_place =
+        static_cast<char *>(op.input.data()) ==
+        static_cast<char *>(op.output.data()) + rank_ * op.input.nbytes();
+    if (!in_place && Overlap(op.input, op.output)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": input overlaps output but is not this rank's slice"));
+    }
+    break;
+  }
+  case CollectiveKind::kBroadcast:
+    if (!same) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": broadcast is in place (input == output)"));
+    }
+    if (op.root < 0 || op.root >= world_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": root ", op.root, " is outside [0, ", world_size_, ")"));
+    }
+    break;
+  case CollectiveKind::kBarrier:
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": use Communicator::Barrier()"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Work> Communicator::AllReduce(const Tensor& input,
-                                             const Tensor& output, ReduceOp op,
-                                             const Stream& stream) {
+absl::StatusOr<Work> Communicator::AllReduce(const Tensor &input,
+                                             const Tensor &output, ReduceOp op,
+                                             const Stream &stream) {
   return Coalesced({CollectiveOp::AllReduce(input, output, op)}, stream);
 }
 
-absl::StatusOr<Work> Communicator::ReduceScatter(const Tensor& input,
-                                                 const Tensor& output,
+absl::StatusOr<Work> Communicator::ReduceScatter(const Tensor &input,
+                                                 const Tensor &output,
                                                  ReduceOp op,
-                                                 const Stream& stream) {
+                                                 const Stream &stream) {
   return Coalesced({CollectiveOp::ReduceScatter(input, output, op)}, stream);
 }
 
-absl::StatusOr<Work> Communicator::AllGather(const Tensor& input,
-                                             const Tensor& output,
-                                             const Stream& stream) {
+absl::StatusOr<Work> Communicator::AllGather(const Tensor &input,
+                                             const Tensor &output,
+                                             const Stream &stream) {
   return Coalesced({CollectiveOp::AllGather(input, output)}, stream);
 }
 
-absl::StatusOr<Work> Communicator::Broadcast(const Tensor& tensor, int root,
-                                             const Stream& stream) {
+absl::StatusOr<Work> Communicator::Broadcast(const Tensor &tensor, int root,
+                                             const Stream &stream) {
   return Coalesced({CollectiveOp::Broadcast(tensor, root)}, stream);
 }
 
-absl::StatusOr<Work> Communicator::Coalesced(
-    const std::vector<CollectiveOp>& ops, const Stream& stream) {
+absl::StatusOr<Work>
+Communicator::Coalesced(const std::vector<CollectiveOp> &ops,
+                        const Stream &stream) {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "communicator on rank ", rank_, " is unusable after an earlier error: ",
-        broken_.message()));
+        "communicator on rank ", rank_,
+        " is unusable after an earlier error: ", broken_.message()));
   }
-  if (ops.empty()) return Work();
-  for (const CollectiveOp& op : ops) {
+  if (ops.empty())
+    return Work();
+  for (const CollectiveOp &op : ops) {
     ZE_RETURN_IF_ERROR(Validate(op));
     if (op.input.device() != ops.front().input.device()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "coalesced group on rank ", rank_,
-          " mixes devices: ", ops.front().input.DebugString(), " and ",
-          op.input.DebugString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("coalesced group on rank ", rank_,
+                       " mixes devices: ", ops.front().input.DebugString(),
+                       " and ", op.input.DebugString()));
     }
   }
   if (ops.front().input.device() != stream.device()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        CollectiveKindName(ops.front().kind), " on rank ", rank_,
-        ": tensors on ", ops.front().input.device().ToString(),
-        " but the stream is on ", stream.device().ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(CollectiveKindName(ops.front().kind), " on rank ", rank_,
+                     ": tensors on ", ops.front().input.device().ToString(),
+                     " but the stream is on ", stream.device().ToString()));
   }
   std::vector<uint64_t> sequence_numbers;
   sequence_numbers.reserve(ops.size());
-  for (const CollectiveOp& op : ops) {
+  for (const CollectiveOp &op : ops) {
     CollectiveRecord record;
     record.kind = op.kind;
     record.reduce_op = op.reduce_op;
@@ -215,7 +215,8 @@ absl::StatusOr<Work> Communicator::Coalesced(
   }
   absl::StatusOr<Work> work = Issue(ops, sequence_numbers, stream);
   if (!work.ok()) {
-    for (uint64_t sequence : sequence_numbers) recorder_->MarkFailed(sequence);
+    for (uint64_t sequence : sequence_numbers)
+      recorder_->MarkFailed(sequence);
   }
   return work;
 }
@@ -223,8 +224,8 @@ absl::StatusOr<Work> Communicator::Coalesced(
 absl::Status Communicator::Barrier() {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "communicator on rank ", rank_, " is unusable after an earlier error: ",
-        broken_.message()));
+        "communicator on rank ", rank_,
+        " is unusable after an earlier error: ", broken_.message()));
   }
   CollectiveRecord record;
   record.kind = CollectiveKind::kBarrier;
@@ -245,7 +246,8 @@ absl::Status Communicator::TimeoutError(uint64_t first_sequence,
   for (uint64_t sequence = first_sequence; sequence <= last_sequence;
        ++sequence) {
     const CollectiveRecord record = recorder_->Find(sequence);
-    if (!ops.empty()) ops += ", ";
+    if (!ops.empty())
+      ops += ", ";
     if (record.sequence_number == 0) {
       absl::StrAppend(&ops, "#", sequence);
     } else {
@@ -258,11 +260,10 @@ absl::Status Communicator::TimeoutError(uint64_t first_sequence,
       "ZE_COMM_TIMEOUT_SECONDS); another rank probably skipped or reordered "
       "a collective, or died",
       rank_, world_size_, ops, backend_name(), waited_seconds);
-  ZE_LOG(ERROR) << message << "\nrecent collectives on rank " << rank_
-                << ":\n"
+  ZE_LOG(ERROR) << message << "\nrecent collectives on rank " << rank_ << ":\n"
                 << recorder_->Dump();
   return absl::DeadlineExceededError(message);
 }
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze

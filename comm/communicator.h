@@ -52,13 +52,13 @@ namespace comm {
 // The handle to one issued operation (or one coalesced group). Cheap to copy;
 // copies refer to the same operation. A default-constructed Work is complete.
 class Work {
- public:
+public:
   // What a backend implements; users only see Work.
   class Impl {
-   public:
+  public:
     virtual ~Impl() = default;
     virtual absl::Status Wait() = 0;
-    virtual absl::Status StreamWait(const Stream& stream) = 0;
+    virtual absl::Status StreamWait(const Stream &stream) = 0;
     virtual absl::StatusOr<bool> Poll() = 0;
     virtual uint64_t first_sequence_number() const = 0;
   };
@@ -83,7 +83,7 @@ class Work {
   // The mpi backend with device tensors must block the host until the MPI
   // transfer completes (then queues the copy back to the device), with the
   // same timeout as Wait.
-  absl::Status StreamWait(const Stream& stream) const {
+  absl::Status StreamWait(const Stream &stream) const {
     return impl_ ? impl_->StreamWait(stream) : absl::OkStatus();
   }
 
@@ -98,7 +98,7 @@ class Work {
     return impl_ ? impl_->first_sequence_number() : 0;
   }
 
- private:
+private:
   std::shared_ptr<Impl> impl_;
 };
 
@@ -107,23 +107,23 @@ class Work {
 struct CollectiveOp {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   Tensor input;
-  Tensor output;  // Broadcast: same as input
+  Tensor output; // Broadcast: same as input
   ReduceOp reduce_op = ReduceOp::kSum;
   int root = 0;
 
-  static CollectiveOp AllReduce(const Tensor& input, const Tensor& output,
+  static CollectiveOp AllReduce(const Tensor &input, const Tensor &output,
                                 ReduceOp op = ReduceOp::kSum);
-  static CollectiveOp ReduceScatter(const Tensor& input, const Tensor& output,
+  static CollectiveOp ReduceScatter(const Tensor &input, const Tensor &output,
                                     ReduceOp op = ReduceOp::kSum);
-  static CollectiveOp AllGather(const Tensor& input, const Tensor& output);
-  static CollectiveOp Broadcast(const Tensor& tensor, int root);
+  static CollectiveOp AllGather(const Tensor &input, const Tensor &output);
+  static CollectiveOp Broadcast(const Tensor &tensor, int root);
 };
 
 class Communicator {
- public:
+public:
   virtual ~Communicator() = default;
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  Communicator(const Communicator &) = delete;
+  Communicator &operator=(const Communicator &) = delete;
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -131,17 +131,17 @@ class Communicator {
   int local_rank() const { return local_rank_; }
   // The device this rank's tensors live on (cuda:local_rank % device_count,
   // or cpu).
-  const Device& device() const { return device_; }
+  const Device &device() const { return device_; }
   // "mpi", "nccl" or "local".
-  virtual const char* backend_name() const = 0;
+  virtual const char *backend_name() const = 0;
 
   // output[i] = op over ranks of input[i], on every rank.
   // Sizes: input and output have the same element count (any count, e.g. 53
   // at 3 ranks). In place when input and output are the same tensor (same
   // data pointer); partial overlap is not allowed. kAverage is the sum
   // divided by world_size, rounded once to the dtype.
-  absl::StatusOr<Work> AllReduce(const Tensor& input, const Tensor& output,
-                                 ReduceOp op, const Stream& stream);
+  absl::StatusOr<Work> AllReduce(const Tensor &input, const Tensor &output,
+                                 ReduceOp op, const Stream &stream);
 
   // Reduces across ranks, and leaves slice `rank` of the result on each rank:
   // output[i] = op over ranks of input[rank * count + i].
@@ -149,31 +149,31 @@ class Communicator {
   // when output is exactly this rank's slice of input
   // (input.Slice(rank * count, count)); other overlaps are not allowed.
   // For a total that does not divide by world_size, pad (comm/equal_slices.h).
-  absl::StatusOr<Work> ReduceScatter(const Tensor& input, const Tensor& output,
-                                     ReduceOp op, const Stream& stream);
+  absl::StatusOr<Work> ReduceScatter(const Tensor &input, const Tensor &output,
+                                     ReduceOp op, const Stream &stream);
 
   // Concatenates every rank's input, in rank order, into output on every
   // rank: output[r * count + i] = input of rank r [i].
   // Sizes: input has count elements, output world_size * count. In place when
   // input is exactly this rank's slice of output
   // (output.Slice(rank * count, count)); other overlaps are not allowed.
-  absl::StatusOr<Work> AllGather(const Tensor& input, const Tensor& output,
-                                 const Stream& stream);
+  absl::StatusOr<Work> AllGather(const Tensor &input, const Tensor &output,
+                                 const Stream &stream);
 
   // Copies `root`'s tensor into `tensor` on every other rank (in place on
   // every rank; the root's tensor is only read). Every rank passes the same
   // element count. Fails with InvalidArgument for a root outside
   // [0, world_size).
-  absl::StatusOr<Work> Broadcast(const Tensor& tensor, int root,
-                                 const Stream& stream);
+  absl::StatusOr<Work> Broadcast(const Tensor &tensor, int root,
+                                 const Stream &stream);
 
   // Issues several operations as one group: a backend may fuse them (NCCL
   // group) and every rank must pass the same list. Each operation obeys its
   // own contract above and gets its own sequence number; operations within
   // a group must not write memory another op of the group reads. The Work
   // completes when all of them have. An empty list returns a complete Work.
-  absl::StatusOr<Work> Coalesced(const std::vector<CollectiveOp>& ops,
-                                 const Stream& stream);
+  absl::StatusOr<Work> Coalesced(const std::vector<CollectiveOp> &ops,
+                                 const Stream &stream);
 
   // Blocks the host until every rank has called Barrier (and every operation
   // this rank issued before it has completed). Fails like Work::Wait.
@@ -187,33 +187,34 @@ class Communicator {
   // Seconds a Wait may take before it fails with DeadlineExceeded.
   double timeout_seconds() const { return timeout_seconds_; }
 
- protected:
+protected:
   Communicator(int rank, int world_size, int local_rank, Device device,
                double timeout_seconds);
 
   // Issues `ops` (already validated; never empty). `sequence_numbers[i]` is
   // ops[i]'s number, already recorded as issued.
-  virtual absl::StatusOr<Work> Issue(
-      const std::vector<CollectiveOp>& ops,
-      const std::vector<uint64_t>& sequence_numbers, const Stream& stream) = 0;
+  virtual absl::StatusOr<Work>
+  Issue(const std::vector<CollectiveOp> &ops,
+        const std::vector<uint64_t> &sequence_numbers,
+        const Stream &stream) = 0;
   // Backend barrier: blocks until all ranks arrive (timeout as Wait).
   virtual absl::Status BarrierImpl(uint64_t sequence_number) = 0;
   // Whether this backend accepts tensors on `device`.
-  virtual bool AcceptsDevice(const Device& device) const = 0;
+  virtual bool AcceptsDevice(const Device &device) const = 0;
 
   // The DeadlineExceeded status for the operations `first`..`last` after
   // `seconds`; logs the recent collectives at ERROR.
   absl::Status TimeoutError(uint64_t first_sequence, uint64_t last_sequence,
                             double waited_seconds) const;
-  const std::shared_ptr<RecentCollectives>& recorder() const {
+  const std::shared_ptr<RecentCollectives> &recorder() const {
     return recorder_;
   }
 
   // Set once a timeout or backend error made the communicator unusable.
   absl::Status broken_ = absl::OkStatus();
 
- private:
-  absl::Status Validate(const CollectiveOp& op) const;
+private:
+  absl::Status Validate(const CollectiveOp &op) const;
 
   int rank_;
   int world_size_;
@@ -223,7 +224,7 @@ class Communicator {
   std::shared_ptr<RecentCollectives> recorder_;
 };
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze
 
-#endif  // ZE_COMM_COMMUNICATOR_H_
+#endif // ZE_COMM_COMMUNICATOR_H_

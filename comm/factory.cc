@@ -11,36 +11,39 @@
 namespace ze {
 namespace comm {
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
-    const CommOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>>
+CreateCommunicator(const CommOptions &options) {
   ZE_ASSIGN_OR_RETURN(const LaunchInfo info, LaunchInfoFromEnvironment());
   ZE_ASSIGN_OR_RETURN(
       const double timeout,
-      ResolveTimeoutSeconds(options.timeout_seconds,
-                            [](const char* name) { return std::getenv(name); }));
+      ResolveTimeoutSeconds(options.timeout_seconds, [](const char *name) {
+        return std::getenv(name);
+      }));
   const int device_count = CudaDeviceCount();
   Device device = Device::Cpu();
-  if (options.device == "cuda" || (options.device == "auto" && device_count > 0)) {
+  if (options.device == "cuda" ||
+      (options.device == "auto" && device_count > 0)) {
     if (device_count == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "CommOptions.device is \"cuda\" but rank ", info.rank,
-          " sees no CUDA device"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("CommOptions.device is \"cuda\" but rank ", info.rank,
+                       " sees no CUDA device"));
     }
     device = Device::Cuda(DeviceIndexForRank(info.local_rank, device_count));
   } else if (options.device != "cpu" && options.device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CommOptions.device \"", options.device,
-        "\" is not one of auto, cpu, cuda"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions.device \"", options.device,
+                     "\" is not one of auto, cpu, cuda"));
   }
   const bool gpu_per_rank = device.is_cuda() && info.local_size <= device_count;
   std::string backend = options.backend;
-  if (backend == "auto") backend = gpu_per_rank ? "nccl" : "mpi";
+  if (backend == "auto")
+    backend = gpu_per_rank ? "nccl" : "mpi";
   absl::StatusOr<std::unique_ptr<Communicator>> comm;
   if (backend == "nccl") {
     if (!device.is_cuda()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "CommOptions.backend \"nccl\" needs CUDA tensors; rank ", info.rank,
-          " uses ", device.ToString()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("CommOptions.backend \"nccl\" needs CUDA tensors; rank ",
+                       info.rank, " uses ", device.ToString()));
     }
     if (!gpu_per_rank) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -56,14 +59,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
       comm = CreateLocalCommunicator(device, timeout);
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CommOptions.backend \"", options.backend,
-        "\" is not one of auto, mpi, nccl"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions.backend \"", options.backend,
+                     "\" is not one of auto, mpi, nccl"));
   }
-  if (!comm.ok()) return comm.status();
+  if (!comm.ok())
+    return comm.status();
   SetLogRank(info.rank, info.world_size);
   return comm;
 }
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze

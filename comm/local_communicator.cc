@@ -11,12 +11,10 @@ namespace comm {
 namespace {
 
 class LocalWork : public Work::Impl {
- public:
+public:
   LocalWork(Event done, uint64_t first, uint64_t last,
             std::shared_ptr<RecentCollectives> recorder)
-      : done_(std::move(done)),
-        first_(first),
-        last_(last),
+      : done_(std::move(done)), first_(first), last_(last),
         recorder_(std::move(recorder)) {}
 
   absl::Status Wait() override {
@@ -24,19 +22,21 @@ class LocalWork : public Work::Impl {
     MarkCompleted();
     return absl::OkStatus();
   }
-  absl::Status StreamWait(const Stream& stream) override {
+  absl::Status StreamWait(const Stream &stream) override {
     return done_.StreamWait(stream);
   }
   absl::StatusOr<bool> Poll() override {
-    if (!done_.Query()) return false;
+    if (!done_.Query())
+      return false;
     MarkCompleted();
     return true;
   }
   uint64_t first_sequence_number() const override { return first_; }
 
- private:
+private:
   void MarkCompleted() {
-    for (uint64_t s = first_; s <= last_; ++s) recorder_->MarkCompleted(s);
+    for (uint64_t s = first_; s <= last_; ++s)
+      recorder_->MarkCompleted(s);
   }
   Event done_;
   uint64_t first_, last_;
@@ -44,20 +44,20 @@ class LocalWork : public Work::Impl {
 };
 
 class LocalCommunicator : public Communicator {
- public:
-  LocalCommunicator(const Device& device, double timeout_seconds)
+public:
+  LocalCommunicator(const Device &device, double timeout_seconds)
       : Communicator(0, 1, 0, device, timeout_seconds) {}
-  const char* backend_name() const override { return "local"; }
+  const char *backend_name() const override { return "local"; }
 
- protected:
-  bool AcceptsDevice(const Device& device) const override {
+protected:
+  bool AcceptsDevice(const Device &device) const override {
     return device.is_cpu() || device == this->device();
   }
 
-  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp>& ops,
-                             const std::vector<uint64_t>& sequence_numbers,
-                             const Stream& stream) override {
-    for (const CollectiveOp& op : ops) {
+  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp> &ops,
+                             const std::vector<uint64_t> &sequence_numbers,
+                             const Stream &stream) override {
+    for (const CollectiveOp &op : ops) {
       if (op.input.data() != op.output.data()) {
         ZE_RETURN_IF_ERROR(Copy(op.input, op.output, stream));
       }
@@ -69,20 +69,21 @@ class LocalCommunicator : public Communicator {
     }
     auto work = std::make_shared<LocalWork>(
         done, sequence_numbers.front(), sequence_numbers.back(), recorder());
-    if (stream.device().is_cpu()) ZE_RETURN_IF_ERROR(work->Wait());
+    if (stream.device().is_cpu())
+      ZE_RETURN_IF_ERROR(work->Wait());
     return Work(work);
   }
 
   absl::Status BarrierImpl(uint64_t) override { return absl::OkStatus(); }
 };
 
-}  // namespace
+} // namespace
 
-std::unique_ptr<Communicator> CreateLocalCommunicator(const Device& device,
+std::unique_ptr<Communicator> CreateLocalCommunicator(const Device &device,
                                                       double timeout_seconds) {
   return std::unique_ptr<Communicator>(
       new LocalCommunicator(device, timeout_seconds));
 }
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze

@@ -36,14 +36,14 @@ using Clock = std::chrono::steady_clock;
 // Reuses pinned staging blocks: cudaMallocHost is slow and would otherwise
 // run for every collective on device tensors.
 class PinnedPool {
- public:
+public:
   struct Block {
-    void* data = nullptr;
+    void *data = nullptr;
     size_t bytes = 0;
   };
 
   ~PinnedPool() {
-    for (auto& entry : free_) {
+    for (auto &entry : free_) {
       PinnedHostMemory()->Deallocate(entry.second, entry.first);
     }
   }
@@ -56,25 +56,25 @@ class PinnedPool {
       free_.erase(it);
       return block;
     }
-    ZE_ASSIGN_OR_RETURN(void* data, PinnedHostMemory()->Allocate(rounded));
+    ZE_ASSIGN_OR_RETURN(void *data, PinnedHostMemory()->Allocate(rounded));
     return Block{data, rounded};
   }
 
-  void Release(const Block& block) { free_.emplace(block.bytes, block.data); }
+  void Release(const Block &block) { free_.emplace(block.bytes, block.data); }
 
- private:
-  std::multimap<size_t, void*> free_;  // rounded bytes -> block
+private:
+  std::multimap<size_t, void *> free_; // rounded bytes -> block
 };
 
 MPI_Op ToMpiOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMax:
-      return MPI_MAX;
-    case ReduceOp::kMin:
-      return MPI_MIN;
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      return MPI_SUM;
+  case ReduceOp::kMax:
+    return MPI_MAX;
+  case ReduceOp::kMin:
+    return MPI_MIN;
+  case ReduceOp::kSum:
+  case ReduceOp::kAverage:
+    return MPI_SUM;
   }
   return MPI_SUM;
 }
@@ -84,7 +84,7 @@ MPI_Datatype RawType(DType dtype) {
   return SizeOf(dtype) == 4 ? MPI_FLOAT : MPI_UINT16_T;
 }
 
-void WidenToF32(const Tensor& source, std::vector<float>* out) {
+void WidenToF32(const Tensor &source, std::vector<float> *out) {
   out->resize(source.numel());
   for (int64_t i = 0; i < source.numel(); ++i) {
     (*out)[i] = LoadAsFloat(source.data(), source.dtype(), i);
@@ -92,19 +92,19 @@ void WidenToF32(const Tensor& source, std::vector<float>* out) {
 }
 
 // A Tensor view of `bytes` at `data`, on the host.
-Tensor HostView(void* data, int64_t count, DType dtype) {
+Tensor HostView(void *data, int64_t count, DType dtype) {
   return Tensor::Wrap(data, {count}, dtype, Device::Cpu());
 }
 
 // One collective in flight.
 struct PendingOp {
-  CollectiveOp op;  // the caller's tensors (kept alive while in flight)
+  CollectiveOp op; // the caller's tensors (kept alive while in flight)
   uint64_t sequence_number = 0;
-  Tensor host_input;   // what MPI reads: the caller's or pinned staging
-  Tensor host_output;  // what MPI writes (or f32 results are rounded into)
+  Tensor host_input;  // what MPI reads: the caller's or pinned staging
+  Tensor host_output; // what MPI writes (or f32 results are rounded into)
   std::vector<float> send_f32;
   std::vector<float> recv_f32;
-  bool reduced_in_f32_buffer = false;  // results are in recv_f32
+  bool reduced_in_f32_buffer = false; // results are in recv_f32
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
@@ -113,10 +113,10 @@ struct Group {
   std::vector<PendingOp> ops;
   Stream stream;
   bool on_device = false;
-  Event copied_back;  // recorded after the copies back to the device
+  Event copied_back; // recorded after the copies back to the device
   std::vector<PinnedPool::Block> blocks;
   bool mpi_done = false;
-  bool finished = false;  // results written (and copies back queued)
+  bool finished = false; // results written (and copies back queued)
   absl::Status status;
   uint64_t first_sequence() const { return ops.front().sequence_number; }
   uint64_t last_sequence() const { return ops.back().sequence_number; }
@@ -125,24 +125,24 @@ struct Group {
 class MpiCommunicator;
 
 class MpiWork : public Work::Impl {
- public:
-  MpiWork(MpiCommunicator* comm, std::shared_ptr<Group> group)
+public:
+  MpiWork(MpiCommunicator *comm, std::shared_ptr<Group> group)
       : comm_(comm), group_(std::move(group)) {}
   absl::Status Wait() override;
-  absl::Status StreamWait(const Stream& stream) override;
+  absl::Status StreamWait(const Stream &stream) override;
   absl::StatusOr<bool> Poll() override;
   uint64_t first_sequence_number() const override {
     return group_->first_sequence();
   }
 
- private:
-  MpiCommunicator* comm_;
+private:
+  MpiCommunicator *comm_;
   std::shared_ptr<Group> group_;
 };
 
 class MpiCommunicator : public Communicator {
- public:
-  MpiCommunicator(const LaunchInfo& info, const Device& device,
+public:
+  MpiCommunicator(const LaunchInfo &info, const Device &device,
                   double timeout_seconds, MPI_Comm comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
                      timeout_seconds),
@@ -151,7 +151,7 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     if (broken_.ok()) {
       // Finish what is in flight so MPI never writes into freed memory.
-      for (const auto& group : std::vector<std::shared_ptr<Group>>(
+      for (const auto &group : std::vector<std::shared_ptr<Group>>(
                in_flight_.begin(), in_flight_.end())) {
         absl::Status status = WaitGroup(group, /*host_sync=*/true);
         if (!status.ok()) {
@@ -170,31 +170,31 @@ class MpiCommunicator : public Communicator {
     }
   }
 
-  const char* backend_name() const override { return "mpi"; }
+  const char *backend_name() const override { return "mpi"; }
 
-  absl::Status WaitGroup(const std::shared_ptr<Group>& target, bool host_sync);
-  absl::StatusOr<bool> PollGroup(const std::shared_ptr<Group>& target);
+  absl::Status WaitGroup(const std::shared_ptr<Group> &target, bool host_sync);
+  absl::StatusOr<bool> PollGroup(const std::shared_ptr<Group> &target);
 
- protected:
-  bool AcceptsDevice(const Device& device) const override {
+protected:
+  bool AcceptsDevice(const Device &device) const override {
     return device.is_cpu() || device == this->device();
   }
 
-  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp>& ops,
-                             const std::vector<uint64_t>& sequence_numbers,
-                             const Stream& stream) override;
+  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp> &ops,
+                             const std::vector<uint64_t> &sequence_numbers,
+                             const Stream &stream) override;
   absl::Status BarrierImpl(uint64_t sequence_number) override;
 
- private:
-  absl::Status Stage(Group* group);
-  absl::Status Start(PendingOp* pending);
-  absl::Status Finish(Group* group);
+private:
+  absl::Status Stage(Group *group);
+  absl::Status Start(PendingOp *pending);
+  absl::Status Finish(Group *group);
   // Tests the group's requests once; sets mpi_done when all completed.
-  absl::Status Test(Group* group);
+  absl::Status Test(Group *group);
   // Drives `group` to completion (MPI done and results written) by `deadline`.
-  absl::Status Complete(Group* group, Clock::time_point deadline,
+  absl::Status Complete(Group *group, Clock::time_point deadline,
                         Clock::time_point started);
-  absl::Status Fail(Group* group, absl::Status status);
+  absl::Status Fail(Group *group, absl::Status status);
   void Prune();
 
   MPI_Comm comm_;
@@ -204,9 +204,10 @@ class MpiCommunicator : public Communicator {
 
 absl::Status MpiWork::Wait() { return comm_->WaitGroup(group_, true); }
 
-absl::Status MpiWork::StreamWait(const Stream& stream) {
+absl::Status MpiWork::StreamWait(const Stream &stream) {
   ZE_RETURN_IF_ERROR(comm_->WaitGroup(group_, /*host_sync=*/false));
-  if (group_->on_device) return group_->copied_back.StreamWait(stream);
+  if (group_->on_device)
+    return group_->copied_back.StreamWait(stream);
   return absl::OkStatus();
 }
 
@@ -216,27 +217,27 @@ absl::StatusOr<bool> MpiWork::Poll() { return comm_->PollGroup(group_); }
 // staging filled from the device on the group's stream. Staging keeps the
 // caller's aliasing (in place stays in place) by mapping the union of input
 // and output onto one block.
-absl::Status MpiCommunicator::Stage(Group* group) {
-  for (PendingOp& pending : group->ops) {
-    const CollectiveOp& op = pending.op;
+absl::Status MpiCommunicator::Stage(Group *group) {
+  for (PendingOp &pending : group->ops) {
+    const CollectiveOp &op = pending.op;
     if (!group->on_device) {
       pending.host_input = op.input;
       pending.host_output = op.output;
       continue;
     }
-    const char* in = static_cast<const char*>(op.input.data());
-    const char* out = static_cast<const char*>(op.output.data());
-    const bool overlap = in < out + op.output.nbytes() &&
-                         out < in + op.input.nbytes();
+    const char *in = static_cast<const char *>(op.input.data());
+    const char *out = static_cast<const char *>(op.output.data());
+    const bool overlap =
+        in < out + op.output.nbytes() && out < in + op.input.nbytes();
     const DType dtype = op.input.dtype();
     if (overlap) {
-      const char* begin = std::min(in, out);
-      const char* end =
+      const char *begin = std::min(in, out);
+      const char *end =
           std::max(in + op.input.nbytes(), out + op.output.nbytes());
       ZE_ASSIGN_OR_RETURN(PinnedPool::Block block,
                           pool_.Acquire(static_cast<size_t>(end - begin)));
       group->blocks.push_back(block);
-      char* base = static_cast<char*>(block.data);
+      char *base = static_cast<char *>(block.data);
       pending.host_input =
           HostView(base + (in - begin), op.input.numel(), dtype);
       pending.host_output =
@@ -262,81 +263,82 @@ absl::Status MpiCommunicator::Stage(Group* group) {
   return group->stream.Synchronize();
 }
 
-absl::Status MpiCommunicator::Start(PendingOp* pending) {
-  const CollectiveOp& op = pending->op;
-  const Tensor& in = pending->host_input;
-  const Tensor& out = pending->host_output;
+absl::Status MpiCommunicator::Start(PendingOp *pending) {
+  const CollectiveOp &op = pending->op;
+  const Tensor &in = pending->host_input;
+  const Tensor &out = pending->host_output;
   const DType dtype = in.dtype();
   const bool f32 = dtype == DType::kF32;
-  const std::string what = absl::StrCat(
-      "MPI collective for ", CollectiveKindName(op.kind), " #",
-      pending->sequence_number, " on rank ", rank());
+  const std::string what =
+      absl::StrCat("MPI collective for ", CollectiveKindName(op.kind), " #",
+                   pending->sequence_number, " on rank ", rank());
   int error = MPI_SUCCESS;
   std::lock_guard<std::mutex> lock(MpiMutex());
   switch (op.kind) {
-    case CollectiveKind::kAllReduce: {
-      const int count = static_cast<int>(in.numel());
-      if (f32) {
-        const void* send = in.data() == out.data() ? MPI_IN_PLACE : in.data();
-        error = MPI_Iallreduce(send, out.data(), count, MPI_FLOAT,
-                               ToMpiOp(op.reduce_op), comm_, &pending->request);
-      } else {
-        WidenToF32(in, &pending->recv_f32);
-        pending->reduced_in_f32_buffer = true;
-        error = MPI_Iallreduce(MPI_IN_PLACE, pending->recv_f32.data(), count,
-                               MPI_FLOAT, ToMpiOp(op.reduce_op), comm_,
-                               &pending->request);
-      }
-      break;
+  case CollectiveKind::kAllReduce: {
+    const int count = static_cast<int>(in.numel());
+    if (f32) {
+      const void *send = in.data() == out.data() ? MPI_IN_PLACE : in.data();
+      error = MPI_Iallreduce(send, out.data(), count, MPI_FLOAT,
+                             ToMpiOp(op.reduce_op), comm_, &pending->request);
+    } else {
+      WidenToF32(in, &pending->recv_f32);
+      pending->reduced_in_f32_buffer = true;
+      error = MPI_Iallreduce(MPI_IN_PLACE, pending->recv_f32.data(), count,
+                             MPI_FLOAT, ToMpiOp(op.reduce_op), comm_,
+                             &pending->request);
     }
-    case CollectiveKind::kReduceScatter: {
-      const int count = static_cast<int>(out.numel());
-      const bool overlap = f32 && in.data() <= out.data() &&
-                           out.data() < static_cast<char*>(in.data()) +
-                                            in.nbytes();
-      const void* send = in.data();
-      if (!f32) {
-        WidenToF32(in, &pending->send_f32);
-        send = pending->send_f32.data();
-      }
-      void* recv = out.data();
-      if (!f32 || overlap) {
-        // MPI forbids the receive buffer inside the send buffer, and bf16 /
-        // f16 results must be rounded from f32.
-        pending->recv_f32.resize(count);
-        pending->reduced_in_f32_buffer = true;
-        recv = pending->recv_f32.data();
-      }
-      error = MPI_Ireduce_scatter_block(send, recv, count, MPI_FLOAT,
-                                        ToMpiOp(op.reduce_op), comm_,
-                                        &pending->request);
-      break;
+    break;
+  }
+  case CollectiveKind::kReduceScatter: {
+    const int count = static_cast<int>(out.numel());
+    const bool overlap =
+        f32 && in.data() <= out.data() &&
+        out.data() < static_cast<char *>(in.data()) + in.nbytes();
+    const void *send = in.data();
+    if (!f32) {
+      WidenToF32(in, &pending->send_f32);
+      send = pending->send_f32.data();
     }
-    case CollectiveKind::kAllGather: {
-      const int count = static_cast<int>(in.numel());
-      const bool in_place = static_cast<char*>(in.data()) ==
-                            static_cast<char*>(out.data()) +
-                                rank() * in.nbytes();
-      const void* send = in_place ? MPI_IN_PLACE : in.data();
-      error = MPI_Iallgather(send, count, RawType(dtype), out.data(), count,
-                             RawType(dtype), comm_, &pending->request);
-      break;
+    void *recv = out.data();
+    if (!f32 || overlap) {
+      // MPI forbids the receive buffer inside the send buffer, and bf16 /
+      // f16 results must be rounded from f32.
+      pending->recv_f32.resize(count);
+      pending->reduced_in_f32_buffer = true;
+      recv = pending->recv_f32.data();
     }
-    case CollectiveKind::kBroadcast:
-      error = MPI_Ibcast(out.data(), static_cast<int>(out.numel()),
-                         RawType(dtype), op.root, comm_, &pending->request);
-      break;
-    case CollectiveKind::kBarrier:
-      error = MPI_Ibarrier(comm_, &pending->request);
-      break;
+    error = MPI_Ireduce_scatter_block(send, recv, count, MPI_FLOAT,
+                                      ToMpiOp(op.reduce_op), comm_,
+                                      &pending->request);
+    break;
+  }
+  case CollectiveKind::kAllGather: {
+    const int count = static_cast<int>(in.numel());
+    const bool in_place =
+        static_cast<char *>(in.data()) ==
+        static_cast<char *>(out.data()) + rank() * in.nbytes();
+    const void *send = in_place ? MPI_IN_PLACE : in.data();
+    error = MPI_Iallgather(send, count, RawType(dtype), out.data(), count,
+                           RawType(dtype), comm_, &pending->request);
+    break;
+  }
+  case CollectiveKind::kBroadcast:
+    error = MPI_Ibcast(out.data(), static_cast<int>(out.numel()),
+                       RawType(dtype), op.root, comm_, &pending->request);
+    break;
+  case CollectiveKind::kBarrier:
+    error = MPI_Ibarrier(comm_, &pending->request);
+    break;
   }
   return MpiStatus(error, what);
 }
 
-absl::StatusOr<Work> MpiCommunicator::Issue(
-    const std::vector<CollectiveOp>& ops,
-    const std::vector<uint64_t>& sequence_numbers, const Stream& stream) {
-  for (const CollectiveOp& op : ops) {
+absl::StatusOr<Work>
+MpiCommunicator::Issue(const std::vector<CollectiveOp> &ops,
+                       const std::vector<uint64_t> &sequence_numbers,
+                       const Stream &stream) {
+  for (const CollectiveOp &op : ops) {
     if (op.input.numel() > INT_MAX || op.output.numel() > INT_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
           CollectiveKindName(op.kind), " on rank ", rank(), ": ",
@@ -359,23 +361,26 @@ absl::StatusOr<Work> MpiCommunicator::Issue(
   }
   absl::Status status = Stage(group.get());
   if (!status.ok()) {
-    for (const PinnedPool::Block& block : group->blocks) pool_.Release(block);
+    for (const PinnedPool::Block &block : group->blocks)
+      pool_.Release(block);
     return status;
   }
   // Once one op of the group has started, the others must start too, or the
   // ranks' MPI call orders diverge; a failure here breaks the communicator.
-  for (PendingOp& pending : group->ops) {
+  for (PendingOp &pending : group->ops) {
     status = Start(&pending);
-    if (!status.ok()) return Fail(group.get(), status);
+    if (!status.ok())
+      return Fail(group.get(), status);
   }
   in_flight_.push_back(group);
   return Work(std::make_shared<MpiWork>(this, group));
 }
 
-absl::Status MpiCommunicator::Test(Group* group) {
-  if (group->mpi_done) return absl::OkStatus();
+absl::Status MpiCommunicator::Test(Group *group) {
+  if (group->mpi_done)
+    return absl::OkStatus();
   std::vector<MPI_Request> requests;
-  for (const PendingOp& pending : group->ops) {
+  for (const PendingOp &pending : group->ops) {
     requests.push_back(pending.request);
   }
   int done = 0;
@@ -398,11 +403,11 @@ absl::Status MpiCommunicator::Test(Group* group) {
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::Fail(Group* group, absl::Status status) {
+absl::Status MpiCommunicator::Fail(Group *group, absl::Status status) {
   group->status = status;
   broken_ = status;
   MarkMpiUnrecoverable();
-  for (const PendingOp& pending : group->ops) {
+  for (const PendingOp &pending : group->ops) {
     recorder()->MarkFailed(pending.sequence_number);
   }
   return status;
@@ -410,21 +415,22 @@ absl::Status MpiCommunicator::Fail(Group* group, absl::Status status) {
 
 // Writes results into the caller's output: rounds f32 sums, divides
 // averages, and queues the copies back to the device.
-absl::Status MpiCommunicator::Finish(Group* group) {
-  for (PendingOp& pending : group->ops) {
-    const CollectiveOp& op = pending.op;
-    const Tensor& out = pending.host_output;
+absl::Status MpiCommunicator::Finish(Group *group) {
+  for (PendingOp &pending : group->ops) {
+    const CollectiveOp &op = pending.op;
+    const Tensor &out = pending.host_output;
     const bool average = (op.kind == CollectiveKind::kAllReduce ||
                           op.kind == CollectiveKind::kReduceScatter) &&
                          op.reduce_op == ReduceOp::kAverage;
     if (pending.reduced_in_f32_buffer) {
       for (int64_t i = 0; i < out.numel(); ++i) {
         float value = pending.recv_f32[i];
-        if (average) value /= static_cast<float>(world_size());
+        if (average)
+          value /= static_cast<float>(world_size());
         StoreFromFloat(out.data(), out.dtype(), i, value);
       }
     } else if (average) {
-      float* data = out.data_as<float>();
+      float *data = out.data_as<float>();
       for (int64_t i = 0; i < out.numel(); ++i) {
         data[i] /= static_cast<float>(world_size());
       }
@@ -447,33 +453,40 @@ absl::Status MpiCommunicator::Finish(Group* group) {
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::Complete(Group* group,
-                                       Clock::time_point deadline,
+absl::Status MpiCommunicator::Complete(Group *group, Clock::time_point deadline,
                                        Clock::time_point started) {
-  if (!group->status.ok()) return group->status;
-  if (group->finished) return absl::OkStatus();
+  if (!group->status.ok())
+    return group->status;
+  if (group->finished)
+    return absl::OkStatus();
   // Spin briefly (small collectives finish in microseconds), then back off
   // so a waiting rank does not starve the others of CPU on shared machines.
-  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(200);
+  const Clock::time_point spin_until =
+      Clock::now() + std::chrono::microseconds(200);
   while (true) {
     ZE_RETURN_IF_ERROR(Test(group));
-    if (group->mpi_done) break;
+    if (group->mpi_done)
+      break;
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
-      const double waited = std::chrono::duration<double>(now - started).count();
+      const double waited =
+          std::chrono::duration<double>(now - started).count();
       return Fail(group, TimeoutError(group->first_sequence(),
                                       group->last_sequence(), waited));
     }
-    if (now > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (now > spin_until)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   absl::Status status = Finish(group);
-  if (!status.ok()) return Fail(group, status);
+  if (!status.ok())
+    return Fail(group, status);
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group>& target,
+absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
                                         bool host_sync) {
-  if (!target->status.ok()) return target->status;
+  if (!target->status.ok())
+    return target->status;
   if (!target->finished) {
     const Clock::time_point started = Clock::now();
     const Clock::time_point deadline =
@@ -481,18 +494,19 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group>& target,
                       std::chrono::duration<double>(timeout_seconds()));
     // Earlier groups first: MPI completes them in order anyway, and their
     // results must be written before later ones overwrite shared outputs.
-    for (const std::shared_ptr<Group>& group : in_flight_) {
+    for (const std::shared_ptr<Group> &group : in_flight_) {
       absl::Status status = Complete(group.get(), deadline, started);
       if (!status.ok()) {
         if (group != target) {
           target->status = status;
-          for (const PendingOp& pending : target->ops) {
+          for (const PendingOp &pending : target->ops) {
             recorder()->MarkFailed(pending.sequence_number);
           }
         }
         return status;
       }
-      if (group == target) break;
+      if (group == target)
+        break;
     }
   }
   if (host_sync && target->on_device) {
@@ -502,18 +516,22 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group>& target,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> MpiCommunicator::PollGroup(
-    const std::shared_ptr<Group>& target) {
-  if (!target->status.ok()) return target->status;
+absl::StatusOr<bool>
+MpiCommunicator::PollGroup(const std::shared_ptr<Group> &target) {
+  if (!target->status.ok())
+    return target->status;
   if (!target->finished) {
-    for (const std::shared_ptr<Group>& group : in_flight_) {
+    for (const std::shared_ptr<Group> &group : in_flight_) {
       if (!group->finished) {
         ZE_RETURN_IF_ERROR(Test(group.get()));
-        if (!group->mpi_done) return false;
+        if (!group->mpi_done)
+          return false;
         absl::Status status = Finish(group.get());
-        if (!status.ok()) return Fail(group.get(), status);
+        if (!status.ok())
+          return Fail(group.get(), status);
       }
-      if (group == target) break;
+      if (group == target)
+        break;
     }
   }
   return !target->on_device || target->copied_back.Query();
@@ -523,9 +541,10 @@ absl::StatusOr<bool> MpiCommunicator::PollGroup(
 // staging blocks to the pool.
 void MpiCommunicator::Prune() {
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    Group* group = it->get();
+    Group *group = it->get();
     if (group->finished && (!group->on_device || group->copied_back.Query())) {
-      for (const PinnedPool::Block& block : group->blocks) pool_.Release(block);
+      for (const PinnedPool::Block &block : group->blocks)
+        pool_.Release(block);
       group->blocks.clear();
       it = in_flight_.erase(it);
     } else {
@@ -536,7 +555,7 @@ void MpiCommunicator::Prune() {
 
 absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
   // Everything issued before the barrier completes first.
-  for (const auto& group : std::vector<std::shared_ptr<Group>>(
+  for (const auto &group : std::vector<std::shared_ptr<Group>>(
            in_flight_.begin(), in_flight_.end())) {
     ZE_RETURN_IF_ERROR(WaitGroup(group, /*host_sync=*/true));
   }
@@ -546,29 +565,32 @@ absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
   pending.sequence_number = sequence_number;
   barrier.ops.push_back(pending);
   absl::Status status = Start(&barrier.ops.front());
-  if (!status.ok()) return Fail(&barrier, status);
+  if (!status.ok())
+    return Fail(&barrier, status);
   const Clock::time_point started = Clock::now();
   const Clock::time_point deadline =
       started + std::chrono::duration_cast<Clock::duration>(
                     std::chrono::duration<double>(timeout_seconds()));
   while (true) {
     ZE_RETURN_IF_ERROR(Test(&barrier));
-    if (barrier.mpi_done) return absl::OkStatus();
+    if (barrier.mpi_done)
+      return absl::OkStatus();
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
-      return Fail(&barrier,
-                  TimeoutError(sequence_number, sequence_number,
-                               std::chrono::duration<double>(now - started)
-                                   .count()));
+      return Fail(
+          &barrier,
+          TimeoutError(sequence_number, sequence_number,
+                       std::chrono::duration<double>(now - started).count()));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
-}  // namespace
+} // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
-    const LaunchInfo& info, const Device& device, double timeout_seconds) {
+absl::StatusOr<std::unique_ptr<Communicator>>
+CreateMpiCommunicator(const LaunchInfo &info, const Device &device,
+                      double timeout_seconds) {
   ZE_RETURN_IF_ERROR(EnsureMpiInitialized());
   MPI_Comm comm = MPI_COMM_NULL;
   {
@@ -590,5 +612,5 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
       new MpiCommunicator(info, device, timeout_seconds, comm));
 }
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze

@@ -25,56 +25,57 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The one place NCCL result codes become Statuses.
-absl::Status NcclStatus(ncclResult_t result, const std::string& what,
+absl::Status NcclStatus(ncclResult_t result, const std::string &what,
                         ncclComm_t comm = nullptr) {
-  if (result == ncclSuccess) return absl::OkStatus();
+  if (result == ncclSuccess)
+    return absl::OkStatus();
   std::string message =
       absl::StrCat(what, " failed: ", ncclGetErrorString(result));
-  const char* detail = ncclGetLastError(comm);
+  const char *detail = ncclGetLastError(comm);
   if (detail != nullptr && *detail != '\0') {
     absl::StrAppend(&message, " (", detail, ")");
   }
   switch (result) {
-    case ncclInvalidArgument:
-      return absl::InvalidArgumentError(message);
-    case ncclInvalidUsage:
-      return absl::FailedPreconditionError(message);
-    case ncclRemoteError:
-      return absl::UnavailableError(message);
-    case ncclInProgress:
-      return absl::UnavailableError(message);
-    default:
-      return absl::InternalError(message);
+  case ncclInvalidArgument:
+    return absl::InvalidArgumentError(message);
+  case ncclInvalidUsage:
+    return absl::FailedPreconditionError(message);
+  case ncclRemoteError:
+    return absl::UnavailableError(message);
+  case ncclInProgress:
+    return absl::UnavailableError(message);
+  default:
+    return absl::InternalError(message);
   }
 }
 
 ncclDataType_t ToNcclType(DType dtype) {
   switch (dtype) {
-    case DType::kBF16:
-      return ncclBfloat16;
-    case DType::kF16:
-      return ncclHalf;
-    default:
-      return ncclFloat32;
+  case DType::kBF16:
+    return ncclBfloat16;
+  case DType::kF16:
+    return ncclHalf;
+  default:
+    return ncclFloat32;
   }
 }
 
 ncclRedOp_t ToNcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMax:
-      return ncclMax;
-    case ReduceOp::kMin:
-      return ncclMin;
-    case ReduceOp::kAverage:
-      return ncclAvg;
-    case ReduceOp::kSum:
-      return ncclSum;
+  case ReduceOp::kMax:
+    return ncclMax;
+  case ReduceOp::kMin:
+    return ncclMin;
+  case ReduceOp::kAverage:
+    return ncclAvg;
+  case ReduceOp::kSum:
+    return ncclSum;
   }
   return ncclSum;
 }
 
 struct NcclGroup {
-  std::vector<CollectiveOp> ops;  // keeps the tensors alive while queued
+  std::vector<CollectiveOp> ops; // keeps the tensors alive while queued
   uint64_t first_sequence = 0;
   uint64_t last_sequence = 0;
   Event done;
@@ -85,24 +86,24 @@ struct NcclGroup {
 class NcclCommunicator;
 
 class NcclWork : public Work::Impl {
- public:
-  NcclWork(NcclCommunicator* comm, std::shared_ptr<NcclGroup> group)
+public:
+  NcclWork(NcclCommunicator *comm, std::shared_ptr<NcclGroup> group)
       : comm_(comm), group_(std::move(group)) {}
   absl::Status Wait() override;
-  absl::Status StreamWait(const Stream& stream) override;
+  absl::Status StreamWait(const Stream &stream) override;
   absl::StatusOr<bool> Poll() override;
   uint64_t first_sequence_number() const override {
     return group_->first_sequence;
   }
 
- private:
-  NcclCommunicator* comm_;
+private:
+  NcclCommunicator *comm_;
   std::shared_ptr<NcclGroup> group_;
 };
 
 class NcclCommunicator : public Communicator {
- public:
-  NcclCommunicator(const LaunchInfo& info, const Device& device,
+public:
+  NcclCommunicator(const LaunchInfo &info, const Device &device,
                    double timeout_seconds, ncclComm_t comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
                      timeout_seconds),
@@ -116,9 +117,11 @@ class NcclCommunicator : public Communicator {
     }
     SetCurrentDevice(device()).IgnoreError();
     // Flushes queued operations, then frees the communicator's resources.
-    absl::Status status = NcclStatus(ncclCommFinalize(comm_), "ncclCommFinalize", comm_);
+    absl::Status status =
+        NcclStatus(ncclCommFinalize(comm_), "ncclCommFinalize", comm_);
     if (status.ok()) {
-      for (const auto& group : in_flight_) group->done.Synchronize().IgnoreError();
+      for (const auto &group : in_flight_)
+        group->done.Synchronize().IgnoreError();
       status = NcclStatus(ncclCommDestroy(comm_), "ncclCommDestroy");
     }
     if (!status.ok()) {
@@ -126,12 +129,14 @@ class NcclCommunicator : public Communicator {
     }
   }
 
-  const char* backend_name() const override { return "nccl"; }
+  const char *backend_name() const override { return "nccl"; }
 
   // Polls `group` once: its event, then NCCL's asynchronous error.
-  absl::StatusOr<bool> PollGroup(NcclGroup* group) {
-    if (!group->status.ok()) return group->status;
-    if (group->completed) return true;
+  absl::StatusOr<bool> PollGroup(NcclGroup *group) {
+    if (!group->status.ok())
+      return group->status;
+    if (group->completed)
+      return true;
     if (group->done.Query()) {
       group->completed = true;
       for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
@@ -140,34 +145,38 @@ class NcclCommunicator : public Communicator {
       return true;
     }
     ncclResult_t async_error = ncclSuccess;
-    absl::Status status = NcclStatus(
-        ncclCommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError", comm_);
-    if (status.ok() && async_error != ncclSuccess && async_error != ncclInProgress) {
-      status = NcclStatus(
-          async_error,
-          absl::StrCat("NCCL collective #", group->first_sequence, " on rank ",
-                       rank()),
-          comm_);
+    absl::Status status = NcclStatus(ncclCommGetAsyncError(comm_, &async_error),
+                                     "ncclCommGetAsyncError", comm_);
+    if (status.ok() && async_error != ncclSuccess &&
+        async_error != ncclInProgress) {
+      status =
+          NcclStatus(async_error,
+                     absl::StrCat("NCCL collective #", group->first_sequence,
+                                  " on rank ", rank()),
+                     comm_);
     }
-    if (!status.ok()) return Abort(group, status);
+    if (!status.ok())
+      return Abort(group, status);
     return false;
   }
 
-  absl::Status WaitGroup(NcclGroup* group) {
+  absl::Status WaitGroup(NcclGroup *group) {
     const Clock::time_point started = Clock::now();
     const Clock::time_point deadline =
         started + std::chrono::duration_cast<Clock::duration>(
                       std::chrono::duration<double>(timeout_seconds()));
-    const Clock::time_point spin_until = started + std::chrono::microseconds(200);
+    const Clock::time_point spin_until =
+        started + std::chrono::microseconds(200);
     while (true) {
       ZE_ASSIGN_OR_RETURN(bool done, PollGroup(group));
-      if (done) return absl::OkStatus();
+      if (done)
+        return absl::OkStatus();
       const Clock::time_point now = Clock::now();
       if (now >= deadline) {
-        return Abort(group,
-                     TimeoutError(group->first_sequence, group->last_sequence,
-                                  std::chrono::duration<double>(now - started)
-                                      .count()));
+        return Abort(
+            group,
+            TimeoutError(group->first_sequence, group->last_sequence,
+                         std::chrono::duration<double>(now - started).count()));
       }
       if (now > spin_until) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -175,14 +184,14 @@ class NcclCommunicator : public Communicator {
     }
   }
 
- protected:
-  bool AcceptsDevice(const Device& device) const override {
+protected:
+  bool AcceptsDevice(const Device &device) const override {
     return device.is_cuda() && device == this->device();
   }
 
-  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp>& ops,
-                             const std::vector<uint64_t>& sequence_numbers,
-                             const Stream& stream) override {
+  absl::StatusOr<Work> Issue(const std::vector<CollectiveOp> &ops,
+                             const std::vector<uint64_t> &sequence_numbers,
+                             const Stream &stream) override {
     Prune();
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device()));
     auto group = std::make_shared<NcclGroup>();
@@ -191,43 +200,46 @@ class NcclCommunicator : public Communicator {
     group->last_sequence = sequence_numbers.back();
     ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device()));
     auto cuda_stream = static_cast<cudaStream_t>(stream.native());
-    const std::string what = absl::StrCat(
-        "NCCL ", CollectiveKindName(ops.front().kind), " #",
-        sequence_numbers.front(), " on rank ", rank());
+    const std::string what =
+        absl::StrCat("NCCL ", CollectiveKindName(ops.front().kind), " #",
+                     sequence_numbers.front(), " on rank ", rank());
     ZE_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), what, comm_));
     absl::Status status;
-    for (const CollectiveOp& op : ops) {
+    for (const CollectiveOp &op : ops) {
       const ncclDataType_t type = ToNcclType(op.input.dtype());
       ncclResult_t result = ncclSuccess;
       switch (op.kind) {
-        case CollectiveKind::kAllReduce:
-          result = ncclAllReduce(op.input.data(), op.output.data(),
-                                 op.input.numel(), type, ToNcclOp(op.reduce_op),
-                                 comm_, cuda_stream);
-          break;
-        case CollectiveKind::kReduceScatter:
-          result = ncclReduceScatter(op.input.data(), op.output.data(),
-                                     op.output.numel(), type,
-                                     ToNcclOp(op.reduce_op), comm_, cuda_stream);
-          break;
-        case CollectiveKind::kAllGather:
-          result = ncclAllGather(op.input.data(), op.output.data(),
-                                 op.input.numel(), type, comm_, cuda_stream);
-          break;
-        case CollectiveKind::kBroadcast:
-          result = ncclBroadcast(op.input.data(), op.output.data(),
-                                 op.input.numel(), type, op.root, comm_,
-                                 cuda_stream);
-          break;
-        case CollectiveKind::kBarrier:
-          break;
+      case CollectiveKind::kAllReduce:
+        result =
+            ncclAllReduce(op.input.data(), op.output.data(), op.input.numel(),
+                          type, ToNcclOp(op.reduce_op), comm_, cuda_stream);
+        break;
+      case CollectiveKind::kReduceScatter:
+        result = ncclReduceScatter(op.input.data(), op.output.data(),
+                                   op.output.numel(), type,
+                                   ToNcclOp(op.reduce_op), comm_, cuda_stream);
+        break;
+      case CollectiveKind::kAllGather:
+        result = ncclAllGather(op.input.data(), op.output.data(),
+                               op.input.numel(), type, comm_, cuda_stream);
+        break;
+      case CollectiveKind::kBroadcast:
+        result =
+            ncclBroadcast(op.input.data(), op.output.data(), op.input.numel(),
+                          type, op.root, comm_, cuda_stream);
+        break;
+      case CollectiveKind::kBarrier:
+        break;
       }
       status = NcclStatus(result, what, comm_);
-      if (!status.ok()) break;
+      if (!status.ok())
+        break;
     }
     const absl::Status end = NcclStatus(ncclGroupEnd(), what, comm_);
-    if (status.ok()) status = end;
-    if (status.ok()) status = group->done.Record(stream);
+    if (status.ok())
+      status = end;
+    if (status.ok())
+      status = group->done.Record(stream);
     if (!status.ok()) {
       // Some ranks may have queued their part: the communicator cannot be
       // trusted any more.
@@ -245,26 +257,29 @@ class NcclCommunicator : public Communicator {
                           Tensor::Zeros({1}, DType::kF32, device()));
       ZE_ASSIGN_OR_RETURN(barrier_stream_, Stream::Create(device()));
     }
-    for (const auto& group : std::deque<std::shared_ptr<NcclGroup>>(in_flight_)) {
+    for (const auto &group :
+         std::deque<std::shared_ptr<NcclGroup>>(in_flight_)) {
       ZE_RETURN_IF_ERROR(WaitGroup(group.get()));
     }
     auto group = std::make_shared<NcclGroup>();
     group->first_sequence = group->last_sequence = sequence_number;
     ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device()));
-    const std::string what = absl::StrCat("NCCL barrier #", sequence_number,
-                                          " on rank ", rank());
+    const std::string what =
+        absl::StrCat("NCCL barrier #", sequence_number, " on rank ", rank());
     absl::Status status = NcclStatus(
         ncclAllReduce(barrier_scratch_.data(), barrier_scratch_.data(), 1,
                       ncclFloat32, ncclSum, comm_,
                       static_cast<cudaStream_t>(barrier_stream_.native())),
         what, comm_);
-    if (status.ok()) status = group->done.Record(barrier_stream_);
-    if (!status.ok()) return Abort(group.get(), status);
+    if (status.ok())
+      status = group->done.Record(barrier_stream_);
+    if (!status.ok())
+      return Abort(group.get(), status);
     return WaitGroup(group.get());
   }
 
- private:
-  absl::Status Abort(NcclGroup* group, absl::Status status) {
+private:
+  absl::Status Abort(NcclGroup *group, absl::Status status) {
     group->status = status;
     for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
       recorder()->MarkFailed(s);
@@ -272,19 +287,23 @@ class NcclCommunicator : public Communicator {
     if (!aborted_) {
       aborted_ = true;
       broken_ = status;
-      const absl::Status abort = NcclStatus(ncclCommAbort(comm_), "ncclCommAbort");
-      if (!abort.ok()) ZE_LOG(ERROR) << abort.message();
+      const absl::Status abort =
+          NcclStatus(ncclCommAbort(comm_), "ncclCommAbort");
+      if (!abort.ok())
+        ZE_LOG(ERROR) << abort.message();
     }
     return status;
   }
 
   void Prune() {
     while (!in_flight_.empty()) {
-      NcclGroup* group = in_flight_.front().get();
-      if (!group->completed && !group->done.Query()) break;
+      NcclGroup *group = in_flight_.front().get();
+      if (!group->completed && !group->done.Query())
+        break;
       if (!group->completed) {
         group->completed = true;
-        for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
+        for (uint64_t s = group->first_sequence; s <= group->last_sequence;
+             ++s) {
           recorder()->MarkCompleted(s);
         }
       }
@@ -305,18 +324,20 @@ absl::Status NcclWork::Wait() {
   return absl::OkStatus();
 }
 
-absl::Status NcclWork::StreamWait(const Stream& stream) {
+absl::Status NcclWork::StreamWait(const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(bool done, comm_->PollGroup(group_.get()));
-  if (done) return absl::OkStatus();
+  if (done)
+    return absl::OkStatus();
   return group_->done.StreamWait(stream);
 }
 
 absl::StatusOr<bool> NcclWork::Poll() { return comm_->PollGroup(group_.get()); }
 
-}  // namespace
+} // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    const LaunchInfo& info, const Device& device, double timeout_seconds) {
+absl::StatusOr<std::unique_ptr<Communicator>>
+CreateNcclCommunicator(const LaunchInfo &info, const Device &device,
+                       double timeout_seconds) {
   if (!device.is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the nccl backend needs a cuda device, got ", device.ToString()));
@@ -329,18 +350,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   if (info.world_size > 1) {
     ZE_RETURN_IF_ERROR(EnsureMpiInitialized());
     std::lock_guard<std::mutex> lock(MpiMutex());
-    ZE_RETURN_IF_ERROR(MpiStatus(
-        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD),
-        "MPI_Bcast of the NCCL unique id"));
+    ZE_RETURN_IF_ERROR(
+        MpiStatus(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD),
+                  "MPI_Bcast of the NCCL unique id"));
   }
   ncclComm_t comm = nullptr;
-  ZE_RETURN_IF_ERROR(NcclStatus(
-      ncclCommInitRank(&comm, info.world_size, id, info.rank),
-      absl::StrCat("ncclCommInitRank(rank ", info.rank, " of ",
-                   info.world_size, ", ", device.ToString(), ")")));
+  ZE_RETURN_IF_ERROR(
+      NcclStatus(ncclCommInitRank(&comm, info.world_size, id, info.rank),
+                 absl::StrCat("ncclCommInitRank(rank ", info.rank, " of ",
+                              info.world_size, ", ", device.ToString(), ")")));
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(info, device, timeout_seconds, comm));
 }
 
-}  // namespace comm
-}  // namespace ze
+} // namespace comm
+} // namespace ze

@@ -24,8 +24,8 @@ namespace ze {
 namespace comm {
 namespace {
 
-Communicator* g_comm = nullptr;
-Stream* g_stream = nullptr;
+Communicator *g_comm = nullptr;
+Stream *g_stream = nullptr;
 std::string g_backend_flag = "auto";
 
 const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -57,18 +57,20 @@ float Expected(ReduceOp op, DType dtype, int64_t i) {
       result += v;
     }
   }
-  if (op == ReduceOp::kAverage) result /= static_cast<float>(n);
+  if (op == ReduceOp::kAverage)
+    result /= static_cast<float>(n);
   return RoundTo(dtype, result);
 }
 
 float Tolerance(ReduceOp op, float expected) {
-  if (op == ReduceOp::kAverage && std::string(g_comm->backend_name()) == "nccl") {
+  if (op == ReduceOp::kAverage &&
+      std::string(g_comm->backend_name()) == "nccl") {
     return 1e-2f * std::max(1.0f, std::fabs(expected));
   }
   return 0.0f;
 }
 
-Tensor Make(const std::vector<float>& values, DType dtype) {
+Tensor Make(const std::vector<float> &values, DType dtype) {
   absl::StatusOr<Tensor> t =
       FromHostFloats(values, {static_cast<int64_t>(values.size())}, dtype,
                      g_stream->device(), *g_stream);
@@ -76,7 +78,7 @@ Tensor Make(const std::vector<float>& values, DType dtype) {
   return *t;
 }
 
-std::vector<float> Read(const Tensor& t) {
+std::vector<float> Read(const Tensor &t) {
   absl::StatusOr<std::vector<float>> values = ToHostFloats(t, *g_stream);
   ZE_CHECK_OK(values.status());
   return *values;
@@ -84,7 +86,8 @@ std::vector<float> Read(const Tensor& t) {
 
 std::vector<float> RankValues(int r, int64_t offset, int64_t count) {
   std::vector<float> values(count);
-  for (int64_t i = 0; i < count; ++i) values[i] = Value(r, offset + i);
+  for (int64_t i = 0; i < count; ++i)
+    values[i] = Value(r, offset + i);
   return values;
 }
 
@@ -101,8 +104,8 @@ TEST(Collectives, AllReduceEveryDTypeOpSizeAndPlacement) {
       for (int64_t count : {int64_t{1}, int64_t{53}, int64_t{7 * n + 1}}) {
         for (bool in_place : {false, true}) {
           Tensor input = Make(RankValues(g_comm->rank(), 0, count), dtype);
-          Tensor output = in_place ? input
-                                   : Make(std::vector<float>(count, 99), dtype);
+          Tensor output =
+              in_place ? input : Make(std::vector<float>(count, 99), dtype);
           absl::StatusOr<Work> work =
               g_comm->AllReduce(input, output, op, *g_stream);
           ASSERT_TRUE(work.ok()) << work.status();
@@ -157,7 +160,8 @@ TEST(Collectives, AllGatherEveryDTypeSizeAndPlacement) {
       for (bool in_place : {false, true}) {
         std::vector<float> initial(n * count, 99);
         if (in_place) {
-          for (int64_t i = 0; i < count; ++i) initial[me * count + i] = Value(me, i);
+          for (int64_t i = 0; i < count; ++i)
+            initial[me * count + i] = Value(me, i);
         }
         Tensor output = Make(initial, dtype);
         Tensor input = in_place ? output.Slice(me * count, count)
@@ -169,8 +173,8 @@ TEST(Collectives, AllGatherEveryDTypeSizeAndPlacement) {
         for (int r = 0; r < n; ++r) {
           for (int64_t i = 0; i < count; ++i) {
             ASSERT_EQ(got[r * count + i], Value(r, i))
-                << Label(dtype, ReduceOp::kSum, count, in_place) << " from rank "
-                << r << " element " << i;
+                << Label(dtype, ReduceOp::kSum, count, in_place)
+                << " from rank " << r << " element " << i;
           }
         }
       }
@@ -203,7 +207,8 @@ TEST(Collectives, UnevenTotalsThroughEqualSlices) {
       const EqualSlices slices = EqualSlices::Make(total, n);
       // Reduce-scatter of a padded buffer: padding stays zero.
       std::vector<float> padded(slices.padded_total(), 0);
-      for (int64_t i = 0; i < total; ++i) padded[i] = Value(me, i);
+      for (int64_t i = 0; i < total; ++i)
+        padded[i] = Value(me, i);
       Tensor input = Make(padded, dtype);
       Tensor shard = Make(std::vector<float>(slices.slice, 99), dtype);
       ASSERT_TRUE(g_comm->ReduceScatter(input, shard, ReduceOp::kSum, *g_stream)
@@ -211,9 +216,10 @@ TEST(Collectives, UnevenTotalsThroughEqualSlices) {
                       .ok());
       std::vector<float> got = Read(shard);
       for (int64_t i = 0; i < slices.slice; ++i) {
-        const float want = i < slices.valid_count(me)
-                               ? Expected(ReduceOp::kSum, dtype, slices.offset(me) + i)
-                               : 0.0f;
+        const float want =
+            i < slices.valid_count(me)
+                ? Expected(ReduceOp::kSum, dtype, slices.offset(me) + i)
+                : 0.0f;
         ASSERT_EQ(got[i], want) << DTypeName(dtype) << " total " << total
                                 << " rank " << me << " element " << i;
       }
@@ -241,8 +247,9 @@ TEST(Collectives, CoalescedGroupOfMixedOperations) {
   Tensor scatter_out = scatter_in.Slice(me * 5, 5);
   Tensor gather_in = Make(RankValues(me, 0, 3), DType::kF32);
   Tensor gather_out = Make(std::vector<float>(n * 3, 99), DType::kF32);
-  Tensor broadcast = Make(me == n - 1 ? RankValues(me, 0, 4) : std::vector<float>(4, 0),
-                          DType::kF32);
+  Tensor broadcast =
+      Make(me == n - 1 ? RankValues(me, 0, 4) : std::vector<float>(4, 0),
+           DType::kF32);
   const uint64_t first = g_comm->next_sequence_number();
   absl::StatusOr<Work> work = g_comm->Coalesced(
       {CollectiveOp::AllReduce(reduce_in, reduce_out, ReduceOp::kMax),
@@ -264,7 +271,8 @@ TEST(Collectives, CoalescedGroupOfMixedOperations) {
   }
   got = Read(gather_out);
   for (int r = 0; r < n; ++r) {
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(got[r * 3 + i], Value(r, i));
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(got[r * 3 + i], Value(r, i));
   }
   EXPECT_EQ(Read(broadcast), RankValues(n - 1, 0, 4));
 }
@@ -274,8 +282,8 @@ TEST(Collectives, OutstandingWorkWaitedOutOfOrder) {
   std::vector<Work> works;
   for (int k = 0; k < 6; ++k) {
     tensors.push_back(Make(RankValues(g_comm->rank(), k, 17), DType::kF32));
-    absl::StatusOr<Work> work =
-        g_comm->AllReduce(tensors.back(), tensors.back(), ReduceOp::kSum, *g_stream);
+    absl::StatusOr<Work> work = g_comm->AllReduce(
+        tensors.back(), tensors.back(), ReduceOp::kSum, *g_stream);
     ASSERT_TRUE(work.ok()) << work.status();
     works.push_back(*work);
   }
@@ -301,24 +309,28 @@ TEST(Collectives, EveryRankAgreesOnSequenceNumbersAfterBarrier) {
   ASSERT_TRUE(g_comm->AllGather(Make({mine}, DType::kF32), all, *g_stream)
                   ->Wait()
                   .ok());
-  for (float other : Read(all)) EXPECT_EQ(other, mine);
-  EXPECT_NE(g_comm->DumpRecentCollectives().find("completed"), std::string::npos);
+  for (float other : Read(all))
+    EXPECT_EQ(other, mine);
+  EXPECT_NE(g_comm->DumpRecentCollectives().find("completed"),
+            std::string::npos);
   EXPECT_EQ(g_comm->DumpRecentCollectives().find("PENDING"), std::string::npos)
       << g_comm->DumpRecentCollectives();
 }
 
-}  // namespace
-}  // namespace comm
-}  // namespace ze
+} // namespace
+} // namespace comm
+} // namespace ze
 
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   ze::comm::CommOptions options;
   options.device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
-    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
+    if (arg.rfind("--device=", 0) == 0)
+      options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0)
+      options.backend = arg.substr(10);
   }
   absl::StatusOr<std::unique_ptr<ze::comm::Communicator>> comm =
       ze::comm::CreateCommunicator(options);
@@ -328,7 +340,8 @@ int main(int argc, char** argv) {
       std::printf("SKIP: %s\n", std::string(comm.status().message()).c_str());
       return 0;
     }
-    std::fprintf(stderr, "CreateCommunicator: %s\n", comm.status().ToString().c_str());
+    std::fprintf(stderr, "CreateCommunicator: %s\n",
+                 comm.status().ToString().c_str());
     return 1;
   }
   ze::Stream stream;

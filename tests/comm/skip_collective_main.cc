@@ -18,20 +18,22 @@
 #include "core/ops.h"
 #include "core/status.h"
 
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
   ze::comm::CommOptions options;
   options.device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
-    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
+    if (arg.rfind("--device=", 0) == 0)
+      options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0)
+      options.backend = arg.substr(10);
     if (arg.rfind("--timeout=", 0) == 0) {
       options.timeout_seconds = std::atof(arg.substr(10).c_str());
     }
   }
   auto comm_or = ze::comm::CreateCommunicator(options);
   ZE_CHECK_OK(comm_or.status());
-  ze::comm::Communicator& comm = **comm_or;
+  ze::comm::Communicator &comm = **comm_or;
   ze::Stream stream;
   if (comm.device().is_cuda() && options.device != "cpu") {
     auto created = ze::Stream::Create(comm.device());
@@ -39,8 +41,9 @@ int main(int argc, char** argv) {
     stream = *created;
   }
   const int skipper = comm.world_size() - 1;
-  auto tensor_or = ze::FromHostFloats(std::vector<float>(53, 1.0f), {53},
-                                      ze::DType::kBF16, stream.device(), stream);
+  auto tensor_or =
+      ze::FromHostFloats(std::vector<float>(53, 1.0f), {53}, ze::DType::kBF16,
+                         stream.device(), stream);
   ZE_CHECK_OK(tensor_or.status());
   ze::Tensor tensor = *tensor_or;
 
@@ -58,12 +61,13 @@ int main(int argc, char** argv) {
   }
   // Collective #2: the skipper never joins.
   const auto started = std::chrono::steady_clock::now();
-  auto second = comm.AllReduce(tensor, tensor, ze::comm::ReduceOp::kSum, stream);
+  auto second =
+      comm.AllReduce(tensor, tensor, ze::comm::ReduceOp::kSum, stream);
   ZE_CHECK_OK(second.status());
   const absl::Status status = second->Wait();
-  const double waited = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - started)
-                            .count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
   if (status.ok()) {
     std::printf("rank %d: UNEXPECTED success of collective #2\n", comm.rank());
     return 1;
