@@ -127,10 +127,33 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
   ZE_RETURN_IF_ERROR(CheckTensor(master_weights, "master_weights",
                                  num_elements_, device_, true));
   ZE_RETURN_IF_ERROR(
-      CheckTensor(grads, "grads", num_elements_, device_, false));
+      StepRange(0, master_weights, grads, step_args, stream, model_weights));
+  AdvanceStep();
+  return absl::OkStatus();
+}
+
+absl::Status FlatOptimizer::StepRange(int64_t state_offset,
+                                      const Tensor& master_weights,
+                                      const Tensor& grads,
+                                      const StepArgs& step_args,
+                                      const Stream& stream,
+                                      const Tensor& model_weights) {
+  if (!master_weights.defined()) {
+    return absl::InvalidArgumentError(
+        "optimizer step: master_weights is undefined");
+  }
+  const int64_t count = master_weights.numel();
+  if (state_offset < 0 || state_offset + count > num_elements_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: range [", state_offset, ", ", state_offset + count,
+        ") leaves the optimizer state of ", num_elements_, " elements"));
+  }
+  ZE_RETURN_IF_ERROR(
+      CheckTensor(master_weights, "master_weights", count, device_, true));
+  ZE_RETURN_IF_ERROR(CheckTensor(grads, "grads", count, device_, false));
   if (model_weights.defined()) {
-    ZE_RETURN_IF_ERROR(CheckTensor(model_weights, "model_weights",
-                                   num_elements_, device_, false));
+    ZE_RETURN_IF_ERROR(
+        CheckTensor(model_weights, "model_weights", count, device_, false));
   }
   if (!std::isfinite(step_args.lr) || !std::isfinite(step_args.grad_scale)) {
     return absl::InvalidArgumentError(
@@ -168,7 +191,9 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
     c.has_momentum_buffer = momentum_buffer_.defined() ? 1 : 0;
     c.nesterov = options_.nesterov ? 1 : 0;
     c.first_step = step_count_ == 0 ? 1 : 0;
-    state0 = momentum_buffer_.data_as<float>();
+    if (momentum_buffer_.defined()) {
+      state0 = momentum_buffer_.data_as<float>() + state_offset;
+    }
   } else {
     c.kind = kKernelAdam;
     const bool decoupled = options_.type == OptimizerType::kAdamW;
@@ -185,8 +210,8 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
     c.beta2 = static_cast<float>(beta2);
     c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
     c.eps = static_cast<float>(options_.eps);
-    state0 = exp_avg_.data_as<float>();
-    state1 = exp_avg_sq_.data_as<float>();
+    state0 = exp_avg_.data_as<float>() + state_offset;
+    state1 = exp_avg_sq_.data_as<float>() + state_offset;
   }
 
   const int grad_dtype = static_cast<int>(grads.dtype());
@@ -194,10 +219,10 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
   const int out_dtype = model_weights.defined()
                             ? static_cast<int>(model_weights.dtype())
                             : kNoOutput;
-  if (num_elements_ > 0) {
+  if (count > 0) {
     if (device_.is_cpu()) {
       CpuOptimizerStep(c, master_weights.data_as<float>(), state0, state1,
-                       grads.data(), grad_dtype, out, out_dtype, num_elements_);
+                       grads.data(), grad_dtype, out, out_dtype, count);
     } else {
       if (stream.device() != device_) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -208,12 +233,11 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
       ZE_RETURN_IF_ERROR(CudaStatus(
           cuda::LaunchOptimizerStep(c, master_weights.data_as<float>(), state0,
                                     state1, grads.data(), grad_dtype, out,
-                                    out_dtype, num_elements_, stream.native()),
+                                    out_dtype, count, stream.native()),
           absl::StrCat(OptimizerTypeName(options_.type), " step kernel on ",
                        device_.ToString())));
     }
   }
-  step_count_ = t;
   return absl::OkStatus();
 }
 

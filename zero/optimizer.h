@@ -116,6 +116,19 @@ class FlatOptimizer {
                     const StepArgs& step_args, const Stream& stream,
                     const Tensor& model_weights = Tensor());
 
+  // Like Step, but updates only state elements [state_offset, state_offset
+  // + master_weights.numel()) and does not advance step_count(): for callers
+  // that update a partition range by range (f32 training, where a rank's
+  // master weights are its slices of each bucket buffer, not one tensor).
+  // Call AdvanceStep() once after every range of one step is queued.
+  // Fails with InvalidArgument when the range leaves the state, otherwise
+  // as Step.
+  absl::Status StepRange(int64_t state_offset, const Tensor& master_weights,
+                         const Tensor& grads, const StepArgs& step_args,
+                         const Stream& stream,
+                         const Tensor& model_weights = Tensor());
+  void AdvanceStep() { ++step_count_; }
+
   // The state for checkpoints, in a fixed order; the tensors share storage
   // with the optimizer (writing into them restores state).
   std::vector<NamedStateTensor> StateTensors() const;

@@ -397,6 +397,48 @@ TEST(OptimizerTest, RestoredStateContinuesExactly) {
   EXPECT_EQ(resumed->step_count(), 4);
 }
 
+// Updating a partition range by range (then AdvanceStep) equals one Step
+// over the whole partition.
+TEST(OptimizerTest, StepRangeByRangeEqualsOneStep) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdam;
+  options.weight_decay = 0.01;
+  const int64_t n = 40;
+  std::vector<float> weights(n), grads(n);
+  for (int64_t i = 0; i < n; ++i) {
+    weights[i] = 0.1f * i - 2;
+    grads[i] = 0.03f * (i % 7) - 0.1f;
+  }
+  auto whole = MakeOptimizer(options, n);
+  auto ranged = MakeOptimizer(options, n);
+  Tensor whole_master = HostTensor(weights, DType::kF32);
+  Tensor ranged_master = HostTensor(weights, DType::kF32);
+  const Tensor g = HostTensor(grads, DType::kBF16);
+  StepArgs args;
+  args.lr = 0.02;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(whole->Step(whole_master, g, args, Stream()).ok());
+    for (int64_t begin : {0, 13, 29}) {
+      const int64_t end = begin == 29 ? n : (begin == 0 ? 13 : 29);
+      ASSERT_TRUE(ranged
+                      ->StepRange(begin,
+                                  ranged_master.Slice(begin, end - begin),
+                                  g.Slice(begin, end - begin), args, Stream())
+                      .ok());
+    }
+    EXPECT_EQ(ranged->step_count(), step);
+    ranged->AdvanceStep();
+  }
+  EXPECT_EQ(Read(whole_master), Read(ranged_master));
+  EXPECT_EQ(Read(whole->StateTensors()[1].tensor),
+            Read(ranged->StateTensors()[1].tensor));
+  EXPECT_EQ(ranged
+                ->StepRange(30, ranged_master.Slice(0, 11), g.Slice(0, 11),
+                            args, Stream())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(OptimizerTest, StateBytesPerElement) {
   OptimizerOptions options;
   EXPECT_EQ(StateBytesPerElement(options), 8);
