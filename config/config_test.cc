@@ -1,0 +1,900 @@
+#include "config/config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace ze {
+namespace config {
+namespace {
+
+// Bazel runs tests from the runfiles root, where //examples/configs's files
+// sit at their workspace paths.
+constexpr char kExamplesDir[] = "examples/configs";
+
+std::vector<std::string> ExampleConfigPaths() {
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(kExamplesDir)) {
+    if (entry.path().extension() == ".json") {
+      paths.push_back(entry.path().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+// A context that resolves every "auto" the examples use.
+ResolutionContext FullContext() {
+  ResolutionContext context;
+  context.hidden_size = 768;
+  context.micro_batch_size_per_gpu = 4;
+  context.gradient_accumulation_steps = 2;
+  context.learning_rate = 3e-4;
+  context.betas = std::array<double, 2>{0.9, 0.95};
+  context.eps = 1e-8;
+  context.weight_decay = 0.1;
+  context.gradient_clipping = 1.0;
+  context.total_num_steps = 1000;
+  context.warmup_num_steps = 100;
+  context.precision = TrainingPrecision::kBf16;
+  return context;
+}
+
+Config LoadOrDie(const std::string& json, int world_size = 1) {
+  absl::StatusOr<Config> config = LoadConfigString(json, world_size, "t.json");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? *config : Config{};
+}
+
+// ------------------------------------------------------------ examples
+
+TEST(ExampleConfigsTest, EveryExampleLoadsAtSeveralWorldSizes) {
+  const std::vector<std::string> paths = ExampleConfigPaths();
+  // The nine examples the project documents; more may be added.
+  ASSERT_GE(paths.size(), 9u);
+  for (const std::string& path : paths) {
+    for (int world_size : {1, 2, 4}) {
+      absl::StatusOr<Config> config = LoadConfigFile(path, world_size);
+      ASSERT_TRUE(config.ok())
+          << path << " at world size " << world_size << ": " << config.status();
+      absl::StatusOr<Config> resolved = Resolve(*config, FullContext());
+      ASSERT_TRUE(resolved.ok()) << path << ": " << resolved.status();
+      EXPECT_FALSE(resolved->HasUnresolvedAuto()) << path;
+      EXPECT_EQ(resolved->train_batch_size.value(),
+                resolved->train_micro_batch_size_per_gpu.value() *
+                    resolved->gradient_accumulation_steps.value() * world_size)
+          << path;
+    }
+  }
+}
+
+TEST(ExampleConfigsTest, ExamplesMeanWhatTheirNamesSay) {
+  auto load = [](const std::string& name) {
+    absl::StatusOr<Config> config =
+        LoadConfigFile(std::string(kExamplesDir) + "/" + name, 2);
+    EXPECT_TRUE(config.ok()) << config.status();
+    return config.ok() ? *config : Config{};
+  };
+  const Config stage0 = load("stage0_f32.json");
+  EXPECT_EQ(stage0.zero_optimization.stage, 0);
+  EXPECT_EQ(GetTrainingPrecision(stage0), TrainingPrecision::kFp32);
+
+  const Config stage1 = load("stage1_bf16.json");
+  EXPECT_EQ(stage1.zero_optimization.stage, 1);
+  EXPECT_EQ(GetTrainingPrecision(stage1), TrainingPrecision::kBf16);
+
+  const Config stage2 = load("stage2_fp16.json");
+  EXPECT_EQ(stage2.zero_optimization.stage, 2);
+  EXPECT_EQ(GetTrainingPrecision(stage2), TrainingPrecision::kFp16);
+  EXPECT_EQ(stage2.fp16.loss_scale, 0.0);                       // dynamic
+  EXPECT_EQ(stage2.train_micro_batch_size_per_gpu.value(), 8);  // 64 / 4 / 2
+
+  const Config stage3 = load("stage3_bf16.json");
+  EXPECT_EQ(stage3.zero_optimization.stage, 3);
+  EXPECT_TRUE(
+      stage3.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(stage3.checkpoint.tag_validation, TagValidation::kFail);
+
+  const Config cpu = load("stage3_offload_cpu.json");
+  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device,
+            OffloadDevice::kCpu);
+  EXPECT_EQ(cpu.zero_optimization.offload_param.device, OffloadDevice::kCpu);
+
+  const Config nvme = load("stage3_offload_nvme.json");
+  EXPECT_EQ(nvme.zero_optimization.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(nvme.zero_optimization.offload_param.nvme_path,
+            std::optional<std::string>("/local_nvme/zero-engine"));
+  EXPECT_EQ(nvme.zero_optimization.offload_param.buffer_size, 100'000'000);
+
+  const Config automatic = load("zero2_auto.json");
+  EXPECT_TRUE(automatic.HasUnresolvedAuto());
+
+  const Config cosine = load("warmup_cosine.json");
+  ASSERT_TRUE(cosine.scheduler.has_value());
+  EXPECT_EQ(cosine.scheduler->type, SchedulerType::kWarmupCosineLR);
+  EXPECT_EQ(cosine.scheduler->params.warmup_type, WarmupType::kLinear);
+
+  const Config sgd = load("onecycle_sgd.json");
+  ASSERT_TRUE(sgd.optimizer.has_value());
+  EXPECT_EQ(sgd.optimizer->type, OptimizerType::kSgd);  // written "sgd"
+  EXPECT_EQ(sgd.optimizer->params.momentum, 0.9);
+  ASSERT_TRUE(sgd.scheduler.has_value());
+  EXPECT_EQ(sgd.scheduler->type, SchedulerType::kOneCycle);
+}
+
+// ------------------------------------------------------------ rejection
+
+struct InvalidCase {
+  const char* name;
+  const char* json;
+  int world_size;
+  // Every fragment must appear in the error message; the first is the JSON
+  // path (or the key) the error must name.
+  std::vector<std::string> fragments;
+};
+
+class InvalidConfigTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidConfigTest, IsRejectedNamingSourceAndPath) {
+  const InvalidCase& c = GetParam();
+  absl::StatusOr<Config> config =
+      LoadConfigString(c.json, c.world_size, "bad_config.json");
+  ASSERT_FALSE(config.ok()) << c.name << " was accepted";
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
+  EXPECT_EQ(message.rfind("bad_config.json: ", 0), 0u) << message;
+  for (const std::string& fragment : c.fragments) {
+    EXPECT_NE(message.find(fragment), std::string::npos)
+        << c.name << ": \"" << fragment << "\" not in:\n"
+        << message;
+  }
+}
+
+#define BATCH "\"train_micro_batch_size_per_gpu\": 1, "
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, InvalidConfigTest,
+    ::testing::Values(
+        InvalidCase{"unknown_top_level_key",
+                    R"({"train_micro_batch_size_per_gpu": 1,
+                        "gradient_acumulation_steps": 2})",
+                    1,
+                    {"at gradient_acumulation_steps",
+                     "did you mean \"gradient_accumulation_steps\"?"}},
+        InvalidCase{"unknown_top_level_key_far_from_any",
+                    "{" BATCH "\"learning_rate\": 0.1}",
+                    1,
+                    {"unknown key \"learning_rate\" at learning_rate",
+                     "valid keys at the top level", "zero_optimization"}},
+        InvalidCase{"misspelled_nested_key",
+                    "{" BATCH R"("zero_optimization": {"stage": 3,
+                        "stage3_prefetch_bucket_sise": 1000}})",
+                    1,
+                    {"zero_optimization.stage3_prefetch_bucket_sise",
+                     "did you mean \"stage3_prefetch_bucket_size\"?"}},
+        InvalidCase{"misspelled_key_two_levels_down",
+                    "{" BATCH R"("zero_optimization": {"stage": 2,
+                        "offload_optimizer": {"device": "cpu",
+                                              "pin_memroy": true}}})",
+                    1,
+                    {"zero_optimization.offload_optimizer.pin_memroy",
+                     "did you mean \"pin_memory\"?"}},
+        InvalidCase{"duplicate_top_level_key",
+                    R"({"train_batch_size": 8, "train_batch_size": 16})",
+                    1,
+                    {"duplicate key \"train_batch_size\" at train_batch_size"}},
+        InvalidCase{"duplicate_nested_key",
+                    "{" BATCH R"("zero_optimization": {"stage": 1,
+                                                        "stage": 2}})",
+                    1,
+                    {"duplicate key \"stage\" at zero_optimization.stage"}},
+        InvalidCase{"string_where_number_belongs",
+                    "{" BATCH R"("zero_optimization": {
+                        "reduce_bucket_size": "5e8"}})",
+                    1,
+                    {"at zero_optimization.reduce_bucket_size",
+                     "expected an integer", "got string \"5e8\""}},
+        InvalidCase{"non_integral_number_for_integer",
+                    "{" BATCH R"("zero_optimization": {"stage": 1.5}})",
+                    1,
+                    {"at zero_optimization.stage", "non-integral number 1.5"}},
+        InvalidCase{"boolean_for_integer",
+                    "{" BATCH R"("steps_per_print": true})",
+                    1,
+                    {"at steps_per_print", "got boolean true"}},
+        InvalidCase{"stage_4",
+                    "{" BATCH R"("zero_optimization": {"stage": 4}})",
+                    1,
+                    {"zero_optimization.stage must be in [0, 3], got 4"}},
+        InvalidCase{"stage_negative",
+                    "{" BATCH R"("zero_optimization": {"stage": -1}})",
+                    1,
+                    {"zero_optimization.stage must be in [0, 3], got -1"}},
+        InvalidCase{"fp16_and_bf16",
+                    "{" BATCH R"("fp16": {"enabled": true},
+                                  "bf16": {"enabled": true}})",
+                    1,
+                    {"fp16.enabled and bf16.enabled are both true"}},
+        InvalidCase{"bf16_and_legacy_alias_both_given",
+                    "{" BATCH R"("bf16": {"enabled": true},
+                                  "bfloat16": {"enabled": true}})",
+                    1,
+                    {"\"bf16\" and \"bfloat16\"", "alias"}},
+        InvalidCase{
+            "batch_33_17_2_at_world_size_2",
+            R"({"train_batch_size": 33,
+                        "train_micro_batch_size_per_gpu": 17,
+                        "gradient_accumulation_steps": 2})",
+            2,
+            {"train_batch_size (33)", "train_micro_batch_size_per_gpu (17)",
+             "gradient_accumulation_steps (2)", "world size (2)", "= 68"}},
+        InvalidCase{"batch_not_divisible_for_inference",
+                    R"({"train_batch_size": 33,
+                        "train_micro_batch_size_per_gpu": 4})",
+                    2,
+                    {"train_batch_size (33) is not divisible",
+                     "train_micro_batch_size_per_gpu 4", "world size 2",
+                     "gradient_accumulation_steps cannot be inferred"}},
+        InvalidCase{"no_batch_size_at_all",
+                    R"({"gradient_accumulation_steps": 4})",
+                    1,
+                    {"train_batch_size or train_micro_batch_size_per_gpu must "
+                     "be given"}},
+        InvalidCase{"zero_batch_size",
+                    R"({"train_micro_batch_size_per_gpu": 0})",
+                    1,
+                    {"train_micro_batch_size_per_gpu must be in [1,"}},
+        InvalidCase{"missing_optimizer_type",
+                    "{" BATCH R"("optimizer": {"params": {"lr": 0.1}}})",
+                    1,
+                    {"missing required key optimizer.type", "\"AdamW\""}},
+        InvalidCase{"unsupported_optimizer_type",
+                    "{" BATCH R"("optimizer": {"type": "Lamb"}})",
+                    1,
+                    {"optimizer.type is \"Lamb\"", "does not implement"}},
+        InvalidCase{"unknown_optimizer_type",
+                    "{" BATCH R"("optimizer": {"type": "Adamm"}})",
+                    1,
+                    {"at optimizer.type", "did you mean \"Adam\"?"}},
+        InvalidCase{"negative_learning_rate",
+                    "{" BATCH R"("optimizer": {"type": "AdamW",
+                                               "params": {"lr": -0.1}}})",
+                    1,
+                    {"optimizer.params.lr must be >= 0.0, got -0.1"}},
+        InvalidCase{"beta_not_below_one",
+                    "{" BATCH R"("optimizer": {"type": "Adam",
+                        "params": {"betas": [0.9, 1.0]}}})",
+                    1,
+                    {"optimizer.params.betas[1] must be in [0.0, 1.0)"}},
+        InvalidCase{"betas_not_a_pair",
+                    "{" BATCH R"("optimizer": {"type": "Adam",
+                        "params": {"betas": 0.9}}})",
+                    1,
+                    {"at optimizer.params.betas", "an array of two numbers"}},
+        InvalidCase{"momentum_is_not_an_adam_param",
+                    "{" BATCH R"("optimizer": {"type": "AdamW",
+                        "params": {"momentum": 0.9}}})",
+                    1,
+                    {"unknown key \"momentum\" at optimizer.params.momentum"}},
+        InvalidCase{"adamw_without_adam_w_mode",
+                    "{" BATCH R"("optimizer": {"type": "AdamW",
+                        "params": {"adam_w_mode": false}}})",
+                    1,
+                    {"optimizer.params.adam_w_mode"}},
+        InvalidCase{"auto_where_not_accepted",
+                    "{" BATCH R"("optimizer": {"type": "SGD",
+                        "params": {"momentum": "auto"}}})",
+                    1,
+                    {"\"auto\" is not accepted at optimizer.params.momentum"}},
+        InvalidCase{"negative_bucket_size",
+                    "{" BATCH R"("zero_optimization": {
+                        "allgather_bucket_size": -1}})",
+                    1,
+                    {"zero_optimization.allgather_bucket_size must be >= 1, "
+                     "got -1"}},
+        InvalidCase{"bad_scheduler_type",
+                    "{" BATCH R"("scheduler": {"type": "WarmupCosine"}})",
+                    1,
+                    {"at scheduler.type", "did you mean \"WarmupCosineLR\"?"}},
+        InvalidCase{"scheduler_type_is_case_sensitive",
+                    "{" BATCH R"("scheduler": {"type": "warmuplr"}})",
+                    1,
+                    {"at scheduler.type", "did you mean \"WarmupLR\"?"}},
+        InvalidCase{
+            "unsupported_scheduler_type",
+            "{" BATCH R"("scheduler": {"type": "LRRangeTest"}})",
+            1,
+            {"scheduler.type is \"LRRangeTest\"", "does not implement"}},
+        InvalidCase{"scheduler_param_of_another_type",
+                    "{" BATCH R"("scheduler": {"type": "WarmupLR",
+                        "params": {"cos_min_ratio": 0.1}}})",
+                    1,
+                    {"at scheduler.params.cos_min_ratio"}},
+        InvalidCase{"warmup_decay_without_total_steps",
+                    "{" BATCH R"("scheduler": {"type": "WarmupDecayLR",
+                        "params": {"warmup_num_steps": 10}}})",
+                    1,
+                    {"scheduler.params.total_num_steps"}},
+        InvalidCase{"one_cycle_without_max_lr",
+                    "{" BATCH R"("scheduler": {"type": "OneCycle",
+                        "params": {"cycle_min_lr": 0.01}}})",
+                    1,
+                    {"scheduler.params.cycle_max_lr"}},
+        InvalidCase{"unknown_key_in_scheduler_section",
+                    "{" BATCH R"("scheduler": {"type": "WarmupLR",
+                                                "parmas": {}}})",
+                    1,
+                    {"at scheduler.parmas", "did you mean \"params\"?"}},
+        InvalidCase{"bad_offload_device",
+                    "{" BATCH R"("zero_optimization": {"stage": 3,
+                        "offload_param": {"device": "gpu"}}})",
+                    1,
+                    {"at zero_optimization.offload_param.device",
+                     "\"none\", \"cpu\", \"nvme\""}},
+        InvalidCase{"nvme_offload_without_path",
+                    "{" BATCH R"("zero_optimization": {"stage": 3,
+                        "offload_optimizer": {"device": "nvme"}}})",
+                    1,
+                    {"zero_optimization.offload_optimizer.nvme_path"}},
+        InvalidCase{"param_offload_below_stage_3",
+                    "{" BATCH R"("zero_optimization": {"stage": 2,
+                        "offload_param": {"device": "cpu"}}})",
+                    1,
+                    {"zero_optimization.offload_param.device", "stage 3"}},
+        InvalidCase{"offload_ratio_out_of_range",
+                    "{" BATCH R"("zero_optimization": {"stage": 2,
+                        "offload_optimizer": {"device": "cpu",
+                                              "ratio": 1.5}}})",
+                    1,
+                    {"zero_optimization.offload_optimizer.ratio must be in"}},
+        InvalidCase{
+            "unsupported_monitor_section",
+            "{" BATCH R"("tensorboard": {"enabled": true}})",
+            1,
+            {"\"tensorboard\" at tensorboard is not supported", "csv_monitor"}},
+        InvalidCase{"removed_cpu_offload_key",
+                    "{" BATCH R"("zero_optimization": {"stage": 2,
+                                                        "cpu_offload": true}})",
+                    1,
+                    {"zero_optimization.cpu_offload", "offload_optimizer"}},
+        InvalidCase{"section_not_an_object",
+                    "{" BATCH R"("fp16": true})",
+                    1,
+                    {"expected an object at fp16, got boolean true"}},
+        InvalidCase{"top_level_not_an_object",
+                    "[1, 2]",
+                    1,
+                    {"expected an object at the top level, got an array"}},
+        InvalidCase{"malformed_json",
+                    "{\"train_batch_size\": 8,}",
+                    1,
+                    {"invalid JSON", "line 1"}},
+        InvalidCase{"tag_validation_unknown",
+                    "{" BATCH
+                    R"("checkpoint": {"tag_validation": "Sometimes"}})",
+                    1,
+                    {"at checkpoint.tag_validation"}},
+        InvalidCase{"every_problem_reported_at_once",
+                    "{" BATCH R"("steps_per_print": 0,
+                                  "zero_optimization": {"stage": 9}})",
+                    1,
+                    {"steps_per_print must be >= 1",
+                     "zero_optimization.stage must be in [0, 3]"}}),
+    [](const ::testing::TestParamInfo<InvalidCase>& info) {
+      return std::string(info.param.name);
+    });
+
+TEST(LoadConfigTest, MissingFileIsNotFoundAndNamesThePath) {
+  absl::StatusOr<Config> config =
+      LoadConfigFile("/nonexistent/ds_config.json", 1);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(config.status().message().find("/nonexistent/ds_config.json"),
+            absl::string_view::npos);
+}
+
+TEST(LoadConfigTest, RejectsNonPositiveWorldSize) {
+  EXPECT_FALSE(LoadConfigString(R"({"train_batch_size": 8})", 0).ok());
+}
+
+TEST(LoadConfigTest, LoadConfigJsonAcceptsAParsedObjectAndNamesItsSource) {
+  nlohmann::json json = {{"train_micro_batch_size_per_gpu", 2},
+                         {"zero_optimization", {{"stage", 2}}}};
+  absl::StatusOr<Config> config = LoadConfigJson(json, 4, "from_code");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->train_batch_size.value(), 8);
+  EXPECT_EQ(config->zero_optimization.stage, 2);
+
+  json["zero_optimization"]["stag"] = 1;
+  config = LoadConfigJson(json, 4, "from_code");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("from_code: unknown key \"stag\" at "
+                                           "zero_optimization.stag"),
+            absl::string_view::npos)
+      << config.status();
+}
+
+// ------------------------------------------------------------ defaults
+
+TEST(DefaultsTest, MatchDeepSpeedDocumentedDefaults) {
+  const Config c = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1})");
+  // Top level.
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.gradient_clipping.value(), 0.0);
+  EXPECT_FALSE(c.prescale_gradients);
+  EXPECT_EQ(c.gradient_predivide_factor, 1.0);
+  EXPECT_FALSE(c.communication_data_type.has_value());
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.memory_breakdown);
+  EXPECT_EQ(c.seed, 42);  // zero-engine extension
+  EXPECT_FALSE(c.optimizer.has_value());
+  EXPECT_FALSE(c.scheduler.has_value());
+  // fp16 / bf16.
+  EXPECT_FALSE(c.fp16.enabled.value());
+  EXPECT_FALSE(c.bf16.enabled.value());
+  EXPECT_EQ(c.fp16.loss_scale, 0.0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_FALSE(c.fp16.consecutive_hysteresis);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  // ZeRO.
+  const ZeroConfig& z = c.zero_optimization;
+  EXPECT_EQ(z.stage, 0);
+  EXPECT_TRUE(z.contiguous_gradients);
+  EXPECT_FALSE(z.overlap_comm);
+  EXPECT_TRUE(z.reduce_scatter);
+  EXPECT_EQ(z.reduce_bucket_size.value(), 500'000'000);
+  EXPECT_TRUE(z.allgather_partitions);
+  EXPECT_EQ(z.allgather_bucket_size, 500'000'000);
+  EXPECT_TRUE(z.load_from_fp32_weights);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size.value(), 50'000'000);
+  EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 100'000);
+  EXPECT_EQ(z.stage3_max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 1'000'000'000);
+  EXPECT_FALSE(z.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(z.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(z.mics_shard_size, -1);
+  EXPECT_EQ(z.zero_hpz_partition_size, 1);
+  EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(z.offload_param.buffer_count, 5);
+  EXPECT_EQ(z.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1'000'000'000);
+  // aio, checkpoint, monitor.
+  EXPECT_EQ(c.aio.block_size, 1'048'576);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  EXPECT_EQ(c.aio.thread_count, 1);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::kWarn);
+  EXPECT_FALSE(c.activation_checkpointing.partition_activations);
+  EXPECT_FALSE(c.activation_checkpointing.number_checkpoints.has_value());
+  EXPECT_FALSE(c.csv_monitor.enabled);
+  EXPECT_EQ(c.csv_monitor.job_name, "DeepSpeedJobName");
+}
+
+TEST(DefaultsTest, OptimizerAndSchedulerDefaults) {
+  const Config c = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1,
+      "optimizer": {"type": "adam"},
+      "scheduler": {"type": "WarmupCosineLR",
+                    "params": {"total_num_steps": 100}}})");
+  ASSERT_TRUE(c.optimizer && c.scheduler);
+  const OptimizerParams& o = c.optimizer->params;
+  EXPECT_EQ(c.optimizer->type, OptimizerType::kAdam);
+  EXPECT_EQ(o.lr.value(), 1e-3);
+  EXPECT_EQ(o.betas.value()[0], 0.9);
+  EXPECT_EQ(o.betas.value()[1], 0.999);
+  EXPECT_EQ(o.eps.value(), 1e-8);
+  EXPECT_EQ(o.weight_decay.value(), 0.0);
+  // DeepSpeed's Adam decouples weight decay unless adam_w_mode is false.
+  EXPECT_TRUE(c.optimizer->DecoupledWeightDecay());
+  const SchedulerParams& s = c.scheduler->params;
+  EXPECT_EQ(s.warmup_num_steps.value(), 1000);
+  EXPECT_EQ(s.warmup_type, WarmupType::kLog);
+  EXPECT_EQ(s.warmup_min_ratio, 0.0);
+  EXPECT_EQ(s.cos_min_ratio, 0.0001);
+  EXPECT_EQ(s.last_batch_iteration, -1);
+
+  const Config cycle = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1,
+      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01,
+          "cycle_max_lr": 0.1, "cycle_first_step_size": 300,
+          "cycle_first_stair_count": 3}}})");
+  const SchedulerParams& p = cycle.scheduler->params;
+  EXPECT_EQ(p.cycle_second_step_size, 300);  // mirrors the first half
+  EXPECT_EQ(p.cycle_second_stair_count, 3);
+  EXPECT_TRUE(p.cycle_momentum);
+  EXPECT_EQ(p.cycle_min_mom, 0.8);
+  EXPECT_EQ(p.cycle_max_mom, 0.9);
+  EXPECT_EQ(p.decay_step_size, 0);
+}
+
+TEST(DefaultsTest, OverlapCommDefaultsToTrueOnlyForStage3) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Config c = LoadOrDie(absl::StrCat(
+        R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": )",
+        R"({"stage": )", stage, "}}"));
+    EXPECT_EQ(c.zero_optimization.overlap_comm, stage == 3) << stage;
+  }
+  const Config explicit_off = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "overlap_comm": false}})");
+  EXPECT_FALSE(explicit_off.zero_optimization.overlap_comm);
+}
+
+TEST(ParsingTest, IntegralFloatsAreIntegersAndNamesAreCaseInsensitive) {
+  const Config c = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 2e0,
+      "optimizer": {"type": "ADAMW"},
+      "checkpoint": {"tag_validation": "fail"},
+      "zero_optimization": {"reduce_bucket_size": 5e8,
+                            "stage3_gather_fp16_weights_on_model_save": true},
+      "bfloat16": {"enabled": true},
+      "communication_data_type": "bfp16"})");
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu.value(), 2);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size.value(), 500'000'000);
+  EXPECT_EQ(c.optimizer->type, OptimizerType::kAdamW);
+  EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::kFail);
+  // Aliases land on the canonical fields and print under canonical names.
+  EXPECT_TRUE(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(c.bf16.enabled.value());
+  EXPECT_EQ(c.communication_data_type, CommDataType::kBf16);
+  const nlohmann::json printed = nlohmann::json::parse(ToJson(c));
+  EXPECT_TRUE(printed.contains("bf16"));
+  EXPECT_FALSE(printed.contains("bfloat16"));
+  EXPECT_EQ(printed["communication_data_type"], "bf16");
+  EXPECT_EQ(printed["optimizer"]["type"], "AdamW");
+  EXPECT_TRUE(printed["zero_optimization"]
+                     ["stage3_gather_16bit_weights_on_model_save"]);
+}
+
+TEST(ParsingTest, AdamWeightDecayModeFollowsDeepSpeed) {
+  auto decoupled = [](const char* optimizer) {
+    return LoadOrDie(absl::StrCat(R"({"train_micro_batch_size_per_gpu": 1,
+                                      "optimizer": )",
+                                  optimizer, "}"))
+        .optimizer->DecoupledWeightDecay();
+  };
+  EXPECT_TRUE(decoupled(R"({"type": "Adam"})"));
+  EXPECT_FALSE(
+      decoupled(R"({"type": "Adam", "params": {"adam_w_mode": false}})"));
+  EXPECT_TRUE(decoupled(R"({"type": "AdamW"})"));
+  EXPECT_FALSE(
+      decoupled(R"({"type": "SGD", "params": {"weight_decay": 0.1}})"));
+}
+
+// ------------------------------------------------------------ batch triple
+
+struct BatchCase {
+  const char* json;
+  int world_size;
+  int64_t train, micro, accumulation;
+};
+
+TEST(BatchTripleTest, InferredFromAnyTwoOrFromOne) {
+  const BatchCase cases[] = {
+      // All three, consistent.
+      {R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+          "gradient_accumulation_steps": 4)",
+       2, 32, 4, 4},
+      // Train and micro: accumulation = 32 / (4 x 2).
+      {R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4)", 2, 32,
+       4, 4},
+      // Train and accumulation: micro = 48 / (2 x 3).
+      {R"("train_batch_size": 48, "gradient_accumulation_steps": 2)", 3, 48, 8,
+       2},
+      // Micro and accumulation: train = 4 x 2 x 3.
+      {R"("train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)",
+       3, 24, 4, 2},
+      // Train alone: accumulation 1, micro = 16 / 4.
+      {R"("train_batch_size": 16)", 4, 16, 4, 1},
+      // Micro alone: accumulation 1, train = 5 x 3.
+      {R"("train_micro_batch_size_per_gpu": 5)", 3, 15, 5, 1},
+  };
+  for (const BatchCase& c : cases) {
+    const Config config =
+        LoadOrDie(absl::StrCat("{", c.json, "}"), c.world_size);
+    EXPECT_EQ(config.train_batch_size.value(), c.train) << c.json;
+    EXPECT_EQ(config.train_micro_batch_size_per_gpu.value(), c.micro) << c.json;
+    EXPECT_EQ(config.gradient_accumulation_steps.value(), c.accumulation)
+        << c.json;
+  }
+}
+
+TEST(BatchTripleTest, SameFileFailsAtAWorldSizeThatDoesNotDivide) {
+  const char* json =
+      R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})";
+  EXPECT_TRUE(LoadConfigString(json, 4).ok());
+  absl::StatusOr<Config> at_three = LoadConfigString(json, 3);
+  ASSERT_FALSE(at_three.ok());
+  EXPECT_NE(at_three.status().message().find("world size 3"),
+            absl::string_view::npos)
+      << at_three.status();
+}
+
+// ------------------------------------------------------------ auto
+
+TEST(ResolveTest, HiddenSizeRulesFollowHuggingFace) {
+  const Config raw = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+          "stage3_prefetch_bucket_size": "auto",
+          "stage3_param_persistence_threshold": "auto"}})");
+  EXPECT_EQ(raw.UnresolvedAutoPaths(),
+            (std::vector<std::string>{
+                "zero_optimization.reduce_bucket_size",
+                "zero_optimization.stage3_prefetch_bucket_size",
+                "zero_optimization.stage3_param_persistence_threshold"}));
+
+  ResolutionContext context;
+  context.hidden_size = 1000;
+  absl::StatusOr<Config> resolved = Resolve(raw, context);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const ZeroConfig& z = resolved->zero_optimization;
+  EXPECT_EQ(z.reduce_bucket_size.value(), 1'000'000);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size.value(), 900'000);
+  EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 10'000);
+  EXPECT_FALSE(resolved->HasUnresolvedAuto());
+
+  // Without the hint, the error names each path and the missing hint.
+  absl::StatusOr<Config> unresolved = Resolve(raw, ResolutionContext{});
+  ASSERT_FALSE(unresolved.ok());
+  const std::string message(unresolved.status().message());
+  EXPECT_NE(message.find("t.json: zero_optimization.reduce_bucket_size is "
+                         "\"auto\" but ResolutionContext::hidden_size"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(
+      message.find("zero_optimization.stage3_param_persistence_threshold"),
+      std::string::npos)
+      << message;
+}
+
+TEST(ResolveTest, HuggingFaceStyleConfigResolvesFromTheRun) {
+  absl::StatusOr<Config> raw =
+      LoadConfigFile(std::string(kExamplesDir) + "/zero2_auto.json", 2);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->UnresolvedAutoPaths().size(), 15u);
+
+  absl::StatusOr<Config> c = Resolve(*raw, FullContext());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train_micro_batch_size_per_gpu.value(), 4);
+  EXPECT_EQ(c->gradient_accumulation_steps.value(), 2);
+  EXPECT_EQ(c->train_batch_size.value(), 16);  // 4 x 2 x world size 2
+  EXPECT_EQ(c->gradient_clipping.value(), 1.0);
+  EXPECT_EQ(c->optimizer->params.lr.value(), 3e-4);
+  EXPECT_EQ(c->optimizer->params.betas.value()[1], 0.95);
+  EXPECT_EQ(c->optimizer->params.weight_decay.value(), 0.1);
+  EXPECT_EQ(c->scheduler->params.warmup_min_lr.value(), 0.0);
+  EXPECT_EQ(c->scheduler->params.warmup_max_lr.value(), 3e-4);
+  EXPECT_EQ(c->scheduler->params.warmup_num_steps.value(), 100);
+  EXPECT_EQ(c->scheduler->params.total_num_steps.value(), 1000);
+  EXPECT_EQ(GetTrainingPrecision(*c), TrainingPrecision::kBf16);
+  EXPECT_FALSE(c->fp16.enabled.value());
+  EXPECT_EQ(c->zero_optimization.reduce_bucket_size.value(), 768 * 768);
+
+  // Resolving a resolved config changes nothing.
+  absl::StatusOr<Config> again = Resolve(*c, ResolutionContext{});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *c);
+}
+
+TEST(ResolveTest, AutoBatchSizesWithoutHintsAreInferred) {
+  const Config raw = LoadOrDie(R"({"train_batch_size": 64,
+      "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": 4})",
+                               2);
+  EXPECT_TRUE(raw.train_micro_batch_size_per_gpu.is_auto());
+  absl::StatusOr<Config> c = Resolve(raw, ResolutionContext{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train_micro_batch_size_per_gpu.value(), 8);
+}
+
+TEST(ResolveTest, HintsAreValidatedAndWorldSizeMustMatch) {
+  absl::StatusOr<Config> raw =
+      LoadConfigFile(std::string(kExamplesDir) + "/zero2_auto.json", 2);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ResolutionContext context = FullContext();
+  context.learning_rate = -1.0;
+  absl::StatusOr<Config> bad_lr = Resolve(*raw, context);
+  ASSERT_FALSE(bad_lr.ok());
+  EXPECT_NE(bad_lr.status().message().find("optimizer.params.lr must be >= 0"),
+            absl::string_view::npos)
+      << bad_lr.status();
+
+  context = FullContext();
+  context.micro_batch_size_per_gpu = 3;
+  context.world_size = 4;
+  absl::StatusOr<Config> wrong_world = Resolve(*raw, context);
+  ASSERT_FALSE(wrong_world.ok());
+  EXPECT_EQ(wrong_world.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ------------------------------------------------------------ ToJson
+
+// Every key, each set to a value other than its default, so a key ToJson()
+// forgot to write, or the parser forgot to read, changes the round trip.
+constexpr char kEveryKeyNonDefault[] = R"({
+  "train_batch_size": 96,
+  "train_micro_batch_size_per_gpu": 3,
+  "gradient_accumulation_steps": 8,
+  "steps_per_print": 7,
+  "gradient_clipping": 0.5,
+  "prescale_gradients": true,
+  "gradient_predivide_factor": 2.0,
+  "communication_data_type": "fp32",
+  "wall_clock_breakdown": true,
+  "memory_breakdown": true,
+  "seed": 1234,
+  "optimizer": {"type": "Adam", "params": {"lr": 0.002, "betas": [0.8, 0.99],
+      "eps": 1e-6, "weight_decay": 0.05, "torch_adam": true,
+      "adam_w_mode": false}},
+  "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001,
+      "cycle_max_lr": 0.01, "decay_lr_rate": 0.1, "cycle_first_step_size": 10,
+      "cycle_second_step_size": 20, "cycle_first_stair_count": 2,
+      "cycle_second_stair_count": 4, "decay_step_size": 5,
+      "cycle_momentum": false, "cycle_min_mom": 0.7, "cycle_max_mom": 0.95,
+      "decay_mom_rate": 0.01, "last_batch_iteration": 3}},
+  "fp16": {"enabled": true, "auto_cast": true, "loss_scale": 128.0,
+      "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3,
+      "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+  "bf16": {"enabled": false},
+  "zero_optimization": {"stage": 3, "contiguous_gradients": false,
+      "overlap_comm": false, "reduce_scatter": false,
+      "reduce_bucket_size": 1000, "allgather_partitions": false,
+      "allgather_bucket_size": 2000, "round_robin_gradients": true,
+      "load_from_fp32_weights": false, "elastic_checkpoint": true,
+      "ignore_unused_parameters": false,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme/a",
+          "pin_memory": true, "buffer_count": 6, "pipeline_read": true,
+          "pipeline_write": true, "fast_init": true, "ratio": 0.5},
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme/b",
+          "pin_memory": true, "buffer_count": 7, "buffer_size": 3000,
+          "max_in_cpu": 4000},
+      "stage3_prefetch_bucket_size": 5000,
+      "stage3_param_persistence_threshold": 6000,
+      "stage3_model_persistence_threshold": 7000,
+      "stage3_max_live_parameters": 8000, "stage3_max_reuse_distance": 9000,
+      "stage3_gather_16bit_weights_on_model_save": true,
+      "sub_group_size": 10000, "zero_hpz_partition_size": 2,
+      "zero_quantized_weights": true, "zero_quantized_gradients": true,
+      "mics_shard_size": 4, "mics_hierarchical_params_gather": true},
+  "aio": {"block_size": 4096, "queue_depth": 16, "thread_count": 2,
+      "single_submit": true, "overlap_events": false},
+  "activation_checkpointing": {"partition_activations": true,
+      "cpu_checkpointing": true, "contiguous_memory_optimization": true,
+      "number_checkpoints": 12, "synchronize_checkpoint_boundary": true,
+      "profile": true},
+  "checkpoint": {"tag_validation": "Ignore", "load_universal": true,
+      "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true}},
+  "csv_monitor": {"enabled": true, "output_path": "out/", "job_name": "job"}
+})";
+
+TEST(ToJsonTest, EveryKeySurvivesTheRoundTrip) {
+  const Config c = LoadOrDie(kEveryKeyNonDefault, 4);
+  // ToJson writes back exactly what was read: no key lost, none invented.
+  EXPECT_EQ(nlohmann::json::parse(ToJson(c)),
+            nlohmann::json::parse(kEveryKeyNonDefault));
+  const Config reloaded = LoadOrDie(ToJson(c), 4);
+  EXPECT_EQ(reloaded, c);
+}
+
+TEST(ToJsonTest, EveryExampleRoundTripsRawAndResolved) {
+  for (const std::string& path : ExampleConfigPaths()) {
+    absl::StatusOr<Config> raw = LoadConfigFile(path, 2);
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    absl::StatusOr<Config> resolved = Resolve(*raw, FullContext());
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    for (const Config* c : {&*raw, &*resolved}) {
+      absl::StatusOr<Config> reloaded = LoadConfigString(ToJson(*c), 2);
+      ASSERT_TRUE(reloaded.ok()) << path << ": " << reloaded.status() << "\n"
+                                 << ToJson(*c);
+      EXPECT_EQ(*reloaded, *c) << path;
+      EXPECT_EQ(ToJson(*reloaded), ToJson(*c)) << path;  // stable output
+    }
+  }
+}
+
+TEST(ToJsonTest, FillsEveryDefaultInAStableOrder) {
+  const Config c = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1})");
+  const nlohmann::ordered_json printed =
+      nlohmann::ordered_json::parse(ToJson(c));
+  std::vector<std::string> keys;
+  for (const auto& item : printed.items()) keys.push_back(item.key());
+  EXPECT_EQ(
+      keys,
+      (std::vector<std::string>{
+          "train_batch_size", "train_micro_batch_size_per_gpu",
+          "gradient_accumulation_steps", "steps_per_print", "gradient_clipping",
+          "prescale_gradients", "gradient_predivide_factor",
+          "communication_data_type", "wall_clock_breakdown", "memory_breakdown",
+          "seed", "fp16", "bf16", "zero_optimization", "aio",
+          "activation_checkpointing", "checkpoint", "csv_monitor"}));
+  EXPECT_EQ(printed["gradient_accumulation_steps"], 1);
+  EXPECT_EQ(printed["zero_optimization"]["stage3_max_live_parameters"],
+            1'000'000'000);
+  EXPECT_EQ(printed["checkpoint"]["tag_validation"], "Warn");
+}
+
+TEST(EqualityTest, DetectsAChangeInAnyNestedField) {
+  const Config c = LoadOrDie(kEveryKeyNonDefault, 4);
+  Config changed = c;
+  changed.zero_optimization.offload_param.max_in_cpu += 1;
+  EXPECT_NE(changed, c);
+  changed = c;
+  changed.scheduler->params.decay_mom_rate = 0.5;
+  EXPECT_NE(changed, c);
+  changed = c;
+  changed.checkpoint.parallel_write.pipeline_stage = false;
+  EXPECT_NE(changed, c);
+  changed = c;
+  changed.source = "elsewhere.json";  // not part of the value
+  EXPECT_EQ(changed, c);
+}
+
+// ------------------------------------------------------------ reference
+
+// Collects "a.b.c" for every leaf of a JSON object.
+void LeafPaths(const nlohmann::json& json, const std::string& prefix,
+               std::vector<std::string>* out) {
+  for (const auto& item : json.items()) {
+    const std::string path =
+        prefix.empty() ? item.key() : prefix + "." + item.key();
+    if (item.value().is_object()) {
+      LeafPaths(item.value(), path, out);
+    } else {
+      out->push_back(path);
+    }
+  }
+}
+
+TEST(ReferenceMarkdownTest, DocumentsEveryKeyWithItsDefault) {
+  const std::string reference = ReferenceMarkdown();
+  std::vector<std::string> paths;
+  LeafPaths(nlohmann::json::parse(kEveryKeyNonDefault), "", &paths);
+  for (const char* other_scheduler :
+       {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+        "total_num_steps", "warmup_min_ratio", "cos_min_ratio"}) {
+    paths.push_back(std::string("scheduler.params.") + other_scheduler);
+  }
+  paths.push_back("optimizer.params.momentum");
+  for (const std::string& path : paths) {
+    EXPECT_NE(reference.find("| `" + path + "` |"), std::string::npos) << path;
+  }
+  // Defaults come from the code, not from prose.
+  EXPECT_NE(reference.find("| `zero_optimization.reduce_bucket_size` | "
+                           "integer >= 1, or \"auto\" | `500000000` |"),
+            std::string::npos);
+  EXPECT_NE(reference.find("| `seed` | integer >= 0 | `42` |"),
+            std::string::npos);
+}
+
+TEST(UnresolvedAutoPathsTest, ListsEveryAutoThatToJsonPrints) {
+  const Config c = LoadOrDie(R"({
+      "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+      "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto",
+          "eps": "auto", "weight_decay": "auto"}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {
+          "warmup_min_lr": "auto", "warmup_max_lr": "auto",
+          "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+      "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+      "zero_optimization": {"reduce_bucket_size": "auto",
+          "stage3_prefetch_bucket_size": "auto",
+          "stage3_param_persistence_threshold": "auto"}})");
+  const std::string printed = ToJson(c);
+  size_t autos = 0;
+  for (size_t at = printed.find("\"auto\""); at != std::string::npos;
+       at = printed.find("\"auto\"", at + 1)) {
+    ++autos;
+  }
+  EXPECT_EQ(autos, 17u);
+  EXPECT_EQ(c.UnresolvedAutoPaths().size(), autos);
+}
+
+}  // namespace
+}  // namespace config
+}  // namespace ze
