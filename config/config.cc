@@ -1260,8 +1260,8 @@ const Schema<Config>& TopSchema() {
                      "only Adam, AdamW and SGD exist, all supported by every "
                      "stage; remove this key")
         .Unsupported("zero_force_ds_cpu_optimizer",
-                     "CPU offload always uses zero-engine's CPU Adam; remove "
-                     "this key")
+                     "zero-engine picks the CPU optimizer for offload itself; "
+                     "remove this key")
         .Unsupported("elasticity", "elastic training is not implemented")
         .Unsupported("pipeline", "pipeline parallelism is not implemented")
         .Unsupported("sparse_attention", "not implemented")
