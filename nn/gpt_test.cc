@@ -1,0 +1,264 @@
+// The GPT model on the CPU in f32: whole-model gradient check (tied
+// embedding included), checkpointing on/off, ignored targets, shapes-only
+// construction, presets and parameter counts, and overfitting one batch.
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "core/ops.h"
+#include "nn/test_util.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+using testing::RandomIds;
+
+GptConfig TinyConfig() {
+  GptConfig config;
+  config.num_layers = 2;
+  config.num_heads = 2;
+  config.channels = 16;
+  config.vocab_size = 37;
+  config.max_seq_len = 8;
+  return config;
+}
+
+std::unique_ptr<GptModel> MakeModel(const GptConfig &config,
+                                    uint64_t seed = 42) {
+  GptOptions options;
+  options.seed = seed;
+  return GptModel::Create(config, options).value();
+}
+
+// Targets are the next token of a random sequence.
+struct Batch {
+  Tensor tokens;  // (B, T) i32
+  Tensor targets; // (B, T) i32
+};
+Batch MakeBatch(int64_t batch, int64_t seq, int32_t vocab, uint64_t seed) {
+  const Tensor stream = RandomIds({batch, seq + 1}, seed, vocab);
+  Batch result{RandomIds({batch, seq}, 0, vocab),
+               RandomIds({batch, seq}, 0, vocab)};
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      result.tokens.data_as<int32_t>()[b * seq + t] =
+          stream.data_as<int32_t>()[b * (seq + 1) + t];
+      result.targets.data_as<int32_t>()[b * seq + t] =
+          stream.data_as<int32_t>()[b * (seq + 1) + t + 1];
+    }
+  }
+  return result;
+}
+
+TEST(GptTest, ParameterNamesAndTiedHead) {
+  auto model = MakeModel(TinyConfig());
+  std::vector<std::string> names;
+  for (Parameter *parameter : model->Parameters()) {
+    names.push_back(parameter->name());
+  }
+  ASSERT_EQ(names.size(), 2u + 2 * 12 + 2);
+  EXPECT_EQ(names[0], "embed.wte");
+  EXPECT_EQ(names[1], "embed.wpe");
+  EXPECT_EQ(names[2], "blocks.0.ln1.weight");
+  EXPECT_EQ(names[4], "blocks.0.attn.qkv.weight");
+  EXPECT_EQ(names[14], "blocks.1.ln1.weight");
+  EXPECT_EQ(names.back(), "ln_f.bias");
+  // The head reads the token table; it is listed once overall.
+  ASSERT_EQ(model->lm_head()->DirectParameters().size(), 1u);
+  EXPECT_EQ(model->lm_head()->DirectParameters()[0],
+            model->embed()->token_table());
+  EXPECT_EQ(model->NumParameterElements(), TinyConfig().NumParameters());
+}
+
+// Whole-model central differences on the mean loss, 8 sampled elements of
+// every parameter. Step 1e-2; pass when |analytic - numeric| <= 1e-4 +
+// 3e-2 * max(|analytic|, |numeric|). The tied table embed.wte is checked
+// like any other: its gradient must hold both the embedding's and the
+// head's contribution to match.
+TEST(GptTest, WholeModelGradientsMatchFiniteDifferences) {
+  GptConfig config = TinyConfig();
+  auto model = MakeModel(config);
+  const Batch batch = MakeBatch(2, 8, 37, 1);
+  const Stream stream;
+  testing::GradCheckOptions options;
+  options.absolute_tol = 1e-4f;
+  options.relative_tol = 3e-2f;
+  options.samples_per_tensor = 8;
+  const std::vector<std::string> failures = testing::CheckGradientsOfLoss(
+      model->Parameters(),
+      [&]() {
+        NoSaveScope no_save;
+        return static_cast<double>(
+            model->ForwardLoss(batch.tokens, batch.targets, stream).value());
+      },
+      [&]() {
+        ASSERT_TRUE(
+            model->ForwardLoss(batch.tokens, batch.targets, stream).ok());
+        ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
+      },
+      options);
+  EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
+  for (Module *module : model->Modules()) {
+    EXPECT_EQ(module->PendingBackwardCalls(), 0) << module->DisplayName();
+  }
+}
+
+// Runs one forward/backward and returns every parameter's gradient.
+std::vector<std::vector<float>> Gradients(GptModel &model, const Batch &batch,
+                                          float *loss) {
+  const Stream stream;
+  *loss = model.ForwardLoss(batch.tokens, batch.targets, stream).value();
+  EXPECT_TRUE(model.BackwardLoss(1.0f, stream).ok());
+  std::vector<std::vector<float>> grads;
+  for (Parameter *parameter : model.Parameters()) {
+    grads.push_back(testing::Values(parameter->grad()));
+  }
+  return grads;
+}
+
+TEST(GptTest, ActivationCheckpointingGivesBitIdenticalGradients) {
+  const Batch batch = MakeBatch(2, 8, 37, 3);
+  GptConfig config = TinyConfig();
+  auto plain = MakeModel(config);
+  config.activation_checkpointing = true;
+  auto checkpointed = MakeModel(config);
+  float plain_loss = 0, checkpointed_loss = 0;
+  const auto plain_grads = Gradients(*plain, batch, &plain_loss);
+  const auto checkpointed_grads =
+      Gradients(*checkpointed, batch, &checkpointed_loss);
+  EXPECT_EQ(plain_loss, checkpointed_loss);
+  ASSERT_EQ(plain_grads.size(), checkpointed_grads.size());
+  for (size_t i = 0; i < plain_grads.size(); ++i) {
+    ASSERT_EQ(plain_grads[i].size(), checkpointed_grads[i].size());
+    EXPECT_EQ(0,
+              std::memcmp(plain_grads[i].data(), checkpointed_grads[i].data(),
+                          plain_grads[i].size() * sizeof(float)))
+        << plain->Parameters()[i]->name();
+  }
+}
+
+// Rows with target -1 neither count in the mean nor produce gradient: a
+// batch of two sequences whose second is fully ignored gives the loss and
+// gradients of the first sequence alone.
+TEST(GptTest, IgnoredTargetsDoNotCount) {
+  const Batch both = MakeBatch(2, 8, 37, 5);
+  Batch masked = both;
+  masked.targets = RandomIds({2, 8}, 0, 37);
+  std::memcpy(masked.targets.data(), both.targets.data(), 8 * sizeof(int32_t));
+  for (int t = 8; t < 16; ++t)
+    masked.targets.data_as<int32_t>()[t] = -1;
+  Batch first{both.tokens.Slice(0, 8).View({1, 8}),
+              both.targets.Slice(0, 8).View({1, 8})};
+  auto model_masked = MakeModel(TinyConfig());
+  auto model_first = MakeModel(TinyConfig());
+  float masked_loss = 0, first_loss = 0;
+  const auto masked_grads = Gradients(*model_masked, masked, &masked_loss);
+  const auto first_grads = Gradients(*model_first, first, &first_loss);
+  EXPECT_EQ(model_masked->counted_targets(), 8);
+  EXPECT_NEAR(masked_loss, first_loss, 1e-6f);
+  for (size_t i = 0; i < masked_grads.size(); ++i) {
+    for (size_t j = 0; j < masked_grads[i].size(); ++j) {
+      EXPECT_NEAR(masked_grads[i][j], first_grads[i][j], 1e-6f)
+          << model_first->Parameters()[i]->name() << "[" << j << "]";
+    }
+  }
+}
+
+TEST(GptTest, ShapesOnlyModelHasNoStorageAndFailsCleanly) {
+  GptOptions options;
+  options.materialize = false;
+  auto model = GptModel::Create(TinyConfig(), options).value();
+  for (Parameter *parameter : model->Parameters()) {
+    EXPECT_EQ(parameter->state(), ParameterState::kAbsent);
+  }
+  const Batch batch = MakeBatch(1, 4, 37, 1);
+  const absl::StatusOr<float> loss =
+      model->ForwardLoss(batch.tokens, batch.targets, Stream());
+  EXPECT_EQ(loss.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(loss.status().message().find("embed.wte"), std::string::npos)
+      << loss.status();
+  // Materialising later gives exactly the eagerly built model.
+  ASSERT_TRUE(model->MaterializeParameters(42, Stream()).ok());
+  auto eager = MakeModel(TinyConfig(), 42);
+  for (Parameter *parameter : model->Parameters()) {
+    EXPECT_EQ(
+        testing::Values(parameter->data().value()),
+        testing::Values(
+            eager->FindParameter(parameter->name()).value()->data().value()))
+        << parameter->name();
+  }
+}
+
+TEST(GptTest, PresetsAndParameterCounts) {
+  const GptConfig gpt2_small = GptConfig::Preset("124M").value();
+  EXPECT_EQ(gpt2_small.NumParameters(), 124439808); // GPT-2 small, tied head
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"124M", {12, 12, 768}},  {"350M", {24, 16, 1024}},
+      {"760M", {24, 16, 1536}}, {"1.3B", {24, 32, 2048}},
+      {"2.7B", {32, 32, 2560}}, {"6.7B", {32, 32, 4096}},
+      {"13B", {40, 40, 5120}}};
+  for (const auto &[name, shape] : expected) {
+    const GptConfig config =
+        GptConfig::Preset(name, /*pad_vocab=*/true).value();
+    EXPECT_EQ(config.num_layers, shape[0]) << name;
+    EXPECT_EQ(config.num_heads, shape[1]) << name;
+    EXPECT_EQ(config.channels, shape[2]) << name;
+    EXPECT_EQ(config.table_rows(), 50304);
+    EXPECT_EQ(config.max_seq_len, 1024);
+    // The count matches the tree that would be built (shapes only).
+    GptOptions options;
+    options.materialize = false;
+    auto model = GptModel::Create(config, options).value();
+    EXPECT_EQ(model->NumParameterElements(), config.NumParameters()) << name;
+  }
+  EXPECT_EQ(GptConfig::Preset("125M").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  GptConfig bad = TinyConfig();
+  bad.num_heads = 3;
+  EXPECT_EQ(GptModel::Create(bad, GptOptions()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Plain SGD (lr 0.3, no momentum) on one fixed batch of 2 x 8 tokens drives
+// the mean loss from about ln(37) = 3.6 to below 0.1 within 400 steps (it takes
+// 59 with this seed).
+TEST(GptTest, SgdOverfitsOneBatch) {
+  auto model = MakeModel(TinyConfig(), 7);
+  const Batch batch = MakeBatch(2, 8, 37, 11);
+  const Stream stream;
+  const float learning_rate = 0.3f;
+  float first_loss = 0.0f, loss = 0.0f;
+  int step = 0;
+  for (; step < 400; ++step) {
+    ASSERT_TRUE(model->ZeroGrad(stream).ok());
+    loss = model->ForwardLoss(batch.tokens, batch.targets, stream).value();
+    if (step == 0)
+      first_loss = loss;
+    if (loss < 0.1f)
+      break;
+    ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
+    for (Parameter *parameter : model->Parameters()) {
+      ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -learning_rate,
+                        parameter->grad(), parameter->data().value(), stream)
+                      .ok());
+    }
+  }
+  EXPECT_NEAR(first_loss, std::log(37.0f), 0.3f);
+  EXPECT_LT(loss, 0.1f) << "after " << step << " steps";
+}
+
+TEST(GptTest, BackwardLossWithoutForwardLossIsFailedPrecondition) {
+  auto model = MakeModel(TinyConfig());
+  EXPECT_EQ(model->BackwardLoss(1.0f, Stream()).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+} // namespace
+} // namespace nn
+} // namespace ze
