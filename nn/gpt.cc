@@ -89,7 +89,7 @@ std::vector<std::string> GptConfig::PresetNames() {
 }
 
 GptModel::GptModel(const GptConfig &config, const GptOptions &options)
-    : Module("GptModel"), config_(config), options_(options) {
+    : LossModel("GptModel"), config_(config), options_(options) {
   const LayerOptions layer_options{options.device, options.dtype};
   embed_ = RegisterChild("embed", std::make_unique<Embedding>(
                                       config.table_rows(), config.max_seq_len,

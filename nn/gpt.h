@@ -22,6 +22,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "nn/layers.h"
+#include "nn/loss_model.h"
 #include "nn/module.h"
 
 namespace ze {
@@ -71,7 +72,7 @@ struct GptOptions {
   bool materialize = true;
 };
 
-class GptModel : public Module {
+class GptModel : public LossModel {
 public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, name). InvalidArgument for a bad config;
@@ -82,6 +83,8 @@ public:
 
   const GptConfig &config() const { return config_; }
   const GptOptions &options() const { return options_; }
+  Device device() const override { return options_.device; }
+  DType dtype() const override { return options_.dtype; }
   Embedding *embed() const { return embed_; }
   Sequential *blocks() const { return blocks_; }
   LayerNorm *ln_f() const { return ln_f_; }
@@ -93,14 +96,14 @@ public:
   //   per-row losses (and the targets) back to the host: one stream
   //   synchronisation per call. The logits stay alive until BackwardLoss.
   absl::StatusOr<float> ForwardLoss(const Tensor &tokens, const Tensor &targets,
-                                    const Stream &stream);
+                                    const Stream &stream) override;
   // Backpropagates loss_scale * (mean loss of the last ForwardLoss) through
   // the public Module::Backward, accumulating into the parameters' grads.
   // The logits buffer is reused for their gradient. FailedPrecondition
   // without a preceding ForwardLoss.
-  absl::Status BackwardLoss(float loss_scale, const Stream &stream);
+  absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
   // Targets counted by the last ForwardLoss.
-  int64_t counted_targets() const { return counted_targets_; }
+  int64_t counted_targets() const override { return counted_targets_; }
 
 protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,

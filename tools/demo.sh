@@ -13,4 +13,5 @@ binary="$(bazel info bazel-bin 2>/dev/null)/examples/comm_demo"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=0
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 exec mpirun --oversubscribe --bind-to none -np "${ranks}" "${binary}"

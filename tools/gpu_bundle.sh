@@ -57,7 +57,24 @@ for label in $(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null); d
         copy_libraries "${file}"
       fi
     done
-    echo "sh ${package} ${name}" >> "${bundle}/tests/manifest.txt"
+    # bazel test passes `args`; outside bazel the manifest carries them,
+    # with $(rootpath :x) / $(location //p:x) turned into runfiles paths.
+    args="$(bazel query --output=build "${label}" 2>/dev/null | python3 -c '
+import re, sys
+text = sys.stdin.read()
+match = re.search(r"args = \[(.*?)\]", text, re.S)
+args = re.findall(r"\"((?:[^\"\\]|\\.)*)\"", match.group(1)) if match else []
+package = sys.argv[1]
+def path(m):
+    label = m.group(2)
+    if label.startswith(":"):
+        return package + "/" + label[1:]
+    label = label.lstrip("/")
+    pkg, _, name = label.partition(":")
+    return pkg + "/" + (name or pkg.split("/")[-1])
+print(" ".join(re.sub(r"\$\((rootpath|location|execpath) ([^)]+)\)", path, a) for a in args))
+' "${package}")"
+    echo "sh ${package} ${name} ${args}" >> "${bundle}/tests/manifest.txt"
   else
     add_binary "${package}/${name}" "${bundle}/tests/${package}/${name}"
     echo "cc ${package} ${name}" >> "${bundle}/tests/manifest.txt"

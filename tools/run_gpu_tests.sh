@@ -15,14 +15,14 @@ filter="${1:-}"
 
 passed=0
 failed=0
-while read -r kind package name; do
+while read -r kind package name args; do
   [[ -n "${filter}" && "${package}/${name}" != *${filter}* ]] && continue
   log="${logs}/${package//\//_}_${name}.log"
   start=$(date +%s)
   if [[ "${kind}" == "sh" ]]; then
     runfiles="${bundle}/tests/${package}/${name}.runfiles"
     (cd "${runfiles}/zero_engine" && TEST_SRCDIR="${runfiles}" TEST_WORKSPACE=zero_engine \
-      TEST_TMPDIR="$(mktemp -d)" timeout 600 "./${package}/${name}") > "${log}" 2>&1
+      TEST_TMPDIR="$(mktemp -d)" timeout 600 "./${package}/${name}" ${args}) > "${log}" 2>&1
   else
     (cd "${bundle}" && TEST_TMPDIR="$(mktemp -d)" timeout 600 "${bundle}/tests/${package}/${name}") > "${log}" 2>&1
   fi

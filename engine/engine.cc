@@ -1,0 +1,828 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "comm/factory.h"
+#include "core/logging.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "engine/training_state.h"
+#include "zero/flat_layout.h"
+#include "zero/optimizer.h"
+
+namespace ze {
+namespace engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Gib(double bytes) {
+  return absl::StrFormat("%.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+}
+
+// A view of `count` elements at `offset` of `flat`.
+Tensor Region(const Tensor& flat, int64_t offset, int64_t count) {
+  return flat.Slice(offset, count);
+}
+
+}  // namespace
+
+std::string MemoryBreakdown::ToString() const {
+  return absl::StrFormat(
+      "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
+      "%s, optimizer state %s, total %s (ZeRO paper: %s)",
+      parameter_elements, Gib(model_weight_bytes), Gib(gradient_bytes),
+      Gib(master_weight_bytes), Gib(optimizer_state_bytes), Gib(total_bytes()),
+      Gib(paper_bytes));
+}
+
+// Everything about partitioning and reduction. Engine keeps the public
+// surface; Impl the buffers and the backward bookkeeping.
+class Engine::Impl {
+ public:
+  explicit Impl(Engine* engine) : engine_(*engine) {}
+
+  absl::Status Setup();
+  absl::Status BeginBackward();
+  absl::Status EndBackward();
+  absl::StatusOr<StepReport> BoundaryStep();
+  absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name);
+  std::vector<std::string> ParameterNames() const;
+
+  TrainingState& state() { return *state_; }
+  bool reducing_this_micro_step() const { return reduce_now_; }
+  void set_loss_sum(double sum) { loss_sum_ = sum; }
+  void add_loss(double loss) { loss_sum_ += loss; }
+
+ private:
+  const config::Config& config() const { return engine_.config_; }
+  comm::Communicator& comm() const { return *engine_.communicator_; }
+  const Stream& stream() const { return engine_.compute_stream_; }
+  Device device() const { return engine_.model_->device(); }
+  int world() const { return comm().world_size(); }
+  int rank() const { return comm().rank(); }
+
+  absl::Status AllocateBuffers();
+  absl::Status InstallHooks();
+  absl::Status OnParameterUsed(int index);
+  absl::Status OnParameterReady(int index);
+  absl::Status EnsureBucketGrads(int bucket);
+  absl::Status IssueReadyBuckets(bool flush);
+  absl::Status IssueBucket(int bucket);
+  absl::Status FinishBucket(int bucket);
+  absl::Status ZeroGradients();
+  // The gradient elements this rank's optimizer for `bucket` reads.
+  Tensor OwnGrads(int bucket) const;
+  Tensor OwnMaster(int bucket) const;
+  Tensor OwnModelWeights(int bucket) const;
+  absl::Status GatherUpdatedWeights();
+
+  Engine& engine_;
+  int stage_ = 0;
+  DType model_dtype_ = DType::kF32;
+  bool master_aliases_weights_ = false;  // f32 training: no separate copy
+
+  zero::PartitionedLayout layout_;
+  std::vector<nn::Parameter*> params_;  // layout order
+  std::unordered_map<const nn::Parameter*, int> index_of_;
+  std::vector<int64_t> bucket_offsets_;  // bucket b's start in the flat buffer
+
+  Tensor weights_;         // (padded_total) model dtype, all stages
+  Tensor grads_;           // stages 0-1: (padded_total) model dtype
+  Tensor grad_partition_;  // stage 2: (partition) model dtype
+  Tensor master_;          // f32: stage 0 (padded_total), 1-2 (partition)
+  std::vector<std::unique_ptr<zero::FlatOptimizer>> optimizers_;  // per bucket
+
+  // Backward bookkeeping (see InstallHooks).
+  std::vector<int> pending_uses_;       // per parameter
+  std::vector<int> bucket_unready_;     // parameters not yet final, per bucket
+  std::vector<bool> bucket_issued_;
+  int next_bucket_ = 0;                 // buckets are issued in index order
+  std::vector<Tensor> bucket_grads_;    // stage 2: in-flight full gradients
+  std::vector<Tensor> bucket_outputs_;  // stage 2: reduce-scatter outputs
+  std::vector<comm::Work> bucket_work_;
+  std::vector<nn::HookHandle> hooks_;
+  bool in_backward_ = false;
+  bool reduce_now_ = false;
+  double loss_sum_ = 0;
+
+  std::unique_ptr<TrainingState> state_;
+};
+
+absl::Status Engine::Impl::Setup() {
+  const config::Config& cfg = config();
+  stage_ = static_cast<int>(cfg.zero_optimization.stage);
+  if (stage_ > 2) {
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.source, ": zero_optimization.stage ", stage_,
+        " is not available in this build (stages 0-2 are)"));
+  }
+  if (cfg.zero_optimization.offload_optimizer.device !=
+          config::OffloadDevice::kNone ||
+      cfg.zero_optimization.offload_param.device !=
+          config::OffloadDevice::kNone) {
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.source,
+        ": zero_optimization.offload_optimizer/offload_param is not available "
+        "in this build; set device to \"none\""));
+  }
+  const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
+  const DType wanted = precision == config::TrainingPrecision::kBf16
+                           ? DType::kBF16
+                           : precision == config::TrainingPrecision::kFp16
+                                 ? DType::kF16
+                                 : DType::kF32;
+  model_dtype_ = engine_.model_->dtype();
+  if (model_dtype_ != wanted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        cfg.source, ": the config trains in ", DTypeName(wanted),
+        " (fp16.enabled / bf16.enabled) but the model was built with dtype ",
+        DTypeName(model_dtype_), "; build the model with ", DTypeName(wanted)));
+  }
+  master_aliases_weights_ = model_dtype_ == DType::kF32;
+  ZE_ASSIGN_OR_RETURN(state_, TrainingState::Create(cfg, world()));
+  ZE_RETURN_IF_ERROR(AllocateBuffers());
+  return InstallHooks();
+}
+
+absl::Status Engine::Impl::AllocateBuffers() {
+  nn::LossModel& model = *engine_.model_;
+  // Materialise any absent parameter (shapes-only construction) first:
+  // stages 0-2 keep full weights on every rank.
+  for (nn::Parameter* parameter : model.Parameters()) {
+    if (parameter->state() == nn::ParameterState::kAbsent) {
+      ZE_RETURN_IF_ERROR(parameter->Materialize(
+          static_cast<uint64_t>(config().seed), stream()));
+    }
+  }
+  // Layout order = reverse of the model's order, so buckets complete in
+  // index order during backward (the last layers' gradients come first).
+  std::vector<nn::Parameter*> trainable;
+  for (nn::Parameter* parameter : model.Parameters()) {
+    if (parameter->requires_grad()) trainable.push_back(parameter);
+  }
+  std::reverse(trainable.begin(), trainable.end());
+  std::vector<zero::ParamSpec> specs;
+  for (nn::Parameter* parameter : trainable) {
+    specs.push_back({parameter->name(), parameter->numel()});
+  }
+  zero::LayoutOptions options;
+  options.world_size = world();
+  options.bucket_max_elements = config().zero_optimization.reduce_bucket_size.value();
+  ZE_ASSIGN_OR_RETURN(layout_, zero::PartitionedLayout::Build(specs, options));
+  params_ = trainable;
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    index_of_[params_[i]] = i;
+  }
+  int64_t offset = 0;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    bucket_offsets_.push_back(offset);
+    offset += layout_.bucket(b).padded_elements;
+  }
+
+  // The memory this rank will hold, computed before allocating so a model
+  // that does not fit fails with the full figure.
+  const int64_t psi = layout_.total_param_elements();
+  const int64_t padded = layout_.padded_total_elements();
+  const int64_t partition = layout_.partition_elements();
+  const int64_t element_bytes = static_cast<int64_t>(SizeOf(model_dtype_));
+  zero::OptimizerOptions optimizer_options = state_->optimizer_options();
+  MemoryBreakdown& memory = engine_.memory_;
+  memory.parameter_elements = psi;
+  memory.model_weight_bytes = padded * element_bytes;
+  memory.gradient_bytes = (stage_ == 2 ? partition : padded) * element_bytes;
+  const int64_t master_elements = stage_ == 0 ? padded : partition;
+  memory.master_weight_bytes = master_aliases_weights_ ? 0 : master_elements * 4;
+  memory.optimizer_state_bytes =
+      master_elements * zero::StateBytesPerElement(optimizer_options);
+  const double n = world();
+  if (stage_ == 0) memory.paper_bytes = 16.0 * psi;
+  if (stage_ == 1) memory.paper_bytes = 4.0 * psi + 12.0 * psi / n;
+  if (stage_ == 2) memory.paper_bytes = 2.0 * psi + 14.0 * psi / n;
+
+  auto annotate = [&](const absl::Status& status) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat("model state does not fit on rank ", rank(), " (",
+                     device().ToString(), "): ZeRO stage ", stage_, " needs ",
+                     memory.total_bytes(), " bytes per rank (",
+                     memory.ToString(), "): ", status.message()));
+  };
+  auto allocate = [&](int64_t count, DType dtype) -> absl::StatusOr<Tensor> {
+    absl::StatusOr<Tensor> tensor = Tensor::Zeros({count}, dtype, device());
+    if (!tensor.ok()) return annotate(tensor.status());
+    return tensor;
+  };
+
+  ZE_ASSIGN_OR_RETURN(weights_, allocate(padded, model_dtype_));
+  // Move the model's weights into the flat buffer and make each parameter a
+  // view of it.
+  for (int i = 0; i < layout_.num_params(); ++i) {
+    const zero::ParamPlacement& place = layout_.placement(i);
+    Tensor view = Region(weights_, bucket_offsets_[place.bucket] + place.offset,
+                         place.numel)
+                      .View(params_[i]->shape());
+    ZE_ASSIGN_OR_RETURN(Tensor current, params_[i]->data());
+    ZE_RETURN_IF_ERROR(Copy(current, view, stream()));
+    ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
+  }
+  if (stage_ == 2) {
+    ZE_ASSIGN_OR_RETURN(grad_partition_, allocate(partition, model_dtype_));
+    bucket_grads_.resize(layout_.num_buckets());
+    bucket_outputs_.resize(layout_.num_buckets());
+  } else {
+    ZE_ASSIGN_OR_RETURN(grads_, allocate(padded, model_dtype_));
+    for (int i = 0; i < layout_.num_params(); ++i) {
+      const zero::ParamPlacement& place = layout_.placement(i);
+      ZE_RETURN_IF_ERROR(params_[i]->SetGrad(
+          Region(grads_, bucket_offsets_[place.bucket] + place.offset,
+                 place.numel)
+              .View(params_[i]->shape())));
+    }
+  }
+  if (!master_aliases_weights_) {
+    ZE_ASSIGN_OR_RETURN(master_, allocate(master_elements, DType::kF32));
+  }
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    const int64_t count =
+        stage_ == 0 ? layout_.bucket(b).padded_elements
+                    : layout_.bucket(b).slice_elements;
+    absl::StatusOr<std::unique_ptr<zero::FlatOptimizer>> optimizer =
+        zero::FlatOptimizer::Create(optimizer_options, count, device());
+    if (!optimizer.ok()) return annotate(optimizer.status());
+    optimizers_.push_back(std::move(optimizer).value());
+    if (!master_aliases_weights_) {
+      ZE_RETURN_IF_ERROR(Copy(OwnModelWeights(b), OwnMaster(b), stream()));
+    }
+  }
+  ZE_RETURN_IF_ERROR(stream().Synchronize());
+  bucket_work_.resize(layout_.num_buckets());
+  bucket_issued_.assign(layout_.num_buckets(), false);
+  pending_uses_.assign(layout_.num_params(), 0);
+  return absl::OkStatus();
+}
+
+Tensor Engine::Impl::OwnModelWeights(int bucket) const {
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  if (stage_ == 0) {
+    return Region(weights_, bucket_offsets_[bucket], layout.padded_elements);
+  }
+  return Region(weights_,
+                bucket_offsets_[bucket] + rank() * layout.slice_elements,
+                layout.slice_elements);
+}
+
+Tensor Engine::Impl::OwnMaster(int bucket) const {
+  if (master_aliases_weights_) return OwnModelWeights(bucket);
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  if (stage_ == 0) {
+    return Region(master_, bucket_offsets_[bucket], layout.padded_elements);
+  }
+  return Region(master_, layout.partition_offset, layout.slice_elements);
+}
+
+Tensor Engine::Impl::OwnGrads(int bucket) const {
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  if (stage_ == 0) {
+    return Region(grads_, bucket_offsets_[bucket], layout.padded_elements);
+  }
+  if (stage_ == 1) {
+    return Region(grads_,
+                  bucket_offsets_[bucket] + rank() * layout.slice_elements,
+                  layout.slice_elements);
+  }
+  return Region(grad_partition_, layout.partition_offset,
+                layout.slice_elements);
+}
+
+// Gradient readiness. A parameter's gradient is final in this backward when
+// every module call that read it during forward has run its backward: a
+// pre-forward hook counts the uses of each module's direct parameters (not
+// while backward recomputes a checkpointed forward, which is not a new use),
+// and a post-backward hook counts them down. A tied parameter used by the
+// embedding and the output head becomes final only after the embedding's
+// backward, the last one. Buckets are issued strictly in index order (the
+// layout is in reverse model order, so they complete in about that order),
+// which keeps every rank's collective sequence identical.
+absl::Status Engine::Impl::InstallHooks() {
+  for (nn::Module* module : engine_.model_->Modules()) {
+    std::vector<int> indices;
+    for (nn::Parameter* parameter : module->DirectParameters()) {
+      auto found = index_of_.find(parameter);
+      if (found != index_of_.end()) indices.push_back(found->second);
+    }
+    if (indices.empty()) continue;
+    hooks_.push_back(module->AddHook(
+        nn::HookKind::kPreForward,
+        [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          if (in_backward_ || !nn::SavingEnabled()) return absl::OkStatus();
+          for (int index : indices) ZE_RETURN_IF_ERROR(OnParameterUsed(index));
+          return absl::OkStatus();
+        }));
+    if (stage_ == 2) {
+      hooks_.push_back(module->AddHook(
+          nn::HookKind::kPreBackward,
+          [this, indices](nn::Module&, const Stream&) -> absl::Status {
+            for (int index : indices) {
+              ZE_RETURN_IF_ERROR(
+                  EnsureBucketGrads(layout_.placement(index).bucket));
+            }
+            return absl::OkStatus();
+          }));
+    }
+    hooks_.push_back(module->AddHook(
+        nn::HookKind::kPostBackward,
+        [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          for (int index : indices) {
+            if (pending_uses_[index] > 0 && --pending_uses_[index] == 0) {
+              ZE_RETURN_IF_ERROR(OnParameterReady(index));
+            }
+          }
+          return IssueReadyBuckets(/*flush=*/false);
+        }));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::OnParameterUsed(int index) {
+  ++pending_uses_[index];
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::OnParameterReady(int index) {
+  --bucket_unready_[layout_.placement(index).bucket];
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::EnsureBucketGrads(int bucket) {
+  if (bucket_grads_[bucket].defined()) return absl::OkStatus();
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  ZE_ASSIGN_OR_RETURN(bucket_grads_[bucket],
+                      Tensor::Zeros({layout.padded_elements}, model_dtype_,
+                                    device()));
+  if (device().is_cuda()) {
+    // Tensor::Zeros zeroes synchronously on the legacy stream; order it
+    // before the layers' accumulation on the compute stream.
+    ZE_RETURN_IF_ERROR(Fill(bucket_grads_[bucket], 0.0f, stream()));
+  }
+  for (int i = layout.first_param; i < layout.end_param; ++i) {
+    const zero::ParamPlacement& place = layout_.placement(i);
+    ZE_RETURN_IF_ERROR(params_[i]->SetGrad(
+        Region(bucket_grads_[bucket], place.offset, place.numel)
+            .View(params_[i]->shape())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::BeginBackward() {
+  in_backward_ = true;
+  reduce_now_ = stage_ == 2 || engine_.IsGradientAccumulationBoundary();
+  next_bucket_ = 0;
+  bucket_issued_.assign(layout_.num_buckets(), false);
+  bucket_unready_.assign(layout_.num_buckets(), 0);
+  for (int i = 0; i < layout_.num_params(); ++i) {
+    const int bucket = layout_.placement(i).bucket;
+    // A parameter no module used in this forward has its final (zero)
+    // gradient already.
+    if (pending_uses_[i] > 0) ++bucket_unready_[bucket];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::IssueReadyBuckets(bool flush) {
+  if (!reduce_now_) return absl::OkStatus();
+  while (next_bucket_ < layout_.num_buckets() &&
+         (flush || bucket_unready_[next_bucket_] == 0)) {
+    ZE_RETURN_IF_ERROR(IssueBucket(next_bucket_));
+    ++next_bucket_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::IssueBucket(int bucket) {
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  Tensor full;
+  if (stage_ == 2) {
+    // A bucket no module touched this micro-step still contributes zeros,
+    // so every rank issues the same collectives.
+    ZE_RETURN_IF_ERROR(EnsureBucketGrads(bucket));
+    full = bucket_grads_[bucket];
+  } else {
+    full = Region(grads_, bucket_offsets_[bucket], layout.padded_elements);
+  }
+  if (config().prescale_gradients) {
+    ZE_RETURN_IF_ERROR(Scale(
+        full, static_cast<float>(1.0 / config().gradient_predivide_factor),
+        stream()));
+  }
+  comm::Work work;
+  if (stage_ == 0) {
+    ZE_ASSIGN_OR_RETURN(
+        work, comm().AllReduce(full, full, comm::ReduceOp::kSum, stream()));
+  } else if (stage_ == 1) {
+    Tensor own = Region(full, rank() * layout.slice_elements,
+                        layout.slice_elements);
+    ZE_ASSIGN_OR_RETURN(
+        work, comm().ReduceScatter(full, own, comm::ReduceOp::kSum, stream()));
+  } else {
+    ZE_ASSIGN_OR_RETURN(bucket_outputs_[bucket],
+                        Tensor::Empty({layout.slice_elements}, model_dtype_,
+                                      device()));
+    ZE_ASSIGN_OR_RETURN(work,
+                        comm().ReduceScatter(full, bucket_outputs_[bucket],
+                                             comm::ReduceOp::kSum, stream()));
+  }
+  bucket_work_[bucket] = work;
+  bucket_issued_[bucket] = true;
+  if (stage_ == 2) {
+    // Bound the gradients in flight: finish the bucket two behind.
+    if (bucket >= 2 && bucket_grads_[bucket - 2].defined()) {
+      ZE_RETURN_IF_ERROR(FinishBucket(bucket - 2));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Stage 2: waits for the bucket's reduce-scatter, accumulates this rank's
+// reduced slice into its gradient partition, and frees the bucket.
+absl::Status Engine::Impl::FinishBucket(int bucket) {
+  ZE_RETURN_IF_ERROR(bucket_work_[bucket].StreamWait(stream()));
+  const zero::BucketLayout& layout = layout_.bucket(bucket);
+  Tensor partition = Region(grad_partition_, layout.partition_offset,
+                            layout.slice_elements);
+  ZE_RETURN_IF_ERROR(Add(partition, bucket_outputs_[bucket], partition,
+                         stream()));
+  for (int i = layout.first_param; i < layout.end_param; ++i) {
+    params_[i]->ReleaseGrad();
+  }
+  // The caching allocator may hand these blocks out again at once; work
+  // queued on the compute stream is ordered after the reads above.
+  bucket_grads_[bucket] = Tensor();
+  bucket_outputs_[bucket] = Tensor();
+  bucket_work_[bucket] = comm::Work();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::EndBackward() {
+  in_backward_ = false;
+  for (int& uses : pending_uses_) uses = 0;
+  if (reduce_now_) {
+    ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
+    if (stage_ == 2) {
+      for (int b = 0; b < layout_.num_buckets(); ++b) {
+        if (bucket_grads_[b].defined()) ZE_RETURN_IF_ERROR(FinishBucket(b));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::ZeroGradients() {
+  if (stage_ == 2) return Fill(grad_partition_, 0.0f, stream());
+  return Fill(grads_, 0.0f, stream());
+}
+
+absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
+  StepReport report;
+  report.boundary = true;
+  report.loss_scale = state_->loss_scale();
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    ZE_RETURN_IF_ERROR(bucket_work_[b].StreamWait(stream()));
+    bucket_work_[b] = comm::Work();
+  }
+
+  // One all-reduce carries what every rank must agree on:
+  //   [0] sum of squares of the gradients (stage 0: each rank holds all of
+  //       them, so each contributes 1/N of its sum),
+  //   [1] overflow flag (fp16), [2] this rank's summed micro-batch losses.
+  ZE_ASSIGN_OR_RETURN(Tensor stats,
+                      Tensor::Zeros({3}, DType::kF32, device()));
+  if (device().is_cuda()) ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream()));
+  Tensor sum_of_squares = stats.Slice(0, 1);
+  Tensor overflow = stats.Slice(1, 1);
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    Tensor own = OwnGrads(b);
+    ZE_RETURN_IF_ERROR(SumOfSquares(own, sum_of_squares, stream()));
+    if (state_->checks_overflow()) {
+      ZE_RETURN_IF_ERROR(HasInfOrNan(own, overflow, stream()));
+    }
+  }
+  if (stage_ == 0) {
+    ZE_RETURN_IF_ERROR(Scale(sum_of_squares, 1.0f / world(), stream()));
+  }
+  ZE_RETURN_IF_ERROR(
+      Fill(stats.Slice(2, 1), static_cast<float>(loss_sum_), stream()));
+  ZE_ASSIGN_OR_RETURN(comm::Work work, comm().AllReduce(stats, stats,
+                                                        comm::ReduceOp::kSum,
+                                                        stream()));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(stats, stream()));
+  const int64_t accumulation =
+      config().gradient_accumulation_steps.value();
+  report.loss = values[2] / (static_cast<double>(world()) * accumulation);
+  loss_sum_ = 0;
+
+  const bool overflowed = values[1] > 0 || !std::isfinite(values[0]);
+  const double loss_scale = state_->loss_scale();
+  // The buffers hold the sum over ranks of loss_scale * (mean over the
+  // accumulation window) gradients; the true gradient divides by both.
+  double unscale = 1.0 / (loss_scale * world());
+  if (config().prescale_gradients) {
+    unscale *= config().gradient_predivide_factor;
+  }
+  report.grad_norm = std::sqrt(static_cast<double>(values[0])) * unscale;
+  report.learning_rate = state_->learning_rate();
+  if (state_->checks_overflow()) {
+    state_->UpdateLossScale(overflowed, engine_.counters_.global_steps + 1);
+  }
+  if (overflowed && state_->checks_overflow()) {
+    report.skipped = true;
+    ZE_RETURN_IF_ERROR(ZeroGradients());
+    return report;
+  }
+  double clip = 1.0;
+  const double max_norm = config().gradient_clipping.value();
+  if (max_norm > 0 && report.grad_norm > max_norm) {
+    clip = max_norm / (report.grad_norm + 1e-6);
+  }
+  zero::StepArgs args;
+  args.lr = report.learning_rate;
+  args.grad_scale = static_cast<float>(unscale * clip);
+  state_->FillMomentum(&args);
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    ZE_RETURN_IF_ERROR(optimizers_[b]->Step(
+        OwnMaster(b), OwnGrads(b), args, stream(),
+        master_aliases_weights_ ? Tensor() : OwnModelWeights(b)));
+  }
+  if (stage_ > 0 && world() > 1) ZE_RETURN_IF_ERROR(GatherUpdatedWeights());
+  ZE_RETURN_IF_ERROR(ZeroGradients());
+  state_->AdvanceSchedule();
+  return report;
+}
+
+// Stages 1-2: every rank updated its slice of each bucket's weights; an
+// in-place all-gather per bucket, grouped up to allgather_bucket_size
+// elements per call, rebuilds the full weights everywhere.
+absl::Status Engine::Impl::GatherUpdatedWeights() {
+  const int64_t group_limit =
+      std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
+  std::vector<comm::CollectiveOp> group;
+  int64_t group_elements = 0;
+  std::vector<comm::Work> works;
+  auto flush = [&]() -> absl::Status {
+    if (group.empty()) return absl::OkStatus();
+    ZE_ASSIGN_OR_RETURN(comm::Work work, comm().Coalesced(group, stream()));
+    works.push_back(work);
+    group.clear();
+    group_elements = 0;
+    return absl::OkStatus();
+  };
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    const zero::BucketLayout& layout = layout_.bucket(b);
+    Tensor full = Region(weights_, bucket_offsets_[b], layout.padded_elements);
+    if (group_elements > 0 &&
+        group_elements + layout.padded_elements > group_limit) {
+      ZE_RETURN_IF_ERROR(flush());
+    }
+    group.push_back(comm::CollectiveOp::AllGather(OwnModelWeights(b), full));
+    group_elements += layout.padded_elements;
+  }
+  ZE_RETURN_IF_ERROR(flush());
+  for (comm::Work& work : works) ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Engine::Impl::GatherMasterWeights(
+    const std::string& name) {
+  ZE_ASSIGN_OR_RETURN(int index, layout_.FindParam(name));
+  // Gather each bucket's master slices (a collective on every rank), then
+  // read the parameter's range.
+  const zero::ParamPlacement& place = layout_.placement(index);
+  const zero::BucketLayout& layout = layout_.bucket(place.bucket);
+  ZE_ASSIGN_OR_RETURN(Tensor full, Tensor::Empty({layout.padded_elements},
+                                                 DType::kF32, device()));
+  Tensor own = OwnMaster(place.bucket);
+  if (stage_ == 0 || world() == 1) {
+    if (own.dtype() == DType::kF32) {
+      ZE_RETURN_IF_ERROR(Copy(own, full, stream()));
+    } else {
+      ZE_RETURN_IF_ERROR(Copy(own, full, stream()));
+    }
+  } else {
+    Tensor own_f32;
+    ZE_ASSIGN_OR_RETURN(own_f32, Tensor::Empty({layout.slice_elements},
+                                               DType::kF32, device()));
+    ZE_RETURN_IF_ERROR(Copy(own, own_f32, stream()));
+    ZE_ASSIGN_OR_RETURN(comm::Work work,
+                        comm().AllGather(own_f32, full, stream()));
+    ZE_RETURN_IF_ERROR(work.Wait());
+  }
+  ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(full, stream()));
+  return std::vector<float>(values.begin() + place.offset,
+                            values.begin() + place.offset + place.numel);
+}
+
+std::vector<std::string> Engine::Impl::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const nn::Parameter* parameter : params_) names.push_back(parameter->name());
+  return names;
+}
+
+// ------------------------------------------------------------------ Engine
+
+Engine::~Engine() = default;
+
+bool Engine::IsGradientAccumulationBoundary() const {
+  const int64_t accumulation = config_.gradient_accumulation_steps.value();
+  return (counters_.micro_steps + 1) % accumulation == 0;
+}
+
+double Engine::current_learning_rate() const {
+  return impl_->state().learning_rate();
+}
+
+double Engine::current_loss_scale() const { return impl_->state().loss_scale(); }
+
+absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
+                                      const Tensor& targets) {
+  const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
+  if (tokens.dim() != 2 || tokens.size(0) != micro ||
+      targets.shape() != tokens.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Engine::Forward on rank ", communicator_->rank(),
+        ": tokens and targets must both be (train_micro_batch_size_per_gpu=",
+        micro, ", T) i32, got ", tokens.DebugString(), " and ",
+        targets.DebugString()));
+  }
+  Tensor device_tokens = tokens;
+  Tensor device_targets = targets;
+  const Device device = model_->device();
+  if (tokens.device() != device) {
+    ZE_ASSIGN_OR_RETURN(device_tokens,
+                        Tensor::Empty(tokens.shape(), tokens.dtype(), device));
+    ZE_RETURN_IF_ERROR(Copy(tokens, device_tokens, compute_stream_));
+  }
+  if (targets.device() != device) {
+    ZE_ASSIGN_OR_RETURN(device_targets, Tensor::Empty(targets.shape(),
+                                                      targets.dtype(), device));
+    ZE_RETURN_IF_ERROR(Copy(targets, device_targets, compute_stream_));
+  }
+  ZE_ASSIGN_OR_RETURN(float loss, model_->ForwardLoss(device_tokens,
+                                                      device_targets,
+                                                      compute_stream_));
+  impl_->add_loss(loss);
+  last_tokens_ = tokens.numel();
+  return loss;
+}
+
+absl::Status Engine::Backward() {
+  ZE_RETURN_IF_ERROR(impl_->BeginBackward());
+  const double scale = impl_->state().loss_scale() /
+                       config_.gradient_accumulation_steps.value();
+  absl::Status status =
+      model_->BackwardLoss(static_cast<float>(scale), compute_stream_);
+  absl::Status end = impl_->EndBackward();
+  ZE_RETURN_IF_ERROR(status);
+  return end;
+}
+
+absl::StatusOr<StepReport> Engine::Step() {
+  const bool boundary = IsGradientAccumulationBoundary();
+  const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
+  counters_.micro_steps += 1;
+  counters_.global_samples += micro * communicator_->world_size();
+  window_tokens_ += last_tokens_ * communicator_->world_size();
+  if (!boundary) return StepReport{};
+  ZE_ASSIGN_OR_RETURN(StepReport report, impl_->BoundaryStep());
+  counters_.global_steps += 1;
+  if (report.skipped) {
+    counters_.skipped_steps += 1;
+  }
+  const int64_t every = config_.steps_per_print;
+  if (every > 0 && counters_.global_steps % every == 0) {
+    const double seconds =
+        std::chrono::duration<double>(Clock::now() - window_start_).count();
+    const double samples =
+        static_cast<double>(every) * config_.train_batch_size.value();
+    ZE_LOG_RANK0(INFO) << absl::StrFormat(
+        "step %d loss %.6f lr %.6g loss_scale %g skipped %d samples/s %.1f "
+        "tokens/s %.1f",
+        counters_.global_steps, report.loss, report.learning_rate,
+        report.loss_scale, counters_.skipped_steps, samples / seconds,
+        window_tokens_ / seconds);
+    window_start_ = Clock::now();
+    window_tokens_ = 0;
+  }
+  return report;
+}
+
+absl::StatusOr<StepReport> Engine::TrainBatch(
+    const std::vector<std::pair<Tensor, Tensor>>& micro_batches) {
+  const int64_t accumulation = config_.gradient_accumulation_steps.value();
+  if (static_cast<int64_t>(micro_batches.size()) != accumulation) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TrainBatch takes gradient_accumulation_steps=", accumulation,
+        " micro-batches, got ", micro_batches.size()));
+  }
+  StepReport report;
+  for (const auto& [tokens, targets] : micro_batches) {
+    ZE_RETURN_IF_ERROR(Forward(tokens, targets).status());
+    ZE_RETURN_IF_ERROR(Backward());
+    ZE_ASSIGN_OR_RETURN(report, Step());
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
+    const std::string& name) {
+  return impl_->GatherMasterWeights(name);
+}
+
+std::vector<std::string> Engine::ParameterNames() const {
+  return impl_->ParameterNames();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Initialize(
+    std::shared_ptr<nn::LossModel> model, const config::Config& config,
+    std::shared_ptr<comm::Communicator> communicator) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("engine::Initialize: model is null");
+  }
+  if (communicator == nullptr) {
+    comm::CommOptions options;
+    options.device = model->device().is_cuda() ? "cuda" : "cpu";
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
+                        comm::CreateCommunicator(options));
+    communicator = std::move(created);
+  }
+  if (config.world_size != communicator->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": the config was checked for world size ",
+        config.world_size, " but the job has ", communicator->world_size(),
+        " ranks"));
+  }
+  if (config.HasUnresolvedAuto()) {
+    std::string paths;
+    for (const std::string& path : config.UnresolvedAutoPaths()) {
+      absl::StrAppend(&paths, paths.empty() ? "" : ", ", path);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": \"auto\" values must be resolved before training: ",
+        paths));
+  }
+  std::unique_ptr<Engine> engine(new Engine());
+  engine->config_ = config;
+  engine->model_ = std::move(model);
+  engine->communicator_ = std::move(communicator);
+  if (engine->model_->device().is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(engine->compute_stream_,
+                        Stream::Create(engine->model_->device()));
+  }
+  engine->impl_ = std::make_unique<Engine::Impl>(engine.get());
+  ZE_RETURN_IF_ERROR(engine->impl_->Setup());
+  engine->window_start_ = Clock::now();
+  if (engine->communicator_->rank() == 0) {
+    ZE_LOG_RANK0(INFO) << "config (" << config.source << "):\n"
+                       << config::ToJson(config);
+    ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
+                       << ", world size " << engine->communicator_->world_size()
+                       << ", " << engine->memory_.ToString();
+  }
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Initialize(
+    std::shared_ptr<nn::LossModel> model,
+    const std::string& config_path_or_json,
+    std::shared_ptr<comm::Communicator> communicator) {
+  if (model == nullptr) {
+    return absl::InvalidArgumentError("engine::Initialize: model is null");
+  }
+  if (communicator == nullptr) {
+    comm::CommOptions options;
+    options.device = model->device().is_cuda() ? "cuda" : "cpu";
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
+                        comm::CreateCommunicator(options));
+    communicator = std::move(created);
+  }
+  const int world = communicator->world_size();
+  absl::StatusOr<config::Config> loaded =
+      !config_path_or_json.empty() && config_path_or_json[0] == '{'
+          ? config::LoadConfigString(config_path_or_json, world)
+          : config::LoadConfigFile(config_path_or_json, world);
+  ZE_RETURN_IF_ERROR(loaded.status());
+  config::ResolutionContext context;
+  context.world_size = world;
+  ZE_ASSIGN_OR_RETURN(config::Config resolved, config::Resolve(*loaded, context));
+  return Initialize(std::move(model), resolved, std::move(communicator));
+}
+
+}  // namespace engine
+}  // namespace ze

@@ -1,0 +1,177 @@
+// Engine: trains a model data-parallel across the ranks of an mpirun job,
+// the way a DeepSpeed config says (ZeRO stages 0-2 here; see
+// docs/architecture.md for stage 3 and offload).
+//
+//   ZE_ASSIGN_OR_RETURN(auto engine,
+//                       ze::engine::Initialize(model, "ds_config.json"));
+//   for (...) {                        // one micro-batch per call
+//     ZE_ASSIGN_OR_RETURN(float loss, engine->Forward(tokens, targets));
+//     ZE_RETURN_IF_ERROR(engine->Backward());
+//     ZE_RETURN_IF_ERROR(engine->Step());  // updates at the accumulation
+//   }                                      // boundary only
+//
+// What the engine owns: the communicator (bootstrapped from mpirun's
+// environment), the flat partitioned buffers that replace the model's
+// parameter and gradient storage, the f32 master weights and optimizer state
+// (this rank's partition from stage 1 on), the loss scaler and the learning
+// rate schedule. The model is shared with the caller, who may keep using it
+// for evaluation; its parameters become views into the engine's buffers.
+//
+// Data parallelism: every rank feeds its own micro-batch; gradients are
+// averaged over ranks and over the gradient_accumulation_steps micro-batches
+// of a step, so world size W with micro-batch B and accumulation A trains
+// exactly like one rank with micro-batch W*B*A (up to rounding).
+//
+// Stage by stage (Psi parameters, N ranks, mixed-precision Adam):
+//   0: 16-bit weights and gradients replicated; gradients all-reduced in
+//      buckets of reduce_bucket_size elements as soon as a bucket's
+//      gradients are final during backward; replicated f32 master weights and
+//      moments. 16 Psi bytes per rank.
+//   1: gradients reduce-scattered (each rank keeps the reduced slice it
+//      owns); master weights and moments partitioned; updated 16-bit weights
+//      all-gathered in groups of allgather_bucket_size. 4 Psi + 12 Psi / N.
+//   2: as 1, but the 16-bit gradients live only in flight: each bucket is
+//      reduce-scattered during backward, every micro-step, into this rank's
+//      gradient partition and freed. 2 Psi + 14 Psi / N.
+//
+// Threading: one thread drives an engine. Errors are Statuses naming the
+// config key, parameter or rank; a failed collective (timeout, mismatch)
+// leaves the engine unusable (later calls fail with FailedPrecondition).
+#ifndef ZE_ENGINE_ENGINE_H_
+#define ZE_ENGINE_ENGINE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "nn/loss_model.h"
+
+namespace ze {
+namespace engine {
+
+// Per-rank bytes of model state, as the ZeRO paper counts it (and as the
+// engine allocates it, padding included).
+struct MemoryBreakdown {
+  int64_t parameter_elements = 0;  // Psi
+  int64_t model_weight_bytes = 0;  // 16-bit (or f32) weights held
+  int64_t gradient_bytes = 0;      // gradients held between steps
+  int64_t master_weight_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
+  int64_t total_bytes() const {
+    return model_weight_bytes + gradient_bytes + master_weight_bytes +
+           optimizer_state_bytes;
+  }
+  // The paper's figure for this stage and world size, in bytes (16 Psi,
+  // 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N for mixed precision Adam).
+  double paper_bytes = 0;
+  std::string ToString() const;
+};
+
+struct Counters {
+  int64_t global_steps = 0;   // optimizer steps taken or skipped
+  int64_t skipped_steps = 0;  // fp16 overflow skips
+  int64_t micro_steps = 0;    // Forward/Backward pairs
+  int64_t global_samples = 0; // samples over all ranks
+};
+
+// What Step reports about the boundary it handled (for logs and tests).
+struct StepReport {
+  bool boundary = false;      // false: only accumulated
+  bool skipped = false;       // fp16 overflow
+  double loss = 0;            // mean over ranks and micro-batches
+  double grad_norm = 0;       // global norm before clipping (0 if unknown)
+  double learning_rate = 0;   // used for this update
+  double loss_scale = 1;      // in effect for this step's backward
+};
+
+class Engine {
+ public:
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs the model's forward and loss on this rank's micro-batch.
+  //   tokens, targets: (B, T) i32, on the host or the model's device;
+  //   B must equal train_micro_batch_size_per_gpu.
+  // Returns this rank's mean loss. FailedPrecondition when a Backward is
+  // still owed for the previous Forward.
+  absl::StatusOr<float> Forward(const Tensor& tokens, const Tensor& targets);
+  // Backpropagates the last Forward's loss (scaled by the loss scale and
+  // 1 / gradient_accumulation_steps). At the accumulation boundary, and
+  // every micro-step under stage 2, gradients are reduced as buckets fill.
+  absl::Status Backward();
+  // At the accumulation boundary: unscale, check for overflow (fp16), clip,
+  // update, gather the 16-bit weights (stages 1-2), step the schedule, zero
+  // the gradients. Otherwise only counts the micro-step.
+  absl::StatusOr<StepReport> Step();
+  // gradient_accumulation_steps micro-batches: Forward, Backward and Step
+  // each. micro_batches[i] = {tokens, targets}.
+  absl::StatusOr<StepReport> TrainBatch(
+      const std::vector<std::pair<Tensor, Tensor>>& micro_batches);
+
+  bool IsGradientAccumulationBoundary() const;
+  const Counters& counters() const { return counters_; }
+  double current_learning_rate() const;
+  double current_loss_scale() const;
+  const config::Config& config() const { return config_; }
+  comm::Communicator& communicator() const { return *communicator_; }
+  nn::LossModel& model() const { return *model_; }
+  const MemoryBreakdown& memory_breakdown() const { return memory_; }
+  const Stream& compute_stream() const { return compute_stream_; }
+
+  // The f32 master copy of parameter `name`, gathered from every rank (a
+  // collective: every rank must call it). For tests and checkpoints.
+  absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name);
+  // Every trainable parameter's name, in the engine's layout order.
+  std::vector<std::string> ParameterNames() const;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Engine>> Initialize(
+      std::shared_ptr<nn::LossModel> model, const config::Config& config,
+      std::shared_ptr<comm::Communicator> communicator);
+  class Impl;
+  Engine() = default;
+
+  config::Config config_;
+  std::shared_ptr<nn::LossModel> model_;
+  std::shared_ptr<comm::Communicator> communicator_;
+  Stream compute_stream_;
+  Counters counters_;
+  MemoryBreakdown memory_;
+  std::unique_ptr<Impl> impl_;
+  // For the steps_per_print throughput line.
+  int64_t last_tokens_ = 0;
+  double window_tokens_ = 0;
+  std::chrono::steady_clock::time_point window_start_;
+};
+
+// Wraps `model` for training with `config` (already loaded; its world size
+// must match the communicator's). `communicator` may be null: one is
+// bootstrapped from mpirun's environment (world size 1 without a launcher).
+// Fails with InvalidArgument naming the config key when the config and the
+// model disagree (dtype, an unsupported option), ResourceExhausted (with the
+// bytes needed) when the model state does not fit the device's allocator
+// cap, or the communicator's error.
+absl::StatusOr<std::unique_ptr<Engine>> Initialize(
+    std::shared_ptr<nn::LossModel> model, const config::Config& config,
+    std::shared_ptr<comm::Communicator> communicator = nullptr);
+
+// As above, with the config given as a file path, or as JSON text when it
+// starts with '{'. The batch triple is checked against the world size.
+absl::StatusOr<std::unique_ptr<Engine>> Initialize(
+    std::shared_ptr<nn::LossModel> model, const std::string& config_path_or_json,
+    std::shared_ptr<comm::Communicator> communicator = nullptr);
+
+}  // namespace engine
+}  // namespace ze
+
+#endif  // ZE_ENGINE_ENGINE_H_

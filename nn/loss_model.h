@@ -1,0 +1,45 @@
+// LossModel: a Module that computes its own training loss. What the engine
+// trains (ze::engine::Initialize takes one).
+//
+// Contract, shared by every implementation:
+//   ForwardLoss runs the model's public Module::Forward (so hooks fire) and
+//   returns the mean loss of the batch, read back to the host.
+//   BackwardLoss backpropagates loss_scale * that mean loss through the
+//   public Module::Backward, ACCUMULATING into the parameters' grad slots.
+//   counted_targets() is the number of targets the last ForwardLoss averaged
+//   over (the engine weighs ranks' losses by it).
+#ifndef ZE_NN_LOSS_MODEL_H_
+#define ZE_NN_LOSS_MODEL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+
+namespace ze {
+namespace nn {
+
+class LossModel : public Module {
+ public:
+  explicit LossModel(std::string type_name) : Module(std::move(type_name)) {}
+
+  // inputs, targets: (B, T) i32 on the model's device; a target < 0 is
+  // ignored. Errors from any module, annotated with its name.
+  virtual absl::StatusOr<float> ForwardLoss(const Tensor& inputs,
+                                            const Tensor& targets,
+                                            const Stream& stream) = 0;
+  // FailedPrecondition without a preceding ForwardLoss.
+  virtual absl::Status BackwardLoss(float loss_scale, const Stream& stream) = 0;
+  virtual int64_t counted_targets() const = 0;
+  // The device and dtype the model's parameters and activations use.
+  virtual Device device() const = 0;
+  virtual DType dtype() const = 0;
+};
+
+}  // namespace nn
+}  // namespace ze
+
+#endif  // ZE_NN_LOSS_MODEL_H_

@@ -1,0 +1,371 @@
+// Parity of ZeRO stages 0-2 across world sizes, through the public API.
+//
+//   parity_main run --out=DIR [--configs=reference|all]   (under mpirun -np W)
+//   parity_main compare --dir=DIR --world=W
+//
+// `run` trains a tiny GPT for 10 optimizer steps under every combination of
+// dtype {f32, bf16, fp16 with dynamic loss scaling} x optimizer {SGD with
+// momentum, AdamW} x stage {0, 1, 2} x gradient accumulation {1, 2} and
+// writes, on rank 0, one file per run with the 10 losses and every final f32
+// master weight. With --configs=reference (world size 1) it instead runs
+// stage 0 with the accumulation counts the other world sizes are compared
+// against, plus micro-batch 4 x accumulation 1 (compared with micro-batch 2
+// x accumulation 2).
+//
+// Why the comparison is exact in principle: rank r's micro-batch m of step s
+// holds global samples ((s*A + m)*W + r)*B + i, so world size W with
+// accumulation A sees the same samples per step as one rank with
+// accumulation A*W, and the engine averages gradients over both. Only the
+// order of floating-point sums differs.
+//
+// `compare` checks every world-size-W run against the world-size-1 stage-0
+// reference with the same dtype and optimizer, prints the largest
+// differences, and exits non-zero beyond the tolerances below.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "comm/factory.h"
+#include "core/logging.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "nn/gpt.h"
+
+namespace ze {
+namespace {
+
+constexpr int kSteps = 10;
+constexpr int kSeqLen = 8;
+constexpr int kVocab = 37;
+
+struct RunSpec {
+  std::string dtype;      // f32, bf16, fp16
+  std::string optimizer;  // sgd, adamw
+  int stage = 0;
+  int accumulation = 1;
+  int micro = 2;
+  std::string Name(int world) const {
+    return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
+                        "_a", accumulation, "_m", micro);
+  }
+};
+
+// Tolerances, relative to max(1, |reference|). f32 differs only by the order
+// of sums; bf16/fp16 round gradients to 8/11 bits at every accumulation and
+// reduction, so their runs drift further apart over 10 steps.
+struct Tolerance {
+  double loss;
+  double weight;
+};
+Tolerance ToleranceFor(const std::string& dtype) {
+  // Measured on CPU at world sizes 1-4 (2026-12-02): largest loss / weight
+  // differences f32 9e-8 / 1.2e-7, fp16 2.2e-5 / 1.1e-4, bf16 3.4e-4 /
+  // 1.2e-3. The tolerances leave about 10x room.
+  if (dtype == "f32") return {1e-5, 1e-5};
+  if (dtype == "fp16") return {5e-4, 2e-3};
+  return {3e-3, 1e-2};  // bf16
+}
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Sample g: a sequence whose next token is mostly predictable, so the loss
+// falls visibly in 10 steps.
+void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
+  int32_t current = static_cast<int32_t>(Mix(g) % kVocab);
+  for (int t = 0; t < kSeqLen; ++t) {
+    tokens[t] = current;
+    const uint64_t noise = Mix(g * 1000 + t);
+    const int32_t next = noise % 4 == 0 ? static_cast<int32_t>(noise % kVocab)
+                                        : (current * 5 + 3) % kVocab;
+    targets[t] = next;
+    current = next;
+  }
+}
+
+// AdamW's eps is 1e-3 here, not 1e-8: attention's key bias has an exactly
+// zero gradient (softmax ignores a shift shared by all keys), so its
+// "gradient" is rounding noise, and with a tiny eps Adam turns that noise into
+// full +-lr steps whose signs depend on the order of floating-point sums.
+// A larger eps bounds that amplification without hiding real differences.
+std::string ConfigJson(const RunSpec& spec, int world) {
+  const std::string optimizer =
+      spec.optimizer == "sgd"
+          ? R"("optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}})"
+          : R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-3, "weight_decay": 0.01}})";
+  std::string precision;
+  if (spec.dtype == "bf16") precision = R"("bf16": {"enabled": true},)";
+  if (spec.dtype == "fp16") {
+    precision =
+        R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 10, "loss_scale_window": 4, "hysteresis": 2},)";
+  }
+  // Small buckets so every run has several (and parameters straddle rank
+  // slices); a scheduler so the learning rate changes every step.
+  return absl::StrCat(
+      "{", R"("train_micro_batch_size_per_gpu": )", spec.micro, ",",
+      R"("gradient_accumulation_steps": )", spec.accumulation, ",",
+      R"("steps_per_print": 5, "gradient_clipping": 1.0,)", optimizer, ",",
+      precision,
+      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": )",
+      spec.optimizer == "sgd" ? "0.1" : "0.01",
+      R"(, "warmup_num_steps": 4, "warmup_type": "linear"}},)",
+      R"("zero_optimization": {"stage": )", spec.stage,
+      R"(, "reduce_bucket_size": 700, "allgather_bucket_size": 900}})");
+  (void)world;
+}
+
+absl::Status RunOne(const RunSpec& spec,
+                    std::shared_ptr<comm::Communicator> communicator,
+                    const std::string& out_dir) {
+  const int world = communicator->world_size();
+  const int rank = communicator->rank();
+  nn::GptConfig gpt;
+  gpt.num_layers = 2;
+  gpt.num_heads = 2;
+  gpt.channels = 16;
+  gpt.vocab_size = kVocab;
+  gpt.max_seq_len = kSeqLen;
+  nn::GptOptions options;
+  options.device = communicator->device();
+  options.dtype = spec.dtype == "f32"    ? DType::kF32
+                  : spec.dtype == "bf16" ? DType::kBF16
+                                         : DType::kF16;
+  options.seed = 1234;
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
+                      nn::GptModel::Create(gpt, options));
+  std::shared_ptr<nn::GptModel> model(std::move(created));
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                      engine::Initialize(model, ConfigJson(spec, world),
+                                         communicator));
+  std::vector<double> losses;
+  std::vector<int32_t> tokens(spec.micro * kSeqLen), targets(tokens.size());
+  for (int step = 0; step < kSteps; ++step) {
+    for (int micro = 0; micro < spec.accumulation; ++micro) {
+      for (int i = 0; i < spec.micro; ++i) {
+        const int64_t sample =
+            ((static_cast<int64_t>(step) * spec.accumulation + micro) * world +
+             rank) * spec.micro + i;
+        FillSample(sample, &tokens[i * kSeqLen], &targets[i * kSeqLen]);
+      }
+      Tensor token_tensor = Tensor::Wrap(tokens.data(), {spec.micro, kSeqLen},
+                                         DType::kI32, Device::Cpu());
+      Tensor target_tensor = Tensor::Wrap(
+          targets.data(), {spec.micro, kSeqLen}, DType::kI32, Device::Cpu());
+      ZE_RETURN_IF_ERROR(engine->Forward(token_tensor, target_tensor).status());
+      ZE_RETURN_IF_ERROR(engine->Backward());
+      ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
+      if (report.boundary) losses.push_back(report.loss);
+    }
+  }
+  std::ostringstream text;
+  text.precision(9);
+  text << "losses";
+  for (double loss : losses) text << " " << loss;
+  text << "\nskipped " << engine->counters().skipped_steps << "\n";
+  for (const std::string& name : engine->ParameterNames()) {
+    ZE_ASSIGN_OR_RETURN(std::vector<float> weights,
+                        engine->GatherMasterWeights(name));
+    text << "param " << name;
+    for (float weight : weights) text << " " << weight;
+    text << "\n";
+  }
+  if (rank == 0) {
+    std::ofstream file(absl::StrCat(out_dir, "/", spec.Name(world), ".txt"));
+    file << text.str();
+    if (!file) {
+      return absl::InternalError(absl::StrCat("cannot write ", out_dir));
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<double>> params;
+};
+
+absl::StatusOr<RunResult> ReadResult(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) return absl::NotFoundError(absl::StrCat("missing result ", path));
+  RunResult result;
+  std::string line;
+  while (std::getline(file, line)) {
+    std::istringstream words(line);
+    std::string kind;
+    words >> kind;
+    if (kind == "losses") {
+      double value;
+      while (words >> value) result.losses.push_back(value);
+    } else if (kind == "param") {
+      std::string name;
+      words >> name;
+      double value;
+      std::vector<double>& values = result.params[name];
+      while (words >> value) values.push_back(value);
+    }
+  }
+  return result;
+}
+
+// Largest |a - b| / max(1, |b|) over the losses and over the weights.
+absl::Status Compare(const std::string& dir, const std::string& name,
+                     const std::string& reference_name,
+                     const Tolerance& tolerance, bool* all_ok) {
+  ZE_ASSIGN_OR_RETURN(RunResult run, ReadResult(absl::StrCat(dir, "/", name, ".txt")));
+  ZE_ASSIGN_OR_RETURN(RunResult reference,
+                      ReadResult(absl::StrCat(dir, "/", reference_name, ".txt")));
+  if (run.losses.size() != kSteps || reference.losses.size() != kSteps ||
+      run.params.size() != reference.params.size()) {
+    return absl::DataLossError(absl::StrCat("incomplete results for ", name));
+  }
+  double loss_error = 0, weight_error = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    loss_error = std::max(loss_error, std::abs(run.losses[i] - reference.losses[i]) /
+                                          std::max(1.0, std::abs(reference.losses[i])));
+  }
+  std::string worst;
+  for (const auto& [param, values] : reference.params) {
+    const std::vector<double>& other = run.params[param];
+    if (other.size() != values.size()) {
+      return absl::DataLossError(absl::StrCat(name, ": ", param, " size differs"));
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      const double error =
+          std::abs(other[i] - values[i]) / std::max(1.0, std::abs(values[i]));
+      if (error > weight_error) {
+        weight_error = error;
+        worst = param;
+      }
+    }
+  }
+  const bool ok = loss_error <= tolerance.loss && weight_error <= tolerance.weight;
+  std::printf("%s %-28s vs %-28s loss %.2e (tol %.0e) weights %.2e (tol %.0e, %s) "
+              "first/last loss %.5f/%.5f\n",
+              ok ? "ok  " : "FAIL", name.c_str(), reference_name.c_str(),
+              loss_error, tolerance.loss, weight_error, tolerance.weight,
+              worst.c_str(), run.losses.front(), run.losses.back());
+  if (!ok) *all_ok = false;
+  return absl::OkStatus();
+}
+
+std::vector<RunSpec> Matrix() {
+  std::vector<RunSpec> specs;
+  for (const char* dtype : {"f32", "bf16", "fp16"}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      for (int stage : {0, 1, 2}) {
+        for (int accumulation : {1, 2}) {
+          specs.push_back({dtype, optimizer, stage, accumulation, 2});
+        }
+      }
+    }
+  }
+  return specs;
+}
+
+std::vector<RunSpec> ReferenceMatrix() {
+  std::vector<RunSpec> specs;
+  for (const char* dtype : {"f32", "bf16", "fp16"}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      for (int accumulation : {1, 2, 3, 4, 6, 8}) {
+        specs.push_back({dtype, optimizer, 0, accumulation, 2});
+      }
+      specs.push_back({dtype, optimizer, 0, 1, 4});
+    }
+  }
+  return specs;
+}
+
+std::string Flag(int argc, char** argv, const std::string& name,
+                 const std::string& fallback) {
+  const std::string prefix = "--" + name + "=";
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]).rfind(prefix, 0) == 0) {
+      return std::string(argv[i]).substr(prefix.size());
+    }
+  }
+  return fallback;
+}
+
+int Main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "run") {
+    const std::string out = Flag(argc, argv, "out", ".");
+    comm::CommOptions options;
+    options.device = Flag(argc, argv, "device", "cpu");
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
+        comm::CreateCommunicator(options);
+    if (!created.ok()) {
+      std::cerr << created.status() << "\n";
+      return 1;
+    }
+    std::shared_ptr<comm::Communicator> communicator = std::move(created).value();
+    SetMinLogLevel(LogLevel::kWarning);
+    const bool reference = Flag(argc, argv, "configs", "all") == "reference";
+    for (const RunSpec& spec : reference ? ReferenceMatrix() : Matrix()) {
+      absl::Status status = RunOne(spec, communicator, out);
+      if (!status.ok()) {
+        std::cerr << "rank " << communicator->rank() << ": "
+                  << spec.Name(communicator->world_size()) << ": " << status
+                  << "\n";
+        return 1;
+      }
+    }
+    return 0;
+  }
+  if (mode == "compare") {
+    const std::string dir = Flag(argc, argv, "dir", ".");
+    const int world = std::atoi(Flag(argc, argv, "world", "2").c_str());
+    bool all_ok = true;
+    for (const RunSpec& spec : Matrix()) {
+      RunSpec reference = spec;
+      reference.stage = 0;
+      reference.accumulation = spec.accumulation * world;
+      absl::Status status =
+          Compare(dir, spec.Name(world), reference.Name(1),
+                  ToleranceFor(spec.dtype), &all_ok);
+      if (!status.ok()) {
+        std::cerr << status << "\n";
+        return 1;
+      }
+    }
+    if (world == 1) {
+      // Micro-batch 2 x accumulation 2 against micro-batch 4 x accumulation 1.
+      for (const char* dtype : {"f32", "bf16", "fp16"}) {
+        for (const char* optimizer : {"sgd", "adamw"}) {
+          RunSpec split{dtype, optimizer, 0, 2, 2};
+          RunSpec whole{dtype, optimizer, 0, 1, 4};
+          absl::Status status = Compare(dir, split.Name(1), whole.Name(1),
+                                        ToleranceFor(dtype), &all_ok);
+          if (!status.ok()) {
+            std::cerr << status << "\n";
+            return 1;
+          }
+        }
+      }
+    }
+    std::printf("parity at world size %d: %s\n", world, all_ok ? "PASSED" : "FAILED");
+    return all_ok ? 0 : 1;
+  }
+  std::cerr << "usage: parity_main run --out=DIR [--configs=reference] | "
+               "compare --dir=DIR --world=W\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace ze
+
+int main(int argc, char** argv) { return ze::Main(argc, argv); }
