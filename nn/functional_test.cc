@@ -1,0 +1,218 @@
+// nn/functional.h on the CPU: argument validation (InvalidArgument naming
+// the argument), forward values against direct reference formulas, the
+// bf16 storage path, and the documented aliasing rules.
+#include "nn/functional.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "nn/test_util.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+using testing::RandomIds;
+using testing::RandomTensor;
+using testing::Values;
+
+Tensor Empty(const Shape &shape, DType dtype = DType::kF32) {
+  return Tensor::Empty(shape, dtype, Device::Cpu()).value();
+}
+
+Tensor ToDType(const Tensor &tensor, DType dtype) {
+  Tensor result = Empty(tensor.shape(), dtype);
+  EXPECT_TRUE(Copy(tensor, result, Stream()).ok());
+  return result;
+}
+
+void ExpectInvalid(const absl::Status &status, const std::string &needle) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find(needle), std::string::npos) << status;
+}
+
+TEST(FunctionalValidationTest, NamesTheBadArgument) {
+  const Stream stream;
+  ExpectInvalid(LinearForward(RandomTensor({4, 5}, 1), RandomTensor({3, 6}, 2),
+                              Tensor(), Empty({4, 3}), stream),
+                "input must have shape (..., 6)");
+  ExpectInvalid(LinearForward(RandomTensor({4, 5}, 1), RandomTensor({3, 5}, 2),
+                              RandomTensor({4}, 3), Empty({4, 3}), stream),
+                "bias must have shape [3]");
+  const Tensor same = RandomTensor({4, 4}, 1);
+  ExpectInvalid(
+      LinearForward(same, RandomTensor({4, 4}, 2), Tensor(), same, stream),
+      "alias");
+  ExpectInvalid(LayerNormForward(RandomTensor({2, 8}, 1), RandomTensor({8}, 2),
+                                 RandomTensor({8}, 3), Empty({2, 8}),
+                                 Empty({2}, DType::kBF16), Empty({2}), stream),
+                "mean must be f32");
+  ExpectInvalid(AttentionForward(RandomTensor({1, 4, 12}, 1), 3,
+                                 Empty({1, 4, 4}), Empty({1, 3, 4}), stream),
+                "num_heads = 3");
+  ExpectInvalid(EmbeddingForward(RandomTensor({2, 3}, 1),
+                                 RandomTensor({5, 4}, 2), Tensor(),
+                                 Empty({2, 3, 4}), stream),
+                "tokens must be i32");
+  ExpectInvalid(
+      EmbeddingForward(RandomIds({2, 9}, 1, 5), RandomTensor({5, 4}, 2),
+                       RandomTensor({8, 4}, 3), Empty({2, 9, 4}), stream),
+      "position_table must be (max_T >= 9");
+  ExpectInvalid(CrossEntropyForward(RandomTensor({6, 5}, 1),
+                                    RandomIds({5}, 2, 5), Empty({6}), stream),
+                "targets");
+  Tensor bad_targets = RandomIds({6}, 2, 5);
+  bad_targets.data_as<int32_t>()[4] = 5;
+  ExpectInvalid(CrossEntropyForward(RandomTensor({6, 5}, 1), bad_targets,
+                                    Empty({6}), stream),
+                "targets[4] = 5");
+}
+
+// softmax(q k^T / sqrt(D) + causal mask) v, computed directly per element.
+TEST(FunctionalTest, AttentionMatchesDirectFormula) {
+  const int64_t batch = 2, seq = 5, heads = 2, head_dim = 3;
+  const int64_t channels = heads * head_dim;
+  const Tensor qkv = RandomTensor({batch, seq, 3 * channels}, 1, 2.0f);
+  Tensor output = Empty({batch, seq, channels});
+  Tensor lse = Empty({batch, heads, seq});
+  ASSERT_TRUE(AttentionForward(qkv, heads, output, lse, Stream()).ok());
+  const float *x = qkv.data_as<const float>();
+  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
+    return x[(b * seq + t) * 3 * channels + part * channels + h * head_dim + d];
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < seq; ++i) {
+        std::vector<double> scores(i + 1);
+        double max_score = -1e30, sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < head_dim; ++d) {
+            dot += at(b, i, 0, h, d) * at(b, j, 1, h, d);
+          }
+          scores[j] = dot / std::sqrt(static_cast<double>(head_dim));
+          max_score = std::max(max_score, scores[j]);
+        }
+        for (int64_t j = 0; j <= i; ++j)
+          sum += std::exp(scores[j] - max_score);
+        EXPECT_NEAR(lse.data_as<float>()[(b * heads + h) * seq + i],
+                    max_score + std::log(sum), 1e-5);
+        for (int64_t d = 0; d < head_dim; ++d) {
+          double expected = 0.0;
+          for (int64_t j = 0; j <= i; ++j) {
+            expected +=
+                std::exp(scores[j] - max_score) / sum * at(b, j, 2, h, d);
+          }
+          EXPECT_NEAR(output.data_as<float>()[(b * seq + i) * channels +
+                                              h * head_dim + d],
+                      expected, 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST(FunctionalTest, CrossEntropyValuesIgnoredRowsAndInPlaceBackward) {
+  const Tensor logits = RandomTensor({3, 4}, 1, 2.0f);
+  Tensor targets = RandomIds({3}, 2, 4);
+  targets.data_as<int32_t>()[1] = -1;
+  Tensor losses = Empty({3});
+  ASSERT_TRUE(CrossEntropyForward(logits, targets, losses, Stream()).ok());
+  const float *z = logits.data_as<const float>();
+  for (int row : {0, 2}) {
+    double sum = 0.0;
+    for (int v = 0; v < 4; ++v)
+      sum += std::exp(z[row * 4 + v]);
+    EXPECT_NEAR(losses.data_as<float>()[row],
+                std::log(sum) - z[row * 4 + targets.data_as<int32_t>()[row]],
+                1e-5);
+  }
+  EXPECT_EQ(losses.data_as<float>()[1], 0.0f);
+  // Out of place and in place (grad_logits aliasing logits) agree exactly.
+  Tensor grad = Empty({3, 4});
+  ASSERT_TRUE(CrossEntropyBackward(logits, targets, 0.5f, grad, Stream()).ok());
+  Tensor in_place = RandomTensor({3, 4}, 1, 2.0f);
+  ASSERT_TRUE(
+      CrossEntropyBackward(in_place, targets, 0.5f, in_place, Stream()).ok());
+  EXPECT_EQ(Values(grad), Values(in_place));
+  for (int v = 0; v < 4; ++v)
+    EXPECT_EQ(grad.data_as<float>()[4 + v], 0.0f);
+  double row_sum = 0.0;
+  for (int v = 0; v < 4; ++v)
+    row_sum += grad.data_as<float>()[v];
+  EXPECT_NEAR(row_sum, 0.0, 1e-6); // softmax - onehot sums to zero
+}
+
+// bf16 tensors are storage only: the result equals the f32 computation on
+// the bf16-rounded inputs, rounded once to bf16 (so within one bf16 ulp).
+TEST(FunctionalTest, Bf16StoragePathRoundsOnce) {
+  const Tensor input = ToDType(RandomTensor({4, 8}, 1), DType::kBF16);
+  const Tensor weight = ToDType(RandomTensor({6, 8}, 2), DType::kBF16);
+  const Tensor bias = ToDType(RandomTensor({6}, 3), DType::kBF16);
+  Tensor output = Empty({4, 6}, DType::kBF16);
+  ASSERT_TRUE(LinearForward(input, weight, bias, output, Stream()).ok());
+  Tensor reference = Empty({4, 6});
+  ASSERT_TRUE(LinearForward(ToDType(input, DType::kF32),
+                            ToDType(weight, DType::kF32),
+                            ToDType(bias, DType::kF32), reference, Stream())
+                  .ok());
+  const std::vector<float> got = Values(output);
+  const std::vector<float> want = Values(reference);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], static_cast<float>(bf16(want[i]))) << i;
+  }
+  // Accumulating a bf16 gradient: widened, summed in f32, rounded.
+  Tensor grad_weight = ToDType(RandomTensor({6, 8}, 4), DType::kBF16);
+  const std::vector<float> before = Values(grad_weight);
+  Tensor grad_output = ToDType(RandomTensor({4, 6}, 5), DType::kBF16);
+  ASSERT_TRUE(LinearBackward(grad_output, input, weight, Tensor(), grad_weight,
+                             Tensor(), Stream())
+                  .ok());
+  const std::vector<float> dy = Values(grad_output);
+  const std::vector<float> x = Values(input);
+  const std::vector<float> after = Values(grad_weight);
+  for (int n = 0; n < 6; ++n) {
+    for (int k = 0; k < 8; ++k) {
+      double expected = before[n * 8 + k];
+      for (int m = 0; m < 4; ++m)
+        expected += dy[m * 6 + n] * x[m * 8 + k];
+      EXPECT_NEAR(after[n * 8 + k], expected,
+                  std::fabs(expected) * 8e-3 + 1e-6);
+    }
+  }
+}
+
+TEST(FunctionalTest, GeluBackwardMayAliasGradOutput) {
+  const Tensor input = RandomTensor({10}, 1, 3.0f);
+  const Tensor grad_output = RandomTensor({10}, 2);
+  Tensor separate = Empty({10});
+  ASSERT_TRUE(GeluBackward(grad_output, input, separate, Stream()).ok());
+  Tensor aliased = RandomTensor({10}, 2);
+  ASSERT_TRUE(GeluBackward(aliased, input, aliased, Stream()).ok());
+  EXPECT_EQ(Values(separate), Values(aliased));
+}
+
+TEST(FunctionalTest, EmbeddingAddsPositionRows) {
+  const Tensor tokens = RandomIds({2, 3}, 1, 5);
+  const Tensor wte = RandomTensor({5, 4}, 2);
+  const Tensor wpe = RandomTensor({6, 4}, 3);
+  Tensor output = Empty({2, 3, 4});
+  ASSERT_TRUE(EmbeddingForward(tokens, wte, wpe, output, Stream()).ok());
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 3; ++t) {
+      const int id = tokens.data_as<int32_t>()[b * 3 + t];
+      for (int c = 0; c < 4; ++c) {
+        EXPECT_EQ(output.data_as<float>()[(b * 3 + t) * 4 + c],
+                  wte.data_as<float>()[id * 4 + c] +
+                      wpe.data_as<float>()[t * 4 + c]);
+      }
+    }
+  }
+}
+
+} // namespace
+} // namespace nn
+} // namespace ze
