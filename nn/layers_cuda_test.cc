@@ -1,0 +1,247 @@
+// CUDA against CPU: every layer (forward and backward) and a small GPT's
+// loss and gradients. The CPU runs in f32 (the reference); CUDA runs in
+// bf16 (and f32), built from the same seed, so both start from the same
+// parameters up to bf16 rounding. Needs a GPU (tag "gpu").
+//
+// Error measure: max |cuda - cpu| / max |cpu| over a tensor (a normalised
+// max-norm error, robust to elements near zero). Tolerances:
+//   bf16 layers: outputs 2e-2, gradients 3e-2;
+//   bf16 GPT:    loss within 2e-2 absolute, gradients 5e-2;
+//   f32:         everything 5e-3 (cuBLAS may use TF32-free f32 or split
+//                accumulation orders; 5e-3 leaves room for either).
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/ops.h"
+#include "nn/gpt.h"
+#include "nn/layers.h"
+#include "nn/test_util.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace nn {
+namespace {
+
+using testing::RandomIds;
+using testing::RandomTensor;
+using testing::Values;
+
+const Device kCuda = Device::Cuda(0);
+
+// Copies a CPU tensor to the GPU as `dtype` (i32 stays i32).
+Tensor ToCuda(const Tensor &host, DType dtype, const Stream &stream) {
+  Tensor staged = host;
+  if (host.dtype() != DType::kI32 && host.dtype() != dtype) {
+    staged = Tensor::Empty(host.shape(), dtype, Device::Cpu()).value();
+    EXPECT_TRUE(Copy(host, staged, stream).ok());
+  }
+  Tensor device = Tensor::Empty(staged.shape(), staged.dtype(), kCuda).value();
+  EXPECT_TRUE(Copy(staged, device, stream).ok());
+  EXPECT_TRUE(stream.Synchronize().ok());
+  return device;
+}
+
+double NormalisedError(const std::vector<float> &got,
+                       const std::vector<float> &want) {
+  EXPECT_EQ(got.size(), want.size());
+  double max_error = 0.0, max_value = 1e-12;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    if (!std::isfinite(got[i]))
+      return INFINITY;
+    max_error = std::max(max_error, std::fabs(double(got[i]) - want[i]));
+    max_value = std::max(max_value, std::fabs(double(want[i])));
+  }
+  return max_error / max_value;
+}
+
+class CudaTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0)
+      GTEST_SKIP() << "no CUDA device";
+    stream_ = Stream::Create(kCuda).value();
+  }
+  Stream stream_;
+};
+
+using Factory = std::function<std::unique_ptr<Module>(const LayerOptions &)>;
+
+// Runs `factory`'s layer on CPU f32 and CUDA `dtype` with the same seed,
+// input and output gradient, and compares output, input grad and every
+// parameter grad.
+void CompareLayer(const std::string &label, const Factory &factory,
+                  const Tensor &input, DType dtype, const Stream &stream,
+                  double output_tol, double grad_tol) {
+  SCOPED_TRACE(label + " " + DTypeName(dtype));
+  auto cpu = factory(LayerOptions{Device::Cpu(), DType::kF32});
+  auto gpu = factory(LayerOptions{kCuda, dtype});
+  ASSERT_TRUE(cpu->MaterializeParameters(11, Stream()).ok());
+  ASSERT_TRUE(gpu->MaterializeParameters(11, stream).ok());
+
+  const Tensor cpu_out = cpu->Forward(input, Stream()).value();
+  const Tensor gpu_out =
+      gpu->Forward(ToCuda(input, dtype, stream), stream).value();
+  EXPECT_LE(NormalisedError(Values(gpu_out), Values(cpu_out)), output_tol)
+      << "output";
+
+  const Tensor grad_output = RandomTensor(cpu_out.shape(), 5);
+  const Tensor cpu_grad = cpu->Backward(grad_output, Stream()).value();
+  const Tensor gpu_grad =
+      gpu->Backward(ToCuda(grad_output, dtype, stream), stream).value();
+  ASSERT_TRUE(stream.Synchronize().ok());
+  ASSERT_EQ(cpu_grad.defined(), gpu_grad.defined());
+  if (cpu_grad.defined()) {
+    EXPECT_LE(NormalisedError(Values(gpu_grad), Values(cpu_grad)), grad_tol)
+        << "input grad";
+  }
+  const std::vector<Parameter *> cpu_params = cpu->Parameters();
+  const std::vector<Parameter *> gpu_params = gpu->Parameters();
+  ASSERT_EQ(cpu_params.size(), gpu_params.size());
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
+                              Values(cpu_params[i]->grad())),
+              grad_tol)
+        << cpu_params[i]->name();
+  }
+}
+
+struct LayerCase {
+  std::string label;
+  Factory factory;
+  std::function<Tensor()> input;
+};
+
+std::vector<LayerCase> Cases() {
+  return {
+      {"Linear",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Linear>(64, 96, true, o);
+       },
+       [] {
+         return RandomTensor({4, 16, 64}, 1);
+       }},
+      {"LinearNoBias",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Linear>(64, 32, false, o);
+       },
+       [] {
+         return RandomTensor({48, 64}, 1);
+       }},
+      {"Embedding",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Embedding>(101, 32, 64, o);
+       },
+       [] {
+         return RandomIds({4, 32}, 1, 101);
+       }},
+      {"LayerNorm",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<LayerNorm>(96, o);
+       },
+       [] {
+         return RandomTensor({4, 16, 96}, 1, 2.0f);
+       }},
+      {"Gelu",
+       [](const LayerOptions &) -> std::unique_ptr<Module> {
+         return std::make_unique<Gelu>();
+       },
+       [] {
+         return RandomTensor({4, 16, 64}, 1, 3.0f);
+       }},
+      {"CausalSelfAttention",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<CausalSelfAttention>(128, 2, 2, o);
+       },
+       [] {
+         return RandomTensor({2, 80, 128}, 1);
+       }},
+      {"Mlp",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Mlp>(64, 2, o);
+       },
+       [] {
+         return RandomTensor({2, 32, 64}, 1);
+       }},
+      {"Block",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Block>(128, 4, 2, o);
+       },
+       [] {
+         return RandomTensor({2, 64, 128}, 1);
+       }},
+      {"BlockRunTwice",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Repeat>(std::make_unique<Block>(64, 2, 2, o),
+                                         2);
+       },
+       [] {
+         return RandomTensor({2, 32, 64}, 1);
+       }},
+  };
+}
+
+TEST_F(CudaTest, EveryLayerMatchesCpuInBf16) {
+  for (const LayerCase &layer : Cases()) {
+    CompareLayer(layer.label, layer.factory, layer.input(), DType::kBF16,
+                 stream_, 2e-2, 3e-2);
+  }
+}
+
+TEST_F(CudaTest, EveryLayerMatchesCpuInF32) {
+  for (const LayerCase &layer : Cases()) {
+    CompareLayer(layer.label, layer.factory, layer.input(), DType::kF32,
+                 stream_, 5e-3, 5e-3);
+  }
+}
+
+TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
+  GptConfig config;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.channels = 128;
+  config.vocab_size = 101;
+  config.padded_vocab_size = 128;
+  config.max_seq_len = 64;
+  const Tensor tokens = RandomIds({2, 64}, 1, 101);
+  const Tensor targets = RandomIds({2, 64}, 2, 101);
+  GptOptions cpu_options;
+  cpu_options.seed = 3;
+  auto cpu = GptModel::Create(config, cpu_options).value();
+  const float cpu_loss = cpu->ForwardLoss(tokens, targets, Stream()).value();
+  ASSERT_TRUE(cpu->BackwardLoss(1.0f, Stream()).ok());
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GptOptions gpu_options = cpu_options;
+    gpu_options.device = kCuda;
+    gpu_options.dtype = dtype;
+    for (bool checkpointing : {false, true}) {
+      config.activation_checkpointing = checkpointing;
+      auto gpu = GptModel::Create(config, gpu_options, stream_).value();
+      const float gpu_loss =
+          gpu->ForwardLoss(ToCuda(tokens, dtype, stream_),
+                           ToCuda(targets, dtype, stream_), stream_)
+              .value();
+      ASSERT_TRUE(gpu->BackwardLoss(1.0f, stream_).ok());
+      ASSERT_TRUE(stream_.Synchronize().ok());
+      const double loss_tol = dtype == DType::kF32 ? 1e-3 : 2e-2;
+      const double grad_tol = dtype == DType::kF32 ? 5e-3 : 5e-2;
+      EXPECT_NEAR(gpu_loss, cpu_loss, loss_tol);
+      const std::vector<Parameter *> cpu_params = cpu->Parameters();
+      const std::vector<Parameter *> gpu_params = gpu->Parameters();
+      for (size_t i = 0; i < cpu_params.size(); ++i) {
+        EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
+                                  Values(cpu_params[i]->grad())),
+                  grad_tol)
+            << cpu_params[i]->name() << " checkpointing=" << checkpointing;
+      }
+    }
+  }
+}
+
+} // namespace
+} // namespace nn
+} // namespace ze
