@@ -9,10 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "gtest/gtest.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/test_util.h"
-#include "gtest/gtest.h"
 
 namespace ze {
 namespace nn {
@@ -21,14 +21,14 @@ namespace {
 // A user leaf: y (..., C) = x (..., C) * gain (C), with a learnable gain.
 // CPU only, f32 (a CUDA version would call its own kernel here).
 class ChannelScale : public Module {
-public:
+ public:
   ChannelScale(int64_t channels, const LayerOptions &options)
       : Module("ChannelScale") {
     gain_ = RegisterParameter("gain", {channels}, options.dtype, options.device,
                               Initializer::Normal(0.5f));
   }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override {
     ZE_ASSIGN_OR_RETURN(Tensor gain, gain_->data());
@@ -44,9 +44,8 @@ protected:
     const float *x = input.data_as<const float>();
     const float *g = gain.data_as<const float>();
     float *y = output.data_as<float>();
-    for (int64_t i = 0; i < input.numel(); ++i)
-      y[i] = x[i] * g[i % channels];
-    saved_inputs_.Save(input); // what backward needs, per call
+    for (int64_t i = 0; i < input.numel(); ++i) y[i] = x[i] * g[i % channels];
+    saved_inputs_.Save(input);  // what backward needs, per call
     return output;
   }
 
@@ -76,7 +75,7 @@ protected:
 
   void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
 
-private:
+ private:
   Parameter *gain_;
   SavedStack<Tensor> saved_inputs_;
 };
@@ -84,12 +83,12 @@ private:
 // A user container: y = x + body(x). Calls its child's public Forward and
 // Backward (so the child's hooks fire) and adds the skip connection.
 class Residual : public Module {
-public:
+ public:
   explicit Residual(std::unique_ptr<Module> body) : Module("Residual") {
     body_ = RegisterChild("body", std::move(body));
   }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override {
     ZE_ASSIGN_OR_RETURN(Tensor output, body_->Forward(input, stream));
@@ -103,7 +102,7 @@ protected:
     return grad;
   }
 
-private:
+ private:
   Module *body_;
 };
 
@@ -147,8 +146,7 @@ TEST(CustomModelTest, HooksFireOnUserModules) {
   auto model = BuildModel();
   std::vector<std::string> events;
   for (Module *module : model->Modules()) {
-    if (module->type_name() != "ChannelScale")
-      continue;
+    if (module->type_name() != "ChannelScale") continue;
     module->AddHook(HookKind::kPreForward, [&](Module &m, const Stream &) {
       events.push_back("F " + m.FullName());
       return absl::OkStatus();
@@ -198,8 +196,7 @@ TEST(CustomModelTest, TrainsWithSgd) {
     ASSERT_TRUE(model->ZeroGrad(stream).ok());
     Tensor grad;
     last = loss_and_grad(&grad);
-    if (step == 0)
-      first = last;
+    if (step == 0) first = last;
     ASSERT_TRUE(model->Backward(grad, stream).ok());
     for (Parameter *parameter : model->Parameters()) {
       ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.5f,
@@ -210,6 +207,6 @@ TEST(CustomModelTest, TrainsWithSgd) {
   EXPECT_LT(last, 0.01 * first);
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

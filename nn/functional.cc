@@ -89,7 +89,7 @@ Tensor View2D(const Tensor &tensor, int64_t rows, int64_t columns) {
   return tensor.defined() ? tensor.View({rows, columns}) : tensor;
 }
 
-} // namespace
+}  // namespace
 
 absl::Status LinearForward(const Tensor &input, const Tensor &weight,
                            const Tensor &bias, const Tensor &output,
@@ -111,16 +111,14 @@ absl::Status LinearForward(const Tensor &input, const Tensor &weight,
                                     " has ", output_rows, " rows, input ",
                                     ShapeToString(input.shape()), " has ", m));
   }
-  if (bias.defined())
-    ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {n}));
+  if (bias.defined()) ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {n}));
   for (const auto &[name, tensor] :
        {std::pair<const char *, const Tensor *>{"input", &input},
         {"weight", &weight},
         {"output", &output}}) {
     ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
   }
-  if (bias.defined())
-    ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
+  if (bias.defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "input", input,
       {{"weight", &weight}, {"bias", &bias}, {"output", &output}}));
@@ -167,9 +165,9 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
     ZE_ASSIGN_OR_RETURN(const int64_t grad_input_rows,
                         RowsOf(op, "grad_input", grad_input, k));
     if (grad_input_rows != m) {
-      return Invalid(op, absl::StrCat("grad_input ",
-                                      ShapeToString(grad_input.shape()),
-                                      " must have ", m, " rows"));
+      return Invalid(
+          op, absl::StrCat("grad_input ", ShapeToString(grad_input.shape()),
+                           " must have ", m, " rows"));
     }
   }
   if (grad_weight.defined()) {
@@ -186,8 +184,7 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
         {"grad_input", &grad_input},
         {"grad_weight", &grad_weight},
         {"grad_bias", &grad_bias}}) {
-    if (tensor->defined())
-      ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
                                        {{"input", &input},
@@ -296,8 +293,7 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
         {"grad_input", &grad_input},
         {"grad_weight", &grad_weight},
         {"grad_bias", &grad_bias}}) {
-    if (tensor->defined())
-      ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
                                        {{"input", &input},
@@ -388,7 +384,7 @@ absl::StatusOr<int64_t> CheckAttentionShapes(const char *op, const Tensor &qkv,
   return channels;
 }
 
-} // namespace
+}  // namespace
 
 absl::Status AttentionForward(const Tensor &qkv, int num_heads,
                               const Tensor &output, const Tensor &logsumexp,
@@ -498,9 +494,9 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
   const int64_t channels = grad_output.size(2);
   if (grad_token_table.defined()) {
     if (grad_token_table.dim() != 2 || grad_token_table.size(1) != channels) {
-      return Invalid(op, absl::StrCat("grad_token_table must be (V, ", channels,
-                                      "), got ",
-                                      ShapeToString(grad_token_table.shape())));
+      return Invalid(
+          op, absl::StrCat("grad_token_table must be (V, ", channels, "), got ",
+                           ShapeToString(grad_token_table.shape())));
     }
     ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_token_table", grad_token_table));
   }
@@ -544,16 +540,16 @@ absl::StatusOr<int64_t> CheckCrossEntropyShapes(const char *op,
   const int64_t vocab = logits.shape().back();
   ZE_ASSIGN_OR_RETURN(const int64_t rows, RowsOf(op, "logits", logits, vocab));
   if (targets.numel() != rows) {
-    return Invalid(op, absl::StrCat("targets ", ShapeToString(targets.shape()),
-                                    " must hold one id per logits row (", rows,
-                                    ")"));
+    return Invalid(
+        op, absl::StrCat("targets ", ShapeToString(targets.shape()),
+                         " must hold one id per logits row (", rows, ")"));
   }
   ZE_RETURN_IF_ERROR(RequireFloat(op, "logits", logits));
   ZE_RETURN_IF_ERROR(RequireDType(op, "targets", targets, DType::kI32));
   return rows;
 }
 
-} // namespace
+}  // namespace
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
                                  const Tensor &losses, const Stream &stream) {
@@ -605,5 +601,5 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
                                            grad_logits_2d);
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

@@ -19,10 +19,9 @@ namespace {
 // A read-only f32 view of a host tensor: the tensor's own bytes when it is
 // f32, otherwise a widened copy (bf16/f16 are storage formats on the CPU).
 class FloatIn {
-public:
+ public:
   explicit FloatIn(const Tensor &tensor) {
-    if (!tensor.defined())
-      return;
+    if (!tensor.defined()) return;
     if (tensor.dtype() == DType::kF32) {
       data_ = tensor.data_as<const float>();
       return;
@@ -35,7 +34,7 @@ public:
   }
   const float *get() const { return data_; }
 
-private:
+ private:
   const float *data_ = nullptr;
   std::vector<float> widened_;
 };
@@ -44,10 +43,9 @@ private:
 // other dtypes go through an f32 buffer that Commit() rounds back. With
 // `load`, the buffer starts from the tensor's values (for accumulation).
 class FloatOut {
-public:
+ public:
   FloatOut(const Tensor &tensor, bool load) : tensor_(tensor) {
-    if (!tensor.defined())
-      return;
+    if (!tensor.defined()) return;
     if (tensor.dtype() == DType::kF32) {
       data_ = tensor.data_as<float>();
       return;
@@ -62,14 +60,13 @@ public:
   }
   float *get() const { return data_; }
   void Commit() {
-    if (!tensor_.defined() || tensor_.dtype() == DType::kF32)
-      return;
+    if (!tensor_.defined() || tensor_.dtype() == DType::kF32) return;
     for (int64_t i = 0; i < tensor_.numel(); ++i) {
       StoreFromFloat(tensor_.data(), tensor_.dtype(), i, buffer_[i]);
     }
   }
 
-private:
+ private:
   Tensor tensor_;
   float *data_ = nullptr;
   std::vector<float> buffer_;
@@ -77,7 +74,7 @@ private:
 
 constexpr float kLayerNormEpsilon = 1e-5f;
 
-} // namespace
+}  // namespace
 
 absl::Status LinearForward(const Tensor &input, const Tensor &weight,
                            const Tensor &bias, const Tensor &output) {
@@ -93,8 +90,7 @@ absl::Status LinearForward(const Tensor &input, const Tensor &weight,
   if (bias.defined()) {
     for (int row = 0; row < m; ++row) {
       float *y_row = y.get() + static_cast<int64_t>(row) * n;
-      for (int col = 0; col < n; ++col)
-        y_row[col] += b.get()[col];
+      for (int col = 0; col < n; ++col) y_row[col] += b.get()[col];
     }
   }
   y.Commit();
@@ -131,8 +127,7 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
     FloatOut db(grad_bias, /*load=*/true);
     for (int row = 0; row < m; ++row) {
       const float *dy_row = dy.get() + static_cast<int64_t>(row) * n;
-      for (int col = 0; col < n; ++col)
-        db.get()[col] += dy_row[col];
+      for (int col = 0; col < n; ++col) db.get()[col] += dy_row[col];
     }
     db.Commit();
   }
@@ -152,8 +147,7 @@ absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
     const float *x_row = x.get() + row * channels;
     float *y_row = y.get() + row * channels;
     double sum = 0.0;
-    for (int64_t c = 0; c < channels; ++c)
-      sum += x_row[c];
+    for (int64_t c = 0; c < channels; ++c) sum += x_row[c];
     const float row_mean = static_cast<float>(sum / channels);
     double squares = 0.0;
     for (int64_t c = 0; c < channels; ++c) {
@@ -198,13 +192,10 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
       const float dxhat = dy_row[c] * w.get()[c];
       dxhat_sum += dxhat;
       dxhat_xhat_sum += dxhat * xhat;
-      if (dw.get() != nullptr)
-        dw.get()[c] += dy_row[c] * xhat;
-      if (db.get() != nullptr)
-        db.get()[c] += dy_row[c];
+      if (dw.get() != nullptr) dw.get()[c] += dy_row[c] * xhat;
+      if (db.get() != nullptr) db.get()[c] += dy_row[c];
     }
-    if (dx.get() == nullptr)
-      continue;
+    if (dx.get() == nullptr) continue;
     const float dxhat_mean = static_cast<float>(dxhat_sum / channels);
     const float dxhat_xhat_mean = static_cast<float>(dxhat_xhat_sum / channels);
     float *dx_row = dx.get() + row * channels;
@@ -221,9 +212,9 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
 }
 
 namespace {
-constexpr float kGeluScale = 0.7978845608028654f; // sqrt(2 / pi)
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
-} // namespace
+}  // namespace
 
 absl::Status GeluForward(const Tensor &input, const Tensor &output) {
   FloatIn x(input);
@@ -268,7 +259,7 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
   FloatIn qkv_f(qkv);
   FloatOut out(output, /*load=*/false);
   float *lse = logsumexp.data_as<float>();
-  std::vector<float> probs(static_cast<size_t>(seq) * seq); // (T, T)
+  std::vector<float> probs(static_cast<size_t>(seq) * seq);  // (T, T)
   for (int b = 0; b < batch; ++b) {
     for (int h = 0; h < num_heads; ++h) {
       const float *q = qkv_f.get() +
@@ -285,18 +276,15 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
       for (int i = 0; i < seq; ++i) {
         float *row = probs.data() + static_cast<int64_t>(i) * seq;
         float row_max = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j <= i; ++j)
-          row_max = std::max(row_max, row[j]);
+        for (int j = 0; j <= i; ++j) row_max = std::max(row_max, row[j]);
         double sum = 0.0;
         for (int j = 0; j <= i; ++j) {
           row[j] = std::exp(row[j] - row_max);
           sum += row[j];
         }
         const float inverse_sum = static_cast<float>(1.0 / sum);
-        for (int j = 0; j <= i; ++j)
-          row[j] *= inverse_sum;
-        for (int j = i + 1; j < seq; ++j)
-          row[j] = 0.0f; // causal mask
+        for (int j = 0; j <= i; ++j) row[j] *= inverse_sum;
+        for (int j = i + 1; j < seq; ++j) row[j] = 0.0f;  // causal mask
         lse_bh[i] = row_max + static_cast<float>(std::log(sum));
       }
       // o (T, D) = probs (T, T) @ v (T, D)
@@ -320,8 +308,8 @@ absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
   FloatIn qkv_f(qkv), out_f(output), dout_f(grad_output);
   FloatOut dqkv(grad_qkv, /*load=*/false);
   const float *lse = logsumexp.data_as<const float>();
-  std::vector<float> probs(static_cast<size_t>(seq) * seq);       // (T, T)
-  std::vector<float> grad_scores(static_cast<size_t>(seq) * seq); // (T, T)
+  std::vector<float> probs(static_cast<size_t>(seq) * seq);        // (T, T)
+  std::vector<float> grad_scores(static_cast<size_t>(seq) * seq);  // (T, T)
   for (int b = 0; b < batch; ++b) {
     for (int h = 0; h < num_heads; ++h) {
       const int64_t qkv_offset =
@@ -406,8 +394,7 @@ absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
         out_row[c] = token_row[c] + position_row[c];
       }
     } else {
-      for (int64_t c = 0; c < channels; ++c)
-        out_row[c] = token_row[c];
+      for (int64_t c = 0; c < channels; ++c) out_row[c] = token_row[c];
     }
   }
   out.Commit();
@@ -435,8 +422,7 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
     for (int64_t i = 0; i < batch * seq; ++i) {
       float *row = dwte.get() + ids[i] * channels;
       const float *d_row = dout.get() + i * channels;
-      for (int64_t c = 0; c < channels; ++c)
-        row[c] += d_row[c];
+      for (int64_t c = 0; c < channels; ++c) row[c] += d_row[c];
     }
     dwte.Commit();
   }
@@ -445,8 +431,7 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
     for (int64_t i = 0; i < batch * seq; ++i) {
       float *row = dwpe.get() + (i % seq) * channels;
       const float *d_row = dout.get() + i * channels;
-      for (int64_t c = 0; c < channels; ++c)
-        row[c] += d_row[c];
+      for (int64_t c = 0; c < channels; ++c) row[c] += d_row[c];
     }
     dwpe.Commit();
   }
@@ -471,15 +456,13 @@ absl::Status CheckTargets(const int32_t *targets, int64_t rows, int64_t vocab,
 // logsumexp of one row, in double for a stable reference.
 float RowLogSumExp(const float *row, int64_t count) {
   float row_max = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < count; ++i)
-    row_max = std::max(row_max, row[i]);
+  for (int64_t i = 0; i < count; ++i) row_max = std::max(row_max, row[i]);
   double sum = 0.0;
-  for (int64_t i = 0; i < count; ++i)
-    sum += std::exp(row[i] - row_max);
+  for (int64_t i = 0; i < count; ++i) sum += std::exp(row[i] - row_max);
   return row_max + static_cast<float>(std::log(sum));
 }
 
-} // namespace
+}  // namespace
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
                                  const Tensor &losses) {
@@ -489,8 +472,7 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
   {
     absl::Status status =
         CheckTargets(target_ids, rows, vocab, "CrossEntropyForward");
-    if (!status.ok())
-      return status;
+    if (!status.ok()) return status;
   }
   FloatIn x(logits);
   float *loss_out = losses.data_as<float>();
@@ -513,8 +495,7 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   {
     absl::Status status =
         CheckTargets(target_ids, rows, vocab, "CrossEntropyBackward");
-    if (!status.ok())
-      return status;
+    if (!status.ok()) return status;
   }
   // grad_logits may alias logits: each row's logsumexp is taken before the
   // row is overwritten, and rows are independent.
@@ -524,8 +505,7 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
     const float *x_row = x.get() + row * vocab;
     float *dx_row = dx.get() + row * vocab;
     if (target_ids[row] < 0) {
-      for (int64_t i = 0; i < vocab; ++i)
-        dx_row[i] = 0.0f;
+      for (int64_t i = 0; i < vocab; ++i) dx_row[i] = 0.0f;
       continue;
     }
     const float lse = RowLogSumExp(x_row, vocab);
@@ -538,6 +518,6 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   return absl::OkStatus();
 }
 
-} // namespace cpu_backend
-} // namespace nn
-} // namespace ze
+}  // namespace cpu_backend
+}  // namespace nn
+}  // namespace ze

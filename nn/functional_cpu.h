@@ -54,8 +54,8 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
                                   float grad_scale, const Tensor &grad_logits);
 
-} // namespace cpu_backend
-} // namespace nn
-} // namespace ze
+}  // namespace cpu_backend
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_FUNCTIONAL_CPU_H_
+#endif  // ZE_NN_FUNCTIONAL_CPU_H_

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/ops.h"
-#include "nn/test_util.h"
 #include "gtest/gtest.h"
+#include "nn/test_util.h"
 
 namespace ze {
 namespace nn {
@@ -53,10 +53,10 @@ TEST(FunctionalValidationTest, NamesTheBadArgument) {
   ExpectInvalid(AttentionForward(RandomTensor({1, 4, 12}, 1), 3,
                                  Empty({1, 4, 4}), Empty({1, 3, 4}), stream),
                 "num_heads = 3");
-  ExpectInvalid(EmbeddingForward(RandomTensor({2, 3}, 1),
-                                 RandomTensor({5, 4}, 2), Tensor(),
-                                 Empty({2, 3, 4}), stream),
-                "tokens must be i32");
+  ExpectInvalid(
+      EmbeddingForward(RandomTensor({2, 3}, 1), RandomTensor({5, 4}, 2),
+                       Tensor(), Empty({2, 3, 4}), stream),
+      "tokens must be i32");
   ExpectInvalid(
       EmbeddingForward(RandomIds({2, 9}, 1, 5), RandomTensor({5, 4}, 2),
                        RandomTensor({8, 4}, 3), Empty({2, 9, 4}), stream),
@@ -96,8 +96,7 @@ TEST(FunctionalTest, AttentionMatchesDirectFormula) {
           scores[j] = dot / std::sqrt(static_cast<double>(head_dim));
           max_score = std::max(max_score, scores[j]);
         }
-        for (int64_t j = 0; j <= i; ++j)
-          sum += std::exp(scores[j] - max_score);
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(scores[j] - max_score);
         EXPECT_NEAR(lse.data_as<float>()[(b * heads + h) * seq + i],
                     max_score + std::log(sum), 1e-5);
         for (int64_t d = 0; d < head_dim; ++d) {
@@ -124,8 +123,7 @@ TEST(FunctionalTest, CrossEntropyValuesIgnoredRowsAndInPlaceBackward) {
   const float *z = logits.data_as<const float>();
   for (int row : {0, 2}) {
     double sum = 0.0;
-    for (int v = 0; v < 4; ++v)
-      sum += std::exp(z[row * 4 + v]);
+    for (int v = 0; v < 4; ++v) sum += std::exp(z[row * 4 + v]);
     EXPECT_NEAR(losses.data_as<float>()[row],
                 std::log(sum) - z[row * 4 + targets.data_as<int32_t>()[row]],
                 1e-5);
@@ -138,12 +136,10 @@ TEST(FunctionalTest, CrossEntropyValuesIgnoredRowsAndInPlaceBackward) {
   ASSERT_TRUE(
       CrossEntropyBackward(in_place, targets, 0.5f, in_place, Stream()).ok());
   EXPECT_EQ(Values(grad), Values(in_place));
-  for (int v = 0; v < 4; ++v)
-    EXPECT_EQ(grad.data_as<float>()[4 + v], 0.0f);
+  for (int v = 0; v < 4; ++v) EXPECT_EQ(grad.data_as<float>()[4 + v], 0.0f);
   double row_sum = 0.0;
-  for (int v = 0; v < 4; ++v)
-    row_sum += grad.data_as<float>()[v];
-  EXPECT_NEAR(row_sum, 0.0, 1e-6); // softmax - onehot sums to zero
+  for (int v = 0; v < 4; ++v) row_sum += grad.data_as<float>()[v];
+  EXPECT_NEAR(row_sum, 0.0, 1e-6);  // softmax - onehot sums to zero
 }
 
 // bf16 tensors are storage only: the result equals the f32 computation on
@@ -177,8 +173,7 @@ TEST(FunctionalTest, Bf16StoragePathRoundsOnce) {
   for (int n = 0; n < 6; ++n) {
     for (int k = 0; k < 8; ++k) {
       double expected = before[n * 8 + k];
-      for (int m = 0; m < 4; ++m)
-        expected += dy[m * 6 + n] * x[m * 8 + k];
+      for (int m = 0; m < 4; ++m) expected += dy[m * 6 + n] * x[m * 8 + k];
       EXPECT_NEAR(after[n * 8 + k], expected,
                   std::fabs(expected) * 8e-3 + 1e-6);
     }
@@ -205,14 +200,14 @@ TEST(FunctionalTest, EmbeddingAddsPositionRows) {
     for (int t = 0; t < 3; ++t) {
       const int id = tokens.data_as<int32_t>()[b * 3 + t];
       for (int c = 0; c < 4; ++c) {
-        EXPECT_EQ(output.data_as<float>()[(b * 3 + t) * 4 + c],
-                  wte.data_as<float>()[id * 4 + c] +
-                      wpe.data_as<float>()[t * 4 + c]);
+        EXPECT_EQ(
+            output.data_as<float>()[(b * 3 + t) * 4 + c],
+            wte.data_as<float>()[id * 4 + c] + wpe.data_as<float>()[t * 4 + c]);
       }
     }
   }
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

@@ -25,40 +25,36 @@ constexpr PresetShape kPresets[] = {
     {"13B", 40, 40, 5120},
 };
 
-} // namespace
+}  // namespace
 
 absl::Status GptConfig::Validate() const {
   auto fail = [](const std::string &message) {
     return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", message));
   };
-  if (num_layers < 1)
-    return fail(absl::StrCat("num_layers = ", num_layers));
-  if (num_heads < 1)
-    return fail(absl::StrCat("num_heads = ", num_heads));
+  if (num_layers < 1) return fail(absl::StrCat("num_layers = ", num_layers));
+  if (num_heads < 1) return fail(absl::StrCat("num_heads = ", num_heads));
   if (channels < 1 || channels % num_heads != 0) {
     return fail(absl::StrCat(
         "channels = ", channels,
         " must be positive and divisible by num_heads = ", num_heads));
   }
-  if (vocab_size < 1)
-    return fail(absl::StrCat("vocab_size = ", vocab_size));
+  if (vocab_size < 1) return fail(absl::StrCat("vocab_size = ", vocab_size));
   if (padded_vocab_size != 0 && padded_vocab_size < vocab_size) {
     return fail(absl::StrCat("padded_vocab_size = ", padded_vocab_size,
                              " is smaller than vocab_size = ", vocab_size));
   }
-  if (max_seq_len < 1)
-    return fail(absl::StrCat("max_seq_len = ", max_seq_len));
+  if (max_seq_len < 1) return fail(absl::StrCat("max_seq_len = ", max_seq_len));
   return absl::OkStatus();
 }
 
 int64_t GptConfig::NumParameters() const {
   const int64_t c = channels;
-  const int64_t per_block = 2 * c               // ln1
-                            + 3 * c * c + 3 * c // attn.qkv
-                            + c * c + c         // attn.proj
-                            + 2 * c             // ln2
-                            + 4 * c * c + 4 * c // mlp.fc
-                            + 4 * c * c + c;    // mlp.proj
+  const int64_t per_block = 2 * c                // ln1
+                            + 3 * c * c + 3 * c  // attn.qkv
+                            + c * c + c          // attn.proj
+                            + 2 * c              // ln2
+                            + 4 * c * c + 4 * c  // mlp.fc
+                            + 4 * c * c + c;     // mlp.proj
   return table_rows() * c + max_seq_len * c + num_layers * per_block + 2 * c;
 }
 
@@ -83,8 +79,7 @@ absl::StatusOr<GptConfig> GptConfig::Preset(const std::string &name,
 
 std::vector<std::string> GptConfig::PresetNames() {
   std::vector<std::string> names;
-  for (const PresetShape &preset : kPresets)
-    names.push_back(preset.name);
+  for (const PresetShape &preset : kPresets) names.push_back(preset.name);
   return names;
 }
 
@@ -106,9 +101,8 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
                                           embed_->shared_token_table()));
 }
 
-absl::StatusOr<std::unique_ptr<GptModel>>
-GptModel::Create(const GptConfig &config, const GptOptions &options,
-                 const Stream &stream) {
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
+    const GptConfig &config, const GptOptions &options, const Stream &stream) {
   ZE_RETURN_IF_ERROR(config.Validate());
   if (options.dtype == DType::kI32) {
     return absl::InvalidArgumentError("GptOptions: dtype must be a float type");
@@ -122,10 +116,10 @@ GptModel::Create(const GptConfig &config, const GptOptions &options,
 
 absl::StatusOr<Tensor> GptModel::ForwardImpl(const Tensor &tokens,
                                              const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor x, embed_->Forward(tokens, stream)); // (B,T,C)
+  ZE_ASSIGN_OR_RETURN(Tensor x, embed_->Forward(tokens, stream));  // (B,T,C)
   ZE_ASSIGN_OR_RETURN(x, blocks_->Forward(x, stream));
   ZE_ASSIGN_OR_RETURN(x, ln_f_->Forward(x, stream));
-  return lm_head_->Forward(x, stream); // (B, T, Vp)
+  return lm_head_->Forward(x, stream);  // (B, T, Vp)
 }
 
 absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_logits,
@@ -151,9 +145,9 @@ absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
         tokens.defined() ? ShapeToString(tokens.shape()) : "(undefined)",
         ", got ", targets.defined() ? targets.DebugString() : "undefined"));
   }
-  ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream)); // (B, T, Vp)
+  ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream));  // (B, T, Vp)
   ZE_ASSIGN_OR_RETURN(
-      Tensor losses, // (B * T)
+      Tensor losses,  // (B * T)
       Tensor::Empty({targets.numel()}, DType::kF32, logits.device()));
   ZE_RETURN_IF_ERROR(CrossEntropyForward(logits, targets, losses, stream));
   // One read back per step: the per-row losses and which rows count.
@@ -174,8 +168,7 @@ absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
   double sum = 0.0;
   int64_t counted = 0;
   for (int64_t i = 0; i < targets.numel(); ++i) {
-    if (target_ids[i] < 0)
-      continue;
+    if (target_ids[i] < 0) continue;
     sum += loss_values[i];
     ++counted;
   }
@@ -203,5 +196,5 @@ absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
   return Backward(logits, stream).status();
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

@@ -73,13 +73,13 @@ struct GptOptions {
 };
 
 class GptModel : public LossModel {
-public:
+ public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, name). InvalidArgument for a bad config;
   // ResourceExhausted when parameters do not fit.
-  static absl::StatusOr<std::unique_ptr<GptModel>>
-  Create(const GptConfig &config, const GptOptions &options,
-         const Stream &stream = Stream());
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(
+      const GptConfig &config, const GptOptions &options,
+      const Stream &stream = Stream());
 
   const GptConfig &config() const { return config_; }
   const GptOptions &options() const { return options_; }
@@ -105,14 +105,14 @@ public:
   // Targets counted by the last ForwardLoss.
   int64_t counted_targets() const override { return counted_targets_; }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_logits,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override;
 
-private:
+ private:
   GptModel(const GptConfig &config, const GptOptions &options);
 
   GptConfig config_;
@@ -122,12 +122,12 @@ private:
   LayerNorm *ln_f_;
   TiedOutputHead *lm_head_;
   // Between ForwardLoss and BackwardLoss.
-  Tensor logits_;  // (B, T, Vp)
-  Tensor targets_; // (B, T) i32
+  Tensor logits_;   // (B, T, Vp)
+  Tensor targets_;  // (B, T) i32
   int64_t counted_targets_ = 0;
 };
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_GPT_H_
+#endif  // ZE_NN_GPT_H_

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_join.h"
 #include "core/ops.h"
-#include "nn/test_util.h"
 #include "gtest/gtest.h"
+#include "nn/test_util.h"
 
 namespace ze {
 namespace nn {
@@ -38,8 +38,8 @@ std::unique_ptr<GptModel> MakeModel(const GptConfig &config,
 
 // Targets are the next token of a random sequence.
 struct Batch {
-  Tensor tokens;  // (B, T) i32
-  Tensor targets; // (B, T) i32
+  Tensor tokens;   // (B, T) i32
+  Tensor targets;  // (B, T) i32
 };
 Batch MakeBatch(int64_t batch, int64_t seq, int32_t vocab, uint64_t seed) {
   const Tensor stream = RandomIds({batch, seq + 1}, seed, vocab);
@@ -151,8 +151,7 @@ TEST(GptTest, IgnoredTargetsDoNotCount) {
   Batch masked = both;
   masked.targets = RandomIds({2, 8}, 0, 37);
   std::memcpy(masked.targets.data(), both.targets.data(), 8 * sizeof(int32_t));
-  for (int t = 8; t < 16; ++t)
-    masked.targets.data_as<int32_t>()[t] = -1;
+  for (int t = 8; t < 16; ++t) masked.targets.data_as<int32_t>()[t] = -1;
   Batch first{both.tokens.Slice(0, 8).View({1, 8}),
               both.targets.Slice(0, 8).View({1, 8})};
   auto model_masked = MakeModel(TinyConfig());
@@ -197,7 +196,7 @@ TEST(GptTest, ShapesOnlyModelHasNoStorageAndFailsCleanly) {
 
 TEST(GptTest, PresetsAndParameterCounts) {
   const GptConfig gpt2_small = GptConfig::Preset("124M").value();
-  EXPECT_EQ(gpt2_small.NumParameters(), 124439808); // GPT-2 small, tied head
+  EXPECT_EQ(gpt2_small.NumParameters(), 124439808);  // GPT-2 small, tied head
   const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
       {"124M", {12, 12, 768}},  {"350M", {24, 16, 1024}},
       {"760M", {24, 16, 1536}}, {"1.3B", {24, 32, 2048}},
@@ -238,10 +237,8 @@ TEST(GptTest, SgdOverfitsOneBatch) {
   for (; step < 400; ++step) {
     ASSERT_TRUE(model->ZeroGrad(stream).ok());
     loss = model->ForwardLoss(batch.tokens, batch.targets, stream).value();
-    if (step == 0)
-      first_loss = loss;
-    if (loss < 0.1f)
-      break;
+    if (step == 0) first_loss = loss;
+    if (loss < 0.1f) break;
     ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
     for (Parameter *parameter : model->Parameters()) {
       ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -learning_rate,
@@ -259,6 +256,6 @@ TEST(GptTest, BackwardLossWithoutForwardLossIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

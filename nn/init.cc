@@ -10,8 +10,8 @@ namespace {
 
 constexpr uint32_t kPhiloxMultiplier0 = 0xD2511F53u;
 constexpr uint32_t kPhiloxMultiplier1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u; // golden ratio
-constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u; // sqrt(3) - 1
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;  // golden ratio
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;  // sqrt(3) - 1
 
 uint64_t Fnv1a64(absl::string_view text) {
   uint64_t hash = 0xcbf29ce484222325ull;
@@ -36,7 +36,7 @@ inline float ToUnitOpenClosed(uint32_t bits) {
   return (static_cast<float>(bits >> 8) + 1.0f) * (1.0f / 16777216.0f);
 }
 
-} // namespace
+}  // namespace
 
 Initializer Initializer::ScaledResidual(float std, int num_layers) {
   return Normal(std / std::sqrt(2.0f * static_cast<float>(num_layers)));
@@ -44,12 +44,12 @@ Initializer Initializer::ScaledResidual(float std, int num_layers) {
 
 std::string Initializer::ToString() const {
   switch (kind) {
-  case Kind::kZeros:
-    return "zeros";
-  case Kind::kOnes:
-    return "ones";
-  case Kind::kNormal:
-    return absl::StrCat("normal(std=", std, ")");
+    case Kind::kZeros:
+      return "zeros";
+    case Kind::kOnes:
+      return "ones";
+    case Kind::kNormal:
+      return absl::StrCat("normal(std=", std, ")");
   }
   return "unknown";
 }
@@ -83,8 +83,7 @@ void GenerateInitialValues(const Initializer &init, uint64_t seed,
   if (init.kind == Initializer::Kind::kZeros ||
       init.kind == Initializer::Kind::kOnes) {
     const float value = init.kind == Initializer::Kind::kOnes ? 1.0f : 0.0f;
-    for (int64_t i = 0; i < count; ++i)
-      dst[i] = value;
+    for (int64_t i = 0; i < count; ++i) dst[i] = value;
     return;
   }
   const std::array<uint32_t, 2> key = InitKey(seed, name);
@@ -104,13 +103,12 @@ void GenerateInitialValues(const Initializer &init, uint64_t seed,
     const float normal_odd = radius * std::sin(angle);
     if ((element & 1) == 0) {
       dst[i++] = init.std * normal_even;
-      if (i < count)
-        dst[i++] = init.std * normal_odd;
+      if (i < count) dst[i++] = init.std * normal_odd;
     } else {
       dst[i++] = init.std * normal_odd;
     }
   }
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

@@ -22,7 +22,7 @@ namespace nn {
 struct Initializer {
   enum class Kind { kZeros, kOnes, kNormal };
   Kind kind = Kind::kZeros;
-  float std = 0.0f; // kNormal only: values are normal(0, std)
+  float std = 0.0f;  // kNormal only: values are normal(0, std)
 
   static Initializer Zeros() { return {Kind::kZeros, 0.0f}; }
   static Initializer Ones() { return {Kind::kOnes, 0.0f}; }
@@ -53,7 +53,7 @@ void GenerateInitialValues(const Initializer &init, uint64_t seed,
                            absl::string_view name, int64_t begin, int64_t count,
                            float *dst);
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_INIT_H_
+#endif  // ZE_NN_INIT_H_

@@ -27,19 +27,17 @@ absl::Status RequireLastDim(const Tensor &input, int64_t expected,
 
 // Parameter data, or undefined for a null parameter (optional bias).
 absl::StatusOr<Tensor> DataOrUndefined(const Parameter *parameter) {
-  if (parameter == nullptr)
-    return Tensor();
+  if (parameter == nullptr) return Tensor();
   return parameter->data();
 }
 
 absl::StatusOr<Tensor> GradOrUndefined(Parameter *parameter,
                                        const Stream &stream) {
-  if (parameter == nullptr)
-    return Tensor();
+  if (parameter == nullptr) return Tensor();
   return parameter->GradForAccumulation(stream);
 }
 
-} // namespace
+}  // namespace
 
 // ---------------------------------------------------------------- Linear
 
@@ -220,12 +218,12 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor &input,
   }
   const int64_t batch = input.size(0), seq = input.size(1),
                 channels = input.size(2);
-  ZE_ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(input, stream)); // (B,T,3C)
+  ZE_ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(input, stream));  // (B,T,3C)
   ZE_ASSIGN_OR_RETURN(
-      Tensor attended, // (B, T, C)
+      Tensor attended,  // (B, T, C)
       Tensor::Empty({batch, seq, channels}, input.dtype(), input.device()));
   ZE_ASSIGN_OR_RETURN(
-      Tensor logsumexp, // (B, H, T)
+      Tensor logsumexp,  // (B, H, T)
       Tensor::Empty({batch, num_heads_, seq}, DType::kF32, input.device()));
   ZE_RETURN_IF_ERROR(
       AttentionForward(qkv, num_heads_, attended, logsumexp, stream));
@@ -233,9 +231,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor &input,
   return proj_->Forward(attended, stream);
 }
 
-absl::StatusOr<Tensor>
-CausalSelfAttention::BackwardImpl(const Tensor &grad_output,
-                                  const Stream &stream) {
+absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(
+    const Tensor &grad_output, const Stream &stream) {
   ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
   const Saved saved = saved_.Pop();
   // (B, T, C)
@@ -365,5 +362,5 @@ absl::StatusOr<Tensor> Repeat::BackwardImpl(const Tensor &grad_output,
   return grad;
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

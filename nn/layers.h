@@ -29,32 +29,32 @@ struct LayerOptions {
 // Parameters: "weight" (initializer given, GPT-2 default normal(0.02)) and,
 // with bias, "bias" (zeros).
 class Linear : public Module {
-public:
+ public:
   Linear(int64_t in_features, int64_t out_features, bool with_bias,
          const LayerOptions &options,
          const Initializer &weight_init = Initializer::Normal(0.02f));
   Parameter *weight() const { return weight_; }
-  Parameter *bias() const { return bias_; } // null without bias
+  Parameter *bias() const { return bias_; }  // null without bias
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
 
-private:
+ private:
   int64_t out_features_;
   Parameter *weight_;
   Parameter *bias_ = nullptr;
-  SavedStack<Tensor> saved_inputs_; // (..., in) per call
+  SavedStack<Tensor> saved_inputs_;  // (..., in) per call
 };
 
 // output (B, T, C) = wte[tokens] + wpe[0..T). Input: tokens (B, T) i32.
 // Parameters "wte" (V, C) and "wpe" (max_T, C), both normal(init_std).
 // Backward returns an undefined tensor (token ids have no gradient).
 class Embedding : public Module {
-public:
+ public:
   Embedding(int64_t vocab_size, int64_t max_seq_len, int64_t channels,
             const LayerOptions &options, float init_std = 0.02f);
   Parameter *token_table() const { return token_table_; }
@@ -64,40 +64,40 @@ public:
     return SharedParameter(token_table_);
   }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_tokens_.Clear(); }
 
-private:
+ private:
   int64_t max_seq_len_;
   Parameter *token_table_;
   Parameter *position_table_;
-  SavedStack<Tensor> saved_tokens_; // (B, T) i32 per call
+  SavedStack<Tensor> saved_tokens_;  // (B, T) i32 per call
 };
 
 // LayerNorm over the last dimension, eps 1e-5. Parameters "weight" (ones),
 // "bias" (zeros), both (C).
 class LayerNorm : public Module {
-public:
+ public:
   LayerNorm(int64_t channels, const LayerOptions &options);
   Parameter *weight() const { return weight_; }
   Parameter *bias() const { return bias_; }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_.Clear(); }
 
-private:
+ private:
   struct Saved {
-    Tensor input; // (..., C)
-    Tensor mean;  // (M) f32
-    Tensor rstd;  // (M) f32
+    Tensor input;  // (..., C)
+    Tensor mean;   // (M) f32
+    Tensor rstd;   // (M) f32
   };
   Parameter *weight_;
   Parameter *bias_;
@@ -106,17 +106,17 @@ private:
 
 // GELU (tanh approximation), any shape. No parameters.
 class Gelu : public Module {
-public:
+ public:
   Gelu() : Module("Gelu") {}
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
 
-private:
+ private:
   SavedStack<Tensor> saved_inputs_;
 };
 
@@ -124,24 +124,24 @@ private:
 // "proj" (Linear C -> C, scaled residual init for `num_layers`).
 // (B, T, C) -> (B, T, C).
 class CausalSelfAttention : public Module {
-public:
+ public:
   CausalSelfAttention(int64_t channels, int num_heads, int num_layers,
                       const LayerOptions &options);
   Linear *qkv() const { return qkv_; }
   Linear *proj() const { return proj_; }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_.Clear(); }
 
-private:
+ private:
   struct Saved {
-    Tensor qkv;       // (B, T, 3C)
-    Tensor output;    // (B, T, C), attention output before proj
-    Tensor logsumexp; // (B, H, T) f32
+    Tensor qkv;        // (B, T, 3C)
+    Tensor output;     // (B, T, C), attention output before proj
+    Tensor logsumexp;  // (B, H, T) f32
   };
   int num_heads_;
   Linear *qkv_;
@@ -152,7 +152,7 @@ private:
 // The transformer MLP as a Sequential: "fc" (C -> 4C), "gelu", "proj"
 // (4C -> C, scaled residual init).
 class Mlp : public Sequential {
-public:
+ public:
   Mlp(int64_t channels, int num_layers, const LayerOptions &options);
 };
 
@@ -160,17 +160,17 @@ public:
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x)).
 // Children "ln1", "attn", "ln2", "mlp". (B, T, C) -> (B, T, C).
 class Block : public Module {
-public:
+ public:
   Block(int64_t channels, int num_heads, int num_layers,
         const LayerOptions &options);
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
 
-private:
+ private:
   LayerNorm *ln1_;
   CausalSelfAttention *attn_;
   LayerNorm *ln2_;
@@ -181,40 +181,40 @@ private:
 // parameter owned by another module (GPT's token embedding). The table keeps
 // its owner's name and its gradient accumulates both uses.
 class TiedOutputHead : public Module {
-public:
+ public:
   explicit TiedOutputHead(std::shared_ptr<Parameter> table);
   Parameter *table() const { return table_; }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
 
-private:
+ private:
   Parameter *table_;
-  SavedStack<Tensor> saved_inputs_; // (..., C) per call
+  SavedStack<Tensor> saved_inputs_;  // (..., C) per call
 };
 
 // Runs its one child "layer" `times` times (weights shared across the
 // repeats); Backward runs the child's Backward `times` times.
 class Repeat : public Module {
-public:
+ public:
   Repeat(std::unique_ptr<Module> layer, int times);
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
 
-private:
+ private:
   Module *layer_;
   int times_;
 };
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_LAYERS_H_
+#endif  // ZE_NN_LAYERS_H_

@@ -17,10 +17,10 @@
 
 #include "core/device.h"
 #include "core/ops.h"
+#include "gtest/gtest.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/test_util.h"
-#include "gtest/gtest.h"
 
 namespace ze {
 namespace nn {
@@ -50,8 +50,7 @@ double NormalisedError(const std::vector<float> &got,
   EXPECT_EQ(got.size(), want.size());
   double max_error = 0.0, max_value = 1e-12;
   for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    if (!std::isfinite(got[i]))
-      return INFINITY;
+    if (!std::isfinite(got[i])) return INFINITY;
     max_error = std::max(max_error, std::fabs(double(got[i]) - want[i]));
     max_value = std::max(max_value, std::fabs(double(want[i])));
   }
@@ -59,10 +58,9 @@ double NormalisedError(const std::vector<float> &got,
 }
 
 class CudaTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    if (CudaDeviceCount() == 0)
-      GTEST_SKIP() << "no CUDA device";
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     stream_ = Stream::Create(kCuda).value();
   }
   Stream stream_;
@@ -242,6 +240,6 @@ TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
   }
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "nn/test_util.h"
 #include "gtest/gtest.h"
+#include "nn/test_util.h"
 
 namespace ze {
 namespace nn {
@@ -44,7 +44,7 @@ void Randomize(Module &module, uint64_t seed) {
   }
 }
 
-#define EXPECT_GRADIENTS_MATCH(failures)                                       \
+#define EXPECT_GRADIENTS_MATCH(failures) \
   EXPECT_TRUE((failures).empty()) << absl::StrJoin((failures), "\n")
 
 TEST(LayersGradientTest, LinearWithBias) {
@@ -177,9 +177,9 @@ TEST(LayersTest, WrongInputShapeIsInvalidArgument) {
       << embedded.status();
   EXPECT_EQ(
       embedding->Forward(RandomIds({1, 7}, 1, 11), Stream()).status().code(),
-      absl::StatusCode::kInvalidArgument); // T > max_seq_len
+      absl::StatusCode::kInvalidArgument);  // T > max_seq_len
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

@@ -16,18 +16,18 @@ std::atomic<int64_t> next_hook_id{1};
 
 int KindIndex(HookKind kind) { return static_cast<int>(kind); }
 
-} // namespace
+}  // namespace
 
 const char *HookKindName(HookKind kind) {
   switch (kind) {
-  case HookKind::kPreForward:
-    return "pre-forward";
-  case HookKind::kPostForward:
-    return "post-forward";
-  case HookKind::kPreBackward:
-    return "pre-backward";
-  case HookKind::kPostBackward:
-    return "post-backward";
+    case HookKind::kPreForward:
+      return "pre-forward";
+    case HookKind::kPostForward:
+      return "post-forward";
+    case HookKind::kPreBackward:
+      return "pre-backward";
+    case HookKind::kPostBackward:
+      return "post-backward";
   }
   return "unknown";
 }
@@ -42,8 +42,7 @@ Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 Module::~Module() = default;
 
 std::string Module::FullName() const {
-  if (parent_ == nullptr)
-    return "";
+  if (parent_ == nullptr) return "";
   const std::string prefix = parent_->FullName();
   return prefix.empty() ? local_name_ : absl::StrCat(prefix, ".", local_name_);
 }
@@ -81,8 +80,7 @@ absl::StatusOr<Tensor> Module::ForwardWithHooks(const Tensor &input,
 
 absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
                                        const Stream &stream) {
-  if (!SavingEnabled())
-    return ForwardWithHooks(input, stream);
+  if (!SavingEnabled()) return ForwardWithHooks(input, stream);
   const bool checkpointed = checkpointing_;
   absl::StatusOr<Tensor> output;
   if (checkpointed) {
@@ -92,11 +90,9 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
   } else {
     output = ForwardWithHooks(input, stream);
   }
-  if (!output.ok())
-    return output;
+  if (!output.ok()) return output;
   call_checkpointed_.push_back(checkpointed);
-  if (checkpointed)
-    checkpoint_inputs_.push_back(input);
+  if (checkpointed) checkpoint_inputs_.push_back(input);
   return output;
 }
 
@@ -173,18 +169,16 @@ std::vector<Parameter *> Module::Parameters() {
   std::unordered_set<const Parameter *> seen;
   for (Module *module : Modules()) {
     for (Parameter *parameter : module->direct_parameters_) {
-      if (seen.insert(parameter).second)
-        result.push_back(parameter);
+      if (seen.insert(parameter).second) result.push_back(parameter);
     }
   }
   return result;
 }
 
-absl::StatusOr<Parameter *>
-Module::FindParameter(const std::string &full_name) {
+absl::StatusOr<Parameter *> Module::FindParameter(
+    const std::string &full_name) {
   for (Parameter *parameter : Parameters()) {
-    if (parameter->name() == full_name)
-      return parameter;
+    if (parameter->name() == full_name) return parameter;
   }
   return absl::NotFoundError(absl::StrCat("no parameter named '", full_name,
                                           "' under ", DisplayName()));
@@ -192,8 +186,7 @@ Module::FindParameter(const std::string &full_name) {
 
 int64_t Module::NumParameterElements() {
   int64_t total = 0;
-  for (Parameter *parameter : Parameters())
-    total += parameter->numel();
+  for (Parameter *parameter : Parameters()) total += parameter->numel();
   return total;
 }
 
@@ -231,8 +224,7 @@ int Module::PendingBackwardCalls() const {
 void Module::CheckNewName(const std::string &name) const {
   ZE_CHECK(!name.empty());
   ZE_CHECK(name.find('.') == std::string::npos);
-  for (const auto &child : child_views_)
-    ZE_CHECK(child.first != name);
+  for (const auto &child : child_views_) ZE_CHECK(child.first != name);
   for (const auto &parameter : parameters_) {
     ZE_CHECK(parameter->owner() != this || parameter->local_name() != name);
   }
@@ -266,18 +258,16 @@ void Module::UseSharedParameter(std::shared_ptr<Parameter> parameter) {
   parameters_.push_back(std::move(parameter));
 }
 
-std::shared_ptr<Parameter>
-Module::SharedParameter(const Parameter *parameter) const {
+std::shared_ptr<Parameter> Module::SharedParameter(
+    const Parameter *parameter) const {
   for (const auto &owned : parameters_) {
-    if (owned.get() == parameter)
-      return owned;
+    if (owned.get() == parameter) return owned;
   }
   return nullptr;
 }
 
 absl::Status Module::RequireSaved(bool has_record) const {
-  if (has_record)
-    return absl::OkStatus();
+  if (has_record) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat(DisplayName(), ": no saved forward state for backward"));
 }
@@ -300,5 +290,5 @@ absl::StatusOr<Tensor> Sequential::BackwardImpl(const Tensor &grad_output,
   return grad;
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

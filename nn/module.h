@@ -78,20 +78,20 @@ struct HookHandle {
 // While alive, Forward calls on this thread save nothing for backward
 // (inference, or the first pass of a checkpointed module). Nestable.
 class NoSaveScope {
-public:
+ public:
   NoSaveScope();
   ~NoSaveScope();
   NoSaveScope(const NoSaveScope &) = delete;
   NoSaveScope &operator=(const NoSaveScope &) = delete;
 
-private:
+ private:
   bool previous_;
 };
 // True unless a NoSaveScope is alive on this thread.
 bool SavingEnabled();
 
 class Module {
-public:
+ public:
   // `type_name` is for messages ("Linear", "Block").
   explicit Module(std::string type_name);
   virtual ~Module();
@@ -162,7 +162,7 @@ public:
   // Saved forward calls not yet backpropagated, this module only.
   int PendingBackwardCalls() const;
 
-protected:
+ protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                              const Stream &stream) = 0;
   virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
@@ -193,7 +193,7 @@ protected:
   // leaf's BackwardImpl found no saved record).
   absl::Status RequireSaved(bool has_record) const;
 
-private:
+ private:
   void AdoptChild(const std::string &name, std::unique_ptr<Module> child);
   void CheckNewName(const std::string &name) const;
   absl::Status RunHooks(HookKind kind, const Stream &stream);
@@ -210,7 +210,7 @@ private:
   Module *parent_ = nullptr;
   std::vector<std::unique_ptr<Module>> owned_children_;
   std::vector<std::pair<std::string, Module *>> child_views_;
-  std::vector<std::shared_ptr<Parameter>> parameters_; // owned + shared
+  std::vector<std::shared_ptr<Parameter>> parameters_;  // owned + shared
   std::vector<Parameter *> direct_parameters_;
   std::vector<HookEntry> hooks_[4];
   bool checkpointing_ = false;
@@ -222,12 +222,13 @@ private:
 // Runs children in order; Backward runs them in reverse. Children are named
 // "0", "1", ... unless given names.
 class Sequential : public Module {
-public:
+ public:
   Sequential() : Module("Sequential") {}
   // For subclasses that are sequences with a more specific type name.
   explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
   // Appends `child` named after its position.
-  template <typename M> M *Append(std::unique_ptr<M> child) {
+  template <typename M>
+  M *Append(std::unique_ptr<M> child) {
     return Append(std::to_string(children().size()), std::move(child));
   }
   template <typename M>
@@ -237,7 +238,7 @@ public:
   int size() const { return static_cast<int>(children().size()); }
   Module *at(int index) const { return children()[index].second; }
 
-protected:
+ protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
@@ -247,11 +248,11 @@ protected:
 // A stack of saved per-call records for leaf modules: Save pushes only when
 // saving is enabled; Pop returns the most recent (LIFO, matching the reverse
 // order of backward).
-template <typename Record> class SavedStack {
-public:
+template <typename Record>
+class SavedStack {
+ public:
   void Save(Record record) {
-    if (SavingEnabled())
-      records_.push_back(std::move(record));
+    if (SavingEnabled()) records_.push_back(std::move(record));
   }
   bool empty() const { return records_.empty(); }
   int size() const { return static_cast<int>(records_.size()); }
@@ -262,11 +263,11 @@ public:
   }
   void Clear() { records_.clear(); }
 
-private:
+ private:
   std::vector<Record> records_;
 };
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_MODULE_H_
+#endif  // ZE_NN_MODULE_H_

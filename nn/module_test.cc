@@ -9,9 +9,9 @@
 
 #include "core/ops.h"
 #include "core/status.h"
+#include "gtest/gtest.h"
 #include "nn/layers.h"
 #include "nn/test_util.h"
-#include "gtest/gtest.h"
 
 namespace ze {
 namespace nn {
@@ -22,7 +22,7 @@ using testing::RandomTensor;
 // A two-level tree: root Sequential { "0": Linear, "1": Sequential("inner")
 // { "0": Gelu, "1": Linear } }.
 class TreeTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
     root_ = std::make_unique<Sequential>();
     first_ = root_->Append(std::make_unique<Linear>(4, 6, true, options_));
@@ -70,8 +70,7 @@ TEST_F(TreeTest, FullNamesAreDottedPathsInStableOrder) {
   EXPECT_EQ(names,
             (std::vector<std::string>{"0.weight", "0.bias", "inner.1.weight"}));
   std::vector<std::string> modules;
-  for (Module *module : root_->Modules())
-    modules.push_back(Name(*module));
+  for (Module *module : root_->Modules()) modules.push_back(Name(*module));
   EXPECT_EQ(modules, (std::vector<std::string>{"root", "0", "inner", "inner.0",
                                                "inner.1"}));
   EXPECT_EQ(root_->FindParameter("inner.1.weight").value(), last_->weight());
@@ -202,7 +201,7 @@ TEST_F(TreeTest, AbsentParameterDataIsAStatusError) {
 }
 
 TEST_F(TreeTest, ShardStateAndErrors) {
-  Parameter *weight = last_->weight(); // (3, 6): 18 elements
+  Parameter *weight = last_->weight();  // (3, 6): 18 elements
   weight->ReleaseData();
   Tensor shard = Tensor::Zeros({5}, DType::kF32, Device::Cpu()).value();
   ASSERT_TRUE(weight->SetShard(shard, 10).ok());
@@ -256,10 +255,9 @@ TEST_F(TreeTest, GradientsAccumulateAcrossCallsAndZeroGradResets) {
     EXPECT_NEAR(twice[i], 2 * once[i], 1e-6f * (1 + std::fabs(once[i])));
   }
   ASSERT_TRUE(root_->ZeroGrad(stream).ok());
-  for (float v : testing::Values(first_->weight()->grad()))
-    EXPECT_EQ(v, 0.0f);
+  for (float v : testing::Values(first_->weight()->grad())) EXPECT_EQ(v, 0.0f);
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

@@ -1,5 +1,7 @@
 #include "nn/parameter.h"
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,23 +12,56 @@
 namespace ze {
 namespace nn {
 
+namespace {
+
+// GenerateInitialValues over host threads for large ranges. Each element is
+// a pure function of its index, so splitting the range cannot change a bit.
+void GenerateInParallel(const Initializer &initializer, uint64_t seed,
+                        const std::string &name, int64_t begin, int64_t count,
+                        float *dst) {
+  constexpr int64_t kElementsPerThread = 1 << 20;
+  const int64_t threads =
+      std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()),
+                        (count + kElementsPerThread - 1) / kElementsPerThread);
+  if (threads <= 1) {
+    GenerateInitialValues(initializer, seed, name, begin, count, dst);
+    return;
+  }
+  const int64_t chunk = (count + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  for (int64_t start = 0; start < count; start += chunk) {
+    const int64_t length = std::min(chunk, count - start);
+    workers.emplace_back([&, start, length] {
+      GenerateInitialValues(initializer, seed, name, begin + start, length,
+                            dst + start);
+    });
+  }
+  for (std::thread &worker : workers) worker.join();
+}
+
+}  // namespace
+
 const char *ParameterStateName(ParameterState state) {
   switch (state) {
-  case ParameterState::kAbsent:
-    return "absent";
-  case ParameterState::kShard:
-    return "shard";
-  case ParameterState::kFull:
-    return "full";
+    case ParameterState::kAbsent:
+      return "absent";
+    case ParameterState::kShard:
+      return "shard";
+    case ParameterState::kFull:
+      return "full";
   }
   return "unknown";
 }
 
 Parameter::Parameter(const Module *owner, std::string local_name, Shape shape,
                      DType dtype, Device device, Initializer initializer)
-    : owner_(owner), local_name_(std::move(local_name)),
-      shape_(std::move(shape)), numel_(NumElements(shape_)), dtype_(dtype),
-      device_(device), initializer_(initializer) {}
+    : owner_(owner),
+      local_name_(std::move(local_name)),
+      shape_(std::move(shape)),
+      numel_(NumElements(shape_)),
+      dtype_(dtype),
+      device_(device),
+      initializer_(initializer) {}
 
 std::string Parameter::name() const {
   const std::string prefix = owner_ != nullptr ? owner_->FullName() : "";
@@ -34,10 +69,8 @@ std::string Parameter::name() const {
 }
 
 ParameterState Parameter::state() const {
-  if (full_.defined())
-    return ParameterState::kFull;
-  if (shard_.defined())
-    return ParameterState::kShard;
+  if (full_.defined()) return ParameterState::kFull;
+  if (shard_.defined()) return ParameterState::kShard;
   return ParameterState::kAbsent;
 }
 
@@ -101,8 +134,7 @@ absl::Status Parameter::SetGrad(const Tensor &grad) {
 }
 
 absl::StatusOr<Tensor> Parameter::GradForAccumulation(const Stream &stream) {
-  if (!requires_grad_)
-    return Tensor();
+  if (!requires_grad_) return Tensor();
   if (!grad_.defined()) {
     ZE_ASSIGN_OR_RETURN(Tensor grad, Tensor::Empty(shape_, dtype_, device_));
     ZE_RETURN_IF_ERROR(Fill(grad, 0.0f, stream));
@@ -126,15 +158,15 @@ absl::Status Parameter::InitializeSlice(uint64_t seed, int64_t begin,
   }
   const std::string full_name = name();
   if (dst.device().is_cpu() && dst.dtype() == DType::kF32) {
-    GenerateInitialValues(initializer_, seed, full_name, begin, dst.numel(),
-                          dst.data_as<float>());
+    GenerateInParallel(initializer_, seed, full_name, begin, dst.numel(),
+                       dst.data_as<float>());
     return absl::OkStatus();
   }
   // Generate in f32 on the host, round to dst's dtype on the host (the
   // host<->device copy needs equal dtypes), then copy.
   std::vector<float> values(dst.numel());
-  GenerateInitialValues(initializer_, seed, full_name, begin, dst.numel(),
-                        values.data());
+  GenerateInParallel(initializer_, seed, full_name, begin, dst.numel(),
+                     values.data());
   Tensor host_f32 =
       Tensor::Wrap(values.data(), {dst.numel()}, DType::kF32, Device::Cpu());
   if (dst.device().is_cpu()) {
@@ -155,5 +187,5 @@ absl::Status Parameter::Materialize(uint64_t seed, const Stream &stream) {
   return absl::OkStatus();
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

@@ -42,7 +42,7 @@ enum class ParameterState { kAbsent, kShard, kFull };
 const char *ParameterStateName(ParameterState state);
 
 class Parameter {
-public:
+ public:
   // Created by Module::RegisterParameter; `owner` names it.
   Parameter(const Module *owner, std::string local_name, Shape shape,
             DType dtype, Device device, Initializer initializer);
@@ -106,7 +106,7 @@ public:
   // staging buffer is freed after the stream is synchronised.
   absl::Status Materialize(uint64_t seed, const Stream &stream);
 
-private:
+ private:
   const Module *owner_;
   std::string local_name_;
   Shape shape_;
@@ -121,7 +121,7 @@ private:
   Tensor grad_;
 };
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_PARAMETER_H_
+#endif  // ZE_NN_PARAMETER_H_

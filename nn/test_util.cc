@@ -16,8 +16,7 @@ Tensor RandomTensor(const Shape &shape, uint64_t seed, float scale) {
   std::mt19937_64 generator(seed);
   std::uniform_real_distribution<float> uniform(-scale, scale);
   float *data = tensor.data_as<float>();
-  for (int64_t i = 0; i < tensor.numel(); ++i)
-    data[i] = uniform(generator);
+  for (int64_t i = 0; i < tensor.numel(); ++i) data[i] = uniform(generator);
   return tensor;
 }
 
@@ -26,8 +25,7 @@ Tensor RandomIds(const Shape &shape, uint64_t seed, int32_t limit) {
   std::mt19937_64 generator(seed);
   std::uniform_int_distribution<int32_t> uniform(0, limit - 1);
   int32_t *data = tensor.data_as<int32_t>();
-  for (int64_t i = 0; i < tensor.numel(); ++i)
-    data[i] = uniform(generator);
+  for (int64_t i = 0; i < tensor.numel(); ++i) data[i] = uniform(generator);
   return tensor;
 }
 
@@ -75,21 +73,18 @@ void CheckTensor(const std::string &name, float *values, int64_t numel,
   }
 }
 
-} // namespace
+}  // namespace
 
-std::vector<std::string>
-CheckGradientsOfLoss(const std::vector<Parameter *> &parameters,
-                     const std::function<double()> &loss,
-                     const std::function<void()> &backward,
-                     const GradCheckOptions &options) {
+std::vector<std::string> CheckGradientsOfLoss(
+    const std::vector<Parameter *> &parameters,
+    const std::function<double()> &loss, const std::function<void()> &backward,
+    const GradCheckOptions &options) {
   std::vector<std::string> failures;
-  for (Parameter *parameter : parameters)
-    parameter->ReleaseGrad();
+  for (Parameter *parameter : parameters) parameter->ReleaseGrad();
   backward();
   std::mt19937_64 generator(options.seed);
   for (Parameter *parameter : parameters) {
-    if (!parameter->requires_grad())
-      continue;
+    if (!parameter->requires_grad()) continue;
     if (!parameter->grad().defined()) {
       failures.push_back(absl::StrCat(parameter->name(), ": no gradient"));
       continue;
@@ -116,8 +111,7 @@ std::vector<std::string> CheckGradients(Module &module, const Tensor &input,
     const std::vector<float> values = Values(out);
     const float *weights = projection.data_as<const float>();
     double sum = 0.0;
-    for (size_t i = 0; i < values.size(); ++i)
-      sum += values[i] * weights[i];
+    for (size_t i = 0; i < values.size(); ++i) sum += values[i] * weights[i];
     return sum;
   };
   Tensor grad_input;
@@ -138,6 +132,6 @@ std::vector<std::string> CheckGradients(Module &module, const Tensor &input,
   return failures;
 }
 
-} // namespace testing
-} // namespace nn
-} // namespace ze
+}  // namespace testing
+}  // namespace nn
+}  // namespace ze

@@ -26,10 +26,10 @@ std::vector<float> Values(const Tensor &tensor);
 Tensor CopyToCpuF32(const Tensor &tensor);
 
 struct GradCheckOptions {
-  float epsilon = 1e-2f;      // central difference step
-  float absolute_tol = 2e-3f; // |analytic - numeric| <= abs + rel * max(|.|)
+  float epsilon = 1e-2f;       // central difference step
+  float absolute_tol = 2e-3f;  // |analytic - numeric| <= abs + rel * max(|.|)
   float relative_tol = 2e-2f;
-  int samples_per_tensor = 6; // elements checked per parameter / input
+  int samples_per_tensor = 6;  // elements checked per parameter / input
   uint64_t seed = 7;
 };
 
@@ -47,14 +47,13 @@ std::vector<std::string> CheckGradients(Module &module, const Tensor &input,
 // For models whose scalar loss is computed by the caller: `loss()` runs a
 // forward (saving nothing needed) and returns the loss; `backward()` runs the
 // analytic backward once (after one saving forward) accumulating grads.
-std::vector<std::string>
-CheckGradientsOfLoss(const std::vector<Parameter *> &parameters,
-                     const std::function<double()> &loss,
-                     const std::function<void()> &backward,
-                     const GradCheckOptions &options = {});
+std::vector<std::string> CheckGradientsOfLoss(
+    const std::vector<Parameter *> &parameters,
+    const std::function<double()> &loss, const std::function<void()> &backward,
+    const GradCheckOptions &options = {});
 
-} // namespace testing
-} // namespace nn
-} // namespace ze
+}  // namespace testing
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_TEST_UTIL_H_
+#endif  // ZE_NN_TEST_UTIL_H_
