@@ -1,0 +1,155 @@
+#include "tests/engine/engine_test_util.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/factory.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace enginetest {
+namespace {
+
+std::shared_ptr<comm::Communicator> &CommSlot() {
+  static auto *slot = new std::shared_ptr<comm::Communicator>();
+  return *slot;
+}
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+} // namespace
+
+std::shared_ptr<comm::Communicator> Comm() { return CommSlot(); }
+
+int RunAllTests(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  comm::CommOptions options;
+  options.device = "cpu";
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
+      comm::CreateCommunicator(options);
+  if (!created.ok()) {
+    std::cerr << "CreateCommunicator: " << created.status() << "\n";
+    return 1;
+  }
+  CommSlot() = std::move(created).value();
+  const int result = RUN_ALL_TESTS();
+  if (result != 0) {
+    std::cerr << "rank " << Rank() << " of " << World() << ": FAILED\n";
+  }
+  return result;
+}
+
+nn::GptConfig SmallGpt(int64_t channels, int layers, int heads) {
+  nn::GptConfig config;
+  config.num_layers = layers;
+  config.num_heads = heads;
+  config.channels = channels;
+  config.vocab_size = kVocab;
+  config.max_seq_len = kSeqLen;
+  return config;
+}
+
+absl::StatusOr<std::shared_ptr<nn::GptModel>>
+MakeGpt(const nn::GptConfig &config, DType dtype, bool materialize) {
+  nn::GptOptions options;
+  options.device = Device::Cpu();
+  options.dtype = dtype;
+  options.seed = 1234;
+  options.materialize = materialize;
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
+                      nn::GptModel::Create(config, options));
+  return std::shared_ptr<nn::GptModel>(std::move(model));
+}
+
+void FillSample(int64_t g, int32_t *tokens, int32_t *targets) {
+  int32_t current = static_cast<int32_t>(Mix(g) % kVocab);
+  for (int t = 0; t < kSeqLen; ++t) {
+    tokens[t] = current;
+    const uint64_t noise = Mix(g * 1000 + t);
+    const int32_t next = noise % 4 == 0 ? static_cast<int32_t>(noise % kVocab)
+                                        : (current * 5 + 3) % kVocab;
+    targets[t] = next;
+    current = next;
+  }
+}
+
+absl::StatusOr<engine::StepReport> TrainStep(engine::Engine &engine,
+                                             int64_t step) {
+  const int64_t micro = engine.config().train_micro_batch_size_per_gpu.value();
+  const int64_t accumulation =
+      engine.config().gradient_accumulation_steps.value();
+  const int world = engine.communicator().world_size();
+  const int rank = engine.communicator().rank();
+  std::vector<int32_t> tokens(micro * kSeqLen), targets(micro * kSeqLen);
+  engine::StepReport report;
+  for (int64_t m = 0; m < accumulation; ++m) {
+    for (int64_t i = 0; i < micro; ++i) {
+      const int64_t sample =
+          ((step * accumulation + m) * world + rank) * micro + i;
+      FillSample(sample, &tokens[i * kSeqLen], &targets[i * kSeqLen]);
+    }
+    Tensor token_tensor = Tensor::Wrap(tokens.data(), {micro, kSeqLen},
+                                       DType::kI32, Device::Cpu());
+    Tensor target_tensor = Tensor::Wrap(targets.data(), {micro, kSeqLen},
+                                        DType::kI32, Device::Cpu());
+    ZE_RETURN_IF_ERROR(engine.Forward(token_tensor, target_tensor).status());
+    ZE_RETURN_IF_ERROR(engine.Backward());
+    ZE_ASSIGN_OR_RETURN(report, engine.Step());
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine) {
+  std::vector<float> all;
+  for (const std::string &name : engine.ParameterNames()) {
+    ZE_ASSIGN_OR_RETURN(std::vector<float> values,
+                        engine.GatherMasterWeights(name));
+    all.insert(all.end(), values.begin(), values.end());
+  }
+  return all;
+}
+
+StderrCapture::StderrCapture() {
+  std::fflush(stderr);
+  file_ = std::tmpfile();
+  if (file_ == nullptr)
+    return;
+  saved_fd_ = dup(2);
+  dup2(fileno(file_), 2);
+}
+
+StderrCapture::~StderrCapture() { Finish(); }
+
+std::string StderrCapture::Finish() {
+  if (saved_fd_ < 0)
+    return "";
+  std::fflush(stderr);
+  dup2(saved_fd_, 2);
+  close(saved_fd_);
+  saved_fd_ = -1;
+  std::string text;
+  std::rewind(file_);
+  char buffer[4096];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), file_)) > 0) {
+    text.append(buffer, got);
+  }
+  std::fclose(file_);
+  file_ = nullptr;
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  return text;
+}
+
+} // namespace enginetest
+} // namespace ze

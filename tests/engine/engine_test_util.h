@@ -1,0 +1,82 @@
+// Shared pieces of the engine tests that run as gtest programs, alone (world
+// size 1) or under mpirun (every rank runs the same cases on one
+// communicator).
+#ifndef ZE_TESTS_ENGINE_ENGINE_TEST_UTIL_H_
+#define ZE_TESTS_ENGINE_ENGINE_TEST_UTIL_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "core/dtype.h"
+#include "engine/engine.h"
+#include "nn/gpt.h"
+
+namespace ze {
+namespace enginetest {
+
+// The process's communicator (CPU; set up by RunAllTests before any test).
+std::shared_ptr<comm::Communicator> Comm();
+inline int Rank() { return Comm()->rank(); }
+inline int World() { return Comm()->world_size(); }
+
+// Parses gtest flags, bootstraps the communicator from mpirun's environment
+// (world size 1 without a launcher), runs every test and returns the exit
+// status for main. Any rank's failure makes that rank exit non-zero, which
+// mpirun reports as the job's failure.
+int RunAllTests(int argc, char **argv);
+
+// A GPT small enough to train in milliseconds on a CPU.
+//   vocab 37, sequence kSeqLen, channels / layers / heads as given.
+constexpr int kSeqLen = 8;
+constexpr int kVocab = 37;
+nn::GptConfig SmallGpt(int64_t channels = 16, int layers = 2, int heads = 2);
+
+// Builds `config` on the CPU in `dtype`. With `materialize` false the
+// parameters have no storage until engine::Initialize creates it.
+absl::StatusOr<std::shared_ptr<nn::GptModel>>
+MakeGpt(const nn::GptConfig &config, DType dtype, bool materialize = true);
+
+// Global sample g of a deterministic corpus whose next token is mostly
+// predictable (the loss falls within a few steps). tokens/targets hold
+// kSeqLen entries each.
+void FillSample(int64_t g, int32_t *tokens, int32_t *targets);
+
+// One optimizer step of `engine`: gradient_accumulation_steps micro-batches
+// of train_micro_batch_size_per_gpu samples each. Rank r's micro-batch m of
+// step s holds global samples ((s*A + m)*W + r)*B + i, so any world size and
+// micro/accumulation split of the same train_batch_size sees the same data.
+absl::StatusOr<engine::StepReport> TrainStep(engine::Engine &engine,
+                                             int64_t step);
+
+// Every trainable parameter's f32 master weights, concatenated in the
+// engine's layout order (a collective: every rank calls it).
+absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine);
+
+// Redirects this process's stderr (file descriptor 2, which the logger
+// writes) into a temporary file while alive; Finish restores it and returns
+// what was written. Not thread-safe; one at a time.
+class StderrCapture {
+public:
+  StderrCapture();
+  ~StderrCapture();
+  StderrCapture(const StderrCapture &) = delete;
+  StderrCapture &operator=(const StderrCapture &) = delete;
+  // Restores stderr and returns the captured text (echoed to the real stderr
+  // too, so test logs keep it). Only the first call captures.
+  std::string Finish();
+
+private:
+  int saved_fd_ = -1;
+  std::FILE *file_ = nullptr;
+};
+
+} // namespace enginetest
+} // namespace ze
+
+#endif // ZE_TESTS_ENGINE_ENGINE_TEST_UTIL_H_
