@@ -540,7 +540,8 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   report.grad_norm = std::sqrt(static_cast<double>(values[0])) * unscale;
   report.learning_rate = state_->learning_rate();
   if (state_->checks_overflow()) {
-    state_->UpdateLossScale(overflowed, engine_.counters_.global_steps + 1);
+    ZE_RETURN_IF_ERROR(state_->UpdateLossScale(
+        overflowed, engine_.counters_.global_steps + 1));
   }
   if (overflowed && state_->checks_overflow()) {
     report.skipped = true;

@@ -28,7 +28,7 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-} // namespace
+}  // namespace
 
 std::shared_ptr<comm::Communicator> Comm() { return CommSlot(); }
 
@@ -60,8 +60,8 @@ nn::GptConfig SmallGpt(int64_t channels, int layers, int heads) {
   return config;
 }
 
-absl::StatusOr<std::shared_ptr<nn::GptModel>>
-MakeGpt(const nn::GptConfig &config, DType dtype, bool materialize) {
+absl::StatusOr<std::shared_ptr<nn::GptModel>> MakeGpt(
+    const nn::GptConfig &config, DType dtype, bool materialize) {
   nn::GptOptions options;
   options.device = Device::Cpu();
   options.dtype = dtype;
@@ -123,8 +123,7 @@ absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine) {
 StderrCapture::StderrCapture() {
   std::fflush(stderr);
   file_ = std::tmpfile();
-  if (file_ == nullptr)
-    return;
+  if (file_ == nullptr) return;
   saved_fd_ = dup(2);
   dup2(fileno(file_), 2);
 }
@@ -132,8 +131,7 @@ StderrCapture::StderrCapture() {
 StderrCapture::~StderrCapture() { Finish(); }
 
 std::string StderrCapture::Finish() {
-  if (saved_fd_ < 0)
-    return "";
+  if (saved_fd_ < 0) return "";
   std::fflush(stderr);
   dup2(saved_fd_, 2);
   close(saved_fd_);
@@ -151,5 +149,5 @@ std::string StderrCapture::Finish() {
   return text;
 }
 
-} // namespace enginetest
-} // namespace ze
+}  // namespace enginetest
+}  // namespace ze

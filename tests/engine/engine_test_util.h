@@ -39,8 +39,8 @@ nn::GptConfig SmallGpt(int64_t channels = 16, int layers = 2, int heads = 2);
 
 // Builds `config` on the CPU in `dtype`. With `materialize` false the
 // parameters have no storage until engine::Initialize creates it.
-absl::StatusOr<std::shared_ptr<nn::GptModel>>
-MakeGpt(const nn::GptConfig &config, DType dtype, bool materialize = true);
+absl::StatusOr<std::shared_ptr<nn::GptModel>> MakeGpt(
+    const nn::GptConfig &config, DType dtype, bool materialize = true);
 
 // Global sample g of a deterministic corpus whose next token is mostly
 // predictable (the loss falls within a few steps). tokens/targets hold
@@ -62,7 +62,7 @@ absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine);
 // writes) into a temporary file while alive; Finish restores it and returns
 // what was written. Not thread-safe; one at a time.
 class StderrCapture {
-public:
+ public:
   StderrCapture();
   ~StderrCapture();
   StderrCapture(const StderrCapture &) = delete;
@@ -71,12 +71,12 @@ public:
   // too, so test logs keep it). Only the first call captures.
   std::string Finish();
 
-private:
+ private:
   int saved_fd_ = -1;
   std::FILE *file_ = nullptr;
 };
 
-} // namespace enginetest
-} // namespace ze
+}  // namespace enginetest
+}  // namespace ze
 
-#endif // ZE_TESTS_ENGINE_ENGINE_TEST_UTIL_H_
+#endif  // ZE_TESTS_ENGINE_ENGINE_TEST_UTIL_H_

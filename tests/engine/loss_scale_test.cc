@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
-#include "tests/engine/engine_test_util.h"
 #include "gtest/gtest.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace ze {
 namespace enginetest {
@@ -47,20 +47,20 @@ const double kScaleAfter[kSteps] = {16, 16, 8, 8, 8, 16, 16, 8, 4, 4, 4, 4, 8};
 std::string ExpectedSkipLine(int step) {
   const char *tail = "";
   switch (step) {
-  case 1:
-  case 6:
-    tail = "16, but hysteresis is 2. Reducing hysteresis to 1";
-    break;
-  case 2:
-  case 7:
-    tail = "16, reducing to 8";
-    break;
-  case 8:
-    tail = "8, reducing to 4";
-    break;
-  case 9:
-    tail = "4, reducing to 4";
-    break;
+    case 1:
+    case 6:
+      tail = "16, but hysteresis is 2. Reducing hysteresis to 1";
+      break;
+    case 2:
+    case 7:
+      tail = "16, reducing to 8";
+      break;
+    case 8:
+      tail = "8, reducing to 4";
+      break;
+    case 9:
+      tail = "4, reducing to 4";
+      break;
   }
   return absl::StrCat(
       "step ", step + 1,
@@ -72,8 +72,7 @@ std::string ExpectedSkipLine(int step) {
 // applied - 1 (min_lr before the first).
 double ExpectedLearningRate(int applied) {
   const int i = applied - 1;
-  if (i < 0)
-    return 0.01;
+  if (i < 0) return 0.01;
   return 0.01 + (0.1 - 0.01) * i / 20.0;
 }
 
@@ -120,9 +119,8 @@ TEST_P(LossScaleTest, InjectedInfIsSkippedCountedLoggedAndScaled) {
       nn::HookKind::kPostBackward,
       [&inject, injecting_rank](nn::Module &module,
                                 const Stream &stream) -> absl::Status {
-        if (!inject || Rank() != injecting_rank)
-          return absl::OkStatus();
-        inject = false; // once per step, in its first micro-batch
+        if (!inject || Rank() != injecting_rank) return absl::OkStatus();
+        inject = false;  // once per step, in its first micro-batch
         const Tensor &grad = module.DirectParameters()[0]->grad();
         return Fill(grad.Slice(3, 1), std::numeric_limits<float>::infinity(),
                     stream);
@@ -208,9 +206,9 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param));
     });
 
-} // namespace
-} // namespace enginetest
-} // namespace ze
+}  // namespace
+}  // namespace enginetest
+}  // namespace ze
 
 int main(int argc, char **argv) {
   return ze::enginetest::RunAllTests(argc, argv);
