@@ -54,6 +54,7 @@ std::string Module::DisplayName() const {
 }
 
 absl::Status Module::RunHooks(HookKind kind, const Stream &stream) {
+  if (hooks_[KindIndex(kind)].empty()) return absl::OkStatus();
   // Iterate over a copy: a hook may add or remove hooks of this module.
   const std::vector<HookEntry> entries = hooks_[KindIndex(kind)];
   for (const HookEntry &entry : entries) {
@@ -115,8 +116,17 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
   if (checkpointed) {
     // Recompute with saving enabled, so this module and its children hold
     // exactly what a non-checkpointed forward would have saved. The output
-    // itself is not needed.
-    ZE_RETURN_IF_ERROR(ForwardWithHooks(checkpoint_input, stream).status());
+    // itself is not needed. This module's own forward hooks do not fire
+    // again: its pre-backward hooks have just run (its parameters are
+    // available) and a post-forward hook here would release them before
+    // BackwardImpl. Children's hooks fire, since ForwardImpl calls their
+    // public Forward.
+    absl::StatusOr<Tensor> recomputed = ForwardImpl(checkpoint_input, stream);
+    if (!recomputed.ok()) {
+      return Annotate(recomputed.status(),
+                      absl::StrCat("recomputing the forward of ", DisplayName(),
+                                   " for backward"));
+    }
   }
   absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output, stream);
   if (!grad_input.ok()) {

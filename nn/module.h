@@ -9,7 +9,8 @@
 // hooks around the virtual ForwardImpl/BackwardImpl:
 //
 //   Forward:   pre-forward hooks, ForwardImpl, post-forward hooks
-//   Backward:  pre-backward hooks, [checkpoint recompute], BackwardImpl,
+//   Backward:  pre-backward hooks, [checkpoint: ForwardImpl again],
+//              BackwardImpl,
 //              post-backward hooks
 //
 // Containers call their children's public Forward/Backward, so a container's
@@ -27,11 +28,14 @@
 //
 // Activation checkpointing (set_activation_checkpointing): Forward keeps
 // only its input and runs ForwardImpl with saving disabled, so no child
-// keeps activations. Backward re-runs the forward with saving enabled (the
-// module's forward hooks and every child's fire again, so parameters are
-// gathered again) and then runs BackwardImpl. Gradients are bit-identical
-// with and without checkpointing because the recomputation is the same
-// deterministic computation.
+// keeps activations. Backward, after the module's pre-backward hooks,
+// re-runs ForwardImpl with saving enabled and then runs BackwardImpl. During
+// the recomputation every descendant's forward hooks fire again (so their
+// parameters are gathered again); the checkpointed module's own forward
+// hooks do not, because its pre-backward hooks already made its parameters
+// available and a post-forward release would take them away before
+// BackwardImpl. Gradients are bit-identical with and without checkpointing
+// because the recomputation is the same deterministic computation.
 //
 // Memory: activations are allocated per call from the tensor's device
 // allocator (the CUDA caching allocator makes that cheap) and freed when the

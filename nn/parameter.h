@@ -17,7 +17,11 @@
 // output head, or a module run twice) sums its contributions. Who owns the
 // grad memory is up to the caller: SetGrad can hand in a view of a flat
 // bucket; when the slot is empty and the parameter requires grad, the layer
-// allocates a zero-filled tensor on the parameter's device.
+// allocates a zero-filled tensor on the parameter's device and dtype. A
+// grad may have another float dtype than the data (f32 grads of bf16
+// weights, for exact accumulation): the CPU backend accepts any float
+// dtype; for CUDA see nn/cuda/functional_cuda.cc (its kernels take the
+// grad dtype separately).
 //
 // Parameters are owned by the module that created them (shared_ptr, so a
 // second module can use the same parameter) and are not copyable.
