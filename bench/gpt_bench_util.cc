@@ -1,0 +1,292 @@
+#include "bench/gpt_bench_util.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/ops.h"
+#include "core/status.h"
+
+namespace ze {
+namespace bench {
+
+absl::StatusOr<Flags> Flags::Parse(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("argument '", arg, "' is not of the form --name=value"));
+    }
+    const size_t equals = arg.find('=');
+    const std::string name = arg.substr(
+        2, equals == std::string::npos ? std::string::npos : equals - 2);
+    const std::string value =
+        equals == std::string::npos ? "1" : arg.substr(equals + 1);
+    if (!flags.values_.emplace(name, value).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, " is given twice"));
+    }
+  }
+  return flags;
+}
+
+std::string Flags::GetString(const std::string& name,
+                             const std::string& fallback) {
+  used_.insert(name);
+  const auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+absl::StatusOr<int64_t> Flags::GetInt(const std::string& name, int64_t fallback,
+                                      int64_t min_value, int64_t max_value) {
+  used_.insert(name);
+  const auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value) || value < min_value ||
+      value > max_value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second, " must be an integer in [",
+                     min_value, ", ", max_value, "]"));
+  }
+  return value;
+}
+
+absl::StatusOr<bool> Flags::GetBool(const std::string& name, bool fallback) {
+  used_.insert(name);
+  const auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  if (it->second == "1" || it->second == "true") return true;
+  if (it->second == "0" || it->second == "false") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", name, "=", it->second, " must be 0, 1, true or false"));
+}
+
+absl::Status Flags::CheckAllUsed() const {
+  std::vector<std::string> unknown;
+  for (const auto& [name, value] : values_) {
+    if (used_.count(name) == 0) unknown.push_back("--" + name);
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  std::vector<std::string> known;
+  for (const std::string& name : used_) known.push_back("--" + name);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown flag(s) ", absl::StrJoin(unknown, ", "),
+                   "; known flags: ", absl::StrJoin(known, ", ")));
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  return absl::StrSplit(text, ',', absl::SkipEmpty());
+}
+
+absl::StatusOr<std::vector<int64_t>> BatchSizes(
+    const std::vector<std::string>& models, const std::string& batch_flag) {
+  std::vector<int64_t> batches;
+  if (batch_flag.empty()) {
+    for (const std::string& model : models) {
+      batches.push_back(model == "124M" ? 32 : model == "tiny" ? 2 : 16);
+    }
+    return batches;
+  }
+  for (const std::string& item : SplitList(batch_flag)) {
+    int64_t batch = 0;
+    if (!absl::SimpleAtoi(item, &batch) || batch < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--batch: '", item, "' is not a positive integer"));
+    }
+    batches.push_back(batch);
+  }
+  if (batches.size() == 1) batches.resize(models.size(), batches[0]);
+  if (batches.size() != models.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch=", batch_flag, " gives ", batches.size(), " sizes for ",
+        models.size(), " models (give one, or one per model)"));
+  }
+  return batches;
+}
+
+absl::StatusOr<nn::GptConfig> ModelConfig(const std::string& name,
+                                          int64_t seq) {
+  nn::GptConfig config;
+  if (name == "tiny") {
+    config.num_layers = 2;
+    config.num_heads = 4;
+    config.channels = 64;
+    config.vocab_size = 256;
+    config.padded_vocab_size = 256;
+    config.max_seq_len = 64;
+  } else {
+    ZE_ASSIGN_OR_RETURN(config,
+                        nn::GptConfig::Preset(name, /*pad_vocab=*/true));
+  }
+  if (seq > config.max_seq_len) config.max_seq_len = seq;
+  ZE_RETURN_IF_ERROR(config.Validate());
+  return config;
+}
+
+int64_t FlopsParameterCount(const nn::GptConfig& config) {
+  return config.NumParameters() - config.max_seq_len * config.channels;
+}
+
+double FlopsPerToken(const nn::GptConfig& config, int64_t seq) {
+  return 6.0 * static_cast<double>(FlopsParameterCount(config)) +
+         12.0 * config.num_layers * static_cast<double>(config.channels) *
+             static_cast<double>(seq);
+}
+
+Json FlopsJson(const nn::GptConfig& config, int64_t seq) {
+  Json json;
+  json["num_parameters"] = config.NumParameters();
+  json["flops_n"] = FlopsParameterCount(config);
+  json["flops_n_definition"] =
+      "GptConfig::NumParameters() minus embed.wpe (max_seq_len*C); tied "
+      "wte counted once";
+  json["flops_per_token"] = FlopsPerToken(config, seq);
+  json["flops_formula"] = "6*flops_n + 12*L*C*T";
+  json["peak_flops"] = kPeakFlops;
+  return json;
+}
+
+Json GptConfigJson(const nn::GptConfig& config) {
+  Json json;
+  json["layers"] = config.num_layers;
+  json["heads"] = config.num_heads;
+  json["channels"] = config.channels;
+  json["vocab_size"] = config.vocab_size;
+  json["padded_vocab_size"] = config.table_rows();
+  json["max_seq_len"] = config.max_seq_len;
+  json["activation_checkpointing"] = config.activation_checkpointing;
+  return json;
+}
+
+namespace {
+
+struct Reference {
+  const char* model;
+  double eager_tokens_per_second;  // full step, PyTorch 2.11 eager
+  double eager_mfu_pct;
+  double compile_tokens_per_second;  // 0: not measured
+  double compile_mfu_pct;
+  double fwd_bwd_target_mfu_pct;  // 0: no target given
+};
+
+constexpr Reference kReferences[] = {
+    {"124M", 369e3, 32.0, 0, 0, 0},
+    {"350M", 156e3, 38.0, 0, 0, 45.0},
+    {"1.3B", 58.1e3, 49.8, 65.0e3, 55.8, 55.0},
+};
+
+}  // namespace
+
+Json ReferenceJson(const std::string& model, bool full_step,
+                   double tokens_per_second, double mfu) {
+  Json json = Json::object();
+  for (const Reference& ref : kReferences) {
+    if (model != ref.model) continue;
+    json["pytorch_eager_full_step_tokens_per_s"] = ref.eager_tokens_per_second;
+    json["pytorch_eager_full_step_mfu_pct"] = ref.eager_mfu_pct;
+    if (ref.compile_tokens_per_second > 0) {
+      json["torch_compile_full_step_tokens_per_s"] =
+          ref.compile_tokens_per_second;
+      json["torch_compile_full_step_mfu_pct"] = ref.compile_mfu_pct;
+    }
+    json["ratio_vs_pytorch_eager"] =
+        tokens_per_second / ref.eager_tokens_per_second;
+    if (full_step) {
+      // Issue 4: at least 1.1x eager at every size, and above torch.compile
+      // at 1.3B.
+      bool met = tokens_per_second >= 1.1 * ref.eager_tokens_per_second;
+      std::string target = ">= 1.1x PyTorch eager";
+      if (ref.compile_tokens_per_second > 0) {
+        met = met && tokens_per_second > ref.compile_tokens_per_second;
+        target += " and > torch.compile";
+      }
+      json["target"] = target;
+      json["meets_target"] = met;
+    } else if (ref.fwd_bwd_target_mfu_pct > 0) {
+      // Issue 3: forward+backward alone.
+      json["target"] = absl::StrCat(">= ", ref.fwd_bwd_target_mfu_pct,
+                                    "% MFU forward+backward");
+      json["meets_target"] = mfu * 100 >= ref.fwd_bwd_target_mfu_pct;
+    }
+  }
+  return json;
+}
+
+std::string DeviceName(const Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  cudaDeviceProp properties;
+  if (cudaGetDeviceProperties(&properties, device.index) != cudaSuccess) {
+    return "unknown CUDA device";
+  }
+  return properties.name;
+}
+
+Json MemoryJson(const AllocatorStats& stats) {
+  constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+  Json json;
+  json["peak_bytes_in_use"] = stats.peak_bytes_in_use;
+  json["peak_gib_in_use"] = stats.peak_bytes_in_use / kGib;
+  json["bytes_reserved"] = stats.bytes_reserved;
+  json["gib_reserved"] = stats.bytes_reserved / kGib;
+  return json;
+}
+
+absl::StatusOr<TokenBatch> RandomBatch(int64_t batch, int64_t seq,
+                                       int64_t vocab_size, uint64_t seed,
+                                       const Device& device,
+                                       const Stream& stream) {
+  // One random stream of B*(T+1) ids per batch: row b's targets are its
+  // tokens shifted by one, as in language-model training.
+  std::mt19937_64 generator(seed);
+  std::uniform_int_distribution<int32_t> id(
+      0, static_cast<int32_t>(vocab_size - 1));
+  ZE_ASSIGN_OR_RETURN(Tensor host_tokens,
+                      Tensor::Empty({batch, seq}, DType::kI32, Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(Tensor host_targets,
+                      Tensor::Empty({batch, seq}, DType::kI32, Device::Cpu()));
+  int32_t* tokens = host_tokens.data_as<int32_t>();
+  int32_t* targets = host_targets.data_as<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t previous = id(generator);
+    for (int64_t t = 0; t < seq; ++t) {
+      const int32_t next = id(generator);
+      tokens[b * seq + t] = previous;
+      targets[b * seq + t] = next;
+      previous = next;
+    }
+  }
+  if (device.is_cpu()) return TokenBatch{host_tokens, host_targets};
+  TokenBatch result;
+  ZE_ASSIGN_OR_RETURN(result.tokens,
+                      Tensor::Empty({batch, seq}, DType::kI32, device));
+  ZE_ASSIGN_OR_RETURN(result.targets,
+                      Tensor::Empty({batch, seq}, DType::kI32, device));
+  ZE_RETURN_IF_ERROR(Copy(host_tokens, result.tokens, stream));
+  ZE_RETURN_IF_ERROR(Copy(host_targets, result.targets, stream));
+  // The host tensors are pageable and die here: finish the copies first.
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  return result;
+}
+
+void PrintJson(const Json& line) {
+  std::printf("%s\n", line.dump().c_str());
+  std::fflush(stdout);
+}
+
+void ResetDeviceMemory(const Device& device) {
+  if (!device.is_cuda()) return;
+  Allocator* allocator = CudaMemory(device.index);
+  allocator->ReleaseCache();
+  allocator->ResetPeak();
+}
+
+}  // namespace bench
+}  // namespace ze

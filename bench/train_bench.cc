@@ -1,0 +1,365 @@
+// train_bench: full training steps (forward, backward, optimizer step)
+// through the engine (ze::engine::Initialize + Forward/Backward/Step) for GPT
+// presets and ZeRO stages, with a DeepSpeed-style config built here. Runs
+// alone (world size 1) or under mpirun (data parallel, one GPU per rank).
+// Rank 0 prints one JSON object per (model, stage) on stdout; logs go to
+// stderr:
+//
+//   {"bench":"train_step","model":"1.3B","stage":2,"device":"NVIDIA H200",
+//    "dtype":"bf16","batch":16,"seq":1024,"world_size":1,"iters":10,...,
+//    "step_ms":...,"tokens_per_s":...,"mfu":...,"memory":{...},
+//    "memory_breakdown":{...},"ds_config":{...},"reference":{...}}
+//
+// Timing: `warmup` untimed steps, then `iters` steps between two
+// synchronisations of the engine's compute stream (and a barrier across
+// ranks), by the wall clock. tokens_per_s counts every rank's tokens
+// (world_size x batch x seq per step); tokens_per_s_per_gpu and mfu are per
+// GPU. MFU uses the same FLOPs as gpt_bench (6 N + 12 L C T per token; the
+// optimizer's FLOPs are not counted, as PyTorch's MFU figures do not count
+// them either).
+//
+// Data: one random batch per rank (seed + rank), generated once and copied
+// to the device before timing; every step trains on it.
+//
+// Flags:
+//   --models=124M,350M,1.3B  any GptConfig preset, or "tiny"
+//   --stages=0,2             ZeRO stages; 3 is accepted and reports the
+//                            engine's error (not implemented yet)
+//   --batch=                 default 124M: 32, others 16; one value or a list
+//   --seq=1024 --iters=10 --warmup=3 --dtype=bf16 (bf16, f16 or f32; the
+//   config enables the matching mixed precision)
+//   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
+//   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
+//   --seed=1234
+//   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
+// A configuration that fails prints {"...","error":"..."}. At world size 1
+// the run goes on with the next one; with several ranks a failure other than
+// "not implemented" ends the run (the ranks could no longer agree on the
+// collectives to issue). Exit status 1 if any configuration failed other
+// than with Unimplemented, 2 for bad flags.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "bench/gpt_bench_util.h"
+#include "comm/communicator.h"
+#include "comm/factory.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "engine/engine.h"
+#include "nn/gpt.h"
+
+namespace ze {
+namespace bench {
+namespace {
+
+struct Options {
+  std::vector<std::string> models;
+  std::vector<int64_t> batches;
+  std::vector<int> stages;
+  int64_t seq = 1024;
+  int64_t iters = 10;
+  int64_t warmup = 3;
+  DType dtype = DType::kBF16;
+  bool overlap_comm = true;
+  bool checkpointing = false;
+  double lr = 6e-4;
+  std::string backend = "auto";
+  std::string device = "cuda";
+  uint64_t seed = 1234;
+  bool smoke = false;
+};
+
+absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
+  ZE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));
+  Options options;
+  ZE_ASSIGN_OR_RETURN(options.smoke, flags.GetBool("smoke", false));
+  options.models = SplitList(
+      flags.GetString("models", options.smoke ? "tiny" : "124M,350M,1.3B"));
+  if (options.models.empty()) {
+    return absl::InvalidArgumentError("--models is empty");
+  }
+  ZE_ASSIGN_OR_RETURN(options.batches,
+                      BatchSizes(options.models, flags.GetString("batch", "")));
+  const std::string stages =
+      flags.GetString("stages", options.smoke ? "0,2,3" : "0,2");
+  for (const std::string& item : SplitList(stages)) {
+    int stage = -1;
+    if (!absl::SimpleAtoi(item, &stage) || stage < 0 || stage > 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stages: '", item, "' is not a ZeRO stage (0-3)"));
+    }
+    options.stages.push_back(stage);
+  }
+  if (options.stages.empty()) {
+    return absl::InvalidArgumentError("--stages is empty");
+  }
+  ZE_ASSIGN_OR_RETURN(
+      options.seq, flags.GetInt("seq", options.smoke ? 64 : 1024, 1, 1 << 20));
+  ZE_ASSIGN_OR_RETURN(
+      options.iters, flags.GetInt("iters", options.smoke ? 2 : 10, 1, 1 << 20));
+  ZE_ASSIGN_OR_RETURN(
+      options.warmup,
+      flags.GetInt("warmup", options.smoke ? 1 : 3, 0, 1 << 20));
+  ZE_ASSIGN_OR_RETURN(options.dtype,
+                      ParseDType(flags.GetString("dtype", "bf16")));
+  if (options.dtype == DType::kI32) {
+    return absl::InvalidArgumentError("--dtype must be bf16, f16 or f32");
+  }
+  ZE_ASSIGN_OR_RETURN(options.overlap_comm,
+                      flags.GetBool("overlap_comm", true));
+  ZE_ASSIGN_OR_RETURN(options.checkpointing,
+                      flags.GetBool("checkpointing", false));
+  const std::string lr = flags.GetString("lr", "6e-4");
+  if (!absl::SimpleAtod(lr, &options.lr) || !(options.lr > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr=", lr, " is not a positive number"));
+  }
+  options.backend = flags.GetString("backend", "auto");
+  options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
+  ZE_ASSIGN_OR_RETURN(int64_t seed,
+                      flags.GetInt("seed", 1234, 0, int64_t{1} << 62));
+  options.seed = static_cast<uint64_t>(seed);
+  ZE_RETURN_IF_ERROR(flags.CheckAllUsed());
+  if (options.device != "cpu" && CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError(
+        "no CUDA device is visible (use --smoke or --device=cpu here)");
+  }
+  return options;
+}
+
+// The DeepSpeed config of one run, as the engine reads it.
+Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
+                     int world_size) {
+  Json config;
+  config["train_batch_size"] = batch * world_size;
+  config["train_micro_batch_size_per_gpu"] = batch;
+  config["gradient_accumulation_steps"] = 1;
+  // Large: the engine's own progress line would add a host sync per print.
+  config["steps_per_print"] = 1000000;
+  config["gradient_clipping"] = 1.0;
+  config["optimizer"] = {{"type", "AdamW"},
+                         {"params",
+                          {{"lr", options.lr},
+                           {"betas", {0.9, 0.95}},
+                           {"eps", 1e-8},
+                           {"weight_decay", 0.1}}}};
+  config["bf16"] = {{"enabled", options.dtype == DType::kBF16}};
+  if (options.dtype == DType::kF16) {
+    config["fp16"] = {{"enabled", true}, {"loss_scale", 0}};
+  }
+  config["zero_optimization"] = {{"stage", stage},
+                                 {"contiguous_gradients", true},
+                                 {"overlap_comm", options.overlap_comm},
+                                 {"reduce_scatter", true},
+                                 {"reduce_bucket_size", 5e8},
+                                 {"allgather_partitions", true},
+                                 {"allgather_bucket_size", 5e8}};
+  return config;
+}
+
+Json BreakdownJson(const engine::MemoryBreakdown& memory) {
+  Json json;
+  json["parameter_elements"] = memory.parameter_elements;
+  json["model_weight_bytes"] = memory.model_weight_bytes;
+  json["gradient_bytes"] = memory.gradient_bytes;
+  json["master_weight_bytes"] = memory.master_weight_bytes;
+  json["optimizer_state_bytes"] = memory.optimizer_state_bytes;
+  json["total_bytes"] = memory.total_bytes();
+  json["paper_bytes"] = memory.paper_bytes;
+  return json;
+}
+
+// Builds the model and the engine for (model, stage), times the steps and
+// fills `line`. Collective with the other ranks.
+absl::Status RunConfiguration(const Options& options, const std::string& name,
+                              int64_t batch, int stage,
+                              std::shared_ptr<comm::Communicator> comm,
+                              Json& line) {
+  const Device device = comm->device();
+  ZE_ASSIGN_OR_RETURN(nn::GptConfig config, ModelConfig(name, options.seq));
+  config.activation_checkpointing = options.checkpointing;
+  line["model_config"] = GptConfigJson(config);
+  line["flops"] = FlopsJson(config, options.seq);
+  const Json ds_config =
+      DeepSpeedConfig(options, batch, stage, comm->world_size());
+  line["ds_config"] = ds_config;
+
+  ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+  Stream stream;  // the CPU's immediate stream
+  if (device.is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(stream, Stream::Create(device));
+  }
+  nn::GptOptions model_options;
+  model_options.device = device;
+  model_options.dtype = options.dtype;
+  model_options.seed = options.seed;  // same weights on every rank
+  if (comm->rank() == 0) {
+    std::fprintf(stderr,
+                 "train_bench: %s (%lld parameters), ZeRO stage %d, world "
+                 "size %d\n",
+                 name.c_str(), static_cast<long long>(config.NumParameters()),
+                 stage, comm->world_size());
+  }
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
+                      nn::GptModel::Create(config, model_options, stream));
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  std::shared_ptr<nn::GptModel> model = std::move(created);
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                      engine::Initialize(model, ds_config.dump(), comm));
+  line["memory_breakdown"] = BreakdownJson(engine->memory_breakdown());
+
+  const Stream& compute = engine->compute_stream();
+  ZE_ASSIGN_OR_RETURN(
+      TokenBatch data,
+      RandomBatch(batch, options.seq, config.vocab_size,
+                  options.seed + 1 + static_cast<uint64_t>(comm->rank()),
+                  device, compute));
+
+  double loss = 0;
+  double grad_norm = 0;
+  auto step = [&]() -> absl::Status {
+    ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
+    ZE_RETURN_IF_ERROR(engine->Backward());
+    ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
+    loss = report.loss;
+    grad_norm = report.grad_norm;
+    return absl::OkStatus();
+  };
+  for (int64_t i = 0; i < options.warmup; ++i) {
+    ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("warm-up step ", i)));
+  }
+  ZE_RETURN_IF_ERROR(compute.Synchronize());
+  ZE_RETURN_IF_ERROR(comm->Barrier());
+
+  const auto wall_start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < options.iters; ++i) {
+    ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
+  }
+  ZE_RETURN_IF_ERROR(compute.Synchronize());
+  ZE_RETURN_IF_ERROR(comm->Barrier());
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - wall_start)
+                             .count();
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(absl::StrCat("loss is ", loss));
+  }
+
+  const double tokens_per_gpu_per_step =
+      static_cast<double>(batch) * options.seq;
+  const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
+  const double mfu = per_gpu * FlopsPerToken(config, options.seq) / kPeakFlops;
+  line["step_ms"] = seconds * 1e3 / options.iters;
+  line["tokens_per_s"] = per_gpu * comm->world_size();
+  line["tokens_per_s_per_gpu"] = per_gpu;
+  line["tflops_per_gpu"] = per_gpu * FlopsPerToken(config, options.seq) / 1e12;
+  line["mfu"] = mfu;
+  line["mfu_pct"] = mfu * 100;
+  line["loss"] = loss;
+  line["grad_norm"] = grad_norm;
+  line["global_steps"] = engine->counters().global_steps;
+  if (device.is_cuda()) {
+    line["memory"] = MemoryJson(CudaMemory(device.index)->stats());
+  }
+  // The PyTorch figures are single-GPU; compare per GPU.
+  line["reference"] = ReferenceJson(name, /*full_step=*/true, per_gpu, mfu);
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<Options> options = ParseOptions(argc, argv);
+  if (!options.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n",
+                 options.status().ToString().c_str());
+    Json line;
+    line["bench"] = "train_step";
+    line["error"] = std::string(options.status().message());
+    PrintJson(line);
+    return 2;
+  }
+  // One communicator for every configuration: bootstrapping NCCL once, and
+  // knowing the rank and world size before building each config.
+  comm::CommOptions comm_options;
+  comm_options.backend = options->backend;
+  comm_options.device = options->device;
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
+      comm::CreateCommunicator(comm_options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n",
+                 created.status().ToString().c_str());
+    Json line;
+    line["bench"] = "train_step";
+    line["error"] = created.status().ToString();
+    PrintJson(line);
+    return 1;
+  }
+  std::shared_ptr<comm::Communicator> comm = std::move(*created);
+  const Device device = comm->device();
+  const bool printer = comm->rank() == 0;
+
+  int failures = 0;
+  for (size_t m = 0; m < options->models.size(); ++m) {
+    for (int stage : options->stages) {
+      const std::string& model = options->models[m];
+      const int64_t batch = options->batches[m];
+      ResetDeviceMemory(device);
+      Json line;
+      line["bench"] = "train_step";
+      line["model"] = model;
+      line["stage"] = stage;
+      line["device"] = DeviceName(device);
+      line["device_id"] = device.ToString();
+      line["dtype"] = DTypeName(options->dtype);
+      line["batch"] = batch;
+      line["seq"] = options->seq;
+      line["world_size"] = comm->world_size();
+      line["backend"] = comm->backend_name();
+      line["iters"] = options->iters;
+      line["warmup"] = options->warmup;
+      line["optimizer"] = "AdamW (engine's fused kernel)";
+      line["checkpointing"] = options->checkpointing;
+      // The engine, model and data are released when this returns.
+      const absl::Status status =
+          RunConfiguration(*options, model, batch, stage, comm, line);
+      if (!status.ok()) {
+        const bool unimplemented =
+            status.code() == absl::StatusCode::kUnimplemented;
+        if (!unimplemented) ++failures;
+        std::fprintf(stderr, "train_bench: %s stage %d: %s\n", model.c_str(),
+                     stage, status.ToString().c_str());
+        line["error"] = std::string(status.message());
+        line["error_code"] = absl::StatusCodeToString(status.code());
+        if (device.is_cuda()) {
+          line["memory"] = MemoryJson(CudaMemory(device.index)->stats());
+        }
+        if (printer) PrintJson(line);
+        if (!unimplemented && comm->world_size() > 1) {
+          std::fprintf(stderr,
+                       "train_bench: stopping: with %d ranks a failed "
+                       "configuration leaves the ranks out of step\n",
+                       comm->world_size());
+          return 1;
+        }
+        continue;
+      }
+      if (printer) PrintJson(line);
+    }
+  }
+  ResetDeviceMemory(device);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace ze
+
+int main(int argc, char** argv) { return ze::bench::Main(argc, argv); }
