@@ -17,11 +17,13 @@ bundle=gpu_bundle
 rm -rf "${bundle}"
 mkdir -p "${bundle}/bin" "${bundle}/lib" "${bundle}/tests"
 
-bazel build //... 2>&1 | grep -v linux-sandbox | tail -3
+# --keep_going: pack whatever built; a target that failed is reported and
+# skipped (its tests then show up as missing on the GPU machine).
+bazel build --keep_going //... 2>&1 | grep -v linux-sandbox | grep -E "ERROR|Build" | head -20
 bin_dir="$(bazel info bazel-bin 2>/dev/null)"
 
 # Libraries the GPU machine provides itself (or that must match its driver).
-system_library_pattern='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libnvidia|libcudart|libcublas|libcublasLt|libnccl|libmpi|libopen-|libpmix|libevent|libhwloc|libz\.|libudev|libltdl|libnl-|libibverbs|librdmacm|libfabric|libpsm|libucp|libucs|libuct|libucm|libefa|libnuma|libmunge|libcrypto|libssl|libutil\.)'
+system_library_pattern='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libstdc\+\+|libgcc_s|libcuda\.|libnvidia|libcudart|libcublas|libcublasLt|libnccl|libmpi|libopen-|libpmix|libevent|libhwloc|libz\.|libopenblas|libgfortran|libquadmath|libudev|libltdl|libnl-|libibverbs|librdmacm|libfabric|libpsm|libucp|libucs|libuct|libucm|libefa|libnuma|libmunge|libcrypto|libssl|libutil\.)'
 
 copy_libraries() {
   local binary="$1"
@@ -34,6 +36,7 @@ copy_libraries() {
 
 add_binary() {  # add_binary <bazel-bin relative path> <destination>
   local source="${bin_dir}/$1" destination="$2"
+  if [[ ! -e "${source}" ]]; then echo "gpu_bundle: skipping $1 (not built)" >&2; return 0; fi
   mkdir -p "$(dirname "${destination}")"
   cp -L "${source}" "${destination}"
   chmod u+w "${destination}"
@@ -48,11 +51,18 @@ for label in $(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null); d
   kind="$(bazel query --output=label_kind "${label}" 2>/dev/null | awk '{print $1}')"
   if [[ "${kind}" == "sh_test" ]]; then
     runfiles="${bin_dir}/${package}/${name}.runfiles"
+    if [[ ! -d "${runfiles}" ]]; then echo "gpu_bundle: skipping ${label} (not built)" >&2; continue; fi
     mkdir -p "${bundle}/tests/${package}"
-    cp -rL "${runfiles}" "${bundle}/tests/${package}/${name}.runfiles"
+    # Without _solib_k8: its shared libraries (cuBLAS among them, ~800 MB)
+    # come from lib/ and the machine's CUDA through LD_LIBRARY_PATH.
+    (cd "${runfiles}" && find . -path '*/_solib_k8' -prune -o \( -type f -o -type l \) -print) |
+      while read -r file; do
+        mkdir -p "$(dirname "${bundle}/tests/${package}/${name}.runfiles/${file}")"
+        cp -L "${runfiles}/${file}" "${bundle}/tests/${package}/${name}.runfiles/${file}"
+      done
     # Binaries inside runfiles get their libraries too, and lose debug info.
     find "${bundle}/tests/${package}/${name}.runfiles" -type f -perm -u+x | while read -r file; do
-      if file "${file}" | grep -q ELF; then
+      if [[ "$(head -c 4 "${file}" | tail -c 3)" == "ELF" ]]; then
         chmod u+w "${file}"; strip --strip-debug "${file}" 2>/dev/null || true
         copy_libraries "${file}"
       fi
@@ -87,6 +97,31 @@ for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/
   add_binary "${package}/${name}" "${bundle}/bin/${name}"
 done
 
+# Identical files (the same binary in several tests' runfiles) become
+# relative links to the first copy: the bundle must stay small to travel.
+python3 - "${bundle}" <<'PYTHON'
+import hashlib, os, sys
+root = sys.argv[1]
+seen = {}
+for directory, _, files in sorted(os.walk(root)):
+    for name in sorted(files):
+        path = os.path.join(directory, name)
+        if os.path.islink(path) or os.path.getsize(path) < 65536:
+            continue
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+        if digest in seen:
+            os.remove(path)
+            os.symlink(os.path.relpath(seen[digest], directory), path)
+        else:
+            seen[digest] = path
+PYTHON
+
 cp tools/run_gpu_tests.sh "${bundle}/run_gpu_tests.sh"
 cp -r examples/configs "${bundle}/configs" 2>/dev/null || true
 echo "gpu_bundle: $(du -sh "${bundle}" | cut -f1) in ${bundle}/ ($(wc -l < "${bundle}/tests/manifest.txt") gpu tests)"
+
+# One compressed file travels far faster (and under the size limit) than the
+# folder: on the GPU machine, `tar xJf gpu_pack/bundle.tar.xz -C /tmp`.
+mkdir -p gpu_pack
+tar cf - "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
+echo "gpu_bundle: packed into gpu_pack/bundle.tar.xz ($(du -h gpu_pack/bundle.tar.xz | cut -f1))"
