@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/factory.h"
+#include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -16,8 +17,8 @@ namespace ze {
 namespace enginetest {
 namespace {
 
-std::shared_ptr<comm::Communicator> &CommSlot() {
-  static auto *slot = new std::shared_ptr<comm::Communicator>();
+std::shared_ptr<comm::Communicator>& CommSlot() {
+  static auto* slot = new std::shared_ptr<comm::Communicator>();
   return *slot;
 }
 
@@ -32,8 +33,7 @@ uint64_t Mix(uint64_t x) {
 
 std::shared_ptr<comm::Communicator> Comm() { return CommSlot(); }
 
-int RunAllTests(int argc, char **argv) {
-  ::testing::InitGoogleTest(&argc, argv);
+int RunWithCommunicator(const std::function<int()>& body) {
   comm::CommOptions options;
   options.device = "cpu";
   absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
@@ -43,11 +43,21 @@ int RunAllTests(int argc, char **argv) {
     return 1;
   }
   CommSlot() = std::move(created).value();
-  const int result = RUN_ALL_TESTS();
-  if (result != 0) {
-    std::cerr << "rank " << Rank() << " of " << World() << ": FAILED\n";
-  }
-  return result;
+  // The tests read the engine's INFO lines (memory, steps_per_print), so
+  // they must be printed whatever ZE_LOG_LEVEL says.
+  SetMinLogLevel(LogLevel::kInfo);
+  return body();
+}
+
+int RunAllTests(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return RunWithCommunicator([] {
+    const int result = RUN_ALL_TESTS();
+    if (result != 0) {
+      std::cerr << "rank " << Rank() << " of " << World() << ": FAILED\n";
+    }
+    return result;
+  });
 }
 
 nn::GptConfig SmallGpt(int64_t channels, int layers, int heads) {
@@ -61,7 +71,7 @@ nn::GptConfig SmallGpt(int64_t channels, int layers, int heads) {
 }
 
 absl::StatusOr<std::shared_ptr<nn::GptModel>> MakeGpt(
-    const nn::GptConfig &config, DType dtype, bool materialize) {
+    const nn::GptConfig& config, DType dtype, bool materialize) {
   nn::GptOptions options;
   options.device = Device::Cpu();
   options.dtype = dtype;
@@ -72,7 +82,7 @@ absl::StatusOr<std::shared_ptr<nn::GptModel>> MakeGpt(
   return std::shared_ptr<nn::GptModel>(std::move(model));
 }
 
-void FillSample(int64_t g, int32_t *tokens, int32_t *targets) {
+void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
   int32_t current = static_cast<int32_t>(Mix(g) % kVocab);
   for (int t = 0; t < kSeqLen; ++t) {
     tokens[t] = current;
@@ -84,7 +94,7 @@ void FillSample(int64_t g, int32_t *tokens, int32_t *targets) {
   }
 }
 
-absl::StatusOr<engine::StepReport> TrainStep(engine::Engine &engine,
+absl::StatusOr<engine::StepReport> TrainStep(engine::Engine& engine,
                                              int64_t step) {
   const int64_t micro = engine.config().train_micro_batch_size_per_gpu.value();
   const int64_t accumulation =
@@ -110,9 +120,9 @@ absl::StatusOr<engine::StepReport> TrainStep(engine::Engine &engine,
   return report;
 }
 
-absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine) {
+absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine& engine) {
   std::vector<float> all;
-  for (const std::string &name : engine.ParameterNames()) {
+  for (const std::string& name : engine.ParameterNames()) {
     ZE_ASSIGN_OR_RETURN(std::vector<float> values,
                         engine.GatherMasterWeights(name));
     all.insert(all.end(), values.begin(), values.end());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,12 @@ inline int World() { return Comm()->world_size(); }
 // (world size 1 without a launcher), runs every test and returns the exit
 // status for main. Any rank's failure makes that rank exit non-zero, which
 // mpirun reports as the job's failure.
-int RunAllTests(int argc, char **argv);
+int RunAllTests(int argc, char** argv);
+
+// Bootstraps the communicator as RunAllTests does, then returns body()'s
+// exit status (1 when the communicator cannot be created). For programs that
+// are not gtest suites.
+int RunWithCommunicator(const std::function<int()>& body);
 
 // A GPT small enough to train in milliseconds on a CPU.
 //   vocab 37, sequence kSeqLen, channels / layers / heads as given.
@@ -40,23 +46,23 @@ nn::GptConfig SmallGpt(int64_t channels = 16, int layers = 2, int heads = 2);
 // Builds `config` on the CPU in `dtype`. With `materialize` false the
 // parameters have no storage until engine::Initialize creates it.
 absl::StatusOr<std::shared_ptr<nn::GptModel>> MakeGpt(
-    const nn::GptConfig &config, DType dtype, bool materialize = true);
+    const nn::GptConfig& config, DType dtype, bool materialize = true);
 
 // Global sample g of a deterministic corpus whose next token is mostly
 // predictable (the loss falls within a few steps). tokens/targets hold
 // kSeqLen entries each.
-void FillSample(int64_t g, int32_t *tokens, int32_t *targets);
+void FillSample(int64_t g, int32_t* tokens, int32_t* targets);
 
 // One optimizer step of `engine`: gradient_accumulation_steps micro-batches
 // of train_micro_batch_size_per_gpu samples each. Rank r's micro-batch m of
 // step s holds global samples ((s*A + m)*W + r)*B + i, so any world size and
 // micro/accumulation split of the same train_batch_size sees the same data.
-absl::StatusOr<engine::StepReport> TrainStep(engine::Engine &engine,
+absl::StatusOr<engine::StepReport> TrainStep(engine::Engine& engine,
                                              int64_t step);
 
 // Every trainable parameter's f32 master weights, concatenated in the
 // engine's layout order (a collective: every rank calls it).
-absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine &engine);
+absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine& engine);
 
 // Redirects this process's stderr (file descriptor 2, which the logger
 // writes) into a temporary file while alive; Finish restores it and returns
@@ -65,15 +71,15 @@ class StderrCapture {
  public:
   StderrCapture();
   ~StderrCapture();
-  StderrCapture(const StderrCapture &) = delete;
-  StderrCapture &operator=(const StderrCapture &) = delete;
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
   // Restores stderr and returns the captured text (echoed to the real stderr
   // too, so test logs keep it). Only the first call captures.
   std::string Finish();
 
  private:
   int saved_fd_ = -1;
-  std::FILE *file_ = nullptr;
+  std::FILE* file_ = nullptr;
 };
 
 }  // namespace enginetest

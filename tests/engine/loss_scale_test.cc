@@ -45,7 +45,7 @@ bool Injected(int step) {
 const double kScaleAfter[kSteps] = {16, 16, 8, 8, 8, 16, 16, 8, 4, 4, 4, 4, 8};
 // The rank-0 log line DeepSpeed's wording gives for each skipped step.
 std::string ExpectedSkipLine(int step) {
-  const char *tail = "";
+  const char* tail = "";
   switch (step) {
     case 1:
     case 6:
@@ -89,9 +89,9 @@ std::string Config(int stage, int accumulation) {
       R"(, "reduce_bucket_size": 300}})");
 }
 
-absl::StatusOr<std::vector<float>> ModelWeights(nn::GptModel &model) {
+absl::StatusOr<std::vector<float>> ModelWeights(nn::GptModel& model) {
   std::vector<float> all;
-  for (nn::Parameter *parameter : model.Parameters()) {
+  for (nn::Parameter* parameter : model.Parameters()) {
     ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
     ZE_ASSIGN_OR_RETURN(std::vector<float> values,
                         ToHostFloats(data, Stream()));
@@ -117,11 +117,11 @@ TEST_P(LossScaleTest, InjectedInfIsSkippedCountedLoggedAndScaled) {
   bool inject = false;
   model->ln_f()->AddHook(
       nn::HookKind::kPostBackward,
-      [&inject, injecting_rank](nn::Module &module,
-                                const Stream &stream) -> absl::Status {
+      [&inject, injecting_rank](nn::Module& module,
+                                const Stream& stream) -> absl::Status {
         if (!inject || Rank() != injecting_rank) return absl::OkStatus();
         inject = false;  // once per step, in its first micro-batch
-        const Tensor &grad = module.DirectParameters()[0]->grad();
+        const Tensor& grad = module.DirectParameters()[0]->grad();
         return Fill(grad.Slice(3, 1), std::numeric_limits<float>::infinity(),
                     stream);
       });
@@ -129,7 +129,7 @@ TEST_P(LossScaleTest, InjectedInfIsSkippedCountedLoggedAndScaled) {
   absl::StatusOr<std::unique_ptr<engine::Engine>> created =
       engine::Initialize(model, Config(stage, accumulation), Comm());
   ASSERT_TRUE(created.ok()) << created.status();
-  engine::Engine &engine = **created;
+  engine::Engine& engine = **created;
   ASSERT_EQ(engine.current_loss_scale(), 16.0);
 
   int skipped = 0;
@@ -201,7 +201,7 @@ TEST_P(LossScaleTest, InjectedInfIsSkippedCountedLoggedAndScaled) {
 INSTANTIATE_TEST_SUITE_P(
     StagesAndAccumulation, LossScaleTest,
     ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Values(1, 2)),
-    [](const ::testing::TestParamInfo<std::tuple<int, int>> &info) {
+    [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
       return absl::StrCat("stage", std::get<0>(info.param), "_accumulation",
                           std::get<1>(info.param));
     });
@@ -210,6 +210,6 @@ INSTANTIATE_TEST_SUITE_P(
 }  // namespace enginetest
 }  // namespace ze
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   return ze::enginetest::RunAllTests(argc, argv);
 }
