@@ -1,0 +1,127 @@
+// Config mistakes reported through engine::Initialize: each returns a Status
+// (no crash) whose message names the config file and the offending key, and
+// a good config still initialises afterwards. Run alone and at 2 ranks (the
+// batch triple is checked against the job's real world size).
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace ze {
+namespace enginetest {
+namespace {
+
+// A file of this rank's own (ranks share the temporary directory).
+std::string WriteConfig(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/",
+                                        name, "_rank", Rank(), ".json");
+  std::ofstream(path) << text;
+  return path;
+}
+
+constexpr char kGood[] = R"({
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+  "bf16": {"enabled": true}
+})";
+
+absl::Status InitializeWith(const std::string& path_or_json,
+                            DType dtype = DType::kBF16) {
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), dtype);
+  if (!model.ok()) return model.status();
+  return engine::Initialize(*model, path_or_json, Comm()).status();
+}
+
+// Expects `status` to fail with `code` and a message holding every needle.
+void ExpectError(const absl::Status& status, absl::StatusCode code,
+                 const std::vector<std::string>& needles) {
+  EXPECT_EQ(status.code(), code) << status;
+  for (const std::string& needle : needles) {
+    EXPECT_NE(status.message().find(needle), std::string::npos)
+        << "\"" << needle << "\" missing from: " << status;
+  }
+}
+
+TEST(ConfigErrorsTest, MissingFile) {
+  const std::string path = "/nonexistent/ds_config.json";
+  ExpectError(InitializeWith(path), absl::StatusCode::kNotFound, {path});
+}
+
+TEST(ConfigErrorsTest, MalformedJson) {
+  const std::string path =
+      WriteConfig("malformed", R"({"train_micro_batch_size_per_gpu": 2,)");
+  ExpectError(InitializeWith(path), absl::StatusCode::kInvalidArgument, {path});
+}
+
+TEST(ConfigErrorsTest, MisspelledKey) {
+  const std::string path = WriteConfig(
+      "misspelled",
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW",
+          "params": {"lr": 0.001, "weight_decy": 0.1}}, "bf16": {"enabled": true}})");
+  ExpectError(InitializeWith(path), absl::StatusCode::kInvalidArgument,
+              {path, "optimizer.params.weight_decy", "weight_decay"});
+}
+
+// DeepSpeed's rule train = micro x accumulation x world: 33 != 17 x 2 x W
+// for any W.
+TEST(ConfigErrorsTest, BatchTripleInconsistentWithWorldSize) {
+  const std::string path = WriteConfig(
+      "triple",
+      R"({"train_batch_size": 33, "train_micro_batch_size_per_gpu": 17,
+          "gradient_accumulation_steps": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true}})");
+  ExpectError(InitializeWith(path), absl::StatusCode::kInvalidArgument,
+              {path, "train_batch_size", "33", "17", absl::StrCat(World())});
+}
+
+TEST(ConfigErrorsTest, ModelDtypeDoesNotMatchPrecision) {
+  const std::string bf16 = WriteConfig("bf16", kGood);
+  ExpectError(InitializeWith(bf16, DType::kF32),
+              absl::StatusCode::kInvalidArgument, {bf16, "bf16.enabled"});
+  const std::string fp16 = WriteConfig(
+      "fp16",
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD"},
+          "fp16": {"enabled": true}})");
+  ExpectError(InitializeWith(fp16, DType::kBF16),
+              absl::StatusCode::kInvalidArgument, {fp16, "fp16.enabled"});
+}
+
+TEST(ConfigErrorsTest, NoOptimizer) {
+  const std::string path = WriteConfig(
+      "no_optimizer",
+      R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}})");
+  ExpectError(InitializeWith(path), absl::StatusCode::kInvalidArgument,
+              {path, "optimizer"});
+}
+
+// A config loaded for one world size cannot train at another.
+TEST(ConfigErrorsTest, ParsedConfigForAnotherWorldSize) {
+  absl::StatusOr<config::Config> loaded =
+      config::LoadConfigString(kGood, World() + 1, "resized.json");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kBF16);
+  ASSERT_TRUE(model.ok());
+  ExpectError(engine::Initialize(*model, *loaded, Comm()).status(),
+              absl::StatusCode::kInvalidArgument,
+              {"resized.json", absl::StrCat(World() + 1),
+               absl::StrCat(World(), " ranks")});
+}
+
+// After all of the above, the same process still trains.
+TEST(ConfigErrorsTest, GoodConfigStillWorks) {
+  EXPECT_TRUE(InitializeWith(WriteConfig("good", kGood)).ok());
+}
+
+}  // namespace
+}  // namespace enginetest
+}  // namespace ze
+
+int main(int argc, char** argv) {
+  return ze::enginetest::RunAllTests(argc, argv);
+}
