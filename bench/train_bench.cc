@@ -217,6 +217,12 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
   line["memory_breakdown"] = BreakdownJson(engine->memory_breakdown());
+  if (device.is_cuda()) {
+    // Model state plus the model's own buffers, before any activation: to
+    // compare with memory_breakdown.
+    line["bytes_in_use_after_initialize"] =
+        CudaMemory(device.index)->stats().bytes_in_use;
+  }
 
   const Stream& compute = engine->compute_stream();
   ZE_ASSIGN_OR_RETURN(
@@ -267,6 +273,8 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   line["loss"] = loss;
   line["grad_norm"] = grad_norm;
   line["global_steps"] = engine->counters().global_steps;
+  line["skipped_steps"] = engine->counters().skipped_steps;
+  line["loss_scale"] = engine->current_loss_scale();
   if (device.is_cuda()) {
     line["memory"] = MemoryJson(CudaMemory(device.index)->stats());
   }
