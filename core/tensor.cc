@@ -56,6 +56,11 @@ absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
     ZE_RETURN_IF_ERROR(CudaStatus(cudaMemset(tensor.data(), 0, tensor.nbytes()),
                                   "cudaMemset"));
+    // cudaMemset is asynchronous on the legacy default stream, which does not
+    // order itself with non-blocking streams: without this wait a copy queued
+    // on another stream could land before the zeros and be overwritten.
+    ZE_RETURN_IF_ERROR(
+        CudaStatus(cudaStreamSynchronize(nullptr), "cudaMemset (synchronize)"));
   }
   return tensor;
 }

@@ -364,14 +364,11 @@ absl::Status Engine::Impl::OnParameterReady(int index) {
 absl::Status Engine::Impl::EnsureBucketGrads(int bucket) {
   if (bucket_grads_[bucket].defined()) return absl::OkStatus();
   const zero::BucketLayout& layout = layout_.bucket(bucket);
+  // Zeroed on the compute stream, ordered before the layers accumulate.
   ZE_ASSIGN_OR_RETURN(bucket_grads_[bucket],
-                      Tensor::Zeros({layout.padded_elements}, model_dtype_,
+                      Tensor::Empty({layout.padded_elements}, model_dtype_,
                                     device()));
-  if (device().is_cuda()) {
-    // Tensor::Zeros zeroes synchronously on the legacy stream; order it
-    // before the layers' accumulation on the compute stream.
-    ZE_RETURN_IF_ERROR(Fill(bucket_grads_[bucket], 0.0f, stream()));
-  }
+  ZE_RETURN_IF_ERROR(Fill(bucket_grads_[bucket], 0.0f, stream()));
   for (int i = layout.first_param; i < layout.end_param; ++i) {
     const zero::ParamPlacement& place = layout_.placement(i);
     ZE_RETURN_IF_ERROR(params_[i]->SetGrad(
@@ -502,9 +499,8 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   //   [0] sum of squares of the gradients (stage 0: each rank holds all of
   //       them, so each contributes 1/N of its sum),
   //   [1] overflow flag (fp16), [2] this rank's summed micro-batch losses.
-  ZE_ASSIGN_OR_RETURN(Tensor stats,
-                      Tensor::Zeros({3}, DType::kF32, device()));
-  if (device().is_cuda()) ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream()));
+  ZE_ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty({3}, DType::kF32, device()));
+  ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream()));
   Tensor sum_of_squares = stats.Slice(0, 1);
   Tensor overflow = stats.Slice(1, 1);
   for (int b = 0; b < layout_.num_buckets(); ++b) {

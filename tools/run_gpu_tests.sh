@@ -22,9 +22,9 @@ while read -r kind package name args; do
   if [[ "${kind}" == "sh" ]]; then
     runfiles="${bundle}/tests/${package}/${name}.runfiles"
     (cd "${runfiles}/zero_engine" && TEST_SRCDIR="${runfiles}" TEST_WORKSPACE=zero_engine \
-      TEST_TMPDIR="$(mktemp -d)" timeout 600 "./${package}/${name}" ${args}) > "${log}" 2>&1
+      TEST_TMPDIR="$(mktemp -d)" timeout 600 "./${package}/${name}" ${args}) < /dev/null > "${log}" 2>&1
   else
-    (cd "${bundle}" && TEST_TMPDIR="$(mktemp -d)" timeout 600 "${bundle}/tests/${package}/${name}") > "${log}" 2>&1
+    (cd "${bundle}" && TEST_TMPDIR="$(mktemp -d)" timeout 600 "${bundle}/tests/${package}/${name}") < /dev/null > "${log}" 2>&1
   fi
   result=$?
   elapsed=$(( $(date +%s) - start ))
