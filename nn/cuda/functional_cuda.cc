@@ -478,7 +478,8 @@ absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
                                       {&grad_output, &weight, &grad_input}));
   const int64_t rows = input.size(0), cols = input.size(1);
   if (rows == 0) return absl::OkStatus();
-  const int partial_rows = kernels::LayerNormBackwardNumPartials(rows);
+  const int partial_rows = kernels::LayerNormBackwardNumPartials(
+      rows, cols, DTypeCode(input.dtype()));
   float* weight_partials = nullptr;
   float* bias_partials = nullptr;
   if (grad_weight.defined() || grad_bias.defined()) {

@@ -164,9 +164,16 @@ TEST_F(FunctionalCudaTest, Linear) {
 
 TEST_F(FunctionalCudaTest, LayerNorm) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t cols : {64, 100, 2048}) {
-      const int64_t rows = 19;
-      const std::string tag = "LayerNorm C=" + std::to_string(cols);
+    // (rows, cols): small shapes take the warp-per-row kernel; multiples of
+    // 256 take the team kernel (one, two or four teams per block, one or two
+    // vectors per thread), with more rows than rows in flight so teams loop
+    // and some passes run past the last row.
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {
+        {19, 64},    {19, 100},   {19, 2048},  {1037, 256},
+        {1037, 768}, {700, 1024}, {613, 2048}, {129, 4096}};
+    for (const auto& [rows, cols] : shapes) {
+      const std::string tag = "LayerNorm R=" + std::to_string(rows) +
+                              " C=" + std::to_string(cols);
       Vec x, w, b, dy, gw0, gb0;
       Tensor tx = Random({rows, cols}, dtype, 11, &x, 2.0f);
       Tensor tw = Random({cols}, dtype, 12, &w);

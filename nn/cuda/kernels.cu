@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "nn/cuda/cuda_common.cuh"
 #include "nn/cuda/kernels.h"
@@ -170,14 +171,169 @@ __global__ void LayerNormBackwardKernel(
   }
 }
 
-__global__ void AddColumnSumsKernel(const float* __restrict__ partials,
-                                    int64_t rows, int64_t cols, void* target,
-                                    int target_dtype) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+// Fused backward for rows a whole number of 16-byte vectors wide: a team of
+// `threads_per_row` threads (a multiple of 32) owns one row at a time, each
+// thread ITEMS vectors of VEC columns at fixed positions, so the weight stays
+// in registers and the weight/bias gradient partials accumulate in registers
+// (f32) with no atomics. A block holds blockDim / threads_per_row teams and
+// each team writes one partial row at the end (see LayerNormBackwardPlan).
+// The row sums cross the team's warps through shared memory, double-buffered
+// so one barrier per row suffices; the next row's dy and x are loaded before
+// that barrier to keep memory busy.
+template <typename T, int VEC, int ITEMS>
+__global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2) LayerNormBackwardTeamKernel(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ weight, const float* __restrict__ mean,
+    const float* __restrict__ rstd, T* __restrict__ dx,
+    float* __restrict__ weight_partials, float* __restrict__ bias_partials,
+    int64_t rows, int cols, int threads_per_row) {
+  __shared__ float2 sums[2][8];  // [buffer][warp]: (sum dy*w, sum dy*w*xhat)
+  const int teams = blockDim.x / threads_per_row;
+  const int team = threadIdx.x / threads_per_row;
+  const int member = threadIdx.x % threads_per_row;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int team_warps = threads_per_row >> 5;
+  const int first_warp = team * team_warps;
+  const float inv_cols = 1.0f / cols;
+
+  float w[ITEMS][VEC], dw[ITEMS][VEC], db[ITEMS][VEC];
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    LoadFloats<T, VEC>(weight + (it * threads_per_row + member) * VEC, w[it]);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) dw[it][i] = db[it][i] = 0.0f;
+  }
+
+  using P = Pack<T, VEC>;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * teams;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * teams + team;
+  // Every thread runs the same number of passes (barriers inside); rows past
+  // the end are computed on zeros and not stored.
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * teams;
+  const int64_t passes = first < rows ? (rows - first + step - 1) / step : 0;
+  P next_g[ITEMS], next_v[ITEMS];
+  auto load = [&](int64_t r) {
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      if (r < rows) {
+        const int64_t off = r * cols + (it * threads_per_row + member) * VEC;
+        next_g[it] = *reinterpret_cast<const P*>(dy + off);
+        next_v[it] = *reinterpret_cast<const P*>(x + off);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          next_g[it].v[i] = FromFloat<T>(0.0f);
+          next_v[it].v[i] = FromFloat<T>(0.0f);
+        }
+      }
+    }
+  };
+  load(row);
+  for (int64_t pass = 0; pass < passes; ++pass, row += step) {
+    const bool valid = row < rows;
+    const float m = valid ? mean[row] : 0.0f;
+    const float rs = valid ? rstd[row] : 0.0f;
+    // The row stays packed (16-bit values for bf16/f16) and is converted
+    // again for dx: registers, not arithmetic, bound the blocks per SM.
+    P cur_g[ITEMS], cur_v[ITEMS];
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      cur_g[it] = next_g[it];
+      cur_v[it] = next_v[it];
+    }
+    load(row + step);
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float g = ToFloat(cur_g[it].v[i]);
+        const float xhat = (ToFloat(cur_v[it].v[i]) - m) * rs;
+        const float gw = g * w[it][i];
+        sum_g += gw;
+        sum_gx += gw * xhat;
+        dw[it][i] += g * xhat;
+        db[it][i] += g;
+      }
+    }
+    sum_g = WarpSum(sum_g);
+    sum_gx = WarpSum(sum_gx);
+    if (team_warps > 1) {
+      float2* buffer = sums[pass & 1];
+      if (lane == 0) buffer[warp] = make_float2(sum_g, sum_gx);
+      __syncthreads();
+      sum_g = 0.0f;
+      sum_gx = 0.0f;
+      for (int k = 0; k < team_warps; ++k) {
+        const float2 s = buffer[first_warp + k];
+        sum_g += s.x;
+        sum_gx += s.y;
+      }
+    }
+    if (dx == nullptr || !valid) continue;
+    sum_g *= inv_cols;
+    sum_gx *= inv_cols;
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+      float out[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float g = ToFloat(cur_g[it].v[i]);
+        const float xhat = (ToFloat(cur_v[it].v[i]) - m) * rs;
+        out[i] = rs * (g * w[it][i] - sum_g - xhat * sum_gx);
+      }
+      StoreFloats<T, VEC>(
+          dx + row * cols + (it * threads_per_row + member) * VEC, out);
+    }
+  }
+  const int64_t partial = static_cast<int64_t>(blockIdx.x) * teams + team;
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    const int c = (it * threads_per_row + member) * VEC;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      if (weight_partials != nullptr) {
+        weight_partials[partial * cols + c + i] = dw[it][i];
+      }
+      if (bias_partials != nullptr) {
+        bias_partials[partial * cols + c + i] = db[it][i];
+      }
+    }
+  }
+}
+
+// Block (32, kColumnSumSlices): threadIdx.x picks one of 32 consecutive
+// columns (coalesced reads), threadIdx.y one of kColumnSumSlices interleaved
+// row slices, so the hundreds of partial rows are read by many independent
+// loads instead of one serial chain per column. The slices are combined in a
+// fixed order: the result is deterministic.
+constexpr int kColumnSumSlices = 32;
+
+__global__ void __launch_bounds__(32 * kColumnSumSlices)
+    AddColumnSumsKernel(const float* __restrict__ partials, int64_t rows,
+                        int64_t cols, void* target, int target_dtype) {
+  __shared__ float slice_sums[kColumnSumSlices][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float sum = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) sum += partials[r * cols + c];
-  StoreAny(target, target_dtype, c, LoadAny(target, target_dtype, c) + sum);
+  if (c < cols) {
+    int64_t r = threadIdx.y;
+    // Four loads in flight per thread before their adds.
+    for (; r + 3 * kColumnSumSlices < rows; r += 4 * kColumnSumSlices) {
+      const float a = partials[r * cols + c];
+      const float b = partials[(r + kColumnSumSlices) * cols + c];
+      const float d = partials[(r + 2 * kColumnSumSlices) * cols + c];
+      const float e = partials[(r + 3 * kColumnSumSlices) * cols + c];
+      sum += (a + b) + (d + e);
+    }
+    for (; r < rows; r += kColumnSumSlices) sum += partials[r * cols + c];
+  }
+  slice_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float total = 0.0f;
+  for (int k = 0; k < kColumnSumSlices; ++k) total += slice_sums[k][threadIdx.x];
+  StoreAny(target, target_dtype, c, LoadAny(target, target_dtype, c) + total);
 }
 
 constexpr int kColumnChunkRows = 128;
@@ -451,11 +607,69 @@ int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
   });
 }
 
-int LayerNormBackwardNumPartials(int64_t rows) {
-  const int64_t warps_per_block = 8;
-  const int64_t needed = (rows + warps_per_block - 1) / warps_per_block;
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(needed, 2 * NumSms())));
+namespace {
+
+// How LaunchLayerNormBackward splits the rows. The team kernel needs whole
+// 16-byte vectors per thread and teams of whole warps of at most 256
+// threads; other shapes (and ZE_LAYERNORM_BWD_LEGACY=1) take the older
+// warp-per-row kernel, which accepts any grid size, so the partial count
+// never depends on pointer alignment (checked only at launch).
+struct LayerNormBackwardPlan {
+  bool team = false;
+  int items = 1;            // vectors per thread per row
+  int threads_per_row = 0;  // team size
+  int teams = 1;            // teams (rows in flight) per block
+  int grid = 1;
+  int partials = 1;  // grid * teams (team kernel) or grid (legacy)
+};
+
+bool LegacyLayerNormBackward() {
+  static const bool legacy = [] {
+    const char* v = std::getenv("ZE_LAYERNORM_BWD_LEGACY");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return legacy;
+}
+
+LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
+                                            int dtype) {
+  LayerNormBackwardPlan plan;
+  const int elem = dtype == kF32 ? 4 : 2;
+  const int vec = 16 / elem;
+  if (!LegacyLayerNormBackward()) {
+    for (int items = 1; items <= 2; items *= 2) {
+      const int64_t width = static_cast<int64_t>(vec) * items;
+      if (cols % (32 * width) != 0 || cols / width > 256) continue;
+      plan.team = true;
+      plan.items = items;
+      plan.threads_per_row = static_cast<int>(cols / width);
+      plan.teams = 256 / plan.threads_per_row;
+      break;
+    }
+  }
+  if (plan.team) {
+    // As many blocks as __launch_bounds__ guarantees resident per SM (4 for
+    // one vector per thread, 2 for two): about 32 KB of loads in flight per
+    // SM, what HBM3e needs to stream, for ~528 partial rows.
+    const int per_sm = plan.items == 1 ? 4 : 2;
+    const int64_t needed = (rows + plan.teams - 1) / plan.teams;
+    plan.grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(needed, per_sm * NumSms())));
+    plan.partials = plan.grid * plan.teams;
+  } else {
+    const int64_t warps_per_block = 8;
+    const int64_t needed = (rows + warps_per_block - 1) / warps_per_block;
+    plan.grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(needed, 2 * NumSms())));
+    plan.partials = plan.grid;
+  }
+  return plan;
+}
+
+}  // namespace
+
+int LayerNormBackwardNumPartials(int64_t rows, int64_t cols, int dtype) {
+  return PlanLayerNormBackward(rows, cols, dtype).partials;
 }
 
 int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
@@ -464,22 +678,39 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
                             int64_t rows, int64_t cols, int dtype,
                             void* stream) {
   if (rows == 0) return 0;
+  const LayerNormBackwardPlan plan = PlanLayerNormBackward(rows, cols, dtype);
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = cols % kVec == 0 && Aligned(dy, 16) && Aligned(x, 16) &&
                      Aligned(weight, 16) && (dx == nullptr || Aligned(dx, 16));
-    const int threads = 256;
-    const int grid = LayerNormBackwardNumPartials(rows);
-    const size_t shared = 2 * cols * sizeof(float);
     auto s = static_cast<cudaStream_t>(stream);
+    if (plan.team && vec) {
+      const int threads = plan.teams * plan.threads_per_row;
+      auto launch = [&](auto kernel) {
+        kernel<<<plan.grid, threads, 0, s>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x),
+            static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
+            weight_partials, bias_partials, rows, static_cast<int>(cols),
+            plan.threads_per_row);
+      };
+      if (plan.items == 1) {
+        launch(LayerNormBackwardTeamKernel<T, kVec, 1>);
+      } else {
+        launch(LayerNormBackwardTeamKernel<T, kVec, 2>);
+      }
+      return LastError();
+    }
+    // Legacy kernel: one partial row per block, any grid size.
+    const int threads = 256;
+    const size_t shared = 2 * cols * sizeof(float);
     auto launch = [&](auto kernel) {
       if (shared > 48 * 1024) {
         cudaFuncSetAttribute(kernel,
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(shared));
       }
-      kernel<<<grid, threads, shared, s>>>(
+      kernel<<<plan.partials, threads, shared, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x),
           static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
           weight_partials, bias_partials, rows, static_cast<int>(cols));
@@ -496,7 +727,7 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
 int LaunchAddColumnSums(const float* partials, int64_t rows, int64_t cols,
                         void* target, int target_dtype, void* stream) {
   if (cols == 0) return 0;
-  AddColumnSumsKernel<<<GridFor(cols, 256), 256, 0,
+  AddColumnSumsKernel<<<GridFor(cols, 32), dim3(32, kColumnSumSlices), 0,
                         static_cast<cudaStream_t>(stream)>>>(
       partials, rows, cols, target, target_dtype);
   return LastError();

@@ -23,9 +23,10 @@ int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
                            void* y, float* mean, float* rstd, int64_t rows,
                            int64_t cols, int dtype, void* stream);
 
-// Number of per-block partial rows LaunchLayerNormBackward writes; size the
-// partial buffers (num_partials, C) f32 with it.
-int LayerNormBackwardNumPartials(int64_t rows);
+// Number of partial rows LaunchLayerNormBackward writes for these rows,
+// columns and dtype; size the partial buffers (num_partials, C) f32 with it.
+// ZE_LAYERNORM_BWD_LEGACY=1 in the environment selects the older kernel.
+int LayerNormBackwardNumPartials(int64_t rows, int64_t cols, int dtype);
 
 // dx (M, C) = LayerNorm input gradient (overwritten; null: skipped).
 // weight_partials / bias_partials (num_partials, C) f32 receive per-block
@@ -38,7 +39,7 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
                             void* stream);
 
 // target (cols) of `target_dtype` += sum over rows of partials (rows, cols)
-// f32. Each column is owned by one thread: deterministic.
+// f32, summed in a fixed order: deterministic.
 int LaunchAddColumnSums(const float* partials, int64_t rows, int64_t cols,
                         void* target, int target_dtype, void* stream);
 
