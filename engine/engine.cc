@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "engine/stage3.h"
 #include "engine/training_state.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
@@ -57,6 +58,9 @@ class Engine::Impl {
   std::vector<std::string> ParameterNames() const;
 
   TrainingState& state() { return *state_; }
+  CommunicationCounters communication_counters() const {
+    return stage3_ ? stage3_->last_step_counters() : CommunicationCounters();
+  }
   bool reducing_this_micro_step() const { return reduce_now_; }
   void set_loss_sum(double sum) { loss_sum_ = sum; }
   void add_loss(double loss) { loss_sum_ += loss; }
@@ -65,6 +69,10 @@ class Engine::Impl {
   const config::Config& config() const { return engine_.config_; }
   comm::Communicator& comm() const { return *engine_.communicator_; }
   const Stream& stream() const { return engine_.compute_stream_; }
+  // Where gradient collectives run: a separate high-priority stream with
+  // overlap_comm on a GPU (so reduction overlaps the rest of backward),
+  // otherwise the compute stream.
+  const Stream& comm_stream() const { return comm_stream_; }
   Device device() const { return engine_.model_->device(); }
   int world() const { return comm().world_size(); }
   int rank() const { return comm().rank(); }
@@ -85,6 +93,7 @@ class Engine::Impl {
   absl::Status GatherUpdatedWeights();
 
   Engine& engine_;
+  Stream comm_stream_;
   int stage_ = 0;
   DType model_dtype_ = DType::kF32;
   bool master_aliases_weights_ = false;  // f32 training: no separate copy
@@ -114,16 +123,14 @@ class Engine::Impl {
   double loss_sum_ = 0;
 
   std::unique_ptr<TrainingState> state_;
+  // Stage 3 lives in engine/stage3.h; when set, the methods above route to
+  // it and the members for stages 0-2 stay empty.
+  std::unique_ptr<Stage3> stage3_;
 };
 
 absl::Status Engine::Impl::Setup() {
   const config::Config& cfg = config();
   stage_ = static_cast<int>(cfg.zero_optimization.stage);
-  if (stage_ > 2) {
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source, ": zero_optimization.stage ", stage_,
-        " is not available in this build (stages 0-2 are)"));
-  }
   if (cfg.zero_optimization.offload_optimizer.device !=
           config::OffloadDevice::kNone ||
       cfg.zero_optimization.offload_param.device !=
@@ -147,7 +154,24 @@ absl::Status Engine::Impl::Setup() {
         DTypeName(model_dtype_), "; build the model with ", DTypeName(wanted)));
   }
   master_aliases_weights_ = model_dtype_ == DType::kF32;
+  comm_stream_ = stream();
+  if (cfg.zero_optimization.overlap_comm && device().is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(comm_stream_,
+                        Stream::Create(device(), /*high_priority=*/true));
+  }
   ZE_ASSIGN_OR_RETURN(state_, TrainingState::Create(cfg, world()));
+  if (stage_ == 3) {
+    Stage3Context context;
+    context.config = &engine_.config_;
+    context.comm = engine_.communicator_.get();
+    context.stream = &engine_.compute_stream_;
+    context.model = engine_.model_.get();
+    context.state = state_.get();
+    context.memory = &engine_.memory_;
+    context.counters = &engine_.counters_;
+    ZE_ASSIGN_OR_RETURN(stage3_, Stage3::Create(context));
+    return absl::OkStatus();
+  }
   ZE_RETURN_IF_ERROR(AllocateBuffers());
   return InstallHooks();
 }
@@ -379,6 +403,7 @@ absl::Status Engine::Impl::EnsureBucketGrads(int bucket) {
 }
 
 absl::Status Engine::Impl::BeginBackward() {
+  if (stage3_) return stage3_->BeginBackward();
   in_backward_ = true;
   reduce_now_ = stage_ == 2 || engine_.IsGradientAccumulationBoundary();
   next_bucket_ = 0;
@@ -419,22 +444,33 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
         full, static_cast<float>(1.0 / config().gradient_predivide_factor),
         stream()));
   }
+  if (comm_stream().native() != stream().native()) {
+    // The collective must read the gradients only after the backward
+    // kernels that produced them.
+    ZE_ASSIGN_OR_RETURN(Event produced, Event::Create(device()));
+    ZE_RETURN_IF_ERROR(produced.Record(stream()));
+    ZE_RETURN_IF_ERROR(produced.StreamWait(comm_stream()));
+  }
   comm::Work work;
   if (stage_ == 0) {
-    ZE_ASSIGN_OR_RETURN(
-        work, comm().AllReduce(full, full, comm::ReduceOp::kSum, stream()));
+    ZE_ASSIGN_OR_RETURN(work, comm().AllReduce(full, full, comm::ReduceOp::kSum,
+                                               comm_stream()));
   } else if (stage_ == 1) {
     Tensor own = Region(full, rank() * layout.slice_elements,
                         layout.slice_elements);
-    ZE_ASSIGN_OR_RETURN(
-        work, comm().ReduceScatter(full, own, comm::ReduceOp::kSum, stream()));
+    ZE_ASSIGN_OR_RETURN(work, comm().ReduceScatter(
+                                  full, own, comm::ReduceOp::kSum,
+                                  comm_stream()));
   } else {
+    // Allocated before the collective is queued and freed only after the
+    // compute stream has waited for it (FinishBucket), so the caching
+    // allocator cannot hand it out while the comm stream still writes it.
     ZE_ASSIGN_OR_RETURN(bucket_outputs_[bucket],
                         Tensor::Empty({layout.slice_elements}, model_dtype_,
                                       device()));
-    ZE_ASSIGN_OR_RETURN(work,
-                        comm().ReduceScatter(full, bucket_outputs_[bucket],
-                                             comm::ReduceOp::kSum, stream()));
+    ZE_ASSIGN_OR_RETURN(work, comm().ReduceScatter(
+                                  full, bucket_outputs_[bucket],
+                                  comm::ReduceOp::kSum, comm_stream()));
   }
   bucket_work_[bucket] = work;
   bucket_issued_[bucket] = true;
@@ -468,6 +504,7 @@ absl::Status Engine::Impl::FinishBucket(int bucket) {
 }
 
 absl::Status Engine::Impl::EndBackward() {
+  if (stage3_) return stage3_->EndBackward();
   in_backward_ = false;
   for (int& uses : pending_uses_) uses = 0;
   if (reduce_now_) {
@@ -487,6 +524,11 @@ absl::Status Engine::Impl::ZeroGradients() {
 }
 
 absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
+  if (stage3_) {
+    const double loss_sum = loss_sum_;
+    loss_sum_ = 0;
+    return stage3_->BoundaryStep(loss_sum);
+  }
   StepReport report;
   report.boundary = true;
   report.loss_scale = state_->loss_scale();
@@ -598,6 +640,7 @@ absl::Status Engine::Impl::GatherUpdatedWeights() {
 
 absl::StatusOr<std::vector<float>> Engine::Impl::GatherMasterWeights(
     const std::string& name) {
+  if (stage3_) return stage3_->GatherMasterWeights(name);
   ZE_ASSIGN_OR_RETURN(int index, layout_.FindParam(name));
   // Gather each bucket's master slices (a collective on every rank), then
   // read the parameter's range.
@@ -627,6 +670,7 @@ absl::StatusOr<std::vector<float>> Engine::Impl::GatherMasterWeights(
 }
 
 std::vector<std::string> Engine::Impl::ParameterNames() const {
+  if (stage3_) return stage3_->ParameterNames();
   std::vector<std::string> names;
   for (const nn::Parameter* parameter : params_) names.push_back(parameter->name());
   return names;
@@ -744,6 +788,10 @@ absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
 
 std::vector<std::string> Engine::ParameterNames() const {
   return impl_->ParameterNames();
+}
+
+CommunicationCounters Engine::communication_counters() const {
+  return impl_->communication_counters();
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(

@@ -1,6 +1,6 @@
 // Engine: trains a model data-parallel across the ranks of an mpirun job,
-// the way a DeepSpeed config says (ZeRO stages 0-2 here; see
-// docs/architecture.md for stage 3 and offload).
+// the way a DeepSpeed config says (ZeRO stages 0-3; stage 3 is
+// engine/stage3.h; see docs/architecture.md for offload).
 //
 //   ZE_ASSIGN_OR_RETURN(auto engine,
 //                       ze::engine::Initialize(model, "ds_config.json"));
@@ -33,6 +33,9 @@
 //   2: as 1, but the 16-bit gradients live only in flight: each bucket is
 //      reduce-scattered during backward, every micro-step, into this rank's
 //      gradient partition and freed. 2 Psi + 14 Psi / N.
+//   3: everything partitioned; each module's parameters are all-gathered
+//      before it runs and released after (engine/stage3.h). 16 Psi / N plus
+//      the gathered buckets.
 //
 // Threading: one thread drives an engine. Errors are Statuses naming the
 // config key, parameter or rank; a failed collective (timeout, mismatch)
@@ -82,6 +85,16 @@ struct Counters {
   int64_t global_samples = 0; // samples over all ranks
 };
 
+// Collective volume, in elements (padded buckets, as sent), over one
+// optimizer step. Stage 3 counts its parameter all-gathers (output size) and
+// gradient reduce-scatters (input size); other stages report zeros.
+struct CommunicationCounters {
+  int64_t all_gathered_elements = 0;
+  int64_t reduce_scattered_elements = 0;
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+};
+
 // What Step reports about the boundary it handled (for logs and tests).
 struct StepReport {
   bool boundary = false;      // false: only accumulated
@@ -126,6 +139,8 @@ class Engine {
   nn::LossModel& model() const { return *model_; }
   const MemoryBreakdown& memory_breakdown() const { return memory_; }
   const Stream& compute_stream() const { return compute_stream_; }
+  // Over the last completed optimizer step (see CommunicationCounters).
+  CommunicationCounters communication_counters() const;
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.
