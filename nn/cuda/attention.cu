@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "nn/cuda/attention.h"
 #include "nn/cuda/cuda_common.cuh"
@@ -120,6 +122,15 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t ld,
   }
 }
 
+// One f32 copied global -> shared through the async unit; `valid` false
+// zero-fills. The caller commits the group.
+__device__ __forceinline__ void CopyFloatAsync(float* dst, const float* src,
+                                               bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   SharedAddress(dst)),
+               "l"(src), "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void WaitTiles() {
   asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
@@ -185,16 +196,21 @@ __device__ __forceinline__ void PackA(const float (&c)[8][4],
 }
 
 // grid (num_tiles, B*H); block kThreads. scale_log2 = log2(e) / sqrt(D).
-template <typename T, int DP>
+// kPipelined: K/V tiles are double-buffered, the next tile's cp.async runs
+// under this tile's matrix products (one barrier per tile instead of two
+// and no exposed load latency; with only a few CTAs per SM the other CTAs
+// could not hide it). false: the original load-wait-compute loop, kept
+// selectable with ZE_ATTENTION_LEGACY=1.
+template <typename T, int DP, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     FlashForwardKernel(const T* __restrict__ qkv, T* __restrict__ out,
                        float* __restrict__ logsumexp, int seq_len, int heads,
                        int head_dim, float scale_log2) {
   constexpr int kStride = DP + 8;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
-  T* sq = reinterpret_cast<T*>(shared_bytes);  // (64, DP) queries
-  T* sk = sq + kTile * kStride;                // (64, DP) keys
-  T* sv = sk + kTile * kStride;                // (64, DP) values
+  // (64, DP) queries, then per stage (64, DP) keys and (64, DP) values;
+  // kPipelined has two stages.
+  T* sq = reinterpret_cast<T*>(shared_bytes);
 
   // Later query tiles see more keys: schedule them first.
   const int qt = gridDim.x - 1 - blockIdx.x;
@@ -211,6 +227,12 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane >> 2, t = lane & 3;
 
   LoadTile<T, DP>(sq, q_src, ld, qt * kTile, seq_len, head_dim, vector);
+  if constexpr (kPipelined) {
+    LoadTile<T, DP>(sq + kTile * kStride, k_src, ld, 0, seq_len, head_dim,
+                    vector);
+    LoadTile<T, DP>(sq + 2 * kTile * kStride, v_src, ld, 0, seq_len,
+                    head_dim, vector);
+  }
 
   float o[DP / 8][4];
 #pragma unroll
@@ -220,10 +242,28 @@ __global__ void __launch_bounds__(kThreads)
   const int q_row0 = qt * kTile + warp * 16 + g;  // and q_row0 + 8
 
   for (int kt = 0; kt <= qt; ++kt) {
-    __syncthreads();  // everyone is done with the previous K/V tile
-    LoadTile<T, DP>(sk, k_src, ld, kt * kTile, seq_len, head_dim, vector);
-    LoadTile<T, DP>(sv, v_src, ld, kt * kTile, seq_len, head_dim, vector);
-    WaitTiles();
+    const int stage = kPipelined ? (kt & 1) : 0;
+    const T* sk = sq + (1 + 2 * stage) * kTile * kStride;
+    const T* sv = sk + kTile * kStride;
+    if constexpr (kPipelined) {
+      // Tile kt (the only copies in flight) has landed, and everyone is done
+      // with tile kt - 1, whose buffers now receive tile kt + 1.
+      WaitTiles();
+      if (kt < qt) {
+        T* nk = sq + (1 + 2 * (stage ^ 1)) * kTile * kStride;
+        LoadTile<T, DP>(nk, k_src, ld, (kt + 1) * kTile, seq_len, head_dim,
+                        vector);
+        LoadTile<T, DP>(nk + kTile * kStride, v_src, ld, (kt + 1) * kTile,
+                        seq_len, head_dim, vector);
+      }
+    } else {
+      __syncthreads();  // everyone is done with the previous K/V tile
+      T* wk = sq + kTile * kStride;
+      LoadTile<T, DP>(wk, k_src, ld, kt * kTile, seq_len, head_dim, vector);
+      LoadTile<T, DP>(wk + kTile * kStride, v_src, ld, kt * kTile, seq_len,
+                      head_dim, vector);
+      WaitTiles();
+    }
 
     float s[8][4];  // (16 queries, 64 keys)
 #pragma unroll
@@ -332,7 +372,11 @@ __global__ void AttentionDeltaKernel(const T* __restrict__ dout,
 // grid (num_tiles, B*H): one CTA per 64-key tile, looping over the query
 // tiles that can see it. dK and dV stay in registers; dQ contributions go
 // to an f32 accumulator with atomics (several key tiles share a query row).
-template <typename T, int DP>
+// kPipelined: the next query tile's Q, dO, logsumexp and delta are copied
+// (cp.async, double-buffered) under this tile's products, and dQ goes out as
+// paired f32 reductions (red.global.add.v2.f32) when head_dim is even.
+// false: the original loop (ZE_ATTENTION_LEGACY=1).
+template <typename T, int DP, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     FlashBackwardKernel(const T* __restrict__ dout, const T* __restrict__ qkv,
                         const float* __restrict__ logsumexp,
@@ -343,13 +387,15 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kStride = DP + 8;
   constexpr int kDsStride = kTile + 8;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
+  constexpr int kStages = kPipelined ? 2 : 1;
   T* sk = reinterpret_cast<T*>(shared_bytes);  // (64 keys, DP)
   T* sv = sk + kTile * kStride;                // (64 keys, DP)
-  T* sq = sv + kTile * kStride;                // (64 queries, DP)
-  T* sdo = sq + kTile * kStride;               // (64 queries, DP)
-  T* sds = sdo + kTile * kStride;              // (64 queries, 64 keys)
-  float* slse = reinterpret_cast<float*>(sds + kTile * kDsStride);  // (64)
-  float* sdelta = slse + kTile;                                     // (64)
+  T* sds = sv + kTile * kStride;               // (64 queries, 64 keys)
+  // Per stage: Q (64 queries, DP), dO (64 queries, DP).
+  T* sstage = sds + kTile * kDsStride;
+  // Per stage: logsumexp (64), delta (64), f32.
+  float* sstats =
+      reinterpret_cast<float*>(sstage + kStages * 2 * kTile * kStride);
 
   const int kt = blockIdx.x;
   const int num_tiles = gridDim.x;
@@ -368,8 +414,28 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane >> 2, t = lane & 3;
   const int key_row0 = kt * kTile + warp * 16 + g;  // and key_row0 + 8
 
+  // Copies query tile `tile` into stage `stage`, asynchronously (Q and dO
+  // by LoadTile's cp.async when `vector`, the statistics always).
+  auto load_stage = [&](int stage, int tile) {
+    T* q_dst = sstage + stage * 2 * kTile * kStride;
+    LoadTile<T, DP>(q_dst, q_src, ld, tile * kTile, seq_len, head_dim, vector);
+    LoadTile<T, DP>(q_dst + kTile * kStride, do_src, channels, tile * kTile,
+                    seq_len, head_dim, vector);
+    float* stats = sstats + stage * 2 * kTile;
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const int query = tile * kTile + i;
+      const bool valid = query < seq_len;
+      const int64_t at =
+          static_cast<int64_t>(bh) * seq_len + (valid ? query : 0);
+      CopyFloatAsync(stats + i, logsumexp + at, valid);
+      CopyFloatAsync(stats + kTile + i, delta + at, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
   LoadTile<T, DP>(sk, k_src, ld, kt * kTile, seq_len, head_dim, vector);
   LoadTile<T, DP>(sv, v_src, ld, kt * kTile, seq_len, head_dim, vector);
+  if constexpr (kPipelined) load_stage(0, kt);
 
   float dk[DP / 8][4], dv[DP / 8][4];
 #pragma unroll
@@ -379,21 +445,21 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   for (int qt = kt; qt < num_tiles; ++qt) {
-    __syncthreads();  // everyone is done with the previous Q/dO/dS tiles
-    LoadTile<T, DP>(sq, q_src, ld, qt * kTile, seq_len, head_dim, vector);
-    LoadTile<T, DP>(sdo, do_src, channels, qt * kTile, seq_len, head_dim,
-                    vector);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const int query = qt * kTile + i;
-      const bool valid = query < seq_len;
-      // +inf logsumexp makes padded rows' probabilities exactly 0.
-      slse[i] =
-          valid ? logsumexp[static_cast<int64_t>(bh) * seq_len + query] * kLog2e
-                : INFINITY;
-      sdelta[i] =
-          valid ? delta[static_cast<int64_t>(bh) * seq_len + query] : 0.0f;
+    const int stage = kPipelined ? ((qt - kt) & 1) : 0;
+    const T* sq = sstage + stage * 2 * kTile * kStride;
+    const T* sdo = sq + kTile * kStride;
+    const float* slse = sstats + stage * 2 * kTile;  // natural log
+    const float* sdelta = slse + kTile;
+    if constexpr (kPipelined) {
+      // Tile qt (the only copies in flight) has landed, and everyone is done
+      // with tile qt - 1 (its stage and dS), whose stage receives qt + 1.
+      WaitTiles();
+      if (qt + 1 < num_tiles) load_stage(stage ^ 1, qt + 1);
+    } else {
+      __syncthreads();  // everyone is done with the previous Q/dO/dS tiles
+      load_stage(0, qt);
+      WaitTiles();
     }
-    WaitTiles();
 
     // P^T (16 keys, 64 queries) = exp(scale * K Q^T - logsumexp).
     float p[8][4];
@@ -407,8 +473,10 @@ __global__ void __launch_bounds__(kThreads)
         const int local_q = nt * 8 + 2 * t + (e & 1);
         const int key = key_row0 + (e >> 1) * 8;
         const int query = qt * kTile + local_q;
-        p[nt][e] =
-            key > query ? 0.0f : exp2f(p[nt][e] * scale_log2 - slse[local_q]);
+        // Padded query rows (zero-filled statistics) get probability 0 too.
+        p[nt][e] = key > query || query >= seq_len
+                       ? 0.0f
+                       : exp2f(p[nt][e] * scale_log2 - slse[local_q] * kLog2e);
       }
     }
     // dV (16 keys, DP) += P^T dO.
@@ -471,6 +539,20 @@ __global__ void __launch_bounds__(kThreads)
       if (query >= seq_len) continue;
       float* dst =
           dq_accum + (static_cast<int64_t>(bh) * seq_len + query) * head_dim;
+      if (kPipelined && head_dim % 2 == 0) {
+        // col is even and so is the row offset: 8-byte aligned pairs, one
+        // reduction each (sm_90 float2 atomicAdd), half the L2 atomics.
+#pragma unroll
+        for (int dt = 0; dt < DP / 8; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          if (col < head_dim) {
+            atomicAdd(reinterpret_cast<float2*>(dst + col),
+                      make_float2(dq[dt][2 * r] * scale,
+                                  dq[dt][2 * r + 1] * scale));
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int dt = 0; dt < DP / 8; ++dt) {
         const int col = dt * 8 + 2 * t;
@@ -634,13 +716,25 @@ __global__ void SimpleBackwardKernel(const float* __restrict__ dout,
   }
 }
 
-template <int DP>
+// Q plus one (legacy) or two (pipelined) stages of K and V.
+template <int DP, bool kPipelined>
 constexpr size_t ForwardSharedBytes() {
-  return 3 * kTile * (DP + 8) * 2;
+  return (kPipelined ? 5 : 3) * kTile * (DP + 8) * 2;
 }
-template <int DP>
+// K, V, dS, then one or two stages of Q, dO, logsumexp and delta.
+template <int DP, bool kPipelined>
 constexpr size_t BackwardSharedBytes() {
-  return 4 * kTile * (DP + 8) * 2 + kTile * (kTile + 8) * 2 + 2 * kTile * 4;
+  constexpr int kStages = kPipelined ? 2 : 1;
+  return 2 * kTile * (DP + 8) * 2 + kTile * (kTile + 8) * 2 +
+         kStages * (2 * kTile * (DP + 8) * 2 + 2 * kTile * 4);
+}
+
+bool LegacyAttention() {
+  static const bool legacy = [] {
+    const char* v = std::getenv("ZE_ATTENTION_LEGACY");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return legacy;
 }
 
 // Calls body(std::integral_constant<int, DP>) with the smallest instantiated
@@ -660,17 +754,24 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
                       cudaStream_t stream) {
   return DispatchHeadDim(head_dim, [&](auto dp) {
     constexpr int DP = decltype(dp)::value;
-    constexpr size_t shared = ForwardSharedBytes<DP>();
-    auto kernel = FlashForwardKernel<T, DP>;
-    if (shared > 48 * 1024) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared));
-    }
-    const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
-    kernel<<<grid, kThreads, shared, stream>>>(
-        static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp, seq_len,
-        heads, head_dim, kLog2e / sqrtf(static_cast<float>(head_dim)));
-    return static_cast<int>(cudaGetLastError());
+    auto launch = [&](auto pipelined) {
+      constexpr bool kPipelined = decltype(pipelined)::value;
+      constexpr size_t shared = ForwardSharedBytes<DP, kPipelined>();
+      auto kernel = FlashForwardKernel<T, DP, kPipelined>;
+      if (shared > 48 * 1024) {
+        cudaFuncSetAttribute(kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared));
+      }
+      const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
+      kernel<<<grid, kThreads, shared, stream>>>(
+          static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp,
+          seq_len, heads, head_dim,
+          kLog2e / sqrtf(static_cast<float>(head_dim)));
+      return static_cast<int>(cudaGetLastError());
+    };
+    if (LegacyAttention()) return launch(std::false_type());
+    return launch(std::true_type());
   });
 }
 
@@ -681,19 +782,25 @@ int BackwardTensorCore(const void* dout, const void* qkv,
                        int heads, int head_dim, cudaStream_t stream) {
   return DispatchHeadDim(head_dim, [&](auto dp) {
     constexpr int DP = decltype(dp)::value;
-    constexpr size_t shared = BackwardSharedBytes<DP>();
-    auto kernel = FlashBackwardKernel<T, DP>;
-    if (shared > 48 * 1024) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared));
-    }
-    const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
-    const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
-    kernel<<<grid, kThreads, shared, stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
-        delta, dq_accum, static_cast<T*>(dqkv), seq_len, heads, head_dim, scale,
-        scale * kLog2e);
-    return static_cast<int>(cudaGetLastError());
+    auto launch = [&](auto pipelined) {
+      constexpr bool kPipelined = decltype(pipelined)::value;
+      constexpr size_t shared = BackwardSharedBytes<DP, kPipelined>();
+      auto kernel = FlashBackwardKernel<T, DP, kPipelined>;
+      if (shared > 48 * 1024) {
+        cudaFuncSetAttribute(kernel,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared));
+      }
+      const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+      const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
+      kernel<<<grid, kThreads, shared, stream>>>(
+          static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+          delta, dq_accum, static_cast<T*>(dqkv), seq_len, heads, head_dim,
+          scale, scale * kLog2e);
+      return static_cast<int>(cudaGetLastError());
+    };
+    if (LegacyAttention()) return launch(std::false_type());
+    return launch(std::true_type());
   });
 }
 

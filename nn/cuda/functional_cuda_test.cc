@@ -326,6 +326,8 @@ TEST_F(FunctionalCudaTest, Attention) {
       {DType::kBF16, 1, 100, 2, 128}, {DType::kBF16, 1, 67, 2, 40},
       {DType::kBF16, 1, 45, 2, 20},   {DType::kBF16, 1, 70, 1, 256},
       {DType::kF16, 2, 67, 2, 64},    {DType::kF16, 1, 200, 2, 128},
+      // Five query/key tiles: both pipeline stages reused, odd tile count.
+      {DType::kBF16, 2, 300, 2, 64},  {DType::kBF16, 1, 257, 1, 20},
   };
   for (const Case& c : cases) {
     const int C = c.H * c.D;

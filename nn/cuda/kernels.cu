@@ -181,12 +181,13 @@ __global__ void LayerNormBackwardKernel(
 // so one barrier per row suffices; the next row's dy and x are loaded before
 // that barrier to keep memory busy.
 template <typename T, int VEC, int ITEMS>
-__global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2) LayerNormBackwardTeamKernel(
-    const T* __restrict__ dy, const T* __restrict__ x,
-    const T* __restrict__ weight, const float* __restrict__ mean,
-    const float* __restrict__ rstd, T* __restrict__ dx,
-    float* __restrict__ weight_partials, float* __restrict__ bias_partials,
-    int64_t rows, int cols, int threads_per_row) {
+__global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2)
+    LayerNormBackwardTeamKernel(
+        const T* __restrict__ dy, const T* __restrict__ x,
+        const T* __restrict__ weight, const float* __restrict__ mean,
+        const float* __restrict__ rstd, T* __restrict__ dx,
+        float* __restrict__ weight_partials, float* __restrict__ bias_partials,
+        int64_t rows, int cols, int threads_per_row) {
   __shared__ float2 sums[2][8];  // [buffer][warp]: (sum dy*w, sum dy*w*xhat)
   const int teams = blockDim.x / threads_per_row;
   const int team = threadIdx.x / threads_per_row;
@@ -332,7 +333,8 @@ __global__ void __launch_bounds__(32 * kColumnSumSlices)
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
   float total = 0.0f;
-  for (int k = 0; k < kColumnSumSlices; ++k) total += slice_sums[k][threadIdx.x];
+  for (int k = 0; k < kColumnSumSlices; ++k)
+    total += slice_sums[k][threadIdx.x];
   StoreAny(target, target_dtype, c, LoadAny(target, target_dtype, c) + total);
 }
 
