@@ -1,11 +1,11 @@
-// Parity of ZeRO stages 0-2 across world sizes, through the public API.
+// Parity of ZeRO stages 0-3 across world sizes, through the public API.
 //
 //   parity_main run --out=DIR [--configs=reference|all]   (under mpirun -np W)
 //   parity_main compare --dir=DIR --world=W
 //
 // `run` trains a tiny GPT for 10 optimizer steps under every combination of
 // dtype {f32, bf16, fp16 with dynamic loss scaling} x optimizer {SGD with
-// momentum, AdamW} x stage {0, 1, 2} x gradient accumulation {1, 2} and
+// momentum, AdamW} x stage {0, 1, 2, 3} x gradient accumulation {1, 2} and
 // writes, on rank 0, one file per run with the 10 losses and every final f32
 // master weight. With --configs=reference (world size 1) it instead runs
 // stage 0 with the accumulation counts the other world sizes are compared
@@ -124,7 +124,13 @@ std::string ConfigJson(const RunSpec& spec, int world) {
       spec.optimizer == "sgd" ? "0.1" : "0.01",
       R"(, "warmup_num_steps": 4, "warmup_type": "linear"}},)",
       R"("zero_optimization": {"stage": )", spec.stage,
-      R"(, "reduce_bucket_size": 700, "allgather_bucket_size": 900}})");
+      R"(, "reduce_bucket_size": 700, "allgather_bucket_size": 900)",
+      // Stage 3: nothing persistent (every module fetched on demand), and a
+      // prefetch window of a few modules.
+      spec.stage == 3
+          ? R"(, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 3000)"
+          : "",
+      "}}");
   (void)world;
 }
 
@@ -266,7 +272,7 @@ std::vector<RunSpec> Matrix() {
   std::vector<RunSpec> specs;
   for (const char* dtype : {"f32", "bf16", "fp16"}) {
     for (const char* optimizer : {"sgd", "adamw"}) {
-      for (int stage : {0, 1, 2}) {
+      for (int stage : {0, 1, 2, 3}) {
         for (int accumulation : {1, 2}) {
           specs.push_back({dtype, optimizer, stage, accumulation, 2});
         }
