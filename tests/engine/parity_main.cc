@@ -125,6 +125,9 @@ std::string ConfigJson(const RunSpec& spec, int world) {
       R"(, "warmup_num_steps": 4, "warmup_type": "linear"}},)",
       R"("zero_optimization": {"stage": )", spec.stage,
       R"(, "reduce_bucket_size": 700, "allgather_bucket_size": 900)",
+      // Half the runs reduce on a separate stream (on a GPU), half on the
+      // compute stream, so both orderings are checked.
+      R"(, "overlap_comm": )", spec.accumulation == 2 ? "true" : "false",
       // Stage 3: nothing persistent (every module fetched on demand), and a
       // prefetch window of a few modules.
       spec.stage == 3
