@@ -64,6 +64,11 @@ class Engine::Impl {
   bool reducing_this_micro_step() const { return reduce_now_; }
   void set_loss_sum(double sum) { loss_sum_ = sum; }
   void add_loss(double loss) { loss_sum_ += loss; }
+  // Forgets uses counted by forwards that had no backward (an evaluation
+  // forward between steps), so this micro-step's counting starts clean.
+  void BeginForward() {
+    if (!stage3_) std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
+  }
 
  private:
   const config::Config& config() const { return engine_.config_; }
@@ -346,7 +351,10 @@ absl::Status Engine::Impl::InstallHooks() {
     hooks_.push_back(module->AddHook(
         nn::HookKind::kPreForward,
         [this, indices](nn::Module&, const Stream&) -> absl::Status {
-          if (in_backward_ || !nn::SavingEnabled()) return absl::OkStatus();
+          // Counted whether or not the call saves activations: inside a
+          // checkpointed block the first forward saves nothing, yet its
+          // backward (after the recompute) will produce these gradients.
+          if (in_backward_) return absl::OkStatus();
           for (int index : indices) ZE_RETURN_IF_ERROR(OnParameterUsed(index));
           return absl::OkStatus();
         }));
@@ -715,6 +723,7 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
                                                       targets.dtype(), device));
     ZE_RETURN_IF_ERROR(Copy(targets, device_targets, compute_stream_));
   }
+  impl_->BeginForward();
   ZE_ASSIGN_OR_RETURN(float loss, model_->ForwardLoss(device_tokens,
                                                       device_targets,
                                                       compute_stream_));

@@ -148,6 +148,11 @@ absl::Status RunOne(const RunSpec& spec,
   gpt.channels = 16;
   gpt.vocab_size = kVocab;
   gpt.max_seq_len = kSeqLen;
+  // Every f32 SGD run (reference and compared run alike) checkpoints its
+  // blocks: gradients are bit-identical with and without checkpointing, so
+  // the references stay valid, and the engine's gradient-readiness counting
+  // must hold while blocks recompute their forward inside backward.
+  gpt.activation_checkpointing = spec.dtype == "f32" && spec.optimizer == "sgd";
   nn::GptOptions options;
   options.device = communicator->device();
   options.dtype = spec.dtype == "f32"    ? DType::kF32
