@@ -44,8 +44,8 @@ struct ParamEntry {
 // THE name table. Our names are defined by nn's GPT; if they change, this is
 // the one place to follow them. Order is our canonical parameter order.
 constexpr ParamEntry kEmbeddingParams[] = {
-    {"wte.weight", "wte.weight", false, ShapeKind::kVocabByC},
-    {"wpe.weight", "wpe.weight", false, ShapeKind::kPositionsByC},
+    {"wte.weight", "embed.wte", false, ShapeKind::kVocabByC},
+    {"wpe.weight", "embed.wpe", false, ShapeKind::kPositionsByC},
 };
 constexpr ParamEntry kBlockParams[] = {
     {"ln_1.weight", "ln1.weight", false, ShapeKind::kC},
@@ -65,6 +65,8 @@ constexpr ParamEntry kFinalParams[] = {
     {"ln_f.weight", "ln_f.weight", false, ShapeKind::kC},
     {"ln_f.bias", "ln_f.bias", false, ShapeKind::kC},
 };
+// Our token table: its row count may exceed the file's (vocabulary padding).
+constexpr char kOurTokenTable[] = "embed.wte";
 constexpr char kHfBlockPrefix[] = "h.";
 constexpr char kOurBlockPrefix[] = "blocks.";
 constexpr char kHfModelPrefix[] = "transformer.";
@@ -378,7 +380,7 @@ absl::Status LoadHuggingFaceGpt2(const std::string &path,
     by_our_name.erase(found);
     const bool transpose = MapToHuggingFaceGpt2Name(our_name)->transpose;
     Shape expected_file_shape = transpose ? Transposed(our_shape) : our_shape;
-    if (our_name == "wte.weight")
+    if (our_name == kOurTokenTable)
       expected_file_shape[0] = file_dims.vocab_size;
     if (info->shape != expected_file_shape) {
       mismatched.push_back(
@@ -471,7 +473,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
   for (const auto &[our_name, our_shape] : parameters) {
     const Gpt2NameMapping hf = *MapToHuggingFaceGpt2Name(our_name);
     Shape file_shape = hf.transpose ? Transposed(our_shape) : our_shape;
-    if (our_name == "wte.weight")
+    if (our_name == kOurTokenTable)
       file_shape[0] = vocab_rows;
     specs.push_back({absl::StrCat(options.prefix, hf.name),
                      safetensors::ElementTypeOf(options.dtype), file_shape});

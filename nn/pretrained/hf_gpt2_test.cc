@@ -186,8 +186,8 @@ TEST(NameMapTest, MapsEveryHfNameWithAndWithoutPrefix) {
     const char *ours;
     bool transpose;
   } cases[] = {
-      {"transformer.wte.weight", "wte.weight", false},
-      {"wpe.weight", "wpe.weight", false},
+      {"transformer.wte.weight", "embed.wte", false},
+      {"wpe.weight", "embed.wpe", false},
       {"transformer.h.0.ln_1.weight", "blocks.0.ln1.weight", false},
       {"h.11.ln_1.bias", "blocks.11.ln1.bias", false},
       {"transformer.h.3.attn.c_attn.weight", "blocks.3.attn.qkv.weight", true},
@@ -291,7 +291,7 @@ TEST(LoadTest, PadsALargerModelVocabularyWithZeroRows) {
   options.expected->vocab_size = 16;
   absl::StatusOr<std::map<std::string, Tensor>> loaded = LoadAll(path, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const Tensor &wte = loaded->at("wte.weight");
+  const Tensor &wte = loaded->at("embed.wte");
   ASSERT_EQ(wte.shape(), (Shape{16, 8}));
   const std::vector<float> values = Floats(wte);
   for (int64_t e = 0; e < 16 * 8; ++e) {
@@ -370,11 +370,11 @@ TEST(LoadTest, VisitorErrorsStopTheLoadAndNameTheParameter) {
   absl::Status status = LoadHuggingFaceGpt2(
       path, [&visits](const std::string &name, const Tensor &) {
         ++visits;
-        return name == "wpe.weight" ? absl::ResourceExhaustedError("no room")
+        return name == "embed.wpe" ? absl::ResourceExhaustedError("no room")
                                     : absl::OkStatus();
       });
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StrContains(status.message(), "wpe.weight")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "embed.wpe")) << status;
   EXPECT_EQ(visits, 2);
 }
 
