@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/safetensors/reader.h"
 #include "engine/stage3.h"
 #include "engine/training_state.h"
 #include "zero/flat_layout.h"
@@ -57,6 +58,15 @@ class Engine::Impl {
       const std::string& name);
   std::vector<std::string> ParameterNames() const;
 
+  // See Engine::EvalForward: brackets an evaluation forward.
+  absl::Status BeginEval();
+  absl::Status EndEval();
+  absl::Status GatherScope(const std::vector<std::string>& names,
+                           int modifier_rank);
+  absl::Status ReleaseScope(const std::vector<std::string>& names,
+                            int modifier_rank);
+  absl::StatusOr<LoadReport> LoadWeights(const std::string& path);
+
   TrainingState& state() { return *state_; }
   CommunicationCounters communication_counters() const {
     return stage3_ ? stage3_->last_step_counters() : CommunicationCounters();
@@ -96,6 +106,9 @@ class Engine::Impl {
   Tensor OwnMaster(int bucket) const;
   Tensor OwnModelWeights(int bucket) const;
   absl::Status GatherUpdatedWeights();
+  // The part of parameter `index`'s f32 master this rank holds: elements
+  // [*begin, *begin + view.numel()) of the parameter (undefined view: none).
+  Tensor MasterPiece(int index, int64_t* begin) const;
 
   Engine& engine_;
   Stream comm_stream_;
@@ -124,6 +137,7 @@ class Engine::Impl {
   std::vector<comm::Work> bucket_work_;
   std::vector<nn::HookHandle> hooks_;
   bool in_backward_ = false;
+  bool evaluating_ = false;
   bool reduce_now_ = false;
   double loss_sum_ = 0;
 
@@ -354,7 +368,7 @@ absl::Status Engine::Impl::InstallHooks() {
           // Counted whether or not the call saves activations: inside a
           // checkpointed block the first forward saves nothing, yet its
           // backward (after the recompute) will produce these gradients.
-          if (in_backward_) return absl::OkStatus();
+          if (in_backward_ || evaluating_) return absl::OkStatus();
           for (int index : indices) ZE_RETURN_IF_ERROR(OnParameterUsed(index));
           return absl::OkStatus();
         }));
@@ -684,6 +698,141 @@ std::vector<std::string> Engine::Impl::ParameterNames() const {
   return names;
 }
 
+absl::Status Engine::Impl::BeginEval() {
+  if (stage3_) return stage3_->BeginEval();
+  evaluating_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::EndEval() {
+  if (stage3_) return stage3_->EndEval();
+  evaluating_ = false;
+  return absl::OkStatus();
+}
+
+Tensor Engine::Impl::MasterPiece(int index, int64_t* begin) const {
+  const zero::ParamPlacement& place = layout_.placement(index);
+  const zero::BucketLayout& layout = layout_.bucket(place.bucket);
+  if (stage_ == 0) {
+    *begin = 0;
+    return Region(OwnMaster(place.bucket), place.offset, place.numel);
+  }
+  // Stages 1-2: this rank owns [rank * slice, (rank + 1) * slice) of the
+  // bucket; the parameter lies at [offset, offset + numel).
+  const int64_t slice = layout.slice_elements;
+  const int64_t low = std::max<int64_t>(place.offset, rank() * slice);
+  const int64_t high =
+      std::min<int64_t>(place.offset + place.numel, (rank() + 1) * slice);
+  if (high <= low) return Tensor();
+  *begin = low - place.offset;
+  return Region(OwnMaster(place.bucket), low - rank() * slice, high - low);
+}
+
+absl::Status Engine::Impl::GatherScope(const std::vector<std::string>& names,
+                                       int modifier_rank) {
+  if (modifier_rank >= world()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GatherParameters on rank ", rank(), ": modifier_rank ", modifier_rank,
+        " is not a rank of this job (world size ", world(), ")"));
+  }
+  for (const std::string& name : names) {
+    absl::StatusOr<nn::Parameter*> parameter =
+        engine_.model_->FindParameter(name);
+    if (!parameter.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          "GatherParameters on rank ", rank(), ": no parameter named '", name,
+          "'"));
+    }
+  }
+  if (stage3_) return stage3_->GatherScope(names);
+  return absl::OkStatus();  // stages 0-2 hold full weights already
+}
+
+absl::Status Engine::Impl::ReleaseScope(const std::vector<std::string>& names,
+                                        int modifier_rank) {
+  if (stage3_) return stage3_->ReleaseScope(names, modifier_rank);
+  if (modifier_rank < 0) return absl::OkStatus();
+  for (const std::string& name : names) {
+    ZE_ASSIGN_OR_RETURN(nn::Parameter * parameter,
+                        engine_.model_->FindParameter(name));
+    ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
+    if (world() > 1) {
+      ZE_ASSIGN_OR_RETURN(comm::Work work,
+                          comm().Broadcast(data, modifier_rank, stream()));
+      ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
+    }
+    auto found = index_of_.find(parameter);
+    if (found == index_of_.end() || master_aliases_weights_) continue;
+    int64_t begin = 0;
+    Tensor master = MasterPiece(found->second, &begin);
+    if (!master.defined()) continue;
+    ZE_RETURN_IF_ERROR(
+        Copy(data.Flat().Slice(begin, master.numel()), master, stream()));
+  }
+  return stream().Synchronize();
+}
+
+absl::StatusOr<LoadReport> Engine::Impl::LoadWeights(const std::string& path) {
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
+                      safetensors::Reader::Open(path));
+  LoadReport report;
+  if (stage3_) {
+    ZE_ASSIGN_OR_RETURN(report.bytes_read, stage3_->LoadWeights(*reader));
+    for (nn::Parameter* parameter : engine_.model_->Parameters()) {
+      (void)parameter;
+      ++report.tensors;
+    }
+    return report;
+  }
+  for (nn::Parameter* parameter : engine_.model_->Parameters()) {
+    const std::string name = parameter->name();
+    const safetensors::TensorInfo* info = reader->Find(name);
+    if (info == nullptr) {
+      return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
+                                              ": parameter '", name,
+                                              "' is not in ", path));
+    }
+    if (info->shape != parameter->shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadWeights on rank ", rank(), ": parameter '", name, "' is ",
+          ShapeToString(parameter->shape()), " but ", path, " has ",
+          ShapeToString(info->shape)));
+    }
+    ZE_ASSIGN_OR_RETURN(Tensor host, reader->ReadTensor(name));
+    report.bytes_read += static_cast<int64_t>(info->num_bytes());
+    ++report.tensors;
+    ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
+    Tensor staged = host;
+    if (data.device().is_cuda() && host.dtype() != data.dtype()) {
+      ZE_ASSIGN_OR_RETURN(staged, Tensor::Empty(host.shape(), data.dtype(),
+                                                Device::Cpu()));
+      ZE_RETURN_IF_ERROR(Copy(host, staged, stream()));
+    }
+    ZE_RETURN_IF_ERROR(Copy(staged, data, stream()));
+    auto found = index_of_.find(parameter);
+    if (found != index_of_.end() && !master_aliases_weights_) {
+      int64_t begin = 0;
+      Tensor master = MasterPiece(found->second, &begin);
+      if (master.defined()) {
+        Tensor source = host.Flat().Slice(begin, master.numel());
+        if (master.device().is_cuda() && host.dtype() != DType::kF32) {
+          ZE_ASSIGN_OR_RETURN(Tensor f32, Tensor::Empty({master.numel()},
+                                                        DType::kF32,
+                                                        Device::Cpu()));
+          ZE_RETURN_IF_ERROR(Copy(source, f32, stream()));
+          source = f32;
+          ZE_RETURN_IF_ERROR(Copy(source, master, stream()));
+          ZE_RETURN_IF_ERROR(stream().Synchronize());
+        } else {
+          ZE_RETURN_IF_ERROR(Copy(source, master, stream()));
+        }
+      }
+    }
+    ZE_RETURN_IF_ERROR(stream().Synchronize());
+  }
+  return report;
+}
+
 // ------------------------------------------------------------------ Engine
 
 Engine::~Engine() = default;
@@ -793,6 +942,140 @@ absl::StatusOr<StepReport> Engine::TrainBatch(
 absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
     const std::string& name) {
   return impl_->GatherMasterWeights(name);
+}
+
+absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
+  if (tensor.device() == model_->device()) return tensor;
+  ZE_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(tensor.shape(), tensor.dtype(),
+                                                 model_->device()));
+  ZE_RETURN_IF_ERROR(Copy(tensor, copy, compute_stream_));
+  return copy;
+}
+
+absl::Status Engine::RequireNoPendingBackward(const char* what) const {
+  if (model_->PendingBackwardCalls() == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " on rank ", communicator_->rank(),
+      ": the last Forward has not been backpropagated yet; call Backward "
+      "first (its saved activations would be lost)"));
+}
+
+absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
+                                          const Tensor& targets) {
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
+  if (tokens.dim() != 2 || targets.shape() != tokens.shape() ||
+      tokens.dtype() != DType::kI32 || targets.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EvalForward on rank ", communicator_->rank(),
+        ": tokens and targets must both be (B, T) i32, got ",
+        tokens.DebugString(), " and ", targets.DebugString()));
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor device_tokens, OnModelDevice(tokens));
+  ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
+  ZE_RETURN_IF_ERROR(impl_->BeginEval());
+  absl::StatusOr<float> loss;
+  {
+    nn::NoSaveScope no_save;
+    loss = model_->ForwardLoss(device_tokens, device_targets, compute_stream_);
+  }
+  // What the loss keeps for a backward (e.g. GPT's logits) must not be
+  // mistaken for a training forward's.
+  model_->ClearSavedState();
+  const absl::Status end = impl_->EndEval();
+  ZE_RETURN_IF_ERROR(loss.status());
+  ZE_RETURN_IF_ERROR(end);
+  return *loss;
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::Generate(
+    const std::vector<int32_t>& prompt_tokens, int max_new_tokens,
+    const GenerateOptions& options) {
+  const int rank = communicator_->rank();
+  if (prompt_tokens.empty() || max_new_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Generate on rank ", rank, ": needs a non-empty prompt (got ",
+        prompt_tokens.size(), " tokens) and max_new_tokens >= 0 (got ",
+        max_new_tokens, ")"));
+  }
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("Generate"));
+  ZE_RETURN_IF_ERROR(impl_->BeginEval());
+  std::vector<int32_t> sequence = prompt_tokens;
+  std::vector<int32_t> generated;
+  auto decode = [&]() -> absl::Status {
+    for (int i = 0; i < max_new_tokens; ++i) {
+      const int64_t length = static_cast<int64_t>(sequence.size());
+      const int64_t first =
+          options.max_context > 0
+              ? std::max<int64_t>(0, length - options.max_context)
+              : 0;
+      const int64_t t = length - first;
+      ZE_ASSIGN_OR_RETURN(Tensor host,
+                          Tensor::Empty({1, t}, DType::kI32, Device::Cpu()));
+      std::copy(sequence.begin() + first, sequence.end(),
+                host.data_as<int32_t>());
+      ZE_ASSIGN_OR_RETURN(Tensor tokens, OnModelDevice(host));
+      absl::StatusOr<Tensor> logits;
+      {
+        nn::NoSaveScope no_save;
+        logits = model_->Forward(tokens, compute_stream_);  // (1, t, V)
+      }
+      ZE_RETURN_IF_ERROR(logits.status());
+      if (logits->dim() != 3 || logits->size(0) != 1 || logits->size(1) != t) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Generate on rank ", rank,
+            ": the model's Forward must return logits (1, ", t,
+            ", V) for tokens (1, ", t, "), got ", logits->DebugString()));
+      }
+      const int64_t columns = logits->size(2);
+      const int64_t vocab = options.vocab_size > 0
+                                ? std::min(options.vocab_size, columns)
+                                : columns;
+      ZE_ASSIGN_OR_RETURN(
+          std::vector<float> last,
+          ToHostFloats(logits->Flat().Slice((t - 1) * columns, vocab),
+                       compute_stream_));
+      // The first maximum: every rank holds the same logits and picks the
+      // same token, so the next step's collectives stay in step.
+      const int32_t next = static_cast<int32_t>(
+          std::max_element(last.begin(), last.end()) - last.begin());
+      sequence.push_back(next);
+      generated.push_back(next);
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status status = decode();
+  model_->ClearSavedState();
+  const absl::Status end = impl_->EndEval();
+  ZE_RETURN_IF_ERROR(status);
+  ZE_RETURN_IF_ERROR(end);
+  return generated;
+}
+
+absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
+    const std::vector<std::string>& names, int modifier_rank) {
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("GatherParameters"));
+  ZE_RETURN_IF_ERROR(impl_->GatherScope(names, modifier_rank));
+  return std::unique_ptr<GatheredParameters>(
+      new GatheredParameters(this, names, modifier_rank));
+}
+
+absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("LoadWeights"));
+  return impl_->LoadWeights(path);
+}
+
+GatheredParameters::~GatheredParameters() {
+  const absl::Status status = Release();
+  if (!status.ok()) {
+    ZE_LOG(ERROR) << "GatheredParameters: releasing failed: " << status;
+  }
+}
+
+absl::Status GatheredParameters::Release() {
+  if (released_) return status_;
+  released_ = true;
+  status_ = engine_->impl_->ReleaseScope(names_, modifier_rank_);
+  return status_;
 }
 
 std::vector<std::string> Engine::ParameterNames() const {

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -93,6 +94,65 @@ struct CommunicationCounters {
   int64_t reduce_scattered_elements = 0;
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
+  // Stage 3: time the compute stream (CUDA, timing events) or the host
+  // (CPU) waited for parameter all-gathers to complete; near zero when
+  // prefetching hides them.
+  double wait_ms = 0;
+  // Stage 3: buckets kept gathered for reuse (stage3_max_reuse_distance)
+  // and gathered buckets released early to stay within
+  // stage3_max_live_parameters.
+  int64_t kept_for_reuse = 0;
+  int64_t early_releases = 0;
+  // Stage 3: the most gathered elements alive at once during the step.
+  int64_t peak_gathered_elements = 0;
+};
+
+// Engine::Generate's options.
+struct GenerateOptions {
+  // Only the last this many tokens are fed to the model (its maximum
+  // sequence length); 0 feeds the whole sequence.
+  int64_t max_context = 0;
+  // Only logits [0, vocab_size) compete in the argmax (a padded vocabulary's
+  // extra columns never win); 0 uses every column.
+  int64_t vocab_size = 0;
+};
+
+// Engine::LoadWeights's report.
+struct LoadReport {
+  int64_t tensors = 0;     // parameters loaded
+  int64_t bytes_read = 0;  // tensor bytes this rank read from the file
+};
+
+class Engine;
+
+// Engine::GatherParameters's scope (DeepSpeed's zero.GatheredParameters).
+// While alive, the named parameters' full data is readable (and writable)
+// on every rank through Parameter::data(). Release (or the destructor,
+// which logs a failure) ends it: a collective every rank must reach in the
+// same order. Must not outlive its engine.
+class GatheredParameters {
+ public:
+  ~GatheredParameters();
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+  // With modifier_rank >= 0, that rank's values of the named parameters
+  // replace every rank's copy: stage 3 weight shards, stages 0-2 weights,
+  // and the f32 master weights (optimizer moments are kept). Then the
+  // gathered data is released (stage 3). Later calls do nothing and return
+  // the first call's status.
+  absl::Status Release();
+
+ private:
+  friend class Engine;
+  GatheredParameters(Engine* engine, std::vector<std::string> names,
+                     int modifier_rank)
+      : engine_(engine), names_(std::move(names)),
+        modifier_rank_(modifier_rank) {}
+  Engine* engine_;
+  std::vector<std::string> names_;
+  int modifier_rank_;
+  bool released_ = false;
+  absl::Status status_;
 };
 
 // What Step reports about the boundary it handled (for logs and tests).
@@ -149,12 +209,49 @@ class Engine {
   // Every trainable parameter's name, in the engine's layout order.
   std::vector<std::string> ParameterNames() const;
 
+  // Inference (DeepSpeed's ZeRO-Inference under stage 3). Both are
+  // collectives under stage 3 (every rank calls them with the same shapes;
+  // parameters are gathered on demand and released), must not run between a
+  // Forward and its Backward (FailedPrecondition), and leave the training
+  // state as it was: uses, the recorded module order, the schedule hash,
+  // gradients and counters.
+  //
+  // The model's mean loss on (tokens, targets), (B, T) i32 on the host or
+  // the device (any B), without saving activations.
+  absl::StatusOr<float> EvalForward(const Tensor& tokens,
+                                    const Tensor& targets);
+  // Greedy decoding of one sequence: max_new_tokens times, runs the model's
+  // Forward on the sequence so far (recomputing the whole prefix) and
+  // appends the argmax of the last position's logits. Requires the model's
+  // Forward to return logits (B, T, V), as GptModel does. Returns the new
+  // tokens only. InvalidArgument for an empty prompt or a negative count.
+  absl::StatusOr<std::vector<int32_t>> Generate(
+      const std::vector<int32_t>& prompt_tokens, int max_new_tokens,
+      const GenerateOptions& options = GenerateOptions());
+
+  // Gathers the named parameters for reading or modifying their full data
+  // (a collective). NotFound naming an unknown parameter; InvalidArgument
+  // when modifier_rank >= world size; FailedPrecondition between a Forward
+  // and its Backward.
+  absl::StatusOr<std::unique_ptr<GatheredParameters>> GatherParameters(
+      const std::vector<std::string>& names, int modifier_rank = -1);
+
+  // Loads every parameter (our names, any float dtype in the file) from a
+  // safetensors file into the weights and the f32 master weights; optimizer
+  // state is kept. Stage 3 reads only this rank's ranges
+  // (safetensors::Reader::ReadRange); stages 0-2 read whole tensors.
+  // Errors name the file and the parameter.
+  absl::StatusOr<LoadReport> LoadWeights(const std::string& path);
+
  private:
+  friend class GatheredParameters;
   friend absl::StatusOr<std::unique_ptr<Engine>> Initialize(
       std::shared_ptr<nn::LossModel> model, const config::Config& config,
       std::shared_ptr<comm::Communicator> communicator);
   class Impl;
   Engine() = default;
+  absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
+  absl::Status RequireNoPendingBackward(const char* what) const;
 
   config::Config config_;
   std::shared_ptr<nn::LossModel> model_;

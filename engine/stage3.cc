@@ -1,6 +1,7 @@
 #include "engine/stage3.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <unordered_map>
 #include <unordered_set>
@@ -209,7 +210,7 @@ absl::Status Stage3::InstallHooks() {
   // First of the root's hooks: a training (or evaluation) forward starts.
   add(&model, nn::HookKind::kPreForward,
       [this](nn::Module&, const Stream&) -> absl::Status {
-        if (in_backward_) return absl::OkStatus();
+        if (in_backward_ || evaluating_) return absl::OkStatus();
         return BeginMicroStep();
       });
   for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
@@ -218,7 +219,7 @@ absl::Status Stage3::InstallHooks() {
         [this, e](nn::Module&, const Stream&) -> absl::Status {
           // A use is a forward call that will be backpropagated; the
           // recomputation of a checkpointed module (in backward) is not.
-          if (!in_backward_) {
+          if (!in_backward_ && !evaluating_) {
             for (int b : entries_[e].buckets) {
               if (buckets_[b].trainable) ++buckets_[b].pending_uses;
             }
@@ -248,8 +249,9 @@ absl::Status Stage3::BeginMicroStep() {
   observed_.clear();
   observed_entries_.clear();
   order_changed_ = false;
+  following_ = trace_valid_;
   prefetching_ =
-      trace_valid_ && zero_config().stage3_prefetch_bucket_size.value() > 0;
+      following_ && zero_config().stage3_prefetch_bucket_size.value() > 0;
   return absl::OkStatus();
 }
 
@@ -260,11 +262,23 @@ void Stage3::Fold(uint64_t value) {
 }
 
 absl::Status Stage3::Acquire(int entry, bool backward) {
+  if (evaluating_) {
+    // Not part of the training schedule: gathered on demand, unrecorded.
+    for (int b : entries_[entry].buckets) {
+      if (!buckets_[b].gathered.defined()) {
+        ZE_RETURN_IF_ERROR(MakeRoom(layout_.bucket(b).padded_elements));
+        ZE_RETURN_IF_ERROR(IssueGather(b));
+      }
+      ZE_RETURN_IF_ERROR(WaitGather(b));
+      ++buckets_[b].users;
+    }
+    return absl::OkStatus();
+  }
   observed_entries_.push_back(entry);
   step_entries_.push_back(entry);
   for (int b : entries_[entry].buckets) {
     Fold(static_cast<uint64_t>(b) * 2 + (backward ? 1 : 0));
-    if (prefetching_ &&
+    if (following_ &&
         (position_ >= trace_.size() || trace_[position_] != b)) {
       // Every rank on the same path notices at the same request, so the
       // collectives stay in step.
@@ -273,13 +287,17 @@ absl::Status Stage3::Acquire(int entry, bool backward) {
                          << entries_[entry].module->DisplayName()
                          << "); fetching on demand for this step and "
                             "recording the new order";
+      following_ = false;
       prefetching_ = false;
       order_changed_ = true;
     }
     ++position_;
     observed_.push_back(b);
     Bucket& bucket = buckets_[b];
-    if (!bucket.gathered.defined()) ZE_RETURN_IF_ERROR(IssueGather(b));
+    if (!bucket.gathered.defined()) {
+      ZE_RETURN_IF_ERROR(MakeRoom(layout_.bucket(b).padded_elements));
+      ZE_RETURN_IF_ERROR(IssueGather(b));
+    }
     ZE_RETURN_IF_ERROR(WaitGather(b));
     ++bucket.users;
     if (backward && bucket.trainable) ZE_RETURN_IF_ERROR(EnsureGrads(b));
@@ -293,6 +311,10 @@ absl::Status Stage3::Release(int entry) {
     Bucket& bucket = buckets_[b];
     if (bucket.users > 0) --bucket.users;
     if (bucket.users == 0 && !bucket.persistent) {
+      if (!evaluating_ && ShouldKeep(b)) {
+        ++step_counters_.kept_for_reuse;
+        continue;
+      }
       ZE_RETURN_IF_ERROR(FreeGathered(b));
     }
   }
@@ -319,10 +341,58 @@ absl::Status Stage3::IssueGather(int b) {
       bucket.gather_work,
       comm().AllGather(OwnWeights(b), bucket.gathered, stream()));
   bucket.in_flight = true;
-  step_counters_.all_gathered_elements += layout.padded_elements;
-  step_counters_.all_gathers += 1;
+  // Evaluation and scoped gathers are not part of the training step.
+  if (!evaluating_) {
+    step_counters_.all_gathered_elements += layout.padded_elements;
+    step_counters_.all_gathers += 1;
+  }
   live_elements_ += layout.padded_elements;
   peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
+  step_counters_.peak_gathered_elements =
+      std::max(step_counters_.peak_gathered_elements, live_elements_);
+  return absl::OkStatus();
+}
+
+size_t Stage3::NextUse(int b) const {
+  if (!following_) return trace_.size();
+  for (size_t q = position_; q < trace_.size(); ++q) {
+    if (trace_[q] == b) return q;
+  }
+  return trace_.size();
+}
+
+// Keeps a just-released bucket when the record needs it again within
+// stage3_max_reuse_distance requests and the live limit allows.
+bool Stage3::ShouldKeep(int b) const {
+  const int64_t distance = zero_config().stage3_max_reuse_distance;
+  if (!following_ || distance <= 0) return false;
+  if (live_elements_ > zero_config().stage3_max_live_parameters) return false;
+  const size_t next = NextUse(b);
+  return next < trace_.size() &&
+         static_cast<int64_t>(next - position_) < distance;
+}
+
+absl::Status Stage3::MakeRoom(int64_t incoming) {
+  const int64_t max_live = zero_config().stage3_max_live_parameters;
+  while (live_elements_ + incoming > max_live) {
+    // Belady: the unused bucket needed farthest ahead (never: farthest).
+    int victim = -1;
+    size_t victim_next = 0;
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      const Bucket& bucket = buckets_[b];
+      if (!bucket.gathered.defined() || bucket.persistent || bucket.users > 0) {
+        continue;
+      }
+      const size_t next = NextUse(b);
+      if (victim < 0 || next >= victim_next) {
+        victim = b;
+        victim_next = next;
+      }
+    }
+    if (victim < 0) break;  // everything gathered is in use
+    ZE_RETURN_IF_ERROR(FreeGathered(victim));
+    ++step_counters_.early_releases;
+  }
   return absl::OkStatus();
 }
 
@@ -330,7 +400,22 @@ absl::Status Stage3::IssueGather(int b) {
 absl::Status Stage3::WaitGather(int b) {
   Bucket& bucket = buckets_[b];
   if (!bucket.in_flight) return absl::OkStatus();
-  ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
+  if (device().is_cuda()) {
+    // The stall of the compute stream: from reaching the wait to passing it.
+    ZE_ASSIGN_OR_RETURN(Event before, Event::Create(device(), /*timing=*/true));
+    ZE_ASSIGN_OR_RETURN(Event after, Event::Create(device(), /*timing=*/true));
+    ZE_RETURN_IF_ERROR(before.Record(stream()));
+    ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
+    ZE_RETURN_IF_ERROR(after.Record(stream()));
+    wait_events_.emplace_back(std::move(before), std::move(after));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
+    step_counters_.wait_ms +=
+        std::chrono::duration<double, std::milli>(
+            std::chrono::steady_clock::now() - start)
+            .count();
+  }
   bucket.gather_work = comm::Work();
   bucket.in_flight = false;
   const zero::BucketLayout& layout = layout_.bucket(b);
@@ -455,11 +540,14 @@ absl::Status Stage3::EndBackward() {
   for (int b : reduce_queue_) ZE_RETURN_IF_ERROR(FinishReduce(b));
   reduce_queue_.clear();
   // Prefetched buckets the micro-step did not reach.
+  // and kept ones: the optimizer step will change the weights.
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (buckets_[b].users == 0 && !buckets_[b].persistent) {
       ZE_RETURN_IF_ERROR(FreeGathered(b));
     }
   }
+  following_ = false;
+  prefetching_ = false;
   if (!trace_valid_ || order_changed_ || observed_ != trace_) {
     if (trace_valid_) {
       ZE_LOG_RANK0(INFO) << "ZeRO-3: recorded a new module order of "
@@ -563,6 +651,7 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
     ZE_RETURN_IF_ERROR(
         state.UpdateLossScale(overflowed, context_.counters->global_steps + 1));
   }
+  ZE_RETURN_IF_ERROR(FinishWaitTiming());
   last_step_counters_ = step_counters_;
   step_counters_ = CommunicationCounters();
   if (overflowed && state.checks_overflow()) {
@@ -591,6 +680,195 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   ZE_RETURN_IF_ERROR(Fill(grads_, 0.0f, stream()));
   state.AdvanceSchedule();
   return report;
+}
+
+absl::Status Stage3::FinishWaitTiming() {
+  for (const auto& [before, after] : wait_events_) {
+    ZE_RETURN_IF_ERROR(after.Synchronize());
+    ZE_ASSIGN_OR_RETURN(float ms, Event::ElapsedMs(before, after));
+    step_counters_.wait_ms += ms;
+  }
+  wait_events_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Stage3::BeginEval() {
+  if (in_backward_ || evaluating_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ZeRO-3 on rank ", rank(),
+        ": an evaluation forward cannot start during backward or another "
+        "evaluation"));
+  }
+  evaluating_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Stage3::EndEval() {
+  evaluating_ = false;
+  // A failed forward may leave buckets held: let them go.
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    Bucket& bucket = buckets_[b];
+    if (scopes_ == 0) bucket.users = 0;
+    if (bucket.users == 0 && !bucket.persistent) {
+      ZE_RETURN_IF_ERROR(FreeGathered(b));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stage3::GatherScope(const std::vector<std::string>& names) {
+  std::vector<int> buckets;
+  for (const std::string& name : names) {
+    absl::StatusOr<int> index = layout_.FindParam(name);
+    if (!index.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          "GatherParameters on rank ", rank(), ": no parameter named '", name,
+          "' in the ZeRO-3 layout: ", index.status().message()));
+    }
+    const int b = layout_.placement(*index).bucket;
+    if (std::find(buckets.begin(), buckets.end(), b) == buckets.end()) {
+      buckets.push_back(b);
+    }
+  }
+  // Gathered like an evaluation's requests: not part of the step.
+  const bool was_evaluating = evaluating_;
+  evaluating_ = true;
+  absl::Status status;
+  for (int b : buckets) {
+    if (!buckets_[b].gathered.defined()) status = IssueGather(b);
+    if (status.ok()) status = WaitGather(b);
+    if (!status.ok()) break;
+    ++buckets_[b].users;
+  }
+  evaluating_ = was_evaluating;
+  ZE_RETURN_IF_ERROR(status);
+  ++scopes_;
+  return stream().Synchronize();
+}
+
+absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
+                                  int modifier_rank) {
+  std::vector<int> indices;
+  std::vector<int> buckets;
+  for (const std::string& name : names) {
+    ZE_ASSIGN_OR_RETURN(int index, layout_.FindParam(name));
+    indices.push_back(index);
+    const int b = layout_.placement(index).bucket;
+    if (std::find(buckets.begin(), buckets.end(), b) == buckets.end()) {
+      buckets.push_back(b);
+    }
+  }
+  if (modifier_rank >= 0) {
+    // The modifier's full values to every rank, parameter by parameter (a
+    // bucket's other parameters were not modified and need not travel).
+    for (int index : indices) {
+      const zero::ParamPlacement& place = layout_.placement(index);
+      Tensor full =
+          Region(buckets_[place.bucket].gathered, place.offset, place.numel);
+      if (world() > 1) {
+        ZE_ASSIGN_OR_RETURN(comm::Work work,
+                            comm().Broadcast(full, modifier_rank, stream()));
+        ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
+      }
+    }
+    // Re-partition: this rank's pieces into its shard and master. Only the
+    // named parameters' pieces: a bf16 copy of the others would round their
+    // f32 masters.
+    for (const zero::ParamShard& shard : layout_.RankShards(rank())) {
+      if (std::find(indices.begin(), indices.end(), shard.param_index) ==
+          indices.end()) {
+        continue;
+      }
+      const zero::ParamPlacement& place = layout_.placement(shard.param_index);
+      Tensor source = Region(buckets_[place.bucket].gathered,
+                             place.offset + shard.param_begin, shard.count);
+      ZE_RETURN_IF_ERROR(Copy(
+          source, Region(weights_, shard.partition_offset, shard.count),
+          stream()));
+      if (!master_aliases_weights_) {
+        ZE_RETURN_IF_ERROR(Copy(
+            source, Region(master_, shard.partition_offset, shard.count),
+            stream()));
+      }
+    }
+  }
+  for (int b : buckets) {
+    Bucket& bucket = buckets_[b];
+    if (bucket.users > 0) --bucket.users;
+    if (bucket.users == 0 && !bucket.persistent) {
+      ZE_RETURN_IF_ERROR(FreeGathered(b));
+    }
+  }
+  if (scopes_ > 0) --scopes_;
+  return stream().Synchronize();
+}
+
+namespace {
+
+// dst (any device, model dtype) = src (host, any float dtype), converting on
+// the host first when a transfer would otherwise need equal dtypes.
+absl::Status CopyFromHost(const Tensor& src, const Tensor& dst,
+                          const Stream& stream) {
+  if (dst.device().is_cuda() && src.dtype() != dst.dtype()) {
+    ZE_ASSIGN_OR_RETURN(Tensor converted,
+                        Tensor::Empty(src.shape(), dst.dtype(), Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Copy(src, converted, stream));
+    ZE_RETURN_IF_ERROR(Copy(converted, dst, stream));
+    return stream.Synchronize();  // `converted` dies here
+  }
+  return Copy(src, dst, stream);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> Stage3::LoadWeights(const safetensors::Reader& reader) {
+  if (in_backward_ || evaluating_ || scopes_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LoadWeights on rank ", rank(),
+        ": not between optimizer steps (inside backward, an evaluation or a "
+        "GatherParameters scope)"));
+  }
+  // Check every parameter before writing any.
+  for (int i = 0; i < layout_.num_params(); ++i) {
+    const std::string name = params_[i]->name();
+    absl::StatusOr<const safetensors::TensorInfo*> info = reader.Get(name);
+    if (!info.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          "LoadWeights on rank ", rank(), ": parameter '", name,
+          "' is not in ", reader.path()));
+    }
+    if ((*info)->shape != params_[i]->shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadWeights on rank ", rank(), ": parameter '", name, "' is ",
+          ShapeToString(params_[i]->shape()), " but ", reader.path(),
+          " has ", ShapeToString((*info)->shape)));
+    }
+    ZE_RETURN_IF_ERROR(safetensors::DTypeOf((*info)->dtype).status());
+  }
+  int64_t bytes = 0;
+  for (const zero::ParamShard& shard : layout_.RankShards(rank())) {
+    const std::string name = params_[shard.param_index]->name();
+    const safetensors::TensorInfo* info = reader.Find(name);
+    ZE_ASSIGN_OR_RETURN(DType file_dtype, safetensors::DTypeOf(info->dtype));
+    ZE_ASSIGN_OR_RETURN(Tensor host,
+                        Tensor::Empty({shard.count}, file_dtype, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(
+        reader.ReadRange(name, shard.param_begin, shard.count, host));
+    bytes += shard.count * static_cast<int64_t>(SizeOf(file_dtype));
+    ZE_RETURN_IF_ERROR(CopyFromHost(
+        host, Region(weights_, shard.partition_offset, shard.count),
+        stream()));
+    if (!master_aliases_weights_) {
+      ZE_RETURN_IF_ERROR(CopyFromHost(
+          host, Region(master_, shard.partition_offset, shard.count),
+          stream()));
+    }
+    ZE_RETURN_IF_ERROR(stream().Synchronize());
+  }
+  // Persistent buckets hold the old values.
+  ZE_RETURN_IF_ERROR(RefreshPersistent());
+  ZE_RETURN_IF_ERROR(stream().Synchronize());
+  return bytes;
 }
 
 absl::StatusOr<std::vector<float>> Stage3::GatherMasterWeights(

@@ -49,6 +49,24 @@
 // new order is recorded. Prefetched buffers are only read after waiting for
 // their all-gather, so a changed order costs time, never correctness.
 //
+// Reuse (stage3_max_reuse_distance, in bucket requests): when a bucket's
+// last user releases it while this micro-step follows the recorded order
+// and the record requests the bucket again within that many requests, it
+// stays gathered (e.g. the tied table between the embedding and the head,
+// or the last modules between forward and backward). Live limit
+// (stage3_max_live_parameters): before an on-demand gather that would take
+// the gathered elements beyond it, unused gathered buckets (kept or
+// prefetched) are released, the one needed farthest ahead first. Every
+// decision depends only on the record and the requests so far, so all
+// ranks decide alike. At the end of backward every unused bucket is freed,
+// so nothing gathered outlives an optimizer step (except persistent ones).
+//
+// Outside training: BeginEval/EndEval bracket an evaluation forward whose
+// requests gather on demand and release after use but are not recorded,
+// hashed, counted as uses or counted in the step's counters. GatherScope /
+// ReleaseScope implement Engine::GatherParameters; LoadWeights fills this
+// rank's ranges from a safetensors file.
+//
 // Schedule check: every request and reduce-scatter is folded into a running
 // 48-bit hash. At each optimizer step the hash's maximum and minimum over
 // ranks ride along with the step's statistics all-reduce (one coalesced
@@ -67,6 +85,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
+#include "core/safetensors/reader.h"
 #include "config/config.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -116,6 +135,29 @@ class Stage3 {
       const std::string& name);
   std::vector<std::string> ParameterNames() const;
 
+  // Evaluation (Engine::EvalForward, Generate): between them, module calls
+  // gather on demand and release, leaving the training bookkeeping (uses,
+  // recorded order, schedule hash, step counters) as it was.
+  // FailedPrecondition when called during backward or nested.
+  absl::Status BeginEval();
+  absl::Status EndEval();
+
+  // Engine::GatherParameters. GatherScope all-gathers the buckets holding
+  // `names` (a collective) and holds them until ReleaseScope, which, with
+  // modifier_rank >= 0, broadcasts that rank's values of the named
+  // parameters and writes them into every rank's weight shard and f32
+  // master before releasing. NotFound naming an unknown parameter.
+  absl::Status GatherScope(const std::vector<std::string>& names);
+  absl::Status ReleaseScope(const std::vector<std::string>& names,
+                            int modifier_rank);
+
+  // Reads this rank's range of every parameter (our names) from `reader`
+  // into the weight shard and the f32 master (from the file's values, so an
+  // f32 file gives exact masters under bf16), and regathers persistent
+  // buckets. Returns the tensor bytes read. NotFound / InvalidArgument
+  // naming the parameter when the file lacks it or its shape differs.
+  absl::StatusOr<int64_t> LoadWeights(const safetensors::Reader& reader);
+
   // Counted over the last completed optimizer step (see engine.h).
   const CommunicationCounters& last_step_counters() const {
     return last_step_counters_;
@@ -164,6 +206,14 @@ class Stage3 {
   absl::Status AfterBackward(int entry);
 
   absl::Status IssueGather(int bucket);
+  // Next request of `bucket` in the record at or after position_, or
+  // trace_.size() when none (or the step does not follow the record).
+  size_t NextUse(int bucket) const;
+  bool ShouldKeep(int bucket) const;
+  // Frees unused gathered buckets until `incoming` more elements fit under
+  // stage3_max_live_parameters (or none is left to free).
+  absl::Status MakeRoom(int64_t incoming);
+  absl::Status FinishWaitTiming();
   absl::Status WaitGather(int bucket);
   absl::Status FreeGathered(int bucket);
   absl::Status Prefetch();
@@ -201,7 +251,10 @@ class Stage3 {
   std::vector<int> observed_;          // this micro-step's requests
   std::vector<int> observed_entries_;  // and the modules that made them
   bool trace_valid_ = false;
-  bool prefetching_ = false;  // this micro-step follows the record
+  bool following_ = false;    // this micro-step follows the record
+  bool prefetching_ = false;  // and prefetches along it
+  bool evaluating_ = false;   // inside BeginEval/EndEval
+  int scopes_ = 0;            // GatherScope calls not yet released
   bool order_changed_ = false;
   size_t position_ = 0;  // requests so far this micro-step
   uint64_t schedule_hash_ = 0;
@@ -209,6 +262,9 @@ class Stage3 {
 
   int64_t live_elements_ = 0;
   int64_t peak_live_elements_ = 0;
+  // All-gather stalls of the step: CUDA timing events around each stream
+  // wait (read at the boundary); on the CPU the host time of the wait.
+  std::vector<std::pair<Event, Event>> wait_events_;
   CommunicationCounters step_counters_;
   CommunicationCounters last_step_counters_;
 };
