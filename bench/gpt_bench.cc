@@ -27,11 +27,23 @@
 //   --seed=1234
 //   --smoke                  tiny GPT on the CPU, f32, 2 iterations (checks
 //                            the code path in seconds; any flag overrides)
+//   --profile=1              after the timed iterations, run --profile_iters
+//                            more (default: --iters) with a CUDA event pair
+//                            around every module's Forward and Backward
+//                            (Module hooks), and print, before the model's
+//                            line, one JSON line per module type and per
+//                            module path ("blocks.*.mlp.fc") with ms per
+//                            step, inclusive and self (minus children), and
+//                            a summary line: step time, time outside every
+//                            module (loss, its read-back), leaf-module time
+//                            and step minus leaf time. The timed figures
+//                            above are measured without hooks.
 // A model that fails (e.g. out of memory) prints {"...","error":"..."} and
 // the run goes on; the exit status is 1 if any did, 2 for bad flags.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +73,8 @@ struct Options {
   Device device = Device::Cuda(0);
   uint64_t seed = 1234;
   bool smoke = false;
+  bool profile = false;
+  int64_t profile_iters = 0;  // 0: as many as --iters
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -95,6 +109,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(int64_t seed,
                       flags.GetInt("seed", 1234, 0, int64_t{1} << 62));
   options.seed = static_cast<uint64_t>(seed);
+  ZE_ASSIGN_OR_RETURN(options.profile, flags.GetBool("profile", false));
+  ZE_ASSIGN_OR_RETURN(options.profile_iters,
+                      flags.GetInt("profile_iters", options.iters, 1, 1 << 20));
   ZE_RETURN_IF_ERROR(flags.CheckAllUsed());
   if (options.device.is_cuda() && options.device.index >= CudaDeviceCount()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -120,7 +137,55 @@ Json ConfigurationJson(const Options& options, const std::string& model,
   json["warmup"] = options.warmup;
   json["checkpointing"] = options.checkpointing;
   json["zero_grad_between_iters"] = false;
+  if (options.profile) json["profile_iters"] = options.profile_iters;
   return json;
+}
+
+// Runs options.profile_iters more iterations with a ModuleProfiler attached
+// and prints its lines (model, batch and dtype copied from `line`); adds the
+// summary to `line` as "profile". Separate from the timed iterations so the
+// headline figures carry no hook overhead; the summary's step_ms against
+// `unprofiled_ms` shows what the hooks cost.
+absl::Status ProfileModel(const Options& options, nn::GptModel& model,
+                          const std::function<absl::Status()>& iteration,
+                          const Stream& stream, double unprofiled_ms,
+                          Json& line) {
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<ModuleProfiler> profiler,
+      ModuleProfiler::Attach(model, options.device, options.profile_iters,
+                             options.checkpointing));
+  // The profiler's events are created; start from an idle stream so the
+  // first profiled step does not absorb earlier work.
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  const auto wall_start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < options.profile_iters; ++i) {
+    ZE_RETURN_IF_ERROR(profiler->BeginStep(stream));
+    ZE_RETURN_IF_ERROR(
+        Annotate(iteration(), absl::StrCat("profiled iteration ", i)));
+    ZE_RETURN_IF_ERROR(profiler->EndStep(stream));
+  }
+  // The only synchronisation: every event is read after the last step.
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  const double wall_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - wall_start)
+                             .count() /
+                         options.profile_iters;
+  Json base;
+  for (const char* key : {"model", "device", "dtype", "batch", "seq"}) {
+    base[key] = line[key];
+  }
+  ZE_ASSIGN_OR_RETURN(std::vector<Json> lines, profiler->Report(base));
+  Json summary = lines.back();
+  summary["profiled_wall_ms_per_iter"] = wall_ms;
+  summary["unprofiled_ms_per_iter"] = unprofiled_ms;
+  lines.back() = summary;
+  for (const Json& profile_line : lines) PrintJson(profile_line);
+  for (const char* key : {"model", "device", "dtype", "batch", "seq", "bench",
+                          "scope"}) {
+    summary.erase(key);
+  }
+  line["profile"] = summary;
+  return absl::OkStatus();
 }
 
 // Builds `model`, runs warm-up and timed iterations, and fills `line`.
@@ -153,7 +218,7 @@ absl::Status RunModel(const Options& options, const std::string& model_name,
   ZE_RETURN_IF_ERROR(stream.Synchronize());
 
   float loss = 0;
-  auto iteration = [&]() -> absl::Status {
+  const std::function<absl::Status()> iteration = [&]() -> absl::Status {
     ZE_ASSIGN_OR_RETURN(loss,
                         model->ForwardLoss(data.tokens, data.targets, stream));
     return model->BackwardLoss(/*loss_scale=*/1.0f, stream);
@@ -203,6 +268,10 @@ absl::Status RunModel(const Options& options, const std::string& model_name,
   }
   line["reference"] =
       ReferenceJson(model_name, /*full_step=*/false, tokens_per_second, mfu);
+  if (options.profile) {
+    ZE_RETURN_IF_ERROR(ProfileModel(options, *model, iteration, stream,
+                                    line["ms_per_iter"].get<double>(), line));
+  }
   return absl::OkStatus();
 }
 

@@ -2,9 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -286,6 +290,268 @@ void ResetDeviceMemory(const Device& device) {
   Allocator* allocator = CudaMemory(device.index);
   allocator->ReleaseCache();
   allocator->ResetPeak();
+}
+
+ModuleProfiler::ModuleProfiler(nn::Module& root, const Device& device)
+    : root_(root), device_(device) {}
+
+absl::StatusOr<std::unique_ptr<ModuleProfiler>> ModuleProfiler::Attach(
+    nn::Module& root, const Device& device, int64_t expected_steps,
+    bool checkpointing) {
+  std::unique_ptr<ModuleProfiler> profiler(new ModuleProfiler(root, device));
+  const std::vector<nn::Module*> modules = root.Modules();
+  // Per step: two marks per call, forward and backward of every module (a
+  // recomputing backward runs the forwards again), plus the step's two.
+  const int64_t per_step =
+      static_cast<int64_t>(modules.size()) * (checkpointing ? 6 : 4) + 2;
+  const int64_t marks = per_step * std::max<int64_t>(1, expected_steps);
+  if (device.is_cuda()) {
+    // Created here, not in the step: cudaEventCreate is slow enough to show.
+    profiler->pool_.reserve(marks);
+    for (int64_t i = 0; i < marks; ++i) {
+      ZE_ASSIGN_OR_RETURN(Event event, Event::Create(device, /*timing=*/true));
+      profiler->pool_.push_back(std::move(event));
+    }
+  } else {
+    profiler->host_ms_.reserve(marks);
+  }
+  profiler->calls_.reserve(marks / 2);
+  ModuleProfiler* self = profiler.get();
+  for (nn::Module* module : modules) {
+    auto add = [&](nn::HookKind kind, nn::Hook hook) {
+      self->hooks_.emplace_back(module, module->AddHook(kind, std::move(hook)));
+    };
+    add(nn::HookKind::kPreForward, [self](nn::Module& m, const Stream& s) {
+      return self->Pre(m, kForward, s);
+    });
+    add(nn::HookKind::kPostForward, [self](nn::Module& m, const Stream& s) {
+      return self->Post(m, s);
+    });
+    add(nn::HookKind::kPreBackward, [self](nn::Module& m, const Stream& s) {
+      return self->Pre(m, kBackward, s);
+    });
+    add(nn::HookKind::kPostBackward, [self](nn::Module& m, const Stream& s) {
+      return self->Post(m, s);
+    });
+  }
+  return profiler;
+}
+
+ModuleProfiler::~ModuleProfiler() {
+  for (auto& [module, handle] : hooks_) module->RemoveHook(handle);
+}
+
+absl::StatusOr<int> ModuleProfiler::Mark(const Stream& stream) {
+  const int index = next_mark_++;
+  if (device_.is_cpu()) {
+    // CPU work is finished when the call returns: the host clock is exact.
+    host_ms_.push_back(std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now().time_since_epoch())
+                           .count());
+    return index;
+  }
+  if (index == static_cast<int>(pool_.size())) {
+    ++pool_grown_;
+    ZE_ASSIGN_OR_RETURN(Event event, Event::Create(device_, /*timing=*/true));
+    pool_.push_back(std::move(event));
+  }
+  ZE_RETURN_IF_ERROR(pool_[index].Record(stream));
+  return index;
+}
+
+absl::Status ModuleProfiler::Pre(nn::Module& module, Phase phase,
+                                 const Stream& stream) {
+  if (phase == kForward && open_backward_ > 0) phase = kRecompute;
+  Call call;
+  call.module = &module;
+  call.phase = phase;
+  call.parent = open_.empty() ? -1 : open_.back();
+  ZE_ASSIGN_OR_RETURN(call.start, Mark(stream));
+  open_.push_back(static_cast<int>(calls_.size()));
+  if (phase == kBackward) ++open_backward_;
+  calls_.push_back(call);
+  return absl::OkStatus();
+}
+
+absl::Status ModuleProfiler::Post(nn::Module& module, const Stream& stream) {
+  if (open_.empty() || calls_[open_.back()].module != &module) {
+    return absl::InternalError(
+        absl::StrCat("ModuleProfiler: post hook of ", module.DisplayName(),
+                     " does not close the innermost open call"));
+  }
+  Call& call = calls_[open_.back()];
+  ZE_ASSIGN_OR_RETURN(call.end, Mark(stream));
+  if (call.phase == kBackward) --open_backward_;
+  open_.pop_back();
+  return absl::OkStatus();
+}
+
+absl::Status ModuleProfiler::BeginStep(const Stream& stream) {
+  if (!open_.empty()) {
+    return absl::FailedPreconditionError(
+        "ModuleProfiler: a step begins inside an unfinished module call");
+  }
+  Step step;
+  ZE_ASSIGN_OR_RETURN(step.start, Mark(stream));
+  steps_.push_back(step);
+  return absl::OkStatus();
+}
+
+absl::Status ModuleProfiler::EndStep(const Stream& stream) {
+  if (steps_.empty() || steps_.back().end >= 0 || !open_.empty()) {
+    return absl::FailedPreconditionError(
+        "ModuleProfiler: EndStep without a matching BeginStep, or with a "
+        "module call still open");
+  }
+  ZE_ASSIGN_OR_RETURN(steps_.back().end, Mark(stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ModuleProfiler::Ms(int start, int end) const {
+  if (start < 0 || end < 0) {
+    return absl::FailedPreconditionError("ModuleProfiler: unfinished call");
+  }
+  if (device_.is_cpu()) return host_ms_[end] - host_ms_[start];
+  ZE_ASSIGN_OR_RETURN(float ms, Event::ElapsedMs(pool_[start], pool_[end]));
+  return static_cast<double>(ms);
+}
+
+namespace {
+
+// "blocks.3.attn.qkv" -> "blocks.*.attn.qkv": one entry for all layers.
+std::string PathPattern(const nn::Module& module) {
+  if (module.parent() == nullptr) return "(root)";
+  std::vector<std::string> parts = absl::StrSplit(module.FullName(), '.');
+  for (std::string& part : parts) {
+    if (!part.empty() &&
+        std::all_of(part.begin(), part.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      part = "*";
+    }
+  }
+  return absl::StrJoin(parts, ".");
+}
+
+// {"bench":"gpt_fwd_bwd_profile","scope":scope, base fields...}.
+Json Header(const Json& base, const char* scope) {
+  Json line;
+  line["bench"] = "gpt_fwd_bwd_profile";
+  line["scope"] = scope;
+  for (const auto& [key, value] : base.items()) line[key] = value;
+  return line;
+}
+
+struct Totals {
+  std::string type;
+  bool leaf = false;
+  int64_t calls[3] = {0, 0, 0};
+  double inclusive[3] = {0, 0, 0};
+  double self[3] = {0, 0, 0};
+  double SelfTotal() const { return self[0] + self[1] + self[2]; }
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
+    const Json& base) const {
+  if (steps_.empty() || steps_.back().end < 0) {
+    return absl::FailedPreconditionError("ModuleProfiler: no finished step");
+  }
+  const double steps = static_cast<double>(steps_.size());
+  double step_ms = 0;
+  for (const Step& step : steps_) {
+    ZE_ASSIGN_OR_RETURN(double ms, Ms(step.start, step.end));
+    step_ms += ms;
+  }
+  std::vector<double> inclusive(calls_.size(), 0.0);
+  std::vector<double> children(calls_.size(), 0.0);
+  for (size_t i = 0; i < calls_.size(); ++i) {
+    ZE_ASSIGN_OR_RETURN(inclusive[i], Ms(calls_[i].start, calls_[i].end));
+    if (calls_[i].parent >= 0) children[calls_[i].parent] += inclusive[i];
+  }
+  // Insertion order kept in `order` so ties print in tree order.
+  std::map<std::string, Totals> by_type, by_path;
+  std::vector<std::string> type_order, path_order;
+  double top_level[3] = {0, 0, 0};
+  double leaf_ms = 0, container_self_ms = 0;
+  for (size_t i = 0; i < calls_.size(); ++i) {
+    const Call& call = calls_[i];
+    const bool leaf = call.module->children().empty();
+    const double self_ms = inclusive[i] - children[i];
+    if (call.parent < 0) top_level[call.phase] += inclusive[i];
+    (leaf ? leaf_ms : container_self_ms) += self_ms;
+    for (auto [map, order, key] :
+         {std::make_tuple(&by_type, &type_order, call.module->type_name()),
+          std::make_tuple(&by_path, &path_order, PathPattern(*call.module))}) {
+      auto [it, inserted] = map->try_emplace(key);
+      if (inserted) order->push_back(key);
+      Totals& totals = it->second;
+      totals.type = call.module->type_name();
+      totals.leaf = leaf;
+      ++totals.calls[call.phase];
+      totals.inclusive[call.phase] += inclusive[i];
+      totals.self[call.phase] += self_ms;
+    }
+  }
+  const double step_mean = step_ms / steps;
+  const char* phase_names[3] = {"forward", "backward", "recompute"};
+  std::vector<Json> lines;
+  auto emit = [&](const char* scope, const std::map<std::string, Totals>& map,
+                  std::vector<std::string> order) {
+    // Largest self time first: the top lines are where the time goes.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const std::string& a, const std::string& b) {
+                       return map.at(a).SelfTotal() > map.at(b).SelfTotal();
+                     });
+    for (const std::string& key : order) {
+      const Totals& totals = map.at(key);
+      Json line = Header(base, scope);
+      line["name"] = key;
+      if (std::string(scope) != "type") line["type"] = totals.type;
+      line["leaf"] = totals.leaf;
+      Json calls = Json::object();
+      double total = 0;
+      for (int p = 0; p < 3; ++p) {
+        if (totals.calls[p] == 0) continue;
+        calls[phase_names[p]] = totals.calls[p] / steps;
+        line[absl::StrCat(phase_names[p], "_ms")] = totals.inclusive[p] / steps;
+        total += totals.inclusive[p];
+      }
+      line["calls_per_step"] = calls;
+      line["total_ms"] = total / steps;
+      for (int p = 0; p < 3; ++p) {
+        if (totals.calls[p] == 0) continue;
+        line[absl::StrCat("self_", phase_names[p], "_ms")] =
+            totals.self[p] / steps;
+      }
+      line["self_ms"] = totals.SelfTotal() / steps;
+      line["self_share_of_step"] = totals.SelfTotal() / step_ms;
+      lines.push_back(std::move(line));
+    }
+  };
+  emit("type", by_type, type_order);
+  emit("path", by_path, path_order);
+
+  Json summary = Header(base, "summary");
+  summary["profiled_steps"] = steps_.size();
+  summary["step_ms"] = step_mean;
+  summary["root_forward_ms"] = top_level[kForward] / steps;
+  summary["root_backward_ms"] = top_level[kBackward] / steps;
+  // Loss kernels, the loss read-back and its host round trip, and any gap
+  // between ForwardLoss and BackwardLoss: no module encloses them.
+  summary["outside_modules_ms"] =
+      step_mean - (top_level[0] + top_level[1] + top_level[2]) / steps;
+  summary["leaf_modules_ms"] = leaf_ms / steps;
+  // Containers' own work: attention core kernels, residual adds, and idle
+  // time between children.
+  summary["container_self_ms"] = container_self_ms / steps;
+  summary["step_minus_leaf_modules_ms"] = step_mean - leaf_ms / steps;
+  summary["calls_per_step"] = calls_.size() / steps;
+  summary["events_per_step"] = next_mark_ / steps;
+  summary["event_pool_grown"] = pool_grown_;
+  summary["timer"] = device_.is_cpu() ? "host clock" : "cuda events";
+  lines.push_back(std::move(summary));
+  return lines;
 }
 
 }  // namespace bench

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,6 +19,7 @@
 #include "core/tensor.h"
 #include "nlohmann/json.hpp"
 #include "nn/gpt.h"
+#include "nn/module.h"
 
 namespace ze {
 namespace bench {
@@ -109,6 +111,83 @@ void PrintJson(const Json& line);
 // Frees the cached device blocks and resets the allocator's peak, so each
 // configuration's peak is its own. No-op on the CPU.
 void ResetDeviceMemory(const Device& device);
+
+// Times every Forward and Backward call of every module of a tree, through
+// the public Module hooks only (the model does not cooperate). Each call is
+// bracketed by two timing events recorded on the stream the call's work is
+// queued on, so a module's time is what the GPU spent between the first and
+// the last of its kernels, including idle gaps while it waited for the host.
+// Events come from a pool created up front, and nothing is read back until
+// Report, so profiling never synchronises inside a step; its only cost is a
+// cudaEventRecord (a few microseconds of host time) per hook.
+//
+// On the CPU, work is done when a call returns, so the host clock is used.
+//
+// Per call the profiler knows the enclosing call (calls nest: a container's
+// pre hook fires before its children's, its post hook after), so it reports
+// inclusive time and self time (inclusive minus the direct children's
+// inclusive time: a container's own kernels, such as the attention core or
+// the residual adds of a Block, plus the gaps between its children).
+// Forward calls made during a backward (activation checkpointing recomputes)
+// are reported as phase "recompute".
+class ModuleProfiler {
+ public:
+  // Adds four hooks to every module of `root` (removed by the destructor).
+  // The pool holds the events of `expected_steps` steps in which every
+  // module runs forward and backward once (more when checkpointing); when a
+  // step needs more, the pool grows inside it (reported as pool_grown).
+  static absl::StatusOr<std::unique_ptr<ModuleProfiler>> Attach(
+      nn::Module& root, const Device& device, int64_t expected_steps,
+      bool checkpointing);
+  ~ModuleProfiler();
+  ModuleProfiler(const ModuleProfiler&) = delete;
+  ModuleProfiler& operator=(const ModuleProfiler&) = delete;
+
+  // Bracket one training step (forward, loss, backward) on `stream`.
+  absl::Status BeginStep(const Stream& stream);
+  absl::Status EndStep(const Stream& stream);
+
+  // Call after the stream has been synchronised. Returns one JSON object per
+  // module type, then one per module path with layer indices replaced by
+  // "*" (e.g. "blocks.*.attn.qkv"), then a summary; all times are ms per
+  // step, averaged over the profiled steps. `base` fields are copied into
+  // every object.
+  absl::StatusOr<std::vector<Json>> Report(const Json& base) const;
+
+ private:
+  enum Phase { kForward = 0, kBackward = 1, kRecompute = 2 };
+  struct Call {
+    nn::Module* module = nullptr;
+    Phase phase = kForward;
+    int parent = -1;  // index of the enclosing call, -1 at top level
+    int start = -1;   // mark indices
+    int end = -1;
+  };
+  struct Step {
+    int start = -1;
+    int end = -1;
+  };
+
+  ModuleProfiler(nn::Module& root, const Device& device);
+  // Records the next pool event on `stream` (or reads the host clock) and
+  // returns its index.
+  absl::StatusOr<int> Mark(const Stream& stream);
+  absl::Status Pre(nn::Module& module, Phase phase, const Stream& stream);
+  absl::Status Post(nn::Module& module, const Stream& stream);
+  absl::StatusOr<double> Ms(int start, int end) const;
+
+  nn::Module& root_;
+  Device device_;
+  std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
+  std::vector<Event> pool_;         // CUDA: timing events
+  std::vector<double> host_ms_;     // CPU: host clock per mark
+  int next_mark_ = 0;
+  int64_t pool_grown_ = 0;
+  std::vector<Call> calls_;
+  std::vector<int> open_;           // calls whose post hook has not fired
+  int open_backward_ = 0;           // backward calls among open_
+  std::vector<Step> steps_;
+};
 
 }  // namespace bench
 }  // namespace ze
