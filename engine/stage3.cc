@@ -278,8 +278,7 @@ absl::Status Stage3::Acquire(int entry, bool backward) {
   step_entries_.push_back(entry);
   for (int b : entries_[entry].buckets) {
     Fold(static_cast<uint64_t>(b) * 2 + (backward ? 1 : 0));
-    if (following_ &&
-        (position_ >= trace_.size() || trace_[position_] != b)) {
+    if (following_ && (position_ >= trace_.size() || trace_[position_] != b)) {
       // Every rank on the same path notices at the same request, so the
       // collectives stay in step.
       ZE_LOG_RANK0(INFO) << "ZeRO-3: module order changed at request "
@@ -341,8 +340,10 @@ absl::Status Stage3::IssueGather(int b) {
       bucket.gather_work,
       comm().AllGather(OwnWeights(b), bucket.gathered, stream()));
   bucket.in_flight = true;
-  // Evaluation and scoped gathers are not part of the training step.
-  if (!evaluating_) {
+  // Evaluation and scoped gathers are not part of the training step; a
+  // persistent bucket's first gather is (training would have made it and
+  // it stays), so counters do not depend on who gathered it first.
+  if (!evaluating_ || bucket.persistent) {
     step_counters_.all_gathered_elements += layout.padded_elements;
     step_counters_.all_gathers += 1;
   }
@@ -411,10 +412,9 @@ absl::Status Stage3::WaitGather(int b) {
   } else {
     const auto start = std::chrono::steady_clock::now();
     ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
-    step_counters_.wait_ms +=
-        std::chrono::duration<double, std::milli>(
-            std::chrono::steady_clock::now() - start)
-            .count();
+    step_counters_.wait_ms += std::chrono::duration<double, std::milli>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
   }
   bucket.gather_work = comm::Work();
   bucket.in_flight = false;
@@ -782,13 +782,13 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
       const zero::ParamPlacement& place = layout_.placement(shard.param_index);
       Tensor source = Region(buckets_[place.bucket].gathered,
                              place.offset + shard.param_begin, shard.count);
-      ZE_RETURN_IF_ERROR(Copy(
-          source, Region(weights_, shard.partition_offset, shard.count),
-          stream()));
+      ZE_RETURN_IF_ERROR(
+          Copy(source, Region(weights_, shard.partition_offset, shard.count),
+               stream()));
       if (!master_aliases_weights_) {
-        ZE_RETURN_IF_ERROR(Copy(
-            source, Region(master_, shard.partition_offset, shard.count),
-            stream()));
+        ZE_RETURN_IF_ERROR(
+            Copy(source, Region(master_, shard.partition_offset, shard.count),
+                 stream()));
       }
     }
   }
@@ -833,15 +833,15 @@ absl::StatusOr<int64_t> Stage3::LoadWeights(const safetensors::Reader& reader) {
     const std::string name = params_[i]->name();
     absl::StatusOr<const safetensors::TensorInfo*> info = reader.Get(name);
     if (!info.ok()) {
-      return absl::NotFoundError(absl::StrCat(
-          "LoadWeights on rank ", rank(), ": parameter '", name,
-          "' is not in ", reader.path()));
+      return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
+                                              ": parameter '", name,
+                                              "' is not in ", reader.path()));
     }
     if ((*info)->shape != params_[i]->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoadWeights on rank ", rank(), ": parameter '", name, "' is ",
-          ShapeToString(params_[i]->shape()), " but ", reader.path(),
-          " has ", ShapeToString((*info)->shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
+                       "' is ", ShapeToString(params_[i]->shape()), " but ",
+                       reader.path(), " has ", ShapeToString((*info)->shape)));
     }
     ZE_RETURN_IF_ERROR(safetensors::DTypeOf((*info)->dtype).status());
   }
@@ -850,14 +850,13 @@ absl::StatusOr<int64_t> Stage3::LoadWeights(const safetensors::Reader& reader) {
     const std::string name = params_[shard.param_index]->name();
     const safetensors::TensorInfo* info = reader.Find(name);
     ZE_ASSIGN_OR_RETURN(DType file_dtype, safetensors::DTypeOf(info->dtype));
-    ZE_ASSIGN_OR_RETURN(Tensor host,
-                        Tensor::Empty({shard.count}, file_dtype, Device::Cpu()));
+    ZE_ASSIGN_OR_RETURN(
+        Tensor host, Tensor::Empty({shard.count}, file_dtype, Device::Cpu()));
     ZE_RETURN_IF_ERROR(
         reader.ReadRange(name, shard.param_begin, shard.count, host));
     bytes += shard.count * static_cast<int64_t>(SizeOf(file_dtype));
     ZE_RETURN_IF_ERROR(CopyFromHost(
-        host, Region(weights_, shard.partition_offset, shard.count),
-        stream()));
+        host, Region(weights_, shard.partition_offset, shard.count), stream()));
     if (!master_aliases_weights_) {
       ZE_RETURN_IF_ERROR(CopyFromHost(
           host, Region(master_, shard.partition_offset, shard.count),
