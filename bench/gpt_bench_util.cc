@@ -341,13 +341,21 @@ ModuleProfiler::~ModuleProfiler() {
   for (auto& [module, handle] : hooks_) module->RemoveHook(handle);
 }
 
+namespace {
+
+double HostNowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
 absl::StatusOr<int> ModuleProfiler::Mark(const Stream& stream) {
   const int index = next_mark_++;
   if (device_.is_cpu()) {
     // CPU work is finished when the call returns: the host clock is exact.
-    host_ms_.push_back(std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now().time_since_epoch())
-                           .count());
+    host_ms_.push_back(HostNowMs());
     return index;
   }
   if (index == static_cast<int>(pool_.size())) {
@@ -366,6 +374,7 @@ absl::Status ModuleProfiler::Pre(nn::Module& module, Phase phase,
   call.module = &module;
   call.phase = phase;
   call.parent = open_.empty() ? -1 : open_.back();
+  call.host_start_ms = HostNowMs();
   ZE_ASSIGN_OR_RETURN(call.start, Mark(stream));
   open_.push_back(static_cast<int>(calls_.size()));
   if (phase == kBackward) ++open_backward_;
@@ -381,6 +390,7 @@ absl::Status ModuleProfiler::Post(nn::Module& module, const Stream& stream) {
   }
   Call& call = calls_[open_.back()];
   ZE_ASSIGN_OR_RETURN(call.end, Mark(stream));
+  call.host_end_ms = HostNowMs();
   if (call.phase == kBackward) --open_backward_;
   open_.pop_back();
   return absl::OkStatus();
@@ -447,6 +457,7 @@ struct Totals {
   int64_t calls[3] = {0, 0, 0};
   double inclusive[3] = {0, 0, 0};
   double self[3] = {0, 0, 0};
+  double host = 0;  // host time between the hooks, all phases
   double SelfTotal() const { return self[0] + self[1] + self[2]; }
 };
 
@@ -473,12 +484,16 @@ absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
   std::map<std::string, Totals> by_type, by_path;
   std::vector<std::string> type_order, path_order;
   double top_level[3] = {0, 0, 0};
+  double top_level_host[3] = {0, 0, 0};
   double leaf_ms = 0, container_self_ms = 0;
   for (size_t i = 0; i < calls_.size(); ++i) {
     const Call& call = calls_[i];
     const bool leaf = call.module->children().empty();
     const double self_ms = inclusive[i] - children[i];
-    if (call.parent < 0) top_level[call.phase] += inclusive[i];
+    if (call.parent < 0) {
+      top_level[call.phase] += inclusive[i];
+      top_level_host[call.phase] += call.host_end_ms - call.host_start_ms;
+    }
     (leaf ? leaf_ms : container_self_ms) += self_ms;
     for (auto [map, order, key] :
          {std::make_tuple(&by_type, &type_order, call.module->type_name()),
@@ -491,6 +506,7 @@ absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
       ++totals.calls[call.phase];
       totals.inclusive[call.phase] += inclusive[i];
       totals.self[call.phase] += self_ms;
+      totals.host += call.host_end_ms - call.host_start_ms;
     }
   }
   const double step_mean = step_ms / steps;
@@ -526,6 +542,7 @@ absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
       }
       line["self_ms"] = totals.SelfTotal() / steps;
       line["self_share_of_step"] = totals.SelfTotal() / step_ms;
+      line["host_ms"] = totals.host / steps;
       lines.push_back(std::move(line));
     }
   };
@@ -537,6 +554,10 @@ absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
   summary["step_ms"] = step_mean;
   summary["root_forward_ms"] = top_level[kForward] / steps;
   summary["root_backward_ms"] = top_level[kBackward] / steps;
+  // Host time to queue the root's forward and backward (hooks included);
+  // the GPU waits for launches only where this approaches the GPU time.
+  summary["root_forward_host_ms"] = top_level_host[kForward] / steps;
+  summary["root_backward_host_ms"] = top_level_host[kBackward] / steps;
   // Loss kernels, the loss read-back and its host round trip, and any gap
   // between ForwardLoss and BackwardLoss: no module encloses them.
   summary["outside_modules_ms"] =

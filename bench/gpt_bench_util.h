@@ -129,7 +129,9 @@ void ResetDeviceMemory(const Device& device);
 // inclusive time: a container's own kernels, such as the attention core or
 // the residual adds of a Block, plus the gaps between its children).
 // Forward calls made during a backward (activation checkpointing recomputes)
-// are reported as phase "recompute".
+// are reported as phase "recompute". Each line also gives the host time
+// between the hooks (host_ms: what queueing the work cost the CPU); where it
+// approaches the GPU time, the GPU waits for launches.
 class ModuleProfiler {
  public:
   // Adds four hooks to every module of `root` (removed by the destructor).
@@ -162,6 +164,8 @@ class ModuleProfiler {
     int parent = -1;  // index of the enclosing call, -1 at top level
     int start = -1;   // mark indices
     int end = -1;
+    double host_start_ms = 0;  // host clock at the pre and post hooks
+    double host_end_ms = 0;
   };
   struct Step {
     int start = -1;
