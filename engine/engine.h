@@ -146,7 +146,8 @@ class GatheredParameters {
   friend class Engine;
   GatheredParameters(Engine* engine, std::vector<std::string> names,
                      int modifier_rank)
-      : engine_(engine), names_(std::move(names)),
+      : engine_(engine),
+        names_(std::move(names)),
         modifier_rank_(modifier_rank) {}
   Engine* engine_;
   std::vector<std::string> names_;

@@ -630,7 +630,9 @@ TEST(Stage3LoadWeightsTest, EachRankReadsItsShare) {
                 std::string(dtype) == "f32" ? 1e-5 : 1e-2);
     const double bytes = static_cast<double>(loaded->report.bytes_read);
     const double share = file_bytes / World();
-    EXPECT_NEAR(bytes / share, 1.0, 0.05);
+    // Padding (at most 16 + 128 N elements per module bucket, all of it on
+    // the last ranks) makes the shares uneven by a few percent here.
+    EXPECT_NEAR(bytes / share, 1.0, 0.15);
     // Together the ranks read every byte exactly once.
     absl::StatusOr<Tensor> total = FromHostFloats(
         {static_cast<float>(bytes)}, {1}, DType::kF32, Device::Cpu(), Stream());

@@ -282,7 +282,10 @@ TEST(Stage3CountersTest, OneStepMovesThreePsi) {
   const double psi = static_cast<double>(model->NumParameterElements());
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
       model,
-      Config(3, "f32", 1, R"(, "stage3_param_persistence_threshold": 0)"),
+      // Reuse 0: every request gathers (the default keeps buckets needed
+      // again, see stage3_inference_test).
+      Config(3, "f32", 1,
+             R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
       Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
   for (int step = 0; step < 3; ++step) {
@@ -321,7 +324,8 @@ TEST(Stage3CountersTest, TiedTableIsGatheredByEmbeddingAndHead) {
       (*model)->config().max_seq_len * (*model)->config().channels);
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
       *model,
-      Config(3, "f32", 1, R"(, "stage3_param_persistence_threshold": 0)"),
+      Config(3, "f32", 1,
+             R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
       Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE(TrainStep(**engine, 0).ok());
