@@ -74,7 +74,7 @@ struct Options {
   uint64_t seed = 1234;
   bool smoke = false;
   bool profile = false;
-  int64_t profile_iters = 0;  // 0: as many as --iters
+  int64_t profile_iters = 10;  // --profile_iters, default --iters
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
