@@ -23,8 +23,17 @@
 //
 // Flags:
 //   --models=124M,350M,1.3B  any GptConfig preset, or "tiny"
-//   --stages=0,2             ZeRO stages; 3 is accepted and reports the
-//                            engine's error (not implemented yet)
+//   --stages=0,2             ZeRO stages 0-3. Stage 3 builds the model
+//                            without storage (partitioned construction)
+//                            and adds "stage3": per-step all-gather and
+//                            reduce-scatter counts and elements, wait_ms
+//                            (time the compute stream stalled on parameter
+//                            all-gathers, CUDA timing events; mean per
+//                            timed step), buckets kept for reuse, early
+//                            releases and the peak gathered elements
+//   --stage3_prefetch_bucket_size=5e7 --stage3_max_live_parameters=1e9
+//   --stage3_max_reuse_distance=1e9 --stage3_param_persistence_threshold=1e5
+//                            (DeepSpeed's defaults)
 //   --batch=                 default 124M: 32, others 16; one value or a list
 //   --seq=1024 --iters=10 --warmup=3 --dtype=bf16 (bf16, f16 or f32; the
 //   config enables the matching mixed precision)
@@ -42,6 +51,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -77,6 +87,11 @@ struct Options {
   std::string device = "cuda";
   uint64_t seed = 1234;
   bool smoke = false;
+  // Stage 3 fetcher settings (DeepSpeed's defaults).
+  double stage3_prefetch_bucket_size = 5e7;
+  double stage3_max_live_parameters = 1e9;
+  double stage3_max_reuse_distance = 1e9;
+  double stage3_param_persistence_threshold = 1e5;
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -124,6 +139,21 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--lr=", lr, " is not a positive number"));
   }
+  for (auto [flag, value] :
+       std::vector<std::pair<const char*, double*>>{
+           {"stage3_prefetch_bucket_size",
+            &options.stage3_prefetch_bucket_size},
+           {"stage3_max_live_parameters", &options.stage3_max_live_parameters},
+           {"stage3_max_reuse_distance", &options.stage3_max_reuse_distance},
+           {"stage3_param_persistence_threshold",
+            &options.stage3_param_persistence_threshold}}) {
+    const std::string text = flags.GetString(flag, "");
+    if (text.empty()) continue;
+    if (!absl::SimpleAtod(text, value) || !(*value >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, "=", text, " is not a non-negative number"));
+    }
+  }
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,
@@ -164,6 +194,17 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                                  {"reduce_bucket_size", 5e8},
                                  {"allgather_partitions", true},
                                  {"allgather_bucket_size", 5e8}};
+  if (stage == 3) {
+    Json& zero = config["zero_optimization"];
+    zero["stage3_prefetch_bucket_size"] =
+        static_cast<int64_t>(options.stage3_prefetch_bucket_size);
+    zero["stage3_max_live_parameters"] =
+        static_cast<int64_t>(options.stage3_max_live_parameters);
+    zero["stage3_max_reuse_distance"] =
+        static_cast<int64_t>(options.stage3_max_reuse_distance);
+    zero["stage3_param_persistence_threshold"] =
+        static_cast<int64_t>(options.stage3_param_persistence_threshold);
+  }
   return config;
 }
 
@@ -203,6 +244,8 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   model_options.device = device;
   model_options.dtype = options.dtype;
   model_options.seed = options.seed;  // same weights on every rank
+  // Stage 3: no storage until the engine creates this rank's partition.
+  model_options.materialize = stage != 3;
   if (comm->rank() == 0) {
     std::fprintf(stderr,
                  "train_bench: %s (%lld parameters), ZeRO stage %d, world "
@@ -233,12 +276,14 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
 
   double loss = 0;
   double grad_norm = 0;
+  double wait_ms = 0;  // summed over the steps since the last reset
   auto step = [&]() -> absl::Status {
     ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
     ZE_RETURN_IF_ERROR(engine->Backward());
     ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
     loss = report.loss;
     grad_norm = report.grad_norm;
+    wait_ms += engine->communication_counters().wait_ms;
     return absl::OkStatus();
   };
   for (int64_t i = 0; i < options.warmup; ++i) {
@@ -246,6 +291,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   }
   ZE_RETURN_IF_ERROR(compute.Synchronize());
   ZE_RETURN_IF_ERROR(comm->Barrier());
+  wait_ms = 0;
 
   const auto wall_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.iters; ++i) {
@@ -277,6 +323,21 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   line["loss_scale"] = engine->current_loss_scale();
   if (device.is_cuda()) {
     line["memory"] = MemoryJson(CudaMemory(device.index)->stats());
+  }
+  if (stage == 3) {
+    const engine::CommunicationCounters k = engine->communication_counters();
+    Json stage3;
+    stage3["all_gathers_per_step"] = k.all_gathers;
+    stage3["all_gathered_elements_per_step"] = k.all_gathered_elements;
+    stage3["reduce_scatters_per_step"] = k.reduce_scatters;
+    stage3["reduce_scattered_elements_per_step"] = k.reduce_scattered_elements;
+    stage3["kept_for_reuse_per_step"] = k.kept_for_reuse;
+    stage3["early_releases_per_step"] = k.early_releases;
+    stage3["peak_gathered_elements"] = k.peak_gathered_elements;
+    // Mean per timed step; compare with step_ms.
+    stage3["wait_ms"] = wait_ms / options.iters;
+    stage3["wait_fraction"] = wait_ms / (seconds * 1e3);
+    line["stage3"] = stage3;
   }
   // The PyTorch figures are single-GPU; compare per GPU.
   line["reference"] = ReferenceJson(name, /*full_step=*/true, per_gpu, mfu);
