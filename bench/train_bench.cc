@@ -139,8 +139,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--lr=", lr, " is not a positive number"));
   }
-  for (auto [flag, value] :
-       std::vector<std::pair<const char*, double*>>{
+  for (auto [flag, value] : std::vector<std::pair<const char*, double*>>{
            {"stage3_prefetch_bucket_size",
             &options.stage3_prefetch_bucket_size},
            {"stage3_max_live_parameters", &options.stage3_max_live_parameters},
@@ -150,8 +149,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     const std::string text = flags.GetString(flag, "");
     if (text.empty()) continue;
     if (!absl::SimpleAtod(text, value) || !(*value >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, "=", text, " is not a non-negative number"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, " is not a non-negative number"));
     }
   }
   options.backend = flags.GetString("backend", "auto");

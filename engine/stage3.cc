@@ -242,6 +242,13 @@ absl::Status Stage3::InstallHooks() {
 }
 
 absl::Status Stage3::BeginMicroStep() {
+  if (scopes_ > 0) {
+    // The gathered copies would go stale when the optimizer updates the
+    // shards they came from.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ZeRO-3 on rank ", rank(), ": a training forward started while ",
+        scopes_, " GatherParameters scope(s) are open; release them first"));
+  }
   // Forward uses left by an evaluation forward that was never
   // backpropagated do not count.
   for (Bucket& bucket : buckets_) bucket.pending_uses = 0;

@@ -243,16 +243,17 @@ absl::Status StepWithEvaluations(engine::Engine& engine, int64_t step,
 }
 
 TEST(Stage3InferenceTest, EvaluationLeavesTrainingUntouched) {
-  for (const std::string keys : {std::string(kPersist0), std::string("")}) {
+  for (const auto& [stage, keys] : std::vector<std::pair<int, std::string>>{
+           {0, ""}, {2, ""}, {3, kPersist0}, {3, ""}}) {
     TrainedRun plain;
     {
       absl::StatusOr<TrainedRun> run =
-          Train(Gpt(SmallGpt()), Config(3, "f32", 2, keys), 4);
+          Train(Gpt(SmallGpt()), Config(stage, "f32", 2, keys), 4);
       ASSERT_TRUE(run.ok()) << run.status();
       plain = *run;
     }
     absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
-        Make(Gpt(SmallGpt()), Config(3, "f32", 2, keys));
+        Make(Gpt(SmallGpt()), Config(stage, "f32", 2, keys));
     ASSERT_TRUE(engine.ok()) << engine.status();
     TrainedRun evaluated;
     StderrCapture capture;
@@ -387,10 +388,16 @@ TEST(Stage3GatheredParametersTest, UnknownNameAndBadRankAreNamed) {
   auto bad_rank = (*engine)->GatherParameters({"ln_f.bias"}, World());
   ASSERT_FALSE(bad_rank.ok());
   EXPECT_EQ(bad_rank.status().code(), absl::StatusCode::kInvalidArgument);
-  // Read-only scope: nothing changes, training still works.
+  // Read-only scope: nothing changes; training inside it is refused (its
+  // copies would go stale), after it works.
   {
     auto scope = (*engine)->GatherParameters({"ln_f.bias"});
     ASSERT_TRUE(scope.ok()) << scope.status();
+    absl::StatusOr<engine::StepReport> inside = TrainStep(**engine, 0);
+    ASSERT_FALSE(inside.ok());
+    EXPECT_EQ(inside.status().code(), absl::StatusCode::kFailedPrecondition)
+        << inside.status();
+    (*engine)->model().ClearSavedState();
   }
   EXPECT_TRUE(TrainStep(**engine, 0).ok());
 }
