@@ -623,7 +623,7 @@ absl::StatusOr<Loaded> LoadAndTrain(const nn::GptConfig& config, int stage,
 }
 
 TEST(Stage3LoadWeightsTest, EachRankReadsItsShare) {
-  // Psi = 103,232: padding is small next to each rank's share.
+  // Psi = 102,976: padding is small next to each rank's share.
   const nn::GptConfig config = SmallGpt(/*channels=*/64, /*layers=*/2);
   const double file_bytes = 4.0 * Gpt(config)->NumParameterElements();
   ASSERT_TRUE(WriteWeights(config).ok());
