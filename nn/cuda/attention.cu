@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "nn/cuda/attention.h"
@@ -90,17 +91,18 @@ __device__ __forceinline__ uint32_t Lds32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Loads rows [row0, row0 + 64) x columns [0, DP) of a (T, ld) slice into a
-// padded shared tile, zero-filling rows >= seq_len and columns >= head_dim.
+// Loads rows [row0, row0 + kRows) x columns [0, DP) of a (T, ld) slice into
+// a padded shared tile, zero-filling rows >= seq_len and columns >= head_dim.
 // Vector path (16-byte cp.async) when head_dim % 8 == 0 and ld % 8 == 0.
-template <typename T, int DP>
+// kNumThreads: the CTA size (all threads take part).
+template <typename T, int DP, int kRows = kTile, int kNumThreads = kThreads>
 __device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t ld,
                                          int row0, int seq_len, int head_dim,
                                          bool vector) {
   constexpr int kStride = DP + 8;
   if (vector) {
     constexpr int kChunks = DP / 8;
-    for (int idx = threadIdx.x; idx < kTile * kChunks; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kNumThreads) {
       const int r = idx / kChunks;
       const int c = (idx % kChunks) * 8;
       const bool valid = row0 + r < seq_len && c < head_dim;
@@ -111,7 +113,7 @@ __device__ __forceinline__ void LoadTile(T* tile, const T* src, int64_t ld,
     }
     asm volatile("cp.async.commit_group;\n" ::);
   } else {
-    for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < kRows * DP; idx += kNumThreads) {
       const int r = idx / DP;
       const int c = idx % DP;
       const bool valid = row0 + r < seq_len && c < head_dim;
@@ -585,6 +587,390 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Wide kernels (default for D <= 128 after padding to 64 or 128): 8 warps
+// per CTA and 128-row tiles on the side that stays resident, so each tile
+// streamed through shared memory feeds twice the tensor-core work of the
+// 4-warp kernels, and the backward pass issues half the dQ reductions.
+constexpr int kWideTile = 128;  // resident rows (queries fwd, keys bwd)
+constexpr int kWideWarps = 8;   // 16 resident rows each
+constexpr int kWideThreads = kWideWarps * 32;
+
+// grid (B*H, ceil(T / 128)); block kWideThreads. A CTA owns 128 queries and
+// streams 64-key K/V tiles through two shared-memory stages (the copy of
+// tile kt + 1 runs under tile kt's products). Query tiles are in grid.y
+// reversed, so the heaviest tiles of every head start in the first wave and
+// the light ones fill the tail. Warps whose 16 rows all precede a key tile
+// skip it; only tiles crossing the warp's diagonal apply the causal mask.
+template <typename T, int DP>
+__global__ void __launch_bounds__(kWideThreads, 2)
+    FlashForwardWideKernel(const T* __restrict__ qkv, T* __restrict__ out,
+                           float* __restrict__ logsumexp, int seq_len,
+                           int heads, int head_dim, float scale_log2) {
+  constexpr int kStride = DP + 8;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sq = reinterpret_cast<T*>(shared_bytes);  // (128 queries, DP)
+  T* skv = sq + kWideTile * kStride;  // per stage: K (64, DP), V (64, DP)
+
+  const int bh = blockIdx.x;
+  const int qt = gridDim.y - 1 - blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = qt * kWideTile + warp * 16;  // first query of warp
+  const int q_row0 = warp_row0 + g;                  // and q_row0 + 8
+  // Key tiles up to the CTA's last query, and none past the sequence.
+  const int num_kv = min(2 * qt + 2, (seq_len + kTile - 1) / kTile);
+
+  LoadTile<T, DP, kWideTile, kWideThreads>(sq, q_src, ld, qt * kWideTile,
+                                           seq_len, head_dim, vector);
+  LoadTile<T, DP, kTile, kWideThreads>(skv, k_src, ld, 0, seq_len, head_dim,
+                                       vector);
+  LoadTile<T, DP, kTile, kWideThreads>(skv + kTile * kStride, v_src, ld, 0,
+                                       seq_len, head_dim, vector);
+
+  float o[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's columns only
+
+  for (int kt = 0; kt < num_kv; ++kt) {
+    const T* sk = skv + (kt & 1) * 2 * kTile * kStride;
+    const T* sv = sk + kTile * kStride;
+    // Tile kt (the only copies in flight) has landed and every warp is done
+    // with tile kt - 1, whose stage now receives tile kt + 1.
+    WaitTiles();
+    if (kt + 1 < num_kv) {
+      T* nk = skv + ((kt + 1) & 1) * 2 * kTile * kStride;
+      LoadTile<T, DP, kTile, kWideThreads>(nk, k_src, ld, (kt + 1) * kTile,
+                                           seq_len, head_dim, vector);
+      LoadTile<T, DP, kTile, kWideThreads>(nk + kTile * kStride, v_src, ld,
+                                           (kt + 1) * kTile, seq_len,
+                                           head_dim, vector);
+    }
+    // Every key of this tile is in the future of all 16 rows: nothing to
+    // add. Warp-uniform, and no barrier follows inside the iteration. Tile 0
+    // is never skipped, so row_max is finite from the first tile on.
+    if (kt * kTile > warp_row0 + 15) continue;
+    const bool diagonal = kt * kTile + kTile - 1 > warp_row0;
+
+    float s[8][4];  // (16 queries, 64 keys)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    MatmulABt<T, DP>(s, sq, sk, warp * 16);
+
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = s[nt][e] * scale_log2;
+        if (diagonal) {
+          const int query = q_row0 + (e >> 1) * 8;
+          const int key = kt * kTile + nt * 8 + 2 * t + (e & 1);
+          if (key > query) v = -INFINITY;
+        }
+        s[nt][e] = v;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
+      }
+    }
+    float correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      correction[r] = exp2f(row_max[r] - new_max);
+      row_max[r] = new_max;
+      row_sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[nt][e] - row_max[e >> 1]);
+        s[nt][e] = p;
+        row_sum[e >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      o[dt][0] *= correction[0];
+      o[dt][1] *= correction[0];
+      o[dt][2] *= correction[1];
+      o[dt][3] *= correction[1];
+    }
+    uint32_t pf[4][4];
+    PackA<T>(s, pf);
+    MatmulPB<T, DP>(o, pf, sv);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  T* out_base =
+      out + static_cast<int64_t>(b) * seq_len * channels + h * head_dim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    if (query >= seq_len) continue;
+    const float inv = 1.0f / row_sum[r];
+    T* dst = out_base + static_cast<int64_t>(query) * channels;
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) dst[col] = FromFloat<T>(o[dt][2 * r] * inv);
+      if (col + 1 < head_dim)
+        dst[col + 1] = FromFloat<T>(o[dt][2 * r + 1] * inv);
+    }
+    if (t == 0) {
+      logsumexp[static_cast<int64_t>(bh) * seq_len + query] =
+          (row_max[r] + log2f(row_sum[r])) * kLn2;
+    }
+  }
+}
+
+// grid (B*H, ceil(T / 128)); block kWideThreads. A CTA owns 128 keys (warp
+// w the keys [16w, 16w + 16) of the tile, dK and dV in registers) and loops
+// over the 64-query tiles that can see them, Q, dO and the row statistics
+// double-buffered as in FlashBackwardKernel. dQ of a query tile is the
+// product of dS (64 queries x 128 keys, through shared memory) and K; warp
+// w computes query rows [16 (w % 4), +16) x columns [(w / 4) DP / 2, +DP/2)
+// and adds them to the f32 accumulator: one reduction per element per
+// 128 keys instead of per 64. Key tile 0 (the heaviest) is grid.y 0.
+// Warps whose keys all follow the query tile skip it; the matching 16-key
+// chunk of the dQ product is skipped by every warp (same condition), so
+// their stale dS entries are never read.
+template <typename T, int DP, int kMinBlocks>
+__global__ void __launch_bounds__(kWideThreads, kMinBlocks)
+    FlashBackwardWideKernel(const T* __restrict__ dout,
+                            const T* __restrict__ qkv,
+                            const float* __restrict__ logsumexp,
+                            const float* __restrict__ delta,
+                            float* __restrict__ dq_accum, T* __restrict__ dqkv,
+                            int seq_len, int heads, int head_dim, float scale,
+                            float scale_log2) {
+  static_assert(DP % 32 == 0, "dQ splits DP in halves of whole 16-col pairs");
+  constexpr int kStride = DP + 8;
+  constexpr int kDsStride = kWideTile + 8;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sk = reinterpret_cast<T*>(shared_bytes);  // (128 keys, DP)
+  T* sv = sk + kWideTile * kStride;            // (128 keys, DP)
+  T* sds = sv + kWideTile * kStride;           // (64 queries, 128 keys)
+  T* sstage = sds + kTile * kDsStride;  // per stage: Q, dO (64 queries, DP)
+  // Per stage: logsumexp (64), delta (64), f32.
+  float* sstats = reinterpret_cast<float*>(sstage + 2 * 2 * kTile * kStride);
+
+  const int bh = blockIdx.x;
+  const int kt = blockIdx.y;
+  const int num_q = (seq_len + kTile - 1) / kTile;
+  const int q_begin = 2 * kt;  // first 64-query tile that sees these keys
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const int64_t token0 = static_cast<int64_t>(b) * seq_len;
+  const T* q_src = qkv + token0 * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src = dout + token0 * channels + h * head_dim;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_key0 = kt * kWideTile + warp * 16;  // first key of warp
+  const int key_row0 = warp_key0 + g;                // and key_row0 + 8
+  const int dq_rows = (warp & 3) * 16;               // dQ block of the warp
+  constexpr int kDqCols = DP / 16;                   // n-tiles per warp
+  const int dq_tile0 = (warp >> 2) * kDqCols;
+
+  auto load_stage = [&](int stage, int tile) {
+    T* q_dst = sstage + stage * 2 * kTile * kStride;
+    LoadTile<T, DP, kTile, kWideThreads>(q_dst, q_src, ld, tile * kTile,
+                                         seq_len, head_dim, vector);
+    LoadTile<T, DP, kTile, kWideThreads>(q_dst + kTile * kStride, do_src,
+                                         channels, tile * kTile, seq_len,
+                                         head_dim, vector);
+    float* stats = sstats + stage * 2 * kTile;
+    if (threadIdx.x < kTile) {
+      const int i = threadIdx.x;
+      const int query = tile * kTile + i;
+      const bool valid = query < seq_len;
+      const int64_t at =
+          static_cast<int64_t>(bh) * seq_len + (valid ? query : 0);
+      CopyFloatAsync(stats + i, logsumexp + at, valid);
+      CopyFloatAsync(stats + kTile + i, delta + at, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  LoadTile<T, DP, kWideTile, kWideThreads>(sk, k_src, ld, kt * kWideTile,
+                                           seq_len, head_dim, vector);
+  LoadTile<T, DP, kWideTile, kWideThreads>(sv, v_src, ld, kt * kWideTile,
+                                           seq_len, head_dim, vector);
+  load_stage(0, q_begin);
+
+  float dk[DP / 8][4], dv[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i) {
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  }
+
+  for (int qt = q_begin; qt < num_q; ++qt) {
+    const int stage = (qt - q_begin) & 1;
+    const T* sq = sstage + stage * 2 * kTile * kStride;
+    const T* sdo = sq + kTile * kStride;
+    const float* slse = sstats + stage * 2 * kTile;  // natural log
+    const float* sdelta = slse + kTile;
+    const int q0 = qt * kTile;
+    // Tile qt (the only copies in flight) has landed, and everyone is done
+    // with tile qt - 1 (its stage and dS), whose stage receives qt + 1.
+    WaitTiles();
+    if (qt + 1 < num_q) load_stage(stage ^ 1, qt + 1);
+
+    if (warp_key0 <= q0 + kTile - 1) {
+      // Mask only where some key follows some query of the tile, or the
+      // tile runs past the sequence (zero-filled statistics).
+      const bool need_mask = warp_key0 + 15 > q0 || q0 + kTile > seq_len;
+      // P^T (16 keys, 64 queries) = exp(scale * K Q^T - logsumexp).
+      float p[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.0f;
+      MatmulABt<T, DP>(p, sk, sq, warp * 16);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int local_q = nt * 8 + 2 * t + (e & 1);
+          float v = exp2f(p[nt][e] * scale_log2 - slse[local_q] * kLog2e);
+          if (need_mask) {
+            const int key = key_row0 + (e >> 1) * 8;
+            const int query = q0 + local_q;
+            if (key > query || query >= seq_len) v = 0.0f;
+          }
+          p[nt][e] = v;
+        }
+      }
+      // dV (16 keys, DP) += P^T dO.
+      uint32_t af[4][4];
+      PackA<T>(p, af);
+      MatmulPB<T, DP>(dv, af, sdo);
+
+      // dP^T (16 keys, 64 queries) = V dO^T; dS^T = P^T (dP^T - delta).
+      float ds[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0.0f;
+      MatmulABt<T, DP>(ds, sv, sdo, warp * 16);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int local_q = nt * 8 + 2 * t + (e & 1);
+          ds[nt][e] = p[nt][e] * (ds[nt][e] - sdelta[local_q]);
+        }
+      }
+      // dK (16 keys, DP) += dS^T Q (scaled at the end).
+      PackA<T>(ds, af);
+      MatmulPB<T, DP>(dk, af, sq);
+
+      // dS to shared memory as (queries, keys) for dQ = dS K.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int local_q = nt * 8 + 2 * t + (e & 1);
+          const int local_key = warp * 16 + g + (e >> 1) * 8;
+          sds[local_q * kDsStride + local_key] = FromFloat<T>(ds[nt][e]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // dQ block of this warp += scale * dS K over the key chunks that any
+    // query of the tile can see (chunk c is warp c's keys: same test).
+    float dq[kDqCols][4];
+#pragma unroll
+    for (int i = 0; i < kDqCols; ++i)
+      dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < kWideTile / 16; ++kc) {
+      if (kt * kWideTile + kc * 16 > q0 + kTile - 1) continue;
+      const T* ap = sds + (dq_rows + g) * kDsStride + kc * 16 + 2 * t;
+      uint32_t a[4] = {Lds32(ap), Lds32(ap + 8 * kDsStride), Lds32(ap + 8),
+                       Lds32(ap + 8 * kDsStride + 8)};
+#pragma unroll
+      for (int j = 0; j < kDqCols; j += 2) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(bf, sk + (kc * 16 + (lane & 15)) * kStride +
+                                (dq_tile0 + j) * 8 + (lane >> 4) * 8);
+        Mma<T>::Run(dq[j], a, bf[0], bf[1]);
+        Mma<T>::Run(dq[j + 1], a, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int query = q0 + dq_rows + g + r * 8;
+      if (query >= seq_len) continue;
+      float* dst =
+          dq_accum + (static_cast<int64_t>(bh) * seq_len + query) * head_dim;
+      if (head_dim % 2 == 0) {
+        // col and the row offset are even: 8-byte aligned pairs, one
+        // reduction each (sm_90 float2 atomicAdd).
+#pragma unroll
+        for (int j = 0; j < kDqCols; ++j) {
+          const int col = (dq_tile0 + j) * 8 + 2 * t;
+          if (col < head_dim) {
+            atomicAdd(reinterpret_cast<float2*>(dst + col),
+                      make_float2(dq[j][2 * r] * scale,
+                                  dq[j][2 * r + 1] * scale));
+          }
+        }
+        continue;
+      }
+#pragma unroll
+      for (int j = 0; j < kDqCols; ++j) {
+        const int col = (dq_tile0 + j) * 8 + 2 * t;
+        if (col < head_dim) atomicAdd(dst + col, dq[j][2 * r] * scale);
+        if (col + 1 < head_dim)
+          atomicAdd(dst + col + 1, dq[j][2 * r + 1] * scale);
+      }
+    }
+  }
+
+  // dK, dV rows of this key tile into dqkv's k and v parts.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_row0 + r * 8;
+    if (key >= seq_len) continue;
+    T* dk_dst = dqkv + (token0 + key) * ld + channels + h * head_dim;
+    T* dv_dst = dk_dst + channels;
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) {
+        dk_dst[col] = FromFloat<T>(dk[dt][2 * r] * scale);
+        dv_dst[col] = FromFloat<T>(dv[dt][2 * r]);
+      }
+      if (col + 1 < head_dim) {
+        dk_dst[col + 1] = FromFloat<T>(dk[dt][2 * r + 1] * scale);
+        dv_dst[col + 1] = FromFloat<T>(dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
 // dqkv's q part = dq_accum (B, H, T, D) rearranged to (B, T, H, D).
 template <typename T>
 __global__ void WriteDqKernel(const float* __restrict__ dq_accum,
@@ -729,12 +1115,42 @@ constexpr size_t BackwardSharedBytes() {
          kStages * (2 * kTile * (DP + 8) * 2 + 2 * kTile * 4);
 }
 
-bool LegacyAttention() {
-  static const bool legacy = [] {
-    const char* v = std::getenv("ZE_ATTENTION_LEGACY");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return legacy;
+// Q (128 queries), two stages of K and V (64 keys each).
+template <int DP>
+constexpr size_t ForwardWideSharedBytes() {
+  return (kWideTile + 4 * kTile) * (DP + 8) * 2;
+}
+// K, V (128 keys), dS (64 x 128), two stages of Q, dO, logsumexp, delta.
+template <int DP>
+constexpr size_t BackwardWideSharedBytes() {
+  return 2 * kWideTile * (DP + 8) * 2 + kTile * (kWideTile + 8) * 2 +
+         2 * (2 * kTile * (DP + 8) * 2 + 2 * kTile * 4);
+}
+
+// Which kernels run. kWide (default) exists for padded head sizes 64 and
+// 128; other head sizes use kPipelined.
+enum class Variant { kWide, kPipelined, kLegacy };
+
+// Read at every launch (a getenv is cheap next to a kernel launch) so tests
+// and benchmarks can switch variants within one process.
+// Precedence: `specific` (ZE_ATTENTION_FWD_KERNEL / ZE_ATTENTION_BWD_KERNEL),
+// then ZE_ATTENTION_KERNEL, each "wide" | "v1" | "legacy"; then
+// ZE_ATTENTION_LEGACY=1 (legacy, as before); default wide.
+Variant SelectVariant(const char* specific) {
+  for (const char* name : {specific, "ZE_ATTENTION_KERNEL"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || v[0] == '\0') continue;
+    if (std::strcmp(v, "v1") == 0 || std::strcmp(v, "pipelined") == 0) {
+      return Variant::kPipelined;
+    }
+    if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
+    if (std::strcmp(v, "wide") == 0 || std::strcmp(v, "v2") == 0) {
+      return Variant::kWide;
+    }
+  }
+  const char* v = std::getenv("ZE_ATTENTION_LEGACY");
+  if (v != nullptr && v[0] != '\0' && v[0] != '0') return Variant::kLegacy;
+  return Variant::kWide;
 }
 
 // Calls body(std::integral_constant<int, DP>) with the smallest instantiated
@@ -770,7 +1186,25 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
           kLog2e / sqrtf(static_cast<float>(head_dim)));
       return static_cast<int>(cudaGetLastError());
     };
-    if (LegacyAttention()) return launch(std::false_type());
+    const Variant variant = SelectVariant("ZE_ATTENTION_FWD_KERNEL");
+    if constexpr (DP == 64 || DP == 128) {
+      if (variant == Variant::kWide) {
+        constexpr size_t shared = ForwardWideSharedBytes<DP>();
+        auto kernel = FlashForwardWideKernel<T, DP>;
+        if (shared > 48 * 1024) {
+          cudaFuncSetAttribute(kernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+        }
+        const dim3 grid(batch * heads, (seq_len + kWideTile - 1) / kWideTile);
+        kernel<<<grid, kWideThreads, shared, stream>>>(
+            static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp,
+            seq_len, heads, head_dim,
+            kLog2e / sqrtf(static_cast<float>(head_dim)));
+        return static_cast<int>(cudaGetLastError());
+      }
+    }
+    if (variant == Variant::kLegacy) return launch(std::false_type());
     return launch(std::true_type());
   });
 }
@@ -799,7 +1233,29 @@ int BackwardTensorCore(const void* dout, const void* qkv,
           scale, scale * kLog2e);
       return static_cast<int>(cudaGetLastError());
     };
-    if (LegacyAttention()) return launch(std::false_type());
+    const Variant variant = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
+    if constexpr (DP == 64 || DP == 128) {
+      if (variant == Variant::kWide) {
+        // D 64 fits two CTAs (16 warps) per SM in registers and shared
+        // memory; D 128 needs the whole register file for one.
+        constexpr int kMinBlocks = 1;
+        constexpr size_t shared = BackwardWideSharedBytes<DP>();
+        auto kernel = FlashBackwardWideKernel<T, DP, kMinBlocks>;
+        if (shared > 48 * 1024) {
+          cudaFuncSetAttribute(kernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared));
+        }
+        const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+        const dim3 grid(batch * heads, (seq_len + kWideTile - 1) / kWideTile);
+        kernel<<<grid, kWideThreads, shared, stream>>>(
+            static_cast<const T*>(dout), static_cast<const T*>(qkv),
+            logsumexp, delta, dq_accum, static_cast<T*>(dqkv), seq_len,
+            heads, head_dim, scale, scale * kLog2e);
+        return static_cast<int>(cudaGetLastError());
+      }
+    }
+    if (variant == Variant::kLegacy) return launch(std::false_type());
     return launch(std::true_type());
   });
 }
