@@ -1129,12 +1129,14 @@ constexpr size_t BackwardWideSharedBytes() {
 
 // Which kernels run. kWide (default) exists for padded head sizes 64 and
 // 128; other head sizes use kPipelined.
-enum class Variant { kWide, kPipelined, kLegacy };
+// kWide2: kWide with the D-64 backward capped at 128 registers (two CTAs,
+// 16 warps per SM, at the price of some spilling), for measuring.
+enum class Variant { kWide, kWide2, kPipelined, kLegacy };
 
 // Read at every launch (a getenv is cheap next to a kernel launch) so tests
 // and benchmarks can switch variants within one process.
 // Precedence: `specific` (ZE_ATTENTION_FWD_KERNEL / ZE_ATTENTION_BWD_KERNEL),
-// then ZE_ATTENTION_KERNEL, each "wide" | "v1" | "legacy"; then
+// then ZE_ATTENTION_KERNEL, each "wide" | "wide2" | "v1" | "legacy"; then
 // ZE_ATTENTION_LEGACY=1 (legacy, as before); default wide.
 Variant SelectVariant(const char* specific) {
   for (const char* name : {specific, "ZE_ATTENTION_KERNEL"}) {
@@ -1144,6 +1146,7 @@ Variant SelectVariant(const char* specific) {
       return Variant::kPipelined;
     }
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
+    if (std::strcmp(v, "wide2") == 0) return Variant::kWide2;
     if (std::strcmp(v, "wide") == 0 || std::strcmp(v, "v2") == 0) {
       return Variant::kWide;
     }
@@ -1188,7 +1191,7 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
     };
     const Variant variant = SelectVariant("ZE_ATTENTION_FWD_KERNEL");
     if constexpr (DP == 64 || DP == 128) {
-      if (variant == Variant::kWide) {
+      if (variant == Variant::kWide || variant == Variant::kWide2) {
         constexpr size_t shared = ForwardWideSharedBytes<DP>();
         auto kernel = FlashForwardWideKernel<T, DP>;
         if (shared > 48 * 1024) {
@@ -1235,12 +1238,17 @@ int BackwardTensorCore(const void* dout, const void* qkv,
     };
     const Variant variant = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
     if constexpr (DP == 64 || DP == 128) {
-      if (variant == Variant::kWide) {
-        // D 64 fits two CTAs (16 warps) per SM in registers and shared
-        // memory; D 128 needs the whole register file for one.
-        constexpr int kMinBlocks = 1;
+      if (variant == Variant::kWide || variant == Variant::kWide2) {
+        // Uncapped, the D-64 kernel takes ~234 registers (one CTA, 8 warps
+        // per SM, no spills); kWide2 caps it for two CTAs. D 128 needs the
+        // whole register file for one CTA either way.
         constexpr size_t shared = BackwardWideSharedBytes<DP>();
-        auto kernel = FlashBackwardWideKernel<T, DP, kMinBlocks>;
+        auto kernel = FlashBackwardWideKernel<T, DP, 1>;
+        if constexpr (DP == 64) {
+          if (variant == Variant::kWide2) {
+            kernel = FlashBackwardWideKernel<T, DP, 2>;
+          }
+        }
         if (shared > 48 * 1024) {
           cudaFuncSetAttribute(kernel,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,

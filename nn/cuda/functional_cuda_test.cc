@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -352,6 +353,67 @@ TEST_F(FunctionalCudaTest, Attention) {
     Check(tag + " output", c.dtype, Host(tout), out);
     Check(tag + " logsumexp", c.dtype, Host(tlse), lse, 0.2);
     Check(tag + " grad_qkv", c.dtype, Host(tdqkv), dqkv, 1.5);
+  }
+}
+
+// Every selectable tensor-core attention kernel (ZE_ATTENTION_KERNEL, read
+// at each launch) on shapes that stress the wide kernels' tiling: T not a
+// multiple of 64 or 128, a single token, exactly one and two 128-row tiles,
+// several heads and batches (the grid's B*H axis), D 64 and 128 and a
+// padded D (40, falls to the 64 instantiation with zero-filled columns).
+TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
+  struct Case {
+    DType dtype;
+    int B, T, H, D;
+  };
+  const std::vector<Case> cases = {
+      {DType::kBF16, 2, 1, 3, 64},    {DType::kBF16, 1, 128, 2, 64},
+      {DType::kBF16, 2, 191, 3, 64},  {DType::kBF16, 1, 256, 1, 64},
+      {DType::kBF16, 3, 333, 2, 64},  {DType::kF16, 2, 129, 2, 64},
+      {DType::kF16, 1, 65, 3, 128},   {DType::kBF16, 2, 200, 2, 128},
+      {DType::kBF16, 1, 385, 1, 128}, {DType::kF16, 1, 300, 2, 128},
+      {DType::kBF16, 2, 150, 2, 40},
+  };
+  // Restored at the end, so a fallback chosen for the whole run stays.
+  const char* before = std::getenv("ZE_ATTENTION_KERNEL");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char* variant : {"wide", "wide2", "v1", "legacy"}) {
+    ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", variant, 1), 0);
+    for (const Case& c : cases) {
+      const int C = c.H * c.D;
+      const std::string tag = std::string("Attn[") + variant + "] B" +
+                              std::to_string(c.B) + " T" +
+                              std::to_string(c.T) + " H" +
+                              std::to_string(c.H) + " D" +
+                              std::to_string(c.D);
+      Vec qkv, dout;
+      Tensor tqkv = Random({c.B, c.T, 3 * C}, c.dtype, 51 + c.T, &qkv);
+      Tensor tdout = Random({c.B, c.T, C}, c.dtype, 52 + c.T, &dout);
+      Tensor tout = *Tensor::Empty({c.B, c.T, C}, c.dtype, Device::Cuda(0));
+      Tensor tlse =
+          *Tensor::Empty({c.B, c.H, c.T}, DType::kF32, Device::Cuda(0));
+      Tensor tdqkv =
+          *Tensor::Empty({c.B, c.T, 3 * C}, c.dtype, Device::Cuda(0));
+      // Garbage in the outputs: every element must be overwritten.
+      ASSERT_EQ(cudaMemset(tdqkv.data(), 0x7f, tdqkv.nbytes()), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_TRUE(cb::AttentionForward(tqkv, c.H, tout, tlse, stream_).ok())
+          << tag;
+      ASSERT_TRUE(
+          cb::AttentionBackward(tdout, tqkv, tout, tlse, c.H, tdqkv, stream_)
+              .ok())
+          << tag;
+      DVec out, lse, dqkv;
+      ReferenceAttention(qkv, dout, c.B, c.T, c.H, c.D, &out, &lse, &dqkv);
+      Check(tag + " output", c.dtype, Host(tout), out);
+      Check(tag + " logsumexp", c.dtype, Host(tlse), lse, 0.2);
+      Check(tag + " grad_qkv", c.dtype, Host(tdqkv), dqkv, 1.5);
+    }
+  }
+  if (before != nullptr) {
+    ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", saved.c_str(), 1), 0);
+  } else {
+    ASSERT_EQ(unsetenv("ZE_ATTENTION_KERNEL"), 0);
   }
 }
 
