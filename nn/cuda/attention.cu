@@ -13,6 +13,9 @@
 // Operands whose k index runs along shared-memory rows (V, dO, Q, K as "B"
 // of a product over rows) are loaded with ldmatrix .trans.
 //
+// The wide kernels (default for padded D 64 and 128, see attention.h) use
+// the same fragments with 8 warps and 128 resident rows per CTA.
+//
 // Shared-memory rows are padded by 8 elements (16 bytes) so the 8 rows a
 // quad-group or ldmatrix touches fall in distinct banks.
 #include <cuda_runtime.h>

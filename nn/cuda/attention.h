@@ -9,6 +9,14 @@
 // multiple of 16, 64 or 128 best; other D are zero-padded to the next
 // instantiated size); f32 uses a simple, slow kernel meant for tests.
 // Launchers return the cudaError_t of the launch as int (0 = success).
+//
+// Kernel choice (environment, read at every launch): ZE_ATTENTION_KERNEL =
+// "wide" (default: 8-warp CTAs, 128 queries per forward CTA, 128 keys per
+// backward CTA; head sizes padding to 64 or 128, others use "v1"), "wide2"
+// (wide, D-64 backward capped at 128 registers for two CTAs per SM), "v1"
+// (the 4-warp, 64-row pipelined kernels) or "legacy" (4-warp, unpipelined;
+// also ZE_ATTENTION_LEGACY=1). ZE_ATTENTION_FWD_KERNEL and
+// ZE_ATTENTION_BWD_KERNEL override it for one direction.
 #ifndef ZE_NN_CUDA_ATTENTION_H_
 #define ZE_NN_CUDA_ATTENTION_H_
 
