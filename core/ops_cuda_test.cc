@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "core/ops.h"
 #include "core/stream.h"
@@ -17,6 +20,17 @@ std::vector<float> RandomValues(int64_t count, uint32_t seed) {
   std::vector<float> values(count);
   for (float& value : values) value = normal(generator);
   return values;
+}
+
+// The bit patterns of a tensor's values (as f32, which every dtype converts
+// to exactly), so -0 vs +0 and rounding differences all show.
+std::vector<uint32_t> Bits(const Tensor& x, const Stream& stream) {
+  const std::vector<float> values = *ToHostFloats(x, stream);
+  std::vector<uint32_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    std::memcpy(&bits[i], &values[i], sizeof(float));
+  }
+  return bits;
 }
 
 class OpsCudaTest : public testing::TestWithParam<DType> {
@@ -76,6 +90,89 @@ TEST_P(OpsCudaTest, MatchesCpu) {
     ASSERT_TRUE(Fill(b_gpu, 1.5f, stream_).ok());
     ASSERT_TRUE(Fill(b_cpu, 1.5f, cpu_).ok());
     EXPECT_EQ(*ToHostFloats(b_cpu, cpu_), *ToHostFloats(b_gpu, stream_));
+  }
+}
+
+// The CUDA maps take 16 bytes of the narrowest operand per thread step when
+// every pointer is 16-byte aligned, then a scalar tail; otherwise they go one
+// element at a time. Counts around and between the vector widths (4 and 8),
+// views offset by one element (misaligned) alone or together, and mixed
+// dtypes cover all three paths. Each view sits inside a buffer with guard
+// elements around it; whole buffers are compared, so a vector access past
+// the view would show. Coefficients are powers of two: the CPU reference's
+// fused multiply-add pairing is the compiler's choice (and differs between
+// its loops), and only exact products make it irrelevant.
+TEST_P(OpsCudaTest, AlignedAndMisalignedViewsMatchCpu) {
+  const DType a_dtype = GetParam();
+  const DType float_dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+  struct Offsets {
+    int64_t a, b, out;
+  };
+  // All aligned (vector body and tail), all misaligned, and one operand
+  // misaligned among aligned ones (each falls back to scalar).
+  const Offsets offset_cases[] = {{0, 0, 0}, {1, 1, 1}, {0, 1, 0}, {1, 0, 1}};
+  uint32_t seed = 10;
+  for (DType b_dtype : float_dtypes) {
+    for (DType out_dtype : float_dtypes) {
+      for (int64_t count : {1, 3, 7, 8, 9, 12, 17, 1003, 65541}) {
+        for (const Offsets& offsets : offset_cases) {
+          SCOPED_TRACE(testing::Message()
+                       << DTypeName(a_dtype) << " + " << DTypeName(b_dtype)
+                       << " -> " << DTypeName(out_dtype) << ", count " << count
+                       << ", offsets " << offsets.a << "/" << offsets.b << "/"
+                       << offsets.out);
+          const int64_t size = count + 2;  // guard elements around the view
+          struct Pair {
+            Tensor cpu, gpu;
+          };
+          auto make = [&](DType dtype) {
+            const std::vector<float> values = RandomValues(size, ++seed);
+            return Pair{
+                *FromHostFloats(values, {size}, dtype, Device::Cpu(), cpu_),
+                *FromHostFloats(values, {size}, dtype, Device::Cuda(0),
+                                stream_)};
+          };
+          Pair a = make(a_dtype);
+          Pair b = make(b_dtype);
+          Pair out = make(out_dtype);
+          auto view = [&](const Tensor& buffer, int64_t offset) {
+            return buffer.Slice(offset, count);
+          };
+
+          // Out of place, mixed dtypes.
+          ASSERT_TRUE(Axpby(0.5f, view(a.cpu, offsets.a), -2.0f,
+                            view(b.cpu, offsets.b), view(out.cpu, offsets.out),
+                            cpu_).ok());
+          ASSERT_TRUE(Axpby(0.5f, view(a.gpu, offsets.a), -2.0f,
+                            view(b.gpu, offsets.b), view(out.gpu, offsets.out),
+                            stream_).ok());
+          EXPECT_EQ(Bits(out.cpu, cpu_), Bits(out.gpu, stream_));
+
+          // In place (the residual add): out += a.
+          ASSERT_TRUE(Add(view(out.cpu, offsets.out), view(a.cpu, offsets.a),
+                          view(out.cpu, offsets.out), cpu_).ok());
+          ASSERT_TRUE(Add(view(out.gpu, offsets.out), view(a.gpu, offsets.a),
+                          view(out.gpu, offsets.out), stream_).ok());
+          EXPECT_EQ(Bits(out.cpu, cpu_), Bits(out.gpu, stream_));
+
+          ASSERT_TRUE(Scale(view(out.cpu, offsets.out), 0.3f, cpu_).ok());
+          ASSERT_TRUE(Scale(view(out.gpu, offsets.out), 0.3f, stream_).ok());
+          EXPECT_EQ(Bits(out.cpu, cpu_), Bits(out.gpu, stream_));
+
+          // Cast a into b (a device copy when the dtypes are equal).
+          ASSERT_TRUE(
+              Copy(view(a.cpu, offsets.a), view(b.cpu, offsets.b), cpu_).ok());
+          ASSERT_TRUE(Copy(view(a.gpu, offsets.a), view(b.gpu, offsets.b),
+                           stream_).ok());
+          EXPECT_EQ(Bits(b.cpu, cpu_), Bits(b.gpu, stream_));
+
+          ASSERT_TRUE(Fill(view(a.cpu, offsets.a), 0.1f, cpu_).ok());
+          ASSERT_TRUE(Fill(view(a.gpu, offsets.a), 0.1f, stream_).ok());
+          EXPECT_EQ(Bits(a.cpu, cpu_), Bits(a.gpu, stream_));
+          if (HasFailure()) return;  // one report per failing case is enough
+        }
+      }
+    }
   }
 }
 
