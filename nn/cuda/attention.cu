@@ -755,7 +755,11 @@ __global__ void __launch_bounds__(kWideThreads, 2)
 // Warps whose keys all follow the query tile skip it; the matching 16-key
 // chunk of the dQ product is skipped by every warp (same condition), so
 // their stale dS entries are never read.
-template <typename T, int DP, int kMinBlocks>
+// kWithDq false: dK and dV only (first kernel of the "split" backward; dQ
+// comes from FlashBackwardDqKernel): no dS tile, no second barrier per query
+// tile, no atomics, and dq_accum is not touched. The rest is the same code,
+// so it inherits the tested masking and pipelining.
+template <typename T, int DP, int kMinBlocks, bool kWithDq = true>
 __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
     FlashBackwardWideKernel(const T* __restrict__ dout,
                             const T* __restrict__ qkv,
@@ -771,7 +775,8 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
   T* sk = reinterpret_cast<T*>(shared_bytes);  // (128 keys, DP)
   T* sv = sk + kWideTile * kStride;            // (128 keys, DP)
   T* sds = sv + kWideTile * kStride;           // (64 queries, 128 keys)
-  T* sstage = sds + kTile * kDsStride;  // per stage: Q, dO (64 queries, DP)
+  // Per stage: Q, dO (64 queries, DP); no dS tile without dQ.
+  T* sstage = sds + (kWithDq ? kTile * kDsStride : 0);
   // Per stage: logsumexp (64), delta (64), f32.
   float* sstats = reinterpret_cast<float*>(sstage + 2 * 2 * kTile * kStride);
 
@@ -889,16 +894,20 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
       MatmulPB<T, DP>(dk, af, sq);
 
       // dS to shared memory as (queries, keys) for dQ = dS K.
+      if constexpr (kWithDq) {
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+        for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int local_q = nt * 8 + 2 * t + (e & 1);
-          const int local_key = warp * 16 + g + (e >> 1) * 8;
-          sds[local_q * kDsStride + local_key] = FromFloat<T>(ds[nt][e]);
+          for (int e = 0; e < 4; ++e) {
+            const int local_q = nt * 8 + 2 * t + (e & 1);
+            const int local_key = warp * 16 + g + (e >> 1) * 8;
+            sds[local_q * kDsStride + local_key] = FromFloat<T>(ds[nt][e]);
+          }
         }
       }
     }
+    // Without dQ the next iteration's WaitTiles is the only barrier needed.
+    if constexpr (!kWithDq) continue;
     __syncthreads();
 
     // dQ block of this warp += scale * dS K over the key chunks that any
@@ -970,6 +979,155 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
         dk_dst[col + 1] = FromFloat<T>(dk[dt][2 * r + 1] * scale);
         dv_dst[col + 1] = FromFloat<T>(dv[dt][2 * r + 1]);
       }
+    }
+  }
+}
+
+// Second kernel of the "split" backward (FlashAttention-2's dQ pass): grid
+// (B*H, ceil(T / 128)), block kWideThreads. A CTA owns 128 queries (warp w
+// the rows [16w, 16w + 16), with their Q and dO resident in shared memory)
+// and streams the 64-key K/V tiles they can see through two stages, as the
+// wide forward kernel does. Per tile it recomputes P from the saved
+// logsumexp, forms dS = P (dO V^T - delta) and adds dS K to dQ, which stays
+// in registers: each dQ element is produced by exactly one thread and
+// written once, in T, straight into dqkv's q part. That removes the f32
+// workspace, its zeroing, the atomics and the conversion pass of the
+// single-kernel backward, at the price of computing S and dP twice (once
+// here, once in the dK/dV kernel).
+// Row statistics: the two rows of a thread (g, g + 8) never change, so their
+// logsumexp and delta live in registers. Rows past the sequence read 0 and
+// are never written; a row's dQ depends on that row only.
+template <typename T, int DP, int kMinBlocks>
+__global__ void __launch_bounds__(kWideThreads, kMinBlocks)
+    FlashBackwardDqKernel(const T* __restrict__ dout, const T* __restrict__ qkv,
+                          const float* __restrict__ logsumexp,
+                          const float* __restrict__ delta, T* __restrict__ dqkv,
+                          int seq_len, int heads, int head_dim, float scale,
+                          float scale_log2) {
+  constexpr int kStride = DP + 8;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sq = reinterpret_cast<T*>(shared_bytes);  // (128 queries, DP)
+  T* sdo = sq + kWideTile * kStride;           // (128 queries, DP)
+  T* skv = sdo + kWideTile * kStride;  // per stage: K (64, DP), V (64, DP)
+
+  const int bh = blockIdx.x;
+  // Heaviest query tiles (most keys) first, as in the forward kernel.
+  const int qt = gridDim.y - 1 - blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const int64_t token0 = static_cast<int64_t>(b) * seq_len;
+  const T* q_src = qkv + token0 * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src = dout + token0 * channels + h * head_dim;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = qt * kWideTile + warp * 16;  // first query of warp
+  const int q_row0 = warp_row0 + g;                  // and q_row0 + 8
+  const int num_kv = min(2 * qt + 2, (seq_len + kTile - 1) / kTile);
+
+  LoadTile<T, DP, kWideTile, kWideThreads>(sq, q_src, ld, qt * kWideTile,
+                                           seq_len, head_dim, vector);
+  LoadTile<T, DP, kWideTile, kWideThreads>(
+      sdo, do_src, channels, qt * kWideTile, seq_len, head_dim, vector);
+  LoadTile<T, DP, kTile, kWideThreads>(skv, k_src, ld, 0, seq_len, head_dim,
+                                       vector);
+  LoadTile<T, DP, kTile, kWideThreads>(skv + kTile * kStride, v_src, ld, 0,
+                                       seq_len, head_dim, vector);
+
+  // Issued under the tile copies; logsumexp pre-scaled to the log2 domain.
+  float lse2[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    const bool valid = query < seq_len;
+    const int64_t at = static_cast<int64_t>(bh) * seq_len + query;
+    lse2[r] = valid ? logsumexp[at] * kLog2e : 0.0f;
+    row_delta[r] = valid ? delta[at] : 0.0f;
+  }
+
+  float dq[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i)
+    dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int kt = 0; kt < num_kv; ++kt) {
+    const T* sk = skv + (kt & 1) * 2 * kTile * kStride;
+    const T* sv = sk + kTile * kStride;
+    // Tile kt (the only copies in flight) has landed and every warp is done
+    // with tile kt - 1, whose stage now receives tile kt + 1.
+    WaitTiles();
+    if (kt + 1 < num_kv) {
+      T* nk = skv + ((kt + 1) & 1) * 2 * kTile * kStride;
+      LoadTile<T, DP, kTile, kWideThreads>(nk, k_src, ld, (kt + 1) * kTile,
+                                           seq_len, head_dim, vector);
+      LoadTile<T, DP, kTile, kWideThreads>(nk + kTile * kStride, v_src, ld,
+                                           (kt + 1) * kTile, seq_len, head_dim,
+                                           vector);
+    }
+    // All keys of the tile follow all 16 rows of the warp: no contribution.
+    // Warp-uniform, and no barrier follows inside the iteration.
+    if (kt * kTile > warp_row0 + 15) continue;
+    // Only tiles crossing the warp's diagonal mask; keys past the sequence
+    // (zero-filled) lie there too, after every valid query.
+    const bool diagonal = kt * kTile + kTile - 1 > warp_row0;
+
+    // S (16 queries, 64 keys) = Q K^T; dP (16 queries, 64 keys) = dO V^T.
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+    }
+    MatmulABt<T, DP>(s, sq, sk, warp * 16);
+    MatmulABt<T, DP>(dp, sdo, sv, warp * 16);
+    // dS = P (dP - delta), with P = exp(scale S - logsumexp), into s.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[nt][e] * scale_log2 - lse2[e >> 1]);
+        if (diagonal) {
+          const int query = q_row0 + (e >> 1) * 8;
+          const int key = kt * kTile + nt * 8 + 2 * t + (e & 1);
+          if (key > query) p = 0.0f;
+        }
+        s[nt][e] = p * (dp[nt][e] - row_delta[e >> 1]);
+      }
+    }
+    // dQ (16 queries, DP) += dS K (scaled at the end).
+    uint32_t af[4][4];
+    PackA<T>(s, af);
+    MatmulPB<T, DP>(dq, af, sk);
+  }
+
+  T* dq_base = dqkv + token0 * ld + h * head_dim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    if (query >= seq_len) continue;
+    T* dst = dq_base + static_cast<int64_t>(query) * ld;
+    if (head_dim % 2 == 0) {
+      // col, h * head_dim and ld are all even: 4-byte aligned pairs.
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim) {
+          *reinterpret_cast<uint32_t*>(dst + col) =
+              Mma<T>::Pack(dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
+        }
+      }
+      continue;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) dst[col] = FromFloat<T>(dq[dt][2 * r] * scale);
+      if (col + 1 < head_dim)
+        dst[col + 1] = FromFloat<T>(dq[dt][2 * r + 1] * scale);
     }
   }
 }
@@ -1123,23 +1281,34 @@ template <int DP>
 constexpr size_t ForwardWideSharedBytes() {
   return (kWideTile + 4 * kTile) * (DP + 8) * 2;
 }
-// K, V (128 keys), dS (64 x 128), two stages of Q, dO, logsumexp, delta.
-template <int DP>
+// K, V (128 keys), dS (64 x 128, only with dQ), two stages of Q, dO,
+// logsumexp, delta.
+template <int DP, bool kWithDq = true>
 constexpr size_t BackwardWideSharedBytes() {
-  return 2 * kWideTile * (DP + 8) * 2 + kTile * (kWideTile + 8) * 2 +
+  return 2 * kWideTile * (DP + 8) * 2 +
+         (kWithDq ? kTile * (kWideTile + 8) * 2 : 0) +
          2 * (2 * kTile * (DP + 8) * 2 + 2 * kTile * 4);
+}
+// Q, dO (128 queries), two stages of K and V (64 keys each).
+template <int DP>
+constexpr size_t BackwardDqSharedBytes() {
+  return (2 * kWideTile + 4 * kTile) * (DP + 8) * 2;
 }
 
 // Which kernels run. kWide (default) exists for padded head sizes 64 and
 // 128; other head sizes use kPipelined.
 // kWide2: kWide with the D-64 backward capped at 128 registers (two CTAs,
 // 16 warps per SM, at the price of some spilling), for measuring.
-enum class Variant { kWide, kWide2, kPipelined, kLegacy };
+// kSplit: the wide forward; backward as two kernels (dK/dV per key tile,
+// then dQ per query tile, see FlashBackwardDqKernel) for padded D 64 and
+// 128, kPipelined otherwise.
+enum class Variant { kWide, kWide2, kSplit, kPipelined, kLegacy };
 
 // Read at every launch (a getenv is cheap next to a kernel launch) so tests
 // and benchmarks can switch variants within one process.
 // Precedence: `specific` (ZE_ATTENTION_FWD_KERNEL / ZE_ATTENTION_BWD_KERNEL),
-// then ZE_ATTENTION_KERNEL, each "wide" | "wide2" | "v1" | "legacy"; then
+// then ZE_ATTENTION_KERNEL, each "wide" | "wide2" | "split" | "v1" |
+// "legacy"; then
 // ZE_ATTENTION_LEGACY=1 (legacy, as before); default wide.
 Variant SelectVariant(const char* specific) {
   for (const char* name : {specific, "ZE_ATTENTION_KERNEL"}) {
@@ -1150,6 +1319,7 @@ Variant SelectVariant(const char* specific) {
     }
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "wide2") == 0) return Variant::kWide2;
+    if (std::strcmp(v, "split") == 0) return Variant::kSplit;
     if (std::strcmp(v, "wide") == 0 || std::strcmp(v, "v2") == 0) {
       return Variant::kWide;
     }
@@ -1194,7 +1364,8 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
     };
     const Variant variant = SelectVariant("ZE_ATTENTION_FWD_KERNEL");
     if constexpr (DP == 64 || DP == 128) {
-      if (variant == Variant::kWide || variant == Variant::kWide2) {
+      if (variant == Variant::kWide || variant == Variant::kWide2 ||
+          variant == Variant::kSplit) {
         constexpr size_t shared = ForwardWideSharedBytes<DP>();
         auto kernel = FlashForwardWideKernel<T, DP>;
         if (shared > 48 * 1024) {
@@ -1215,8 +1386,34 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
   });
 }
 
+// Raises the kernel's dynamic shared-memory limit when `bytes` is past the
+// 48 KB default.
+template <typename Kernel>
+void AllowSharedBytes(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(bytes));
+  }
+}
+
+// The padded head size DispatchHeadDim picks (so callers agree with it).
+int PaddedHeadDim(int head_dim) {
+  return DispatchHeadDim(head_dim, [](auto dp) { return decltype(dp)::value; });
+}
+
+// Whether `variant` runs the split backward at this head size; it writes dQ
+// itself, so the f32 accumulator is neither zeroed nor converted.
+bool IsSplitBackward(Variant variant, int head_dim) {
+  if (variant != Variant::kSplit) return false;
+  const int dp = PaddedHeadDim(head_dim);
+  return dp == 64 || dp == 128;
+}
+
+// `variant`: SelectVariant("ZE_ATTENTION_BWD_KERNEL"), read once by the
+// caller so its choice of workspace passes matches the kernels run here.
+// dq_accum is unused (may be anything) when IsSplitBackward.
 template <typename T>
-int BackwardTensorCore(const void* dout, const void* qkv,
+int BackwardTensorCore(Variant variant, const void* dout, const void* qkv,
                        const float* logsumexp, const float* delta,
                        float* dq_accum, void* dqkv, int batch, int seq_len,
                        int heads, int head_dim, cudaStream_t stream) {
@@ -1239,17 +1436,42 @@ int BackwardTensorCore(const void* dout, const void* qkv,
           scale, scale * kLog2e);
       return static_cast<int>(cudaGetLastError());
     };
-    const Variant variant = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
     if constexpr (DP == 64 || DP == 128) {
+      if (variant == Variant::kSplit) {
+        const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+        const dim3 grid(batch * heads, (seq_len + kWideTile - 1) / kWideTile);
+        // dK, dV: the wide kernel without its dQ part.
+        constexpr size_t kv_shared = BackwardWideSharedBytes<DP, false>();
+        auto kv_kernel = FlashBackwardWideKernel<T, DP, 1, false>;
+        AllowSharedBytes(kv_kernel, kv_shared);
+        kv_kernel<<<grid, kWideThreads, kv_shared, stream>>>(
+            static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+            delta, nullptr, static_cast<T*>(dqkv), seq_len, heads, head_dim,
+            scale, scale * kLog2e);
+        const int error = static_cast<int>(cudaGetLastError());
+        if (error != 0) return error;
+        // dQ. At D 64 two CTAs fit an SM (72 KB of shared memory each, and
+        // the accumulators are half those of dK+dV); at D 128 shared memory
+        // (139 KB) allows one anyway.
+        constexpr size_t dq_shared = BackwardDqSharedBytes<DP>();
+        constexpr int kDqMinBlocks = DP == 64 ? 2 : 1;
+        auto dq_kernel = FlashBackwardDqKernel<T, DP, kDqMinBlocks>;
+        AllowSharedBytes(dq_kernel, dq_shared);
+        dq_kernel<<<grid, kWideThreads, dq_shared, stream>>>(
+            static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+            delta, static_cast<T*>(dqkv), seq_len, heads, head_dim, scale,
+            scale * kLog2e);
+        return static_cast<int>(cudaGetLastError());
+      }
       if (variant == Variant::kWide || variant == Variant::kWide2) {
         // Uncapped, the D-64 kernel takes ~234 registers (one CTA, 8 warps
         // per SM, no spills); kWide2 caps it for two CTAs. D 128 needs the
         // whole register file for one CTA either way.
         constexpr size_t shared = BackwardWideSharedBytes<DP>();
-        auto kernel = FlashBackwardWideKernel<T, DP, 1>;
+        auto kernel = FlashBackwardWideKernel<T, DP, 1, true>;
         if constexpr (DP == 64) {
           if (variant == Variant::kWide2) {
-            kernel = FlashBackwardWideKernel<T, DP, 2>;
+            kernel = FlashBackwardWideKernel<T, DP, 2, true>;
           }
         }
         if (shared > 48 * 1024) {
@@ -1331,17 +1553,23 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
   switch (dtype) {
     case kBF16:
     case kF16: {
-      error = static_cast<int>(
-          cudaMemsetAsync(dq_accum, 0, rows * head_dim * 4, s));
-      if (error != 0) return error;
+      const Variant variant = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
+      const bool split = IsSplitBackward(variant, head_dim);
+      if (!split) {
+        error = static_cast<int>(
+            cudaMemsetAsync(dq_accum, 0, rows * head_dim * 4, s));
+        if (error != 0) return error;
+      }
       auto run = [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         AttentionDeltaKernel<T><<<delta_grid, 256, 0, s>>>(
             static_cast<const T*>(dout), static_cast<const T*>(out), delta,
             batch, seq_len, heads, head_dim);
-        int e = BackwardTensorCore<T>(dout, qkv, logsumexp, delta, dq_accum,
-                                      dqkv, batch, seq_len, heads, head_dim, s);
+        int e = BackwardTensorCore<T>(variant, dout, qkv, logsumexp, delta,
+                                      dq_accum, dqkv, batch, seq_len, heads,
+                                      head_dim, s);
         if (e != 0) return e;
+        if (split) return 0;
         WriteDqKernel<T><<<dq_grid, 256, 0, s>>>(
             dq_accum, static_cast<T*>(dqkv), batch, seq_len, heads, head_dim);
         return static_cast<int>(cudaGetLastError());

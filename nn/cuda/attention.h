@@ -13,10 +13,14 @@
 // Kernel choice (environment, read at every launch): ZE_ATTENTION_KERNEL =
 // "wide" (default: 8-warp CTAs, 128 queries per forward CTA, 128 keys per
 // backward CTA; head sizes padding to 64 or 128, others use "v1"), "wide2"
-// (wide, D-64 backward capped at 128 registers for two CTAs per SM), "v1"
-// (the 4-warp, 64-row pipelined kernels) or "legacy" (4-warp, unpipelined;
-// also ZE_ATTENTION_LEGACY=1). ZE_ATTENTION_FWD_KERNEL and
-// ZE_ATTENTION_BWD_KERNEL override it for one direction.
+// (wide, D-64 backward capped at 128 registers for two CTAs per SM),
+// "split" (wide forward; FlashAttention-2's two-kernel backward for padded D
+// 64 and 128: dK/dV per 128-key tile, then dQ per 128-query tile written
+// straight into dqkv, with no f32 dQ accumulator, atomics or conversion
+// pass; other D run "v1"), "v1" (the 4-warp, 64-row pipelined kernels) or
+// "legacy" (4-warp, unpipelined; also ZE_ATTENTION_LEGACY=1).
+// ZE_ATTENTION_FWD_KERNEL and ZE_ATTENTION_BWD_KERNEL override it for one
+// direction (e.g. ZE_ATTENTION_BWD_KERNEL=split).
 #ifndef ZE_NN_CUDA_ATTENTION_H_
 #define ZE_NN_CUDA_ATTENTION_H_
 
@@ -35,6 +39,8 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
 
 // Bytes of device workspace LaunchAttentionBackward needs (f32 dQ
 // accumulator (B, H, T, D) and the row sums D_i = dO_i . O_i (B, H, T)).
+// The "split" backward leaves the accumulator part unused; the size does not
+// depend on the kernel choice, so callers may allocate once.
 size_t AttentionBackwardWorkspaceBytes(int batch, int seq_len, int heads,
                                        int head_dim);
 

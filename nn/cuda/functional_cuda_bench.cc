@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
     // the entries above keep reflecting the run's own setting.
     const char* before = std::getenv("ZE_ATTENTION_KERNEL");
     const std::string saved = before != nullptr ? before : "";
-    for (const char* variant : {"wide", "wide2", "v1", "legacy"}) {
+    for (const char* variant : {"wide", "wide2", "split", "v1", "legacy"}) {
       setenv("ZE_ATTENTION_KERNEL", variant, 1);
       const std::string suffix = std::string("[") + variant + "]";
       Time("attention_fwd" + suffix, shape, o.iters, stream, fwd, 0, [&] {

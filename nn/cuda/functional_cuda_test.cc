@@ -360,7 +360,9 @@ TEST_F(FunctionalCudaTest, Attention) {
 // at each launch) on shapes that stress the wide kernels' tiling: T not a
 // multiple of 64 or 128, a single token, exactly one and two 128-row tiles,
 // several heads and batches (the grid's B*H axis), D 64 and 128 and a
-// padded D (40, falls to the 64 instantiation with zero-filled columns).
+// padded D (40, falls to the 64 instantiation with zero-filled columns),
+// and D 80 (no wide or split instantiation: "split" must fall back to v1
+// together with its f32 dQ accumulator passes).
 TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
   struct Case {
     DType dtype;
@@ -372,12 +374,12 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
       {DType::kBF16, 3, 333, 2, 64},  {DType::kF16, 2, 129, 2, 64},
       {DType::kF16, 1, 65, 3, 128},   {DType::kBF16, 2, 200, 2, 128},
       {DType::kBF16, 1, 385, 1, 128}, {DType::kF16, 1, 300, 2, 128},
-      {DType::kBF16, 2, 150, 2, 40},
+      {DType::kBF16, 2, 150, 2, 40},  {DType::kBF16, 1, 100, 2, 80},
   };
   // Restored at the end, so a fallback chosen for the whole run stays.
   const char* before = std::getenv("ZE_ATTENTION_KERNEL");
   const std::string saved = before != nullptr ? before : "";
-  for (const char* variant : {"wide", "wide2", "v1", "legacy"}) {
+  for (const char* variant : {"wide", "wide2", "split", "v1", "legacy"}) {
     ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", variant, 1), 0);
     for (const Case& c : cases) {
       const int C = c.H * c.D;
