@@ -133,12 +133,14 @@ absl::Status Axpby(float alpha, const Tensor& a, float beta, const Tensor& b,
     const float* x = a.data_as<float>();
     const float* y = b.data_as<float>();
     float* z = out.data_as<float>();
-    for (int64_t i = 0; i < count; ++i) z[i] = x[i] * alpha + y[i] * beta;
+    // Spelled as the CUDA kernel computes it, so the compiler's own
+    // contraction cannot pair the multiply-add differently per loop.
+    for (int64_t i = 0; i < count; ++i) z[i] = std::fma(x[i], alpha, y[i] * beta);
     return absl::OkStatus();
   }
   for (int64_t i = 0; i < count; ++i) {
-    const float value = LoadAsFloat(a.data(), a.dtype(), i) * alpha +
-                        LoadAsFloat(b.data(), b.dtype(), i) * beta;
+    const float value = std::fma(LoadAsFloat(a.data(), a.dtype(), i), alpha,
+                                 LoadAsFloat(b.data(), b.dtype(), i) * beta);
     StoreFromFloat(out.data(), out.dtype(), i, value);
   }
   return absl::OkStatus();
