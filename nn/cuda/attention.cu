@@ -1309,7 +1309,9 @@ enum class Variant { kWide, kWide2, kSplit, kPipelined, kLegacy };
 // Precedence: `specific` (ZE_ATTENTION_FWD_KERNEL / ZE_ATTENTION_BWD_KERNEL),
 // then ZE_ATTENTION_KERNEL, each "wide" | "wide2" | "split" | "v1" |
 // "legacy"; then
-// ZE_ATTENTION_LEGACY=1 (legacy, as before); default wide.
+// ZE_ATTENTION_LEGACY=1 (legacy, as before); default split (its forward is
+// the wide one). Measured on the H200 at B=16, T=1024, H=32, D=64, bf16:
+// backward 1.73 ms split vs 1.85 wide, 1.91 v1, 2.18 legacy.
 Variant SelectVariant(const char* specific) {
   for (const char* name : {specific, "ZE_ATTENTION_KERNEL"}) {
     const char* v = std::getenv(name);
@@ -1326,7 +1328,7 @@ Variant SelectVariant(const char* specific) {
   }
   const char* v = std::getenv("ZE_ATTENTION_LEGACY");
   if (v != nullptr && v[0] != '\0' && v[0] != '0') return Variant::kLegacy;
-  return Variant::kWide;
+  return Variant::kSplit;
 }
 
 // Calls body(std::integral_constant<int, DP>) with the smallest instantiated
