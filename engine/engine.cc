@@ -24,6 +24,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The communicator Initialize uses: the caller's, or one bootstrapped from
+// mpirun's environment on the model's kind of device.
+absl::StatusOr<std::shared_ptr<comm::Communicator>> CommunicatorFor(
+    const nn::LossModel& model,
+    std::shared_ptr<comm::Communicator> communicator) {
+  if (communicator != nullptr) return communicator;
+  comm::CommOptions options;
+  options.device = model.device().is_cuda() ? "cuda" : "cpu";
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
+                      comm::CreateCommunicator(options));
+  return std::shared_ptr<comm::Communicator>(std::move(created));
+}
+
 std::string Gib(double bytes) {
   return absl::StrFormat("%.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
 }
@@ -670,20 +683,13 @@ absl::StatusOr<std::vector<float>> Engine::Impl::GatherMasterWeights(
   const zero::BucketLayout& layout = layout_.bucket(place.bucket);
   ZE_ASSIGN_OR_RETURN(Tensor full, Tensor::Empty({layout.padded_elements},
                                                  DType::kF32, device()));
+  // The master slice is f32 in every mode (in f32 training it is the
+  // weights themselves), so it gathers as it is.
   Tensor own = OwnMaster(place.bucket);
   if (stage_ == 0 || world() == 1) {
-    if (own.dtype() == DType::kF32) {
-      ZE_RETURN_IF_ERROR(Copy(own, full, stream()));
-    } else {
-      ZE_RETURN_IF_ERROR(Copy(own, full, stream()));
-    }
+    ZE_RETURN_IF_ERROR(Copy(own, full, stream()));
   } else {
-    Tensor own_f32;
-    ZE_ASSIGN_OR_RETURN(own_f32, Tensor::Empty({layout.slice_elements},
-                                               DType::kF32, device()));
-    ZE_RETURN_IF_ERROR(Copy(own, own_f32, stream()));
-    ZE_ASSIGN_OR_RETURN(comm::Work work,
-                        comm().AllGather(own_f32, full, stream()));
+    ZE_ASSIGN_OR_RETURN(comm::Work work, comm().AllGather(own, full, stream()));
     ZE_RETURN_IF_ERROR(work.Wait());
   }
   ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(full, stream()));
@@ -1092,13 +1098,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   if (model == nullptr) {
     return absl::InvalidArgumentError("engine::Initialize: model is null");
   }
-  if (communicator == nullptr) {
-    comm::CommOptions options;
-    options.device = model->device().is_cuda() ? "cuda" : "cpu";
-    ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
-                        comm::CreateCommunicator(options));
-    communicator = std::move(created);
-  }
+  ZE_ASSIGN_OR_RETURN(communicator,
+                      CommunicatorFor(*model, std::move(communicator)));
   if (config.world_size != communicator->world_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source, ": the config was checked for world size ",
@@ -1142,13 +1143,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   if (model == nullptr) {
     return absl::InvalidArgumentError("engine::Initialize: model is null");
   }
-  if (communicator == nullptr) {
-    comm::CommOptions options;
-    options.device = model->device().is_cuda() ? "cuda" : "cpu";
-    ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
-                        comm::CreateCommunicator(options));
-    communicator = std::move(created);
-  }
+  ZE_ASSIGN_OR_RETURN(communicator,
+                      CommunicatorFor(*model, std::move(communicator)));
   const int world = communicator->world_size();
   absl::StatusOr<config::Config> loaded =
       !config_path_or_json.empty() && config_path_or_json[0] == '{'
