@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <utility>
@@ -157,6 +159,37 @@ std::string StderrCapture::Finish() {
   file_ = nullptr;
   std::fwrite(text.data(), 1, text.size(), stderr);
   return text;
+}
+
+void ExpectRunsClose(
+    const std::vector<double>& losses,
+    const std::map<std::string, std::vector<float>>& weights,
+    const std::vector<double>& reference_losses,
+    const std::map<std::string, std::vector<float>>& reference_weights,
+    double tolerance) {
+  ASSERT_EQ(losses.size(), reference_losses.size());
+  ASSERT_EQ(weights.size(), reference_weights.size());
+  double loss_error = 0, weight_error = 0;
+  for (size_t i = 0; i < losses.size(); ++i) {
+    loss_error =
+        std::max(loss_error, std::abs(losses[i] - reference_losses[i]) /
+                                 std::max(1.0, std::abs(reference_losses[i])));
+  }
+  for (const auto& [name, values] : reference_weights) {
+    auto found = weights.find(name);
+    ASSERT_NE(found, weights.end()) << name;
+    ASSERT_EQ(found->second.size(), values.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i) {
+      weight_error =
+          std::max(weight_error,
+                   std::abs(found->second[i] - values[i]) /
+                       std::max(1.0, std::abs(static_cast<double>(values[i]))));
+    }
+  }
+  EXPECT_LE(loss_error, tolerance);
+  EXPECT_LE(weight_error, tolerance);
+  std::printf("rank %d world %d: loss error %.2e, weight error %.2e\n", Rank(),
+              World(), loss_error, weight_error);
 }
 
 }  // namespace enginetest

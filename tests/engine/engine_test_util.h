@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,17 @@ absl::StatusOr<engine::StepReport> TrainStep(engine::Engine& engine,
 // Every trainable parameter's f32 master weights, concatenated in the
 // engine's layout order (a collective: every rank calls it).
 absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine& engine);
+
+// Compares a run's per-step losses and final f32 master weights (by
+// parameter name) with a reference run's: both largest relative differences,
+// |a - b| / max(1, |b|), must be within `tolerance` (EXPECT), and are printed
+// with this rank. Sizes and names must match (ASSERT).
+void ExpectRunsClose(
+    const std::vector<double>& losses,
+    const std::map<std::string, std::vector<float>>& weights,
+    const std::vector<double>& reference_losses,
+    const std::map<std::string, std::vector<float>>& reference_weights,
+    double tolerance);
 
 // Redirects this process's stderr (file descriptor 2, which the logger
 // writes) into a temporary file while alive; Finish restores it and returns

@@ -95,28 +95,8 @@ absl::StatusOr<TrainedRun> Train(std::shared_ptr<nn::LossModel> model,
 // Largest relative differences, as stage3_test measures them.
 void ExpectClose(const TrainedRun& run, const TrainedRun& reference,
                  double tolerance) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size());
-  ASSERT_EQ(run.weights.size(), reference.weights.size());
-  double loss_error = 0, weight_error = 0;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    loss_error =
-        std::max(loss_error, std::abs(run.losses[i] - reference.losses[i]) /
-                                 std::max(1.0, std::abs(reference.losses[i])));
-  }
-  for (const auto& [name, values] : reference.weights) {
-    auto found = run.weights.find(name);
-    ASSERT_NE(found, run.weights.end()) << name;
-    ASSERT_EQ(found->second.size(), values.size()) << name;
-    for (size_t i = 0; i < values.size(); ++i) {
-      weight_error = std::max(weight_error,
-                              std::abs(found->second[i] - values[i]) /
-                                  std::max(1.0, std::abs(double{values[i]})));
-    }
-  }
-  EXPECT_LE(loss_error, tolerance);
-  EXPECT_LE(weight_error, tolerance);
-  std::printf("rank %d world %d: loss error %.2e, weight error %.2e\n", Rank(),
-              World(), loss_error, weight_error);
+  enginetest::ExpectRunsClose(run.losses, run.weights, reference.losses,
+                              reference.weights, tolerance);
 }
 
 // ------------------------------------------------------------- inference
