@@ -90,6 +90,16 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4],
       : "r"(SharedAddress(p)));
 }
 
+// Four 8x8 matrices, untransposed: lanes 0-7, 8-15, 16-23, 24-31 give the
+// row addresses of matrices 0..3; lane (g, t) receives row g, columns
+// 2t..2t+1 of each.
+// `address`: a shared-memory address (SharedAddress).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
 __device__ __forceinline__ uint32_t Lds32(const void* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -141,41 +151,51 @@ __device__ __forceinline__ void WaitTiles() {
   __syncthreads();
 }
 
-// acc (16 x 64, 8 n-tiles) += A rows [arow0, arow0+16) of `a` (stride
-// kStride) times B^T where B rows are `b` rows [0, 64) (a "k-contiguous" B:
+// acc (16 x 8 kNTiles) += A rows [arow0, arow0+16) of `a` (stride kStride)
+// times B^T where B rows are `b` rows [0, 8 kNTiles) (a "k-contiguous" B:
 // element (k, n) is b[n * stride + k]). Reduction over DP columns.
-template <typename T, int DP>
-__device__ __forceinline__ void MatmulABt(float (&acc)[8][4], const T* a,
+// Operands come in through ldmatrix: one instruction per 16x16 A block and
+// per pair of B n-tiles, a quarter of the shared-memory instructions of
+// 32-bit loads for the same bytes (the products were issue-bound).
+template <typename T, int DP, int kNTiles = 8>
+__device__ __forceinline__ void MatmulABt(float (&acc)[kNTiles][4], const T* a,
                                           const T* b, int arow0) {
+  static_assert(kNTiles % 2 == 0, "B n-tiles are loaded in pairs");
   constexpr int kStride = DP + 8;
+  constexpr int kRowBytes = kStride * static_cast<int>(sizeof(T));
   const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
+  // A: matrix m = lane / 8 covers rows 8 (m & 1), columns 8 (m >> 1).
+  const uint32_t a_lane =
+      SharedAddress(a + (arow0 + (lane & 15)) * kStride + (lane >> 4) * 8);
+  // B pair: matrices (n-tile j, k 0-7), (j, k 8-15), (j + 1, 0-7), (j + 1,
+  // 8-15), so r[0..1] feed n-tile j and r[2..3] n-tile j + 1.
+  const uint32_t b_lane = SharedAddress(
+      b + (((lane >> 4) << 3) + (lane & 7)) * kStride + ((lane >> 3) & 1) * 8);
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk) {
     uint32_t af[4];
-    const T* ap = a + (arow0 + g) * kStride + kk * 16 + 2 * t;
-    af[0] = Lds32(ap);
-    af[1] = Lds32(ap + 8 * kStride);
-    af[2] = Lds32(ap + 8);
-    af[3] = Lds32(ap + 8 * kStride + 8);
+    LdMatrixX4(af, a_lane + kk * 32);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const T* bp = b + (nt * 8 + g) * kStride + kk * 16 + 2 * t;
-      Mma<T>::Run(acc[nt], af, Lds32(bp), Lds32(bp + 8));
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+      uint32_t bf[4];
+      LdMatrixX4(bf, b_lane + nt * 8 * kRowBytes + kk * 32);
+      Mma<T>::Run(acc[nt], af, bf[0], bf[1]);
+      Mma<T>::Run(acc[nt + 1], af, bf[2], bf[3]);
     }
   }
 }
 
-// acc (16 x DP) += P (16 x 64, given as packed A fragments for 4 k-chunks)
-// times rows [0, 64) of `b` (element (k, n) = b[k * stride + n]).
-template <typename T, int DP>
+// acc (16 x DP) += P (16 x 16 kChunks, given as packed A fragments for
+// kChunks k-chunks) times rows [0, 16 kChunks) of `b` (element (k, n) =
+// b[k * stride + n]).
+template <typename T, int DP, int kChunks = 4>
 __device__ __forceinline__ void MatmulPB(float (&acc)[DP / 8][4],
-                                         const uint32_t (&pf)[4][4],
+                                         const uint32_t (&pf)[kChunks][4],
                                          const T* b) {
   constexpr int kStride = DP + 8;
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
+  for (int kc = 0; kc < kChunks; ++kc) {
 #pragma unroll
     for (int dt = 0; dt < DP / 8; dt += 2) {
       uint32_t bf[4];
@@ -187,12 +207,13 @@ __device__ __forceinline__ void MatmulPB(float (&acc)[DP / 8][4],
   }
 }
 
-// Rounds a 16 x 64 C-fragment tile into A fragments for 4 k-chunks of 16.
-template <typename T>
-__device__ __forceinline__ void PackA(const float (&c)[8][4],
-                                      uint32_t (&a)[4][4]) {
+// Rounds a 16 x 8 kNTiles C-fragment tile into A fragments for kNTiles / 2
+// k-chunks of 16.
+template <typename T, int kNTiles = 8>
+__device__ __forceinline__ void PackA(const float (&c)[kNTiles][4],
+                                      uint32_t (&a)[kNTiles / 2][4]) {
 #pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
+  for (int kc = 0; kc < kNTiles / 2; ++kc) {
     a[kc][0] = Mma<T>::Pack(c[2 * kc][0], c[2 * kc][1]);
     a[kc][1] = Mma<T>::Pack(c[2 * kc][2], c[2 * kc][3]);
     a[kc][2] = Mma<T>::Pack(c[2 * kc + 1][0], c[2 * kc + 1][1]);
@@ -235,8 +256,8 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kPipelined) {
     LoadTile<T, DP>(sq + kTile * kStride, k_src, ld, 0, seq_len, head_dim,
                     vector);
-    LoadTile<T, DP>(sq + 2 * kTile * kStride, v_src, ld, 0, seq_len,
-                    head_dim, vector);
+    LoadTile<T, DP>(sq + 2 * kTile * kStride, v_src, ld, 0, seq_len, head_dim,
+                    vector);
   }
 
   float o[DP / 8][4];
@@ -350,28 +371,57 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// delta[bh, t] = dO[b, t, h, :] . O[b, t, h, :]. Warp per row.
+// delta[bh, t] = dO[b, t, h, :] . O[b, t, h, :]. Eight lanes per row (four
+// rows per warp), each lane reading 16 bytes of each operand per step when
+// head_dim and the row offsets allow it: a warp per row left half of every
+// 128-byte line idle at D = 64.
 template <typename T>
 __global__ void AttentionDeltaKernel(const T* __restrict__ dout,
                                      const T* __restrict__ out, float* delta,
                                      int batch, int seq_len, int heads,
                                      int head_dim) {
+  constexpr int kLanesPerRow = 8;
+  constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= static_cast<int64_t>(batch) * heads * seq_len) return;
-  const int64_t bh = row / seq_len;
-  const int tpos = static_cast<int>(row % seq_len);
-  const int b = static_cast<int>(bh / heads), h = static_cast<int>(bh % heads);
-  const int64_t offset =
-      (static_cast<int64_t>(b) * seq_len + tpos) * heads * head_dim +
-      h * head_dim;
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) /
+      kLanesPerRow;
+  const int sub = threadIdx.x % kLanesPerRow;
+  const bool active = row < static_cast<int64_t>(batch) * heads * seq_len;
   float sum = 0.0f;
-  for (int d = lane; d < head_dim; d += 32) {
-    sum += ToFloat(dout[offset + d]) * ToFloat(out[offset + d]);
+  if (active) {
+    const int64_t bh = row / seq_len;
+    const int tpos = static_cast<int>(row % seq_len);
+    const int b = static_cast<int>(bh / heads),
+              h = static_cast<int>(bh % heads);
+    const int64_t offset =
+        (static_cast<int64_t>(b) * seq_len + tpos) * heads * head_dim +
+        static_cast<int64_t>(h) * head_dim;
+    const bool aligned =
+        (reinterpret_cast<uintptr_t>(dout) | reinterpret_cast<uintptr_t>(out)) %
+            16 ==
+        0;
+    if (aligned && head_dim % kVector == 0) {
+      for (int d = sub * kVector; d < head_dim; d += kLanesPerRow * kVector) {
+        const uint4 a = *reinterpret_cast<const uint4*>(dout + offset + d);
+        const uint4 c = *reinterpret_cast<const uint4*>(out + offset + d);
+        const T* av = reinterpret_cast<const T*>(&a);
+        const T* cv = reinterpret_cast<const T*>(&c);
+#pragma unroll
+        for (int i = 0; i < kVector; ++i) {
+          sum += ToFloat(av[i]) * ToFloat(cv[i]);
+        }
+      }
+    } else {
+      for (int d = sub; d < head_dim; d += kLanesPerRow) {
+        sum += ToFloat(dout[offset + d]) * ToFloat(out[offset + d]);
+      }
+    }
   }
-  sum = WarpSum(sum);
-  if (lane == 0) delta[row] = sum;
+#pragma unroll
+  for (int step = kLanesPerRow / 2; step > 0; step /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, step);
+  }
+  if (active && sub == 0) delta[row] = sum;
 }
 
 // grid (num_tiles, B*H): one CTA per 64-key tile, looping over the query
@@ -551,9 +601,9 @@ __global__ void __launch_bounds__(kThreads)
         for (int dt = 0; dt < DP / 8; ++dt) {
           const int col = dt * 8 + 2 * t;
           if (col < head_dim) {
-            atomicAdd(reinterpret_cast<float2*>(dst + col),
-                      make_float2(dq[dt][2 * r] * scale,
-                                  dq[dt][2 * r + 1] * scale));
+            atomicAdd(
+                reinterpret_cast<float2*>(dst + col),
+                make_float2(dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale));
           }
         }
         continue;
@@ -655,8 +705,8 @@ __global__ void __launch_bounds__(kWideThreads, 2)
       LoadTile<T, DP, kTile, kWideThreads>(nk, k_src, ld, (kt + 1) * kTile,
                                            seq_len, head_dim, vector);
       LoadTile<T, DP, kTile, kWideThreads>(nk + kTile * kStride, v_src, ld,
-                                           (kt + 1) * kTile, seq_len,
-                                           head_dim, vector);
+                                           (kt + 1) * kTile, seq_len, head_dim,
+                                           vector);
     }
     // Every key of this tile is in the future of all 16 rows: nothing to
     // add. Warp-uniform, and no barrier follows inside the iteration. Tile 0
@@ -944,9 +994,9 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
         for (int j = 0; j < kDqCols; ++j) {
           const int col = (dq_tile0 + j) * 8 + 2 * t;
           if (col < head_dim) {
-            atomicAdd(reinterpret_cast<float2*>(dst + col),
-                      make_float2(dq[j][2 * r] * scale,
-                                  dq[j][2 * r + 1] * scale));
+            atomicAdd(
+                reinterpret_cast<float2*>(dst + col),
+                make_float2(dq[j][2 * r] * scale, dq[j][2 * r + 1] * scale));
           }
         }
         continue;
@@ -1132,6 +1182,191 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
   }
 }
 
+// First kernel of the "split" backward: dK and dV. grid (B*H, ceil(T /
+// 128)), block kWideThreads. A CTA owns 128 keys (warp w the keys [16w,
+// 16w + 16), dK and dV in registers) and streams the 64-query tiles that can
+// see them (Q, dO, logsumexp, delta; two cp.async stages). Each query tile
+// is taken in two halves of 32 queries, so the per-warp score tiles (P^T and
+// dS^T, 16 keys x 32 queries) are half those of FlashBackwardWideKernel and
+// the D-64 kernel fits 128 registers: two CTAs (16 warps) per SM hide the
+// latency of the dependent products and exponentials that one CTA could
+// not. Row statistics are read as pairs (a thread's two columns).
+// Query halves wholly before the warp's keys are skipped (warp-uniform);
+// only halves crossing the diagonal, or running past the sequence (whose
+// statistics are zero-filled), are masked.
+template <typename T, int DP, int kMinBlocks>
+__global__ void __launch_bounds__(kWideThreads, kMinBlocks)
+    FlashBackwardKvKernel(const T* __restrict__ dout, const T* __restrict__ qkv,
+                          const float* __restrict__ logsumexp,
+                          const float* __restrict__ delta, T* __restrict__ dqkv,
+                          int seq_len, int heads, int head_dim, float scale,
+                          float scale_log2) {
+  constexpr int kStride = DP + 8;
+  constexpr int kHalf = kTile / 2;  // queries per half tile
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  T* sk = reinterpret_cast<T*>(shared_bytes);  // (128 keys, DP)
+  T* sv = sk + kWideTile * kStride;            // (128 keys, DP)
+  T* sstage = sv + kWideTile * kStride;  // per stage: Q, dO (64 queries, DP)
+  // Per stage: logsumexp (64, natural log), delta (64), f32.
+  float* sstats = reinterpret_cast<float*>(sstage + 2 * 2 * kTile * kStride);
+
+  const int bh = blockIdx.x;
+  const int kt = blockIdx.y;  // key tile 0 (the heaviest) first
+  const int num_q = (seq_len + kTile - 1) / kTile;
+  const int q_begin = 2 * kt;  // first 64-query tile that sees these keys
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * head_dim;
+  const int64_t ld = 3 * channels;
+  const int64_t token0 = static_cast<int64_t>(b) * seq_len;
+  const T* q_src = qkv + token0 * ld + h * head_dim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src = dout + token0 * channels + h * head_dim;
+  const bool vector = head_dim % 8 == 0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_key0 = kt * kWideTile + warp * 16;  // first key of warp
+  const int key_row0 = warp_key0 + g;                // and key_row0 + 8
+
+  auto load_stage = [&](int stage, int tile) {
+    T* q_dst = sstage + stage * 2 * kTile * kStride;
+    LoadTile<T, DP, kTile, kWideThreads>(q_dst, q_src, ld, tile * kTile,
+                                         seq_len, head_dim, vector);
+    LoadTile<T, DP, kTile, kWideThreads>(q_dst + kTile * kStride, do_src,
+                                         channels, tile * kTile, seq_len,
+                                         head_dim, vector);
+    float* stats = sstats + stage * 2 * kTile;
+    if (threadIdx.x < kTile) {
+      const int i = threadIdx.x;
+      const int query = tile * kTile + i;
+      const bool valid = query < seq_len;
+      const int64_t at =
+          static_cast<int64_t>(bh) * seq_len + (valid ? query : 0);
+      CopyFloatAsync(stats + i, logsumexp + at, valid);
+      CopyFloatAsync(stats + kTile + i, delta + at, valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  LoadTile<T, DP, kWideTile, kWideThreads>(sk, k_src, ld, kt * kWideTile,
+                                           seq_len, head_dim, vector);
+  LoadTile<T, DP, kWideTile, kWideThreads>(sv, v_src, ld, kt * kWideTile,
+                                           seq_len, head_dim, vector);
+  load_stage(0, q_begin);
+
+  float dk[DP / 8][4], dv[DP / 8][4];
+#pragma unroll
+  for (int i = 0; i < DP / 8; ++i) {
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  }
+
+  for (int qt = q_begin; qt < num_q; ++qt) {
+    const int stage = (qt - q_begin) & 1;
+    const T* sq_tile = sstage + stage * 2 * kTile * kStride;
+    const T* sdo_tile = sq_tile + kTile * kStride;
+    const float* slse_tile = sstats + stage * 2 * kTile;
+    const float* sdelta_tile = slse_tile + kTile;
+    // Tile qt (the only copies in flight) has landed and every warp is done
+    // with tile qt - 1, whose stage receives qt + 1.
+    WaitTiles();
+    if (qt + 1 < num_q) load_stage(stage ^ 1, qt + 1);
+
+#pragma unroll 1
+    for (int half = 0; half < 2; ++half) {
+      const int q0 = qt * kTile + half * kHalf;
+      if (warp_key0 > q0 + kHalf - 1) continue;  // keys after every query
+      const bool need_mask = warp_key0 + 15 > q0 || q0 + kHalf > seq_len;
+      const T* sq = sq_tile + half * kHalf * kStride;
+      const T* sdo = sdo_tile + half * kHalf * kStride;
+      const float* slse = slse_tile + half * kHalf;
+      const float* sdelta = sdelta_tile + half * kHalf;
+
+      // P^T (16 keys, 32 queries) = exp(scale K Q^T - logsumexp).
+      float p[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i][0] = p[i][1] = p[i][2] = p[i][3] = 0.0f;
+      MatmulABt<T, DP, 4>(p, sk, sq, warp * 16);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float2 lse =
+            *reinterpret_cast<const float2*>(slse + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float row_lse = (e & 1) ? lse.y : lse.x;
+          float v = exp2f(p[nt][e] * scale_log2 - row_lse * kLog2e);
+          if (need_mask) {
+            const int key = key_row0 + (e >> 1) * 8;
+            const int query = q0 + nt * 8 + 2 * t + (e & 1);
+            if (key > query || query >= seq_len) v = 0.0f;
+          }
+          p[nt][e] = v;
+        }
+      }
+      // dV (16 keys, DP) += P^T dO.
+      uint32_t af[2][4];
+      PackA<T, 4>(p, af);
+      MatmulPB<T, DP, 2>(dv, af, sdo);
+
+      // dP^T (16 keys, 32 queries) = V dO^T; dS^T = P^T (dP^T - delta).
+      float ds[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0.0f;
+      MatmulABt<T, DP, 4>(ds, sv, sdo, warp * 16);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float2 row_delta =
+            *reinterpret_cast<const float2*>(sdelta + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ds[nt][e] =
+              p[nt][e] * (ds[nt][e] - ((e & 1) ? row_delta.y : row_delta.x));
+        }
+      }
+      // dK (16 keys, DP) += dS^T Q (scaled at the end).
+      PackA<T, 4>(ds, af);
+      MatmulPB<T, DP, 2>(dk, af, sq);
+    }
+  }
+
+  // dK, dV rows of this key tile into dqkv's k and v parts.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_row0 + r * 8;
+    if (key >= seq_len) continue;
+    T* dk_dst = dqkv + (token0 + key) * ld + channels + h * head_dim;
+    T* dv_dst = dk_dst + channels;
+    if (head_dim % 2 == 0) {
+      // col, h * head_dim, channels and ld are all even: 4-byte pairs.
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; ++dt) {
+        const int col = dt * 8 + 2 * t;
+        if (col < head_dim) {
+          *reinterpret_cast<uint32_t*>(dk_dst + col) =
+              Mma<T>::Pack(dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
+          *reinterpret_cast<uint32_t*>(dv_dst + col) =
+              Mma<T>::Pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+        }
+      }
+      continue;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt) {
+      const int col = dt * 8 + 2 * t;
+      if (col < head_dim) {
+        dk_dst[col] = FromFloat<T>(dk[dt][2 * r] * scale);
+        dv_dst[col] = FromFloat<T>(dv[dt][2 * r]);
+      }
+      if (col + 1 < head_dim) {
+        dk_dst[col + 1] = FromFloat<T>(dk[dt][2 * r + 1] * scale);
+        dv_dst[col + 1] = FromFloat<T>(dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
 // dqkv's q part = dq_accum (B, H, T, D) rearranged to (B, T, H, D).
 template <typename T>
 __global__ void WriteDqKernel(const float* __restrict__ dq_accum,
@@ -1302,7 +1537,9 @@ constexpr size_t BackwardDqSharedBytes() {
 // kSplit: the wide forward; backward as two kernels (dK/dV per key tile,
 // then dQ per query tile, see FlashBackwardDqKernel) for padded D 64 and
 // 128, kPipelined otherwise.
-enum class Variant { kWide, kWide2, kSplit, kPipelined, kLegacy };
+// kSplitV1: kSplit with FlashBackwardWideKernel (full 64-query tiles, one
+// CTA per SM) as its dK/dV kernel, for measuring.
+enum class Variant { kWide, kWide2, kSplit, kSplitV1, kPipelined, kLegacy };
 
 // Read at every launch (a getenv is cheap next to a kernel launch) so tests
 // and benchmarks can switch variants within one process.
@@ -1322,6 +1559,7 @@ Variant SelectVariant(const char* specific) {
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
     if (std::strcmp(v, "wide2") == 0) return Variant::kWide2;
     if (std::strcmp(v, "split") == 0) return Variant::kSplit;
+    if (std::strcmp(v, "split1") == 0) return Variant::kSplitV1;
     if (std::strcmp(v, "wide") == 0 || std::strcmp(v, "v2") == 0) {
       return Variant::kWide;
     }
@@ -1359,15 +1597,14 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
       }
       const dim3 grid((seq_len + kTile - 1) / kTile, batch * heads);
       kernel<<<grid, kThreads, shared, stream>>>(
-          static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp,
-          seq_len, heads, head_dim,
-          kLog2e / sqrtf(static_cast<float>(head_dim)));
+          static_cast<const T*>(qkv), static_cast<T*>(out), logsumexp, seq_len,
+          heads, head_dim, kLog2e / sqrtf(static_cast<float>(head_dim)));
       return static_cast<int>(cudaGetLastError());
     };
     const Variant variant = SelectVariant("ZE_ATTENTION_FWD_KERNEL");
     if constexpr (DP == 64 || DP == 128) {
       if (variant == Variant::kWide || variant == Variant::kWide2 ||
-          variant == Variant::kSplit) {
+          variant == Variant::kSplit || variant == Variant::kSplitV1) {
         constexpr size_t shared = ForwardWideSharedBytes<DP>();
         auto kernel = FlashForwardWideKernel<T, DP>;
         if (shared > 48 * 1024) {
@@ -1406,7 +1643,7 @@ int PaddedHeadDim(int head_dim) {
 // Whether `variant` runs the split backward at this head size; it writes dQ
 // itself, so the f32 accumulator is neither zeroed nor converted.
 bool IsSplitBackward(Variant variant, int head_dim) {
-  if (variant != Variant::kSplit) return false;
+  if (variant != Variant::kSplit && variant != Variant::kSplitV1) return false;
   const int dp = PaddedHeadDim(head_dim);
   return dp == 64 || dp == 128;
 }
@@ -1439,17 +1676,30 @@ int BackwardTensorCore(Variant variant, const void* dout, const void* qkv,
       return static_cast<int>(cudaGetLastError());
     };
     if constexpr (DP == 64 || DP == 128) {
-      if (variant == Variant::kSplit) {
+      if (variant == Variant::kSplit || variant == Variant::kSplitV1) {
+        const bool split_v1 = variant == Variant::kSplitV1;
         const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
         const dim3 grid(batch * heads, (seq_len + kWideTile - 1) / kWideTile);
-        // dK, dV: the wide kernel without its dQ part.
+        // dK, dV: FlashBackwardKvKernel (half query tiles; two CTAs per SM
+        // at D 64), or, for split1, the wide kernel without its dQ part.
+        // Both use the same shared-memory layout.
         constexpr size_t kv_shared = BackwardWideSharedBytes<DP, false>();
-        auto kv_kernel = FlashBackwardWideKernel<T, DP, 1, false>;
-        AllowSharedBytes(kv_kernel, kv_shared);
-        kv_kernel<<<grid, kWideThreads, kv_shared, stream>>>(
-            static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
-            delta, nullptr, static_cast<T*>(dqkv), seq_len, heads, head_dim,
-            scale, scale * kLog2e);
+        constexpr int kKvMinBlocks = DP == 64 ? 2 : 1;
+        if (split_v1) {
+          auto kv_kernel = FlashBackwardWideKernel<T, DP, 1, false>;
+          AllowSharedBytes(kv_kernel, kv_shared);
+          kv_kernel<<<grid, kWideThreads, kv_shared, stream>>>(
+              static_cast<const T*>(dout), static_cast<const T*>(qkv),
+              logsumexp, delta, nullptr, static_cast<T*>(dqkv), seq_len, heads,
+              head_dim, scale, scale * kLog2e);
+        } else {
+          auto kv_kernel = FlashBackwardKvKernel<T, DP, kKvMinBlocks>;
+          AllowSharedBytes(kv_kernel, kv_shared);
+          kv_kernel<<<grid, kWideThreads, kv_shared, stream>>>(
+              static_cast<const T*>(dout), static_cast<const T*>(qkv),
+              logsumexp, delta, static_cast<T*>(dqkv), seq_len, heads, head_dim,
+              scale, scale * kLog2e);
+        }
         const int error = static_cast<int>(cudaGetLastError());
         if (error != 0) return error;
         // dQ. At D 64 two CTAs fit an SM (72 KB of shared memory each, and
@@ -1484,9 +1734,9 @@ int BackwardTensorCore(Variant variant, const void* dout, const void* qkv,
         const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
         const dim3 grid(batch * heads, (seq_len + kWideTile - 1) / kWideTile);
         kernel<<<grid, kWideThreads, shared, stream>>>(
-            static_cast<const T*>(dout), static_cast<const T*>(qkv),
-            logsumexp, delta, dq_accum, static_cast<T*>(dqkv), seq_len,
-            heads, head_dim, scale, scale * kLog2e);
+            static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+            delta, dq_accum, static_cast<T*>(dqkv), seq_len, heads, head_dim,
+            scale, scale * kLog2e);
         return static_cast<int>(cudaGetLastError());
       }
     }
@@ -1548,6 +1798,8 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
   float* delta = reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                           RoundUp256(rows * head_dim * 4));
   const unsigned delta_grid = static_cast<unsigned>((rows + 7) / 8);
+  // AttentionDeltaKernel: 256 threads, 8 per row.
+  const unsigned delta_rows_grid = static_cast<unsigned>((rows + 31) / 32);
   const int64_t channels = static_cast<int64_t>(heads) * head_dim;
   const int64_t dq_count = static_cast<int64_t>(batch) * seq_len * channels;
   const unsigned dq_grid = static_cast<unsigned>((dq_count + 255) / 256);
@@ -1564,7 +1816,7 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
       }
       auto run = [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        AttentionDeltaKernel<T><<<delta_grid, 256, 0, s>>>(
+        AttentionDeltaKernel<T><<<delta_rows_grid, 256, 0, s>>>(
             static_cast<const T*>(dout), static_cast<const T*>(out), delta,
             batch, seq_len, heads, head_dim);
         int e = BackwardTensorCore<T>(variant, dout, qkv, logsumexp, delta,
@@ -1582,7 +1834,7 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
     case kF32: {
       error = static_cast<int>(cudaMemsetAsync(dqkv, 0, dq_count * 3 * 4, s));
       if (error != 0) return error;
-      AttentionDeltaKernel<float><<<delta_grid, 256, 0, s>>>(
+      AttentionDeltaKernel<float><<<delta_rows_grid, 256, 0, s>>>(
           static_cast<const float*>(dout), static_cast<const float*>(out),
           delta, batch, seq_len, heads, head_dim);
       SimpleBackwardKernel<<<delta_grid, 256, 0, s>>>(

@@ -17,7 +17,10 @@
 // "split" (wide forward; FlashAttention-2's two-kernel backward for padded D
 // 64 and 128: dK/dV per 128-key tile, then dQ per 128-query tile written
 // straight into dqkv, with no f32 dQ accumulator, atomics or conversion
-// pass; other D run "v1"), "v1" (the 4-warp, 64-row pipelined kernels) or
+// pass; other D run "v1"; its dK/dV kernel takes each 64-query tile in two
+// halves so the D-64 kernel runs two CTAs per SM), "split1" (split with the
+// earlier one-CTA-per-SM dK/dV kernel, for measuring), "v1" (the 4-warp,
+// 64-row pipelined kernels) or
 // "legacy" (4-warp, unpipelined; also ZE_ATTENTION_LEGACY=1).
 // ZE_ATTENTION_FWD_KERNEL and ZE_ATTENTION_BWD_KERNEL override it for one
 // direction (e.g. ZE_ATTENTION_BWD_KERNEL=split).

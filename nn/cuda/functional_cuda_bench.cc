@@ -184,31 +184,29 @@ int Main(int argc, char** argv) {
     // the entries above keep reflecting the run's own setting.
     const char* before = std::getenv("ZE_ATTENTION_KERNEL");
     const std::string saved = before != nullptr ? before : "";
-    for (const char* variant : {"wide", "wide2", "split", "v1", "legacy"}) {
+    for (const char* variant :
+         {"wide", "wide2", "split", "split1", "v1", "legacy"}) {
       setenv("ZE_ATTENTION_KERNEL", variant, 1);
       const std::string suffix = std::string("[") + variant + "]";
       Time("attention_fwd" + suffix, shape, o.iters, stream, fwd, 0, [&] {
-        return cb::AttentionForward(qkv, static_cast<int>(H), out, lse,
-                                    stream);
+        return cb::AttentionForward(qkv, static_cast<int>(H), out, lse, stream);
       });
-      Time("attention_bwd" + suffix, shape, o.iters, stream, 2.5 * fwd, 0,
-           [&] {
-             return cb::AttentionBackward(dout, qkv, out, lse,
-                                          static_cast<int>(H), dqkv, stream);
-           });
+      Time("attention_bwd" + suffix, shape, o.iters, stream, 2.5 * fwd, 0, [&] {
+        return cb::AttentionBackward(dout, qkv, out, lse, static_cast<int>(H),
+                                     dqkv, stream);
+      });
       if (C % 256 != 0 || H < 2) continue;
       const int64_t h128 = C / 128;
       const std::string shape128 = shape_str({B, T, h128, 128});
       Time("attention_fwd_d128" + suffix, shape128, o.iters, stream, fwd, 0,
            [&] {
-             return cb::AttentionForward(qkv, static_cast<int>(h128), out,
-                                         lse, stream);
+             return cb::AttentionForward(qkv, static_cast<int>(h128), out, lse,
+                                         stream);
            });
-      Time("attention_bwd_d128" + suffix, shape128, o.iters, stream,
-           2.5 * fwd, 0, [&] {
+      Time("attention_bwd_d128" + suffix, shape128, o.iters, stream, 2.5 * fwd,
+           0, [&] {
              return cb::AttentionBackward(dout, qkv, out, lse,
-                                          static_cast<int>(h128), dqkv,
-                                          stream);
+                                          static_cast<int>(h128), dqkv, stream);
            });
     }
     if (before != nullptr) {

@@ -173,8 +173,8 @@ TEST_F(FunctionalCudaTest, LayerNorm) {
         {19, 64},    {19, 100},   {19, 2048},  {1037, 256},
         {1037, 768}, {700, 1024}, {613, 2048}, {129, 4096}};
     for (const auto& [rows, cols] : shapes) {
-      const std::string tag = "LayerNorm R=" + std::to_string(rows) +
-                              " C=" + std::to_string(cols);
+      const std::string tag =
+          "LayerNorm R=" + std::to_string(rows) + " C=" + std::to_string(cols);
       Vec x, w, b, dy, gw0, gb0;
       Tensor tx = Random({rows, cols}, dtype, 11, &x, 2.0f);
       Tensor tw = Random({cols}, dtype, 12, &w);
@@ -321,14 +321,21 @@ TEST_F(FunctionalCudaTest, Attention) {
     int B, T, H, D;
   };
   const std::vector<Case> cases = {
-      {DType::kF32, 2, 67, 2, 64},    {DType::kF32, 1, 33, 3, 20},
-      {DType::kBF16, 2, 67, 2, 64},   {DType::kBF16, 1, 130, 2, 64},
-      {DType::kBF16, 1, 64, 1, 64},   {DType::kBF16, 2, 67, 2, 80},
-      {DType::kBF16, 1, 100, 2, 128}, {DType::kBF16, 1, 67, 2, 40},
-      {DType::kBF16, 1, 45, 2, 20},   {DType::kBF16, 1, 70, 1, 256},
-      {DType::kF16, 2, 67, 2, 64},    {DType::kF16, 1, 200, 2, 128},
+      {DType::kF32, 2, 67, 2, 64},
+      {DType::kF32, 1, 33, 3, 20},
+      {DType::kBF16, 2, 67, 2, 64},
+      {DType::kBF16, 1, 130, 2, 64},
+      {DType::kBF16, 1, 64, 1, 64},
+      {DType::kBF16, 2, 67, 2, 80},
+      {DType::kBF16, 1, 100, 2, 128},
+      {DType::kBF16, 1, 67, 2, 40},
+      {DType::kBF16, 1, 45, 2, 20},
+      {DType::kBF16, 1, 70, 1, 256},
+      {DType::kF16, 2, 67, 2, 64},
+      {DType::kF16, 1, 200, 2, 128},
       // Five query/key tiles: both pipeline stages reused, odd tile count.
-      {DType::kBF16, 2, 300, 2, 64},  {DType::kBF16, 1, 257, 1, 20},
+      {DType::kBF16, 2, 300, 2, 64},
+      {DType::kBF16, 1, 257, 1, 20},
   };
   for (const Case& c : cases) {
     const int C = c.H * c.D;
@@ -379,14 +386,14 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
   // Restored at the end, so a fallback chosen for the whole run stays.
   const char* before = std::getenv("ZE_ATTENTION_KERNEL");
   const std::string saved = before != nullptr ? before : "";
-  for (const char* variant : {"wide", "wide2", "split", "v1", "legacy"}) {
+  for (const char* variant :
+       {"wide", "wide2", "split", "split1", "v1", "legacy"}) {
     ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", variant, 1), 0);
     for (const Case& c : cases) {
       const int C = c.H * c.D;
       const std::string tag = std::string("Attn[") + variant + "] B" +
-                              std::to_string(c.B) + " T" +
-                              std::to_string(c.T) + " H" +
-                              std::to_string(c.H) + " D" +
+                              std::to_string(c.B) + " T" + std::to_string(c.T) +
+                              " H" + std::to_string(c.H) + " D" +
                               std::to_string(c.D);
       Vec qkv, dout;
       Tensor tqkv = Random({c.B, c.T, 3 * C}, c.dtype, 51 + c.T, &qkv);
