@@ -91,10 +91,19 @@ Tensor View2D(const Tensor &tensor, int64_t rows, int64_t columns) {
 
 }  // namespace
 
-absl::Status LinearForward(const Tensor &input, const Tensor &weight,
-                           const Tensor &bias, const Tensor &output,
-                           const Stream &stream) {
-  const char *op = "LinearForward";
+namespace {
+
+// Sizes of a Linear: input (M, K), weight (N, K), output (M, N).
+struct LinearSizes {
+  int64_t m = 0, k = 0, n = 0;
+};
+
+// The checks LinearForward and LinearGeluForward share.
+absl::StatusOr<LinearSizes> CheckLinearForward(const char *op,
+                                               const Tensor &input,
+                                               const Tensor &weight,
+                                               const Tensor &bias,
+                                               const Tensor &output) {
   ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
@@ -102,16 +111,21 @@ absl::Status LinearForward(const Tensor &input, const Tensor &weight,
     return Invalid(op, absl::StrCat("weight must be (N, K), got ",
                                     ShapeToString(weight.shape())));
   }
-  const int64_t n = weight.size(0), k = weight.size(1);
-  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, k));
+  LinearSizes sizes;
+  sizes.n = weight.size(0);
+  sizes.k = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(sizes.m, RowsOf(op, "input", input, sizes.k));
   ZE_ASSIGN_OR_RETURN(const int64_t output_rows,
-                      RowsOf(op, "output", output, n));
-  if (output_rows != m) {
-    return Invalid(op, absl::StrCat("output ", ShapeToString(output.shape()),
-                                    " has ", output_rows, " rows, input ",
-                                    ShapeToString(input.shape()), " has ", m));
+                      RowsOf(op, "output", output, sizes.n));
+  if (output_rows != sizes.m) {
+    return Invalid(
+        op, absl::StrCat("output ", ShapeToString(output.shape()), " has ",
+                         output_rows, " rows, input ",
+                         ShapeToString(input.shape()), " has ", sizes.m));
   }
-  if (bias.defined()) ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {n}));
+  if (bias.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {sizes.n}));
+  }
   for (const auto &[name, tensor] :
        {std::pair<const char *, const Tensor *>{"input", &input},
         {"weight", &weight},
@@ -125,8 +139,87 @@ absl::Status LinearForward(const Tensor &input, const Tensor &weight,
   if (input.data() == output.data() && input.numel() > 0) {
     return Invalid(op, "output must not alias input");
   }
-  const Tensor input_2d = View2D(input, m, k);
-  const Tensor output_2d = View2D(output, m, n);
+  return sizes;
+}
+
+// The checks LinearBackward and GeluLinearBackward share; `grad_input_name`
+// names grad_input in messages.
+absl::StatusOr<LinearSizes> CheckLinearBackward(
+    const char *op, const Tensor &grad_output, const Tensor &input,
+    const Tensor &weight, const char *grad_input_name, const Tensor &grad_input,
+    const Tensor &grad_weight, const Tensor &grad_bias) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  if (weight.dim() != 2) {
+    return Invalid(op, absl::StrCat("weight must be (N, K), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  LinearSizes sizes;
+  sizes.n = weight.size(0);
+  sizes.k = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(sizes.m, RowsOf(op, "grad_output", grad_output, sizes.n));
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  }
+  if (input.defined()) {
+    ZE_ASSIGN_OR_RETURN(const int64_t input_rows,
+                        RowsOf(op, "input", input, sizes.k));
+    if (input_rows != sizes.m) {
+      return Invalid(op, absl::StrCat("input ", ShapeToString(input.shape()),
+                                      " and grad_output ",
+                                      ShapeToString(grad_output.shape()),
+                                      " have different row counts"));
+    }
+  }
+  if (grad_input.defined()) {
+    ZE_ASSIGN_OR_RETURN(const int64_t grad_input_rows,
+                        RowsOf(op, grad_input_name, grad_input, sizes.k));
+    if (grad_input_rows != sizes.m) {
+      return Invalid(op, absl::StrCat(grad_input_name, " ",
+                                      ShapeToString(grad_input.shape()),
+                                      " must have ", sizes.m, " rows"));
+    }
+  }
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_weight", grad_weight, weight.shape()));
+  }
+  if (grad_bias.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {sizes.n}));
+  }
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"input", &input},
+        {"weight", &weight},
+        {grad_input_name, &grad_input},
+        {"grad_weight", &grad_weight},
+        {"grad_bias", &grad_bias}}) {
+    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
+                                       {{"input", &input},
+                                        {"weight", &weight},
+                                        {grad_input_name, &grad_input},
+                                        {"grad_weight", &grad_weight},
+                                        {"grad_bias", &grad_bias}}));
+  return sizes;
+}
+
+bool Aliases(const Tensor &a, const Tensor &b) {
+  return a.defined() && b.defined() && a.numel() > 0 && b.numel() > 0 &&
+         a.data() == b.data();
+}
+
+}  // namespace
+
+absl::Status LinearForward(const Tensor &input, const Tensor &weight,
+                           const Tensor &bias, const Tensor &output,
+                           const Stream &stream) {
+  ZE_ASSIGN_OR_RETURN(
+      const LinearSizes sizes,
+      CheckLinearForward("LinearForward", input, weight, bias, output));
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor output_2d = View2D(output, sizes.m, sizes.n);
   if (input.device().is_cuda()) {
     return cuda_backend::LinearForward(input_2d, weight, bias, output_2d,
                                        stream);
@@ -138,63 +231,13 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
                             const Tensor &weight, const Tensor &grad_input,
                             const Tensor &grad_weight, const Tensor &grad_bias,
                             const Stream &stream) {
-  const char *op = "LinearBackward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
-  if (weight.dim() != 2) {
-    return Invalid(op, absl::StrCat("weight must be (N, K), got ",
-                                    ShapeToString(weight.shape())));
-  }
-  const int64_t n = weight.size(0), k = weight.size(1);
-  ZE_ASSIGN_OR_RETURN(const int64_t m,
-                      RowsOf(op, "grad_output", grad_output, n));
-  if (grad_weight.defined()) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  }
-  if (input.defined()) {
-    ZE_ASSIGN_OR_RETURN(const int64_t input_rows,
-                        RowsOf(op, "input", input, k));
-    if (input_rows != m) {
-      return Invalid(op, absl::StrCat("input ", ShapeToString(input.shape()),
-                                      " and grad_output ",
-                                      ShapeToString(grad_output.shape()),
-                                      " have different row counts"));
-    }
-  }
-  if (grad_input.defined()) {
-    ZE_ASSIGN_OR_RETURN(const int64_t grad_input_rows,
-                        RowsOf(op, "grad_input", grad_input, k));
-    if (grad_input_rows != m) {
-      return Invalid(
-          op, absl::StrCat("grad_input ", ShapeToString(grad_input.shape()),
-                           " must have ", m, " rows"));
-    }
-  }
-  if (grad_weight.defined()) {
-    ZE_RETURN_IF_ERROR(
-        RequireShape(op, "grad_weight", grad_weight, weight.shape()));
-  }
-  if (grad_bias.defined()) {
-    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {n}));
-  }
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
-        {"input", &input},
-        {"weight", &weight},
-        {"grad_input", &grad_input},
-        {"grad_weight", &grad_weight},
-        {"grad_bias", &grad_bias}}) {
-    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
-                                       {{"input", &input},
-                                        {"weight", &weight},
-                                        {"grad_input", &grad_input},
-                                        {"grad_weight", &grad_weight},
-                                        {"grad_bias", &grad_bias}}));
-  const Tensor grad_output_2d = View2D(grad_output, m, n);
-  const Tensor input_2d = View2D(input, m, k);
-  const Tensor grad_input_2d = View2D(grad_input, m, k);
+  ZE_ASSIGN_OR_RETURN(
+      const LinearSizes sizes,
+      CheckLinearBackward("LinearBackward", grad_output, input, weight,
+                          "grad_input", grad_input, grad_weight, grad_bias));
+  const Tensor grad_output_2d = View2D(grad_output, sizes.m, sizes.n);
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor grad_input_2d = View2D(grad_input, sizes.m, sizes.k);
   if (grad_output.device().is_cuda()) {
     return cuda_backend::LinearBackward(grad_output_2d, input_2d, weight,
                                         grad_input_2d, grad_weight, grad_bias,
@@ -202,6 +245,80 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
   }
   return cpu_backend::LinearBackward(grad_output_2d, input_2d, weight,
                                      grad_input_2d, grad_weight, grad_bias);
+}
+
+absl::Status LinearGeluForward(const Tensor &input, const Tensor &weight,
+                               const Tensor &bias, const Tensor &output,
+                               const Tensor &pre_activation,
+                               const Stream &stream) {
+  const char *op = "LinearGeluForward";
+  ZE_ASSIGN_OR_RETURN(const LinearSizes sizes,
+                      CheckLinearForward(op, input, weight, bias, output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "pre_activation", pre_activation));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "pre_activation", pre_activation, output.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "pre_activation", pre_activation));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
+                                       {{"pre_activation", &pre_activation}}));
+  if (Aliases(pre_activation, input) || Aliases(pre_activation, output)) {
+    return Invalid(op, "pre_activation must not alias input or output");
+  }
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor output_2d = View2D(output, sizes.m, sizes.n);
+  const Tensor pre_2d = View2D(pre_activation, sizes.m, sizes.n);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LinearGeluForward(input_2d, weight, bias, output_2d,
+                                           pre_2d, stream);
+  }
+  return cpu_backend::LinearGeluForward(input_2d, weight, bias, output_2d,
+                                        pre_2d);
+}
+
+absl::Status GeluLinearBackward(
+    const Tensor &grad_output, const Tensor &input, const Tensor &weight,
+    const Tensor &pre_activation, const Tensor &grad_pre_activation,
+    const Tensor &grad_weight, const Tensor &grad_bias,
+    const Tensor &grad_pre_activation_bias, const Stream &stream) {
+  const char *op = "GeluLinearBackward";
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, "grad_pre_activation", grad_pre_activation));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "pre_activation", pre_activation));
+  ZE_ASSIGN_OR_RETURN(
+      const LinearSizes sizes,
+      CheckLinearBackward(op, grad_output, input, weight, "grad_pre_activation",
+                          grad_pre_activation, grad_weight, grad_bias));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "pre_activation", pre_activation,
+                                  grad_pre_activation.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "pre_activation", pre_activation));
+  if (grad_pre_activation_bias.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "grad_pre_activation_bias",
+                                    grad_pre_activation_bias, {sizes.k}));
+    ZE_RETURN_IF_ERROR(
+        RequireFloat(op, "grad_pre_activation_bias", grad_pre_activation_bias));
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "grad_output", grad_output,
+      {{"pre_activation", &pre_activation},
+       {"grad_pre_activation_bias", &grad_pre_activation_bias}}));
+  if (Aliases(grad_pre_activation, grad_output) ||
+      Aliases(grad_pre_activation, input) ||
+      Aliases(grad_pre_activation, pre_activation)) {
+    return Invalid(op,
+                   "grad_pre_activation must not alias grad_output, input or "
+                   "pre_activation");
+  }
+  const Tensor grad_output_2d = View2D(grad_output, sizes.m, sizes.n);
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor pre_2d = View2D(pre_activation, sizes.m, sizes.k);
+  const Tensor grad_pre_2d = View2D(grad_pre_activation, sizes.m, sizes.k);
+  if (grad_output.device().is_cuda()) {
+    return cuda_backend::GeluLinearBackward(
+        grad_output_2d, input_2d, weight, pre_2d, grad_pre_2d, grad_weight,
+        grad_bias, grad_pre_activation_bias, stream);
+  }
+  return cpu_backend::GeluLinearBackward(grad_output_2d, input_2d, weight,
+                                         pre_2d, grad_pre_2d, grad_weight,
+                                         grad_bias, grad_pre_activation_bias);
 }
 
 absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,

@@ -6,7 +6,11 @@
 //     bf16/f16 tensors are storage only: values are widened to f32, computed,
 //     and outputs rounded to nearest even.
 //   - CUDA (nn/functional_cuda.cc, kernels in nn/cuda/): bf16/f16 (or f32)
-//     storage and compute with f32 accumulation; cuBLASLt for matrix products.
+//     storage and compute with f32 accumulation; cuBLASLt for matrix products,
+//     with bias, GELU and bias-gradient work fused into their epilogues where
+//     cuBLASLt accepts the combination (ZE_DISABLE_MATMUL_EPILOGUE_FUSION=1
+//     in the environment turns the fusion off, for A/B comparisons; see
+//     nn/cuda/functional_cuda.h).
 // All work is queued on `stream` (CPU: done on return). No function
 // allocates tensors visible to the caller; temporary workspace is internal.
 //
@@ -42,6 +46,10 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
 // grad_weight (N, K) += grad_output^T @ input (M, K)           (accumulated)
 // grad_bias (N)      += sum over rows of grad_output           (accumulated)
 // Each output may be undefined (skipped).
+// CUDA: with both grad_weight and grad_bias, the bias sum is fused into the
+// weight-gradient product (cuBLASLt BGRADB epilogue into f32 scratch, then
+// one small add); otherwise, or where cuBLASLt rejects that epilogue, or
+// with fusion disabled, a separate column-sum reduction.
 absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
@@ -68,6 +76,48 @@ absl::Status GeluForward(const Tensor& input, const Tensor& output,
 // grad_input = grad_output * gelu'(input). grad_input may alias grad_output.
 absl::Status GeluBackward(const Tensor& grad_output, const Tensor& input,
                           const Tensor& grad_input, const Stream& stream);
+
+// A Linear followed by GELU (tanh approximation), in one step:
+//   pre_activation (M, N) = input (M, K) @ weight (N, K)^T + bias (N)
+//   output (M, N)         = gelu(pre_activation)
+// Both outputs are overwritten; pre_activation is what GeluLinearBackward
+// (or GeluBackward) needs later. `bias` may be undefined. output and
+// pre_activation must not alias each other or input. On CUDA,
+// pre_activation must have output's dtype.
+// CUDA: one cuBLASLt product with the GELU_AUX(_BIAS) epilogue (GELU of the
+// f32 accumulator; pre_activation is that accumulator rounded); where
+// cuBLASLt rejects it (N not a multiple of 8, dtype, alignment) or fusion is
+// disabled, LinearForward into pre_activation then GeluForward.
+// CPU: f32 product, GELU of the f32 pre-activation, both rounded once.
+absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
+                               const Tensor& bias, const Tensor& output,
+                               const Tensor& pre_activation,
+                               const Stream& stream);
+
+// Backward of a Linear whose input was gelu(pre_activation) (e.g. the
+// output of LinearGeluForward), fusing GELU's backward into the input
+// gradient. With input = gelu(pre_activation) (M, K):
+//   grad_pre_activation (M, K) = (grad_output (M, N) @ weight (N, K))
+//                                * gelu'(pre_activation)     (overwritten)
+//   grad_pre_activation_bias (K) += sum over rows of grad_pre_activation
+//                                                            (accumulated)
+//   grad_weight (N, K) += grad_output^T @ input               (accumulated)
+//   grad_bias (N)      += sum over rows of grad_output        (accumulated)
+// grad_pre_activation_bias is the bias gradient of the Linear that produced
+// pre_activation (any float dtype). grad_pre_activation and pre_activation
+// are required; input only with grad_weight; grad_weight, grad_bias and
+// grad_pre_activation_bias may be undefined (skipped). grad_pre_activation
+// must not alias grad_output, input or pre_activation.
+// CUDA: the input-gradient product uses the DGELU_BGRAD epilogue (DGELU
+// without grad_pre_activation_bias), the bias sum going through f32 scratch
+// and one small add; where cuBLASLt rejects it (K not a multiple of 8, ...)
+// or fusion is disabled: LinearBackward's product, GeluBackward and a column
+// sum. grad_weight/grad_bias as in LinearBackward.
+absl::Status GeluLinearBackward(
+    const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+    const Tensor& pre_activation, const Tensor& grad_pre_activation,
+    const Tensor& grad_weight, const Tensor& grad_bias,
+    const Tensor& grad_pre_activation_bias, const Stream& stream);
 
 // Causal multi-head self-attention core.
 //   qkv (B, T, 3 * C): per token [q | k | v], each (H, D) with C = H * D

@@ -214,16 +214,26 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
+
+float GeluTanh(float v) {
+  const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+  return 0.5f * v * (1.0f + std::tanh(inner));
+}
+
+float GeluDerivative(float v) {
+  const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+  const float tanh_inner = std::tanh(inner);
+  const float sech2 = 1.0f - tanh_inner * tanh_inner;
+  return 0.5f * (1.0f + tanh_inner) +
+         0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+}
+
 }  // namespace
 
 absl::Status GeluForward(const Tensor &input, const Tensor &output) {
   FloatIn x(input);
   FloatOut y(output, /*load=*/false);
-  for (int64_t i = 0; i < input.numel(); ++i) {
-    const float v = x.get()[i];
-    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
-    y.get()[i] = 0.5f * v * (1.0f + std::tanh(inner));
-  }
+  for (int64_t i = 0; i < input.numel(); ++i) y.get()[i] = GeluTanh(x.get()[i]);
   y.Commit();
   return absl::OkStatus();
 }
@@ -235,17 +245,82 @@ absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
   FloatIn dy(grad_output), x(input);
   FloatOut dx(grad_input, /*load=*/false);
   for (int64_t i = 0; i < input.numel(); ++i) {
-    const float v = x.get()[i];
-    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
-    const float tanh_inner = std::tanh(inner);
-    const float sech2 = 1.0f - tanh_inner * tanh_inner;
-    const float derivative =
-        0.5f * (1.0f + tanh_inner) +
-        0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-    dx.get()[i] = dy.get()[i] * derivative;
+    dx.get()[i] = dy.get()[i] * GeluDerivative(x.get()[i]);
   }
   dx.Commit();
   return absl::OkStatus();
+}
+
+absl::Status LinearGeluForward(const Tensor &input, const Tensor &weight,
+                               const Tensor &bias, const Tensor &output,
+                               const Tensor &pre_activation) {
+  // The pre-activation in f32 (in place when it is f32), GELU from those f32
+  // values; each output rounded once.
+  FloatOut pre(pre_activation, /*load=*/false);
+  {
+    const int m = static_cast<int>(input.size(0));
+    const int k = static_cast<int>(input.size(1));
+    const int n = static_cast<int>(weight.size(0));
+    FloatIn x(input), w(weight), b(bias);
+    if (m > 0 && n > 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f,
+                  x.get(), k, w.get(), k, 0.0f, pre.get(), n);
+    }
+    if (bias.defined()) {
+      for (int row = 0; row < m; ++row) {
+        float *p_row = pre.get() + static_cast<int64_t>(row) * n;
+        for (int col = 0; col < n; ++col) p_row[col] += b.get()[col];
+      }
+    }
+  }
+  FloatOut y(output, /*load=*/false);
+  for (int64_t i = 0; i < output.numel(); ++i) {
+    y.get()[i] = GeluTanh(pre.get()[i]);
+  }
+  y.Commit();
+  pre.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status GeluLinearBackward(const Tensor &grad_output, const Tensor &input,
+                                const Tensor &weight,
+                                const Tensor &pre_activation,
+                                const Tensor &grad_pre_activation,
+                                const Tensor &grad_weight,
+                                const Tensor &grad_bias,
+                                const Tensor &grad_pre_activation_bias) {
+  const int m = static_cast<int>(grad_output.size(0));
+  const int n = static_cast<int>(grad_output.size(1));
+  const int k = static_cast<int>(weight.size(1));
+  {
+    // d(pre) = (dy @ W) * gelu'(pre), all in f32; the bias sum is taken from
+    // the f32 values before rounding.
+    FloatIn dy(grad_output), w(weight), pre(pre_activation);
+    FloatOut dpre(grad_pre_activation, /*load=*/false);
+    if (m > 0 && k > 0) {
+      if (n > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f,
+                    dy.get(), n, w.get(), k, 0.0f, dpre.get(), k);
+      } else {
+        std::fill(dpre.get(), dpre.get() + static_cast<int64_t>(m) * k, 0.0f);
+      }
+    }
+    for (int64_t i = 0; i < static_cast<int64_t>(m) * k; ++i) {
+      dpre.get()[i] *= GeluDerivative(pre.get()[i]);
+    }
+    if (grad_pre_activation_bias.defined()) {
+      FloatOut db(grad_pre_activation_bias, /*load=*/true);
+      for (int row = 0; row < m; ++row) {
+        const float *row_values = dpre.get() + static_cast<int64_t>(row) * k;
+        for (int col = 0; col < k; ++col) db.get()[col] += row_values[col];
+      }
+      db.Commit();
+    }
+    dpre.Commit();
+  }
+  if (!grad_weight.defined() && !grad_bias.defined()) return absl::OkStatus();
+  return LinearBackward(grad_output, input, weight, Tensor(), grad_weight,
+                        grad_bias);
 }
 
 absl::Status AttentionForward(const Tensor &qkv, int num_heads,

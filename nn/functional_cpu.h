@@ -34,6 +34,21 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
 absl::Status GeluForward(const Tensor &input, const Tensor &output);
 absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
                           const Tensor &grad_input);
+// input (M, K), weight (N, K), bias (N) or undefined; output and
+// pre_activation (M, N).
+absl::Status LinearGeluForward(const Tensor &input, const Tensor &weight,
+                               const Tensor &bias, const Tensor &output,
+                               const Tensor &pre_activation);
+// grad_output (M, N), input (M, K) or undefined, weight (N, K),
+// pre_activation and grad_pre_activation (M, K), grad_pre_activation_bias
+// (K) or undefined.
+absl::Status GeluLinearBackward(const Tensor &grad_output, const Tensor &input,
+                                const Tensor &weight,
+                                const Tensor &pre_activation,
+                                const Tensor &grad_pre_activation,
+                                const Tensor &grad_weight,
+                                const Tensor &grad_bias,
+                                const Tensor &grad_pre_activation_bias);
 // qkv (B, T, 3C), output (B, T, C), logsumexp (B, H, T) f32.
 absl::Status AttentionForward(const Tensor &qkv, int num_heads,
                               const Tensor &output, const Tensor &logsumexp);

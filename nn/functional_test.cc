@@ -190,6 +190,133 @@ TEST(FunctionalTest, GeluBackwardMayAliasGradOutput) {
   EXPECT_EQ(Values(separate), Values(aliased));
 }
 
+// LinearGeluForward is LinearForward into pre_activation, then GeluForward:
+// in f32 the same arithmetic, so bit for bit; with bf16 storage, GELU reads
+// the unrounded f32 pre-activation, so within one bf16 rounding.
+TEST(FunctionalTest, LinearGeluForwardMatchesLinearThenGelu) {
+  const Tensor input = RandomTensor({2, 3, 5}, 1, 2.0f);
+  const Tensor weight = RandomTensor({8, 5}, 2);
+  const Tensor bias = RandomTensor({8}, 3);
+  for (const Tensor &maybe_bias : {bias, Tensor()}) {
+    Tensor pre_ref = Empty({2, 3, 8}), out_ref = Empty({2, 3, 8});
+    ASSERT_TRUE(
+        LinearForward(input, weight, maybe_bias, pre_ref, Stream()).ok());
+    ASSERT_TRUE(GeluForward(pre_ref, out_ref, Stream()).ok());
+    Tensor pre = Empty({2, 3, 8}), out = Empty({2, 3, 8});
+    ASSERT_TRUE(
+        LinearGeluForward(input, weight, maybe_bias, out, pre, Stream()).ok());
+    EXPECT_EQ(Values(pre), Values(pre_ref));
+    EXPECT_EQ(Values(out), Values(out_ref));
+  }
+  Tensor pre16 = Empty({2, 3, 8}, DType::kBF16);
+  Tensor out16 = Empty({2, 3, 8}, DType::kBF16);
+  ASSERT_TRUE(LinearGeluForward(
+                  ToDType(input, DType::kBF16), ToDType(weight, DType::kBF16),
+                  ToDType(bias, DType::kBF16), out16, pre16, Stream())
+                  .ok());
+  Tensor pre_ref = Empty({2, 3, 8}), out_ref = Empty({2, 3, 8});
+  ASSERT_TRUE(
+      LinearGeluForward(ToDType(ToDType(input, DType::kBF16), DType::kF32),
+                        ToDType(ToDType(weight, DType::kBF16), DType::kF32),
+                        ToDType(ToDType(bias, DType::kBF16), DType::kF32),
+                        out_ref, pre_ref, Stream())
+          .ok());
+  const std::vector<float> want_pre = Values(pre_ref);
+  const std::vector<float> want_out = Values(out_ref);
+  const std::vector<float> got_pre = Values(pre16);
+  const std::vector<float> got_out = Values(out16);
+  for (size_t i = 0; i < want_pre.size(); ++i) {
+    EXPECT_EQ(got_pre[i], static_cast<float>(bf16(want_pre[i]))) << i;
+    EXPECT_EQ(got_out[i], static_cast<float>(bf16(want_out[i]))) << i;
+  }
+}
+
+// GeluLinearBackward against the unfused composition: LinearBackward (input
+// gradient, weight and bias gradients), GeluBackward, and the column sums of
+// the result for the producing Linear's bias. Every gradient accumulates
+// into non-zero starting values.
+TEST(FunctionalTest, GeluLinearBackwardMatchesUnfusedComposition) {
+  const int64_t m = 6, k = 8, n = 5;
+  const Tensor pre = RandomTensor({2, 3, k}, 1, 3.0f);
+  Tensor input = Empty({2, 3, k});  // gelu(pre), as the forward saved it
+  ASSERT_TRUE(GeluForward(pre, input, Stream()).ok());
+  const Tensor weight = RandomTensor({n, k}, 2);
+  const Tensor grad_output = RandomTensor({2, 3, n}, 3);
+
+  Tensor grad_hidden = Empty({2, 3, k}), grad_pre_ref = Empty({2, 3, k});
+  Tensor grad_weight_ref = RandomTensor({n, k}, 4);
+  Tensor grad_bias_ref = RandomTensor({n}, 5);
+  ASSERT_TRUE(LinearBackward(grad_output, input, weight, grad_hidden,
+                             grad_weight_ref, grad_bias_ref, Stream())
+                  .ok());
+  ASSERT_TRUE(GeluBackward(grad_hidden, pre, grad_pre_ref, Stream()).ok());
+  const std::vector<float> grad_pre_values = Values(grad_pre_ref);
+  std::vector<double> pre_bias_ref(k);
+  const std::vector<float> pre_bias_start = Values(RandomTensor({k}, 6));
+  for (int64_t c = 0; c < k; ++c) {
+    pre_bias_ref[c] = pre_bias_start[c];
+    for (int64_t r = 0; r < m; ++r)
+      pre_bias_ref[c] += grad_pre_values[r * k + c];
+  }
+
+  Tensor grad_pre = Empty({2, 3, k});
+  Tensor grad_weight = RandomTensor({n, k}, 4);
+  Tensor grad_bias = RandomTensor({n}, 5);
+  Tensor pre_bias = RandomTensor({k}, 6);
+  ASSERT_TRUE(GeluLinearBackward(grad_output, input, weight, pre, grad_pre,
+                                 grad_weight, grad_bias, pre_bias, Stream())
+                  .ok());
+  EXPECT_EQ(Values(grad_pre), grad_pre_values);
+  EXPECT_EQ(Values(grad_weight), Values(grad_weight_ref));
+  EXPECT_EQ(Values(grad_bias), Values(grad_bias_ref));
+  const std::vector<float> got_pre_bias = Values(pre_bias);
+  for (int64_t c = 0; c < k; ++c) {
+    EXPECT_NEAR(got_pre_bias[c], pre_bias_ref[c], 1e-5) << c;
+  }
+
+  // Only the pre-activation gradient (no parameter gradients, no input).
+  Tensor grad_pre_only = Empty({2, 3, k});
+  ASSERT_TRUE(GeluLinearBackward(grad_output, Tensor(), weight, pre,
+                                 grad_pre_only, Tensor(), Tensor(), Tensor(),
+                                 Stream())
+                  .ok());
+  EXPECT_EQ(Values(grad_pre_only), grad_pre_values);
+}
+
+TEST(FunctionalValidationTest, FusedGeluOpsNameTheBadArgument) {
+  const Stream stream;
+  const Tensor input = RandomTensor({4, 5}, 1);
+  const Tensor weight = RandomTensor({8, 5}, 2);
+  Tensor output = Empty({4, 8});
+  ExpectInvalid(
+      LinearGeluForward(input, weight, Tensor(), output, Empty({4, 7}), stream),
+      "pre_activation must have shape [4, 8]");
+  ExpectInvalid(
+      LinearGeluForward(input, weight, Tensor(), output, output, stream),
+      "pre_activation must not alias");
+  ExpectInvalid(
+      LinearGeluForward(input, weight, Tensor(), output, Tensor(), stream),
+      "pre_activation is undefined");
+  const Tensor grad_output = RandomTensor({4, 8}, 3);
+  const Tensor proj_weight = RandomTensor({8, 6}, 4);
+  const Tensor pre = RandomTensor({4, 6}, 5);
+  ExpectInvalid(
+      GeluLinearBackward(grad_output, Tensor(), proj_weight, pre, Empty({4, 6}),
+                         Tensor(), Tensor(), Empty({5}), stream),
+      "grad_pre_activation_bias must have shape [6]");
+  ExpectInvalid(GeluLinearBackward(grad_output, Tensor(), proj_weight,
+                                   RandomTensor({4, 5}, 5), Empty({4, 6}),
+                                   Tensor(), Tensor(), Tensor(), stream),
+                "pre_activation must have shape [4, 6]");
+  ExpectInvalid(GeluLinearBackward(grad_output, Tensor(), proj_weight, pre, pre,
+                                   Tensor(), Tensor(), Tensor(), stream),
+                "grad_pre_activation must not alias");
+  ExpectInvalid(
+      GeluLinearBackward(grad_output, Tensor(), proj_weight, pre, Tensor(),
+                         Tensor(), Tensor(), Tensor(), stream),
+      "grad_pre_activation is undefined");
+}
+
 TEST(FunctionalTest, EmbeddingAddsPositionRows) {
   const Tensor tokens = RandomIds({2, 3}, 1, 5);
   const Tensor wte = RandomTensor({5, 4}, 2);

@@ -11,10 +11,13 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -22,6 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/logging.h"
+#include "core/ops.h"
 #include "core/status.h"
 #include "nn/cuda/attention.h"
 #include "nn/cuda/kernels.h"
@@ -77,7 +82,37 @@ struct DeviceState {
   // Heuristic results, by a key describing the problem: the heuristic
   // query costs microseconds, the matmuls it picks for should not.
   std::map<std::string, cublasLtMatmulAlgo_t> algos;
+  // Problems with a fused epilogue that cuBLASLt has no algorithm for, or
+  // rejected: they take the unfused path without asking again.
+  std::set<std::string> rejected;
 };
+
+// Epilogue fusion switch: -1 follows the environment.
+std::atomic<int> fusion_override{-1};
+
+bool FusionEnabledByEnvironment() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("ZE_DISABLE_MATMUL_EPILOGUE_FUSION");
+    return value == nullptr || value[0] == '\0' || std::string(value) == "0";
+  }();
+  return enabled;
+}
+
+struct EpilogueCounters {
+  std::atomic<int64_t> bgradb_fused{0}, bgradb_fallback{0};
+  std::atomic<int64_t> gelu_aux_fused{0}, gelu_aux_fallback{0};
+  std::atomic<int64_t> dgelu_fused{0}, dgelu_fallback{0};
+};
+
+EpilogueCounters& Counters() {
+  static auto* counters = new EpilogueCounters;
+  return *counters;
+}
+
+void Count(std::atomic<int64_t>& fused, std::atomic<int64_t>& fallback,
+           bool was_fused) {
+  (was_fused ? fused : fallback).fetch_add(1, std::memory_order_relaxed);
+}
 
 std::mutex& StateMutex() {
   static std::mutex* mutex = new std::mutex;
@@ -138,8 +173,8 @@ int AlignmentOf(const void* p) {
   return alignment;
 }
 
-// One column-major product D (m, n) = A' (m, k) B' (n... ) as cuBLASLt sees
-// it: D = op(A) op(B) + beta D [+ bias per row of D].
+// One column-major product as cuBLASLt sees it: D (m, n) = op(A) (m, k)
+// op(B) (k, n) + beta D, followed by `epilogue`.
 struct MatmulArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -153,7 +188,23 @@ struct MatmulArgs {
   cudaDataType_t d_type = CUDA_R_32F;
   int64_t ldd = 0;
   float beta = 0.0f;
-  const void* bias = nullptr;  // length m, type d_type; null: none
+  // DEFAULT, or BIAS when `bias` is set and nothing else is asked for.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  // BIAS, GELU_AUX_BIAS: the bias added to each column of D (length m, type
+  // d_type). BGRADB: the bias gradient written, length n (the column sums
+  // of op(B), reduced over k). DGELU_BGRAD: length m, reduced over n.
+  void* bias = nullptr;
+  // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE; -1 leaves cuBLASLt's default (the
+  // type of D).
+  int bias_type = -1;
+  // GELU_AUX(_BIAS): the pre-activation written; DGELU(_BGRAD): read. Laid
+  // out as D, leading dimension aux_ld (a multiple of 8, >= m).
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  // For fused epilogues: a problem cuBLASLt offers no algorithm for or
+  // rejects is reported as "not run" (TryMatmul returns false) instead of an
+  // error, and remembered.
+  bool may_reject = false;
 };
 
 // RAII owners of cuBLASLt descriptors.
@@ -185,8 +236,20 @@ absl::StatusOr<Layout> MakeLayout(cudaDataType_t type, int64_t rows,
   return Layout(layout);
 }
 
-absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
-  if (args.m == 0 || args.n == 0) return absl::OkStatus();
+absl::Status SetDescAttribute(cublasLtMatmulDesc_t desc,
+                              cublasLtMatmulDescAttributes_t attribute,
+                              const void* value, size_t bytes,
+                              const char* what) {
+  return CublasStatus(
+      cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes), what);
+}
+
+// Runs the product; true when queued. With args.may_reject, false when
+// cuBLASLt has no algorithm for the problem or rejects it (nothing queued;
+// remembered, so the next call returns false at once); other failures are
+// errors.
+absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
+  if (args.m == 0 || args.n == 0) return true;
   const int device = stream.device().index;
   // f32 data computes in plain f32 (no TF32) so CPU comparisons stay tight;
   // 16-bit data uses tensor cores with f32 accumulation.
@@ -198,26 +261,38 @@ absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
   Desc desc(raw_desc);
   const cublasOperation_t op_a = args.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ZE_RETURN_IF_ERROR(CublasStatus(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
-                                     &op_a, sizeof(op_a)),
-      "set TRANSA"));
-  ZE_RETURN_IF_ERROR(CublasStatus(
-      cublasLtMatmulDescSetAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
-                                     &op_b, sizeof(op_b)),
-      "set TRANSB"));
+  ZE_RETURN_IF_ERROR(SetDescAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA,
+                                      &op_a, sizeof(op_a), "set TRANSA"));
+  ZE_RETURN_IF_ERROR(SetDescAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB,
+                                      &op_b, sizeof(op_b), "set TRANSB"));
+  cublasLtEpilogue_t epilogue = args.epilogue;
+  if (epilogue == CUBLASLT_EPILOGUE_DEFAULT && args.bias != nullptr) {
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
+  }
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    ZE_RETURN_IF_ERROR(
+        SetDescAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                         sizeof(epilogue), "set EPILOGUE"));
+  }
   if (args.bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    ZE_RETURN_IF_ERROR(CublasStatus(
-        cublasLtMatmulDescSetAttribute(desc.get(),
-                                       CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                       sizeof(epilogue)),
-        "set EPILOGUE"));
-    ZE_RETURN_IF_ERROR(CublasStatus(
-        cublasLtMatmulDescSetAttribute(desc.get(),
-                                       CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                       &args.bias, sizeof(args.bias)),
-        "set BIAS_POINTER"));
+    ZE_RETURN_IF_ERROR(
+        SetDescAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                         &args.bias, sizeof(args.bias), "set BIAS_POINTER"));
+    if (args.bias_type >= 0) {
+      const int32_t bias_type = args.bias_type;
+      ZE_RETURN_IF_ERROR(SetDescAttribute(
+          desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+          sizeof(bias_type), "set BIAS_DATA_TYPE"));
+    }
+  }
+  if (args.aux != nullptr) {
+    ZE_RETURN_IF_ERROR(SetDescAttribute(
+        desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &args.aux,
+        sizeof(args.aux), "set EPILOGUE_AUX_POINTER"));
+    const int64_t aux_ld = args.aux_ld;
+    ZE_RETURN_IF_ERROR(
+        SetDescAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                         &aux_ld, sizeof(aux_ld), "set EPILOGUE_AUX_LD"));
   }
   // Stored shapes: op(A) is (m, k), so A is (k, m) when transposed.
   ZE_ASSIGN_OR_RETURN(Layout a_layout,
@@ -231,11 +306,17 @@ absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
 
   const int align_a = AlignmentOf(args.a), align_b = AlignmentOf(args.b);
   const int align_d = AlignmentOf(args.d);
-  const std::string key = absl::StrCat(
+  std::string key = absl::StrCat(
       args.trans_a, ",", args.trans_b, ",", args.m, ",", args.n, ",", args.k,
       ",", args.a_type, ",", args.b_type, ",", args.d_type, ",", args.lda, ",",
       args.ldb, ",", args.ldd, ",", args.beta != 0.0f, ",",
       args.bias != nullptr, ",", align_a, ",", align_b, ",", align_d);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
+      epilogue != CUBLASLT_EPILOGUE_BIAS) {
+    absl::StrAppend(&key, ",epilogue ", static_cast<int>(epilogue), ",",
+                    args.bias_type, ",", AlignmentOf(args.bias), ",",
+                    args.aux_ld, ",", AlignmentOf(args.aux));
+  }
 
   cublasLtHandle_t handle;
   void* workspace;
@@ -247,6 +328,7 @@ absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
                         StreamStateLocked(device, stream.native()));
     handle = state->handle;
     workspace = stream_state->workspace;
+    if (args.may_reject && state->rejected.count(key) > 0) return false;
     auto found = state->algos.find(key);
     if (found != state->algos.end()) {
       algo = found->second;
@@ -276,11 +358,20 @@ absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
           sizeof(uint32_t));
       cublasLtMatmulHeuristicResult_t result = {};
       int found_count = 0;
+      const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+          handle, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(),
+          d_layout.get(), pref.get(), 1, &result, &found_count);
+      if (args.may_reject &&
+          (heuristic != CUBLAS_STATUS_SUCCESS || found_count == 0)) {
+        ZE_LOG(DEBUG) << "cuBLASLt has no algorithm for epilogue "
+                      << static_cast<int>(epilogue) << " (" << key
+                      << "): " << cublasGetStatusString(heuristic) << ", found "
+                      << found_count << "; using the unfused kernels";
+        state->rejected.insert(key);
+        return false;
+      }
       ZE_RETURN_IF_ERROR(CublasStatus(
-          cublasLtMatmulAlgoGetHeuristic(handle, desc.get(), a_layout.get(),
-                                         b_layout.get(), d_layout.get(),
-                                         d_layout.get(), pref.get(), 1, &result,
-                                         &found_count),
+          heuristic,
           absl::StrCat("cublasLtMatmulAlgoGetHeuristic (", key, ")")));
       if (found_count == 0) {
         return absl::UnimplementedError(
@@ -291,12 +382,34 @@ absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
     }
   }
   const float alpha = 1.0f;
-  return CublasStatus(
+  const cublasStatus_t status =
       cublasLtMatmul(handle, desc.get(), &alpha, args.a, a_layout.get(), args.b,
                      b_layout.get(), &args.beta, args.d, d_layout.get(), args.d,
                      d_layout.get(), &algo, workspace, kLtWorkspaceBytes,
-                     static_cast<cudaStream_t>(stream.native())),
-      absl::StrCat("cublasLtMatmul (", key, ")"));
+                     static_cast<cudaStream_t>(stream.native()));
+  if (args.may_reject && (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                          status == CUBLAS_STATUS_INVALID_VALUE)) {
+    // Argument checks fail before anything is launched.
+    ZE_LOG(DEBUG) << "cuBLASLt rejected epilogue " << static_cast<int>(epilogue)
+                  << " (" << key << "): " << cublasGetStatusString(status)
+                  << "; using the unfused kernels";
+    std::lock_guard<std::mutex> lock(StateMutex());
+    DeviceState& state = States()[device];
+    state.algos.erase(key);
+    state.rejected.insert(key);
+    return false;
+  }
+  ZE_RETURN_IF_ERROR(
+      CublasStatus(status, absl::StrCat("cublasLtMatmul (", key, ")")));
+  return true;
+}
+
+absl::Status Matmul(const Stream& stream, const MatmulArgs& args) {
+  ZE_ASSIGN_OR_RETURN(const bool ran, TryMatmul(stream, args));
+  if (!ran) {
+    return absl::InternalError("matmul with may_reject set, run as Matmul");
+  }
+  return absl::OkStatus();
 }
 
 int DTypeCode(DType dtype) { return static_cast<int>(dtype); }
@@ -328,7 +441,92 @@ absl::Status Enter(const Stream& stream) {
 
 size_t RoundUp256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// target (cols) += column sums of x (rows, cols): per-chunk partial sums in
+// f32 scratch, then one deterministic reduction.
+absl::Status AddColumnSums(const Stream& stream, const Tensor& x,
+                           const Tensor& target, const char* what) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  const int partial_rows = kernels::ColumnPartialSumsCount(rows);
+  ZE_ASSIGN_OR_RETURN(
+      void* scratch,
+      Scratch(stream, RoundUp256(sizeof(float) * partial_rows * cols)));
+  float* partials = static_cast<float*>(scratch);
+  ZE_RETURN_IF_ERROR(
+      LaunchStatus(kernels::LaunchColumnPartialSums(x.data(), rows, cols,
+                                                    DTypeCode(x.dtype()),
+                                                    partials, stream.native()),
+                   what));
+  return LaunchStatus(
+      kernels::LaunchAddColumnSums(partials, partial_rows, cols, target.data(),
+                                   DTypeCode(target.dtype()), stream.native()),
+      what);
+}
+
+// Runs `args` (whose epilogue writes a bias gradient of `count` elements)
+// with the bias gradient going to scratch, then adds it into `target`
+// (accumulating, any float dtype). Asks for an f32 bias vector first, then
+// one in D's dtype (`d_dtype`). False when cuBLASLt rejects both (nothing
+// queued).
+absl::StatusOr<bool> MatmulWithBiasGrad(const Stream& stream, MatmulArgs args,
+                                        int64_t count, DType d_dtype,
+                                        const Tensor& target) {
+  args.may_reject = true;
+  if (args.m == 0 || args.n == 0) {
+    // No product to fuse into; the caller's unfused path handles it.
+    return false;
+  }
+  ZE_ASSIGN_OR_RETURN(void* scratch,
+                      Scratch(stream, RoundUp256(sizeof(float) * count)));
+  args.bias = scratch;
+  const DType bias_dtypes[2] = {DType::kF32, d_dtype};
+  const int attempts = d_dtype == DType::kF32 ? 1 : 2;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    const DType bias_dtype = bias_dtypes[attempt];
+    ZE_ASSIGN_OR_RETURN(args.bias_type, CudaType(bias_dtype, "bias gradient"));
+    ZE_ASSIGN_OR_RETURN(const bool ran, TryMatmul(stream, args));
+    if (!ran) continue;
+    const Tensor sums =
+        Tensor::Wrap(scratch, {count}, bias_dtype, stream.device());
+    ZE_RETURN_IF_ERROR(Add(sums, target, target, stream));
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool MatmulEpilogueFusionEnabled() {
+  const int override_value = fusion_override.load(std::memory_order_relaxed);
+  if (override_value >= 0) return override_value == 1;
+  return FusionEnabledByEnvironment();
+}
+
+void SetMatmulEpilogueFusion(bool enabled) {
+  fusion_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
+}
+
+MatmulEpilogueStats GetMatmulEpilogueStats() {
+  const EpilogueCounters& counters = Counters();
+  MatmulEpilogueStats stats;
+  stats.bgradb_fused = counters.bgradb_fused.load();
+  stats.bgradb_fallback = counters.bgradb_fallback.load();
+  stats.gelu_aux_fused = counters.gelu_aux_fused.load();
+  stats.gelu_aux_fallback = counters.gelu_aux_fallback.load();
+  stats.dgelu_fused = counters.dgelu_fused.load();
+  stats.dgelu_fallback = counters.dgelu_fallback.load();
+  return stats;
+}
+
+void ResetMatmulEpilogueStats() {
+  EpilogueCounters& counters = Counters();
+  for (std::atomic<int64_t>* counter :
+       {&counters.bgradb_fused, &counters.bgradb_fallback,
+        &counters.gelu_aux_fused, &counters.gelu_aux_fallback,
+        &counters.dgelu_fused, &counters.dgelu_fallback}) {
+    counter->store(0);
+  }
+}
 
 absl::Status LinearForward(const Tensor& input, const Tensor& weight,
                            const Tensor& bias, const Tensor& output,
@@ -368,6 +566,41 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
   return Annotate(Matmul(stream, args), "LinearForward");
 }
 
+namespace {
+
+// The arguments of the input-gradient product of a Linear:
+// dX^T (K, M) = W^T (K, N) dY^T (N, M), all column-major as stored.
+absl::StatusOr<MatmulArgs> GradInputArgs(const Tensor& grad_output,
+                                         const Tensor& weight,
+                                         const Tensor& grad_input) {
+  const int64_t m = grad_output.size(0), n = grad_output.size(1);
+  const int64_t k = weight.size(1);
+  MatmulArgs args;
+  args.m = k;
+  args.n = m;
+  args.k = n;
+  args.a = weight.data();
+  ZE_ASSIGN_OR_RETURN(args.a_type, CudaType(weight.dtype(), "weight"));
+  args.lda = k;
+  args.b = grad_output.data();
+  ZE_ASSIGN_OR_RETURN(args.b_type,
+                      CudaType(grad_output.dtype(), "grad_output"));
+  args.ldb = n;
+  args.d = grad_input.data();
+  ZE_ASSIGN_OR_RETURN(args.d_type, CudaType(grad_input.dtype(), "grad_input"));
+  args.ldd = k;
+  return args;
+}
+
+absl::Status ZeroFill(const Tensor& tensor, const Stream& stream,
+                      const char* what) {
+  return CudaStatus(cudaMemsetAsync(tensor.data(), 0, tensor.nbytes(),
+                                    static_cast<cudaStream_t>(stream.native())),
+                    what);
+}
+
+}  // namespace
+
 absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
@@ -378,32 +611,17 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
   if (grad_input.defined()) {
     ZE_RETURN_IF_ERROR(
         RequireSameDType("LinearBackward", grad_output, {&weight}));
-    // dX^T (K, M) = W^T (K, N) dY^T (N, M), all column-major as stored.
-    MatmulArgs args;
-    args.m = k;
-    args.n = m;
-    args.k = n;
-    args.a = weight.data();
-    ZE_ASSIGN_OR_RETURN(args.a_type, CudaType(weight.dtype(), "weight"));
-    args.lda = k;
-    args.b = grad_output.data();
-    ZE_ASSIGN_OR_RETURN(args.b_type,
-                        CudaType(grad_output.dtype(), "grad_output"));
-    args.ldb = n;
-    args.d = grad_input.data();
-    ZE_ASSIGN_OR_RETURN(args.d_type,
-                        CudaType(grad_input.dtype(), "grad_input"));
-    args.ldd = k;
+    ZE_ASSIGN_OR_RETURN(const MatmulArgs args,
+                        GradInputArgs(grad_output, weight, grad_input));
     if (n == 0) {
-      ZE_RETURN_IF_ERROR(CudaStatus(
-          cudaMemsetAsync(grad_input.data(), 0, grad_input.nbytes(),
-                          static_cast<cudaStream_t>(stream.native())),
-          "LinearBackward zeroing grad_input"));
+      ZE_RETURN_IF_ERROR(
+          ZeroFill(grad_input, stream, "LinearBackward zeroing grad_input"));
     } else {
       ZE_RETURN_IF_ERROR(
           Annotate(Matmul(stream, args), "LinearBackward grad_input"));
     }
   }
+  bool bias_done = false;
   if (grad_weight.defined() && m > 0) {
     ZE_RETURN_IF_ERROR(
         RequireSameDType("LinearBackward", grad_output, {&input}));
@@ -427,28 +645,140 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                         CudaType(grad_weight.dtype(), "grad_weight"));
     args.ldd = k;
     args.beta = 1.0f;
-    ZE_RETURN_IF_ERROR(
-        Annotate(Matmul(stream, args), "LinearBackward grad_weight"));
+    if (grad_bias.defined() && k > 0 && n > 0 &&
+        MatmulEpilogueFusionEnabled()) {
+      // The bias gradient is the column sum of op(B) = dY (M, N) over the
+      // product's k = M: BGRADB, length n = N.
+      MatmulArgs fused = args;
+      fused.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      ZE_ASSIGN_OR_RETURN(
+          bias_done,
+          MatmulWithBiasGrad(stream, fused, n, grad_weight.dtype(), grad_bias));
+      Count(Counters().bgradb_fused, Counters().bgradb_fallback, bias_done);
+    }
+    if (!bias_done) {
+      ZE_RETURN_IF_ERROR(
+          Annotate(Matmul(stream, args), "LinearBackward grad_weight"));
+    }
   }
-  if (grad_bias.defined() && m > 0) {
+  if (grad_bias.defined() && m > 0 && !bias_done) {
     ZE_RETURN_IF_ERROR(RequireFloatDType("LinearBackward", grad_output));
-    const int partial_rows = kernels::ColumnPartialSumsCount(m);
-    ZE_ASSIGN_OR_RETURN(
-        void* scratch,
-        Scratch(stream, RoundUp256(sizeof(float) * partial_rows * n)));
-    float* partials = static_cast<float*>(scratch);
-    ZE_RETURN_IF_ERROR(LaunchStatus(
-        kernels::LaunchColumnPartialSums(grad_output.data(), m, n,
-                                         DTypeCode(grad_output.dtype()),
-                                         partials, stream.native()),
-        "LinearBackward grad_bias partial sums"));
-    ZE_RETURN_IF_ERROR(
-        LaunchStatus(kernels::LaunchAddColumnSums(
-                         partials, partial_rows, n, grad_bias.data(),
-                         DTypeCode(grad_bias.dtype()), stream.native()),
-                     "LinearBackward grad_bias"));
+    ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_output, grad_bias,
+                                     "LinearBackward grad_bias"));
   }
   return absl::OkStatus();
+}
+
+absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
+                               const Tensor& bias, const Tensor& output,
+                               const Tensor& pre_activation,
+                               const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType("LinearGeluForward", input, {&weight}));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("LinearGeluForward", output, {&bias, &pre_activation}));
+  const int64_t m = input.size(0), k = input.size(1), n = weight.size(0);
+  if (MatmulEpilogueFusionEnabled() && k > 0 && m > 0 && n > 0) {
+    bool fused = false;
+    // cuBLASLt: the GELU input matrix's leading dimension must be a multiple
+    // of 8 (and at least D's rows, n).
+    if (n % 8 == 0) {
+      // As LinearForward: column-major D (N, M) = W^T' X with W transposed;
+      // the aux matrix (pre_activation) is laid out as D.
+      MatmulArgs args;
+      args.trans_a = true;
+      args.trans_b = false;
+      args.m = n;
+      args.n = m;
+      args.k = k;
+      args.a = weight.data();
+      ZE_ASSIGN_OR_RETURN(args.a_type, CudaType(weight.dtype(), "weight"));
+      args.lda = k;
+      args.b = input.data();
+      ZE_ASSIGN_OR_RETURN(args.b_type, CudaType(input.dtype(), "input"));
+      args.ldb = k;
+      args.d = output.data();
+      ZE_ASSIGN_OR_RETURN(args.d_type, CudaType(output.dtype(), "output"));
+      args.ldd = n;
+      args.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                     : CUBLASLT_EPILOGUE_GELU_AUX;
+      args.bias = bias.defined() ? bias.data() : nullptr;
+      args.aux = pre_activation.data();
+      args.aux_ld = n;
+      args.may_reject = true;
+      ZE_ASSIGN_OR_RETURN(fused, TryMatmul(stream, args));
+    }
+    Count(Counters().gelu_aux_fused, Counters().gelu_aux_fallback, fused);
+    if (fused) return absl::OkStatus();
+  }
+  ZE_RETURN_IF_ERROR(
+      LinearForward(input, weight, bias, pre_activation, stream));
+  return GeluForward(pre_activation, output, stream);
+}
+
+absl::Status GeluLinearBackward(
+    const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+    const Tensor& pre_activation, const Tensor& grad_pre_activation,
+    const Tensor& grad_weight, const Tensor& grad_bias,
+    const Tensor& grad_pre_activation_bias, const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("GeluLinearBackward", grad_output,
+                       {&weight, &pre_activation, &grad_pre_activation}));
+  const int64_t m = grad_output.size(0), n = grad_output.size(1);
+  const int64_t k = weight.size(1);
+  if (m > 0 && k > 0) {
+    if (n == 0) {
+      // dY @ W is zero, and so is its GELU gradient and its sum.
+      ZE_RETURN_IF_ERROR(
+          ZeroFill(grad_pre_activation, stream, "GeluLinearBackward zeroing"));
+    } else {
+      ZE_ASSIGN_OR_RETURN(MatmulArgs args, GradInputArgs(grad_output, weight,
+                                                         grad_pre_activation));
+      bool fused = false;
+      // cuBLASLt: the GELU input matrix's leading dimension must be a
+      // multiple of 8 (and at least D's rows, k).
+      if (MatmulEpilogueFusionEnabled()) {
+        if (k % 8 == 0) {
+          MatmulArgs fused_args = args;
+          fused_args.aux = pre_activation.data();
+          fused_args.aux_ld = k;
+          if (grad_pre_activation_bias.defined()) {
+            // The bias gradient sums D (K, M) over its columns, the
+            // product's n = M: length m = K.
+            fused_args.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+            ZE_ASSIGN_OR_RETURN(fused,
+                                MatmulWithBiasGrad(stream, fused_args, k,
+                                                   grad_pre_activation.dtype(),
+                                                   grad_pre_activation_bias));
+          } else {
+            fused_args.epilogue = CUBLASLT_EPILOGUE_DGELU;
+            fused_args.may_reject = true;
+            ZE_ASSIGN_OR_RETURN(fused, TryMatmul(stream, fused_args));
+          }
+        }
+        Count(Counters().dgelu_fused, Counters().dgelu_fallback, fused);
+      }
+      if (!fused) {
+        ZE_RETURN_IF_ERROR(
+            Annotate(Matmul(stream, args), "GeluLinearBackward grad_input"));
+        ZE_RETURN_IF_ERROR(LaunchStatus(
+            kernels::LaunchGeluBackward(
+                grad_pre_activation.data(), pre_activation.data(),
+                grad_pre_activation.data(), grad_pre_activation.numel(),
+                DTypeCode(pre_activation.dtype()), stream.native()),
+            "GeluLinearBackward GELU kernel"));
+        if (grad_pre_activation_bias.defined()) {
+          ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_pre_activation,
+                                           grad_pre_activation_bias,
+                                           "GeluLinearBackward bias sums"));
+        }
+      }
+    }
+  }
+  if (!grad_weight.defined() && !grad_bias.defined()) return absl::OkStatus();
+  return LinearBackward(grad_output, input, weight, Tensor(), grad_weight,
+                        grad_bias, stream);
 }
 
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,

@@ -2,8 +2,39 @@
 // it has validated shapes, dtypes and devices (all tensors on one CUDA
 // device), so these functions only check what the kernels themselves need.
 // Same contracts as nn/functional.h; work is queued on `stream`.
+//
+// Matrix-product epilogue fusion. Besides the bias of LinearForward
+// (CUBLASLT_EPILOGUE_BIAS), three cuBLASLt epilogues replace separate
+// kernels:
+//   - LinearBackward with grad_weight and grad_bias: BGRADB on the weight
+//     gradient product (the bias gradient is the column sum of its B
+//     operand, grad_output).
+//   - LinearGeluForward: GELU_AUX_BIAS (GELU_AUX without bias) writes
+//     gelu(x W^T + b) to the output and x W^T + b to pre_activation.
+//   - GeluLinearBackward: DGELU_BGRAD (DGELU without the bias output) on the
+//     input gradient product, with pre_activation as the auxiliary input.
+// cuBLASLt's GELU is taken to be the tanh approximation our kernels and the
+// CPU compute (GPT-2's): its documentation only says "GELU", and PyTorch,
+// which uses the same epilogue for addmm + gelu, applies
+// gelu(approximate="tanh") where it cannot. An exact-erf GELU would differ
+// by at most ~5e-4, within bf16 tolerance;
+// FunctionalCudaTest.GeluEpilogueIsTheTanhApproximation measures which.
+// A bias gradient is written by cuBLASLt into f32 scratch (or in the
+// output's dtype where cuBLASLt refuses an f32 bias vector) and added into
+// the caller's tensor by one small kernel, keeping the accumulate contract.
+// When cuBLASLt offers no algorithm for, or rejects, an epilogue with a given
+// problem (shape, dtypes, leading dimensions, alignments), that problem falls
+// back to the unfused path (the plain product plus the column-sum or GELU
+// kernels) from then on; the decision is cached per problem, so the
+// heuristic is asked once. Fused and fallen-back calls are counted
+// (MatmulEpilogueStats); ZE_LOG_LEVEL=DEBUG logs each rejected problem once.
+// ZE_DISABLE_MATMUL_EPILOGUE_FUSION=1 in the environment (read once) or
+// SetMatmulEpilogueFusion(false) turns the three fusions off (the BIAS
+// epilogue stays): for A/B benchmarks and for testing the fallback.
 #ifndef ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 #define ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
+
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "core/stream.h"
@@ -33,6 +64,15 @@ absl::Status GeluForward(const Tensor& input, const Tensor& output,
                          const Stream& stream);
 absl::Status GeluBackward(const Tensor& grad_output, const Tensor& input,
                           const Tensor& grad_input, const Stream& stream);
+absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
+                               const Tensor& bias, const Tensor& output,
+                               const Tensor& pre_activation,
+                               const Stream& stream);
+absl::Status GeluLinearBackward(
+    const Tensor& grad_output, const Tensor& input, const Tensor& weight,
+    const Tensor& pre_activation, const Tensor& grad_pre_activation,
+    const Tensor& grad_weight, const Tensor& grad_bias,
+    const Tensor& grad_pre_activation_bias, const Stream& stream);
 absl::Status AttentionForward(const Tensor& qkv, int num_heads,
                               const Tensor& output, const Tensor& logsumexp,
                               const Stream& stream);
@@ -52,6 +92,28 @@ absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream);
+
+// Whether the epilogue fusions above are attempted. Defaults to true unless
+// ZE_DISABLE_MATMUL_EPILOGUE_FUSION is set to a value other than "0" or "".
+bool MatmulEpilogueFusionEnabled();
+// Overrides the environment for this process (tests, benchmarks). Takes
+// effect for calls queued afterwards.
+void SetMatmulEpilogueFusion(bool enabled);
+
+// Process-wide counts since start (or ResetMatmulEpilogueStats), per fused
+// epilogue: calls that ran fused, and calls that took the unfused path
+// because cuBLASLt rejected the problem or its documented limits exclude it
+// (the GELU aux leading dimension, N of LinearGeluForward and K of
+// GeluLinearBackward, must be a multiple of 8). Calls made while fusion is
+// disabled, or that never qualify (grad_bias without grad_weight, empty
+// products), are not counted.
+struct MatmulEpilogueStats {
+  int64_t bgradb_fused = 0, bgradb_fallback = 0;
+  int64_t gelu_aux_fused = 0, gelu_aux_fallback = 0;
+  int64_t dgelu_fused = 0, dgelu_fallback = 0;
+};
+MatmulEpilogueStats GetMatmulEpilogueStats();
+void ResetMatmulEpilogueStats();
 
 }  // namespace cuda_backend
 }  // namespace nn

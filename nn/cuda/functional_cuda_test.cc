@@ -7,6 +7,11 @@
 //
 // Each check prints "name dtype max_abs_err max_ref rel" and passes when
 // max_abs_err <= tol * max(|ref|, 1e-3).
+//
+// The cuBLASLt epilogue fusions (LinearBackward's BGRADB, LinearGeluForward,
+// GeluLinearBackward) are compared against the CPU ops of nn/functional.h
+// on the same rounded inputs, with fusion on and off (the fallback), and
+// EpiloguesAreFusedAtGptLikeShapes reports whether cuBLASLt accepted them.
 #include "nn/cuda/functional_cuda.h"
 
 #include <cuda_runtime.h>
@@ -22,6 +27,7 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/functional.h"
 
 namespace ze {
 namespace nn {
@@ -72,6 +78,16 @@ class FunctionalCudaTest : public testing::Test {
 
   Vec Host(const Tensor& t) { return *ToHostFloats(t, stream_); }
 
+  // A CPU f32 tensor holding `values`, and a CPU tensor's values as doubles:
+  // for references computed by the CPU ops of nn/functional.h.
+  static Tensor Cpu(const Vec& values, const Shape& shape) {
+    return *FromHostFloats(values, shape, DType::kF32, Device::Cpu(), Stream());
+  }
+  static DVec Doubles(const Tensor& cpu) {
+    const Vec values = *ToHostFloats(cpu, Stream());
+    return DVec(values.begin(), values.end());
+  }
+
   void Check(const std::string& name, DType dtype, const Vec& got,
              const DVec& ref, double tol_scale = 1.0) {
     ASSERT_EQ(got.size(), ref.size()) << name;
@@ -97,6 +113,23 @@ class FunctionalCudaTest : public testing::Test {
 
   Stream stream_;
 };
+
+// Sets the epilogue fusion switch for a scope.
+class ScopedEpilogueFusion {
+ public:
+  explicit ScopedEpilogueFusion(bool enabled)
+      : previous_(cb::MatmulEpilogueFusionEnabled()) {
+    cb::SetMatmulEpilogueFusion(enabled);
+  }
+  ~ScopedEpilogueFusion() { cb::SetMatmulEpilogueFusion(previous_); }
+
+ private:
+  bool previous_;
+};
+
+std::string FusionTag(bool fusion) {
+  return fusion ? " [fused]" : " [unfused]";
+}
 
 TEST_F(FunctionalCudaTest, Linear) {
   struct Case {
@@ -234,6 +267,262 @@ TEST_F(FunctionalCudaTest, LayerNorm) {
       }
     }
   }
+}
+
+// LinearBackward's fused bias gradient (BGRADB) with gradients in f32 for
+// 16-bit weights (as the engine installs them), and grad_bias without
+// grad_weight (never fused), against the CPU op; accumulating twice into
+// non-zero gradients.
+TEST_F(FunctionalCudaTest, LinearBackwardBiasGradientMatchesCpu) {
+  struct Case {
+    int64_t m, k, n;
+  };
+  for (bool fusion : {true, false}) {
+    ScopedEpilogueFusion scoped(fusion);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (DType grad_dtype : {dtype, DType::kF32}) {
+        if (dtype == DType::kF32 && grad_dtype != dtype) continue;
+        for (Case c : {Case{37, 72, 64}, Case{5, 33, 7}, Case{300, 256, 768}}) {
+          const std::string tag = "LinearBackward " + std::to_string(c.m) +
+                                  "x" + std::to_string(c.k) + "x" +
+                                  std::to_string(c.n) + " grads " +
+                                  DTypeName(grad_dtype) + FusionTag(fusion);
+          Vec x, w, dy, gw0, gb0;
+          Tensor tx = Random({c.m, c.k}, dtype, 31, &x);
+          Tensor tw = Random({c.n, c.k}, dtype, 32, &w, 0.2f);
+          Tensor tdy = Random({c.m, c.n}, dtype, 33, &dy);
+          Tensor tgw = Random({c.n, c.k}, grad_dtype, 34, &gw0);
+          Tensor tgb = Random({c.n}, grad_dtype, 35, &gb0);
+          Tensor tgb_only = Random({c.n}, grad_dtype, 35, &gb0);
+          const Tensor cx = Cpu(x, {c.m, c.k}), cw = Cpu(w, {c.n, c.k});
+          const Tensor cdy = Cpu(dy, {c.m, c.n});
+          Tensor cgw = Cpu(gw0, {c.n, c.k}), cgb = Cpu(gb0, {c.n});
+          for (int repeat = 1; repeat <= 2; ++repeat) {
+            ASSERT_TRUE(
+                cb::LinearBackward(tdy, tx, tw, Tensor(), tgw, tgb, stream_)
+                    .ok());
+            ASSERT_TRUE(cb::LinearBackward(tdy, Tensor(), tw, Tensor(),
+                                           Tensor(), tgb_only, stream_)
+                            .ok());
+            ASSERT_TRUE(
+                nn::LinearBackward(cdy, cx, cw, Tensor(), cgw, cgb, Stream())
+                    .ok());
+            const std::string r = " (x" + std::to_string(repeat) + ")";
+            Check(tag + " grad_weight" + r, dtype, Host(tgw), Doubles(cgw));
+            Check(tag + " grad_bias" + r, dtype, Host(tgb), Doubles(cgb));
+            Check(tag + " grad_bias only" + r, dtype, Host(tgb_only),
+                  Doubles(cgb));
+          }
+        }
+      }
+    }
+  }
+}
+
+// LinearGeluForward against the CPU op, fused and unfused; N = 50 is never
+// fused (the GELU aux leading dimension must be a multiple of 8). cuBLASLt's
+// GELU may use a faster tanh than the CPU: f32 GELU outputs get 1e-3.
+TEST_F(FunctionalCudaTest, LinearGeluForwardMatchesCpu) {
+  struct Case {
+    int64_t m, k, n;
+  };
+  for (bool fusion : {true, false}) {
+    ScopedEpilogueFusion scoped(fusion);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const double gelu_tol = dtype == DType::kF32 ? 50.0 : 1.0;
+      for (Case c : {Case{37, 72, 64}, Case{5, 33, 50}, Case{256, 128, 512}}) {
+        for (bool with_bias : {true, false}) {
+          const std::string tag =
+              "LinearGeluForward " + std::to_string(c.m) + "x" +
+              std::to_string(c.k) + "x" + std::to_string(c.n) +
+              (with_bias ? "" : " no bias") + FusionTag(fusion);
+          Vec x, w, b;
+          Tensor tx = Random({c.m, c.k}, dtype, 41, &x);
+          Tensor tw = Random({c.n, c.k}, dtype, 42, &w, 0.2f);
+          Tensor tb = Random({c.n}, dtype, 43, &b);
+          Tensor ty = *Tensor::Empty({c.m, c.n}, dtype, Device::Cuda(0));
+          Tensor tpre = *Tensor::Empty({c.m, c.n}, dtype, Device::Cuda(0));
+          ASSERT_TRUE(cb::LinearGeluForward(tx, tw, with_bias ? tb : Tensor(),
+                                            ty, tpre, stream_)
+                          .ok());
+          Tensor y = Cpu(Vec(c.m * c.n), {c.m, c.n});
+          Tensor pre = Cpu(Vec(c.m * c.n), {c.m, c.n});
+          ASSERT_TRUE(
+              nn::LinearGeluForward(Cpu(x, {c.m, c.k}), Cpu(w, {c.n, c.k}),
+                                    with_bias ? Cpu(b, {c.n}) : Tensor(), y,
+                                    pre, Stream())
+                  .ok());
+          Check(tag + " pre_activation", dtype, Host(tpre), Doubles(pre));
+          Check(tag + " output", dtype, Host(ty), Doubles(y), gelu_tol);
+        }
+      }
+    }
+  }
+}
+
+// GeluLinearBackward against the CPU op, fused (DGELU_BGRAD, or DGELU
+// without the bias output) and unfused; K = 50 is never fused. Gradients
+// accumulate twice into non-zero values; the pre-activation bias gradient
+// is f32 (as Mlp passes it) or in the activations' dtype.
+TEST_F(FunctionalCudaTest, GeluLinearBackwardMatchesCpu) {
+  struct Case {
+    int64_t m, k, n;  // rows, hidden (this Linear's input), outputs
+  };
+  for (bool fusion : {true, false}) {
+    ScopedEpilogueFusion scoped(fusion);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const double gelu_tol = dtype == DType::kF32 ? 50.0 : 1.0;
+      for (Case c : {Case{37, 64, 72}, Case{5, 50, 33}, Case{256, 512, 128}}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          // 0: every output, pre bias f32; 1: pre bias in dtype; 2: only
+          // grad_pre_activation.
+          const DType pre_bias_dtype = variant == 1 ? dtype : DType::kF32;
+          const std::string tag = "GeluLinearBackward " + std::to_string(c.m) +
+                                  "x" + std::to_string(c.k) + "x" +
+                                  std::to_string(c.n) + " variant " +
+                                  std::to_string(variant) + FusionTag(fusion);
+          Vec pre, h, w, dy, gw0, gb0, gpb0;
+          Tensor tpre = Random({c.m, c.k}, dtype, 51, &pre, 2.0f);
+          Tensor th = *Tensor::Empty({c.m, c.k}, dtype, Device::Cuda(0));
+          ASSERT_TRUE(cb::GeluForward(tpre, th, stream_).ok());
+          h = Host(th);
+          Tensor tw = Random({c.n, c.k}, dtype, 52, &w, 0.2f);
+          Tensor tdy = Random({c.m, c.n}, dtype, 53, &dy);
+          Tensor tgw = Random({c.n, c.k}, dtype, 54, &gw0);
+          Tensor tgb = Random({c.n}, dtype, 55, &gb0);
+          Tensor tgpb = Random({c.k}, pre_bias_dtype, 56, &gpb0);
+          Tensor tdpre = *Tensor::Empty({c.m, c.k}, dtype, Device::Cuda(0));
+          const Tensor cpre = Cpu(pre, {c.m, c.k}), ch = Cpu(h, {c.m, c.k});
+          const Tensor cw = Cpu(w, {c.n, c.k}), cdy = Cpu(dy, {c.m, c.n});
+          Tensor cgw = Cpu(gw0, {c.n, c.k}), cgb = Cpu(gb0, {c.n});
+          Tensor cgpb = Cpu(gpb0, {c.k});
+          Tensor cdpre = Cpu(Vec(c.m * c.k), {c.m, c.k});
+          const bool all = variant < 2;
+          for (int repeat = 1; repeat <= 2; ++repeat) {
+            ASSERT_TRUE(cb::GeluLinearBackward(
+                            tdy, all ? th : Tensor(), tw, tpre, tdpre,
+                            all ? tgw : Tensor(), all ? tgb : Tensor(),
+                            all ? tgpb : Tensor(), stream_)
+                            .ok());
+            ASSERT_TRUE(nn::GeluLinearBackward(
+                            cdy, all ? ch : Tensor(), cw, cpre, cdpre,
+                            all ? cgw : Tensor(), all ? cgb : Tensor(),
+                            all ? cgpb : Tensor(), Stream())
+                            .ok());
+            const std::string r = " (x" + std::to_string(repeat) + ")";
+            Check(tag + " grad_pre_activation" + r, dtype, Host(tdpre),
+                  Doubles(cdpre), gelu_tol);
+            if (!all) continue;
+            Check(tag + " grad_weight" + r, dtype, Host(tgw), Doubles(cgw));
+            Check(tag + " grad_bias" + r, dtype, Host(tgb), Doubles(cgb));
+            Check(tag + " grad_pre_activation_bias" + r, dtype, Host(tgpb),
+                  Doubles(cgpb), gelu_tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Which GELU cuBLASLt's epilogue computes: f32 pre-activations over
+// [-6, 6] (identity weight, so output = gelu(input)) against the tanh
+// approximation (our CPU and kernels) and the exact erf form, which differ
+// by up to ~4.7e-4. Prints both errors; expects the tanh form to be the
+// closer one and within 1e-3.
+TEST_F(FunctionalCudaTest, GeluEpilogueIsTheTanhApproximation) {
+  ScopedEpilogueFusion scoped(true);
+  const int64_t m = 1200, c = 8;
+  Vec x(m * c), eye(c * c, 0.0f);
+  for (int64_t i = 0; i < m * c; ++i) x[i] = -6.0f + 12.0f * i / (m * c - 1);
+  for (int64_t i = 0; i < c; ++i) eye[i * c + i] = 1.0f;
+  Tensor tx = *FromHostFloats(x, {m, c}, DType::kF32, Device::Cuda(0), stream_);
+  Tensor tw =
+      *FromHostFloats(eye, {c, c}, DType::kF32, Device::Cuda(0), stream_);
+  Tensor ty = *Tensor::Empty({m, c}, DType::kF32, Device::Cuda(0));
+  Tensor tpre = *Tensor::Empty({m, c}, DType::kF32, Device::Cuda(0));
+  cb::ResetMatmulEpilogueStats();
+  ASSERT_TRUE(cb::LinearGeluForward(tx, tw, Tensor(), ty, tpre, stream_).ok());
+  const bool fused = cb::GetMatmulEpilogueStats().gelu_aux_fused == 1;
+  const Vec y = Host(ty);
+  double err_tanh = 0.0, err_erf = 0.0;
+  const double k = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < m * c; ++i) {
+    const double v = x[i];
+    const double tanh_form =
+        0.5 * v * (1 + std::tanh(k * (v + 0.044715 * v * v * v)));
+    const double erf_form = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    err_tanh = std::max(err_tanh, std::fabs(y[i] - tanh_form));
+    err_erf = std::max(err_erf, std::fabs(y[i] - erf_form));
+  }
+  std::printf(
+      "GELU epilogue (f32, %s): max |y - gelu_tanh| %.3e, max |y - "
+      "gelu_erf| %.3e\n",
+      fused ? "fused" : "NOT fused, our kernel", err_tanh, err_erf);
+  EXPECT_LT(err_tanh, err_erf);
+  EXPECT_LE(err_tanh, 1e-3);
+}
+
+// Whether cuBLASLt accepts the three epilogues for the layouts and dtypes
+// the GPT uses (bf16, f32 or bf16 gradients; sizes multiples of 64): every
+// call must have run fused. A failure here is a performance finding, not a
+// correctness one (the fallback is tested above); the printed counts say
+// which epilogue was rejected.
+TEST_F(FunctionalCudaTest, EpiloguesAreFusedAtGptLikeShapes) {
+  ScopedEpilogueFusion scoped(true);
+  const DType dt = DType::kBF16;
+  const int64_t m = 512, c = 256, h = 4 * c;
+  Vec unused;
+  Tensor x = Random({m, c}, dt, 61, &unused);
+  Tensor w_fc = Random({h, c}, dt, 62, &unused, 0.05f);
+  Tensor b_fc = Random({h}, dt, 63, &unused);
+  Tensor w_proj = Random({c, h}, dt, 64, &unused, 0.05f);
+  Tensor dy = Random({m, c}, dt, 65, &unused);
+  Tensor hidden = *Tensor::Empty({m, h}, dt, Device::Cuda(0));
+  Tensor pre = *Tensor::Empty({m, h}, dt, Device::Cuda(0));
+  Tensor dpre = *Tensor::Empty({m, h}, dt, Device::Cuda(0));
+  Tensor dx = *Tensor::Empty({m, c}, dt, Device::Cuda(0));
+  cb::ResetMatmulEpilogueStats();
+  for (DType grad_dtype : {dt, DType::kF32}) {
+    Tensor gw_fc = *Tensor::Zeros({h, c}, grad_dtype, Device::Cuda(0));
+    Tensor gb_fc = *Tensor::Zeros({h}, grad_dtype, Device::Cuda(0));
+    Tensor gw_proj = *Tensor::Zeros({c, h}, grad_dtype, Device::Cuda(0));
+    Tensor gb_proj = *Tensor::Zeros({c}, grad_dtype, Device::Cuda(0));
+    Tensor pre_bias = *Tensor::Zeros({h}, DType::kF32, Device::Cuda(0));
+    // The Mlp's step: fc forward, proj backward with GELU's backward and
+    // fc's bias sum, fc backward (weight only, plus a plain Linear's
+    // weight-and-bias backward).
+    ASSERT_TRUE(
+        cb::LinearGeluForward(x, w_fc, b_fc, hidden, pre, stream_).ok());
+    ASSERT_TRUE(cb::GeluLinearBackward(dy, hidden, w_proj, pre, dpre, gw_proj,
+                                       gb_proj, pre_bias, stream_)
+                    .ok());
+    ASSERT_TRUE(
+        cb::LinearBackward(dpre, x, w_fc, dx, gw_fc, gb_fc, stream_).ok());
+  }
+  ASSERT_TRUE(stream_.Synchronize().ok());
+  const cb::MatmulEpilogueStats stats = cb::GetMatmulEpilogueStats();
+  std::printf(
+      "epilogues at GPT-like shapes: BGRADB fused %lld fallback %lld, "
+      "GELU_AUX_BIAS fused %lld fallback %lld, DGELU_BGRAD fused %lld "
+      "fallback %lld\n",
+      static_cast<long long>(stats.bgradb_fused),
+      static_cast<long long>(stats.bgradb_fallback),
+      static_cast<long long>(stats.gelu_aux_fused),
+      static_cast<long long>(stats.gelu_aux_fallback),
+      static_cast<long long>(stats.dgelu_fused),
+      static_cast<long long>(stats.dgelu_fallback));
+  EXPECT_EQ(stats.gelu_aux_fused, 2);
+  EXPECT_EQ(stats.dgelu_fused, 2);
+  EXPECT_EQ(stats.bgradb_fused, 4);
+  EXPECT_EQ(
+      stats.gelu_aux_fallback + stats.dgelu_fallback + stats.bgradb_fallback,
+      0);
+  // With fusion off nothing is attempted (and nothing counted).
+  cb::SetMatmulEpilogueFusion(false);
+  cb::ResetMatmulEpilogueStats();
+  ASSERT_TRUE(cb::LinearGeluForward(x, w_fc, b_fc, hidden, pre, stream_).ok());
+  const cb::MatmulEpilogueStats off = cb::GetMatmulEpilogueStats();
+  EXPECT_EQ(off.gelu_aux_fused + off.gelu_aux_fallback, 0);
 }
 
 TEST_F(FunctionalCudaTest, Gelu) {
