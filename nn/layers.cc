@@ -42,8 +42,9 @@ absl::StatusOr<Tensor> GradOrUndefined(Parameter *parameter,
 // ---------------------------------------------------------------- Linear
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
-               const LayerOptions &options, const Initializer &weight_init)
-    : Module("Linear"), out_features_(out_features) {
+               const LayerOptions &options, const Initializer &weight_init,
+               Activation activation)
+    : Module("Linear"), out_features_(out_features), activation_(activation) {
   weight_ = RegisterParameter("weight", {out_features, in_features},
                               options.dtype, options.device, weight_init);
   if (with_bias) {
@@ -52,31 +53,92 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias,
   }
 }
 
+Tensor Linear::PendingPreActivation() const {
+  if (activation_ != Activation::kGelu || saved_.empty()) return Tensor();
+  // Every pending call that saved pushed one record. When some pending call
+  // saved none (checkpointed), the top record may belong to an earlier
+  // call than the one the next Backward consumes: do not fuse.
+  if (saved_.size() != PendingBackwardCalls()) return Tensor();
+  return saved_.Top().pre_activation;
+}
+
+void Linear::FuseGeluBackwardIntoNextBackward(const Tensor &pre_activation,
+                                              const Tensor &bias_grad) {
+  fusion_.gelu_pre_activation = pre_activation;
+  fusion_.gelu_bias_grad = bias_grad;
+}
+
+void Linear::NextGradIsPreActivation(const Tensor &bias_grad) {
+  fusion_.grad_is_pre_activation = true;
+  fusion_.pre_activation_bias_grad = bias_grad;
+}
+
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
                                            const Stream &stream) {
   ZE_RETURN_IF_ERROR(RequireLastDim(input, weight_->shape()[1], "Linear"));
   ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
   ZE_ASSIGN_OR_RETURN(Tensor bias, DataOrUndefined(bias_));
-  ZE_ASSIGN_OR_RETURN(Tensor output,
-                      Tensor::Empty(WithLastDim(input.shape(), out_features_),
-                                    input.dtype(), input.device()));
+  const Shape output_shape = WithLastDim(input.shape(), out_features_);
+  ZE_ASSIGN_OR_RETURN(Tensor output, Tensor::Empty(output_shape, input.dtype(),
+                                                   input.device()));
+  if (activation_ == Activation::kGelu) {
+    ZE_ASSIGN_OR_RETURN(
+        Tensor pre_activation,
+        Tensor::Empty(output_shape, input.dtype(), input.device()));
+    ZE_RETURN_IF_ERROR(
+        LinearGeluForward(input, weight, bias, output, pre_activation, stream));
+    saved_.Save(Saved{input, pre_activation});
+    return output;
+  }
   ZE_RETURN_IF_ERROR(LinearForward(input, weight, bias, output, stream));
-  saved_inputs_.Save(input);
+  saved_.Save(Saved{input, Tensor()});
   return output;
 }
 
 absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
                                             const Stream &stream) {
-  ZE_RETURN_IF_ERROR(RequireSaved(!saved_inputs_.empty()));
-  const Tensor input = saved_inputs_.Pop();
+  const BackwardFusion fusion = std::move(fusion_);
+  fusion_ = BackwardFusion();
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
+  Saved saved = saved_.Pop();
   ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
   ZE_ASSIGN_OR_RETURN(Tensor grad_weight, GradOrUndefined(weight_, stream));
   ZE_ASSIGN_OR_RETURN(Tensor grad_bias, GradOrUndefined(bias_, stream));
-  ZE_ASSIGN_OR_RETURN(
-      Tensor grad_input,
-      Tensor::Empty(input.shape(), grad_output.dtype(), grad_output.device()));
-  ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, weight, grad_input,
-                                    grad_weight, grad_bias, stream));
+  // The gradient w.r.t. input @ weight^T + bias, and the bias gradient still
+  // to be reduced from it.
+  Tensor grad_product = grad_output;
+  Tensor grad_bias_to_reduce = grad_bias;
+  if (fusion.grad_is_pre_activation) {
+    // The consumer applied GELU's backward and summed the rows already.
+    if (grad_bias.defined() && fusion.pre_activation_bias_grad.defined()) {
+      ZE_RETURN_IF_ERROR(
+          Add(fusion.pre_activation_bias_grad, grad_bias, grad_bias, stream));
+      grad_bias_to_reduce = Tensor();
+    }
+  } else if (activation_ == Activation::kGelu) {
+    ZE_ASSIGN_OR_RETURN(
+        grad_product, Tensor::Empty(saved.pre_activation.shape(),
+                                    grad_output.dtype(), grad_output.device()));
+    ZE_RETURN_IF_ERROR(
+        GeluBackward(grad_output, saved.pre_activation, grad_product, stream));
+  }
+  // Not needed any more: let it go before grad_input is allocated.
+  saved.pre_activation = Tensor();
+  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
+                      Tensor::Empty(saved.input.shape(), grad_output.dtype(),
+                                    grad_output.device()));
+  if (fusion.gelu_pre_activation.defined()) {
+    // This module's input was gelu(pre_activation): return the gradient
+    // w.r.t. pre_activation.
+    ZE_RETURN_IF_ERROR(
+        GeluLinearBackward(grad_product, saved.input, weight,
+                           fusion.gelu_pre_activation, grad_input, grad_weight,
+                           grad_bias_to_reduce, fusion.gelu_bias_grad, stream));
+    return grad_input;
+  }
+  ZE_RETURN_IF_ERROR(LinearBackward(grad_product, saved.input, weight,
+                                    grad_input, grad_weight,
+                                    grad_bias_to_reduce, stream));
   return grad_input;
 }
 
@@ -251,12 +313,56 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(
 // ---------------------------------------------------------------- Mlp
 
 Mlp::Mlp(int64_t channels, int num_layers, const LayerOptions &options)
-    : Sequential("Mlp") {
-  Append("fc", std::make_unique<Linear>(channels, 4 * channels, true, options));
-  Append("gelu", std::make_unique<Gelu>());
-  Append("proj", std::make_unique<Linear>(
-                     4 * channels, channels, true, options,
-                     Initializer::ScaledResidual(0.02f, num_layers)));
+    : Module("Mlp") {
+  fc_ = RegisterChild(
+      "fc", std::make_unique<Linear>(channels, 4 * channels, true, options,
+                                     Initializer::Normal(0.02f),
+                                     Linear::Activation::kGelu));
+  proj_ = RegisterChild(
+      "proj",
+      std::make_unique<Linear>(4 * channels, channels, true, options,
+                               Initializer::ScaledResidual(0.02f, num_layers)));
+}
+
+absl::StatusOr<Tensor> Mlp::ForwardImpl(const Tensor &input,
+                                        const Stream &stream) {
+  ZE_ASSIGN_OR_RETURN(Tensor hidden, fc_->Forward(input, stream));  // gelu'd
+  return proj_->Forward(hidden, stream);
+}
+
+absl::StatusOr<Tensor> Mlp::BackwardImpl(const Tensor &grad_output,
+                                         const Stream &stream) {
+  // Handed to proj (this reference is dropped then): fc's Backward, which
+  // no longer needs it, then runs without the (..., 4C) tensor alive.
+  Tensor pre_activation = fc_->PendingPreActivation();
+  if (!pre_activation.defined()) {
+    // fc recomputes its forward in its own Backward: no fusion.
+    ZE_ASSIGN_OR_RETURN(Tensor grad_hidden,
+                        proj_->Backward(grad_output, stream));
+    return fc_->Backward(grad_hidden, stream);
+  }
+  // fc's bias gradient, reduced by proj's fused product and added by fc.
+  Tensor fc_bias_grad;
+  const Parameter *fc_bias = fc_->bias();
+  if (fc_bias != nullptr && fc_bias->requires_grad()) {
+    ZE_ASSIGN_OR_RETURN(
+        fc_bias_grad,
+        Tensor::Empty(fc_bias->shape(), DType::kF32, grad_output.device()));
+    ZE_RETURN_IF_ERROR(Fill(fc_bias_grad, 0.0f, stream));
+  }
+  proj_->FuseGeluBackwardIntoNextBackward(pre_activation, fc_bias_grad);
+  pre_activation = Tensor();
+  absl::StatusOr<Tensor> grad_pre_activation =
+      proj_->Backward(grad_output, stream);
+  if (!grad_pre_activation.ok()) {
+    proj_->ClearBackwardFusion();
+    return grad_pre_activation.status();
+  }
+  fc_->NextGradIsPreActivation(fc_bias_grad);
+  absl::StatusOr<Tensor> grad_input =
+      fc_->Backward(*grad_pre_activation, stream);
+  if (!grad_input.ok()) fc_->ClearBackwardFusion();
+  return grad_input;
 }
 
 // ---------------------------------------------------------------- Block

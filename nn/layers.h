@@ -25,29 +25,87 @@ struct LayerOptions {
   DType dtype = DType::kF32;
 };
 
-// output (..., out) = input (..., in) @ weight (out, in)^T + bias (out).
+// output (..., out) = act(input (..., in) @ weight (out, in)^T + bias (out)),
+// where act is the identity or, with Activation::kGelu, GELU (tanh
+// approximation; one fused product on CUDA, see LinearGeluForward).
 // Parameters: "weight" (initializer given, GPT-2 default normal(0.02)) and,
 // with bias, "bias" (zeros).
+//
+// GELU fusion across two Linears. A container that feeds a kGelu Linear
+// (the producer) into another Linear (the consumer), as Mlp does, can move
+// GELU's backward into the consumer's input-gradient product. Just before
+// the consumer's Backward it takes the producer's PendingPreActivation()
+// and calls consumer.FuseGeluBackwardIntoNextBackward(pre_activation,
+// bias_grad); the consumer's Backward then returns the gradient w.r.t. the
+// pre-activation (not w.r.t. its input) and adds that gradient's row sums
+// into bias_grad (f32, zero-filled by the container). The container then
+// calls producer.NextGradIsPreActivation(bias_grad) and runs the producer's
+// Backward on that gradient: it skips GELU's backward and adds bias_grad
+// into its bias gradient (inside its own Backward, so hooks that gather or
+// reduce the producer's parameters see its gradients there). Each setting
+// applies to the next Backward of that module only and is consumed by it
+// (or dropped by ClearSavedState / ClearBackwardFusion). Every hook fires
+// as without fusion; gradients are equal up to rounding.
 class Linear : public Module {
  public:
+  enum class Activation { kNone, kGelu };
+
   Linear(int64_t in_features, int64_t out_features, bool with_bias,
          const LayerOptions &options,
-         const Initializer &weight_init = Initializer::Normal(0.02f));
+         const Initializer &weight_init = Initializer::Normal(0.02f),
+         Activation activation = Activation::kNone);
   Parameter *weight() const { return weight_; }
   Parameter *bias() const { return bias_; }  // null without bias
+  Activation activation() const { return activation_; }
+
+  // kGelu only: the pre-activation (..., out) saved by the forward call the
+  // next Backward consumes; undefined when that call saved none (this
+  // module checkpointed, or its forward run without saving), in which case
+  // the container must not fuse.
+  Tensor PendingPreActivation() const;
+  // Consumer side: the next Backward fuses the backward of the GELU whose
+  // output was this module's input (`pre_activation` is its input, shaped
+  // like this module's input) and returns the gradient w.r.t.
+  // pre_activation; it adds the gradient's row sums into `bias_grad`
+  // ((in_features), any float dtype) when that is defined.
+  void FuseGeluBackwardIntoNextBackward(const Tensor &pre_activation,
+                                        const Tensor &bias_grad);
+  // Producer side (kGelu): the next Backward's grad_output is already the
+  // gradient w.r.t. the pre-activation; `bias_grad` ((out_features), or
+  // undefined when no bias gradient is wanted) holds its row sums, added
+  // into the bias gradient instead of reducing grad_output again.
+  void NextGradIsPreActivation(const Tensor &bias_grad);
+  // Drops both settings (a container's error path).
+  void ClearBackwardFusion() { fusion_ = BackwardFusion(); }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
-  void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
+  void ClearSavedStateImpl() override {
+    saved_.Clear();
+    ClearBackwardFusion();
+  }
 
  private:
+  struct Saved {
+    Tensor input;           // (..., in)
+    Tensor pre_activation;  // (..., out), kGelu only
+  };
+  // One-shot settings for the next Backward (see the class comment).
+  struct BackwardFusion {
+    Tensor gelu_pre_activation;           // consumer: fuse GELU's backward
+    Tensor gelu_bias_grad;                // consumer: row sums go here
+    bool grad_is_pre_activation = false;  // producer
+    Tensor pre_activation_bias_grad;      // producer: add into bias grad
+  };
   int64_t out_features_;
+  Activation activation_;
   Parameter *weight_;
   Parameter *bias_ = nullptr;
-  SavedStack<Tensor> saved_inputs_;  // (..., in) per call
+  SavedStack<Saved> saved_;  // per call
+  BackwardFusion fusion_;
 };
 
 // output (B, T, C) = wte[tokens] + wpe[0..T). Input: tokens (B, T) i32.
@@ -149,11 +207,27 @@ class CausalSelfAttention : public Module {
   SavedStack<Saved> saved_;
 };
 
-// The transformer MLP as a Sequential: "fc" (C -> 4C), "gelu", "proj"
-// (4C -> C, scaled residual init).
-class Mlp : public Sequential {
+// The transformer MLP: proj(gelu(fc(x))), children "fc" (Linear C -> 4C
+// with Activation::kGelu) and "proj" (Linear 4C -> C, scaled residual
+// init). (..., C) -> (..., C). Backward fuses GELU's backward into proj's
+// input-gradient product and hands fc the row sums of the pre-activation
+// gradient for its bias (see Linear), unless fc saved nothing for this call
+// (fc itself checkpointed): then fc applies GELU's backward itself.
+class Mlp : public Module {
  public:
   Mlp(int64_t channels, int num_layers, const LayerOptions &options);
+  Linear *fc() const { return fc_; }
+  Linear *proj() const { return proj_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+
+ private:
+  Linear *fc_;
+  Linear *proj_;
 };
 
 // Pre-LN transformer block:

@@ -3,6 +3,10 @@
 // bf16 (and f32), built from the same seed, so both start from the same
 // parameters up to bf16 rounding. Needs a GPU (tag "gpu").
 //
+// The matrix-product epilogue fusions (nn/cuda/functional_cuda.h) are on by
+// default; EveryLayerMatchesCpuInBf16WithoutEpilogueFusion runs the layers
+// on the unfused path.
+//
 // Error measure: max |cuda - cpu| / max |cpu| over a tensor (a normalised
 // max-norm error, robust to elements near zero). Tolerances:
 //   bf16 layers: outputs 2e-2, gradients 3e-2;
@@ -18,6 +22,7 @@
 #include "core/device.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
+#include "nn/cuda/functional_cuda.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/test_util.h"
@@ -157,9 +162,34 @@ std::vector<LayerCase> Cases() {
        [] {
          return RandomTensor({2, 80, 128}, 1);
        }},
+      {"LinearGelu",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Linear>(64, 96, true, o,
+                                         Initializer::Normal(0.02f),
+                                         Linear::Activation::kGelu);
+       },
+       [] {
+         return RandomTensor({4, 16, 64}, 1, 20.0f);
+       }},
       {"Mlp",
        [](const LayerOptions &o) -> std::unique_ptr<Module> {
          return std::make_unique<Mlp>(64, 2, o);
+       },
+       [] {
+         return RandomTensor({2, 32, 64}, 1);
+       }},
+      {"MlpCheckpointedFc",  // fc saves nothing: GELU's backward unfused
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         auto mlp = std::make_unique<Mlp>(64, 2, o);
+         mlp->fc()->set_activation_checkpointing(true);
+         return mlp;
+       },
+       [] {
+         return RandomTensor({2, 32, 64}, 1);
+       }},
+      {"MlpRunTwice",
+       [](const LayerOptions &o) -> std::unique_ptr<Module> {
+         return std::make_unique<Repeat>(std::make_unique<Mlp>(64, 2, o), 2);
        },
        [] {
          return RandomTensor({2, 32, 64}, 1);
@@ -187,6 +217,16 @@ TEST_F(CudaTest, EveryLayerMatchesCpuInBf16) {
     CompareLayer(layer.label, layer.factory, layer.input(), DType::kBF16,
                  stream_, 2e-2, 3e-2);
   }
+}
+
+TEST_F(CudaTest, EveryLayerMatchesCpuInBf16WithoutEpilogueFusion) {
+  const bool previous = cuda_backend::MatmulEpilogueFusionEnabled();
+  cuda_backend::SetMatmulEpilogueFusion(false);
+  for (const LayerCase &layer : Cases()) {
+    CompareLayer(layer.label + " unfused", layer.factory, layer.input(),
+                 DType::kBF16, stream_, 2e-2, 3e-2);
+  }
+  cuda_backend::SetMatmulEpilogueFusion(previous);
 }
 
 TEST_F(CudaTest, EveryLayerMatchesCpuInF32) {

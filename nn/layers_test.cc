@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "core/ops.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 #include "nn/test_util.h"
 
@@ -102,6 +104,148 @@ TEST(LayersGradientTest, Mlp) {
   Randomize(*mlp, 40);
   EXPECT_GRADIENTS_MATCH(
       CheckGradients(*mlp, RandomTensor({2, 3, 6}, 1), true));
+}
+
+TEST(LayersGradientTest, LinearWithGelu) {
+  auto linear = Materialized(
+      std::make_unique<Linear>(5, 8, true, kCpuF32, Initializer::Normal(0.5f),
+                               Linear::Activation::kGelu));
+  Randomize(*linear, 70);
+  testing::GradCheckOptions options;
+  options.samples_per_tensor = 12;
+  EXPECT_GRADIENTS_MATCH(
+      CheckGradients(*linear, RandomTensor({2, 3, 5}, 1), true, options));
+}
+
+// The Mlp's fc saves nothing when it is itself checkpointed; the Mlp then
+// leaves GELU's backward to fc (the unfused path).
+TEST(LayersGradientTest, MlpWithCheckpointedFc) {
+  auto mlp = Materialized(std::make_unique<Mlp>(6, 2, kCpuF32));
+  mlp->fc()->set_activation_checkpointing(true);
+  Randomize(*mlp, 40);
+  EXPECT_GRADIENTS_MATCH(
+      CheckGradients(*mlp, RandomTensor({2, 3, 6}, 1), true));
+}
+
+TEST(LayersGradientTest, MlpRunTwiceInOneForward) {
+  auto twice = Materialized(
+      std::make_unique<Repeat>(std::make_unique<Mlp>(6, 2, kCpuF32), 2));
+  Randomize(*twice, 45);
+  EXPECT_GRADIENTS_MATCH(
+      CheckGradients(*twice, RandomTensor({2, 3, 6}, 1), true));
+}
+
+// The Mlp (GELU fused into fc's forward and proj's backward, fc's bias
+// gradient reduced by proj) against the unfused composition Linear, Gelu,
+// Linear with the same parameters: on the CPU in f32 the arithmetic is the
+// same, so everything agrees bit for bit, whether the Mlp, or its fc, is
+// checkpointed or not, over two accumulating backwards. The exception is
+// fc's bias gradient from the second backward on: the fused path adds the
+// pass's row sum to it, the unfused one adds the rows one by one.
+TEST(LayersTest, MlpEqualsUnfusedLinearGeluLinear) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    auto mlp = Materialized(std::make_unique<Mlp>(6, 2, kCpuF32));
+    Randomize(*mlp, 40);
+    if (variant == 1) mlp->set_activation_checkpointing(true);
+    if (variant == 2) mlp->fc()->set_activation_checkpointing(true);
+    Sequential reference;
+    reference.Append(std::make_unique<Linear>(6, 24, true, kCpuF32));
+    reference.Append(std::make_unique<Gelu>());
+    reference.Append(std::make_unique<Linear>(24, 6, true, kCpuF32));
+    ASSERT_TRUE(reference.MaterializeParameters(1, Stream()).ok());
+    const std::vector<Parameter *> ours = mlp->Parameters();
+    const std::vector<Parameter *> theirs = reference.Parameters();
+    ASSERT_EQ(ours.size(), theirs.size());
+    for (size_t i = 0; i < ours.size(); ++i) {
+      ASSERT_TRUE(
+          Copy(ours[i]->data().value(), theirs[i]->data().value(), Stream())
+              .ok());
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      const Tensor input = RandomTensor({2, 3, 6}, 10 + pass);
+      const Tensor grad_output = RandomTensor({2, 3, 6}, 20 + pass);
+      const Tensor output = mlp->Forward(input, Stream()).value();
+      const Tensor expected = reference.Forward(input, Stream()).value();
+      EXPECT_EQ(testing::Values(output), testing::Values(expected));
+      const Tensor grad_input = mlp->Backward(grad_output, Stream()).value();
+      const Tensor expected_grad =
+          reference.Backward(grad_output, Stream()).value();
+      EXPECT_EQ(testing::Values(grad_input), testing::Values(expected_grad));
+    }
+    for (size_t i = 0; i < ours.size(); ++i) {
+      const std::vector<float> got = testing::Values(ours[i]->grad());
+      const std::vector<float> want = testing::Values(theirs[i]->grad());
+      if (ours[i] != mlp->fc()->bias() || variant == 2) {
+        EXPECT_EQ(got, want) << ours[i]->name();
+        continue;
+      }
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t j = 0; j < got.size(); ++j) {
+        EXPECT_NEAR(got[j], want[j], 1e-6f) << ours[i]->name() << " " << j;
+      }
+    }
+    for (Module *module : mlp->Modules()) {
+      EXPECT_EQ(module->PendingBackwardCalls(), 0) << module->DisplayName();
+    }
+  }
+}
+
+// What ZeRO-3 relies on: fc's and proj's hooks fire as for any two Linears,
+// and every parameter gradient is accumulated inside its own module's
+// Backward. Here gradient slots exist only from a module's pre-backward
+// hook on (as ZeRO-3 installs them) and proj's post-backward hook checks
+// that fc's gradients were not touched yet.
+TEST(LayersTest, MlpAccumulatesEachGradientInsideItsOwnModule) {
+  auto mlp = Materialized(std::make_unique<Mlp>(6, 2, kCpuF32));
+  Randomize(*mlp, 40);
+  std::vector<std::string> events;
+  for (Module *module : mlp->Modules()) {
+    const std::string name =
+        module->FullName().empty() ? "mlp" : module->FullName();
+    for (HookKind kind : {HookKind::kPreForward, HookKind::kPostForward,
+                          HookKind::kPreBackward, HookKind::kPostBackward}) {
+      module->AddHook(kind, [&events, name, kind](Module &m, const Stream &s) {
+        events.push_back(std::string(HookKindName(kind)) + " " + name);
+        if (kind == HookKind::kPreBackward) {
+          for (Parameter *parameter : m.DirectParameters()) {
+            ZE_RETURN_IF_ERROR(parameter->SetGrad(
+                Tensor::Zeros(parameter->shape(), DType::kF32, Device::Cpu())
+                    .value()));
+          }
+        }
+        return absl::OkStatus();
+      });
+    }
+  }
+  mlp->proj()->AddHook(HookKind::kPostBackward,
+                       [&mlp](Module &, const Stream &) {
+                         EXPECT_FALSE(mlp->fc()->weight()->grad().defined());
+                         EXPECT_FALSE(mlp->fc()->bias()->grad().defined());
+                         return absl::OkStatus();
+                       });
+  const Tensor input = RandomTensor({2, 3, 6}, 10);
+  const Tensor grad_output = RandomTensor({2, 3, 6}, 20);
+  ASSERT_TRUE(mlp->Forward(input, Stream()).ok());
+  ASSERT_TRUE(mlp->Backward(grad_output, Stream()).ok());
+  EXPECT_EQ(events,
+            (std::vector<std::string>{
+                "pre-forward mlp", "pre-forward fc", "post-forward fc",
+                "pre-forward proj", "post-forward proj", "post-forward mlp",
+                "pre-backward mlp", "pre-backward proj", "post-backward proj",
+                "pre-backward fc", "post-backward fc", "post-backward mlp"}));
+  // The same gradients as with slots allocated up front.
+  auto plain = Materialized(std::make_unique<Mlp>(6, 2, kCpuF32));
+  Randomize(*plain, 40);
+  ASSERT_TRUE(plain->Forward(input, Stream()).ok());
+  ASSERT_TRUE(plain->Backward(grad_output, Stream()).ok());
+  const std::vector<Parameter *> ours = mlp->Parameters();
+  const std::vector<Parameter *> theirs = plain->Parameters();
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(testing::Values(ours[i]->grad()),
+              testing::Values(theirs[i]->grad()))
+        << ours[i]->name();
+  }
 }
 
 TEST(LayersGradientTest, Block) {

@@ -260,6 +260,8 @@ class SavedStack {
   }
   bool empty() const { return records_.empty(); }
   int size() const { return static_cast<int>(records_.size()); }
+  // The record the next Pop returns; the stack must not be empty.
+  const Record &Top() const { return records_.back(); }
   Record Pop() {
     Record record = std::move(records_.back());
     records_.pop_back();
