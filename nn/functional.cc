@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops.h"
 #include "core/status.h"
 #include "nn/cuda/functional_cuda.h"
 #include "nn/functional_cpu.h"
@@ -321,11 +322,15 @@ absl::Status GeluLinearBackward(
                                          grad_bias, grad_pre_activation_bias);
 }
 
-absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
-                              const Tensor &bias, const Tensor &output,
-                              const Tensor &mean, const Tensor &rstd,
-                              const Stream &stream) {
-  const char *op = "LayerNormForward";
+namespace {
+
+// LayerNormForward, and AddLayerNormForward with `residual` and `sum`
+// defined (then `input` is the sum's tensor for the checks and the CPU).
+absl::Status LayerNormForwardImpl(const char *op, const Tensor &input,
+                                  const Tensor &weight, const Tensor &bias,
+                                  const Tensor &output, const Tensor &mean,
+                                  const Tensor &rstd, const Stream &stream,
+                                  const Tensor &residual, const Tensor &sum) {
   for (const auto &[name, tensor] :
        {std::pair<const char *, const Tensor *>{"input", &input},
         {"weight", &weight},
@@ -360,19 +365,27 @@ absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
   const Tensor input_2d = View2D(input, m, c);
   const Tensor output_2d = View2D(output, m, c);
   if (input.device().is_cuda()) {
-    return cuda_backend::LayerNormForward(input_2d, weight, bias, output_2d,
-                                          mean, rstd, stream);
+    return cuda_backend::LayerNormForward(
+        input_2d, weight, bias, output_2d, mean, rstd, stream,
+        residual.defined() ? View2D(residual, m, c) : Tensor(),
+        sum.defined() ? View2D(sum, m, c) : Tensor());
+  }
+  if (residual.defined()) {
+    // Two steps, exactly as an add followed by LayerNormForward.
+    ZE_RETURN_IF_ERROR(Add(input, residual, sum, stream));
+    return cpu_backend::LayerNormForward(View2D(sum, m, c), weight, bias,
+                                         output_2d, mean, rstd);
   }
   return cpu_backend::LayerNormForward(input_2d, weight, bias, output_2d, mean,
                                        rstd);
 }
 
-absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
-                               const Tensor &weight, const Tensor &mean,
-                               const Tensor &rstd, const Tensor &grad_input,
-                               const Tensor &grad_weight,
-                               const Tensor &grad_bias, const Stream &stream) {
-  const char *op = "LayerNormBackward";
+// LayerNormBackward, plus grad_addend into grad_input when defined.
+absl::Status LayerNormBackwardImpl(
+    const char *op, const Tensor &grad_output, const Tensor &input,
+    const Tensor &weight, const Tensor &mean, const Tensor &rstd,
+    const Tensor &grad_input, const Tensor &grad_weight,
+    const Tensor &grad_bias, const Stream &stream, const Tensor &grad_addend) {
   for (const auto &[name, tensor] :
        {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
         {"input", &input},
@@ -424,13 +437,79 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
   const Tensor input_2d = View2D(input, m, c);
   const Tensor grad_input_2d = View2D(grad_input, m, c);
   if (input.device().is_cuda()) {
-    return cuda_backend::LayerNormBackward(grad_output_2d, input_2d, weight,
-                                           mean, rstd, grad_input_2d,
-                                           grad_weight, grad_bias, stream);
+    return cuda_backend::LayerNormBackward(
+        grad_output_2d, input_2d, weight, mean, rstd, grad_input_2d,
+        grad_weight, grad_bias, stream,
+        grad_addend.defined() ? View2D(grad_addend, m, c) : Tensor());
   }
-  return cpu_backend::LayerNormBackward(grad_output_2d, input_2d, weight, mean,
-                                        rstd, grad_input_2d, grad_weight,
-                                        grad_bias);
+  ZE_RETURN_IF_ERROR(cpu_backend::LayerNormBackward(
+      grad_output_2d, input_2d, weight, mean, rstd, grad_input_2d, grad_weight,
+      grad_bias));
+  if (!grad_addend.defined()) return absl::OkStatus();
+  // Two steps, exactly as LayerNormBackward followed by an add.
+  return Add(grad_input, grad_addend, grad_input, stream);
+}
+
+}  // namespace
+
+absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
+                              const Tensor &bias, const Tensor &output,
+                              const Tensor &mean, const Tensor &rstd,
+                              const Stream &stream) {
+  return LayerNormForwardImpl("LayerNormForward", input, weight, bias, output,
+                              mean, rstd, stream, Tensor(), Tensor());
+}
+
+absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
+                               const Tensor &weight, const Tensor &mean,
+                               const Tensor &rstd, const Tensor &grad_input,
+                               const Tensor &grad_weight,
+                               const Tensor &grad_bias, const Stream &stream) {
+  return LayerNormBackwardImpl("LayerNormBackward", grad_output, input, weight,
+                               mean, rstd, grad_input, grad_weight, grad_bias,
+                               stream, Tensor());
+}
+
+absl::Status AddLayerNormForward(const Tensor &input, const Tensor &residual,
+                                 const Tensor &sum, const Tensor &weight,
+                                 const Tensor &bias, const Tensor &output,
+                                 const Tensor &mean, const Tensor &rstd,
+                                 const Stream &stream) {
+  const char *op = "AddLayerNormForward";
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"input", &input},
+        {"residual", &residual},
+        {"sum", &sum}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireShape(op, "residual", residual, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "sum", sum, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "input", input, {{"residual", &residual}, {"sum", &sum}}));
+  return LayerNormForwardImpl(op, input, weight, bias, output, mean, rstd,
+                              stream, residual, sum);
+}
+
+absl::Status LayerNormBackwardAdd(
+    const Tensor &grad_output, const Tensor &input, const Tensor &weight,
+    const Tensor &mean, const Tensor &rstd, const Tensor &grad_addend,
+    const Tensor &grad_input, const Tensor &grad_weight,
+    const Tensor &grad_bias, const Stream &stream) {
+  const char *op = "LayerNormBackwardAdd";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
+                                       {{"grad_addend", &grad_addend}}));
+  if (grad_addend.data() == grad_input.data()) {
+    return Invalid(op, "grad_addend must not alias grad_input");
+  }
+  return LayerNormBackwardImpl(op, grad_output, input, weight, mean, rstd,
+                               grad_input, grad_weight, grad_bias, stream,
+                               grad_addend);
 }
 
 absl::Status GeluForward(const Tensor &input, const Tensor &output,

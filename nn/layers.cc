@@ -212,8 +212,15 @@ absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor &input,
                       Tensor::Empty({rows}, DType::kF32, input.device()));
   ZE_ASSIGN_OR_RETURN(Tensor rstd,
                       Tensor::Empty({rows}, DType::kF32, input.device()));
-  ZE_RETURN_IF_ERROR(
-      LayerNormForward(input, weight, bias, output, mean, rstd, stream));
+  const Tensor residual = std::move(pending_residual_);
+  pending_residual_ = Tensor();
+  if (residual.defined()) {
+    ZE_RETURN_IF_ERROR(AddLayerNormForward(input, residual, input, weight, bias,
+                                           output, mean, rstd, stream));
+  } else {
+    ZE_RETURN_IF_ERROR(
+        LayerNormForward(input, weight, bias, output, mean, rstd, stream));
+  }
   saved_.Save(Saved{input, mean, rstd});
   return output;
 }
@@ -228,9 +235,17 @@ absl::StatusOr<Tensor> LayerNorm::BackwardImpl(const Tensor &grad_output,
   ZE_ASSIGN_OR_RETURN(Tensor grad_input,
                       Tensor::Empty(saved.input.shape(), grad_output.dtype(),
                                     grad_output.device()));
-  ZE_RETURN_IF_ERROR(LayerNormBackward(grad_output, saved.input, weight,
-                                       saved.mean, saved.rstd, grad_input,
-                                       grad_weight, grad_bias, stream));
+  const Tensor grad_addend = std::move(pending_grad_addend_);
+  pending_grad_addend_ = Tensor();
+  if (grad_addend.defined()) {
+    ZE_RETURN_IF_ERROR(LayerNormBackwardAdd(
+        grad_output, saved.input, weight, saved.mean, saved.rstd, grad_addend,
+        grad_input, grad_weight, grad_bias, stream));
+  } else {
+    ZE_RETURN_IF_ERROR(LayerNormBackward(grad_output, saved.input, weight,
+                                         saved.mean, saved.rstd, grad_input,
+                                         grad_weight, grad_bias, stream));
+  }
   return grad_input;
 }
 
@@ -382,9 +397,11 @@ absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor &input,
                                           const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(Tensor normed, ln1_->Forward(input, stream));
   // The branch outputs are fresh tensors nobody saved, so the residual sums
-  // are written into them in place (no extra (B, T, C) buffers).
+  // are written into them in place (no extra (B, T, C) buffers). The first
+  // sum is formed by ln2 itself, in the same pass that normalises it.
   ZE_ASSIGN_OR_RETURN(Tensor residual, attn_->Forward(normed, stream));
-  ZE_RETURN_IF_ERROR(Add(input, residual, residual, stream));
+  ln2_->AddResidualToNextForward(input);
+  // residual := input + residual; normed2 = ln2(residual).
   ZE_ASSIGN_OR_RETURN(Tensor normed2, ln2_->Forward(residual, stream));
   ZE_ASSIGN_OR_RETURN(Tensor output, mlp_->Forward(normed2, stream));
   ZE_RETURN_IF_ERROR(Add(residual, output, output, stream));
@@ -393,16 +410,17 @@ absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor &input,
 
 absl::StatusOr<Tensor> Block::BackwardImpl(const Tensor &grad_output,
                                            const Stream &stream) {
-  // d(residual) = d(out) + ln2'(mlp'(d(out))); the branch gradient is ours,
-  // so the sum goes into it in place.
+  // d(residual) = d(out) + ln2'(mlp'(d(out))) and d(in) = d(residual) +
+  // ln1'(attn'(d(residual))): both sums are formed by the LayerNorm
+  // backward kernels as they write their input gradients.
   ZE_ASSIGN_OR_RETURN(Tensor grad_mlp_in, mlp_->Backward(grad_output, stream));
+  ln2_->AddToNextGradInput(grad_output);
   ZE_ASSIGN_OR_RETURN(Tensor grad_residual,
                       ln2_->Backward(grad_mlp_in, stream));
-  ZE_RETURN_IF_ERROR(Add(grad_residual, grad_output, grad_residual, stream));
   ZE_ASSIGN_OR_RETURN(Tensor grad_attn_in,
                       attn_->Backward(grad_residual, stream));
+  ln1_->AddToNextGradInput(grad_residual);
   ZE_ASSIGN_OR_RETURN(Tensor grad_input, ln1_->Backward(grad_attn_in, stream));
-  ZE_RETURN_IF_ERROR(Add(grad_input, grad_residual, grad_input, stream));
   return grad_input;
 }
 

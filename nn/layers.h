@@ -138,28 +138,50 @@ class Embedding : public Module {
 
 // LayerNorm over the last dimension, eps 1e-5. Parameters "weight" (ones),
 // "bias" (zeros), both (C).
+//
+// A pre-LN block can fuse its residual adds into the LayerNorm that follows
+// them (one pass over the activations instead of two, on CUDA):
+//   - AddResidualToNextForward(r): the next Forward(x) normalises x + r,
+//     writing the sum into x's storage (the caller owns x and no longer
+//     needs its old value); backward then treats the sum as the input.
+//   - AddToNextGradInput(g): the next Backward returns LayerNorm'(dy) + g.
+// Each is consumed by the next call of that direction (hooks run as usual);
+// ClearSavedState drops pending ones.
 class LayerNorm : public Module {
  public:
   LayerNorm(int64_t channels, const LayerOptions &options);
   Parameter *weight() const { return weight_; }
   Parameter *bias() const { return bias_; }
 
+  void AddResidualToNextForward(Tensor residual) {
+    pending_residual_ = std::move(residual);
+  }
+  void AddToNextGradInput(Tensor grad_addend) {
+    pending_grad_addend_ = std::move(grad_addend);
+  }
+
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
-  void ClearSavedStateImpl() override { saved_.Clear(); }
+  void ClearSavedStateImpl() override {
+    saved_.Clear();
+    pending_residual_ = Tensor();
+    pending_grad_addend_ = Tensor();
+  }
 
  private:
   struct Saved {
-    Tensor input;  // (..., C)
+    Tensor input;  // (..., C): the normalised tensor (the sum, if fused)
     Tensor mean;   // (M) f32
     Tensor rstd;   // (M) f32
   };
   Parameter *weight_;
   Parameter *bias_;
   SavedStack<Saved> saved_;
+  Tensor pending_residual_;     // (..., C) or undefined
+  Tensor pending_grad_addend_;  // (..., C) or undefined
 };
 
 // GELU (tanh approximation), any shape. No parameters.

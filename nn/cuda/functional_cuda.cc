@@ -784,17 +784,20 @@ absl::Status GeluLinearBackward(
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
                               const Tensor& bias, const Tensor& output,
                               const Tensor& mean, const Tensor& rstd,
-                              const Stream& stream) {
+                              const Stream& stream, const Tensor& residual,
+                              const Tensor& sum) {
   ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(
-      RequireSameDType("LayerNormForward", input, {&weight, &bias, &output}));
+  ZE_RETURN_IF_ERROR(RequireSameDType(
+      "LayerNormForward", input, {&weight, &bias, &output, &residual, &sum}));
   const int64_t rows = input.size(0), cols = input.size(1);
   return LaunchStatus(
       kernels::LaunchLayerNormForward(
           input.data(), weight.data(), bias.defined() ? bias.data() : nullptr,
           output.data(), mean.defined() ? mean.data_as<float>() : nullptr,
           rstd.defined() ? rstd.data_as<float>() : nullptr, rows, cols,
-          DTypeCode(input.dtype()), stream.native()),
+          DTypeCode(input.dtype()), stream.native(),
+          residual.defined() ? residual.data() : nullptr,
+          sum.defined() ? sum.data() : nullptr),
       "LayerNormForward kernel");
 }
 
@@ -802,10 +805,12 @@ absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
                                const Tensor& weight, const Tensor& mean,
                                const Tensor& rstd, const Tensor& grad_input,
                                const Tensor& grad_weight,
-                               const Tensor& grad_bias, const Stream& stream) {
+                               const Tensor& grad_bias, const Stream& stream,
+                               const Tensor& grad_addend) {
   ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(RequireSameDType("LayerNormBackward", input,
-                                      {&grad_output, &weight, &grad_input}));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("LayerNormBackward", input,
+                       {&grad_output, &weight, &grad_input, &grad_addend}));
   const int64_t rows = input.size(0), cols = input.size(1);
   if (rows == 0) return absl::OkStatus();
   const int partial_rows = kernels::LayerNormBackwardNumPartials(
@@ -826,7 +831,8 @@ absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
           grad_output.data(), input.data(), weight.data(),
           mean.data_as<float>(), rstd.data_as<float>(),
           grad_input.defined() ? grad_input.data() : nullptr, weight_partials,
-          bias_partials, rows, cols, DTypeCode(input.dtype()), stream.native()),
+          bias_partials, rows, cols, DTypeCode(input.dtype()), stream.native(),
+          grad_addend.defined() ? grad_addend.data() : nullptr),
       "LayerNormBackward kernel"));
   if (weight_partials != nullptr) {
     ZE_RETURN_IF_ERROR(LaunchStatus(

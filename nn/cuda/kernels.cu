@@ -46,8 +46,13 @@ int NumSms() {
 // One warp per row. The row is read three times (mean, variance, output);
 // the second and third reads hit L1/L2, and the two-pass variance avoids the
 // cancellation of E[x^2] - E[x]^2.
+// With `residual` (the pre-LN block's residual add, fused): the first pass
+// forms s = x + residual, rounds it to T and stores it to `sum` (which may
+// alias x or residual: each lane reads its elements before writing them),
+// and the later passes read s back from `sum` (this lane's own writes, L1/L2
+// hits). Without: s = x and `sum` is unused.
 template <typename T, int VEC>
-__global__ void LayerNormForwardKernel(const T* __restrict__ x,
+__global__ void LayerNormForwardKernel(const T* x, const T* residual, T* sum,
                                        const T* __restrict__ weight,
                                        const T* __restrict__ bias,
                                        T* __restrict__ y, float* mean_out,
@@ -58,14 +63,32 @@ __global__ void LayerNormForwardKernel(const T* __restrict__ x,
       static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= rows) return;
   const T* xr = x + row * cols;
-  float sum = 0.0f;
-  for (int c = lane * VEC; c < cols; c += 32 * VEC) {
-    float v[VEC];
-    LoadFloats<T, VEC>(xr + c, v);
+  float total = 0.0f;
+  if (residual != nullptr) {
+    const T* rr = residual + row * cols;
+    T* sr = sum + row * cols;
+    for (int c = lane * VEC; c < cols; c += 32 * VEC) {
+      float v[VEC], r[VEC];
+      LoadFloats<T, VEC>(xr + c, v);
+      LoadFloats<T, VEC>(rr + c, r);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) sum += v[i];
+      for (int i = 0; i < VEC; ++i) {
+        // Normalise the rounded sum: the tensor backward sees.
+        v[i] = ToFloat(FromFloat<T>(v[i] + r[i]));
+        total += v[i];
+      }
+      StoreFloats<T, VEC>(sr + c, v);
+    }
+    xr = sr;
+  } else {
+    for (int c = lane * VEC; c < cols; c += 32 * VEC) {
+      float v[VEC];
+      LoadFloats<T, VEC>(xr + c, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) total += v[i];
+    }
   }
-  const float mean = WarpSum(sum) / cols;
+  const float mean = WarpSum(total) / cols;
   float sq = 0.0f;
   for (int c = lane * VEC; c < cols; c += 32 * VEC) {
     float v[VEC];
@@ -103,7 +126,8 @@ template <typename T, int VEC>
 __global__ void LayerNormBackwardKernel(
     const T* __restrict__ dy, const T* __restrict__ x,
     const T* __restrict__ weight, const float* __restrict__ mean,
-    const float* __restrict__ rstd, T* __restrict__ dx, float* weight_partials,
+    const float* __restrict__ rstd, T* __restrict__ dx,
+    const T* __restrict__ dx_addend, float* weight_partials,
     float* bias_partials, int64_t rows, int cols) {
   extern __shared__ float shared[];
   const bool param_grads =
@@ -154,6 +178,12 @@ __global__ void LayerNormBackwardKernel(
         const float xhat = (v[i] - m) * rs;
         out[i] = rs * (g[i] * w[i] - sum_g - xhat * sum_gx);
       }
+      if (dx_addend != nullptr) {
+        float a[VEC];
+        LoadFloats<T, VEC>(dx_addend + row * cols + c, a);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) out[i] += a[i];
+      }
       StoreFloats<T, VEC>(dxr + c, out);
     }
   }
@@ -186,8 +216,9 @@ __global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2)
         const T* __restrict__ dy, const T* __restrict__ x,
         const T* __restrict__ weight, const float* __restrict__ mean,
         const float* __restrict__ rstd, T* __restrict__ dx,
-        float* __restrict__ weight_partials, float* __restrict__ bias_partials,
-        int64_t rows, int cols, int threads_per_row) {
+        const T* __restrict__ dx_addend, float* __restrict__ weight_partials,
+        float* __restrict__ bias_partials, int64_t rows, int cols,
+        int threads_per_row) {
   __shared__ float2 sums[2][8];  // [buffer][warp]: (sum dy*w, sum dy*w*xhat)
   const int teams = blockDim.x / threads_per_row;
   const int team = threadIdx.x / threads_per_row;
@@ -277,15 +308,22 @@ __global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2)
     sum_gx *= inv_cols;
 #pragma unroll
     for (int it = 0; it < ITEMS; ++it) {
+      const int64_t off = row * cols + (it * threads_per_row + member) * VEC;
+      float addend[VEC];
+      if (dx_addend != nullptr) {
+        LoadFloats<T, VEC>(dx_addend + off, addend);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) addend[i] = 0.0f;
+      }
       float out[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const float g = ToFloat(cur_g[it].v[i]);
         const float xhat = (ToFloat(cur_v[it].v[i]) - m) * rs;
-        out[i] = rs * (g * w[it][i] - sum_g - xhat * sum_gx);
+        out[i] = rs * (g * w[it][i] - sum_g - xhat * sum_gx) + addend[i];
       }
-      StoreFloats<T, VEC>(
-          dx + row * cols + (it * threads_per_row + member) * VEC, out);
+      StoreFloats<T, VEC>(dx + off, out);
     }
   }
   const int64_t partial = static_cast<int64_t>(blockIdx.x) * teams + team;
@@ -626,27 +664,33 @@ int GridFor(int64_t count, int threads) {
 
 int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
                            void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, int dtype, void* stream) {
+                           int64_t cols, int dtype, void* stream,
+                           const void* residual, void* sum) {
   if (rows == 0) return 0;
+  if ((residual == nullptr) != (sum == nullptr)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kVec = 16 / sizeof(T);
-    const bool vec = cols % kVec == 0 && Aligned(x, 16) && Aligned(y, 16) &&
-                     Aligned(weight, 16) &&
-                     (bias == nullptr || Aligned(bias, 16));
+    const bool vec =
+        cols % kVec == 0 && Aligned(x, 16) && Aligned(y, 16) &&
+        Aligned(weight, 16) && (bias == nullptr || Aligned(bias, 16)) &&
+        (residual == nullptr || (Aligned(residual, 16) && Aligned(sum, 16)));
     const int threads = 256;
     const int grid = GridFor(rows, threads / 32);
     auto s = static_cast<cudaStream_t>(stream);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, threads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(residual),
+          static_cast<T*>(sum), static_cast<const T*>(weight),
+          static_cast<const T*>(bias), static_cast<T*>(y), mean, rstd, rows,
+          static_cast<int>(cols));
+    };
     if (vec) {
-      LayerNormForwardKernel<T, kVec><<<grid, threads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight),
-          static_cast<const T*>(bias), static_cast<T*>(y), mean, rstd, rows,
-          static_cast<int>(cols));
+      launch(LayerNormForwardKernel<T, kVec>);
     } else {
-      LayerNormForwardKernel<T, 1><<<grid, threads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight),
-          static_cast<const T*>(bias), static_cast<T*>(y), mean, rstd, rows,
-          static_cast<int>(cols));
+      launch(LayerNormForwardKernel<T, 1>);
     }
     return LastError();
   });
@@ -720,15 +764,20 @@ int LayerNormBackwardNumPartials(int64_t rows, int64_t cols, int dtype) {
 int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
                             const float* mean, const float* rstd, void* dx,
                             float* weight_partials, float* bias_partials,
-                            int64_t rows, int64_t cols, int dtype,
-                            void* stream) {
+                            int64_t rows, int64_t cols, int dtype, void* stream,
+                            const void* dx_addend) {
   if (rows == 0) return 0;
+  if (dx_addend != nullptr && (dx == nullptr || dx_addend == dx)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   const LayerNormBackwardPlan plan = PlanLayerNormBackward(rows, cols, dtype);
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kVec = 16 / sizeof(T);
     const bool vec = cols % kVec == 0 && Aligned(dy, 16) && Aligned(x, 16) &&
-                     Aligned(weight, 16) && (dx == nullptr || Aligned(dx, 16));
+                     Aligned(weight, 16) &&
+                     (dx == nullptr || Aligned(dx, 16)) &&
+                     (dx_addend == nullptr || Aligned(dx_addend, 16));
     auto s = static_cast<cudaStream_t>(stream);
     if (plan.team && vec) {
       const int threads = plan.teams * plan.threads_per_row;
@@ -736,8 +785,8 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
         kernel<<<plan.grid, threads, 0, s>>>(
             static_cast<const T*>(dy), static_cast<const T*>(x),
             static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
-            weight_partials, bias_partials, rows, static_cast<int>(cols),
-            plan.threads_per_row);
+            static_cast<const T*>(dx_addend), weight_partials, bias_partials,
+            rows, static_cast<int>(cols), plan.threads_per_row);
       };
       if (plan.items == 1) {
         launch(LayerNormBackwardTeamKernel<T, kVec, 1>);
@@ -758,7 +807,8 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
       kernel<<<plan.partials, threads, shared, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x),
           static_cast<const T*>(weight), mean, rstd, static_cast<T*>(dx),
-          weight_partials, bias_partials, rows, static_cast<int>(cols));
+          static_cast<const T*>(dx_addend), weight_partials, bias_partials,
+          rows, static_cast<int>(cols));
     };
     if (vec) {
       launch(LayerNormBackwardKernel<T, kVec>);
@@ -800,8 +850,8 @@ int LaunchColumnPartialSums(const void* x, int64_t rows, int64_t cols,
       return LastError();
     }
     const dim3 grid(GridFor(cols, 256), ColumnPartialSumsCount(rows));
-    ColumnPartialSumsKernel<T><<<grid, 256, 0, s>>>(static_cast<const T*>(x),
-                                                   rows, cols, partials);
+    ColumnPartialSumsKernel<T>
+        <<<grid, 256, 0, s>>>(static_cast<const T*>(x), rows, cols, partials);
     return LastError();
   });
 }

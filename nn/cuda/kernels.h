@@ -16,27 +16,32 @@ namespace ze {
 namespace nn {
 namespace cuda_kernels {
 
-// y (M, C) = (x - mean) * rstd * weight (C) + bias (C), eps 1e-5.
-// x, weight, bias, y share `dtype`; bias may be null. mean, rstd (M) f32,
-// either may be null (not saved).
+// y (M, C) = (s - mean) * rstd * weight (C) + bias (C), eps 1e-5, where s
+// is x, or, with `residual` (M, C), x + residual rounded to `dtype` and
+// written to `sum` (M, C; may alias x or residual; both or neither given).
+// x, residual, sum, weight, bias, y share `dtype`; bias may be null. mean,
+// rstd (M) f32, either may be null (not saved).
 int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
                            void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, int dtype, void* stream);
+                           int64_t cols, int dtype, void* stream,
+                           const void* residual = nullptr, void* sum = nullptr);
 
 // Number of partial rows LaunchLayerNormBackward writes for these rows,
 // columns and dtype; size the partial buffers (num_partials, C) f32 with it.
 // ZE_LAYERNORM_BWD_LEGACY=1 in the environment selects the older kernel.
 int LayerNormBackwardNumPartials(int64_t rows, int64_t cols, int dtype);
 
-// dx (M, C) = LayerNorm input gradient (overwritten; null: skipped).
+// dx (M, C) = LayerNorm input gradient (overwritten; null: skipped), plus
+// dx_addend (M, C) when given (the residual branch's gradient, fused; needs
+// dx, must not alias it).
 // weight_partials / bias_partials (num_partials, C) f32 receive per-block
 // sums of dy * xhat and dy (null: skipped); reduce them with
 // LaunchAddColumnSums. dy, x, weight, dx share `dtype`.
 int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
                             const float* mean, const float* rstd, void* dx,
                             float* weight_partials, float* bias_partials,
-                            int64_t rows, int64_t cols, int dtype,
-                            void* stream);
+                            int64_t rows, int64_t cols, int dtype, void* stream,
+                            const void* dx_addend = nullptr);
 
 // target (cols) of `target_dtype` += sum over rows of partials (rows, cols)
 // f32, summed in a fixed order: deterministic.
