@@ -33,6 +33,21 @@
 // ZE_MATMUL_EPILOGUE_FUSION=1 in the environment (read once) or
 // SetMatmulEpilogueFusion(true) turns them on (the BIAS epilogue is always
 // used), for A/B benchmarks and for testing both paths.
+//
+// Algorithm autotuning. cuBLASLt's heuristic predicts which algorithm is
+// fastest; the first time a problem (the same key as the cache: shapes,
+// dtypes, leading dimensions, beta != 0, epilogue, alignments) is seen with
+// 2 m n k >= 1e10 flops, up to 8 of its predictions are timed on the
+// caller's stream (one warm-up and 3 timed runs each, median, one event
+// synchronisation) and the fastest is cached; smaller problems keep the
+// first prediction. The caller's outputs are exact: candidates write the
+// real D only when beta == 0 and D overlaps no input, else a temporary
+// (accumulation happens once, in the final run). Different algorithms may
+// round differently (summation order), so results can change within the
+// dtype's rounding when autotuning is switched, and timing noise may pick
+// different algorithms in different processes. ZE_MATMUL_AUTOTUNE=0 (read
+// once) or SetMatmulAutotune(false) keeps the heuristic's first choice;
+// ZE_LOG_LEVEL=DEBUG logs each tuned problem's candidate times and choice.
 #ifndef ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 #define ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 
@@ -121,6 +136,30 @@ struct MatmulEpilogueStats {
 };
 MatmulEpilogueStats GetMatmulEpilogueStats();
 void ResetMatmulEpilogueStats();
+
+// Whether new matmul problems are autotuned. Defaults to true unless
+// ZE_MATMUL_AUTOTUNE is "0".
+bool MatmulAutotuneEnabled();
+// Overrides the environment for this process (tests, benchmarks). Takes
+// effect for calls queued afterwards: tuned and untuned choices are cached
+// separately, so switching back and forth re-tunes nothing.
+void SetMatmulAutotune(bool enabled);
+
+// Process-wide counts since start (or ResetMatmulAutotuneStats). A problem
+// is tuned (and counted) once per process and device when the heuristic
+// offers at least two algorithms (twice if two threads meet it at once).
+// first_ms and chosen_ms sum, over tuned problems whose first prediction ran,
+// the median time of that prediction and of the chosen algorithm: one call of
+// each tuned problem, so chosen_ms / first_ms is the autotuning gain on those
+// products.
+struct MatmulAutotuneStats {
+  int64_t keys_tuned = 0;
+  int64_t keys_not_first = 0;  // the fastest was not the first prediction
+  int64_t candidates_timed = 0, candidates_failed = 0;
+  double first_ms = 0.0, chosen_ms = 0.0;
+};
+MatmulAutotuneStats GetMatmulAutotuneStats();
+void ResetMatmulAutotuneStats();
 
 }  // namespace cuda_backend
 }  // namespace nn

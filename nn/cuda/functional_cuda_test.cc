@@ -12,6 +12,8 @@
 // GeluLinearBackward) are compared against the CPU ops of nn/functional.h
 // on the same rounded inputs, with fusion on and off (the fallback), and
 // EpiloguesAreFusedAtGptLikeShapes reports whether cuBLASLt accepted them.
+// AutotunedMatmulsMatchHeuristicChoice compares autotuned products against
+// the heuristic's first choice.
 #include "nn/cuda/functional_cuda.h"
 
 #include <cuda_runtime.h>
@@ -122,6 +124,19 @@ class ScopedEpilogueFusion {
     cb::SetMatmulEpilogueFusion(enabled);
   }
   ~ScopedEpilogueFusion() { cb::SetMatmulEpilogueFusion(previous_); }
+
+ private:
+  bool previous_;
+};
+
+// Sets the matmul autotuning switch for a scope.
+class ScopedAutotune {
+ public:
+  explicit ScopedAutotune(bool enabled)
+      : previous_(cb::MatmulAutotuneEnabled()) {
+    cb::SetMatmulAutotune(enabled);
+  }
+  ~ScopedAutotune() { cb::SetMatmulAutotune(previous_); }
 
  private:
   bool previous_;
@@ -523,6 +538,108 @@ TEST_F(FunctionalCudaTest, EpiloguesAreFusedAtGptLikeShapes) {
   ASSERT_TRUE(cb::LinearGeluForward(x, w_fc, b_fc, hidden, pre, stream_).ok());
   const cb::MatmulEpilogueStats off = cb::GetMatmulEpilogueStats();
   EXPECT_EQ(off.gelu_aux_fused + off.gelu_aux_fallback, 0);
+}
+
+// A Linear (and, through the GELU pair, an MLP's fc/proj) forward and
+// backward at a size that is autotuned (2 M K N = 1.3e10 flops per product),
+// with autotuning on against off. The algorithms may differ and round
+// differently, so results agree within bf16 rounding; the gradients start
+// from non-zero values (scale 50, about the products' own size), so had a
+// timed candidate accumulated into the real grad_weight (beta = 1) or a
+// bias gradient the difference would be of the products' size, far over
+// the tolerance. With fusion on, the products carry BGRADB, GELU_AUX_BIAS
+// and DGELU_BGRAD (epilogue outputs rewritten by the final run, inputs only
+// read). Prints the autotune counts; with autotuning off nothing is timed.
+TEST_F(FunctionalCudaTest, AutotunedMatmulsMatchHeuristicChoice) {
+  const int64_t m = 2048, k = 1024, n = 3072;
+  const DType dt = DType::kBF16;
+  const Device gpu = Device::Cuda(0);
+  Vec unused;
+  Tensor x = Random({m, k}, dt, 71, &unused);
+  Tensor w = Random({n, k}, dt, 72, &unused, 0.05f);
+  Tensor b = Random({n}, dt, 73, &unused);
+  Tensor dy = Random({m, n}, dt, 74, &unused);
+  // The GELU pair: fc maps k -> n with GELU, proj maps n -> k.
+  Tensor w_proj = Random({k, n}, dt, 75, &unused, 0.05f);
+  Tensor dy_proj = Random({m, k}, dt, 76, &unused);
+  for (bool fusion : {false, true}) {
+    ScopedEpilogueFusion scoped_fusion(fusion);
+    for (DType grad_dtype : {dt, DType::kF32}) {
+      const std::string tag = std::string("autotune ") + DTypeName(dt) +
+                              " grads " + DTypeName(grad_dtype) +
+                              FusionTag(fusion);
+      // [0]: autotuning off, [1]: on; each: y, dx, dw, db, hidden, pre,
+      // dpre, dw_proj, db_proj, pre_bias.
+      std::vector<Vec> results[2];
+      for (int tune = 0; tune < 2; ++tune) {
+        ScopedAutotune scoped_tune(tune == 1);
+        cb::ResetMatmulAutotuneStats();
+        Tensor y = *Tensor::Empty({m, n}, dt, gpu);
+        Tensor dx = *Tensor::Empty({m, k}, dt, gpu);
+        Tensor dw = Random({n, k}, grad_dtype, 77, &unused, 50.0f);
+        Tensor db = Random({n}, grad_dtype, 78, &unused, 50.0f);
+        Tensor hidden = *Tensor::Empty({m, n}, dt, gpu);
+        Tensor pre = *Tensor::Empty({m, n}, dt, gpu);
+        Tensor dpre = *Tensor::Empty({m, n}, dt, gpu);
+        Tensor dw_proj = Random({k, n}, grad_dtype, 79, &unused, 50.0f);
+        Tensor db_proj = Random({k}, grad_dtype, 80, &unused, 50.0f);
+        Tensor pre_bias = Random({n}, DType::kF32, 81, &unused, 50.0f);
+        ASSERT_TRUE(cb::LinearForward(x, w, b, y, stream_).ok());
+        ASSERT_TRUE(cb::LinearBackward(dy, x, w, dx, dw, db, stream_).ok());
+        ASSERT_TRUE(cb::LinearGeluForward(x, w, b, hidden, pre, stream_).ok());
+        ASSERT_TRUE(cb::GeluLinearBackward(dy_proj, hidden, w_proj, pre, dpre,
+                                           dw_proj, db_proj, pre_bias, stream_)
+                        .ok());
+        ASSERT_TRUE(stream_.Synchronize().ok());
+        for (const Tensor* t : {&y, &dx, &dw, &db, &hidden, &pre, &dpre,
+                                &dw_proj, &db_proj, &pre_bias}) {
+          results[tune].push_back(Host(*t));
+        }
+        const cb::MatmulAutotuneStats stats = cb::GetMatmulAutotuneStats();
+        std::printf(
+            "%s autotune %s: keys tuned %lld, not the heuristic's first %lld, "
+            "candidates timed %lld failed %lld, first %.3f ms chosen %.3f "
+            "ms\n",
+            tag.c_str(), tune == 1 ? "on" : "off",
+            static_cast<long long>(stats.keys_tuned),
+            static_cast<long long>(stats.keys_not_first),
+            static_cast<long long>(stats.candidates_timed),
+            static_cast<long long>(stats.candidates_failed), stats.first_ms,
+            stats.chosen_ms);
+        if (tune == 0) {
+          EXPECT_EQ(stats.keys_tuned, 0) << tag;
+        } else if (!fusion && grad_dtype == dt) {
+          // The first pass meets new problems (LinearForward's at least).
+          EXPECT_GT(stats.keys_tuned, 0)
+              << tag << ": nothing timed; did cuBLASLt offer one algorithm?";
+        }
+      }
+      const char* names[] = {"y",
+                             "grad_input",
+                             "grad_weight",
+                             "grad_bias",
+                             "gelu output",
+                             "pre_activation",
+                             "grad_pre_activation",
+                             "proj grad_weight",
+                             "proj grad_bias",
+                             "pre_activation bias grad"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        // Gradients in bf16 at magnitude ~100 round to 0.5: the bound is
+        // relative to the largest value, as everywhere here.
+        Check(tag + " " + names[i], dt, results[1][i],
+              DVec(results[0][i].begin(), results[0][i].end()));
+      }
+    }
+  }
+  // Whatever was tuned was tuned once: a second pass over the same problems
+  // finds them cached.
+  ScopedAutotune scoped_tune(true);
+  cb::ResetMatmulAutotuneStats();
+  Tensor y = *Tensor::Empty({m, n}, dt, gpu);
+  ASSERT_TRUE(cb::LinearForward(x, w, b, y, stream_).ok());
+  ASSERT_TRUE(stream_.Synchronize().ok());
+  EXPECT_EQ(cb::GetMatmulAutotuneStats().keys_tuned, 0);
 }
 
 TEST_F(FunctionalCudaTest, Gelu) {
