@@ -228,6 +228,33 @@ absl::Status LinearForward(const Tensor &input, const Tensor &weight,
   return cpu_backend::LinearForward(input_2d, weight, bias, output_2d);
 }
 
+absl::Status LinearForwardAdd(const Tensor &input, const Tensor &weight,
+                              const Tensor &bias, const Tensor &residual,
+                              const Tensor &output, const Stream &stream) {
+  const char *op = "LinearForwardAdd";
+  ZE_ASSIGN_OR_RETURN(const LinearSizes sizes,
+                      CheckLinearForward(op, input, weight, bias, output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "residual", residual));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "residual", residual, output.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "residual", residual));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "output", output, {{"residual", &residual}}));
+  if (Aliases(residual, output) || Aliases(residual, input)) {
+    return Invalid(op, "residual must not alias output or input");
+  }
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor output_2d = View2D(output, sizes.m, sizes.n);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LinearForward(input_2d, weight, bias, output_2d,
+                                       stream,
+                                       View2D(residual, sizes.m, sizes.n));
+  }
+  ZE_RETURN_IF_ERROR(
+      cpu_backend::LinearForward(input_2d, weight, bias, output_2d));
+  // The order the transformer block used before the fusion: residual + y.
+  return Add(residual, output, output, stream);
+}
+
 absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
                             const Tensor &weight, const Tensor &grad_input,
                             const Tensor &grad_weight, const Tensor &grad_bias,

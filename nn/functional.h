@@ -42,6 +42,16 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
                            const Tensor& bias, const Tensor& output,
                            const Stream& stream);
 
+// output (M, N) = input @ weight^T + bias + residual (M, N): a Linear whose
+// output joins a residual stream. On CUDA the product adds the residual
+// itself (C of the GEMM, beta 1), so no separate pass over the activations;
+// on the CPU the Linear then an add. residual must not alias output or
+// input. Backward is LinearBackward's (the residual's gradient is
+// grad_output itself).
+absl::Status LinearForwardAdd(const Tensor& input, const Tensor& weight,
+                              const Tensor& bias, const Tensor& residual,
+                              const Tensor& output, const Stream& stream);
+
 // grad_input (M, K)   = grad_output (M, N) @ weight (N, K)      (overwritten)
 // grad_weight (N, K) += grad_output^T @ input (M, K)           (accumulated)
 // grad_bias (N)      += sum over rows of grad_output           (accumulated)

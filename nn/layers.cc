@@ -81,6 +81,18 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
   const Shape output_shape = WithLastDim(input.shape(), out_features_);
   ZE_ASSIGN_OR_RETURN(Tensor output, Tensor::Empty(output_shape, input.dtype(),
                                                    input.device()));
+  const Tensor residual = std::move(pending_residual_);
+  pending_residual_ = Tensor();
+  if (residual.defined()) {
+    if (activation_ != Activation::kNone) {
+      return absl::InvalidArgumentError(
+          "Linear: AddResidualToNextForward needs Activation::kNone");
+    }
+    ZE_RETURN_IF_ERROR(
+        LinearForwardAdd(input, weight, bias, residual, output, stream));
+    saved_.Save(Saved{input, Tensor()});
+    return output;
+  }
   if (activation_ == Activation::kGelu) {
     ZE_ASSIGN_OR_RETURN(
         Tensor pre_activation,
@@ -212,15 +224,8 @@ absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor &input,
                       Tensor::Empty({rows}, DType::kF32, input.device()));
   ZE_ASSIGN_OR_RETURN(Tensor rstd,
                       Tensor::Empty({rows}, DType::kF32, input.device()));
-  const Tensor residual = std::move(pending_residual_);
-  pending_residual_ = Tensor();
-  if (residual.defined()) {
-    ZE_RETURN_IF_ERROR(AddLayerNormForward(input, residual, input, weight, bias,
-                                           output, mean, rstd, stream));
-  } else {
-    ZE_RETURN_IF_ERROR(
-        LayerNormForward(input, weight, bias, output, mean, rstd, stream));
-  }
+  ZE_RETURN_IF_ERROR(
+      LayerNormForward(input, weight, bias, output, mean, rstd, stream));
   saved_.Save(Saved{input, mean, rstd});
   return output;
 }
@@ -396,15 +401,16 @@ Block::Block(int64_t channels, int num_heads, int num_layers,
 absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor &input,
                                           const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(Tensor normed, ln1_->Forward(input, stream));
-  // The branch outputs are fresh tensors nobody saved, so the residual sums
-  // are written into them in place (no extra (B, T, C) buffers). The first
-  // sum is formed by ln2 itself, in the same pass that normalises it.
+  // Both residual sums are formed by the branches' output projections: the
+  // product adds the residual as its C matrix (LinearForwardAdd), so no
+  // separate pass over the activations.
+  // residual = input + attn(ln1(input)).
+  attn_->proj()->AddResidualToNextForward(input);
   ZE_ASSIGN_OR_RETURN(Tensor residual, attn_->Forward(normed, stream));
-  ln2_->AddResidualToNextForward(input);
-  // residual := input + residual; normed2 = ln2(residual).
   ZE_ASSIGN_OR_RETURN(Tensor normed2, ln2_->Forward(residual, stream));
+  // output = residual + mlp(ln2(residual)).
+  mlp_->proj()->AddResidualToNextForward(residual);
   ZE_ASSIGN_OR_RETURN(Tensor output, mlp_->Forward(normed2, stream));
-  ZE_RETURN_IF_ERROR(Add(residual, output, output, stream));
   return output;
 }
 

@@ -78,6 +78,15 @@ class Linear : public Module {
   // Drops both settings (a container's error path).
   void ClearBackwardFusion() { fusion_ = BackwardFusion(); }
 
+  // The next Forward returns input @ weight^T + bias + residual (a residual
+  // stream joined inside the product, LinearForwardAdd; Activation::kNone
+  // only); residual is shaped like the output and must be a different
+  // tensor. Consumed by that call; ClearSavedState drops it. Backward is
+  // unchanged (the residual's gradient is the caller's grad_output).
+  void AddResidualToNextForward(Tensor residual) {
+    pending_residual_ = std::move(residual);
+  }
+
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
@@ -86,6 +95,7 @@ class Linear : public Module {
   void ClearSavedStateImpl() override {
     saved_.Clear();
     ClearBackwardFusion();
+    pending_residual_ = Tensor();
   }
 
  private:
@@ -106,6 +116,7 @@ class Linear : public Module {
   Parameter *bias_ = nullptr;
   SavedStack<Saved> saved_;  // per call
   BackwardFusion fusion_;
+  Tensor pending_residual_;  // (..., out) or undefined
 };
 
 // output (B, T, C) = wte[tokens] + wpe[0..T). Input: tokens (B, T) i32.
@@ -139,23 +150,16 @@ class Embedding : public Module {
 // LayerNorm over the last dimension, eps 1e-5. Parameters "weight" (ones),
 // "bias" (zeros), both (C).
 //
-// A pre-LN block can fuse its residual adds into the LayerNorm that follows
-// them (one pass over the activations instead of two, on CUDA):
-//   - AddResidualToNextForward(r): the next Forward(x) normalises x + r,
-//     writing the sum into x's storage (the caller owns x and no longer
-//     needs its old value); backward then treats the sum as the input.
-//   - AddToNextGradInput(g): the next Backward returns LayerNorm'(dy) + g.
-// Each is consumed by the next call of that direction (hooks run as usual);
-// ClearSavedState drops pending ones.
+// A pre-LN block can fuse a residual gradient into the LayerNorm backward
+// that joins it (one pass instead of two, on CUDA): AddToNextGradInput(g)
+// makes the next Backward return LayerNorm'(dy) + g. Consumed by that call
+// (hooks run as usual); ClearSavedState drops a pending one.
 class LayerNorm : public Module {
  public:
   LayerNorm(int64_t channels, const LayerOptions &options);
   Parameter *weight() const { return weight_; }
   Parameter *bias() const { return bias_; }
 
-  void AddResidualToNextForward(Tensor residual) {
-    pending_residual_ = std::move(residual);
-  }
   void AddToNextGradInput(Tensor grad_addend) {
     pending_grad_addend_ = std::move(grad_addend);
   }
@@ -167,20 +171,18 @@ class LayerNorm : public Module {
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override {
     saved_.Clear();
-    pending_residual_ = Tensor();
     pending_grad_addend_ = Tensor();
   }
 
  private:
   struct Saved {
-    Tensor input;  // (..., C): the normalised tensor (the sum, if fused)
+    Tensor input;  // (..., C)
     Tensor mean;   // (M) f32
     Tensor rstd;   // (M) f32
   };
   Parameter *weight_;
   Parameter *bias_;
   SavedStack<Saved> saved_;
-  Tensor pending_residual_;     // (..., C) or undefined
   Tensor pending_grad_addend_;  // (..., C) or undefined
 };
 

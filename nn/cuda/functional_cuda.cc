@@ -231,6 +231,10 @@ struct MatmulArgs {
   cudaDataType_t d_type = CUDA_R_32F;
   int64_t ldd = 0;
   float beta = 0.0f;
+  // The C of D = op(A) op(B) + beta C: null means D itself (accumulation);
+  // otherwise a distinct matrix laid out as D (type d_type, ldd), e.g. the
+  // residual a Linear's output is added to.
+  const void* c = nullptr;
   // DEFAULT, or BIAS when `bias` is set and nothing else is asked for.
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   // BIAS, GELU_AUX_BIAS: the bias added to each column of D (length m, type
@@ -590,6 +594,9 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
       ",", args.a_type, ",", args.b_type, ",", args.d_type, ",", args.lda, ",",
       args.ldb, ",", args.ldd, ",", args.beta != 0.0f, ",",
       args.bias != nullptr, ",", align_a, ",", align_b, ",", align_d);
+  if (args.c != nullptr && args.c != args.d) {
+    absl::StrAppend(&key, ",c ", AlignmentOf(args.c));
+  }
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT &&
       epilogue != CUBLASLT_EPILOGUE_BIAS) {
     absl::StrAppend(&key, ",epilogue ", static_cast<int>(epilogue), ",",
@@ -684,9 +691,12 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
   }
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream.native());
   const float alpha = 1.0f;
+  // C is args.c when set and writing the real D; a timing run into a
+  // temporary D reads that temporary as C (its values do not matter).
   const auto run = [&](const cublasLtMatmulAlgo_t& chosen, void* d) {
+    const void* c = d == args.d && args.c != nullptr ? args.c : d;
     return cublasLtMatmul(handle, desc.get(), &alpha, args.a, a_layout.get(),
-                          args.b, b_layout.get(), &args.beta, d, d_layout.get(),
+                          args.b, b_layout.get(), &args.beta, c, d_layout.get(),
                           d, d_layout.get(), &chosen, workspace,
                           kLtWorkspaceBytes, cuda_stream);
   };
@@ -879,9 +889,10 @@ void ResetMatmulEpilogueStats() {
 
 absl::Status LinearForward(const Tensor& input, const Tensor& weight,
                            const Tensor& bias, const Tensor& output,
-                           const Stream& stream) {
+                           const Stream& stream, const Tensor& residual) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", input, {&weight}));
+  ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", output, {&residual}));
   if (bias.defined() && bias.dtype() != output.dtype()) {
     return absl::InvalidArgumentError(
         absl::StrCat("LinearForward on CUDA needs bias in the output's dtype: ",
@@ -907,6 +918,11 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
   ZE_ASSIGN_OR_RETURN(args.d_type, CudaType(output.dtype(), "output"));
   args.ldd = n;
   args.beta = 0.0f;
+  if (residual.defined()) {
+    // D = W^T' X + bias + residual: the residual is the product's C.
+    args.c = residual.data();
+    args.beta = 1.0f;
+  }
   args.bias = bias.defined() ? bias.data() : nullptr;
   if (k == 0) {
     // An empty reduction: cuBLASLt may reject k = 0; the result is the bias.
@@ -1111,16 +1127,40 @@ absl::Status GeluLinearBackward(
       if (!fused) {
         ZE_RETURN_IF_ERROR(
             Annotate(Matmul(stream, args), "GeluLinearBackward grad_input"));
-        ZE_RETURN_IF_ERROR(LaunchStatus(
-            kernels::LaunchGeluBackward(
+        const int dtype_code = DTypeCode(pre_activation.dtype());
+        if (grad_pre_activation_bias.defined() &&
+            kernels::GeluBackwardColumnSumsSupported(
                 grad_pre_activation.data(), pre_activation.data(),
-                grad_pre_activation.data(), grad_pre_activation.numel(),
-                DTypeCode(pre_activation.dtype()), stream.native()),
-            "GeluLinearBackward GELU kernel"));
-        if (grad_pre_activation_bias.defined()) {
-          ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_pre_activation,
-                                           grad_pre_activation_bias,
-                                           "GeluLinearBackward bias sums"));
+                grad_pre_activation.data(), k, dtype_code)) {
+          // GELU's backward and fc's bias-gradient partial sums in one pass.
+          const int partial_rows = kernels::ColumnPartialSumsCount(m);
+          ZE_ASSIGN_OR_RETURN(
+              void* scratch,
+              Scratch(stream, RoundUp256(sizeof(float) * partial_rows * k)));
+          float* partials = static_cast<float*>(scratch);
+          ZE_RETURN_IF_ERROR(LaunchStatus(
+              kernels::LaunchGeluBackwardColumnSums(
+                  grad_pre_activation.data(), pre_activation.data(),
+                  grad_pre_activation.data(), m, k, dtype_code, partials,
+                  stream.native()),
+              "GeluLinearBackward GELU and bias sums"));
+          ZE_RETURN_IF_ERROR(LaunchStatus(
+              kernels::LaunchAddColumnSums(
+                  partials, partial_rows, k, grad_pre_activation_bias.data(),
+                  DTypeCode(grad_pre_activation_bias.dtype()), stream.native()),
+              "GeluLinearBackward bias sums"));
+        } else {
+          ZE_RETURN_IF_ERROR(LaunchStatus(
+              kernels::LaunchGeluBackward(
+                  grad_pre_activation.data(), pre_activation.data(),
+                  grad_pre_activation.data(), grad_pre_activation.numel(),
+                  dtype_code, stream.native()),
+              "GeluLinearBackward GELU kernel"));
+          if (grad_pre_activation_bias.defined()) {
+            ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_pre_activation,
+                                             grad_pre_activation_bias,
+                                             "GeluLinearBackward bias sums"));
+          }
         }
       }
     }

@@ -61,9 +61,12 @@ namespace ze {
 namespace nn {
 namespace cuda_backend {
 
+// residual: LinearForwardAdd's (added by the product itself: beta 1 with
+// C = residual); must not alias output.
 absl::Status LinearForward(const Tensor& input, const Tensor& weight,
                            const Tensor& bias, const Tensor& output,
-                           const Stream& stream);
+                           const Stream& stream,
+                           const Tensor& residual = Tensor());
 absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,

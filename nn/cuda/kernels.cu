@@ -480,6 +480,56 @@ __global__ void GeluBackwardKernel(const T* dy, const T* __restrict__ x, T* dx,
   StoreFloats<T, VEC>(dx + i, g);
 }
 
+// dx = dy * gelu'(x) over a (rows, cols) matrix, and per chunk of
+// kColumnChunkRows rows the column sums of dx as stored (rounded to T), the
+// partials of the bias gradient of the Linear that produced x: one pass
+// instead of the GELU backward plus a second read for the column sums.
+// Thread layout as ColumnPartialSumsVecKernel (grid.y = row chunk). dx may
+// alias dy (each element is read before it is written, by one thread).
+template <typename T, int VEC, int UNROLL>
+__global__ void GeluBackwardColumnSumsKernel(const T* dy,
+                                             const T* __restrict__ x, T* dx,
+                                             int64_t rows, int64_t cols,
+                                             float* __restrict__ partials) {
+  const int64_t c =
+      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
+  if (c >= cols) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kColumnChunkRows;
+  const int64_t end = min(rows, begin + kColumnChunkRows);
+  float sum[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sum[k] = 0.0f;
+  auto one_row = [&](const float(&g)[VEC], const float(&v)[VEC], int64_t r) {
+    float out[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      out[k] = ToFloat(FromFloat<T>(g[k] * GeluGrad(v[k])));
+      sum[k] += out[k];
+    }
+    StoreFloats<T, VEC>(dx + r * cols + c, out);
+  };
+  int64_t r = begin;
+  for (; r + UNROLL <= end; r += UNROLL) {
+    float g[UNROLL][VEC], v[UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      LoadFloats<T, VEC>(dy + (r + u) * cols + c, g[u]);
+      LoadFloats<T, VEC>(x + (r + u) * cols + c, v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) one_row(g[u], v[u], r + u);
+  }
+  for (; r < end; ++r) {
+    float g[VEC], v[VEC];
+    LoadFloats<T, VEC>(dy + r * cols + c, g);
+    LoadFloats<T, VEC>(x + r * cols + c, v);
+    one_row(g, v, r);
+  }
+  float* out = partials + static_cast<int64_t>(blockIdx.y) * cols + c;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out[k] = sum[k];
+}
+
 // ---------------------------------------------------------------- Embedding
 __device__ __forceinline__ int64_t ClampToken(int32_t token, int64_t vocab) {
   return token < 0 ? 0 : (token >= vocab ? vocab - 1 : token);
@@ -854,6 +904,35 @@ int LaunchColumnPartialSums(const void* x, int64_t rows, int64_t cols,
         <<<grid, 256, 0, s>>>(static_cast<const T*>(x), rows, cols, partials);
     return LastError();
   });
+}
+
+int LaunchGeluBackwardColumnSums(const void* dy, const void* x, void* dx,
+                                 int64_t rows, int64_t cols, int dtype,
+                                 float* partials, void* stream) {
+  if (rows == 0 || cols == 0) return 0;
+  return DispatchFloat(dtype, [&](auto* tag) -> int {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int kVec = 16 / sizeof(T);
+    if (cols % kVec != 0 || !Aligned(dy, 16) || !Aligned(x, 16) ||
+        !Aligned(dx, 16)) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    constexpr int kThreads = 128;
+    const dim3 grid(GridFor(cols / kVec, kThreads),
+                    ColumnPartialSumsCount(rows));
+    GeluBackwardColumnSumsKernel<T, kVec, 4>
+        <<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x),
+            static_cast<T*>(dx), rows, cols, partials);
+    return LastError();
+  });
+}
+
+bool GeluBackwardColumnSumsSupported(const void* dy, const void* x,
+                                     const void* dx, int64_t cols, int dtype) {
+  const int vec = dtype == kF32 ? 4 : 8;
+  return cols % vec == 0 && Aligned(dy, 16) && Aligned(x, 16) &&
+         Aligned(dx, 16);
 }
 
 int LaunchGeluForward(const void* x, void* y, int64_t count, int dtype,

@@ -55,6 +55,18 @@ int ColumnPartialSumsCount(int64_t rows);
 int LaunchColumnPartialSums(const void* x, int64_t rows, int64_t cols,
                             int dtype, float* partials, void* stream);
 
+// dx (rows, cols) = dy * gelu_tanh'(x), and partials
+// (ColumnPartialSumsCount(rows), cols) f32 = column sums of row chunks of dx
+// as stored (finish with LaunchAddColumnSums): the GELU backward and the
+// bias gradient of the Linear that produced x in one pass. dx may alias dy.
+// Needs GeluBackwardColumnSumsSupported (16-byte vectors); otherwise
+// returns cudaErrorInvalidValue and queues nothing.
+int LaunchGeluBackwardColumnSums(const void* dy, const void* x, void* dx,
+                                 int64_t rows, int64_t cols, int dtype,
+                                 float* partials, void* stream);
+bool GeluBackwardColumnSumsSupported(const void* dy, const void* x,
+                                     const void* dx, int64_t cols, int dtype);
+
 // y = gelu_tanh(x), count elements.
 int LaunchGeluForward(const void* x, void* y, int64_t count, int dtype,
                       void* stream);
