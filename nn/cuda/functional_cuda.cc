@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/logging.h"
@@ -93,19 +94,47 @@ struct DeviceState {
 // Epilogue fusion switch: -1 follows the environment.
 std::atomic<int> fusion_override{-1};
 
-// Off unless ZE_MATMUL_EPILOGUE_FUSION is set to something other than "0":
-// on the H200 (CUDA 13's cuBLASLt, GPT-1.3B shapes) the fused step was
+// The fusions, each off unless named in ZE_MATMUL_EPILOGUE_FUSION (a comma
+// list of gelu_aux, dgelu, bgradb; "1" or "all" for every one; read once).
+// On the H200 (CUDA 13's cuBLASLt, GPT-1.3B shapes) the fused step was
 // slower (gpt_bench 271.4 ms against 256.6 ms unfused): DGELU_BGRAD ran as
 // a separate 1.16 ms kernel per layer instead of a 0.2 ms GELU backward,
 // GELU_AUX_BIAS cost 0.17 ms per call over the plain product (the GELU
 // kernel takes 0.15), and BGRADB's separate reduction read its input no
 // faster than the column-sum kernel.
-bool FusionEnabledByEnvironment() {
-  static const bool enabled = [] {
+enum class Epilogue { kGeluAux, kDgelu, kBgradb };
+
+bool FusionEnabledByEnvironment(Epilogue which) {
+  static const std::set<std::string> named = [] {
+    std::set<std::string> names;
     const char* value = std::getenv("ZE_MATMUL_EPILOGUE_FUSION");
-    return value != nullptr && value[0] != '\0' && std::string(value) != "0";
+    if (value == nullptr) return names;
+    for (absl::string_view part : absl::StrSplit(value, ',')) {
+      if (part == "1" || part == "all") {
+        names.insert({"gelu_aux", "dgelu", "bgradb"});
+      } else if (!part.empty() && part != "0") {
+        names.insert(std::string(part));
+      }
+    }
+    return names;
   }();
-  return enabled;
+  switch (which) {
+    case Epilogue::kGeluAux:
+      return named.count("gelu_aux") > 0;
+    case Epilogue::kDgelu:
+      return named.count("dgelu") > 0;
+    case Epilogue::kBgradb:
+      return named.count("bgradb") > 0;
+  }
+  return false;
+}
+
+// SetMatmulEpilogueFusion's override for every epilogue, else the
+// environment's choice for `which`.
+bool EpilogueFusionEnabled(Epilogue which) {
+  const int override_value = fusion_override.load(std::memory_order_relaxed);
+  if (override_value >= 0) return override_value == 1;
+  return FusionEnabledByEnvironment(which);
 }
 
 struct EpilogueCounters {
@@ -127,11 +156,15 @@ void Count(std::atomic<int64_t>& fused, std::atomic<int64_t>& fallback,
 // Matmul autotuning switch: -1 follows the environment.
 std::atomic<int> autotune_override{-1};
 
-// On unless ZE_MATMUL_AUTOTUNE is "0".
+// Off unless ZE_MATMUL_AUTOTUNE is set to something other than "0". On the
+// H200 the tuned choices were up to 14% faster in isolation (timed at full
+// clock), but the power-capped GPT-1.3B step did not move (gpt_bench 260.7
+// ms tuned, 259.2 ms untuned, one machine): the card runs at its 700 W limit,
+// where a kernel that is faster at full clock is not faster per joule.
 bool AutotuneEnabledByEnvironment() {
   static const bool enabled = [] {
     const char* value = std::getenv("ZE_MATMUL_AUTOTUNE");
-    return value == nullptr || std::string(value) != "0";
+    return value != nullptr && value[0] != '\0' && std::string(value) != "0";
   }();
   return enabled;
 }
@@ -824,9 +857,9 @@ absl::StatusOr<bool> MatmulWithBiasGrad(const Stream& stream, MatmulArgs args,
 }  // namespace
 
 bool MatmulEpilogueFusionEnabled() {
-  const int override_value = fusion_override.load(std::memory_order_relaxed);
-  if (override_value >= 0) return override_value == 1;
-  return FusionEnabledByEnvironment();
+  return EpilogueFusionEnabled(Epilogue::kGeluAux) &&
+         EpilogueFusionEnabled(Epilogue::kDgelu) &&
+         EpilogueFusionEnabled(Epilogue::kBgradb);
 }
 
 void SetMatmulEpilogueFusion(bool enabled) {
@@ -1011,7 +1044,7 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
     args.ldd = k;
     args.beta = 1.0f;
     if (grad_bias.defined() && k > 0 && n > 0 &&
-        MatmulEpilogueFusionEnabled()) {
+        EpilogueFusionEnabled(Epilogue::kBgradb)) {
       // The bias gradient is the column sum of op(B) = dY (M, N) over the
       // product's k = M: BGRADB, length n = N.
       MatmulArgs fused = args;
@@ -1043,7 +1076,7 @@ absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
   ZE_RETURN_IF_ERROR(
       RequireSameDType("LinearGeluForward", output, {&bias, &pre_activation}));
   const int64_t m = input.size(0), k = input.size(1), n = weight.size(0);
-  if (MatmulEpilogueFusionEnabled() && k > 0 && m > 0 && n > 0) {
+  if (EpilogueFusionEnabled(Epilogue::kGeluAux) && k > 0 && m > 0 && n > 0) {
     bool fused = false;
     // cuBLASLt: the GELU input matrix's leading dimension must be a multiple
     // of 8 (and at least D's rows, n).
@@ -1103,7 +1136,7 @@ absl::Status GeluLinearBackward(
       bool fused = false;
       // cuBLASLt: the GELU input matrix's leading dimension must be a
       // multiple of 8 (and at least D's rows, k).
-      if (MatmulEpilogueFusionEnabled()) {
+      if (EpilogueFusionEnabled(Epilogue::kDgelu)) {
         if (k % 8 == 0) {
           MatmulArgs fused_args = args;
           fused_args.aux = pre_activation.data();

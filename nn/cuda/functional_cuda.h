@@ -30,9 +30,10 @@
 // (MatmulEpilogueStats); ZE_LOG_LEVEL=DEBUG logs each rejected problem once.
 // The three fusions are OFF by default, because they measured slower on
 // the H200 (see FusionEnabledByEnvironment in functional_cuda.cc):
-// ZE_MATMUL_EPILOGUE_FUSION=1 in the environment (read once) or
-// SetMatmulEpilogueFusion(true) turns them on (the BIAS epilogue is always
-// used), for A/B benchmarks and for testing both paths.
+// ZE_MATMUL_EPILOGUE_FUSION=1 (or "all") in the environment turns them all
+// on, a comma list (gelu_aux, dgelu, bgradb) some of them (read once);
+// SetMatmulEpilogueFusion(bool) overrides all three (the BIAS epilogue is
+// always used), for A/B benchmarks and for testing both paths.
 //
 // Algorithm autotuning. cuBLASLt's heuristic predicts which algorithm is
 // fastest; the first time a problem (the same key as the cache: shapes,
@@ -45,8 +46,10 @@
 // (accumulation happens once, in the final run). Different algorithms may
 // round differently (summation order), so results can change within the
 // dtype's rounding when autotuning is switched, and timing noise may pick
-// different algorithms in different processes. ZE_MATMUL_AUTOTUNE=0 (read
-// once) or SetMatmulAutotune(false) keeps the heuristic's first choice;
+// different algorithms in different processes. OFF by default: on the
+// power-capped H200 it did not speed the GPT step up (see
+// AutotuneEnabledByEnvironment in functional_cuda.cc). ZE_MATMUL_AUTOTUNE=1
+// (read once) or SetMatmulAutotune(true) turns it on;
 // ZE_LOG_LEVEL=DEBUG logs each tuned problem's candidate times and choice.
 #ifndef ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 #define ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
@@ -118,8 +121,8 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream);
 
-// Whether the epilogue fusions above are attempted. Defaults to false unless
-// ZE_MATMUL_EPILOGUE_FUSION is set to a value other than "0" or "".
+// Whether all three epilogue fusions above are attempted (each defaults to
+// off; see ZE_MATMUL_EPILOGUE_FUSION above).
 bool MatmulEpilogueFusionEnabled();
 // Overrides the environment for this process (tests, benchmarks). Takes
 // effect for calls queued afterwards.
@@ -140,8 +143,8 @@ struct MatmulEpilogueStats {
 MatmulEpilogueStats GetMatmulEpilogueStats();
 void ResetMatmulEpilogueStats();
 
-// Whether new matmul problems are autotuned. Defaults to true unless
-// ZE_MATMUL_AUTOTUNE is "0".
+// Whether new matmul problems are autotuned. Defaults to false unless
+// ZE_MATMUL_AUTOTUNE is set to something other than "0".
 bool MatmulAutotuneEnabled();
 // Overrides the environment for this process (tests, benchmarks). Takes
 // effect for calls queued afterwards: tuned and untuned choices are cached
