@@ -57,6 +57,10 @@ struct Mma<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+  // The two values of a Pack, widened back to f32.
+  __device__ __forceinline__ static float2 Unpack(uint32_t packed) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&packed));
+  }
 };
 
 template <>
@@ -73,6 +77,9 @@ struct Mma<__half> {
   __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ __forceinline__ static float2 Unpack(uint32_t packed) {
+    return __half22float2(*reinterpret_cast<__half2*>(&packed));
   }
 };
 
@@ -296,38 +303,47 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
     MatmulABt<T, DP>(s, sq, sk, warp * 16);
 
-    // Scale into the log2 domain and mask future keys (only the diagonal
-    // tile has any). Key 0 is never masked, so no row is ever all -inf.
+    // Mask future keys (only the diagonal tile has any; key 0 never is, so
+    // no row is ever all -inf) and take the row maxima of the raw scores;
+    // the scale into the log2 domain is folded into the exponent's FMA
+    // below (scale_log2 > 0 keeps the maxima where they are).
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (kt == qt) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int query = q_row0 + (e >> 1) * 8;
+          const int key = kt * kTile + nt * 8 + 2 * t + (e & 1);
+          if (key > query) s[nt][e] = -INFINITY;
+        }
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int query = q_row0 + (e >> 1) * 8;
-        const int key = kt * kTile + nt * 8 + 2 * t + (e & 1);
-        float v = s[nt][e] * scale_log2;
-        if (kt == qt && key > query) v = -INFINITY;
-        s[nt][e] = v;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], v);
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
       }
     }
-    float correction[2];
+    float correction[2], neg_max[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       tile_max[r] =
           fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] =
           fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
       correction[r] = exp2f(row_max[r] - new_max);
       row_max[r] = new_max;
+      neg_max[r] = -new_max;
       row_sum[r] *= correction[r];
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[nt][e] - row_max[e >> 1]);
+        const float p = exp2f(fmaf(s[nt][e], scale_log2, neg_max[e >> 1]));
         s[nt][e] = p;
         row_sum[e >> 1] += p;
       }
@@ -1304,7 +1320,10 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
           p[nt][e] = v;
         }
       }
-      // dV (16 keys, DP) += P^T dO.
+      // dV (16 keys, DP) += P^T dO. From here on P lives only in its
+      // 16-bit packed form (8 registers instead of 16 f32) to stay inside
+      // 128 registers; dS below uses that rounded P, and is itself rounded
+      // to 16 bits for the dK product.
       uint32_t af[2][4];
       PackA<T, 4>(p, af);
       MatmulPB<T, DP, 2>(dv, af, sdo);
@@ -1319,11 +1338,13 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
       for (int nt = 0; nt < 4; ++nt) {
         const float2 row_delta =
             *reinterpret_cast<const float2*>(sdelta + nt * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          ds[nt][e] =
-              p[nt][e] * (ds[nt][e] - ((e & 1) ? row_delta.y : row_delta.x));
-        }
+        // p[nt][0..1] and p[nt][2..3], as PackA laid them out.
+        const float2 p_lo = Mma<T>::Unpack(af[nt >> 1][(nt & 1) * 2]);
+        const float2 p_hi = Mma<T>::Unpack(af[nt >> 1][(nt & 1) * 2 + 1]);
+        ds[nt][0] = p_lo.x * (ds[nt][0] - row_delta.x);
+        ds[nt][1] = p_lo.y * (ds[nt][1] - row_delta.y);
+        ds[nt][2] = p_hi.x * (ds[nt][2] - row_delta.x);
+        ds[nt][3] = p_hi.y * (ds[nt][3] - row_delta.y);
       }
       // dK (16 keys, DP) += dS^T Q (scaled at the end).
       PackA<T, 4>(ds, af);
