@@ -94,21 +94,28 @@ struct DeviceState {
 // Epilogue fusion switch: -1 follows the environment.
 std::atomic<int> fusion_override{-1};
 
-// The fusions, each off unless named in ZE_MATMUL_EPILOGUE_FUSION (a comma
-// list of gelu_aux, dgelu, bgradb; "1" or "all" for every one; read once).
-// On the H200 (CUDA 13's cuBLASLt, GPT-1.3B shapes) the fused step was
-// slower (gpt_bench 271.4 ms against 256.6 ms unfused): DGELU_BGRAD ran as
-// a separate 1.16 ms kernel per layer instead of a 0.2 ms GELU backward,
-// GELU_AUX_BIAS cost 0.17 ms per call over the plain product (the GELU
-// kernel takes 0.15), and BGRADB's separate reduction read its input no
-// faster than the column-sum kernel.
-enum class Epilogue { kGeluAux, kDgelu, kBgradb };
+// The fusions in use: those named in ZE_MATMUL_EPILOGUE_FUSION (a comma
+// list of gelu_aux, dgelu, dgelu_colsum, bgradb; "1" or "all" for gelu_aux,
+// dgelu and bgradb; "0" for none; read once), or by default gelu_aux alone.
+// Measured on the H200 (CUDA 13's cuBLASLt, GPT-1.3B, gpt_bench):
+//   - all three: 271.4 ms against 256.6 ms unfused. DGELU_BGRAD ran as a
+//     separate 1.16 ms kernel per layer instead of a 0.2 ms GELU backward,
+//     and BGRADB's own reduction read its input no faster than the
+//     column-sum kernel.
+//   - gelu_aux alone: 255.6 / 255.9 ms against 257.9 / 258.0 ms unfused
+//     (alternating runs, one machine). At full clock it is 0.17 ms per call
+//     slower than the plain product (the GELU kernel takes 0.15), but it
+//     moves 256 MB less per layer, and the power-capped card turns saved
+//     joules into clock.
+//   - dgelu_colsum: DGELU in the product, then the column-sum kernel for
+//     the bias gradient (instead of DGELU_BGRAD's reduction).
+enum class Epilogue { kGeluAux, kDgelu, kDgeluColumnSums, kBgradb };
 
 bool FusionEnabledByEnvironment(Epilogue which) {
   static const std::set<std::string> named = [] {
     std::set<std::string> names;
     const char* value = std::getenv("ZE_MATMUL_EPILOGUE_FUSION");
-    if (value == nullptr) return names;
+    if (value == nullptr) return std::set<std::string>{"gelu_aux"};
     for (absl::string_view part : absl::StrSplit(value, ',')) {
       if (part == "1" || part == "all") {
         names.insert({"gelu_aux", "dgelu", "bgradb"});
@@ -123,6 +130,8 @@ bool FusionEnabledByEnvironment(Epilogue which) {
       return named.count("gelu_aux") > 0;
     case Epilogue::kDgelu:
       return named.count("dgelu") > 0;
+    case Epilogue::kDgeluColumnSums:
+      return named.count("dgelu_colsum") > 0;
     case Epilogue::kBgradb:
       return named.count("bgradb") > 0;
   }
@@ -1136,12 +1145,26 @@ absl::Status GeluLinearBackward(
       bool fused = false;
       // cuBLASLt: the GELU input matrix's leading dimension must be a
       // multiple of 8 (and at least D's rows, k).
-      if (EpilogueFusionEnabled(Epilogue::kDgelu)) {
+      const bool dgelu_bgrad = EpilogueFusionEnabled(Epilogue::kDgelu);
+      const bool dgelu_colsum =
+          EpilogueFusionEnabled(Epilogue::kDgeluColumnSums);
+      if (dgelu_bgrad || dgelu_colsum) {
         if (k % 8 == 0) {
           MatmulArgs fused_args = args;
           fused_args.aux = pre_activation.data();
           fused_args.aux_ld = k;
-          if (grad_pre_activation_bias.defined()) {
+          if (grad_pre_activation_bias.defined() && !dgelu_bgrad) {
+            // DGELU in the product; the bias gradient by the column-sum
+            // kernel.
+            fused_args.epilogue = CUBLASLT_EPILOGUE_DGELU;
+            fused_args.may_reject = true;
+            ZE_ASSIGN_OR_RETURN(fused, TryMatmul(stream, fused_args));
+            if (fused) {
+              ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_pre_activation,
+                                               grad_pre_activation_bias,
+                                               "GeluLinearBackward bias sums"));
+            }
+          } else if (grad_pre_activation_bias.defined()) {
             // The bias gradient sums D (K, M) over its columns, the
             // product's n = M: length m = K.
             fused_args.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
