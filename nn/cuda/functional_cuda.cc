@@ -929,22 +929,16 @@ void ResetMatmulEpilogueStats() {
   }
 }
 
-absl::Status LinearForward(const Tensor& input, const Tensor& weight,
-                           const Tensor& bias, const Tensor& output,
-                           const Stream& stream, const Tensor& residual) {
-  ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", input, {&weight}));
-  ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", output, {&residual}));
-  if (bias.defined() && bias.dtype() != output.dtype()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LinearForward on CUDA needs bias in the output's dtype: ",
-                     bias.DebugString(), " vs ", output.DebugString()));
-  }
+namespace {
+
+// The arguments of a Linear's forward product: Y^T (N, M) = W^T' X, i.e.
+// column-major D (N, M) = op(A) B with A = weight stored column-major
+// (K, N), transposed, and B = input stored column-major (K, M) as is.
+absl::StatusOr<MatmulArgs> ForwardArgs(const Tensor& input,
+                                       const Tensor& weight,
+                                       const Tensor& output) {
   const int64_t m = input.size(0), k = input.size(1), n = weight.size(0);
   MatmulArgs args;
-  // Y^T (N, M) = W^T' ... column-major: D (n_out=N, M) = op(A) B with
-  // A = weight stored column-major (K, N) -> transposed; B = input stored
-  // column-major (K, M) as is.
   args.trans_a = true;
   args.trans_b = false;
   args.m = n;
@@ -959,6 +953,24 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
   args.d = output.data();
   ZE_ASSIGN_OR_RETURN(args.d_type, CudaType(output.dtype(), "output"));
   args.ldd = n;
+  return args;
+}
+
+}  // namespace
+
+absl::Status LinearForward(const Tensor& input, const Tensor& weight,
+                           const Tensor& bias, const Tensor& output,
+                           const Stream& stream, const Tensor& residual) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", input, {&weight}));
+  ZE_RETURN_IF_ERROR(RequireSameDType("LinearForward", output, {&residual}));
+  if (bias.defined() && bias.dtype() != output.dtype()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LinearForward on CUDA needs bias in the output's dtype: ",
+                     bias.DebugString(), " vs ", output.DebugString()));
+  }
+  const int64_t k = input.size(1);
+  ZE_ASSIGN_OR_RETURN(MatmulArgs args, ForwardArgs(input, weight, output));
   args.beta = 0.0f;
   if (residual.defined()) {
     // D = W^T' X + bias + residual: the residual is the product's C.
@@ -1090,23 +1102,9 @@ absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
     // cuBLASLt: the GELU input matrix's leading dimension must be a multiple
     // of 8 (and at least D's rows, n).
     if (n % 8 == 0) {
-      // As LinearForward: column-major D (N, M) = W^T' X with W transposed;
-      // the aux matrix (pre_activation) is laid out as D.
-      MatmulArgs args;
-      args.trans_a = true;
-      args.trans_b = false;
-      args.m = n;
-      args.n = m;
-      args.k = k;
-      args.a = weight.data();
-      ZE_ASSIGN_OR_RETURN(args.a_type, CudaType(weight.dtype(), "weight"));
-      args.lda = k;
-      args.b = input.data();
-      ZE_ASSIGN_OR_RETURN(args.b_type, CudaType(input.dtype(), "input"));
-      args.ldb = k;
-      args.d = output.data();
-      ZE_ASSIGN_OR_RETURN(args.d_type, CudaType(output.dtype(), "output"));
-      args.ldd = n;
+      // LinearForward's product; the aux matrix (pre_activation) is laid
+      // out as D.
+      ZE_ASSIGN_OR_RETURN(MatmulArgs args, ForwardArgs(input, weight, output));
       args.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                      : CUBLASLT_EPILOGUE_GELU_AUX;
       args.bias = bias.defined() ? bias.data() : nullptr;
