@@ -405,12 +405,19 @@ absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor &input,
   // product adds the residual as its C matrix (LinearForwardAdd), so no
   // separate pass over the activations.
   // residual = input + attn(ln1(input)).
+  // A failed call leaves its one-shot setting unconsumed: drop it, so it
+  // neither holds the activation nor reaches a later, unrelated call.
   attn_->proj()->AddResidualToNextForward(input);
-  ZE_ASSIGN_OR_RETURN(Tensor residual, attn_->Forward(normed, stream));
-  ZE_ASSIGN_OR_RETURN(Tensor normed2, ln2_->Forward(residual, stream));
+  absl::StatusOr<Tensor> residual = attn_->Forward(normed, stream);
+  if (!residual.ok()) {
+    attn_->proj()->AddResidualToNextForward(Tensor());
+    return residual.status();
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor normed2, ln2_->Forward(*residual, stream));
   // output = residual + mlp(ln2(residual)).
-  mlp_->proj()->AddResidualToNextForward(residual);
-  ZE_ASSIGN_OR_RETURN(Tensor output, mlp_->Forward(normed2, stream));
+  mlp_->proj()->AddResidualToNextForward(*residual);
+  absl::StatusOr<Tensor> output = mlp_->Forward(normed2, stream);
+  if (!output.ok()) mlp_->proj()->AddResidualToNextForward(Tensor());
   return output;
 }
 
@@ -421,12 +428,16 @@ absl::StatusOr<Tensor> Block::BackwardImpl(const Tensor &grad_output,
   // backward kernels as they write their input gradients.
   ZE_ASSIGN_OR_RETURN(Tensor grad_mlp_in, mlp_->Backward(grad_output, stream));
   ln2_->AddToNextGradInput(grad_output);
-  ZE_ASSIGN_OR_RETURN(Tensor grad_residual,
-                      ln2_->Backward(grad_mlp_in, stream));
+  absl::StatusOr<Tensor> grad_residual = ln2_->Backward(grad_mlp_in, stream);
+  if (!grad_residual.ok()) {
+    ln2_->AddToNextGradInput(Tensor());
+    return grad_residual.status();
+  }
   ZE_ASSIGN_OR_RETURN(Tensor grad_attn_in,
-                      attn_->Backward(grad_residual, stream));
-  ln1_->AddToNextGradInput(grad_residual);
-  ZE_ASSIGN_OR_RETURN(Tensor grad_input, ln1_->Backward(grad_attn_in, stream));
+                      attn_->Backward(*grad_residual, stream));
+  ln1_->AddToNextGradInput(*grad_residual);
+  absl::StatusOr<Tensor> grad_input = ln1_->Backward(grad_attn_in, stream);
+  if (!grad_input.ok()) ln1_->AddToNextGradInput(Tensor());
   return grad_input;
 }
 

@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
+#include "nn/functional.h"
 #include "nn/test_util.h"
 
 namespace ze {
@@ -290,6 +291,44 @@ TEST(LayersCheckpointTest, CheckpointedBlockGivesIdenticalGradients) {
         << "parameter " << i;
   }
   EXPECT_EQ(input_grads[0], input_grads[1]);
+}
+
+// A Block whose attention fails mid-forward (here: a failing hook on the
+// qkv projection, after the Block handed attn.proj its residual) must not
+// leave that residual pending: attn.proj, run on its own afterwards, is a
+// plain Linear again.
+TEST(LayersTest, FailedBlockForwardLeavesNoPendingResidual) {
+  auto block = Materialized(std::make_unique<Block>(8, 2, 2, kCpuF32));
+  Module *attn = nullptr;
+  for (const auto &[name, child] : block->children()) {
+    if (name == "attn") attn = child;
+  }
+  ASSERT_NE(attn, nullptr);
+  Module *qkv = nullptr;
+  Module *proj = nullptr;
+  for (const auto &[name, child] : attn->children()) {
+    if (name == "qkv") qkv = child;
+    if (name == "proj") proj = child;
+  }
+  ASSERT_NE(qkv, nullptr);
+  ASSERT_NE(proj, nullptr);
+  const HookHandle failing =
+      qkv->AddHook(HookKind::kPreForward, [](Module &, const Stream &) {
+        return absl::InternalError("injected hook failure");
+      });
+  const Tensor input = RandomTensor({2, 4, 8}, 1);
+  EXPECT_FALSE(block->Forward(input, Stream()).ok());
+  ASSERT_TRUE(qkv->RemoveHook(failing));
+
+  // attn.proj on its own: equal to a fresh Linear with the same weights.
+  const Tensor hidden = RandomTensor({2, 4, 8}, 2);
+  const Tensor got = proj->Forward(hidden, Stream()).value();
+  auto *linear = static_cast<Linear *>(proj);
+  Tensor want = Tensor::Empty({2, 4, 8}, DType::kF32, Device::Cpu()).value();
+  ASSERT_TRUE(LinearForward(hidden, linear->weight()->data().value(),
+                            linear->bias()->data().value(), want, Stream())
+                  .ok());
+  EXPECT_EQ(testing::Values(got), testing::Values(want));
 }
 
 TEST(LayersTest, BlockParameterNames) {

@@ -631,6 +631,11 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
 
   const int align_a = AlignmentOf(args.a), align_b = AlignmentOf(args.b);
   const int align_d = AlignmentOf(args.d);
+  // C is D unless a distinct C (a residual) is given; the algorithm may
+  // assume no more alignment than either has.
+  const int align_c = args.c != nullptr && args.c != args.d
+                          ? std::min(align_d, AlignmentOf(args.c))
+                          : align_d;
   std::string key = absl::StrCat(
       args.trans_a, ",", args.trans_b, ",", args.m, ",", args.n, ",", args.k,
       ",", args.a_type, ",", args.b_type, ",", args.d_type, ",", args.lda, ",",
@@ -681,9 +686,9 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
       cublasLtMatmulPreferenceSetAttribute(
           pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
           &workspace_bytes, sizeof(workspace_bytes));
-      const uint32_t aligns[3] = {static_cast<uint32_t>(align_a),
-                                  static_cast<uint32_t>(align_b),
-                                  static_cast<uint32_t>(align_d)};
+      const uint32_t aligns[4] = {
+          static_cast<uint32_t>(align_a), static_cast<uint32_t>(align_b),
+          static_cast<uint32_t>(align_d), static_cast<uint32_t>(align_c)};
       cublasLtMatmulPreferenceSetAttribute(
           pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligns[0],
           sizeof(uint32_t));
@@ -691,7 +696,7 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
           pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligns[1],
           sizeof(uint32_t));
       cublasLtMatmulPreferenceSetAttribute(
-          pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[2],
+          pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[3],
           sizeof(uint32_t));
       cublasLtMatmulPreferenceSetAttribute(
           pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
