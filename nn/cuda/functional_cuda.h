@@ -28,9 +28,10 @@
 // kernels) from then on; the decision is cached per problem, so the
 // heuristic is asked once. Fused and fallen-back calls are counted
 // (MatmulEpilogueStats); ZE_LOG_LEVEL=DEBUG logs each rejected problem once.
-// By default only GELU_AUX_BIAS is used: DGELU_BGRAD and BGRADB measured
-// slower on the H200, GELU_AUX_BIAS faster under the card's power cap (see
-// FusionEnabledByEnvironment in functional_cuda.cc).
+// By default GELU_AUX_BIAS and DGELU (followed by the column-sum kernel)
+// are used: DGELU_BGRAD and BGRADB measured slower on the H200, those two
+// faster under the card's power cap (see FusionEnabledByEnvironment in
+// functional_cuda.cc).
 // ZE_MATMUL_EPILOGUE_FUSION in the environment (read once) picks them: a
 // comma list of gelu_aux, dgelu (DGELU_BGRAD), dgelu_colsum (DGELU, then
 // the column-sum kernel), bgradb; "1"/"all" for gelu_aux, dgelu and
