@@ -317,6 +317,86 @@ TEST(FunctionalValidationTest, FusedGeluOpsNameTheBadArgument) {
       "grad_pre_activation is undefined");
 }
 
+// The residual-fusion ops equal their two-step compositions exactly on the
+// CPU (f32 and bf16 storage), and reject aliasing with a named error.
+TEST(FunctionalTest, ResidualFusionOpsMatchTheirCompositions) {
+  const Stream stream;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const Tensor input = ToDType(RandomTensor({3, 4, 6}, 1), dtype);
+    const Tensor weight = ToDType(RandomTensor({6, 6}, 2), dtype);
+    const Tensor bias = ToDType(RandomTensor({6}, 3), dtype);
+    const Tensor residual = ToDType(RandomTensor({3, 4, 6}, 4), dtype);
+
+    // LinearForwardAdd = LinearForward, then residual + output.
+    Tensor fused = Empty({3, 4, 6}, dtype);
+    ASSERT_TRUE(
+        LinearForwardAdd(input, weight, bias, residual, fused, stream).ok());
+    Tensor twostep = Empty({3, 4, 6}, dtype);
+    ASSERT_TRUE(LinearForward(input, weight, bias, twostep, stream).ok());
+    ASSERT_TRUE(Add(residual, twostep, twostep, stream).ok());
+    EXPECT_EQ(Values(fused), Values(twostep)) << DTypeName(dtype);
+
+    // AddLayerNormForward = add, then LayerNormForward of the sum; `sum`
+    // may alias the input.
+    const Tensor ln_weight = ToDType(RandomTensor({6}, 5), dtype);
+    const Tensor ln_bias = ToDType(RandomTensor({6}, 6), dtype);
+    Tensor sum = ToDType(input, dtype);  // receives input + residual
+    Tensor normed = Empty({3, 4, 6}, dtype);
+    Tensor mean = Empty({12}), rstd = Empty({12});
+    ASSERT_TRUE(AddLayerNormForward(sum, residual, sum, ln_weight, ln_bias,
+                                    normed, mean, rstd, stream)
+                    .ok());
+    Tensor want_sum = Empty({3, 4, 6}, dtype);
+    ASSERT_TRUE(Add(input, residual, want_sum, stream).ok());
+    Tensor want_normed = Empty({3, 4, 6}, dtype);
+    Tensor want_mean = Empty({12}), want_rstd = Empty({12});
+    ASSERT_TRUE(LayerNormForward(want_sum, ln_weight, ln_bias, want_normed,
+                                 want_mean, want_rstd, stream)
+                    .ok());
+    EXPECT_EQ(Values(sum), Values(want_sum));
+    EXPECT_EQ(Values(normed), Values(want_normed));
+    EXPECT_EQ(Values(rstd), Values(want_rstd));
+
+    // LayerNormBackwardAdd = LayerNormBackward, then + addend; parameter
+    // gradients accumulate the same way.
+    const Tensor grad_output = ToDType(RandomTensor({3, 4, 6}, 7), dtype);
+    const Tensor addend = ToDType(RandomTensor({3, 4, 6}, 8), dtype);
+    Tensor grad_input = Empty({3, 4, 6}, dtype);
+    Tensor grad_weight = ToDType(RandomTensor({6}, 9), dtype);
+    Tensor grad_bias = ToDType(RandomTensor({6}, 10), dtype);
+    ASSERT_TRUE(LayerNormBackwardAdd(grad_output, want_sum, ln_weight,
+                                     want_mean, want_rstd, addend, grad_input,
+                                     grad_weight, grad_bias, stream)
+                    .ok());
+    Tensor want_grad_input = Empty({3, 4, 6}, dtype);
+    Tensor want_grad_weight = ToDType(RandomTensor({6}, 9), dtype);
+    Tensor want_grad_bias = ToDType(RandomTensor({6}, 10), dtype);
+    ASSERT_TRUE(LayerNormBackward(grad_output, want_sum, ln_weight, want_mean,
+                                  want_rstd, want_grad_input, want_grad_weight,
+                                  want_grad_bias, stream)
+                    .ok());
+    ASSERT_TRUE(Add(want_grad_input, addend, want_grad_input, stream).ok());
+    EXPECT_EQ(Values(grad_input), Values(want_grad_input));
+    EXPECT_EQ(Values(grad_weight), Values(want_grad_weight));
+    EXPECT_EQ(Values(grad_bias), Values(want_grad_bias));
+  }
+
+  const Tensor input = RandomTensor({4, 6}, 1);
+  const Tensor weight = RandomTensor({6, 6}, 2);
+  Tensor output = Empty({4, 6});
+  ExpectInvalid(
+      LinearForwardAdd(input, weight, Tensor(), output, output, Stream()),
+      "residual must not alias");
+  ExpectInvalid(LinearForwardAdd(input, weight, Tensor(), Empty({4, 5}), output,
+                                 Stream()),
+                "residual must have shape [4, 6]");
+  const Tensor grad = RandomTensor({4, 6}, 3);
+  ExpectInvalid(LayerNormBackwardAdd(grad, input, RandomTensor({6}, 4),
+                                     Empty({4}), Empty({4}), output, output,
+                                     Tensor(), Tensor(), Stream()),
+                "grad_addend must not alias grad_input");
+}
+
 TEST(FunctionalTest, EmbeddingAddsPositionRows) {
   const Tensor tokens = RandomIds({2, 3}, 1, 5);
   const Tensor wte = RandomTensor({5, 4}, 2);
