@@ -162,9 +162,9 @@ absl::Status RunOne(const RunSpec& spec,
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
                       nn::GptModel::Create(gpt, options));
   std::shared_ptr<nn::GptModel> model(std::move(created));
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                      engine::Initialize(model, ConfigJson(spec, world),
-                                         communicator));
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Engine> engine,
+      engine::Initialize(model, ConfigJson(spec, world), communicator));
   std::vector<double> losses;
   std::vector<int32_t> tokens(spec.micro * kSeqLen), targets(tokens.size());
   for (int step = 0; step < kSteps; ++step) {
@@ -172,13 +172,15 @@ absl::Status RunOne(const RunSpec& spec,
       for (int i = 0; i < spec.micro; ++i) {
         const int64_t sample =
             ((static_cast<int64_t>(step) * spec.accumulation + micro) * world +
-             rank) * spec.micro + i;
+             rank) *
+                spec.micro +
+            i;
         FillSample(sample, &tokens[i * kSeqLen], &targets[i * kSeqLen]);
       }
       Tensor token_tensor = Tensor::Wrap(tokens.data(), {spec.micro, kSeqLen},
                                          DType::kI32, Device::Cpu());
-      Tensor target_tensor = Tensor::Wrap(
-          targets.data(), {spec.micro, kSeqLen}, DType::kI32, Device::Cpu());
+      Tensor target_tensor = Tensor::Wrap(targets.data(), {spec.micro, kSeqLen},
+                                          DType::kI32, Device::Cpu());
       ZE_RETURN_IF_ERROR(engine->Forward(token_tensor, target_tensor).status());
       ZE_RETURN_IF_ERROR(engine->Backward());
       ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
@@ -239,23 +241,27 @@ absl::StatusOr<RunResult> ReadResult(const std::string& path) {
 absl::Status Compare(const std::string& dir, const std::string& name,
                      const std::string& reference_name,
                      const Tolerance& tolerance, bool* all_ok) {
-  ZE_ASSIGN_OR_RETURN(RunResult run, ReadResult(absl::StrCat(dir, "/", name, ".txt")));
-  ZE_ASSIGN_OR_RETURN(RunResult reference,
-                      ReadResult(absl::StrCat(dir, "/", reference_name, ".txt")));
+  ZE_ASSIGN_OR_RETURN(RunResult run,
+                      ReadResult(absl::StrCat(dir, "/", name, ".txt")));
+  ZE_ASSIGN_OR_RETURN(
+      RunResult reference,
+      ReadResult(absl::StrCat(dir, "/", reference_name, ".txt")));
   if (run.losses.size() != kSteps || reference.losses.size() != kSteps ||
       run.params.size() != reference.params.size()) {
     return absl::DataLossError(absl::StrCat("incomplete results for ", name));
   }
   double loss_error = 0, weight_error = 0;
   for (int i = 0; i < kSteps; ++i) {
-    loss_error = std::max(loss_error, std::abs(run.losses[i] - reference.losses[i]) /
-                                          std::max(1.0, std::abs(reference.losses[i])));
+    loss_error =
+        std::max(loss_error, std::abs(run.losses[i] - reference.losses[i]) /
+                                 std::max(1.0, std::abs(reference.losses[i])));
   }
   std::string worst;
   for (const auto& [param, values] : reference.params) {
     const std::vector<double>& other = run.params[param];
     if (other.size() != values.size()) {
-      return absl::DataLossError(absl::StrCat(name, ": ", param, " size differs"));
+      return absl::DataLossError(
+          absl::StrCat(name, ": ", param, " size differs"));
     }
     for (size_t i = 0; i < values.size(); ++i) {
       const double error =
@@ -266,13 +272,30 @@ absl::Status Compare(const std::string& dir, const std::string& name,
       }
     }
   }
-  const bool ok = loss_error <= tolerance.loss && weight_error <= tolerance.weight;
-  std::printf("%s %-28s vs %-28s loss %.2e (tol %.0e) weights %.2e (tol %.0e, %s) "
-              "first/last loss %.5f/%.5f\n",
-              ok ? "ok  " : "FAIL", name.c_str(), reference_name.c_str(),
-              loss_error, tolerance.loss, weight_error, tolerance.weight,
-              worst.c_str(), run.losses.front(), run.losses.back());
-  if (!ok) *all_ok = false;
+  const bool ok =
+      loss_error <= tolerance.loss && weight_error <= tolerance.weight;
+  std::printf(
+      "%s %-28s vs %-28s loss %.2e (tol %.0e) weights %.2e (tol %.0e, %s) "
+      "first/last loss %.5f/%.5f\n",
+      ok ? "ok  " : "FAIL", name.c_str(), reference_name.c_str(), loss_error,
+      tolerance.loss, weight_error, tolerance.weight, worst.c_str(),
+      run.losses.front(), run.losses.back());
+  if (!ok) {
+    *all_ok = false;
+    // Both trajectories, so a failure that does not reproduce (a race)
+    // still shows at which step the run left the reference.
+    std::printf("     step  %-14s %-14s\n", "run loss", "reference");
+    for (size_t i = 0; i < run.losses.size() && i < reference.losses.size();
+         ++i) {
+      std::printf("     %4zu  %-14.8f %-14.8f%s\n", i, run.losses[i],
+                  reference.losses[i],
+                  std::abs(run.losses[i] - reference.losses[i]) /
+                              std::max(1.0, std::abs(reference.losses[i])) >
+                          tolerance.loss
+                      ? "  <-"
+                      : "");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -326,7 +349,8 @@ int Main(int argc, char** argv) {
       std::cerr << created.status() << "\n";
       return 1;
     }
-    std::shared_ptr<comm::Communicator> communicator = std::move(created).value();
+    std::shared_ptr<comm::Communicator> communicator =
+        std::move(created).value();
     SetMinLogLevel(LogLevel::kWarning);
     const bool reference = Flag(argc, argv, "configs", "all") == "reference";
     for (const RunSpec& spec : reference ? ReferenceMatrix() : Matrix()) {
@@ -348,9 +372,8 @@ int Main(int argc, char** argv) {
       RunSpec reference = spec;
       reference.stage = 0;
       reference.accumulation = spec.accumulation * world;
-      absl::Status status =
-          Compare(dir, spec.Name(world), reference.Name(1),
-                  ToleranceFor(spec.dtype), &all_ok);
+      absl::Status status = Compare(dir, spec.Name(world), reference.Name(1),
+                                    ToleranceFor(spec.dtype), &all_ok);
       if (!status.ok()) {
         std::cerr << status << "\n";
         return 1;
@@ -371,7 +394,8 @@ int Main(int argc, char** argv) {
         }
       }
     }
-    std::printf("parity at world size %d: %s\n", world, all_ok ? "PASSED" : "FAILED");
+    std::printf("parity at world size %d: %s\n", world,
+                all_ok ? "PASSED" : "FAILED");
     return all_ok ? 0 : 1;
   }
   std::cerr << "usage: parity_main run --out=DIR [--configs=reference] | "
