@@ -351,62 +351,6 @@ absl::Status GeluLinearBackward(
 
 namespace {
 
-// LayerNormForward, and AddLayerNormForward with `residual` and `sum`
-// defined (then `input` is the sum's tensor for the checks and the CPU).
-absl::Status LayerNormForwardImpl(const char *op, const Tensor &input,
-                                  const Tensor &weight, const Tensor &bias,
-                                  const Tensor &output, const Tensor &mean,
-                                  const Tensor &rstd, const Stream &stream,
-                                  const Tensor &residual, const Tensor &sum) {
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"input", &input},
-        {"weight", &weight},
-        {"bias", &bias},
-        {"output", &output},
-        {"mean", &mean},
-        {"rstd", &rstd}}) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
-  }
-  if (weight.dim() != 1) {
-    return Invalid(op, absl::StrCat("weight must be (C), got ",
-                                    ShapeToString(weight.shape())));
-  }
-  const int64_t c = weight.size(0);
-  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, c));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {c}));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "mean", mean, {m}));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {m}));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "weight", weight));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "mean", mean, DType::kF32));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
-                                       {{"weight", &weight},
-                                        {"bias", &bias},
-                                        {"output", &output},
-                                        {"mean", &mean},
-                                        {"rstd", &rstd}}));
-  const Tensor input_2d = View2D(input, m, c);
-  const Tensor output_2d = View2D(output, m, c);
-  if (input.device().is_cuda()) {
-    return cuda_backend::LayerNormForward(
-        input_2d, weight, bias, output_2d, mean, rstd, stream,
-        residual.defined() ? View2D(residual, m, c) : Tensor(),
-        sum.defined() ? View2D(sum, m, c) : Tensor());
-  }
-  if (residual.defined()) {
-    // Two steps, exactly as an add followed by LayerNormForward.
-    ZE_RETURN_IF_ERROR(Add(input, residual, sum, stream));
-    return cpu_backend::LayerNormForward(View2D(sum, m, c), weight, bias,
-                                         output_2d, mean, rstd);
-  }
-  return cpu_backend::LayerNormForward(input_2d, weight, bias, output_2d, mean,
-                                       rstd);
-}
-
 // LayerNormBackward, plus grad_addend into grad_input when defined.
 absl::Status LayerNormBackwardImpl(
     const char *op, const Tensor &grad_output, const Tensor &input,
@@ -483,8 +427,46 @@ absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
                               const Tensor &bias, const Tensor &output,
                               const Tensor &mean, const Tensor &rstd,
                               const Stream &stream) {
-  return LayerNormForwardImpl("LayerNormForward", input, weight, bias, output,
-                              mean, rstd, stream, Tensor(), Tensor());
+  const char *op = "LayerNormForward";
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"input", &input},
+        {"weight", &weight},
+        {"bias", &bias},
+        {"output", &output},
+        {"mean", &mean},
+        {"rstd", &rstd}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+  }
+  if (weight.dim() != 1) {
+    return Invalid(op, absl::StrCat("weight must be (C), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t c = weight.size(0);
+  ZE_ASSIGN_OR_RETURN(const int64_t m, RowsOf(op, "input", input, c));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {c}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "mean", mean, {m}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {m}));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "mean", mean, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
+                                       {{"weight", &weight},
+                                        {"bias", &bias},
+                                        {"output", &output},
+                                        {"mean", &mean},
+                                        {"rstd", &rstd}}));
+  const Tensor input_2d = View2D(input, m, c);
+  const Tensor output_2d = View2D(output, m, c);
+  if (input.device().is_cuda()) {
+    return cuda_backend::LayerNormForward(input_2d, weight, bias, output_2d,
+                                          mean, rstd, stream);
+  }
+  return cpu_backend::LayerNormForward(input_2d, weight, bias, output_2d, mean,
+                                       rstd);
 }
 
 absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
@@ -495,27 +477,6 @@ absl::Status LayerNormBackward(const Tensor &grad_output, const Tensor &input,
   return LayerNormBackwardImpl("LayerNormBackward", grad_output, input, weight,
                                mean, rstd, grad_input, grad_weight, grad_bias,
                                stream, Tensor());
-}
-
-absl::Status AddLayerNormForward(const Tensor &input, const Tensor &residual,
-                                 const Tensor &sum, const Tensor &weight,
-                                 const Tensor &bias, const Tensor &output,
-                                 const Tensor &mean, const Tensor &rstd,
-                                 const Stream &stream) {
-  const char *op = "AddLayerNormForward";
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"input", &input},
-        {"residual", &residual},
-        {"sum", &sum}}) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
-    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
-  ZE_RETURN_IF_ERROR(RequireShape(op, "residual", residual, input.shape()));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "sum", sum, input.shape()));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "input", input, {{"residual", &residual}, {"sum", &sum}}));
-  return LayerNormForwardImpl(op, input, weight, bias, output, mean, rstd,
-                              stream, residual, sum);
 }
 
 absl::Status LayerNormBackwardAdd(

@@ -79,17 +79,6 @@ absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
                                const Tensor& grad_weight,
                                const Tensor& grad_bias, const Stream& stream);
 
-// The pre-LN block's residual add fused into LayerNormForward:
-// sum (M, C) = input + residual, rounded to the storage dtype (it may alias
-// input or residual), then output = LayerNorm(sum) as LayerNormForward,
-// which is what backward must be given as its input. One pass over the rows
-// on CUDA instead of an add and a LayerNorm; the same two steps on the CPU.
-absl::Status AddLayerNormForward(const Tensor& input, const Tensor& residual,
-                                 const Tensor& sum, const Tensor& weight,
-                                 const Tensor& bias, const Tensor& output,
-                                 const Tensor& mean, const Tensor& rstd,
-                                 const Stream& stream);
-
 // LayerNormBackward whose input gradient also receives the gradient of a
 // residual branch joining at the LayerNorm's input:
 // grad_input (M, C) = LayerNorm'(grad_output) + grad_addend (M, C), both

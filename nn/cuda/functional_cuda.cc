@@ -1236,20 +1236,17 @@ absl::Status GeluLinearBackward(
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
                               const Tensor& bias, const Tensor& output,
                               const Tensor& mean, const Tensor& rstd,
-                              const Stream& stream, const Tensor& residual,
-                              const Tensor& sum) {
+                              const Stream& stream) {
   ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(RequireSameDType(
-      "LayerNormForward", input, {&weight, &bias, &output, &residual, &sum}));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("LayerNormForward", input, {&weight, &bias, &output}));
   const int64_t rows = input.size(0), cols = input.size(1);
   return LaunchStatus(
       kernels::LaunchLayerNormForward(
           input.data(), weight.data(), bias.defined() ? bias.data() : nullptr,
           output.data(), mean.defined() ? mean.data_as<float>() : nullptr,
           rstd.defined() ? rstd.data_as<float>() : nullptr, rows, cols,
-          DTypeCode(input.dtype()), stream.native(),
-          residual.defined() ? residual.data() : nullptr,
-          sum.defined() ? sum.data() : nullptr),
+          DTypeCode(input.dtype()), stream.native()),
       "LayerNormForward kernel");
 }
 

@@ -77,13 +77,10 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
                             const Stream& stream);
-// residual/sum: AddLayerNormForward's (both or neither).
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
                               const Tensor& bias, const Tensor& output,
                               const Tensor& mean, const Tensor& rstd,
-                              const Stream& stream,
-                              const Tensor& residual = Tensor(),
-                              const Tensor& sum = Tensor());
+                              const Stream& stream);
 // grad_addend: LayerNormBackwardAdd's (added to grad_input).
 absl::Status LayerNormBackward(const Tensor& grad_output, const Tensor& input,
                                const Tensor& weight, const Tensor& mean,

@@ -46,13 +46,8 @@ int NumSms() {
 // One warp per row. The row is read three times (mean, variance, output);
 // the second and third reads hit L1/L2, and the two-pass variance avoids the
 // cancellation of E[x^2] - E[x]^2.
-// With `residual` (the pre-LN block's residual add, fused): the first pass
-// forms s = x + residual, rounds it to T and stores it to `sum` (which may
-// alias x or residual: each lane reads its elements before writing them),
-// and the later passes read s back from `sum` (this lane's own writes, L1/L2
-// hits). Without: s = x and `sum` is unused.
 template <typename T, int VEC>
-__global__ void LayerNormForwardKernel(const T* x, const T* residual, T* sum,
+__global__ void LayerNormForwardKernel(const T* __restrict__ x,
                                        const T* __restrict__ weight,
                                        const T* __restrict__ bias,
                                        T* __restrict__ y, float* mean_out,
@@ -63,32 +58,14 @@ __global__ void LayerNormForwardKernel(const T* x, const T* residual, T* sum,
       static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= rows) return;
   const T* xr = x + row * cols;
-  float total = 0.0f;
-  if (residual != nullptr) {
-    const T* rr = residual + row * cols;
-    T* sr = sum + row * cols;
-    for (int c = lane * VEC; c < cols; c += 32 * VEC) {
-      float v[VEC], r[VEC];
-      LoadFloats<T, VEC>(xr + c, v);
-      LoadFloats<T, VEC>(rr + c, r);
+  float sum = 0.0f;
+  for (int c = lane * VEC; c < cols; c += 32 * VEC) {
+    float v[VEC];
+    LoadFloats<T, VEC>(xr + c, v);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        // Normalise the rounded sum: the tensor backward sees.
-        v[i] = ToFloat(FromFloat<T>(v[i] + r[i]));
-        total += v[i];
-      }
-      StoreFloats<T, VEC>(sr + c, v);
-    }
-    xr = sr;
-  } else {
-    for (int c = lane * VEC; c < cols; c += 32 * VEC) {
-      float v[VEC];
-      LoadFloats<T, VEC>(xr + c, v);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) total += v[i];
-    }
+    for (int i = 0; i < VEC; ++i) sum += v[i];
   }
-  const float mean = WarpSum(total) / cols;
+  const float mean = WarpSum(sum) / cols;
   float sq = 0.0f;
   for (int c = lane * VEC; c < cols; c += 32 * VEC) {
     float v[VEC];
@@ -714,33 +691,27 @@ int GridFor(int64_t count, int threads) {
 
 int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
                            void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, int dtype, void* stream,
-                           const void* residual, void* sum) {
+                           int64_t cols, int dtype, void* stream) {
   if (rows == 0) return 0;
-  if ((residual == nullptr) != (sum == nullptr)) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kVec = 16 / sizeof(T);
-    const bool vec =
-        cols % kVec == 0 && Aligned(x, 16) && Aligned(y, 16) &&
-        Aligned(weight, 16) && (bias == nullptr || Aligned(bias, 16)) &&
-        (residual == nullptr || (Aligned(residual, 16) && Aligned(sum, 16)));
+    const bool vec = cols % kVec == 0 && Aligned(x, 16) && Aligned(y, 16) &&
+                     Aligned(weight, 16) &&
+                     (bias == nullptr || Aligned(bias, 16));
     const int threads = 256;
     const int grid = GridFor(rows, threads / 32);
     auto s = static_cast<cudaStream_t>(stream);
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, threads, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(residual),
-          static_cast<T*>(sum), static_cast<const T*>(weight),
+    if (vec) {
+      LayerNormForwardKernel<T, kVec><<<grid, threads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(weight),
           static_cast<const T*>(bias), static_cast<T*>(y), mean, rstd, rows,
           static_cast<int>(cols));
-    };
-    if (vec) {
-      launch(LayerNormForwardKernel<T, kVec>);
     } else {
-      launch(LayerNormForwardKernel<T, 1>);
+      LayerNormForwardKernel<T, 1><<<grid, threads, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const T*>(weight),
+          static_cast<const T*>(bias), static_cast<T*>(y), mean, rstd, rows,
+          static_cast<int>(cols));
     }
     return LastError();
   });

@@ -16,15 +16,12 @@ namespace ze {
 namespace nn {
 namespace cuda_kernels {
 
-// y (M, C) = (s - mean) * rstd * weight (C) + bias (C), eps 1e-5, where s
-// is x, or, with `residual` (M, C), x + residual rounded to `dtype` and
-// written to `sum` (M, C; may alias x or residual; both or neither given).
-// x, residual, sum, weight, bias, y share `dtype`; bias may be null. mean,
-// rstd (M) f32, either may be null (not saved).
+// y (M, C) = (x - mean) * rstd * weight (C) + bias (C), eps 1e-5.
+// x, weight, bias, y share `dtype`; bias may be null. mean, rstd (M) f32,
+// either may be null (not saved).
 int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
                            void* y, float* mean, float* rstd, int64_t rows,
-                           int64_t cols, int dtype, void* stream,
-                           const void* residual = nullptr, void* sum = nullptr);
+                           int64_t cols, int dtype, void* stream);
 
 // Number of partial rows LaunchLayerNormBackward writes for these rows,
 // columns and dtype; size the partial buffers (num_partials, C) f32 with it.
