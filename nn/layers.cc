@@ -83,17 +83,11 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
                                                    input.device()));
   const Tensor residual = std::move(pending_residual_);
   pending_residual_ = Tensor();
-  if (residual.defined()) {
-    if (activation_ != Activation::kNone) {
+  if (activation_ == Activation::kGelu) {
+    if (residual.defined()) {
       return absl::InvalidArgumentError(
           "Linear: AddResidualToNextForward needs Activation::kNone");
     }
-    ZE_RETURN_IF_ERROR(
-        LinearForwardAdd(input, weight, bias, residual, output, stream));
-    saved_.Save(Saved{input, Tensor()});
-    return output;
-  }
-  if (activation_ == Activation::kGelu) {
     ZE_ASSIGN_OR_RETURN(
         Tensor pre_activation,
         Tensor::Empty(output_shape, input.dtype(), input.device()));
@@ -102,7 +96,10 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
     saved_.Save(Saved{input, pre_activation});
     return output;
   }
-  ZE_RETURN_IF_ERROR(LinearForward(input, weight, bias, output, stream));
+  ZE_RETURN_IF_ERROR(
+      residual.defined()
+          ? LinearForwardAdd(input, weight, bias, residual, output, stream)
+          : LinearForward(input, weight, bias, output, stream));
   saved_.Save(Saved{input, Tensor()});
   return output;
 }
