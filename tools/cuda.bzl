@@ -1,7 +1,8 @@
 """cuda_library: compiles .cu files with nvcc and exposes them as a cc_library.
 
 Each .cu file becomes one position-independent object, built for sm_90 machine
-code plus compute_90 PTX (so newer GPUs can JIT it). The objects are wrapped in
+code plus compute_90 PTX (so newer GPUs can JIT it), or, with
+gencode = GENCODE_SM90A, for sm_90a only (Hopper-specific instructions). The objects are wrapped in
 a cc_library, so plain C++ targets depend on CUDA code like any other library.
 Kernels are declared in host-only headers (`hdrs`), which C++ files include;
 .cu files see `hdrs` and the headers of `cuda_deps`.
@@ -9,7 +10,17 @@ Kernels are declared in host-only headers (`hdrs`), which C++ files include;
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
-def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], visibility = None, **kwargs):
+GENCODE_DEFAULT = [
+    "-gencode=arch=compute_90,code=sm_90",
+    "-gencode=arch=compute_90,code=compute_90",
+]
+
+# Hopper-only features (wgmma, setmaxnreg): machine code for exactly
+# compute capability 9.0, no PTX (sm_90a PTX cannot JIT elsewhere either).
+# Callers check the device before launching such kernels.
+GENCODE_SM90A = ["-gencode=arch=compute_90a,code=sm_90a"]
+
+def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], gencode = GENCODE_DEFAULT, visibility = None, **kwargs):
     """Builds srcs (.cu) with nvcc into a cc_library named `name`.
 
     Args:
@@ -19,6 +30,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], v
       deps: cc_library dependencies (their headers must be plain C++ for nvcc).
       cuda_hdrs: extra headers only the .cu files include (.cuh).
       copts: extra nvcc flags.
+      gencode: nvcc -gencode flags (GENCODE_DEFAULT or GENCODE_SM90A).
       visibility: as for cc_library.
       **kwargs: passed to the cc_library.
     """
@@ -30,13 +42,15 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], v
             name = "%s_%s_nvcc" % (name, stem),
             srcs = [src] + hdrs + cuda_hdrs,
             outs = [obj],
-            cmd = " ".join([
+            # nvcc names its temporaries after its PID, and every sandboxed
+            # action is PID 2 in its own namespace with /tmp shared:
+            # parallel nvcc runs would overwrite each other's files.
+            cmd = "tmp=$$(mktemp -d) && TMPDIR=$$tmp " + " ".join([
                 NVCC,
                 "-std=c++17",
                 "-O3",
                 "--expt-relaxed-constexpr",
-                "-gencode=arch=compute_90,code=sm_90",
-                "-gencode=arch=compute_90,code=compute_90",
+            ] + gencode + [
                 "-Xcompiler=-fPIC",
                 "-Xcompiler=-Wall",
                 "-lineinfo",
@@ -47,7 +61,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], cuda_hdrs = [], copts = [], v
                 "$(location %s)" % src,
                 "-o",
                 "$@",
-            ]),
+            ]) + "; status=$$?; rm -rf $$tmp; exit $$status",
             message = "nvcc %s" % src,
             tags = ["no-remote"],
         )

@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "nn/cuda/attention.h"
+#include "nn/cuda/attention_sm90.h"
 #include "nn/cuda/cuda_common.cuh"
 
 namespace ze {
@@ -1550,7 +1552,18 @@ constexpr size_t BackwardDqSharedBytes() {
 // 128, kPipelined otherwise.
 // kSplitV1: kSplit with FlashBackwardWideKernel (full 64-query tiles, one
 // CTA per SM) as its dK/dV kernel, for measuring.
-enum class Variant { kWide, kWide2, kSplit, kSplitV1, kPipelined, kLegacy };
+// kWgmma: the Hopper kernels of attention_sm90.cu where they apply (head
+// size exactly 64, a compute capability 9.0 device, 16-byte aligned
+// tensors), kSplit everywhere else.
+enum class Variant {
+  kWgmma,
+  kWide,
+  kWide2,
+  kSplit,
+  kSplitV1,
+  kPipelined,
+  kLegacy
+};
 
 // Read at every launch (a getenv is cheap next to a kernel launch) so tests
 // and benchmarks can switch variants within one process.
@@ -1568,6 +1581,7 @@ Variant SelectVariant(const char* specific) {
       return Variant::kPipelined;
     }
     if (std::strcmp(v, "legacy") == 0) return Variant::kLegacy;
+    if (std::strcmp(v, "wgmma") == 0) return Variant::kWgmma;
     if (std::strcmp(v, "wide2") == 0) return Variant::kWide2;
     if (std::strcmp(v, "split") == 0) return Variant::kSplit;
     if (std::strcmp(v, "split1") == 0) return Variant::kSplitV1;
@@ -1577,7 +1591,22 @@ Variant SelectVariant(const char* specific) {
   }
   const char* v = std::getenv("ZE_ATTENTION_LEGACY");
   if (v != nullptr && v[0] != '\0' && v[0] != '0') return Variant::kLegacy;
-  return Variant::kSplit;
+  return Variant::kWgmma;
+}
+
+// Whether kWgmma's Hopper kernel runs for these tensors; otherwise kWgmma
+// behaves as kSplit.
+bool UseSm90Kernel(Variant variant, int head_dim,
+                   std::initializer_list<const void*> tensors) {
+  if (variant != Variant::kWgmma || head_dim != 64) return false;
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return Sm90AttentionAvailable();
+}
+
+Variant WithoutWgmma(Variant variant) {
+  return variant == Variant::kWgmma ? Variant::kSplit : variant;
 }
 
 // Calls body(std::integral_constant<int, DP>) with the smallest instantiated
@@ -1612,7 +1641,8 @@ int ForwardTensorCore(const void* qkv, void* out, float* logsumexp, int batch,
           heads, head_dim, kLog2e / sqrtf(static_cast<float>(head_dim)));
       return static_cast<int>(cudaGetLastError());
     };
-    const Variant variant = SelectVariant("ZE_ATTENTION_FWD_KERNEL");
+    const Variant variant =
+        WithoutWgmma(SelectVariant("ZE_ATTENTION_FWD_KERNEL"));
     // split (the default) runs the 4-warp pipelined forward at D 64, where
     // it measured 166 TFLOP/s against the wide kernel's 158 on the H200
     // (B 16, T 1024, H 32), and the wide one at D 128 (190 against 163).
@@ -1775,9 +1805,19 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case kBF16:
+      if (UseSm90Kernel(SelectVariant("ZE_ATTENTION_FWD_KERNEL"), head_dim,
+                        {qkv, out})) {
+        return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
+                                          heads, dtype, s);
+      }
       return ForwardTensorCore<__nv_bfloat16>(qkv, out, logsumexp, batch,
                                               seq_len, heads, head_dim, s);
     case kF16:
+      if (UseSm90Kernel(SelectVariant("ZE_ATTENTION_FWD_KERNEL"), head_dim,
+                        {qkv, out})) {
+        return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
+                                          heads, dtype, s);
+      }
       return ForwardTensorCore<__half>(qkv, out, logsumexp, batch, seq_len,
                                        heads, head_dim, s);
     case kF32: {
@@ -1823,7 +1863,8 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
   switch (dtype) {
     case kBF16:
     case kF16: {
-      const Variant variant = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
+      const Variant variant =
+          WithoutWgmma(SelectVariant("ZE_ATTENTION_BWD_KERNEL"));
       const bool split = IsSplitBackward(variant, head_dim);
       if (!split) {
         error = static_cast<int>(

@@ -11,7 +11,9 @@
 // Launchers return the cudaError_t of the launch as int (0 = success).
 //
 // Kernel choice (environment, read at every launch): ZE_ATTENTION_KERNEL =
-// "wide" (default: 8-warp CTAs, 128 queries per forward CTA, 128 keys per
+// "wgmma" (default: on a compute capability 9.0 GPU with head size exactly
+// 64 and 16-byte aligned tensors, the Hopper warpgroup-product kernels of
+// attention_sm90.cu; "split" everywhere else), "wide" (8-warp CTAs, 128 queries per forward CTA, 128 keys per
 // backward CTA; head sizes padding to 64 or 128, others use "v1"), "wide2"
 // (wide, D-64 backward capped at 128 registers for two CTAs per SM),
 // "split" (wide forward; FlashAttention-2's two-kernel backward for padded D

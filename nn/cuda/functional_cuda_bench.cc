@@ -185,7 +185,7 @@ int Main(int argc, char** argv) {
     const char* before = std::getenv("ZE_ATTENTION_KERNEL");
     const std::string saved = before != nullptr ? before : "";
     for (const char* variant :
-         {"wide", "wide2", "split", "split1", "v1", "legacy"}) {
+         {"wgmma", "wide", "wide2", "split", "split1", "v1", "legacy"}) {
       setenv("ZE_ATTENTION_KERNEL", variant, 1);
       const std::string suffix = std::string("[") + variant + "]";
       Time("attention_fwd" + suffix, shape, o.iters, stream, fwd, 0, [&] {

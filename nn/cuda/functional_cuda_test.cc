@@ -793,7 +793,7 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
   const char* before = std::getenv("ZE_ATTENTION_KERNEL");
   const std::string saved = before != nullptr ? before : "";
   for (const char* variant :
-       {"wide", "wide2", "split", "split1", "v1", "legacy"}) {
+       {"wgmma", "wide", "wide2", "split", "split1", "v1", "legacy"}) {
     ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", variant, 1), 0);
     for (const Case& c : cases) {
       const int C = c.H * c.D;

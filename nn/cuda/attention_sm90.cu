@@ -1,0 +1,297 @@
+// Causal attention forward on Hopper warpgroup products (wgmma), head size
+// 64. Same algorithm as attention.cu's FlashAttention-2 kernels (online
+// softmax, the (T, T) scores never leave the chip); what changes is the
+// matrix unit: one warpgroup issues 64 x 64 x 16 products that read the
+// key and value tiles straight from (swizzled) shared memory, instead of
+// four warps each loading mma.sync fragments through ldmatrix.
+//
+// CTA = one warpgroup (128 threads) owning 64 query rows; warp w holds rows
+// 16w..16w+15 in the accumulator layout of wgmma.cuh. Q stays in shared
+// memory (A operand of S = Q K^T); the probabilities P are rounded in
+// registers into the A operand of O += P V. Key/value tiles of 64 rows are
+// double-buffered: tile j + 1 is copied (cp.async) while tile j is used.
+// Small CTAs (41 KB of shared memory, <= 128 registers) let four run per
+// SM, so one CTA's softmax overlaps another's products.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "nn/cuda/attention_sm90.h"
+#include "nn/cuda/cuda_common.cuh"
+#include "nn/cuda/wgmma.cuh"
+
+namespace ze {
+namespace nn {
+namespace cuda_kernels {
+namespace {
+
+using sm90::Descriptor;
+using sm90::Swizzle128;
+
+constexpr int kRows = 64;      // query rows per CTA, key rows per tile
+constexpr int kHeadDim = 64;   // one 128-byte swizzled row per token
+constexpr int kThreads = 128;  // one warpgroup
+constexpr uint32_t kTileBytes = kRows * kHeadDim * 2;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+// Q, then two stages of (K, V); plus slack to align the tiles to 1024
+// bytes (the swizzle pattern's period, which descriptors assume).
+constexpr size_t kForwardSharedBytes = 5 * kTileBytes + 1024;
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t Pack<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t Pack<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies rows [row0, row0 + 64) x 64 columns of a (T, ld) slice into the
+// swizzled tile at shared address `tile` (cp.async, 16 bytes a copy, rows
+// >= seq_len zero-filled). The caller commits. All 128 threads take part.
+template <typename T>
+__device__ __forceinline__ void LoadTile(uint32_t tile, const T* src,
+                                         int64_t ld, int row0, int seq_len) {
+#pragma unroll
+  for (int i = 0; i < kRows * 8 / kThreads; ++i) {
+    const int index = threadIdx.x + i * kThreads;
+    const int r = index >> 3, c = (index & 7) * 8;
+    const bool valid = row0 + r < seq_len;
+    const T* g = valid ? src + static_cast<int64_t>(row0 + r) * ld + c : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     tile + Swizzle128(r, c)),
+                 "l"(g), "r"(valid ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void CommitCopies() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// grid (B*H, query tiles), the last (most expensive) tiles first; block
+// 128. scale_log2 = log2(e) / sqrt(64).
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 4)
+    FlashForwardSm90Kernel(const T* __restrict__ qkv, T* __restrict__ out,
+                           float* __restrict__ logsumexp, int seq_len,
+                           int heads, float scale_log2) {
+  extern __shared__ unsigned char shared_raw[];
+  const uint32_t q_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
+  auto key_tile = [&](int stage) {
+    return q_tile + (1 + 2 * stage) * kTileBytes;
+  };
+  auto value_tile = [&](int stage) {
+    return q_tile + (2 + 2 * stage) * kTileBytes;
+  };
+
+  const int bh = blockIdx.x;
+  const int qt = gridDim.y - 1 - blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
+  const int64_t ld = 3 * channels;
+  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  LoadTile(q_tile, q_src, ld, qt * kRows, seq_len);
+  LoadTile(key_tile(0), k_src, ld, 0, seq_len);
+  LoadTile(value_tile(0), v_src, ld, 0, seq_len);
+  CommitCopies();
+  WaitCopies();
+  __syncthreads();
+
+  float o[32];
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = s[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};      // log2 domain
+  float row_sum[2] = {0.0f, 0.0f};                // this thread's columns only
+  const int q_row0 = qt * kRows + warp * 16 + g;  // and q_row0 + 8
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int stage = kt & 1;
+    // Tile kt has landed for every thread and is visible to the async
+    // proxy; everyone is done with tile kt - 1, whose stage now receives
+    // tile kt + 1.
+    WaitCopies();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    if (kt < qt) {
+      LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
+      LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
+      CommitCopies();
+    }
+
+    // S (64 queries x 64 keys) = Q K^T, both K-major operands read from
+    // shared memory. (Q held in registers as the A operand would halve the
+    // shared-memory reads, but ptxas 13.0 reused those registers inside
+    // the loop, so later key tiles saw garbage queries.) The
+    // pins keep the compiler from moving reads of s or o across the
+    // asynchronous products (it sees no dependency on the wait).
+    sm90::PinRegisters(s);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(q_tile + kk * 32),
+                                    Descriptor(key_tile(stage) + kk * 32),
+                                    kk > 0);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(s);
+
+    // Mask future keys (only the diagonal tile has any; key 0 of a tile
+    // never is, so no row is all -inf) and take the row maxima of the raw
+    // scores; the scale into the log2 domain rides on the exponent's FMA.
+    if (kt == qt) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int query = q_row0 + ((i >> 1) & 1) * 8;
+        const int key = kt * kRows + (i >> 2) * 8 + 2 * t + (i & 1);
+        if (key > query) s[i] = -INFINITY;
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
+    }
+    float correction[2], neg_max[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] =
+          fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_max = fmaxf(row_max[r], tile_max[r] * scale_log2);
+      correction[r] = exp2f(row_max[r] - new_max);
+      row_max[r] = new_max;
+      neg_max[r] = -new_max;
+      row_sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int r = (i >> 1) & 1;
+      const float p = exp2f(fmaf(s[i], scale_log2, neg_max[r]));
+      s[i] = p;
+      row_sum[r] += p;
+      o[i] *= correction[r];
+    }
+    // P as A fragments: k16 slice kk is D blocks 2kk and 2kk + 1.
+    uint32_t p_fragments[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      p_fragments[kk][0] = Pack<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      p_fragments[kk][1] = Pack<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      p_fragments[kk][2] = Pack<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      p_fragments[kk][3] = Pack<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    // O (64 queries x 64) += P V; V (keys x D, D contiguous) is an
+    // MN-major B operand, 16 key rows per k16 slice.
+    sm90::PinRegisters(o);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(p_fragments[kk]);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 1>(
+          o, p_fragments[kk], Descriptor(value_tile(stage) + kk * 2048), true);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(o);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  T* out_base =
+      out + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    if (query >= seq_len) continue;
+    const float inverse = 1.0f / row_sum[r];
+    T* destination = out_base + static_cast<int64_t>(query) * channels;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<uint32_t*>(destination + j * 8 + 2 * t) =
+          Pack<T>(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+    }
+    if (t == 0) {
+      logsumexp[static_cast<int64_t>(bh) * seq_len + query] =
+          (row_max[r] + log2f(row_sum[r])) * kLn2;
+    }
+  }
+}
+
+}  // namespace
+
+bool Sm90AttentionAvailable() {
+  constexpr int kMaxDevices = 64;
+  // Per device: 0 not asked yet, 1 no, 2 yes (static zero-initialised).
+  static std::atomic<int> cached[kMaxDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+      device >= kMaxDevices) {
+    return false;
+  }
+  int known = cached[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    int major = 0, minor = 0;
+    const bool ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                               device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                               device) == cudaSuccess;
+    known = ok && major == 9 && minor == 0 ? 2 : 1;
+    cached[device].store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
+}
+
+int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
+                               int batch, int seq_len, int heads, int dtype,
+                               cudaStream_t stream) {
+  const dim3 grid(batch * heads, (seq_len + kRows - 1) / kRows);
+  const float scale_log2 = kLog2e / 8.0f;  // 1 / sqrt(64)
+  if (dtype == kBF16) {
+    FlashForwardSm90Kernel<__nv_bfloat16>
+        <<<grid, kThreads, kForwardSharedBytes, stream>>>(
+            static_cast<const __nv_bfloat16*>(qkv),
+            static_cast<__nv_bfloat16*>(out), logsumexp, seq_len, heads,
+            scale_log2);
+  } else if (dtype == kF16) {
+    FlashForwardSm90Kernel<__half>
+        <<<grid, kThreads, kForwardSharedBytes, stream>>>(
+            static_cast<const __half*>(qkv), static_cast<__half*>(out),
+            logsumexp, seq_len, heads, scale_log2);
+  } else {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace cuda_kernels
+}  // namespace nn
+}  // namespace ze
