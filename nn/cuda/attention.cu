@@ -1863,9 +1863,10 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
   switch (dtype) {
     case kBF16:
     case kF16: {
-      const Variant variant =
-          WithoutWgmma(SelectVariant("ZE_ATTENTION_BWD_KERNEL"));
-      const bool split = IsSplitBackward(variant, head_dim);
+      const Variant selected = SelectVariant("ZE_ATTENTION_BWD_KERNEL");
+      const bool sm90 = UseSm90Kernel(selected, head_dim, {dout, qkv, dqkv});
+      const Variant variant = WithoutWgmma(selected);
+      const bool split = sm90 || IsSplitBackward(variant, head_dim);
       if (!split) {
         error = static_cast<int>(
             cudaMemsetAsync(dq_accum, 0, rows * head_dim * 4, s));
@@ -1876,6 +1877,10 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
         AttentionDeltaKernel<T><<<delta_rows_grid, 256, 0, s>>>(
             static_cast<const T*>(dout), static_cast<const T*>(out), delta,
             batch, seq_len, heads, head_dim);
+        if (sm90) {
+          return LaunchAttentionBackwardSm90(dout, qkv, logsumexp, delta, dqkv,
+                                             batch, seq_len, heads, dtype, s);
+        }
         int e = BackwardTensorCore<T>(variant, dout, qkv, logsumexp, delta,
                                       dq_accum, dqkv, batch, seq_len, heads,
                                       head_dim, s);

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "nn/cuda/attention_sm90.h"
 #include "nn/cuda/cuda_common.cuh"
@@ -38,6 +39,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Q, then two stages of (K, V); plus slack to align the tiles to 1024
 // bytes (the swizzle pattern's period, which descriptors assume).
 constexpr size_t kForwardSharedBytes = 5 * kTileBytes + 1024;
+// dK/dV: K, V, two stages of (Q, dO), two stages of 64 logsumexp + 64
+// delta. dQ: Q, dO, two stages of (K, V).
+constexpr size_t kBackwardKvSharedBytes = 6 * kTileBytes + 2 * 512 + 1024;
+constexpr size_t kBackwardDqSharedBytes = 6 * kTileBytes + 1024;
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -245,6 +250,333 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
+// Copies the four 64-element f32 rows logsumexp[row0..] and delta[row0..]
+// of one (b, h) into `stats` (shared: 64 logsumexp then 64 delta), one
+// 4-byte cp.async per thread, zero for rows >= seq_len. The caller commits.
+__device__ __forceinline__ void LoadRowStats(uint32_t stats,
+                                             const float* logsumexp,
+                                             const float* delta, int row0,
+                                             int seq_len) {
+  const int i = threadIdx.x & 63;
+  const float* source = threadIdx.x < 64 ? logsumexp : delta;
+  const bool valid = row0 + i < seq_len;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   stats + threadIdx.x * 4),
+               "l"(valid ? source + row0 + i : source), "r"(valid ? 4 : 0));
+}
+
+// dK and dV of one 64-key tile: loops over the query tiles that see it,
+// S^T = K Q^T and dP^T = V dO^T (both operands K-major in shared memory),
+// P^T = exp(S^T scale - logsumexp[query]), dS^T = P^T (dP^T - delta[query]),
+// dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers, dO and Q
+// MN-major). Rows are keys here, so a thread's per-query statistics are
+// per column: 16 of each. Q, dO and their statistics are double-buffered.
+// grid (B*H, key tiles), the first (most query tiles) first; block 128.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    FlashBackwardKvSm90Kernel(const T* __restrict__ dout,
+                              const T* __restrict__ qkv,
+                              const float* __restrict__ logsumexp,
+                              const float* __restrict__ delta,
+                              T* __restrict__ dqkv, int seq_len, int heads,
+                              float scale, float scale_log2) {
+  extern __shared__ unsigned char shared_raw[];
+  const uint32_t key_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
+  const uint32_t value_tile = key_tile + kTileBytes;
+  auto query_tile = [&](int stage) {
+    return key_tile + (2 + 2 * stage) * kTileBytes;
+  };
+  auto grad_out_tile = [&](int stage) {
+    return key_tile + (3 + 2 * stage) * kTileBytes;
+  };
+  auto stats_tile = [&](int stage) {
+    return key_tile + 6 * kTileBytes + stage * 512;
+  };
+  const unsigned char* stats_base =
+      shared_raw + (key_tile + 6 * kTileBytes - SharedAddress(shared_raw));
+
+  const int bh = blockIdx.x;
+  const int kt = blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
+  const int64_t ld = 3 * channels;
+  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src =
+      dout + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim;
+  const float* lse_src = logsumexp + static_cast<int64_t>(bh) * seq_len;
+  const float* delta_src = delta + static_cast<int64_t>(bh) * seq_len;
+  const int query_tiles = (seq_len + kRows - 1) / kRows;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  LoadTile(key_tile, k_src, ld, kt * kRows, seq_len);
+  LoadTile(value_tile, v_src, ld, kt * kRows, seq_len);
+  LoadTile(query_tile(0), q_src, ld, kt * kRows, seq_len);
+  LoadTile(grad_out_tile(0), do_src, channels, kt * kRows, seq_len);
+  LoadRowStats(stats_tile(0), lse_src, delta_src, kt * kRows, seq_len);
+  CommitCopies();
+
+  float dk[32], dv[32], s[32], dp[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = s[i] = dp[i] = 0.0f;
+  const int key_row0 = kt * kRows + warp * 16 + g;  // and key_row0 + 8
+
+  for (int qt = kt; qt < query_tiles; ++qt) {
+    const int stage = (qt - kt) & 1;
+    WaitCopies();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    if (qt + 1 < query_tiles) {
+      LoadTile(query_tile(stage ^ 1), q_src, ld, (qt + 1) * kRows, seq_len);
+      LoadTile(grad_out_tile(stage ^ 1), do_src, channels, (qt + 1) * kRows,
+               seq_len);
+      LoadRowStats(stats_tile(stage ^ 1), lse_src, delta_src, (qt + 1) * kRows,
+                   seq_len);
+      CommitCopies();
+    }
+
+    // S^T (64 keys x 64 queries) and dP^T, one batch of products.
+    sm90::PinRegisters(s);
+    sm90::PinRegisters(dp);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(key_tile + kk * 32),
+                                    Descriptor(query_tile(stage) + kk * 32),
+                                    kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 0, 0>(dp, Descriptor(value_tile + kk * 32),
+                                    Descriptor(grad_out_tile(stage) + kk * 32),
+                                    kk > 0);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(s);
+    sm90::PinRegisters(dp);
+
+    // Per-column (query) statistics of this thread's 16 columns.
+    const float* stats =
+        reinterpret_cast<const float*>(stats_base + stage * 512);
+    uint32_t p_fragments[4][4], ds_fragments[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lse =
+          *reinterpret_cast<const float2*>(stats + 8 * j + 2 * t);
+      const float2 dl =
+          *reinterpret_cast<const float2*>(stats + 64 + 8 * j + 2 * t);
+      float p[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j + e;
+        const float column_lse = (e & 1) ? lse.y : lse.x;
+        const float column_delta = (e & 1) ? dl.y : dl.x;
+        float value = exp2f(fmaf(s[i], scale_log2, -column_lse * kLog2e));
+        if (qt == kt) {
+          const int key = key_row0 + (e >> 1) * 8;
+          const int query = qt * kRows + 8 * j + 2 * t + (e & 1);
+          if (key > query) value = 0.0f;
+        }
+        p[e] = value;
+        ds[e] = value * (dp[i] - column_delta);
+      }
+      // D block j is half of A slice j / 2: a[0..1] from even j, a[2..3]
+      // from odd j.
+      const int kk = j >> 1, half = (j & 1) * 2;
+      p_fragments[kk][half] = Pack<T>(p[0], p[1]);
+      p_fragments[kk][half + 1] = Pack<T>(p[2], p[3]);
+      ds_fragments[kk][half] = Pack<T>(ds[0], ds[1]);
+      ds_fragments[kk][half + 1] = Pack<T>(ds[2], ds[3]);
+    }
+
+    // dV += P^T dO and dK += dS^T Q (dO and Q MN-major: 16 query rows per
+    // k16 slice).
+    sm90::PinRegisters(dv);
+    sm90::PinRegisters(dk);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::PinRegisters(p_fragments[kk]);
+      sm90::PinRegisters(ds_fragments[kk]);
+    }
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 1>(dv, p_fragments[kk],
+                                 Descriptor(grad_out_tile(stage) + kk * 2048),
+                                 true);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 1>(dk, ds_fragments[kk],
+                                 Descriptor(query_tile(stage) + kk * 2048),
+                                 true);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(dv);
+    sm90::PinRegisters(dk);
+  }
+
+  T* dk_base =
+      dqkv + static_cast<int64_t>(b) * seq_len * ld + channels + h * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key_row0 + r * 8;
+    if (key >= seq_len) continue;
+    T* dk_row = dk_base + static_cast<int64_t>(key) * ld;
+    T* dv_row = dk_row + channels;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dk_row + j * 8 + 2 * t) =
+          Pack<T>(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv_row + j * 8 + 2 * t) =
+          Pack<T>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+// dQ of one 64-query tile: loops over the key tiles it sees, S = Q K^T and
+// dP = dO V^T (K-major operands in shared memory), P and dS as above (now
+// per row), dQ += dS K (dS from registers, K MN-major). Q and dO are
+// loaded once; K and V are double-buffered.
+// grid (B*H, query tiles), the last (most key tiles) first; block 128.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    FlashBackwardDqSm90Kernel(const T* __restrict__ dout,
+                              const T* __restrict__ qkv,
+                              const float* __restrict__ logsumexp,
+                              const float* __restrict__ delta,
+                              T* __restrict__ dqkv, int seq_len, int heads,
+                              float scale, float scale_log2) {
+  extern __shared__ unsigned char shared_raw[];
+  const uint32_t query_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
+  const uint32_t grad_out_tile = query_tile + kTileBytes;
+  auto key_tile = [&](int stage) {
+    return query_tile + (2 + 2 * stage) * kTileBytes;
+  };
+  auto value_tile = [&](int stage) {
+    return query_tile + (3 + 2 * stage) * kTileBytes;
+  };
+
+  const int bh = blockIdx.x;
+  const int qt = gridDim.y - 1 - blockIdx.y;
+  const int b = bh / heads, h = bh % heads;
+  const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
+  const int64_t ld = 3 * channels;
+  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
+  const T* k_src = q_src + channels;
+  const T* v_src = q_src + 2 * channels;
+  const T* do_src =
+      dout + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+
+  LoadTile(query_tile, q_src, ld, qt * kRows, seq_len);
+  LoadTile(grad_out_tile, do_src, channels, qt * kRows, seq_len);
+  LoadTile(key_tile(0), k_src, ld, 0, seq_len);
+  LoadTile(value_tile(0), v_src, ld, 0, seq_len);
+  CommitCopies();
+
+  const int q_row0 = qt * kRows + warp * 16 + g;  // and q_row0 + 8
+  float neg_lse_log2[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = q_row0 + r * 8;
+    const bool valid = row < seq_len;
+    const int64_t index = static_cast<int64_t>(bh) * seq_len + row;
+    neg_lse_log2[r] = valid ? -logsumexp[index] * kLog2e : 0.0f;
+    row_delta[r] = valid ? delta[index] : 0.0f;
+  }
+
+  float dq[32], s[32], dp[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq[i] = s[i] = dp[i] = 0.0f;
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int stage = kt & 1;
+    WaitCopies();
+    sm90::FenceProxyAsync();
+    __syncthreads();
+    if (kt < qt) {
+      LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
+      LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
+      CommitCopies();
+    }
+
+    sm90::PinRegisters(s);
+    sm90::PinRegisters(dp);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(query_tile + kk * 32),
+                                    Descriptor(key_tile(stage) + kk * 32),
+                                    kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 0, 0>(dp, Descriptor(grad_out_tile + kk * 32),
+                                    Descriptor(value_tile(stage) + kk * 32),
+                                    kk > 0);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(s);
+    sm90::PinRegisters(dp);
+
+    uint32_t ds_fragments[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j + e, r = e >> 1;
+        float p = exp2f(fmaf(s[i], scale_log2, neg_lse_log2[r]));
+        if (kt == qt) {
+          const int query = q_row0 + r * 8;
+          const int key = kt * kRows + 8 * j + 2 * t + (e & 1);
+          if (key > query) p = 0.0f;
+        }
+        ds[e] = p * (dp[i] - row_delta[r]);
+      }
+      const int kk = j >> 1, half = (j & 1) * 2;
+      ds_fragments[kk][half] = Pack<T>(ds[0], ds[1]);
+      ds_fragments[kk][half + 1] = Pack<T>(ds[2], ds[3]);
+    }
+
+    // dQ += dS K; K (keys x D) MN-major, 16 key rows per k16 slice.
+    sm90::PinRegisters(dq);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(ds_fragments[kk]);
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::WgmmaM64N64K16<T, 1>(dq, ds_fragments[kk],
+                                 Descriptor(key_tile(stage) + kk * 2048), true);
+    }
+    sm90::WgmmaCommit();
+    sm90::WgmmaWait<0>();
+    sm90::PinRegisters(dq);
+  }
+
+  T* dq_base = dqkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int query = q_row0 + r * 8;
+    if (query >= seq_len) continue;
+    T* dq_row = dq_base + static_cast<int64_t>(query) * ld;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<uint32_t*>(dq_row + j * 8 + 2 * t) =
+          Pack<T>(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
+    }
+  }
+}
+
 }  // namespace
 
 bool Sm90AttentionAvailable() {
@@ -290,6 +622,36 @@ int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
     return static_cast<int>(cudaErrorInvalidValue);
   }
   return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchAttentionBackwardSm90(const void* dout, const void* qkv,
+                                const float* logsumexp, const float* delta,
+                                void* dqkv, int batch, int seq_len, int heads,
+                                int dtype, cudaStream_t stream) {
+  const dim3 grid(batch * heads, (seq_len + kRows - 1) / kRows);
+  const float scale = 0.125f;  // 1 / sqrt(64)
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    auto kv_kernel = FlashBackwardKvSm90Kernel<T>;
+    auto dq_kernel = FlashBackwardDqSm90Kernel<T>;
+    // Past the 48 KB default; setting the attribute is cheap and idempotent.
+    cudaFuncSetAttribute(kv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kBackwardKvSharedBytes));
+    cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kBackwardDqSharedBytes));
+    kv_kernel<<<grid, kThreads, kBackwardKvSharedBytes, stream>>>(
+        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+        delta, static_cast<T*>(dqkv), seq_len, heads, scale, scale * kLog2e);
+    const int error = static_cast<int>(cudaGetLastError());
+    if (error != 0) return error;
+    dq_kernel<<<grid, kThreads, kBackwardDqSharedBytes, stream>>>(
+        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
+        delta, static_cast<T*>(dqkv), seq_len, heads, scale, scale * kLog2e);
+    return static_cast<int>(cudaGetLastError());
+  };
+  if (dtype == kBF16) return launch(static_cast<__nv_bfloat16*>(nullptr));
+  if (dtype == kF16) return launch(static_cast<__half*>(nullptr));
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace cuda_kernels

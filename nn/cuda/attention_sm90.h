@@ -22,6 +22,15 @@ int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
                                int batch, int seq_len, int heads, int dtype,
                                cudaStream_t stream);
 
+// dqkv (B, T, 3C) overwritten from dout (B, T, C), qkv, the forward's
+// logsumexp and delta (B, H, T) f32 = rowwise dout . out. head_dim 64;
+// dtype kBF16 or kF16. Two kernels: dK/dV per key tile, then dQ per query
+// tile (no atomics, no f32 accumulator).
+int LaunchAttentionBackwardSm90(const void* dout, const void* qkv,
+                                const float* logsumexp, const float* delta,
+                                void* dqkv, int batch, int seq_len, int heads,
+                                int dtype, cudaStream_t stream);
+
 }  // namespace cuda_kernels
 }  // namespace nn
 }  // namespace ze
