@@ -1,12 +1,17 @@
 // CPU-vs-CUDA checks of core/ops.h. Tagged gpu: runs on the GPU machine.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -205,6 +210,62 @@ TEST(CudaAllocatorTest, PinnedHostRoundTrip) {
   ASSERT_TRUE(Copy(device, back, stream).ok());
   ASSERT_TRUE(stream.Synchronize().ok());
   for (int i = 0; i < 1024; ++i) ASSERT_EQ(back.data_as<float>()[i], i);
+}
+
+// Tensor::Zeros on a block that the caching allocator recycled while work
+// queued on a non-blocking stream still reads it: Engine::Impl's setup
+// freed a parameter's initial storage right after queueing the copy out of
+// it, and the next Zeros (an optimizer's momentum, of the same size class)
+// zeroed that storage on the legacy default stream before the copy ran, so
+// a rank started training with that weight all zero (parity_cuda_w2_test,
+// w2_f32_sgd_s0_a1_m2, now and then). A host function holds the stream back
+// until well after Zeros would have returned without waiting for it.
+TEST(CudaAllocatorTest, ZerosWaitsForQueuedReadersOfARecycledBlock) {
+  ASSERT_GT(CudaDeviceCount(), 0);
+  CudaCachingAllocator allocator("recycling", 0);  // a cache of its own
+  Stream stream = *Stream::Create(Device::Cuda(0));
+  constexpr int64_t kCount = 256;
+  Tensor source =
+      *Tensor::Empty({kCount}, DType::kF32, Device::Cuda(0), &allocator);
+  Tensor copy = *Tensor::Empty({kCount}, DType::kF32, Device::Cuda(0));
+  ASSERT_TRUE(Fill(source, 3.0f, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+
+  std::atomic<bool> release{false};
+  // Whatever happens below, the stream is let go and the thread joined.
+  struct Releaser {
+    std::atomic<bool>* release;
+    std::thread thread;
+    ~Releaser() {
+      *release = true;
+      if (thread.joinable()) thread.join();
+    }
+  } releaser{&release, {}};
+  ASSERT_EQ(cudaLaunchHostFunc(
+                static_cast<cudaStream_t>(stream.native()),
+                [](void* flag) {
+                  while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  }
+                },
+                &release),
+            cudaSuccess);
+  ASSERT_TRUE(Copy(source, copy, stream).ok());  // waits behind the hold
+  void* const recycled = source.data();
+  source = Tensor();  // freed with the copy still queued, as the engine did
+  releaser.thread = std::thread([&release] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    release = true;
+  });
+  absl::StatusOr<Tensor> zeros =
+      Tensor::Zeros({kCount}, DType::kF32, Device::Cuda(0), &allocator);
+  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  ASSERT_EQ(zeros->data(), recycled) << "the test needs the block reused";
+  ASSERT_TRUE(stream.Synchronize().ok());
+  const std::vector<float> copied = *ToHostFloats(copy, stream);
+  const std::vector<float> zeroed = *ToHostFloats(*zeros, stream);
+  for (float value : copied) ASSERT_EQ(value, 3.0f) << "read after the zeros";
+  for (float value : zeroed) ASSERT_EQ(value, 0.0f);
 }
 
 }  // namespace

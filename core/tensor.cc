@@ -54,11 +54,19 @@ absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
     std::memset(tensor.data(), 0, tensor.nbytes());
   } else {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+    // cudaMemset runs on the legacy default stream, which does not order
+    // itself with the non-blocking streams everything else uses, so it needs
+    // a wait on each side. Before: the caching allocator may have handed out
+    // a block whose previous owner freed it with work still queued on such a
+    // stream (frees are stream-ordered for that stream only; the engine frees
+    // a parameter's initial storage right after queueing the copy out of
+    // it), and zeros landing first would be read (or overwritten) by that
+    // work. After: a copy queued on another stream once this returns could
+    // otherwise land before the zeros and be overwritten.
+    ZE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(),
+                                  "cudaDeviceSynchronize (before cudaMemset)"));
     ZE_RETURN_IF_ERROR(CudaStatus(cudaMemset(tensor.data(), 0, tensor.nbytes()),
                                   "cudaMemset"));
-    // cudaMemset is asynchronous on the legacy default stream, which does not
-    // order itself with non-blocking streams: without this wait a copy queued
-    // on another stream could land before the zeros and be overwritten.
     ZE_RETURN_IF_ERROR(
         CudaStatus(cudaStreamSynchronize(nullptr), "cudaMemset (synchronize)"));
   }

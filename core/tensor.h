@@ -63,7 +63,9 @@ class Tensor {
   static absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype,
                                       const Device& device,
                                       Allocator* allocator = nullptr);
-  // Like Empty, then zero-filled (synchronously).
+  // Like Empty, then zero-filled (synchronously). On CUDA it first waits for
+  // all work queued on the device, which may still use the recycled block:
+  // meant for setup, not for per-step buffers (Fill on the stream instead).
   static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
                                       const Device& device,
                                       Allocator* allocator = nullptr);

@@ -289,6 +289,11 @@ absl::Status Engine::Impl::AllocateBuffers() {
     ZE_RETURN_IF_ERROR(Copy(current, view, stream()));
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
+  // Each parameter's old storage went back to the caching allocator with
+  // the copy out of it still queued: let the copies run before anything can
+  // be handed that memory (Tensor::Zeros below works on the legacy default
+  // stream, which is not ordered with this one).
+  ZE_RETURN_IF_ERROR(stream().Synchronize());
   if (stage_ == 2) {
     ZE_ASSIGN_OR_RETURN(grad_partition_, allocate(partition, model_dtype_));
     bucket_grads_.resize(layout_.num_buckets());
