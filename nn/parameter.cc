@@ -177,6 +177,11 @@ absl::Status Parameter::InitializeSlice(uint64_t seed, int64_t begin,
   ZE_RETURN_IF_ERROR(Copy(host_f32, host_rounded, stream));
   ZE_RETURN_IF_ERROR(Copy(host_rounded, dst.Flat(), stream));
   // The staging buffers die with this frame; the copy must be done first.
+  // A CPU stream (the default argument) queued it on the device's legacy
+  // default stream, whose Synchronize a CPU Stream would skip.
+  if (stream.device().is_cpu()) {
+    return Stream::Default(dst.device()).Synchronize();
+  }
   return stream.Synchronize();
 }
 
