@@ -168,13 +168,28 @@ absl::Status CheckSameInitialWeights(engine::Engine& engine,
     high[i] = low[i] = static_cast<float>(hash & 0xffffffu);
   }
   const int64_t count = static_cast<int64_t>(names.size());
+  // The NCCL backend only takes tensors on its device, so on a GPU the
+  // values are reduced as a device copy (any backend takes those).
+  const Device device = communicator.device();
   for (auto [values, op] : {std::make_pair(&high, comm::ReduceOp::kMax),
                             std::make_pair(&low, comm::ReduceOp::kMin)}) {
-    Tensor tensor =
+    Tensor host =
         Tensor::Wrap(values->data(), {count}, DType::kF32, Device::Cpu());
-    ZE_ASSIGN_OR_RETURN(comm::Work work,
-                        communicator.AllReduce(tensor, tensor, op, Stream()));
-    ZE_RETURN_IF_ERROR(work.Wait());
+    if (device.is_cpu()) {
+      ZE_ASSIGN_OR_RETURN(comm::Work work,
+                          communicator.AllReduce(host, host, op, Stream()));
+      ZE_RETURN_IF_ERROR(work.Wait());
+      continue;
+    }
+    ZE_ASSIGN_OR_RETURN(Stream stream, Stream::Create(device));
+    ZE_ASSIGN_OR_RETURN(Tensor on_device,
+                        Tensor::Empty({count}, DType::kF32, device));
+    ZE_RETURN_IF_ERROR(Copy(host, on_device, stream));
+    ZE_ASSIGN_OR_RETURN(comm::Work work, communicator.AllReduce(
+                                             on_device, on_device, op, stream));
+    ZE_RETURN_IF_ERROR(work.StreamWait(stream));
+    ZE_RETURN_IF_ERROR(Copy(on_device, host, stream));
+    ZE_RETURN_IF_ERROR(stream.Synchronize());
   }
   std::string differing;
   for (size_t i = 0; i < names.size(); ++i) {
