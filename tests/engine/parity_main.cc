@@ -168,14 +168,16 @@ absl::Status CheckSameInitialWeights(engine::Engine& engine,
     high[i] = low[i] = static_cast<float>(hash & 0xffffffu);
   }
   const int64_t count = static_cast<int64_t>(names.size());
-  // The NCCL backend only takes tensors on its device, so on a GPU the
-  // values are reduced as a device copy (any backend takes those).
+  // The NCCL backend only takes tensors on its device, so there the values
+  // are reduced as a device copy; the MPI and local backends take them from
+  // the host.
   const Device device = communicator.device();
   for (auto [values, op] : {std::make_pair(&high, comm::ReduceOp::kMax),
                             std::make_pair(&low, comm::ReduceOp::kMin)}) {
     Tensor host =
         Tensor::Wrap(values->data(), {count}, DType::kF32, Device::Cpu());
-    if (device.is_cpu()) {
+    if (device.is_cpu() ||
+        std::strcmp(communicator.backend_name(), "nccl") != 0) {
       ZE_ASSIGN_OR_RETURN(comm::Work work,
                           communicator.AllReduce(host, host, op, Stream()));
       ZE_RETURN_IF_ERROR(work.Wait());
