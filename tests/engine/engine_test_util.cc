@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/factory.h"
+#include "core/allocator.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -190,6 +191,72 @@ void ExpectRunsClose(
   EXPECT_LE(weight_error, tolerance);
   std::printf("rank %d world %d: loss error %.2e, weight error %.2e\n", Rank(),
               World(), loss_error, weight_error);
+}
+
+namespace {
+
+// Clears the host allocator's cap however the caller ends.
+struct CapGuard {
+  ~CapGuard() { HostMemory()->SetByteCap(0); }
+};
+
+}  // namespace
+
+void ExpectOnlyFittingStageTrainsUnderCap(
+    int fitting_stage, const nn::GptConfig& model,
+    const std::function<std::string(int stage)>& config,
+    const std::function<int64_t(int64_t need_stage0, int64_t need_fitting)>&
+        cap_of) {
+  auto initialize =
+      [&](int stage) -> absl::StatusOr<std::unique_ptr<engine::Engine>> {
+    ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> made,
+                        MakeGpt(model, DType::kBF16, /*materialize=*/false));
+    return engine::Initialize(made, config(stage), Comm());
+  };
+  int64_t need_stage0 = 0, need_fitting = 0;
+  for (int stage : {0, fitting_stage}) {
+    absl::StatusOr<std::unique_ptr<engine::Engine>> created = initialize(stage);
+    ASSERT_TRUE(created.ok()) << created.status();
+    (stage == 0 ? need_stage0 : need_fitting) =
+        (*created)->memory_breakdown().total_bytes();
+  }
+  CapGuard guard;
+  const int64_t base = HostMemory()->stats().bytes_in_use;
+  const int64_t cap = cap_of(need_stage0, need_fitting);
+  HostMemory()->SetByteCap(base + cap);
+  HostMemory()->ResetPeak();
+  {
+    absl::StatusOr<std::unique_ptr<engine::Engine>> created = initialize(0);
+    ASSERT_FALSE(created.ok());
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kResourceExhausted)
+        << created.status();
+    EXPECT_NE(created.status().message().find(
+                  absl::StrCat("needs ", need_stage0, " bytes per rank")),
+              std::string::npos)
+        << created.status();
+  }
+  // Whatever the failed attempt allocated is back.
+  EXPECT_EQ(HostMemory()->stats().bytes_in_use, base);
+
+  absl::StatusOr<std::unique_ptr<engine::Engine>> created =
+      initialize(fitting_stage);
+  ASSERT_TRUE(created.ok()) << created.status();
+  double first = 0, last = 0;
+  for (int step = 0; step < 4; ++step) {
+    absl::StatusOr<engine::StepReport> report = TrainStep(**created, step);
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_TRUE(std::isfinite(report->loss));
+    (step == 0 ? first : last) = report->loss;
+  }
+  EXPECT_LT(last, first);
+  const int64_t peak = HostMemory()->stats().peak_bytes_in_use - base;
+  EXPECT_LE(peak, cap);
+  std::printf(
+      "rank %d: cap %lld B over base; stage 0 needs %lld, stage %d %lld; "
+      "stage %d peak while training under the cap %lld\n",
+      Rank(), static_cast<long long>(cap), static_cast<long long>(need_stage0),
+      fitting_stage, static_cast<long long>(need_fitting), fitting_stage,
+      static_cast<long long>(peak));
 }
 
 }  // namespace enginetest

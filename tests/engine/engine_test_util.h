@@ -76,6 +76,23 @@ void ExpectRunsClose(
     const std::map<std::string, std::vector<float>>& reference_weights,
     double tolerance);
 
+// The allocator-cap scenario of the memory tests: on the host allocator,
+// measures what engines of stage 0 and of `fitting_stage` need (uncapped,
+// memory_breakdown().total_bytes()), then caps the allocator at what is in
+// use plus cap_of(stage-0 need, fitting-stage need) and checks (gtest
+// EXPECT/ASSERT, returning on the first fatal failure) that
+//   - stage 0's Initialize fails with ResourceExhausted naming its need,
+//     and what that attempt allocated is back;
+//   - `fitting_stage` trains 4 steps with a falling loss and a peak within
+//     the cap.
+// The cap is cleared however it ends. `model` builds the (unmaterialised)
+// model, `config(stage)` the JSON config. Prints the figures with the rank.
+void ExpectOnlyFittingStageTrainsUnderCap(
+    int fitting_stage, const nn::GptConfig& model,
+    const std::function<std::string(int stage)>& config,
+    const std::function<int64_t(int64_t need_stage0, int64_t need_fitting)>&
+        cap_of);
+
 // Redirects this process's stderr (file descriptor 2, which the logger
 // writes) into a temporary file while alive; Finish restores it and returns
 // what was written. Not thread-safe; one at a time.

@@ -263,8 +263,9 @@ TEST(Stage3CountersTest, OneStepMovesThreePsi) {
       model,
       // Reuse 0: every request gathers (the default keeps buckets needed
       // again, see stage3_inference_test).
-      Config(3, "f32", 1,
-             R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
+      Config(
+          3, "f32", 1,
+          R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
       Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
   for (int step = 0; step < 3; ++step) {
@@ -303,8 +304,9 @@ TEST(Stage3CountersTest, TiedTableIsGatheredByEmbeddingAndHead) {
       (*model)->config().max_seq_len * (*model)->config().channels);
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
       *model,
-      Config(3, "f32", 1,
-             R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
+      Config(
+          3, "f32", 1,
+          R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)"),
       Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
   ASSERT_TRUE(TrainStep(**engine, 0).ok());
@@ -436,64 +438,16 @@ TEST(Stage3MemoryTest, PartitionedConstructionHoldsSixteenPsiOverN) {
   EXPECT_NEAR(after_training / total, 1.0, 0.01);
 }
 
-struct CapGuard {
-  ~CapGuard() { HostMemory()->SetByteCap(0); }
-};
-
 TEST(Stage3MemoryTest, Stage0DoesNotFitStage3Does) {
   if (World() != 4) GTEST_SKIP() << "needs 4 ranks";
-  int64_t need[4] = {0, 0, 0, 0};
-  for (int stage : {0, 3}) {
-    absl::StatusOr<std::shared_ptr<nn::GptModel>> made =
-        MakeGpt(MemoryGpt(), DType::kBF16, /*materialize=*/false);
-    ASSERT_TRUE(made.ok());
-    absl::StatusOr<std::unique_ptr<engine::Engine>> created =
-        engine::Initialize(*made, MemoryConfig(stage), Comm());
-    ASSERT_TRUE(created.ok()) << created.status();
-    need[stage] = (*created)->memory_breakdown().total_bytes();
-  }
-  ASSERT_GT(need[0], 3 * need[3]);
-  CapGuard guard;
-  const int64_t base = HostMemory()->stats().bytes_in_use;
-  // 16 Psi vs 4 Psi: the cap leaves stage 3 room for gathered buckets,
-  // gradient buffers and activations, and stage 0 none.
-  const int64_t cap = need[3] + (need[0] - need[3]) / 2;
-  HostMemory()->SetByteCap(base + cap);
-  HostMemory()->ResetPeak();
-  {
-    absl::StatusOr<std::shared_ptr<nn::GptModel>> made =
-        MakeGpt(MemoryGpt(), DType::kBF16, /*materialize=*/false);
-    ASSERT_TRUE(made.ok());
-    absl::StatusOr<std::unique_ptr<engine::Engine>> created =
-        engine::Initialize(*made, MemoryConfig(0), Comm());
-    ASSERT_FALSE(created.ok());
-    EXPECT_EQ(created.status().code(), absl::StatusCode::kResourceExhausted);
-    EXPECT_NE(created.status().message().find(
-                  absl::StrCat("needs ", need[0], " bytes per rank")),
-              std::string::npos)
-        << created.status();
-  }
-  EXPECT_EQ(HostMemory()->stats().bytes_in_use, base);
-  absl::StatusOr<std::shared_ptr<nn::GptModel>> made =
-      MakeGpt(MemoryGpt(), DType::kBF16, /*materialize=*/false);
-  ASSERT_TRUE(made.ok());
-  absl::StatusOr<std::unique_ptr<engine::Engine>> created =
-      engine::Initialize(*made, MemoryConfig(3), Comm());
-  ASSERT_TRUE(created.ok()) << created.status();
-  double first = 0, last = 0;
-  for (int step = 0; step < 4; ++step) {
-    absl::StatusOr<engine::StepReport> report = TrainStep(**created, step);
-    ASSERT_TRUE(report.ok()) << report.status();
-    (step == 0 ? first : last) = report->loss;
-  }
-  EXPECT_LT(last, first);
-  const int64_t peak = HostMemory()->stats().peak_bytes_in_use - base;
-  EXPECT_LE(peak, cap);
-  std::printf(
-      "rank %d: cap %lld B; stage 0 needs %lld, stage 3 %lld; stage 3 peak "
-      "while training %lld (model state + gathered buckets + activations)\n",
-      Rank(), static_cast<long long>(cap), static_cast<long long>(need[0]),
-      static_cast<long long>(need[3]), static_cast<long long>(peak));
+  ExpectOnlyFittingStageTrainsUnderCap(
+      3, MemoryGpt(), MemoryConfig,
+      [](int64_t need_stage0, int64_t need_stage3) {
+        // 16 Psi vs 4 Psi: the cap leaves stage 3 room for gathered buckets,
+        // gradient buffers and activations, and stage 0 none.
+        EXPECT_GT(need_stage0, 3 * need_stage3);
+        return need_stage3 + (need_stage0 - need_stage3) / 2;
+      });
 }
 
 }  // namespace
