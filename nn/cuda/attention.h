@@ -5,27 +5,29 @@
 // Layouts: qkv (B, T, 3C) with per token [q | k | v], each (H, D), C = H*D;
 // out (B, T, C); logsumexp (B, H, T) f32 (natural log, of the scaled scores).
 // dtype is a ze::DType value (0 f32, 1 bf16, 2 f16). bf16/f16 use tensor
-// cores (mma.sync m16n8k16, f32 accumulation) for any D <= 256 (D a
-// multiple of 16, 64 or 128 best; other D are zero-padded to the next
-// instantiated size); f32 uses a simple, slow kernel meant for tests.
+// cores with f32 accumulation: warpgroup products (wgmma, attention_sm90.h)
+// on compute capability 9.0 at D = 64, otherwise mma.sync m16n8k16 for any
+// D <= 256 (D a multiple of 16, 64 or 128 best; other D are zero-padded to
+// the next instantiated size); f32 uses a simple, slow kernel meant for
+// tests.
 // Launchers return the cudaError_t of the launch as int (0 = success).
 //
 // Kernel choice (environment, read at every launch): ZE_ATTENTION_KERNEL =
 // "wgmma" (default: on a compute capability 9.0 GPU with head size exactly
 // 64 and 16-byte aligned tensors, the Hopper warpgroup-product kernels of
-// attention_sm90.cu; "split" everywhere else), "wide" (8-warp CTAs, 128 queries per forward CTA, 128 keys per
-// backward CTA; head sizes padding to 64 or 128, others use "v1"), "wide2"
-// (wide, D-64 backward capped at 128 registers for two CTAs per SM),
-// "split" (wide forward; FlashAttention-2's two-kernel backward for padded D
-// 64 and 128: dK/dV per 128-key tile, then dQ per 128-query tile written
-// straight into dqkv, with no f32 dQ accumulator, atomics or conversion
-// pass; other D run "v1"; its dK/dV kernel takes each 64-query tile in two
-// halves so the D-64 kernel runs two CTAs per SM), "split1" (split with the
-// earlier one-CTA-per-SM dK/dV kernel, for measuring), "v1" (the 4-warp,
-// 64-row pipelined kernels) or
-// "legacy" (4-warp, unpipelined; also ZE_ATTENTION_LEGACY=1).
-// ZE_ATTENTION_FWD_KERNEL and ZE_ATTENTION_BWD_KERNEL override it for one
-// direction (e.g. ZE_ATTENTION_BWD_KERNEL=split).
+// attention_sm90.cu; "split" everywhere else), "wide" (8-warp CTAs, 128 queries
+// per forward CTA, 128 keys per backward CTA; head sizes padding to 64 or 128,
+// others use "v1"), "wide2" (wide, D-64 backward capped at 128 registers for
+// two CTAs per SM), "split" (wide forward; FlashAttention-2's two-kernel
+// backward for padded D 64 and 128: dK/dV per 128-key tile, then dQ per
+// 128-query tile written straight into dqkv, with no f32 dQ accumulator,
+// atomics or conversion pass; other D run "v1"; its dK/dV kernel takes each
+// 64-query tile in two halves so the D-64 kernel runs two CTAs per SM),
+// "split1" (split with the earlier one-CTA-per-SM dK/dV kernel, for measuring),
+// "v1" (the 4-warp, 64-row pipelined kernels) or "legacy" (4-warp, unpipelined;
+// also ZE_ATTENTION_LEGACY=1). ZE_ATTENTION_FWD_KERNEL and
+// ZE_ATTENTION_BWD_KERNEL override it for one direction (e.g.
+// ZE_ATTENTION_BWD_KERNEL=split).
 #ifndef ZE_NN_CUDA_ATTENTION_H_
 #define ZE_NN_CUDA_ATTENTION_H_
 

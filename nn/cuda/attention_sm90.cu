@@ -1,9 +1,9 @@
 // Causal attention, forward and backward, on Hopper warpgroup products
-// (wgmma), head size 64. Same algorithm as attention.cu's FlashAttention-2 kernels (online
-// softmax, the (T, T) scores never leave the chip); what changes is the
-// matrix unit: one warpgroup issues 64 x 64 x 16 products that read the
-// key and value tiles straight from (swizzled) shared memory, instead of
-// four warps each loading mma.sync fragments through ldmatrix.
+// (wgmma), head size 64. Same algorithm as attention.cu's FlashAttention-2
+// kernels (online softmax, the (T, T) scores never leave the chip); what
+// changes is the matrix unit: one warpgroup issues 64 x 64 x 16 products that
+// read the key and value tiles straight from (swizzled) shared memory, instead
+// of four warps each loading mma.sync fragments through ldmatrix.
 //
 // CTA = one warpgroup (128 threads) owning 64 query rows; warp w holds rows
 // 16w..16w+15 in the accumulator layout of wgmma.cuh. Q stays in shared
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       t);
 }
 
-// Copies the four 64-element f32 rows logsumexp[row0..] and delta[row0..]
+// Copies the two 64-element f32 rows logsumexp[row0..] and delta[row0..]
 // of one (b, h) into `stats` (shared: 64 logsumexp then 64 delta), one
 // 4-byte cp.async per thread, zero for rows >= seq_len. The caller commits.
 __device__ __forceinline__ void LoadRowStats(uint32_t stats,
@@ -632,20 +632,25 @@ bool Sm90AttentionAvailable() {
   constexpr int kMaxDevices = 64;
   // Per device: 0 not asked yet, 1 no, 2 yes (static zero-initialised).
   static std::atomic<int> cached[kMaxDevices];
+  // A failed query answers "no" without caching it, and its error is
+  // cleared so the fallback kernels' launch check does not report it.
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
       device >= kMaxDevices) {
+    cudaGetLastError();
     return false;
   }
   int known = cached[device].load(std::memory_order_relaxed);
   if (known == 0) {
     int major = 0, minor = 0;
-    const bool ok =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                               device) == cudaSuccess &&
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                               device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
-                               device) == cudaSuccess;
-    known = ok && major == 9 && minor == 0 ? 2 : 1;
+                               device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    known = major == 9 && minor == 0 ? 2 : 1;
     cached[device].store(known, std::memory_order_relaxed);
   }
   return known == 2;

@@ -17,7 +17,9 @@ namespace cuda_kernels {
 bool Sm90AttentionAvailable();
 
 // qkv (B, T, 3C) -> out (B, T, C), logsumexp (B, H, T) f32 natural log of
-// the scaled scores. head_dim must be 64; dtype kBF16 or kF16.
+// the scaled scores. head_dim must be 64; dtype kBF16 or kF16; B, T and H
+// positive with ceil(T / 64) <= 65535 (the grid's y extent); qkv and out
+// 16-byte aligned. attention.cu checks all of this before calling.
 int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
                                int batch, int seq_len, int heads, int dtype,
                                cudaStream_t stream);
