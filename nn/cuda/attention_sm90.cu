@@ -96,6 +96,42 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+// Every copy this thread issued has landed and is visible to the async
+// proxy the products read through, for every thread of the CTA (which also
+// means everyone is past its earlier products on the buffers about to be
+// refilled).
+__device__ __forceinline__ void CopiesLanded() {
+  WaitCopies();
+  sm90::FenceProxyAsync();
+  __syncthreads();
+}
+
+// d (64 x 64) = A B^T over the 64-element rows of two swizzled tiles, both
+// K-major (A rows = d's rows, B rows = d's columns). Issue only: the caller
+// fences before and commits and waits after.
+template <typename T>
+__device__ __forceinline__ void IssueRowProduct(float (&d)[32], uint32_t a_tile,
+                                                uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    sm90::WgmmaM64N64K16<T, 0, 0>(d, Descriptor(a_tile + kk * 32),
+                                  Descriptor(b_tile + kk * 32), kk > 0);
+  }
+}
+
+// d (64 x 64) += A B, A (64 x 64) as register fragments (PackOperandA), B
+// the 64 rows of a swizzled tile taken MN-major (16 rows per k16 slice).
+// Issue only, as above.
+template <typename T>
+__device__ __forceinline__ void IssueOperandProduct(float (&d)[32],
+                                                    const uint32_t (&a)[4][4],
+                                                    uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    sm90::WgmmaM64N64K16<T, 1>(d, a[kk], Descriptor(b_tile + kk * 2048), true);
+  }
+}
+
 // One online-softmax step over a 64 x 64 score tile held in the
 // accumulator layout: masks keys past the query on the diagonal tile,
 // raises the running row maxima (log2 domain), turns s into the
@@ -236,9 +272,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     // Tile kt has landed for every thread and is visible to the async
     // proxy; everyone is done with tile kt - 1, whose stage now receives
     // tile kt + 1.
-    WaitCopies();
-    sm90::FenceProxyAsync();
-    __syncthreads();
+    CopiesLanded();
     if (kt < qt) {
       LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
       LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
@@ -253,12 +287,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     // asynchronous products (it sees no dependency on the wait).
     sm90::PinRegisters(s);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(q_tile + kk * 32),
-                                    Descriptor(key_tile(stage) + kk * 32),
-                                    kk > 0);
-    }
+    IssueRowProduct<T>(s, q_tile, key_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(s);
@@ -277,11 +306,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(p_fragments[kk]);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 1>(
-          o, p_fragments[kk], Descriptor(value_tile(stage) + kk * 2048), true);
-    }
+    IssueOperandProduct<T>(o, p_fragments, value_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(o);
@@ -370,9 +395,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int qt = kt; qt < query_tiles; ++qt) {
     const int stage = (qt - kt) & 1;
-    WaitCopies();
-    sm90::FenceProxyAsync();
-    __syncthreads();
+    CopiesLanded();
     if (qt + 1 < query_tiles) {
       LoadTile(query_tile(stage ^ 1), q_src, ld, (qt + 1) * kRows, seq_len);
       LoadTile(grad_out_tile(stage ^ 1), do_src, channels, (qt + 1) * kRows,
@@ -386,18 +409,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     sm90::PinRegisters(s);
     sm90::PinRegisters(dp);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(key_tile + kk * 32),
-                                    Descriptor(query_tile(stage) + kk * 32),
-                                    kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 0, 0>(dp, Descriptor(value_tile + kk * 32),
-                                    Descriptor(grad_out_tile(stage) + kk * 32),
-                                    kk > 0);
-    }
+    IssueRowProduct<T>(s, key_tile, query_tile(stage));
+    IssueRowProduct<T>(dp, value_tile, grad_out_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(s);
@@ -448,22 +461,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(p_fragments[kk]);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 1>(dv, p_fragments[kk],
-                                 Descriptor(grad_out_tile(stage) + kk * 2048),
-                                 true);
-    }
+    IssueOperandProduct<T>(dv, p_fragments, grad_out_tile(stage));
     sm90::PinRegisters(dk);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(ds_fragments[kk]);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 1>(dk, ds_fragments[kk],
-                                 Descriptor(query_tile(stage) + kk * 2048),
-                                 true);
-    }
+    IssueOperandProduct<T>(dk, ds_fragments, query_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(dv);
@@ -548,9 +551,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int kt = 0; kt <= qt; ++kt) {
     const int stage = kt & 1;
-    WaitCopies();
-    sm90::FenceProxyAsync();
-    __syncthreads();
+    CopiesLanded();
     if (kt < qt) {
       LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
       LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
@@ -560,18 +561,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     sm90::PinRegisters(s);
     sm90::PinRegisters(dp);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 0, 0>(s, Descriptor(query_tile + kk * 32),
-                                    Descriptor(key_tile(stage) + kk * 32),
-                                    kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 0, 0>(dp, Descriptor(grad_out_tile + kk * 32),
-                                    Descriptor(value_tile(stage) + kk * 32),
-                                    kk > 0);
-    }
+    IssueRowProduct<T>(s, query_tile, key_tile(stage));
+    IssueRowProduct<T>(dp, grad_out_tile, value_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(s);
@@ -602,11 +593,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(ds_fragments[kk]);
     sm90::WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      sm90::WgmmaM64N64K16<T, 1>(dq, ds_fragments[kk],
-                                 Descriptor(key_tile(stage) + kk * 2048), true);
-    }
+    IssueOperandProduct<T>(dq, ds_fragments, key_tile(stage));
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(dq);
