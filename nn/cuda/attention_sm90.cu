@@ -310,6 +310,11 @@ __global__ void __launch_bounds__(kThreads, 4)
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(o);
+    // The product read p_fragments asynchronously: the pins keep the
+    // compiler from reusing those registers before the wait, instead of
+    // relying on ptxas to track it (it did not for Q, see above).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(p_fragments[kk]);
   }
 
   StoreForwardOutput<T>(
@@ -471,6 +476,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(dv);
     sm90::PinRegisters(dk);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      sm90::PinRegisters(p_fragments[kk]);
+      sm90::PinRegisters(ds_fragments[kk]);
+    }
   }
 
   T* dk_base =
@@ -597,6 +607,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     sm90::WgmmaCommit();
     sm90::WgmmaWait<0>();
     sm90::PinRegisters(dq);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(ds_fragments[kk]);
   }
 
   T* dq_base = dqkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
