@@ -123,6 +123,33 @@ struct WgmmaType<__half> {
       "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),    \
       "+f"(d[31])
 
+// The two products' asm statements; TYPE is the operand type's PTX name
+// ("bf16" or "f16"), the only part that differs between the types.
+#define ZE_WGMMA_REGISTER_A(TYPE)                                      \
+  asm volatile(                                                        \
+      "{\n"                                                            \
+      ".reg .pred p;\n"                                                \
+      "setp.ne.b32 p, %37, 0;\n"                                       \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE      \
+      " " ZE_WGMMA_D32                                                 \
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"                   \
+      "}\n"                                                            \
+      : ZE_WGMMA_D32_OPERANDS(d)                                       \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descriptor_b), \
+        "r"(static_cast<int>(accumulate)), "n"(kTransposeB))
+#define ZE_WGMMA_SHARED_A(TYPE)                                   \
+  asm volatile(                                                   \
+      "{\n"                                                       \
+      ".reg .pred p;\n"                                           \
+      "setp.ne.b32 p, %34, 0;\n"                                  \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE \
+      " " ZE_WGMMA_D32                                            \
+      ", %32, %33, p, 1, 1, %35, %36;\n"                          \
+      "}\n"                                                       \
+      : ZE_WGMMA_D32_OPERANDS(d)                                  \
+      : "l"(descriptor_a), "l"(descriptor_b),                     \
+        "r"(static_cast<int>(accumulate)), "n"(kTransposeA), "n"(kTransposeB))
+
 // d (64 x 64, f32) = (accumulate ? d : 0) + A (registers) x B (descriptor).
 // kTransposeB: B is MN-major (rows = K), see the file comment.
 template <typename T, int kTransposeB>
@@ -131,27 +158,9 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32],
                                                uint64_t descriptor_b,
                                                bool accumulate) {
   if constexpr (WgmmaType<T>::kIsBf16) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZE_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-        "}\n"
-        : ZE_WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descriptor_b),
-          "r"(static_cast<int>(accumulate)), "n"(kTransposeB));
+    ZE_WGMMA_REGISTER_A("bf16");
   } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZE_WGMMA_D32
-        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
-        "}\n"
-        : ZE_WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descriptor_b),
-          "r"(static_cast<int>(accumulate)), "n"(kTransposeB));
+    ZE_WGMMA_REGISTER_A("f16");
   }
 }
 
@@ -163,32 +172,14 @@ __device__ __forceinline__ void WgmmaM64N64K16(float (&d)[32],
                                                uint64_t descriptor_b,
                                                bool accumulate) {
   if constexpr (WgmmaType<T>::kIsBf16) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZE_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n"
-        "}\n"
-        : ZE_WGMMA_D32_OPERANDS(d)
-        : "l"(descriptor_a), "l"(descriptor_b),
-          "r"(static_cast<int>(accumulate)), "n"(kTransposeA),
-          "n"(kTransposeB));
+    ZE_WGMMA_SHARED_A("bf16");
   } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZE_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n"
-        "}\n"
-        : ZE_WGMMA_D32_OPERANDS(d)
-        : "l"(descriptor_a), "l"(descriptor_b),
-          "r"(static_cast<int>(accumulate)), "n"(kTransposeA),
-          "n"(kTransposeB));
+    ZE_WGMMA_SHARED_A("f16");
   }
 }
 
+#undef ZE_WGMMA_REGISTER_A
+#undef ZE_WGMMA_SHARED_A
 #undef ZE_WGMMA_D32
 #undef ZE_WGMMA_D32_OPERANDS
 
