@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "nn/cuda/attention.h"
+#include "nn/cuda/attention_common.cuh"
 #include "nn/cuda/attention_sm90.h"
 #include "nn/cuda/cuda_common.cuh"
 
@@ -38,8 +39,10 @@ namespace {
 constexpr int kTile = 64;  // query rows and key rows per tile
 constexpr int kWarps = 4;  // 16 rows each
 constexpr int kThreads = kWarps * 32;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using attention::kLn2;
+using attention::kLog2e;
+using attention::Pack;
+using attention::SharedAddress;
 
 template <typename T>
 struct Mma;
@@ -55,10 +58,6 @@ struct Mma<__nv_bfloat16> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 };
 
 template <>
@@ -72,15 +71,7 @@ struct Mma<__half> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 };
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Four transposed 8x8 matrices: lanes 0-7, 8-15, 16-23, 24-31 give the row
 // addresses of matrices 0..3; r[i] is this lane's fragment of matrix i.
@@ -216,10 +207,10 @@ __device__ __forceinline__ void PackA(const float (&c)[kNTiles][4],
                                       uint32_t (&a)[kNTiles / 2][4]) {
 #pragma unroll
   for (int kc = 0; kc < kNTiles / 2; ++kc) {
-    a[kc][0] = Mma<T>::Pack(c[2 * kc][0], c[2 * kc][1]);
-    a[kc][1] = Mma<T>::Pack(c[2 * kc][2], c[2 * kc][3]);
-    a[kc][2] = Mma<T>::Pack(c[2 * kc + 1][0], c[2 * kc + 1][1]);
-    a[kc][3] = Mma<T>::Pack(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+    a[kc][0] = Pack<T>(c[2 * kc][0], c[2 * kc][1]);
+    a[kc][1] = Pack<T>(c[2 * kc][2], c[2 * kc][3]);
+    a[kc][2] = Pack<T>(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[kc][3] = Pack<T>(c[2 * kc + 1][2], c[2 * kc + 1][3]);
   }
 }
 
@@ -1178,7 +1169,7 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
         const int col = dt * 8 + 2 * t;
         if (col < head_dim) {
           *reinterpret_cast<uint32_t*>(dst + col) =
-              Mma<T>::Pack(dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
+              Pack<T>(dq[dt][2 * r] * scale, dq[dt][2 * r + 1] * scale);
         }
       }
       continue;
@@ -1358,9 +1349,9 @@ __global__ void __launch_bounds__(kWideThreads, kMinBlocks)
         const int col = dt * 8 + 2 * t;
         if (col < head_dim) {
           *reinterpret_cast<uint32_t*>(dk_dst + col) =
-              Mma<T>::Pack(dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
+              Pack<T>(dk[dt][2 * r] * scale, dk[dt][2 * r + 1] * scale);
           *reinterpret_cast<uint32_t*>(dv_dst + col) =
-              Mma<T>::Pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+              Pack<T>(dv[dt][2 * r], dv[dt][2 * r + 1]);
         }
       }
       continue;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "nn/cuda/attention_common.cuh"
 #include "nn/cuda/attention_sm90.h"
 #include "nn/cuda/cuda_common.cuh"
 #include "nn/cuda/wgmma.cuh"
@@ -36,6 +37,10 @@ namespace nn {
 namespace cuda_kernels {
 namespace {
 
+using attention::kLn2;
+using attention::kLog2e;
+using attention::Pack;
+using attention::SharedAddress;
 using sm90::Descriptor;
 using sm90::Swizzle128;
 
@@ -43,8 +48,6 @@ constexpr int kRows = 64;      // query rows per CTA, key rows per tile
 constexpr int kHeadDim = 64;   // one 128-byte swizzled row per token
 constexpr int kThreads = 128;  // one warpgroup
 constexpr uint32_t kTileBytes = kRows * kHeadDim * 2;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kLog2e = 1.4426950408889634f;
 // Q, then two stages of (K, V); plus slack to align the tiles to 1024
 // bytes (the swizzle pattern's period, which descriptors assume).
 constexpr size_t kForwardSharedBytes = 5 * kTileBytes + 1024;
@@ -52,23 +55,6 @@ constexpr size_t kForwardSharedBytes = 5 * kTileBytes + 1024;
 // delta. dQ: Q, dO, two stages of (K, V).
 constexpr size_t kBackwardKvSharedBytes = 6 * kTileBytes + 2 * 512 + 1024;
 constexpr size_t kBackwardDqSharedBytes = 6 * kTileBytes + 1024;
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t Pack(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t Pack<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t Pack<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Copies rows [row0, row0 + 64) x 64 columns of a (T, ld) slice into the
 // swizzled tile at shared address `tile` (cp.async, 16 bytes a copy, rows
