@@ -1797,21 +1797,17 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto s = static_cast<cudaStream_t>(stream);
+  if ((dtype == kBF16 || dtype == kF16) &&
+      UseSm90Kernel(SelectVariant("ZE_ATTENTION_FWD_KERNEL"), head_dim, seq_len,
+                    {qkv, out})) {
+    return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
+                                      heads, dtype, s);
+  }
   switch (dtype) {
     case kBF16:
-      if (UseSm90Kernel(SelectVariant("ZE_ATTENTION_FWD_KERNEL"), head_dim,
-                        seq_len, {qkv, out})) {
-        return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
-                                          heads, dtype, s);
-      }
       return ForwardTensorCore<__nv_bfloat16>(qkv, out, logsumexp, batch,
                                               seq_len, heads, head_dim, s);
     case kF16:
-      if (UseSm90Kernel(SelectVariant("ZE_ATTENTION_FWD_KERNEL"), head_dim,
-                        seq_len, {qkv, out})) {
-        return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
-                                          heads, dtype, s);
-      }
       return ForwardTensorCore<__half>(qkv, out, logsumexp, batch, seq_len,
                                        heads, head_dim, s);
     case kF32: {
