@@ -11,8 +11,8 @@
 #include "comm/factory.h"
 #include "core/logging.h"
 #include "core/ops.h"
-#include "core/status.h"
 #include "core/safetensors/reader.h"
+#include "core/status.h"
 #include "engine/stage3.h"
 #include "engine/training_state.h"
 #include "zero/flat_layout.h"
@@ -114,6 +114,9 @@ class Engine::Impl {
   absl::Status IssueBucket(int bucket);
   absl::Status FinishBucket(int bucket);
   absl::Status ZeroGradients();
+  // Stage 2 at world size 1 in a micro-step that overwrites the partition:
+  // each bucket's gradients are computed in the partition itself.
+  bool AliasesPartition() const { return overwrite_partition_ && world() == 1; }
   // The gradient elements this rank's optimizer for `bucket` reads.
   Tensor OwnGrads(int bucket) const;
   Tensor OwnMaster(int bucket) const;
@@ -141,12 +144,19 @@ class Engine::Impl {
   std::vector<std::unique_ptr<zero::FlatOptimizer>> optimizers_;  // per bucket
 
   // Backward bookkeeping (see InstallHooks).
-  std::vector<int> pending_uses_;       // per parameter
-  std::vector<int> bucket_unready_;     // parameters not yet final, per bucket
+  std::vector<int> pending_uses_;    // per parameter
+  std::vector<int> bucket_unready_;  // parameters not yet final, per bucket
   std::vector<bool> bucket_issued_;
   int next_bucket_ = 0;                 // buckets are issued in index order
   std::vector<Tensor> bucket_grads_;    // stage 2: in-flight full gradients
   std::vector<Tensor> bucket_outputs_;  // stage 2: reduce-scatter outputs
+  // Stage 2: whether grad_partition_ holds this accumulation window's
+  // gradients so far. When it does not (the window's first micro-step, or
+  // after a step), its contents are stale and the reduce-scatters write the
+  // partition directly instead of into a temporary that is then added: no
+  // zero fill, no temporary, no addition.
+  bool partition_holds_gradients_ = false;
+  bool overwrite_partition_ = false;  // this micro-step writes, not adds
   std::vector<comm::Work> bucket_work_;
   std::vector<nn::HookHandle> hooks_;
   bool in_backward_ = false;
@@ -173,11 +183,10 @@ absl::Status Engine::Impl::Setup() {
         "in this build; set device to \"none\""));
   }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
-  const DType wanted = precision == config::TrainingPrecision::kBf16
-                           ? DType::kBF16
-                           : precision == config::TrainingPrecision::kFp16
-                                 ? DType::kF16
-                                 : DType::kF32;
+  const DType wanted =
+      precision == config::TrainingPrecision::kBf16   ? DType::kBF16
+      : precision == config::TrainingPrecision::kFp16 ? DType::kF16
+                                                      : DType::kF32;
   model_dtype_ = engine_.model_->dtype();
   if (model_dtype_ != wanted) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -231,7 +240,8 @@ absl::Status Engine::Impl::AllocateBuffers() {
   }
   zero::LayoutOptions options;
   options.world_size = world();
-  options.bucket_max_elements = config().zero_optimization.reduce_bucket_size.value();
+  options.bucket_max_elements =
+      config().zero_optimization.reduce_bucket_size.value();
   ZE_ASSIGN_OR_RETURN(layout_, zero::PartitionedLayout::Build(specs, options));
   params_ = trainable;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
@@ -255,7 +265,8 @@ absl::Status Engine::Impl::AllocateBuffers() {
   memory.model_weight_bytes = padded * element_bytes;
   memory.gradient_bytes = (stage_ == 2 ? partition : padded) * element_bytes;
   const int64_t master_elements = stage_ == 0 ? padded : partition;
-  memory.master_weight_bytes = master_aliases_weights_ ? 0 : master_elements * 4;
+  memory.master_weight_bytes =
+      master_aliases_weights_ ? 0 : master_elements * 4;
   memory.optimizer_state_bytes =
       master_elements * zero::StateBytesPerElement(optimizer_options);
   const double n = world();
@@ -312,9 +323,8 @@ absl::Status Engine::Impl::AllocateBuffers() {
     ZE_ASSIGN_OR_RETURN(master_, allocate(master_elements, DType::kF32));
   }
   for (int b = 0; b < layout_.num_buckets(); ++b) {
-    const int64_t count =
-        stage_ == 0 ? layout_.bucket(b).padded_elements
-                    : layout_.bucket(b).slice_elements;
+    const int64_t count = stage_ == 0 ? layout_.bucket(b).padded_elements
+                                      : layout_.bucket(b).slice_elements;
     absl::StatusOr<std::unique_ptr<zero::FlatOptimizer>> optimizer =
         zero::FlatOptimizer::Create(optimizer_options, count, device());
     if (!optimizer.ok()) return annotate(optimizer.status());
@@ -428,10 +438,17 @@ absl::Status Engine::Impl::OnParameterReady(int index) {
 absl::Status Engine::Impl::EnsureBucketGrads(int bucket) {
   if (bucket_grads_[bucket].defined()) return absl::OkStatus();
   const zero::BucketLayout& layout = layout_.bucket(bucket);
+  if (AliasesPartition()) {
+    // One rank's slice is the whole bucket and the reduce-scatter is the
+    // identity: the layers accumulate straight into the partition.
+    bucket_grads_[bucket] = Region(grad_partition_, layout.partition_offset,
+                                   layout.padded_elements);
+  } else {
+    ZE_ASSIGN_OR_RETURN(
+        bucket_grads_[bucket],
+        Tensor::Empty({layout.padded_elements}, model_dtype_, device()));
+  }
   // Zeroed on the compute stream, ordered before the layers accumulate.
-  ZE_ASSIGN_OR_RETURN(bucket_grads_[bucket],
-                      Tensor::Empty({layout.padded_elements}, model_dtype_,
-                                    device()));
   ZE_RETURN_IF_ERROR(Fill(bucket_grads_[bucket], 0.0f, stream()));
   for (int i = layout.first_param; i < layout.end_param; ++i) {
     const zero::ParamPlacement& place = layout_.placement(i);
@@ -446,6 +463,7 @@ absl::Status Engine::Impl::BeginBackward() {
   if (stage3_) return stage3_->BeginBackward();
   in_backward_ = true;
   reduce_now_ = stage_ == 2 || engine_.IsGradientAccumulationBoundary();
+  overwrite_partition_ = stage_ == 2 && !partition_holds_gradients_;
   next_bucket_ = 0;
   bucket_issued_.assign(layout_.num_buckets(), false);
   bucket_unready_.assign(layout_.num_buckets(), 0);
@@ -496,21 +514,31 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
     ZE_ASSIGN_OR_RETURN(work, comm().AllReduce(full, full, comm::ReduceOp::kSum,
                                                comm_stream()));
   } else if (stage_ == 1) {
-    Tensor own = Region(full, rank() * layout.slice_elements,
-                        layout.slice_elements);
-    ZE_ASSIGN_OR_RETURN(work, comm().ReduceScatter(
-                                  full, own, comm::ReduceOp::kSum,
-                                  comm_stream()));
+    Tensor own =
+        Region(full, rank() * layout.slice_elements, layout.slice_elements);
+    ZE_ASSIGN_OR_RETURN(
+        work,
+        comm().ReduceScatter(full, own, comm::ReduceOp::kSum, comm_stream()));
+  } else if (AliasesPartition()) {
+    // The gradients are already in place (EnsureBucketGrads): nothing to
+    // reduce over one rank.
+  } else if (overwrite_partition_) {
+    ZE_ASSIGN_OR_RETURN(
+        work,
+        comm().ReduceScatter(full,
+                             Region(grad_partition_, layout.partition_offset,
+                                    layout.slice_elements),
+                             comm::ReduceOp::kSum, comm_stream()));
   } else {
     // Allocated before the collective is queued and freed only after the
     // compute stream has waited for it (FinishBucket), so the caching
     // allocator cannot hand it out while the comm stream still writes it.
-    ZE_ASSIGN_OR_RETURN(bucket_outputs_[bucket],
-                        Tensor::Empty({layout.slice_elements}, model_dtype_,
-                                      device()));
-    ZE_ASSIGN_OR_RETURN(work, comm().ReduceScatter(
-                                  full, bucket_outputs_[bucket],
-                                  comm::ReduceOp::kSum, comm_stream()));
+    ZE_ASSIGN_OR_RETURN(
+        bucket_outputs_[bucket],
+        Tensor::Empty({layout.slice_elements}, model_dtype_, device()));
+    ZE_ASSIGN_OR_RETURN(
+        work, comm().ReduceScatter(full, bucket_outputs_[bucket],
+                                   comm::ReduceOp::kSum, comm_stream()));
   }
   bucket_work_[bucket] = work;
   bucket_issued_[bucket] = true;
@@ -524,14 +552,17 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
 }
 
 // Stage 2: waits for the bucket's reduce-scatter, accumulates this rank's
-// reduced slice into its gradient partition, and frees the bucket.
+// reduced slice into its gradient partition (unless the reduce-scatter wrote
+// the partition itself), and frees the bucket.
 absl::Status Engine::Impl::FinishBucket(int bucket) {
   ZE_RETURN_IF_ERROR(bucket_work_[bucket].StreamWait(stream()));
   const zero::BucketLayout& layout = layout_.bucket(bucket);
-  Tensor partition = Region(grad_partition_, layout.partition_offset,
-                            layout.slice_elements);
-  ZE_RETURN_IF_ERROR(Add(partition, bucket_outputs_[bucket], partition,
-                         stream()));
+  if (!overwrite_partition_) {
+    Tensor partition =
+        Region(grad_partition_, layout.partition_offset, layout.slice_elements);
+    ZE_RETURN_IF_ERROR(
+        Add(partition, bucket_outputs_[bucket], partition, stream()));
+  }
   for (int i = layout.first_param; i < layout.end_param; ++i) {
     params_[i]->ReleaseGrad();
   }
@@ -553,13 +584,21 @@ absl::Status Engine::Impl::EndBackward() {
       for (int b = 0; b < layout_.num_buckets(); ++b) {
         if (bucket_grads_[b].defined()) ZE_RETURN_IF_ERROR(FinishBucket(b));
       }
+      // Every bucket was reduced (untouched ones as zeros), so the whole
+      // partition now holds this window's gradients.
+      partition_holds_gradients_ = true;
+      overwrite_partition_ = false;
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status Engine::Impl::ZeroGradients() {
-  if (stage_ == 2) return Fill(grad_partition_, 0.0f, stream());
+  if (stage_ == 2) {
+    // The next micro-step's reduce-scatters overwrite the partition.
+    partition_holds_gradients_ = false;
+    return absl::OkStatus();
+  }
   return Fill(grads_, 0.0f, stream());
 }
 
@@ -575,6 +614,11 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     ZE_RETURN_IF_ERROR(bucket_work_[b].StreamWait(stream()));
     bucket_work_[b] = comm::Work();
+  }
+  if (stage_ == 2 && !partition_holds_gradients_) {
+    // A step with no backward in its window: the gradients are zero.
+    ZE_RETURN_IF_ERROR(Fill(grad_partition_, 0.0f, stream()));
+    partition_holds_gradients_ = true;
   }
 
   // One all-reduce carries what every rank must agree on:
@@ -597,13 +641,12 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   }
   ZE_RETURN_IF_ERROR(
       Fill(stats.Slice(2, 1), static_cast<float>(loss_sum_), stream()));
-  ZE_ASSIGN_OR_RETURN(comm::Work work, comm().AllReduce(stats, stats,
-                                                        comm::ReduceOp::kSum,
-                                                        stream()));
+  ZE_ASSIGN_OR_RETURN(
+      comm::Work work,
+      comm().AllReduce(stats, stats, comm::ReduceOp::kSum, stream()));
   ZE_RETURN_IF_ERROR(work.Wait());
   ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(stats, stream()));
-  const int64_t accumulation =
-      config().gradient_accumulation_steps.value();
+  const int64_t accumulation = config().gradient_accumulation_steps.value();
   report.loss = values[2] / (static_cast<double>(world()) * accumulation);
   loss_sum_ = 0;
 
@@ -705,7 +748,8 @@ absl::StatusOr<std::vector<float>> Engine::Impl::GatherMasterWeights(
 std::vector<std::string> Engine::Impl::ParameterNames() const {
   if (stage3_) return stage3_->ParameterNames();
   std::vector<std::string> names;
-  for (const nn::Parameter* parameter : params_) names.push_back(parameter->name());
+  for (const nn::Parameter* parameter : params_)
+    names.push_back(parameter->name());
   return names;
 }
 
@@ -750,9 +794,9 @@ absl::Status Engine::Impl::GatherScope(const std::vector<std::string>& names,
     absl::StatusOr<nn::Parameter*> parameter =
         engine_.model_->FindParameter(name);
     if (!parameter.ok()) {
-      return absl::NotFoundError(absl::StrCat(
-          "GatherParameters on rank ", rank(), ": no parameter named '", name,
-          "'"));
+      return absl::NotFoundError(absl::StrCat("GatherParameters on rank ",
+                                              rank(), ": no parameter named '",
+                                              name, "'"));
     }
   }
   if (stage3_) return stage3_->GatherScope(names);
@@ -804,10 +848,10 @@ absl::StatusOr<LoadReport> Engine::Impl::LoadWeights(const std::string& path) {
                                               "' is not in ", path));
     }
     if (info->shape != parameter->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoadWeights on rank ", rank(), ": parameter '", name, "' is ",
-          ShapeToString(parameter->shape()), " but ", path, " has ",
-          ShapeToString(info->shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
+                       "' is ", ShapeToString(parameter->shape()), " but ",
+                       path, " has ", ShapeToString(info->shape)));
     }
     ZE_ASSIGN_OR_RETURN(Tensor host, reader->ReadTensor(name));
     report.bytes_read += static_cast<int64_t>(info->num_bytes());
@@ -815,8 +859,8 @@ absl::StatusOr<LoadReport> Engine::Impl::LoadWeights(const std::string& path) {
     ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
     Tensor staged = host;
     if (data.device().is_cuda() && host.dtype() != data.dtype()) {
-      ZE_ASSIGN_OR_RETURN(staged, Tensor::Empty(host.shape(), data.dtype(),
-                                                Device::Cpu()));
+      ZE_ASSIGN_OR_RETURN(
+          staged, Tensor::Empty(host.shape(), data.dtype(), Device::Cpu()));
       ZE_RETURN_IF_ERROR(Copy(host, staged, stream()));
     }
     ZE_RETURN_IF_ERROR(Copy(staged, data, stream()));
@@ -827,9 +871,9 @@ absl::StatusOr<LoadReport> Engine::Impl::LoadWeights(const std::string& path) {
       if (master.defined()) {
         Tensor source = host.Flat().Slice(begin, master.numel());
         if (master.device().is_cuda() && host.dtype() != DType::kF32) {
-          ZE_ASSIGN_OR_RETURN(Tensor f32, Tensor::Empty({master.numel()},
-                                                        DType::kF32,
-                                                        Device::Cpu()));
+          ZE_ASSIGN_OR_RETURN(
+              Tensor f32,
+              Tensor::Empty({master.numel()}, DType::kF32, Device::Cpu()));
           ZE_RETURN_IF_ERROR(Copy(source, f32, stream()));
           source = f32;
           ZE_RETURN_IF_ERROR(Copy(source, master, stream()));
@@ -857,7 +901,9 @@ double Engine::current_learning_rate() const {
   return impl_->state().learning_rate();
 }
 
-double Engine::current_loss_scale() const { return impl_->state().loss_scale(); }
+double Engine::current_loss_scale() const {
+  return impl_->state().loss_scale();
+}
 
 absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
                                       const Tensor& targets) {
@@ -884,9 +930,9 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
     ZE_RETURN_IF_ERROR(Copy(targets, device_targets, compute_stream_));
   }
   impl_->BeginForward();
-  ZE_ASSIGN_OR_RETURN(float loss, model_->ForwardLoss(device_tokens,
-                                                      device_targets,
-                                                      compute_stream_));
+  ZE_ASSIGN_OR_RETURN(
+      float loss,
+      model_->ForwardLoss(device_tokens, device_targets, compute_stream_));
   impl_->add_loss(loss);
   last_tokens_ = tokens.numel();
   return loss;
@@ -894,8 +940,8 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
 
 absl::Status Engine::Backward() {
   ZE_RETURN_IF_ERROR(impl_->BeginBackward());
-  const double scale = impl_->state().loss_scale() /
-                       config_.gradient_accumulation_steps.value();
+  const double scale =
+      impl_->state().loss_scale() / config_.gradient_accumulation_steps.value();
   absl::Status status =
       model_->BackwardLoss(static_cast<float>(scale), compute_stream_);
   absl::Status end = impl_->EndBackward();
@@ -976,10 +1022,10 @@ absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
   if (tokens.dim() != 2 || targets.shape() != tokens.shape() ||
       tokens.dtype() != DType::kI32 || targets.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EvalForward on rank ", communicator_->rank(),
-        ": tokens and targets must both be (B, T) i32, got ",
-        tokens.DebugString(), " and ", targets.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EvalForward on rank ", communicator_->rank(),
+                     ": tokens and targets must both be (B, T) i32, got ",
+                     tokens.DebugString(), " and ", targets.DebugString()));
   }
   ZE_ASSIGN_OR_RETURN(Tensor device_tokens, OnModelDevice(tokens));
   ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
@@ -1106,10 +1152,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_ASSIGN_OR_RETURN(communicator,
                       CommunicatorFor(*model, std::move(communicator)));
   if (config.world_size != communicator->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        config.source, ": the config was checked for world size ",
-        config.world_size, " but the job has ", communicator->world_size(),
-        " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source, ": the config was checked for world size ",
+                     config.world_size, " but the job has ",
+                     communicator->world_size(), " ranks"));
   }
   if (config.HasUnresolvedAuto()) {
     std::string paths;
@@ -1117,8 +1163,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
       absl::StrAppend(&paths, paths.empty() ? "" : ", ", path);
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        config.source, ": \"auto\" values must be resolved before training: ",
-        paths));
+        config.source,
+        ": \"auto\" values must be resolved before training: ", paths));
   }
   std::unique_ptr<Engine> engine(new Engine());
   engine->config_ = config;
@@ -1158,7 +1204,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_RETURN_IF_ERROR(loaded.status());
   config::ResolutionContext context;
   context.world_size = world;
-  ZE_ASSIGN_OR_RETURN(config::Config resolved, config::Resolve(*loaded, context));
+  ZE_ASSIGN_OR_RETURN(config::Config resolved,
+                      config::Resolve(*loaded, context));
   return Initialize(std::move(model), resolved, std::move(communicator));
 }
 
