@@ -53,10 +53,14 @@ TEST_P(OpsCudaTest, MatchesCpu) {
   for (int64_t count : {1, 53, 1000, 1 << 20, 3000017}) {
     const std::vector<float> a_values = RandomValues(count, 1);
     const std::vector<float> b_values = RandomValues(count, 2);
-    Tensor a_cpu = *FromHostFloats(a_values, {count}, dtype, Device::Cpu(), cpu_);
-    Tensor b_cpu = *FromHostFloats(b_values, {count}, dtype, Device::Cpu(), cpu_);
-    Tensor a_gpu = *FromHostFloats(a_values, {count}, dtype, Device::Cuda(0), stream_);
-    Tensor b_gpu = *FromHostFloats(b_values, {count}, dtype, Device::Cuda(0), stream_);
+    Tensor a_cpu =
+        *FromHostFloats(a_values, {count}, dtype, Device::Cpu(), cpu_);
+    Tensor b_cpu =
+        *FromHostFloats(b_values, {count}, dtype, Device::Cpu(), cpu_);
+    Tensor a_gpu =
+        *FromHostFloats(a_values, {count}, dtype, Device::Cuda(0), stream_);
+    Tensor b_gpu =
+        *FromHostFloats(b_values, {count}, dtype, Device::Cuda(0), stream_);
 
     // Axpby in place and Scale: elementwise results are identical bit for
     // bit (same f32 math, same rounding).
@@ -72,7 +76,8 @@ TEST_P(OpsCudaTest, MatchesCpu) {
       Tensor cast_gpu = *Tensor::Empty({count}, target, Device::Cuda(0));
       ASSERT_TRUE(Copy(a_cpu, cast_cpu, cpu_).ok());
       ASSERT_TRUE(Copy(a_gpu, cast_gpu, stream_).ok());
-      EXPECT_EQ(*ToHostFloats(cast_cpu, cpu_), *ToHostFloats(cast_gpu, stream_));
+      EXPECT_EQ(*ToHostFloats(cast_cpu, cpu_),
+                *ToHostFloats(cast_gpu, stream_));
     }
 
     // Sum of squares: f32 accumulation in a different order.
@@ -84,10 +89,34 @@ TEST_P(OpsCudaTest, MatchesCpu) {
     EXPECT_NEAR((*ToHostFloats(sum_gpu, stream_))[0], expected,
                 1e-4 * std::abs(expected) + 1e-6);
 
-    // Inf/NaN detection, found and not found.
+    // The same from an odd offset: no 16-byte alignment, so every element
+    // takes the one-at-a-time path.
+    if (count > 1) {
+      Tensor tail_cpu = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+      Tensor tail_gpu = *Tensor::Zeros({1}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(SumOfSquares(a_cpu.Slice(1, count - 1), tail_cpu, cpu_).ok());
+      ASSERT_TRUE(
+          SumOfSquares(a_gpu.Slice(1, count - 1), tail_gpu, stream_).ok());
+      const float tail_expected = *tail_cpu.data_as<float>();
+      EXPECT_NEAR((*ToHostFloats(tail_gpu, stream_))[0], tail_expected,
+                  1e-4 * std::abs(tail_expected) + 1e-6);
+    }
+
+    // Inf/NaN detection, found and not found: in the vectorised part, in
+    // the tail, and at an odd offset.
     Tensor flag = *Tensor::Zeros({1}, DType::kF32, Device::Cuda(0));
     ASSERT_TRUE(HasInfOrNan(a_gpu, flag, stream_).ok());
     EXPECT_EQ((*ToHostFloats(flag, stream_))[0], 0.0f);
+    if (count > 64) {
+      ASSERT_TRUE(Fill(a_gpu.Slice(count / 2, 1), INFINITY, stream_).ok());
+      ASSERT_TRUE(HasInfOrNan(a_gpu, flag, stream_).ok());
+      EXPECT_EQ((*ToHostFloats(flag, stream_))[0], 1.0f) << count;
+      ASSERT_TRUE(Fill(flag, 0.0f, stream_).ok());
+      ASSERT_TRUE(HasInfOrNan(a_gpu.Slice(1, count - 1), flag, stream_).ok());
+      EXPECT_EQ((*ToHostFloats(flag, stream_))[0], 1.0f) << count;
+      ASSERT_TRUE(Fill(flag, 0.0f, stream_).ok());
+      ASSERT_TRUE(Fill(a_gpu.Slice(count / 2, 1), 0.5f, stream_).ok());
+    }
     ASSERT_TRUE(Fill(a_gpu.Slice(count - 1, 1), NAN, stream_).ok());
     ASSERT_TRUE(HasInfOrNan(a_gpu, flag, stream_).ok());
     EXPECT_EQ((*ToHostFloats(flag, stream_))[0], 1.0f);
@@ -147,17 +176,21 @@ TEST_P(OpsCudaTest, AlignedAndMisalignedViewsMatchCpu) {
           // Out of place, mixed dtypes.
           ASSERT_TRUE(Axpby(0.5f, view(a.cpu, offsets.a), -2.0f,
                             view(b.cpu, offsets.b), view(out.cpu, offsets.out),
-                            cpu_).ok());
+                            cpu_)
+                          .ok());
           ASSERT_TRUE(Axpby(0.5f, view(a.gpu, offsets.a), -2.0f,
                             view(b.gpu, offsets.b), view(out.gpu, offsets.out),
-                            stream_).ok());
+                            stream_)
+                          .ok());
           EXPECT_EQ(Bits(out.cpu, cpu_), Bits(out.gpu, stream_));
 
           // In place (the residual add): out += a.
           ASSERT_TRUE(Add(view(out.cpu, offsets.out), view(a.cpu, offsets.a),
-                          view(out.cpu, offsets.out), cpu_).ok());
+                          view(out.cpu, offsets.out), cpu_)
+                          .ok());
           ASSERT_TRUE(Add(view(out.gpu, offsets.out), view(a.gpu, offsets.a),
-                          view(out.gpu, offsets.out), stream_).ok());
+                          view(out.gpu, offsets.out), stream_)
+                          .ok());
           EXPECT_EQ(Bits(out.cpu, cpu_), Bits(out.gpu, stream_));
 
           ASSERT_TRUE(Scale(view(out.cpu, offsets.out), 0.3f, cpu_).ok());
@@ -167,8 +200,9 @@ TEST_P(OpsCudaTest, AlignedAndMisalignedViewsMatchCpu) {
           // Cast a into b (a device copy when the dtypes are equal).
           ASSERT_TRUE(
               Copy(view(a.cpu, offsets.a), view(b.cpu, offsets.b), cpu_).ok());
-          ASSERT_TRUE(Copy(view(a.gpu, offsets.a), view(b.gpu, offsets.b),
-                           stream_).ok());
+          ASSERT_TRUE(
+              Copy(view(a.gpu, offsets.a), view(b.gpu, offsets.b), stream_)
+                  .ok());
           EXPECT_EQ(Bits(b.cpu, cpu_), Bits(b.gpu, stream_));
 
           ASSERT_TRUE(Fill(view(a.cpu, offsets.a), 0.1f, cpu_).ok());
@@ -182,7 +216,8 @@ TEST_P(OpsCudaTest, AlignedAndMisalignedViewsMatchCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, OpsCudaTest,
-                         testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+                         testing::Values(DType::kF32, DType::kBF16,
+                                         DType::kF16));
 
 TEST(CudaAllocatorTest, CachesAndCaps) {
   ASSERT_GT(CudaDeviceCount(), 0);
@@ -202,9 +237,11 @@ TEST(CudaAllocatorTest, CachesAndCaps) {
 TEST(CudaAllocatorTest, PinnedHostRoundTrip) {
   ASSERT_GT(CudaDeviceCount(), 0);
   Stream stream = *Stream::Create(Device::Cuda(0));
-  Tensor pinned = *Tensor::Empty({1024}, DType::kF32, Device::Cpu(), PinnedHostMemory());
+  Tensor pinned =
+      *Tensor::Empty({1024}, DType::kF32, Device::Cpu(), PinnedHostMemory());
   Tensor device = *Tensor::Empty({1024}, DType::kF32, Device::Cuda(0));
-  Tensor back = *Tensor::Empty({1024}, DType::kF32, Device::Cpu(), PinnedHostMemory());
+  Tensor back =
+      *Tensor::Empty({1024}, DType::kF32, Device::Cpu(), PinnedHostMemory());
   for (int i = 0; i < 1024; ++i) pinned.data_as<float>()[i] = i;
   ASSERT_TRUE(Copy(pinned, device, stream).ok());
   ASSERT_TRUE(Copy(device, back, stream).ok());
