@@ -196,6 +196,10 @@ Tensor Stage3::OwnMaster(int bucket) const {
   return Region(master_, layout.partition_offset, layout.slice_elements);
 }
 
+void Stage3::MarkGradientsStale() {
+  for (Bucket& bucket : buckets_) bucket.partition_written = false;
+}
+
 Tensor Stage3::OwnGrads(int bucket) const {
   const zero::BucketLayout& layout = layout_.bucket(bucket);
   return Region(grads_, layout.partition_offset, layout.slice_elements);
@@ -493,10 +497,16 @@ absl::Status Stage3::IssueReduce(int b) {
         static_cast<float>(1.0 / context_.config->gradient_predivide_factor),
         stream()));
   }
-  ZE_ASSIGN_OR_RETURN(bucket.reduced, Tensor::Empty({layout.slice_elements},
-                                                    model_dtype_, device()));
+  bucket.reduce_overwrites = !bucket.partition_written;
+  Tensor output = OwnGrads(b);
+  if (!bucket.reduce_overwrites) {
+    ZE_ASSIGN_OR_RETURN(bucket.reduced, Tensor::Empty({layout.slice_elements},
+                                                      model_dtype_, device()));
+    output = bucket.reduced;
+  }
+  bucket.partition_written = true;
   ZE_ASSIGN_OR_RETURN(bucket.reduce_work,
-                      comm().ReduceScatter(bucket.grads, bucket.reduced,
+                      comm().ReduceScatter(bucket.grads, output,
                                            comm::ReduceOp::kSum, stream()));
   step_counters_.reduce_scattered_elements += layout.padded_elements;
   step_counters_.reduce_scatters += 1;
@@ -511,12 +521,15 @@ absl::Status Stage3::IssueReduce(int b) {
 }
 
 // Adds this rank's reduced slice into its gradient partition (accumulating
-// over micro-steps) and frees the bucket's full gradients.
+// over micro-steps) unless the reduce-scatter wrote the partition itself,
+// and frees the bucket's full gradients.
 absl::Status Stage3::FinishReduce(int b) {
   Bucket& bucket = buckets_[b];
   ZE_RETURN_IF_ERROR(bucket.reduce_work.StreamWait(stream()));
-  Tensor own = OwnGrads(b);
-  ZE_RETURN_IF_ERROR(Add(own, bucket.reduced, own, stream()));
+  if (!bucket.reduce_overwrites) {
+    Tensor own = OwnGrads(b);
+    ZE_RETURN_IF_ERROR(Add(own, bucket.reduced, own, stream()));
+  }
   const zero::BucketLayout& layout = layout_.bucket(b);
   for (int i = layout.first_param; i < layout.end_param; ++i) {
     params_[i]->ReleaseGrad();
@@ -594,6 +607,11 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (!buckets_[b].trainable) continue;
     Tensor own = OwnGrads(b);
+    if (!buckets_[b].partition_written) {
+      // No backward in this window reached the bucket: its gradient is 0.
+      ZE_RETURN_IF_ERROR(Fill(own, 0.0f, stream()));
+      buckets_[b].partition_written = true;
+    }
     ZE_RETURN_IF_ERROR(SumOfSquares(own, sum_of_squares, stream()));
     if (state.checks_overflow()) {
       ZE_RETURN_IF_ERROR(HasInfOrNan(own, overflow, stream()));
@@ -663,7 +681,7 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   step_counters_ = CommunicationCounters();
   if (overflowed && state.checks_overflow()) {
     report.skipped = true;
-    ZE_RETURN_IF_ERROR(Fill(grads_, 0.0f, stream()));
+    MarkGradientsStale();
     return report;
   }
   double clip = 1.0;
@@ -684,7 +702,7 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   // Non-persistent buckets are gathered afresh by the next forward; the
   // persistent ones are refreshed now (counted in the next step).
   ZE_RETURN_IF_ERROR(RefreshPersistent());
-  ZE_RETURN_IF_ERROR(Fill(grads_, 0.0f, stream()));
+  MarkGradientsStale();
   state.AdvanceSchedule();
   return report;
 }

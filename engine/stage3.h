@@ -176,8 +176,14 @@ class Stage3 {
     int users = 0;         // running module calls holding it
     int pending_uses = 0;  // forward uses not yet backpropagated
     Tensor grads;          // (padded) during backward
-    Tensor reduced;        // (slice) reduce-scatter output
+    Tensor reduced;        // (slice) reduce-scatter output, when adding
     comm::Work reduce_work;
+    // Whether this rank's slice of grads_ holds gradients of the current
+    // accumulation window. Until it does, its contents are stale and the
+    // bucket's first reduce-scatter writes the slice itself (no zero fill,
+    // no temporary, no addition); later ones add through `reduced`.
+    bool partition_written = false;
+    bool reduce_overwrites = false;  // the reduce in flight writes the slice
   };
   struct ModuleEntry {
     nn::Module* module = nullptr;
@@ -226,6 +232,9 @@ class Stage3 {
   Tensor OwnWeights(int bucket) const;
   Tensor OwnMaster(int bucket) const;
   Tensor OwnGrads(int bucket) const;
+  // After a step (or a skipped one): the next window's first reduce of each
+  // bucket overwrites its gradient slice (see Bucket::partition_written).
+  void MarkGradientsStale();
 
   Stage3Context context_;
   DType model_dtype_ = DType::kF32;
