@@ -2,15 +2,53 @@
 
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace ze {
 
+namespace {
+
+struct ReleaseCallbacks {
+  std::mutex mutex;
+  std::vector<StreamReleaseCallback> callbacks;
+};
+
+// Leaked: streams may be destroyed during static destruction.
+ReleaseCallbacks& Callbacks() {
+  static auto* callbacks = new ReleaseCallbacks;
+  return *callbacks;
+}
+
+}  // namespace
+
+void AddStreamReleaseCallback(StreamReleaseCallback callback) {
+  ReleaseCallbacks& registry = Callbacks();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.callbacks.push_back(callback);
+}
+
 Stream::Handle::~Handle() {
-  if (stream != nullptr) {
-    cudaSetDevice(device_index);
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  if (stream == nullptr) return;
+  cudaSetDevice(device_index);
+  std::vector<StreamReleaseCallback> callbacks;
+  {
+    ReleaseCallbacks& registry = Callbacks();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    callbacks = registry.callbacks;
   }
+  if (!callbacks.empty()) {
+    // What the callbacks free may still be in use by queued work, and the
+    // caching allocator does not track streams. A destructor cannot report
+    // a failure; a broken stream's memory is released all the same.
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    for (StreamReleaseCallback callback : callbacks) {
+      callback(device_index, stream);
+    }
+  }
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
 
 Stream Stream::Default(const Device& device) {
@@ -29,10 +67,10 @@ absl::StatusOr<Stream> Stream::Create(const Device& device,
   int least = 0, greatest = 0;
   cudaDeviceGetStreamPriorityRange(&least, &greatest);
   cudaStream_t raw = nullptr;
-  status = CudaStatus(
-      cudaStreamCreateWithPriority(&raw, cudaStreamNonBlocking,
-                                   high_priority ? greatest : least),
-      absl::StrCat("cudaStreamCreate on ", device.ToString()));
+  status =
+      CudaStatus(cudaStreamCreateWithPriority(&raw, cudaStreamNonBlocking,
+                                              high_priority ? greatest : least),
+                 absl::StrCat("cudaStreamCreate on ", device.ToString()));
   if (!status.ok()) return status;
   stream.handle_ = std::make_shared<Handle>();
   stream.handle_->stream = raw;
@@ -67,10 +105,10 @@ absl::StatusOr<Event> Event::Create(const Device& device, bool timing) {
   absl::Status status = SetCurrentDevice(device);
   if (!status.ok()) return status;
   cudaEvent_t raw = nullptr;
-  status = CudaStatus(
-      cudaEventCreateWithFlags(&raw, timing ? cudaEventDefault
-                                            : cudaEventDisableTiming),
-      absl::StrCat("cudaEventCreate on ", device.ToString()));
+  status =
+      CudaStatus(cudaEventCreateWithFlags(
+                     &raw, timing ? cudaEventDefault : cudaEventDisableTiming),
+                 absl::StrCat("cudaEventCreate on ", device.ToString()));
   if (!status.ok()) return status;
   event.handle_ = std::make_shared<Handle>();
   event.handle_->event = raw;

@@ -47,6 +47,17 @@ class Stream {
   std::shared_ptr<Handle> handle_;
 };
 
+// Caches keyed by CUDA stream (nn/cuda keeps a cuBLASLt workspace and a
+// scratch buffer per stream) register here to release what they hold for a
+// stream when it goes away. When the last copy of a Stream created by
+// Stream::Create is destroyed, the stream's queued work is waited for, then
+// every registered callback runs with the stream's device index and
+// cudaStream_t (as void*), then the stream is destroyed. Callbacks run on
+// the destroying thread, must not throw or create or destroy streams, and
+// stay registered for the process's lifetime. Thread-safe.
+using StreamReleaseCallback = void (*)(int device_index, void* native_stream);
+void AddStreamReleaseCallback(StreamReleaseCallback callback);
+
 class Event {
  public:
   // A CPU event (always complete).

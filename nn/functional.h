@@ -145,6 +145,9 @@ absl::Status GeluLinearBackward(
 //   output (B, T, C):  softmax(q k^T / sqrt(D) + causal mask) v, heads
 //                      concatenated.
 //   logsumexp (B, H, T) f32: per query row, saved for backward.
+// On CUDA, bf16/f16 tensors must start at 16-byte aligned addresses (all
+// allocations do; a view starting mid-row may not): InvalidArgument naming
+// the tensor otherwise.
 absl::Status AttentionForward(const Tensor& qkv, int num_heads,
                               const Tensor& output, const Tensor& logsumexp,
                               const Stream& stream);

@@ -1823,6 +1823,19 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
   }
 }
 
+const char* AttentionKernelName(bool backward, const void* qkv,
+                                const void* out_or_dout, const void* dqkv,
+                                int seq_len, int head_dim, int dtype) {
+  if (dtype != kBF16 && dtype != kF16) return "f32";
+  const Variant selected = SelectVariant(
+      backward ? "ZE_ATTENTION_BWD_KERNEL" : "ZE_ATTENTION_FWD_KERNEL");
+  const bool sm90 =
+      backward
+          ? UseSm90Kernel(selected, head_dim, seq_len, {out_or_dout, qkv, dqkv})
+          : UseSm90Kernel(selected, head_dim, seq_len, {qkv, out_or_dout});
+  return sm90 ? "wgmma" : "mma.sync";
+}
+
 size_t AttentionBackwardWorkspaceBytes(int batch, int seq_len, int heads,
                                        int head_dim) {
   const int64_t rows = static_cast<int64_t>(batch) * heads * seq_len;

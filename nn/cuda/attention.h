@@ -58,6 +58,16 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
                             int batch, int seq_len, int heads, int head_dim,
                             int dtype, void* stream);
 
+// Which implementation the launcher runs for these arguments under the
+// current environment: "wgmma" (the Hopper kernels), "mma.sync" (the
+// kernels of attention.cu; which variant follows ZE_ATTENTION_*KERNEL) or
+// "f32" (the simple kernels). backward false: LaunchAttentionForward with
+// (qkv, out); true: LaunchAttentionBackward with (dout, qkv, dqkv). So tests
+// can tell a silent fallback from the kernel they meant to check.
+const char* AttentionKernelName(bool backward, const void* qkv,
+                                const void* out_or_dout, const void* dqkv,
+                                int seq_len, int head_dim, int dtype);
+
 }  // namespace cuda_kernels
 }  // namespace nn
 }  // namespace ze

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/stream.h"
 #include "nn/cuda/attention.h"
 #include "nn/cuda/kernels.h"
 
@@ -224,7 +226,31 @@ absl::StatusOr<DeviceState*> DeviceStateLocked(int device) {
   return &state;
 }
 
+// Stream release callback (core/stream.h): the stream's work has finished,
+// so its workspace and scratch go back to the allocator. Without it every
+// destroyed stream (one per engine, for example) kept 32 MiB and more.
+void ReleaseStreamState(int device, void* stream) {
+  std::lock_guard<std::mutex> lock(StateMutex());
+  auto device_state = States().find(device);
+  if (device_state == States().end()) return;
+  auto found = device_state->second.streams.find(stream);
+  if (found == device_state->second.streams.end()) return;
+  if (found->second.workspace != nullptr) {
+    CudaMemory(device)->Deallocate(found->second.workspace, kLtWorkspaceBytes);
+  }
+  if (found->second.scratch != nullptr) {
+    CudaMemory(device)->Deallocate(found->second.scratch,
+                                   found->second.scratch_bytes);
+  }
+  device_state->second.streams.erase(found);
+}
+
 absl::StatusOr<StreamState*> StreamStateLocked(int device, void* stream) {
+  static const bool registered = [] {
+    AddStreamReleaseCallback(&ReleaseStreamState);
+    return true;
+  }();
+  (void)registered;
   ZE_ASSIGN_OR_RETURN(DeviceState * state, DeviceStateLocked(device));
   StreamState& stream_state = state->streams[stream];
   if (stream_state.workspace == nullptr) {
@@ -1322,11 +1348,35 @@ absl::Status GeluBackward(const Tensor& grad_output, const Tensor& input,
       "GeluBackward kernel");
 }
 
+// The 16-bit attention kernels move tiles with 16-byte accesses (cp.async,
+// the Hopper kernels' shared-memory tiles) and store pairs of elements.
+// Tensors from the allocator are 256-byte aligned and so are views that
+// start at a whole row when the row is a multiple of 8 elements; any other
+// view is rejected here, by name, instead of faulting inside a kernel.
+absl::Status RequireAttentionAlignment(
+    const char* op,
+    std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    if (tensor->dtype() == DType::kF32) continue;  // the f32 kernels are scalar
+    const uintptr_t address = reinterpret_cast<uintptr_t>(tensor->data());
+    if (address % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", name, " ", tensor->DebugString(),
+          " must start at a 16-byte aligned address (it is ", address % 16,
+          " bytes past one); a view starting mid-row of a 16-bit tensor is not "
+          "supported, copy it first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AttentionForward(const Tensor& qkv, int num_heads,
                               const Tensor& output, const Tensor& logsumexp,
                               const Stream& stream) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireSameDType("AttentionForward", qkv, {&output}));
+  ZE_RETURN_IF_ERROR(RequireAttentionAlignment(
+      "AttentionForward", {{"qkv", &qkv}, {"output", &output}}));
   const int64_t batch = qkv.size(0), seq_len = qkv.size(1);
   const int64_t head_dim = qkv.size(2) / 3 / num_heads;
   if (head_dim > kernels::kMaxAttentionHeadDim) {
@@ -1349,6 +1399,11 @@ absl::Status AttentionBackward(const Tensor& grad_output, const Tensor& qkv,
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireSameDType("AttentionBackward", qkv,
                                       {&grad_output, &output, &grad_qkv}));
+  ZE_RETURN_IF_ERROR(RequireAttentionAlignment("AttentionBackward",
+                                               {{"grad_output", &grad_output},
+                                                {"qkv", &qkv},
+                                                {"output", &output},
+                                                {"grad_qkv", &grad_qkv}}));
   const int batch = static_cast<int>(qkv.size(0));
   const int seq_len = static_cast<int>(qkv.size(1));
   const int head_dim = static_cast<int>(qkv.size(2) / 3 / num_heads);

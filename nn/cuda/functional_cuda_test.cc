@@ -26,9 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/cuda/attention.h"
 #include "nn/functional.h"
 
 namespace ze {
@@ -36,6 +38,7 @@ namespace nn {
 namespace {
 
 namespace cb = ::ze::nn::cuda_backend;
+namespace kernels = ::ze::nn::cuda_kernels;
 using Vec = std::vector<float>;
 using DVec = std::vector<double>;
 
@@ -209,6 +212,28 @@ TEST_F(FunctionalCudaTest, Linear) {
       Check(tag + " grad_input only", dtype, Host(tdx), dx);
     }
   }
+}
+
+// A stream's cuBLASLt workspace (32 MiB) and scratch buffer go back to the
+// allocator when the stream is destroyed: creating and destroying streams
+// that run products (an engine per trial in a sweep) must not grow memory.
+TEST_F(FunctionalCudaTest, DestroyedStreamReleasesItsMatmulWorkspace) {
+  Vec x, w;
+  Tensor tx = Random({64, 128}, DType::kBF16, 1, &x);
+  Tensor tw = Random({96, 128}, DType::kBF16, 2, &w);
+  Tensor ty = *Tensor::Empty({64, 96}, DType::kBF16, Device::Cuda(0));
+  ASSERT_TRUE(stream_.Synchronize().ok());
+  const int64_t before = CudaMemory(0)->stats().bytes_in_use;
+  for (int round = 0; round < 3; ++round) {
+    absl::StatusOr<Stream> stream = Stream::Create(Device::Cuda(0));
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    ASSERT_TRUE(cb::LinearForward(tx, tw, Tensor(), ty, *stream).ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    // The product ran on its own stream, so it holds its own workspace.
+    EXPECT_GE(CudaMemory(0)->stats().bytes_in_use, before + (32 << 20))
+        << "round " << round;
+  }  // each round's stream is destroyed here
+  EXPECT_EQ(CudaMemory(0)->stats().bytes_in_use, before);
 }
 
 TEST_F(FunctionalCudaTest, LayerNorm) {
@@ -829,6 +854,138 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
     ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", saved.c_str(), 1), 0);
   } else {
     ASSERT_EQ(unsetenv("ZE_ATTENTION_KERNEL"), 0);
+  }
+}
+
+// Sets (value non-null) or unsets an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    had_value_ = before != nullptr;
+    if (had_value_) previous_ = before;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_value_) {
+      setenv(name_, previous_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_value_ = false;
+  std::string previous_;
+};
+
+// The accuracy tests above pass whichever kernel runs, so a silent fallback
+// from the Hopper kernels would go unnoticed there: by default a compute
+// capability 9.0 GPU must run them for 16-bit tensors at head size 64, and
+// every other case the mma.sync (or f32) kernels.
+TEST_F(FunctionalCudaTest, AttentionDefaultKernelIsTheHopperOneOnHopper) {
+  ScopedEnv all("ZE_ATTENTION_KERNEL", nullptr);
+  ScopedEnv forward("ZE_ATTENTION_FWD_KERNEL", nullptr);
+  ScopedEnv backward("ZE_ATTENTION_BWD_KERNEL", nullptr);
+  ScopedEnv legacy("ZE_ATTENTION_LEGACY", nullptr);
+  int major = 0, minor = 0;
+  ASSERT_EQ(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0),
+      cudaSuccess);
+  ASSERT_EQ(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0),
+      cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  const int T = 130;
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int D : {64, 128}) {
+      const int code = dtype == DType::kF32 ? 0 : dtype == DType::kBF16 ? 1 : 2;
+      Tensor qkv = *Tensor::Empty({2, T, 3 * 2 * D}, dtype, Device::Cuda(0));
+      Tensor out = *Tensor::Empty({2, T, 2 * D}, dtype, Device::Cuda(0));
+      Tensor dqkv = *Tensor::Empty({2, T, 3 * 2 * D}, dtype, Device::Cuda(0));
+      const std::string expected = dtype == DType::kF32 ? "f32"
+                                   : hopper && D == 64  ? "wgmma"
+                                                        : "mma.sync";
+      const std::string tag = std::string(DTypeName(dtype)) + " D" +
+                              std::to_string(D) + " on compute capability " +
+                              std::to_string(major) + "." +
+                              std::to_string(minor);
+      EXPECT_EQ(kernels::AttentionKernelName(false, qkv.data(), out.data(),
+                                             nullptr, T, D, code),
+                expected)
+          << "forward, " << tag;
+      EXPECT_EQ(kernels::AttentionKernelName(true, qkv.data(), out.data(),
+                                             dqkv.data(), T, D, code),
+                expected)
+          << "backward, " << tag;
+      if (dtype != DType::kF32) {
+        ScopedEnv split("ZE_ATTENTION_KERNEL", "split");
+        EXPECT_EQ(kernels::AttentionKernelName(false, qkv.data(), out.data(),
+                                               nullptr, T, D, code),
+                  std::string("mma.sync"))
+            << "forward with ZE_ATTENTION_KERNEL=split, " << tag;
+      }
+    }
+  }
+}
+
+// A 16-bit view that does not start 16-byte aligned is a named error, not a
+// fault inside a kernel (both kernel families move 16-byte tiles).
+TEST_F(FunctionalCudaTest, AttentionRejectsMisalignedViews) {
+  const int T = 64, C = 64;
+  Tensor flat = *Tensor::Empty({3 * C * T + 4}, DType::kBF16, Device::Cuda(0));
+  ASSERT_TRUE(Fill(flat, 0.25f, stream_).ok());
+  Tensor shifted = flat.Slice(4, 3 * C * T).View({1, T, 3 * C});  // +8 bytes
+  Tensor qkv = flat.Slice(0, 3 * C * T).View({1, T, 3 * C});
+  Tensor out = *Tensor::Empty({1, T, C}, DType::kBF16, Device::Cuda(0));
+  Tensor lse = *Tensor::Empty({1, 1, T}, DType::kF32, Device::Cuda(0));
+  absl::Status status = cb::AttentionForward(shifted, 1, out, lse, stream_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("qkv"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("16-byte"), std::string::npos) << status;
+  ASSERT_TRUE(cb::AttentionForward(qkv, 1, out, lse, stream_).ok());
+  status = cb::AttentionBackward(out, qkv, out, lse, 1, shifted, stream_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("grad_qkv"), std::string::npos) << status;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // nothing faulted
+}
+
+// Forward and backward chosen separately (ZE_ATTENTION_FWD_KERNEL /
+// ZE_ATTENTION_BWD_KERNEL): the backward of one family must accept the
+// output and log-sum-exp the other family's forward wrote.
+TEST_F(FunctionalCudaTest, AttentionForwardAndBackwardOnDifferentKernels) {
+  ScopedEnv all("ZE_ATTENTION_KERNEL", nullptr);
+  const int B = 2, T = 191, H = 2, D = 64, C = H * D;
+  Vec qkv, dout;
+  Tensor tqkv = Random({B, T, 3 * C}, DType::kBF16, 61, &qkv);
+  Tensor tdout = Random({B, T, C}, DType::kBF16, 62, &dout);
+  DVec out, lse, dqkv;
+  ReferenceAttention(qkv, dout, B, T, H, D, &out, &lse, &dqkv);
+  const std::vector<std::pair<const char*, const char*>> pairs = {
+      {"split", "wgmma"}, {"wgmma", "split"}, {"v1", "wgmma"},
+      {"wgmma", "v1"},    {"wide", "wgmma"},  {"wgmma", "legacy"}};
+  for (const auto& [forward_kernel, backward_kernel] : pairs) {
+    ScopedEnv forward("ZE_ATTENTION_FWD_KERNEL", forward_kernel);
+    ScopedEnv backward("ZE_ATTENTION_BWD_KERNEL", backward_kernel);
+    const std::string tag = std::string("Attn fwd[") + forward_kernel +
+                            "] bwd[" + backward_kernel + "]";
+    Tensor tout = *Tensor::Empty({B, T, C}, DType::kBF16, Device::Cuda(0));
+    Tensor tlse = *Tensor::Empty({B, H, T}, DType::kF32, Device::Cuda(0));
+    Tensor tdqkv = *Tensor::Empty({B, T, 3 * C}, DType::kBF16, Device::Cuda(0));
+    ASSERT_TRUE(cb::AttentionForward(tqkv, H, tout, tlse, stream_).ok()) << tag;
+    ASSERT_TRUE(
+        cb::AttentionBackward(tdout, tqkv, tout, tlse, H, tdqkv, stream_).ok())
+        << tag;
+    Check(tag + " output", DType::kBF16, Host(tout), out);
+    Check(tag + " logsumexp", DType::kBF16, Host(tlse), lse, 0.2);
+    Check(tag + " grad_qkv", DType::kBF16, Host(tdqkv), dqkv, 1.5);
   }
 }
 
