@@ -7,6 +7,8 @@
 //     53-element parameter (channels 53), in f32 and bf16, accumulation 2;
 //   - communication counters: one step all-gathers every parameter twice and
 //     reduce-scatters it once (3 Psi elements up to padding);
+//   - prescale_gradients with a gradient_predivide_factor of 3 matches the
+//     unscaled run at every stage;
 //   - a module the backward skips in some micro-steps or whole windows
 //     trains as under stage 0 with stages 2 and 3 (no stale gradients);
 //   - a module order that changes between steps falls back to on-demand
@@ -137,9 +139,11 @@ struct TrainingRun {
   double largest_update = 0;  // max |final - initial| master weight
 };
 
+// `top_level_keys`: more top-level entries, each followed by a comma.
 std::string Config(int stage, const std::string& dtype, int accumulation,
                    const std::string& stage3_keys,
-                   const std::string& optimizer = "AdamW") {
+                   const std::string& optimizer = "AdamW",
+                   const std::string& top_level_keys = "") {
   const std::string optimizer_json =
       optimizer == "SGD"
           ? R"("optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}},)"
@@ -147,8 +151,9 @@ std::string Config(int stage, const std::string& dtype, int accumulation,
   return absl::StrCat(
       R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )",
       accumulation, R"(, "steps_per_print": 1000, "gradient_clipping": 1.0,)",
-      dtype == "bf16" ? R"("bf16": {"enabled": true},)" : "", optimizer_json,
-      R"("zero_optimization": {"stage": )", stage, stage3_keys, "}}");
+      top_level_keys, dtype == "bf16" ? R"("bf16": {"enabled": true},)" : "",
+      optimizer_json, R"("zero_optimization": {"stage": )", stage, stage3_keys,
+      "}}");
 }
 
 absl::StatusOr<TrainingRun> Train(
@@ -292,6 +297,33 @@ TEST(Stage3UnusedModuleTest, SometimesUnusedModuleMatchesStage0) {
     SCOPED_TRACE(absl::StrCat("stage ", stage, ", rank ", Rank()));
     absl::StatusOr<TrainingRun> run =
         Train(make(), Config(stage, "f32", 2, stage == 3 ? none : ""), kSteps);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ExpectClose(*run, *reference, 1e-5);
+  }
+}
+
+// prescale_gradients (DeepSpeed's meaning): every rank divides its
+// gradients by gradient_predivide_factor before they are reduced and the
+// step multiplies it back, so training follows the plain run up to
+// rounding, whatever the stage (stages 2 and 3 scale each micro-step's
+// buckets, stages 0 and 1 the accumulated gradients once).
+TEST(PrescaleGradientsTest, EveryStageMatchesTheUnscaledRun) {
+  auto make = []() -> std::shared_ptr<nn::LossModel> {
+    absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+        MakeGpt(SmallGpt(), DType::kF32, /*materialize=*/false);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return *model;
+  };
+  constexpr int kSteps = 4;
+  absl::StatusOr<TrainingRun> reference =
+      Train(make(), Config(0, "f32", 2, ""), kSteps);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const std::string prescale =
+      R"("prescale_gradients": true, "gradient_predivide_factor": 3.0,)";
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(absl::StrCat("stage ", stage, ", rank ", Rank()));
+    absl::StatusOr<TrainingRun> run =
+        Train(make(), Config(stage, "f32", 2, "", "AdamW", prescale), kSteps);
     ASSERT_TRUE(run.ok()) << run.status();
     ExpectClose(*run, *reference, 1e-5);
   }
