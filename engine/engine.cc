@@ -37,6 +37,31 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> CommunicatorFor(
   return std::shared_ptr<comm::Communicator>(std::move(created));
 }
 
+// Every rank learns whether `local` failed on any rank (one one-element
+// all-reduce), so an error on one rank (a directory rank 0 cannot create)
+// does not leave the others waiting in a later collective. Returns `local`
+// where it failed, and a FailedPrecondition saying so on the other ranks.
+absl::Status AgreeAcrossRanks(comm::Communicator& comm,
+                              const absl::Status& local, const Stream& stream,
+                              const std::string& what) {
+  if (comm.world_size() == 1) return local;
+  ZE_ASSIGN_OR_RETURN(Tensor flag,
+                      Tensor::Zeros({1}, DType::kF32, comm.device()));
+  ZE_RETURN_IF_ERROR(Fill(flag, local.ok() ? 0.0f : 1.0f, stream));
+  ZE_ASSIGN_OR_RETURN(comm::Work work,
+                      comm.AllReduce(flag, flag, comm::ReduceOp::kMax, stream));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  ZE_ASSIGN_OR_RETURN(std::vector<float> any_failed,
+                      ToHostFloats(flag, stream));
+  if (!local.ok()) return local;
+  if (any_failed[0] > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " failed on another rank (its error is in its log); rank ",
+        comm.rank(), " stops too"));
+  }
+  return absl::OkStatus();
+}
+
 std::string Gib(double bytes) {
   return absl::StrFormat("%.3f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
 }
@@ -929,16 +954,19 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
                                                       targets.dtype(), device));
     ZE_RETURN_IF_ERROR(Copy(targets, device_targets, compute_stream_));
   }
+  const Clock::time_point start = Clock::now();
   impl_->BeginForward();
   ZE_ASSIGN_OR_RETURN(
       float loss,
       model_->ForwardLoss(device_tokens, device_targets, compute_stream_));
   impl_->add_loss(loss);
   last_tokens_ = tokens.numel();
+  ZE_RETURN_IF_ERROR(EndPhase(0, start));
   return loss;
 }
 
 absl::Status Engine::Backward() {
+  const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(impl_->BeginBackward());
   const double scale =
       impl_->state().loss_scale() / config_.gradient_accumulation_steps.value();
@@ -946,7 +974,8 @@ absl::Status Engine::Backward() {
       model_->BackwardLoss(static_cast<float>(scale), compute_stream_);
   absl::Status end = impl_->EndBackward();
   ZE_RETURN_IF_ERROR(status);
-  return end;
+  ZE_RETURN_IF_ERROR(end);
+  return EndPhase(1, start);
 }
 
 absl::StatusOr<StepReport> Engine::Step() {
@@ -956,27 +985,100 @@ absl::StatusOr<StepReport> Engine::Step() {
   counters_.global_samples += micro * communicator_->world_size();
   window_tokens_ += last_tokens_ * communicator_->world_size();
   if (!boundary) return StepReport{};
+  const Clock::time_point start = Clock::now();
   ZE_ASSIGN_OR_RETURN(StepReport report, impl_->BoundaryStep());
   counters_.global_steps += 1;
   if (report.skipped) {
     counters_.skipped_steps += 1;
   }
-  const int64_t every = config_.steps_per_print;
-  if (every > 0 && counters_.global_steps % every == 0) {
-    const double seconds =
-        std::chrono::duration<double>(Clock::now() - window_start_).count();
-    const double samples =
-        static_cast<double>(every) * config_.train_batch_size.value();
-    ZE_LOG_RANK0(INFO) << absl::StrFormat(
-        "step %d loss %.6f lr %.6g loss_scale %g skipped %d samples/s %.1f "
-        "tokens/s %.1f",
-        counters_.global_steps, report.loss, report.learning_rate,
-        report.loss_scale, counters_.skipped_steps, samples / seconds,
-        window_tokens_ / seconds);
-    window_start_ = Clock::now();
-    window_tokens_ = 0;
-  }
+  ZE_RETURN_IF_ERROR(EndPhase(2, start));
+  ZE_RETURN_IF_ERROR(ReportStep(report));
   return report;
+}
+
+absl::Status Engine::EndPhase(int phase, Clock::time_point start) {
+  if (config_.wall_clock_breakdown) {
+    // The phase's queued work is part of its time.
+    ZE_RETURN_IF_ERROR(compute_stream_.Synchronize());
+    const double ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    window_phase_ms_[phase] += ms;
+    window_phase_count_[phase] += 1;
+    step_phase_ms_[phase] += ms;
+  }
+  if (config_.memory_breakdown) {
+    phase_memory_[phase] = GetAllocator(model_->device())->stats();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::ReportStep(const StepReport& report) {
+  // A failed csv write is returned after the step's bookkeeping and logging
+  // are done: the update stands and the engine stays usable.
+  absl::Status monitor_status;
+  if (monitor_.enabled()) {
+    const int64_t samples = counters_.global_samples;
+    auto write = [&](const char* name, double value) {
+      if (monitor_status.ok()) {
+        monitor_status = monitor_.Write(name, value, samples);
+      }
+    };
+    write("Train/Samples/train_loss", report.loss);
+    write("Train/Samples/lr", report.learning_rate);
+    if (config::GetTrainingPrecision(config_) ==
+        config::TrainingPrecision::kFp16) {
+      write("Train/Samples/loss_scale", report.loss_scale);
+    }
+    if (config_.wall_clock_breakdown) {
+      write("Train/Samples/elapsed_time_ms_forward", step_phase_ms_[0]);
+      write("Train/Samples/elapsed_time_ms_backward", step_phase_ms_[1]);
+      write("Train/Samples/elapsed_time_ms_step", step_phase_ms_[2]);
+    }
+  }
+  for (double& ms : step_phase_ms_) ms = 0;
+  const int64_t every = config_.steps_per_print;
+  if (every <= 0 || counters_.global_steps % every != 0) return monitor_status;
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - window_start_).count();
+  const double samples =
+      static_cast<double>(every) * config_.train_batch_size.value();
+  ZE_LOG_RANK0(INFO) << absl::StrFormat(
+      "step %d loss %.6f lr %.6g loss_scale %g skipped %d samples/s %.1f "
+      "tokens/s %.1f",
+      counters_.global_steps, report.loss, report.learning_rate,
+      report.loss_scale, counters_.skipped_steps, samples / seconds,
+      window_tokens_ / seconds);
+  window_start_ = Clock::now();
+  window_tokens_ = 0;
+  if (config_.wall_clock_breakdown) {
+    auto mean = [&](int phase) {
+      return window_phase_count_[phase] > 0
+                 ? window_phase_ms_[phase] / window_phase_count_[phase]
+                 : 0.0;
+    };
+    ZE_LOG_RANK0(INFO) << absl::StrFormat(
+        "time (ms) | forward: %.2f | backward: %.2f | step: %.2f (means per "
+        "micro-step and per step since the last print)",
+        mean(0), mean(1), mean(2));
+    for (int phase = 0; phase < 3; ++phase) {
+      window_phase_ms_[phase] = 0;
+      window_phase_count_[phase] = 0;
+    }
+  }
+  if (config_.memory_breakdown) {
+    Allocator* allocator = GetAllocator(model_->device());
+    const AllocatorStats now = allocator->stats();
+    constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+    ZE_LOG_RANK0(INFO) << absl::StrFormat(
+        "memory (GiB, %s) | after forward: %.3f | after backward: %.3f | "
+        "after step: %.3f | peak since last print: %.3f | reserved: %.3f",
+        allocator->name(), phase_memory_[0].bytes_in_use / kGib,
+        phase_memory_[1].bytes_in_use / kGib,
+        phase_memory_[2].bytes_in_use / kGib, now.peak_bytes_in_use / kGib,
+        now.bytes_reserved / kGib);
+    allocator->ResetPeak();
+  }
+  return monitor_status;
 }
 
 absl::StatusOr<StepReport> Engine::TrainBatch(
@@ -1174,6 +1276,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_ASSIGN_OR_RETURN(engine->compute_stream_,
                         Stream::Create(engine->model_->device()));
   }
+  // Only rank 0 writes; every rank learns whether it could.
+  absl::StatusOr<CsvMonitor> monitor =
+      CsvMonitor::Create(config.csv_monitor, engine->communicator_->rank());
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(
+      *engine->communicator_, monitor.status(), engine->compute_stream_,
+      absl::StrCat(config.source, ": csv_monitor")));
+  engine->monitor_ = std::move(monitor).value();
   engine->impl_ = std::make_unique<Engine::Impl>(engine.get());
   ZE_RETURN_IF_ERROR(engine->impl_->Setup());
   engine->window_start_ = Clock::now();

@@ -37,6 +37,17 @@
 //      before it runs and released after (engine/stage3.h). 16 Psi / N plus
 //      the gathered buckets.
 //
+// Monitoring, as DeepSpeed's keys say: every steps_per_print steps rank 0
+// logs step, loss, learning rate, loss scale, skipped steps, samples/s and
+// tokens/s; with wall_clock_breakdown also the mean forward and backward
+// time per micro-step and step time per step since the last print (each
+// phase then synchronises the device at its end, so leave it off for
+// speed); with memory_breakdown the allocator's bytes in use after each
+// phase and its peak since the last print (whose peak it then resets).
+// csv_monitor writes Train/Samples/train_loss, lr, loss_scale (fp16) and,
+// with wall_clock_breakdown, elapsed_time_ms_{forward,backward,step} at
+// each step (engine/monitor.h).
+//
 // Threading: one thread drives an engine. Errors are Statuses naming the
 // config key, parameter or rank; a failed collective (timeout, mismatch)
 // leaves the engine unusable (later calls fail with FailedPrecondition).
@@ -54,8 +65,10 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/allocator.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "engine/monitor.h"
 #include "nn/loss_model.h"
 
 namespace ze {
@@ -80,10 +93,10 @@ struct MemoryBreakdown {
 };
 
 struct Counters {
-  int64_t global_steps = 0;   // optimizer steps taken or skipped
-  int64_t skipped_steps = 0;  // fp16 overflow skips
-  int64_t micro_steps = 0;    // Forward/Backward pairs
-  int64_t global_samples = 0; // samples over all ranks
+  int64_t global_steps = 0;    // optimizer steps taken or skipped
+  int64_t skipped_steps = 0;   // fp16 overflow skips
+  int64_t micro_steps = 0;     // Forward/Backward pairs
+  int64_t global_samples = 0;  // samples over all ranks
 };
 
 // Collective volume, in elements (padded buckets, as sent), over one
@@ -158,12 +171,12 @@ class GatheredParameters {
 
 // What Step reports about the boundary it handled (for logs and tests).
 struct StepReport {
-  bool boundary = false;      // false: only accumulated
-  bool skipped = false;       // fp16 overflow
-  double loss = 0;            // mean over ranks and micro-batches
-  double grad_norm = 0;       // global norm before clipping (0 if unknown)
-  double learning_rate = 0;   // used for this update
-  double loss_scale = 1;      // in effect for this step's backward
+  bool boundary = false;     // false: only accumulated
+  bool skipped = false;      // fp16 overflow
+  double loss = 0;           // mean over ranks and micro-batches
+  double grad_norm = 0;      // global norm before clipping (0 if unknown)
+  double learning_rate = 0;  // used for this update
+  double loss_scale = 1;     // in effect for this step's backward
 };
 
 class Engine {
@@ -253,6 +266,12 @@ class Engine {
   Engine() = default;
   absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
   absl::Status RequireNoPendingBackward(const char* what) const;
+  // wall_clock_breakdown / memory_breakdown: called at the end of a phase
+  // (0 forward, 1 backward, 2 step) that began at `start`.
+  absl::Status EndPhase(int phase, std::chrono::steady_clock::time_point start);
+  // At a boundary: the csv_monitor rows and, every steps_per_print steps,
+  // the log lines.
+  absl::Status ReportStep(const StepReport& report);
 
   config::Config config_;
   std::shared_ptr<nn::LossModel> model_;
@@ -265,6 +284,14 @@ class Engine {
   int64_t last_tokens_ = 0;
   double window_tokens_ = 0;
   std::chrono::steady_clock::time_point window_start_;
+  CsvMonitor monitor_;
+  // wall_clock_breakdown: milliseconds and counts per phase (forward,
+  // backward, step) since the last print, and within the current step.
+  double window_phase_ms_[3] = {0, 0, 0};
+  int64_t window_phase_count_[3] = {0, 0, 0};
+  double step_phase_ms_[3] = {0, 0, 0};
+  // memory_breakdown: the allocator after each phase's latest run.
+  AllocatorStats phase_memory_[3];
 };
 
 // Wraps `model` for training with `config` (already loaded; its world size
@@ -281,7 +308,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
 // As above, with the config given as a file path, or as JSON text when it
 // starts with '{'. The batch triple is checked against the world size.
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
-    std::shared_ptr<nn::LossModel> model, const std::string& config_path_or_json,
+    std::shared_ptr<nn::LossModel> model,
+    const std::string& config_path_or_json,
     std::shared_ptr<comm::Communicator> communicator = nullptr);
 
 }  // namespace engine
