@@ -141,7 +141,11 @@ class Engine::Impl {
   absl::Status ZeroGradients();
   // Stage 2 at world size 1 in a micro-step that overwrites the partition:
   // each bucket's gradients are computed in the partition itself.
-  bool AliasesPartition() const { return overwrite_partition_ && world() == 1; }
+  // (Not when communication_data_type differs: the gradients are then
+  // rounded through it at every world size, as in the other stages.)
+  bool AliasesPartition() const {
+    return overwrite_partition_ && world() == 1 && comm_dtype_ == model_dtype_;
+  }
   // The gradient elements this rank's optimizer for `bucket` reads.
   Tensor OwnGrads(int bucket) const;
   Tensor OwnMaster(int bucket) const;
@@ -175,6 +179,11 @@ class Engine::Impl {
   int next_bucket_ = 0;                 // buckets are issued in index order
   std::vector<Tensor> bucket_grads_;    // stage 2: in-flight full gradients
   std::vector<Tensor> bucket_outputs_;  // stage 2: reduce-scatter outputs
+  // communication_data_type, when it differs from the model's dtype: the
+  // bucket's gradients cast to it, which the collective reads (and for
+  // stages 0-1 writes); kept until the compute stream has waited for it.
+  DType comm_dtype_ = DType::kF32;
+  std::vector<Tensor> bucket_wire_;
   // Stage 2: whether grad_partition_ holds this accumulation window's
   // gradients so far. When it does not (the window's first micro-step, or
   // after a step), its contents are stale and the reduce-scatters write the
@@ -220,6 +229,20 @@ absl::Status Engine::Impl::Setup() {
         DTypeName(model_dtype_), "; build the model with ", DTypeName(wanted)));
   }
   master_aliases_weights_ = model_dtype_ == DType::kF32;
+  comm_dtype_ = model_dtype_;
+  if (cfg.communication_data_type.has_value()) {
+    switch (*cfg.communication_data_type) {
+      case config::CommDataType::kFp32:
+        comm_dtype_ = DType::kF32;
+        break;
+      case config::CommDataType::kFp16:
+        comm_dtype_ = DType::kF16;
+        break;
+      case config::CommDataType::kBf16:
+        comm_dtype_ = DType::kBF16;
+        break;
+    }
+  }
   comm_stream_ = stream();
   if (cfg.zero_optimization.overlap_comm && device().is_cuda()) {
     ZE_ASSIGN_OR_RETURN(comm_stream_,
@@ -235,6 +258,7 @@ absl::Status Engine::Impl::Setup() {
     context.state = state_.get();
     context.memory = &engine_.memory_;
     context.counters = &engine_.counters_;
+    context.communication_dtype = comm_dtype_;
     ZE_ASSIGN_OR_RETURN(stage3_, Stage3::Create(context));
     return absl::OkStatus();
   }
@@ -360,6 +384,7 @@ absl::Status Engine::Impl::AllocateBuffers() {
   }
   ZE_RETURN_IF_ERROR(stream().Synchronize());
   bucket_work_.resize(layout_.num_buckets());
+  bucket_wire_.resize(layout_.num_buckets());
   bucket_issued_.assign(layout_.num_buckets(), false);
   pending_uses_.assign(layout_.num_params(), 0);
   return absl::OkStatus();
@@ -527,6 +552,18 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
         full, static_cast<float>(1.0 / config().gradient_predivide_factor),
         stream()));
   }
+  // What the collective reads: the gradients, or (communication_data_type
+  // other than the model's) a copy cast to that dtype; the sums are then
+  // formed in it and rounded to the model's dtype once, on the way back
+  // (BoundaryStep for stages 0-1, FinishBucket for stage 2).
+  Tensor wire = full;
+  const bool cast = comm_dtype_ != model_dtype_ && !AliasesPartition();
+  if (cast) {
+    ZE_ASSIGN_OR_RETURN(
+        wire, Tensor::Empty({layout.padded_elements}, comm_dtype_, device()));
+    ZE_RETURN_IF_ERROR(Copy(full, wire, stream()));
+    bucket_wire_[bucket] = wire;
+  }
   if (comm_stream().native() != stream().native()) {
     // The collective must read the gradients only after the backward
     // kernels that produced them.
@@ -536,21 +573,21 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
   }
   comm::Work work;
   if (stage_ == 0) {
-    ZE_ASSIGN_OR_RETURN(work, comm().AllReduce(full, full, comm::ReduceOp::kSum,
+    ZE_ASSIGN_OR_RETURN(work, comm().AllReduce(wire, wire, comm::ReduceOp::kSum,
                                                comm_stream()));
   } else if (stage_ == 1) {
     Tensor own =
-        Region(full, rank() * layout.slice_elements, layout.slice_elements);
+        Region(wire, rank() * layout.slice_elements, layout.slice_elements);
     ZE_ASSIGN_OR_RETURN(
         work,
-        comm().ReduceScatter(full, own, comm::ReduceOp::kSum, comm_stream()));
+        comm().ReduceScatter(wire, own, comm::ReduceOp::kSum, comm_stream()));
   } else if (AliasesPartition()) {
     // The gradients are already in place (EnsureBucketGrads): nothing to
     // reduce over one rank.
-  } else if (overwrite_partition_) {
+  } else if (overwrite_partition_ && !cast) {
     ZE_ASSIGN_OR_RETURN(
         work,
-        comm().ReduceScatter(full,
+        comm().ReduceScatter(wire,
                              Region(grad_partition_, layout.partition_offset,
                                     layout.slice_elements),
                              comm::ReduceOp::kSum, comm_stream()));
@@ -560,9 +597,9 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
     // allocator cannot hand it out while the comm stream still writes it.
     ZE_ASSIGN_OR_RETURN(
         bucket_outputs_[bucket],
-        Tensor::Empty({layout.slice_elements}, model_dtype_, device()));
+        Tensor::Empty({layout.slice_elements}, wire.dtype(), device()));
     ZE_ASSIGN_OR_RETURN(
-        work, comm().ReduceScatter(full, bucket_outputs_[bucket],
+        work, comm().ReduceScatter(wire, bucket_outputs_[bucket],
                                    comm::ReduceOp::kSum, comm_stream()));
   }
   bucket_work_[bucket] = work;
@@ -582,11 +619,14 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
 absl::Status Engine::Impl::FinishBucket(int bucket) {
   ZE_RETURN_IF_ERROR(bucket_work_[bucket].StreamWait(stream()));
   const zero::BucketLayout& layout = layout_.bucket(bucket);
+  Tensor partition =
+      Region(grad_partition_, layout.partition_offset, layout.slice_elements);
   if (!overwrite_partition_) {
-    Tensor partition =
-        Region(grad_partition_, layout.partition_offset, layout.slice_elements);
     ZE_RETURN_IF_ERROR(
         Add(partition, bucket_outputs_[bucket], partition, stream()));
+  } else if (bucket_outputs_[bucket].defined()) {
+    // Reduced in communication_data_type: rounded into the partition.
+    ZE_RETURN_IF_ERROR(Copy(bucket_outputs_[bucket], partition, stream()));
   }
   for (int i = layout.first_param; i < layout.end_param; ++i) {
     params_[i]->ReleaseGrad();
@@ -595,6 +635,7 @@ absl::Status Engine::Impl::FinishBucket(int bucket) {
   // queued on the compute stream is ordered after the reads above.
   bucket_grads_[bucket] = Tensor();
   bucket_outputs_[bucket] = Tensor();
+  bucket_wire_[bucket] = Tensor();
   bucket_work_[bucket] = comm::Work();
   return absl::OkStatus();
 }
@@ -639,6 +680,16 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     ZE_RETURN_IF_ERROR(bucket_work_[b].StreamWait(stream()));
     bucket_work_[b] = comm::Work();
+    if (stage_ < 2 && bucket_wire_[b].defined()) {
+      // Reduced in communication_data_type: round this rank's part back.
+      const zero::BucketLayout& layout = layout_.bucket(b);
+      Tensor reduced =
+          stage_ == 0 ? bucket_wire_[b]
+                      : Region(bucket_wire_[b], rank() * layout.slice_elements,
+                               layout.slice_elements);
+      ZE_RETURN_IF_ERROR(Copy(reduced, OwnGrads(b), stream()));
+      bucket_wire_[b] = Tensor();
+    }
   }
   if (stage_ == 2 && !partition_holds_gradients_) {
     // A step with no backward in its window: the gradients are zero.

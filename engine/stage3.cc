@@ -497,17 +497,27 @@ absl::Status Stage3::IssueReduce(int b) {
         static_cast<float>(1.0 / context_.config->gradient_predivide_factor),
         stream()));
   }
+  // communication_data_type other than the model's: reduce a cast copy
+  // (the sums formed in that dtype, rounded once into the partition).
+  Tensor input = bucket.grads;
+  const DType comm_dtype = context_.communication_dtype;
+  if (comm_dtype != model_dtype_) {
+    ZE_ASSIGN_OR_RETURN(bucket.wire, Tensor::Empty({layout.padded_elements},
+                                                   comm_dtype, device()));
+    ZE_RETURN_IF_ERROR(Copy(bucket.grads, bucket.wire, stream()));
+    input = bucket.wire;
+  }
   bucket.reduce_overwrites = !bucket.partition_written;
   Tensor output = OwnGrads(b);
-  if (!bucket.reduce_overwrites) {
+  if (!bucket.reduce_overwrites || comm_dtype != model_dtype_) {
     ZE_ASSIGN_OR_RETURN(bucket.reduced, Tensor::Empty({layout.slice_elements},
-                                                      model_dtype_, device()));
+                                                      comm_dtype, device()));
     output = bucket.reduced;
   }
   bucket.partition_written = true;
-  ZE_ASSIGN_OR_RETURN(bucket.reduce_work,
-                      comm().ReduceScatter(bucket.grads, output,
-                                           comm::ReduceOp::kSum, stream()));
+  ZE_ASSIGN_OR_RETURN(
+      bucket.reduce_work,
+      comm().ReduceScatter(input, output, comm::ReduceOp::kSum, stream()));
   step_counters_.reduce_scattered_elements += layout.padded_elements;
   step_counters_.reduce_scatters += 1;
   reduce_queue_.push_back(b);
@@ -526,9 +536,11 @@ absl::Status Stage3::IssueReduce(int b) {
 absl::Status Stage3::FinishReduce(int b) {
   Bucket& bucket = buckets_[b];
   ZE_RETURN_IF_ERROR(bucket.reduce_work.StreamWait(stream()));
+  Tensor own = OwnGrads(b);
   if (!bucket.reduce_overwrites) {
-    Tensor own = OwnGrads(b);
     ZE_RETURN_IF_ERROR(Add(own, bucket.reduced, own, stream()));
+  } else if (bucket.reduced.defined()) {
+    ZE_RETURN_IF_ERROR(Copy(bucket.reduced, own, stream()));  // rounds
   }
   const zero::BucketLayout& layout = layout_.bucket(b);
   for (int i = layout.first_param; i < layout.end_param; ++i) {
@@ -536,6 +548,7 @@ absl::Status Stage3::FinishReduce(int b) {
   }
   bucket.grads = Tensor();
   bucket.reduced = Tensor();
+  bucket.wire = Tensor();
   bucket.reduce_work = comm::Work();
   return absl::OkStatus();
 }

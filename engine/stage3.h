@@ -107,6 +107,9 @@ struct Stage3Context {
   TrainingState* state = nullptr;
   MemoryBreakdown* memory = nullptr;  // filled by Create
   const Counters* counters = nullptr;
+  // communication_data_type resolved (the model's dtype when unset): the
+  // dtype gradients are reduce-scattered in.
+  DType communication_dtype = DType::kF32;
 };
 
 class Stage3 {
@@ -177,6 +180,8 @@ class Stage3 {
     int pending_uses = 0;  // forward uses not yet backpropagated
     Tensor grads;          // (padded) during backward
     Tensor reduced;        // (slice) reduce-scatter output, when adding
+                           // or reducing in another dtype
+    Tensor wire;           // (padded) grads cast to the communication dtype
     comm::Work reduce_work;
     // Whether this rank's slice of grads_ holds gradients of the current
     // accumulation window. Until it does, its contents are stale and the

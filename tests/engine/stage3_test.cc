@@ -9,6 +9,9 @@
 //     reduce-scatters it once (3 Psi elements up to padding);
 //   - prescale_gradients with a gradient_predivide_factor of 3 matches the
 //     unscaled run at every stage;
+//   - communication_data_type: an f32 model reducing in bf16 is rounded
+//     (differs from f32, trains the same), a bf16 model reducing in fp32
+//     trains as bf16 does, at every stage;
 //   - a module the backward skips in some micro-steps or whole windows
 //     trains as under stage 0 with stages 2 and 3 (no stale gradients);
 //   - a module order that changes between steps falls back to on-demand
@@ -326,6 +329,64 @@ TEST(PrescaleGradientsTest, EveryStageMatchesTheUnscaledRun) {
         Train(make(), Config(stage, "f32", 2, "", "AdamW", prescale), kSteps);
     ASSERT_TRUE(run.ok()) << run.status();
     ExpectClose(*run, *reference, 1e-5);
+  }
+}
+
+// Largest relative difference of the final weights, |a - b| / max(1, |b|).
+double LargestWeightDifference(const TrainingRun& run,
+                               const TrainingRun& reference) {
+  double largest = 0;
+  for (const auto& [name, values] : reference.weights) {
+    const std::vector<float>& other = run.weights.at(name);
+    for (size_t i = 0; i < values.size(); ++i) {
+      largest =
+          std::max(largest, std::abs(double(other[i]) - values[i]) /
+                                std::max(1.0, std::abs(double(values[i]))));
+    }
+  }
+  return largest;
+}
+
+// communication_data_type: gradients are reduced in that dtype and rounded
+// back to the model's once. An f32 model communicating in bf16 has its
+// gradients rounded to bf16 at every stage and world size (so it must
+// differ from the f32 run, yet train the same model); a bf16 model
+// communicating in fp32 trains as the bf16 run does.
+TEST(CommunicationDataTypeTest, GradientsAreReducedInTheGivenDType) {
+  auto make = [](DType dtype) -> std::shared_ptr<nn::LossModel> {
+    absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+        MakeGpt(SmallGpt(), dtype, /*materialize=*/false);
+    EXPECT_TRUE(model.ok()) << model.status();
+    return *model;
+  };
+  constexpr int kSteps = 4;
+  const std::string none = R"(, "stage3_param_persistence_threshold": 0)";
+  absl::StatusOr<TrainingRun> f32 =
+      Train(make(DType::kF32), Config(0, "f32", 2, ""), kSteps);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  absl::StatusOr<TrainingRun> bf16 =
+      Train(make(DType::kBF16), Config(0, "bf16", 2, ""), kSteps);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(
+        absl::StrCat("stage ", stage, ", rank ", Rank(), " of ", World()));
+    const std::string keys = stage == 3 ? none : "";
+    absl::StatusOr<TrainingRun> rounded =
+        Train(make(DType::kF32),
+              Config(stage, "f32", 2, keys, "AdamW",
+                     R"("communication_data_type": "bf16",)"),
+              kSteps);
+    ASSERT_TRUE(rounded.ok()) << rounded.status();
+    const double difference = LargestWeightDifference(*rounded, *f32);
+    EXPECT_GT(difference, 1e-6) << "bf16 communication left no trace";
+    EXPECT_LT(difference, 2e-2);
+    absl::StatusOr<TrainingRun> wide =
+        Train(make(DType::kBF16),
+              Config(stage, "bf16", 2, keys, "AdamW",
+                     R"("communication_data_type": "fp32",)"),
+              kSteps);
+    ASSERT_TRUE(wide.ok()) << wide.status();
+    ExpectClose(*wide, *bf16, 1e-2);
   }
 }
 
