@@ -1358,6 +1358,16 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     problems.Add(
         "fp16.enabled and bf16.enabled are both true; enable at most one");
   }
+  if (config->communication_data_type == CommDataType::kFp16 &&
+      !config->fp16.enabled.is_auto() && !config->fp16.enabled.raw_value()) {
+    // Stricter than DeepSpeed: without fp16's loss scaling and overflow
+    // check, gradients outside fp16's range would silently become inf or 0
+    // in the reduction (and an inf norm would zero the update).
+    problems.Add(
+        "communication_data_type \"fp16\" needs fp16.enabled (its loss "
+        "scaling keeps the gradients in fp16's range and its overflow check "
+        "skips a step that leaves it); use \"bf16\" or \"fp32\"");
+  }
 
   const ZeroConfig& zero = config->zero_optimization;
   const std::string stage = absl::StrCat(zero.stage);

@@ -39,14 +39,8 @@ Stream::Handle::~Handle() {
     std::lock_guard<std::mutex> lock(registry.mutex);
     callbacks = registry.callbacks;
   }
-  if (!callbacks.empty()) {
-    // What the callbacks free may still be in use by queued work, and the
-    // caching allocator does not track streams. A destructor cannot report
-    // a failure; a broken stream's memory is released all the same.
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    for (StreamReleaseCallback callback : callbacks) {
-      callback(device_index, stream);
-    }
+  for (StreamReleaseCallback callback : callbacks) {
+    callback(device_index, stream);
   }
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }

@@ -196,6 +196,10 @@ class Engine::Impl {
   bool in_backward_ = false;
   bool evaluating_ = false;
   bool reduce_now_ = false;
+  // Stages 0-1: whether this window's gradients were reduced (by the
+  // boundary micro-step's Backward). If the boundary micro-step had no
+  // Backward, BoundaryStep reduces them itself.
+  bool window_reduced_ = false;
   double loss_sum_ = 0;
 
   std::unique_ptr<TrainingState> state_;
@@ -559,6 +563,12 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
   Tensor wire = full;
   const bool cast = comm_dtype_ != model_dtype_ && !AliasesPartition();
   if (cast) {
+    if (bucket_wire_[bucket].defined()) {
+      // Stages 0-1, a boundary backward run twice before its step: the
+      // earlier collective may still write the old buffer, which is freed
+      // below and whose block the new one may get.
+      ZE_RETURN_IF_ERROR(bucket_work_[bucket].StreamWait(stream()));
+    }
     ZE_ASSIGN_OR_RETURN(
         wire, Tensor::Empty({layout.padded_elements}, comm_dtype_, device()));
     ZE_RETURN_IF_ERROR(Copy(full, wire, stream()));
@@ -604,6 +614,7 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
   }
   bucket_work_[bucket] = work;
   bucket_issued_[bucket] = true;
+  if (stage_ < 2) window_reduced_ = true;
   if (stage_ == 2) {
     // Bound the gradients in flight: finish the bucket two behind.
     if (bucket >= 2 && bucket_grads_[bucket - 2].defined()) {
@@ -677,6 +688,16 @@ absl::StatusOr<StepReport> Engine::Impl::BoundaryStep() {
   StepReport report;
   report.boundary = true;
   report.loss_scale = state_->loss_scale();
+  if (stage_ < 2 && !window_reduced_) {
+    // The boundary micro-step had no Backward, so nothing reduced the
+    // window's gradients: without this each rank would step with its own.
+    reduce_now_ = true;
+    next_bucket_ = 0;
+    bucket_issued_.assign(layout_.num_buckets(), false);
+    ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
+    reduce_now_ = false;
+  }
+  window_reduced_ = false;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     ZE_RETURN_IF_ERROR(bucket_work_[b].StreamWait(stream()));
     bucket_work_[b] = comm::Work();
@@ -1064,8 +1085,10 @@ absl::Status Engine::EndPhase(int phase, Clock::time_point start) {
 }
 
 absl::Status Engine::ReportStep(const StepReport& report) {
-  // A failed csv write is returned after the step's bookkeeping and logging
-  // are done: the update stands and the engine stays usable.
+  // A failed csv write (a full disk, a removed directory) must not fail the
+  // step: the update has been applied, and only rank 0 writes, so an error
+  // here would stop rank 0 alone and leave the others waiting in the next
+  // collective. It is logged once and monitoring stops; training goes on.
   absl::Status monitor_status;
   if (monitor_.enabled()) {
     const int64_t samples = counters_.global_samples;
@@ -1085,10 +1108,19 @@ absl::Status Engine::ReportStep(const StepReport& report) {
       write("Train/Samples/elapsed_time_ms_backward", step_phase_ms_[1]);
       write("Train/Samples/elapsed_time_ms_step", step_phase_ms_[2]);
     }
+    if (!monitor_status.ok()) {
+      ZE_LOG(WARNING) << monitor_status.message()
+                      << "; csv_monitor stops here, training goes on (rows "
+                         "written before stay in "
+                      << monitor_.directory() << ")";
+      monitor_ = CsvMonitor();
+    }
   }
   for (double& ms : step_phase_ms_) ms = 0;
   const int64_t every = config_.steps_per_print;
-  if (every <= 0 || counters_.global_steps % every != 0) return monitor_status;
+  if (every <= 0 || counters_.global_steps % every != 0) {
+    return absl::OkStatus();
+  }
   const double seconds =
       std::chrono::duration<double>(Clock::now() - window_start_).count();
   const double samples =
@@ -1129,7 +1161,7 @@ absl::Status Engine::ReportStep(const StepReport& report) {
         now.bytes_reserved / kGib);
     allocator->ResetPeak();
   }
-  return monitor_status;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepReport> Engine::TrainBatch(

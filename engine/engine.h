@@ -46,7 +46,8 @@
 // phase and its peak since the last print (whose peak it then resets).
 // csv_monitor writes Train/Samples/train_loss, lr, loss_scale (fp16) and,
 // with wall_clock_breakdown, elapsed_time_ms_{forward,backward,step} at
-// each step (engine/monitor.h).
+// each step (engine/monitor.h); a failed write is logged and ends csv
+// monitoring, never the step.
 //
 // Threading: one thread drives an engine. Errors are Statuses naming the
 // config key, parameter or rank; a failed collective (timeout, mismatch)

@@ -6,12 +6,14 @@
 //     the values the steps returned;
 //   - wall_clock_breakdown and memory_breakdown add their lines to the
 //     steps_per_print log on rank 0;
+//   - a write that fails mid-run is logged once and training goes on;
 //   - a csv_monitor directory that cannot be created fails Initialize on
 //     every rank (rank 0 names the directory), instead of leaving the other
 //     ranks waiting.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -162,6 +164,42 @@ TEST(CsvMonitorTest, BreakdownLinesJoinTheStepLog) {
         "memory (GiB, host) | after forward: ", "| peak since last print: "}) {
     EXPECT_NE(log.find(expected), std::string::npos)
         << "missing '" << expected << "' in:\n"
+        << log;
+  }
+}
+
+// A write that fails mid-run (here the directory is removed) must not fail
+// the step on rank 0 alone, which would leave the other ranks waiting in the
+// next collective: it is logged and monitoring stops.
+TEST(CsvMonitorTest, FailedWriteIsLoggedAndTrainingGoesOn) {
+  const std::string directory = RunDirectory("removed");
+  const std::string monitoring =
+      absl::StrCat(R"("csv_monitor": {"enabled": true, "output_path": ")",
+                   directory, R"(", "job_name": "job"},)");
+  absl::StatusOr<std::shared_ptr<nn::LossModel>> model = MakeModel(DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(*model, Config("", monitoring), Comm());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(TrainStep(**engine, 0).ok());
+  ASSERT_TRUE(Comm()->Barrier().ok());
+  if (Rank() == 0) {
+    std::filesystem::remove_all(directory);
+  }
+  StderrCapture capture;
+  for (int step = 1; step < 3; ++step) {
+    absl::StatusOr<engine::StepReport> report = TrainStep(**engine, step);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_TRUE(report->boundary);
+  }
+  const std::string log = capture.Finish();
+  EXPECT_EQ((*engine)->counters().global_steps, 3);
+  if (Rank() == 0) {
+    EXPECT_NE(log.find("csv_monitor: cannot open"), std::string::npos) << log;
+    EXPECT_NE(log.find("csv_monitor stops here"), std::string::npos) << log;
+    // Logged once, not at every later step.
+    EXPECT_EQ(log.find("csv_monitor stops here"),
+              log.rfind("csv_monitor stops here"))
         << log;
   }
 }

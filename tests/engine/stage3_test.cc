@@ -12,6 +12,8 @@
 //   - communication_data_type: an f32 model reducing in bf16 is rounded
 //     (differs from f32, trains the same), a bf16 model reducing in fp32
 //     trains as bf16 does, at every stage;
+//   - a window whose boundary micro-step has no Backward is reduced before
+//     its step at every stage;
 //   - a module the backward skips in some micro-steps or whole windows
 //     trains as under stage 0 with stages 2 and 3 (no stale gradients);
 //   - a module order that changes between steps falls back to on-demand
@@ -387,6 +389,56 @@ TEST(CommunicationDataTypeTest, GradientsAreReducedInTheGivenDType) {
               kSteps);
     ASSERT_TRUE(wide.ok()) << wide.status();
     ExpectClose(*wide, *bf16, 1e-2);
+  }
+}
+
+// A window whose boundary micro-step has no Backward (a batch skipped by
+// the caller): stages 0 and 1 reduce gradients in the boundary Backward, so
+// the step must reduce them itself, or each rank steps with its own. All
+// stages must match stage 2, which reduces every micro-step.
+TEST(BoundaryWithoutBackwardTest, EveryStageReducesBeforeTheStep) {
+  auto train = [](int stage) -> absl::StatusOr<TrainingRun> {
+    ZE_ASSIGN_OR_RETURN(
+        std::shared_ptr<nn::GptModel> model,
+        MakeGpt(SmallGpt(), DType::kF32, /*materialize=*/false));
+    const std::string keys =
+        stage == 3 ? R"(, "stage3_param_persistence_threshold": 0)" : "";
+    ZE_ASSIGN_OR_RETURN(
+        std::unique_ptr<engine::Engine> engine,
+        engine::Initialize(model, Config(stage, "f32", 2, keys), Comm()));
+    TrainingRun run;
+    std::vector<int32_t> tokens(2 * kSeqLen), targets(2 * kSeqLen);
+    for (int step = 0; step < 4; ++step) {
+      // Micro-step 0 trains; micro-step 1 (the boundary) only steps.
+      for (int i = 0; i < 2; ++i) {
+        FillSample((step * World() + Rank()) * 2 + i, &tokens[i * kSeqLen],
+                   &targets[i * kSeqLen]);
+      }
+      Tensor token_tensor =
+          Tensor::Wrap(tokens.data(), {2, kSeqLen}, DType::kI32, Device::Cpu());
+      Tensor target_tensor = Tensor::Wrap(targets.data(), {2, kSeqLen},
+                                          DType::kI32, Device::Cpu());
+      ZE_RETURN_IF_ERROR(engine->Forward(token_tensor, target_tensor).status());
+      ZE_RETURN_IF_ERROR(engine->Backward());
+      ZE_RETURN_IF_ERROR(engine->Step().status());
+      ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
+      if (!report.boundary) return absl::InternalError("expected a boundary");
+      run.losses.push_back(report.loss);
+    }
+    for (const std::string& name : engine->ParameterNames()) {
+      ZE_ASSIGN_OR_RETURN(run.weights[name], engine->GatherMasterWeights(name));
+    }
+    run.largest_update = 1;  // compared below, not against untouched weights
+    return run;
+  };
+  absl::StatusOr<TrainingRun> reference = train(2);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (int stage : {0, 1, 3}) {
+    SCOPED_TRACE(
+        absl::StrCat("stage ", stage, ", rank ", Rank(), " of ", World()));
+    absl::StatusOr<TrainingRun> run = train(stage);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ExpectClose(*run, *reference, 1e-5);
   }
 }
 
