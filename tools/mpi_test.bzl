@@ -1,0 +1,49 @@
+"""gtest_alone_and_under_mpirun: one gtest program run alone and under mpirun.
+
+Multi-rank engine tests are gtest programs that bootstrap their communicator
+from mpirun's environment (world size 1 without a launcher). For a program
+`<name>_test.cc` this declares:
+
+  <name>_test          the program alone (cc_test, world size 1)
+  <name>_mpi           the same program as a binary for mpirun
+  <name>_np<N>_test    one sh_test per entry of `ranks`, launching N ranks
+                       through //tests/comm:run_mpi.sh (--oversubscribe)
+"""
+
+def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "medium", tags = []):
+    """Declares <name>_test, <name>_mpi and <name>_np<N>_test for N in ranks.
+
+    Args:
+      name: the prefix; the source is <name>_test.cc.
+      deps: the program's dependencies (gtest and a main among them).
+      ranks: world sizes to run under mpirun, e.g. [2, 3, 4].
+      size: the size of the single-rank cc_test.
+      mpi_size: the size of each mpirun sh_test.
+      tags: tags for every test (e.g. ["gpu"]).
+    """
+    source = name + "_test.cc"
+    native.cc_test(
+        name = name + "_test",
+        size = size,
+        srcs = [source],
+        deps = deps,
+        tags = tags,
+    )
+    native.cc_binary(
+        name = name + "_mpi",
+        testonly = True,
+        srcs = [source],
+        deps = deps,
+    )
+    for np in ranks:
+        native.sh_test(
+            name = "%s_np%d_test" % (name, np),
+            size = mpi_size,
+            srcs = ["//tests/comm:run_mpi.sh"],
+            args = [
+                str(np),
+                "$(rootpath :%s_mpi)" % name,
+            ],
+            data = [":%s_mpi" % name],
+            tags = tags,
+        )
