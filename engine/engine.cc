@@ -144,7 +144,12 @@ class Engine::Impl {
   // (Not when communication_data_type differs: the gradients are then
   // rounded through it at every world size, as in the other stages.)
   bool AliasesPartition() const {
-    return overwrite_partition_ && world() == 1 && comm_dtype_ == model_dtype_;
+    return OverwritesPartition() && world() == 1 && comm_dtype_ == model_dtype_;
+  }
+  // Stage 2, during a backward: whether its reduce-scatters write the
+  // partition (the window's first micro-step) rather than add into it.
+  bool OverwritesPartition() const {
+    return stage_ == 2 && !partition_holds_gradients_;
   }
   // The gradient elements this rank's optimizer for `bucket` reads.
   Tensor OwnGrads(int bucket) const;
@@ -190,7 +195,6 @@ class Engine::Impl {
   // partition directly instead of into a temporary that is then added: no
   // zero fill, no temporary, no addition.
   bool partition_holds_gradients_ = false;
-  bool overwrite_partition_ = false;  // this micro-step writes, not adds
   std::vector<comm::Work> bucket_work_;
   std::vector<nn::HookHandle> hooks_;
   bool in_backward_ = false;
@@ -517,7 +521,6 @@ absl::Status Engine::Impl::BeginBackward() {
   if (stage3_) return stage3_->BeginBackward();
   in_backward_ = true;
   reduce_now_ = stage_ == 2 || engine_.IsGradientAccumulationBoundary();
-  overwrite_partition_ = stage_ == 2 && !partition_holds_gradients_;
   next_bucket_ = 0;
   bucket_issued_.assign(layout_.num_buckets(), false);
   bucket_unready_.assign(layout_.num_buckets(), 0);
@@ -594,7 +597,7 @@ absl::Status Engine::Impl::IssueBucket(int bucket) {
   } else if (AliasesPartition()) {
     // The gradients are already in place (EnsureBucketGrads): nothing to
     // reduce over one rank.
-  } else if (overwrite_partition_ && !cast) {
+  } else if (OverwritesPartition() && !cast) {
     ZE_ASSIGN_OR_RETURN(
         work,
         comm().ReduceScatter(wire,
@@ -632,7 +635,7 @@ absl::Status Engine::Impl::FinishBucket(int bucket) {
   const zero::BucketLayout& layout = layout_.bucket(bucket);
   Tensor partition =
       Region(grad_partition_, layout.partition_offset, layout.slice_elements);
-  if (!overwrite_partition_) {
+  if (!OverwritesPartition()) {
     ZE_RETURN_IF_ERROR(
         Add(partition, bucket_outputs_[bucket], partition, stream()));
   } else if (bucket_outputs_[bucket].defined()) {
@@ -664,7 +667,6 @@ absl::Status Engine::Impl::EndBackward() {
       // Every bucket was reduced (untouched ones as zeros), so the whole
       // partition now holds this window's gradients.
       partition_holds_gradients_ = true;
-      overwrite_partition_ = false;
     }
   }
   return absl::OkStatus();
@@ -1359,13 +1361,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_ASSIGN_OR_RETURN(engine->compute_stream_,
                         Stream::Create(engine->model_->device()));
   }
-  // Only rank 0 writes; every rank learns whether it could.
-  absl::StatusOr<CsvMonitor> monitor =
-      CsvMonitor::Create(config.csv_monitor, engine->communicator_->rank());
-  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(
-      *engine->communicator_, monitor.status(), engine->compute_stream_,
-      absl::StrCat(config.source, ": csv_monitor")));
-  engine->monitor_ = std::move(monitor).value();
+  if (config.csv_monitor.enabled) {
+    // Only rank 0 writes; every rank learns whether it could (the config,
+    // and so this branch, is the same on every rank).
+    absl::StatusOr<CsvMonitor> monitor =
+        CsvMonitor::Create(config.csv_monitor, engine->communicator_->rank());
+    ZE_RETURN_IF_ERROR(AgreeAcrossRanks(
+        *engine->communicator_, monitor.status(), engine->compute_stream_,
+        absl::StrCat(config.source, ": csv_monitor")));
+    engine->monitor_ = std::move(monitor).value();
+  }
   engine->impl_ = std::make_unique<Engine::Impl>(engine.get());
   ZE_RETURN_IF_ERROR(engine->impl_->Setup());
   engine->window_start_ = Clock::now();
