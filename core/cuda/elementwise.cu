@@ -340,41 +340,20 @@ __global__ void __launch_bounds__(kThreads)
   if (__syncthreads_or(found) && threadIdx.x == 0) *flag = 1.0f;
 }
 
-// Launches kernel<dtype> over x[0, count) with the split ForEachElement
-// expects.
-template <template <int> class Kernel>
-int LaunchReduction(const void* x, int dtype, int64_t count, float* result,
-                    void* stream) {
+// Splits x[0, count) as ForEachElement expects and calls
+// launch(DTypeConstant<dtype>, blocks, vector_end), which launches the
+// reduction kernel for that dtype.
+template <typename Launch>
+int LaunchReduction(const void* x, int dtype, int64_t count, Launch&& launch) {
   if (count == 0) return 0;
   return DispatchDType(dtype, [&](auto type) {
-    constexpr int kDType = decltype(type)::value;
-    constexpr int64_t kStep = 2 * (16 / SizeOfDType(kDType));
+    constexpr int64_t kStep = 2 * (16 / SizeOfDType(decltype(type)::value));
     const int64_t vector_end = Aligned16(x) ? count / kStep * kStep : 0;
     const int64_t work_items = vector_end / kStep + (count - vector_end);
-    Kernel<kDType>::Launch(MapBlocks(work_items),
-                           static_cast<cudaStream_t>(stream), x, count,
-                           vector_end, result);
+    launch(type, MapBlocks(work_items), vector_end);
     return static_cast<int>(cudaGetLastError());
   });
 }
-
-template <int kDType>
-struct SumOfSquaresLaunch {
-  static void Launch(int blocks, cudaStream_t stream, const void* x,
-                     int64_t count, int64_t vector_end, float* result) {
-    SumOfSquaresKernel<kDType>
-        <<<blocks, kThreads, 0, stream>>>(x, count, vector_end, result);
-  }
-};
-
-template <int kDType>
-struct HasInfOrNanLaunch {
-  static void Launch(int blocks, cudaStream_t stream, const void* x,
-                     int64_t count, int64_t vector_end, float* flag) {
-    HasInfOrNanKernel<kDType>
-        <<<blocks, kThreads, 0, stream>>>(x, count, vector_end, flag);
-  }
-};
 
 }  // namespace
 
@@ -421,13 +400,22 @@ int LaunchScale(void* x, int dtype, int64_t count, float factor, void* stream) {
 }
 int LaunchSumOfSquares(const void* x, int dtype, int64_t count,
                        float* result_f32, void* stream) {
-  return LaunchReduction<SumOfSquaresLaunch>(x, dtype, count, result_f32,
-                                             stream);
+  return LaunchReduction(
+      x, dtype, count, [&](auto type, int blocks, int64_t vector_end) {
+        SumOfSquaresKernel<decltype(type)::value>
+            <<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+                x, count, vector_end, result_f32);
+      });
 }
 
 int LaunchHasInfOrNan(const void* x, int dtype, int64_t count, float* flag_f32,
                       void* stream) {
-  return LaunchReduction<HasInfOrNanLaunch>(x, dtype, count, flag_f32, stream);
+  return LaunchReduction(
+      x, dtype, count, [&](auto type, int blocks, int64_t vector_end) {
+        HasInfOrNanKernel<decltype(type)::value>
+            <<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+                x, count, vector_end, flag_f32);
+      });
 }
 
 }  // namespace cuda
