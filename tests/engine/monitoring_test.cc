@@ -50,6 +50,12 @@ std::string Config(const std::string& dtype_section,
       monitoring, R"("zero_optimization": {"stage": 2}})");
 }
 
+// The csv_monitor section (with a trailing comma), job name "job".
+std::string CsvMonitorKeys(const std::string& output_path) {
+  return absl::StrCat(R"("csv_monitor": {"enabled": true, "output_path": ")",
+                      output_path, R"(", "job_name": "job"},)");
+}
+
 absl::StatusOr<std::shared_ptr<nn::LossModel>> MakeModel(DType dtype) {
   ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> model,
                       MakeGpt(SmallGpt(), dtype));
@@ -95,8 +101,7 @@ TEST(CsvMonitorTest, WritesDeepSpeedFilesOnRankZero) {
     SCOPED_TRACE(fp16 ? "fp16" : "f32");
     const std::string directory = RunDirectory(fp16 ? "csv_fp16" : "csv_f32");
     const std::string monitoring = absl::StrCat(
-        R"("wall_clock_breakdown": true, "csv_monitor": {"enabled": true, "output_path": ")",
-        directory, R"(", "job_name": "job"},)");
+        R"("wall_clock_breakdown": true,)", CsvMonitorKeys(directory));
     absl::StatusOr<std::shared_ptr<nn::LossModel>> model =
         MakeModel(fp16 ? DType::kF16 : DType::kF32);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -173,9 +178,7 @@ TEST(CsvMonitorTest, BreakdownLinesJoinTheStepLog) {
 // next collective: it is logged and monitoring stops.
 TEST(CsvMonitorTest, FailedWriteIsLoggedAndTrainingGoesOn) {
   const std::string directory = RunDirectory("removed");
-  const std::string monitoring =
-      absl::StrCat(R"("csv_monitor": {"enabled": true, "output_path": ")",
-                   directory, R"(", "job_name": "job"},)");
+  const std::string monitoring = CsvMonitorKeys(directory);
   absl::StatusOr<std::shared_ptr<nn::LossModel>> model = MakeModel(DType::kF32);
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
@@ -211,9 +214,7 @@ TEST(CsvMonitorTest, UncreatableDirectoryFailsOnEveryRank) {
     std::ofstream(blocker) << "not a directory\n";
   }
   ASSERT_TRUE(Comm()->Barrier().ok());
-  const std::string monitoring =
-      absl::StrCat(R"("csv_monitor": {"enabled": true, "output_path": ")",
-                   blocker, R"(/sub", "job_name": "job"},)");
+  const std::string monitoring = CsvMonitorKeys(blocker + "/sub");
   absl::StatusOr<std::shared_ptr<nn::LossModel>> model = MakeModel(DType::kF32);
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
