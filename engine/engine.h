@@ -1,14 +1,15 @@
 // Engine: trains a model data-parallel across the ranks of an mpirun job,
-// the way a DeepSpeed config says (ZeRO stages 0-3; stage 3 is
-// engine/stage3.h; see docs/architecture.md for offload).
+// the way a DeepSpeed config says. The ZeRO stages live in zero/ behind one
+// seam (zero/strategy.h): the Engine orchestrates a micro-step through it and
+// keeps the public surface, the counters and monitoring.
 //
 //   ZE_ASSIGN_OR_RETURN(auto engine,
 //                       ze::engine::Initialize(model, "ds_config.json"));
 //   for (...) {                        // one micro-batch per call
 //     ZE_ASSIGN_OR_RETURN(float loss, engine->Forward(tokens, targets));
 //     ZE_RETURN_IF_ERROR(engine->Backward());
-//     ZE_RETURN_IF_ERROR(engine->Step());  // updates at the accumulation
-//   }                                      // boundary only
+//     ZE_RETURN_IF_ERROR(engine->Step().status());  // updates at the
+//   }                                    // accumulation boundary only
 //
 // What the engine owns: the communicator (bootstrapped from mpirun's
 // environment), the flat partitioned buffers that replace the model's
@@ -34,7 +35,7 @@
 //      reduce-scattered during backward, every micro-step, into this rank's
 //      gradient partition and freed. 2 Psi + 14 Psi / N.
 //   3: everything partitioned; each module's parameters are all-gathered
-//      before it runs and released after (engine/stage3.h). 16 Psi / N plus
+//      before it runs and released after (zero/stage3.h). 16 Psi / N plus
 //      the gathered buckets.
 //
 // Monitoring, as DeepSpeed's keys say: every steps_per_print steps rank 0
@@ -71,54 +72,26 @@
 #include "core/tensor.h"
 #include "engine/monitor.h"
 #include "nn/loss_model.h"
+#include "zero/boundary_step.h"
+#include "zero/memory_estimate.h"
+#include "zero/strategy.h"
+#include "zero/training_state.h"
 
 namespace ze {
 namespace engine {
 
-// Per-rank bytes of model state, as the ZeRO paper counts it (and as the
-// engine allocates it, padding included).
-struct MemoryBreakdown {
-  int64_t parameter_elements = 0;  // Psi
-  int64_t model_weight_bytes = 0;  // 16-bit (or f32) weights held
-  int64_t gradient_bytes = 0;      // gradients held between steps
-  int64_t master_weight_bytes = 0;
-  int64_t optimizer_state_bytes = 0;
-  int64_t total_bytes() const {
-    return model_weight_bytes + gradient_bytes + master_weight_bytes +
-           optimizer_state_bytes;
-  }
-  // The paper's figure for this stage and world size, in bytes (16 Psi,
-  // 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N for mixed precision Adam).
-  double paper_bytes = 0;
-  std::string ToString() const;
-};
+// The zero/ types the public API speaks in (zero/memory_estimate.h,
+// zero/strategy.h, zero/boundary_step.h).
+using MemoryBreakdown = zero::MemoryBreakdown;  // per-rank model state
+using CommunicationCounters = zero::CommunicationCounters;
+using LoadReport = zero::LoadReport;
+using StepReport = zero::StepReport;
 
 struct Counters {
   int64_t global_steps = 0;    // optimizer steps taken or skipped
   int64_t skipped_steps = 0;   // fp16 overflow skips
   int64_t micro_steps = 0;     // Forward/Backward pairs
   int64_t global_samples = 0;  // samples over all ranks
-};
-
-// Collective volume, in elements (padded buckets, as sent), over one
-// optimizer step. Stage 3 counts its parameter all-gathers (output size) and
-// gradient reduce-scatters (input size); other stages report zeros.
-struct CommunicationCounters {
-  int64_t all_gathered_elements = 0;
-  int64_t reduce_scattered_elements = 0;
-  int64_t all_gathers = 0;
-  int64_t reduce_scatters = 0;
-  // Stage 3: time the compute stream (CUDA, timing events) or the host
-  // (CPU) waited for parameter all-gathers to complete; near zero when
-  // prefetching hides them.
-  double wait_ms = 0;
-  // Stage 3: buckets kept gathered for reuse (stage3_max_reuse_distance)
-  // and gathered buckets released early to stay within
-  // stage3_max_live_parameters.
-  int64_t kept_for_reuse = 0;
-  int64_t early_releases = 0;
-  // Stage 3: the most gathered elements alive at once during the step.
-  int64_t peak_gathered_elements = 0;
 };
 
 // Engine::Generate's options.
@@ -129,12 +102,6 @@ struct GenerateOptions {
   // Only logits [0, vocab_size) compete in the argmax (a padded vocabulary's
   // extra columns never win); 0 uses every column.
   int64_t vocab_size = 0;
-};
-
-// Engine::LoadWeights's report.
-struct LoadReport {
-  int64_t tensors = 0;     // parameters loaded
-  int64_t bytes_read = 0;  // tensor bytes this rank read from the file
 };
 
 class Engine;
@@ -170,16 +137,6 @@ class GatheredParameters {
   absl::Status status_;
 };
 
-// What Step reports about the boundary it handled (for logs and tests).
-struct StepReport {
-  bool boundary = false;     // false: only accumulated
-  bool skipped = false;      // fp16 overflow
-  double loss = 0;           // mean over ranks and micro-batches
-  double grad_norm = 0;      // global norm before clipping (0 if unknown)
-  double learning_rate = 0;  // used for this update
-  double loss_scale = 1;     // in effect for this step's backward
-};
-
 class Engine {
  public:
   ~Engine();
@@ -212,7 +169,9 @@ class Engine {
   const config::Config& config() const { return config_; }
   comm::Communicator& communicator() const { return *communicator_; }
   nn::LossModel& model() const { return *model_; }
-  const MemoryBreakdown& memory_breakdown() const { return memory_; }
+  const MemoryBreakdown& memory_breakdown() const {
+    return strategy_->memory();
+  }
   const Stream& compute_stream() const { return compute_stream_; }
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
@@ -263,8 +222,9 @@ class Engine {
   friend absl::StatusOr<std::unique_ptr<Engine>> Initialize(
       std::shared_ptr<nn::LossModel> model, const config::Config& config,
       std::shared_ptr<comm::Communicator> communicator);
-  class Impl;
   Engine() = default;
+  // The part of Initialize after the checks: training state and strategy.
+  absl::Status Setup();
   absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
   absl::Status RequireNoPendingBackward(const char* what) const;
   // wall_clock_breakdown / memory_breakdown: called at the end of a phase
@@ -279,8 +239,10 @@ class Engine {
   std::shared_ptr<comm::Communicator> communicator_;
   Stream compute_stream_;
   Counters counters_;
-  MemoryBreakdown memory_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<zero::TrainingState> training_;
+  std::unique_ptr<zero::ZeroStrategy> strategy_;
+  // This window's summed micro-batch losses (for the step's mean loss).
+  double loss_sum_ = 0;
   // For the steps_per_print throughput line.
   int64_t last_tokens_ = 0;
   double window_tokens_ = 0;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace ze {
 namespace zero {
@@ -20,17 +21,20 @@ std::string GiB(int64_t bytes) {
 ModelStateBytes Compute(int64_t replicated_elements, int64_t partition_elements,
                         int stage, TrainingPrecision precision,
                         int64_t optimizer_state_bytes_per_element) {
-  const int64_t weight_bytes = precision == TrainingPrecision::kMixed ? 2 : 4;
+  const bool mixed = precision != TrainingPrecision::kFp32;
+  const int64_t weight_bytes = mixed ? 2 : 4;
+  const int64_t master_bytes = mixed ? 4 : 0;
   const int64_t optimizer_bytes =
-      (precision == TrainingPrecision::kMixed ? 4 : 0) +
-      optimizer_state_bytes_per_element;
+      master_bytes + optimizer_state_bytes_per_element;
   ModelStateBytes bytes;
   bytes.params =
       weight_bytes * (stage >= 3 ? partition_elements : replicated_elements);
   bytes.grads =
       weight_bytes * (stage >= 2 ? partition_elements : replicated_elements);
-  bytes.optimizer_states =
-      optimizer_bytes * (stage >= 1 ? partition_elements : replicated_elements);
+  const int64_t optimizer_elements =
+      stage >= 1 ? partition_elements : replicated_elements;
+  bytes.optimizer_states = optimizer_bytes * optimizer_elements;
+  bytes.master_weights = master_bytes * optimizer_elements;
   return bytes;
 }
 
@@ -78,6 +82,44 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
   if (!status.ok()) return status;
   return Compute(layout.padded_total_elements(), layout.partition_elements(),
                  stage, precision, optimizer_state_bytes_per_element);
+}
+
+std::string MemoryBreakdown::ToString() const {
+  return absl::StrFormat(
+      "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
+      "%s, optimizer state %s, total %s (ZeRO paper: %s)",
+      parameter_elements, GiB(model_weight_bytes), GiB(gradient_bytes),
+      GiB(master_weight_bytes), GiB(optimizer_state_bytes), GiB(total_bytes()),
+      GiB(static_cast<int64_t>(paper_bytes)));
+}
+
+absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
+    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
+    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements) {
+  absl::StatusOr<ModelStateBytes> bytes = EstimateModelStateBytes(
+      layout, stage, precision, optimizer_state_bytes_per_element);
+  if (!bytes.ok()) return bytes.status();
+  MemoryBreakdown memory;
+  memory.parameter_elements = trainable_elements;
+  memory.model_weight_bytes = bytes->params;
+  memory.gradient_bytes = bytes->grads;
+  memory.master_weight_bytes = bytes->master_weights;
+  memory.optimizer_state_bytes =
+      bytes->optimizer_states - bytes->master_weights;
+  // The paper's formula in exact arithmetic: each of params, grads and
+  // optimizer states is either replicated (Psi) or divided by N.
+  const bool mixed = precision != TrainingPrecision::kFp32;
+  const double psi = static_cast<double>(trainable_elements);
+  const double n = layout.world_size();
+  const double weight = mixed ? 2 : 4;
+  const double optimizer =
+      (mixed ? 4 : 0) + static_cast<double>(optimizer_state_bytes_per_element);
+  const double replicated = (stage >= 3 ? 0 : weight) +
+                            (stage >= 2 ? 0 : weight) +
+                            (stage >= 1 ? 0 : optimizer);
+  const double partitioned = weight + weight + optimizer - replicated;
+  memory.paper_bytes = replicated * psi + partitioned * psi / n;
+  return memory;
 }
 
 }  // namespace zero

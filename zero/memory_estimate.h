@@ -31,21 +31,22 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "config/config.h"
 #include "zero/flat_layout.h"
 
 namespace ze {
 namespace zero {
 
-enum class TrainingPrecision {
-  kMixed = 0,  // bf16 or fp16 model weights and gradients, f32 master
-  kF32 = 1,
-};
+// Precision is config::TrainingPrecision: bf16 and fp16 are "mixed" above
+// (16-bit weights and gradients, f32 master), fp32 is "f32 training".
+using config::TrainingPrecision;
 
 // Bytes one rank holds.
 struct ModelStateBytes {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer_states = 0;  // master weights (mixed) + moments
+  int64_t master_weights = 0;    // the f32 master part of optimizer_states
   int64_t total() const { return params + grads + optimizer_states; }
   // "params 1.50 GiB, grads 0.09 GiB, optimizer states 0.56 GiB, total ...".
   std::string ToString() const;
@@ -65,6 +66,32 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
 absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
     int64_t optimizer_state_bytes_per_element);
+
+// The memory plan the engine reports and allocates by (per rank).
+struct MemoryBreakdown {
+  int64_t parameter_elements = 0;  // Psi: trainable parameter elements
+  int64_t model_weight_bytes = 0;  // 16-bit (or f32) weights held
+  int64_t gradient_bytes = 0;      // gradients held between steps
+  int64_t master_weight_bytes = 0;
+  int64_t optimizer_state_bytes = 0;  // moments, without the master weights
+  int64_t total_bytes() const {
+    return model_weight_bytes + gradient_bytes + master_weight_bytes +
+           optimizer_state_bytes;
+  }
+  // The paper's figure for this stage, precision and world size (16 Psi,
+  // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
+  // Adam), exact (no rounding of Psi / N).
+  double paper_bytes = 0;
+  std::string ToString() const;
+};
+
+// The breakdown for `layout` at `stage` (model state as allocated, padding
+// included; stage 3's layout may hold frozen buckets, which count as
+// weights, gradients and optimizer slices like the others) and the paper's
+// figure for `trainable_elements` parameters. Errors as above.
+absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
+    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
+    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements);
 
 }  // namespace zero
 }  // namespace ze

@@ -18,13 +18,13 @@ TEST(MemoryEstimateTest, PaperExample) {
   const int n = 64;
   const int64_t per_rank = psi / n;  // divides exactly
   auto stage0 =
-      PaperModelStateBytes(psi, n, 0, TrainingPrecision::kMixed, kAdamState);
+      PaperModelStateBytes(psi, n, 0, TrainingPrecision::kBf16, kAdamState);
   auto stage1 =
-      PaperModelStateBytes(psi, n, 1, TrainingPrecision::kMixed, kAdamState);
+      PaperModelStateBytes(psi, n, 1, TrainingPrecision::kBf16, kAdamState);
   auto stage2 =
-      PaperModelStateBytes(psi, n, 2, TrainingPrecision::kMixed, kAdamState);
+      PaperModelStateBytes(psi, n, 2, TrainingPrecision::kBf16, kAdamState);
   auto stage3 =
-      PaperModelStateBytes(psi, n, 3, TrainingPrecision::kMixed, kAdamState);
+      PaperModelStateBytes(psi, n, 3, TrainingPrecision::kBf16, kAdamState);
   ASSERT_TRUE(stage0.ok() && stage1.ok() && stage2.ok() && stage3.ok());
   EXPECT_EQ(stage0->total(), 16 * psi);                 // 120 GB
   EXPECT_EQ(stage1->total(), 4 * psi + 12 * per_rank);  // 31.4 GB
@@ -42,24 +42,24 @@ TEST(MemoryEstimateTest, F32AndSgdVariants) {
   const int64_t psi = 1000;
   const int n = 4;
   auto f32_stage1 =
-      PaperModelStateBytes(psi, n, 1, TrainingPrecision::kF32, kAdamState);
+      PaperModelStateBytes(psi, n, 1, TrainingPrecision::kFp32, kAdamState);
   ASSERT_TRUE(f32_stage1.ok());
   EXPECT_EQ(f32_stage1->params, 4 * psi);
   EXPECT_EQ(f32_stage1->grads, 4 * psi);
   EXPECT_EQ(f32_stage1->optimizer_states, 8 * psi / n);
   auto f32_stage0 =
-      PaperModelStateBytes(psi, n, 0, TrainingPrecision::kF32, kAdamState);
+      PaperModelStateBytes(psi, n, 0, TrainingPrecision::kFp32, kAdamState);
   EXPECT_EQ(f32_stage0->total(), 16 * psi);
   auto f32_stage2 =
-      PaperModelStateBytes(psi, n, 2, TrainingPrecision::kF32, kAdamState);
+      PaperModelStateBytes(psi, n, 2, TrainingPrecision::kFp32, kAdamState);
   EXPECT_EQ(f32_stage2->total(), 4 * psi + 12 * psi / n);
   // SGD with momentum, mixed precision, stage 3: (2 + 2 + 4 + 4) psi / N.
-  auto sgd = PaperModelStateBytes(psi, n, 3, TrainingPrecision::kMixed, 4);
+  auto sgd = PaperModelStateBytes(psi, n, 3, TrainingPrecision::kBf16, 4);
   EXPECT_EQ(sgd->total(), 12 * psi / n);
   EXPECT_FALSE(
-      PaperModelStateBytes(psi, n, 4, TrainingPrecision::kMixed, 8).ok());
+      PaperModelStateBytes(psi, n, 4, TrainingPrecision::kBf16, 8).ok());
   EXPECT_FALSE(
-      PaperModelStateBytes(psi, 0, 1, TrainingPrecision::kMixed, 8).ok());
+      PaperModelStateBytes(psi, 0, 1, TrainingPrecision::kBf16, 8).ok());
 }
 
 // With the real layout the estimate uses the padded sizes, and for a
@@ -86,9 +86,9 @@ TEST(MemoryEstimateTest, LayoutEstimateAddsOnlyPadding) {
     for (int stage = 0; stage <= 3; ++stage) {
       auto paper =
           PaperModelStateBytes(layout->total_param_elements(), world_size,
-                               stage, TrainingPrecision::kMixed, kAdamState);
-      auto real = EstimateModelStateBytes(
-          *layout, stage, TrainingPrecision::kMixed, kAdamState);
+                               stage, TrainingPrecision::kBf16, kAdamState);
+      auto real = EstimateModelStateBytes(*layout, stage,
+                                          TrainingPrecision::kBf16, kAdamState);
       ASSERT_TRUE(paper.ok() && real.ok());
       EXPECT_GE(real->total(), paper->total());
       EXPECT_LT(real->total(), paper->total() * 1.001)

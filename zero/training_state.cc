@@ -1,16 +1,16 @@
-#include "engine/training_state.h"
+#include "zero/training_state.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
 
 namespace ze {
-namespace engine {
+namespace zero {
 namespace {
 
-zero::WarmupType ToZero(config::WarmupType type) {
-  return type == config::WarmupType::kLinear ? zero::WarmupType::kLinear
-                                             : zero::WarmupType::kLog;
+WarmupType ToZero(config::WarmupType type) {
+  return type == config::WarmupType::kLinear ? WarmupType::kLinear
+                                             : WarmupType::kLog;
 }
 
 absl::Status Named(const config::Config& config, const absl::Status& status,
@@ -32,17 +32,16 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
         "optimizer.type (Adam, AdamW or SGD)"));
   }
   const config::OptimizerConfig& optimizer = *config.optimizer;
-  zero::OptimizerOptions& options = state->optimizer_options_;
+  OptimizerOptions& options = state->optimizer_options_;
   switch (optimizer.type) {
     case config::OptimizerType::kSgd:
-      options.type = zero::OptimizerType::kSgd;
+      options.type = OptimizerType::kSgd;
       options.momentum = optimizer.params.momentum;
       break;
     case config::OptimizerType::kAdam:
     case config::OptimizerType::kAdamW:
-      options.type = optimizer.DecoupledWeightDecay()
-                         ? zero::OptimizerType::kAdamW
-                         : zero::OptimizerType::kAdam;
+      options.type = optimizer.DecoupledWeightDecay() ? OptimizerType::kAdamW
+                                                      : OptimizerType::kAdam;
       options.beta1 = optimizer.params.betas.value()[0];
       options.beta2 = optimizer.params.betas.value()[1];
       options.eps = optimizer.params.eps.value();
@@ -53,36 +52,36 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
 
   if (config.scheduler.has_value()) {
     const config::SchedulerParams& p = config.scheduler->params;
-    absl::StatusOr<std::unique_ptr<zero::LrSchedule>> schedule;
-    zero::WarmupLRParams warmup;
+    absl::StatusOr<std::unique_ptr<LrSchedule>> schedule;
+    WarmupLRParams warmup;
     warmup.warmup_min_lr = p.warmup_min_lr.value();
     warmup.warmup_max_lr = p.warmup_max_lr.value();
     warmup.warmup_num_steps = p.warmup_num_steps.value();
     warmup.warmup_type = ToZero(p.warmup_type);
     switch (config.scheduler->type) {
       case config::SchedulerType::kWarmupLR:
-        schedule = zero::MakeWarmupLR(warmup);
+        schedule = MakeWarmupLR(warmup);
         break;
       case config::SchedulerType::kWarmupDecayLR: {
-        zero::WarmupDecayLRParams decay;
+        WarmupDecayLRParams decay;
         decay.warmup = warmup;
         decay.total_num_steps = p.total_num_steps.value();
-        schedule = zero::MakeWarmupDecayLR(decay);
+        schedule = MakeWarmupDecayLR(decay);
         break;
       }
       case config::SchedulerType::kWarmupCosineLR: {
-        zero::WarmupCosineLRParams cosine;
+        WarmupCosineLRParams cosine;
         cosine.base_lr = state->base_learning_rate_;
         cosine.total_num_steps = p.total_num_steps.value();
         cosine.warmup_min_ratio = p.warmup_min_ratio;
         cosine.warmup_num_steps = p.warmup_num_steps.value();
         cosine.cos_min_ratio = p.cos_min_ratio;
         cosine.warmup_type = ToZero(p.warmup_type);
-        schedule = zero::MakeWarmupCosineLR(cosine);
+        schedule = MakeWarmupCosineLR(cosine);
         break;
       }
       case config::SchedulerType::kOneCycle: {
-        zero::OneCycleParams cycle;
+        OneCycleParams cycle;
         cycle.cycle_min_lr = p.cycle_min_lr.value_or(0.0);
         cycle.cycle_max_lr = p.cycle_max_lr.value_or(0.0);
         cycle.decay_lr_rate = p.decay_lr_rate;
@@ -93,11 +92,11 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
         cycle.decay_step_size = p.decay_step_size;
         // DeepSpeed cycles momentum only for optimizers with betas.
         cycle.cycle_momentum =
-            p.cycle_momentum && options.type != zero::OptimizerType::kSgd;
+            p.cycle_momentum && options.type != OptimizerType::kSgd;
         cycle.cycle_min_mom = p.cycle_min_mom;
         cycle.cycle_max_mom = p.cycle_max_mom;
         cycle.decay_mom_rate = p.decay_mom_rate;
-        schedule = zero::MakeOneCycle(cycle);
+        schedule = MakeOneCycle(cycle);
         break;
       }
     }
@@ -106,10 +105,12 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
     state->schedule_step_ = p.last_batch_iteration + 1;
   }
 
-  if (config::GetTrainingPrecision(config) == config::TrainingPrecision::kFp16) {
-    zero::LossScalerOptions scaler;
+  if (config::GetTrainingPrecision(config) ==
+      config::TrainingPrecision::kFp16) {
+    LossScalerOptions scaler;
     scaler.loss_scale = config.fp16.loss_scale;
-    scaler.initial_scale_power = static_cast<int>(config.fp16.initial_scale_power);
+    scaler.initial_scale_power =
+        static_cast<int>(config.fp16.initial_scale_power);
     scaler.loss_scale_window = config.fp16.loss_scale_window;
     scaler.hysteresis = static_cast<int>(config.fp16.hysteresis);
     scaler.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
@@ -117,7 +118,7 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
     // Keep skipping at the floor rather than stopping the run; each skip is
     // logged and counted, so a diverged run is visible.
     scaler.raise_error_at_min_scale = false;
-    absl::StatusOr<zero::LossScaler> created = zero::LossScaler::Create(scaler);
+    absl::StatusOr<LossScaler> created = LossScaler::Create(scaler);
     ZE_RETURN_IF_ERROR(Named(config, created.status(), "fp16"));
     state->scaler_.emplace(std::move(created).value());
   }
@@ -130,9 +131,9 @@ double TrainingState::learning_rate() const {
   return schedule_->LearningRate(schedule_step_ - 1);
 }
 
-void TrainingState::FillMomentum(zero::StepArgs* args) const {
+void TrainingState::FillMomentum(StepArgs* args) const {
   if (schedule_ == nullptr) return;
-  std::optional<zero::Betas> betas = schedule_->Momentum(schedule_step_ - 1);
+  std::optional<Betas> betas = schedule_->Momentum(schedule_step_ - 1);
   if (!betas.has_value()) return;
   args->beta1 = betas->beta1;
   args->beta2 = betas->beta2;
@@ -144,7 +145,7 @@ double TrainingState::loss_scale() const {
 
 absl::Status TrainingState::UpdateLossScale(bool overflow, int64_t step) {
   if (!scaler_.has_value()) return absl::OkStatus();
-  ZE_ASSIGN_OR_RETURN(zero::ScaleUpdate update, scaler_->Update(overflow));
+  ZE_ASSIGN_OR_RETURN(ScaleUpdate update, scaler_->Update(overflow));
   if (update.step_skipped) {
     ZE_LOG_RANK0(WARNING) << "step " << step << ": " << update.Message();
   } else if (update.new_scale != update.old_scale) {
@@ -153,5 +154,5 @@ absl::Status TrainingState::UpdateLossScale(bool overflow, int64_t step) {
   return absl::OkStatus();
 }
 
-}  // namespace engine
+}  // namespace zero
 }  // namespace ze

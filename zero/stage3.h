@@ -1,4 +1,4 @@
-// Stage3: ZeRO stage 3 for the Engine. Parameters, gradients, master weights
+// Stage3: ZeRO stage 3 (zero/strategy.h). Parameters, gradients, master weights
 // and optimizer state are all partitioned; a module's parameters exist in
 // full only while the module runs.
 //
@@ -13,7 +13,8 @@
 //   grads     (partition) model dtype: reduced gradients, accumulated over
 //             the micro-steps of one optimizer step
 //   master    (partition) f32 (aliases the weights when training in f32)
-//   optimizer state, one FlatOptimizer per trainable bucket.
+//   optimizer state, one FlatOptimizer per trainable bucket
+// (all in a zero::PartitionState).
 // So model state per rank is 16 Psi / N bytes for mixed-precision Adam, plus
 // padding and whatever buckets are gathered at the moment.
 //
@@ -28,11 +29,10 @@
 //   post-backward:              once every forward use of a bucket has been
 //                               backpropagated (counted as stages 0-2 count
 //                               parameter uses; a tied table is final after
-//                               the embedding's backward), reduce-scatter its
-//                               gradient buffer; the reduced slice is added
-//                               to this rank's gradient partition when the
-//                               next-but-one bucket is issued or at the end
-//                               of backward, so reductions overlap backward.
+//                               the embedding's backward), hand its gradient
+//                               buffer to the GradientReducer, which
+//                               reduce-scatters it into this rank's gradient
+//                               partition (two buckets in flight).
 // Activation checkpointing needs nothing special: the recomputation fires
 // the children's forward hooks (gathers again) but is not counted as a use.
 //
@@ -74,100 +74,56 @@
 // module paths" listing its own module order, before anything is updated.
 //
 // Not thread-safe; driven by the Engine's thread.
-#ifndef ZE_ENGINE_STAGE3_H_
-#define ZE_ENGINE_STAGE3_H_
+#ifndef ZE_ZERO_STAGE3_H_
+#define ZE_ZERO_STAGE3_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "comm/communicator.h"
-#include "config/config.h"
-#include "core/safetensors/reader.h"
 #include "core/stream.h"
 #include "core/tensor.h"
-#include "engine/engine.h"
-#include "engine/training_state.h"
-#include "nn/loss_model.h"
+#include "nn/module.h"
 #include "zero/flat_layout.h"
-#include "zero/optimizer.h"
+#include "zero/gradient_reducer.h"
+#include "zero/partition_state.h"
+#include "zero/strategy.h"
 
 namespace ze {
-namespace engine {
+namespace zero {
 
-// What Stage3 borrows from its Engine (all outlive it).
-struct Stage3Context {
-  const config::Config* config = nullptr;
-  comm::Communicator* comm = nullptr;
-  const Stream* stream = nullptr;
-  nn::LossModel* model = nullptr;
-  TrainingState* state = nullptr;
-  MemoryBreakdown* memory = nullptr;  // filled by Create
-  const Counters* counters = nullptr;
-  // communication_data_type resolved (the model's dtype when unset): the
-  // dtype gradients are reduce-scattered in.
-  DType communication_dtype = DType::kF32;
-};
-
-class Stage3 {
+class Stage3 : public ZeroStrategy {
  public:
-  // Lays out, allocates and initialises this rank's partition and installs
-  // the hooks. Parameters without storage are filled with
+  // See CreateZeroStrategy. Parameters without storage are filled with
   // Parameter::InitializeSlice(config.seed) for this rank's range only;
   // parameters that have full data are sliced and their full data dropped.
-  // ResourceExhausted naming the bytes per rank when the partition does not
-  // fit; InvalidArgument for a model whose parameters cannot be laid out.
-  static absl::StatusOr<std::unique_ptr<Stage3>> Create(
-      const Stage3Context& context);
-  ~Stage3();  // removes the hooks
-  Stage3(const Stage3&) = delete;
-  Stage3& operator=(const Stage3&) = delete;
+  static absl::StatusOr<std::unique_ptr<ZeroStrategy>> Create(
+      const StrategyContext& context);
+  ~Stage3() override;  // removes the hooks
 
-  // Around the model's BackwardLoss.
-  absl::Status BeginBackward();
-  absl::Status EndBackward();
-  // The optimizer step at the accumulation boundary; `loss_sum` is this
-  // rank's summed micro-batch losses of the step. Aborted (named schedule
-  // mismatch) when ranks fetched different module sequences.
-  absl::StatusOr<StepReport> BoundaryStep(double loss_sum);
-  // As Engine::GatherMasterWeights (a collective).
-  absl::StatusOr<std::vector<float>> GatherMasterWeights(
-      const std::string& name);
-  std::vector<std::string> ParameterNames() const;
-
-  // Evaluation (Engine::EvalForward, Generate): between them, module calls
-  // gather on demand and release, leaving the training bookkeeping (uses,
-  // recorded order, schedule hash, step counters) as it was.
-  // FailedPrecondition when called during backward or nested.
-  absl::Status BeginEval();
-  absl::Status EndEval();
-
-  // Engine::GatherParameters. GatherScope all-gathers the buckets holding
-  // `names` (a collective) and holds them until ReleaseScope, which, with
-  // modifier_rank >= 0, broadcasts that rank's values of the named
-  // parameters and writes them into every rank's weight shard and f32
-  // master before releasing. NotFound naming an unknown parameter.
-  absl::Status GatherScope(const std::vector<std::string>& names);
+  absl::Status BeginForward() override { return absl::OkStatus(); }
+  absl::Status BeginBackward(bool boundary) override;
+  absl::Status EndBackward() override;
+  absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;
+  absl::Status BeginEval() override;
+  absl::Status EndEval() override;
+  absl::Status GatherScope(const std::vector<std::string>& names) override;
   absl::Status ReleaseScope(const std::vector<std::string>& names,
-                            int modifier_rank);
-
-  // Reads this rank's range of every parameter (our names) from `reader`
-  // into the weight shard and the f32 master (from the file's values, so an
-  // f32 file gives exact masters under bf16), and regathers persistent
-  // buckets. Returns the tensor bytes read. NotFound / InvalidArgument
-  // naming the parameter when the file lacks it or its shape differs.
-  absl::StatusOr<int64_t> LoadWeights(const safetensors::Reader& reader);
-
-  // Counted over the last completed optimizer step (see engine.h).
-  const CommunicationCounters& last_step_counters() const {
+                            int modifier_rank) override;
+  // Reads only this rank's range of every parameter
+  // (safetensors::Reader::ReadRange) and regathers persistent buckets.
+  absl::StatusOr<LoadReport> LoadWeights(
+      const safetensors::Reader& reader) override;
+  absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name) override;
+  std::vector<std::string> ParameterNames() const override;
+  CommunicationCounters communication_counters() const override {
     return last_step_counters_;
   }
-  // The most gathered-buffer elements alive at once since Create.
-  int64_t peak_gathered_elements() const { return peak_live_elements_; }
-  int64_t padded_elements() const { return layout_.padded_total_elements(); }
 
  private:
   struct Bucket {
@@ -178,36 +134,21 @@ class Stage3 {
     bool in_flight = false;
     int users = 0;         // running module calls holding it
     int pending_uses = 0;  // forward uses not yet backpropagated
-    Tensor grads;          // (padded) during backward
-    Tensor reduced;        // (slice) reduce-scatter output, when adding
-                           // or reducing in another dtype
-    Tensor wire;           // (padded) grads cast to the communication dtype
-    comm::Work reduce_work;
-    // Whether this rank's slice of grads_ holds gradients of the current
-    // accumulation window. Until it does, its contents are stale and the
-    // bucket's first reduce-scatter writes the slice itself (no zero fill,
-    // no temporary, no addition); later ones add through `reduced`.
-    bool partition_written = false;
-    bool reduce_overwrites = false;  // the reduce in flight writes the slice
+    Tensor grads;          // (padded) during backward, until reduced
   };
   struct ModuleEntry {
     nn::Module* module = nullptr;
     std::vector<int> buckets;  // every bucket its DirectParameters live in
   };
 
-  explicit Stage3(const Stage3Context& context) : context_(context) {}
-
+  explicit Stage3(const StrategyContext& context) : ZeroStrategy(context) {}
   const config::ZeroConfig& zero_config() const {
-    return context_.config->zero_optimization;
+    return config().zero_optimization;
   }
-  comm::Communicator& comm() const { return *context_.comm; }
-  const Stream& stream() const { return *context_.stream; }
-  Device device() const { return context_.model->device(); }
-  int rank() const { return comm().rank(); }
-  int world() const { return comm().world_size(); }
+  const PartitionedLayout& layout() const { return partition_->layout(); }
 
-  absl::Status Layout();
-  absl::Status Allocate();
+  absl::StatusOr<PartitionedLayout> Layout();
+  absl::Status Allocate(const PartitionedLayout& layout);
   absl::Status InstallHooks();
 
   // Hook bodies.
@@ -230,44 +171,25 @@ class Stage3 {
   absl::Status Prefetch();
   absl::Status EnsureGrads(int bucket);
   absl::Status IssueReduce(int bucket);
-  absl::Status FinishReduce(int bucket);
+  absl::Status ReleaseBucketGradients(int bucket);
   absl::Status RefreshPersistent();
   void Fold(uint64_t value);
+  absl::Status ScheduleMismatch(uint64_t max, uint64_t min, uint64_t own);
 
-  Tensor OwnWeights(int bucket) const;
-  Tensor OwnMaster(int bucket) const;
-  Tensor OwnGrads(int bucket) const;
-  // After a step (or a skipped one): the next window's first reduce of each
-  // bucket overwrites its gradient slice (see Bucket::partition_written).
-  void MarkGradientsStale();
-
-  Stage3Context context_;
-  DType model_dtype_ = DType::kF32;
-  bool master_aliases_weights_ = false;
-
-  zero::PartitionedLayout layout_;
+  std::unique_ptr<PartitionState> partition_;
+  std::unique_ptr<GradientReducer> reducer_;
   std::vector<nn::Parameter*> params_;  // layout order
   std::vector<Bucket> buckets_;
   std::vector<ModuleEntry> entries_;
   std::vector<nn::HookHandle> hooks_;  // with the module each is on
   std::vector<nn::Module*> hook_modules_;
 
-  Tensor weights_;  // (partition) model dtype
-  Tensor grads_;    // (partition) model dtype
-  Tensor master_;   // (partition) f32 unless aliased
-  std::vector<std::unique_ptr<zero::FlatOptimizer>> optimizers_;  // per bucket
-
-  bool in_backward_ = false;
-  std::vector<int> reduce_queue_;  // issued, not yet added to grads_
-
   // Prefetch and the schedule check.
-  std::vector<int> trace_;             // recorded request order (bucket ids)
-  std::vector<int> observed_;          // this micro-step's requests
-  std::vector<int> observed_entries_;  // and the modules that made them
+  std::vector<int> trace_;     // recorded request order (bucket ids)
+  std::vector<int> observed_;  // this micro-step's requests
   bool trace_valid_ = false;
   bool following_ = false;    // this micro-step follows the record
   bool prefetching_ = false;  // and prefetches along it
-  bool evaluating_ = false;   // inside BeginEval/EndEval
   int scopes_ = 0;            // GatherScope calls not yet released
   bool order_changed_ = false;
   size_t position_ = 0;  // requests so far this micro-step
@@ -283,7 +205,7 @@ class Stage3 {
   CommunicationCounters last_step_counters_;
 };
 
-}  // namespace engine
+}  // namespace zero
 }  // namespace ze
 
-#endif  // ZE_ENGINE_STAGE3_H_
+#endif  // ZE_ZERO_STAGE3_H_

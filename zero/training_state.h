@@ -2,8 +2,8 @@
 // rate schedule and the loss scale, turned into the zero/ building blocks
 // the engine drives step by step. One per engine; every rank holds the same
 // state (it only changes from values all ranks agree on).
-#ifndef ZE_ENGINE_TRAINING_STATE_H_
-#define ZE_ENGINE_TRAINING_STATE_H_
+#ifndef ZE_ZERO_TRAINING_STATE_H_
+#define ZE_ZERO_TRAINING_STATE_H_
 
 #include <cstdint>
 #include <memory>
@@ -17,7 +17,7 @@
 #include "zero/optimizer.h"
 
 namespace ze {
-namespace engine {
+namespace zero {
 
 class TrainingState {
  public:
@@ -27,13 +27,13 @@ class TrainingState {
   static absl::StatusOr<std::unique_ptr<TrainingState>> Create(
       const config::Config& config, int world_size);
 
-  const zero::OptimizerOptions& optimizer_options() const {
+  const OptimizerOptions& optimizer_options() const {
     return optimizer_options_;
   }
   // The learning rate for the next update.
   double learning_rate() const;
   // Momentum overrides for the next update (OneCycle's momentum cycling).
-  void FillMomentum(zero::StepArgs* args) const;
+  void FillMomentum(StepArgs* args) const;
   // Called after every update that was not skipped (DeepSpeed steps the
   // schedule only then).
   void AdvanceSchedule() { ++schedule_step_; }
@@ -46,19 +46,19 @@ class TrainingState {
   // Applies DeepSpeed's dynamic loss scaling for one step; logs skips on
   // rank 0 with the old and new scale. `step` is for the log line.
   absl::Status UpdateLossScale(bool overflow, int64_t step);
-  zero::LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
   TrainingState() = default;
 
-  zero::OptimizerOptions optimizer_options_;
+  OptimizerOptions optimizer_options_;
   double base_learning_rate_ = 0;
-  std::unique_ptr<zero::LrSchedule> schedule_;
-  std::optional<zero::LossScaler> scaler_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::optional<LossScaler> scaler_;
   int64_t schedule_step_ = 0;
 };
 
-}  // namespace engine
+}  // namespace zero
 }  // namespace ze
 
-#endif  // ZE_ENGINE_TRAINING_STATE_H_
+#endif  // ZE_ZERO_TRAINING_STATE_H_

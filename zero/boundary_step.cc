@@ -1,0 +1,152 @@
+#include "zero/boundary_step.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/status.h"
+#include "zero/grad_clip.h"
+
+namespace ze {
+namespace zero {
+namespace {
+
+// 2^24: integers below it are exact in f32, so a 48-bit hash travels as two
+// 24-bit halves through an f32 all-reduce.
+constexpr uint64_t kHalf = uint64_t{1} << 24;
+
+struct Statistics {
+  double sum_of_squares = 0;  // over every rank's gradients
+  bool overflow = false;      // some rank saw inf or NaN (fp16)
+  double loss_sum = 0;        // over ranks
+};
+
+// Step 1 and 2 of the header: the statistics all-reduce, with the schedule
+// hash check when the strategy keeps one.
+absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
+                                            double loss_sum,
+                                            const BoundaryStepHooks& hooks) {
+  comm::Communicator& comm = *context.comm;
+  const Stream& stream = *context.stream;
+  PartitionState& partition = *context.partition;
+  const Device device = partition.weights().device();
+  // [0] sum of squares, [1] overflow flag, [2] summed losses.
+  ZE_ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty({3}, DType::kF32, device));
+  ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream));
+  Tensor sum_of_squares = stats.Slice(0, 1);
+  Tensor overflow = stats.Slice(1, 1);
+  for (int b = 0; b < partition.num_buckets(); ++b) {
+    if (!partition.trainable(b)) continue;
+    Tensor own = partition.OwnGradients(b);
+    ZE_RETURN_IF_ERROR(SumOfSquares(own, sum_of_squares, stream));
+    if (context.training->checks_overflow()) {
+      ZE_RETURN_IF_ERROR(HasInfOrNan(own, overflow, stream));
+    }
+  }
+  if (partition.stage() == 0) {
+    // Every rank holds all the gradients: each contributes 1/N of its sum.
+    ZE_RETURN_IF_ERROR(Scale(sum_of_squares, 1.0f / comm.world_size(), stream));
+  }
+  ZE_RETURN_IF_ERROR(
+      Fill(stats.Slice(2, 1), static_cast<float>(loss_sum), stream));
+
+  Tensor hashes;
+  uint64_t hash = 0;
+  comm::Work work;
+  if (hooks.schedule_hash.has_value()) {
+    hash = *hooks.schedule_hash & ((kHalf * kHalf) - 1);
+    const float high = static_cast<float>(hash / kHalf);
+    const float low = static_cast<float>(hash % kHalf);
+    ZE_ASSIGN_OR_RETURN(hashes, FromHostFloats({high, low, -high, -low}, {4},
+                                               DType::kF32, device, stream));
+    ZE_ASSIGN_OR_RETURN(
+        work, comm.Coalesced({comm::CollectiveOp::AllReduce(
+                                  stats, stats, comm::ReduceOp::kSum),
+                              comm::CollectiveOp::AllReduce(
+                                  hashes, hashes, comm::ReduceOp::kMax)},
+                             stream));
+  } else {
+    ZE_ASSIGN_OR_RETURN(
+        work, comm.AllReduce(stats, stats, comm::ReduceOp::kSum, stream));
+  }
+  ZE_RETURN_IF_ERROR(work.Wait());
+  ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(stats, stream));
+  if (hashes.defined()) {
+    ZE_ASSIGN_OR_RETURN(std::vector<float> extremes,
+                        ToHostFloats(hashes, stream));
+    if (extremes[0] != -extremes[2] || extremes[1] != -extremes[3]) {
+      const uint64_t max = static_cast<uint64_t>(extremes[0]) * kHalf +
+                           static_cast<uint64_t>(extremes[1]);
+      const uint64_t min = static_cast<uint64_t>(-extremes[2]) * kHalf +
+                           static_cast<uint64_t>(-extremes[3]);
+      return hooks.schedule_mismatch(max, min, hash);
+    }
+  }
+  Statistics statistics;
+  statistics.sum_of_squares = values[0];
+  statistics.overflow = values[1] > 0 || !std::isfinite(values[0]);
+  statistics.loss_sum = values[2];
+  return statistics;
+}
+
+}  // namespace
+
+absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
+                                           double loss_sum,
+                                           const BoundaryStepHooks& hooks) {
+  const config::Config& config = *context.config;
+  TrainingState& training = *context.training;
+  PartitionState& partition = *context.partition;
+  const Stream& stream = *context.stream;
+  const int world = context.comm->world_size();
+  StepReport report;
+  report.boundary = true;
+  report.loss_scale = training.loss_scale();
+
+  ZE_ASSIGN_OR_RETURN(Statistics statistics,
+                      ReduceStatistics(context, loss_sum, hooks));
+  const int64_t accumulation = config.gradient_accumulation_steps.value();
+  report.loss =
+      statistics.loss_sum / (static_cast<double>(world) * accumulation);
+  // The gradients hold the sum over ranks of loss_scale * (mean over the
+  // window) gradients, divided by the predivide factor when prescaling: the
+  // true gradient divides by all of that.
+  double gradient_scale = training.loss_scale() * world;
+  if (config.prescale_gradients) {
+    gradient_scale /= config.gradient_predivide_factor;
+  }
+  ZE_ASSIGN_OR_RETURN(GradClip clip,
+                      ComputeGradClip(statistics.sum_of_squares, gradient_scale,
+                                      config.gradient_clipping.value()));
+  report.grad_norm = clip.norm;
+  report.learning_rate = training.learning_rate();
+  if (training.checks_overflow()) {
+    ZE_RETURN_IF_ERROR(
+        training.UpdateLossScale(statistics.overflow, context.step_number));
+  }
+  if (hooks.after_statistics) ZE_RETURN_IF_ERROR(hooks.after_statistics());
+  if (statistics.overflow && training.checks_overflow()) {
+    report.skipped = true;
+    ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
+    return report;
+  }
+
+  StepArgs args;
+  args.lr = report.learning_rate;
+  args.grad_scale = clip.grad_scale;
+  training.FillMomentum(&args);
+  for (int b = 0; b < partition.num_buckets(); ++b) {
+    if (!partition.trainable(b)) continue;
+    ZE_RETURN_IF_ERROR(partition.optimizer(b).Step(
+        partition.OwnMaster(b), partition.OwnGradients(b), args, stream,
+        partition.master_aliases_weights() ? Tensor()
+                                           : partition.OwnWeights(b)));
+  }
+  if (hooks.after_update) ZE_RETURN_IF_ERROR(hooks.after_update());
+  ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
+  training.AdvanceSchedule();
+  return report;
+}
+
+}  // namespace zero
+}  // namespace ze

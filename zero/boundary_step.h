@@ -1,0 +1,83 @@
+// The optimizer step at the accumulation boundary, once for every stage.
+//
+// On entry the gradients of the window are reduced and in place in the
+// PartitionState (the strategy finished its reductions). Then:
+//   1. one all-reduce carries what every rank must agree on: the sum of
+//      squares of the gradients (replicated gradients: each rank contributes
+//      1/N of its sum), the fp16 overflow flag and the summed micro-batch
+//      losses; with a schedule hash (stage 3), a coalesced all-reduce (max)
+//      of the hash and its negation gives every rank its maximum and minimum;
+//   2. differing hashes fail every rank with the strategy's Aborted error;
+//   3. the loss scaler updates (fp16); an overflow skips the step;
+//   4. zero::ComputeGradClip turns the global norm into the one factor that
+//      unscales (loss scale, world size, predivide factor) and clips;
+//   5. each trainable bucket's optimizer updates its master slice and writes
+//      the 16-bit weights in the same pass;
+//   6. the strategy's after-update work (stages 1-2 all-gather the updated
+//      weights; stage 3 refreshes persistent buckets);
+//   7. gradients are reset (zeroed or marked stale) and the schedule advances.
+// Everything runs on the compute stream; the host waits once, for the
+// statistics.
+#ifndef ZE_ZERO_BOUNDARY_STEP_H_
+#define ZE_ZERO_BOUNDARY_STEP_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/stream.h"
+#include "zero/partition_state.h"
+#include "zero/training_state.h"
+
+namespace ze {
+namespace zero {
+
+// What a boundary step did (for logs and tests).
+struct StepReport {
+  bool boundary = false;     // false: only accumulated
+  bool skipped = false;      // fp16 overflow
+  double loss = 0;           // mean over ranks and micro-batches
+  double grad_norm = 0;      // global norm before clipping (0 if unknown)
+  double learning_rate = 0;  // used for this update
+  double loss_scale = 1;     // in effect for this step's backward
+};
+
+// Where the step runs and what it updates; all outlive the call.
+struct BoundaryStepContext {
+  const config::Config* config = nullptr;
+  comm::Communicator* comm = nullptr;
+  const Stream* stream = nullptr;  // the compute stream
+  TrainingState* training = nullptr;
+  PartitionState* partition = nullptr;
+  int64_t step_number = 0;  // the step being taken, 1-based, for messages
+};
+
+// What differs between the stages, as data and callbacks (each optional).
+struct BoundaryStepHooks {
+  // Stage 3: the running hash of this step's fetch/reduce order.
+  std::optional<uint64_t> schedule_hash;
+  // Called when ranks' hashes differ (max, min over ranks, this rank's);
+  // returns the error every rank reports.
+  std::function<absl::Status(uint64_t max, uint64_t min, uint64_t own)>
+      schedule_mismatch;
+  // After the statistics, whether or not the step is then skipped.
+  std::function<absl::Status()> after_statistics;
+  // After the optimizer updated every bucket (not on a skipped step).
+  std::function<absl::Status()> after_update;
+};
+
+// Runs steps 1-7 above. `loss_sum`: this rank's summed micro-batch losses
+// of the window. Errors from the collectives and kernels, or the
+// schedule-mismatch error; on those the weights are not updated.
+absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
+                                           double loss_sum,
+                                           const BoundaryStepHooks& hooks);
+
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_BOUNDARY_STEP_H_

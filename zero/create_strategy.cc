@@ -1,0 +1,18 @@
+#include "zero/create_strategy.h"
+
+#include "zero/stage3.h"
+#include "zero/stages_0_to_2.h"
+
+namespace ze {
+namespace zero {
+
+absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
+    const StrategyContext& context) {
+  if (context.config->zero_optimization.stage == 3) {
+    return Stage3::Create(context);
+  }
+  return Stages0To2::Create(context);
+}
+
+}  // namespace zero
+}  // namespace ze

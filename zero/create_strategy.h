@@ -1,0 +1,24 @@
+// The factory of the ZeRO strategies (zero/strategy.h), apart from the
+// interface so the implementations can depend on the interface alone.
+#ifndef ZE_ZERO_CREATE_STRATEGY_H_
+#define ZE_ZERO_CREATE_STRATEGY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "zero/strategy.h"
+
+namespace ze {
+namespace zero {
+
+// The strategy for config.zero_optimization.stage (already validated):
+// Stages0To2 or Stage3. Lays out, allocates and initialises the model state
+// and installs the hooks. ResourceExhausted naming the bytes per rank when
+// it does not fit; InvalidArgument for a model that cannot be laid out.
+absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
+    const StrategyContext& context);
+
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_CREATE_STRATEGY_H_

@@ -1,0 +1,419 @@
+#include "zero/stages_0_to_2.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+
+namespace ze {
+namespace zero {
+
+absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stages0To2::Create(
+    const StrategyContext& context) {
+  std::unique_ptr<Stages0To2> strategy(new Stages0To2(context));
+  ZE_RETURN_IF_ERROR(strategy->Setup());
+  ZE_RETURN_IF_ERROR(strategy->InstallHooks());
+  return std::unique_ptr<ZeroStrategy>(std::move(strategy));
+}
+
+Stages0To2::~Stages0To2() {
+  for (size_t i = 0; i < hooks_.size(); ++i) {
+    hook_modules_[i]->RemoveHook(hooks_[i]);
+  }
+}
+
+absl::Status Stages0To2::Setup() {
+  nn::LossModel& model = *context_.model;
+  const int stage = static_cast<int>(config().zero_optimization.stage);
+  // Materialise any absent parameter (shapes-only construction) first:
+  // stages 0-2 keep full weights on every rank.
+  for (nn::Parameter* parameter : model.Parameters()) {
+    if (parameter->state() == nn::ParameterState::kAbsent) {
+      ZE_RETURN_IF_ERROR(parameter->Materialize(
+          static_cast<uint64_t>(config().seed), stream()));
+    }
+  }
+  // Layout order = reverse of the model's order, so buckets complete in
+  // index order during backward (the last layers' gradients come first).
+  for (nn::Parameter* parameter : model.Parameters()) {
+    if (parameter->requires_grad()) params_.push_back(parameter);
+  }
+  std::reverse(params_.begin(), params_.end());
+  std::vector<ParamSpec> specs;
+  for (nn::Parameter* parameter : params_) {
+    specs.push_back({parameter->name(), parameter->numel()});
+  }
+  LayoutOptions options;
+  options.world_size = world();
+  options.bucket_max_elements =
+      config().zero_optimization.reduce_bucket_size.value();
+  ZE_ASSIGN_OR_RETURN(PartitionedLayout layout,
+                      PartitionedLayout::Build(specs, options));
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
+    index_of_[params_[i]] = i;
+  }
+
+  // The memory this rank will hold, computed before allocating so a model
+  // that does not fit fails with the full figure.
+  const OptimizerOptions& optimizer = context_.training->optimizer_options();
+  ZE_ASSIGN_OR_RETURN(
+      memory_, PlanModelStateMemory(layout, stage,
+                                    config::GetTrainingPrecision(config()),
+                                    StateBytesPerElement(optimizer),
+                                    layout.total_param_elements()));
+  PartitionStateOptions state_options;
+  state_options.stage = stage;
+  state_options.rank = rank();
+  state_options.model_dtype = context_.model->dtype();
+  state_options.device = device();
+  state_options.optimizer = optimizer;
+  state_options.annotate_allocation_error = [this](const absl::Status& s) {
+    return AnnotateAllocationError(s);
+  };
+  ZE_ASSIGN_OR_RETURN(partition_,
+                      PartitionState::Create(layout, state_options, stream()));
+  // Move the model's weights into the flat buffer and make each parameter a
+  // view of it.
+  for (int i = 0; i < layout.num_params(); ++i) {
+    const ParamPlacement& place = layout.placement(i);
+    Tensor view = partition_->FullWeights(place.bucket)
+                      .Slice(place.offset, place.numel)
+                      .View(params_[i]->shape());
+    ZE_ASSIGN_OR_RETURN(Tensor current, params_[i]->data());
+    ZE_RETURN_IF_ERROR(Copy(current, view, stream()));
+    ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
+  }
+  // Each parameter's old storage went back to the caching allocator with
+  // the copy out of it still queued: let the copies run before anything can
+  // be handed that memory (Tensor::Zeros works on the legacy default
+  // stream, which is not ordered with this one).
+  ZE_RETURN_IF_ERROR(stream().Synchronize());
+  ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
+  if (stage <= 1) {
+    // The parameters' grad slots are views of the replicated gradients.
+    for (int i = 0; i < layout.num_params(); ++i) {
+      const ParamPlacement& place = layout.placement(i);
+      ZE_RETURN_IF_ERROR(
+          params_[i]->SetGrad(partition_->FullGradients(place.bucket)
+                                  .Slice(place.offset, place.numel)
+                                  .View(params_[i]->shape())));
+    }
+  }
+
+  // With overlap_comm on a GPU, gradient collectives run on a separate
+  // high-priority stream (so reduction overlaps the rest of backward).
+  communication_stream_ = stream();
+  if (config().zero_optimization.overlap_comm && device().is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(communication_stream_,
+                        Stream::Create(device(), /*high_priority=*/true));
+  }
+  GradientReducerOptions reducer;
+  reducer.kind = stage == 0   ? ReductionKind::kAllReduce
+                 : stage == 1 ? ReductionKind::kReduceScatterInPlace
+                              : ReductionKind::kReduceScatterToPartition;
+  reducer.communication_dtype = context_.communication_dtype;
+  reducer.prescale = config().prescale_gradients;
+  reducer.predivide_factor = config().gradient_predivide_factor;
+  reducer_ = std::make_unique<GradientReducer>(
+      reducer, partition_.get(), context_.comm, context_.compute_stream,
+      &communication_stream_,
+      [this](int bucket) { return ReleaseBucketGradients(bucket); });
+  bucket_gradients_.resize(layout.num_buckets());
+  pending_uses_.assign(layout.num_params(), 0);
+  return absl::OkStatus();
+}
+
+// Gradient readiness: see the header comment.
+absl::Status Stages0To2::InstallHooks() {
+  auto add = [&](nn::Module* module, nn::HookKind kind, nn::Hook hook) {
+    hooks_.push_back(module->AddHook(kind, std::move(hook)));
+    hook_modules_.push_back(module);
+  };
+  for (nn::Module* module : context_.model->Modules()) {
+    std::vector<int> indices;
+    for (nn::Parameter* parameter : module->DirectParameters()) {
+      auto found = index_of_.find(parameter);
+      if (found != index_of_.end()) indices.push_back(found->second);
+    }
+    if (indices.empty()) continue;
+    add(module, nn::HookKind::kPreForward,
+        [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          // Counted whether or not the call saves activations: inside a
+          // checkpointed block the first forward saves nothing, yet its
+          // backward (after the recompute) will produce these gradients.
+          if (phase_ != Phase::kIdle) return absl::OkStatus();
+          for (int index : indices) ++pending_uses_[index];
+          return absl::OkStatus();
+        });
+    if (stage() == 2) {
+      add(module, nn::HookKind::kPreBackward,
+          [this, indices](nn::Module&, const Stream&) -> absl::Status {
+            for (int index : indices) {
+              ZE_RETURN_IF_ERROR(EnsureBucketGradients(
+                  partition_->layout().placement(index).bucket));
+            }
+            return absl::OkStatus();
+          });
+    }
+    add(module, nn::HookKind::kPostBackward,
+        [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          for (int index : indices) {
+            if (pending_uses_[index] > 0 && --pending_uses_[index] == 0) {
+              --bucket_unready_[partition_->layout().placement(index).bucket];
+            }
+          }
+          return IssueReadyBuckets(/*flush=*/false);
+        });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::EnsureBucketGradients(int bucket) {
+  if (bucket_gradients_[bucket].defined()) return absl::OkStatus();
+  const PartitionedLayout& layout = partition_->layout();
+  const BucketLayout& bucket_layout = layout.bucket(bucket);
+  if (reducer_->ReducesInPartition(bucket)) {
+    // One rank's slice is the whole bucket and the reduce-scatter is the
+    // identity: the layers accumulate straight into the partition.
+    bucket_gradients_[bucket] = partition_->OwnGradients(bucket);
+  } else {
+    ZE_ASSIGN_OR_RETURN(bucket_gradients_[bucket],
+                        Tensor::Empty({bucket_layout.padded_elements},
+                                      partition_->model_dtype(), device()));
+  }
+  // Zeroed on the compute stream, ordered before the layers accumulate.
+  ZE_RETURN_IF_ERROR(Fill(bucket_gradients_[bucket], 0.0f, stream()));
+  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
+    const ParamPlacement& place = layout.placement(i);
+    ZE_RETURN_IF_ERROR(params_[i]->SetGrad(bucket_gradients_[bucket]
+                                               .Slice(place.offset, place.numel)
+                                               .View(params_[i]->shape())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::ReleaseBucketGradients(int bucket) {
+  const BucketLayout& layout = partition_->layout().bucket(bucket);
+  for (int i = layout.first_param; i < layout.end_param; ++i) {
+    params_[i]->ReleaseGrad();
+  }
+  bucket_gradients_[bucket] = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::BeginForward() {
+  // Forgets uses counted by forwards that had no backward (an evaluation
+  // forward between steps), so this micro-step's counting starts clean.
+  std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::BeginBackward(bool boundary) {
+  phase_ = Phase::kBackward;
+  if (stage() == 2 || boundary) window_ = WindowReduction::kReducing;
+  next_bucket_ = 0;
+  const PartitionedLayout& layout = partition_->layout();
+  bucket_unready_.assign(layout.num_buckets(), 0);
+  for (int i = 0; i < layout.num_params(); ++i) {
+    // A parameter no module used in this forward has its final (zero)
+    // gradient already.
+    if (pending_uses_[i] > 0) ++bucket_unready_[layout.placement(i).bucket];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::IssueReadyBuckets(bool flush) {
+  if (window_ != WindowReduction::kReducing) return absl::OkStatus();
+  while (next_bucket_ < partition_->num_buckets() &&
+         (flush || bucket_unready_[next_bucket_] == 0)) {
+    ZE_RETURN_IF_ERROR(IssueBucket(next_bucket_));
+    ++next_bucket_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::IssueBucket(int bucket) {
+  if (stage() == 2) {
+    // A bucket no module touched this micro-step still contributes zeros,
+    // so every rank issues the same collectives.
+    ZE_RETURN_IF_ERROR(EnsureBucketGradients(bucket));
+    return reducer_->Issue(bucket, bucket_gradients_[bucket]);
+  }
+  return reducer_->Issue(bucket, partition_->FullGradients(bucket));
+}
+
+absl::Status Stages0To2::EndBackward() {
+  phase_ = Phase::kIdle;
+  std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
+  if (window_ != WindowReduction::kReducing) return absl::OkStatus();
+  ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
+  if (stage() == 2) {
+    // Every bucket was reduced (untouched ones as zeros) into the partition.
+    window_ = WindowReduction::kNotYet;
+    return reducer_->FinishAll();
+  }
+  window_ = WindowReduction::kReduced;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
+  if (stage() < 2 && window_ != WindowReduction::kReduced) {
+    // The boundary micro-step had no Backward, so nothing reduced the
+    // window's gradients: without this each rank would step with its own.
+    window_ = WindowReduction::kReducing;
+    next_bucket_ = 0;
+    ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
+  }
+  window_ = WindowReduction::kNotYet;
+  ZE_RETURN_IF_ERROR(reducer_->FinishAll());
+  // Stage 2, a window with no backward: its gradients are zero.
+  ZE_RETURN_IF_ERROR(partition_->ZeroStaleGradients(stream()));
+
+  BoundaryStepContext step;
+  step.config = context_.config;
+  step.comm = context_.comm;
+  step.stream = context_.compute_stream;
+  step.training = context_.training;
+  step.partition = partition_.get();
+  step.step_number = *context_.global_steps + 1;
+  BoundaryStepHooks hooks;
+  if (stage() > 0 && world() > 1) {
+    hooks.after_update = [this] { return GatherUpdatedWeights(); };
+  }
+  return RunBoundaryStep(step, loss_sum, hooks);
+}
+
+// Stages 1-2: every rank updated its slice of each bucket's weights; an
+// in-place all-gather per bucket, grouped up to allgather_bucket_size
+// elements per call, rebuilds the full weights everywhere.
+absl::Status Stages0To2::GatherUpdatedWeights() {
+  const int64_t group_limit =
+      std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
+  std::vector<comm::CollectiveOp> group;
+  int64_t group_elements = 0;
+  std::vector<comm::Work> works;
+  auto flush = [&]() -> absl::Status {
+    if (group.empty()) return absl::OkStatus();
+    ZE_ASSIGN_OR_RETURN(comm::Work work, comm().Coalesced(group, stream()));
+    works.push_back(work);
+    group.clear();
+    group_elements = 0;
+    return absl::OkStatus();
+  };
+  for (int b = 0; b < partition_->num_buckets(); ++b) {
+    const int64_t padded = partition_->layout().bucket(b).padded_elements;
+    if (group_elements > 0 && group_elements + padded > group_limit) {
+      ZE_RETURN_IF_ERROR(flush());
+    }
+    group.push_back(comm::CollectiveOp::AllGather(partition_->OwnWeights(b),
+                                                  partition_->FullWeights(b)));
+    group_elements += padded;
+  }
+  ZE_RETURN_IF_ERROR(flush());
+  for (comm::Work& work : works) ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::BeginEval() {
+  ZE_RETURN_IF_ERROR(RequireIdle("an evaluation forward"));
+  phase_ = Phase::kEvaluation;
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::EndEval() {
+  phase_ = Phase::kIdle;
+  return absl::OkStatus();
+}
+
+absl::Status Stages0To2::GatherScope(const std::vector<std::string>& names) {
+  return absl::OkStatus();  // every rank holds the full weights already
+}
+
+absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
+                                      int modifier_rank) {
+  if (modifier_rank < 0) return absl::OkStatus();
+  for (const std::string& name : names) {
+    ZE_ASSIGN_OR_RETURN(nn::Parameter * parameter,
+                        context_.model->FindParameter(name));
+    ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
+    if (world() > 1) {
+      ZE_ASSIGN_OR_RETURN(comm::Work work,
+                          comm().Broadcast(data, modifier_rank, stream()));
+      ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
+    }
+    auto found = index_of_.find(parameter);
+    if (found == index_of_.end() || partition_->master_aliases_weights()) {
+      continue;
+    }
+    int64_t begin = 0;
+    Tensor master = partition_->MasterPiece(found->second, &begin);
+    if (!master.defined()) continue;
+    ZE_RETURN_IF_ERROR(
+        Copy(data.Flat().Slice(begin, master.numel()), master, stream()));
+  }
+  return stream().Synchronize();
+}
+
+absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
+    const safetensors::Reader& reader) {
+  ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
+  // Check every parameter before writing any.
+  std::vector<nn::Parameter*> parameters = context_.model->Parameters();
+  for (nn::Parameter* parameter : parameters) {
+    const safetensors::TensorInfo* info = reader.Find(parameter->name());
+    if (info == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '",
+                       parameter->name(), "' is not in ", reader.path()));
+    }
+    if (info->shape != parameter->shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadWeights on rank ", rank(), ": parameter '", parameter->name(),
+          "' is ", ShapeToString(parameter->shape()), " but ", reader.path(),
+          " has ", ShapeToString(info->shape)));
+    }
+  }
+  LoadReport report;
+  for (nn::Parameter* parameter : parameters) {
+    const std::string name = parameter->name();
+    ZE_ASSIGN_OR_RETURN(Tensor host, reader.ReadTensor(name));
+    report.bytes_read += static_cast<int64_t>(reader.Find(name)->num_bytes());
+    ++report.tensors;
+    ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
+    ZE_RETURN_IF_ERROR(CopyFromHost(host, data, stream()));
+    auto found = index_of_.find(parameter);
+    if (found == index_of_.end() || partition_->master_aliases_weights()) {
+      ZE_RETURN_IF_ERROR(stream().Synchronize());
+      continue;
+    }
+    // The master from the file's values, so an f32 file gives exact
+    // masters under bf16.
+    int64_t begin = 0;
+    Tensor master = partition_->MasterPiece(found->second, &begin);
+    if (master.defined()) {
+      ZE_RETURN_IF_ERROR(CopyFromHost(host.Flat().Slice(begin, master.numel()),
+                                      master, stream()));
+    }
+    ZE_RETURN_IF_ERROR(stream().Synchronize());  // `host` dies here
+  }
+  return report;
+}
+
+absl::StatusOr<std::vector<float>> Stages0To2::GatherMasterWeights(
+    const std::string& name) {
+  ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
+  return partition_->GatherMaster(index, comm(), stream());
+}
+
+std::vector<std::string> Stages0To2::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const nn::Parameter* parameter : params_) {
+    names.push_back(parameter->name());
+  }
+  return names;
+}
+
+}  // namespace zero
+}  // namespace ze

@@ -1,0 +1,114 @@
+// Stages0To2: ZeRO stages 0, 1 and 2 (zero/strategy.h). Every rank holds
+// the full 16-bit weights; the parameters become views of one flat buffer.
+//
+// Layout: trainable parameters in *reverse* model order (so buckets
+// complete in index order during backward) in reduce_bucket_size-element
+// buckets (zero::PartitionedLayout::Build).
+//
+// Gradient readiness: hooks on every module with trainable direct
+// parameters. Pre-forward counts each parameter's uses (not during a
+// checkpointed recompute, which is not a new use), post-backward counts them
+// down; a parameter is final at zero (so a tied embedding is final only
+// after the embedding's backward, the last one). Buckets are issued to the
+// GradientReducer strictly in index order as they complete, which keeps
+// every rank's collective sequence identical.
+//
+// Reduction, by stage:
+//   0: at the window's boundary micro-step, each bucket of the replicated
+//      gradient buffer is all-reduced in place;
+//   1: likewise reduce-scattered in place (each rank keeps its slice);
+//   2: every micro-step, a bucket's gradients are allocated when its first
+//      module's backward starts, reduce-scattered into this rank's gradient
+//      partition and freed (at most two buckets in flight). At world size 1
+//      the window's first micro-step lets the layers write the partition.
+// If the boundary micro-step had no Backward, BoundaryStep reduces the
+// window's gradients itself (stages 0-1).
+//
+// After the update, stages 1-2 all-gather the updated weights in groups of
+// allgather_bucket_size elements.
+//
+// Not thread-safe; driven by the Engine's thread.
+#ifndef ZE_ZERO_STAGES_0_TO_2_H_
+#define ZE_ZERO_STAGES_0_TO_2_H_
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nn/module.h"
+#include "zero/flat_layout.h"
+#include "zero/gradient_reducer.h"
+#include "zero/partition_state.h"
+#include "zero/strategy.h"
+
+namespace ze {
+namespace zero {
+
+class Stages0To2 : public ZeroStrategy {
+ public:
+  // See CreateZeroStrategy. Materialises parameters without storage (every
+  // rank keeps full weights at these stages).
+  static absl::StatusOr<std::unique_ptr<ZeroStrategy>> Create(
+      const StrategyContext& context);
+  ~Stages0To2() override;
+
+  absl::Status BeginForward() override;
+  absl::Status BeginBackward(bool boundary) override;
+  absl::Status EndBackward() override;
+  absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;
+  absl::Status BeginEval() override;
+  absl::Status EndEval() override;
+  absl::Status GatherScope(const std::vector<std::string>& names) override;
+  absl::Status ReleaseScope(const std::vector<std::string>& names,
+                            int modifier_rank) override;
+  absl::StatusOr<LoadReport> LoadWeights(
+      const safetensors::Reader& reader) override;
+  absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name) override;
+  std::vector<std::string> ParameterNames() const override;
+
+ private:
+  // Which gradients this window's backward passes reduce.
+  enum class WindowReduction {
+    kNotYet,    // stages 0-1 before the boundary micro-step's backward
+    kReducing,  // this backward issues buckets as they complete
+    kReduced,   // stages 0-1: the boundary backward reduced the window
+  };
+
+  explicit Stages0To2(const StrategyContext& context) : ZeroStrategy(context) {}
+  int stage() const { return partition_->stage(); }
+  absl::Status Setup();
+  absl::Status InstallHooks();
+  // Stage 2: gives `bucket` a zeroed full-size gradient buffer (or, see
+  // GradientReducer::ReducesInPartition, the partition slice itself) and
+  // points its parameters' grad slots at it.
+  absl::Status EnsureBucketGradients(int bucket);
+  absl::Status IssueReadyBuckets(bool flush);
+  absl::Status IssueBucket(int bucket);
+  // Stage 2, once a bucket's slice is in the partition.
+  absl::Status ReleaseBucketGradients(int bucket);
+  absl::Status GatherUpdatedWeights();
+
+  std::unique_ptr<PartitionState> partition_;
+  std::unique_ptr<GradientReducer> reducer_;
+  Stream communication_stream_;
+  std::vector<nn::Parameter*> params_;  // layout order
+  std::unordered_map<const nn::Parameter*, int> index_of_;
+  std::vector<nn::HookHandle> hooks_;
+  std::vector<nn::Module*> hook_modules_;
+
+  // Backward bookkeeping (see the header comment).
+  std::vector<int> pending_uses_;    // per parameter
+  std::vector<int> bucket_unready_;  // parameters not yet final, per bucket
+  int next_bucket_ = 0;              // buckets are issued in index order
+  std::vector<Tensor> bucket_gradients_;  // stage 2: in-flight full buffers
+  WindowReduction window_ = WindowReduction::kNotYet;
+};
+
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_STAGES_0_TO_2_H_

@@ -1,0 +1,164 @@
+// ZeroStrategy: the one seam between the Engine and a ZeRO stage. The
+// Engine (engine/engine.h) drives a micro-step through it; a strategy owns
+// the stage's buffers (a PartitionState), installs its module hooks, and
+// reduces, gathers and steps as its stage requires.
+//
+// Two implementations, created by CreateZeroStrategy (zero/create_strategy.h):
+//   Stages0To2 (zero/stages_0_to_2.h): full 16-bit weights on every rank;
+//     gradients all-reduced (0), or reduce-scattered into a replicated (1)
+//     or partitioned (2) buffer; master weights and optimizer state
+//     replicated (0) or partitioned (1, 2).
+//   Stage3 (zero/stage3.h): everything partitioned; module hooks gather a
+//     module's parameters before it runs and release them after, in the
+//     order a FetchSchedule predicts.
+// Both share the GradientReducer, the boundary step (RunBoundaryStep), the
+// PartitionState and the memory plan (PlanModelStateMemory).
+//
+// One micro-step, as the Engine calls it (all on the engine's thread):
+//   BeginForward; the model's ForwardLoss (module hooks fire);
+//   BeginBackward; the model's BackwardLoss (hooks fire); EndBackward;
+//   at the accumulation boundary, BoundaryStep.
+// Evaluation (EvalForward, Generate) is bracketed by BeginEval / EndEval.
+#ifndef ZE_ZERO_STRATEGY_H_
+#define ZE_ZERO_STRATEGY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/dtype.h"
+#include "core/safetensors/reader.h"
+#include "core/stream.h"
+#include "nn/loss_model.h"
+#include "zero/boundary_step.h"
+#include "zero/memory_estimate.h"
+#include "zero/training_state.h"
+
+namespace ze {
+namespace zero {
+
+// Collective volume, in elements (padded buckets, as sent), over one
+// optimizer step. Stage 3 counts its parameter all-gathers (output size) and
+// gradient reduce-scatters (input size); other stages report zeros.
+struct CommunicationCounters {
+  int64_t all_gathered_elements = 0;
+  int64_t reduce_scattered_elements = 0;
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  // Stage 3: time the compute stream (CUDA, timing events) or the host
+  // (CPU) waited for parameter all-gathers to complete; near zero when
+  // prefetching hides them.
+  double wait_ms = 0;
+  // Stage 3: buckets kept gathered for reuse (stage3_max_reuse_distance)
+  // and gathered buckets released early to stay within
+  // stage3_max_live_parameters.
+  int64_t kept_for_reuse = 0;
+  int64_t early_releases = 0;
+  // Stage 3: the most gathered elements alive at once during the step.
+  int64_t peak_gathered_elements = 0;
+};
+
+// Engine::LoadWeights's report.
+struct LoadReport {
+  int64_t tensors = 0;     // parameters loaded
+  int64_t bytes_read = 0;  // tensor bytes this rank read from the file
+};
+
+// What a strategy borrows from its Engine; everything outlives it.
+struct StrategyContext {
+  const config::Config* config = nullptr;
+  comm::Communicator* comm = nullptr;
+  const Stream* compute_stream = nullptr;
+  nn::LossModel* model = nullptr;
+  TrainingState* training = nullptr;
+  // Optimizer steps taken so far (the Engine's counter), for messages.
+  const int64_t* global_steps = nullptr;
+  // communication_data_type resolved (the model's dtype when unset).
+  DType communication_dtype = DType::kF32;
+};
+
+// Where a strategy is within a micro-step.
+enum class Phase {
+  kIdle,        // between micro-steps, or after a forward (before backward)
+  kBackward,    // between BeginBackward and EndBackward
+  kEvaluation,  // between BeginEval and EndEval
+};
+
+class ZeroStrategy {
+ public:
+  virtual ~ZeroStrategy() = default;
+  ZeroStrategy(const ZeroStrategy&) = delete;
+  ZeroStrategy& operator=(const ZeroStrategy&) = delete;
+
+  // A training forward is about to run.
+  virtual absl::Status BeginForward() = 0;
+  // Around the model's BackwardLoss. `boundary`: this micro-step ends the
+  // accumulation window.
+  virtual absl::Status BeginBackward(bool boundary) = 0;
+  virtual absl::Status EndBackward() = 0;
+  // The optimizer step at the accumulation boundary; `loss_sum` is this
+  // rank's summed micro-batch losses of the window. Stage 3: Aborted (named
+  // schedule mismatch) when ranks fetched different module sequences.
+  virtual absl::StatusOr<StepReport> BoundaryStep(double loss_sum) = 0;
+
+  // Evaluation forwards: parameters are available as the stage needs, and
+  // the training bookkeeping is left as it was. FailedPrecondition during
+  // backward or another evaluation.
+  virtual absl::Status BeginEval() = 0;
+  virtual absl::Status EndEval() = 0;
+
+  // Engine::GatherParameters: GatherScope makes the named parameters' full
+  // data readable on every rank (a collective); ReleaseScope, with
+  // modifier_rank >= 0, writes that rank's values into every rank's weights
+  // and f32 master weights, then releases. NotFound naming an unknown
+  // parameter.
+  virtual absl::Status GatherScope(const std::vector<std::string>& names) = 0;
+  virtual absl::Status ReleaseScope(const std::vector<std::string>& names,
+                                    int modifier_rank) = 0;
+  // Engine::LoadWeights: every parameter from `reader` into the weights and
+  // f32 master weights (optimizer state kept). Errors name the file and the
+  // parameter; nothing is written unless every parameter is present with
+  // its shape.
+  virtual absl::StatusOr<LoadReport> LoadWeights(
+      const safetensors::Reader& reader) = 0;
+
+  // Parameter `name`'s f32 master values gathered from every rank (a
+  // collective).
+  virtual absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name) = 0;
+  // Every trainable parameter's name, in reverse model order at every stage.
+  virtual std::vector<std::string> ParameterNames() const = 0;
+  // Over the last completed optimizer step.
+  virtual CommunicationCounters communication_counters() const {
+    return CommunicationCounters();
+  }
+  const MemoryBreakdown& memory() const { return memory_; }
+  Phase phase() const { return phase_; }
+
+ protected:
+  explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
+  const config::Config& config() const { return *context_.config; }
+  comm::Communicator& comm() const { return *context_.comm; }
+  const Stream& stream() const { return *context_.compute_stream; }
+  Device device() const { return context_.model->device(); }
+  int rank() const { return comm().rank(); }
+  int world() const { return comm().world_size(); }
+  // The error an allocation failure becomes: the bytes the plan needs.
+  absl::Status AnnotateAllocationError(const absl::Status& status) const;
+  // FailedPrecondition naming `what` unless the phase is kIdle.
+  absl::Status RequireIdle(const char* what) const;
+
+  StrategyContext context_;
+  MemoryBreakdown memory_;
+  Phase phase_ = Phase::kIdle;
+};
+
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_STRATEGY_H_
