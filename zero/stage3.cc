@@ -459,13 +459,7 @@ absl::Status Stage3::ReleaseBucketGradients(int b) {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::BeginBackward(bool boundary) {
-  phase_ = Phase::kBackward;
-  return absl::OkStatus();
-}
-
-absl::Status Stage3::EndBackward() {
-  phase_ = Phase::kIdle;
+absl::Status Stage3::OnEndBackward() {
   // A bucket whose uses were not all backpropagated (a module the loss did
   // not reach) still holds gradients: reduce them, in bucket order.
   for (int b = 0; b < layout().num_buckets(); ++b) {
@@ -529,13 +523,6 @@ absl::Status Stage3::ScheduleMismatch(uint64_t max, uint64_t min,
 absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   // A bucket no backward in this window reached has zero gradients.
   ZE_RETURN_IF_ERROR(partition_->ZeroStaleGradients(stream()));
-  BoundaryStepContext step;
-  step.config = context_.config;
-  step.comm = context_.comm;
-  step.stream = context_.compute_stream;
-  step.training = context_.training;
-  step.partition = partition_.get();
-  step.step_number = *context_.global_steps + 1;
   BoundaryStepHooks hooks;
   hooks.schedule_hash = schedule_hash_;
   hooks.schedule_mismatch = [this](uint64_t max, uint64_t min, uint64_t own) {
@@ -552,7 +539,7 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   // Non-persistent buckets are gathered afresh by the next forward; the
   // persistent ones are refreshed now (counted in the next step).
   hooks.after_update = [this] { return RefreshPersistent(); };
-  return RunBoundaryStep(step, loss_sum, hooks);
+  return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);
 }
 
 absl::Status Stage3::FinishWaitTiming() {
@@ -565,14 +552,7 @@ absl::Status Stage3::FinishWaitTiming() {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::BeginEval() {
-  ZE_RETURN_IF_ERROR(RequireIdle("an evaluation forward"));
-  phase_ = Phase::kEvaluation;
-  return absl::OkStatus();
-}
-
-absl::Status Stage3::EndEval() {
-  phase_ = Phase::kIdle;
+absl::Status Stage3::OnEndEval() {
   // A failed forward may leave buckets held: let them go.
   for (int b = 0; b < layout().num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
@@ -723,23 +703,6 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
   ZE_RETURN_IF_ERROR(RefreshPersistent());
   ZE_RETURN_IF_ERROR(stream().Synchronize());
   return report;
-}
-
-absl::StatusOr<std::vector<float>> Stage3::GatherMasterWeights(
-    const std::string& name) {
-  ZE_ASSIGN_OR_RETURN(int index, layout().FindParam(name));
-  return partition_->GatherMaster(index, comm(), stream());
-}
-
-// Trainable parameters in the order stages 0-2 report them (reverse model
-// order), so callers see the same list at every stage.
-std::vector<std::string> Stage3::ParameterNames() const {
-  std::vector<std::string> names;
-  for (nn::Parameter* parameter : context_.model->Parameters()) {
-    if (parameter->requires_grad()) names.push_back(parameter->name());
-  }
-  std::reverse(names.begin(), names.end());
-  return names;
 }
 
 }  // namespace zero

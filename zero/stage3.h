@@ -105,22 +105,23 @@ class Stage3 : public ZeroStrategy {
       const StrategyContext& context);
   ~Stage3() override;  // removes the hooks
 
+  // The micro-step begins in the root module's pre-forward hook instead
+  // (so an evaluation forward is told apart by the phase).
   absl::Status BeginForward() override { return absl::OkStatus(); }
-  absl::Status BeginBackward(bool boundary) override;
-  absl::Status EndBackward() override;
+  // Checks the schedule hash across ranks with the statistics; refreshes
+  // persistent buckets after the update.
   absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;
-  absl::Status BeginEval() override;
-  absl::Status EndEval() override;
+  // All-gathers the buckets holding `names` and holds them until
+  // ReleaseScope; a training forward fails while a scope is open.
   absl::Status GatherScope(const std::vector<std::string>& names) override;
+  // Broadcasts the modifier's values and re-partitions them into every
+  // rank's weight shard and master slice.
   absl::Status ReleaseScope(const std::vector<std::string>& names,
                             int modifier_rank) override;
   // Reads only this rank's range of every parameter
   // (safetensors::Reader::ReadRange) and regathers persistent buckets.
   absl::StatusOr<LoadReport> LoadWeights(
       const safetensors::Reader& reader) override;
-  absl::StatusOr<std::vector<float>> GatherMasterWeights(
-      const std::string& name) override;
-  std::vector<std::string> ParameterNames() const override;
   CommunicationCounters communication_counters() const override {
     return last_step_counters_;
   }
@@ -146,6 +147,14 @@ class Stage3 : public ZeroStrategy {
     return config().zero_optimization;
   }
   const PartitionedLayout& layout() const { return partition_->layout(); }
+  absl::Status OnBeginBackward(bool boundary) override {
+    return absl::OkStatus();
+  }
+  // Reduces what the loss did not reach, frees unused gathered buckets and
+  // adopts the micro-step's request order as the record when it changed.
+  absl::Status OnEndBackward() override;
+  // Releases buckets a failed evaluation forward left held.
+  absl::Status OnEndEval() override;
 
   absl::StatusOr<PartitionedLayout> Layout();
   absl::Status Allocate(const PartitionedLayout& layout);
@@ -176,7 +185,6 @@ class Stage3 : public ZeroStrategy {
   void Fold(uint64_t value);
   absl::Status ScheduleMismatch(uint64_t max, uint64_t min, uint64_t own);
 
-  std::unique_ptr<PartitionState> partition_;
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<nn::Parameter*> params_;  // layout order
   std::vector<Bucket> buckets_;

@@ -210,8 +210,7 @@ absl::Status Stages0To2::BeginForward() {
   return absl::OkStatus();
 }
 
-absl::Status Stages0To2::BeginBackward(bool boundary) {
-  phase_ = Phase::kBackward;
+absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   if (stage() == 2 || boundary) window_ = WindowReduction::kReducing;
   next_bucket_ = 0;
   const PartitionedLayout& layout = partition_->layout();
@@ -244,8 +243,7 @@ absl::Status Stages0To2::IssueBucket(int bucket) {
   return reducer_->Issue(bucket, partition_->FullGradients(bucket));
 }
 
-absl::Status Stages0To2::EndBackward() {
-  phase_ = Phase::kIdle;
+absl::Status Stages0To2::OnEndBackward() {
   std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
   if (window_ != WindowReduction::kReducing) return absl::OkStatus();
   ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
@@ -271,18 +269,11 @@ absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
   // Stage 2, a window with no backward: its gradients are zero.
   ZE_RETURN_IF_ERROR(partition_->ZeroStaleGradients(stream()));
 
-  BoundaryStepContext step;
-  step.config = context_.config;
-  step.comm = context_.comm;
-  step.stream = context_.compute_stream;
-  step.training = context_.training;
-  step.partition = partition_.get();
-  step.step_number = *context_.global_steps + 1;
   BoundaryStepHooks hooks;
   if (stage() > 0 && world() > 1) {
     hooks.after_update = [this] { return GatherUpdatedWeights(); };
   }
-  return RunBoundaryStep(step, loss_sum, hooks);
+  return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);
 }
 
 // Stages 1-2: every rank updated its slice of each bucket's weights; an
@@ -314,21 +305,6 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
   ZE_RETURN_IF_ERROR(flush());
   for (comm::Work& work : works) ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
   return absl::OkStatus();
-}
-
-absl::Status Stages0To2::BeginEval() {
-  ZE_RETURN_IF_ERROR(RequireIdle("an evaluation forward"));
-  phase_ = Phase::kEvaluation;
-  return absl::OkStatus();
-}
-
-absl::Status Stages0To2::EndEval() {
-  phase_ = Phase::kIdle;
-  return absl::OkStatus();
-}
-
-absl::Status Stages0To2::GatherScope(const std::vector<std::string>& names) {
-  return absl::OkStatus();  // every rank holds the full weights already
 }
 
 absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
@@ -399,20 +375,6 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     ZE_RETURN_IF_ERROR(stream().Synchronize());  // `host` dies here
   }
   return report;
-}
-
-absl::StatusOr<std::vector<float>> Stages0To2::GatherMasterWeights(
-    const std::string& name) {
-  ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
-  return partition_->GatherMaster(index, comm(), stream());
-}
-
-std::vector<std::string> Stages0To2::ParameterNames() const {
-  std::vector<std::string> names;
-  for (const nn::Parameter* parameter : params_) {
-    names.push_back(parameter->name());
-  }
-  return names;
 }
 
 }  // namespace zero

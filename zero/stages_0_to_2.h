@@ -55,20 +55,18 @@ class Stages0To2 : public ZeroStrategy {
       const StrategyContext& context);
   ~Stages0To2() override;
 
+  // Forgets parameter uses counted by a forward that had no backward.
   absl::Status BeginForward() override;
-  absl::Status BeginBackward(bool boundary) override;
-  absl::Status EndBackward() override;
+  // Reduces the window's gradients first when the boundary micro-step had
+  // no Backward; stages 1-2 then all-gather the updated weights.
   absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;
-  absl::Status BeginEval() override;
-  absl::Status EndEval() override;
-  absl::Status GatherScope(const std::vector<std::string>& names) override;
+  // Broadcasts the modifier's values of the named parameters (in place in
+  // the replicated weights) and copies them into this rank's master piece.
   absl::Status ReleaseScope(const std::vector<std::string>& names,
                             int modifier_rank) override;
+  // Reads whole tensors (every rank holds every parameter).
   absl::StatusOr<LoadReport> LoadWeights(
       const safetensors::Reader& reader) override;
-  absl::StatusOr<std::vector<float>> GatherMasterWeights(
-      const std::string& name) override;
-  std::vector<std::string> ParameterNames() const override;
 
  private:
   // Which gradients this window's backward passes reduce.
@@ -80,6 +78,8 @@ class Stages0To2 : public ZeroStrategy {
 
   explicit Stages0To2(const StrategyContext& context) : ZeroStrategy(context) {}
   int stage() const { return partition_->stage(); }
+  absl::Status OnBeginBackward(bool boundary) override;
+  absl::Status OnEndBackward() override;
   absl::Status Setup();
   absl::Status InstallHooks();
   // Stage 2: gives `bucket` a zeroed full-size gradient buffer (or, see
@@ -92,7 +92,6 @@ class Stages0To2 : public ZeroStrategy {
   absl::Status ReleaseBucketGradients(int bucket);
   absl::Status GatherUpdatedWeights();
 
-  std::unique_ptr<PartitionState> partition_;
   std::unique_ptr<GradientReducer> reducer_;
   Stream communication_stream_;
   std::vector<nn::Parameter*> params_;  // layout order

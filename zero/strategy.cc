@@ -1,6 +1,9 @@
 #include "zero/strategy.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace ze {
 namespace zero {
@@ -21,6 +24,32 @@ absl::Status ZeroStrategy::RequireIdle(const char* what) const {
       what, " on rank ", rank(), ": not between micro-steps (",
       phase_ == Phase::kBackward ? "inside backward" : "inside an evaluation",
       ")"));
+}
+
+BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {
+  BoundaryStepContext step;
+  step.config = context_.config;
+  step.comm = context_.comm;
+  step.stream = context_.compute_stream;
+  step.training = context_.training;
+  step.partition = partition_.get();
+  step.step_number = *context_.global_steps + 1;
+  return step;
+}
+
+absl::StatusOr<std::vector<float>> ZeroStrategy::GatherMasterWeights(
+    const std::string& name) {
+  ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
+  return partition_->GatherMaster(index, comm(), stream());
+}
+
+std::vector<std::string> ZeroStrategy::ParameterNames() const {
+  std::vector<std::string> names;
+  for (nn::Parameter* parameter : context_.model->Parameters()) {
+    if (parameter->requires_grad()) names.push_back(parameter->name());
+  }
+  std::reverse(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace zero

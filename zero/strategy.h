@@ -33,10 +33,12 @@
 #include "config/config.h"
 #include "core/dtype.h"
 #include "core/safetensors/reader.h"
+#include "core/status.h"
 #include "core/stream.h"
 #include "nn/loss_model.h"
 #include "zero/boundary_step.h"
 #include "zero/memory_estimate.h"
+#include "zero/partition_state.h"
 #include "zero/training_state.h"
 
 namespace ze {
@@ -97,10 +99,17 @@ class ZeroStrategy {
 
   // A training forward is about to run.
   virtual absl::Status BeginForward() = 0;
-  // Around the model's BackwardLoss. `boundary`: this micro-step ends the
-  // accumulation window.
-  virtual absl::Status BeginBackward(bool boundary) = 0;
-  virtual absl::Status EndBackward() = 0;
+  // Around the model's BackwardLoss (phase kBackward between them; EndBackward
+  // returns to kIdle even when it fails). `boundary`: this micro-step ends
+  // the accumulation window.
+  absl::Status BeginBackward(bool boundary) {
+    phase_ = Phase::kBackward;
+    return OnBeginBackward(boundary);
+  }
+  absl::Status EndBackward() {
+    phase_ = Phase::kIdle;
+    return OnEndBackward();
+  }
   // The optimizer step at the accumulation boundary; `loss_sum` is this
   // rank's summed micro-batch losses of the window. Stage 3: Aborted (named
   // schedule mismatch) when ranks fetched different module sequences.
@@ -109,15 +118,25 @@ class ZeroStrategy {
   // Evaluation forwards: parameters are available as the stage needs, and
   // the training bookkeeping is left as it was. FailedPrecondition during
   // backward or another evaluation.
-  virtual absl::Status BeginEval() = 0;
-  virtual absl::Status EndEval() = 0;
+  absl::Status BeginEval() {
+    ZE_RETURN_IF_ERROR(RequireIdle("an evaluation forward"));
+    phase_ = Phase::kEvaluation;
+    return absl::OkStatus();
+  }
+  absl::Status EndEval() {
+    phase_ = Phase::kIdle;
+    return OnEndEval();
+  }
 
   // Engine::GatherParameters: GatherScope makes the named parameters' full
   // data readable on every rank (a collective); ReleaseScope, with
   // modifier_rank >= 0, writes that rank's values into every rank's weights
   // and f32 master weights, then releases. NotFound naming an unknown
   // parameter.
-  virtual absl::Status GatherScope(const std::vector<std::string>& names) = 0;
+  // The default suits stages whose ranks hold the full weights already.
+  virtual absl::Status GatherScope(const std::vector<std::string>& names) {
+    return absl::OkStatus();
+  }
   virtual absl::Status ReleaseScope(const std::vector<std::string>& names,
                                     int modifier_rank) = 0;
   // Engine::LoadWeights: every parameter from `reader` into the weights and
@@ -128,11 +147,11 @@ class ZeroStrategy {
       const safetensors::Reader& reader) = 0;
 
   // Parameter `name`'s f32 master values gathered from every rank (a
-  // collective).
-  virtual absl::StatusOr<std::vector<float>> GatherMasterWeights(
-      const std::string& name) = 0;
+  // collective). NotFound naming an unknown parameter.
+  absl::StatusOr<std::vector<float>> GatherMasterWeights(
+      const std::string& name);
   // Every trainable parameter's name, in reverse model order at every stage.
-  virtual std::vector<std::string> ParameterNames() const = 0;
+  std::vector<std::string> ParameterNames() const;
   // Over the last completed optimizer step.
   virtual CommunicationCounters communication_counters() const {
     return CommunicationCounters();
@@ -142,6 +161,10 @@ class ZeroStrategy {
 
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
+  // The stage's part of the phase changes above.
+  virtual absl::Status OnBeginBackward(bool boundary) = 0;
+  virtual absl::Status OnEndBackward() = 0;
+  virtual absl::Status OnEndEval() { return absl::OkStatus(); }
   const config::Config& config() const { return *context_.config; }
   comm::Communicator& comm() const { return *context_.comm; }
   const Stream& stream() const { return *context_.compute_stream; }
@@ -152,8 +175,12 @@ class ZeroStrategy {
   absl::Status AnnotateAllocationError(const absl::Status& status) const;
   // FailedPrecondition naming `what` unless the phase is kIdle.
   absl::Status RequireIdle(const char* what) const;
+  // The boundary step's context over this strategy's state.
+  BoundaryStepContext MakeBoundaryStepContext() const;
 
   StrategyContext context_;
+  // This rank's model state; created by the strategy's Create.
+  std::unique_ptr<PartitionState> partition_;
   MemoryBreakdown memory_;
   Phase phase_ = Phase::kIdle;
 };
