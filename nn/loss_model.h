@@ -7,7 +7,9 @@
 //   BackwardLoss backpropagates loss_scale * that mean loss through the
 //   public Module::Backward, ACCUMULATING into the parameters' grad slots.
 //   counted_targets() is the number of targets the last ForwardLoss averaged
-//   over (the engine weighs ranks' losses by it).
+//   over. The engine weighs every rank's mean loss equally, whatever its
+//   count (as DeepSpeed and DDP average gradients over ranks), so the loss
+//   it reports is the mean of the ranks' means and matches the gradients.
 #ifndef ZE_NN_LOSS_MODEL_H_
 #define ZE_NN_LOSS_MODEL_H_
 

@@ -1,0 +1,176 @@
+// Contracts of engine/engine.h, through the public API at every ZeRO stage:
+//   - the header's usage example compiles and trains as written;
+//   - Forward while a Backward is still owed fails with FailedPrecondition
+//     and loses nothing (the owed Backward and the step still work);
+//   - ranks' losses are weighed equally, whatever number of targets each
+//     rank counts (nn/loss_model.h): the step's loss is the mean of the
+//     ranks' mean losses, as DeepSpeed and DDP average gradients.
+//
+// Run alone (world size 1) and under mpirun at 2 and 3 ranks (BUILD.bazel).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace ze {
+namespace enginetest {
+namespace {
+
+constexpr int kMicroBatch = 2;
+
+std::string Config(int stage) {
+  return absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,)",
+      R"( "steps_per_print": 1000,)",
+      R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},)",
+      R"( "zero_optimization": {"stage": )", stage,
+      R"(, "stage3_param_persistence_threshold": 0}})");
+}
+
+// This rank's micro-batch `step`: (kMicroBatch, kSeqLen) i32 each.
+std::pair<Tensor, Tensor> MicroBatch(int64_t step) {
+  Tensor tokens =
+      Tensor::Empty({kMicroBatch, kSeqLen}, DType::kI32, Device::Cpu()).value();
+  Tensor targets =
+      Tensor::Empty({kMicroBatch, kSeqLen}, DType::kI32, Device::Cpu()).value();
+  for (int i = 0; i < kMicroBatch; ++i) {
+    FillSample((step * World() + Rank()) * kMicroBatch + i,
+               tokens.data_as<int32_t>() + i * kSeqLen,
+               targets.data_as<int32_t>() + i * kSeqLen);
+  }
+  return {tokens, targets};
+}
+
+// engine.h's example, as written there (with the batches it elides).
+absl::Status TrainLikeTheHeader(std::shared_ptr<nn::LossModel> model,
+                                const std::string& config_path, int steps,
+                                std::vector<float>* losses) {
+  ZE_ASSIGN_OR_RETURN(auto engine,
+                      ze::engine::Initialize(model, config_path, Comm()));
+  for (int step = 0; step < steps; ++step) {  // one micro-batch per call
+    auto [tokens, targets] = MicroBatch(step);
+    ZE_ASSIGN_OR_RETURN(float loss, engine->Forward(tokens, targets));
+    ZE_RETURN_IF_ERROR(engine->Backward());
+    ZE_RETURN_IF_ERROR(engine->Step().status());  // updates at the
+    losses->push_back(loss);                      // accumulation boundary
+  }
+  return absl::OkStatus();
+}
+
+class EngineContractTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineContractTest, HeaderExampleTrains) {
+  const int stage = GetParam();
+  const std::string path =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/contract_stage", stage,
+                   "_rank", Rank(), ".json");
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  ASSERT_NE(file, nullptr) << path;
+  const std::string text = Config(stage);
+  std::fwrite(text.data(), 1, text.size(), file);
+  std::fclose(file);
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<float> losses;
+  const absl::Status status = TrainLikeTheHeader(*model, path, 8, &losses);
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(losses.size(), 8u);
+  EXPECT_LT(losses.back(), losses.front()) << "the loss did not fall";
+}
+
+TEST_P(EngineContractTest, ForwardWhileBackwardOwedFailsAndLosesNothing) {
+  const int stage = GetParam();
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto engine = engine::Initialize(*model, Config(stage), Comm());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto [tokens, targets] = MicroBatch(0);
+  absl::StatusOr<float> first = (*engine)->Forward(tokens, targets);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<float> second = (*engine)->Forward(tokens, targets);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("Backward"), std::string::npos)
+      << second.status();
+  EXPECT_NE(second.status().message().find(absl::StrCat("rank ", Rank())),
+            std::string::npos)
+      << second.status();
+  // The owed Backward and the step still work, and the next micro-step
+  // trains as usual.
+  ASSERT_TRUE((*engine)->Backward().ok());
+  absl::StatusOr<engine::StepReport> report = (*engine)->Step();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->boundary);
+  EXPECT_EQ((*engine)->counters().global_steps, 1);
+  auto [tokens1, targets1] = MicroBatch(1);
+  ASSERT_TRUE((*engine)->Forward(tokens1, targets1).ok());
+  ASSERT_TRUE((*engine)->Backward().ok());
+  ASSERT_TRUE((*engine)->Step().ok());
+}
+
+TEST_P(EngineContractTest, RanksLossesWeighEquallyWhateverTheyCount) {
+  const int stage = GetParam();
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto engine = engine::Initialize(*model, Config(stage), Comm());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (int step = 0; step < 3; ++step) {
+    auto [tokens, targets] = MicroBatch(step);
+    // Rank r keeps only the last r + 1 targets of each row (a target < 0 is
+    // ignored), so ranks average over different numbers of targets.
+    int32_t* target = targets.data_as<int32_t>();
+    for (int i = 0; i < kMicroBatch; ++i) {
+      for (int t = 0; t < kSeqLen - (Rank() + 1); ++t) {
+        target[i * kSeqLen + t] = -1;
+      }
+    }
+    absl::StatusOr<float> loss = (*engine)->Forward(tokens, targets);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_EQ((*model)->counted_targets(), kMicroBatch * (Rank() + 1));
+    ASSERT_TRUE((*engine)->Backward().ok());
+    absl::StatusOr<engine::StepReport> report = (*engine)->Step();
+    ASSERT_TRUE(report.ok()) << report.status();
+    // Every rank's (loss, counted targets), summed over ranks.
+    Tensor sums =
+        FromHostFloats({*loss, *loss * (*model)->counted_targets(),
+                        static_cast<float>((*model)->counted_targets())},
+                       {3}, DType::kF32, Device::Cpu(), Stream())
+            .value();
+    ASSERT_TRUE(Comm()
+                    ->AllReduce(sums, sums, comm::ReduceOp::kSum, Stream())
+                    .value()
+                    .Wait()
+                    .ok());
+    const float* sum = sums.data_as<float>();
+    const double equal_weights = sum[0] / World();
+    const double by_targets = sum[1] / sum[2];
+    EXPECT_NEAR(report->loss, equal_weights, 1e-6 * std::abs(equal_weights))
+        << "step " << step;
+    if (World() > 1) {
+      // The two weightings differ here, so the check above can tell them
+      // apart.
+      EXPECT_GT(std::abs(equal_weights - by_targets), 1e-4) << "step " << step;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, EngineContractTest,
+                         ::testing::Values(0, 1, 2, 3));
+
+}  // namespace
+}  // namespace enginetest
+}  // namespace ze
+
+int main(int argc, char** argv) {
+  return ze::enginetest::RunAllTests(argc, argv);
+}
