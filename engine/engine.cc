@@ -430,7 +430,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model,
     const std::string& config_path_or_json,
-    std::shared_ptr<comm::Communicator> communicator) {
+    std::shared_ptr<comm::Communicator> communicator,
+    const config::ResolutionContext& hints) {
   if (model == nullptr) {
     return absl::InvalidArgumentError("engine::Initialize: model is null");
   }
@@ -442,8 +443,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
           ? config::LoadConfigString(config_path_or_json, world)
           : config::LoadConfigFile(config_path_or_json, world);
   ZE_RETURN_IF_ERROR(loaded.status());
-  config::ResolutionContext context;
+  // What the model and the job tell, unless the caller's hints say.
+  config::ResolutionContext context = hints;
   context.world_size = world;
+  if (!context.hidden_size.has_value() && model->hidden_size() > 0) {
+    context.hidden_size = model->hidden_size();
+  }
+  if (!context.precision.has_value()) {
+    const DType dtype = model->dtype();
+    context.precision = dtype == DType::kBF16 ? config::TrainingPrecision::kBf16
+                        : dtype == DType::kF16
+                            ? config::TrainingPrecision::kFp16
+                            : config::TrainingPrecision::kFp32;
+  }
   ZE_ASSIGN_OR_RETURN(config::Config resolved,
                       config::Resolve(*loaded, context));
   return Initialize(std::move(model), resolved, std::move(communicator));

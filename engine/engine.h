@@ -270,10 +270,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
 
 // As above, with the config given as a file path, or as JSON text when it
 // starts with '{'. The batch triple is checked against the world size.
+// "auto" values are resolved as Hugging Face's integration does
+// (config::Resolve): the world size, the model's hidden size
+// (LossModel::hidden_size: reduce_bucket_size, stage3_prefetch_bucket_size,
+// stage3_param_persistence_threshold) and fp16/bf16.enabled from the model's
+// dtype are filled in by Initialize unless `hints` sets them; what only the
+// training run knows (learning rate, batch sizes, steps...) comes from
+// `hints`, the counterpart of HF's TrainingArguments. An "auto" value left
+// without a hint fails with InvalidArgument naming its JSON path.
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model,
     const std::string& config_path_or_json,
-    std::shared_ptr<comm::Communicator> communicator = nullptr);
+    std::shared_ptr<comm::Communicator> communicator = nullptr,
+    const config::ResolutionContext& hints = config::ResolutionContext());
 
 }  // namespace engine
 }  // namespace ze

@@ -104,6 +104,7 @@ class GptModel : public LossModel {
   absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
   // Targets counted by the last ForwardLoss.
   int64_t counted_targets() const override { return counted_targets_; }
+  int64_t hidden_size() const override { return config_.channels; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,

@@ -36,6 +36,12 @@ class LossModel : public Module {
   // FailedPrecondition without a preceding ForwardLoss.
   virtual absl::Status BackwardLoss(float loss_scale, const Stream& stream) = 0;
   virtual int64_t counted_targets() const = 0;
+  // The model's width, what Hugging Face calls hidden_size: the engine
+  // resolves the config's model-dependent "auto" values from it
+  // (reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size =
+  // 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden).
+  // 0: unknown, and such "auto" values are an error naming the key.
+  virtual int64_t hidden_size() const { return 0; }
   // The device and dtype the model's parameters and activations use.
   virtual Device device() const = 0;
   virtual DType dtype() const = 0;

@@ -10,7 +10,7 @@ from mpirun's environment (world size 1 without a launcher). For a program
                        through //tests/comm:run_mpi.sh (--oversubscribe)
 """
 
-def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "medium", tags = []):
+def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "medium", tags = [], data = []):
     """Declares <name>_test, <name>_mpi and <name>_np<N>_test for N in ranks.
 
     Args:
@@ -20,6 +20,7 @@ def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "
       size: the size of the single-rank cc_test.
       mpi_size: the size of each mpirun sh_test.
       tags: tags for every test (e.g. ["gpu"]).
+      data: files the program reads (through $TEST_SRCDIR), for every test.
     """
     source = name + "_test.cc"
     native.cc_test(
@@ -27,6 +28,7 @@ def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "
         size = size,
         srcs = [source],
         deps = deps,
+        data = data,
         tags = tags,
     )
     native.cc_binary(
@@ -34,6 +36,7 @@ def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "
         testonly = True,
         srcs = [source],
         deps = deps,
+        data = data,
     )
     for np in ranks:
         native.sh_test(
