@@ -80,6 +80,19 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
     }
     buckets_[b].persistent = elements < threshold;
   }
+  FetchScheduleOptions schedule;
+  schedule.prefetch_bucket_elements =
+      zero_config().stage3_prefetch_bucket_size.value();
+  schedule.max_live_elements = zero_config().stage3_max_live_parameters;
+  schedule.max_reuse_distance = zero_config().stage3_max_reuse_distance;
+  std::vector<int64_t> bucket_elements;
+  std::vector<bool> persistent;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    bucket_elements.push_back(layout.bucket(b).padded_elements);
+    persistent.push_back(buckets_[b].persistent);
+  }
+  schedule_ =
+      std::make_unique<FetchSchedule>(schedule, bucket_elements, persistent);
   std::unordered_map<const nn::Parameter*, int> bucket_of;
   for (int i = 0; i < layout.num_params(); ++i) {
     bucket_of[params_[i]] = layout.placement(i).bucket;
@@ -208,12 +221,7 @@ absl::Status Stage3::BeginMicroStep() {
   // Forward uses left by an evaluation forward that was never
   // backpropagated do not count.
   for (Bucket& bucket : buckets_) bucket.pending_uses = 0;
-  position_ = 0;
-  observed_.clear();
-  order_changed_ = false;
-  following_ = trace_valid_;
-  prefetching_ =
-      following_ && zero_config().stage3_prefetch_bucket_size.value() > 0;
+  schedule_->BeginMicroStep();
   return absl::OkStatus();
 }
 
@@ -239,20 +247,13 @@ absl::Status Stage3::Acquire(int entry, bool backward) {
   step_entries_.push_back(entry);
   for (int b : entries_[entry].buckets) {
     Fold(static_cast<uint64_t>(b) * 2 + (backward ? 1 : 0));
-    if (following_ && (position_ >= trace_.size() || trace_[position_] != b)) {
-      // Every rank on the same path notices at the same request, so the
-      // collectives stay in step.
+    if (schedule_->OnRequest(b)) {
       ZE_LOG_RANK0(INFO) << "ZeRO-3: module order changed at request "
-                         << position_ << " ("
+                         << schedule_->position() - 1 << " ("
                          << entries_[entry].module->DisplayName()
                          << "); fetching on demand for this step and "
                             "recording the new order";
-      following_ = false;
-      prefetching_ = false;
-      order_changed_ = true;
     }
-    ++position_;
-    observed_.push_back(b);
     Bucket& bucket = buckets_[b];
     if (!bucket.gathered.defined()) {
       ZE_RETURN_IF_ERROR(MakeRoom(layout().bucket(b).padded_elements));
@@ -262,7 +263,7 @@ absl::Status Stage3::Acquire(int entry, bool backward) {
     ++bucket.users;
     if (backward && bucket.trainable) ZE_RETURN_IF_ERROR(EnsureGrads(b));
   }
-  if (prefetching_) ZE_RETURN_IF_ERROR(Prefetch());
+  ZE_RETURN_IF_ERROR(Prefetch());
   return absl::OkStatus();
 }
 
@@ -271,7 +272,7 @@ absl::Status Stage3::Release(int entry) {
     Bucket& bucket = buckets_[b];
     if (bucket.users > 0) --bucket.users;
     if (bucket.users == 0 && !bucket.persistent) {
-      if (phase_ != Phase::kEvaluation && ShouldKeep(b)) {
+      if (phase_ != Phase::kEvaluation && schedule_->ShouldKeep(b)) {
         ++step_counters_.kept_for_reuse;
         continue;
       }
@@ -309,49 +310,16 @@ absl::Status Stage3::IssueGather(int b) {
     step_counters_.all_gathered_elements += bucket_layout.padded_elements;
     step_counters_.all_gathers += 1;
   }
-  live_elements_ += bucket_layout.padded_elements;
-  peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
-  step_counters_.peak_gathered_elements =
-      std::max(step_counters_.peak_gathered_elements, live_elements_);
+  schedule_->OnGathered(b);
+  step_counters_.peak_gathered_elements = std::max(
+      step_counters_.peak_gathered_elements, schedule_->live_elements());
   return absl::OkStatus();
 }
 
-size_t Stage3::NextUse(int b) const {
-  if (!following_) return trace_.size();
-  for (size_t q = position_; q < trace_.size(); ++q) {
-    if (trace_[q] == b) return q;
-  }
-  return trace_.size();
-}
-
-// Keeps a just-released bucket when the record needs it again within
-// stage3_max_reuse_distance requests and the live limit allows.
-bool Stage3::ShouldKeep(int b) const {
-  const int64_t distance = zero_config().stage3_max_reuse_distance;
-  if (!following_ || distance <= 0) return false;
-  if (live_elements_ > zero_config().stage3_max_live_parameters) return false;
-  const size_t next = NextUse(b);
-  return next < trace_.size() &&
-         static_cast<int64_t>(next - position_) < distance;
-}
-
 absl::Status Stage3::MakeRoom(int64_t incoming) {
-  const int64_t max_live = zero_config().stage3_max_live_parameters;
-  while (live_elements_ + incoming > max_live) {
-    // Belady: the unused bucket needed farthest ahead (never: farthest).
-    int victim = -1;
-    size_t victim_next = 0;
-    for (int b = 0; b < layout().num_buckets(); ++b) {
-      const Bucket& bucket = buckets_[b];
-      if (!bucket.gathered.defined() || bucket.persistent || bucket.users > 0) {
-        continue;
-      }
-      const size_t next = NextUse(b);
-      if (victim < 0 || next >= victim_next) {
-        victim = b;
-        victim_next = next;
-      }
-    }
+  while (schedule_->OverLiveLimit(incoming)) {
+    const int victim = schedule_->EvictionVictim(
+        [this](int b) { return buckets_[b].users > 0; });
     if (victim < 0) break;  // everything gathered is in use
     ZE_RETURN_IF_ERROR(FreeGathered(victim));
     ++step_counters_.early_releases;
@@ -402,21 +370,13 @@ absl::Status Stage3::FreeGathered(int b) {
     params_[i]->ReleaseData();
   }
   bucket.gathered = Tensor();
-  live_elements_ -= bucket_layout.padded_elements;
+  schedule_->OnFreed(b);
   return absl::OkStatus();
 }
 
-// Issues the gathers of the recorded order's next buckets. Deterministic in
-// the record and the gathered set, so every rank issues the same ones.
+// Issues the gathers the schedule asks for ahead of their requests.
 absl::Status Stage3::Prefetch() {
-  int64_t budget = zero_config().stage3_prefetch_bucket_size.value();
-  const int64_t max_live = zero_config().stage3_max_live_parameters;
-  for (size_t q = position_; q < trace_.size(); ++q) {
-    const int b = trace_[q];
-    if (buckets_[b].gathered.defined()) continue;
-    const int64_t elements = layout().bucket(b).padded_elements;
-    if (elements > budget || live_elements_ + elements > max_live) break;
-    budget -= elements;
+  for (int b : schedule_->PrefetchCandidates()) {
     ZE_RETURN_IF_ERROR(IssueGather(b));
   }
   return absl::OkStatus();
@@ -478,15 +438,9 @@ absl::Status Stage3::OnEndBackward() {
       ZE_RETURN_IF_ERROR(FreeGathered(b));
     }
   }
-  following_ = false;
-  prefetching_ = false;
-  if (!trace_valid_ || order_changed_ || observed_ != trace_) {
-    if (trace_valid_) {
-      ZE_LOG_RANK0(INFO) << "ZeRO-3: recorded a new module order of "
-                         << observed_.size() << " requests";
-    }
-    trace_ = observed_;
-    trace_valid_ = true;
+  if (schedule_->EndMicroStep()) {
+    ZE_LOG_RANK0(INFO) << "ZeRO-3: recorded a new module order of "
+                       << schedule_->record().size() << " requests";
   }
   return absl::OkStatus();
 }

@@ -88,6 +88,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "nn/module.h"
+#include "zero/fetch_schedule.h"
 #include "zero/flat_layout.h"
 #include "zero/gradient_reducer.h"
 #include "zero/partition_state.h"
@@ -167,10 +168,6 @@ class Stage3 : public ZeroStrategy {
   absl::Status AfterBackward(int entry);
 
   absl::Status IssueGather(int bucket);
-  // Next request of `bucket` in the record at or after position_, or
-  // trace_.size() when none (or the step does not follow the record).
-  size_t NextUse(int bucket) const;
-  bool ShouldKeep(int bucket) const;
   // Frees unused gathered buckets until `incoming` more elements fit under
   // stage3_max_live_parameters (or none is left to free).
   absl::Status MakeRoom(int64_t incoming);
@@ -192,20 +189,13 @@ class Stage3 : public ZeroStrategy {
   std::vector<nn::HookHandle> hooks_;  // with the module each is on
   std::vector<nn::Module*> hook_modules_;
 
-  // Prefetch and the schedule check.
-  std::vector<int> trace_;     // recorded request order (bucket ids)
-  std::vector<int> observed_;  // this micro-step's requests
-  bool trace_valid_ = false;
-  bool following_ = false;    // this micro-step follows the record
-  bool prefetching_ = false;  // and prefetches along it
-  int scopes_ = 0;            // GatherScope calls not yet released
-  bool order_changed_ = false;
-  size_t position_ = 0;  // requests so far this micro-step
+  // Recorded order, prefetch, reuse, live limit and eviction decisions.
+  std::unique_ptr<FetchSchedule> schedule_;
+  int scopes_ = 0;  // GatherScope calls not yet released
+  // The schedule check: a running hash of this step's requests and
+  // reductions, and the module order (for the mismatch error).
   uint64_t schedule_hash_ = 0;
-  std::vector<int> step_entries_;  // module order this step (for errors)
-
-  int64_t live_elements_ = 0;
-  int64_t peak_live_elements_ = 0;
+  std::vector<int> step_entries_;
   // All-gather stalls of the step: CUDA timing events around each stream
   // wait (read at the boundary); on the CPU the host time of the wait.
   std::vector<std::pair<Event, Event>> wait_events_;
