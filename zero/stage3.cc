@@ -17,9 +17,6 @@ namespace ze {
 namespace zero {
 
 Stage3::~Stage3() {
-  for (size_t i = 0; i < hooks_.size(); ++i) {
-    hook_modules_[i]->RemoveHook(hooks_[i]);
-  }
   for (nn::Parameter* parameter : params_) parameter->ReleaseGrad();
 }
 
@@ -172,40 +169,36 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 
 absl::Status Stage3::InstallHooks() {
   nn::LossModel& model = *context_.model;
-  auto add = [&](nn::Module* module, nn::HookKind kind, nn::Hook hook) {
-    hooks_.push_back(module->AddHook(kind, std::move(hook)));
-    hook_modules_.push_back(module);
-  };
   // First of the root's hooks: a training (or evaluation) forward starts.
-  add(&model, nn::HookKind::kPreForward,
-      [this](nn::Module&, const Stream&) -> absl::Status {
-        if (phase_ != Phase::kIdle) return absl::OkStatus();
-        return BeginMicroStep();
-      });
+  AddHook(&model, nn::HookKind::kPreForward,
+          [this](nn::Module&, const Stream&) -> absl::Status {
+            if (phase_ != Phase::kIdle) return absl::OkStatus();
+            return BeginMicroStep();
+          });
   for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
     nn::Module* module = entries_[e].module;
-    add(module, nn::HookKind::kPreForward,
-        [this, e](nn::Module&, const Stream&) -> absl::Status {
-          // A use is a forward call that will be backpropagated; the
-          // recomputation of a checkpointed module (in backward) is not.
-          if (phase_ == Phase::kIdle) {
-            for (int b : entries_[e].buckets) {
-              if (buckets_[b].trainable) ++buckets_[b].pending_uses;
-            }
-          }
-          return Acquire(e, /*backward=*/false);
-        });
-    add(module, nn::HookKind::kPostForward,
-        [this, e](nn::Module&, const Stream&) { return Release(e); });
-    add(module, nn::HookKind::kPreBackward,
-        [this, e](nn::Module&, const Stream&) {
-          return Acquire(e, /*backward=*/true);
-        });
-    add(module, nn::HookKind::kPostBackward,
-        [this, e](nn::Module&, const Stream&) -> absl::Status {
-          ZE_RETURN_IF_ERROR(Release(e));
-          return AfterBackward(e);
-        });
+    AddHook(module, nn::HookKind::kPreForward,
+            [this, e](nn::Module&, const Stream&) -> absl::Status {
+              // A use is a forward call that will be backpropagated; the
+              // recomputation of a checkpointed module (in backward) is not.
+              if (phase_ == Phase::kIdle) {
+                for (int b : entries_[e].buckets) {
+                  if (buckets_[b].trainable) ++buckets_[b].pending_uses;
+                }
+              }
+              return Acquire(e, /*backward=*/false);
+            });
+    AddHook(module, nn::HookKind::kPostForward,
+            [this, e](nn::Module&, const Stream&) { return Release(e); });
+    AddHook(module, nn::HookKind::kPreBackward,
+            [this, e](nn::Module&, const Stream&) {
+              return Acquire(e, /*backward=*/true);
+            });
+    AddHook(module, nn::HookKind::kPostBackward,
+            [this, e](nn::Module&, const Stream&) -> absl::Status {
+              ZE_RETURN_IF_ERROR(Release(e));
+              return AfterBackward(e);
+            });
   }
   return absl::OkStatus();
 }

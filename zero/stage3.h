@@ -104,7 +104,8 @@ class Stage3 : public ZeroStrategy {
   // parameters that have full data are sliced and their full data dropped.
   static absl::StatusOr<std::unique_ptr<ZeroStrategy>> Create(
       const StrategyContext& context);
-  ~Stage3() override;  // removes the hooks
+  // Leaves no parameter pointing at a gradient buffer it owned.
+  ~Stage3() override;
 
   // The micro-step begins in the root module's pre-forward hook instead
   // (so an evaluation forward is told apart by the phase).
@@ -186,8 +187,6 @@ class Stage3 : public ZeroStrategy {
   std::vector<nn::Parameter*> params_;  // layout order
   std::vector<Bucket> buckets_;
   std::vector<ModuleEntry> entries_;
-  std::vector<nn::HookHandle> hooks_;  // with the module each is on
-  std::vector<nn::Module*> hook_modules_;
 
   // Recorded order, prefetch, reuse, live limit and eviction decisions.
   std::unique_ptr<FetchSchedule> schedule_;

@@ -18,12 +18,6 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stages0To2::Create(
   return std::unique_ptr<ZeroStrategy>(std::move(strategy));
 }
 
-Stages0To2::~Stages0To2() {
-  for (size_t i = 0; i < hooks_.size(); ++i) {
-    hook_modules_[i]->RemoveHook(hooks_[i]);
-  }
-}
-
 absl::Status Stages0To2::Setup() {
   nn::LossModel& model = *context_.model;
   const int stage = static_cast<int>(config().zero_optimization.stage);
@@ -127,10 +121,6 @@ absl::Status Stages0To2::Setup() {
 
 // Gradient readiness: see the header comment.
 absl::Status Stages0To2::InstallHooks() {
-  auto add = [&](nn::Module* module, nn::HookKind kind, nn::Hook hook) {
-    hooks_.push_back(module->AddHook(kind, std::move(hook)));
-    hook_modules_.push_back(module);
-  };
   for (nn::Module* module : context_.model->Modules()) {
     std::vector<int> indices;
     for (nn::Parameter* parameter : module->DirectParameters()) {
@@ -138,26 +128,27 @@ absl::Status Stages0To2::InstallHooks() {
       if (found != index_of_.end()) indices.push_back(found->second);
     }
     if (indices.empty()) continue;
-    add(module, nn::HookKind::kPreForward,
-        [this, indices](nn::Module&, const Stream&) -> absl::Status {
-          // Counted whether or not the call saves activations: inside a
-          // checkpointed block the first forward saves nothing, yet its
-          // backward (after the recompute) will produce these gradients.
-          if (phase_ != Phase::kIdle) return absl::OkStatus();
-          for (int index : indices) ++pending_uses_[index];
-          return absl::OkStatus();
-        });
+    AddHook(module, nn::HookKind::kPreForward,
+            [this, indices](nn::Module&, const Stream&) -> absl::Status {
+              // Counted whether or not the call saves activations: inside a
+              // checkpointed block the first forward saves nothing, yet its
+              // backward (after the recompute) will produce these gradients.
+              if (phase_ != Phase::kIdle) return absl::OkStatus();
+              for (int index : indices) ++pending_uses_[index];
+              return absl::OkStatus();
+            });
     if (stage() == 2) {
-      add(module, nn::HookKind::kPreBackward,
-          [this, indices](nn::Module&, const Stream&) -> absl::Status {
-            for (int index : indices) {
-              ZE_RETURN_IF_ERROR(EnsureBucketGradients(
-                  partition_->layout().placement(index).bucket));
-            }
-            return absl::OkStatus();
-          });
+      AddHook(module, nn::HookKind::kPreBackward,
+              [this, indices](nn::Module&, const Stream&) -> absl::Status {
+                for (int index : indices) {
+                  ZE_RETURN_IF_ERROR(EnsureBucketGradients(
+                      partition_->layout().placement(index).bucket));
+                }
+                return absl::OkStatus();
+              });
     }
-    add(module, nn::HookKind::kPostBackward,
+    AddHook(
+        module, nn::HookKind::kPostBackward,
         [this, indices](nn::Module&, const Stream&) -> absl::Status {
           for (int index : indices) {
             if (pending_uses_[index] > 0 && --pending_uses_[index] == 0) {

@@ -53,7 +53,6 @@ class Stages0To2 : public ZeroStrategy {
   // rank keeps full weights at these stages).
   static absl::StatusOr<std::unique_ptr<ZeroStrategy>> Create(
       const StrategyContext& context);
-  ~Stages0To2() override;
 
   // Forgets parameter uses counted by a forward that had no backward.
   absl::Status BeginForward() override;
@@ -96,8 +95,6 @@ class Stages0To2 : public ZeroStrategy {
   Stream communication_stream_;
   std::vector<nn::Parameter*> params_;  // layout order
   std::unordered_map<const nn::Parameter*, int> index_of_;
-  std::vector<nn::HookHandle> hooks_;
-  std::vector<nn::Module*> hook_modules_;
 
   // Backward bookkeeping (see the header comment).
   std::vector<int> pending_uses_;    // per parameter

@@ -1,12 +1,22 @@
 #include "zero/strategy.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
 namespace ze {
 namespace zero {
+
+ZeroStrategy::~ZeroStrategy() {
+  for (auto& [module, handle] : hooks_) module->RemoveHook(handle);
+}
+
+void ZeroStrategy::AddHook(nn::Module* module, nn::HookKind kind,
+                           nn::Hook hook) {
+  hooks_.emplace_back(module, module->AddHook(kind, std::move(hook)));
+}
 
 absl::Status ZeroStrategy::AnnotateAllocationError(
     const absl::Status& status) const {

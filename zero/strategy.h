@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "nn/loss_model.h"
+#include "nn/module.h"
 #include "zero/boundary_step.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
@@ -93,7 +95,8 @@ enum class Phase {
 
 class ZeroStrategy {
  public:
-  virtual ~ZeroStrategy() = default;
+  // Removes the hooks the strategy installed (AddHook).
+  virtual ~ZeroStrategy();
   ZeroStrategy(const ZeroStrategy&) = delete;
   ZeroStrategy& operator=(const ZeroStrategy&) = delete;
 
@@ -177,12 +180,17 @@ class ZeroStrategy {
   absl::Status RequireIdle(const char* what) const;
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
+  // Installs `hook` on `module`; the destructor removes it.
+  void AddHook(nn::Module* module, nn::HookKind kind, nn::Hook hook);
 
   StrategyContext context_;
   // This rank's model state; created by the strategy's Create.
   std::unique_ptr<PartitionState> partition_;
   MemoryBreakdown memory_;
   Phase phase_ = Phase::kIdle;
+
+ private:
+  std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
 };
 
 }  // namespace zero

@@ -91,7 +91,8 @@ TEST_P(EngineContractTest, ForwardWhileBackwardOwedFailsAndLosesNothing) {
   absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
       MakeGpt(SmallGpt(), DType::kF32);
   ASSERT_TRUE(model.ok()) << model.status();
-  auto engine = engine::Initialize(*model, Config(stage), Comm());
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(*model, Config(stage), Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto [tokens, targets] = MicroBatch(0);
   absl::StatusOr<float> first = (*engine)->Forward(tokens, targets);
