@@ -360,11 +360,14 @@ struct Config {
   int world_size = 1;
   std::string source = "<json string>";
 
-  // JSON paths still holding "auto", in a stable order; empty once resolved.
+  // JSON paths still holding "auto", in the order of ReferenceMarkdown();
+  // empty once resolved. Derived from the key tables.
   std::vector<std::string> UnresolvedAutoPaths() const;
   bool HasUnresolvedAuto() const { return !UnresolvedAutoPaths().empty(); }
 
-  // Compares every field except `source`.
+  // Compares every JSON key (derived from the key tables, as is every
+  // section's operator==, so a new key is compared without further code)
+  // and world_size; not `source`.
   bool operator==(const Config& other) const;
   bool operator!=(const Config& other) const { return !(*this == other); }
 };
