@@ -26,15 +26,16 @@ absl::StatusOr<Config> Resolve(const Config& config,
   Config resolved = config;
   Problems problems(config.source);
 
-  // Replaces an "auto" value from `hint`, or records which hint is missing.
+  // Replaces an "auto" value from `hint`, or records which hint is missing
+  // (and, in `why`, what it stands for when the field name does not say).
   auto fill = [&problems](auto* value, const auto& hint, const char* path,
-                          const char* hint_name) {
+                          const char* hint_name, const char* why = "") {
     if (!value->is_auto()) return;
     if (hint) {
       *value = *hint;
     } else {
       problems.Add(absl::StrCat(path, " is \"auto\" but ResolutionContext::",
-                                hint_name, " was not given"));
+                                hint_name, " was not given", why));
     }
   };
 
@@ -95,16 +96,26 @@ absl::StatusOr<Config> Resolve(const Config& config,
                        "got ",
                        h));
     }
+    // Hugging Face's trainer_config_finalize: hidden_size * hidden_size,
+    // int(0.9 * hidden_size * hidden_size) (evaluated left to right in
+    // floating point, truncated) and 10 * hidden_size.
     square = h * h;
-    prefetch = static_cast<int64_t>(0.9 * static_cast<double>(h * h));
+    prefetch = static_cast<int64_t>(0.9 * static_cast<double>(h) *
+                                    static_cast<double>(h));
     persistence = 10 * h;
   }
+  // Unlike Hugging Face, the stage-3 sizes resolve at every stage (they are
+  // unused below stage 3) rather than staying "auto".
+  const char* kNeedsHiddenSize =
+      ": the model's hidden size is needed (nn::LossModel::hidden_size())";
   fill(&zero.reduce_bucket_size, square, "zero_optimization.reduce_bucket_size",
-       "hidden_size");
+       "hidden_size", kNeedsHiddenSize);
   fill(&zero.stage3_prefetch_bucket_size, prefetch,
-       "zero_optimization.stage3_prefetch_bucket_size", "hidden_size");
+       "zero_optimization.stage3_prefetch_bucket_size", "hidden_size",
+       kNeedsHiddenSize);
   fill(&zero.stage3_param_persistence_threshold, persistence,
-       "zero_optimization.stage3_param_persistence_threshold", "hidden_size");
+       "zero_optimization.stage3_param_persistence_threshold", "hidden_size",
+       kNeedsHiddenSize);
 
   ZE_RETURN_IF_ERROR(problems.ToStatus());
 

@@ -85,6 +85,8 @@ class GptModel : public LossModel {
   const GptOptions &options() const { return options_; }
   Device device() const override { return options_.device; }
   DType dtype() const override { return options_.dtype; }
+  // The embedding width (config().channels, GPT-2's n_embd).
+  int64_t hidden_size() const override { return config_.channels; }
   Embedding *embed() const { return embed_; }
   Sequential *blocks() const { return blocks_; }
   LayerNorm *ln_f() const { return ln_f_; }

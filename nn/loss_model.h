@@ -8,9 +8,11 @@
 //   public Module::Backward, ACCUMULATING into the parameters' grad slots.
 //   counted_targets() is the number of targets the last ForwardLoss averaged
 //   over (the engine weighs ranks' losses by it).
+//   hidden_size() is optional (0 = unknown); see below.
 #ifndef ZE_NN_LOSS_MODEL_H_
 #define ZE_NN_LOSS_MODEL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -37,6 +39,12 @@ class LossModel : public Module {
   // The device and dtype the model's parameters and activations use.
   virtual Device device() const = 0;
   virtual DType dtype() const = 0;
+  // The model's width, what Hugging Face calls hidden_size (GPT-2's n_embd):
+  // the engine passes it to config::Resolve() (ResolutionContext::
+  // hidden_size) to size the "auto" ZeRO buckets from it. 0 means unknown,
+  // the default for models that have no single width; a config that needs
+  // it then fails to resolve, naming the key.
+  virtual int64_t hidden_size() const { return 0; }
 };
 
 }  // namespace nn
