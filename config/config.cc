@@ -1,8 +1,8 @@
 // The public API of config.h: loading, printing and the generated
 // reference. The pieces live by concept: codec.h (typed values), schema.h
-// (fields and tables), sections.cc and typed_sections.cc (the tables and the
-// equality derived from them), validate.cc (cross-key rules, batch triple),
-// resolve.cc ("auto").
+// (fields and tables), schema.cc, sections.cc and typed_sections.cc (the tables
+// and the equality derived from them), validate.cc (cross-key rules, batch
+// triple), resolve.cc ("auto").
 #include "config/config.h"
 
 #include <fstream>
@@ -20,19 +20,6 @@
 
 namespace ze {
 namespace config {
-
-namespace internal {
-
-std::string MarkdownTable(const std::vector<ReferenceRow>& rows) {
-  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
-  for (const ReferenceRow& row : rows) {
-    absl::StrAppend(&out, "| `", row.key, "` | ", row.type, " | ",
-                    row.default_text, " | ", row.meaning, " |\n");
-  }
-  return out;
-}
-
-}  // namespace internal
 
 using internal::Json;
 using internal::MarkdownTable;

@@ -2,6 +2,8 @@
 // scheduler ({"type": ..., "params": {...}}). Their params tables per type,
 // the two top-level fields, and the equality derived from the tables.
 #include <set>
+#include <string>
+#include <vector>
 
 #include "config/sections.h"
 
