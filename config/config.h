@@ -22,7 +22,8 @@
 //   ZE_ASSIGN_OR_RETURN(config::Config raw,
 //                       config::LoadConfigFile(path, world_size));
 //   config::ResolutionContext context;
-//   context.hidden_size = model.hidden_size();
+//   // nn::LossModel::hidden_size(): 0 means the model does not know it.
+//   if (model.hidden_size() > 0) context.hidden_size = model.hidden_size();
 //   ZE_ASSIGN_OR_RETURN(config::Config cfg, config::Resolve(raw, context));
 //   if (rank == 0) ZE_LOG_RANK0(INFO) << config::ToJson(cfg);
 #ifndef ZE_CONFIG_CONFIG_H_
@@ -360,11 +361,14 @@ struct Config {
   int world_size = 1;
   std::string source = "<json string>";
 
-  // JSON paths still holding "auto", in a stable order; empty once resolved.
+  // JSON paths still holding "auto", in the order of ReferenceMarkdown();
+  // empty once resolved. Derived from the key tables.
   std::vector<std::string> UnresolvedAutoPaths() const;
   bool HasUnresolvedAuto() const { return !UnresolvedAutoPaths().empty(); }
 
-  // Compares every field except `source`.
+  // Compares every JSON key (derived from the key tables, as is every
+  // section's operator==, so a new key is compared without further code)
+  // and world_size; not `source`.
   bool operator==(const Config& other) const;
   bool operator!=(const Config& other) const { return !(*this == other); }
 };
@@ -407,9 +411,13 @@ absl::StatusOr<Config> LoadConfigJson(
 struct ResolutionContext {
   // 0: keep the config's world size; otherwise it must equal it.
   int world_size = 0;
-  // The model's hidden size: reduce_bucket_size = hidden^2,
-  // stage3_prefetch_bucket_size = 0.9 hidden^2,
-  // stage3_param_persistence_threshold = 10 hidden.
+  // The model's hidden size h (Hugging Face's hidden_size; the engine takes
+  // nn::LossModel::hidden_size()). Hugging Face's rules:
+  // zero_optimization.reduce_bucket_size = h * h,
+  // stage3_prefetch_bucket_size = int(0.9 * h * h) (truncated),
+  // stage3_param_persistence_threshold = 10 * h. Must be positive when set;
+  // leave it unset when the model does not know it (hidden_size() == 0):
+  // then only a config with "auto" in one of those keys fails, naming it.
   std::optional<int64_t> hidden_size;
   // For "auto" batch sizes. An "auto" batch size without a hint is inferred
   // from the other two, as if it were absent.

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -898,6 +901,284 @@ TEST(UnresolvedAutoPathsTest, ListsEveryAutoThatToJsonPrints) {
   }
   EXPECT_EQ(autos, 17u);
   EXPECT_EQ(c.UnresolvedAutoPaths().size(), autos);
+}
+
+// ------------------------------------------------- equality from the tables
+
+// Values to try in place of `original`, in order, for a key whose valid
+// range the test does not know: the first one the loader accepts is used.
+std::vector<nlohmann::json> Alternatives(const nlohmann::json& original) {
+  std::vector<nlohmann::json> out;
+  if (original.is_boolean()) return {!original.get<bool>()};
+  if (original.is_number_integer()) {
+    const int64_t v = original.get<int64_t>();
+    if (v > std::numeric_limits<int64_t>::min()) out.push_back(v - 1);
+    if (v < std::numeric_limits<int64_t>::max()) out.push_back(v + 1);
+    for (int64_t c : {v / 2, int64_t{0}, int64_t{1}, int64_t{2}}) {
+      out.push_back(c);
+    }
+    return out;
+  }
+  if (original.is_number()) {
+    const double v = original.get<double>();
+    for (double c : {v - 1, v / 2, v * 2, 1e-4, 0.0, 1.0, 0.5}) {
+      out.push_back(c);
+    }
+    return out;
+  }
+  // Strings (enum spellings, paths, "auto") and null (unset optionals).
+  for (const char* c :
+       {"AdamW", "Ignore", "linear", "cpu", "fp32", "/tmp/swap"}) {
+    out.push_back(c);
+  }
+  if (original.is_string()) out.push_back(original.get<std::string>() + "x");
+  for (double c : {6.0, 1.0, 1e-4}) out.push_back(c);
+  return out;
+}
+
+// "zero_optimization.offload_param.device" for the pointer
+// "/zero_optimization/offload_param/device" ("/betas/0" -> "betas").
+std::string DottedKey(const std::string& pointer) {
+  std::string dotted;
+  size_t start = 1;
+  while (start <= pointer.size()) {
+    size_t end = pointer.find('/', start);
+    if (end == std::string::npos) end = pointer.size();
+    const std::string part = pointer.substr(start, end - start);
+    if (!part.empty() && !std::all_of(part.begin(), part.end(), [](char ch) {
+          return ch >= '0' && ch <= '9';
+        })) {
+      if (!dotted.empty()) dotted += ".";
+      dotted += part;
+    }
+    start = end + 1;
+  }
+  return dotted;
+}
+
+// Every key the reference documents, as "a.b.c".
+std::vector<std::string> ReferenceKeys() {
+  std::vector<std::string> keys;
+  const std::string reference = ReferenceMarkdown();
+  for (size_t at = reference.find("\n| `"); at != std::string::npos;
+       at = reference.find("\n| `", at + 1)) {
+    const size_t begin = at + 4;
+    keys.push_back(reference.substr(begin, reference.find('`', begin) - begin));
+  }
+  return keys;
+}
+
+// operator== is derived from the key tables. For every key ToJson() prints
+// (every key of every table, over these bases), a config that differs in
+// that key alone must compare unequal; and every key the reference lists
+// must have been covered, so a key cannot escape by being left out here.
+TEST(EqualityTest, ChangingAnyKeyAloneMakesConfigsUnequal) {
+  // The batch triple is checked only without "auto", so with
+  // train_batch_size "auto" each of the three can change alone.
+  const std::string batch =
+      R"("train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
+         "gradient_accumulation_steps": 3, "zero_optimization": {"stage": 3})";
+  const std::vector<std::string> bases = {
+      R"("optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR"})",
+      R"("optimizer": {"type": "SGD"}, "scheduler": {"type": "WarmupDecayLR",
+          "params": {"total_num_steps": 100}})",
+      R"("optimizer": {"type": "AdamW"}, "scheduler": {
+          "type": "WarmupCosineLR", "params": {"total_num_steps": 100}})",
+      R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001,
+          "cycle_max_lr": 0.01}})",
+  };
+  std::set<std::string> covered;
+  for (const std::string& base_keys : bases) {
+    const Config base =
+        LoadOrDie(absl::StrCat("{", batch, ",", base_keys, "}"));
+    const nlohmann::json base_json = nlohmann::json::parse(ToJson(base));
+    const nlohmann::json leaves = base_json.flatten();
+    for (const auto& [pointer, original] : leaves.items()) {
+      // A section's type selects which params are valid, so it cannot change
+      // alone; TypesTakePartInEquality covers it.
+      if (absl::EndsWith(pointer, "/type")) continue;
+      bool changed = false;
+      for (const nlohmann::json& value : Alternatives(original)) {
+        if (value == original) continue;
+        nlohmann::json json = base_json;
+        json[nlohmann::json::json_pointer(pointer)] = value;
+        absl::StatusOr<Config> other = LoadConfigJson(json, 1);
+        if (!other.ok()) continue;
+        EXPECT_FALSE(*other == base) << pointer << " = " << value.dump();
+        EXPECT_TRUE(*other != base) << pointer << " = " << value.dump();
+        changed = true;
+        break;
+      }
+      // Some values are valid in one base only (adam_w_mode false is
+      // rejected for AdamW): a key must change in at least one base.
+      if (changed) covered.insert(DottedKey(pointer));
+    }
+  }
+  const std::vector<std::string> reference_keys = ReferenceKeys();
+  ASSERT_GT(reference_keys.size(), 80u);
+  for (const std::string& key : reference_keys) {
+    if (absl::EndsWith(key, ".type")) continue;
+    EXPECT_TRUE(covered.count(key))
+        << key << " never changed alone: no base printed it, or no value in "
+        << "Alternatives() was valid for it";
+  }
+}
+
+TEST(EqualityTest, TypesAndWorldSizeTakePartInEquality) {
+  const Config adam = LoadOrDie(R"({"train_batch_size": 4,
+      "optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupLR"}})");
+  Config adamw = adam;
+  adamw.optimizer->type = OptimizerType::kAdamW;
+  EXPECT_NE(adamw, adam);
+  Config cosine = adam;
+  cosine.scheduler->type = SchedulerType::kWarmupCosineLR;
+  EXPECT_NE(cosine, adam);
+  Config no_scheduler = adam;
+  no_scheduler.scheduler.reset();
+  EXPECT_NE(no_scheduler, adam);
+  Config other_world = adam;
+  other_world.world_size = 2;
+  EXPECT_NE(other_world, adam);
+  // Only the source is left out: it names the file for messages.
+  Config other_source = adam;
+  other_source.source = "elsewhere.json";
+  EXPECT_EQ(other_source, adam);
+}
+
+// ------------------------------------------------- auto from the model
+
+// A config with "auto" in exactly one hidden-size key.
+Config WithOneHiddenSizeAuto(const std::string& key) {
+  return LoadOrDie(absl::StrCat(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 3, ")",
+                                key, R"(": "auto"}})"));
+}
+
+TEST(ResolveTest, ReduceBucketSizeIsHiddenSquared) {
+  const Config raw = WithOneHiddenSizeAuto("reduce_bucket_size");
+  ResolutionContext context;
+  context.hidden_size = 768;
+  absl::StatusOr<Config> c = Resolve(raw, context);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_optimization.reduce_bucket_size.value(), 768 * 768);
+  // The others keep their defaults.
+  EXPECT_EQ(c->zero_optimization.stage3_prefetch_bucket_size.value(),
+            50'000'000);
+  EXPECT_EQ(c->zero_optimization.stage3_param_persistence_threshold.value(),
+            100'000);
+}
+
+TEST(ResolveTest, PrefetchBucketSizeIsNineTenthsOfHiddenSquaredTruncated) {
+  const Config raw = WithOneHiddenSizeAuto("stage3_prefetch_bucket_size");
+  ResolutionContext context;
+  // 0.9 x 1023 x 1023 = 941876.1: Hugging Face's int() truncates.
+  context.hidden_size = 1023;
+  absl::StatusOr<Config> c = Resolve(raw, context);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_optimization.stage3_prefetch_bucket_size.value(), 941876);
+  EXPECT_EQ(c->zero_optimization.reduce_bucket_size.value(), 500'000'000);
+}
+
+TEST(ResolveTest, ParamPersistenceThresholdIsTenHidden) {
+  const Config raw =
+      WithOneHiddenSizeAuto("stage3_param_persistence_threshold");
+  ResolutionContext context;
+  context.hidden_size = 4096;
+  absl::StatusOr<Config> c = Resolve(raw, context);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_optimization.stage3_param_persistence_threshold.value(),
+            40'960);
+}
+
+TEST(ResolveTest, MissingHiddenSizeNamesThePathAndTheModelsHiddenSize) {
+  for (const char* key : {"reduce_bucket_size", "stage3_prefetch_bucket_size",
+                          "stage3_param_persistence_threshold"}) {
+    absl::StatusOr<Config> c =
+        Resolve(WithOneHiddenSizeAuto(key), ResolutionContext{});
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(c.status().message());
+    EXPECT_NE(message.find(absl::StrCat("t.json: zero_optimization.", key,
+                                        " is \"auto\"")),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("ResolutionContext::hidden_size was not given"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("the model's hidden size is needed"),
+              std::string::npos)
+        << message;
+  }
+  // A hidden size is needed only where a key asks for it.
+  const Config no_auto = LoadOrDie(R"({"train_micro_batch_size_per_gpu": 1})");
+  EXPECT_TRUE(Resolve(no_auto, ResolutionContext{}).ok());
+}
+
+TEST(ResolveTest, ExampleZero2AutoResolvesGivenAHiddenSize) {
+  absl::StatusOr<Config> raw =
+      LoadConfigFile(std::string(kExamplesDir) + "/zero2_auto.json", 1);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ResolutionContext context = FullContext();
+  context.hidden_size = 1600;  // GPT-2 XL's n_embd
+  absl::StatusOr<Config> c = Resolve(*raw, context);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->zero_optimization.reduce_bucket_size.value(), 2'560'000);
+  EXPECT_FALSE(c->HasUnresolvedAuto());
+
+  context.hidden_size.reset();
+  absl::StatusOr<Config> without = Resolve(*raw, context);
+  ASSERT_FALSE(without.ok());
+  EXPECT_NE(without.status().message().find(
+                "zero_optimization.reduce_bucket_size is \"auto\""),
+            absl::string_view::npos)
+      << without.status();
+}
+
+// Hugging Face's documented ZeRO-3 ds_config, "auto" wherever it allows.
+constexpr char kHuggingFaceZero3[] = R"({
+  "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000,
+           "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+  "bf16": {"enabled": "auto"},
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto",
+                                            "eps": "auto",
+                                            "weight_decay": "auto"}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto",
+                                               "warmup_max_lr": "auto",
+                                               "warmup_num_steps": "auto"}},
+  "zero_optimization": {
+    "stage": 3,
+    "offload_optimizer": {"device": "cpu", "pin_memory": true},
+    "offload_param": {"device": "cpu", "pin_memory": true},
+    "overlap_comm": true,
+    "contiguous_gradients": true,
+    "sub_group_size": 1e9,
+    "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto",
+    "stage3_param_persistence_threshold": "auto",
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+    "stage3_gather_16bit_weights_on_model_save": true
+  },
+  "gradient_accumulation_steps": "auto",
+  "gradient_clipping": "auto",
+  "steps_per_print": 2000,
+  "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": "auto",
+  "wall_clock_breakdown": false
+})";
+
+TEST(ResolveTest, HuggingFaceZero3ConfigResolvesGivenAHiddenSize) {
+  const Config raw = LoadOrDie(kHuggingFaceZero3, 2);
+  ResolutionContext context = FullContext();
+  context.hidden_size = 768;
+  absl::StatusOr<Config> c = Resolve(raw, context);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ZeroConfig& z = c->zero_optimization;
+  EXPECT_EQ(z.reduce_bucket_size.value(), 589'824);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size.value(), 530'841);  // 530841.6
+  EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 7'680);
+  EXPECT_EQ(c->train_batch_size.value(), 16);  // 4 x 2 x world size 2
+  EXPECT_FALSE(c->HasUnresolvedAuto());
 }
 
 }  // namespace

@@ -85,6 +85,8 @@ class GptModel : public LossModel {
   const GptOptions &options() const { return options_; }
   Device device() const override { return options_.device; }
   DType dtype() const override { return options_.dtype; }
+  // The embedding width (config().channels, GPT-2's n_embd).
+  int64_t hidden_size() const override { return config_.channels; }
   Embedding *embed() const { return embed_; }
   Sequential *blocks() const { return blocks_; }
   LayerNorm *ln_f() const { return ln_f_; }
@@ -104,7 +106,6 @@ class GptModel : public LossModel {
   absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
   // Targets counted by the last ForwardLoss.
   int64_t counted_targets() const override { return counted_targets_; }
-  int64_t hidden_size() const override { return config_.channels; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,

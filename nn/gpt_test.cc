@@ -169,6 +169,16 @@ TEST(GptTest, IgnoredTargetsDoNotCount) {
   }
 }
 
+TEST(GptTest, HiddenSizeIsTheEmbeddingWidth) {
+  GptConfig config = TinyConfig();
+  config.channels = 24;
+  std::unique_ptr<GptModel> model = MakeModel(config);
+  EXPECT_EQ(model->hidden_size(), 24);
+  // Through the interface the engine sees.
+  const LossModel &as_loss_model = *model;
+  EXPECT_EQ(as_loss_model.hidden_size(), 24);
+}
+
 TEST(GptTest, ShapesOnlyModelHasNoStorageAndFailsCleanly) {
   GptOptions options;
   options.materialize = false;

@@ -10,9 +10,11 @@
 //   over. The engine weighs every rank's mean loss equally, whatever its
 //   count (as DeepSpeed and DDP average gradients over ranks), so the loss
 //   it reports is the mean of the ranks' means and matches the gradients.
+//   hidden_size() is optional (0 = unknown); see below.
 #ifndef ZE_NN_LOSS_MODEL_H_
 #define ZE_NN_LOSS_MODEL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,15 +38,15 @@ class LossModel : public Module {
   // FailedPrecondition without a preceding ForwardLoss.
   virtual absl::Status BackwardLoss(float loss_scale, const Stream& stream) = 0;
   virtual int64_t counted_targets() const = 0;
-  // The model's width, what Hugging Face calls hidden_size: the engine
-  // resolves the config's model-dependent "auto" values from it
-  // (reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size =
-  // 0.9 hidden^2, stage3_param_persistence_threshold = 10 hidden).
-  // 0: unknown, and such "auto" values are an error naming the key.
-  virtual int64_t hidden_size() const { return 0; }
   // The device and dtype the model's parameters and activations use.
   virtual Device device() const = 0;
   virtual DType dtype() const = 0;
+  // The model's width, what Hugging Face calls hidden_size (GPT-2's n_embd):
+  // the engine passes it to config::Resolve() (ResolutionContext::
+  // hidden_size) to size the "auto" ZeRO buckets from it. 0 means unknown,
+  // the default for models that have no single width; a config that needs
+  // it then fails to resolve, naming the key.
+  virtual int64_t hidden_size() const { return 0; }
 };
 
 }  // namespace nn

@@ -1,0 +1,302 @@
+// The schema machinery: a Field describes one JSON key of a section struct
+// (how it is parsed, printed, compared and documented); a Schema is a
+// section's table of fields, with aliases, rejected DeepSpeed keys and
+// "did you mean" for unknown ones. Parsing, ToJson(), ReferenceMarkdown(),
+// operator== and UnresolvedAutoPaths() all walk these tables, so a key added
+// to a table takes part in all of them. Internal to //config.
+#ifndef ZE_CONFIG_SCHEMA_H_
+#define ZE_CONFIG_SCHEMA_H_
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/codec.h"
+#include "config/strict_json.h"
+#include "core/status.h"
+
+namespace ze {
+namespace config {
+namespace internal {
+
+struct ReferenceRow {
+  std::string key;
+  std::string type;
+  std::string default_text;
+  std::string meaning;
+};
+
+template <typename S>
+struct Field {
+  std::string key;
+  std::string type;
+  std::string meaning;
+  // Printed in the reference instead of the default value when the default
+  // is a rule ("true for stage 3, else false").
+  std::string default_rule;
+  std::function<void(const Json&, const std::string& path, Problems&, S*)>
+      parse;
+  // nullopt: the key is left out of ToJson() (an absent optional section).
+  std::function<std::optional<Json>(const S&)> emit;
+  // Sections append their own keys' rows; plain fields leave this empty.
+  std::function<void(const std::string& path, const S& defaults,
+                     std::vector<ReferenceRow>*)>
+      nested_rows;
+  // Sections append their aliases and rejected keys (Schema::Notes).
+  std::function<void(const std::string& path, std::vector<std::string>*)>
+      nested_notes;
+  // Whether two structs agree on this key (nested sections: on every key of
+  // theirs). Required: the structs' operator== is derived from it, so a key
+  // added to a table takes part in equality without further code.
+  std::function<bool(const S&, const S&)> equal;
+  // Appends the JSON path of every value under this key still holding
+  // "auto". Empty for keys that cannot be "auto".
+  std::function<void(const std::string& path, const S&,
+                     std::vector<std::string>*)>
+      auto_paths;
+};
+
+template <typename S>
+class Schema {
+ public:
+  Schema& Add(Field<S> field) {
+    fields_.push_back(std::move(field));
+    return *this;
+  }
+  // `alias` is read as `canonical`; giving both is an error.
+  Schema& Alias(std::string alias, std::string canonical) {
+    aliases_.emplace(std::move(alias), std::move(canonical));
+    return *this;
+  }
+  // A key DeepSpeed knows that zero-engine rejects, with the reason.
+  Schema& Unsupported(std::string key, std::string reason) {
+    unsupported_.emplace(std::move(key), std::move(reason));
+    return *this;
+  }
+  // Runs after the keys are read, with the object as written, for defaults
+  // that depend on other keys or on whether a key was given.
+  Schema& AfterParse(std::function<void(const Json&, S*)> hook) {
+    after_parse_ = std::move(hook);
+    return *this;
+  }
+
+  // Reads `object` into `out`; keys not in the JSON keep their values in
+  // `out` (the defaults). Records a problem for every bad key or value.
+  void Parse(const Json& object, const std::string& path, Problems& problems,
+             S* out) const {
+    if (!object.is_object()) {
+      TypeMismatch(object, path, "an object", problems);
+      return;
+    }
+    std::map<std::string, std::string> seen_as;  // canonical -> spelling used
+    for (const auto& item : object.items()) {
+      const std::string& key = item.key();
+      const std::string key_path = JoinJsonPath(path, key);
+      std::string canonical = key;
+      if (auto alias = aliases_.find(key); alias != aliases_.end()) {
+        canonical = alias->second;
+      }
+      const Field<S>* field = Find(canonical);
+      if (field == nullptr) {
+        ReportUnknown(key, path, problems);
+        continue;
+      }
+      if (auto [it, inserted] = seen_as.emplace(canonical, key); !inserted) {
+        problems.Add(absl::StrCat(
+            "both \"", it->second, "\" and \"", key, "\" are given at ",
+            Where(path), " (", key == canonical ? it->second : key,
+            " is an alias of ", canonical, "); keep one"));
+        continue;
+      }
+      field->parse(item.value(), key_path, problems, out);
+    }
+    if (after_parse_) after_parse_(object, out);
+  }
+
+  Json Emit(const S& value) const {
+    Json object = Json::object();
+    for (const Field<S>& field : fields_) {
+      if (std::optional<Json> json = field.emit(value)) {
+        object[field.key] = std::move(*json);
+      }
+    }
+    return object;
+  }
+
+  void Rows(const std::string& path, const S& defaults,
+            std::vector<ReferenceRow>* rows) const {
+    for (const Field<S>& field : fields_) {
+      const std::string key_path = JoinJsonPath(path, field.key);
+      if (field.nested_rows) {
+        field.nested_rows(key_path, defaults, rows);
+        continue;
+      }
+      std::string default_text = field.default_rule;
+      if (default_text.empty()) {
+        std::optional<Json> json = field.emit(defaults);
+        default_text = json ? absl::StrCat("`", json->dump(), "`") : "absent";
+      }
+      rows->push_back({key_path, field.type, default_text, field.meaning});
+    }
+  }
+
+  // One Markdown bullet per alias and per rejected DeepSpeed key, here and
+  // in nested sections.
+  void Notes(const std::string& path, std::vector<std::string>* notes) const {
+    for (const auto& [alias, canonical] : aliases_) {
+      notes->push_back(absl::StrCat("- `", JoinJsonPath(path, alias),
+                                    "` is accepted as an alias of `",
+                                    JoinJsonPath(path, canonical), "`."));
+    }
+    for (const auto& [key, reason] : unsupported_) {
+      notes->push_back(absl::StrCat("- `", JoinJsonPath(path, key),
+                                    "` is rejected: ", reason, "."));
+    }
+    for (const Field<S>& field : fields_) {
+      if (field.nested_notes) {
+        field.nested_notes(JoinJsonPath(path, field.key), notes);
+      }
+    }
+  }
+
+  // True when `a` and `b` agree on every key of this schema. Members that
+  // are not keys (Config::world_size, Config::source) are not compared.
+  bool Equal(const S& a, const S& b) const {
+    for (const Field<S>& field : fields_) {
+      ZE_CHECK(field.equal);  // every field must take part in equality
+      if (!field.equal(a, b)) return false;
+    }
+    return true;
+  }
+
+  // Appends the JSON path of every value in `value` still holding "auto", in
+  // table order.
+  void AutoPaths(const std::string& path, const S& value,
+                 std::vector<std::string>* paths) const {
+    for (const Field<S>& field : fields_) {
+      if (field.auto_paths) {
+        field.auto_paths(JoinJsonPath(path, field.key), value, paths);
+      }
+    }
+  }
+
+  const std::vector<Field<S>>& fields() const { return fields_; }
+
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> keys;
+    for (const Field<S>& field : fields_) keys.push_back(field.key);
+    return keys;
+  }
+
+ private:
+  const Field<S>* Find(const std::string& key) const {
+    for (const Field<S>& field : fields_) {
+      if (field.key == key) return &field;
+    }
+    return nullptr;
+  }
+
+  void ReportUnknown(const std::string& key, const std::string& path,
+                     Problems& problems) const {
+    const std::string key_path = JoinJsonPath(path, key);
+    if (auto it = unsupported_.find(key); it != unsupported_.end()) {
+      problems.Add(
+          absl::StrCat("\"", key, "\" at ", key_path,
+                       " is not supported by zero-engine: ", it->second));
+      return;
+    }
+    std::vector<std::string> candidates = Keys();
+    for (const auto& alias : aliases_) candidates.push_back(alias.first);
+    const std::string nearest = NearestCandidate(key, candidates);
+    if (!nearest.empty()) {
+      problems.Add(absl::StrCat("unknown key \"", key, "\" at ", key_path,
+                                "; did you mean \"", nearest, "\"?"));
+    } else {
+      problems.Add(absl::StrCat("unknown key \"", key, "\" at ", key_path,
+                                "; valid keys at ", Where(path), ": ",
+                                absl::StrJoin(Keys(), ", ")));
+    }
+  }
+
+  std::vector<Field<S>> fields_;
+  std::map<std::string, std::string> aliases_;
+  std::map<std::string, std::string> unsupported_;
+  std::function<void(const Json&, S*)> after_parse_;
+};
+
+// A key holding one value.
+template <typename S, typename T>
+Field<S> Value(std::string key, T S::*member, Codec<T> codec,
+               std::string meaning, std::string default_rule = "") {
+  Field<S> field;
+  field.key = std::move(key);
+  field.type = codec.type;
+  field.meaning = std::move(meaning);
+  field.default_rule = std::move(default_rule);
+  field.parse = [member, codec](const Json& v, const std::string& path,
+                                Problems& problems, S* out) {
+    T value = out->*member;
+    if (codec.read(v, path, problems, &value)) out->*member = std::move(value);
+  };
+  field.emit = [member, codec](const S& s) -> std::optional<Json> {
+    return codec.write(s.*member);
+  };
+  field.equal = [member](const S& a, const S& b) {
+    return a.*member == b.*member;
+  };
+  if (codec.is_auto) {
+    field.auto_paths = [member, codec](const std::string& path, const S& s,
+                                       std::vector<std::string>* paths) {
+      if (codec.is_auto(s.*member)) paths->push_back(path);
+    };
+  }
+  return field;
+}
+
+// A key holding an object with its own schema.
+template <typename S, typename Sub>
+Field<S> Section(std::string key, Sub S::*member, const Schema<Sub>* schema,
+                 std::string meaning) {
+  Field<S> field;
+  field.key = std::move(key);
+  field.type = "object";
+  field.meaning = std::move(meaning);
+  field.parse = [member, schema](const Json& v, const std::string& path,
+                                 Problems& problems, S* out) {
+    schema->Parse(v, path, problems, &(out->*member));
+  };
+  field.emit = [member, schema](const S& s) -> std::optional<Json> {
+    return schema->Emit(s.*member);
+  };
+  field.nested_rows = [member, schema](const std::string& path,
+                                       const S& defaults,
+                                       std::vector<ReferenceRow>* rows) {
+    schema->Rows(path, defaults.*member, rows);
+  };
+  field.nested_notes = [schema](const std::string& path,
+                                std::vector<std::string>* notes) {
+    schema->Notes(path, notes);
+  };
+  field.equal = [member, schema](const S& a, const S& b) {
+    return schema->Equal(a.*member, b.*member);
+  };
+  field.auto_paths = [member, schema](const std::string& path, const S& s,
+                                      std::vector<std::string>* paths) {
+    schema->AutoPaths(path, s.*member, paths);
+  };
+  return field;
+}
+
+// The rows as a Markdown table: key, type, default, meaning.
+std::string MarkdownTable(const std::vector<ReferenceRow>& rows);
+
+}  // namespace internal
+}  // namespace config
+}  // namespace ze
+
+#endif  // ZE_CONFIG_SCHEMA_H_

@@ -1,0 +1,458 @@
+// The fixed sections' tables: which keys each section has, their types,
+// defaults (read from the structs in config.h), meanings, aliases and the
+// DeepSpeed keys zero-engine rejects; the top-level table; and the structs'
+// operator==, derived from these tables.
+#include "config/sections.h"
+
+namespace ze {
+namespace config {
+namespace internal {
+namespace {
+
+Codec<OffloadDevice> OffloadDeviceCodec() {
+  return Enum<OffloadDevice>({{"none", OffloadDevice::kNone},
+                              {"cpu", OffloadDevice::kCpu},
+                              {"nvme", OffloadDevice::kNvme}},
+                             /*case_insensitive=*/false);
+}
+
+const Schema<Fp16Config>& Fp16Schema() {
+  static const auto* schema = [] {
+    using F = Fp16Config;
+    auto* s = new Schema<F>();
+    s->Add(Value("enabled", &F::enabled, AutoOr(Boolean()),
+                 "Train in fp16 with fp32 master weights."))
+        .Add(Value("auto_cast", &F::auto_cast, Boolean(),
+                   "DeepSpeed: cast inputs to fp16. Parsed; zero-engine runs "
+                   "the whole model in fp16."))
+        .Add(Value("loss_scale", &F::loss_scale, Number(NonNegative()),
+                   "0 = dynamic loss scaling; a positive value is a static "
+                   "scale."))
+        .Add(Value("initial_scale_power", &F::initial_scale_power,
+                   Integer(Between(0, 63)),
+                   "Dynamic scaling starts at 2^initial_scale_power."))
+        .Add(Value("loss_scale_window", &F::loss_scale_window,
+                   Integer(AtLeast(1)),
+                   "Clean steps after which the dynamic scale doubles."))
+        .Add(Value("hysteresis", &F::hysteresis, Integer(AtLeast(1)),
+                   "Overflows tolerated before the scale is halved."))
+        .Add(Value("consecutive_hysteresis", &F::consecutive_hysteresis,
+                   Boolean(), "A clean step refills the hysteresis budget."))
+        .Add(Value("min_loss_scale", &F::min_loss_scale, Number(Positive()),
+                   "The dynamic scale never drops below this."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<Bf16Config>& Bf16Schema() {
+  static const auto* schema = [] {
+    auto* s = new Schema<Bf16Config>();
+    s->Add(Value("enabled", &Bf16Config::enabled, AutoOr(Boolean()),
+                 "Train in bf16 with fp32 master weights."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
+  static const auto* schema = [] {
+    using O = OffloadOptimizerConfig;
+    auto* s = new Schema<O>();
+    s->Add(Value("device", &O::device, OffloadDeviceCodec(),
+                 "Where optimizer state lives: none (GPU), cpu (stage 1-3), "
+                 "nvme (stage 3)."))
+        .Add(Value("nvme_path", &O::nvme_path, Nullable(String(false)),
+                   "Directory for NVMe swap files; required for nvme."))
+        .Add(Value("pin_memory", &O::pin_memory, Boolean(),
+                   "Use page-locked CPU buffers."))
+        .Add(Value("buffer_count", &O::buffer_count, Integer(AtLeast(1)),
+                   "Swap buffers for optimizer state (NVMe)."))
+        .Add(Value("pipeline_read", &O::pipeline_read, Boolean(),
+                   "Overlap reading the next sub-group with the step (NVMe)."))
+        .Add(Value("pipeline_write", &O::pipeline_write, Boolean(),
+                   "Overlap writing the last sub-group with the step (NVMe)."))
+        .Add(Value("fast_init", &O::fast_init, Boolean(),
+                   "Faster initialisation when offloading to NVMe."))
+        .Add(Value("ratio", &O::ratio,
+                   Number(DoubleRule{0.0, 1.0, true, false}),
+                   "Fraction of the optimizer step done on the CPU."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<OffloadParamConfig>& OffloadParamSchema() {
+  static const auto* schema = [] {
+    using O = OffloadParamConfig;
+    auto* s = new Schema<O>();
+    s->Add(Value("device", &O::device, OffloadDeviceCodec(),
+                 "Where partitioned parameters live: none (GPU), cpu, nvme. "
+                 "Stage 3 only."))
+        .Add(Value("nvme_path", &O::nvme_path, Nullable(String(false)),
+                   "Directory for NVMe swap files; required for nvme."))
+        .Add(Value("pin_memory", &O::pin_memory, Boolean(),
+                   "Use page-locked CPU buffers."))
+        .Add(Value("buffer_count", &O::buffer_count, Integer(AtLeast(1)),
+                   "Swap buffers for parameters (NVMe)."))
+        .Add(Value("buffer_size", &O::buffer_size, Integer(AtLeast(1)),
+                   "Elements per parameter swap buffer (NVMe)."))
+        .Add(Value("max_in_cpu", &O::max_in_cpu, Integer(AtLeast(0)),
+                   "Elements of parameters kept in CPU memory (NVMe)."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<ZeroConfig>& ZeroSchema() {
+  static const auto* schema = [] {
+    using Z = ZeroConfig;
+    auto* s = new Schema<Z>();
+    s->Add(Value("stage", &Z::stage, Integer(Between(0, 3)),
+                 "0: data parallel; 1: partition optimizer state; 2: also "
+                 "gradients; 3: also parameters."))
+        .Add(Value("contiguous_gradients", &Z::contiguous_gradients, Boolean(),
+                   "Copy gradients into one contiguous buffer as they are "
+                   "produced."))
+        .Add(Value("overlap_comm", &Z::overlap_comm, Boolean(),
+                   "Overlap gradient reduction with backward.",
+                   "true for stage 3, else false"))
+        .Add(Value("reduce_scatter", &Z::reduce_scatter, Boolean(),
+                   "Reduce gradients with reduce-scatter rather than "
+                   "all-reduce (stage 2)."))
+        .Add(Value("reduce_bucket_size", &Z::reduce_bucket_size,
+                   AutoOr(Integer(AtLeast(1))),
+                   "Elements reduced at a time. \"auto\": hidden_size^2."))
+        .Add(Value("allgather_partitions", &Z::allgather_partitions, Boolean(),
+                   "All-gather updated parameters rather than broadcast them "
+                   "(stage 1, 2)."))
+        .Add(Value("allgather_bucket_size", &Z::allgather_bucket_size,
+                   Integer(AtLeast(1)), "Elements all-gathered at a time."))
+        .Add(Value("round_robin_gradients", &Z::round_robin_gradients,
+                   Boolean(),
+                   "Stage 1/2 with CPU offload: spread gradient "
+                   "copies over ranks."))
+        .Add(Value("load_from_fp32_weights", &Z::load_from_fp32_weights,
+                   Boolean(),
+                   "Restore fp32 master weights from the checkpoint rather "
+                   "than from the 16-bit weights."))
+        .Add(Value("elastic_checkpoint", &Z::elastic_checkpoint, Boolean(),
+                   "Allow loading a checkpoint at another world size (stage "
+                   "1, 2); zero-engine reshards regardless."))
+        .Add(Value("ignore_unused_parameters", &Z::ignore_unused_parameters,
+                   Boolean(),
+                   "Tolerate parameters that get no gradient (stage 1, 2)."))
+        .Add(Section("offload_optimizer", &Z::offload_optimizer,
+                     &OffloadOptimizerSchema(), "Optimizer state offload."))
+        .Add(Section("offload_param", &Z::offload_param, &OffloadParamSchema(),
+                     "Parameter offload (stage 3)."))
+        .Add(Value("stage3_prefetch_bucket_size",
+                   &Z::stage3_prefetch_bucket_size, AutoOr(Integer(AtLeast(0))),
+                   "Elements of parameters prefetched ahead of use. \"auto\": "
+                   "0.9 hidden_size^2."))
+        .Add(Value("stage3_param_persistence_threshold",
+                   &Z::stage3_param_persistence_threshold,
+                   AutoOr(Integer(AtLeast(0))),
+                   "Parameters smaller than this stay gathered. \"auto\": 10 "
+                   "hidden_size."))
+        .Add(Value("stage3_model_persistence_threshold",
+                   &Z::stage3_model_persistence_threshold, Integer(AtLeast(0)),
+                   "Upper bound on the elements kept gathered by the "
+                   "persistence threshold."))
+        .Add(Value("stage3_max_live_parameters", &Z::stage3_max_live_parameters,
+                   Integer(AtLeast(0)),
+                   "Most elements gathered at once before releasing."))
+        .Add(Value("stage3_max_reuse_distance", &Z::stage3_max_reuse_distance,
+                   Integer(AtLeast(0)),
+                   "Counted in bucket requests (module parameter-group "
+                   "fetches) in the recorded fetch order, not in parameters "
+                   "as in DeepSpeed: a bucket whose last user releases it "
+                   "stays gathered if the record requests it again within "
+                   "this many requests (0 = gather on every request)."))
+        .Add(Value("stage3_gather_16bit_weights_on_model_save",
+                   &Z::stage3_gather_16bit_weights_on_model_save, Boolean(),
+                   "Consolidate 16-bit weights when saving the model. Alias: "
+                   "stage3_gather_fp16_weights_on_model_save."))
+        .Add(Value("sub_group_size", &Z::sub_group_size, Integer(AtLeast(0)),
+                   "Elements per optimizer-step sub-group (stage 3)."))
+        .Add(Value("zero_hpz_partition_size", &Z::zero_hpz_partition_size,
+                   Integer(AtLeast(1)),
+                   "ZeRO++ secondary partition size (1 = off)."))
+        .Add(Value("zero_quantized_weights", &Z::zero_quantized_weights,
+                   Boolean(), "ZeRO++: quantize weights for all-gather."))
+        .Add(Value("zero_quantized_gradients", &Z::zero_quantized_gradients,
+                   Boolean(), "ZeRO++: quantize gradients for reduction."))
+        .Add(Value("mics_shard_size", &Z::mics_shard_size,
+                   Integer(IntRule{1, kInt64Max, -1}),
+                   "MiCS shard group size (-1 = off)."))
+        .Add(Value("mics_hierarchical_params_gather",
+                   &Z::mics_hierarchical_params_gather, Boolean(),
+                   "MiCS: hierarchical all-gather."))
+        .Alias("stage3_gather_fp16_weights_on_model_save",
+               "stage3_gather_16bit_weights_on_model_save")
+        .Unsupported("cpu_offload",
+                     "removed by DeepSpeed; use \"offload_optimizer\": "
+                     "{\"device\": \"cpu\"}")
+        .Unsupported("cpu_offload_params",
+                     "removed by DeepSpeed; use \"offload_param\": "
+                     "{\"device\": \"cpu\"}")
+        .AfterParse([](const Json& object, Z* zero) {
+          // DeepSpeed's rule: stage 3 overlaps communication by default.
+          if (!object.contains("overlap_comm")) {
+            zero->overlap_comm = zero->stage == 3;
+          }
+        });
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<AioConfig>& AioSchema() {
+  static const auto* schema = [] {
+    using A = AioConfig;
+    auto* s = new Schema<A>();
+    s->Add(Value("block_size", &A::block_size, Integer(AtLeast(1)),
+                 "Bytes per I/O request."))
+        .Add(Value("queue_depth", &A::queue_depth, Integer(AtLeast(1)),
+                   "I/O requests in flight."))
+        .Add(Value("thread_count", &A::thread_count, Integer(AtLeast(1)),
+                   "I/O threads."))
+        .Add(Value("single_submit", &A::single_submit, Boolean(),
+                   "Submit requests one at a time rather than in batches."))
+        .Add(Value("overlap_events", &A::overlap_events, Boolean(),
+                   "Overlap submitting requests with reaping completions."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
+  static const auto* schema = [] {
+    using A = ActivationCheckpointingConfig;
+    auto* s = new Schema<A>();
+    s->Add(Value("partition_activations", &A::partition_activations, Boolean(),
+                 "Partition saved activations across ranks."))
+        .Add(Value("cpu_checkpointing", &A::cpu_checkpointing, Boolean(),
+                   "Keep saved activations in CPU memory."))
+        .Add(Value("contiguous_memory_optimization",
+                   &A::contiguous_memory_optimization, Boolean(),
+                   "Copy saved activations into one contiguous buffer."))
+        .Add(Value("number_checkpoints", &A::number_checkpoints,
+                   Nullable(Integer(AtLeast(1))),
+                   "Checkpoints per forward (for the contiguous buffer)."))
+        .Add(Value("synchronize_checkpoint_boundary",
+                   &A::synchronize_checkpoint_boundary, Boolean(),
+                   "Synchronize the device at each checkpoint boundary."))
+        .Add(Value("profile", &A::profile, Boolean(),
+                   "Time the checkpointed forward and recompute."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<ParallelWriteConfig>& ParallelWriteSchema() {
+  static const auto* schema = [] {
+    auto* s = new Schema<ParallelWriteConfig>();
+    s->Add(Value("pipeline_stage", &ParallelWriteConfig::pipeline_stage,
+                 Boolean(), "Write checkpoint shards per pipeline stage."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<CheckpointConfig>& CheckpointSchema() {
+  static const auto* schema = [] {
+    using C = CheckpointConfig;
+    auto* s = new Schema<C>();
+    s->Add(Value("tag_validation", &C::tag_validation,
+                 Enum<TagValidation>({{"Ignore", TagValidation::kIgnore},
+                                      {"Warn", TagValidation::kWarn},
+                                      {"Fail", TagValidation::kFail}},
+                                     /*case_insensitive=*/true),
+                 "What to do when ranks save under different tags."))
+        .Add(Value("load_universal", &C::load_universal, Boolean(),
+                   "Load a DeepSpeed universal checkpoint."))
+        .Add(Value("use_node_local_storage", &C::use_node_local_storage,
+                   Boolean(), "Each node writes to its own local storage."))
+        .Add(Section("parallel_write", &C::parallel_write,
+                     &ParallelWriteSchema(), "Parallel checkpoint writing."));
+    return s;
+  }();
+  return *schema;
+}
+
+const Schema<CsvMonitorConfig>& CsvMonitorSchema() {
+  static const auto* schema = [] {
+    using M = CsvMonitorConfig;
+    auto* s = new Schema<M>();
+    s->Add(Value("enabled", &M::enabled, Boolean(),
+                 "Write training metrics to CSV files."))
+        .Add(Value("output_path", &M::output_path, String(true),
+                   "Directory for the CSV files (\"\" = current directory)."))
+        .Add(Value("job_name", &M::job_name, String(false),
+                   "Subdirectory naming this run."));
+    return s;
+  }();
+  return *schema;
+}
+
+}  // namespace
+
+const Schema<Config>& TopSchema() {
+  static const auto* schema = [] {
+    using C = Config;
+    auto* s = new Schema<C>();
+    const Codec<Autoable<int64_t>> batch =
+        AutoOr(Integer(Between(1, kMaxBatch)));
+    // Batch sizes not given stay out of ToJson(); once inferred they print.
+    auto batch_field = [&](std::string key, Autoable<int64_t> C::*member,
+                           std::string meaning) {
+      Field<C> field =
+          Value(std::move(key), member, batch, std::move(meaning), "inferred");
+      field.emit = [member, batch](const C& c) -> std::optional<Json> {
+        const Autoable<int64_t>& value = c.*member;
+        if (!value.is_auto() && value.raw_value() == 0) return std::nullopt;
+        return batch.write(value);
+      };
+      return field;
+    };
+    s->Add(batch_field("train_batch_size", &C::train_batch_size,
+                       "Samples per optimizer step over all ranks = micro x "
+                       "accumulation x world size."))
+        .Add(batch_field("train_micro_batch_size_per_gpu",
+                         &C::train_micro_batch_size_per_gpu,
+                         "Samples per forward/backward on one rank."))
+        .Add(batch_field("gradient_accumulation_steps",
+                         &C::gradient_accumulation_steps,
+                         "Micro-batches accumulated per optimizer step."))
+        .Add(Value("steps_per_print", &C::steps_per_print, Integer(AtLeast(1)),
+                   "Log progress every this many optimizer steps."))
+        .Add(Value("gradient_clipping", &C::gradient_clipping,
+                   AutoOr(Number(NonNegative())),
+                   "Clip gradients to this global L2 norm (0 = off)."))
+        .Add(Value("prescale_gradients", &C::prescale_gradients, Boolean(),
+                   "Divide gradients before the all-reduce rather than "
+                   "after."))
+        .Add(Value("gradient_predivide_factor", &C::gradient_predivide_factor,
+                   Number(Positive()),
+                   "Divide gradients by this before the all-reduce and by "
+                   "world size / factor after."))
+        .Add(Value("communication_data_type", &C::communication_data_type,
+                   Nullable(Enum<CommDataType>({{"fp32", CommDataType::kFp32},
+                                                {"fp16", CommDataType::kFp16},
+                                                {"bf16", CommDataType::kBf16},
+                                                {"bfp16", CommDataType::kBf16}},
+                                               /*case_insensitive=*/false)),
+                   "Data type of gradient communication (null = the model's)."))
+        .Add(Value("wall_clock_breakdown", &C::wall_clock_breakdown, Boolean(),
+                   "Time forward, backward and step separately."))
+        .Add(Value("memory_breakdown", &C::memory_breakdown, Boolean(),
+                   "Log memory use at each phase."))
+        .Add(Value("seed", &C::seed, Integer(AtLeast(0)),
+                   "zero-engine extension: seed of parameter init and every "
+                   "other random stream."));
+
+    s->Add(OptimizerField());
+    s->Add(SchedulerField());
+
+    s->Add(Section("fp16", &C::fp16, &Fp16Schema(), "fp16 training."))
+        .Add(Section("bf16", &C::bf16, &Bf16Schema(), "bf16 training."))
+        .Add(Section("zero_optimization", &C::zero_optimization, &ZeroSchema(),
+                     "ZeRO."))
+        .Add(Section("aio", &C::aio, &AioSchema(), "NVMe I/O."))
+        .Add(Section("activation_checkpointing", &C::activation_checkpointing,
+                     &ActivationCheckpointingSchema(),
+                     "Activation checkpointing."))
+        .Add(Section("checkpoint", &C::checkpoint, &CheckpointSchema(),
+                     "Checkpoints."))
+        .Add(Section("csv_monitor", &C::csv_monitor, &CsvMonitorSchema(),
+                     "CSV metrics."))
+        .Alias("bfloat16", "bf16");
+    const std::string monitor =
+        "zero-engine logs through csv_monitor only; remove this section or "
+        "use \"csv_monitor\"";
+    s->Unsupported("tensorboard", monitor)
+        .Unsupported("wandb", monitor)
+        .Unsupported("comet", monitor)
+        .Unsupported("flops_profiler", "not implemented; remove this section")
+        .Unsupported("amp", "use \"bf16\" or \"fp16\" instead of Apex AMP")
+        .Unsupported("zero_allow_untested_optimizer",
+                     "only Adam, AdamW and SGD exist, all supported by every "
+                     "stage; remove this key")
+        .Unsupported("zero_force_ds_cpu_optimizer",
+                     "zero-engine picks the CPU optimizer for offload itself; "
+                     "remove this key")
+        .Unsupported("elasticity", "elastic training is not implemented")
+        .Unsupported("pipeline", "pipeline parallelism is not implemented")
+        .Unsupported("sparse_attention", "not implemented")
+        .Unsupported("compression_training", "not implemented")
+        .Unsupported("data_efficiency", "not implemented")
+        .Unsupported("autotuning", "not implemented");
+    return s;
+  }();
+  return *schema;
+}
+
+}  // namespace internal
+
+// ------------------------------------------------------------- equality
+// Derived from the tables: a key added to a table is compared without
+// further code.
+
+bool Fp16Config::operator==(const Fp16Config& other) const {
+  return internal::Fp16Schema().Equal(*this, other);
+}
+
+bool Bf16Config::operator==(const Bf16Config& other) const {
+  return internal::Bf16Schema().Equal(*this, other);
+}
+
+bool OffloadOptimizerConfig::operator==(
+    const OffloadOptimizerConfig& other) const {
+  return internal::OffloadOptimizerSchema().Equal(*this, other);
+}
+
+bool OffloadParamConfig::operator==(const OffloadParamConfig& other) const {
+  return internal::OffloadParamSchema().Equal(*this, other);
+}
+
+bool ZeroConfig::operator==(const ZeroConfig& other) const {
+  return internal::ZeroSchema().Equal(*this, other);
+}
+
+bool AioConfig::operator==(const AioConfig& other) const {
+  return internal::AioSchema().Equal(*this, other);
+}
+
+bool ActivationCheckpointingConfig::operator==(
+    const ActivationCheckpointingConfig& other) const {
+  return internal::ActivationCheckpointingSchema().Equal(*this, other);
+}
+
+bool ParallelWriteConfig::operator==(const ParallelWriteConfig& other) const {
+  return internal::ParallelWriteSchema().Equal(*this, other);
+}
+
+bool CheckpointConfig::operator==(const CheckpointConfig& other) const {
+  return internal::CheckpointSchema().Equal(*this, other);
+}
+
+bool CsvMonitorConfig::operator==(const CsvMonitorConfig& other) const {
+  return internal::CsvMonitorSchema().Equal(*this, other);
+}
+
+// world_size is not a JSON key, so the table does not cover it; source only
+// names the file for messages and is left out on purpose.
+bool Config::operator==(const Config& other) const {
+  return internal::TopSchema().Equal(*this, other) &&
+         world_size == other.world_size;
+}
+
+std::vector<std::string> Config::UnresolvedAutoPaths() const {
+  std::vector<std::string> paths;
+  internal::TopSchema().AutoPaths("", *this, &paths);
+  return paths;
+}
+
+}  // namespace config
+}  // namespace ze

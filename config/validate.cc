@@ -1,0 +1,231 @@
+// Validation after each key passed its own checks: the rules spanning
+// several keys, and the batch triple.
+#include "config/validate.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "config/sections.h"
+
+namespace ze {
+namespace config {
+namespace internal {
+namespace {
+
+// The batch triple, following DeepSpeed's _configure_train_batch_size: two
+// given values determine the third, one given value sets accumulation to 1,
+// and the three must satisfy train = micro x accumulation x world size.
+void InferBatchTriple(Config* config, Problems& problems) {
+  const int64_t world = config->world_size;
+  int64_t train = config->train_batch_size.raw_value();
+  int64_t micro = config->train_micro_batch_size_per_gpu.raw_value();
+  int64_t accum = config->gradient_accumulation_steps.raw_value();
+  auto shown = [](int64_t v) {
+    return v > 0 ? absl::StrCat(v) : std::string("not given");
+  };
+  const std::string given = absl::StrCat(
+      " (train_batch_size ", shown(train), ", train_micro_batch_size_per_gpu ",
+      shown(micro), ", gradient_accumulation_steps ", shown(accum),
+      ", world size ", world, ")");
+
+  auto divide = [&](int64_t dividend, int64_t divisor, const std::string& what,
+                    const std::string& divisor_text, int64_t* quotient) {
+    if (dividend % divisor != 0) {
+      problems.Add(absl::StrCat("train_batch_size (", dividend,
+                                ") is not divisible by ", divisor_text, " = ",
+                                divisor, ", so ", what, " cannot be inferred",
+                                given));
+      return false;
+    }
+    *quotient = dividend / divisor;
+    return true;
+  };
+
+  if (train > 0 && micro > 0 && accum > 0) {
+    // All given: checked below.
+  } else if (train > 0 && micro > 0) {
+    if (!divide(train, micro * world, "gradient_accumulation_steps",
+                "train_micro_batch_size_per_gpu x world size", &accum)) {
+      return;
+    }
+  } else if (train > 0 && accum > 0) {
+    if (!divide(train, accum * world, "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps x world size", &micro)) {
+      return;
+    }
+  } else if (micro > 0 && accum > 0) {
+    train = micro * accum * world;
+  } else if (train > 0) {
+    accum = 1;
+    if (!divide(train, world, "train_micro_batch_size_per_gpu", "world size",
+                &micro)) {
+      return;
+    }
+  } else if (micro > 0) {
+    accum = 1;
+    train = micro * world;
+  } else {
+    problems.Add(absl::StrCat(
+        "train_batch_size or train_micro_batch_size_per_gpu must be given; "
+        "gradient_accumulation_steps alone does not determine the batch",
+        given));
+    return;
+  }
+  if (train != micro * accum * world) {
+    problems.Add(absl::StrCat(
+        "inconsistent batch sizes at train_batch_size: train_batch_size (",
+        train, ") must equal train_micro_batch_size_per_gpu (", micro,
+        ") x gradient_accumulation_steps (", accum, ") x world size (", world,
+        ") = ", micro * accum * world));
+    return;
+  }
+  config->train_batch_size = train;
+  config->train_micro_batch_size_per_gpu = micro;
+  config->gradient_accumulation_steps = accum;
+}
+
+bool IsTrue(const Autoable<bool>& value) {
+  return !value.is_auto() && value.raw_value();
+}
+
+// Rules spanning several keys. Runs on a config whose values each passed
+// their own checks; fills in the batch triple when none of it is "auto".
+void ValidateAcrossKeys(Config* config, Problems& problems) {
+  if (IsTrue(config->fp16.enabled) && IsTrue(config->bf16.enabled)) {
+    problems.Add(
+        "fp16.enabled and bf16.enabled are both true; enable at most one");
+  }
+  if (config->communication_data_type == CommDataType::kFp16 &&
+      !config->fp16.enabled.is_auto() && !config->fp16.enabled.raw_value()) {
+    // Stricter than DeepSpeed: without fp16's loss scaling and overflow
+    // check, gradients outside fp16's range would silently become inf or 0
+    // in the reduction (and an inf norm would zero the update).
+    problems.Add(
+        "communication_data_type \"fp16\" needs fp16.enabled (its loss "
+        "scaling keeps the gradients in fp16's range and its overflow check "
+        "skips a step that leaves it); use \"bf16\" or \"fp32\"");
+  }
+
+  const ZeroConfig& zero = config->zero_optimization;
+  const std::string stage = absl::StrCat(zero.stage);
+  auto check_nvme_path = [&](OffloadDevice device,
+                             const std::optional<std::string>& nvme_path,
+                             const std::string& section) {
+    if (device == OffloadDevice::kNvme && !nvme_path) {
+      problems.Add(absl::StrCat(section, ".device is \"nvme\" but ", section,
+                                ".nvme_path is not set"));
+    }
+  };
+  const std::string offload_optimizer = "zero_optimization.offload_optimizer";
+  const std::string offload_param = "zero_optimization.offload_param";
+  check_nvme_path(zero.offload_optimizer.device,
+                  zero.offload_optimizer.nvme_path, offload_optimizer);
+  check_nvme_path(zero.offload_param.device, zero.offload_param.nvme_path,
+                  offload_param);
+  if (zero.offload_optimizer.device != OffloadDevice::kNone &&
+      zero.stage == 0) {
+    problems.Add(absl::StrCat(offload_optimizer,
+                              ".device needs zero_optimization.stage 1, 2 or "
+                              "3; stage is 0"));
+  }
+  if (zero.offload_optimizer.device == OffloadDevice::kNvme &&
+      zero.stage != 3) {
+    problems.Add(absl::StrCat(offload_optimizer,
+                              ".device \"nvme\" needs zero_optimization.stage "
+                              "3 (ZeRO-Infinity); stage is ",
+                              stage));
+  }
+  if (zero.offload_param.device != OffloadDevice::kNone && zero.stage != 3) {
+    problems.Add(absl::StrCat(offload_param,
+                              ".device needs zero_optimization.stage 3; "
+                              "stage is ",
+                              stage));
+  }
+
+  if (config->optimizer && config->optimizer->type == OptimizerType::kAdamW &&
+      !config->optimizer->params.adam_w_mode) {
+    problems.Add(
+        "optimizer.params.adam_w_mode is false but optimizer.type is AdamW, "
+        "which always decouples weight decay; use type Adam for L2 decay");
+  }
+
+  if (config->scheduler) {
+    const SchedulerParams& p = config->scheduler->params;
+    const SchedulerType type = config->scheduler->type;
+    const char* type_name = SchedulerTypeName(type);
+    if ((type == SchedulerType::kWarmupDecayLR ||
+         type == SchedulerType::kWarmupCosineLR) &&
+        !p.total_num_steps.is_auto() && p.total_num_steps.raw_value() == 0) {
+      problems.Add(
+          absl::StrCat("missing required key "
+                       "scheduler.params.total_num_steps (",
+                       type_name, " decays until that step)"));
+    }
+    if (type == SchedulerType::kOneCycle) {
+      for (const auto& [value, key] :
+           {std::make_pair(&p.cycle_min_lr, "cycle_min_lr"),
+            std::make_pair(&p.cycle_max_lr, "cycle_max_lr")}) {
+        if (!*value) {
+          problems.Add(absl::StrCat("missing required key scheduler.params.",
+                                    key,
+                                    " (OneCycle needs both ends of the "
+                                    "cycle)"));
+        }
+      }
+      if (p.cycle_min_lr && p.cycle_max_lr &&
+          *p.cycle_min_lr > *p.cycle_max_lr) {
+        problems.Add(absl::StrCat("scheduler.params.cycle_min_lr (",
+                                  FormatDouble(*p.cycle_min_lr),
+                                  ") exceeds scheduler.params.cycle_max_lr (",
+                                  FormatDouble(*p.cycle_max_lr), ")"));
+      }
+      if (p.cycle_min_mom > p.cycle_max_mom) {
+        problems.Add(absl::StrCat("scheduler.params.cycle_min_mom (",
+                                  FormatDouble(p.cycle_min_mom),
+                                  ") exceeds scheduler.params.cycle_max_mom (",
+                                  FormatDouble(p.cycle_max_mom), ")"));
+      }
+    }
+    if ((type == SchedulerType::kWarmupLR ||
+         type == SchedulerType::kWarmupDecayLR) &&
+        !p.warmup_min_lr.is_auto() && !p.warmup_max_lr.is_auto() &&
+        p.warmup_min_lr.raw_value() > p.warmup_max_lr.raw_value()) {
+      problems.Add(absl::StrCat("scheduler.params.warmup_min_lr (",
+                                FormatDouble(p.warmup_min_lr.raw_value()),
+                                ") exceeds scheduler.params.warmup_max_lr (",
+                                FormatDouble(p.warmup_max_lr.raw_value()),
+                                ")"));
+    }
+  }
+
+  if (!config->train_batch_size.is_auto() &&
+      !config->train_micro_batch_size_per_gpu.is_auto() &&
+      !config->gradient_accumulation_steps.is_auto()) {
+    InferBatchTriple(config, problems);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseAndValidate(const Json& json, int world_size,
+                                        absl::string_view source_name) {
+  const std::string source(source_name);
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": world size must be at least 1, got ", world_size));
+  }
+  Config config;
+  config.world_size = world_size;
+  config.source = source;
+  Problems problems(source);
+  TopSchema().Parse(json, "", problems, &config);
+  // Cross-key rules on top of broken values would only add noise.
+  if (!problems.empty()) return problems.ToStatus();
+  ValidateAcrossKeys(&config, problems);
+  ZE_RETURN_IF_ERROR(problems.ToStatus());
+  return config;
+}
+
+}  // namespace internal
+}  // namespace config
+}  // namespace ze
