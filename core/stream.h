@@ -82,13 +82,15 @@ class StreamGuard {
 // stream when it goes away. When the last copy of a Stream created by
 // Stream::Create is destroyed, every registered callback runs with the
 // stream's device index and cudaStream_t (as void*), then the stream is
-// destroyed. The stream may still have work queued: a callback that frees
-// memory that work may use must synchronise the stream first, and only a
-// callback that holds something for the stream should (so destroying a
-// stream nobody cached anything for never blocks, e.g. one whose last
-// collective will not complete). Callbacks run on the destroying thread,
-// must not throw or create or destroy streams, and stay registered for the
-// process's lifetime. Thread-safe.
+// destroyed. The stream may still have work queued: device memory allocated
+// on the stream (under a StreamGuard of it) may be freed at once, since the
+// caching allocator orders its reuse after that work; a callback that
+// releases anything else that work may use must synchronise the stream
+// first, and only a callback that holds something for the stream should (so
+// destroying a stream nobody cached anything for never blocks, e.g. one
+// whose last collective will not complete). Callbacks run on the destroying
+// thread, must not throw or create or destroy streams, and stay registered for
+// the process's lifetime. Thread-safe.
 using StreamReleaseCallback = void (*)(int device_index, void* native_stream);
 void AddStreamReleaseCallback(StreamReleaseCallback callback);
 
