@@ -439,6 +439,9 @@ absl::Status MpiCommunicator::Finish(Group *group) {
       const bool root_of_broadcast =
           op.kind == CollectiveKind::kBroadcast && op.root == rank();
       if (!root_of_broadcast) {
+        // Queued on the caller's stream, which need not be the one the
+        // output was allocated on.
+        ZE_RETURN_IF_ERROR(op.output.RecordStream(group->stream));
         ZE_RETURN_IF_ERROR(Copy(out, op.output, group->stream));
       }
     }

@@ -203,6 +203,14 @@ protected:
     const std::string what =
         absl::StrCat("NCCL ", CollectiveKindName(ops.front().kind), " #",
                      sequence_numbers.front(), " on rank ", rank());
+    // The collectives read and write the callers' tensors on `stream`,
+    // usually not the stream they were allocated on: recorded, the memory
+    // is not handed out again before they are done, however soon the
+    // caller frees it.
+    for (const CollectiveOp &op : ops) {
+      ZE_RETURN_IF_ERROR(op.input.RecordStream(stream));
+      ZE_RETURN_IF_ERROR(op.output.RecordStream(stream));
+    }
     ZE_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), what, comm_));
     absl::Status status;
     for (const CollectiveOp &op : ops) {
@@ -253,9 +261,11 @@ protected:
     // NCCL has no barrier: an all-reduce of one element, waited on, is one.
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device()));
     if (!barrier_scratch_.defined()) {
-      ZE_ASSIGN_OR_RETURN(barrier_scratch_,
-                          Tensor::Zeros({1}, DType::kF32, device()));
       ZE_ASSIGN_OR_RETURN(barrier_stream_, Stream::Create(device()));
+      // Zeroed on the stream the all-reduces use: ordered, no host wait.
+      ZE_ASSIGN_OR_RETURN(
+          barrier_scratch_,
+          Tensor::Zeros({1}, DType::kF32, device(), barrier_stream_));
     }
     for (const auto &group :
          std::deque<std::shared_ptr<NcclGroup>>(in_flight_)) {

@@ -2,20 +2,40 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace ze {
 namespace {
 
 constexpr size_t kAlignment = 256;
 
-std::string Bytes(int64_t bytes) {
-  return absl::StrCat(bytes, " bytes");
-}
+std::string Bytes(int64_t bytes) { return absl::StrCat(bytes, " bytes"); }
+
+// Makes `device_index` the calling thread's current CUDA device for the
+// scope, then restores the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device_index) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device_index) cudaSetDevice(device_index);
+    changed_ = previous_ != device_index;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
 
 }  // namespace
 
@@ -32,11 +52,11 @@ absl::StatusOr<void*> Allocator::Allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (stats_.byte_cap > 0 &&
       stats_.bytes_in_use + static_cast<int64_t>(rounded) > stats_.byte_cap) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "allocator '", name_, "' on ", device_.ToString(), ": request of ",
-        Bytes(bytes), " (", rounded, " rounded) exceeds the cap of ",
-        Bytes(stats_.byte_cap), " with ", Bytes(stats_.bytes_in_use),
-        " already in use"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("allocator '", name_, "' on ", device_.ToString(),
+                     ": request of ", Bytes(bytes), " (", rounded,
+                     " rounded) exceeds the cap of ", Bytes(stats_.byte_cap),
+                     " with ", Bytes(stats_.bytes_in_use), " already in use"));
   }
   absl::StatusOr<void*> block = RawAllocate(rounded);
   if (!block.ok()) {
@@ -44,8 +64,8 @@ absl::StatusOr<void*> Allocator::Allocate(size_t bytes) {
         block.status().code(),
         absl::StrCat("allocator '", name_, "' on ", device_.ToString(),
                      ": request of ", Bytes(bytes), " with ",
-                     Bytes(stats_.bytes_in_use), " in use: ",
-                     block.status().message()));
+                     Bytes(stats_.bytes_in_use),
+                     " in use: ", block.status().message()));
   }
   stats_.bytes_in_use += rounded;
   if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
@@ -63,6 +83,10 @@ void Allocator::Deallocate(void* ptr, size_t bytes) {
   RawDeallocate(ptr, rounded);
   stats_.bytes_in_use -= rounded;
   --stats_.live_allocations;
+}
+
+absl::Status Allocator::RecordStream(void* ptr, const Stream& stream) {
+  return absl::OkStatus();
 }
 
 void Allocator::SetByteCap(int64_t cap) {
@@ -86,7 +110,8 @@ HostAllocator::HostAllocator(std::string name)
 absl::StatusOr<void*> HostAllocator::RawAllocate(size_t bytes) {
   void* ptr = std::aligned_alloc(kAlignment, bytes);
   if (ptr == nullptr) {
-    return absl::ResourceExhaustedError("host memory exhausted (aligned_alloc)");
+    return absl::ResourceExhaustedError(
+        "host memory exhausted (aligned_alloc)");
   }
   AddReserved(static_cast<int64_t>(bytes));
   return ptr;
@@ -118,12 +143,48 @@ void PinnedHostAllocator::RawDeallocate(void* ptr, size_t bytes) {
   AddReserved(-static_cast<int64_t>(bytes));
 }
 
+namespace {
+
+// Every live CudaCachingAllocator, so that a stream's release reaches those
+// it used. Leaked: streams may be destroyed during static destruction.
+struct CachingAllocators {
+  std::mutex mutex;
+  std::vector<CudaCachingAllocator*> allocators;
+};
+
+CachingAllocators& LiveCachingAllocators() {
+  static auto* registry = [] {
+    auto* created = new CachingAllocators;
+    AddStreamReleaseCallback([](int device_index, void* native_stream) {
+      CachingAllocators& live = LiveCachingAllocators();
+      std::lock_guard<std::mutex> lock(live.mutex);
+      for (CudaCachingAllocator* allocator : live.allocators) {
+        if (allocator->device().index == device_index) {
+          allocator->OnStreamReleased(native_stream);
+        }
+      }
+    });
+    return created;
+  }();
+  return *registry;
+}
+
+}  // namespace
+
 CudaCachingAllocator::CudaCachingAllocator(std::string name, int device_index)
-    : Allocator(std::move(name), Device::Cuda(device_index)) {}
+    : Allocator(std::move(name), Device::Cuda(device_index)) {
+  CachingAllocators& live = LiveCachingAllocators();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.allocators.push_back(this);
+}
 
 CudaCachingAllocator::~CudaCachingAllocator() {
   // Process-wide instances outlive the CUDA context at exit; freeing then
   // would fail harmlessly, so the cache is simply dropped.
+  CachingAllocators& live = LiveCachingAllocators();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.allocators.erase(
+      std::find(live.allocators.begin(), live.allocators.end(), this));
 }
 
 size_t CudaCachingAllocator::RoundSize(size_t bytes) const {
@@ -135,38 +196,237 @@ size_t CudaCachingAllocator::RoundSize(size_t bytes) const {
 }
 
 absl::StatusOr<void*> CudaCachingAllocator::RawAllocate(size_t bytes) {
-  auto cached = free_blocks_.find(bytes);
-  if (cached != free_blocks_.end()) {
-    void* ptr = cached->second;
-    free_blocks_.erase(cached);
-    return ptr;
+  void* const stream = CurrentStream(device()).native();
+  void* ptr = TakeCachedLocked(stream, bytes);
+  if (ptr == nullptr && !pending_blocks_.empty()) {
+    CollectPendingLocked(bytes);
+    ptr = TakeCachedLocked(stream, bytes);
   }
-  if (device().index >= CudaDeviceCount()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no CUDA device ", device().index, " (", CudaDeviceCount(),
-        " visible)"));
+  if (ptr == nullptr) {
+    if (device().index >= CudaDeviceCount()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no CUDA device ", device().index, " (",
+                       CudaDeviceCount(), " visible)"));
+    }
+    DeviceScope scope(device().index);
+    cudaError_t error = cudaMalloc(&ptr, bytes);
+    if (error == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      void* reused = TakeFromOtherStreamLocked(stream, bytes);
+      if (reused != nullptr) {
+        ptr = reused;
+      } else {
+        if (!idle_blocks_.empty() || !stream_blocks_.empty() ||
+            !pending_blocks_.empty()) {
+          ReleaseCacheLocked();
+          error = cudaMalloc(&ptr, bytes);
+        }
+        if (error != cudaSuccess) {
+          cudaGetLastError();
+          return CudaStatus(error, absl::StrCat("cudaMalloc(", bytes, ")"));
+        }
+        AddReserved(static_cast<int64_t>(bytes));
+      }
+    } else if (error != cudaSuccess) {
+      cudaGetLastError();
+      return CudaStatus(error, absl::StrCat("cudaMalloc(", bytes, ")"));
+    } else {
+      AddReserved(static_cast<int64_t>(bytes));
+    }
   }
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device().index);
-  void* ptr = nullptr;
-  cudaError_t error = cudaMalloc(&ptr, bytes);
-  if (error == cudaErrorMemoryAllocation && !free_blocks_.empty()) {
-    cudaGetLastError();
-    ReleaseCacheLocked();
-    error = cudaMalloc(&ptr, bytes);
-  }
-  cudaSetDevice(previous);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return CudaStatus(error, absl::StrCat("cudaMalloc(", bytes, ")"));
-  }
-  AddReserved(static_cast<int64_t>(bytes));
+  LiveBlock& block = live_blocks_[ptr];
+  block = LiveBlock();
+  block.size = bytes;
+  block.owner = stream;
   return ptr;
 }
 
+void* CudaCachingAllocator::TakeCachedLocked(void* stream, size_t size) {
+  auto own = stream_blocks_.find(StreamAndSize(stream, size));
+  if (own != stream_blocks_.end()) {
+    void* ptr = own->second;
+    stream_blocks_.erase(own);
+    return ptr;
+  }
+  auto idle = idle_blocks_.find(size);
+  if (idle != idle_blocks_.end()) {
+    void* ptr = idle->second;
+    idle_blocks_.erase(idle);
+    return ptr;
+  }
+  return nullptr;
+}
+
+void CudaCachingAllocator::CollectPendingLocked(size_t size) {
+  auto [begin, end] = pending_blocks_.equal_range(size);
+  for (auto it = begin; it != end;) {
+    PendingBlock& pending = it->second;
+    bool done = true;
+    for (void* event : pending.events) {
+      const cudaError_t state = cudaEventQuery(static_cast<cudaEvent_t>(event));
+      if (state == cudaErrorNotReady) {
+        cudaGetLastError();
+        done = false;
+        break;
+      }
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    event_pool_.insert(event_pool_.end(), pending.events.begin(),
+                       pending.events.end());
+    if (pending.orphaned) {
+      idle_blocks_.emplace(size, pending.ptr);
+    } else {
+      stream_blocks_.emplace(StreamAndSize(pending.owner, size), pending.ptr);
+    }
+    it = pending_blocks_.erase(it);
+  }
+}
+
+void* CudaCachingAllocator::TakeFromOtherStreamLocked(void* stream,
+                                                      size_t size) {
+  for (auto it = stream_blocks_.begin(); it != stream_blocks_.end(); ++it) {
+    if (it->first.second != size) continue;
+    void* const owner = it->first.first;
+    void* const event = RecordEventLocked(owner);
+    if (event == nullptr) return nullptr;
+    // The wait captures the owner's queue as of now, which holds every use
+    // of the block (it was freed before now); the event may then be reused.
+    const cudaError_t error = cudaStreamWaitEvent(
+        static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
+    event_pool_.push_back(event);
+    if (error != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    void* ptr = it->second;
+    stream_blocks_.erase(it);
+    return ptr;
+  }
+  return nullptr;
+}
+
+void* CudaCachingAllocator::RecordEventLocked(void* stream) {
+  DeviceScope scope(device().index);
+  cudaEvent_t event = nullptr;
+  if (!event_pool_.empty()) {
+    event = static_cast<cudaEvent_t>(event_pool_.back());
+    event_pool_.pop_back();
+  } else if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) !=
+             cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (cudaEventRecord(event, static_cast<cudaStream_t>(stream)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    event_pool_.push_back(event);
+    return nullptr;
+  }
+  return event;
+}
+
 void CudaCachingAllocator::RawDeallocate(void* ptr, size_t bytes) {
-  free_blocks_.emplace(bytes, ptr);
+  auto found = live_blocks_.find(ptr);
+  ZE_CHECK(found != live_blocks_.end());
+  LiveBlock block = std::move(found->second);
+  live_blocks_.erase(found);
+  PendingBlock pending;
+  pending.ptr = ptr;
+  pending.owner = block.owner;
+  pending.orphaned = block.orphaned;
+  pending.events = std::move(block.events);
+  for (void* stream : block.recorded_streams) {
+    void* event = RecordEventLocked(stream);
+    if (event == nullptr) {
+      // Without the event nothing tells when that stream is done with the
+      // block: wait for it here rather than risk handing it out early.
+      DeviceScope scope(device().index);
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      cudaGetLastError();
+      continue;
+    }
+    pending.events.push_back(event);
+  }
+  if (!pending.events.empty()) {
+    pending_blocks_.emplace(bytes, std::move(pending));
+  } else if (pending.orphaned) {
+    idle_blocks_.emplace(bytes, ptr);
+  } else {
+    stream_blocks_.emplace(StreamAndSize(pending.owner, bytes), ptr);
+  }
+}
+
+absl::Status CudaCachingAllocator::RecordStream(void* ptr,
+                                                const Stream& stream) {
+  if (stream.device().is_cpu()) return absl::OkStatus();
+  if (stream.device() != device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator '", name(), "': RecordStream of a block on ",
+        device().ToString(), " with a stream on ", stream.device().ToString()));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = live_blocks_.find(ptr);
+  if (found == live_blocks_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocator '", name(), "': RecordStream of ",
+                     absl::Hex(reinterpret_cast<uintptr_t>(ptr)),
+                     ", which is not a live block of this allocator"));
+  }
+  LiveBlock& block = found->second;
+  void* const native = stream.native();
+  if (!block.orphaned && native == block.owner) return absl::OkStatus();
+  for (void* recorded : block.recorded_streams) {
+    if (recorded == native) return absl::OkStatus();
+  }
+  block.recorded_streams.push_back(native);
+  return absl::OkStatus();
+}
+
+void CudaCachingAllocator::OnStreamReleased(void* native_stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Blocks its work may still use get an event each (rare: streams are
+  // long-lived), so the stream may be destroyed without waiting for it.
+  auto event_or_wait = [&]() -> void* {
+    void* event = RecordEventLocked(native_stream);
+    if (event == nullptr) {
+      DeviceScope scope(device().index);
+      cudaStreamSynchronize(static_cast<cudaStream_t>(native_stream));
+      cudaGetLastError();
+    }
+    return event;
+  };
+  for (auto it = stream_blocks_.begin(); it != stream_blocks_.end();) {
+    if (it->first.first != native_stream) {
+      ++it;
+      continue;
+    }
+    PendingBlock pending;
+    pending.ptr = it->second;
+    pending.orphaned = true;
+    if (void* event = event_or_wait()) pending.events.push_back(event);
+    pending_blocks_.emplace(it->first.second, std::move(pending));
+    it = stream_blocks_.erase(it);
+  }
+  for (auto& [size, pending] : pending_blocks_) {
+    if (pending.orphaned || pending.owner != native_stream) continue;
+    pending.orphaned = true;
+    if (void* event = event_or_wait()) pending.events.push_back(event);
+  }
+  for (auto& [ptr, block] : live_blocks_) {
+    bool used = !block.orphaned && block.owner == native_stream;
+    auto recorded = std::find(block.recorded_streams.begin(),
+                              block.recorded_streams.end(), native_stream);
+    if (recorded != block.recorded_streams.end()) {
+      block.recorded_streams.erase(recorded);
+      used = true;
+    }
+    if (!used) continue;
+    if (!block.orphaned && block.owner == native_stream) block.orphaned = true;
+    if (void* event = event_or_wait()) block.events.push_back(event);
+  }
 }
 
 void CudaCachingAllocator::ReleaseCache() {
@@ -175,17 +435,28 @@ void CudaCachingAllocator::ReleaseCache() {
 }
 
 void CudaCachingAllocator::ReleaseCacheLocked() {
-  if (free_blocks_.empty()) return;
-  int previous = 0;
-  cudaGetDevice(&previous);
-  cudaSetDevice(device().index);
+  if (idle_blocks_.empty() && stream_blocks_.empty() &&
+      pending_blocks_.empty()) {
+    return;
+  }
+  DeviceScope scope(device().index);
+  // Every stream's queued work finishes, so every cached block (pending
+  // ones too) is unused and every pooled event complete.
   cudaDeviceSynchronize();
-  for (auto& [size, ptr] : free_blocks_) {
+  auto release = [this](size_t size, void* ptr) {
     cudaFree(ptr);
     AddReserved(-static_cast<int64_t>(size));
+  };
+  for (auto& [size, ptr] : idle_blocks_) release(size, ptr);
+  for (auto& [key, ptr] : stream_blocks_) release(key.second, ptr);
+  for (auto& [size, pending] : pending_blocks_) {
+    release(size, pending.ptr);
+    event_pool_.insert(event_pool_.end(), pending.events.begin(),
+                       pending.events.end());
   }
-  free_blocks_.clear();
-  cudaSetDevice(previous);
+  idle_blocks_.clear();
+  stream_blocks_.clear();
+  pending_blocks_.clear();
 }
 
 Allocator* HostMemory() {
@@ -194,7 +465,8 @@ Allocator* HostMemory() {
 }
 
 Allocator* PinnedHostMemory() {
-  static PinnedHostAllocator* allocator = new PinnedHostAllocator("pinned_host");
+  static PinnedHostAllocator* allocator =
+      new PinnedHostAllocator("pinned_host");
   return allocator;
 }
 

@@ -10,6 +10,11 @@
 // ResourceExhausted naming the request and the cap: that is how a test
 // emulates a small GPU (or host) and shows that partitioning lets a model fit.
 //
+// Device blocks are stream-ordered (see CudaCachingAllocator): a block
+// belongs to the stream that was current (core/stream.h, StreamGuard) when
+// it was allocated, and other streams that use it are declared with
+// RecordStream. Host allocators ignore streams.
+//
 // Allocators are thread-safe. They are not copyable; the process-wide ones
 // returned by the accessors below live until exit.
 #ifndef ZE_CORE_ALLOCATOR_H_
@@ -21,9 +26,12 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/device.h"
+#include "core/stream.h"
 
 namespace ze {
 
@@ -51,8 +59,19 @@ class Allocator {
   // the bytes in use and the cap.
   absl::StatusOr<void*> Allocate(size_t bytes);
 
-  // Returns a block from Allocate. `ptr` may be null (no-op).
+  // Returns a block from Allocate. `ptr` may be null (no-op). Work already
+  // queued that uses the block may still be running: a stream-aware
+  // allocator hands the block out again only once that is safe.
   void Deallocate(void* ptr, size_t bytes);
+
+  // Declares that work queued on `stream` uses the block `ptr` (returned by
+  // Allocate and not yet deallocated), so that freeing it does not let
+  // another user write it before that work is done. Call it for every
+  // stream other than the allocating one that reads or writes the block,
+  // any time before Deallocate. No-op for host allocators and CPU streams.
+  // Fails with InvalidArgument (naming the allocator and the pointer) when
+  // `ptr` is not a live block of this allocator.
+  virtual absl::Status RecordStream(void* ptr, const Stream& stream);
 
   // A cap of 0 removes it. Lowering the cap below the bytes in use does not
   // free anything; later allocations fail until usage drops.
@@ -104,17 +123,41 @@ class PinnedHostAllocator : public Allocator {
   void RawDeallocate(void* ptr, size_t bytes) override;
 };
 
-// Device memory with a cache of freed blocks. Requests are rounded to 512
-// bytes (small) or 2 MiB (over 1 MiB); a free block of the same rounded size
-// is reused. When cudaMalloc fails, the cache is released and the request
-// retried once. Freed blocks may be reused by the next Allocate at once, so a
-// caller that frees memory still in use by queued kernels must synchronise
-// (or record an event) first: the engine frees only stream-ordered after use.
+// Device memory with a cache of freed blocks, stream-ordered the way
+// PyTorch's c10 CUDACachingAllocator is. Requests are rounded to 512 bytes
+// (small) or 2 MiB (over 1 MiB); only a block of the same rounded size is
+// reused.
+//
+// Streams: a block belongs to its owner, the stream current on the
+// allocating thread (CurrentStream(device()), set with StreamGuard). Freeing
+// a block that no other stream was recorded on returns it to its owner's
+// cache at once: the owner's later work runs after the work already queued
+// on it, so the next allocation on the owner stream may reuse it with no
+// event and no wait (the hot path). A block that other streams were
+// recorded on (RecordStream) is freed with an event recorded on each of
+// them, and is cached again only when the next allocation of its size finds
+// every event complete (events are queried only then, never waited on).
+// Another stream gets a cached block only (a) once the block's owner stream
+// is destroyed and the work queued on it has finished, or (b) when
+// cudaMalloc fails: then the other stream is made to wait (on the device,
+// not the host) for an event recorded on the owner. If cudaMalloc still
+// fails, the device is synchronised, the whole cache released and the
+// request retried once.
+//
+// So the caller's contract is: allocate under a StreamGuard of the stream
+// that uses the memory, and RecordStream every other stream that does; then
+// memory may be freed without waiting for queued work.
 class CudaCachingAllocator : public Allocator {
  public:
   CudaCachingAllocator(std::string name, int device_index);
   ~CudaCachingAllocator() override;
   void ReleaseCache() override;
+  absl::Status RecordStream(void* ptr, const Stream& stream) override;
+
+  // Called (through AddStreamReleaseCallback) before `native_stream` is
+  // destroyed: the blocks it owns or was recorded on get an event on it, so
+  // that no later free records on, or orders by, a dead stream.
+  void OnStreamReleased(void* native_stream);
 
  protected:
   size_t RoundSize(size_t bytes) const override;
@@ -122,8 +165,41 @@ class CudaCachingAllocator : public Allocator {
   void RawDeallocate(void* ptr, size_t bytes) override;
 
  private:
+  // A block handed out and not yet freed.
+  struct LiveBlock {
+    size_t size = 0;
+    void* owner = nullptr;  // cudaStream_t; meaningless when orphaned
+    bool orphaned = false;  // the owner stream was destroyed
+    std::vector<void*> recorded_streams;  // other users, no duplicates
+    std::vector<void*> events;  // cudaEvent_t, from streams already gone
+  };
+  // A freed block waiting for events on streams that used it.
+  struct PendingBlock {
+    void* ptr = nullptr;
+    void* owner = nullptr;
+    bool orphaned = false;
+    std::vector<void*> events;
+  };
+  using StreamAndSize = std::pair<void*, size_t>;
+
+  // Takes a cached block of `size` for `stream`, or returns null.
+  void* TakeCachedLocked(void* stream, size_t size);
+  // Caches pending blocks of `size` whose events have all completed.
+  void CollectPendingLocked(size_t size);
+  // Hands `stream` a block cached for another stream, after making
+  // `stream` wait for the owner's queued work; null when none is cached.
+  void* TakeFromOtherStreamLocked(void* stream, size_t size);
+  // An event recorded on `stream` now (from the pool), or null on failure.
+  void* RecordEventLocked(void* stream);
   void ReleaseCacheLocked();
-  std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
+
+  // Blocks no work references: any stream may take them at once.
+  std::multimap<size_t, void*> idle_blocks_;
+  // Blocks freed by, and reusable at once on, their owner stream.
+  std::multimap<StreamAndSize, void*> stream_blocks_;
+  std::multimap<size_t, PendingBlock> pending_blocks_;  // by size
+  std::unordered_map<void*, LiveBlock> live_blocks_;
+  std::vector<void*> event_pool_;  // completed cudaEvent_t for reuse
 };
 
 // Process-wide allocators. GetAllocator picks host memory for the CPU and

@@ -34,7 +34,8 @@ TEST(StatusTest, MacrosPropagate) {
   absl::StatusOr<int> failed = Quadrupled(-1);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Annotate(failed.status(), "layer 3").message(), "layer 3: negative");
+  EXPECT_EQ(Annotate(failed.status(), "layer 3").message(),
+            "layer 3: negative");
 }
 
 TEST(LoggingTest, RankPrefixAndRank0Only) {
@@ -52,7 +53,8 @@ TEST(LoggingTest, RankPrefixAndRank0Only) {
   SetLogRank(0, 4);
   testing::internal::CaptureStderr();
   ZE_LOG_RANK0(WARNING) << "rank zero only";
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("W "), std::string::npos);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("W "),
+            std::string::npos);
   SetLogRank(-1, 0);
 }
 
@@ -97,10 +99,13 @@ TEST(AllocatorTest, CapFailsWithResourceExhaustedNamingRequestAndCap) {
 TEST(AllocatorTest, TensorReturnsStorageToItsAllocator) {
   HostAllocator allocator("tensors");
   {
-    Tensor tensor = *Tensor::Empty({4, 8}, DType::kBF16, Device::Cpu(), &allocator);
+    Tensor tensor =
+        *Tensor::Empty({4, 8}, DType::kBF16, Device::Cpu(), &allocator);
     EXPECT_EQ(tensor.nbytes(), 64u);
     Tensor view = tensor.Slice(8, 8);
-    EXPECT_EQ(static_cast<char*>(view.data()) - static_cast<char*>(tensor.data()), 16);
+    EXPECT_EQ(
+        static_cast<char*>(view.data()) - static_cast<char*>(tensor.data()),
+        16);
     EXPECT_EQ(allocator.stats().live_allocations, 1);
   }
   EXPECT_EQ(allocator.stats().live_allocations, 0);
@@ -110,7 +115,8 @@ TEST(AllocatorTest, NoGpuMeansCleanErrors) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present";
   absl::StatusOr<void*> pinned = PinnedHostMemory()->Allocate(16);
   EXPECT_EQ(pinned.status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<Tensor> device = Tensor::Empty({4}, DType::kF32, Device::Cuda(0));
+  absl::StatusOr<Tensor> device =
+      Tensor::Empty({4}, DType::kF32, Device::Cuda(0));
   EXPECT_EQ(device.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -126,11 +132,14 @@ TEST(TensorTest, ShapesAndViews) {
 
 TEST(OpsTest, CpuElementwiseAndReductions) {
   const Stream stream;
-  Tensor a = *FromHostFloats({1, 2, 3, -4}, {4}, DType::kF32, Device::Cpu(), stream);
-  Tensor b = *FromHostFloats({0.5, 0.5, 0.5, 0.5}, {4}, DType::kBF16, Device::Cpu(), stream);
+  Tensor a =
+      *FromHostFloats({1, 2, 3, -4}, {4}, DType::kF32, Device::Cpu(), stream);
+  Tensor b = *FromHostFloats({0.5, 0.5, 0.5, 0.5}, {4}, DType::kBF16,
+                             Device::Cpu(), stream);
   Tensor out = *Tensor::Empty({4}, DType::kF16, Device::Cpu());
   ASSERT_TRUE(Axpby(2.0f, a, -1.0f, b, out, stream).ok());
-  EXPECT_EQ(*ToHostFloats(out, stream), (std::vector<float>{1.5, 3.5, 5.5, -8.5}));
+  EXPECT_EQ(*ToHostFloats(out, stream),
+            (std::vector<float>{1.5, 3.5, 5.5, -8.5}));
   ASSERT_TRUE(Scale(out, 2.0f, stream).ok());
   EXPECT_EQ(*ToHostFloats(out, stream), (std::vector<float>{3, 7, 11, -17}));
   Tensor sum = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
@@ -149,7 +158,71 @@ TEST(OpsTest, CpuElementwiseAndReductions) {
                    rounded, stream)
                   .ok());
   EXPECT_EQ((*ToHostFloats(rounded, stream))[0], 1.0f);  // tie to even
-  EXPECT_FALSE(Add(a, *Tensor::Empty({3}, DType::kF32, Device::Cpu()), a, stream).ok());
+  EXPECT_FALSE(
+      Add(a, *Tensor::Empty({3}, DType::kF32, Device::Cpu()), a, stream).ok());
+}
+
+TEST(StreamGuardTest, NestsPerDeviceAndRestores) {
+  const Device gpu0 = Device::Cuda(0);
+  const Device gpu1 = Device::Cuda(1);
+  // No guard: the legacy default stream (and the CPU stream for the CPU).
+  EXPECT_EQ(CurrentStream(gpu0).device(), gpu0);
+  EXPECT_EQ(CurrentStream(gpu0).native(), nullptr);
+  EXPECT_TRUE(CurrentStream(Device::Cpu()).device().is_cpu());
+  {
+    StreamGuard outer(Stream::Default(gpu1));
+    EXPECT_EQ(CurrentStream(gpu1).device(), gpu1);
+    // A guard for another device leaves gpu0's current stream alone.
+    EXPECT_EQ(CurrentStream(gpu0).device(), gpu0);
+    {
+      StreamGuard inner(Stream::Default(gpu0));
+      EXPECT_EQ(CurrentStream(gpu0).device(), gpu0);
+      EXPECT_EQ(CurrentStream(gpu1).device(), gpu1);  // the outer guard's
+    }
+    EXPECT_EQ(CurrentStream(gpu1).device(), gpu1);
+  }
+  EXPECT_EQ(CurrentStream(gpu1).native(), nullptr);
+}
+
+TEST(TensorTest, ZerosOnAStream) {
+  const Stream cpu;
+  Tensor tensor = *Tensor::Zeros({3, 5}, DType::kBF16, Device::Cpu(), cpu);
+  EXPECT_EQ(*ToHostFloats(tensor, cpu), std::vector<float>(15, 0.0f));
+  absl::StatusOr<Tensor> mismatched =
+      Tensor::Zeros({3}, DType::kF32, Device::Cuda(0), cpu);
+  ASSERT_EQ(mismatched.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatched.status().message().find("cuda:0"), std::string::npos)
+      << mismatched.status();
+  EXPECT_NE(mismatched.status().message().find("cpu"), std::string::npos);
+}
+
+TEST(TensorTest, RecordStreamIsANoOpOffTheGpu) {
+  const Stream cpu;
+  Tensor host = *Tensor::Empty({4}, DType::kF32, Device::Cpu());
+  EXPECT_TRUE(host.RecordStream(cpu).ok());
+  EXPECT_TRUE(host.RecordStream(Stream::Default(Device::Cuda(0))).ok());
+  float values[4] = {};
+  Tensor wrapped = Tensor::Wrap(values, {4}, DType::kF32, Device::Cpu());
+  EXPECT_TRUE(wrapped.RecordStream(cpu).ok());
+  EXPECT_TRUE(Tensor().RecordStream(cpu).ok());
+}
+
+TEST(AllocatorTest, CachingRecordStreamNamesAnUnknownBlock) {
+  CudaCachingAllocator allocator("bookkeeping", 0);
+  int not_a_block = 0;
+  const absl::Status unknown =
+      allocator.RecordStream(&not_a_block, Stream::Default(Device::Cuda(0)));
+  ASSERT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("'bookkeeping'"), std::string::npos)
+      << unknown;
+  EXPECT_NE(unknown.message().find("not a live block"), std::string::npos);
+  const absl::Status other_device =
+      allocator.RecordStream(&not_a_block, Stream::Default(Device::Cuda(1)));
+  ASSERT_EQ(other_device.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other_device.message().find("cuda:1"), std::string::npos)
+      << other_device;
+  // A CPU stream orders nothing on the device: nothing to record.
+  EXPECT_TRUE(allocator.RecordStream(&not_a_block, Stream()).ok());
 }
 
 }  // namespace

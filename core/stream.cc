@@ -22,7 +22,26 @@ ReleaseCallbacks& Callbacks() {
   return *callbacks;
 }
 
+// The innermost live guard of this thread (a stack threaded through the
+// guards themselves, so setting a stream allocates nothing).
+thread_local const StreamGuard* innermost_guard = nullptr;
+
 }  // namespace
+
+StreamGuard::StreamGuard(const Stream& stream)
+    : stream_(stream), enclosing_(innermost_guard) {
+  innermost_guard = this;
+}
+
+StreamGuard::~StreamGuard() { innermost_guard = enclosing_; }
+
+Stream CurrentStream(const Device& device) {
+  for (const StreamGuard* guard = innermost_guard; guard != nullptr;
+       guard = guard->enclosing_) {
+    if (guard->stream_.device() == device) return guard->stream_;
+  }
+  return Stream::Default(device);
+}
 
 void AddStreamReleaseCallback(StreamReleaseCallback callback) {
   ReleaseCallbacks& registry = Callbacks();

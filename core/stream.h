@@ -7,6 +7,13 @@
 //
 // Both are small value types sharing ownership of the underlying handle; the
 // last copy destroys it.
+//
+// Each thread has a current stream per device (StreamGuard sets it, c10
+// style): the stream device memory allocated by this thread is ordered on.
+// The caching CUDA allocator (core/allocator.h) gives a block to the current
+// stream and may hand it back to that stream as soon as it is freed, so code
+// that allocates device memory should do it under a guard for the stream its
+// work runs on.
 #ifndef ZE_CORE_STREAM_H_
 #define ZE_CORE_STREAM_H_
 
@@ -47,18 +54,43 @@ class Stream {
   std::shared_ptr<Handle> handle_;
 };
 
+// The stream this thread's allocations on `device` are ordered on: that of
+// the innermost live StreamGuard for `device`, else Stream::Default(device)
+// (the legacy default stream; the CPU stream for the CPU).
+Stream CurrentStream(const Device& device);
+
+// Makes `stream` the current stream of its device for this thread until the
+// guard is destroyed, which restores the previous one. Guards nest and must
+// be destroyed in reverse order of construction on the thread that made them
+// (they are scoped objects: not copyable or movable). The guard keeps a copy
+// of `stream`, so the stream outlives it.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  friend Stream CurrentStream(const Device& device);
+  Stream stream_;
+  const StreamGuard* enclosing_;  // the guard this one shadows, or null
+};
+
 // Caches keyed by CUDA stream (nn/cuda keeps a cuBLASLt workspace and a
 // scratch buffer per stream) register here to release what they hold for a
 // stream when it goes away. When the last copy of a Stream created by
 // Stream::Create is destroyed, every registered callback runs with the
 // stream's device index and cudaStream_t (as void*), then the stream is
-// destroyed. The stream may still have work queued: a callback that frees
-// memory that work may use must synchronise the stream first, and only a
-// callback that holds something for the stream should (so destroying a
-// stream nobody cached anything for never blocks, e.g. one whose last
-// collective will not complete). Callbacks run on the destroying thread,
-// must not throw or create or destroy streams, and stay registered for the
-// process's lifetime. Thread-safe.
+// destroyed. The stream may still have work queued: device memory allocated
+// on the stream (under a StreamGuard of it) may be freed at once, since the
+// caching allocator orders its reuse after that work; a callback that
+// releases anything else that work may use must synchronise the stream
+// first, and only a callback that holds something for the stream should (so
+// destroying a stream nobody cached anything for never blocks, e.g. one
+// whose last collective will not complete). Callbacks run on the destroying
+// thread, must not throw or create or destroy streams, and stay registered for
+// the process's lifetime. Thread-safe.
 using StreamReleaseCallback = void (*)(int device_index, void* native_stream);
 void AddStreamReleaseCallback(StreamReleaseCallback callback);
 

@@ -73,6 +73,39 @@ absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
   return tensor;
 }
 
+absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
+                                     const Device& device, const Stream& stream,
+                                     Allocator* allocator) {
+  if (stream.device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Tensor::Zeros on ", device.ToString(),
+                     " was given a stream on ", stream.device().ToString()));
+  }
+  if (device.is_cpu()) return Zeros(shape, dtype, device, allocator);
+  Tensor tensor;
+  {
+    // The block is then free of other users once `stream` reaches the fill
+    // (core/allocator.h), so the fill needs no wait before it.
+    StreamGuard guard(stream);
+    ZE_ASSIGN_OR_RETURN(tensor, Empty(shape, dtype, device, allocator));
+  }
+  if (tensor.nbytes() == 0) return tensor;
+  ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+  ZE_RETURN_IF_ERROR(
+      CudaStatus(cudaMemsetAsync(tensor.data(), 0, tensor.nbytes(),
+                                 static_cast<cudaStream_t>(stream.native())),
+                 absl::StrCat("cudaMemsetAsync of ", tensor.nbytes(),
+                              " bytes on ", device.ToString())));
+  return tensor;
+}
+
+absl::Status Tensor::RecordStream(const Stream& stream) const {
+  if (storage_ == nullptr || storage_->allocator() == nullptr) {
+    return absl::OkStatus();
+  }
+  return storage_->allocator()->RecordStream(storage_->data(), stream);
+}
+
 Tensor Tensor::Wrap(void* data, const Shape& shape, DType dtype,
                     const Device& device) {
   Tensor tensor;
@@ -94,7 +127,8 @@ int64_t Tensor::size(int axis) const {
 Tensor Tensor::Slice(int64_t offset, int64_t count) const {
   ZE_CHECK(offset >= 0 && count >= 0 && offset + count <= numel_);
   Tensor view = *this;
-  view.offset_bytes_ = offset_bytes_ + static_cast<size_t>(offset) * SizeOf(dtype_);
+  view.offset_bytes_ =
+      offset_bytes_ + static_cast<size_t>(offset) * SizeOf(dtype_);
   view.shape_ = {count};
   view.numel_ = count;
   return view;

@@ -19,6 +19,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/stream.h"
 
 namespace ze {
 
@@ -59,13 +60,27 @@ class Tensor {
 
   // Allocates uninitialised storage for `shape` x `dtype` on `device` from
   // `allocator` (default: GetAllocator(device)). Fails with the allocator's
-  // ResourceExhausted when the memory (or cap) is exhausted.
+  // ResourceExhausted when the memory (or cap) is exhausted. Device storage
+  // belongs to the calling thread's current stream (CurrentStream, set with
+  // StreamGuard; see core/allocator.h): work on other streams that uses it
+  // must be declared with RecordStream.
   static absl::StatusOr<Tensor> Empty(const Shape& shape, DType dtype,
                                       const Device& device,
                                       Allocator* allocator = nullptr);
-  // Like Empty, then zero-filled (synchronously). On CUDA it first waits for
-  // all work queued on the device, which may still use the recycled block:
-  // meant for setup, not for per-step buffers (Fill on the stream instead).
+  // Like Empty, with storage belonging to `stream` (allocated under a
+  // StreamGuard of it), then zero-filled asynchronously on `stream`: no host
+  // wait. Work on `stream` sees the zeros; other streams must wait for an
+  // event on it. On the CPU it fills at once. Fails with InvalidArgument
+  // when `stream` is on neither `device` nor the CPU of a CPU tensor.
+  static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
+                                      const Device& device,
+                                      const Stream& stream,
+                                      Allocator* allocator = nullptr);
+  // Like Empty, then zero-filled synchronously. On CUDA it waits for all
+  // work queued on the device before filling (it cannot know which stream
+  // still uses a block freed by a caller that neither allocated under a
+  // StreamGuard nor recorded its streams) and after: transitional, for
+  // callers not yet stream-aware (engine/); new code passes a stream.
   static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
                                       const Device& device,
                                       Allocator* allocator = nullptr);
@@ -92,6 +107,15 @@ class Tensor {
     return static_cast<T*>(data());
   }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Declares that work queued on `stream` uses this tensor's storage (all
+  // of it, whatever this view covers), so that freeing it does not let the
+  // allocator hand the bytes to anyone else before that work is done
+  // (Allocator::RecordStream). Needed for every stream other than the one
+  // the storage was allocated on; a no-op for host tensors, wrapped memory
+  // and undefined tensors. Fails only for storage its allocator does not
+  // know (a bug).
+  absl::Status RecordStream(const Stream& stream) const;
 
   // A 1-D view of elements [offset, offset + count) of the flattened tensor.
   // Aborts when out of range (a bug, not an input error).

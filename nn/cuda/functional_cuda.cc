@@ -241,11 +241,9 @@ void ReleaseStreamState(int device, void* stream) {
     released = found->second;
     device_state->second.streams.erase(found);
   }
-  // Work still queued on the stream may use the buffers, and the caching
-  // allocator does not track streams: wait first (outside the lock; the
-  // entry is gone, so no other call can hand these buffers out). A failed
-  // stream cannot be reported from here; its memory is released anyway.
-  cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  // Work still queued on the stream may use the buffers; they were
+  // allocated on it (StreamStateLocked, Scratch), so the caching allocator
+  // hands them out again only after that work (core/allocator.h): no wait.
   if (released.workspace != nullptr) {
     CudaMemory(device)->Deallocate(released.workspace, kLtWorkspaceBytes);
   }
@@ -254,15 +252,17 @@ void ReleaseStreamState(int device, void* stream) {
   }
 }
 
-absl::StatusOr<StreamState*> StreamStateLocked(int device, void* stream) {
+absl::StatusOr<StreamState*> StreamStateLocked(const Stream& stream) {
+  const int device = stream.device().index;
   static const bool registered = [] {
     AddStreamReleaseCallback(&ReleaseStreamState);
     return true;
   }();
   (void)registered;
   ZE_ASSIGN_OR_RETURN(DeviceState * state, DeviceStateLocked(device));
-  StreamState& stream_state = state->streams[stream];
+  StreamState& stream_state = state->streams[stream.native()];
   if (stream_state.workspace == nullptr) {
+    StreamGuard guard(stream);  // the workspace is used on `stream` only
     ZE_ASSIGN_OR_RETURN(stream_state.workspace,
                         CudaMemory(device)->Allocate(kLtWorkspaceBytes));
   }
@@ -270,16 +270,16 @@ absl::StatusOr<StreamState*> StreamStateLocked(int device, void* stream) {
 }
 
 // A device buffer of at least `bytes` for temporaries of work queued on
-// `stream`; valid until the next call for the same stream. Growing it waits
-// for the stream first (the old buffer may still be in use).
+// `stream`; valid until the next call for the same stream. The buffer
+// belongs to `stream`, so growing it frees the old one without waiting: the
+// caching allocator orders its reuse after the work queued on `stream`.
 absl::StatusOr<void*> Scratch(const Stream& stream, size_t bytes) {
   const int device = stream.device().index;
   std::lock_guard<std::mutex> lock(StateMutex());
-  ZE_ASSIGN_OR_RETURN(StreamState * state,
-                      StreamStateLocked(device, stream.native()));
+  ZE_ASSIGN_OR_RETURN(StreamState * state, StreamStateLocked(stream));
   if (state->scratch_bytes < bytes) {
+    StreamGuard guard(stream);
     if (state->scratch != nullptr) {
-      ZE_RETURN_IF_ERROR(stream.Synchronize());
       CudaMemory(device)->Deallocate(state->scratch, state->scratch_bytes);
       state->scratch = nullptr;
       state->scratch_bytes = 0;
@@ -488,6 +488,7 @@ absl::StatusOr<AutotuneChoice> Autotune(
   if (args.beta != 0.0f || d_aliases_input) {
     const size_t d_bytes = d.end - d.begin;
     temporary_bytes = d_bytes + 256;
+    StreamGuard guard(stream);  // only the candidates on `stream` use it
     absl::StatusOr<void*> allocated = allocator->Allocate(temporary_bytes);
     if (!allocated.ok()) {
       ZE_LOG(DEBUG) << "matmul autotune skipped (" << key
@@ -505,19 +506,16 @@ absl::StatusOr<AutotuneChoice> Autotune(
     Allocator* allocator;
     void* temporary;
     size_t bytes;
-    cudaStream_t stream;
     std::vector<cudaEvent_t> events;
-    bool synchronized = false;
     ~Cleanup() {
-      // The caching allocator hands a freed block out again at once: on an
-      // error return, wait for whatever may still use the temporary.
-      if (temporary != nullptr && !synchronized) cudaStreamSynchronize(stream);
+      // The temporary belongs to `stream`: freeing it with candidates still
+      // queued there (on an error return) is safe without a wait.
       for (cudaEvent_t event : events) {
         if (event != nullptr) cudaEventDestroy(event);
       }
       allocator->Deallocate(temporary, bytes);
     }
-  } cleanup{allocator, temporary, temporary_bytes, cuda_stream, {}};
+  } cleanup{allocator, temporary, temporary_bytes, {}};
   if (temporary != nullptr) {
     ZE_RETURN_IF_ERROR(
         CudaStatus(cudaMemsetAsync(target, 0, d.end - d.begin, cuda_stream),
@@ -553,13 +551,12 @@ absl::StatusOr<AutotuneChoice> Autotune(
       cudaGetLastError();
     }
   }
-  // Also keeps the temporary alive until every candidate is done with it.
+  // The host reads the timings: every candidate must be done.
   ZE_RETURN_IF_ERROR(
       CudaStatus(cudaEventRecord(cleanup.events.back(), cuda_stream),
                  "matmul autotune: event record"));
   ZE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(cleanup.events.back()),
                                 "matmul autotune: event synchronize"));
-  cleanup.synchronized = true;
 
   std::vector<float> median_ms(count, -1.0f);
   int best = -1;
@@ -708,8 +705,7 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
   {
     std::lock_guard<std::mutex> lock(StateMutex());
     ZE_ASSIGN_OR_RETURN(DeviceState * state, DeviceStateLocked(device));
-    ZE_ASSIGN_OR_RETURN(StreamState * stream_state,
-                        StreamStateLocked(device, stream.native()));
+    ZE_ASSIGN_OR_RETURN(StreamState * stream_state, StreamStateLocked(stream));
     handle = state->handle;
     workspace = stream_state->workspace;
     if (args.may_reject && state->rejected.count(key) > 0) return false;
