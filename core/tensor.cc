@@ -48,28 +48,18 @@ absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype,
 absl::StatusOr<Tensor> Tensor::Zeros(const Shape& shape, DType dtype,
                                      const Device& device,
                                      Allocator* allocator) {
-  ZE_ASSIGN_OR_RETURN(Tensor tensor, Empty(shape, dtype, device, allocator));
-  if (tensor.nbytes() == 0) return tensor;
   if (device.is_cpu()) {
-    std::memset(tensor.data(), 0, tensor.nbytes());
-  } else {
-    ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
-    // cudaMemset runs on the legacy default stream, which does not order
-    // itself with the non-blocking streams everything else uses, so it needs
-    // a wait on each side. Before: the caching allocator may have handed out
-    // a block whose previous owner freed it with work still queued on such a
-    // stream (frees are stream-ordered for that stream only; the engine frees
-    // a parameter's initial storage right after queueing the copy out of
-    // it), and zeros landing first would be read (or overwritten) by that
-    // work. After: a copy queued on another stream once this returns could
-    // otherwise land before the zeros and be overwritten.
-    ZE_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(),
-                                  "cudaDeviceSynchronize (before cudaMemset)"));
-    ZE_RETURN_IF_ERROR(CudaStatus(cudaMemset(tensor.data(), 0, tensor.nbytes()),
-                                  "cudaMemset"));
-    ZE_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamSynchronize(nullptr), "cudaMemset (synchronize)"));
+    ZE_ASSIGN_OR_RETURN(Tensor tensor, Empty(shape, dtype, device, allocator));
+    if (tensor.nbytes() > 0) std::memset(tensor.data(), 0, tensor.nbytes());
+    return tensor;
   }
+  // On this thread's current stream (a StreamGuard's, else the legacy
+  // default stream), then waiting for that stream alone: work queued on any
+  // stream after this returns sees the zeros.
+  const Stream stream = CurrentStream(device);
+  ZE_ASSIGN_OR_RETURN(Tensor tensor,
+                      Zeros(shape, dtype, device, stream, allocator));
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
   return tensor;
 }
 

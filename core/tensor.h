@@ -76,11 +76,11 @@ class Tensor {
                                       const Device& device,
                                       const Stream& stream,
                                       Allocator* allocator = nullptr);
-  // Like Empty, then zero-filled synchronously. On CUDA it waits for all
-  // work queued on the device before filling (it cannot know which stream
-  // still uses a block freed by a caller that neither allocated under a
-  // StreamGuard nor recorded its streams) and after: transitional, for
-  // callers not yet stream-aware (engine/); new code passes a stream.
+  // Like Empty, then zero-filled synchronously: on CUDA, allocated and
+  // filled on this thread's CurrentStream(device) (a StreamGuard's, else the
+  // legacy default stream), then that stream alone is waited for, so work
+  // queued on any stream afterwards sees the zeros. For setup and tests; a
+  // caller on a hot path passes its stream to the overload above.
   static absl::StatusOr<Tensor> Zeros(const Shape& shape, DType dtype,
                                       const Device& device,
                                       Allocator* allocator = nullptr);

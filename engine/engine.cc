@@ -43,7 +43,7 @@ absl::Status AgreeAcrossRanks(comm::Communicator& comm,
                               const std::string& what) {
   if (comm.world_size() == 1) return local;
   ZE_ASSIGN_OR_RETURN(Tensor flag,
-                      Tensor::Zeros({1}, DType::kF32, comm.device()));
+                      Tensor::Zeros({1}, DType::kF32, comm.device(), stream));
   ZE_RETURN_IF_ERROR(Fill(flag, local.ok() ? 0.0f : 1.0f, stream));
   ZE_ASSIGN_OR_RETURN(comm::Work work,
                       comm.AllReduce(flag, flag, comm::ReduceOp::kMax, stream));
@@ -78,6 +78,9 @@ double Engine::current_loss_scale() const { return training_->loss_scale(); }
 
 absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
                                       const Tensor& targets) {
+  // Device memory allocated here belongs to the compute stream
+  // (core/allocator.h): freed, it is reused in that stream's order.
+  StreamGuard guard(compute_stream_);
   // Its saved activations would be overwritten and the gradient-readiness
   // counts of the owed backward lost.
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("Forward"));
@@ -115,6 +118,7 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
 }
 
 absl::Status Engine::Backward() {
+  StreamGuard guard(compute_stream_);
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(
       strategy_->BeginBackward(IsGradientAccumulationBoundary()));
@@ -129,6 +133,7 @@ absl::Status Engine::Backward() {
 }
 
 absl::StatusOr<StepReport> Engine::Step() {
+  StreamGuard guard(compute_stream_);
   const bool boundary = IsGradientAccumulationBoundary();
   const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
   counters_.micro_steps += 1;
@@ -263,6 +268,7 @@ absl::StatusOr<StepReport> Engine::TrainBatch(
 
 absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
     const std::string& name) {
+  StreamGuard guard(compute_stream_);
   return strategy_->GatherMasterWeights(name);
 }
 
@@ -276,6 +282,7 @@ absl::Status Engine::RequireNoPendingBackward(const char* what) const {
 
 absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
     const std::vector<std::string>& names, int modifier_rank) {
+  StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("GatherParameters"));
   const int world = communicator_->world_size();
   if (modifier_rank >= world) {
@@ -296,6 +303,7 @@ absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
 }
 
 absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
+  StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("LoadWeights"));
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
                       safetensors::Reader::Open(path));
@@ -310,6 +318,7 @@ GatheredParameters::~GatheredParameters() {
 }
 
 absl::Status GatheredParameters::Release() {
+  StreamGuard guard(engine_->compute_stream_);
   if (released_) return status_;
   released_ = true;
   status_ = engine_->strategy_->ReleaseScope(names_, modifier_rank_);
@@ -415,7 +424,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
         absl::StrCat(config.source, ": csv_monitor")));
     engine->monitor_ = std::move(monitor).value();
   }
-  ZE_RETURN_IF_ERROR(engine->Setup());
+  {
+    StreamGuard guard(engine->compute_stream_);
+    ZE_RETURN_IF_ERROR(engine->Setup());
+  }
   engine->window_start_ = Clock::now();
   if (engine->communicator_->rank() == 0) {
     ZE_LOG_RANK0(INFO) << "config (" << config.source << "):\n"

@@ -21,6 +21,7 @@ absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
 
 absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
                                           const Tensor& targets) {
+  StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
   if (tokens.dim() != 2 || targets.shape() != tokens.shape() ||
       tokens.dtype() != DType::kI32 || targets.dtype() != DType::kI32) {
@@ -49,6 +50,7 @@ absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
 absl::StatusOr<std::vector<int32_t>> Engine::Generate(
     const std::vector<int32_t>& prompt_tokens, int max_new_tokens,
     const GenerateOptions& options) {
+  StreamGuard guard(compute_stream_);
   const int rank = communicator_->rank();
   if (prompt_tokens.empty() || max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -34,9 +34,8 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
 
 absl::StatusOr<Tensor> PartitionState::Allocate(int64_t elements, DType dtype,
                                                 const Stream& stream) const {
-  (void)stream;
   absl::StatusOr<Tensor> tensor =
-      Tensor::Zeros({elements}, dtype, options_.device);
+      Tensor::Zeros({elements}, dtype, options_.device, stream);
   if (!tensor.ok() && options_.annotate_allocation_error) {
     return options_.annotate_allocation_error(tensor.status());
   }
@@ -84,7 +83,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       ZE_RETURN_IF_ERROR(Copy(OwnWeights(b), OwnMaster(b), stream));
     }
   }
-  return stream.Synchronize();
+  return absl::OkStatus();
 }
 
 Tensor PartitionState::FullWeights(int bucket) const {

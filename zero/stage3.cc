@@ -145,13 +145,15 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
       ZE_ASSIGN_OR_RETURN(Tensor full, parameter->data());
       ZE_RETURN_IF_ERROR(Copy(full.Flat().Slice(shard.param_begin, shard.count),
                               own, stream()));
+      // Freed below with the copy still queued: the allocator hands the
+      // block to another stream only after this one passes the copy.
+      ZE_RETURN_IF_ERROR(full.RecordStream(stream()));
     } else {
       ZE_RETURN_IF_ERROR(
           parameter->InitializeSlice(seed, shard.param_begin, own, stream()));
     }
     ZE_RETURN_IF_ERROR(parameter->SetShard(own, shard.param_begin));
   }
-  ZE_RETURN_IF_ERROR(stream().Synchronize());
   for (nn::Parameter* parameter : params_) parameter->ReleaseData();
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
 

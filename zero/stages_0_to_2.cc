@@ -77,13 +77,12 @@ absl::Status Stages0To2::Setup() {
                       .View(params_[i]->shape());
     ZE_ASSIGN_OR_RETURN(Tensor current, params_[i]->data());
     ZE_RETURN_IF_ERROR(Copy(current, view, stream()));
+    // The old storage goes back to the allocator with the copy out of it
+    // still queued: it is handed to another stream only after this one
+    // passes the copy.
+    ZE_RETURN_IF_ERROR(current.RecordStream(stream()));
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
-  // Each parameter's old storage went back to the caching allocator with
-  // the copy out of it still queued: let the copies run before anything can
-  // be handed that memory (Tensor::Zeros works on the legacy default
-  // stream, which is not ordered with this one).
-  ZE_RETURN_IF_ERROR(stream().Synchronize());
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
   if (stage <= 1) {
     // The parameters' grad slots are views of the replicated gradients.
