@@ -308,28 +308,6 @@ absl::Status SetDescAttribute(cublasLtMatmulDesc_t desc,
       cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes), what);
 }
 
-size_t ElementBytes(cudaDataType_t type) { return type == CUDA_R_32F ? 4 : 2; }
-
-// [begin, end) of device memory, for alias checks.
-struct Extent {
-  uintptr_t begin = 0, end = 0;
-  bool Overlaps(const Extent& other) const {
-    return begin < other.end && other.begin < end;
-  }
-};
-
-Extent ExtentOf(const void* p, size_t bytes) {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-  return p == nullptr ? Extent() : Extent{begin, begin + bytes};
-}
-
-// A stored column-major matrix: `cols` columns of leading dimension `ld`
-// (the last column counted whole: a safe over-estimate).
-Extent MatrixExtent(const void* p, cudaDataType_t type, int64_t cols,
-                    int64_t ld) {
-  return ExtentOf(p, static_cast<size_t>(cols * ld) * ElementBytes(type));
-}
-
 // Runs the product; true when queued. With args.may_reject, false when
 // cuBLASLt has no algorithm for the problem or rejects it (nothing queued;
 // remembered, so the next call returns false at once); other failures are
