@@ -8,9 +8,9 @@
 //   - CUDA (nn/functional_cuda.cc, kernels in nn/cuda/): bf16/f16 (or f32)
 //     storage and compute with f32 accumulation; cuBLASLt for matrix products,
 //     the bias added in its epilogue, and GELU in LinearGeluForward's; the
-//     GELU-backward and bias-gradient epilogues are implemented but off by
-//     default, as they measured slower (ZE_MATMUL_EPILOGUE_FUSION; see
-//     nn/cuda/functional_cuda.h).
+//     other fused epilogues are chosen in code by what measured faster
+//     (nn/cuda/functional_cuda.h; tests switch them with
+//     nn/cuda/functional_cuda_testing.h).
 // All work is queued on `stream` (CPU: done on return). No function
 // allocates tensors visible to the caller; temporary workspace is internal.
 //

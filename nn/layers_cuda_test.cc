@@ -23,6 +23,7 @@
 #include "core/ops.h"
 #include "gtest/gtest.h"
 #include "nn/cuda/functional_cuda.h"
+#include "nn/cuda/functional_cuda_testing.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
 #include "nn/test_util.h"
@@ -219,16 +220,15 @@ TEST_F(CudaTest, EveryLayerMatchesCpuInBf16) {
   }
 }
 
-// The GELU/bias-gradient epilogues are off by default (slower on the
-// H200); they stay correct when turned on.
+// The epilogues production leaves off (slower on the H200) stay correct
+// when every fusion is turned on.
 TEST_F(CudaTest, EveryLayerMatchesCpuInBf16WithEpilogueFusion) {
-  const bool previous = cuda_backend::MatmulEpilogueFusionEnabled();
-  cuda_backend::SetMatmulEpilogueFusion(true);
+  cuda_backend::SetMatmulEpilogueFusionForTesting(true);
   for (const LayerCase &layer : Cases()) {
     CompareLayer(layer.label + " fused", layer.factory, layer.input(),
                  DType::kBF16, stream_, 2e-2, 3e-2);
   }
-  cuda_backend::SetMatmulEpilogueFusion(previous);
+  cuda_backend::ResetMatmulEpilogueFusionForTesting();
 }
 
 TEST_F(CudaTest, EveryLayerMatchesCpuInF32) {

@@ -1,6 +1,6 @@
 // CUDA launchers for causal multi-head self-attention (FlashAttention-2
 // style: tiled online softmax, the (T, T) score matrix never reaches device
-// memory). Host-only header; attention.cu implements it.
+// memory). Host-only header; attention_dispatch.cu implements it.
 //
 // Layouts: qkv (B, T, 3C) with per token [q | k | v], each (H, D), C = H*D;
 // out (B, T, C); logsumexp (B, H, T) f32 (natural log, of the scaled scores).
@@ -12,22 +12,16 @@
 // tests.
 // Launchers return the cudaError_t of the launch as int (0 = success).
 //
-// Kernel choice (environment, read at every launch): ZE_ATTENTION_KERNEL =
-// "wgmma" (default: on a compute capability 9.0 GPU with head size exactly
-// 64 and 16-byte aligned tensors, the Hopper warpgroup-product kernels of
-// attention_sm90.cu; "split" everywhere else), "wide" (8-warp CTAs, 128 queries
-// per forward CTA, 128 keys per backward CTA; head sizes padding to 64 or 128,
-// others use "v1"), "wide2" (wide, D-64 backward capped at 128 registers for
-// two CTAs per SM), "split" (wide forward; FlashAttention-2's two-kernel
-// backward for padded D 64 and 128: dK/dV per 128-key tile, then dQ per
-// 128-query tile written straight into dqkv, with no f32 dQ accumulator,
-// atomics or conversion pass; other D run "v1"; its dK/dV kernel takes each
-// 64-query tile in two halves so the D-64 kernel runs two CTAs per SM),
-// "split1" (split with the earlier one-CTA-per-SM dK/dV kernel, for measuring),
-// "v1" (the 4-warp, 64-row pipelined kernels) or "legacy" (4-warp, unpipelined;
-// also ZE_ATTENTION_LEGACY=1). ZE_ATTENTION_FWD_KERNEL and
-// ZE_ATTENTION_BWD_KERNEL override it for one direction (e.g.
-// ZE_ATTENTION_BWD_KERNEL=split).
+// Kernel choice (fixed, one production family per GPU and head size): on a
+// compute capability 9.0 GPU at head size exactly 64 with 16-byte aligned
+// tensors, the Hopper warpgroup-product kernels of attention_sm90.cu;
+// everywhere else the mma.sync kernels (attention_mma.h: at padded D 64 a
+// 4-warp pipelined forward, at 128 an 8-warp 128-query forward; at padded
+// D 64 and 128 FlashAttention-2's two-kernel backward, dK/dV per 128-key
+// tile in two query halves, then dQ per 128-query tile written straight
+// into dqkv, with no f32 accumulator or atomics; at 80 and 256 the 4-warp
+// pipelined kernels). Tests force the mma.sync kernels on Hopper with
+// attention_testing.h.
 #ifndef ZE_NN_CUDA_ATTENTION_H_
 #define ZE_NN_CUDA_ATTENTION_H_
 
@@ -46,8 +40,9 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
 
 // Bytes of device workspace LaunchAttentionBackward needs (f32 dQ
 // accumulator (B, H, T, D) and the row sums D_i = dO_i . O_i (B, H, T)).
-// The "split" backward leaves the accumulator part unused; the size does not
-// depend on the kernel choice, so callers may allocate once.
+// The two-kernel backwards (wgmma, and mma.sync at padded D 64 and 128) leave
+// the accumulator part unused; the size does not depend on the kernel
+// choice, so callers may allocate once.
 size_t AttentionBackwardWorkspaceBytes(int batch, int seq_len, int heads,
                                        int head_dim);
 
@@ -58,10 +53,9 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
                             int batch, int seq_len, int heads, int head_dim,
                             int dtype, void* stream);
 
-// Which implementation the launcher runs for these arguments under the
-// current environment: "wgmma" (the Hopper kernels), "mma.sync" (the
-// kernels of attention.cu; which variant follows ZE_ATTENTION_*KERNEL) or
-// "f32" (the simple kernels). backward false: LaunchAttentionForward with
+// Which implementation the launcher runs for these arguments: "wgmma" (the
+// Hopper kernels), "mma.sync" (attention_mma.h's kernels) or "f32" (the
+// simple kernels). backward false: LaunchAttentionForward with
 // (qkv, out); true: LaunchAttentionBackward with (dout, qkv, dqkv). So tests
 // can tell a silent fallback from the kernel they meant to check.
 const char* AttentionKernelName(bool backward, const void* qkv,

@@ -1,6 +1,6 @@
-// Device pieces both attention implementations use: attention.cu (mma.sync,
-// any sm_90 build) and attention_sm90.cu (wgmma, sm_90a). Only for .cu
-// files of nn/cuda.
+// Device pieces both attention implementations use: attention_mma.cuh
+// (mma.sync, any sm_90 build) and attention_sm90.cu (wgmma, sm_90a). Only for
+// .cu files of nn/cuda.
 #ifndef ZE_NN_CUDA_ATTENTION_COMMON_CUH_
 #define ZE_NN_CUDA_ATTENTION_COMMON_CUH_
 

@@ -1,5 +1,5 @@
 // Causal attention, forward and backward, on Hopper warpgroup products
-// (wgmma), head size 64. Same algorithm as attention.cu's FlashAttention-2
+// (wgmma), head size 64. Same algorithm as the mma.sync FlashAttention-2
 // kernels (online softmax, the (T, T) scores never leave the chip); what
 // changes is the matrix unit: one warpgroup issues 64 x 64 x 16 products that
 // read the key and value tiles straight from (swizzled) shared memory, instead
@@ -17,10 +17,11 @@
 // 241.5 ms per GPT-1.3B step.)
 //
 // Backward: FlashBackwardKvSm90Kernel (dK, dV per key tile) then
-// FlashBackwardDqSm90Kernel (dQ per query tile), the split of attention.cu
-// (each recomputes S and dP; no atomics) with the same products as
-// warpgroup products. Measured at B 16, T 1024, H 32 on the H200: forward
-// 0.31 ms (219 TFLOP/s) against 0.41, backward 0.87 ms (198) against 1.23.
+// FlashBackwardDqSm90Kernel (dQ per query tile), the split of
+// attention_backward.cu (each recomputes S and dP; no atomics) with the same
+// products as warpgroup products. Measured at B 16, T 1024, H 32 on the H200:
+// forward 0.31 ms (219 TFLOP/s) against 0.41, backward 0.87 ms (198)
+// against 1.23.
 #include <cuda_runtime.h>
 
 #include <atomic>

@@ -1,5 +1,5 @@
 // CUDA backend of nn/functional.h: cuBLASLt for the matrix products, the
-// kernels of kernels.cu and attention.cu for the rest.
+// kernels of kernels.cu and attention.h for the rest.
 //
 // Row-major to column-major mapping used for every product: a row-major
 // (R, C) matrix with leading dimension C is, bit for bit, the column-major
@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -26,7 +25,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/logging.h"
@@ -34,6 +32,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "nn/cuda/attention.h"
+#include "nn/cuda/functional_cuda_testing.h"
 #include "nn/cuda/kernels.h"
 
 namespace ze {
@@ -84,27 +83,24 @@ struct StreamState {
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
   std::map<void*, StreamState> streams;
-  // Chosen algorithms, by a key describing the problem (with ",autotuned"
-  // appended when the choice was timed): the heuristic query costs
-  // microseconds and autotuning milliseconds, the matmuls should not.
+  // Chosen algorithms, by a key describing the problem: the heuristic query
+  // costs microseconds, the matmuls should not.
   std::map<std::string, cublasLtMatmulAlgo_t> algos;
   // Problems with a fused epilogue that cuBLASLt has no algorithm for, or
   // rejected: they take the unfused path without asking again.
   std::set<std::string> rejected;
 };
 
-// Epilogue fusion switch: -1 follows the environment.
+// SetMatmulEpilogueFusionForTesting's choice for every epilogue: -1 none
+// (the production choice below), 0 all off, 1 all on.
 std::atomic<int> fusion_override{-1};
 
-// The fusions in use: those named in ZE_MATMUL_EPILOGUE_FUSION (a comma
-// list of gelu_aux, dgelu, dgelu_colsum, bgradb; "1" or "all" for gelu_aux,
-// dgelu and bgradb; "0" for none; read once), or by default gelu_aux and
-// dgelu_colsum.
+// The fusions in production: gelu_aux and dgelu_colsum.
 // Measured on the H200 (CUDA 13's cuBLASLt, GPT-1.3B, gpt_bench):
-//   - all three: 271.4 ms against 256.6 ms unfused. DGELU_BGRAD ran as a
-//     separate 1.16 ms kernel per layer instead of a 0.2 ms GELU backward,
-//     and BGRADB's own reduction read its input no faster than the
-//     column-sum kernel.
+//   - all three of gelu_aux, dgelu (DGELU_BGRAD) and bgradb: 271.4 ms
+//     against 256.6 ms unfused. DGELU_BGRAD ran as a separate 1.16 ms kernel
+//     per layer instead of a 0.2 ms GELU backward, and BGRADB's own
+//     reduction read its input no faster than the column-sum kernel.
 //   - gelu_aux alone: 255.6 / 255.9 ms against 257.9 / 258.0 ms unfused
 //     (alternating runs, one machine). At full clock it is 0.17 ms per call
 //     slower than the plain product (the GELU kernel takes 0.15), but it
@@ -113,43 +109,20 @@ std::atomic<int> fusion_override{-1};
 //   - dgelu_colsum: DGELU in the product, then the column-sum kernel for
 //     the bias gradient (instead of DGELU_BGRAD's reduction): with
 //     gelu_aux, 254.8 ms against 256.1 ms for gelu_aux alone (one machine).
+// The other two stay in the code because tests switch every fusion on
+// (SetMatmulEpilogueFusionForTesting) to keep them correct.
 enum class Epilogue { kGeluAux, kDgelu, kDgeluColumnSums, kBgradb };
 
-bool FusionEnabledByEnvironment(Epilogue which) {
-  static const std::set<std::string> named = [] {
-    std::set<std::string> names;
-    const char* value = std::getenv("ZE_MATMUL_EPILOGUE_FUSION");
-    if (value == nullptr) {
-      return std::set<std::string>{"gelu_aux", "dgelu_colsum"};
-    }
-    for (absl::string_view part : absl::StrSplit(value, ',')) {
-      if (part == "1" || part == "all") {
-        names.insert({"gelu_aux", "dgelu", "bgradb"});
-      } else if (!part.empty() && part != "0") {
-        names.insert(std::string(part));
-      }
-    }
-    return names;
-  }();
-  switch (which) {
-    case Epilogue::kGeluAux:
-      return named.count("gelu_aux") > 0;
-    case Epilogue::kDgelu:
-      return named.count("dgelu") > 0;
-    case Epilogue::kDgeluColumnSums:
-      return named.count("dgelu_colsum") > 0;
-    case Epilogue::kBgradb:
-      return named.count("bgradb") > 0;
-  }
-  return false;
+bool FusionEnabledInProduction(Epilogue which) {
+  return which == Epilogue::kGeluAux || which == Epilogue::kDgeluColumnSums;
 }
 
-// SetMatmulEpilogueFusion's override for every epilogue, else the
-// environment's choice for `which`.
+// The test override for every epilogue, else the production choice for
+// `which`.
 bool EpilogueFusionEnabled(Epilogue which) {
   const int override_value = fusion_override.load(std::memory_order_relaxed);
   if (override_value >= 0) return override_value == 1;
-  return FusionEnabledByEnvironment(which);
+  return FusionEnabledInProduction(which);
 }
 
 struct EpilogueCounters {
@@ -166,43 +139,6 @@ EpilogueCounters& Counters() {
 void Count(std::atomic<int64_t>& fused, std::atomic<int64_t>& fallback,
            bool was_fused) {
   (was_fused ? fused : fallback).fetch_add(1, std::memory_order_relaxed);
-}
-
-// Matmul autotuning switch: -1 follows the environment.
-std::atomic<int> autotune_override{-1};
-
-// Off unless ZE_MATMUL_AUTOTUNE is set to something other than "0". On the
-// H200 the tuned choices were up to 14% faster in isolation (timed at full
-// clock), but the power-capped GPT-1.3B step did not move (gpt_bench 260.7
-// ms tuned, 259.2 ms untuned, one machine): the card runs at its 700 W limit,
-// where a kernel that is faster at full clock is not faster per joule.
-bool AutotuneEnabledByEnvironment() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("ZE_MATMUL_AUTOTUNE");
-    return value != nullptr && value[0] != '\0' && std::string(value) != "0";
-  }();
-  return enabled;
-}
-
-// Products below this many flops (2 m n k) keep the heuristic's first
-// algorithm: at ~700 TFLOP/s 1e10 flops take ~15 us, where a better
-// algorithm would save little and timing eight would slow the small-shape
-// tests down.
-constexpr double kAutotuneMinFlops = 1e10;
-// Heuristic results requested, and timed, per autotuned problem.
-constexpr int kAutotuneCandidates = 8;
-// Timed runs per candidate (after one untimed warm-up); the median counts.
-constexpr int kAutotuneTimedRuns = 3;
-
-struct AutotuneCounters {
-  std::atomic<int64_t> keys_tuned{0}, keys_not_first{0};
-  std::atomic<int64_t> candidates_timed{0}, candidates_failed{0};
-  std::atomic<int64_t> first_ns{0}, chosen_ns{0};
-};
-
-AutotuneCounters& TuneCounters() {
-  static auto* counters = new AutotuneCounters;
-  return *counters;
 }
 
 std::mutex& StateMutex() {
@@ -372,239 +308,6 @@ absl::Status SetDescAttribute(cublasLtMatmulDesc_t desc,
       cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes), what);
 }
 
-size_t ElementBytes(cudaDataType_t type) { return type == CUDA_R_32F ? 4 : 2; }
-
-// [begin, end) of device memory, for alias checks.
-struct Extent {
-  uintptr_t begin = 0, end = 0;
-  bool Overlaps(const Extent& other) const {
-    return begin < other.end && other.begin < end;
-  }
-};
-
-Extent ExtentOf(const void* p, size_t bytes) {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
-  return p == nullptr ? Extent() : Extent{begin, begin + bytes};
-}
-
-// A stored column-major matrix: `cols` columns of leading dimension `ld`
-// (the last column counted whole: a safe over-estimate).
-Extent MatrixExtent(const void* p, cudaDataType_t type, int64_t cols,
-                    int64_t ld) {
-  return ExtentOf(p, static_cast<size_t>(cols * ld) * ElementBytes(type));
-}
-
-struct AutotuneChoice {
-  int index = 0;       // into the candidates
-  bool cache = false;  // false: this call only, time again next time
-};
-
-// Times each candidate algorithm of a new problem on the caller's stream
-// (one untimed warm-up, then kAutotuneTimedRuns runs between CUDA events,
-// one event synchronisation for all) and returns the fastest by median.
-// `run(algo, d)` queues the product with `algo`, writing to `d` instead of
-// args.d. The caller's output stays correct: with beta == 0 and D not
-// overlapping an input, candidates write the real D, which the caller's
-// final run overwrites; otherwise (beta != 0 accumulates into D, or D
-// aliases an input) they write a zeroed temporary of D's size and
-// alignment. Epilogue outputs (a bias gradient, the GELU aux matrix) are
-// rewritten by the final run; epilogue inputs are only read. Problems where
-// an epilogue output overlaps an input or D, unknown epilogues and streams
-// being captured into a graph are not timed (index 0, not cached).
-// Candidates that cuBLASLt refuses to run are skipped; if all are, index 0
-// is chosen.
-template <typename RunFn>
-absl::StatusOr<AutotuneChoice> Autotune(
-    const MatmulArgs& args, cublasLtEpilogue_t epilogue, int align_d,
-    const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
-    const RunFn& run, const Stream& stream, const std::string& key) {
-  const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream.native());
-  bool reads_bias = false, writes_bias = false;
-  bool reads_aux = false, writes_aux = false;
-  switch (epilogue) {
-    case CUBLASLT_EPILOGUE_DEFAULT:
-      break;
-    case CUBLASLT_EPILOGUE_BIAS:
-      reads_bias = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU_AUX:
-      writes_aux = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
-      reads_bias = writes_aux = true;
-      break;
-    case CUBLASLT_EPILOGUE_BGRADA:
-    case CUBLASLT_EPILOGUE_BGRADB:
-      writes_bias = true;
-      break;
-    case CUBLASLT_EPILOGUE_DGELU:
-      reads_aux = true;
-      break;
-    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
-      reads_aux = writes_bias = true;
-      break;
-    default:
-      ZE_LOG(DEBUG) << "matmul autotune skipped (" << key << "): epilogue "
-                    << static_cast<int>(epilogue) << " not classified";
-      return AutotuneChoice{0, false};
-  }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  ZE_RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(cuda_stream, &capture),
-                                "matmul autotune: cudaStreamIsCapturing"));
-  if (capture != cudaStreamCaptureStatusNone) return AutotuneChoice{0, false};
-
-  const Extent a = MatrixExtent(args.a, args.a_type,
-                                args.trans_a ? args.m : args.k, args.lda);
-  const Extent b = MatrixExtent(args.b, args.b_type,
-                                args.trans_b ? args.k : args.n, args.ldb);
-  const Extent d = MatrixExtent(args.d, args.d_type, args.n, args.ldd);
-  // Bias vectors are at most max(m, n) elements of at most 4 bytes.
-  const Extent bias =
-      ExtentOf(args.bias, static_cast<size_t>(std::max(args.m, args.n)) * 4);
-  const Extent aux = MatrixExtent(args.aux, args.d_type, args.n, args.aux_ld);
-  std::vector<Extent> inputs = {a, b};
-  if (reads_bias) inputs.push_back(bias);
-  if (reads_aux) inputs.push_back(aux);
-  std::vector<Extent> epilogue_outputs;
-  if (writes_bias) epilogue_outputs.push_back(bias);
-  if (writes_aux) epilogue_outputs.push_back(aux);
-  bool d_aliases_input = false;
-  for (const Extent& input : inputs) d_aliases_input |= d.Overlaps(input);
-  for (const Extent& output : epilogue_outputs) {
-    bool unsafe = output.Overlaps(d);
-    for (const Extent& input : inputs) unsafe |= output.Overlaps(input);
-    if (unsafe) {
-      ZE_LOG(DEBUG) << "matmul autotune skipped (" << key
-                    << "): an epilogue output overlaps an operand";
-      return AutotuneChoice{0, false};
-    }
-  }
-
-  // Where candidates write D.
-  void* target = args.d;
-  void* temporary = nullptr;
-  size_t temporary_bytes = 0;
-  Allocator* allocator = CudaMemory(stream.device().index);
-  if (args.beta != 0.0f || d_aliases_input) {
-    const size_t d_bytes = d.end - d.begin;
-    temporary_bytes = d_bytes + 256;
-    StreamGuard guard(stream);  // only the candidates on `stream` use it
-    absl::StatusOr<void*> allocated = allocator->Allocate(temporary_bytes);
-    if (!allocated.ok()) {
-      ZE_LOG(DEBUG) << "matmul autotune skipped (" << key
-                    << "): no temporary output: " << allocated.status();
-      return AutotuneChoice{0, false};
-    }
-    temporary = *allocated;
-    // Offset to D's own alignment: the candidates were chosen for it.
-    char* base = static_cast<char*>(temporary);
-    size_t offset = 0;
-    while (offset < 256 && AlignmentOf(base + offset) != align_d) ++offset;
-    target = base + offset;
-  }
-  struct Cleanup {
-    Allocator* allocator;
-    void* temporary;
-    size_t bytes;
-    std::vector<cudaEvent_t> events;
-    ~Cleanup() {
-      // The temporary belongs to `stream`: freeing it with candidates still
-      // queued there (on an error return) is safe without a wait.
-      for (cudaEvent_t event : events) {
-        if (event != nullptr) cudaEventDestroy(event);
-      }
-      allocator->Deallocate(temporary, bytes);
-    }
-  } cleanup{allocator, temporary, temporary_bytes, {}};
-  if (temporary != nullptr) {
-    ZE_RETURN_IF_ERROR(
-        CudaStatus(cudaMemsetAsync(target, 0, d.end - d.begin, cuda_stream),
-                   "matmul autotune: clearing the temporary output"));
-  }
-
-  const int count = static_cast<int>(candidates.size());
-  // Per candidate and timed run, a start and a stop event; one more at the
-  // end, waited for.
-  cleanup.events.assign(2 * kAutotuneTimedRuns * count + 1, nullptr);
-  for (cudaEvent_t& event : cleanup.events) {
-    ZE_RETURN_IF_ERROR(
-        CudaStatus(cudaEventCreate(&event), "matmul autotune: event"));
-  }
-  std::vector<bool> ran(count, false);
-  std::vector<std::string> failures(count);
-  for (int i = 0; i < count; ++i) {
-    cublasStatus_t status = run(candidates[i].algo, target);  // warm-up
-    for (int r = 0; r < kAutotuneTimedRuns && status == CUBLAS_STATUS_SUCCESS;
-         ++r) {
-      cudaEvent_t* events = &cleanup.events[2 * (i * kAutotuneTimedRuns + r)];
-      ZE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events[0], cuda_stream),
-                                    "matmul autotune: event record"));
-      status = run(candidates[i].algo, target);
-      ZE_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events[1], cuda_stream),
-                                    "matmul autotune: event record"));
-    }
-    ran[i] = status == CUBLAS_STATUS_SUCCESS;
-    if (!ran[i]) {
-      failures[i] = cublasGetStatusString(status);
-      // A launch error is not sticky; keep it from being reported by the
-      // next kernel's check.
-      cudaGetLastError();
-    }
-  }
-  // The host reads the timings: every candidate must be done.
-  ZE_RETURN_IF_ERROR(
-      CudaStatus(cudaEventRecord(cleanup.events.back(), cuda_stream),
-                 "matmul autotune: event record"));
-  ZE_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(cleanup.events.back()),
-                                "matmul autotune: event synchronize"));
-
-  std::vector<float> median_ms(count, -1.0f);
-  int best = -1;
-  for (int i = 0; i < count; ++i) {
-    if (!ran[i]) continue;
-    float times[kAutotuneTimedRuns];
-    for (int r = 0; r < kAutotuneTimedRuns; ++r) {
-      const cudaEvent_t* events =
-          &cleanup.events[2 * (i * kAutotuneTimedRuns + r)];
-      ZE_RETURN_IF_ERROR(
-          CudaStatus(cudaEventElapsedTime(&times[r], events[0], events[1]),
-                     "matmul autotune: event elapsed time"));
-    }
-    std::sort(times, times + kAutotuneTimedRuns);
-    median_ms[i] = times[kAutotuneTimedRuns / 2];
-    if (best < 0 || median_ms[i] < median_ms[best]) best = i;
-  }
-
-  AutotuneCounters& counters = TuneCounters();
-  int failed = 0;
-  for (int i = 0; i < count; ++i) failed += ran[i] ? 0 : 1;
-  counters.keys_tuned.fetch_add(1, std::memory_order_relaxed);
-  counters.candidates_timed.fetch_add(count - failed,
-                                      std::memory_order_relaxed);
-  counters.candidates_failed.fetch_add(failed, std::memory_order_relaxed);
-  if (best > 0) counters.keys_not_first.fetch_add(1, std::memory_order_relaxed);
-  if (best >= 0 && ran[0]) {
-    counters.first_ns.fetch_add(static_cast<int64_t>(median_ms[0] * 1e6),
-                                std::memory_order_relaxed);
-    counters.chosen_ns.fetch_add(static_cast<int64_t>(median_ms[best] * 1e6),
-                                 std::memory_order_relaxed);
-  }
-  if (MinLogLevel() <= LogLevel::kDebug) {
-    std::string times;
-    for (int i = 0; i < count; ++i) {
-      absl::StrAppend(&times, i == 0 ? "" : ", ", i, ": ",
-                      ran[i] ? absl::StrCat(median_ms[i], " ms")
-                             : absl::StrCat("failed (", failures[i], ")"),
-                      " waves ", candidates[i].wavesCount);
-    }
-    ZE_LOG(DEBUG) << "matmul autotune (" << key << ", "
-                  << (temporary != nullptr ? "temporary D" : "in place")
-                  << "): " << times << "; chosen " << std::max(best, 0)
-                  << (best < 0 ? " (all failed)" : "");
-  }
-  return AutotuneChoice{std::max(best, 0), true};
-}
-
 // Runs the product; true when queued. With args.may_reject, false when
 // cuBLASLt has no algorithm for the problem or rejects it (nothing queued;
 // remembered, so the next call returns false at once); other failures are
@@ -687,21 +390,9 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
                     args.aux_ld, ",", AlignmentOf(args.aux));
   }
 
-  const bool want_tune =
-      MatmulAutotuneEnabled() && 2.0 * static_cast<double>(args.m) *
-                                         static_cast<double>(args.n) *
-                                         static_cast<double>(args.k) >=
-                                     kAutotuneMinFlops;
-  // Tuned and untuned choices are cached apart, so the switch takes effect
-  // for every call queued after it changes (the tests compare the two).
-  const std::string algo_key =
-      want_tune ? absl::StrCat(key, ",autotuned") : key;
-
   cublasLtHandle_t handle;
   void* workspace;
   cublasLtMatmulAlgo_t algo;
-  // Filled when the heuristic offered several algorithms to time.
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates;
   {
     std::lock_guard<std::mutex> lock(StateMutex());
     ZE_ASSIGN_OR_RETURN(DeviceState * state, DeviceStateLocked(device));
@@ -709,7 +400,7 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
     handle = state->handle;
     workspace = stream_state->workspace;
     if (args.may_reject && state->rejected.count(key) > 0) return false;
-    auto found = state->algos.find(algo_key);
+    auto found = state->algos.find(key);
     if (found != state->algos.end()) {
       algo = found->second;
     } else {
@@ -736,13 +427,12 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
       cublasLtMatmulPreferenceSetAttribute(
           pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
           sizeof(uint32_t));
-      // Best-predicted first.
-      cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
+      // The best-predicted algorithm.
+      cublasLtMatmulHeuristicResult_t results[1] = {};
       int found_count = 0;
       const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
           handle, desc.get(), a_layout.get(), b_layout.get(), d_layout.get(),
-          d_layout.get(), pref.get(), want_tune ? kAutotuneCandidates : 1,
-          results, &found_count);
+          d_layout.get(), pref.get(), 1, results, &found_count);
       if (args.may_reject &&
           (heuristic != CUBLAS_STATUS_SUCCESS || found_count == 0)) {
         ZE_LOG(DEBUG) << "cuBLASLt has no algorithm for epilogue "
@@ -760,42 +450,17 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
             absl::StrCat("cuBLASLt has no algorithm for matmul (", key, ")"));
       }
       algo = results[0].algo;
-      for (int i = 0; i < found_count; ++i) {
-        if (results[i].state == CUBLAS_STATUS_SUCCESS) {
-          candidates.push_back(results[i]);
-        }
-      }
-      if (candidates.size() < 2) {
-        candidates.clear();
-        state->algos.emplace(algo_key, algo);
-      }
+      state->algos.emplace(key, algo);
     }
   }
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream.native());
   const float alpha = 1.0f;
-  // C is args.c when set and writing the real D; a timing run into a
-  // temporary D reads that temporary as C (its values do not matter).
-  const auto run = [&](const cublasLtMatmulAlgo_t& chosen, void* d) {
-    const void* c = d == args.d && args.c != nullptr ? args.c : d;
-    return cublasLtMatmul(handle, desc.get(), &alpha, args.a, a_layout.get(),
-                          args.b, b_layout.get(), &args.beta, c, d_layout.get(),
-                          d, d_layout.get(), &chosen, workspace,
-                          kLtWorkspaceBytes, cuda_stream);
-  };
-  if (!candidates.empty()) {
-    // Timed without the state mutex (it runs for milliseconds and
-    // synchronises); two threads meeting a new problem at once both time
-    // it, and the first to finish decides what is cached.
-    ZE_ASSIGN_OR_RETURN(
-        const AutotuneChoice choice,
-        Autotune(args, epilogue, align_d, candidates, run, stream, key));
-    algo = candidates[choice.index].algo;
-    if (choice.cache) {
-      std::lock_guard<std::mutex> lock(StateMutex());
-      algo = States()[device].algos.emplace(algo_key, algo).first->second;
-    }
-  }
-  const cublasStatus_t status = run(algo, args.d);
+  // C is args.c when set (a residual), else D itself.
+  const void* c = args.c != nullptr ? args.c : args.d;
+  const cublasStatus_t status = cublasLtMatmul(
+      handle, desc.get(), &alpha, args.a, a_layout.get(), args.b,
+      b_layout.get(), &args.beta, c, d_layout.get(), args.d, d_layout.get(),
+      &algo, workspace, kLtWorkspaceBytes, cuda_stream);
   if (args.may_reject && (status == CUBLAS_STATUS_NOT_SUPPORTED ||
                           status == CUBLAS_STATUS_INVALID_VALUE)) {
     // Argument checks fail before anything is launched.
@@ -804,7 +469,7 @@ absl::StatusOr<bool> TryMatmul(const Stream& stream, const MatmulArgs& args) {
                   << "; using the unfused kernels";
     std::lock_guard<std::mutex> lock(StateMutex());
     DeviceState& state = States()[device];
-    state.algos.erase(algo_key);
+    state.algos.erase(key);
     state.rejected.insert(key);
     return false;
   }
@@ -905,46 +570,18 @@ absl::StatusOr<bool> MatmulWithBiasGrad(const Stream& stream, MatmulArgs args,
 
 }  // namespace
 
-bool MatmulEpilogueFusionEnabled() {
+bool MatmulEpilogueFusionEnabledForTesting() {
   return EpilogueFusionEnabled(Epilogue::kGeluAux) &&
          EpilogueFusionEnabled(Epilogue::kDgelu) &&
          EpilogueFusionEnabled(Epilogue::kBgradb);
 }
 
-void SetMatmulEpilogueFusion(bool enabled) {
+void SetMatmulEpilogueFusionForTesting(bool enabled) {
   fusion_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
 }
 
-bool MatmulAutotuneEnabled() {
-  const int override_value = autotune_override.load(std::memory_order_relaxed);
-  if (override_value >= 0) return override_value == 1;
-  return AutotuneEnabledByEnvironment();
-}
-
-void SetMatmulAutotune(bool enabled) {
-  autotune_override.store(enabled ? 1 : 0, std::memory_order_relaxed);
-}
-
-MatmulAutotuneStats GetMatmulAutotuneStats() {
-  const AutotuneCounters& counters = TuneCounters();
-  MatmulAutotuneStats stats;
-  stats.keys_tuned = counters.keys_tuned.load();
-  stats.keys_not_first = counters.keys_not_first.load();
-  stats.candidates_timed = counters.candidates_timed.load();
-  stats.candidates_failed = counters.candidates_failed.load();
-  stats.first_ms = counters.first_ns.load() * 1e-6;
-  stats.chosen_ms = counters.chosen_ns.load() * 1e-6;
-  return stats;
-}
-
-void ResetMatmulAutotuneStats() {
-  AutotuneCounters& counters = TuneCounters();
-  for (std::atomic<int64_t>* counter :
-       {&counters.keys_tuned, &counters.keys_not_first,
-        &counters.candidates_timed, &counters.candidates_failed,
-        &counters.first_ns, &counters.chosen_ns}) {
-    counter->store(0);
-  }
+void ResetMatmulEpilogueFusionForTesting() {
+  fusion_override.store(-1, std::memory_order_relaxed);
 }
 
 MatmulEpilogueStats GetMatmulEpilogueStats() {

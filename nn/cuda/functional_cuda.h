@@ -28,32 +28,11 @@
 // kernels) from then on; the decision is cached per problem, so the
 // heuristic is asked once. Fused and fallen-back calls are counted
 // (MatmulEpilogueStats); ZE_LOG_LEVEL=DEBUG logs each rejected problem once.
-// By default GELU_AUX_BIAS and DGELU (followed by the column-sum kernel)
-// are used: DGELU_BGRAD and BGRADB measured slower on the H200, those two
-// faster under the card's power cap (see FusionEnabledByEnvironment in
-// functional_cuda.cc).
-// ZE_MATMUL_EPILOGUE_FUSION in the environment (read once) picks them: a
-// comma list of gelu_aux, dgelu (DGELU_BGRAD), dgelu_colsum (DGELU, then
-// the column-sum kernel), bgradb; "1"/"all" for gelu_aux, dgelu and
-// bgradb; "0" for none. SetMatmulEpilogueFusion(bool) overrides all of
-// them (the BIAS epilogue is always used), for A/B benchmarks and tests.
-//
-// Algorithm autotuning. cuBLASLt's heuristic predicts which algorithm is
-// fastest; the first time a problem (the same key as the cache: shapes,
-// dtypes, leading dimensions, beta != 0, epilogue, alignments) is seen with
-// 2 m n k >= 1e10 flops, up to 8 of its predictions are timed on the
-// caller's stream (one warm-up and 3 timed runs each, median, one event
-// synchronisation) and the fastest is cached; smaller problems keep the
-// first prediction. The caller's outputs are exact: candidates write the
-// real D only when beta == 0 and D overlaps no input, else a temporary
-// (accumulation happens once, in the final run). Different algorithms may
-// round differently (summation order), so results can change within the
-// dtype's rounding when autotuning is switched, and timing noise may pick
-// different algorithms in different processes. OFF by default: on the
-// power-capped H200 it did not speed the GPT step up (see
-// AutotuneEnabledByEnvironment in functional_cuda.cc). ZE_MATMUL_AUTOTUNE=1
-// (read once) or SetMatmulAutotune(true) turns it on;
-// ZE_LOG_LEVEL=DEBUG logs each tuned problem's candidate times and choice.
+// GELU_AUX_BIAS and DGELU (followed by the column-sum kernel) are used;
+// DGELU_BGRAD and BGRADB are not, as they measured slower on the
+// power-capped H200 (see FusionEnabledInProduction in functional_cuda.cc;
+// the BIAS epilogue is always used). Tests switch every fusion on or off
+// with functional_cuda_testing.h.
 #ifndef ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 #define ZE_NN_CUDA_FUNCTIONAL_CUDA_H_
 
@@ -121,13 +100,6 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream);
 
-// Whether all three epilogue fusions above are attempted (each defaults to
-// off; see ZE_MATMUL_EPILOGUE_FUSION above).
-bool MatmulEpilogueFusionEnabled();
-// Overrides the environment for this process (tests, benchmarks). Takes
-// effect for calls queued afterwards.
-void SetMatmulEpilogueFusion(bool enabled);
-
 // Process-wide counts since start (or ResetMatmulEpilogueStats), per fused
 // epilogue: calls that ran fused, and calls that took the unfused path
 // because cuBLASLt rejected the problem or its documented limits exclude it
@@ -142,30 +114,6 @@ struct MatmulEpilogueStats {
 };
 MatmulEpilogueStats GetMatmulEpilogueStats();
 void ResetMatmulEpilogueStats();
-
-// Whether new matmul problems are autotuned. Defaults to false unless
-// ZE_MATMUL_AUTOTUNE is set to something other than "0".
-bool MatmulAutotuneEnabled();
-// Overrides the environment for this process (tests, benchmarks). Takes
-// effect for calls queued afterwards: tuned and untuned choices are cached
-// separately, so switching back and forth re-tunes nothing.
-void SetMatmulAutotune(bool enabled);
-
-// Process-wide counts since start (or ResetMatmulAutotuneStats). A problem
-// is tuned (and counted) once per process and device when the heuristic
-// offers at least two algorithms (twice if two threads meet it at once).
-// first_ms and chosen_ms sum, over tuned problems whose first prediction ran,
-// the median time of that prediction and of the chosen algorithm: one call of
-// each tuned problem, so chosen_ms / first_ms is the autotuning gain on those
-// products.
-struct MatmulAutotuneStats {
-  int64_t keys_tuned = 0;
-  int64_t keys_not_first = 0;  // the fastest was not the first prediction
-  int64_t candidates_timed = 0, candidates_failed = 0;
-  double first_ms = 0.0, chosen_ms = 0.0;
-};
-MatmulAutotuneStats GetMatmulAutotuneStats();
-void ResetMatmulAutotuneStats();
 
 }  // namespace cuda_backend
 }  // namespace nn

@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/cuda/attention_testing.h"
 #include "nn/cuda/functional_cuda.h"
 
 namespace ze {
@@ -25,6 +26,7 @@ namespace nn {
 namespace {
 
 namespace cb = ::ze::nn::cuda_backend;
+namespace ck = ::ze::nn::cuda_kernels;
 
 struct Options {
   int64_t batch = 16, seq = 1024, channels = 2048, heads = 32, vocab = 50304;
@@ -179,14 +181,13 @@ int Main(int argc, char** argv) {
       return cb::AttentionBackward(dout, qkv, out, lse, static_cast<int>(H),
                                    dqkv, stream);
     });
-    // The other selectable kernels (ZE_ATTENTION_KERNEL, read per launch),
-    // and the same channels as D 128 heads; the environment is restored so
-    // the entries above keep reflecting the run's own setting.
-    const char* before = std::getenv("ZE_ATTENTION_KERNEL");
-    const std::string saved = before != nullptr ? before : "";
-    for (const char* variant :
-         {"wgmma", "wide", "wide2", "split", "split1", "v1", "legacy"}) {
-      setenv("ZE_ATTENTION_KERNEL", variant, 1);
+    // Both kernel families (on a Hopper GPU at D 64 the production choice
+    // is the wgmma kernels; the test hook forces the mma.sync ones), and the
+    // same channels as D 128 heads; the hook is reset afterwards so later
+    // entries reflect the production choice.
+    for (const bool mma_sync_only : {false, true}) {
+      ck::SetAttentionMmaSyncOnlyForTesting(mma_sync_only, mma_sync_only);
+      const char* variant = mma_sync_only ? "mma.sync" : "production";
       const std::string suffix = std::string("[") + variant + "]";
       Time("attention_fwd" + suffix, shape, o.iters, stream, fwd, 0, [&] {
         return cb::AttentionForward(qkv, static_cast<int>(H), out, lse, stream);
@@ -209,11 +210,7 @@ int Main(int argc, char** argv) {
                                           static_cast<int>(h128), dqkv, stream);
            });
     }
-    if (before != nullptr) {
-      setenv("ZE_ATTENTION_KERNEL", saved.c_str(), 1);
-    } else {
-      unsetenv("ZE_ATTENTION_KERNEL");
-    }
+    ck::SetAttentionMmaSyncOnlyForTesting(false, false);
   }
   {
     std::vector<int32_t> ids(M);

@@ -12,8 +12,8 @@
 // GeluLinearBackward) are compared against the CPU ops of nn/functional.h
 // on the same rounded inputs, with fusion on and off (the fallback), and
 // EpiloguesAreFusedAtGptLikeShapes reports whether cuBLASLt accepted them.
-// AutotunedMatmulsMatchHeuristicChoice compares autotuned products against
-// the heuristic's first choice.
+// Attention runs both kernel families where a Hopper GPU has two (the wgmma
+// kernels and, forced by attention_testing.h, the mma.sync ones).
 #include "nn/cuda/functional_cuda.h"
 
 #include <cuda_runtime.h>
@@ -31,6 +31,8 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "nn/cuda/attention.h"
+#include "nn/cuda/attention_testing.h"
+#include "nn/cuda/functional_cuda_testing.h"
 #include "nn/functional.h"
 
 namespace ze {
@@ -119,30 +121,30 @@ class FunctionalCudaTest : public testing::Test {
   Stream stream_;
 };
 
-// Sets the epilogue fusion switch for a scope.
+// Sets the epilogue fusion switch for a scope, then restores the
+// production choice.
 class ScopedEpilogueFusion {
  public:
-  explicit ScopedEpilogueFusion(bool enabled)
-      : previous_(cb::MatmulEpilogueFusionEnabled()) {
-    cb::SetMatmulEpilogueFusion(enabled);
+  explicit ScopedEpilogueFusion(bool enabled) {
+    cb::SetMatmulEpilogueFusionForTesting(enabled);
   }
-  ~ScopedEpilogueFusion() { cb::SetMatmulEpilogueFusion(previous_); }
-
- private:
-  bool previous_;
+  ~ScopedEpilogueFusion() { cb::ResetMatmulEpilogueFusionForTesting(); }
+  ScopedEpilogueFusion(const ScopedEpilogueFusion&) = delete;
+  ScopedEpilogueFusion& operator=(const ScopedEpilogueFusion&) = delete;
 };
 
-// Sets the matmul autotuning switch for a scope.
-class ScopedAutotune {
+// Forces the mma.sync attention kernels (per direction) for a scope, then
+// restores the production choice.
+class ScopedMmaSyncAttention {
  public:
-  explicit ScopedAutotune(bool enabled)
-      : previous_(cb::MatmulAutotuneEnabled()) {
-    cb::SetMatmulAutotune(enabled);
+  ScopedMmaSyncAttention(bool forward, bool backward) {
+    kernels::SetAttentionMmaSyncOnlyForTesting(forward, backward);
   }
-  ~ScopedAutotune() { cb::SetMatmulAutotune(previous_); }
-
- private:
-  bool previous_;
+  ~ScopedMmaSyncAttention() {
+    kernels::SetAttentionMmaSyncOnlyForTesting(false, false);
+  }
+  ScopedMmaSyncAttention(const ScopedMmaSyncAttention&) = delete;
+  ScopedMmaSyncAttention& operator=(const ScopedMmaSyncAttention&) = delete;
 };
 
 std::string FusionTag(bool fusion) {
@@ -558,113 +560,11 @@ TEST_F(FunctionalCudaTest, EpiloguesAreFusedAtGptLikeShapes) {
       stats.gelu_aux_fallback + stats.dgelu_fallback + stats.bgradb_fallback,
       0);
   // With fusion off nothing is attempted (and nothing counted).
-  cb::SetMatmulEpilogueFusion(false);
+  cb::SetMatmulEpilogueFusionForTesting(false);
   cb::ResetMatmulEpilogueStats();
   ASSERT_TRUE(cb::LinearGeluForward(x, w_fc, b_fc, hidden, pre, stream_).ok());
   const cb::MatmulEpilogueStats off = cb::GetMatmulEpilogueStats();
   EXPECT_EQ(off.gelu_aux_fused + off.gelu_aux_fallback, 0);
-}
-
-// A Linear (and, through the GELU pair, an MLP's fc/proj) forward and
-// backward at a size that is autotuned (2 M K N = 1.3e10 flops per product),
-// with autotuning on against off. The algorithms may differ and round
-// differently, so results agree within bf16 rounding; the gradients start
-// from non-zero values (scale 50, about the products' own size), so had a
-// timed candidate accumulated into the real grad_weight (beta = 1) or a
-// bias gradient the difference would be of the products' size, far over
-// the tolerance. With fusion on, the products carry BGRADB, GELU_AUX_BIAS
-// and DGELU_BGRAD (epilogue outputs rewritten by the final run, inputs only
-// read). Prints the autotune counts; with autotuning off nothing is timed.
-TEST_F(FunctionalCudaTest, AutotunedMatmulsMatchHeuristicChoice) {
-  const int64_t m = 2048, k = 1024, n = 3072;
-  const DType dt = DType::kBF16;
-  const Device gpu = Device::Cuda(0);
-  Vec unused;
-  Tensor x = Random({m, k}, dt, 71, &unused);
-  Tensor w = Random({n, k}, dt, 72, &unused, 0.05f);
-  Tensor b = Random({n}, dt, 73, &unused);
-  Tensor dy = Random({m, n}, dt, 74, &unused);
-  // The GELU pair: fc maps k -> n with GELU, proj maps n -> k.
-  Tensor w_proj = Random({k, n}, dt, 75, &unused, 0.05f);
-  Tensor dy_proj = Random({m, k}, dt, 76, &unused);
-  for (bool fusion : {false, true}) {
-    ScopedEpilogueFusion scoped_fusion(fusion);
-    for (DType grad_dtype : {dt, DType::kF32}) {
-      const std::string tag = std::string("autotune ") + DTypeName(dt) +
-                              " grads " + DTypeName(grad_dtype) +
-                              FusionTag(fusion);
-      // [0]: autotuning off, [1]: on; each: y, dx, dw, db, hidden, pre,
-      // dpre, dw_proj, db_proj, pre_bias.
-      std::vector<Vec> results[2];
-      for (int tune = 0; tune < 2; ++tune) {
-        ScopedAutotune scoped_tune(tune == 1);
-        cb::ResetMatmulAutotuneStats();
-        Tensor y = *Tensor::Empty({m, n}, dt, gpu);
-        Tensor dx = *Tensor::Empty({m, k}, dt, gpu);
-        Tensor dw = Random({n, k}, grad_dtype, 77, &unused, 50.0f);
-        Tensor db = Random({n}, grad_dtype, 78, &unused, 50.0f);
-        Tensor hidden = *Tensor::Empty({m, n}, dt, gpu);
-        Tensor pre = *Tensor::Empty({m, n}, dt, gpu);
-        Tensor dpre = *Tensor::Empty({m, n}, dt, gpu);
-        Tensor dw_proj = Random({k, n}, grad_dtype, 79, &unused, 50.0f);
-        Tensor db_proj = Random({k}, grad_dtype, 80, &unused, 50.0f);
-        Tensor pre_bias = Random({n}, DType::kF32, 81, &unused, 50.0f);
-        ASSERT_TRUE(cb::LinearForward(x, w, b, y, stream_).ok());
-        ASSERT_TRUE(cb::LinearBackward(dy, x, w, dx, dw, db, stream_).ok());
-        ASSERT_TRUE(cb::LinearGeluForward(x, w, b, hidden, pre, stream_).ok());
-        ASSERT_TRUE(cb::GeluLinearBackward(dy_proj, hidden, w_proj, pre, dpre,
-                                           dw_proj, db_proj, pre_bias, stream_)
-                        .ok());
-        ASSERT_TRUE(stream_.Synchronize().ok());
-        for (const Tensor* t : {&y, &dx, &dw, &db, &hidden, &pre, &dpre,
-                                &dw_proj, &db_proj, &pre_bias}) {
-          results[tune].push_back(Host(*t));
-        }
-        const cb::MatmulAutotuneStats stats = cb::GetMatmulAutotuneStats();
-        std::printf(
-            "%s autotune %s: keys tuned %lld, not the heuristic's first %lld, "
-            "candidates timed %lld failed %lld, first %.3f ms chosen %.3f "
-            "ms\n",
-            tag.c_str(), tune == 1 ? "on" : "off",
-            static_cast<long long>(stats.keys_tuned),
-            static_cast<long long>(stats.keys_not_first),
-            static_cast<long long>(stats.candidates_timed),
-            static_cast<long long>(stats.candidates_failed), stats.first_ms,
-            stats.chosen_ms);
-        if (tune == 0) {
-          EXPECT_EQ(stats.keys_tuned, 0) << tag;
-        } else if (!fusion && grad_dtype == dt) {
-          // The first pass meets new problems (LinearForward's at least).
-          EXPECT_GT(stats.keys_tuned, 0)
-              << tag << ": nothing timed; did cuBLASLt offer one algorithm?";
-        }
-      }
-      const char* names[] = {"y",
-                             "grad_input",
-                             "grad_weight",
-                             "grad_bias",
-                             "gelu output",
-                             "pre_activation",
-                             "grad_pre_activation",
-                             "proj grad_weight",
-                             "proj grad_bias",
-                             "pre_activation bias grad"};
-      for (size_t i = 0; i < results[0].size(); ++i) {
-        // Gradients in bf16 at magnitude ~100 round to 0.5: the bound is
-        // relative to the largest value, as everywhere here.
-        Check(tag + " " + names[i], dt, results[1][i],
-              DVec(results[0][i].begin(), results[0][i].end()));
-      }
-    }
-  }
-  // Whatever was tuned was tuned once: a second pass over the same problems
-  // finds them cached.
-  ScopedAutotune scoped_tune(true);
-  cb::ResetMatmulAutotuneStats();
-  Tensor y = *Tensor::Empty({m, n}, dt, gpu);
-  ASSERT_TRUE(cb::LinearForward(x, w, b, y, stream_).ok());
-  ASSERT_TRUE(stream_.Synchronize().ok());
-  EXPECT_EQ(cb::GetMatmulAutotuneStats().keys_tuned, 0);
 }
 
 TEST_F(FunctionalCudaTest, Gelu) {
@@ -794,13 +694,14 @@ TEST_F(FunctionalCudaTest, Attention) {
   }
 }
 
-// Every selectable tensor-core attention kernel (ZE_ATTENTION_KERNEL, read
-// at each launch) on shapes that stress the wide kernels' tiling: T not a
-// multiple of 64 or 128, a single token, exactly one and two 128-row tiles,
-// several heads and batches (the grid's B*H axis), D 64 and 128 and a
-// padded D (40, falls to the 64 instantiation with zero-filled columns),
-// and D 80 (no wide or split instantiation: "split" must fall back to v1
-// together with its f32 dQ accumulator passes).
+// Both tensor-core attention families (the production choice, which is the
+// wgmma kernels on a compute capability 9.0 GPU at D 64, and the mma.sync
+// kernels forced by the test hook) on shapes that stress the 128-row
+// kernels' tiling: T not a multiple of 64 or 128, a single token, exactly
+// one and two 128-row tiles, several heads and batches (the grid's B*H
+// axis), D 64 and 128 and a padded D (40, falls to the 64 instantiation
+// with zero-filled columns), and D 80 (no 128-row instantiation: the 4-warp
+// pipelined kernels together with the f32 dQ accumulator passes).
 TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
   struct Case {
     DType dtype;
@@ -814,12 +715,9 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
       {DType::kBF16, 1, 385, 1, 128}, {DType::kF16, 1, 300, 2, 128},
       {DType::kBF16, 2, 150, 2, 40},  {DType::kBF16, 1, 100, 2, 80},
   };
-  // Restored at the end, so a fallback chosen for the whole run stays.
-  const char* before = std::getenv("ZE_ATTENTION_KERNEL");
-  const std::string saved = before != nullptr ? before : "";
-  for (const char* variant :
-       {"wgmma", "wide", "wide2", "split", "split1", "v1", "legacy"}) {
-    ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", variant, 1), 0);
+  for (const bool mma_sync_only : {false, true}) {
+    ScopedMmaSyncAttention scoped(mma_sync_only, mma_sync_only);
+    const char* variant = mma_sync_only ? "mma.sync" : "production";
     for (const Case& c : cases) {
       const int C = c.H * c.D;
       const std::string tag = std::string("Attn[") + variant + "] B" +
@@ -850,51 +748,13 @@ TEST_F(FunctionalCudaTest, AttentionKernelVariants) {
       Check(tag + " grad_qkv", c.dtype, Host(tdqkv), dqkv, 1.5);
     }
   }
-  if (before != nullptr) {
-    ASSERT_EQ(setenv("ZE_ATTENTION_KERNEL", saved.c_str(), 1), 0);
-  } else {
-    ASSERT_EQ(unsetenv("ZE_ATTENTION_KERNEL"), 0);
-  }
 }
-
-// Sets (value non-null) or unsets an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* before = std::getenv(name);
-    had_value_ = before != nullptr;
-    if (had_value_) previous_ = before;
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (had_value_) {
-      setenv(name_, previous_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_value_ = false;
-  std::string previous_;
-};
 
 // The accuracy tests above pass whichever kernel runs, so a silent fallback
 // from the Hopper kernels would go unnoticed there: by default a compute
 // capability 9.0 GPU must run them for 16-bit tensors at head size 64, and
 // every other case the mma.sync (or f32) kernels.
 TEST_F(FunctionalCudaTest, AttentionDefaultKernelIsTheHopperOneOnHopper) {
-  ScopedEnv all("ZE_ATTENTION_KERNEL", nullptr);
-  ScopedEnv forward("ZE_ATTENTION_FWD_KERNEL", nullptr);
-  ScopedEnv backward("ZE_ATTENTION_BWD_KERNEL", nullptr);
-  ScopedEnv legacy("ZE_ATTENTION_LEGACY", nullptr);
   int major = 0, minor = 0;
   ASSERT_EQ(
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0),
@@ -926,11 +786,11 @@ TEST_F(FunctionalCudaTest, AttentionDefaultKernelIsTheHopperOneOnHopper) {
                 expected)
           << "backward, " << tag;
       if (dtype != DType::kF32) {
-        ScopedEnv split("ZE_ATTENTION_KERNEL", "split");
+        ScopedMmaSyncAttention scoped(true, true);
         EXPECT_EQ(kernels::AttentionKernelName(false, qkv.data(), out.data(),
                                                nullptr, T, D, code),
                   std::string("mma.sync"))
-            << "forward with ZE_ATTENTION_KERNEL=split, " << tag;
+            << "forward with the mma.sync kernels forced, " << tag;
       }
     }
   }
@@ -957,25 +817,26 @@ TEST_F(FunctionalCudaTest, AttentionRejectsMisalignedViews) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // nothing faulted
 }
 
-// Forward and backward chosen separately (ZE_ATTENTION_FWD_KERNEL /
-// ZE_ATTENTION_BWD_KERNEL): the backward of one family must accept the
-// output and log-sum-exp the other family's forward wrote.
+// Forward and backward on different families (the test hook forces the
+// mma.sync kernels per direction; on a non-Hopper GPU both are mma.sync):
+// the backward of one family must accept the output and log-sum-exp the
+// other family's forward wrote.
 TEST_F(FunctionalCudaTest, AttentionForwardAndBackwardOnDifferentKernels) {
-  ScopedEnv all("ZE_ATTENTION_KERNEL", nullptr);
   const int B = 2, T = 191, H = 2, D = 64, C = H * D;
   Vec qkv, dout;
   Tensor tqkv = Random({B, T, 3 * C}, DType::kBF16, 61, &qkv);
   Tensor tdout = Random({B, T, C}, DType::kBF16, 62, &dout);
   DVec out, lse, dqkv;
   ReferenceAttention(qkv, dout, B, T, H, D, &out, &lse, &dqkv);
-  const std::vector<std::pair<const char*, const char*>> pairs = {
-      {"split", "wgmma"}, {"wgmma", "split"}, {"v1", "wgmma"},
-      {"wgmma", "v1"},    {"wide", "wgmma"},  {"wgmma", "legacy"}};
-  for (const auto& [forward_kernel, backward_kernel] : pairs) {
-    ScopedEnv forward("ZE_ATTENTION_FWD_KERNEL", forward_kernel);
-    ScopedEnv backward("ZE_ATTENTION_BWD_KERNEL", backward_kernel);
-    const std::string tag = std::string("Attn fwd[") + forward_kernel +
-                            "] bwd[" + backward_kernel + "]";
+  // {forward on mma.sync, backward on mma.sync}
+  const std::vector<std::pair<bool, bool>> pairs = {{true, false},
+                                                    {false, true}};
+  for (const auto& [forward_mma_sync, backward_mma_sync] : pairs) {
+    ScopedMmaSyncAttention scoped(forward_mma_sync, backward_mma_sync);
+    const std::string tag =
+        std::string("Attn fwd[") +
+        (forward_mma_sync ? "mma.sync" : "production") + "] bwd[" +
+        (backward_mma_sync ? "mma.sync" : "production") + "]";
     Tensor tout = *Tensor::Empty({B, T, C}, DType::kBF16, Device::Cuda(0));
     Tensor tlse = *Tensor::Empty({B, H, T}, DType::kF32, Device::Cuda(0));
     Tensor tdqkv = *Tensor::Empty({B, T, 3 * C}, DType::kBF16, Device::Cuda(0));

@@ -721,41 +721,31 @@ namespace {
 
 // How LaunchLayerNormBackward splits the rows. The team kernel needs whole
 // 16-byte vectors per thread and teams of whole warps of at most 256
-// threads; other shapes (and ZE_LAYERNORM_BWD_LEGACY=1) take the older
-// warp-per-row kernel, which accepts any grid size, so the partial count
-// never depends on pointer alignment (checked only at launch).
+// threads; other shapes take the warp-per-row kernel, which accepts any grid
+// size, so the partial count never depends on pointer alignment (checked only
+// at launch).
 struct LayerNormBackwardPlan {
   bool team = false;
   int items = 1;            // vectors per thread per row
   int threads_per_row = 0;  // team size
   int teams = 1;            // teams (rows in flight) per block
   int grid = 1;
-  int partials = 1;  // grid * teams (team kernel) or grid (legacy)
+  int partials = 1;  // grid * teams (team kernel) or grid (warp per row)
 };
-
-bool LegacyLayerNormBackward() {
-  static const bool legacy = [] {
-    const char* v = std::getenv("ZE_LAYERNORM_BWD_LEGACY");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return legacy;
-}
 
 LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
                                             int dtype) {
   LayerNormBackwardPlan plan;
   const int elem = dtype == kF32 ? 4 : 2;
   const int vec = 16 / elem;
-  if (!LegacyLayerNormBackward()) {
-    for (int items = 1; items <= 2; items *= 2) {
-      const int64_t width = static_cast<int64_t>(vec) * items;
-      if (cols % (32 * width) != 0 || cols / width > 256) continue;
-      plan.team = true;
-      plan.items = items;
-      plan.threads_per_row = static_cast<int>(cols / width);
-      plan.teams = 256 / plan.threads_per_row;
-      break;
-    }
+  for (int items = 1; items <= 2; items *= 2) {
+    const int64_t width = static_cast<int64_t>(vec) * items;
+    if (cols % (32 * width) != 0 || cols / width > 256) continue;
+    plan.team = true;
+    plan.items = items;
+    plan.threads_per_row = static_cast<int>(cols / width);
+    plan.teams = 256 / plan.threads_per_row;
+    break;
   }
   if (plan.team) {
     // As many blocks as __launch_bounds__ guarantees resident per SM (4 for
@@ -816,7 +806,7 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
       }
       return LastError();
     }
-    // Legacy kernel: one partial row per block, any grid size.
+    // Warp-per-row kernel: one partial row per block, any grid size.
     const int threads = 256;
     const size_t shared = 2 * cols * sizeof(float);
     auto launch = [&](auto kernel) {

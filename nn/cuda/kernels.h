@@ -25,7 +25,6 @@ int LaunchLayerNormForward(const void* x, const void* weight, const void* bias,
 
 // Number of partial rows LaunchLayerNormBackward writes for these rows,
 // columns and dtype; size the partial buffers (num_partials, C) f32 with it.
-// ZE_LAYERNORM_BWD_LEGACY=1 in the environment selects the older kernel.
 int LayerNormBackwardNumPartials(int64_t rows, int64_t cols, int dtype);
 
 // dx (M, C) = LayerNorm input gradient (overwritten; null: skipped), plus
