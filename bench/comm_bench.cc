@@ -43,8 +43,7 @@ struct Flags {
 
 bool TakeFlag(const std::string &arg, const char *name, std::string *value) {
   const std::string prefix = std::string("--") + name + "=";
-  if (arg.rfind(prefix, 0) != 0)
-    return false;
+  if (arg.rfind(prefix, 0) != 0) return false;
   *value = arg.substr(prefix.size());
   return true;
 }
@@ -97,14 +96,12 @@ absl::StatusOr<Work> Issue(Communicator &comm, const std::string &collective,
 }
 
 double BusFactor(const std::string &collective, int n) {
-  if (collective == "all_reduce")
-    return 2.0 * (n - 1) / n;
-  if (collective == "broadcast")
-    return 1.0;
+  if (collective == "all_reduce") return 2.0 * (n - 1) / n;
+  if (collective == "broadcast") return 1.0;
   return static_cast<double>(n - 1) / n;
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char **argv) {
   const Flags flags = ParseFlags(argc, argv);
@@ -144,8 +141,7 @@ int main(int argc, char **argv) {
          bytes *= flags.factor) {
       // Round down to whole elements per rank, as nccl-tests does.
       const int64_t count = bytes / static_cast<int64_t>(element) / n * n;
-      if (count == 0)
-        continue;
+      if (count == 0) continue;
       const int64_t real_bytes = count * static_cast<int64_t>(element);
       for (int i = 0; i < flags.warmup; ++i) {
         auto work = Issue(comm, collective, *a, *b, count, stream);
@@ -160,8 +156,7 @@ int main(int argc, char **argv) {
         ZE_CHECK_OK(work.status());
         works.push_back(*work);
       }
-      for (const Work &work : works)
-        ZE_CHECK_OK(work.Wait());
+      for (const Work &work : works) ZE_CHECK_OK(work.Wait());
       const double seconds = std::chrono::duration<double>(
                                  std::chrono::steady_clock::now() - start)
                                  .count() /

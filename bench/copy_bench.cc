@@ -30,10 +30,10 @@ absl::Status Run(int64_t min_bytes, int64_t max_bytes, int iters,
   ZE_ASSIGN_OR_RETURN(ze::Event start, ze::Event::Create(device, true));
   ZE_ASSIGN_OR_RETURN(ze::Event end, ze::Event::Create(device, true));
   const int64_t max_count = max_bytes / 4;
-  ZE_ASSIGN_OR_RETURN(ze::Tensor host,
-                      ze::Tensor::Empty({max_count}, ze::DType::kF32,
-                                        ze::Device::Cpu(),
-                                        ze::PinnedHostMemory()));
+  ZE_ASSIGN_OR_RETURN(
+      ze::Tensor host,
+      ze::Tensor::Empty({max_count}, ze::DType::kF32, ze::Device::Cpu(),
+                        ze::PinnedHostMemory()));
   ZE_ASSIGN_OR_RETURN(ze::Tensor gpu,
                       ze::Tensor::Empty({max_count}, ze::DType::kF32, device,
                                         ze::CudaMemory(device_index)));
@@ -54,18 +54,19 @@ absl::Status Run(int64_t min_bytes, int64_t max_bytes, int iters,
       ZE_RETURN_IF_ERROR(end.Synchronize());
       ZE_ASSIGN_OR_RETURN(float ms, ze::Event::ElapsedMs(start, end));
       const double seconds = ms / 1e3;
-      std::printf("{\"bench\":\"copy\",\"direction\":\"%s\",\"bytes\":%lld,"
-                  "\"iters\":%d,\"time_us\":%.1f,\"GBps\":%.2f}\n",
-                  direction, static_cast<long long>(count * 4), iters,
-                  seconds * 1e6 / iters,
-                  static_cast<double>(count * 4) * iters / seconds / 1e9);
+      std::printf(
+          "{\"bench\":\"copy\",\"direction\":\"%s\",\"bytes\":%lld,"
+          "\"iters\":%d,\"time_us\":%.1f,\"GBps\":%.2f}\n",
+          direction, static_cast<long long>(count * 4), iters,
+          seconds * 1e6 / iters,
+          static_cast<double>(count * 4) * iters / seconds / 1e9);
       std::fflush(stdout);
     }
   }
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char **argv) {
   int64_t min_bytes = int64_t{1} << 20;

@@ -180,8 +180,8 @@ absl::Status ProfileModel(const Options& options, nn::GptModel& model,
   summary["unprofiled_ms_per_iter"] = unprofiled_ms;
   lines.back() = summary;
   for (const Json& profile_line : lines) PrintJson(profile_line);
-  for (const char* key : {"model", "device", "dtype", "batch", "seq", "bench",
-                          "scope"}) {
+  for (const char* key :
+       {"model", "device", "dtype", "batch", "seq", "bench", "scope"}) {
     summary.erase(key);
   }
   line["profile"] = summary;

@@ -324,15 +324,13 @@ absl::StatusOr<std::unique_ptr<ModuleProfiler>> ModuleProfiler::Attach(
     add(nn::HookKind::kPreForward, [self](nn::Module& m, const Stream& s) {
       return self->Pre(m, kForward, s);
     });
-    add(nn::HookKind::kPostForward, [self](nn::Module& m, const Stream& s) {
-      return self->Post(m, s);
-    });
+    add(nn::HookKind::kPostForward,
+        [self](nn::Module& m, const Stream& s) { return self->Post(m, s); });
     add(nn::HookKind::kPreBackward, [self](nn::Module& m, const Stream& s) {
       return self->Pre(m, kBackward, s);
     });
-    add(nn::HookKind::kPostBackward, [self](nn::Module& m, const Stream& s) {
-      return self->Post(m, s);
-    });
+    add(nn::HookKind::kPostBackward,
+        [self](nn::Module& m, const Stream& s) { return self->Post(m, s); });
   }
   return profiler;
 }
@@ -433,9 +431,9 @@ std::string PathPattern(const nn::Module& module) {
   if (module.parent() == nullptr) return "(root)";
   std::vector<std::string> parts = absl::StrSplit(module.FullName(), '.');
   for (std::string& part : parts) {
-    if (!part.empty() &&
-        std::all_of(part.begin(), part.end(),
-                    [](char c) { return c >= '0' && c <= '9'; })) {
+    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        })) {
       part = "*";
     }
   }

@@ -183,13 +183,13 @@ class ModuleProfiler {
   nn::Module& root_;
   Device device_;
   std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
-  std::vector<Event> pool_;         // CUDA: timing events
-  std::vector<double> host_ms_;     // CPU: host clock per mark
+  std::vector<Event> pool_;      // CUDA: timing events
+  std::vector<double> host_ms_;  // CPU: host clock per mark
   int next_mark_ = 0;
   int64_t pool_grown_ = 0;
   std::vector<Call> calls_;
-  std::vector<int> open_;           // calls whose post hook has not fired
-  int open_backward_ = 0;           // backward calls among open_
+  std::vector<int> open_;  // calls whose post hook has not fired
+  int open_backward_ = 0;  // backward calls among open_
   std::vector<Step> steps_;
 };
 

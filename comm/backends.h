@@ -16,21 +16,19 @@ namespace comm {
 // MPI over a duplicate of MPI_COMM_WORLD (initialising MPI if needed).
 // `device` is cpu, or the cuda device whose tensors it stages through pinned
 // host memory.
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateMpiCommunicator(const LaunchInfo &info, const Device &device,
-                      double timeout_seconds);
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
+    const LaunchInfo &info, const Device &device, double timeout_seconds);
 
 // NCCL on `device` (cuda). With more than one rank, MPI broadcasts the
 // unique id from rank 0; a world of one needs no MPI.
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateNcclCommunicator(const LaunchInfo &info, const Device &device,
-                       double timeout_seconds);
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    const LaunchInfo &info, const Device &device, double timeout_seconds);
 
 // A world of one: every collective is a copy (or nothing).
 std::unique_ptr<Communicator> CreateLocalCommunicator(const Device &device,
                                                       double timeout_seconds);
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_BACKENDS_H_
+#endif  // ZE_COMM_BACKENDS_H_

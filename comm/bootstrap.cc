@@ -14,8 +14,7 @@ absl::Status ReadInt(const std::function<const char *(const char *)> &getenv,
                      const char *name, int *value, bool *was_set) {
   const char *text = getenv(name);
   *was_set = text != nullptr;
-  if (text == nullptr)
-    return absl::OkStatus();
+  if (text == nullptr) return absl::OkStatus();
   if (!absl::SimpleAtoi(text, value) || *value < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("environment variable ", name, "=\"", text,
@@ -24,10 +23,10 @@ absl::Status ReadInt(const std::function<const char *(const char *)> &getenv,
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<LaunchInfo>
-ParseLaunchInfo(const std::function<const char *(const char *)> &getenv) {
+absl::StatusOr<LaunchInfo> ParseLaunchInfo(
+    const std::function<const char *(const char *)> &getenv) {
   LaunchInfo info;
   bool has_size = false, has_rank = false, has_local_rank = false,
        has_local_size = false;
@@ -44,8 +43,7 @@ ParseLaunchInfo(const std::function<const char *(const char *)> &getenv) {
     status = ReadInt(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", &info.local_size,
                      &has_local_size);
   }
-  if (!status.ok())
-    return status;
+  if (!status.ok()) return status;
   if (!has_size) {
     if (has_rank) {
       return absl::InvalidArgumentError(
@@ -63,10 +61,8 @@ ParseLaunchInfo(const std::function<const char *(const char *)> &getenv) {
         absl::StrCat("OMPI_COMM_WORLD_RANK=", info.rank,
                      " is not below OMPI_COMM_WORLD_SIZE=", info.world_size));
   }
-  if (!has_local_rank)
-    info.local_rank = info.rank;
-  if (!has_local_size)
-    info.local_size = info.world_size;
+  if (!has_local_rank) info.local_rank = info.rank;
+  if (!has_local_size) info.local_size = info.world_size;
   if (info.local_size < 1 || info.local_rank >= info.local_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "OMPI_COMM_WORLD_LOCAL_RANK=", info.local_rank,
@@ -80,19 +76,16 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnvironment() {
 }
 
 int DeviceIndexForRank(int local_rank, int device_count) {
-  if (device_count <= 0)
-    return -1;
+  if (device_count <= 0) return -1;
   return local_rank % device_count;
 }
 
-absl::StatusOr<double>
-ResolveTimeoutSeconds(double option_seconds,
-                      const std::function<const char *(const char *)> &getenv) {
-  if (option_seconds > 0)
-    return option_seconds;
+absl::StatusOr<double> ResolveTimeoutSeconds(
+    double option_seconds,
+    const std::function<const char *(const char *)> &getenv) {
+  if (option_seconds > 0) return option_seconds;
   const char *text = getenv("ZE_COMM_TIMEOUT_SECONDS");
-  if (text == nullptr || *text == '\0')
-    return 600.0;
+  if (text == nullptr || *text == '\0') return 600.0;
   double seconds = 0;
   if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0)) {
     return absl::InvalidArgumentError(
@@ -102,5 +95,5 @@ ResolveTimeoutSeconds(double option_seconds,
   return seconds;
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

@@ -16,8 +16,8 @@ namespace ze {
 namespace comm {
 namespace {
 
-std::function<const char *(const char *)>
-Env(const std::map<std::string, std::string> &vars) {
+std::function<const char *(const char *)> Env(
+    const std::map<std::string, std::string> &vars) {
   return [vars](const char *name) -> const char * {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
@@ -123,7 +123,7 @@ TEST(RecentCollectivesTest, KeepsTheLastRecordsInOrder) {
 }
 
 class LocalCommTest : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
     CommOptions options;
     options.device = "cpu";
@@ -207,6 +207,6 @@ TEST(FactoryTest, RejectsUnknownChoices) {
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-} // namespace
-} // namespace comm
-} // namespace ze
+}  // namespace
+}  // namespace comm
+}  // namespace ze

@@ -21,7 +21,7 @@ bool IsFloatFormat(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
-} // namespace
+}  // namespace
 
 CollectiveOp CollectiveOp::AllReduce(const Tensor &input, const Tensor &output,
                                      ReduceOp op) {
@@ -60,8 +60,11 @@ CollectiveOp CollectiveOp::Broadcast(const Tensor &tensor, int root) {
 
 Communicator::Communicator(int rank, int world_size, int local_rank,
                            Device device, double timeout_seconds)
-    : rank_(rank), world_size_(world_size), local_rank_(local_rank),
-      device_(device), timeout_seconds_(timeout_seconds),
+    : rank_(rank),
+      world_size_(world_size),
+      local_rank_(local_rank),
+      device_(device),
+      timeout_seconds_(timeout_seconds),
       recorder_(std::make_shared<RecentCollectives>(rank)) {}
 
 absl::Status Communicator::Validate(const CollectiveOp &op) const {
@@ -95,60 +98,60 @@ absl::Status Communicator::Validate(const CollectiveOp &op) const {
   const int64_t out = op.output.numel();
   const bool same = op.input.data() == op.output.data();
   switch (op.kind) {
-  case CollectiveKind::kAllReduce:
-    if (in != out) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": input has ", in, " elements but output has ", out));
+    case CollectiveKind::kAllReduce:
+      if (in != out) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": input has ", in, " elements but output has ", out));
+      }
+      if (!same && Overlap(op.input, op.output)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": input and output partially overlap"));
+      }
+      break;
+    case CollectiveKind::kReduceScatter: {
+      if (in != out * world_size_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": input must have world_size * output elements (",
+            world_size_, " * ", out, "), got ", in,
+            "; pad to equal slices (comm/equal_slices.h)"));
+      }
+      const bool in_place =
+          static_cast<char *>(op.output.data()) ==
+          static_cast<char *>(op.input.data()) + rank_ * op.output.nbytes();
+      if (!in_place && Overlap(op.input, op.output)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": output overlaps input but is not this rank's slice"));
+      }
+      break;
     }
-    if (!same && Overlap(op.input, op.output)) {
+    case CollectiveKind::kAllGather: {
+      if (out != in * world_size_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": output must have world_size * input elements (",
+            world_size_, " * ", in, "), got ", out));
+      }
+      const bool in_place =
+          static_cast<char *>(op.input.data()) ==
+          static_cast<char *>(op.output.data()) + rank_ * op.input.nbytes();
+      if (!in_place && Overlap(op.input, op.output)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": input overlaps output but is not this rank's slice"));
+      }
+      break;
+    }
+    case CollectiveKind::kBroadcast:
+      if (!same) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": broadcast is in place (input == output)"));
+      }
+      if (op.root < 0 || op.root >= world_size_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": root ", op.root, " is outside [0, ", world_size_, ")"));
+      }
+      break;
+    case CollectiveKind::kBarrier:
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": input and output partially overlap"));
-    }
-    break;
-  case CollectiveKind::kReduceScatter: {
-    if (in != out * world_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": input must have world_size * output elements (",
-          world_size_, " * ", out, "), got ", in,
-          "; pad to equal slices (comm/equal_slices.h)"));
-    }
-    const bool in_place =
-        static_cast<char *>(op.output.data()) ==
-        static_cast<char *>(op.input.data()) + rank_ * op.output.nbytes();
-    if (!in_place && Overlap(op.input, op.output)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": output overlaps input but is not this rank's slice"));
-    }
-    break;
-  }
-  case CollectiveKind::kAllGather: {
-    if (out != in * world_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": output must have world_size * input elements (",
-          world_size_, " * ", in, "), got ", out));
-    }
-    const bool in_place =
-        static_cast<char *>(op.input.data()) ==
-        static_cast<char *>(op.output.data()) + rank_ * op.input.nbytes();
-    if (!in_place && Overlap(op.input, op.output)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": input overlaps output but is not this rank's slice"));
-    }
-    break;
-  }
-  case CollectiveKind::kBroadcast:
-    if (!same) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": broadcast is in place (input == output)"));
-    }
-    if (op.root < 0 || op.root >= world_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": root ", op.root, " is outside [0, ", world_size_, ")"));
-    }
-    break;
-  case CollectiveKind::kBarrier:
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": use Communicator::Barrier()"));
+          absl::StrCat(where, ": use Communicator::Barrier()"));
   }
   return absl::OkStatus();
 }
@@ -177,23 +180,20 @@ absl::StatusOr<Work> Communicator::Broadcast(const Tensor &tensor, int root,
   return Coalesced({CollectiveOp::Broadcast(tensor, root)}, stream);
 }
 
-absl::StatusOr<Work>
-Communicator::Coalesced(const std::vector<CollectiveOp> &ops,
-                        const Stream &stream) {
+absl::StatusOr<Work> Communicator::Coalesced(
+    const std::vector<CollectiveOp> &ops, const Stream &stream) {
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "communicator on rank ", rank_,
         " is unusable after an earlier error: ", broken_.message()));
   }
-  if (ops.empty())
-    return Work();
+  if (ops.empty()) return Work();
   for (const CollectiveOp &op : ops) {
     ZE_RETURN_IF_ERROR(Validate(op));
     if (op.input.device() != ops.front().input.device()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("coalesced group on rank ", rank_,
-                       " mixes devices: ", ops.front().input.DebugString(),
-                       " and ", op.input.DebugString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "coalesced group on rank ", rank_, " mixes devices: ",
+          ops.front().input.DebugString(), " and ", op.input.DebugString()));
     }
   }
   if (ops.front().input.device() != stream.device()) {
@@ -215,8 +215,7 @@ Communicator::Coalesced(const std::vector<CollectiveOp> &ops,
   }
   absl::StatusOr<Work> work = Issue(ops, sequence_numbers, stream);
   if (!work.ok()) {
-    for (uint64_t sequence : sequence_numbers)
-      recorder_->MarkFailed(sequence);
+    for (uint64_t sequence : sequence_numbers) recorder_->MarkFailed(sequence);
   }
   return work;
 }
@@ -246,8 +245,7 @@ absl::Status Communicator::TimeoutError(uint64_t first_sequence,
   for (uint64_t sequence = first_sequence; sequence <= last_sequence;
        ++sequence) {
     const CollectiveRecord record = recorder_->Find(sequence);
-    if (!ops.empty())
-      ops += ", ";
+    if (!ops.empty()) ops += ", ";
     if (record.sequence_number == 0) {
       absl::StrAppend(&ops, "#", sequence);
     } else {
@@ -265,5 +263,5 @@ absl::Status Communicator::TimeoutError(uint64_t first_sequence,
   return absl::DeadlineExceededError(message);
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

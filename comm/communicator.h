@@ -52,10 +52,10 @@ namespace comm {
 // The handle to one issued operation (or one coalesced group). Cheap to copy;
 // copies refer to the same operation. A default-constructed Work is complete.
 class Work {
-public:
+ public:
   // What a backend implements; users only see Work.
   class Impl {
-  public:
+   public:
     virtual ~Impl() = default;
     virtual absl::Status Wait() = 0;
     virtual absl::Status StreamWait(const Stream &stream) = 0;
@@ -98,7 +98,7 @@ public:
     return impl_ ? impl_->first_sequence_number() : 0;
   }
 
-private:
+ private:
   std::shared_ptr<Impl> impl_;
 };
 
@@ -107,7 +107,7 @@ private:
 struct CollectiveOp {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   Tensor input;
-  Tensor output; // Broadcast: same as input
+  Tensor output;  // Broadcast: same as input
   ReduceOp reduce_op = ReduceOp::kSum;
   int root = 0;
 
@@ -120,7 +120,7 @@ struct CollectiveOp {
 };
 
 class Communicator {
-public:
+ public:
   virtual ~Communicator() = default;
   Communicator(const Communicator &) = delete;
   Communicator &operator=(const Communicator &) = delete;
@@ -187,16 +187,15 @@ public:
   // Seconds a Wait may take before it fails with DeadlineExceeded.
   double timeout_seconds() const { return timeout_seconds_; }
 
-protected:
+ protected:
   Communicator(int rank, int world_size, int local_rank, Device device,
                double timeout_seconds);
 
   // Issues `ops` (already validated; never empty). `sequence_numbers[i]` is
   // ops[i]'s number, already recorded as issued.
-  virtual absl::StatusOr<Work>
-  Issue(const std::vector<CollectiveOp> &ops,
-        const std::vector<uint64_t> &sequence_numbers,
-        const Stream &stream) = 0;
+  virtual absl::StatusOr<Work> Issue(
+      const std::vector<CollectiveOp> &ops,
+      const std::vector<uint64_t> &sequence_numbers, const Stream &stream) = 0;
   // Backend barrier: blocks until all ranks arrive (timeout as Wait).
   virtual absl::Status BarrierImpl(uint64_t sequence_number) = 0;
   // Whether this backend accepts tensors on `device`.
@@ -213,7 +212,7 @@ protected:
   // Set once a timeout or backend error made the communicator unusable.
   absl::Status broken_ = absl::OkStatus();
 
-private:
+ private:
   absl::Status Validate(const CollectiveOp &op) const;
 
   int rank_;
@@ -224,7 +223,7 @@ private:
   std::shared_ptr<RecentCollectives> recorder_;
 };
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_COMMUNICATOR_H_
+#endif  // ZE_COMM_COMMUNICATOR_H_

@@ -18,9 +18,9 @@ namespace ze {
 namespace comm {
 
 struct EqualSlices {
-  int64_t total = 0; // real elements
+  int64_t total = 0;  // real elements
   int world_size = 1;
-  int64_t slice = 0; // elements per rank, padding included
+  int64_t slice = 0;  // elements per rank, padding included
 
   // `world_size` >= 1, `alignment` >= 1 (elements); a total of 0 gives empty
   // slices.
@@ -43,7 +43,7 @@ struct EqualSlices {
   }
 };
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_EQUAL_SLICES_H_
+#endif  // ZE_COMM_EQUAL_SLICES_H_

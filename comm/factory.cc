@@ -11,8 +11,8 @@
 namespace ze {
 namespace comm {
 
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateCommunicator(const CommOptions &options) {
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    const CommOptions &options) {
   ZE_ASSIGN_OR_RETURN(const LaunchInfo info, LaunchInfoFromEnvironment());
   ZE_ASSIGN_OR_RETURN(
       const double timeout,
@@ -36,8 +36,7 @@ CreateCommunicator(const CommOptions &options) {
   }
   const bool gpu_per_rank = device.is_cuda() && info.local_size <= device_count;
   std::string backend = options.backend;
-  if (backend == "auto")
-    backend = gpu_per_rank ? "nccl" : "mpi";
+  if (backend == "auto") backend = gpu_per_rank ? "nccl" : "mpi";
   absl::StatusOr<std::unique_ptr<Communicator>> comm;
   if (backend == "nccl") {
     if (!device.is_cuda()) {
@@ -63,11 +62,10 @@ CreateCommunicator(const CommOptions &options) {
         absl::StrCat("CommOptions.backend \"", options.backend,
                      "\" is not one of auto, mpi, nccl"));
   }
-  if (!comm.ok())
-    return comm.status();
+  if (!comm.ok()) return comm.status();
   SetLogRank(info.rank, info.world_size);
   return comm;
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

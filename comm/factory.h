@@ -36,10 +36,10 @@ struct CommOptions {
 // environment variable (named); FailedPrecondition when the choice cannot
 // work here (nccl without a GPU per rank, cuda without GPUs); the backend's
 // translated error otherwise.
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateCommunicator(const CommOptions &options = CommOptions());
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(
+    const CommOptions &options = CommOptions());
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_FACTORY_H_
+#endif  // ZE_COMM_FACTORY_H_

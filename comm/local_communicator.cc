@@ -11,10 +11,12 @@ namespace comm {
 namespace {
 
 class LocalWork : public Work::Impl {
-public:
+ public:
   LocalWork(Event done, uint64_t first, uint64_t last,
             std::shared_ptr<RecentCollectives> recorder)
-      : done_(std::move(done)), first_(first), last_(last),
+      : done_(std::move(done)),
+        first_(first),
+        last_(last),
         recorder_(std::move(recorder)) {}
 
   absl::Status Wait() override {
@@ -26,17 +28,15 @@ public:
     return done_.StreamWait(stream);
   }
   absl::StatusOr<bool> Poll() override {
-    if (!done_.Query())
-      return false;
+    if (!done_.Query()) return false;
     MarkCompleted();
     return true;
   }
   uint64_t first_sequence_number() const override { return first_; }
 
-private:
+ private:
   void MarkCompleted() {
-    for (uint64_t s = first_; s <= last_; ++s)
-      recorder_->MarkCompleted(s);
+    for (uint64_t s = first_; s <= last_; ++s) recorder_->MarkCompleted(s);
   }
   Event done_;
   uint64_t first_, last_;
@@ -44,12 +44,12 @@ private:
 };
 
 class LocalCommunicator : public Communicator {
-public:
+ public:
   LocalCommunicator(const Device &device, double timeout_seconds)
       : Communicator(0, 1, 0, device, timeout_seconds) {}
   const char *backend_name() const override { return "local"; }
 
-protected:
+ protected:
   bool AcceptsDevice(const Device &device) const override {
     return device.is_cpu() || device == this->device();
   }
@@ -69,15 +69,14 @@ protected:
     }
     auto work = std::make_shared<LocalWork>(
         done, sequence_numbers.front(), sequence_numbers.back(), recorder());
-    if (stream.device().is_cpu())
-      ZE_RETURN_IF_ERROR(work->Wait());
+    if (stream.device().is_cpu()) ZE_RETURN_IF_ERROR(work->Wait());
     return Work(work);
   }
 
   absl::Status BarrierImpl(uint64_t) override { return absl::OkStatus(); }
 };
 
-} // namespace
+}  // namespace
 
 std::unique_ptr<Communicator> CreateLocalCommunicator(const Device &device,
                                                       double timeout_seconds) {
@@ -85,5 +84,5 @@ std::unique_ptr<Communicator> CreateLocalCommunicator(const Device &device,
       new LocalCommunicator(device, timeout_seconds));
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

@@ -36,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 // Reuses pinned staging blocks: cudaMallocHost is slow and would otherwise
 // run for every collective on device tensors.
 class PinnedPool {
-public:
+ public:
   struct Block {
     void *data = nullptr;
     size_t bytes = 0;
@@ -62,19 +62,19 @@ public:
 
   void Release(const Block &block) { free_.emplace(block.bytes, block.data); }
 
-private:
-  std::multimap<size_t, void *> free_; // rounded bytes -> block
+ private:
+  std::multimap<size_t, void *> free_;  // rounded bytes -> block
 };
 
 MPI_Op ToMpiOp(ReduceOp op) {
   switch (op) {
-  case ReduceOp::kMax:
-    return MPI_MAX;
-  case ReduceOp::kMin:
-    return MPI_MIN;
-  case ReduceOp::kSum:
-  case ReduceOp::kAverage:
-    return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return MPI_SUM;
   }
   return MPI_SUM;
 }
@@ -98,13 +98,13 @@ Tensor HostView(void *data, int64_t count, DType dtype) {
 
 // One collective in flight.
 struct PendingOp {
-  CollectiveOp op; // the caller's tensors (kept alive while in flight)
+  CollectiveOp op;  // the caller's tensors (kept alive while in flight)
   uint64_t sequence_number = 0;
-  Tensor host_input;  // what MPI reads: the caller's or pinned staging
-  Tensor host_output; // what MPI writes (or f32 results are rounded into)
+  Tensor host_input;   // what MPI reads: the caller's or pinned staging
+  Tensor host_output;  // what MPI writes (or f32 results are rounded into)
   std::vector<float> send_f32;
   std::vector<float> recv_f32;
-  bool reduced_in_f32_buffer = false; // results are in recv_f32
+  bool reduced_in_f32_buffer = false;  // results are in recv_f32
   MPI_Request request = MPI_REQUEST_NULL;
 };
 
@@ -113,10 +113,10 @@ struct Group {
   std::vector<PendingOp> ops;
   Stream stream;
   bool on_device = false;
-  Event copied_back; // recorded after the copies back to the device
+  Event copied_back;  // recorded after the copies back to the device
   std::vector<PinnedPool::Block> blocks;
   bool mpi_done = false;
-  bool finished = false; // results written (and copies back queued)
+  bool finished = false;  // results written (and copies back queued)
   absl::Status status;
   uint64_t first_sequence() const { return ops.front().sequence_number; }
   uint64_t last_sequence() const { return ops.back().sequence_number; }
@@ -125,7 +125,7 @@ struct Group {
 class MpiCommunicator;
 
 class MpiWork : public Work::Impl {
-public:
+ public:
   MpiWork(MpiCommunicator *comm, std::shared_ptr<Group> group)
       : comm_(comm), group_(std::move(group)) {}
   absl::Status Wait() override;
@@ -135,13 +135,13 @@ public:
     return group_->first_sequence();
   }
 
-private:
+ private:
   MpiCommunicator *comm_;
   std::shared_ptr<Group> group_;
 };
 
 class MpiCommunicator : public Communicator {
-public:
+ public:
   MpiCommunicator(const LaunchInfo &info, const Device &device,
                   double timeout_seconds, MPI_Comm comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
@@ -175,7 +175,7 @@ public:
   absl::Status WaitGroup(const std::shared_ptr<Group> &target, bool host_sync);
   absl::StatusOr<bool> PollGroup(const std::shared_ptr<Group> &target);
 
-protected:
+ protected:
   bool AcceptsDevice(const Device &device) const override {
     return device.is_cpu() || device == this->device();
   }
@@ -185,7 +185,7 @@ protected:
                              const Stream &stream) override;
   absl::Status BarrierImpl(uint64_t sequence_number) override;
 
-private:
+ private:
   absl::Status Stage(Group *group);
   absl::Status Start(PendingOp *pending);
   absl::Status Finish(Group *group);
@@ -206,8 +206,7 @@ absl::Status MpiWork::Wait() { return comm_->WaitGroup(group_, true); }
 
 absl::Status MpiWork::StreamWait(const Stream &stream) {
   ZE_RETURN_IF_ERROR(comm_->WaitGroup(group_, /*host_sync=*/false));
-  if (group_->on_device)
-    return group_->copied_back.StreamWait(stream);
+  if (group_->on_device) return group_->copied_back.StreamWait(stream);
   return absl::OkStatus();
 }
 
@@ -275,69 +274,68 @@ absl::Status MpiCommunicator::Start(PendingOp *pending) {
   int error = MPI_SUCCESS;
   std::lock_guard<std::mutex> lock(MpiMutex());
   switch (op.kind) {
-  case CollectiveKind::kAllReduce: {
-    const int count = static_cast<int>(in.numel());
-    if (f32) {
-      const void *send = in.data() == out.data() ? MPI_IN_PLACE : in.data();
-      error = MPI_Iallreduce(send, out.data(), count, MPI_FLOAT,
-                             ToMpiOp(op.reduce_op), comm_, &pending->request);
-    } else {
-      WidenToF32(in, &pending->recv_f32);
-      pending->reduced_in_f32_buffer = true;
-      error = MPI_Iallreduce(MPI_IN_PLACE, pending->recv_f32.data(), count,
-                             MPI_FLOAT, ToMpiOp(op.reduce_op), comm_,
-                             &pending->request);
+    case CollectiveKind::kAllReduce: {
+      const int count = static_cast<int>(in.numel());
+      if (f32) {
+        const void *send = in.data() == out.data() ? MPI_IN_PLACE : in.data();
+        error = MPI_Iallreduce(send, out.data(), count, MPI_FLOAT,
+                               ToMpiOp(op.reduce_op), comm_, &pending->request);
+      } else {
+        WidenToF32(in, &pending->recv_f32);
+        pending->reduced_in_f32_buffer = true;
+        error = MPI_Iallreduce(MPI_IN_PLACE, pending->recv_f32.data(), count,
+                               MPI_FLOAT, ToMpiOp(op.reduce_op), comm_,
+                               &pending->request);
+      }
+      break;
     }
-    break;
-  }
-  case CollectiveKind::kReduceScatter: {
-    const int count = static_cast<int>(out.numel());
-    const bool overlap =
-        f32 && in.data() <= out.data() &&
-        out.data() < static_cast<char *>(in.data()) + in.nbytes();
-    const void *send = in.data();
-    if (!f32) {
-      WidenToF32(in, &pending->send_f32);
-      send = pending->send_f32.data();
+    case CollectiveKind::kReduceScatter: {
+      const int count = static_cast<int>(out.numel());
+      const bool overlap =
+          f32 && in.data() <= out.data() &&
+          out.data() < static_cast<char *>(in.data()) + in.nbytes();
+      const void *send = in.data();
+      if (!f32) {
+        WidenToF32(in, &pending->send_f32);
+        send = pending->send_f32.data();
+      }
+      void *recv = out.data();
+      if (!f32 || overlap) {
+        // MPI forbids the receive buffer inside the send buffer, and bf16 /
+        // f16 results must be rounded from f32.
+        pending->recv_f32.resize(count);
+        pending->reduced_in_f32_buffer = true;
+        recv = pending->recv_f32.data();
+      }
+      error = MPI_Ireduce_scatter_block(send, recv, count, MPI_FLOAT,
+                                        ToMpiOp(op.reduce_op), comm_,
+                                        &pending->request);
+      break;
     }
-    void *recv = out.data();
-    if (!f32 || overlap) {
-      // MPI forbids the receive buffer inside the send buffer, and bf16 /
-      // f16 results must be rounded from f32.
-      pending->recv_f32.resize(count);
-      pending->reduced_in_f32_buffer = true;
-      recv = pending->recv_f32.data();
+    case CollectiveKind::kAllGather: {
+      const int count = static_cast<int>(in.numel());
+      const bool in_place =
+          static_cast<char *>(in.data()) ==
+          static_cast<char *>(out.data()) + rank() * in.nbytes();
+      const void *send = in_place ? MPI_IN_PLACE : in.data();
+      error = MPI_Iallgather(send, count, RawType(dtype), out.data(), count,
+                             RawType(dtype), comm_, &pending->request);
+      break;
     }
-    error = MPI_Ireduce_scatter_block(send, recv, count, MPI_FLOAT,
-                                      ToMpiOp(op.reduce_op), comm_,
-                                      &pending->request);
-    break;
-  }
-  case CollectiveKind::kAllGather: {
-    const int count = static_cast<int>(in.numel());
-    const bool in_place =
-        static_cast<char *>(in.data()) ==
-        static_cast<char *>(out.data()) + rank() * in.nbytes();
-    const void *send = in_place ? MPI_IN_PLACE : in.data();
-    error = MPI_Iallgather(send, count, RawType(dtype), out.data(), count,
-                           RawType(dtype), comm_, &pending->request);
-    break;
-  }
-  case CollectiveKind::kBroadcast:
-    error = MPI_Ibcast(out.data(), static_cast<int>(out.numel()),
-                       RawType(dtype), op.root, comm_, &pending->request);
-    break;
-  case CollectiveKind::kBarrier:
-    error = MPI_Ibarrier(comm_, &pending->request);
-    break;
+    case CollectiveKind::kBroadcast:
+      error = MPI_Ibcast(out.data(), static_cast<int>(out.numel()),
+                         RawType(dtype), op.root, comm_, &pending->request);
+      break;
+    case CollectiveKind::kBarrier:
+      error = MPI_Ibarrier(comm_, &pending->request);
+      break;
   }
   return MpiStatus(error, what);
 }
 
-absl::StatusOr<Work>
-MpiCommunicator::Issue(const std::vector<CollectiveOp> &ops,
-                       const std::vector<uint64_t> &sequence_numbers,
-                       const Stream &stream) {
+absl::StatusOr<Work> MpiCommunicator::Issue(
+    const std::vector<CollectiveOp> &ops,
+    const std::vector<uint64_t> &sequence_numbers, const Stream &stream) {
   for (const CollectiveOp &op : ops) {
     if (op.input.numel() > INT_MAX || op.output.numel() > INT_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -361,24 +359,21 @@ MpiCommunicator::Issue(const std::vector<CollectiveOp> &ops,
   }
   absl::Status status = Stage(group.get());
   if (!status.ok()) {
-    for (const PinnedPool::Block &block : group->blocks)
-      pool_.Release(block);
+    for (const PinnedPool::Block &block : group->blocks) pool_.Release(block);
     return status;
   }
   // Once one op of the group has started, the others must start too, or the
   // ranks' MPI call orders diverge; a failure here breaks the communicator.
   for (PendingOp &pending : group->ops) {
     status = Start(&pending);
-    if (!status.ok())
-      return Fail(group.get(), status);
+    if (!status.ok()) return Fail(group.get(), status);
   }
   in_flight_.push_back(group);
   return Work(std::make_shared<MpiWork>(this, group));
 }
 
 absl::Status MpiCommunicator::Test(Group *group) {
-  if (group->mpi_done)
-    return absl::OkStatus();
+  if (group->mpi_done) return absl::OkStatus();
   std::vector<MPI_Request> requests;
   for (const PendingOp &pending : group->ops) {
     requests.push_back(pending.request);
@@ -425,8 +420,7 @@ absl::Status MpiCommunicator::Finish(Group *group) {
     if (pending.reduced_in_f32_buffer) {
       for (int64_t i = 0; i < out.numel(); ++i) {
         float value = pending.recv_f32[i];
-        if (average)
-          value /= static_cast<float>(world_size());
+        if (average) value /= static_cast<float>(world_size());
         StoreFromFloat(out.data(), out.dtype(), i, value);
       }
     } else if (average) {
@@ -458,18 +452,15 @@ absl::Status MpiCommunicator::Finish(Group *group) {
 
 absl::Status MpiCommunicator::Complete(Group *group, Clock::time_point deadline,
                                        Clock::time_point started) {
-  if (!group->status.ok())
-    return group->status;
-  if (group->finished)
-    return absl::OkStatus();
+  if (!group->status.ok()) return group->status;
+  if (group->finished) return absl::OkStatus();
   // Spin briefly (small collectives finish in microseconds), then back off
   // so a waiting rank does not starve the others of CPU on shared machines.
   const Clock::time_point spin_until =
       Clock::now() + std::chrono::microseconds(200);
   while (true) {
     ZE_RETURN_IF_ERROR(Test(group));
-    if (group->mpi_done)
-      break;
+    if (group->mpi_done) break;
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
       const double waited =
@@ -481,15 +472,13 @@ absl::Status MpiCommunicator::Complete(Group *group, Clock::time_point deadline,
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   absl::Status status = Finish(group);
-  if (!status.ok())
-    return Fail(group, status);
+  if (!status.ok()) return Fail(group, status);
   return absl::OkStatus();
 }
 
 absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
                                         bool host_sync) {
-  if (!target->status.ok())
-    return target->status;
+  if (!target->status.ok()) return target->status;
   if (!target->finished) {
     const Clock::time_point started = Clock::now();
     const Clock::time_point deadline =
@@ -508,8 +497,7 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
         }
         return status;
       }
-      if (group == target)
-        break;
+      if (group == target) break;
     }
   }
   if (host_sync && target->on_device) {
@@ -519,22 +507,18 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool>
-MpiCommunicator::PollGroup(const std::shared_ptr<Group> &target) {
-  if (!target->status.ok())
-    return target->status;
+absl::StatusOr<bool> MpiCommunicator::PollGroup(
+    const std::shared_ptr<Group> &target) {
+  if (!target->status.ok()) return target->status;
   if (!target->finished) {
     for (const std::shared_ptr<Group> &group : in_flight_) {
       if (!group->finished) {
         ZE_RETURN_IF_ERROR(Test(group.get()));
-        if (!group->mpi_done)
-          return false;
+        if (!group->mpi_done) return false;
         absl::Status status = Finish(group.get());
-        if (!status.ok())
-          return Fail(group.get(), status);
+        if (!status.ok()) return Fail(group.get(), status);
       }
-      if (group == target)
-        break;
+      if (group == target) break;
     }
   }
   return !target->on_device || target->copied_back.Query();
@@ -546,8 +530,7 @@ void MpiCommunicator::Prune() {
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     Group *group = it->get();
     if (group->finished && (!group->on_device || group->copied_back.Query())) {
-      for (const PinnedPool::Block &block : group->blocks)
-        pool_.Release(block);
+      for (const PinnedPool::Block &block : group->blocks) pool_.Release(block);
       group->blocks.clear();
       it = in_flight_.erase(it);
     } else {
@@ -568,16 +551,14 @@ absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
   pending.sequence_number = sequence_number;
   barrier.ops.push_back(pending);
   absl::Status status = Start(&barrier.ops.front());
-  if (!status.ok())
-    return Fail(&barrier, status);
+  if (!status.ok()) return Fail(&barrier, status);
   const Clock::time_point started = Clock::now();
   const Clock::time_point deadline =
       started + std::chrono::duration_cast<Clock::duration>(
                     std::chrono::duration<double>(timeout_seconds()));
   while (true) {
     ZE_RETURN_IF_ERROR(Test(&barrier));
-    if (barrier.mpi_done)
-      return absl::OkStatus();
+    if (barrier.mpi_done) return absl::OkStatus();
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
       return Fail(
@@ -589,11 +570,10 @@ absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
   }
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateMpiCommunicator(const LaunchInfo &info, const Device &device,
-                      double timeout_seconds) {
+absl::StatusOr<std::unique_ptr<Communicator>> CreateMpiCommunicator(
+    const LaunchInfo &info, const Device &device, double timeout_seconds) {
   ZE_RETURN_IF_ERROR(EnsureMpiInitialized());
   MPI_Comm comm = MPI_COMM_NULL;
   {
@@ -615,5 +595,5 @@ CreateMpiCommunicator(const LaunchInfo &info, const Device &device,
       new MpiCommunicator(info, device, timeout_seconds, comm));
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

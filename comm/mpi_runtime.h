@@ -29,7 +29,7 @@ std::mutex &MpiMutex();
 // instead of hanging.
 void MarkMpiUnrecoverable();
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_MPI_RUNTIME_H_
+#endif  // ZE_COMM_MPI_RUNTIME_H_

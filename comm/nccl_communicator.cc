@@ -27,8 +27,7 @@ using Clock = std::chrono::steady_clock;
 // The one place NCCL result codes become Statuses.
 absl::Status NcclStatus(ncclResult_t result, const std::string &what,
                         ncclComm_t comm = nullptr) {
-  if (result == ncclSuccess)
-    return absl::OkStatus();
+  if (result == ncclSuccess) return absl::OkStatus();
   std::string message =
       absl::StrCat(what, " failed: ", ncclGetErrorString(result));
   const char *detail = ncclGetLastError(comm);
@@ -36,46 +35,46 @@ absl::Status NcclStatus(ncclResult_t result, const std::string &what,
     absl::StrAppend(&message, " (", detail, ")");
   }
   switch (result) {
-  case ncclInvalidArgument:
-    return absl::InvalidArgumentError(message);
-  case ncclInvalidUsage:
-    return absl::FailedPreconditionError(message);
-  case ncclRemoteError:
-    return absl::UnavailableError(message);
-  case ncclInProgress:
-    return absl::UnavailableError(message);
-  default:
-    return absl::InternalError(message);
+    case ncclInvalidArgument:
+      return absl::InvalidArgumentError(message);
+    case ncclInvalidUsage:
+      return absl::FailedPreconditionError(message);
+    case ncclRemoteError:
+      return absl::UnavailableError(message);
+    case ncclInProgress:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
   }
 }
 
 ncclDataType_t ToNcclType(DType dtype) {
   switch (dtype) {
-  case DType::kBF16:
-    return ncclBfloat16;
-  case DType::kF16:
-    return ncclHalf;
-  default:
-    return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclHalf;
+    default:
+      return ncclFloat32;
   }
 }
 
 ncclRedOp_t ToNcclOp(ReduceOp op) {
   switch (op) {
-  case ReduceOp::kMax:
-    return ncclMax;
-  case ReduceOp::kMin:
-    return ncclMin;
-  case ReduceOp::kAverage:
-    return ncclAvg;
-  case ReduceOp::kSum:
-    return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kAverage:
+      return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
   }
   return ncclSum;
 }
 
 struct NcclGroup {
-  std::vector<CollectiveOp> ops; // keeps the tensors alive while queued
+  std::vector<CollectiveOp> ops;  // keeps the tensors alive while queued
   uint64_t first_sequence = 0;
   uint64_t last_sequence = 0;
   Event done;
@@ -86,7 +85,7 @@ struct NcclGroup {
 class NcclCommunicator;
 
 class NcclWork : public Work::Impl {
-public:
+ public:
   NcclWork(NcclCommunicator *comm, std::shared_ptr<NcclGroup> group)
       : comm_(comm), group_(std::move(group)) {}
   absl::Status Wait() override;
@@ -96,13 +95,13 @@ public:
     return group_->first_sequence;
   }
 
-private:
+ private:
   NcclCommunicator *comm_;
   std::shared_ptr<NcclGroup> group_;
 };
 
 class NcclCommunicator : public Communicator {
-public:
+ public:
   NcclCommunicator(const LaunchInfo &info, const Device &device,
                    double timeout_seconds, ncclComm_t comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
@@ -133,10 +132,8 @@ public:
 
   // Polls `group` once: its event, then NCCL's asynchronous error.
   absl::StatusOr<bool> PollGroup(NcclGroup *group) {
-    if (!group->status.ok())
-      return group->status;
-    if (group->completed)
-      return true;
+    if (!group->status.ok()) return group->status;
+    if (group->completed) return true;
     if (group->done.Query()) {
       group->completed = true;
       for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
@@ -155,8 +152,7 @@ public:
                                   " on rank ", rank()),
                      comm_);
     }
-    if (!status.ok())
-      return Abort(group, status);
+    if (!status.ok()) return Abort(group, status);
     return false;
   }
 
@@ -169,8 +165,7 @@ public:
         started + std::chrono::microseconds(200);
     while (true) {
       ZE_ASSIGN_OR_RETURN(bool done, PollGroup(group));
-      if (done)
-        return absl::OkStatus();
+      if (done) return absl::OkStatus();
       const Clock::time_point now = Clock::now();
       if (now >= deadline) {
         return Abort(
@@ -184,7 +179,7 @@ public:
     }
   }
 
-protected:
+ protected:
   bool AcceptsDevice(const Device &device) const override {
     return device.is_cuda() && device == this->device();
   }
@@ -217,37 +212,34 @@ protected:
       const ncclDataType_t type = ToNcclType(op.input.dtype());
       ncclResult_t result = ncclSuccess;
       switch (op.kind) {
-      case CollectiveKind::kAllReduce:
-        result =
-            ncclAllReduce(op.input.data(), op.output.data(), op.input.numel(),
-                          type, ToNcclOp(op.reduce_op), comm_, cuda_stream);
-        break;
-      case CollectiveKind::kReduceScatter:
-        result = ncclReduceScatter(op.input.data(), op.output.data(),
-                                   op.output.numel(), type,
-                                   ToNcclOp(op.reduce_op), comm_, cuda_stream);
-        break;
-      case CollectiveKind::kAllGather:
-        result = ncclAllGather(op.input.data(), op.output.data(),
-                               op.input.numel(), type, comm_, cuda_stream);
-        break;
-      case CollectiveKind::kBroadcast:
-        result =
-            ncclBroadcast(op.input.data(), op.output.data(), op.input.numel(),
-                          type, op.root, comm_, cuda_stream);
-        break;
-      case CollectiveKind::kBarrier:
-        break;
+        case CollectiveKind::kAllReduce:
+          result =
+              ncclAllReduce(op.input.data(), op.output.data(), op.input.numel(),
+                            type, ToNcclOp(op.reduce_op), comm_, cuda_stream);
+          break;
+        case CollectiveKind::kReduceScatter:
+          result = ncclReduceScatter(
+              op.input.data(), op.output.data(), op.output.numel(), type,
+              ToNcclOp(op.reduce_op), comm_, cuda_stream);
+          break;
+        case CollectiveKind::kAllGather:
+          result = ncclAllGather(op.input.data(), op.output.data(),
+                                 op.input.numel(), type, comm_, cuda_stream);
+          break;
+        case CollectiveKind::kBroadcast:
+          result =
+              ncclBroadcast(op.input.data(), op.output.data(), op.input.numel(),
+                            type, op.root, comm_, cuda_stream);
+          break;
+        case CollectiveKind::kBarrier:
+          break;
       }
       status = NcclStatus(result, what, comm_);
-      if (!status.ok())
-        break;
+      if (!status.ok()) break;
     }
     const absl::Status end = NcclStatus(ncclGroupEnd(), what, comm_);
-    if (status.ok())
-      status = end;
-    if (status.ok())
-      status = group->done.Record(stream);
+    if (status.ok()) status = end;
+    if (status.ok()) status = group->done.Record(stream);
     if (!status.ok()) {
       // Some ranks may have queued their part: the communicator cannot be
       // trusted any more.
@@ -281,14 +273,12 @@ protected:
                       ncclFloat32, ncclSum, comm_,
                       static_cast<cudaStream_t>(barrier_stream_.native())),
         what, comm_);
-    if (status.ok())
-      status = group->done.Record(barrier_stream_);
-    if (!status.ok())
-      return Abort(group.get(), status);
+    if (status.ok()) status = group->done.Record(barrier_stream_);
+    if (!status.ok()) return Abort(group.get(), status);
     return WaitGroup(group.get());
   }
 
-private:
+ private:
   absl::Status Abort(NcclGroup *group, absl::Status status) {
     group->status = status;
     for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
@@ -299,8 +289,7 @@ private:
       broken_ = status;
       const absl::Status abort =
           NcclStatus(ncclCommAbort(comm_), "ncclCommAbort");
-      if (!abort.ok())
-        ZE_LOG(ERROR) << abort.message();
+      if (!abort.ok()) ZE_LOG(ERROR) << abort.message();
     }
     return status;
   }
@@ -308,8 +297,7 @@ private:
   void Prune() {
     while (!in_flight_.empty()) {
       NcclGroup *group = in_flight_.front().get();
-      if (!group->completed && !group->done.Query())
-        break;
+      if (!group->completed && !group->done.Query()) break;
       if (!group->completed) {
         group->completed = true;
         for (uint64_t s = group->first_sequence; s <= group->last_sequence;
@@ -336,18 +324,16 @@ absl::Status NcclWork::Wait() {
 
 absl::Status NcclWork::StreamWait(const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(bool done, comm_->PollGroup(group_.get()));
-  if (done)
-    return absl::OkStatus();
+  if (done) return absl::OkStatus();
   return group_->done.StreamWait(stream);
 }
 
 absl::StatusOr<bool> NcclWork::Poll() { return comm_->PollGroup(group_.get()); }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>>
-CreateNcclCommunicator(const LaunchInfo &info, const Device &device,
-                       double timeout_seconds) {
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    const LaunchInfo &info, const Device &device, double timeout_seconds) {
   if (!device.is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the nccl backend needs a cuda device, got ", device.ToString()));
@@ -373,5 +359,5 @@ CreateNcclCommunicator(const LaunchInfo &info, const Device &device,
       new NcclCommunicator(info, device, timeout_seconds, comm));
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

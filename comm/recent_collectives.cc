@@ -8,30 +8,30 @@ namespace comm {
 
 const char *CollectiveKindName(CollectiveKind kind) {
   switch (kind) {
-  case CollectiveKind::kAllReduce:
-    return "all_reduce";
-  case CollectiveKind::kReduceScatter:
-    return "reduce_scatter";
-  case CollectiveKind::kAllGather:
-    return "all_gather";
-  case CollectiveKind::kBroadcast:
-    return "broadcast";
-  case CollectiveKind::kBarrier:
-    return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "unknown";
 }
 
 const char *ReduceOpName(ReduceOp op) {
   switch (op) {
-  case ReduceOp::kSum:
-    return "sum";
-  case ReduceOp::kMax:
-    return "max";
-  case ReduceOp::kMin:
-    return "min";
-  case ReduceOp::kAverage:
-    return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kAverage:
+      return "avg";
   }
   return "unknown";
 }
@@ -57,8 +57,7 @@ uint64_t RecentCollectives::Issue(CollectiveRecord record) {
   record.issued_at = std::chrono::steady_clock::now();
   record.state = CollectiveRecord::State::kIssued;
   records_.push_back(record);
-  while (records_.size() > capacity_)
-    records_.pop_front();
+  while (records_.size() > capacity_) records_.pop_front();
   return record.sequence_number;
 }
 
@@ -66,8 +65,7 @@ void RecentCollectives::SetState(uint64_t sequence_number,
                                  CollectiveRecord::State state) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (it->sequence_number != sequence_number)
-      continue;
+    if (it->sequence_number != sequence_number) continue;
     if (it->state == CollectiveRecord::State::kIssued) {
       it->state = state;
       it->seconds_to_complete =
@@ -90,8 +88,7 @@ void RecentCollectives::MarkFailed(uint64_t sequence_number) {
 CollectiveRecord RecentCollectives::Find(uint64_t sequence_number) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const CollectiveRecord &record : records_) {
-    if (record.sequence_number == sequence_number)
-      return record;
+    if (record.sequence_number == sequence_number) return record;
   }
   return CollectiveRecord{};
 }
@@ -108,28 +105,27 @@ std::string RecentCollectives::Dump() const {
   for (const CollectiveRecord &record : records_) {
     absl::StrAppend(&out, "rank ", rank_, ": ", record.Describe());
     switch (record.state) {
-    case CollectiveRecord::State::kIssued:
-      absl::StrAppend(
-          &out,
-          absl::StrFormat(
-              " PENDING for %.3f s",
-              std::chrono::duration<double>(now - record.issued_at).count()));
-      break;
-    case CollectiveRecord::State::kCompleted:
-      absl::StrAppend(&out, absl::StrFormat(" completed in %.6f s",
-                                            record.seconds_to_complete));
-      break;
-    case CollectiveRecord::State::kFailed:
-      absl::StrAppend(&out, absl::StrFormat(" FAILED after %.3f s",
-                                            record.seconds_to_complete));
-      break;
+      case CollectiveRecord::State::kIssued:
+        absl::StrAppend(
+            &out,
+            absl::StrFormat(
+                " PENDING for %.3f s",
+                std::chrono::duration<double>(now - record.issued_at).count()));
+        break;
+      case CollectiveRecord::State::kCompleted:
+        absl::StrAppend(&out, absl::StrFormat(" completed in %.6f s",
+                                              record.seconds_to_complete));
+        break;
+      case CollectiveRecord::State::kFailed:
+        absl::StrAppend(&out, absl::StrFormat(" FAILED after %.3f s",
+                                              record.seconds_to_complete));
+        break;
     }
     out += "\n";
   }
-  if (records_.empty())
-    absl::StrAppend(&out, "rank ", rank_, ": (none)\n");
+  if (records_.empty()) absl::StrAppend(&out, "rank ", rank_, ": (none)\n");
   return out;
 }
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze

@@ -40,13 +40,13 @@ struct CollectiveRecord {
 
   uint64_t sequence_number = 0;
   CollectiveKind kind = CollectiveKind::kAllReduce;
-  ReduceOp reduce_op = ReduceOp::kSum; // reductions only
-  int root = -1;                       // broadcast only
-  int64_t count = 0;                   // elements of the input
+  ReduceOp reduce_op = ReduceOp::kSum;  // reductions only
+  int root = -1;                        // broadcast only
+  int64_t count = 0;                    // elements of the input
   DType dtype = DType::kF32;
   State state = State::kIssued;
   std::chrono::steady_clock::time_point issued_at;
-  double seconds_to_complete = 0; // when completed or failed
+  double seconds_to_complete = 0;  // when completed or failed
 
   // "all_reduce(sum) #7: 53 x bf16" (no state).
   std::string Describe() const;
@@ -54,7 +54,7 @@ struct CollectiveRecord {
 
 // Thread-safe. Keeps the last `capacity` records.
 class RecentCollectives {
-public:
+ public:
   explicit RecentCollectives(int rank, size_t capacity = 64)
       : rank_(rank), capacity_(capacity) {}
 
@@ -73,7 +73,7 @@ public:
   //   "rank 1: #7 all_reduce(sum): 53 x bf16 completed in 0.000123 s"
   std::string Dump() const;
 
-private:
+ private:
   void SetState(uint64_t sequence_number, CollectiveRecord::State state);
 
   const int rank_;
@@ -83,7 +83,7 @@ private:
   std::deque<CollectiveRecord> records_;
 };
 
-} // namespace comm
-} // namespace ze
+}  // namespace comm
+}  // namespace ze
 
-#endif // ZE_COMM_RECENT_COLLECTIVES_H_
+#endif  // ZE_COMM_RECENT_COLLECTIVES_H_

@@ -2,9 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 
 namespace ze {
 

@@ -24,7 +24,8 @@ struct Device {
   std::string ToString() const;
 
   friend bool operator==(const Device& a, const Device& b) {
-    return a.type == b.type && (a.type == DeviceType::kCpu || a.index == b.index);
+    return a.type == b.type &&
+           (a.type == DeviceType::kCpu || a.index == b.index);
   }
   friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
 };

@@ -49,9 +49,8 @@ absl::StatusOr<DType> ParseDType(absl::string_view text) {
     return DType::kF16;
   }
   if (lower == "i32" || lower == "int32") return DType::kI32;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype \"", text,
-                   "\" (expected one of f32, bf16, f16, i32)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype \"", text, "\" (expected one of f32, bf16, f16, i32)"));
 }
 
 uint16_t FloatToF16Bits(float value) {
@@ -108,7 +107,8 @@ float F16BitsToFloat(uint16_t bits) {
   if (exponent == 0) {
     if (mantissa == 0) return BitsToFloat(sign);
     // Subnormal: mantissa * 2^-24, exact in f32.
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    const float magnitude =
+        static_cast<float>(mantissa) * 5.9604644775390625e-8f;
     return sign ? -magnitude : magnitude;
   }
   return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));

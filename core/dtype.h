@@ -123,8 +123,7 @@ inline float LoadAsFloat(const void* data, DType dtype, size_t index) {
 }
 
 // Writes f32 `value`, rounded to `dtype`, to element `index`.
-inline void StoreFromFloat(void* data, DType dtype, size_t index,
-                           float value) {
+inline void StoreFromFloat(void* data, DType dtype, size_t index, float value) {
   switch (dtype) {
     case DType::kF32:
       static_cast<float*>(data)[index] = value;

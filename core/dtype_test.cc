@@ -44,7 +44,8 @@ TEST(DTypeTest, F16DecodesKnownValues) {
   EXPECT_EQ(F16BitsToFloat(0x3c00), 1.0f);
   EXPECT_EQ(F16BitsToFloat(0xc000), -2.0f);
   EXPECT_EQ(F16BitsToFloat(0x7bff), 65504.0f);
-  EXPECT_EQ(F16BitsToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(F16BitsToFloat(0x0001),
+            std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(F16BitsToFloat(0x0400), std::ldexp(1.0f, -14));  // smallest normal
   EXPECT_TRUE(std::isinf(F16BitsToFloat(0x7c00)));
   EXPECT_TRUE(std::isinf(F16BitsToFloat(0xfc00)));
@@ -66,12 +67,13 @@ void CheckTiesToEven(Decode decode, Encode encode, const char* name) {
       const float mid_f = static_cast<float>(mid);
       if (static_cast<double>(mid_f) != mid) continue;  // not representable
       const uint16_t even = (low & 1) == 0 ? low : high;
-      ASSERT_EQ(encode(mid_f), even) << name << " tie between " << low
-                                     << " and " << high;
+      ASSERT_EQ(encode(mid_f), even)
+          << name << " tie between " << low << " and " << high;
       const float below = std::nextafter(mid_f, a);
       const float above = std::nextafter(mid_f, b);
       if (below != a) ASSERT_EQ(encode(below), low) << name << " below " << low;
-      if (above != b) ASSERT_EQ(encode(above), high) << name << " above " << low;
+      if (above != b)
+        ASSERT_EQ(encode(above), high) << name << " above " << low;
     }
   }
 }
@@ -96,8 +98,10 @@ TEST(DTypeTest, OverflowAndUnderflow) {
   EXPECT_TRUE(std::isnan(Bf16BitsToFloat(
       FloatToBf16Bits(std::numeric_limits<float>::quiet_NaN()))));
   // A NaN whose payload sits only in the low bits must not become inf.
-  EXPECT_TRUE(std::isnan(Bf16BitsToFloat(FloatToBf16Bits(BitsToFloat(0x7f800001u)))));
-  EXPECT_TRUE(std::isnan(F16BitsToFloat(FloatToF16Bits(BitsToFloat(0x7f800001u)))));
+  EXPECT_TRUE(
+      std::isnan(Bf16BitsToFloat(FloatToBf16Bits(BitsToFloat(0x7f800001u)))));
+  EXPECT_TRUE(
+      std::isnan(F16BitsToFloat(FloatToF16Bits(BitsToFloat(0x7f800001u)))));
 }
 
 TEST(DTypeTest, ParsesNames) {

@@ -1,7 +1,7 @@
 // A small rank-aware logger.
 //
-//   ZE_LOG(INFO) << "loss " << loss;        // every rank, "[rank 2] I ..." prefix
-//   ZE_LOG_RANK0(INFO) << "step " << step;  // only rank 0 prints
+//   ZE_LOG(INFO) << "loss " << loss;        // every rank, "[rank 2] I ..."
+//   prefix ZE_LOG_RANK0(INFO) << "step " << step;  // only rank 0 prints
 //
 // The level comes from the environment variable ZE_LOG_LEVEL (DEBUG, INFO,
 // WARNING, ERROR; default INFO). The rank prefix is set once the communicator
@@ -53,10 +53,10 @@ class LogMessage {
 #define ZE_LOG_LEVEL_WARNING ::ze::LogLevel::kWarning
 #define ZE_LOG_LEVEL_ERROR ::ze::LogLevel::kError
 
-#define ZE_LOG_IMPL_(level, rank0_only)                                     \
+#define ZE_LOG_IMPL_(level, rank0_only)                                      \
   for (::ze::internal::LogMessage ze_log_message_(level, __FILE__, __LINE__, \
-                                                  rank0_only);              \
-       ze_log_message_.enabled(); ze_log_message_.Flush())                 \
+                                                  rank0_only);               \
+       ze_log_message_.enabled(); ze_log_message_.Flush())                   \
   ze_log_message_.stream()
 
 #define ZE_LOG(severity) ZE_LOG_IMPL_(ZE_LOG_LEVEL_##severity, false)

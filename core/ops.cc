@@ -29,9 +29,9 @@ absl::Status CheckSameCount(const Tensor& a, const Tensor& b,
 absl::Status CheckSameDevice(const Tensor& a, const Tensor& b,
                              const char* operation) {
   if (a.device() != b.device()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(operation, ": tensors on different devices: ",
-                     a.DebugString(), " vs ", b.DebugString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        operation, ": tensors on different devices: ", a.DebugString(), " vs ",
+        b.DebugString()));
   }
   return absl::OkStatus();
 }
@@ -40,16 +40,16 @@ absl::Status CheckScalarF32(const Tensor& x, const Tensor& result,
                             const char* operation) {
   if (!result.defined() || result.numel() != 1 ||
       result.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        operation, ": result must be one f32 element, got ",
-        result.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(operation, ": result must be one f32 element, got ",
+                     result.DebugString()));
   }
   return CheckSameDevice(x, result, operation);
 }
 
 absl::Status Launched(int error, const char* operation, const Tensor& x) {
-  return CudaStatus(error, absl::StrCat(operation, " kernel on ",
-                                        x.DebugString()));
+  return CudaStatus(error,
+                    absl::StrCat(operation, " kernel on ", x.DebugString()));
 }
 
 int Code(DType dtype) { return static_cast<int>(dtype); }
@@ -57,7 +57,8 @@ int Code(DType dtype) { return static_cast<int>(dtype); }
 }  // namespace
 
 absl::Status Fill(const Tensor& dst, float value, const Stream& stream) {
-  if (!dst.defined()) return absl::InvalidArgumentError("Fill: undefined tensor");
+  if (!dst.defined())
+    return absl::InvalidArgumentError("Fill: undefined tensor");
   if (dst.device().is_cuda()) {
     return Launched(cuda::LaunchFill(dst.data(), Code(dst.dtype()), dst.numel(),
                                      value, stream.native()),
@@ -87,7 +88,8 @@ absl::Status Copy(const Tensor& src, const Tensor& dst, const Stream& stream) {
   const bool dst_cuda = dst.device().is_cuda();
   if (!src_cuda && !dst_cuda) {
     if (src.dtype() == dst.dtype()) {
-      if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+      if (src.data() != dst.data())
+        std::memmove(dst.data(), src.data(), src.nbytes());
       return absl::OkStatus();
     }
     for (int64_t i = 0; i < count; ++i) {
@@ -103,9 +105,9 @@ absl::Status Copy(const Tensor& src, const Tensor& dst, const Stream& stream) {
                     "Cast", src);
   }
   if (src.dtype() != dst.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Copy: a transfer between devices needs equal dtypes: ",
-        src.DebugString(), " -> ", dst.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Copy: a transfer between devices needs equal dtypes: ",
+                     src.DebugString(), " -> ", dst.DebugString()));
   }
   return CudaStatus(
       cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault,
@@ -135,7 +137,8 @@ absl::Status Axpby(float alpha, const Tensor& a, float beta, const Tensor& b,
     float* z = out.data_as<float>();
     // Spelled as the CUDA kernel computes it, so the compiler's own
     // contraction cannot pair the multiply-add differently per loop.
-    for (int64_t i = 0; i < count; ++i) z[i] = std::fma(x[i], alpha, y[i] * beta);
+    for (int64_t i = 0; i < count; ++i)
+      z[i] = std::fma(x[i], alpha, y[i] * beta);
     return absl::OkStatus();
   }
   for (int64_t i = 0; i < count; ++i) {
@@ -147,7 +150,8 @@ absl::Status Axpby(float alpha, const Tensor& a, float beta, const Tensor& b,
 }
 
 absl::Status Scale(const Tensor& x, float factor, const Stream& stream) {
-  if (!x.defined()) return absl::InvalidArgumentError("Scale: undefined tensor");
+  if (!x.defined())
+    return absl::InvalidArgumentError("Scale: undefined tensor");
   if (x.device().is_cuda()) {
     return Launched(cuda::LaunchScale(x.data(), Code(x.dtype()), x.numel(),
                                       factor, stream.native()),
@@ -216,7 +220,8 @@ absl::StatusOr<std::vector<float>> ToHostFloats(const Tensor& x,
   std::vector<float> values(x.numel());
   Tensor host = x;
   if (x.device().is_cuda()) {
-    ZE_ASSIGN_OR_RETURN(host, Tensor::Empty(x.shape(), x.dtype(), Device::Cpu()));
+    ZE_ASSIGN_OR_RETURN(host,
+                        Tensor::Empty(x.shape(), x.dtype(), Device::Cpu()));
     ZE_RETURN_IF_ERROR(Copy(x, host, stream));
     ZE_RETURN_IF_ERROR(stream.Synchronize());
   }
@@ -231,9 +236,9 @@ absl::StatusOr<Tensor> FromHostFloats(const std::vector<float>& values,
                                       const Device& device,
                                       const Stream& stream) {
   if (static_cast<int64_t>(values.size()) != NumElements(shape)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "FromHostFloats: ", values.size(), " values for shape ",
-        ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FromHostFloats: ", values.size(), " values for shape ",
+                     ShapeToString(shape)));
   }
   ZE_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(shape, dtype, Device::Cpu()));
   for (size_t i = 0; i < values.size(); ++i) {

@@ -19,43 +19,44 @@
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function
 // when it is not OK.
-#define ZE_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::absl::Status ze_status_ = (expr);          \
-    if (!ze_status_.ok()) return ze_status_;     \
+#define ZE_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ze_status_ = (expr);      \
+    if (!ze_status_.ok()) return ze_status_; \
   } while (0)
 
 // `ZE_ASSIGN_OR_RETURN(auto x, MakeX());` evaluates an absl::StatusOr<T>;
 // on error returns its status, otherwise moves the value into `lhs`.
-#define ZE_ASSIGN_OR_RETURN(lhs, expr) \
-  ZE_ASSIGN_OR_RETURN_IMPL_(ZE_STATUS_CONCAT_(ze_statusor_, __LINE__), lhs, expr)
+#define ZE_ASSIGN_OR_RETURN(lhs, expr)                                      \
+  ZE_ASSIGN_OR_RETURN_IMPL_(ZE_STATUS_CONCAT_(ze_statusor_, __LINE__), lhs, \
+                            expr)
 
-#define ZE_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                              \
+#define ZE_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)     \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 
 // Aborts with file:line and the message when an invariant is broken. Not for
 // errors a caller could cause: those return a Status.
-#define ZE_CHECK(condition)                                                \
-  do {                                                                     \
-    if (!(condition)) {                                                    \
-      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__,    \
-                   __LINE__, #condition);                                  \
-      std::abort();                                                        \
-    }                                                                      \
+#define ZE_CHECK(condition)                                             \
+  do {                                                                  \
+    if (!(condition)) {                                                 \
+      std::fprintf(stderr, "%s:%d: invariant violated: %s\n", __FILE__, \
+                   __LINE__, #condition);                               \
+      std::abort();                                                     \
+    }                                                                   \
   } while (0)
 
 // Aborts when `expr` (an absl::Status) is not OK. For tests, examples and
 // places where an error means a bug in this project.
-#define ZE_CHECK_OK(expr)                                                  \
-  do {                                                                     \
-    ::absl::Status ze_check_status_ = (expr);                              \
-    if (!ze_check_status_.ok()) {                                          \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__,   \
-                   #expr, ze_check_status_.ToString().c_str());            \
-      std::abort();                                                        \
-    }                                                                      \
+#define ZE_CHECK_OK(expr)                                                \
+  do {                                                                   \
+    ::absl::Status ze_check_status_ = (expr);                            \
+    if (!ze_check_status_.ok()) {                                        \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, \
+                   #expr, ze_check_status_.ToString().c_str());          \
+      std::abort();                                                      \
+    }                                                                    \
   } while (0)
 
 namespace ze {

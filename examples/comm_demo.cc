@@ -35,8 +35,7 @@ absl::Status Demo(Communicator &comm, const ze::Stream &stream) {
   const auto check = [&](const char *what, const std::vector<float> &got,
                          const std::vector<float> &want) {
     const bool ok = got == want;
-    if (!ok)
-      ++mismatches;
+    if (!ok) ++mismatches;
     std::printf("rank %d: %-14s -> [%s]%s\n", me, what, Join(got).c_str(),
                 ok ? "" : (" MISMATCH, expected [" + Join(want) + "]").c_str());
   };
@@ -59,8 +58,7 @@ absl::Status Demo(Communicator &comm, const ze::Stream &stream) {
   // Reduce-scatter: every rank contributes 1..2n; rank r keeps elements
   // [2r, 2r+2) of the sum, i.e. n * (2r+1), n * (2r+2).
   std::vector<float> ones(2 * n);
-  for (int i = 0; i < 2 * n; ++i)
-    ones[i] = static_cast<float>(i + 1);
+  for (int i = 0; i < 2 * n; ++i) ones[i] = static_cast<float>(i + 1);
   ZE_ASSIGN_OR_RETURN(
       ze::Tensor full,
       ze::FromHostFloats(ones, {2 * n}, ze::DType::kF32, device, stream));
@@ -84,17 +82,16 @@ absl::Status Demo(Communicator &comm, const ze::Stream &stream) {
   ZE_RETURN_IF_ERROR(work.Wait());
   ZE_ASSIGN_OR_RETURN(got, ze::ToHostFloats(ids, stream));
   std::vector<float> all_ids(n);
-  for (int r = 0; r < n; ++r)
-    all_ids[r] = static_cast<float>(r);
+  for (int r = 0; r < n; ++r) all_ids[r] = static_cast<float>(r);
   check("all_gather ids", got, all_ids);
 
   // Broadcast from the last rank.
   const int root = n - 1;
-  ZE_ASSIGN_OR_RETURN(ze::Tensor message,
-                      ze::FromHostFloats(me == root
-                                             ? std::vector<float>{3, 1, 4}
-                                             : std::vector<float>{0, 0, 0},
-                                         {3}, ze::DType::kF32, device, stream));
+  ZE_ASSIGN_OR_RETURN(
+      ze::Tensor message,
+      ze::FromHostFloats(me == root ? std::vector<float>{3, 1, 4}
+                                    : std::vector<float>{0, 0, 0},
+                         {3}, ze::DType::kF32, device, stream));
   ZE_ASSIGN_OR_RETURN(work, comm.Broadcast(message, root, stream));
   ZE_RETURN_IF_ERROR(work.Wait());
   ZE_ASSIGN_OR_RETURN(got, ze::ToHostFloats(message, stream));
@@ -122,17 +119,15 @@ absl::Status Demo(Communicator &comm, const ze::Stream &stream) {
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
 int main(int argc, char **argv) {
   ze::comm::CommOptions options;
   options.device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--device=", 0) == 0)
-      options.device = arg.substr(9);
-    if (arg.rfind("--backend=", 0) == 0)
-      options.backend = arg.substr(10);
+    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
   }
   auto comm = ze::comm::CreateCommunicator(options);
   if (!comm.ok()) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds every target (CUDA ones included) and runs every test not tagged
-# `gpu` (or `manual`). Ends with one line `tests: N passed, M failed` and
+# Builds every target (CUDA ones included), runs every test not tagged
+# `gpu` (or `manual`) and checks formatting (tools/check_format.sh). Ends with one line `tests: N passed, M failed` and
 # exits non-zero when anything failed or did not build.
 #
 # Usage: tools/test.sh [extra bazel test flags]
@@ -28,6 +28,15 @@ passed=$(grep -cE "^//[^ ]+ +(\(cached\) )?PASSED" "${log}")
 failed=$(grep -cE "^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)" "${log}")
 if [[ ${status} -ne 0 && ${failed} -eq 0 ]]; then
   failed=1  # bazel failed for a reason no test line shows
+fi
+
+# Formatting counts as one more test: every tracked C++/CUDA file must be
+# as clang-format (the root .clang-format, Google style) writes it.
+echo "== checking formatting" >&2
+if tools/check_format.sh; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
 fi
 echo "tests: ${passed} passed, ${failed} failed"
 [[ ${failed} -eq 0 ]]

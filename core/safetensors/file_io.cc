@@ -16,26 +16,26 @@ namespace {
 // Linux caps one read/write at about 2 GiB; larger requests just loop.
 constexpr size_t kMaxTransferBytes = size_t{1} << 30;
 
-} // namespace
+}  // namespace
 
 absl::Status FileErrorStatus(int error_number, absl::string_view action,
                              absl::string_view path) {
   const std::string message =
       absl::StrCat(action, " ", path, ": ", strerror(error_number));
   switch (error_number) {
-  case ENOSPC:
-  case EDQUOT:
-  case EFBIG:
-    return absl::ResourceExhaustedError(message);
-  case EACCES:
-  case EPERM:
-  case EROFS:
-    return absl::PermissionDeniedError(message);
-  case ENOENT:
-  case ENOTDIR:
-    return absl::NotFoundError(message);
-  default:
-    return absl::InternalError(message);
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return absl::ResourceExhaustedError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    default:
+      return absl::InternalError(message);
   }
 }
 
@@ -46,8 +46,7 @@ absl::Status ReadFullyAt(int fd, void *destination, size_t bytes,
     const ssize_t got = pread(fd, cursor, std::min(bytes, kMaxTransferBytes),
                               static_cast<off_t>(offset));
     if (got < 0) {
-      if (errno == EINTR)
-        continue;
+      if (errno == EINTR) continue;
       return FileErrorStatus(
           errno, absl::StrCat("read at byte ", offset, " of"), path);
     }
@@ -69,8 +68,7 @@ absl::Status WriteFully(int fd, const void *source, size_t bytes,
   while (bytes > 0) {
     const ssize_t put = write(fd, cursor, std::min(bytes, kMaxTransferBytes));
     if (put < 0) {
-      if (errno == EINTR)
-        continue;
+      if (errno == EINTR) continue;
       return FileErrorStatus(errno, "write", path);
     }
     cursor += put;
@@ -79,6 +77,6 @@ absl::Status WriteFully(int fd, const void *source, size_t bytes,
   return absl::OkStatus();
 }
 
-} // namespace internal
-} // namespace safetensors
-} // namespace ze
+}  // namespace internal
+}  // namespace safetensors
+}  // namespace ze

@@ -33,8 +33,8 @@ absl::Status ReadFullyAt(int fd, void *destination, size_t bytes,
 absl::Status WriteFully(int fd, const void *source, size_t bytes,
                         absl::string_view path);
 
-} // namespace internal
-} // namespace safetensors
-} // namespace ze
+}  // namespace internal
+}  // namespace safetensors
+}  // namespace ze
 
-#endif // ZE_CORE_SAFETENSORS_FILE_IO_H_
+#endif  // ZE_CORE_SAFETENSORS_FILE_IO_H_

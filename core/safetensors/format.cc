@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,8 +34,7 @@ constexpr ElementTypeEntry kElementTypes[] = {
 
 const ElementTypeEntry &EntryOf(ElementType type) {
   for (const ElementTypeEntry &entry : kElementTypes) {
-    if (entry.type == type)
-      return entry;
+    if (entry.type == type) return entry;
   }
   // Every enumerator is in the table; reaching here is a bug.
   ZE_CHECK(false);
@@ -49,7 +47,7 @@ using Json = nlohmann::json;
 // exists in the object being built. nlohmann::json::parse keeps the last of
 // two equal keys silently, which would let a file hide a tensor.
 class DuplicateRejectingBuilder : public nlohmann::json_sax<Json> {
-public:
+ public:
   explicit DuplicateRejectingBuilder(Json *root) : root_(root) {}
 
   bool null() override { return Add(Json(nullptr)); }
@@ -69,8 +67,7 @@ public:
   }
   bool start_object(std::size_t) override {
     Json *object = Place(Json::object());
-    if (object == nullptr)
-      return false;
+    if (object == nullptr) return false;
     stack_.push_back(object);
     return true;
   }
@@ -90,8 +87,7 @@ public:
   }
   bool start_array(std::size_t) override {
     Json *array = Place(Json::array());
-    if (array == nullptr)
-      return false;
+    if (array == nullptr) return false;
     stack_.push_back(array);
     return true;
   }
@@ -108,7 +104,7 @@ public:
 
   const std::string &error() const { return error_; }
 
-private:
+ private:
   // Stores `value` where the parser is (root, array element or the value of
   // the pending key) and returns its address inside the DOM.
   Json *Place(Json value) {
@@ -136,8 +132,7 @@ private:
 // Reads a JSON non-negative integer that fits in an int64 (dimensions and
 // offsets beyond that cannot describe real data).
 bool AsNonNegativeInt(const Json &value, uint64_t *out) {
-  if (!value.is_number_unsigned() && !value.is_number_integer())
-    return false;
+  if (!value.is_number_unsigned() && !value.is_number_integer()) return false;
   if (value.is_number_integer() && !value.is_number_unsigned() &&
       value.get<int64_t>() < 0) {
     return false;
@@ -173,8 +168,7 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string &name,
   }
   const std::string dtype_text = dtype_it->get<std::string>();
   absl::StatusOr<ElementType> dtype = ParseElementType(dtype_text);
-  if (!dtype.ok())
-    return EntryError(source, name, dtype.status().message());
+  if (!dtype.ok()) return EntryError(source, name, dtype.status().message());
   info.dtype = *dtype;
 
   auto shape_it = entry.find("shape");
@@ -234,8 +228,7 @@ absl::StatusOr<Metadata> ParseMetadata(const Json &value,
                                        absl::string_view source) {
   Metadata metadata;
   // The reference reads the field as an optional map: null means none.
-  if (value.is_null())
-    return metadata;
+  if (value.is_null()) return metadata;
   if (!value.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": safetensors header: \"", kMetadataKey,
@@ -253,7 +246,7 @@ absl::StatusOr<Metadata> ParseMetadata(const Json &value,
   return metadata;
 }
 
-} // namespace
+}  // namespace
 
 size_t ElementSize(ElementType type) { return EntryOf(type).size; }
 
@@ -261,8 +254,7 @@ const char *ElementTypeName(ElementType type) { return EntryOf(type).name; }
 
 absl::StatusOr<ElementType> ParseElementType(absl::string_view text) {
   for (const ElementTypeEntry &entry : kElementTypes) {
-    if (text == entry.name)
-      return entry.type;
+    if (text == entry.name) return entry.type;
   }
   std::vector<std::string> known;
   for (const ElementTypeEntry &entry : kElementTypes) {
@@ -275,14 +267,14 @@ absl::StatusOr<ElementType> ParseElementType(absl::string_view text) {
 
 ElementType ElementTypeOf(DType dtype) {
   switch (dtype) {
-  case DType::kF32:
-    return ElementType::kF32;
-  case DType::kBF16:
-    return ElementType::kBF16;
-  case DType::kF16:
-    return ElementType::kF16;
-  case DType::kI32:
-    return ElementType::kI32;
+    case DType::kF32:
+      return ElementType::kF32;
+    case DType::kBF16:
+      return ElementType::kBF16;
+    case DType::kF16:
+      return ElementType::kF16;
+    case DType::kI32:
+      return ElementType::kI32;
   }
   ZE_CHECK(false);
   return ElementType::kF32;
@@ -290,18 +282,18 @@ ElementType ElementTypeOf(DType dtype) {
 
 absl::StatusOr<DType> DTypeOf(ElementType type) {
   switch (type) {
-  case ElementType::kF32:
-    return DType::kF32;
-  case ElementType::kBF16:
-    return DType::kBF16;
-  case ElementType::kF16:
-    return DType::kF16;
-  case ElementType::kI32:
-    return DType::kI32;
-  default:
-    return absl::UnimplementedError(
-        absl::StrCat("safetensors dtype ", ElementTypeName(type),
-                     " has no ze tensor dtype (read it as raw bytes)"));
+    case ElementType::kF32:
+      return DType::kF32;
+    case ElementType::kBF16:
+      return DType::kBF16;
+    case ElementType::kF16:
+      return DType::kF16;
+    case ElementType::kI32:
+      return DType::kI32;
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat("safetensors dtype ", ElementTypeName(type),
+                       " has no ze tensor dtype (read it as raw bytes)"));
   }
 }
 
@@ -310,9 +302,10 @@ absl::StatusOr<Header> ParseHeader(absl::string_view header_text,
   // The reference (since 0.4) insists on '{' first; it also catches files
   // that are not safetensors at all with a clearer message than a JSON error.
   if (header_text.empty() || header_text.front() != '{') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": safetensors header does not start with '{' (not a "
-                "safetensors file, or a corrupt header)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     ": safetensors header does not start with '{' (not a "
+                     "safetensors file, or a corrupt header)"));
   }
   Json root;
   DuplicateRejectingBuilder builder(&root);
@@ -346,10 +339,8 @@ absl::StatusOr<Header> ParseHeader(absl::string_view header_text,
   // tensors to tile the data exactly.
   std::sort(header.tensors.begin(), header.tensors.end(),
             [](const TensorInfo &a, const TensorInfo &b) {
-              if (a.begin != b.begin)
-                return a.begin < b.begin;
-              if (a.end != b.end)
-                return a.end < b.end;
+              if (a.begin != b.begin) return a.begin < b.begin;
+              if (a.end != b.end) return a.end < b.end;
               return a.name < b.name;
             });
   uint64_t position = 0;
@@ -378,17 +369,15 @@ absl::StatusOr<Header> ParseHeader(absl::string_view header_text,
   return header;
 }
 
-absl::StatusOr<std::string>
-SerializeHeader(const std::vector<TensorSpec> &tensors,
-                const Metadata &metadata, absl::string_view source,
-                std::vector<TensorInfo> *layout) {
+absl::StatusOr<std::string> SerializeHeader(
+    const std::vector<TensorSpec> &tensors, const Metadata &metadata,
+    absl::string_view source, std::vector<TensorInfo> *layout) {
   // ordered_json keeps "__metadata__" first and tensors in data order, which
   // makes the header readable; readers do not depend on it.
   nlohmann::ordered_json root = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json metadata_json = nlohmann::ordered_json::object();
-    for (const auto &[key, value] : metadata)
-      metadata_json[key] = value;
+    for (const auto &[key, value] : metadata) metadata_json[key] = value;
     root[kMetadataKey] = std::move(metadata_json);
   }
   std::set<absl::string_view> names;
@@ -449,10 +438,9 @@ SerializeHeader(const std::vector<TensorSpec> &tensors,
         absl::StrCat(source, ": header would be ", text.size(),
                      " bytes, over the format's limit of ", kMaxHeaderBytes));
   }
-  if (layout != nullptr)
-    *layout = std::move(infos);
+  if (layout != nullptr) *layout = std::move(infos);
   return text;
 }
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze

@@ -77,8 +77,8 @@ absl::StatusOr<DType> DTypeOf(ElementType type);
 struct TensorInfo {
   std::string name;
   ElementType dtype = ElementType::kF32;
-  Shape shape;        // every dimension >= 0; {} is a scalar
-  uint64_t begin = 0; // byte offsets relative to the start of the data
+  Shape shape;         // every dimension >= 0; {} is a scalar
+  uint64_t begin = 0;  // byte offsets relative to the start of the data
   uint64_t end = 0;
 
   int64_t num_elements() const { return NumElements(shape); }
@@ -122,12 +122,11 @@ struct TensorSpec {
 // InvalidArgument (naming `source` and the tensor) for an empty/duplicate
 // name, the reserved name "__metadata__", a negative dimension, a size that
 // overflows, or a header over kMaxHeaderBytes.
-absl::StatusOr<std::string>
-SerializeHeader(const std::vector<TensorSpec> &tensors,
-                const Metadata &metadata, absl::string_view source,
-                std::vector<TensorInfo> *layout);
+absl::StatusOr<std::string> SerializeHeader(
+    const std::vector<TensorSpec> &tensors, const Metadata &metadata,
+    absl::string_view source, std::vector<TensorInfo> *layout);
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze
 
-#endif // ZE_CORE_SAFETENSORS_FORMAT_H_
+#endif  // ZE_CORE_SAFETENSORS_FORMAT_H_

@@ -76,8 +76,7 @@ absl::Status Check(const std::string &path) {
     return absl::InvalidArgumentError("metadata \"source\" != \"python\"");
   }
   std::vector<float> f32;
-  for (int i = 0; i < 12; ++i)
-    f32.push_back(i / 4.0f);
+  for (int i = 0; i < 12; ++i) f32.push_back(i / 4.0f);
   ZE_RETURN_IF_ERROR(ExpectRaw<float>(*reader, "f32", "F32", {3, 4}, f32));
   ZE_ASSIGN_OR_RETURN(Tensor half, reader->ReadTensor("f16"));
   const float half_expected[] = {0.5f, -1.25f, 65504.0f};
@@ -104,9 +103,9 @@ absl::Status Check(const std::string &path) {
   return absl::OkStatus();
 }
 
-} // namespace
-} // namespace safetensors
-} // namespace ze
+}  // namespace
+}  // namespace safetensors
+}  // namespace ze
 
 int main(int argc, char **argv) {
   if (argc != 3) {

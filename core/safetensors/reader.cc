@@ -20,14 +20,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string &path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return internal::FileErrorStatus(errno, "open", path);
+  if (fd < 0) return internal::FileErrorStatus(errno, "open", path);
   // Closes the descriptor on every early return below.
   struct FdCloser {
     int fd;
     ~FdCloser() {
-      if (fd >= 0)
-        close(fd);
+      if (fd >= 0) close(fd);
     }
   } closer{fd};
 
@@ -86,7 +84,9 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string &path) {
 }
 
 Reader::Reader(std::string path, int fd, Header header, uint64_t data_start)
-    : path_(std::move(path)), fd_(fd), header_(std::move(header)),
+    : path_(std::move(path)),
+      fd_(fd),
+      header_(std::move(header)),
       data_start_(data_start) {
   for (size_t i = 0; i < header_.tensors.size(); ++i) {
     index_.emplace(header_.tensors[i].name, i);
@@ -118,10 +118,10 @@ absl::Status Reader::ReadBytes(absl::string_view name, uint64_t byte_begin,
         path_, ": tensor \"", name, "\": bytes [", byte_begin, ", +",
         byte_count, ") are outside its ", info->num_bytes(), " bytes"));
   }
-  return Annotate(internal::ReadFullyAt(fd_, destination, byte_count,
-                                        data_start_ + info->begin + byte_begin,
-                                        path_),
-                  absl::StrCat("reading tensor \"", name, "\""));
+  return Annotate(
+      internal::ReadFullyAt(fd_, destination, byte_count,
+                            data_start_ + info->begin + byte_begin, path_),
+      absl::StrCat("reading tensor \"", name, "\""));
 }
 
 absl::Status Reader::CheckDestination(const TensorInfo &info,
@@ -193,5 +193,5 @@ absl::Status Reader::ReadRange(absl::string_view name, int64_t element_begin,
                    destination.data());
 }
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze

@@ -28,7 +28,7 @@ namespace ze {
 namespace safetensors {
 
 class Reader {
-public:
+ public:
   // Opens `path` and validates its header. Errors name the path:
   // NotFound / PermissionDenied when it cannot be opened; InvalidArgument
   // when it is not a regular file, the header length is over 100,000,000
@@ -85,7 +85,7 @@ public:
   absl::Status ReadBytes(absl::string_view name, uint64_t byte_begin,
                          uint64_t byte_count, void *destination) const;
 
-private:
+ private:
   Reader(std::string path, int fd, Header header, uint64_t data_start);
   absl::Status CheckDestination(const TensorInfo &info,
                                 const Tensor &destination,
@@ -95,10 +95,10 @@ private:
   int fd_;
   Header header_;
   uint64_t data_start_;
-  std::unordered_map<std::string, size_t> index_; // name -> tensors() index
+  std::unordered_map<std::string, size_t> index_;  // name -> tensors() index
 };
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze
 
-#endif // ZE_CORE_SAFETENSORS_READER_H_
+#endif  // ZE_CORE_SAFETENSORS_READER_H_

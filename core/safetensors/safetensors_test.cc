@@ -51,8 +51,7 @@ void WriteWholeFile(const std::string &path, const std::string &bytes) {
 
 std::string LittleEndian64(uint64_t value) {
   std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i)
-    bytes[i] = static_cast<char>(value >> (8 * i));
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(value >> (8 * i));
   return bytes;
 }
 
@@ -64,8 +63,7 @@ std::string RawFile(const std::string &header, size_t data_bytes,
                               ? static_cast<uint64_t>(claimed_length)
                               : header.size();
   std::string data(data_bytes, '\0');
-  for (size_t i = 0; i < data_bytes; ++i)
-    data[i] = static_cast<char>(i);
+  for (size_t i = 0; i < data_bytes; ++i) data[i] = static_cast<char>(i);
   return LittleEndian64(length) + header + data;
 }
 
@@ -73,12 +71,10 @@ std::string RawFile(const std::string &header, size_t data_bytes,
 std::vector<std::string> ListDirectory(const std::string &directory) {
   std::vector<std::string> names;
   DIR *dir = opendir(directory.c_str());
-  if (dir == nullptr)
-    return names;
+  if (dir == nullptr) return names;
   while (dirent *entry = readdir(dir)) {
     const std::string name = entry->d_name;
-    if (name != "." && name != "..")
-      names.push_back(name);
+    if (name != "." && name != "..") names.push_back(name);
   }
   closedir(dir);
   return names;
@@ -101,7 +97,7 @@ std::string Bytes(const Tensor &tensor) {
 }
 
 class RejectionTest : public ::testing::Test {
-protected:
+ protected:
   // Writes `bytes` to a file, opens it and expects `code` with a message
   // naming the file and containing `expected_text`.
   void ExpectRejected(const std::string &bytes, absl::StatusCode code,
@@ -569,7 +565,7 @@ TEST(AtomicWriteTest, AnUnfinishedWriterLeavesNothing) {
     ASSERT_TRUE(writer.ok()) << writer.status();
     ASSERT_TRUE(
         (*writer)->Append("a", MakeTensor({3}, DType::kF32, 1.0f)).ok());
-    EXPECT_EQ(ListDirectory(directory).size(), 1u); // the temporary
+    EXPECT_EQ(ListDirectory(directory).size(), 1u);  // the temporary
   }
   EXPECT_TRUE(ListDirectory(directory).empty());
 }
@@ -587,6 +583,6 @@ TEST(FileErrorStatusTest, MapsErrnoToSpecificCodesNamingThePath) {
             absl::StatusCode::kInternal);
 }
 
-} // namespace
-} // namespace safetensors
-} // namespace ze
+}  // namespace
+}  // namespace safetensors
+}  // namespace ze

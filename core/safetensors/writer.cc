@@ -25,10 +25,8 @@ constexpr size_t kBufferBytes = size_t{1} << 20;
 
 std::string DirectoryOf(const std::string &path) {
   const size_t slash = path.rfind('/');
-  if (slash == std::string::npos)
-    return ".";
-  if (slash == 0)
-    return "/";
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
   return path.substr(0, slash);
 }
 
@@ -48,11 +46,11 @@ absl::Status SyncDirectory(const std::string &directory) {
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::unique_ptr<Writer>>
-Writer::Create(std::string path, std::vector<TensorSpec> tensors,
-               const Metadata &metadata) {
+absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(
+    std::string path, std::vector<TensorSpec> tensors,
+    const Metadata &metadata) {
   std::vector<TensorInfo> layout;
   ZE_ASSIGN_OR_RETURN(std::string header,
                       SerializeHeader(tensors, metadata, path, &layout));
@@ -87,14 +85,14 @@ Writer::Create(std::string path, std::vector<TensorSpec> tensors,
 
 Writer::Writer(std::string path, std::string temp_path, int fd,
                std::vector<TensorInfo> layout)
-    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd),
+    : path_(std::move(path)),
+      temp_path_(std::move(temp_path)),
+      fd_(fd),
       layout_(std::move(layout)) {}
 
 Writer::~Writer() {
-  if (fd_ >= 0)
-    close(fd_);
-  if (!finished_ && failure_.ok())
-    unlink(temp_path_.c_str());
+  if (fd_ >= 0) close(fd_);
+  if (!finished_ && failure_.ok()) unlink(temp_path_.c_str());
 }
 
 absl::Status Writer::Fail(absl::Status status) {
@@ -116,13 +114,11 @@ void Writer::AdvancePastCompleteTensors() {
 }
 
 absl::Status Writer::Flush() {
-  if (buffer_.empty())
-    return absl::OkStatus();
+  if (buffer_.empty()) return absl::OkStatus();
   absl::Status status =
       internal::WriteFully(fd_, buffer_.data(), buffer_.size(), temp_path_);
   buffer_.clear();
-  if (!status.ok())
-    return Fail(status);
+  if (!status.ok()) return Fail(status);
   return absl::OkStatus();
 }
 
@@ -137,15 +133,13 @@ absl::Status Writer::Write(const void *data, size_t bytes) {
     return absl::OkStatus();
   }
   absl::Status status = internal::WriteFully(fd_, data, bytes, temp_path_);
-  if (!status.ok())
-    return Fail(status);
+  if (!status.ok()) return Fail(status);
   return absl::OkStatus();
 }
 
 absl::Status Writer::AppendBytes(absl::string_view name, const void *data,
                                  size_t bytes) {
-  if (!failure_.ok())
-    return failure_;
+  if (!failure_.ok()) return failure_;
   if (finished_) {
     return absl::FailedPreconditionError(
         absl::StrCat(path_, ": Append after Finish (tensor \"", name, "\")"));
@@ -153,11 +147,11 @@ absl::Status Writer::AppendBytes(absl::string_view name, const void *data,
   if (bytes == 0) {
     // Nothing to write; zero-size tensors are complete from the start, so
     // this is valid for any declared tensor (WriteFile appends them too).
-    for (const TensorInfo& info : layout_) {
+    for (const TensorInfo &info : layout_) {
       if (info.name == name) return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": no tensor \"", name, "\" was declared"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": no tensor \"", name, "\" was declared"));
   }
   if (current_ >= layout_.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -211,8 +205,7 @@ absl::Status Writer::Append(absl::string_view name, const Tensor &values) {
 }
 
 absl::Status Writer::Finish() {
-  if (!failure_.ok())
-    return failure_;
+  if (!failure_.ok()) return failure_;
   if (finished_) {
     return absl::FailedPreconditionError(
         absl::StrCat(path_, ": Finish called twice"));
@@ -242,10 +235,10 @@ absl::Status Writer::Finish() {
   return SyncDirectory(DirectoryOf(path_));
 }
 
-absl::Status
-WriteFile(const std::string &path,
-          const std::vector<std::pair<std::string, Tensor>> &tensors,
-          const Metadata &metadata) {
+absl::Status WriteFile(
+    const std::string &path,
+    const std::vector<std::pair<std::string, Tensor>> &tensors,
+    const Metadata &metadata) {
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
   for (const auto &[name, tensor] : tensors) {
@@ -263,5 +256,5 @@ WriteFile(const std::string &path,
   return writer->Finish();
 }
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze

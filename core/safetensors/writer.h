@@ -36,15 +36,15 @@ namespace ze {
 namespace safetensors {
 
 class Writer {
-public:
+ public:
   // Validates the declarations (format.h SerializeHeader), creates the
   // temporary file in `path`'s directory and writes the header.
   // InvalidArgument for bad declarations; NotFound when the directory does
   // not exist; PermissionDenied when it is not writable; ResourceExhausted
   // when the disk is full. Messages name `path`.
-  static absl::StatusOr<std::unique_ptr<Writer>>
-  Create(std::string path, std::vector<TensorSpec> tensors,
-         const Metadata &metadata = {});
+  static absl::StatusOr<std::unique_ptr<Writer>> Create(
+      std::string path, std::vector<TensorSpec> tensors,
+      const Metadata &metadata = {});
 
   // Deletes the temporary file unless Finish succeeded.
   ~Writer();
@@ -76,7 +76,7 @@ public:
   // The declared tensors with their assigned data offsets.
   const std::vector<TensorInfo> &layout() const { return layout_; }
 
-private:
+ private:
   Writer(std::string path, std::string temp_path, int fd,
          std::vector<TensorInfo> layout);
   // Skips completed (incl. zero-size) tensors.
@@ -90,21 +90,21 @@ private:
   std::string temp_path_;
   int fd_;
   std::vector<TensorInfo> layout_;
-  size_t current_ = 0; // index into layout_ of the tensor being filled
+  size_t current_ = 0;  // index into layout_ of the tensor being filled
   uint64_t written_in_current_ = 0;
-  std::string buffer_;   // small appends are batched into one write
-  absl::Status failure_; // sticky: every call after a failure returns it
+  std::string buffer_;    // small appends are batched into one write
+  absl::Status failure_;  // sticky: every call after a failure returns it
   bool finished_ = false;
 };
 
 // Writes whole CPU tensors, in the given order, in one call (Create, Append
 // each, Finish); same errors as those.
-absl::Status
-WriteFile(const std::string &path,
-          const std::vector<std::pair<std::string, Tensor>> &tensors,
-          const Metadata &metadata = {});
+absl::Status WriteFile(
+    const std::string &path,
+    const std::vector<std::pair<std::string, Tensor>> &tensors,
+    const Metadata &metadata = {});
 
-} // namespace safetensors
-} // namespace ze
+}  // namespace safetensors
+}  // namespace ze
 
-#endif // ZE_CORE_SAFETENSORS_WRITER_H_
+#endif  // ZE_CORE_SAFETENSORS_WRITER_H_

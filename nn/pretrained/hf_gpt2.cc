@@ -23,21 +23,21 @@ using safetensors::TensorInfo;
 
 // The shape of a parameter in OUR layout, as a function of the dims.
 enum class ShapeKind {
-  kVocabByC,     // (V, C)
-  kPositionsByC, // (P, C)
-  kC,            // (C)
-  kThreeC,       // (3C)
-  kThreeCByC,    // (3C, C)
-  kCByC,         // (C, C)
-  kFourC,        // (4C)
-  kFourCByC,     // (4C, C)
-  kCByFourC,     // (C, 4C)
+  kVocabByC,      // (V, C)
+  kPositionsByC,  // (P, C)
+  kC,             // (C)
+  kThreeC,        // (3C)
+  kThreeCByC,     // (3C, C)
+  kCByC,          // (C, C)
+  kFourC,         // (4C)
+  kFourCByC,      // (4C, C)
+  kCByFourC,      // (C, 4C)
 };
 
 struct ParamEntry {
   const char *hf_suffix;
   const char *our_suffix;
-  bool transpose; // HF Conv1D (in, out) vs our Linear (out, in)
+  bool transpose;  // HF Conv1D (in, out) vs our Linear (out, in)
   ShapeKind shape;
 };
 
@@ -78,24 +78,24 @@ constexpr const char *kHfIgnoredBlockSuffixes[] = {"attn.bias",
 Shape OurShape(ShapeKind kind, const Gpt2Dims &dims) {
   const int64_t c = dims.channels;
   switch (kind) {
-  case ShapeKind::kVocabByC:
-    return {dims.vocab_size, c};
-  case ShapeKind::kPositionsByC:
-    return {dims.max_positions, c};
-  case ShapeKind::kC:
-    return {c};
-  case ShapeKind::kThreeC:
-    return {3 * c};
-  case ShapeKind::kThreeCByC:
-    return {3 * c, c};
-  case ShapeKind::kCByC:
-    return {c, c};
-  case ShapeKind::kFourC:
-    return {4 * c};
-  case ShapeKind::kFourCByC:
-    return {4 * c, c};
-  case ShapeKind::kCByFourC:
-    return {c, 4 * c};
+    case ShapeKind::kVocabByC:
+      return {dims.vocab_size, c};
+    case ShapeKind::kPositionsByC:
+      return {dims.max_positions, c};
+    case ShapeKind::kC:
+      return {c};
+    case ShapeKind::kThreeC:
+      return {3 * c};
+    case ShapeKind::kThreeCByC:
+      return {3 * c, c};
+    case ShapeKind::kCByC:
+      return {c, c};
+    case ShapeKind::kFourC:
+      return {4 * c};
+    case ShapeKind::kFourCByC:
+      return {4 * c, c};
+    case ShapeKind::kCByFourC:
+      return {c, 4 * c};
   }
   return {};
 }
@@ -109,8 +109,7 @@ Shape Transposed(const Shape &shape) {
 // zeros and signs so "h.01" cannot alias "h.1".
 bool SplitBlockName(absl::string_view name, absl::string_view prefix,
                     int *index, absl::string_view *rest) {
-  if (!absl::ConsumePrefix(&name, prefix))
-    return false;
+  if (!absl::ConsumePrefix(&name, prefix)) return false;
   size_t digits = 0;
   while (digits < name.size() &&
          std::isdigit(static_cast<unsigned char>(name[digits]))) {
@@ -215,16 +214,14 @@ void ConvertMatrix(const void *source, ElementType source_type, int64_t rows,
 
 // (rows, cols) of a shape seen as a matrix: a vector is one row.
 std::pair<int64_t, int64_t> AsMatrix(const Shape &shape) {
-  if (shape.size() == 2)
-    return {shape[0], shape[1]};
+  if (shape.size() == 2) return {shape[0], shape[1]};
   return {1, NumElements(shape)};
 }
 
 // Joins at most `limit` items, then "... and N more", so a wrong file does
 // not produce a 300-line message.
 std::string JoinSome(const std::vector<std::string> &items, size_t limit = 12) {
-  if (items.size() <= limit)
-    return absl::StrJoin(items, ", ");
+  if (items.size() <= limit) return absl::StrJoin(items, ", ");
   std::vector<std::string> head(items.begin(), items.begin() + limit);
   return absl::StrCat(absl::StrJoin(head, ", "), ", ... and ",
                       items.size() - limit, " more");
@@ -269,16 +266,15 @@ struct Source {
   const TensorInfo *info = nullptr;
 };
 
-} // namespace
+}  // namespace
 
-std::optional<Gpt2NameMapping>
-MapHuggingFaceGpt2Name(absl::string_view hf_name) {
+std::optional<Gpt2NameMapping> MapHuggingFaceGpt2Name(
+    absl::string_view hf_name) {
   return MapName(StripModelPrefix(hf_name), /*from_hf=*/true);
 }
 
 bool IsIgnoredHuggingFaceGpt2Name(absl::string_view hf_name) {
-  if (hf_name == kHfLmHead)
-    return true;
+  if (hf_name == kHfLmHead) return true;
   int index = 0;
   absl::string_view rest;
   if (!SplitBlockName(StripModelPrefix(hf_name), kHfBlockPrefix, &index,
@@ -286,19 +282,18 @@ bool IsIgnoredHuggingFaceGpt2Name(absl::string_view hf_name) {
     return false;
   }
   for (const char *suffix : kHfIgnoredBlockSuffixes) {
-    if (rest == suffix)
-      return true;
+    if (rest == suffix) return true;
   }
   return false;
 }
 
-std::optional<Gpt2NameMapping>
-MapToHuggingFaceGpt2Name(absl::string_view our_name) {
+std::optional<Gpt2NameMapping> MapToHuggingFaceGpt2Name(
+    absl::string_view our_name) {
   return MapName(our_name, /*from_hf=*/false);
 }
 
-std::vector<std::pair<std::string, Shape>>
-Gpt2ParameterShapes(const Gpt2Dims &dims) {
+std::vector<std::pair<std::string, Shape>> Gpt2ParameterShapes(
+    const Gpt2Dims &dims) {
   std::vector<std::pair<std::string, Shape>> shapes;
   for (const ParamEntry &entry : kEmbeddingParams) {
     shapes.emplace_back(entry.our_suffix, OurShape(entry.shape, dims));
@@ -351,10 +346,8 @@ absl::Status LoadHuggingFaceGpt2(const std::string &path,
   std::vector<std::string> unexpected;
   const TensorInfo *lm_head = nullptr;
   for (const TensorInfo &info : reader->tensors()) {
-    if (info.name == kHfLmHead)
-      lm_head = &info;
-    if (IsIgnoredHuggingFaceGpt2Name(info.name))
-      continue;
+    if (info.name == kHfLmHead) lm_head = &info;
+    if (IsIgnoredHuggingFaceGpt2Name(info.name)) continue;
     std::optional<Gpt2NameMapping> mapping = MapHuggingFaceGpt2Name(info.name);
     if (!mapping.has_value()) {
       unexpected.push_back(absl::StrCat("\"", info.name, "\""));
@@ -460,11 +453,10 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
   if (dims.num_layers <= 0 || dims.channels <= 0 || dims.vocab_size <= 0 ||
       dims.max_positions <= 0 || vocab_rows <= 0 ||
       vocab_rows > dims.vocab_size || !IsFloatDType(options.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("exporting ", path, ": invalid dims (", dims.num_layers,
-                     " layers, C=", dims.channels, ", V=", dims.vocab_size,
-                     ", P=", dims.max_positions, "), vocab_size ", vocab_rows,
-                     " or dtype ", DTypeName(options.dtype)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "exporting ", path, ": invalid dims (", dims.num_layers, " layers, C=",
+        dims.channels, ", V=", dims.vocab_size, ", P=", dims.max_positions,
+        "), vocab_size ", vocab_rows, " or dtype ", DTypeName(options.dtype)));
   }
   const std::vector<std::pair<std::string, Shape>> parameters =
       Gpt2ParameterShapes(dims);
@@ -473,8 +465,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
   for (const auto &[our_name, our_shape] : parameters) {
     const Gpt2NameMapping hf = *MapToHuggingFaceGpt2Name(our_name);
     Shape file_shape = hf.transpose ? Transposed(our_shape) : our_shape;
-    if (our_name == kOurTokenTable)
-      file_shape[0] = vocab_rows;
+    if (our_name == kOurTokenTable) file_shape[0] = vocab_rows;
     specs.push_back({absl::StrCat(options.prefix, hf.name),
                      safetensors::ElementTypeOf(options.dtype), file_shape});
     transposes.push_back(hf.transpose);
@@ -489,8 +480,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
     const std::string context =
         absl::StrCat("exporting ", path, ": parameter ", our_name);
     absl::StatusOr<Tensor> value = source(our_name);
-    if (!value.ok())
-      return Annotate(value.status(), context);
+    if (!value.ok()) return Annotate(value.status(), context);
     if (!value->defined() || !value->device().is_cpu() ||
         !IsFloatDType(value->dtype()) || value->shape() != our_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -515,5 +505,5 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
   return writer->Finish();
 }
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze

@@ -31,10 +31,10 @@ namespace nn {
 
 // The sizes that fix every GPT-2 parameter's shape.
 struct Gpt2Dims {
-  int num_layers = 0;        // L
-  int64_t channels = 0;      // C
-  int64_t vocab_size = 0;    // V (ours may be padded beyond the file's)
-  int64_t max_positions = 0; // maximum sequence length (wpe rows)
+  int num_layers = 0;         // L
+  int64_t channels = 0;       // C
+  int64_t vocab_size = 0;     // V (ours may be padded beyond the file's)
+  int64_t max_positions = 0;  // maximum sequence length (wpe rows)
 };
 
 // A name on the other side of the map, and whether the weight's two axes
@@ -49,8 +49,8 @@ struct Gpt2NameMapping {
 // without the "transformer." prefix (GPT2LMHeadModel vs GPT2Model files).
 // nullopt for names with no parameter of ours: the attention mask buffers
 // (see IsIgnoredHuggingFaceGpt2Name), the tied lm_head, and unknown names.
-std::optional<Gpt2NameMapping>
-MapHuggingFaceGpt2Name(absl::string_view hf_name);
+std::optional<Gpt2NameMapping> MapHuggingFaceGpt2Name(
+    absl::string_view hf_name);
 
 // True for HF tensors that are deliberately not loaded: the causal-mask
 // buffers ".attn.bias" / ".attn.masked_bias" and "lm_head.weight" (tied to
@@ -59,13 +59,13 @@ bool IsIgnoredHuggingFaceGpt2Name(absl::string_view hf_name);
 
 // Our name -> HF name without any prefix ("blocks.3.mlp.fc.weight" ->
 // {"h.3.mlp.c_fc.weight", transpose = true}); nullopt for unknown names.
-std::optional<Gpt2NameMapping>
-MapToHuggingFaceGpt2Name(absl::string_view our_name);
+std::optional<Gpt2NameMapping> MapToHuggingFaceGpt2Name(
+    absl::string_view our_name);
 
 // Every parameter of our GPT with its shape in our layout, in canonical
 // order: wte, wpe, blocks.0.* ... blocks.{L-1}.*, ln_f.
-std::vector<std::pair<std::string, Shape>>
-Gpt2ParameterShapes(const Gpt2Dims &dims);
+std::vector<std::pair<std::string, Shape>> Gpt2ParameterShapes(
+    const Gpt2Dims &dims);
 
 // Dims of the checkpoint at `path`, from wte/wpe shapes and the highest
 // block index. NotFound / InvalidArgument naming the file when it is not a
@@ -131,7 +131,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
                                    const Gpt2TensorSource &source,
                                    const Gpt2ExportOptions &options = {});
 
-} // namespace nn
-} // namespace ze
+}  // namespace nn
+}  // namespace ze
 
-#endif // ZE_NN_PRETRAINED_HF_GPT2_H_
+#endif  // ZE_NN_PRETRAINED_HF_GPT2_H_

@@ -55,7 +55,7 @@ std::vector<HfTensor> SyntheticHfTensors(const Gpt2Dims &dims) {
     const std::string h = absl::StrCat("h.", i, ".");
     layout.push_back({h + "ln_1.weight", {c}});
     layout.push_back({h + "ln_1.bias", {c}});
-    layout.push_back({h + "attn.c_attn.weight", {c, 3 * c}}); // (in, out)
+    layout.push_back({h + "attn.c_attn.weight", {c, 3 * c}});  // (in, out)
     layout.push_back({h + "attn.c_attn.bias", {3 * c}});
     layout.push_back({h + "attn.c_proj.weight", {c, c}});
     layout.push_back({h + "attn.c_proj.bias", {c}});
@@ -93,8 +93,7 @@ void WriteHfFile(const std::string &path, const std::vector<HfTensor> &tensors,
                  const std::vector<HfTensor> &extra = {}) {
   std::vector<std::pair<std::string, Tensor>> entries;
   for (const HfTensor &tensor : tensors) {
-    if (tensor.name == skip)
-      continue;
+    if (tensor.name == skip) continue;
     entries.push_back(
         {prefix + tensor.name, F32Tensor(tensor.shape, tensor.values)});
   }
@@ -125,8 +124,8 @@ std::vector<float> Floats(const Tensor &tensor) {
 }
 
 // Loads `path` and returns every visited tensor by our name.
-absl::StatusOr<std::map<std::string, Tensor>>
-LoadAll(const std::string &path, const Gpt2LoadOptions &options = {}) {
+absl::StatusOr<std::map<std::string, Tensor>> LoadAll(
+    const std::string &path, const Gpt2LoadOptions &options = {}) {
   std::map<std::string, Tensor> loaded;
   ZE_RETURN_IF_ERROR(LoadHuggingFaceGpt2(
       path,
@@ -242,7 +241,7 @@ TEST(NameMapTest, ReverseMapInvertsTheForwardMapForEveryParameter) {
     EXPECT_EQ(back->transpose, hf->transpose);
   }
   EXPECT_EQ(parameters[2].first, "blocks.0.ln1.weight");
-  EXPECT_EQ(parameters[4].second, (Shape{24, 8})); // blocks.0.attn.qkv.weight
+  EXPECT_EQ(parameters[4].second, (Shape{24, 8}));  // blocks.0.attn.qkv.weight
   EXPECT_FALSE(MapToHuggingFaceGpt2Name("blocks.0.attn.c_attn.weight"));
 }
 
@@ -266,7 +265,7 @@ TEST(LoadTest, TransposesConv1DWeightsAndMapsEveryTensor) {
   // One hand-checked element: qkv.weight (3C, C) row 9, column 2 is HF
   // c_attn.weight (C, 3C) row 2, column 9.
   const Tensor &qkv = loaded->at("blocks.1.attn.qkv.weight");
-  const HfTensor &c_attn = hf[2 + 12 + 2]; // h.1.attn.c_attn.weight
+  const HfTensor &c_attn = hf[2 + 12 + 2];  // h.1.attn.c_attn.weight
   ASSERT_EQ(c_attn.name, "h.1.attn.c_attn.weight");
   EXPECT_EQ(qkv.data_as<float>()[9 * 8 + 2], c_attn.values[2 * 24 + 9]);
 }
@@ -371,7 +370,7 @@ TEST(LoadTest, VisitorErrorsStopTheLoadAndNameTheParameter) {
       path, [&visits](const std::string &name, const Tensor &) {
         ++visits;
         return name == "embed.wpe" ? absl::ResourceExhaustedError("no room")
-                                    : absl::OkStatus();
+                                   : absl::OkStatus();
       });
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(status.message(), "embed.wpe")) << status;
@@ -408,7 +407,7 @@ TEST(ExportTest, ExportThenLoadGivesBackTheHfFileExactly) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->metadata().at("format"), "pt");
   EXPECT_EQ((*reader)->metadata().at("step"), "42");
-  ASSERT_EQ((*reader)->tensors().size(), hf.size()); // no lm_head, no buffers
+  ASSERT_EQ((*reader)->tensors().size(), hf.size());  // no lm_head, no buffers
   for (const HfTensor &tensor : hf) {
     const std::string name = "transformer." + tensor.name;
     absl::StatusOr<Tensor> read = (*reader)->ReadTensor(name);
@@ -425,11 +424,9 @@ TEST(ExportTest, RejectsASourceTensorOfTheWrongShape) {
         // Right shapes except HF's layout for one qkv weight.
         Shape shape;
         for (const auto &[ours, our_shape] : Gpt2ParameterShapes(kDims)) {
-          if (ours == name)
-            shape = our_shape;
+          if (ours == name) shape = our_shape;
         }
-        if (name == "blocks.1.attn.qkv.weight")
-          shape = {8, 24};
+        if (name == "blocks.1.attn.qkv.weight") shape = {8, 24};
         return Tensor::Zeros(shape, DType::kF32, Device::Cpu());
       });
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
@@ -441,6 +438,6 @@ TEST(ExportTest, RejectsASourceTensorOfTheWrongShape) {
       << "a failed export must leave no file";
 }
 
-} // namespace
-} // namespace nn
-} // namespace ze
+}  // namespace
+}  // namespace nn
+}  // namespace ze

@@ -57,8 +57,7 @@ float Expected(ReduceOp op, DType dtype, int64_t i) {
       result += v;
     }
   }
-  if (op == ReduceOp::kAverage)
-    result /= static_cast<float>(n);
+  if (op == ReduceOp::kAverage) result /= static_cast<float>(n);
   return RoundTo(dtype, result);
 }
 
@@ -86,8 +85,7 @@ std::vector<float> Read(const Tensor &t) {
 
 std::vector<float> RankValues(int r, int64_t offset, int64_t count) {
   std::vector<float> values(count);
-  for (int64_t i = 0; i < count; ++i)
-    values[i] = Value(r, offset + i);
+  for (int64_t i = 0; i < count; ++i) values[i] = Value(r, offset + i);
   return values;
 }
 
@@ -207,8 +205,7 @@ TEST(Collectives, UnevenTotalsThroughEqualSlices) {
       const EqualSlices slices = EqualSlices::Make(total, n);
       // Reduce-scatter of a padded buffer: padding stays zero.
       std::vector<float> padded(slices.padded_total(), 0);
-      for (int64_t i = 0; i < total; ++i)
-        padded[i] = Value(me, i);
+      for (int64_t i = 0; i < total; ++i) padded[i] = Value(me, i);
       Tensor input = Make(padded, dtype);
       Tensor shard = Make(std::vector<float>(slices.slice, 99), dtype);
       ASSERT_TRUE(g_comm->ReduceScatter(input, shard, ReduceOp::kSum, *g_stream)
@@ -271,8 +268,7 @@ TEST(Collectives, CoalescedGroupOfMixedOperations) {
   }
   got = Read(gather_out);
   for (int r = 0; r < n; ++r) {
-    for (int i = 0; i < 3; ++i)
-      ASSERT_EQ(got[r * 3 + i], Value(r, i));
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(got[r * 3 + i], Value(r, i));
   }
   EXPECT_EQ(Read(broadcast), RankValues(n - 1, 0, 4));
 }
@@ -309,17 +305,16 @@ TEST(Collectives, EveryRankAgreesOnSequenceNumbersAfterBarrier) {
   ASSERT_TRUE(g_comm->AllGather(Make({mine}, DType::kF32), all, *g_stream)
                   ->Wait()
                   .ok());
-  for (float other : Read(all))
-    EXPECT_EQ(other, mine);
+  for (float other : Read(all)) EXPECT_EQ(other, mine);
   EXPECT_NE(g_comm->DumpRecentCollectives().find("completed"),
             std::string::npos);
   EXPECT_EQ(g_comm->DumpRecentCollectives().find("PENDING"), std::string::npos)
       << g_comm->DumpRecentCollectives();
 }
 
-} // namespace
-} // namespace comm
-} // namespace ze
+}  // namespace
+}  // namespace comm
+}  // namespace ze
 
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -327,10 +322,8 @@ int main(int argc, char **argv) {
   options.device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--device=", 0) == 0)
-      options.device = arg.substr(9);
-    if (arg.rfind("--backend=", 0) == 0)
-      options.backend = arg.substr(10);
+    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
   }
   absl::StatusOr<std::unique_ptr<ze::comm::Communicator>> comm =
       ze::comm::CreateCommunicator(options);

@@ -23,10 +23,8 @@ int main(int argc, char **argv) {
   options.device = "cpu";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--device=", 0) == 0)
-      options.device = arg.substr(9);
-    if (arg.rfind("--backend=", 0) == 0)
-      options.backend = arg.substr(10);
+    if (arg.rfind("--device=", 0) == 0) options.device = arg.substr(9);
+    if (arg.rfind("--backend=", 0) == 0) options.backend = arg.substr(10);
     if (arg.rfind("--timeout=", 0) == 0) {
       options.timeout_seconds = std::atof(arg.substr(10).c_str());
     }
