@@ -123,12 +123,14 @@ TEST(CudaCachingAllocatorTest, RecordedStreamDelaysReuseUntilItsEvent) {
   ASSERT_TRUE(a.Synchronize().ok());
   ASSERT_TRUE(b.Synchronize().ok());
   void* const old_block = source.data();
+  // Alive to the end, so that the only free block later is the old one.
+  Tensor reused;
   {
     StreamHold hold(b, std::chrono::milliseconds(300));
     ASSERT_TRUE(Copy(source, copy, b).ok());  // waits behind the hold
     ASSERT_TRUE(source.RecordStream(b).ok());
     source = Tensor();
-    Tensor reused = *Tensor::Empty({kCount}, DType::kF32, gpu, &allocator);
+    reused = *Tensor::Empty({kCount}, DType::kF32, gpu, &allocator);
     EXPECT_NE(reused.data(), old_block) << "reused before b's event";
     ASSERT_TRUE(Fill(reused, 7.0f, a).ok());
     ASSERT_TRUE(a.Synchronize().ok());

@@ -256,7 +256,11 @@ TEST(CudaAllocatorTest, PinnedHostRoundTrip) {
 // zeroed that storage on the legacy default stream before the copy ran, so
 // a rank started training with that weight all zero (parity_cuda_w2_test,
 // w2_f32_sgd_s0_a1_m2, now and then). A host function holds the stream back
-// until well after Zeros would have returned without waiting for it.
+// until well after Zeros would have returned without waiting for it. Since
+// the allocator is stream-aware, the freeing side declares the reader's
+// stream (RecordStream, as the engine's setup now does) instead of Zeros
+// waiting on the whole device: the block is then not handed out again
+// until the reader is past it, so the zeros cannot land first.
 TEST(CudaAllocatorTest, ZerosWaitsForQueuedReadersOfARecycledBlock) {
   ASSERT_GT(CudaDeviceCount(), 0);
   CudaCachingAllocator allocator("recycling", 0);  // a cache of its own
@@ -289,7 +293,8 @@ TEST(CudaAllocatorTest, ZerosWaitsForQueuedReadersOfARecycledBlock) {
             cudaSuccess);
   ASSERT_TRUE(Copy(source, copy, stream).ok());  // waits behind the hold
   void* const recycled = source.data();
-  source = Tensor();  // freed with the copy still queued, as the engine did
+  ASSERT_TRUE(source.RecordStream(stream).ok());
+  source = Tensor();  // freed with the copy still queued, as the engine does
   releaser.thread = std::thread([&release] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     release = true;
@@ -297,7 +302,7 @@ TEST(CudaAllocatorTest, ZerosWaitsForQueuedReadersOfARecycledBlock) {
   absl::StatusOr<Tensor> zeros =
       Tensor::Zeros({kCount}, DType::kF32, Device::Cuda(0), &allocator);
   ASSERT_TRUE(zeros.ok()) << zeros.status();
-  ASSERT_EQ(zeros->data(), recycled) << "the test needs the block reused";
+  EXPECT_NE(zeros->data(), recycled) << "recycled while the copy still reads";
   ASSERT_TRUE(stream.Synchronize().ok());
   const std::vector<float> copied = *ToHostFloats(copy, stream);
   const std::vector<float> zeroed = *ToHostFloats(*zeros, stream);
