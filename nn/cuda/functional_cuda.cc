@@ -1,5 +1,5 @@
 // CUDA backend of nn/functional.h: cuBLASLt for the matrix products, the
-// kernels of kernels.cu and attention.h for the rest.
+// kernels of kernels.h and attention.h for the rest.
 //
 // Row-major to column-major mapping used for every product: a row-major
 // (R, C) matrix with leading dimension C is, bit for bit, the column-major

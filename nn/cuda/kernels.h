@@ -1,7 +1,8 @@
 // CUDA launchers for the GPT building blocks other than matrix products and
 // attention (see attention.h): LayerNorm, GELU, embedding, cross-entropy and
 // the column reductions behind bias and LayerNorm parameter gradients.
-// Host-only header: plain C++ includes it; kernels.cu implements it.
+// Host-only header: plain C++ includes it; layer_norm.cu, column_sums.cu,
+// gelu.cu, embedding.cu and cross_entropy.cu implement it.
 //
 // Conventions: pointers are device memory, `dtype` is a ze::DType value
 // (0 f32, 1 bf16, 2 f16), `stream` is a cudaStream_t as void*. Each launcher

@@ -1,0 +1,156 @@
+// Cross-entropy forward and backward over logits rows (nn/cuda/kernels.h):
+// one read of a row for its logsumexp.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+
+#include "nn/cuda/cuda_common.cuh"
+#include "nn/cuda/kernels.h"
+#include "nn/cuda/kernels_common.cuh"
+
+namespace ze {
+namespace nn {
+namespace cuda_kernels {
+namespace {
+
+// ------------------------------------------------------------ CrossEntropy
+// Online (max, sum of exp) per thread, merged across the block: one read of
+// the row computes its logsumexp.
+template <typename T, int VEC>
+__device__ float RowLogSumExp(const T* row, int64_t vocab, float* scratch) {
+  float m = -INFINITY, s = 0.0f;
+  const int64_t vec_end = (vocab / VEC) * VEC;
+  for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
+    float v[VEC];
+    LoadFloats<T, VEC>(row + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if (v[k] > m) {
+        s = s * __expf(m - v[k]) + 1.0f;
+        m = v[k];
+      } else {
+        s += __expf(v[k] - m);
+      }
+    }
+  }
+  for (int64_t c = vec_end + threadIdx.x; c < vocab; c += blockDim.x) {
+    const float v = ToFloat(row[c]);
+    if (v > m) {
+      s = s * __expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += __expf(v - m);
+    }
+  }
+  const float block_max = BlockMax(m, scratch);
+  const float scaled = m == -INFINITY ? 0.0f : s * __expf(m - block_max);
+  const float total = BlockSum(scaled, scratch);
+  return block_max + logf(total);
+}
+
+template <typename T, int VEC>
+__global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
+                                          const int32_t* __restrict__ targets,
+                                          float* losses, int64_t vocab) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int32_t target = targets[row];
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    return;
+  }
+  const T* r = logits + row * vocab;
+  const float lse = RowLogSumExp<T, VEC>(r, vocab, scratch);
+  if (threadIdx.x == 0) {
+    const int64_t t = target >= vocab ? vocab - 1 : target;
+    losses[row] = lse - ToFloat(r[t]);
+  }
+}
+
+// grad may alias logits: every element is read (for the logsumexp) before
+// any is written (BlockSum syncs), then read and written by one thread.
+template <typename T, int VEC>
+__global__ void CrossEntropyBackwardKernel(const T* logits,
+                                           const int32_t* __restrict__ targets,
+                                           float scale, T* grad,
+                                           int64_t vocab) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const int32_t target = targets[row];
+  const T* r = logits + row * vocab;
+  T* g = grad + row * vocab;
+  const int64_t vec_end = (vocab / VEC) * VEC;
+  if (target < 0) {
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+      g[c] = FromFloat<T>(0.0f);
+    }
+    return;
+  }
+  const float lse = RowLogSumExp<T, VEC>(r, vocab, scratch);
+  for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
+    float v[VEC];
+    LoadFloats<T, VEC>(r + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      v[k] = scale * (__expf(v[k] - lse) - (c + k == target ? 1.0f : 0.0f));
+    }
+    StoreFloats<T, VEC>(g + c, v);
+  }
+  for (int64_t c = vec_end + threadIdx.x; c < vocab; c += blockDim.x) {
+    const float v = ToFloat(r[c]);
+    g[c] =
+        FromFloat<T>(scale * (__expf(v - lse) - (c == target ? 1.0f : 0.0f)));
+  }
+}
+
+}  // namespace
+
+int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
+                              float* losses, int64_t rows, int64_t vocab,
+                              int dtype, void* stream) {
+  if (rows == 0) return 0;
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (vocab % kVec == 0 && Aligned(logits, 16)) {
+      CrossEntropyForwardKernel<T, kVec>
+          <<<static_cast<unsigned>(rows), 512, 0, s>>>(
+              static_cast<const T*>(logits), targets, losses, vocab);
+    } else {
+      CrossEntropyForwardKernel<T, 1>
+          <<<static_cast<unsigned>(rows), 512, 0, s>>>(
+              static_cast<const T*>(logits), targets, losses, vocab);
+    }
+    return LastError();
+  });
+}
+
+int LaunchCrossEntropyBackward(const void* logits, const int32_t* targets,
+                               float scale, void* grad, int64_t rows,
+                               int64_t vocab, int dtype, void* stream) {
+  if (rows == 0) return 0;
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (vocab % kVec == 0 && Aligned(logits, 16) && Aligned(grad, 16)) {
+      CrossEntropyBackwardKernel<T, kVec>
+          <<<static_cast<unsigned>(rows), 512, 0, s>>>(
+              static_cast<const T*>(logits), targets, scale,
+              static_cast<T*>(grad), vocab);
+    } else {
+      CrossEntropyBackwardKernel<T, 1>
+          <<<static_cast<unsigned>(rows), 512, 0, s>>>(
+              static_cast<const T*>(logits), targets, scale,
+              static_cast<T*>(grad), vocab);
+    }
+    return LastError();
+  });
+}
+
+}  // namespace cuda_kernels
+}  // namespace nn
+}  // namespace ze
