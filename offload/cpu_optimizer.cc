@@ -1,0 +1,324 @@
+#include "offload/cpu_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace ze {
+namespace offload {
+namespace {
+
+// Tiles are whole multiples of this many elements, so every tile but the
+// last runs entirely in the vector body (64 f32 = one 256-byte block, a
+// multiple of both vector widths and of the 64-byte cache line).
+constexpr int64_t kTileGranule = 64;
+
+bool IsBeta(double beta) { return beta >= 0.0 && beta < 1.0; }
+
+bool IsFloatFormat(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+// `buffers` advanced by `begin` elements and cut to `count`.
+StepBuffers SliceBuffers(const StepBuffers& buffers, int64_t begin,
+                         int64_t count) {
+  StepBuffers slice = buffers;
+  slice.master += begin;
+  if (slice.state0 != nullptr) slice.state0 += begin;
+  if (slice.state1 != nullptr) slice.state1 += begin;
+  slice.grads = static_cast<const char*>(buffers.grads) +
+                begin * SizeOf(buffers.grad_dtype);
+  if (slice.out != nullptr) {
+    slice.out =
+        static_cast<char*>(buffers.out) + begin * SizeOf(buffers.out_dtype);
+  }
+  slice.count = count;
+  return slice;
+}
+
+}  // namespace
+
+const char* SimdPathName(SimdPath path) {
+  switch (path) {
+    case SimdPath::kScalar:
+      return "scalar";
+    case SimdPath::kAvx2:
+      return "avx2";
+    case SimdPath::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool SimdPathSupported(SimdPath path) {
+  __builtin_cpu_init();
+  // Every path converts 16-bit values with F16C (part of x86-64-v3, which
+  // the whole build requires), so the vector paths need nothing more than
+  // their own arithmetic.
+  switch (path) {
+    case SimdPath::kScalar:
+      return true;
+    case SimdPath::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdPath::kAvx512:
+      return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+}
+
+SimdPath BestSimdPath() {
+  if (SimdPathSupported(SimdPath::kAvx512)) return SimdPath::kAvx512;
+  if (SimdPathSupported(SimdPath::kAvx2)) return SimdPath::kAvx2;
+  return SimdPath::kScalar;
+}
+
+const char* CpuOptimizerTypeName(CpuOptimizerType type) {
+  switch (type) {
+    case CpuOptimizerType::kAdam:
+      return "adam";
+    case CpuOptimizerType::kAdamW:
+      return "adamw";
+    case CpuOptimizerType::kSgd:
+      return "sgd";
+  }
+  return "unknown";
+}
+
+void CpuOptimizer::FreeDeleter::operator()(float* data) const {
+  std::free(data);
+}
+
+CpuOptimizer::CpuOptimizer(const CpuOptimizerOptions& options,
+                           int64_t num_elements, SimdPath simd_path,
+                           int64_t tile_elements,
+                           std::unique_ptr<ThreadPool> pool)
+    : options_(options),
+      num_elements_(num_elements),
+      simd_path_(simd_path),
+      tile_elements_(tile_elements),
+      pool_(std::move(pool)) {}
+
+CpuOptimizer::~CpuOptimizer() = default;
+
+absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
+    const CpuOptimizerOptions& options, int64_t num_elements,
+    const CpuExecutionOptions& execution) {
+  const std::string name = CpuOptimizerTypeName(options.type);
+  if (num_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": num_elements must be >= 0, got ", num_elements));
+  }
+  if (!(options.weight_decay >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": weight_decay must be >= 0, got ", options.weight_decay));
+  }
+  if (options.type == CpuOptimizerType::kSgd) {
+    if (!(options.momentum >= 0.0) || !(options.dampening >= 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": momentum and dampening must be >= 0, got ",
+                       options.momentum, " and ", options.dampening));
+    }
+    if (options.nesterov &&
+        (options.momentum <= 0.0 || options.dampening != 0.0)) {
+      return absl::InvalidArgumentError(
+          "sgd: nesterov requires a momentum and zero dampening");
+    }
+  } else {
+    if (!IsBeta(options.beta1) || !IsBeta(options.beta2)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": betas must be in [0, 1), got (", options.beta1,
+                       ", ", options.beta2, ")"));
+    }
+    if (!(options.eps > 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": eps must be > 0, got ", options.eps));
+    }
+  }
+  if (execution.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": num_threads must be >= 0 (0: hardware threads)",
+                     ", got ", execution.num_threads));
+  }
+  if (execution.tile_bytes < kTileGranule * 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": tile_bytes must be >= ", kTileGranule * 4,
+                     ", got ", execution.tile_bytes));
+  }
+  const SimdPath simd_path = execution.simd_path.value_or(BestSimdPath());
+  if (!SimdPathSupported(simd_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": simd_path ", SimdPathName(simd_path),
+                     " is not supported by this CPU"));
+  }
+  int num_threads = execution.num_threads;
+  if (num_threads == 0) {
+    num_threads = std::max(1u, std::thread::hardware_concurrency());
+  }
+  const int64_t tile_elements =
+      execution.tile_bytes / 4 / kTileGranule * kTileGranule;
+
+  std::unique_ptr<CpuOptimizer> optimizer(
+      new CpuOptimizer(options, num_elements, simd_path, tile_elements,
+                       std::make_unique<ThreadPool>(num_threads)));
+  // 64-byte aligned (a cache line, one AVX-512 vector), zeroed by the
+  // threads that will update it so that pages land on their NUMA nodes.
+  const size_t bytes =
+      (static_cast<size_t>(num_elements) * sizeof(float) + 63) / 64 * 64;
+  auto allocate = [&](StateBuffer* buffer,
+                      const char* state_name) -> absl::Status {
+    float* data = static_cast<float*>(
+        std::aligned_alloc(64, std::max<size_t>(bytes, 64)));
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name, ": cannot allocate ", bytes, " bytes of ",
+                       state_name, " in host memory"));
+    }
+    buffer->reset(data);
+    const int64_t num_tiles =
+        (num_elements + tile_elements - 1) / tile_elements;
+    optimizer->pool_->ParallelFor(num_tiles, [&](int64_t tile) {
+      const int64_t begin = tile * tile_elements;
+      const int64_t count = std::min(tile_elements, num_elements - begin);
+      std::memset(data + begin, 0, count * sizeof(float));
+    });
+    return absl::OkStatus();
+  };
+  if (options.type == CpuOptimizerType::kSgd) {
+    if (options.momentum != 0.0) {
+      ZE_RETURN_IF_ERROR(
+          allocate(&optimizer->momentum_buffer_, "momentum_buffer"));
+    }
+  } else {
+    ZE_RETURN_IF_ERROR(allocate(&optimizer->exp_avg_, "exp_avg"));
+    ZE_RETURN_IF_ERROR(allocate(&optimizer->exp_avg_sq_, "exp_avg_sq"));
+  }
+  return optimizer;
+}
+
+absl::StatusOr<StepCoefficients> CpuOptimizer::Coefficients(
+    const CpuStepArgs& step_args) const {
+  if (!std::isfinite(step_args.lr) || !std::isfinite(step_args.grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu optimizer step: lr ", step_args.lr, " and grad_scale ",
+        step_args.grad_scale, " must be finite"));
+  }
+  const bool is_sgd = options_.type == CpuOptimizerType::kSgd;
+  const double beta1 =
+      step_args.beta1.value_or(is_sgd ? options_.momentum : options_.beta1);
+  const double beta2 = step_args.beta2.value_or(options_.beta2);
+  if (step_args.beta1.has_value() && !IsBeta(beta1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu optimizer step: beta1 override ", beta1, " is outside [0, 1)"));
+  }
+  if (step_args.beta2.has_value() && !IsBeta(beta2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu optimizer step: beta2 override ", beta2, " is outside [0, 1)"));
+  }
+  // In double, rounded once to f32: zero::FlatOptimizer::StepRange's
+  // derivation, so both see identical coefficients.
+  const double lr = step_args.lr;
+  const double weight_decay = options_.weight_decay;
+  const int64_t t = step_count_ + 1;
+  StepCoefficients c;
+  c.grad_scale = step_args.grad_scale;
+  if (is_sgd) {
+    c.is_sgd = true;
+    c.l2 = static_cast<float>(weight_decay);
+    c.neg_step_size = static_cast<float>(-lr);
+    c.momentum = static_cast<float>(beta1);
+    c.one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
+    c.has_momentum_buffer = momentum_buffer_ != nullptr;
+    c.nesterov = options_.nesterov;
+    c.first_step = step_count_ == 0;
+  } else {
+    const bool decoupled = options_.type == CpuOptimizerType::kAdamW;
+    c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);
+    c.decay_factor =
+        decoupled ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
+    const double bias_correction1 = 1.0 - std::pow(beta1, t);
+    const double bias_correction2 = 1.0 - std::pow(beta2, t);
+    c.neg_step_size = static_cast<float>(-lr / bias_correction1);
+    c.inv_sqrt_bias_correction2 =
+        static_cast<float>(1.0 / std::sqrt(bias_correction2));
+    c.beta1 = static_cast<float>(beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    c.beta2 = static_cast<float>(beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+    c.eps = static_cast<float>(options_.eps);
+  }
+  return c;
+}
+
+absl::Status CpuOptimizer::Step(float* master_weights, const void* grads,
+                                DType grad_dtype, const CpuStepArgs& step_args,
+                                void* out, DType out_dtype) {
+  ZE_RETURN_IF_ERROR(StepRange(0, num_elements_, master_weights, grads,
+                               grad_dtype, step_args, out, out_dtype));
+  AdvanceStep();
+  return absl::OkStatus();
+}
+
+absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
+                                     float* master_weights, const void* grads,
+                                     DType grad_dtype,
+                                     const CpuStepArgs& step_args, void* out,
+                                     DType out_dtype) {
+  if (state_offset < 0 || count < 0 || state_offset + count > num_elements_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu optimizer step: range [", state_offset, ", ", state_offset + count,
+        ") leaves the optimizer state of ", num_elements_, " elements"));
+  }
+  if (count > 0 && (master_weights == nullptr || grads == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu optimizer step: ",
+        master_weights == nullptr ? "master_weights" : "grads", " is null"));
+  }
+  if (!IsFloatFormat(grad_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu optimizer step: grad_dtype ", DTypeName(grad_dtype),
+                     " must be f32, bf16 or f16"));
+  }
+  if (out != nullptr && !IsFloatFormat(out_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu optimizer step: out_dtype ", DTypeName(out_dtype),
+                     " must be f32, bf16 or f16"));
+  }
+  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
+                      Coefficients(step_args));
+  if (count == 0) return absl::OkStatus();
+
+  StepBuffers buffers;
+  buffers.master = master_weights;
+  if (options_.type == CpuOptimizerType::kSgd) {
+    if (momentum_buffer_ != nullptr) {
+      buffers.state0 = momentum_buffer_.get() + state_offset;
+    }
+  } else {
+    buffers.state0 = exp_avg_.get() + state_offset;
+    buffers.state1 = exp_avg_sq_.get() + state_offset;
+  }
+  buffers.grads = grads;
+  buffers.grad_dtype = grad_dtype;
+  buffers.out = out;
+  buffers.out_dtype = out_dtype;
+  buffers.count = count;
+
+  const int64_t num_tiles = (count + tile_elements_ - 1) / tile_elements_;
+  pool_->ParallelFor(num_tiles, [&](int64_t tile) {
+    const int64_t begin = tile * tile_elements_;
+    RunStepKernel(
+        simd_path_, coefficients,
+        SliceBuffers(buffers, begin, std::min(tile_elements_, count - begin)));
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace offload
+}  // namespace ze

@@ -1,0 +1,223 @@
+// A multi-threaded, SIMD optimizer step over f32 master weights and f32
+// moments in host memory (ZeRO-Offload's CPU Adam): Adam (L2), AdamW
+// (decoupled weight decay) and SGD with momentum.
+//
+// Semantics are exactly zero/optimizer.h's (PyTorch's), with t the 1-based
+// step count and g = grad * grad_scale (gradients f32, bf16 or f16):
+//   Adam  (L2):        g += wd * p
+//                      m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//                      p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t)
+//                      + eps)
+//   AdamW (decoupled): p *= 1 - lr * wd, then the Adam update without L2.
+//   SGD:               g += wd * p
+//                      buf = g on the first step, else
+//                      buf = mu buf + (1 - dampening) g
+//                      g = nesterov ? g + mu buf : buf;  p -= lr g
+//                      (momentum 0: no state, plain p -= lr g)
+// The per-step scalars are formed in double and rounded once to f32, and
+// every element evaluates the same f32 sequence with the same fused
+// multiply-adds as zero/optimizer_kernels.h, so the result is bit for bit
+// the engine's FlatOptimizer (CPU and CUDA) given the same inputs.
+//
+// Paths: AVX-512 (16 wide), AVX2/FMA (8 wide) and scalar, chosen at run time
+// from the CPU's features. All three evaluate the same operations (IEEE sqrt
+// and division are correctly rounded in every path), so they agree bit for
+// bit; the scalar path is the reference and handles every vector tail.
+// The range is cut into tiles (tile_bytes of each f32 stream) that a small
+// pool of threads takes in turn; elements are independent, so the thread
+// count never changes the result.
+#ifndef ZE_OFFLOAD_CPU_OPTIMIZER_H_
+#define ZE_OFFLOAD_CPU_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "offload/thread_pool.h"
+
+namespace ze {
+namespace offload {
+
+// The instruction set an optimizer step runs with.
+enum class SimdPath { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// "scalar", "avx2", "avx512".
+const char* SimdPathName(SimdPath path);
+
+// Whether this CPU can run `path` (scalar always; AVX2 needs avx2 and fma,
+// and the F16C conversions every path uses; AVX-512 needs avx512f).
+bool SimdPathSupported(SimdPath path);
+
+// The widest supported path.
+SimdPath BestSimdPath();
+
+enum class CpuOptimizerType { kAdam = 0, kAdamW = 1, kSgd = 2 };
+
+// "adam", "adamw", "sgd".
+const char* CpuOptimizerTypeName(CpuOptimizerType type);
+
+// Hyperparameters fixed for the run (zero::OptimizerOptions' fields and
+// meanings). Doubles, as the JSON config holds them: 1 - beta is formed in
+// double and rounded once.
+struct CpuOptimizerOptions {
+  CpuOptimizerType type = CpuOptimizerType::kAdamW;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  // SGD only.
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+};
+
+// What changes from step to step (zero::StepArgs' fields and meanings).
+struct CpuStepArgs {
+  double lr = 0.0;
+  // Multiplies every gradient before anything else.
+  float grad_scale = 1.0f;
+  // When set, replace beta1 / beta2 (Adam, AdamW) or the momentum (SGD).
+  std::optional<double> beta1;
+  std::optional<double> beta2;
+};
+
+// How the step runs; none of it changes the result.
+struct CpuExecutionOptions {
+  // Threads in the pool, the caller's included; 0: hardware threads.
+  int num_threads = 0;
+  // Bytes of each f32 stream per tile (64 KiB: a tile's p, m, v, g and out
+  // stay in L2 while it is updated). Rounded down to whole 64-element blocks,
+  // at least one.
+  int64_t tile_bytes = 64 * 1024;
+  // The instruction set; unset: BestSimdPath().
+  std::optional<SimdPath> simd_path;
+};
+
+// The per-step f32 coefficients every element uses (the same fields and
+// derivation as zero::OptimizerCoefficients).
+struct StepCoefficients {
+  bool is_sgd = false;
+  float grad_scale = 1.0f;
+  float l2 = 0.0f;
+  float decay_factor = 1.0f;
+  float neg_step_size = 0.0f;
+  // Adam, AdamW
+  float beta1 = 0.0f;
+  float one_minus_beta1 = 1.0f;
+  float beta2 = 0.0f;
+  float one_minus_beta2 = 1.0f;
+  float eps = 0.0f;
+  float inv_sqrt_bias_correction2 = 1.0f;
+  // SGD
+  float momentum = 0.0f;
+  float one_minus_dampening = 1.0f;
+  bool has_momentum_buffer = false;
+  bool nesterov = false;
+  bool first_step = false;
+};
+
+// The pointers of one update of `count` elements. None may overlap another.
+struct StepBuffers {
+  float* master = nullptr;         // f32, updated in place
+  float* state0 = nullptr;         // exp_avg (Adam) or momentum buffer (SGD)
+  float* state1 = nullptr;         // exp_avg_sq (Adam); null for SGD
+  const void* grads = nullptr;     // grad_dtype
+  DType grad_dtype = DType::kF32;  // f32, bf16 or f16
+  void* out = nullptr;             // null, or receives p rounded to out_dtype
+  DType out_dtype = DType::kBF16;  // f32, bf16 or f16 (ignored when out null)
+  int64_t count = 0;
+};
+
+// One single-threaded pass of `path` over `buffers` (the kernel itself; no
+// checks: the path must be supported, dtypes valid, state pointers present
+// as the coefficients require). For tests and for callers with their own
+// threads; CpuOptimizer::Step is the checked, threaded entry point.
+void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
+                   const StepBuffers& buffers);
+
+// Owns the optimizer state for one flat range of f32 master weights in host
+// memory and updates it with a thread pool.
+class CpuOptimizer {
+ public:
+  // Allocates zeroed, 64-byte aligned f32 state for `num_elements`: exp_avg
+  // and exp_avg_sq for Adam/AdamW, momentum_buffer for SGD with momentum,
+  // none for plain SGD, and starts the pool. Fails with InvalidArgument for
+  // bad hyperparameters (zero::FlatOptimizer::Create's rules), a negative
+  // num_elements, num_threads < 0, tile_bytes < 256, or a simd_path this CPU
+  // lacks; with ResourceExhausted when the state cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<CpuOptimizer>> Create(
+      const CpuOptimizerOptions& options, int64_t num_elements,
+      const CpuExecutionOptions& execution = CpuExecutionOptions());
+
+  ~CpuOptimizer();
+  CpuOptimizer(const CpuOptimizer&) = delete;
+  CpuOptimizer& operator=(const CpuOptimizer&) = delete;
+
+  // One update of `master_weights` [0, num_elements) from `grads` (f32,
+  // bf16 or f16); if `out` is not null it receives the updated weights
+  // rounded to nearest even to `out_dtype`. Synchronous: done on return.
+  // Increments step_count(). Fails with InvalidArgument (naming the
+  // parameter) on a null pointer, a bad dtype, a non-finite lr or
+  // grad_scale, or a beta override outside [0, 1); nothing is modified then.
+  absl::Status Step(float* master_weights, const void* grads, DType grad_dtype,
+                    const CpuStepArgs& step_args, void* out = nullptr,
+                    DType out_dtype = DType::kBF16);
+
+  // Like Step over state elements [state_offset, state_offset + count)
+  // without advancing step_count() (for callers that update a partition
+  // tile by tile as its gradients arrive); call AdvanceStep() once after
+  // every range of one step. Also fails when the range leaves the state.
+  absl::Status StepRange(int64_t state_offset, int64_t count,
+                         float* master_weights, const void* grads,
+                         DType grad_dtype, const CpuStepArgs& step_args,
+                         void* out = nullptr, DType out_dtype = DType::kBF16);
+  void AdvanceStep() { ++step_count_; }
+
+  // The coefficients StepRange would use now (step_count() + 1 is t).
+  absl::StatusOr<StepCoefficients> Coefficients(
+      const CpuStepArgs& step_args) const;
+
+  // State (null when the optimizer has none), num_elements() floats each;
+  // writing into them restores state.
+  float* exp_avg() const { return exp_avg_.get(); }
+  float* exp_avg_sq() const { return exp_avg_sq_.get(); }
+  float* momentum_buffer() const { return momentum_buffer_.get(); }
+
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t count) { step_count_ = count; }
+  const CpuOptimizerOptions& options() const { return options_; }
+  int64_t num_elements() const { return num_elements_; }
+  SimdPath simd_path() const { return simd_path_; }
+  int num_threads() const { return pool_->num_threads(); }
+  int64_t tile_elements() const { return tile_elements_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(float* data) const;
+  };
+  using StateBuffer = std::unique_ptr<float[], FreeDeleter>;
+
+  CpuOptimizer(const CpuOptimizerOptions& options, int64_t num_elements,
+               SimdPath simd_path, int64_t tile_elements,
+               std::unique_ptr<ThreadPool> pool);
+
+  CpuOptimizerOptions options_;
+  int64_t num_elements_;
+  SimdPath simd_path_;
+  int64_t tile_elements_;
+  std::unique_ptr<ThreadPool> pool_;
+  int64_t step_count_ = 0;
+  StateBuffer exp_avg_;
+  StateBuffer exp_avg_sq_;
+  StateBuffer momentum_buffer_;
+};
+
+}  // namespace offload
+}  // namespace ze
+
+#endif  // ZE_OFFLOAD_CPU_OPTIMIZER_H_

@@ -1,0 +1,417 @@
+#include "offload/cpu_optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace offload {
+namespace {
+
+constexpr SimdPath kAllPaths[] = {SimdPath::kScalar, SimdPath::kAvx2,
+                                  SimdPath::kAvx512};
+constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+struct NamedOptions {
+  std::string name;
+  CpuOptimizerOptions options;
+};
+
+// Every optimizer type, with weight decay, and SGD's variants.
+std::vector<NamedOptions> AllOptimizers() {
+  std::vector<NamedOptions> all;
+  CpuOptimizerOptions adam;
+  adam.type = CpuOptimizerType::kAdam;
+  adam.weight_decay = 0.01;
+  all.push_back({"adam", adam});
+  CpuOptimizerOptions adamw = adam;
+  adamw.type = CpuOptimizerType::kAdamW;
+  adamw.beta2 = 0.95;
+  adamw.weight_decay = 0.1;
+  all.push_back({"adamw", adamw});
+  CpuOptimizerOptions sgd;
+  sgd.type = CpuOptimizerType::kSgd;
+  sgd.weight_decay = 0.001;
+  all.push_back({"sgd", sgd});
+  CpuOptimizerOptions momentum = sgd;
+  momentum.momentum = 0.9;
+  momentum.dampening = 0.1;
+  all.push_back({"sgd_momentum", momentum});
+  CpuOptimizerOptions nesterov = sgd;
+  nesterov.momentum = 0.9;
+  nesterov.nesterov = true;
+  all.push_back({"sgd_nesterov", nesterov});
+  return all;
+}
+
+// Bytes of `count` elements of `dtype` holding `values` rounded to it.
+std::vector<uint8_t> Encode(const std::vector<float>& values, DType dtype) {
+  std::vector<uint8_t> bytes(values.size() * SizeOf(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    StoreFromFloat(bytes.data(), dtype, i, values[i]);
+  }
+  return bytes;
+}
+
+// Inputs for `steps` steps over `count` elements: weights and gradients
+// of mixed signs and magnitudes, including exact zeros.
+struct Problem {
+  std::vector<float> master;
+  std::vector<std::vector<uint8_t>> grads;  // one per step
+};
+
+Problem MakeProblem(int64_t count, DType grad_dtype, int steps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Problem problem;
+  problem.master.resize(count);
+  for (float& p : problem.master) p = normal(rng);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> g(count);
+    for (int64_t i = 0; i < count; ++i) {
+      g[i] = (i % 97 == 5) ? 0.0f : normal(rng) * std::ldexp(1.0f, i % 9 - 6);
+    }
+    problem.grads.push_back(Encode(g, grad_dtype));
+  }
+  return problem;
+}
+
+struct Result {
+  std::vector<float> master;
+  std::vector<float> exp_avg, exp_avg_sq, momentum_buffer;
+  std::vector<uint8_t> out;  // the last step's fused write
+};
+
+std::vector<float> Copy(const float* data, int64_t count) {
+  return data == nullptr ? std::vector<float>()
+                         : std::vector<float>(data, data + count);
+}
+
+// Runs every step of `problem` through a CpuOptimizer with `execution`.
+Result RunSteps(const CpuOptimizerOptions& options, const Problem& problem,
+                DType grad_dtype, bool with_out, DType out_dtype,
+                const CpuExecutionOptions& execution) {
+  const int64_t count = problem.master.size();
+  auto optimizer = CpuOptimizer::Create(options, count, execution);
+  EXPECT_TRUE(optimizer.ok()) << optimizer.status();
+  Result result;
+  result.master = problem.master;
+  if (with_out) result.out.assign(count * SizeOf(out_dtype), 0xAB);
+  CpuStepArgs args;
+  args.grad_scale = 0.5f;
+  for (size_t s = 0; s < problem.grads.size(); ++s) {
+    args.lr = 1e-3 * (s + 1);  // a schedule: lr changes every step
+    const absl::Status status =
+        (*optimizer)
+            ->Step(result.master.data(), problem.grads[s].data(), grad_dtype,
+                   args, with_out ? result.out.data() : nullptr, out_dtype);
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  result.exp_avg = Copy((*optimizer)->exp_avg(), count);
+  result.exp_avg_sq = Copy((*optimizer)->exp_avg_sq(), count);
+  result.momentum_buffer = Copy((*optimizer)->momentum_buffer(), count);
+  return result;
+}
+
+// Bit-for-bit equality, reporting the first difference.
+void ExpectBitwiseEqual(const std::vector<float>& expected,
+                        const std::vector<float>& actual, const char* what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (FloatBits(expected[i]) != FloatBits(actual[i])) {
+      FAIL() << what << "[" << i << "]: expected " << expected[i] << " got "
+             << actual[i];
+    }
+  }
+}
+
+void ExpectSameResult(const Result& expected, const Result& actual) {
+  ExpectBitwiseEqual(expected.master, actual.master, "master");
+  ExpectBitwiseEqual(expected.exp_avg, actual.exp_avg, "exp_avg");
+  ExpectBitwiseEqual(expected.exp_avg_sq, actual.exp_avg_sq, "exp_avg_sq");
+  ExpectBitwiseEqual(expected.momentum_buffer, actual.momentum_buffer,
+                     "momentum_buffer");
+  ASSERT_EQ(expected.out.size(), actual.out.size());
+  EXPECT_EQ(
+      std::memcmp(expected.out.data(), actual.out.data(), expected.out.size()),
+      0)
+      << "fused 16-bit/f32 write differs";
+}
+
+CpuExecutionOptions Execution(SimdPath path, int threads,
+                              int64_t tile_bytes = 64 * 1024) {
+  CpuExecutionOptions execution;
+  execution.simd_path = path;
+  execution.num_threads = threads;
+  execution.tile_bytes = tile_bytes;
+  return execution;
+}
+
+// Every supported vector path against the scalar reference, bit for bit:
+// every path evaluates the same f32 operations and sqrt/division are
+// correctly rounded in all of them, so no ulp tolerance is needed.
+TEST(CpuOptimizerTest, EveryPathMatchesScalarBitForBit) {
+  for (SimdPath path : kAllPaths) {
+    if (!SimdPathSupported(path)) {
+      std::printf("skipping %s: this CPU lacks it\n", SimdPathName(path));
+      continue;
+    }
+    for (const NamedOptions& optimizer : AllOptimizers()) {
+      for (DType grad_dtype : kFloatTypes) {
+        for (int64_t count : {1, 7, 53, 1000}) {
+          const Problem problem = MakeProblem(count, grad_dtype, 3, count);
+          // No fused write, then each output dtype.
+          for (int out = -1; out < 3; ++out) {
+            const DType out_dtype = out < 0 ? DType::kBF16 : kFloatTypes[out];
+            SCOPED_TRACE(::testing::Message()
+                         << SimdPathName(path) << " " << optimizer.name
+                         << " grads " << DTypeName(grad_dtype) << " out "
+                         << (out < 0 ? "none" : DTypeName(out_dtype))
+                         << " count " << count);
+            const Result expected =
+                RunSteps(optimizer.options, problem, grad_dtype, out >= 0,
+                         out_dtype, Execution(SimdPath::kScalar, 1));
+            const Result actual =
+                RunSteps(optimizer.options, problem, grad_dtype, out >= 0,
+                         out_dtype, Execution(path, 1));
+            ExpectSameResult(expected, actual);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A size far from any vector width or tile, over several tiles and threads.
+TEST(CpuOptimizerTest, LargeOddSizeMatchesScalarAcrossThreads) {
+  constexpr int64_t kCount = 1000003;
+  for (const NamedOptions& optimizer : AllOptimizers()) {
+    for (DType grad_dtype : kFloatTypes) {
+      const Problem problem = MakeProblem(kCount, grad_dtype, 2, 7);
+      const Result expected =
+          RunSteps(optimizer.options, problem, grad_dtype, true, DType::kBF16,
+                   Execution(SimdPath::kScalar, 1));
+      for (SimdPath path : kAllPaths) {
+        if (!SimdPathSupported(path)) {
+          std::printf("skipping %s: this CPU lacks it\n", SimdPathName(path));
+          continue;
+        }
+        for (int threads : {1, 3, 4}) {
+          SCOPED_TRACE(::testing::Message()
+                       << SimdPathName(path) << " " << optimizer.name
+                       << " grads " << DTypeName(grad_dtype) << " threads "
+                       << threads);
+          ExpectSameResult(
+              expected, RunSteps(optimizer.options, problem, grad_dtype, true,
+                                 DType::kBF16, Execution(path, threads)));
+        }
+      }
+    }
+  }
+}
+
+// Small tiles: many tiles per thread, a tail tile shorter than a vector.
+TEST(CpuOptimizerTest, TileSizeDoesNotChangeTheResult) {
+  constexpr int64_t kCount = 100003;
+  CpuOptimizerOptions options;  // AdamW
+  options.weight_decay = 0.05;
+  const Problem problem = MakeProblem(kCount, DType::kBF16, 2, 11);
+  const Result expected =
+      RunSteps(options, problem, DType::kBF16, true, DType::kF16,
+               Execution(SimdPath::kScalar, 1));
+  for (int64_t tile_bytes : {256, 1000, 4096, 1 << 20}) {
+    SCOPED_TRACE(::testing::Message() << "tile_bytes " << tile_bytes);
+    ExpectSameResult(expected,
+                     RunSteps(options, problem, DType::kBF16, true, DType::kF16,
+                              Execution(BestSimdPath(), 3, tile_bytes)));
+  }
+}
+
+// The formulas themselves, against a plain double-precision transcription
+// of the documented semantics (the bit-for-bit tests above would not catch
+// a formula all paths share). Tolerance: f32 rounding of a few operations.
+TEST(CpuOptimizerTest, MatchesTheDocumentedFormulas) {
+  constexpr int64_t kCount = 257;
+  constexpr int kSteps = 4;
+  for (const NamedOptions& named : AllOptimizers()) {
+    SCOPED_TRACE(named.name);
+    const CpuOptimizerOptions& o = named.options;
+    const Problem problem = MakeProblem(kCount, DType::kF32, kSteps, 3);
+    const Result actual = RunSteps(o, problem, DType::kF32, true, DType::kF32,
+                                   CpuExecutionOptions());
+    for (int64_t i = 0; i < kCount; ++i) {
+      double p = problem.master[i], m = 0, v = 0, buf = 0;
+      for (int s = 0; s < kSteps; ++s) {
+        const double lr = 1e-3 * (s + 1);
+        const int t = s + 1;
+        float grad;
+        std::memcpy(&grad, problem.grads[s].data() + i * 4, 4);
+        double g = static_cast<double>(grad) * 0.5;
+        if (o.type == CpuOptimizerType::kSgd) {
+          g += o.weight_decay * p;
+          if (o.momentum != 0) {
+            buf = s == 0 ? g : o.momentum * buf + (1 - o.dampening) * g;
+            g = o.nesterov ? g + o.momentum * buf : buf;
+          }
+          p -= lr * g;
+        } else {
+          if (o.type == CpuOptimizerType::kAdamW) {
+            p *= 1 - lr * o.weight_decay;
+          } else {
+            g += o.weight_decay * p;
+          }
+          m = o.beta1 * m + (1 - o.beta1) * g;
+          v = o.beta2 * v + (1 - o.beta2) * g * g;
+          p -= lr / (1 - std::pow(o.beta1, t)) * m /
+               (std::sqrt(v) / std::sqrt(1 - std::pow(o.beta2, t)) + o.eps);
+        }
+      }
+      ASSERT_NEAR(actual.master[i], p, 1e-5 * (1 + std::fabs(p)))
+          << "element " << i;
+      float out;
+      std::memcpy(&out, actual.out.data() + i * 4, 4);
+      ASSERT_EQ(FloatBits(out), FloatBits(actual.master[i]));
+    }
+  }
+}
+
+// Updating a partition range by range equals one Step.
+TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
+  constexpr int64_t kCount = 10007;
+  CpuOptimizerOptions options;
+  options.type = CpuOptimizerType::kAdam;
+  const Problem problem = MakeProblem(kCount, DType::kF16, 3, 5);
+  const Result expected = RunSteps(options, problem, DType::kF16, true,
+                                   DType::kBF16, CpuExecutionOptions());
+
+  auto optimizer = CpuOptimizer::Create(options, kCount);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  std::vector<float> master = problem.master;
+  std::vector<uint8_t> out(kCount * 2);
+  const int64_t cuts[] = {0, 1, 4000, 4017, kCount};
+  CpuStepArgs args;
+  args.grad_scale = 0.5f;
+  for (int s = 0; s < 3; ++s) {
+    args.lr = 1e-3 * (s + 1);
+    for (int r = 0; r + 1 < 5; ++r) {
+      const int64_t begin = cuts[r], count = cuts[r + 1] - cuts[r];
+      ASSERT_TRUE((*optimizer)
+                      ->StepRange(begin, count, master.data() + begin,
+                                  problem.grads[s].data() + begin * 2,
+                                  DType::kF16, args, out.data() + begin * 2,
+                                  DType::kBF16)
+                      .ok());
+    }
+    (*optimizer)->AdvanceStep();
+  }
+  EXPECT_EQ((*optimizer)->step_count(), 3);
+  ExpectBitwiseEqual(expected.master, master, "master");
+  ExpectBitwiseEqual(expected.exp_avg, Copy((*optimizer)->exp_avg(), kCount),
+                     "exp_avg");
+  EXPECT_EQ(std::memcmp(expected.out.data(), out.data(), out.size()), 0);
+}
+
+TEST(CpuOptimizerTest, DefaultsToTheBestPathAndHardwareThreads) {
+  auto optimizer = CpuOptimizer::Create(CpuOptimizerOptions(), 10);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  EXPECT_EQ((*optimizer)->simd_path(), BestSimdPath());
+  EXPECT_GE((*optimizer)->num_threads(), 1);
+  EXPECT_EQ((*optimizer)->tile_elements(), 16384);
+  EXPECT_TRUE(SimdPathSupported(SimdPath::kScalar));
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ((*optimizer)->exp_avg()[i], 0.0f);
+    EXPECT_EQ((*optimizer)->exp_avg_sq()[i], 0.0f);
+  }
+  EXPECT_EQ((*optimizer)->momentum_buffer(), nullptr);
+}
+
+TEST(CpuOptimizerTest, RejectsBadOptionsNamingThem) {
+  auto expect_error = [](const CpuOptimizerOptions& options,
+                         const CpuExecutionOptions& execution,
+                         const std::string& needle) {
+    auto optimizer = CpuOptimizer::Create(options, 16, execution);
+    ASSERT_FALSE(optimizer.ok()) << needle;
+    EXPECT_EQ(optimizer.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(optimizer.status().message().find(needle), std::string::npos)
+        << optimizer.status();
+  };
+  CpuOptimizerOptions bad_beta;
+  bad_beta.beta2 = 1.0;
+  expect_error(bad_beta, {}, "betas");
+  CpuOptimizerOptions bad_eps;
+  bad_eps.eps = 0;
+  expect_error(bad_eps, {}, "eps");
+  CpuOptimizerOptions bad_decay;
+  bad_decay.weight_decay = -1;
+  expect_error(bad_decay, {}, "weight_decay");
+  CpuOptimizerOptions bad_nesterov;
+  bad_nesterov.type = CpuOptimizerType::kSgd;
+  bad_nesterov.nesterov = true;
+  expect_error(bad_nesterov, {}, "nesterov");
+  CpuExecutionOptions bad_threads;
+  bad_threads.num_threads = -2;
+  expect_error(CpuOptimizerOptions(), bad_threads, "num_threads");
+  CpuExecutionOptions bad_tile;
+  bad_tile.tile_bytes = 100;
+  expect_error(CpuOptimizerOptions(), bad_tile, "tile_bytes");
+  for (SimdPath path : kAllPaths) {
+    if (!SimdPathSupported(path)) {
+      CpuExecutionOptions unsupported;
+      unsupported.simd_path = path;
+      expect_error(CpuOptimizerOptions(), unsupported, "not supported");
+    }
+  }
+}
+
+TEST(CpuOptimizerTest, RejectsBadStepsWithoutModifyingAnything) {
+  auto optimizer = CpuOptimizer::Create(CpuOptimizerOptions(), 16);
+  ASSERT_TRUE(optimizer.ok());
+  std::vector<float> master(16, 1.0f), grads(16, 1.0f);
+  CpuStepArgs args;
+  args.lr = 0.1;
+  auto expect_error = [&](absl::Status status, const std::string& needle) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(status.message().find(needle), std::string::npos) << status;
+  };
+  expect_error(
+      (*optimizer)->Step(master.data(), grads.data(), DType::kI32, args),
+      "grad_dtype");
+  expect_error((*optimizer)
+                   ->Step(master.data(), grads.data(), DType::kF32, args,
+                          master.data(), DType::kI32),
+               "out_dtype");
+  expect_error((*optimizer)->Step(nullptr, grads.data(), DType::kF32, args),
+               "master_weights");
+  expect_error((*optimizer)->Step(master.data(), nullptr, DType::kF32, args),
+               "grads");
+  expect_error(
+      (*optimizer)
+          ->StepRange(10, 7, master.data(), grads.data(), DType::kF32, args),
+      "range [10, 17)");
+  CpuStepArgs bad_lr = args;
+  bad_lr.lr = NAN;
+  expect_error(
+      (*optimizer)->Step(master.data(), grads.data(), DType::kF32, bad_lr),
+      "lr");
+  CpuStepArgs bad_beta = args;
+  bad_beta.beta1 = 1.5;
+  expect_error(
+      (*optimizer)->Step(master.data(), grads.data(), DType::kF32, bad_beta),
+      "beta1 override");
+  EXPECT_EQ((*optimizer)->step_count(), 0);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(master[i], 1.0f);
+    EXPECT_EQ((*optimizer)->exp_avg()[i], 0.0f);
+  }
+}
+
+}  // namespace
+}  // namespace offload
+}  // namespace ze

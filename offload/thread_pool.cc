@@ -1,0 +1,75 @@
+#include "offload/thread_pool.h"
+
+#include <utility>
+
+namespace ze {
+namespace offload {
+
+ThreadPool::ThreadPool(int num_threads) {
+  const int workers = num_threads > 1 ? num_threads - 1 : 0;
+  workers_.reserve(workers);
+  for (int i = 0; i < workers; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  start_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+}
+
+void ThreadPool::RunTasks(const std::function<void(int64_t)>& task,
+                          int64_t num_tasks) {
+  for (int64_t i = next_task_.fetch_add(1, std::memory_order_relaxed);
+       i < num_tasks; i = next_task_.fetch_add(1, std::memory_order_relaxed)) {
+    task(i);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t num_tasks,
+                             const std::function<void(int64_t)>& task) {
+  if (num_tasks <= 0) return;
+  // One task or no workers: waking threads would cost more than it saves.
+  if (workers_.empty() || num_tasks == 1) {
+    for (int64_t i = 0; i < num_tasks; ++i) task(i);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    task_ = &task;
+    num_tasks_ = num_tasks;
+    next_task_.store(0, std::memory_order_relaxed);
+    busy_workers_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_.notify_all();
+  RunTasks(task, num_tasks);
+  // Every worker must have left RunTasks before `task` goes out of scope.
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return busy_workers_ == 0; });
+  task_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop() {
+  uint64_t seen_generation = 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    start_.wait(lock,
+                [&] { return stopping_ || generation_ != seen_generation; });
+    if (stopping_) return;
+    seen_generation = generation_;
+    const std::function<void(int64_t)>* task = task_;
+    const int64_t num_tasks = num_tasks_;
+    lock.unlock();
+    RunTasks(*task, num_tasks);
+    lock.lock();
+    if (--busy_workers_ == 0) done_.notify_one();
+  }
+}
+
+}  // namespace offload
+}  // namespace ze

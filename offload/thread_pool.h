@@ -1,0 +1,57 @@
+// A fixed pool of threads that runs one parallel loop at a time: the CPU
+// optimizer's tiles. The calling thread works too, so a pool of N threads
+// starts N - 1 workers; they sleep on a condition variable between loops.
+#ifndef ZE_OFFLOAD_THREAD_POOL_H_
+#define ZE_OFFLOAD_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ze {
+namespace offload {
+
+class ThreadPool {
+ public:
+  // `num_threads` >= 1, the caller's thread included (values below 1 are
+  // taken as 1).
+  explicit ThreadPool(int num_threads);
+  // Joins the workers (no loop may be running).
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs task(i) for every i in [0, num_tasks), each exactly once, on the
+  // pool's threads and the caller's, taking indices in increasing order;
+  // returns when all have finished. One loop at a time: not reentrant and
+  // not to be called from two threads at once. `task` must not throw.
+  void ParallelFor(int64_t num_tasks, const std::function<void(int64_t)>& task);
+
+ private:
+  void WorkerLoop();
+  void RunTasks(const std::function<void(int64_t)>& task, int64_t num_tasks);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  // Guarded by mutex_.
+  uint64_t generation_ = 0;
+  int busy_workers_ = 0;
+  bool stopping_ = false;
+  const std::function<void(int64_t)>* task_ = nullptr;
+  int64_t num_tasks_ = 0;
+  // The next task index to take.
+  std::atomic<int64_t> next_task_{0};
+};
+
+}  // namespace offload
+}  // namespace ze
+
+#endif  // ZE_OFFLOAD_THREAD_POOL_H_

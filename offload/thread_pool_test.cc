@@ -1,0 +1,47 @@
+#include "offload/thread_pool.h"
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace offload {
+namespace {
+
+TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t num_tasks : {0, 1, 2, 7, 1000}) {
+      std::vector<std::atomic<int>> runs(num_tasks);
+      pool.ParallelFor(num_tasks, [&](int64_t i) { runs[i].fetch_add(1); });
+      for (int64_t i = 0; i < num_tasks; ++i) {
+        ASSERT_EQ(runs[i].load(), 1) << "task " << i << " of " << num_tasks
+                                     << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ReusableAcrossManyLoops) {
+  ThreadPool pool(4);
+  std::atomic<int64_t> sum{0};
+  for (int loop = 0; loop < 500; ++loop) {
+    pool.ParallelFor(16, [&](int64_t i) { sum.fetch_add(i); });
+  }
+  EXPECT_EQ(sum.load(), 500 * (15 * 16 / 2));
+}
+
+TEST(ThreadPoolTest, BelowOneMeansOne) {
+  ThreadPool pool(0);
+  EXPECT_EQ(pool.num_threads(), 1);
+  int runs = 0;
+  pool.ParallelFor(3, [&](int64_t) { ++runs; });
+  EXPECT_EQ(runs, 3);
+}
+
+}  // namespace
+}  // namespace offload
+}  // namespace ze
