@@ -23,7 +23,8 @@
 // Note: DeepSpeed's config type "Adam" means AdamW unless "adam_w_mode" is
 // false; mapping the config to kAdam/kAdamW is the engine's job.
 //
-// CPU: AVX2/FMA (x86-64-v3) over 8 elements at a time, single pass. CUDA:
+// CPU: offload/cpu_optimizer.h's kernel (AVX-512, AVX2 or scalar, chosen
+// from the CPU; one thread), single pass. CUDA:
 // one fused kernel, 4 elements per thread with vector loads when aligned.
 // Both evaluate the same f32 expression with the same fused multiply-adds,
 // so they agree to rounding of sqrt/division (in practice bit for bit).
