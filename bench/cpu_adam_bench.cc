@@ -134,8 +134,8 @@ double TriadGBps(int threads, int64_t count) {
 
 absl::Status Run(const Flags& flags) {
   using ze::offload::CpuOptimizer;
-  ze::offload::CpuOptimizerOptions options;
-  options.type = ze::offload::CpuOptimizerType::kAdamW;
+  ze::offload::OptimizerOptions options;
+  options.type = ze::offload::OptimizerType::kAdamW;
   options.weight_decay = 0.1;
   ze::offload::CpuExecutionOptions execution;
   execution.tile_bytes = flags.tile_kib * 1024;
@@ -187,7 +187,7 @@ absl::Status Run(const Flags& flags) {
         out[i] = 0;
       }
     });
-    ze::offload::CpuStepArgs args;
+    ze::offload::StepArgs args;
     args.lr = 1e-4;
     double best = 1e30, total = 0;
     for (int step = 0; step <= flags.steps; ++step) {

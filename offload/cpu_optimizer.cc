@@ -79,13 +79,13 @@ SimdPath BestSimdPath() {
   return SimdPath::kScalar;
 }
 
-const char* CpuOptimizerTypeName(CpuOptimizerType type) {
+const char* OptimizerTypeName(OptimizerType type) {
   switch (type) {
-    case CpuOptimizerType::kAdam:
+    case OptimizerType::kAdam:
       return "adam";
-    case CpuOptimizerType::kAdamW:
+    case OptimizerType::kAdamW:
       return "adamw";
-    case CpuOptimizerType::kSgd:
+    case OptimizerType::kSgd:
       return "sgd";
   }
   return "unknown";
@@ -95,22 +95,9 @@ void CpuOptimizer::FreeDeleter::operator()(float* data) const {
   std::free(data);
 }
 
-CpuOptimizer::CpuOptimizer(const CpuOptimizerOptions& options,
-                           int64_t num_elements, SimdPath simd_path,
-                           int64_t tile_elements,
-                           std::unique_ptr<ThreadPool> pool)
-    : options_(options),
-      num_elements_(num_elements),
-      simd_path_(simd_path),
-      tile_elements_(tile_elements),
-      pool_(std::move(pool)) {}
-
-CpuOptimizer::~CpuOptimizer() = default;
-
-absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
-    const CpuOptimizerOptions& options, int64_t num_elements,
-    const CpuExecutionOptions& execution) {
-  const std::string name = CpuOptimizerTypeName(options.type);
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options,
+                                      int64_t num_elements) {
+  const std::string name = OptimizerTypeName(options.type);
   if (num_elements < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": num_elements must be >= 0, got ", num_elements));
@@ -119,7 +106,7 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         name, ": weight_decay must be >= 0, got ", options.weight_decay));
   }
-  if (options.type == CpuOptimizerType::kSgd) {
+  if (options.type == OptimizerType::kSgd) {
     if (!(options.momentum >= 0.0) || !(options.dampening >= 0.0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": momentum and dampening must be >= 0, got ",
@@ -141,6 +128,80 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
           absl::StrCat(name, ": eps must be > 0, got ", options.eps));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepCoefficients> ComputeStepCoefficients(
+    const OptimizerOptions& options, int64_t step_count,
+    const StepArgs& step_args, bool has_momentum_buffer) {
+  if (!std::isfinite(step_args.lr) || !std::isfinite(step_args.grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: lr ", step_args.lr, " and grad_scale ",
+                     step_args.grad_scale, " must be finite"));
+  }
+  const bool is_sgd = options.type == OptimizerType::kSgd;
+  const double beta1 =
+      step_args.beta1.value_or(is_sgd ? options.momentum : options.beta1);
+  const double beta2 = step_args.beta2.value_or(options.beta2);
+  if (step_args.beta1.has_value() && !IsBeta(beta1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: beta1 override ", beta1, " is outside [0, 1)"));
+  }
+  if (step_args.beta2.has_value() && !IsBeta(beta2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: beta2 override ", beta2, " is outside [0, 1)"));
+  }
+  // In double, rounded once to f32.
+  const double lr = step_args.lr;
+  const double weight_decay = options.weight_decay;
+  const int64_t t = step_count + 1;
+  StepCoefficients c;
+  c.grad_scale = step_args.grad_scale;
+  if (is_sgd) {
+    c.is_sgd = true;
+    c.l2 = static_cast<float>(weight_decay);
+    c.neg_step_size = static_cast<float>(-lr);
+    c.momentum = static_cast<float>(beta1);
+    c.one_minus_dampening = static_cast<float>(1.0 - options.dampening);
+    c.has_momentum_buffer = has_momentum_buffer;
+    c.nesterov = options.nesterov;
+    c.first_step = step_count == 0;
+  } else {
+    const bool decoupled = options.type == OptimizerType::kAdamW;
+    c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);
+    c.decay_factor =
+        decoupled ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
+    const double bias_correction1 = 1.0 - std::pow(beta1, t);
+    const double bias_correction2 = 1.0 - std::pow(beta2, t);
+    c.neg_step_size = static_cast<float>(-lr / bias_correction1);
+    c.inv_sqrt_bias_correction2 =
+        static_cast<float>(1.0 / std::sqrt(bias_correction2));
+    c.beta1 = static_cast<float>(beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+    c.beta2 = static_cast<float>(beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+    c.eps = static_cast<float>(options.eps);
+  }
+  return c;
+}
+
+CpuOptimizer::CpuOptimizer(const OptimizerOptions& options,
+                           int64_t num_elements, SimdPath simd_path,
+                           int64_t tile_elements,
+                           std::unique_ptr<ThreadPool> pool)
+    : options_(options),
+      num_elements_(num_elements),
+      simd_path_(simd_path),
+      tile_elements_(tile_elements),
+      pool_(std::move(pool)) {}
+
+CpuOptimizer::~CpuOptimizer() = default;
+
+absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
+    const OptimizerOptions& options, int64_t num_elements,
+    const CpuExecutionOptions& execution) {
+  const std::string name = OptimizerTypeName(options.type);
+  ZE_RETURN_IF_ERROR(ValidateOptimizerOptions(options, num_elements));
   if (execution.num_threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": num_threads must be >= 0 (0: hardware threads)",
@@ -190,7 +251,7 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
     });
     return absl::OkStatus();
   };
-  if (options.type == CpuOptimizerType::kSgd) {
+  if (options.type == OptimizerType::kSgd) {
     if (options.momentum != 0.0) {
       ZE_RETURN_IF_ERROR(
           allocate(&optimizer->momentum_buffer_, "momentum_buffer"));
@@ -203,61 +264,13 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
 }
 
 absl::StatusOr<StepCoefficients> CpuOptimizer::Coefficients(
-    const CpuStepArgs& step_args) const {
-  if (!std::isfinite(step_args.lr) || !std::isfinite(step_args.grad_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cpu optimizer step: lr ", step_args.lr, " and grad_scale ",
-        step_args.grad_scale, " must be finite"));
-  }
-  const bool is_sgd = options_.type == CpuOptimizerType::kSgd;
-  const double beta1 =
-      step_args.beta1.value_or(is_sgd ? options_.momentum : options_.beta1);
-  const double beta2 = step_args.beta2.value_or(options_.beta2);
-  if (step_args.beta1.has_value() && !IsBeta(beta1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cpu optimizer step: beta1 override ", beta1, " is outside [0, 1)"));
-  }
-  if (step_args.beta2.has_value() && !IsBeta(beta2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cpu optimizer step: beta2 override ", beta2, " is outside [0, 1)"));
-  }
-  // In double, rounded once to f32: zero::FlatOptimizer::StepRange's
-  // derivation, so both see identical coefficients.
-  const double lr = step_args.lr;
-  const double weight_decay = options_.weight_decay;
-  const int64_t t = step_count_ + 1;
-  StepCoefficients c;
-  c.grad_scale = step_args.grad_scale;
-  if (is_sgd) {
-    c.is_sgd = true;
-    c.l2 = static_cast<float>(weight_decay);
-    c.neg_step_size = static_cast<float>(-lr);
-    c.momentum = static_cast<float>(beta1);
-    c.one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
-    c.has_momentum_buffer = momentum_buffer_ != nullptr;
-    c.nesterov = options_.nesterov;
-    c.first_step = step_count_ == 0;
-  } else {
-    const bool decoupled = options_.type == CpuOptimizerType::kAdamW;
-    c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);
-    c.decay_factor =
-        decoupled ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
-    const double bias_correction1 = 1.0 - std::pow(beta1, t);
-    const double bias_correction2 = 1.0 - std::pow(beta2, t);
-    c.neg_step_size = static_cast<float>(-lr / bias_correction1);
-    c.inv_sqrt_bias_correction2 =
-        static_cast<float>(1.0 / std::sqrt(bias_correction2));
-    c.beta1 = static_cast<float>(beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-    c.beta2 = static_cast<float>(beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-    c.eps = static_cast<float>(options_.eps);
-  }
-  return c;
+    const StepArgs& step_args) const {
+  return ComputeStepCoefficients(options_, step_count_, step_args,
+                                 momentum_buffer_ != nullptr);
 }
 
 absl::Status CpuOptimizer::Step(float* master_weights, const void* grads,
-                                DType grad_dtype, const CpuStepArgs& step_args,
+                                DType grad_dtype, const StepArgs& step_args,
                                 void* out, DType out_dtype) {
   ZE_RETURN_IF_ERROR(StepRange(0, num_elements_, master_weights, grads,
                                grad_dtype, step_args, out, out_dtype));
@@ -268,26 +281,26 @@ absl::Status CpuOptimizer::Step(float* master_weights, const void* grads,
 absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
                                      float* master_weights, const void* grads,
                                      DType grad_dtype,
-                                     const CpuStepArgs& step_args, void* out,
+                                     const StepArgs& step_args, void* out,
                                      DType out_dtype) {
   if (state_offset < 0 || count < 0 || state_offset + count > num_elements_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cpu optimizer step: range [", state_offset, ", ", state_offset + count,
+        "optimizer step: range [", state_offset, ", ", state_offset + count,
         ") leaves the optimizer state of ", num_elements_, " elements"));
   }
   if (count > 0 && (master_weights == nullptr || grads == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cpu optimizer step: ",
+        "optimizer step: ",
         master_weights == nullptr ? "master_weights" : "grads", " is null"));
   }
   if (!IsFloatFormat(grad_dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cpu optimizer step: grad_dtype ", DTypeName(grad_dtype),
+        absl::StrCat("optimizer step: grad_dtype ", DTypeName(grad_dtype),
                      " must be f32, bf16 or f16"));
   }
   if (out != nullptr && !IsFloatFormat(out_dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cpu optimizer step: out_dtype ", DTypeName(out_dtype),
+        absl::StrCat("optimizer step: out_dtype ", DTypeName(out_dtype),
                      " must be f32, bf16 or f16"));
   }
   ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
@@ -296,7 +309,7 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
 
   StepBuffers buffers;
   buffers.master = master_weights;
-  if (options_.type == CpuOptimizerType::kSgd) {
+  if (options_.type == OptimizerType::kSgd) {
     if (momentum_buffer_ != nullptr) {
       buffers.state0 = momentum_buffer_.get() + state_offset;
     }

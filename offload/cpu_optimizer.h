@@ -56,16 +56,16 @@ bool SimdPathSupported(SimdPath path);
 // The widest supported path.
 SimdPath BestSimdPath();
 
-enum class CpuOptimizerType { kAdam = 0, kAdamW = 1, kSgd = 2 };
+enum class OptimizerType { kAdam = 0, kAdamW = 1, kSgd = 2 };
 
 // "adam", "adamw", "sgd".
-const char* CpuOptimizerTypeName(CpuOptimizerType type);
+const char* OptimizerTypeName(OptimizerType type);
 
 // Hyperparameters fixed for the run (zero::OptimizerOptions' fields and
 // meanings). Doubles, as the JSON config holds them: 1 - beta is formed in
 // double and rounded once.
-struct CpuOptimizerOptions {
-  CpuOptimizerType type = CpuOptimizerType::kAdamW;
+struct OptimizerOptions {
+  OptimizerType type = OptimizerType::kAdamW;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
@@ -77,7 +77,7 @@ struct CpuOptimizerOptions {
 };
 
 // What changes from step to step (zero::StepArgs' fields and meanings).
-struct CpuStepArgs {
+struct StepArgs {
   double lr = 0.0;
   // Multiplies every gradient before anything else.
   float grad_scale = 1.0f;
@@ -133,6 +133,23 @@ struct StepBuffers {
   int64_t count = 0;
 };
 
+// Checks the hyperparameters every optimizer of the project requires (this
+// one and zero::FlatOptimizer): betas in [0, 1), eps > 0, weight decay,
+// momentum and dampening >= 0, nesterov only with momentum and no
+// dampening, and num_elements >= 0. InvalidArgument naming the optimizer
+// and the value otherwise.
+absl::Status ValidateOptimizerOptions(const OptimizerOptions& options,
+                                      int64_t num_elements);
+
+// The coefficients of update number step_count + 1 (t), formed in double and
+// rounded once to f32, so every implementation (CPU paths, CUDA) sees the
+// same ones. `has_momentum_buffer`: SGD keeps a momentum buffer.
+// InvalidArgument for a non-finite lr or grad_scale, or a beta override
+// outside [0, 1).
+absl::StatusOr<StepCoefficients> ComputeStepCoefficients(
+    const OptimizerOptions& options, int64_t step_count,
+    const StepArgs& step_args, bool has_momentum_buffer);
+
 // One single-threaded pass of `path` over `buffers` (the kernel itself; no
 // checks: the path must be supported, dtypes valid, state pointers present
 // as the coefficients require). For tests and for callers with their own
@@ -151,7 +168,7 @@ class CpuOptimizer {
   // num_elements, num_threads < 0, tile_bytes < 256, or a simd_path this CPU
   // lacks; with ResourceExhausted when the state cannot be allocated.
   static absl::StatusOr<std::unique_ptr<CpuOptimizer>> Create(
-      const CpuOptimizerOptions& options, int64_t num_elements,
+      const OptimizerOptions& options, int64_t num_elements,
       const CpuExecutionOptions& execution = CpuExecutionOptions());
 
   ~CpuOptimizer();
@@ -165,7 +182,7 @@ class CpuOptimizer {
   // parameter) on a null pointer, a bad dtype, a non-finite lr or
   // grad_scale, or a beta override outside [0, 1); nothing is modified then.
   absl::Status Step(float* master_weights, const void* grads, DType grad_dtype,
-                    const CpuStepArgs& step_args, void* out = nullptr,
+                    const StepArgs& step_args, void* out = nullptr,
                     DType out_dtype = DType::kBF16);
 
   // Like Step over state elements [state_offset, state_offset + count)
@@ -174,13 +191,13 @@ class CpuOptimizer {
   // every range of one step. Also fails when the range leaves the state.
   absl::Status StepRange(int64_t state_offset, int64_t count,
                          float* master_weights, const void* grads,
-                         DType grad_dtype, const CpuStepArgs& step_args,
+                         DType grad_dtype, const StepArgs& step_args,
                          void* out = nullptr, DType out_dtype = DType::kBF16);
   void AdvanceStep() { ++step_count_; }
 
   // The coefficients StepRange would use now (step_count() + 1 is t).
   absl::StatusOr<StepCoefficients> Coefficients(
-      const CpuStepArgs& step_args) const;
+      const StepArgs& step_args) const;
 
   // State (null when the optimizer has none), num_elements() floats each;
   // writing into them restores state.
@@ -190,7 +207,7 @@ class CpuOptimizer {
 
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t count) { step_count_ = count; }
-  const CpuOptimizerOptions& options() const { return options_; }
+  const OptimizerOptions& options() const { return options_; }
   int64_t num_elements() const { return num_elements_; }
   SimdPath simd_path() const { return simd_path_; }
   int num_threads() const { return pool_->num_threads(); }
@@ -202,11 +219,11 @@ class CpuOptimizer {
   };
   using StateBuffer = std::unique_ptr<float[], FreeDeleter>;
 
-  CpuOptimizer(const CpuOptimizerOptions& options, int64_t num_elements,
+  CpuOptimizer(const OptimizerOptions& options, int64_t num_elements,
                SimdPath simd_path, int64_t tile_elements,
                std::unique_ptr<ThreadPool> pool);
 
-  CpuOptimizerOptions options_;
+  OptimizerOptions options_;
   int64_t num_elements_;
   SimdPath simd_path_;
   int64_t tile_elements_;

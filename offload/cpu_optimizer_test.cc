@@ -21,30 +21,30 @@ constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
 struct NamedOptions {
   std::string name;
-  CpuOptimizerOptions options;
+  OptimizerOptions options;
 };
 
 // Every optimizer type, with weight decay, and SGD's variants.
 std::vector<NamedOptions> AllOptimizers() {
   std::vector<NamedOptions> all;
-  CpuOptimizerOptions adam;
-  adam.type = CpuOptimizerType::kAdam;
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdam;
   adam.weight_decay = 0.01;
   all.push_back({"adam", adam});
-  CpuOptimizerOptions adamw = adam;
-  adamw.type = CpuOptimizerType::kAdamW;
+  OptimizerOptions adamw = adam;
+  adamw.type = OptimizerType::kAdamW;
   adamw.beta2 = 0.95;
   adamw.weight_decay = 0.1;
   all.push_back({"adamw", adamw});
-  CpuOptimizerOptions sgd;
-  sgd.type = CpuOptimizerType::kSgd;
+  OptimizerOptions sgd;
+  sgd.type = OptimizerType::kSgd;
   sgd.weight_decay = 0.001;
   all.push_back({"sgd", sgd});
-  CpuOptimizerOptions momentum = sgd;
+  OptimizerOptions momentum = sgd;
   momentum.momentum = 0.9;
   momentum.dampening = 0.1;
   all.push_back({"sgd_momentum", momentum});
-  CpuOptimizerOptions nesterov = sgd;
+  OptimizerOptions nesterov = sgd;
   nesterov.momentum = 0.9;
   nesterov.nesterov = true;
   all.push_back({"sgd_nesterov", nesterov});
@@ -95,7 +95,7 @@ std::vector<float> Copy(const float* data, int64_t count) {
 }
 
 // Runs every step of `problem` through a CpuOptimizer with `execution`.
-Result RunSteps(const CpuOptimizerOptions& options, const Problem& problem,
+Result RunSteps(const OptimizerOptions& options, const Problem& problem,
                 DType grad_dtype, bool with_out, DType out_dtype,
                 const CpuExecutionOptions& execution) {
   const int64_t count = problem.master.size();
@@ -104,7 +104,7 @@ Result RunSteps(const CpuOptimizerOptions& options, const Problem& problem,
   Result result;
   result.master = problem.master;
   if (with_out) result.out.assign(count * SizeOf(out_dtype), 0xAB);
-  CpuStepArgs args;
+  StepArgs args;
   args.grad_scale = 0.5f;
   for (size_t s = 0; s < problem.grads.size(); ++s) {
     args.lr = 1e-3 * (s + 1);  // a schedule: lr changes every step
@@ -220,7 +220,7 @@ TEST(CpuOptimizerTest, LargeOddSizeMatchesScalarAcrossThreads) {
 // Small tiles: many tiles per thread, a tail tile shorter than a vector.
 TEST(CpuOptimizerTest, TileSizeDoesNotChangeTheResult) {
   constexpr int64_t kCount = 100003;
-  CpuOptimizerOptions options;  // AdamW
+  OptimizerOptions options;  // AdamW
   options.weight_decay = 0.05;
   const Problem problem = MakeProblem(kCount, DType::kBF16, 2, 11);
   const Result expected =
@@ -242,7 +242,7 @@ TEST(CpuOptimizerTest, MatchesTheDocumentedFormulas) {
   constexpr int kSteps = 4;
   for (const NamedOptions& named : AllOptimizers()) {
     SCOPED_TRACE(named.name);
-    const CpuOptimizerOptions& o = named.options;
+    const OptimizerOptions& o = named.options;
     const Problem problem = MakeProblem(kCount, DType::kF32, kSteps, 3);
     const Result actual = RunSteps(o, problem, DType::kF32, true, DType::kF32,
                                    CpuExecutionOptions());
@@ -254,7 +254,7 @@ TEST(CpuOptimizerTest, MatchesTheDocumentedFormulas) {
         float grad;
         std::memcpy(&grad, problem.grads[s].data() + i * 4, 4);
         double g = static_cast<double>(grad) * 0.5;
-        if (o.type == CpuOptimizerType::kSgd) {
+        if (o.type == OptimizerType::kSgd) {
           g += o.weight_decay * p;
           if (o.momentum != 0) {
             buf = s == 0 ? g : o.momentum * buf + (1 - o.dampening) * g;
@@ -262,7 +262,7 @@ TEST(CpuOptimizerTest, MatchesTheDocumentedFormulas) {
           }
           p -= lr * g;
         } else {
-          if (o.type == CpuOptimizerType::kAdamW) {
+          if (o.type == OptimizerType::kAdamW) {
             p *= 1 - lr * o.weight_decay;
           } else {
             g += o.weight_decay * p;
@@ -285,8 +285,8 @@ TEST(CpuOptimizerTest, MatchesTheDocumentedFormulas) {
 // Updating a partition range by range equals one Step.
 TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
   constexpr int64_t kCount = 10007;
-  CpuOptimizerOptions options;
-  options.type = CpuOptimizerType::kAdam;
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdam;
   const Problem problem = MakeProblem(kCount, DType::kF16, 3, 5);
   const Result expected = RunSteps(options, problem, DType::kF16, true,
                                    DType::kBF16, CpuExecutionOptions());
@@ -296,7 +296,7 @@ TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
   std::vector<float> master = problem.master;
   std::vector<uint8_t> out(kCount * 2);
   const int64_t cuts[] = {0, 1, 4000, 4017, kCount};
-  CpuStepArgs args;
+  StepArgs args;
   args.grad_scale = 0.5f;
   for (int s = 0; s < 3; ++s) {
     args.lr = 1e-3 * (s + 1);
@@ -319,7 +319,7 @@ TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
 }
 
 TEST(CpuOptimizerTest, DefaultsToTheBestPathAndHardwareThreads) {
-  auto optimizer = CpuOptimizer::Create(CpuOptimizerOptions(), 10);
+  auto optimizer = CpuOptimizer::Create(OptimizerOptions(), 10);
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
   EXPECT_EQ((*optimizer)->simd_path(), BestSimdPath());
   EXPECT_GE((*optimizer)->num_threads(), 1);
@@ -333,7 +333,7 @@ TEST(CpuOptimizerTest, DefaultsToTheBestPathAndHardwareThreads) {
 }
 
 TEST(CpuOptimizerTest, RejectsBadOptionsNamingThem) {
-  auto expect_error = [](const CpuOptimizerOptions& options,
+  auto expect_error = [](const OptimizerOptions& options,
                          const CpuExecutionOptions& execution,
                          const std::string& needle) {
     auto optimizer = CpuOptimizer::Create(options, 16, execution);
@@ -342,39 +342,39 @@ TEST(CpuOptimizerTest, RejectsBadOptionsNamingThem) {
     EXPECT_NE(optimizer.status().message().find(needle), std::string::npos)
         << optimizer.status();
   };
-  CpuOptimizerOptions bad_beta;
+  OptimizerOptions bad_beta;
   bad_beta.beta2 = 1.0;
   expect_error(bad_beta, {}, "betas");
-  CpuOptimizerOptions bad_eps;
+  OptimizerOptions bad_eps;
   bad_eps.eps = 0;
   expect_error(bad_eps, {}, "eps");
-  CpuOptimizerOptions bad_decay;
+  OptimizerOptions bad_decay;
   bad_decay.weight_decay = -1;
   expect_error(bad_decay, {}, "weight_decay");
-  CpuOptimizerOptions bad_nesterov;
-  bad_nesterov.type = CpuOptimizerType::kSgd;
+  OptimizerOptions bad_nesterov;
+  bad_nesterov.type = OptimizerType::kSgd;
   bad_nesterov.nesterov = true;
   expect_error(bad_nesterov, {}, "nesterov");
   CpuExecutionOptions bad_threads;
   bad_threads.num_threads = -2;
-  expect_error(CpuOptimizerOptions(), bad_threads, "num_threads");
+  expect_error(OptimizerOptions(), bad_threads, "num_threads");
   CpuExecutionOptions bad_tile;
   bad_tile.tile_bytes = 100;
-  expect_error(CpuOptimizerOptions(), bad_tile, "tile_bytes");
+  expect_error(OptimizerOptions(), bad_tile, "tile_bytes");
   for (SimdPath path : kAllPaths) {
     if (!SimdPathSupported(path)) {
       CpuExecutionOptions unsupported;
       unsupported.simd_path = path;
-      expect_error(CpuOptimizerOptions(), unsupported, "not supported");
+      expect_error(OptimizerOptions(), unsupported, "not supported");
     }
   }
 }
 
 TEST(CpuOptimizerTest, RejectsBadStepsWithoutModifyingAnything) {
-  auto optimizer = CpuOptimizer::Create(CpuOptimizerOptions(), 16);
+  auto optimizer = CpuOptimizer::Create(OptimizerOptions(), 16);
   ASSERT_TRUE(optimizer.ok());
   std::vector<float> master(16, 1.0f), grads(16, 1.0f);
-  CpuStepArgs args;
+  StepArgs args;
   args.lr = 0.1;
   auto expect_error = [&](absl::Status status, const std::string& needle) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
@@ -395,12 +395,12 @@ TEST(CpuOptimizerTest, RejectsBadStepsWithoutModifyingAnything) {
       (*optimizer)
           ->StepRange(10, 7, master.data(), grads.data(), DType::kF32, args),
       "range [10, 17)");
-  CpuStepArgs bad_lr = args;
+  StepArgs bad_lr = args;
   bad_lr.lr = NAN;
   expect_error(
       (*optimizer)->Step(master.data(), grads.data(), DType::kF32, bad_lr),
       "lr");
-  CpuStepArgs bad_beta = args;
+  StepArgs bad_beta = args;
   bad_beta.beta1 = 1.5;
   expect_error(
       (*optimizer)->Step(master.data(), grads.data(), DType::kF32, bad_beta),

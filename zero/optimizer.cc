@@ -11,8 +11,6 @@ namespace ze {
 namespace zero {
 namespace {
 
-bool IsBeta(double beta) { return beta >= 0.0 && beta < 1.0; }
-
 bool IsFloatFormat(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
@@ -43,19 +41,29 @@ absl::Status CheckTensor(const Tensor& tensor, const char* what,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-const char* OptimizerTypeName(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kAdam:
-      return "adam";
-    case OptimizerType::kAdamW:
-      return "adamw";
-    case OptimizerType::kSgd:
-      return "sgd";
-  }
-  return "unknown";
+// The CUDA kernel's plain-old-data copy of the coefficients.
+OptimizerCoefficients KernelCoefficients(const offload::StepCoefficients& c) {
+  OptimizerCoefficients k;
+  k.kind = c.is_sgd ? kKernelSgd : kKernelAdam;
+  k.grad_scale = c.grad_scale;
+  k.l2 = c.l2;
+  k.decay_factor = c.decay_factor;
+  k.neg_step_size = c.neg_step_size;
+  k.beta1 = c.beta1;
+  k.one_minus_beta1 = c.one_minus_beta1;
+  k.beta2 = c.beta2;
+  k.one_minus_beta2 = c.one_minus_beta2;
+  k.eps = c.eps;
+  k.inv_sqrt_bias_correction2 = c.inv_sqrt_bias_correction2;
+  k.momentum = c.momentum;
+  k.one_minus_dampening = c.one_minus_dampening;
+  k.has_momentum_buffer = c.has_momentum_buffer ? 1 : 0;
+  k.nesterov = c.nesterov ? 1 : 0;
+  k.first_step = c.first_step ? 1 : 0;
+  return k;
 }
+
+}  // namespace
 
 int64_t StateBytesPerElement(const OptimizerOptions& options) {
   if (options.type == OptimizerType::kSgd) {
@@ -71,37 +79,7 @@ FlatOptimizer::FlatOptimizer(const OptimizerOptions& options,
 absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
     const OptimizerOptions& options, int64_t num_elements, const Device& device,
     Allocator* allocator) {
-  const std::string name = OptimizerTypeName(options.type);
-  if (num_elements < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": num_elements must be >= 0, got ", num_elements));
-  }
-  if (!(options.weight_decay >= 0.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": weight_decay must be >= 0, got ", options.weight_decay));
-  }
-  if (options.type == OptimizerType::kSgd) {
-    if (!(options.momentum >= 0.0) || !(options.dampening >= 0.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": momentum and dampening must be >= 0, got ",
-                       options.momentum, " and ", options.dampening));
-    }
-    if (options.nesterov &&
-        (options.momentum <= 0.0 || options.dampening != 0.0)) {
-      return absl::InvalidArgumentError(
-          "sgd: nesterov requires a momentum and zero dampening");
-    }
-  } else {
-    if (!IsBeta(options.beta1) || !IsBeta(options.beta2)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": betas must be in [0, 1), got (", options.beta1,
-                       ", ", options.beta2, ")"));
-    }
-    if (!(options.eps > 0.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": eps must be > 0, got ", options.eps));
-    }
-  }
+  ZE_RETURN_IF_ERROR(offload::ValidateOptimizerOptions(options, num_elements));
 
   std::unique_ptr<FlatOptimizer> optimizer(
       new FlatOptimizer(options, num_elements, device));
@@ -155,61 +133,17 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
     ZE_RETURN_IF_ERROR(
         CheckTensor(model_weights, "model_weights", count, device_, false));
   }
-  if (!std::isfinite(step_args.lr) || !std::isfinite(step_args.grad_scale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer step: lr ", step_args.lr, " and grad_scale ",
-                     step_args.grad_scale, " must be finite"));
-  }
-  const double beta1 = step_args.beta1.value_or(
-      options_.type == OptimizerType::kSgd ? options_.momentum
-                                           : options_.beta1);
-  const double beta2 = step_args.beta2.value_or(options_.beta2);
-  if (step_args.beta1.has_value() && !IsBeta(beta1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: beta1 override ", beta1, " is outside [0, 1)"));
-  }
-  if (step_args.beta2.has_value() && !IsBeta(beta2)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: beta2 override ", beta2, " is outside [0, 1)"));
-  }
-
-  // Per-step scalars in double, rounded once to f32, so CPU and CUDA see
-  // identical coefficients.
-  const double lr = step_args.lr;
-  const double weight_decay = options_.weight_decay;
-  const int64_t t = step_count_ + 1;
-  OptimizerCoefficients c;
-  c.grad_scale = step_args.grad_scale;
+  ZE_ASSIGN_OR_RETURN(
+      const offload::StepCoefficients coefficients,
+      offload::ComputeStepCoefficients(options_, step_count_, step_args,
+                                       momentum_buffer_.defined()));
   float* state0 = nullptr;
   float* state1 = nullptr;
   if (options_.type == OptimizerType::kSgd) {
-    c.kind = kKernelSgd;
-    c.l2 = static_cast<float>(weight_decay);
-    c.neg_step_size = static_cast<float>(-lr);
-    c.momentum = static_cast<float>(beta1);
-    c.one_minus_dampening = static_cast<float>(1.0 - options_.dampening);
-    c.has_momentum_buffer = momentum_buffer_.defined() ? 1 : 0;
-    c.nesterov = options_.nesterov ? 1 : 0;
-    c.first_step = step_count_ == 0 ? 1 : 0;
     if (momentum_buffer_.defined()) {
       state0 = momentum_buffer_.data_as<float>() + state_offset;
     }
   } else {
-    c.kind = kKernelAdam;
-    const bool decoupled = options_.type == OptimizerType::kAdamW;
-    c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);
-    c.decay_factor =
-        decoupled ? static_cast<float>(1.0 - lr * weight_decay) : 1.0f;
-    const double bias_correction1 = 1.0 - std::pow(beta1, t);
-    const double bias_correction2 = 1.0 - std::pow(beta2, t);
-    c.neg_step_size = static_cast<float>(-lr / bias_correction1);
-    c.inv_sqrt_bias_correction2 =
-        static_cast<float>(1.0 / std::sqrt(bias_correction2));
-    c.beta1 = static_cast<float>(beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-    c.beta2 = static_cast<float>(beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-    c.eps = static_cast<float>(options_.eps);
     state0 = exp_avg_.data_as<float>() + state_offset;
     state1 = exp_avg_sq_.data_as<float>() + state_offset;
   }
@@ -221,8 +155,19 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
                             : kNoOutput;
   if (count > 0) {
     if (device_.is_cpu()) {
-      CpuOptimizerStep(c, master_weights.data_as<float>(), state0, state1,
-                       grads.data(), grad_dtype, out, out_dtype, count);
+      // offload/'s kernel, the one CPU implementation (AVX-512, AVX2 or
+      // scalar by the CPU; one thread: the engine steps bucket by bucket).
+      static const offload::SimdPath path = offload::BestSimdPath();
+      offload::StepBuffers buffers;
+      buffers.master = master_weights.data_as<float>();
+      buffers.state0 = state0;
+      buffers.state1 = state1;
+      buffers.grads = grads.data();
+      buffers.grad_dtype = grads.dtype();
+      buffers.out = out;
+      if (out != nullptr) buffers.out_dtype = model_weights.dtype();
+      buffers.count = count;
+      offload::RunStepKernel(path, coefficients, buffers);
     } else {
       if (stream.device() != device_) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -231,7 +176,8 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       }
       ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
       ZE_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchOptimizerStep(c, master_weights.data_as<float>(), state0,
+          cuda::LaunchOptimizerStep(KernelCoefficients(coefficients),
+                                    master_weights.data_as<float>(), state0,
                                     state1, grads.data(), grad_dtype, out,
                                     out_dtype, count, stream.native()),
           absl::StrCat(OptimizerTypeName(options_.type), " step kernel on ",

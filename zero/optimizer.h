@@ -44,42 +44,21 @@
 #include "core/device.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "offload/cpu_optimizer.h"
 
 namespace ze {
 namespace zero {
 
-enum class OptimizerType { kAdam = 0, kAdamW = 1, kSgd = 2 };
-
-// "adam", "adamw", "sgd".
-const char* OptimizerTypeName(OptimizerType type);
-
-// Hyperparameters fixed for the run. The learning rate is not here: it comes
-// with every step (schedules change it).
-// Doubles, as the JSON config and PyTorch hold them: 1 - beta is formed in
-// double and rounded once (1 - 0.9 rounds to 0.1f; 1 - 0.9f would not).
-struct OptimizerOptions {
-  OptimizerType type = OptimizerType::kAdamW;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  // SGD only.
-  double momentum = 0.0;
-  double dampening = 0.0;
-  bool nesterov = false;
-};
-
-// What changes from step to step.
-struct StepArgs {
-  double lr = 0.0;
-  // Multiplies every gradient before anything else: 1 / loss_scale times the
-  // clip coefficient (see grad_clip.h).
-  float grad_scale = 1.0f;
-  // When set, replace beta1 / beta2 (Adam, AdamW) or the momentum (SGD) for
-  // this step: OneCycle's momentum cycling.
-  std::optional<double> beta1;
-  std::optional<double> beta2;
-};
+// The optimizer's hyperparameters (OptimizerOptions: type, betas, eps,
+// weight decay, SGD's momentum, dampening, nesterov; fixed for the run) and
+// per-step arguments (StepArgs: lr, grad_scale = 1 / loss_scale times the
+// clip coefficient, OneCycle's beta overrides) are offload/'s: the CPU and
+// the device optimizers share one definition, one validation and one
+// derivation of the per-step coefficients (offload/cpu_optimizer.h).
+using offload::OptimizerOptions;
+using offload::OptimizerType;
+using offload::OptimizerTypeName;
+using offload::StepArgs;
 
 // A state tensor with its checkpoint name.
 struct NamedStateTensor {

@@ -1,4 +1,5 @@
-// The element-wise optimizer update shared by the CPU and CUDA kernels.
+// The element-wise optimizer update of the CUDA kernel (the CPU one is
+// offload/cpu_optimizer.h's RunStepKernel, which evaluates the same).
 // Host-only header (plain C++; the .cu file includes it too).
 //
 // FlatOptimizer (optimizer.h) turns its options and StepArgs into the
@@ -63,9 +64,6 @@ constexpr int kNoOutput = -1;
 // momentum). grads has grad_dtype (a ze::DType value: f32, bf16, f16); out
 // (may be null when out_dtype is kNoOutput) receives the rounded weights.
 // Single-threaded; vectorised 8 wide. Never fails.
-void CpuOptimizerStep(const OptimizerCoefficients& coefficients, float* master,
-                      float* state0, float* state1, const void* grads,
-                      int grad_dtype, void* out, int out_dtype, int64_t count);
 
 namespace cuda {
 

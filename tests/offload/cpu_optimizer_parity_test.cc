@@ -26,13 +26,13 @@ constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 struct Case {
   std::string name;
   zero::OptimizerOptions zero_options;
-  offload::CpuOptimizerOptions offload_options;
+  offload::OptimizerOptions offload_options;
 };
 
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   auto add = [&](const std::string& name, zero::OptimizerType zero_type,
-                 offload::CpuOptimizerType offload_type, double weight_decay,
+                 offload::OptimizerType offload_type, double weight_decay,
                  double momentum, double dampening, bool nesterov) {
     Case c;
     c.name = name;
@@ -50,16 +50,16 @@ std::vector<Case> AllCases() {
     c.offload_options.nesterov = nesterov;
     cases.push_back(c);
   };
-  add("adam", zero::OptimizerType::kAdam, offload::CpuOptimizerType::kAdam,
-      0.01, 0, 0, false);
-  add("adamw", zero::OptimizerType::kAdamW, offload::CpuOptimizerType::kAdamW,
-      0.1, 0, 0, false);
-  add("sgd", zero::OptimizerType::kSgd, offload::CpuOptimizerType::kSgd, 0.001,
+  add("adam", zero::OptimizerType::kAdam, offload::OptimizerType::kAdam, 0.01,
       0, 0, false);
-  add("sgd_momentum", zero::OptimizerType::kSgd,
-      offload::CpuOptimizerType::kSgd, 0.001, 0.9, 0.1, false);
-  add("sgd_nesterov", zero::OptimizerType::kSgd,
-      offload::CpuOptimizerType::kSgd, 0.0, 0.9, 0, true);
+  add("adamw", zero::OptimizerType::kAdamW, offload::OptimizerType::kAdamW, 0.1,
+      0, 0, false);
+  add("sgd", zero::OptimizerType::kSgd, offload::OptimizerType::kSgd, 0.001, 0,
+      0, false);
+  add("sgd_momentum", zero::OptimizerType::kSgd, offload::OptimizerType::kSgd,
+      0.001, 0.9, 0.1, false);
+  add("sgd_nesterov", zero::OptimizerType::kSgd, offload::OptimizerType::kSgd,
+      0.0, 0.9, 0, true);
   return cases;
 }
 
@@ -111,7 +111,7 @@ TEST(CpuOptimizerParityTest, TenStepsMatchFlatOptimizerBitForBit) {
         for (int s = 0; s < kSteps; ++s) {
           const Tensor grad = HostTensor(grads[s], grad_dtype);
           zero::StepArgs zero_args;
-          offload::CpuStepArgs cpu_args;
+          offload::StepArgs cpu_args;
           zero_args.lr = cpu_args.lr = 1e-2 / (s + 1);
           zero_args.grad_scale = cpu_args.grad_scale = 1.0f / (s + 2);
           if (s == 5) {  // OneCycle-style override on one step
