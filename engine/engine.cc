@@ -93,19 +93,8 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
         micro, ", T) i32, got ", tokens.DebugString(), " and ",
         targets.DebugString()));
   }
-  Tensor device_tokens = tokens;
-  Tensor device_targets = targets;
-  const Device device = model_->device();
-  if (tokens.device() != device) {
-    ZE_ASSIGN_OR_RETURN(device_tokens,
-                        Tensor::Empty(tokens.shape(), tokens.dtype(), device));
-    ZE_RETURN_IF_ERROR(Copy(tokens, device_tokens, compute_stream_));
-  }
-  if (targets.device() != device) {
-    ZE_ASSIGN_OR_RETURN(device_targets, Tensor::Empty(targets.shape(),
-                                                      targets.dtype(), device));
-    ZE_RETURN_IF_ERROR(Copy(targets, device_targets, compute_stream_));
-  }
+  ZE_ASSIGN_OR_RETURN(Tensor device_tokens, OnModelDevice(tokens));
+  ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(strategy_->BeginForward());
   ZE_ASSIGN_OR_RETURN(
@@ -270,6 +259,14 @@ absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
     const std::string& name) {
   StreamGuard guard(compute_stream_);
   return strategy_->GatherMasterWeights(name);
+}
+
+absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
+  if (tensor.device() == model_->device()) return tensor;
+  ZE_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(tensor.shape(), tensor.dtype(),
+                                                 model_->device()));
+  ZE_RETURN_IF_ERROR(Copy(tensor, copy, compute_stream_));
+  return copy;
 }
 
 absl::Status Engine::RequireNoPendingBackward(const char* what) const {

@@ -11,14 +11,6 @@
 namespace ze {
 namespace engine {
 
-absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
-  if (tensor.device() == model_->device()) return tensor;
-  ZE_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(tensor.shape(), tensor.dtype(),
-                                                 model_->device()));
-  ZE_RETURN_IF_ERROR(Copy(tensor, copy, compute_stream_));
-  return copy;
-}
-
 absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
                                           const Tensor& targets) {
   StreamGuard guard(compute_stream_);

@@ -52,7 +52,6 @@ absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
   }
   InFlight flight;
   flight.bucket = bucket;
-  flight.gradients = gradients;
   flight.overwrite = !state_->gradients_current(bucket);
   if (options_.prescale) {
     ZE_RETURN_IF_ERROR(
@@ -102,9 +101,8 @@ absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
       if (already_in_partition) break;
       Tensor output = state_->OwnGradients(bucket);
       if (!flight.overwrite || casts()) {
-        // Allocated before the collective is queued and freed only after
-        // the compute stream has waited for it (Finish), so the caching
-        // allocator cannot hand it out while the collective writes it.
+        // The collective's output; freed in Finish, once the compute stream
+        // has waited for the collective and read it.
         ZE_ASSIGN_OR_RETURN(flight.reduced, Tensor::Empty({slice}, wire.dtype(),
                                                           gradients.device()));
         output = flight.reduced;

@@ -93,7 +93,6 @@ class GradientReducer {
  private:
   struct InFlight {
     int bucket = -1;
-    Tensor gradients;        // (padded) model dtype, as given to Issue
     Tensor wire;             // (padded) cast copy in communication_dtype
     Tensor reduced;          // (slice) the reduce-scatter's output, when not
                              // written straight into the partition

@@ -170,13 +170,6 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 }
 
 absl::Status Stage3::InstallHooks() {
-  nn::LossModel& model = *context_.model;
-  // First of the root's hooks: a training (or evaluation) forward starts.
-  AddHook(&model, nn::HookKind::kPreForward,
-          [this](nn::Module&, const Stream&) -> absl::Status {
-            if (phase_ != Phase::kIdle) return absl::OkStatus();
-            return BeginMicroStep();
-          });
   for (int e = 0; e < static_cast<int>(entries_.size()); ++e) {
     nn::Module* module = entries_[e].module;
     AddHook(module, nn::HookKind::kPreForward,
@@ -205,7 +198,7 @@ absl::Status Stage3::InstallHooks() {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::BeginMicroStep() {
+absl::Status Stage3::BeginForward() {
   if (scopes_ > 0) {
     // The gathered copies would go stale when the optimizer updates the
     // shards they came from.
@@ -610,23 +603,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         "LoadWeights on rank ", rank(),
         ": not between optimizer steps (a GatherParameters scope is open)"));
   }
-  // Check every parameter before writing any.
-  for (int i = 0; i < layout().num_params(); ++i) {
-    const std::string name = params_[i]->name();
-    absl::StatusOr<const safetensors::TensorInfo*> info = reader.Get(name);
-    if (!info.ok()) {
-      return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
-                                              ": parameter '", name,
-                                              "' is not in ", reader.path()));
-    }
-    if ((*info)->shape != params_[i]->shape()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
-                       "' is ", ShapeToString(params_[i]->shape()), " but ",
-                       reader.path(), " has ", ShapeToString((*info)->shape)));
-    }
-    ZE_RETURN_IF_ERROR(safetensors::DTypeOf((*info)->dtype).status());
-  }
+  ZE_RETURN_IF_ERROR(CheckLoadable(reader, params_));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
   for (const ParamShard& shard : layout().RankShards(rank())) {

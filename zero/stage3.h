@@ -107,9 +107,10 @@ class Stage3 : public ZeroStrategy {
   // Leaves no parameter pointing at a gradient buffer it owned.
   ~Stage3() override;
 
-  // The micro-step begins in the root module's pre-forward hook instead
-  // (so an evaluation forward is told apart by the phase).
-  absl::Status BeginForward() override { return absl::OkStatus(); }
+  // A training micro-step begins: forgets uses of an unbackpropagated
+  // forward and starts following (or recording) the fetch order.
+  // FailedPrecondition while a GatherParameters scope is open.
+  absl::Status BeginForward() override;
   // Checks the schedule hash across ranks with the statistics; refreshes
   // persistent buckets after the update.
   absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;
@@ -163,7 +164,6 @@ class Stage3 : public ZeroStrategy {
   absl::Status InstallHooks();
 
   // Hook bodies.
-  absl::Status BeginMicroStep();
   absl::Status Acquire(int entry, bool backward);
   absl::Status Release(int entry);
   absl::Status AfterBackward(int entry);

@@ -325,22 +325,8 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
 absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     const safetensors::Reader& reader) {
   ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
-  // Check every parameter before writing any.
-  std::vector<nn::Parameter*> parameters = context_.model->Parameters();
-  for (nn::Parameter* parameter : parameters) {
-    const safetensors::TensorInfo* info = reader.Find(parameter->name());
-    if (info == nullptr) {
-      return absl::NotFoundError(
-          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '",
-                       parameter->name(), "' is not in ", reader.path()));
-    }
-    if (info->shape != parameter->shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoadWeights on rank ", rank(), ": parameter '", parameter->name(),
-          "' is ", ShapeToString(parameter->shape()), " but ", reader.path(),
-          " has ", ShapeToString(info->shape)));
-    }
-  }
+  const std::vector<nn::Parameter*> parameters = context_.model->Parameters();
+  ZE_RETURN_IF_ERROR(CheckLoadable(reader, parameters));
   LoadReport report;
   for (nn::Parameter* parameter : parameters) {
     const std::string name = parameter->name();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/tensor.h"
 
 namespace ze {
 namespace zero {
@@ -34,6 +35,28 @@ absl::Status ZeroStrategy::RequireIdle(const char* what) const {
       what, " on rank ", rank(), ": not between micro-steps (",
       phase_ == Phase::kBackward ? "inside backward" : "inside an evaluation",
       ")"));
+}
+
+absl::Status ZeroStrategy::CheckLoadable(
+    const safetensors::Reader& reader,
+    const std::vector<nn::Parameter*>& parameters) const {
+  for (const nn::Parameter* parameter : parameters) {
+    const std::string name = parameter->name();
+    const safetensors::TensorInfo* info = reader.Find(name);
+    if (info == nullptr) {
+      return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
+                                              ": parameter '", name,
+                                              "' is not in ", reader.path()));
+    }
+    if (info->shape != parameter->shape()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
+                       "' is ", ShapeToString(parameter->shape()), " but ",
+                       reader.path(), " has ", ShapeToString(info->shape)));
+    }
+    ZE_RETURN_IF_ERROR(safetensors::DTypeOf(info->dtype).status());
+  }
+  return absl::OkStatus();
 }
 
 BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {

@@ -178,6 +178,12 @@ class ZeroStrategy {
   absl::Status AnnotateAllocationError(const absl::Status& status) const;
   // FailedPrecondition naming `what` unless the phase is kIdle.
   absl::Status RequireIdle(const char* what) const;
+  // LoadWeights's check before writing anything: every one of `parameters`
+  // is in `reader` with its shape and a float dtype. NotFound /
+  // InvalidArgument naming the rank, the parameter and the file.
+  absl::Status CheckLoadable(
+      const safetensors::Reader& reader,
+      const std::vector<nn::Parameter*>& parameters) const;
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
   // Installs `hook` on `module`; the destructor removes it.
