@@ -13,7 +13,8 @@
 // Timing: `warmup` untimed steps, then `iters` steps between two
 // synchronisations of the engine's compute stream (and a barrier across
 // ranks), by the wall clock. tokens_per_s counts every rank's tokens
-// (world_size x batch x seq per step); tokens_per_s_per_gpu and mfu are per
+// (world_size x batch x seq x accumulation per step); tokens_per_s_per_gpu
+// and mfu are per
 // GPU. MFU uses the same FLOPs as gpt_bench (6 N + 12 L C T per token; the
 // optimizer's FLOPs are not counted, as PyTorch's MFU figures do not count
 // them either).
@@ -40,6 +41,13 @@
 //   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
 //   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
 //   --seed=1234
+//   --accumulation=1         gradient_accumulation_steps; a timed step is
+//                            that many forward/backward micro-steps and one
+//                            optimizer step (tokens count all of them)
+//   --offload=none           none, optimizer (offload_optimizer: cpu; stages
+//                            1-3) or both (and offload_param: cpu; stage 3)
+//   --offload_ratio=1        offload_optimizer.ratio
+//   --pin_memory=1           the offload sections' pin_memory
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
 // the run goes on with the next one; with several ranks a failure other than
@@ -87,6 +95,10 @@ struct Options {
   std::string device = "cuda";
   uint64_t seed = 1234;
   bool smoke = false;
+  int64_t accumulation = 1;
+  std::string offload = "none";  // none, optimizer, both
+  double offload_ratio = 1.0;
+  bool pin_memory = true;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
   double stage3_prefetch_bucket_size = 5e7;
   double stage3_max_live_parameters = 1e9;
@@ -153,6 +165,21 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
           absl::StrCat("--", flag, "=", text, " is not a non-negative number"));
     }
   }
+  ZE_ASSIGN_OR_RETURN(options.accumulation,
+                      flags.GetInt("accumulation", 1, 1, 1 << 20));
+  options.offload = flags.GetString("offload", "none");
+  if (options.offload != "none" && options.offload != "optimizer" &&
+      options.offload != "both") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--offload=", options.offload, " must be none, optimizer or both"));
+  }
+  const std::string ratio = flags.GetString("offload_ratio", "1");
+  if (!absl::SimpleAtod(ratio, &options.offload_ratio) ||
+      !(options.offload_ratio >= 0 && options.offload_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--offload_ratio=", ratio, " is not in [0, 1]"));
+  }
+  ZE_ASSIGN_OR_RETURN(options.pin_memory, flags.GetBool("pin_memory", true));
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,
@@ -170,9 +197,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
 Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                      int world_size) {
   Json config;
-  config["train_batch_size"] = batch * world_size;
+  config["train_batch_size"] = batch * world_size * options.accumulation;
   config["train_micro_batch_size_per_gpu"] = batch;
-  config["gradient_accumulation_steps"] = 1;
+  config["gradient_accumulation_steps"] = options.accumulation;
   // Large: the engine's own progress line would add a host sync per print.
   config["steps_per_print"] = 1000000;
   config["gradient_clipping"] = 1.0;
@@ -193,6 +220,16 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                                  {"reduce_bucket_size", 5e8},
                                  {"allgather_partitions", true},
                                  {"allgather_bucket_size", 5e8}};
+  if (options.offload != "none") {
+    Json& zero = config["zero_optimization"];
+    zero["offload_optimizer"] = {{"device", "cpu"},
+                                 {"pin_memory", options.pin_memory},
+                                 {"ratio", options.offload_ratio}};
+    if (options.offload == "both") {
+      zero["offload_param"] = {{"device", "cpu"},
+                               {"pin_memory", options.pin_memory}};
+    }
+  }
   if (stage == 3) {
     Json& zero = config["zero_optimization"];
     zero["stage3_prefetch_bucket_size"] =
@@ -216,6 +253,10 @@ Json BreakdownJson(const engine::MemoryBreakdown& memory) {
   json["optimizer_state_bytes"] = memory.optimizer_state_bytes;
   json["total_bytes"] = memory.total_bytes();
   json["paper_bytes"] = memory.paper_bytes;
+  json["device_bytes"] = memory.device_bytes;
+  json["host_bytes"] = memory.host_bytes;
+  json["pinned_host_bytes"] = memory.pinned_host_bytes;
+  json["staging_bytes"] = memory.staging_bytes;
   return json;
 }
 
@@ -277,9 +318,12 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   double grad_norm = 0;
   double wait_ms = 0;  // summed over the steps since the last reset
   auto step = [&]() -> absl::Status {
-    ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
-    ZE_RETURN_IF_ERROR(engine->Backward());
-    ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
+    engine::StepReport report;
+    for (int64_t micro = 0; micro < options.accumulation; ++micro) {
+      ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
+      ZE_RETURN_IF_ERROR(engine->Backward());
+      ZE_ASSIGN_OR_RETURN(report, engine->Step());
+    }
     loss = report.loss;
     grad_norm = report.grad_norm;
     wait_ms += engine->communication_counters().wait_ms;
@@ -306,7 +350,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   }
 
   const double tokens_per_gpu_per_step =
-      static_cast<double>(batch) * options.seq;
+      static_cast<double>(batch) * options.seq * options.accumulation;
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
   const double mfu = per_gpu * FlopsPerToken(config, options.seq) / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
@@ -395,6 +439,8 @@ int Main(int argc, char** argv) {
       line["warmup"] = options->warmup;
       line["optimizer"] = "AdamW (engine's fused kernel)";
       line["checkpointing"] = options->checkpointing;
+      line["accumulation"] = options->accumulation;
+      line["offload"] = options->offload;
       // The engine, model and data are released when this returns.
       const absl::Status status =
           RunConfiguration(*options, model, batch, stage, comm, line);

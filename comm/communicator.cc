@@ -59,10 +59,12 @@ CollectiveOp CollectiveOp::Broadcast(const Tensor &tensor, int root) {
 }
 
 Communicator::Communicator(int rank, int world_size, int local_rank,
-                           Device device, double timeout_seconds)
+                           Device device, double timeout_seconds,
+                           int local_size)
     : rank_(rank),
       world_size_(world_size),
       local_rank_(local_rank),
+      local_size_(local_size < 1 ? 1 : local_size),
       device_(device),
       timeout_seconds_(timeout_seconds),
       recorder_(std::make_shared<RecentCollectives>(rank)) {}

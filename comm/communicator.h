@@ -129,6 +129,10 @@ class Communicator {
   int world_size() const { return world_size_; }
   // Rank among the processes on this host (OMPI_COMM_WORLD_LOCAL_RANK).
   int local_rank() const { return local_rank_; }
+  // Processes on this host (OMPI_COMM_WORLD_LOCAL_SIZE; 1 when unknown): how
+  // many ranks share its CPU cores and memory (the offloaded optimizer sizes
+  // its thread pool by it).
+  int local_size() const { return local_size_; }
   // The device this rank's tensors live on (cuda:local_rank % device_count,
   // or cpu).
   const Device &device() const { return device_; }
@@ -189,7 +193,7 @@ class Communicator {
 
  protected:
   Communicator(int rank, int world_size, int local_rank, Device device,
-               double timeout_seconds);
+               double timeout_seconds, int local_size = 1);
 
   // Issues `ops` (already validated; never empty). `sequence_numbers[i]` is
   // ops[i]'s number, already recorded as issued.
@@ -218,6 +222,7 @@ class Communicator {
   int rank_;
   int world_size_;
   int local_rank_;
+  int local_size_;
   Device device_;
   double timeout_seconds_;
   std::shared_ptr<RecentCollectives> recorder_;

@@ -145,7 +145,7 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator(const LaunchInfo &info, const Device &device,
                   double timeout_seconds, MPI_Comm comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
-                     timeout_seconds),
+                     timeout_seconds, info.local_size),
         comm_(comm) {}
 
   ~MpiCommunicator() override {

@@ -105,7 +105,7 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(const LaunchInfo &info, const Device &device,
                    double timeout_seconds, ncclComm_t comm)
       : Communicator(info.rank, info.world_size, info.local_rank, device,
-                     timeout_seconds),
+                     timeout_seconds, info.local_size),
         comm_(comm) {}
 
   ~NcclCommunicator() override {

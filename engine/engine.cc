@@ -332,14 +332,27 @@ CommunicationCounters Engine::communication_counters() const {
 
 absl::Status Engine::Setup() {
   const config::Config& cfg = config_;
-  if (cfg.zero_optimization.offload_optimizer.device !=
-          config::OffloadDevice::kNone ||
-      cfg.zero_optimization.offload_param.device !=
-          config::OffloadDevice::kNone) {
+  const config::OffloadOptimizerConfig& offload_optimizer =
+      cfg.zero_optimization.offload_optimizer;
+  const config::OffloadParamConfig& offload_param =
+      cfg.zero_optimization.offload_param;
+  if (offload_optimizer.device == config::OffloadDevice::kNvme ||
+      offload_param.device == config::OffloadDevice::kNvme) {
     return absl::UnimplementedError(absl::StrCat(
         cfg.source,
-        ": zero_optimization.offload_optimizer/offload_param is not available "
-        "in this build; set device to \"none\""));
+        ": zero_optimization.offload_optimizer/offload_param.device \"nvme\" "
+        "is not available in this build; use \"cpu\""));
+  }
+  if (offload_param.device == config::OffloadDevice::kCpu &&
+      (offload_optimizer.device != config::OffloadDevice::kCpu ||
+       offload_optimizer.ratio != 1.0)) {
+    // The CPU optimizer writes the offloaded weights in place; a device
+    // optimizer would need them on the device.
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.source,
+        ": zero_optimization.offload_param.device \"cpu\" needs "
+        "zero_optimization.offload_optimizer.device \"cpu\" with ratio 1 "
+        "(the whole optimizer step on the CPU)"));
   }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted =

@@ -29,7 +29,7 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
   comm::Communicator& comm = *context.comm;
   const Stream& stream = *context.stream;
   PartitionState& partition = *context.partition;
-  const Device device = partition.weights().device();
+  const Device device = partition.device();
   // [0] sum of squares, [1] overflow flag, [2] summed losses.
   ZE_ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty({3}, DType::kF32, device));
   ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream));
@@ -135,13 +135,7 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   args.lr = report.learning_rate;
   args.grad_scale = clip.grad_scale;
   training.FillMomentum(&args);
-  for (int b = 0; b < partition.num_buckets(); ++b) {
-    if (!partition.trainable(b)) continue;
-    ZE_RETURN_IF_ERROR(partition.optimizer(b).Step(
-        partition.OwnMaster(b), partition.OwnGradients(b), args, stream,
-        partition.master_aliases_weights() ? Tensor()
-                                           : partition.OwnWeights(b)));
-  }
+  ZE_RETURN_IF_ERROR(partition.UpdateWeights(args, stream));
   if (hooks.after_update) ZE_RETURN_IF_ERROR(hooks.after_update());
   ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
   training.AdvanceSchedule();

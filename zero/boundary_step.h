@@ -16,7 +16,8 @@
 //   6. the strategy's after-update work (stages 1-2 all-gather the updated
 //      weights; stage 3 refreshes persistent buckets);
 //   7. gradients are reset (zeroed or marked stale) and the schedule advances.
-// Everything runs on the compute stream; the host waits once, for the
+// Everything runs on the compute stream (offloaded buckets: see
+// PartitionState::UpdateWeights); the host waits once, for the
 // statistics.
 #ifndef ZE_ZERO_BOUNDARY_STEP_H_
 #define ZE_ZERO_BOUNDARY_STEP_H_

@@ -85,17 +85,24 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
 }
 
 std::string MemoryBreakdown::ToString() const {
-  return absl::StrFormat(
+  std::string text = absl::StrFormat(
       "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
       "%s, optimizer state %s, total %s (ZeRO paper: %s)",
       parameter_elements, GiB(model_weight_bytes), GiB(gradient_bytes),
       GiB(master_weight_bytes), GiB(optimizer_state_bytes), GiB(total_bytes()),
       GiB(static_cast<int64_t>(paper_bytes)));
+  if (host_bytes > 0) {
+    absl::StrAppend(&text, "; device ", GiB(device_bytes), ", host ",
+                    GiB(host_bytes), " (pinned ", GiB(pinned_host_bytes),
+                    ", transfer staging ", GiB(staging_bytes), ")");
+  }
+  return text;
 }
 
 absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements) {
+    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
+    const StatePlacement& placement) {
   absl::StatusOr<ModelStateBytes> bytes = EstimateModelStateBytes(
       layout, stage, precision, optimizer_state_bytes_per_element);
   if (!bytes.ok()) return bytes.status();
@@ -106,9 +113,41 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   memory.master_weight_bytes = bytes->master_weights;
   memory.optimizer_state_bytes =
       bytes->optimizer_states - bytes->master_weights;
+
+  // Offload: the host buckets' master weights and state, the staging
+  // buffers their transfers use, and offloaded weights live on the host.
+  const bool mixed = precision != TrainingPrecision::kFp32;
+  const int64_t weight_element_bytes = mixed ? 2 : 4;
+  int64_t host_elements = 0;
+  int64_t all_elements = 0;
+  bool aliased = !mixed;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const int64_t own = stage == 0 ? layout.bucket(b).padded_elements
+                                   : layout.bucket(b).slice_elements;
+    all_elements += own;
+    const bool on_host = !placement.optimizer_on_host.empty() &&
+                         placement.optimizer_on_host[static_cast<size_t>(b)];
+    if (on_host) host_elements += own;
+    if (on_host != placement.weights_on_host) aliased = false;
+  }
+  if (!mixed && !aliased) {
+    // f32 training with the optimizer away from the weights keeps a copy.
+    memory.master_weight_bytes = 4 * all_elements;
+  }
+  const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
+  memory.staging_bytes = weight_element_bytes * host_elements;
+  const int64_t host_weights =
+      placement.weights_on_host ? memory.model_weight_bytes : 0;
+  memory.host_bytes =
+      (master_element_bytes + optimizer_state_bytes_per_element) *
+          host_elements +
+      memory.staging_bytes + host_weights;
+  memory.pinned_host_bytes =
+      placement.pin_memory ? memory.staging_bytes + host_weights : 0;
+  memory.device_bytes =
+      memory.total_bytes() + memory.staging_bytes - memory.host_bytes;
   // The paper's formula in exact arithmetic: each of params, grads and
   // optimizer states is either replicated (Psi) or divided by N.
-  const bool mixed = precision != TrainingPrecision::kFp32;
   const double psi = static_cast<double>(trainable_elements);
   const double n = layout.world_size();
   const double weight = mixed ? 2 : 4;

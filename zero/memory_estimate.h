@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "config/config.h"
@@ -78,6 +79,15 @@ struct MemoryBreakdown {
     return model_weight_bytes + gradient_bytes + master_weight_bytes +
            optimizer_state_bytes;
   }
+  // Where it lives (offload). staging_bytes: the host buffers offloaded
+  // buckets' gradients and updated weights travel through (not in
+  // total_bytes()). device_bytes + host_bytes = total_bytes() +
+  // staging_bytes; pinned_host_bytes is the part of host_bytes that is
+  // page-locked (what the device copies to and from, with pin_memory).
+  int64_t staging_bytes = 0;
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  int64_t pinned_host_bytes = 0;
   // The paper's figure for this stage, precision and world size (16 Psi,
   // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
   // Adam), exact (no rounding of Psi / N).
@@ -85,13 +95,24 @@ struct MemoryBreakdown {
   std::string ToString() const;
 };
 
+// Which state is offloaded to host memory (zero/partition_state.h).
+struct StatePlacement {
+  // Per bucket: its master weights and optimizer state on the host. Empty:
+  // none.
+  std::vector<bool> optimizer_on_host;
+  bool weights_on_host = false;  // offload_param (stage 3)
+  bool pin_memory = false;       // transfer buffers page-locked
+};
+
 // The breakdown for `layout` at `stage` (model state as allocated, padding
 // included; stage 3's layout may hold frozen buckets, which count as
-// weights, gradients and optimizer slices like the others) and the paper's
-// figure for `trainable_elements` parameters. Errors as above.
+// weights, gradients and optimizer slices like the others), where it lives
+// under `placement`, and the paper's figure for `trainable_elements`
+// parameters. Errors as above.
 absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements);
+    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
+    const StatePlacement& placement = StatePlacement());
 
 }  // namespace zero
 }  // namespace ze

@@ -14,8 +14,31 @@ const char* PlacementName(Placement placement) {
   switch (placement) {
     case Placement::kDevice:
       return "device";
+    case Placement::kHost:
+      return "host";
   }
   return "?";
+}
+
+std::vector<Placement> ChooseOptimizerPlacement(
+    const PartitionedLayout& layout, const std::vector<bool>& trainable,
+    double ratio) {
+  auto is_trainable = [&](int b) {
+    return trainable.empty() || trainable[static_cast<size_t>(b)];
+  };
+  int64_t total = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    if (is_trainable(b)) total += layout.bucket(b).padded_elements;
+  }
+  std::vector<Placement> placement(layout.num_buckets(), Placement::kDevice);
+  const double wanted = ratio * static_cast<double>(total);
+  int64_t on_host = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    if (!is_trainable(b) || static_cast<double>(on_host) >= wanted) continue;
+    placement[b] = Placement::kHost;
+    on_host += layout.bucket(b).padded_elements;
+  }
+  return placement;
 }
 
 PartitionState::PartitionState(const PartitionedLayout& layout,
@@ -24,18 +47,52 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
   trainable_ = options_.trainable.empty()
                    ? std::vector<bool>(layout_.num_buckets(), true)
                    : options_.trainable;
+  optimizer_placement_ =
+      options_.optimizer_placement.empty()
+          ? std::vector<Placement>(layout_.num_buckets(), Placement::kDevice)
+          : options_.optimizer_placement;
+  master_aliases_weights_ = options_.model_dtype == DType::kF32;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (optimizer_placement_[b] != options_.weights_placement) {
+      master_aliases_weights_ = false;
+    }
+  }
   int64_t offset = 0;
+  int64_t device_master = 0;
+  int64_t host_master = 0;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     bucket_offsets_.push_back(offset);
     offset += layout_.bucket(b).padded_elements;
+    int64_t& packed = optimizer_placement_[b] == Placement::kHost
+                          ? host_master
+                          : device_master;
+    master_offsets_.push_back(packed);
+    packed += own_elements(b);
   }
   gradients_current_.assign(layout_.num_buckets(), false);
 }
 
+int64_t PartitionState::own_elements(int bucket) const {
+  return updates_whole_buckets() ? layout_.bucket(bucket).padded_elements
+                                 : layout_.bucket(bucket).slice_elements;
+}
+
 absl::StatusOr<Tensor> PartitionState::Allocate(int64_t elements, DType dtype,
-                                                const Stream& stream) const {
-  absl::StatusOr<Tensor> tensor =
-      Tensor::Zeros({elements}, dtype, options_.device, stream);
+                                                Placement placement,
+                                                const Stream& stream,
+                                                bool transferred) const {
+  absl::StatusOr<Tensor> tensor;
+  if (placement == Placement::kHost) {
+    Allocator* allocator = HostMemory();
+    if (transferred && options_.pin_memory && options_.device.is_cuda()) {
+      // What the device copies from and to (weights, staging): pinned, so
+      // the copies are asynchronous and at full speed.
+      allocator = PinnedHostMemory();
+    }
+    tensor = Tensor::Zeros({elements}, dtype, Device::Cpu(), allocator);
+  } else {
+    tensor = Tensor::Zeros({elements}, dtype, options_.device, stream);
+  }
   if (!tensor.ok() && options_.annotate_allocation_error) {
     return options_.annotate_allocation_error(tensor.status());
   }
@@ -46,43 +103,99 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     const PartitionedLayout& layout, const PartitionStateOptions& options,
     const Stream& stream) {
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
+  if (options.weights_placement == Placement::kHost) {
+    if (options.stage != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PartitionState: weights in host memory need stage 3, not stage ",
+          options.stage));
+    }
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      if (state->trainable_[b] &&
+          state->optimizer_placement_[b] != Placement::kHost) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PartitionState: weights in host memory need every trainable "
+            "bucket's optimizer on the host; bucket ",
+            b, "'s is on the device"));
+      }
+    }
+  }
   const int64_t elements = state->weights_replicated()
                                ? layout.padded_total_elements()
                                : layout.partition_elements();
   ZE_ASSIGN_OR_RETURN(state->weights_,
-                      state->Allocate(elements, options.model_dtype, stream));
+                      state->Allocate(elements, options.model_dtype,
+                                      options.weights_placement, stream,
+                                      /*transferred=*/true));
   return state;
 }
 
 absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   const int64_t padded = layout_.padded_total_elements();
   const int64_t partition = layout_.partition_elements();
-  ZE_ASSIGN_OR_RETURN(gradients_,
-                      Allocate(gradients_replicated() ? padded : partition,
-                               options_.model_dtype, stream));
-  if (!master_aliases_weights()) {
-    ZE_ASSIGN_OR_RETURN(master_,
-                        Allocate(updates_whole_buckets() ? padded : partition,
-                                 DType::kF32, stream));
-  }
-  optimizers_.resize(layout_.num_buckets());
+  ZE_ASSIGN_OR_RETURN(
+      gradients_, Allocate(gradients_replicated() ? padded : partition,
+                           options_.model_dtype, Placement::kDevice, stream));
+  int64_t device_elements = 0;
+  int64_t host_elements = 0;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
-    if (!trainable_[b]) continue;
-    const int64_t count = updates_whole_buckets()
-                              ? layout_.bucket(b).padded_elements
-                              : layout_.bucket(b).slice_elements;
-    absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
-        FlatOptimizer::Create(options_.optimizer, count, options_.device);
+    (optimizer_placement_[b] == Placement::kHost ? host_elements
+                                                 : device_elements) +=
+        own_elements(b);
+  }
+  if (!master_aliases_weights()) {
+    ZE_ASSIGN_OR_RETURN(device_master_, Allocate(device_elements, DType::kF32,
+                                                 Placement::kDevice, stream));
+    ZE_ASSIGN_OR_RETURN(host_master_, Allocate(host_elements, DType::kF32,
+                                               Placement::kHost, stream));
+  }
+  if (host_elements > 0) {
+    ZE_ASSIGN_OR_RETURN(
+        host_staging_,
+        Allocate(host_elements, options_.model_dtype, Placement::kHost, stream,
+                 /*transferred=*/true));
+    offload::CpuExecutionOptions execution;
+    execution.num_threads = options_.host_threads;
+    absl::StatusOr<std::unique_ptr<offload::CpuOptimizer>> optimizer =
+        offload::CpuOptimizer::Create(options_.optimizer, host_elements,
+                                      execution);
     if (!optimizer.ok()) {
       return options_.annotate_allocation_error
                  ? options_.annotate_allocation_error(optimizer.status())
                  : optimizer.status();
     }
-    optimizers_[b] = std::move(optimizer).value();
+    host_optimizer_ = std::move(optimizer).value();
+    if (options_.device.is_cuda()) {
+      ZE_ASSIGN_OR_RETURN(to_host_stream_, Stream::Create(options_.device));
+      ZE_ASSIGN_OR_RETURN(to_device_stream_, Stream::Create(options_.device));
+    }
+    gradients_on_host_.resize(layout_.num_buckets());
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (optimizer_placement_[b] != Placement::kHost) continue;
+      ZE_ASSIGN_OR_RETURN(gradients_on_host_[b],
+                          Event::Create(options_.device));
+    }
+  }
+  optimizers_.resize(layout_.num_buckets());
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (!trainable_[b]) continue;
+    if (optimizer_placement_[b] == Placement::kDevice) {
+      absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
+          FlatOptimizer::Create(options_.optimizer, own_elements(b),
+                                options_.device);
+      if (!optimizer.ok()) {
+        return options_.annotate_allocation_error
+                   ? options_.annotate_allocation_error(optimizer.status())
+                   : optimizer.status();
+      }
+      optimizers_[b] = std::move(optimizer).value();
+    }
     if (!master_aliases_weights()) {
+      // Device to host copies of pageable memory complete on return; of
+      // pinned memory, at the synchronisation below.
       ZE_RETURN_IF_ERROR(Copy(OwnWeights(b), OwnMaster(b), stream));
     }
   }
+  if (host_optimizer_ != nullptr) ZE_RETURN_IF_ERROR(stream.Synchronize());
   return absl::OkStatus();
 }
 
@@ -109,11 +222,126 @@ Tensor PartitionState::OwnWeights(int bucket) const {
 
 Tensor PartitionState::OwnMaster(int bucket) const {
   if (master_aliases_weights()) return OwnWeights(bucket);
-  const BucketLayout& layout = layout_.bucket(bucket);
-  if (updates_whole_buckets()) {
-    return master_.Slice(bucket_offsets_[bucket], layout.padded_elements);
+  const Tensor& master = optimizer_placement_[bucket] == Placement::kHost
+                             ? host_master_
+                             : device_master_;
+  return master.Slice(master_offsets_[bucket], own_elements(bucket));
+}
+
+Tensor PartitionState::PartitionMaster(int bucket, int64_t partition_offset,
+                                       int64_t count) const {
+  return OwnMaster(bucket).Slice(
+      partition_offset - layout_.bucket(bucket).partition_offset, count);
+}
+
+int64_t PartitionState::optimizer_step_count() const {
+  if (host_optimizer_ != nullptr) return host_optimizer_->step_count();
+  for (const auto& optimizer : optimizers_) {
+    if (optimizer != nullptr) return optimizer->step_count();
   }
-  return master_.Slice(layout.partition_offset, layout.slice_elements);
+  return 0;
+}
+
+absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
+                                           const Stream& stream) {
+  // Checked before anything changes, so a bad lr fails the whole step.
+  ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
+                         options_.optimizer, optimizer_step_count(), step_args,
+                         /*has_momentum_buffer=*/false)
+                         .status());
+  if (host_optimizer_ != nullptr) {
+    // Start the gradients' trip to the host first: the device buckets'
+    // kernels below then run while they travel.
+    ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
+    ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
+    const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
+    ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
+        continue;
+      }
+      ZE_RETURN_IF_ERROR(
+          Copy(OwnGradients(b),
+               host_staging_.Slice(master_offsets_[b], own_elements(b)), down));
+      ZE_RETURN_IF_ERROR(gradients_on_host_[b].Record(down));
+    }
+  }
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (!trainable_[b] || optimizer_placement_[b] != Placement::kDevice) {
+      continue;
+    }
+    ZE_RETURN_IF_ERROR(optimizers_[b]->Step(
+        OwnMaster(b), OwnGradients(b), step_args, stream,
+        master_aliases_weights() ? Tensor() : OwnWeights(b)));
+  }
+  if (host_optimizer_ != nullptr) {
+    ZE_RETURN_IF_ERROR(UpdateHostBuckets(step_args, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args,
+                                               const Stream& stream) {
+  const Stream& up = to_device_stream_ ? *to_device_stream_ : stream;
+  const bool weights_on_host = options_.weights_placement == Placement::kHost;
+  // One event per bucket on the way down: the CPU starts on a bucket as soon
+  // as its gradients have arrived, while later ones are still in transit.
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
+      continue;
+    }
+    Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
+    ZE_RETURN_IF_ERROR(gradients_on_host_[b].Synchronize());
+    Tensor master = OwnMaster(b);
+    // The 16-bit result goes straight into host weights, or over the
+    // gradients in the staging buffer (each element's gradient is read
+    // before its weight is written), from where it is uploaded.
+    Tensor out = weights_on_host
+                     ? (master_aliases_weights() ? Tensor() : OwnWeights(b))
+                     : staging;
+    ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
+        master_offsets_[b], own_elements(b), master.data_as<float>(),
+        staging.data(), staging.dtype(), step_args,
+        out.defined() ? out.data() : nullptr, options_.model_dtype));
+    if (!weights_on_host) {
+      ZE_RETURN_IF_ERROR(Copy(staging, OwnWeights(b), up));
+    }
+  }
+  host_optimizer_->AdvanceStep();
+  if (!weights_on_host && to_device_stream_) {
+    // Later work on the compute stream (the stage's weight all-gather, the
+    // next forward) reads the uploaded weights.
+    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));
+    ZE_RETURN_IF_ERROR(uploaded.Record(up));
+    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
+                                                        const Stream& stream) {
+  Tensor own = OwnWeights(bucket);
+  if (options_.weights_placement == Placement::kDevice ||
+      !options_.device.is_cuda()) {
+    return own;
+  }
+  if (!to_device_stream_) {
+    ZE_ASSIGN_OR_RETURN(to_device_stream_, Stream::Create(options_.device));
+  }
+  const Stream& up = *to_device_stream_;
+  // Allocated for `stream` (the gather's), written on `up`: recorded there
+  // too, so the block is reused only after both.
+  ZE_ASSIGN_OR_RETURN(Tensor uploaded,
+                      Tensor::Empty(own.shape(), own.dtype(), options_.device));
+  ZE_ASSIGN_OR_RETURN(Event ready, Event::Create(options_.device));
+  ZE_RETURN_IF_ERROR(ready.Record(stream));
+  ZE_RETURN_IF_ERROR(ready.StreamWait(up));
+  ZE_RETURN_IF_ERROR(Copy(own, uploaded, up));
+  ZE_RETURN_IF_ERROR(uploaded.RecordStream(up));
+  ZE_ASSIGN_OR_RETURN(Event done, Event::Create(options_.device));
+  ZE_RETURN_IF_ERROR(done.Record(up));
+  ZE_RETURN_IF_ERROR(done.StreamWait(stream));
+  return uploaded;
 }
 
 Tensor PartitionState::OwnGradients(int bucket) const {
@@ -171,6 +399,14 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
   // The master slice is f32 in every mode (in f32 training it is the
   // weights themselves), so it gathers as it is.
   Tensor own = OwnMaster(place.bucket);
+  if (own.device() != options_.device) {
+    // An offloaded slice: collectives work on the model's device.
+    ZE_ASSIGN_OR_RETURN(
+        Tensor on_device,
+        Tensor::Empty(own.shape(), own.dtype(), options_.device));
+    ZE_RETURN_IF_ERROR(Copy(own, on_device, stream));
+    own = on_device;
+  }
   if (updates_whole_buckets() || comm.world_size() == 1) {
     ZE_RETURN_IF_ERROR(Copy(own, full, stream));
   } else {
@@ -182,16 +418,16 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
                             values.begin() + place.offset + place.numel);
 }
 
-absl::Status CopyFromHost(const Tensor& src, const Tensor& dst,
-                          const Stream& stream) {
-  if (dst.device().is_cuda() && src.dtype() != dst.dtype()) {
-    ZE_ASSIGN_OR_RETURN(Tensor converted,
-                        Tensor::Empty(src.shape(), dst.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(Copy(src, converted, stream));
-    ZE_RETURN_IF_ERROR(Copy(converted, dst, stream));
-    return stream.Synchronize();  // `converted` dies here
-  }
-  return Copy(src, dst, stream);
+absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
+                            const Stream& stream) {
+  const bool transfer = src.device() != dst.device();
+  if (!transfer || src.dtype() == dst.dtype()) return Copy(src, dst, stream);
+  // A transfer needs equal dtypes: convert on the source's side first.
+  ZE_ASSIGN_OR_RETURN(Tensor converted,
+                      Tensor::Empty(src.shape(), dst.dtype(), src.device()));
+  ZE_RETURN_IF_ERROR(Copy(src, converted, stream));
+  ZE_RETURN_IF_ERROR(Copy(converted, dst, stream));
+  return stream.Synchronize();  // `converted` dies here
 }
 
 }  // namespace zero

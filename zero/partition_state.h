@@ -17,9 +17,15 @@
 // slice at layout.bucket(b).partition_offset (zero/flat_layout.h). In f32
 // training the master weights are the weights themselves (no copy).
 //
-// Placement: where each kind of state lives. Everything is on the model's
-// device today; the offload issue adds pinned host memory and NVMe for the
-// master weights and optimizer state, behind the same accessors.
+// Placement: where each kind of state lives (ZeRO-Offload). The gradients
+// are always on the model's device (the reductions write them there). With
+// offload_optimizer, a bucket's f32 master slice and optimizer state may live
+// in host memory, updated by offload::CpuOptimizer: its gradients go to a
+// host staging buffer, the CPU updates the master weights and writes the
+// 16-bit weights, which go back to the device (UpdateWeights). With
+// offload_param (stage 3) the weights partition itself lives in host memory
+// and is uploaded before each all-gather (WeightsForGather). Buffers of one
+// placement are packed: bucket b's slice at its own offset in them.
 //
 // Not thread-safe; owned and driven by one strategy on the engine's thread.
 #ifndef ZE_ZERO_PARTITION_STATE_H_
@@ -28,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +45,7 @@
 #include "core/dtype.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "offload/cpu_optimizer.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
 
@@ -47,8 +55,20 @@ namespace zero {
 // Where a kind of model state lives.
 enum class Placement {
   kDevice,  // the model's device (GPU memory, or host memory on CPU)
+  kHost,    // host memory (pinned with pin_memory), worked on by the CPU
 };
 const char* PlacementName(Placement placement);
+
+// Which buckets' master weights and optimizer state go to the host for
+// offload_optimizer's `ratio` (DeepSpeed: the fraction of the optimizer
+// state offloaded to CPU Adam): trainable buckets in index order (the last
+// layers first: their gradients are final first in backward) until at least
+// `ratio` of the trainable elements are on the host; the rest stay on the
+// device. ratio 1: every trainable bucket; ratio 0: none. Frozen buckets stay
+// on the device.
+std::vector<Placement> ChooseOptimizerPlacement(
+    const PartitionedLayout& layout, const std::vector<bool>& trainable,
+    double ratio);
 
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
@@ -59,6 +79,18 @@ struct PartitionStateOptions {
   // Per bucket: false for stage 3's frozen buckets (no gradients, no
   // optimizer, never updated). Empty: every bucket is trainable.
   std::vector<bool> trainable;
+  // Per bucket (empty: all kDevice): where its master weights and optimizer
+  // state live (ChooseOptimizerPlacement).
+  std::vector<Placement> optimizer_placement;
+  // kHost (offload_param, stage 3 only): the weights partition in host
+  // memory. Every trainable bucket's optimizer must then be on the host too.
+  Placement weights_placement = Placement::kDevice;
+  // Host buffers the device copies to and from are page-locked (faster,
+  // asynchronous copies); otherwise pageable.
+  bool pin_memory = false;
+  // Threads of the CPU optimizer (the caller's included); 0: every hardware
+  // thread.
+  int host_threads = 0;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
@@ -78,8 +110,10 @@ class PartitionState {
   PartitionState& operator=(const PartitionState&) = delete;
 
   // Allocates the gradients (zeroed), the master weights (a copy of this
-  // rank's weights, unless f32 training aliases them) and one optimizer per
-  // trainable bucket, queued on `stream`. Errors as Create.
+  // rank's weights, unless f32 training aliases them), one device optimizer
+  // per trainable device bucket and one CPU optimizer over every host
+  // bucket, with the host staging buffers; queued on `stream` (the host
+  // copies are complete on return). Errors as Create.
   absl::Status AllocateTrainingState(const Stream& stream);
 
   const PartitionedLayout& layout() const { return layout_; }
@@ -87,14 +121,18 @@ class PartitionState {
   bool trainable(int bucket) const { return trainable_[bucket]; }
   int stage() const { return options_.stage; }
   DType model_dtype() const { return options_.model_dtype; }
-  bool master_aliases_weights() const {
-    return options_.model_dtype == DType::kF32;
-  }
+  // The model's device (gradients, and state placed kDevice, live there).
+  const Device& device() const { return options_.device; }
+  // f32 training keeps no separate master copy where the optimizer works
+  // on the weights where they live (every bucket's optimizer placed with
+  // the weights).
+  bool master_aliases_weights() const { return master_aliases_weights_; }
   // Start of bucket b in a replicated (padded_total) buffer.
   int64_t bucket_offset(int bucket) const { return bucket_offsets_[bucket]; }
 
   // The whole weights buffer: (padded_total) when replicated, (partition)
-  // at stage 3. Parameters' data are views into it at stages 0-2.
+  // at stage 3, on weights_placement()'s memory. Parameters' data are views
+  // into it at stages 0-2.
   const Tensor& weights() const { return weights_; }
   // (padded) bucket b of the replicated weights (stages 0-2 only).
   Tensor FullWeights(int bucket) const;
@@ -103,12 +141,35 @@ class PartitionState {
   // What this rank's optimizer for bucket b reads and writes: the whole
   // bucket at stage 0, this rank's (slice) from stage 1 on.
   Tensor OwnWeights(int bucket) const;
-  Tensor OwnMaster(int bucket) const;  // f32; OwnWeights in f32 training
+  // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased.
+  Tensor OwnMaster(int bucket) const;
   Tensor OwnGradients(int bucket) const;
+  // Stage 3: (count) master elements of `bucket` from partition offset
+  // `partition_offset` on (a range of OwnMaster(bucket)).
+  Tensor PartitionMaster(int bucket, int64_t partition_offset,
+                         int64_t count) const;
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
-  const Tensor& master() const { return master_; }
-  FlatOptimizer& optimizer(int bucket) { return *optimizers_[bucket]; }
+
+  // The optimizer step of every trainable bucket with `step_args` (the
+  // boundary step's clip and unscale factor in grad_scale): device buckets'
+  // FlatOptimizer kernels are queued on `stream`; host buckets' gradients
+  // are copied to the host (on a transfer stream, after `stream`'s work so
+  // far), updated by the CPU optimizer bucket by bucket as they arrive, and
+  // their 16-bit weights copied back while the CPU works on the next
+  // bucket. On return the host updates are done and `stream`'s later work
+  // is ordered after every weight write. InvalidArgument for bad step_args
+  // (nothing updated), kernel or copy errors otherwise.
+  absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
+  // Steps taken by the optimizers (every trainable bucket's agree).
+  int64_t optimizer_step_count() const;
+
+  // Stage 3: bucket b's (slice) weights on the model's device for its
+  // all-gather, on `stream`: OwnWeights(b) itself, or with host weights a
+  // device copy uploaded on a transfer stream that `stream` then waits for.
+  // The caller keeps the returned tensor alive until the all-gather that
+  // reads it has been waited for.
+  absl::StatusOr<Tensor> WeightsForGather(int bucket, const Stream& stream);
 
   // Whether bucket b's gradients hold this accumulation window's values.
   // Stages 2-3: until they do, the slice is stale and the window's first
@@ -134,10 +195,18 @@ class PartitionState {
                                                   comm::Communicator& comm,
                                                   const Stream& stream) const;
 
-  Placement weights_placement() const { return Placement::kDevice; }
-  Placement master_placement() const { return Placement::kDevice; }
+  Placement weights_placement() const { return options_.weights_placement; }
   Placement gradients_placement() const { return Placement::kDevice; }
-  Placement optimizer_state_placement() const { return Placement::kDevice; }
+  // Master weights and optimizer state of `bucket`.
+  Placement optimizer_placement(int bucket) const {
+    return optimizer_placement_[bucket];
+  }
+  bool has_host_optimizer() const { return host_optimizer_ != nullptr; }
+
+  // Device optimizer of a trainable device bucket (checkpoints, tests).
+  FlatOptimizer& device_optimizer(int bucket) { return *optimizers_[bucket]; }
+  // The CPU optimizer over every host bucket (null when none).
+  offload::CpuOptimizer* host_optimizer() { return host_optimizer_.get(); }
 
  private:
   PartitionState(const PartitionedLayout& layout,
@@ -145,25 +214,50 @@ class PartitionState {
   bool weights_replicated() const { return options_.stage <= 2; }
   bool gradients_replicated() const { return options_.stage <= 1; }
   bool updates_whole_buckets() const { return options_.stage == 0; }
+  // Elements bucket b's optimizer updates: padded bucket (stage 0) or slice.
+  int64_t own_elements(int bucket) const;
+  // Zero-filled. `transferred`: host memory the device copies from and to
+  // (pinned with pin_memory on a GPU).
   absl::StatusOr<Tensor> Allocate(int64_t elements, DType dtype,
-                                  const Stream& stream) const;
+                                  Placement placement, const Stream& stream,
+                                  bool transferred = false) const;
+  absl::Status UpdateHostBuckets(const StepArgs& step_args,
+                                 const Stream& stream);
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
   std::vector<bool> trainable_;
+  std::vector<Placement> optimizer_placement_;  // per bucket
+  bool master_aliases_weights_ = false;
   std::vector<int64_t> bucket_offsets_;
   Tensor weights_;    // (padded_total) stages 0-2, (partition) stage 3
   Tensor gradients_;  // (padded_total) stages 0-1, (partition) stages 2-3
-  Tensor master_;     // f32: (padded_total) stage 0, (partition) 1-3
-  std::vector<std::unique_ptr<FlatOptimizer>> optimizers_;  // per bucket
+  // f32 master weights, packed per placement: bucket b's own elements at
+  // master_offsets_[b] in the buffer of its placement. With every bucket on
+  // the device that is the replicated (stage 0) or partition layout.
+  Tensor device_master_;
+  Tensor host_master_;
+  std::vector<int64_t> master_offsets_;
+  std::vector<std::unique_ptr<FlatOptimizer>> optimizers_;  // device buckets
+  // Host buckets: one CPU optimizer over host_master_'s elements, and a
+  // model-dtype staging buffer with host_master_'s packing that receives
+  // the gradients and then (in place) the updated 16-bit weights.
+  std::unique_ptr<offload::CpuOptimizer> host_optimizer_;
+  Tensor host_staging_;
+  // Device <-> host copies of offloaded state (CUDA only): gradients down,
+  // weights up, each on its own stream so both directions overlap.
+  std::optional<Stream> to_host_stream_;
+  std::optional<Stream> to_device_stream_;
+  std::vector<Event> gradients_on_host_;  // per host bucket, on to_host
   std::vector<bool> gradients_current_;
 };
 
-// dst (any device) = src (host, any float dtype), converting on the host
-// first when a host-to-device transfer would otherwise need equal dtypes.
-// Waits for the transfer when it staged a temporary.
-absl::Status CopyFromHost(const Tensor& src, const Tensor& dst,
-                          const Stream& stream);
+// dst = src for any pair of devices and float dtypes: a transfer between
+// host and device with differing dtypes converts on the source's side first
+// (core's Copy needs equal dtypes for a transfer). Waits for the transfer
+// when it staged a temporary.
+absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
+                            const Stream& stream);
 
 }  // namespace zero
 }  // namespace ze

@@ -114,23 +114,11 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
   for (int i = 0; i < layout.num_params(); ++i) {
     if (params_[i]->requires_grad()) psi += layout.param(i).numel;
   }
-  const OptimizerOptions& optimizer = context_.training->optimizer_options();
+  std::vector<bool> trainable;
+  for (const Bucket& bucket : buckets_) trainable.push_back(bucket.trainable);
   ZE_ASSIGN_OR_RETURN(
-      memory_, PlanModelStateMemory(layout, /*stage=*/3,
-                                    config::GetTrainingPrecision(config()),
-                                    StateBytesPerElement(optimizer), psi));
-  PartitionStateOptions options;
-  options.stage = 3;
-  options.rank = rank();
-  options.model_dtype = context_.model->dtype();
-  options.device = device();
-  options.optimizer = optimizer;
-  for (const Bucket& bucket : buckets_) {
-    options.trainable.push_back(bucket.trainable);
-  }
-  options.annotate_allocation_error = [this](const absl::Status& status) {
-    return AnnotateAllocationError(status);
-  };
+      const PartitionStateOptions options,
+      PlanPartitionState(layout, /*stage=*/3, std::move(trainable), psi));
   ZE_ASSIGN_OR_RETURN(partition_,
                       PartitionState::Create(layout, options, stream()));
 
@@ -287,9 +275,12 @@ absl::Status Stage3::IssueGather(int b) {
   ZE_ASSIGN_OR_RETURN(bucket.gathered,
                       Tensor::Empty({bucket_layout.padded_elements},
                                     partition_->model_dtype(), device()));
+  // With offload_param the slice is first uploaded from host memory.
+  ZE_ASSIGN_OR_RETURN(bucket.gather_source,
+                      partition_->WeightsForGather(b, stream()));
   ZE_ASSIGN_OR_RETURN(
       bucket.gather_work,
-      comm().AllGather(partition_->OwnWeights(b), bucket.gathered, stream()));
+      comm().AllGather(bucket.gather_source, bucket.gathered, stream()));
   bucket.in_flight = true;
   // Evaluation and scoped gathers are not part of the training step; a
   // persistent bucket's first gather is (training would have made it and
@@ -335,6 +326,7 @@ absl::Status Stage3::WaitGather(int b) {
                                   .count();
   }
   bucket.gather_work = comm::Work();
+  bucket.gather_source = Tensor();
   bucket.in_flight = false;
   const BucketLayout& bucket_layout = layout().bucket(b);
   for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
@@ -352,6 +344,7 @@ absl::Status Stage3::FreeGathered(int b) {
   // The buffer may only be reused once the all-gather writing it is done.
   if (bucket.in_flight) ZE_RETURN_IF_ERROR(bucket.gather_work.Wait());
   bucket.gather_work = comm::Work();
+  bucket.gather_source = Tensor();
   bucket.in_flight = false;
   const BucketLayout& bucket_layout = layout().bucket(b);
   for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
@@ -577,9 +570,10 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
                partition_->weights().Slice(shard.partition_offset, shard.count),
                stream()));
       if (!partition_->master_aliases_weights()) {
-        ZE_RETURN_IF_ERROR(Copy(
+        ZE_RETURN_IF_ERROR(CopyConverting(
             source,
-            partition_->master().Slice(shard.partition_offset, shard.count),
+            partition_->PartitionMaster(place.bucket, shard.partition_offset,
+                                        shard.count),
             stream()));
       }
     }
@@ -615,13 +609,16 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
     ZE_RETURN_IF_ERROR(
         reader.ReadRange(name, shard.param_begin, shard.count, host));
     report.bytes_read += shard.count * static_cast<int64_t>(SizeOf(file_dtype));
-    ZE_RETURN_IF_ERROR(CopyFromHost(
+    ZE_RETURN_IF_ERROR(CopyConverting(
         host, partition_->weights().Slice(shard.partition_offset, shard.count),
         stream()));
     if (!partition_->master_aliases_weights()) {
-      ZE_RETURN_IF_ERROR(CopyFromHost(
-          host, partition_->master().Slice(shard.partition_offset, shard.count),
-          stream()));
+      const int bucket = layout().placement(shard.param_index).bucket;
+      ZE_RETURN_IF_ERROR(
+          CopyConverting(host,
+                         partition_->PartitionMaster(
+                             bucket, shard.partition_offset, shard.count),
+                         stream()));
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }

@@ -135,6 +135,9 @@ class Stage3 : public ZeroStrategy {
     bool persistent = false;
     Tensor gathered;         // (padded) model dtype while gathered/in flight
     comm::Work gather_work;  // in flight: issued ahead, not waited yet
+    // What the in-flight gather reads: the weights slice, or its upload
+    // from host memory (offload_param), alive until the gather is waited.
+    Tensor gather_source;
     bool in_flight = false;
     int users = 0;         // running module calls holding it
     int pending_uses = 0;  // forward uses not yet backpropagated

@@ -51,21 +51,9 @@ absl::Status Stages0To2::Setup() {
 
   // The memory this rank will hold, computed before allocating so a model
   // that does not fit fails with the full figure.
-  const OptimizerOptions& optimizer = context_.training->optimizer_options();
-  ZE_ASSIGN_OR_RETURN(
-      memory_, PlanModelStateMemory(layout, stage,
-                                    config::GetTrainingPrecision(config()),
-                                    StateBytesPerElement(optimizer),
-                                    layout.total_param_elements()));
-  PartitionStateOptions state_options;
-  state_options.stage = stage;
-  state_options.rank = rank();
-  state_options.model_dtype = context_.model->dtype();
-  state_options.device = device();
-  state_options.optimizer = optimizer;
-  state_options.annotate_allocation_error = [this](const absl::Status& s) {
-    return AnnotateAllocationError(s);
-  };
+  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions state_options,
+                      PlanPartitionState(layout, stage, /*trainable=*/{},
+                                         layout.total_param_elements()));
   ZE_ASSIGN_OR_RETURN(partition_,
                       PartitionState::Create(layout, state_options, stream()));
   // Move the model's weights into the flat buffer and make each parameter a
@@ -316,8 +304,8 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
     int64_t begin = 0;
     Tensor master = partition_->MasterPiece(found->second, &begin);
     if (!master.defined()) continue;
-    ZE_RETURN_IF_ERROR(
-        Copy(data.Flat().Slice(begin, master.numel()), master, stream()));
+    ZE_RETURN_IF_ERROR(CopyConverting(data.Flat().Slice(begin, master.numel()),
+                                      master, stream()));
   }
   return stream().Synchronize();
 }
@@ -334,7 +322,7 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     report.bytes_read += static_cast<int64_t>(reader.Find(name)->num_bytes());
     ++report.tensors;
     ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
-    ZE_RETURN_IF_ERROR(CopyFromHost(host, data, stream()));
+    ZE_RETURN_IF_ERROR(CopyConverting(host, data, stream()));
     auto found = index_of_.find(parameter);
     if (found == index_of_.end() || partition_->master_aliases_weights()) {
       ZE_RETURN_IF_ERROR(stream().Synchronize());
@@ -345,8 +333,8 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     int64_t begin = 0;
     Tensor master = partition_->MasterPiece(found->second, &begin);
     if (master.defined()) {
-      ZE_RETURN_IF_ERROR(CopyFromHost(host.Flat().Slice(begin, master.numel()),
-                                      master, stream()));
+      ZE_RETURN_IF_ERROR(CopyConverting(
+          host.Flat().Slice(begin, master.numel()), master, stream()));
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());  // `host` dies here
   }

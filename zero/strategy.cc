@@ -1,6 +1,7 @@
 #include "zero/strategy.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +23,13 @@ void ZeroStrategy::AddHook(nn::Module* module, nn::HookKind kind,
 absl::Status ZeroStrategy::AnnotateAllocationError(
     const absl::Status& status) const {
   return absl::Status(
-      status.code(), absl::StrCat("model state does not fit on rank ", rank(),
-                                  " (", device().ToString(), "): ZeRO stage ",
-                                  config().zero_optimization.stage, " needs ",
-                                  memory_.total_bytes(), " bytes per rank (",
-                                  memory_.ToString(), "): ", status.message()));
+      status.code(),
+      absl::StrCat("model state does not fit on rank ", rank(), " (",
+                   device().ToString(), "): ZeRO stage ",
+                   config().zero_optimization.stage, " needs ",
+                   memory_.device_bytes, " bytes on the device and ",
+                   memory_.host_bytes, " in host memory per rank (",
+                   memory_.ToString(), "): ", status.message()));
 }
 
 absl::Status ZeroStrategy::RequireIdle(const char* what) const {
@@ -57,6 +60,46 @@ absl::Status ZeroStrategy::CheckLoadable(
     ZE_RETURN_IF_ERROR(safetensors::DTypeOf(info->dtype).status());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
+    const PartitionedLayout& layout, int stage, std::vector<bool> trainable,
+    int64_t psi) {
+  const config::ZeroConfig& zero = config().zero_optimization;
+  const OptimizerOptions& optimizer = context_.training->optimizer_options();
+  PartitionStateOptions options;
+  options.stage = stage;
+  options.rank = rank();
+  options.model_dtype = context_.model->dtype();
+  options.device = device();
+  options.optimizer = optimizer;
+  options.trainable = std::move(trainable);
+  StatePlacement placement;
+  if (zero.offload_optimizer.device == config::OffloadDevice::kCpu) {
+    options.optimizer_placement = ChooseOptimizerPlacement(
+        layout, options.trainable, zero.offload_optimizer.ratio);
+    for (Placement where : options.optimizer_placement) {
+      placement.optimizer_on_host.push_back(where == Placement::kHost);
+    }
+    options.pin_memory = zero.offload_optimizer.pin_memory;
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    options.host_threads =
+        std::max(1, static_cast<int>(cores) / comm().local_size());
+  }
+  if (zero.offload_param.device == config::OffloadDevice::kCpu) {
+    options.weights_placement = Placement::kHost;
+    placement.weights_on_host = true;
+    options.pin_memory = options.pin_memory || zero.offload_param.pin_memory;
+  }
+  placement.pin_memory = options.pin_memory;
+  ZE_ASSIGN_OR_RETURN(memory_,
+                      PlanModelStateMemory(
+                          layout, stage, config::GetTrainingPrecision(config()),
+                          StateBytesPerElement(optimizer), psi, placement));
+  options.annotate_allocation_error = [this](const absl::Status& status) {
+    return AnnotateAllocationError(status);
+  };
+  return options;
 }
 
 BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {

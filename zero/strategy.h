@@ -184,6 +184,15 @@ class ZeroStrategy {
   absl::Status CheckLoadable(
       const safetensors::Reader& reader,
       const std::vector<nn::Parameter*>& parameters) const;
+  // Plans memory_ for `layout` at `stage` (`trainable` per bucket, empty:
+  // all; `psi`: trainable elements) and returns the PartitionState options
+  // every strategy shares: rank, dtype, device, optimizer, and the offload
+  // placement from zero_optimization.offload_optimizer / offload_param
+  // (ratio, pin_memory; the CPU optimizer gets this host's cores divided by
+  // the ranks on it).
+  absl::StatusOr<PartitionStateOptions> PlanPartitionState(
+      const PartitionedLayout& layout, int stage, std::vector<bool> trainable,
+      int64_t psi);
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
   // Installs `hook` on `module`; the destructor removes it.

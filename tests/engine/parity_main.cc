@@ -12,7 +12,10 @@
 // dtype {f32, bf16, fp16 with dynamic loss scaling} x optimizer {SGD with
 // momentum, AdamW} x stage {0, 1, 2, 3} x gradient accumulation {1, 2} and
 // writes, on rank 0, one file per run with the 10 losses and every final f32
-// master weight. With --configs=reference (world size 1) it instead runs
+// master weight; and with ZeRO-Offload (offload_optimizer at stages 1-3, half
+// the buckets offloaded by `ratio` at stage 2, and offload_param with it at
+// stage 3), each compared with the reference and, tighter, with the same run
+// without offload. With --configs=reference (world size 1) it instead runs
 // stage 0 with the accumulation counts the other world sizes are compared
 // against, plus micro-batch 4 x accumulation 1 (compared with micro-batch 2
 // x accumulation 2).
@@ -62,9 +65,14 @@ struct RunSpec {
   int stage = 0;
   int accumulation = 1;
   int micro = 2;
+  // ZeRO-Offload: "" (none), "cpu" (offload_optimizer), "cpuhalf"
+  // (offload_optimizer with ratio 0.5: half the buckets' optimizer on the
+  // device), "cpuparam" (offload_optimizer and offload_param, stage 3).
+  std::string offload;
   std::string Name(int world) const {
     return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
-                        "_a", accumulation, "_m", micro);
+                        "_a", accumulation, "_m", micro,
+                        offload.empty() ? "" : "_o", offload);
   }
 };
 
@@ -110,6 +118,18 @@ void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
 // "gradient" is rounding noise, and with a tiny eps Adam turns that noise into
 // full +-lr steps whose signs depend on the order of floating-point sums.
 // A larger eps bounds that amplification without hiding real differences.
+std::string OffloadJson(const std::string& offload) {
+  if (offload.empty()) return "";
+  const std::string optimizer = absl::StrCat(
+      R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
+      offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "", "}");
+  const std::string param =
+      offload == "cpuparam"
+          ? R"(, "offload_param": {"device": "cpu", "pin_memory": true})"
+          : "";
+  return optimizer + param;
+}
+
 std::string ConfigJson(const RunSpec& spec, int world) {
   const std::string optimizer =
       spec.optimizer == "sgd"
@@ -141,7 +161,7 @@ std::string ConfigJson(const RunSpec& spec, int world) {
       spec.stage == 3
           ? R"(, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 3000)"
           : "",
-      "}}");
+      OffloadJson(spec.offload), "}}");
   (void)world;
 }
 
@@ -376,9 +396,26 @@ std::vector<RunSpec> Matrix() {
           specs.push_back({dtype, optimizer, stage, accumulation, 2});
         }
       }
+      // Offload at every stage that allows it.
+      for (int accumulation : {1, 2}) {
+        for (int stage : {1, 2, 3}) {
+          specs.push_back({dtype, optimizer, stage, accumulation, 2, "cpu"});
+        }
+        specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuhalf"});
+        specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuparam"});
+      }
     }
   }
   return specs;
+}
+
+// Offloading moves where the optimizer runs, not what it computes: the same
+// f32 expression on the host (offload/'s kernel) as on the device. On the
+// CPU both are that kernel, bit for bit; on a GPU the CUDA kernel may round
+// sqrt and division differently in the last bit.
+Tolerance OffloadTolerance(const std::string& dtype) {
+  if (dtype == "f32") return {1e-6, 1e-6};
+  return {1e-4, 1e-4};
 }
 
 std::vector<RunSpec> ReferenceMatrix() {
@@ -446,8 +483,16 @@ int Main(int argc, char** argv) {
       RunSpec reference = spec;
       reference.stage = 0;
       reference.accumulation = spec.accumulation * world;
+      reference.offload.clear();
       absl::Status status = Compare(dir, spec.Name(world), reference.Name(1),
                                     ToleranceFor(spec.dtype), &all_ok);
+      if (status.ok() && !spec.offload.empty()) {
+        // And against the same run without offload, at this world size.
+        RunSpec on_device = spec;
+        on_device.offload.clear();
+        status = Compare(dir, spec.Name(world), on_device.Name(world),
+                         OffloadTolerance(spec.dtype), &all_ok);
+      }
       if (!status.ok()) {
         std::cerr << status << "\n";
         return 1;
