@@ -169,10 +169,12 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       ZE_ASSIGN_OR_RETURN(to_device_stream_, Stream::Create(options_.device));
     }
     gradients_on_host_.resize(layout_.num_buckets());
+    weights_uploaded_.resize(layout_.num_buckets());
     for (int b = 0; b < layout_.num_buckets(); ++b) {
       if (optimizer_placement_[b] != Placement::kHost) continue;
       ZE_ASSIGN_OR_RETURN(gradients_on_host_[b],
                           Event::Create(options_.device));
+      ZE_ASSIGN_OR_RETURN(weights_uploaded_[b], Event::Create(options_.device));
     }
   }
   optimizers_.resize(layout_.num_buckets());
@@ -242,21 +244,26 @@ int64_t PartitionState::optimizer_step_count() const {
   return 0;
 }
 
+PartitionState::~PartitionState() {
+  if (pending_.worker.joinable()) pending_.worker.join();
+}
+
 absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                                            const Stream& stream) {
+  ZE_RETURN_IF_ERROR(FinishUpdate(stream));
   // Checked before anything changes, so a bad lr fails the whole step.
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
   if (host_optimizer_ != nullptr) {
-    // Start the gradients' trip to the host first: the device buckets'
-    // kernels below then run while they travel.
+    // Start the gradients' trip to the host first, in the order the worker
+    // takes them: the device buckets' kernels below run while they travel.
     ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
     ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
     const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
     ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
-    for (int b = 0; b < layout_.num_buckets(); ++b) {
+    for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
       if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
         continue;
       }
@@ -265,6 +272,11 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                host_staging_.Slice(master_offsets_[b], own_elements(b)), down));
       ZE_RETURN_IF_ERROR(gradients_on_host_[b].Record(down));
     }
+    // Gradients are zeroed or overwritten on `stream` after the step: not
+    // before they are copied.
+    ZE_ASSIGN_OR_RETURN(Event copied, Event::Create(options_.device));
+    ZE_RETURN_IF_ERROR(copied.Record(down));
+    ZE_RETURN_IF_ERROR(copied.StreamWait(stream));
   }
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kDevice) {
@@ -275,18 +287,24 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
         master_aliases_weights() ? Tensor() : OwnWeights(b)));
   }
   if (host_optimizer_ != nullptr) {
-    ZE_RETURN_IF_ERROR(UpdateHostBuckets(step_args, stream));
+    pending_.written.assign(layout_.num_buckets(), false);
+    pending_.status = absl::OkStatus();
+    pending_.worker = std::thread([this, step_args] {
+      absl::Status status = UpdateHostBuckets(step_args);
+      std::lock_guard<std::mutex> lock(pending_.mutex);
+      pending_.status = status;
+      pending_.progress.notify_all();
+    });
   }
   return absl::OkStatus();
 }
 
-absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args,
-                                               const Stream& stream) {
-  const Stream& up = to_device_stream_ ? *to_device_stream_ : stream;
+absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
+  if (options_.device.is_cuda()) {
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+  }
   const bool weights_on_host = options_.weights_placement == Placement::kHost;
-  // One event per bucket on the way down: the CPU starts on a bucket as soon
-  // as its gradients have arrived, while later ones are still in transit.
-  for (int b = 0; b < layout_.num_buckets(); ++b) {
+  for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
       continue;
     }
@@ -304,22 +322,50 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args,
         staging.data(), staging.dtype(), step_args,
         out.defined() ? out.data() : nullptr, options_.model_dtype));
     if (!weights_on_host) {
+      const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
       ZE_RETURN_IF_ERROR(Copy(staging, OwnWeights(b), up));
+      ZE_RETURN_IF_ERROR(weights_uploaded_[b].Record(up));
     }
+    std::lock_guard<std::mutex> lock(pending_.mutex);
+    pending_.written[b] = true;
+    pending_.progress.notify_all();
   }
   host_optimizer_->AdvanceStep();
-  if (!weights_on_host && to_device_stream_) {
-    // Later work on the compute stream (the stage's weight all-gather, the
-    // next forward) reads the uploaded weights.
-    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));
-    ZE_RETURN_IF_ERROR(uploaded.Record(up));
-    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  return absl::OkStatus();
+}
+
+absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream) {
+  if (!pending_.worker.joinable() ||
+      optimizer_placement_[bucket] != Placement::kHost || !trainable_[bucket]) {
+    return absl::OkStatus();
+  }
+  {
+    std::unique_lock<std::mutex> lock(pending_.mutex);
+    pending_.progress.wait(lock, [&] {
+      return pending_.written[bucket] || !pending_.status.ok();
+    });
+    if (!pending_.written[bucket]) return pending_.status;
+  }
+  if (options_.weights_placement == Placement::kDevice) {
+    return weights_uploaded_[bucket].StreamWait(stream);
   }
   return absl::OkStatus();
 }
 
+absl::Status PartitionState::FinishUpdate(const Stream& stream) {
+  if (!pending_.worker.joinable()) return absl::OkStatus();
+  pending_.worker.join();
+  if (options_.weights_placement == Placement::kDevice && to_device_stream_) {
+    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));
+    ZE_RETURN_IF_ERROR(uploaded.Record(*to_device_stream_));
+    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  }
+  return pending_.status;
+}
+
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
                                                         const Stream& stream) {
+  ZE_RETURN_IF_ERROR(WaitForWeights(bucket, stream));
   Tensor own = OwnWeights(bucket);
   if (options_.weights_placement == Placement::kDevice ||
       !options_.device.is_cuda()) {

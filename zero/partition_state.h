@@ -27,15 +27,19 @@
 // and is uploaded before each all-gather (WeightsForGather). Buffers of one
 // placement are packed: bucket b's slice at its own offset in them.
 //
-// Not thread-safe; owned and driven by one strategy on the engine's thread.
+// Not thread-safe; owned and driven by one strategy on the engine's thread
+// (which the offloaded update's worker thread synchronises with itself).
 #ifndef ZE_ZERO_PARTITION_STATE_H_
 #define ZE_ZERO_PARTITION_STATE_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -108,6 +112,8 @@ class PartitionState {
       const Stream& stream);
   PartitionState(const PartitionState&) = delete;
   PartitionState& operator=(const PartitionState&) = delete;
+  // Waits for an update in progress.
+  ~PartitionState();
 
   // Allocates the gradients (zeroed), the master weights (a copy of this
   // rank's weights, unless f32 training aliases them), one device optimizer
@@ -153,14 +159,28 @@ class PartitionState {
 
   // The optimizer step of every trainable bucket with `step_args` (the
   // boundary step's clip and unscale factor in grad_scale): device buckets'
-  // FlatOptimizer kernels are queued on `stream`; host buckets' gradients
-  // are copied to the host (on a transfer stream, after `stream`'s work so
-  // far), updated by the CPU optimizer bucket by bucket as they arrive, and
-  // their 16-bit weights copied back while the CPU works on the next
-  // bucket. On return the host updates are done and `stream`'s later work
-  // is ordered after every weight write. InvalidArgument for bad step_args
-  // (nothing updated), kernel or copy errors otherwise.
+  // FlatOptimizer kernels are queued on `stream`. Host buckets' gradients
+  // are copied to the host on a transfer stream (`stream`'s later work,
+  // which may overwrite the gradients, waits for those copies); then a
+  // worker thread updates them with the CPU optimizer bucket by bucket as
+  // they arrive, from the highest bucket index down (the first layers
+  // first: the next forward needs them first), and copies each bucket's
+  // 16-bit weights back while it works on the next. UpdateWeights returns
+  // without waiting for the worker: whoever reads a host bucket's weights
+  // calls WaitForWeights first, and anything else that reads model state
+  // calls FinishUpdate. Runs FinishUpdate itself first (one update at a
+  // time). InvalidArgument for bad step_args (nothing updated), kernel or
+  // copy errors otherwise; an error of the worker is returned by the next
+  // WaitForWeights or FinishUpdate.
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
+  // Makes `stream`'s later work see bucket b's updated weights: waits (on
+  // the host) until the worker has written them, then orders `stream` after
+  // their upload. Immediate when no update is in progress or the bucket's
+  // optimizer is on the device. The worker's error, if it failed.
+  absl::Status WaitForWeights(int bucket, const Stream& stream);
+  // Waits for the whole update in progress (if any) and orders `stream`
+  // after every upload. The worker's error, if it failed.
+  absl::Status FinishUpdate(const Stream& stream);
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
 
@@ -221,8 +241,8 @@ class PartitionState {
   absl::StatusOr<Tensor> Allocate(int64_t elements, DType dtype,
                                   Placement placement, const Stream& stream,
                                   bool transferred = false) const;
-  absl::Status UpdateHostBuckets(const StepArgs& step_args,
-                                 const Stream& stream);
+  // The worker's loop over the host buckets.
+  absl::Status UpdateHostBuckets(const StepArgs& step_args);
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
@@ -249,6 +269,17 @@ class PartitionState {
   std::optional<Stream> to_host_stream_;
   std::optional<Stream> to_device_stream_;
   std::vector<Event> gradients_on_host_;  // per host bucket, on to_host
+  std::vector<Event> weights_uploaded_;   // per host bucket, on to_device
+  // The update in progress on the worker thread. `written[b]`: bucket b's
+  // weights are written (and their upload queued). Guarded by `mutex`.
+  struct PendingUpdate {
+    std::thread worker;
+    std::mutex mutex;
+    std::condition_variable progress;
+    std::vector<bool> written;
+    absl::Status status;
+  };
+  PendingUpdate pending_;
   std::vector<bool> gradients_current_;
 };
 

@@ -542,6 +542,7 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
     }
   }
   if (modifier_rank >= 0) {
+    ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
     // The modifier's full values to every rank, parameter by parameter (a
     // bucket's other parameters were not modified and need not travel).
     for (int index : indices) {
@@ -598,6 +599,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         ": not between optimizer steps (a GatherParameters scope is open)"));
   }
   ZE_RETURN_IF_ERROR(CheckLoadable(reader, params_));
+  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
   for (const ParamShard& shard : layout().RankShards(rank())) {

@@ -117,6 +117,11 @@ absl::Status Stages0To2::InstallHooks() {
     if (indices.empty()) continue;
     AddHook(module, nn::HookKind::kPreForward,
             [this, indices](nn::Module&, const Stream&) -> absl::Status {
+              // An offloaded update may still be writing weights.
+              for (int index : indices) {
+                ZE_RETURN_IF_ERROR(partition_->WaitForWeights(
+                    partition_->layout().placement(index).bucket, stream()));
+              }
               // Counted whether or not the call saves activations: inside a
               // checkpointed block the first forward saves nothing, yet its
               // backward (after the recompute) will produce these gradients.
@@ -258,6 +263,7 @@ absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
 // in-place all-gather per bucket, grouped up to allgather_bucket_size
 // elements per call, rebuilds the full weights everywhere.
 absl::Status Stages0To2::GatherUpdatedWeights() {
+  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   const int64_t group_limit =
       std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
   std::vector<comm::CollectiveOp> group;
@@ -288,6 +294,7 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
 absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
                                       int modifier_rank) {
   if (modifier_rank < 0) return absl::OkStatus();
+  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   for (const std::string& name : names) {
     ZE_ASSIGN_OR_RETURN(nn::Parameter * parameter,
                         context_.model->FindParameter(name));
@@ -313,6 +320,7 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
 absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     const safetensors::Reader& reader) {
   ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
+  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   const std::vector<nn::Parameter*> parameters = context_.model->Parameters();
   ZE_RETURN_IF_ERROR(CheckLoadable(reader, parameters));
   LoadReport report;
