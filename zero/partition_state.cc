@@ -192,9 +192,8 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       optimizers_[b] = std::move(optimizer).value();
     }
     if (!master_aliases_weights()) {
-      // Device to host copies of pageable memory complete on return; of
-      // pinned memory, at the synchronisation below.
-      ZE_RETURN_IF_ERROR(Copy(OwnWeights(b), OwnMaster(b), stream));
+      // Onto the host (offload) this converts on the device first.
+      ZE_RETURN_IF_ERROR(CopyConverting(OwnWeights(b), OwnMaster(b), stream));
     }
   }
   if (host_optimizer_ != nullptr) ZE_RETURN_IF_ERROR(stream.Synchronize());
