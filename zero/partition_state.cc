@@ -1,6 +1,7 @@
 #include "zero/partition_state.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,9 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
     packed += own_elements(b);
   }
   gradients_current_.assign(layout_.num_buckets(), false);
+  options_.chunk_elements =
+      std::max<int64_t>(1, std::min(options_.chunk_elements,
+                                    PartitionStateOptions::kMaxChunkElements));
 }
 
 int64_t PartitionState::own_elements(int bucket) const {
@@ -172,9 +176,12 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     weights_uploaded_.resize(layout_.num_buckets());
     for (int b = 0; b < layout_.num_buckets(); ++b) {
       if (optimizer_placement_[b] != Placement::kHost) continue;
-      ZE_ASSIGN_OR_RETURN(gradients_on_host_[b],
-                          Event::Create(options_.device));
-      ZE_ASSIGN_OR_RETURN(weights_uploaded_[b], Event::Create(options_.device));
+      for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
+        ZE_ASSIGN_OR_RETURN(Event down, Event::Create(options_.device));
+        ZE_ASSIGN_OR_RETURN(Event up, Event::Create(options_.device));
+        gradients_on_host_[b].push_back(std::move(down));
+        weights_uploaded_[b].push_back(std::move(up));
+      }
     }
   }
   optimizers_.resize(layout_.num_buckets());
@@ -266,10 +273,16 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
       if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
         continue;
       }
-      ZE_RETURN_IF_ERROR(
-          Copy(OwnGradients(b),
-               host_staging_.Slice(master_offsets_[b], own_elements(b)), down));
-      ZE_RETURN_IF_ERROR(gradients_on_host_[b].Record(down));
+      Tensor gradients = OwnGradients(b);
+      Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
+      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
+        const int64_t begin = chunk * options_.chunk_elements;
+        const int64_t count =
+            std::min(options_.chunk_elements, own_elements(b) - begin);
+        ZE_RETURN_IF_ERROR(Copy(gradients.Slice(begin, count),
+                                staging.Slice(begin, count), down));
+        ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Record(down));
+      }
     }
     // Gradients are zeroed or overwritten on `stream` after the step: not
     // before they are copied.
@@ -286,12 +299,15 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
         master_aliases_weights() ? Tensor() : OwnWeights(b)));
   }
   if (host_optimizer_ != nullptr) {
-    pending_.written.assign(layout_.num_buckets(), false);
+    pending_.written_from.assign(layout_.num_buckets(),
+                                 std::numeric_limits<int64_t>::max());
+    pending_.failed = false;
     pending_.status = absl::OkStatus();
     pending_.worker = std::thread([this, step_args] {
       absl::Status status = UpdateHostBuckets(step_args);
       std::lock_guard<std::mutex> lock(pending_.mutex);
       pending_.status = status;
+      pending_.failed = !status.ok();
       pending_.progress.notify_all();
     });
   }
@@ -303,52 +319,87 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
   const bool weights_on_host = options_.weights_placement == Placement::kHost;
+  const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
+  // Model order: buckets from the highest index down, each from its end
+  // (layouts are in reverse model order), chunk by chunk.
   for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
       continue;
     }
     Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
-    ZE_RETURN_IF_ERROR(gradients_on_host_[b].Synchronize());
     Tensor master = OwnMaster(b);
+    Tensor weights = OwnWeights(b);
     // The 16-bit result goes straight into host weights, or over the
     // gradients in the staging buffer (each element's gradient is read
     // before its weight is written), from where it is uploaded.
     Tensor out = weights_on_host
-                     ? (master_aliases_weights() ? Tensor() : OwnWeights(b))
+                     ? (master_aliases_weights() ? Tensor() : weights)
                      : staging;
-    ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
-        master_offsets_[b], own_elements(b), master.data_as<float>(),
-        staging.data(), staging.dtype(), step_args,
-        out.defined() ? out.data() : nullptr, options_.model_dtype));
-    if (!weights_on_host) {
-      const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
-      ZE_RETURN_IF_ERROR(Copy(staging, OwnWeights(b), up));
-      ZE_RETURN_IF_ERROR(weights_uploaded_[b].Record(up));
+    for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
+      const int64_t begin = chunk * options_.chunk_elements;
+      const int64_t count =
+          std::min(options_.chunk_elements, own_elements(b) - begin);
+      ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Synchronize());
+      Tensor grads = staging.Slice(begin, count);
+      Tensor out_chunk = out.defined() ? out.Slice(begin, count) : Tensor();
+      ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
+          master_offsets_[b] + begin, count, master.data_as<float>() + begin,
+          grads.data(), grads.dtype(), step_args,
+          out_chunk.defined() ? out_chunk.data() : nullptr,
+          options_.model_dtype));
+      if (!weights_on_host) {
+        ZE_RETURN_IF_ERROR(Copy(grads, weights.Slice(begin, count), up));
+        ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
+      }
+      std::lock_guard<std::mutex> lock(pending_.mutex);
+      pending_.written_from[b] = begin;
+      pending_.progress.notify_all();
     }
-    std::lock_guard<std::mutex> lock(pending_.mutex);
-    pending_.written[b] = true;
-    pending_.progress.notify_all();
   }
   host_optimizer_->AdvanceStep();
   return absl::OkStatus();
 }
 
-absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream) {
+absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
+                                            int64_t own_begin) {
   if (!pending_.worker.joinable() ||
       optimizer_placement_[bucket] != Placement::kHost || !trainable_[bucket]) {
     return absl::OkStatus();
   }
+  const int64_t chunk =
+      std::max<int64_t>(0, std::min(own_begin, own_elements(bucket) - 1) /
+                               options_.chunk_elements);
   {
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(lock, [&] {
-      return pending_.written[bucket] || !pending_.status.ok();
+      return pending_.written_from[bucket] <= chunk * options_.chunk_elements ||
+             pending_.failed;
     });
-    if (!pending_.written[bucket]) return pending_.status;
+    if (pending_.written_from[bucket] > chunk * options_.chunk_elements) {
+      return pending_.status;
+    }
   }
   if (options_.weights_placement == Placement::kDevice) {
-    return weights_uploaded_[bucket].StreamWait(stream);
+    // The upload stream runs in order: this chunk's event covers the
+    // chunks written before it too.
+    return weights_uploaded_[bucket][chunk].StreamWait(stream);
   }
   return absl::OkStatus();
+}
+
+absl::Status PartitionState::WaitForParameter(int index, const Stream& stream) {
+  const ParamPlacement& place = layout_.placement(index);
+  int64_t begin = place.offset;
+  if (!updates_whole_buckets()) {
+    begin -= options_.rank * layout_.bucket(place.bucket).slice_elements;
+  }
+  return WaitForWeights(place.bucket, stream, std::max<int64_t>(0, begin));
+}
+
+int64_t PartitionState::num_chunks(int bucket) const {
+  return std::max<int64_t>(
+      1, (own_elements(bucket) + options_.chunk_elements - 1) /
+             options_.chunk_elements);
 }
 
 absl::Status PartitionState::FinishUpdate(const Stream& stream) {

@@ -95,6 +95,13 @@ struct PartitionStateOptions {
   // Threads of the CPU optimizer (the caller's included); 0: every hardware
   // thread.
   int host_threads = 0;
+  // Host buckets travel and are updated in chunks of at most this many
+  // elements (sub_group_size, capped at kMaxChunkElements: a millisecond or
+  // so of CPU work), so the CPU starts as soon as the first chunk's
+  // gradients arrive and the next forward as soon as the first layers'
+  // chunk is uploaded.
+  int64_t chunk_elements = kMaxChunkElements;
+  static constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
@@ -177,7 +184,14 @@ class PartitionState {
   // the host) until the worker has written them, then orders `stream` after
   // their upload. Immediate when no update is in progress or the bucket's
   // optimizer is on the device. The worker's error, if it failed.
-  absl::Status WaitForWeights(int bucket, const Stream& stream);
+  // `own_begin`: wait only for the bucket's own elements from there on (the
+  // worker writes a bucket from its end down, so a parameter needs the
+  // chunk of its first element); 0: the whole bucket.
+  absl::Status WaitForWeights(int bucket, const Stream& stream,
+                              int64_t own_begin = 0);
+  // WaitForWeights for the part of parameter `index` (layout index) this
+  // rank updates (stages 0-2's pre-forward hooks).
+  absl::Status WaitForParameter(int index, const Stream& stream);
   // Waits for the whole update in progress (if any) and orders `stream`
   // after every upload. The worker's error, if it failed.
   absl::Status FinishUpdate(const Stream& stream);
@@ -243,6 +257,7 @@ class PartitionState {
                                   bool transferred = false) const;
   // The worker's loop over the host buckets.
   absl::Status UpdateHostBuckets(const StepArgs& step_args);
+  int64_t num_chunks(int bucket) const;
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
@@ -268,15 +283,19 @@ class PartitionState {
   // weights up, each on its own stream so both directions overlap.
   std::optional<Stream> to_host_stream_;
   std::optional<Stream> to_device_stream_;
-  std::vector<Event> gradients_on_host_;  // per host bucket, on to_host
-  std::vector<Event> weights_uploaded_;   // per host bucket, on to_device
-  // The update in progress on the worker thread. `written[b]`: bucket b's
-  // weights are written (and their upload queued). Guarded by `mutex`.
+  // Per host bucket, per chunk: its gradients copied down (to_host) and
+  // its weights copied up (to_device).
+  std::vector<std::vector<Event>> gradients_on_host_;
+  std::vector<std::vector<Event>> weights_uploaded_;
+  // The update in progress on the worker thread. `written_from[b]`: bucket
+  // b's own elements from there to its end are written (uploads queued).
+  // Guarded by `mutex`.
   struct PendingUpdate {
     std::thread worker;
     std::mutex mutex;
     std::condition_variable progress;
-    std::vector<bool> written;
+    std::vector<int64_t> written_from;
+    bool failed = false;
     absl::Status status;
   };
   PendingUpdate pending_;

@@ -115,20 +115,20 @@ absl::Status Stages0To2::InstallHooks() {
       if (found != index_of_.end()) indices.push_back(found->second);
     }
     if (indices.empty()) continue;
-    AddHook(module, nn::HookKind::kPreForward,
-            [this, indices](nn::Module&, const Stream&) -> absl::Status {
-              // An offloaded update may still be writing weights.
-              for (int index : indices) {
-                ZE_RETURN_IF_ERROR(partition_->WaitForWeights(
-                    partition_->layout().placement(index).bucket, stream()));
-              }
-              // Counted whether or not the call saves activations: inside a
-              // checkpointed block the first forward saves nothing, yet its
-              // backward (after the recompute) will produce these gradients.
-              if (phase_ != Phase::kIdle) return absl::OkStatus();
-              for (int index : indices) ++pending_uses_[index];
-              return absl::OkStatus();
-            });
+    AddHook(
+        module, nn::HookKind::kPreForward,
+        [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          // An offloaded update may still be writing weights.
+          for (int index : indices) {
+            ZE_RETURN_IF_ERROR(partition_->WaitForParameter(index, stream()));
+          }
+          // Counted whether or not the call saves activations: inside a
+          // checkpointed block the first forward saves nothing, yet its
+          // backward (after the recompute) will produce these gradients.
+          if (phase_ != Phase::kIdle) return absl::OkStatus();
+          for (int index : indices) ++pending_uses_[index];
+          return absl::OkStatus();
+        });
     if (stage() == 2) {
       AddHook(module, nn::HookKind::kPreBackward,
               [this, indices](nn::Module&, const Stream&) -> absl::Status {

@@ -82,6 +82,7 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
       placement.optimizer_on_host.push_back(where == Placement::kHost);
     }
     options.pin_memory = zero.offload_optimizer.pin_memory;
+    options.chunk_elements = zero.sub_group_size;
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     options.host_threads =
         std::max(1, static_cast<int>(cores) / comm().local_size());

@@ -120,8 +120,9 @@ void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
 // A larger eps bounds that amplification without hiding real differences.
 std::string OffloadJson(const std::string& offload) {
   if (offload.empty()) return "";
+  // A small sub_group_size: the offloaded step runs in many chunks.
   const std::string optimizer = absl::StrCat(
-      R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
+      R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
       offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "", "}");
   const std::string param =
       offload == "cpuparam"
