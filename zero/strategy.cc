@@ -27,9 +27,12 @@ absl::Status ZeroStrategy::AnnotateAllocationError(
       absl::StrCat("model state does not fit on rank ", rank(), " (",
                    device().ToString(), "): ZeRO stage ",
                    config().zero_optimization.stage, " needs ",
-                   memory_.device_bytes, " bytes on the device and ",
-                   memory_.host_bytes, " in host memory per rank (",
-                   memory_.ToString(), "): ", status.message()));
+                   memory_.device_bytes, " bytes per rank",
+                   memory_.host_bytes > 0
+                       ? absl::StrCat(" on the device and ", memory_.host_bytes,
+                                      " in host memory")
+                       : "",
+                   " (", memory_.ToString(), "): ", status.message()));
 }
 
 absl::Status ZeroStrategy::RequireIdle(const char* what) const {

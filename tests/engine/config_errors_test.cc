@@ -99,6 +99,23 @@ TEST(ConfigErrorsTest, NoOptimizer) {
               {path, "optimizer"});
 }
 
+// offload_param writes the weights from the CPU optimizer: without the
+// whole optimizer on the CPU it is refused, naming both sections.
+TEST(ConfigErrorsTest, ParamOffloadNeedsWholeOptimizerOnCpu) {
+  for (const char* optimizer :
+       {"", R"("offload_optimizer": {"device": "cpu", "ratio": 0.5},)"}) {
+    const std::string path = WriteConfig(
+        "param_offload",
+        absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "zero_optimization": {"stage": 3, )",
+                     optimizer, R"( "offload_param": {"device": "cpu"}}})"));
+    ExpectError(InitializeWith(path), absl::StatusCode::kUnimplemented,
+                {path, "zero_optimization.offload_param.device",
+                 "zero_optimization.offload_optimizer.device", "ratio 1"});
+  }
+}
+
 // A config loaded for one world size cannot train at another.
 TEST(ConfigErrorsTest, ParsedConfigForAnotherWorldSize) {
   absl::StatusOr<config::Config> loaded =

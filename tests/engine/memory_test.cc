@@ -122,6 +122,65 @@ INSTANTIATE_TEST_SUITE_P(Stages, MemoryTest, ::testing::Values(0, 1, 2),
                            return absl::StrCat("stage", info.param);
                          });
 
+// offload_optimizer (stages 1-2) and offload_param with it (stage 3): the
+// plan puts the f32 master weights, the moments and the transfer staging in
+// host memory, and the rest on the device. On the CPU the host allocator
+// holds everything but the CPU optimizer's moments (offload/ allocates
+// those itself), so its growth across Initialize is total + staging - 8 Psi
+// / N.
+class OffloadMemoryTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(OffloadMemoryTest, PlanPlacesStateOnHost) {
+  const int stage = GetParam();
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> made =
+      MakeGpt(MemoryGpt(), DType::kBF16, /*materialize=*/false);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::shared_ptr<nn::GptModel> model = *made;
+  const double psi = static_cast<double>(model->NumParameterElements());
+  const double n = World();
+  std::string config = Config(stage);
+  const std::string offload = absl::StrCat(
+      R"(, "offload_optimizer": {"device": "cpu"})",
+      stage == 3 ? R"(, "offload_param": {"device": "cpu"})" : "", "}}");
+  config.replace(config.size() - 2, 2, offload);
+
+  Allocator* host = HostMemory();
+  const AllocatorStats before = host->stats();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> created =
+      engine::Initialize(model, config, Comm());
+  ASSERT_TRUE(created.ok()) << created.status() << "\n" << config;
+  const engine::MemoryBreakdown& memory = (*created)->memory_breakdown();
+  // Host: f32 master (4) + two moments (8) + bf16 staging (2) per element of
+  // this rank's partition, plus the bf16 weights partition at stage 3.
+  const double host_expected = 14 * psi / n + (stage == 3 ? 2 * psi / n : 0);
+  EXPECT_NEAR(memory.host_bytes / host_expected, 1.0, 0.05)
+      << memory.ToString();
+  const double device_expected = stage == 3   ? 2 * psi / n
+                                 : stage == 2 ? 2 * psi + 2 * psi / n
+                                              : 4 * psi;
+  EXPECT_NEAR(memory.device_bytes / device_expected, 1.0, 0.05)
+      << memory.ToString();
+  EXPECT_NEAR(memory.staging_bytes / (2 * psi / n), 1.0, 0.05);
+  EXPECT_EQ(memory.device_bytes + memory.host_bytes,
+            memory.total_bytes() + memory.staging_bytes);
+  EXPECT_EQ(memory.pinned_host_bytes, 0);  // pin_memory defaults to false
+
+  const double held =
+      static_cast<double>(host->stats().bytes_in_use - before.bytes_in_use);
+  const double expected_held =
+      memory.total_bytes() + memory.staging_bytes - 8 * psi / n;
+  EXPECT_NEAR(held / expected_held, 1.0, 0.05)
+      << "host allocator grew by " << held << " B; " << memory.ToString();
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(TrainStep(**created, step).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OffloadMemoryTest, ::testing::Values(1, 2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("stage", info.param);
+                         });
+
 TEST(AllocatorCapTest, Stage0DoesNotFitStage2Does) {
   if (World() != 4) GTEST_SKIP() << "needs 4 ranks";
   ExpectOnlyFittingStageTrainsUnderCap(
