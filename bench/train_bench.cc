@@ -48,6 +48,8 @@
 //                            1-3) or both (and offload_param: cpu; stage 3)
 //   --offload_ratio=1        offload_optimizer.ratio
 //   --pin_memory=1           the offload sections' pin_memory
+//   --gradient_clipping=1.0  (0: none; DeepSpeed's anchor script clips none)
+//   --reduce_bucket_size=5e8
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
 // the run goes on with the next one; with several ranks a failure other than
@@ -99,6 +101,8 @@ struct Options {
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
   bool pin_memory = true;
+  double gradient_clipping = 1.0;
+  double reduce_bucket_size = 5e8;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
   double stage3_prefetch_bucket_size = 5e7;
   double stage3_max_live_parameters = 1e9;
@@ -157,7 +161,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
            {"stage3_max_live_parameters", &options.stage3_max_live_parameters},
            {"stage3_max_reuse_distance", &options.stage3_max_reuse_distance},
            {"stage3_param_persistence_threshold",
-            &options.stage3_param_persistence_threshold}}) {
+            &options.stage3_param_persistence_threshold},
+           {"gradient_clipping", &options.gradient_clipping},
+           {"reduce_bucket_size", &options.reduce_bucket_size}}) {
     const std::string text = flags.GetString(flag, "");
     if (text.empty()) continue;
     if (!absl::SimpleAtod(text, value) || !(*value >= 0)) {
@@ -202,7 +208,7 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
   config["gradient_accumulation_steps"] = options.accumulation;
   // Large: the engine's own progress line would add a host sync per print.
   config["steps_per_print"] = 1000000;
-  config["gradient_clipping"] = 1.0;
+  config["gradient_clipping"] = options.gradient_clipping;
   config["optimizer"] = {{"type", "AdamW"},
                          {"params",
                           {{"lr", options.lr},
@@ -213,13 +219,14 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
   if (options.dtype == DType::kF16) {
     config["fp16"] = {{"enabled", true}, {"loss_scale", 0}};
   }
-  config["zero_optimization"] = {{"stage", stage},
-                                 {"contiguous_gradients", true},
-                                 {"overlap_comm", options.overlap_comm},
-                                 {"reduce_scatter", true},
-                                 {"reduce_bucket_size", 5e8},
-                                 {"allgather_partitions", true},
-                                 {"allgather_bucket_size", 5e8}};
+  config["zero_optimization"] = {
+      {"stage", stage},
+      {"contiguous_gradients", true},
+      {"overlap_comm", options.overlap_comm},
+      {"reduce_scatter", true},
+      {"reduce_bucket_size", static_cast<int64_t>(options.reduce_bucket_size)},
+      {"allgather_partitions", true},
+      {"allgather_bucket_size", 5e8}};
   if (options.offload != "none") {
     Json& zero = config["zero_optimization"];
     zero["offload_optimizer"] = {{"device", "cpu"},

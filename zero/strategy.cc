@@ -86,9 +86,12 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     }
     options.pin_memory = zero.offload_optimizer.pin_memory;
     options.chunk_elements = zero.sub_group_size;
+    // This host's cores, shared by its ranks; on a GPU one per rank is left
+    // to the engine's thread, which launches the next forward's kernels
+    // while the CPU step runs.
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    options.host_threads =
-        std::max(1, static_cast<int>(cores) / comm().local_size());
+    const int share = static_cast<int>(cores) / comm().local_size();
+    options.host_threads = std::max(1, device().is_cuda() ? share - 1 : share);
   }
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
     options.weights_placement = Placement::kHost;
