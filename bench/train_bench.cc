@@ -47,6 +47,7 @@
 //   --offload=none           none, optimizer (offload_optimizer: cpu; stages
 //                            1-3) or both (and offload_param: cpu; stage 3)
 //   --offload_ratio=1        offload_optimizer.ratio
+//   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
 //   --pin_memory=1           the offload sections' pin_memory
 //   --gradient_clipping=1.0  (0: none; DeepSpeed's anchor script clips none)
 //   --reduce_bucket_size=5e8
@@ -101,6 +102,7 @@ struct Options {
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
   bool pin_memory = true;
+  bool delayed_update = false;
   double gradient_clipping = 1.0;
   double reduce_bucket_size = 5e8;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
@@ -186,6 +188,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
         absl::StrCat("--offload_ratio=", ratio, " is not in [0, 1]"));
   }
   ZE_ASSIGN_OR_RETURN(options.pin_memory, flags.GetBool("pin_memory", true));
+  ZE_ASSIGN_OR_RETURN(options.delayed_update,
+                      flags.GetBool("delayed_update", false));
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,
@@ -231,7 +235,8 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
     Json& zero = config["zero_optimization"];
     zero["offload_optimizer"] = {{"device", "cpu"},
                                  {"pin_memory", options.pin_memory},
-                                 {"ratio", options.offload_ratio}};
+                                 {"ratio", options.offload_ratio},
+                                 {"delayed_update", options.delayed_update}};
     if (options.offload == "both") {
       zero["offload_param"] = {{"device", "cpu"},
                                {"pin_memory", options.pin_memory}};

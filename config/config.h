@@ -217,6 +217,9 @@ struct OffloadOptimizerConfig {
   bool fast_init = false;
   // Fraction of the optimizer step offloaded to the CPU (1 = all of it).
   double ratio = 1.0;
+  // ZeRO-Offload's one-step delayed parameter update (this project's key;
+  // DeepSpeed has none): stages 1-2, device cpu, ratio 1.
+  bool delayed_update = false;
   bool operator==(const OffloadOptimizerConfig& other) const;
 };
 

@@ -76,7 +76,13 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "Faster initialisation when offloading to NVMe."))
         .Add(Value("ratio", &O::ratio,
                    Number(DoubleRule{0.0, 1.0, true, false}),
-                   "Fraction of the optimizer step done on the CPU."));
+                   "Fraction of the optimizer step done on the CPU."))
+        .Add(Value("delayed_update", &O::delayed_update, Boolean(),
+                   "One-step delayed parameter update (ZeRO-Offload's DPU; "
+                   "stages 1-2, device cpu, ratio 1): step t's CPU update "
+                   "runs during step t+1's forward and backward, which use "
+                   "the weights from before it, so every gradient is one "
+                   "step stale. Not a DeepSpeed key."));
     return s;
   }();
   return *schema;

@@ -343,6 +343,18 @@ absl::Status Engine::Setup() {
         ": zero_optimization.offload_optimizer/offload_param.device \"nvme\" "
         "is not available in this build; use \"cpu\""));
   }
+  if (offload_optimizer.delayed_update &&
+      (offload_optimizer.device != config::OffloadDevice::kCpu ||
+       offload_optimizer.ratio != 1.0 ||
+       (cfg.zero_optimization.stage != 1 &&
+        cfg.zero_optimization.stage != 2))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        cfg.source,
+        ": zero_optimization.offload_optimizer.delayed_update needs "
+        "offload_optimizer.device \"cpu\" with ratio 1 at "
+        "zero_optimization.stage 1 or 2 (stage is ",
+        cfg.zero_optimization.stage, ")"));
+  }
   if (offload_param.device == config::OffloadDevice::kCpu &&
       (offload_optimizer.device != config::OffloadDevice::kCpu ||
        offload_optimizer.ratio != 1.0)) {

@@ -157,6 +157,15 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
         host_staging_,
         Allocate(host_elements, options_.model_dtype, Placement::kHost, stream,
                  /*transferred=*/true));
+    if (options_.delayed_update) {
+      if (options_.weights_placement != Placement::kDevice) {
+        return absl::InvalidArgumentError(
+            "PartitionState: a delayed update needs the weights on the device");
+      }
+      ZE_ASSIGN_OR_RETURN(delayed_weights_,
+                          Allocate(host_elements, options_.model_dtype,
+                                   Placement::kDevice, stream));
+    }
     offload::CpuExecutionOptions execution;
     execution.num_threads = options_.host_threads;
     absl::StatusOr<std::unique_ptr<offload::CpuOptimizer>> optimizer =
@@ -348,7 +357,11 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
           out_chunk.defined() ? out_chunk.data() : nullptr,
           options_.model_dtype));
       if (!weights_on_host) {
-        ZE_RETURN_IF_ERROR(Copy(grads, weights.Slice(begin, count), up));
+        Tensor destination =
+            options_.delayed_update
+                ? delayed_weights_.Slice(master_offsets_[b] + begin, count)
+                : weights.Slice(begin, count);
+        ZE_RETURN_IF_ERROR(Copy(grads, destination, up));
         ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
       }
       std::lock_guard<std::mutex> lock(pending_.mutex);
@@ -363,7 +376,8 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
                                             int64_t own_begin) {
   if (!pending_.worker.joinable() ||
-      optimizer_placement_[bucket] != Placement::kHost || !trainable_[bucket]) {
+      optimizer_placement_[bucket] != Placement::kHost || !trainable_[bucket] ||
+      options_.delayed_update) {
     return absl::OkStatus();
   }
   const int64_t chunk =
@@ -410,7 +424,19 @@ absl::Status PartitionState::FinishUpdate(const Stream& stream) {
     ZE_RETURN_IF_ERROR(uploaded.Record(*to_device_stream_));
     ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
   }
-  return pending_.status;
+  ZE_RETURN_IF_ERROR(pending_.status);
+  if (options_.delayed_update) {
+    // The delayed update takes effect now.
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
+        continue;
+      }
+      ZE_RETURN_IF_ERROR(
+          Copy(delayed_weights_.Slice(master_offsets_[b], own_elements(b)),
+               OwnWeights(b), stream));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,

@@ -101,6 +101,12 @@ struct PartitionStateOptions {
   // gradients arrive and the next forward as soon as the first layers'
   // chunk is uploaded.
   int64_t chunk_elements = kMaxChunkElements;
+  // ZeRO-Offload's delayed parameter update (offload_optimizer's
+  // delayed_update; host optimizer with weights on the device): the worker
+  // uploads updated weights into a second device buffer, and they replace
+  // the weights at the next FinishUpdate, so forwards and backwards until
+  // then use the weights from before the update.
+  bool delayed_update = false;
   static constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
@@ -182,8 +188,9 @@ class PartitionState {
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
   // Makes `stream`'s later work see bucket b's updated weights: waits (on
   // the host) until the worker has written them, then orders `stream` after
-  // their upload. Immediate when no update is in progress or the bucket's
-  // optimizer is on the device. The worker's error, if it failed.
+  // their upload. Immediate when no update is in progress, the bucket's
+  // optimizer is on the device, or the update is delayed (the weights in
+  // use are the previous ones). The worker's error, if it failed.
   // `own_begin`: wait only for the bucket's own elements from there on (the
   // worker writes a bucket from its end down, so a parameter needs the
   // chunk of its first element); 0: the whole bucket.
@@ -193,8 +200,10 @@ class PartitionState {
   // rank updates (stages 0-2's pre-forward hooks).
   absl::Status WaitForParameter(int index, const Stream& stream);
   // Waits for the whole update in progress (if any) and orders `stream`
-  // after every upload. The worker's error, if it failed.
+  // after every upload; a delayed update is applied here (its weights
+  // copied into place on `stream`). The worker's error, if it failed.
   absl::Status FinishUpdate(const Stream& stream);
+  bool delays_update() const { return options_.delayed_update; }
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
 
@@ -279,6 +288,9 @@ class PartitionState {
   // the gradients and then (in place) the updated 16-bit weights.
   std::unique_ptr<offload::CpuOptimizer> host_optimizer_;
   Tensor host_staging_;
+  // delayed_update: host_staging_'s packing on the device, in the model's
+  // dtype: the worker's uploads, applied by FinishUpdate.
+  Tensor delayed_weights_;
   // Device <-> host copies of offloaded state (CUDA only): gradients down,
   // weights up, each on its own stream so both directions overlap.
   std::optional<Stream> to_host_stream_;

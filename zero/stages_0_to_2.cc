@@ -263,7 +263,11 @@ absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
 // in-place all-gather per bucket, grouped up to allgather_bucket_size
 // elements per call, rebuilds the full weights everywhere.
 absl::Status Stages0To2::GatherUpdatedWeights() {
-  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+  // A delayed update was applied at the start of this step's update (the
+  // previous step's); the one just started is gathered next step.
+  if (!partition_->delays_update()) {
+    ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+  }
   const int64_t group_limit =
       std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
   std::vector<comm::CollectiveOp> group;

@@ -86,6 +86,7 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     }
     options.pin_memory = zero.offload_optimizer.pin_memory;
     options.chunk_elements = zero.sub_group_size;
+    options.delayed_update = zero.offload_optimizer.delayed_update;
     // This host's cores, shared by its ranks; on a GPU one per rank is left
     // to the engine's thread, which launches the next forward's kernels
     // while the CPU step runs.

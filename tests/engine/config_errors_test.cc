@@ -116,6 +116,25 @@ TEST(ConfigErrorsTest, ParamOffloadNeedsWholeOptimizerOnCpu) {
   }
 }
 
+// The delayed update is ZeRO-Offload's stage 1-2 CPU mode only.
+TEST(ConfigErrorsTest, DelayedUpdateNeedsCpuOffloadAtStage1Or2) {
+  for (const char* zero :
+       {R"("stage": 2, "offload_optimizer": {"delayed_update": true})",
+        R"("stage": 3, "offload_optimizer": {"device": "cpu",
+            "delayed_update": true})",
+        R"("stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5,
+            "delayed_update": true})"}) {
+    const std::string path = WriteConfig(
+        "delayed_update", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "zero_optimization": {)",
+                                       zero, "}}"));
+    ExpectError(InitializeWith(path), absl::StatusCode::kInvalidArgument,
+                {path, "zero_optimization.offload_optimizer.delayed_update",
+                 "stage 1 or 2"});
+  }
+}
+
 // A config loaded for one world size cannot train at another.
 TEST(ConfigErrorsTest, ParsedConfigForAnotherWorldSize) {
   absl::StatusOr<config::Config> loaded =

@@ -67,7 +67,9 @@ struct RunSpec {
   int micro = 2;
   // ZeRO-Offload: "" (none), "cpu" (offload_optimizer), "cpuhalf"
   // (offload_optimizer with ratio 0.5: half the buckets' optimizer on the
-  // device), "cpuparam" (offload_optimizer and offload_param, stage 3).
+  // device), "cpuparam" (offload_optimizer and offload_param, stage 3),
+  // "cpudelay" (offload_optimizer with delayed_update: different maths,
+  // compared across world sizes with itself).
   std::string offload;
   std::string Name(int world) const {
     return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
@@ -123,7 +125,8 @@ std::string OffloadJson(const std::string& offload) {
   // A small sub_group_size: the offloaded step runs in many chunks.
   const std::string optimizer = absl::StrCat(
       R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
-      offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "", "}");
+      offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "",
+      offload == "cpudelay" ? R"(, "delayed_update": true)" : "", "}");
   const std::string param =
       offload == "cpuparam"
           ? R"(, "offload_param": {"device": "cpu", "pin_memory": true})"
@@ -388,6 +391,48 @@ absl::Status Compare(const std::string& dir, const std::string& name,
   return absl::OkStatus();
 }
 
+// The delayed update trains on one-step-stale gradients, so it is compared
+// with itself: at world size W with the world-size-1 run of accumulation
+// A * W (the same samples per step), and at world size 1 it must differ
+// from the same run without the delay (the delay is in effect) while its
+// loss still falls.
+absl::Status CompareDelayed(const std::string& dir, const RunSpec& spec,
+                            int world, bool* all_ok) {
+  if (world > 1) {
+    RunSpec reference = spec;
+    reference.accumulation = spec.accumulation * world;
+    return Compare(dir, spec.Name(world), reference.Name(1),
+                   ToleranceFor(spec.dtype), all_ok);
+  }
+  RunSpec undelayed = spec;
+  undelayed.offload = "cpu";
+  ZE_ASSIGN_OR_RETURN(RunResult delayed,
+                      ReadResult(absl::StrCat(dir, "/", spec.Name(1), ".txt")));
+  ZE_ASSIGN_OR_RETURN(
+      RunResult plain,
+      ReadResult(absl::StrCat(dir, "/", undelayed.Name(1), ".txt")));
+  double difference = 0;
+  for (size_t i = 0; i < delayed.losses.size() && i < plain.losses.size();
+       ++i) {
+    difference =
+        std::max(difference, std::abs(delayed.losses[i] - plain.losses[i]));
+  }
+  const bool falls = delayed.losses.size() == kSteps &&
+                     delayed.losses.back() < delayed.losses.front();
+  // The first step's loss is the same (nothing was updated yet).
+  const bool same_start = !delayed.losses.empty() && !plain.losses.empty() &&
+                          delayed.losses[0] == plain.losses[0];
+  const bool ok = difference > 0 && falls && same_start;
+  if (!ok) *all_ok = false;
+  std::printf(
+      "%s %-30s delayed vs undelayed: largest loss difference %.2e, "
+      "loss %g -> %g\n",
+      ok ? "ok  " : "FAIL", spec.Name(1).c_str(), difference,
+      delayed.losses.empty() ? 0.0 : delayed.losses.front(),
+      delayed.losses.empty() ? 0.0 : delayed.losses.back());
+  return absl::OkStatus();
+}
+
 std::vector<RunSpec> Matrix() {
   std::vector<RunSpec> specs;
   for (const char* dtype : {"f32", "bf16", "fp16"}) {
@@ -405,6 +450,12 @@ std::vector<RunSpec> Matrix() {
         specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuhalf"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuparam"});
       }
+    }
+  }
+  // The delayed update, stages 1-2.
+  for (const char* dtype : {"f32", "bf16"}) {
+    for (int stage : {1, 2}) {
+      specs.push_back({dtype, "adamw", stage, 1, 2, "cpudelay"});
     }
   }
   return specs;
@@ -427,6 +478,14 @@ std::vector<RunSpec> ReferenceMatrix() {
         specs.push_back({dtype, optimizer, 0, accumulation, 2});
       }
       specs.push_back({dtype, optimizer, 0, 1, 4});
+    }
+  }
+  // What the delayed-update runs at world size W compare with.
+  for (const char* dtype : {"f32", "bf16"}) {
+    for (int stage : {1, 2}) {
+      for (int accumulation : {1, 2, 3, 4}) {
+        specs.push_back({dtype, "adamw", stage, accumulation, 2, "cpudelay"});
+      }
     }
   }
   return specs;
@@ -485,6 +544,14 @@ int Main(int argc, char** argv) {
       reference.stage = 0;
       reference.accumulation = spec.accumulation * world;
       reference.offload.clear();
+      if (spec.offload == "cpudelay") {
+        absl::Status status = CompareDelayed(dir, spec, world, &all_ok);
+        if (!status.ok()) {
+          std::cerr << status << "\n";
+          return 1;
+        }
+        continue;
+      }
       absl::Status status = Compare(dir, spec.Name(world), reference.Name(1),
                                     ToleranceFor(spec.dtype), &all_ok);
       if (status.ok() && !spec.offload.empty()) {
