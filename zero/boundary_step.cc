@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "zero/grad_clip.h"
@@ -19,19 +20,22 @@ struct Statistics {
   double sum_of_squares = 0;  // over every rank's gradients
   bool overflow = false;      // some rank saw inf or NaN (fp16)
   double loss_sum = 0;        // over ranks
+  int failed_ranks = 0;       // ranks whose previous offloaded update failed
 };
 
 // Step 1 and 2 of the header: the statistics all-reduce, with the schedule
 // hash check when the strategy keeps one.
 absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
                                             double loss_sum,
-                                            const BoundaryStepHooks& hooks) {
+                                            const BoundaryStepHooks& hooks,
+                                            bool previous_update_failed) {
   comm::Communicator& comm = *context.comm;
   const Stream& stream = *context.stream;
   PartitionState& partition = *context.partition;
   const Device device = partition.device();
-  // [0] sum of squares, [1] overflow flag, [2] summed losses.
-  ZE_ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty({3}, DType::kF32, device));
+  // [0] sum of squares, [1] overflow flag, [2] summed losses, [3] ranks
+  // whose previous offloaded update failed.
+  ZE_ASSIGN_OR_RETURN(Tensor stats, Tensor::Empty({4}, DType::kF32, device));
   ZE_RETURN_IF_ERROR(Fill(stats, 0.0f, stream));
   Tensor sum_of_squares = stats.Slice(0, 1);
   Tensor overflow = stats.Slice(1, 1);
@@ -49,6 +53,8 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
   }
   ZE_RETURN_IF_ERROR(
       Fill(stats.Slice(2, 1), static_cast<float>(loss_sum), stream));
+  ZE_RETURN_IF_ERROR(
+      Fill(stats.Slice(3, 1), previous_update_failed ? 1.0f : 0.0f, stream));
 
   Tensor hashes;
   uint64_t hash = 0;
@@ -86,6 +92,7 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
   statistics.sum_of_squares = values[0];
   statistics.overflow = values[1] > 0 || !std::isfinite(values[0]);
   statistics.loss_sum = values[2];
+  statistics.failed_ranks = static_cast<int>(values[3]);
   return statistics;
 }
 
@@ -103,8 +110,21 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   report.boundary = true;
   report.loss_scale = training.loss_scale();
 
-  ZE_ASSIGN_OR_RETURN(Statistics statistics,
-                      ReduceStatistics(context, loss_sum, hooks));
+  // The previous step's offloaded update (PartitionState::UpdateWeights)
+  // ends here at the latest; whether it failed on some rank travels with
+  // the statistics, so every rank stops, not only the one that failed.
+  const absl::Status previous = partition.FinishUpdate(stream);
+  ZE_ASSIGN_OR_RETURN(
+      Statistics statistics,
+      ReduceStatistics(context, loss_sum, hooks, !previous.ok()));
+  if (!previous.ok()) return previous;
+  if (statistics.failed_ranks > 0) {
+    return absl::AbortedError(absl::StrCat(
+        "step ", context.step_number, " on rank ", context.comm->rank(),
+        ": the previous step's offloaded optimizer update failed on ",
+        statistics.failed_ranks,
+        " other rank(s) (their logs say why); the weights are not updated"));
+  }
   const int64_t accumulation = config.gradient_accumulation_steps.value();
   report.loss =
       statistics.loss_sum / (static_cast<double>(world) * accumulation);

@@ -2,17 +2,24 @@
 //
 // On entry the gradients of the window are reduced and in place in the
 // PartitionState (the strategy finished its reductions). Then:
+//   0. the previous step's offloaded update (if one is still running) is
+//      finished; whether it failed on some rank is part of step 1's
+//      all-reduce, and then every rank fails (Aborted, naming the count; the
+//      failing rank returns its own error);
 //   1. one all-reduce carries what every rank must agree on: the sum of
 //      squares of the gradients (replicated gradients: each rank contributes
-//      1/N of its sum), the fp16 overflow flag and the summed micro-batch
-//      losses; with a schedule hash (stage 3), a coalesced all-reduce (max)
-//      of the hash and its negation gives every rank its maximum and minimum;
+//      1/N of its sum), the fp16 overflow flag, the summed micro-batch
+//      losses and step 0's failure flag; with a schedule hash (stage 3), a
+//      coalesced all-reduce (max) of the hash and its negation gives every rank
+//      its maximum and minimum;
 //   2. differing hashes fail every rank with the strategy's Aborted error;
 //   3. the loss scaler updates (fp16); an overflow skips the step;
 //   4. zero::ComputeGradClip turns the global norm into the one factor that
 //      unscales (loss scale, world size, predivide factor) and clips;
 //   5. each trainable bucket's optimizer updates its master slice and writes
-//      the 16-bit weights in the same pass;
+//      the 16-bit weights in the same pass (PartitionState::UpdateWeights: on
+//      the device, or on the CPU for offloaded buckets, finished by the next
+//      step's step 0 or by whoever reads the weights first);
 //   6. the strategy's after-update work (stages 1-2 all-gather the updated
 //      weights; stage 3 refreshes persistent buckets);
 //   7. gradients are reset (zeroed or marked stale) and the schedule advances.
