@@ -359,11 +359,12 @@ absl::Status Engine::Setup() {
        offload_optimizer.ratio != 1.0)) {
     // The CPU optimizer writes the offloaded weights in place; a device
     // optimizer would need them on the device.
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_param.device \"cpu\" needs "
-        "zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" with ratio 1 "
-        "(the whole optimizer step on the CPU)"));
+    return absl::UnimplementedError(
+        absl::StrCat(cfg.source,
+                     ": zero_optimization.offload_param.device \"cpu\" needs "
+                     "zero_optimization.offload_optimizer.device \"cpu\" or "
+                     "\"nvme\" with ratio 1 "
+                     "(the whole optimizer step on the CPU)"));
   }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted =

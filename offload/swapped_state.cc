@@ -45,8 +45,7 @@ absl::StatusOr<std::unique_ptr<SwappedState>> SwappedState::Create(
   if (options.arrays < 1 || options.buffer_count < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "swapped optimizer state: arrays (", options.arrays,
-        ") must be >= 1 and buffer_count (", options.buffer_count,
-        ") >= 2"));
+        ") must be >= 1 and buffer_count (", options.buffer_count, ") >= 2"));
   }
   for (int64_t elements : chunk_elements) {
     if (elements < 0) {
@@ -63,19 +62,20 @@ absl::StatusOr<std::unique_ptr<SwappedState>> SwappedState::Create(
   ZE_ASSIGN_OR_RETURN(state->store_,
                       NvmeStore::Create(options.nvme, options.file_name,
                                         std::max<int64_t>(total, 1)));
-  const int64_t buffer = std::max<int64_t>(state->largest_record_,
-                                           NvmeStore::kAlignment);
+  const int64_t buffer =
+      std::max<int64_t>(state->largest_record_, NvmeStore::kAlignment);
   for (int i = 0; i < options.buffer_count; ++i) {
-    ZE_ASSIGN_OR_RETURN(AlignedBuffer allocated, AlignedBuffer::Allocate(buffer));
+    ZE_ASSIGN_OR_RETURN(AlignedBuffer allocated,
+                        AlignedBuffer::Allocate(buffer));
     state->buffers_.push_back(std::move(allocated));
   }
   return state;
 }
 
 absl::Status SwappedState::ReadRecord(int chunk, AlignedBuffer& buffer) {
-  ZE_ASSIGN_OR_RETURN(IoTicket ticket,
-                      store_->Read(offsets_[chunk], buffer.data(),
-                                   record_bytes(chunk)));
+  ZE_ASSIGN_OR_RETURN(
+      IoTicket ticket,
+      store_->Read(offsets_[chunk], buffer.data(), record_bytes(chunk)));
   return store_->Wait(ticket);
 }
 
@@ -83,16 +83,15 @@ absl::Status SwappedState::Initialize(int chunk, const float* first) {
   AlignedBuffer& buffer = buffers_[0];
   std::memset(buffer.data(), 0, record_bytes(chunk));
   std::memcpy(buffer.data(), first, sizeof(float) * elements_[chunk]);
-  ZE_ASSIGN_OR_RETURN(IoTicket ticket,
-                      store_->Write(offsets_[chunk], buffer.data(),
-                                    record_bytes(chunk)));
+  ZE_ASSIGN_OR_RETURN(
+      IoTicket ticket,
+      store_->Write(offsets_[chunk], buffer.data(), record_bytes(chunk)));
   return store_->Wait(ticket);
 }
 
 absl::Status SwappedState::Update(
     const std::vector<int>& order,
-    const std::function<absl::Status(int chunk, float* const* arrays)>&
-        visit) {
+    const std::function<absl::Status(int chunk, float* const* arrays)>& visit) {
   const int slots = static_cast<int>(buffers_.size());
   // Per slot: the I/O in flight on its buffer (a read ahead, or a write
   // behind).
@@ -169,9 +168,9 @@ absl::Status SwappedState::Write(int chunk, int array, int64_t begin,
   float* destination = reinterpret_cast<float*>(buffer.data()) +
                        static_cast<int64_t>(array) * elements_[chunk] + begin;
   std::memcpy(destination, values, sizeof(float) * count);
-  ZE_ASSIGN_OR_RETURN(IoTicket ticket,
-                      store_->Write(offsets_[chunk], buffer.data(),
-                                    record_bytes(chunk)));
+  ZE_ASSIGN_OR_RETURN(
+      IoTicket ticket,
+      store_->Write(offsets_[chunk], buffer.data(), record_bytes(chunk)));
   return store_->Wait(ticket);
 }
 

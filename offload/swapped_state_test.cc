@@ -79,7 +79,8 @@ TEST(SwappedStateTest, VisitErrorStopsThePass) {
       SwappedState::Create(Options("error.swp", 2), {64, 64, 64});
   ASSERT_TRUE(state.ok()) << state.status();
   std::vector<float> zeros(64, 0.0f);
-  for (int c = 0; c < 3; ++c) ASSERT_TRUE((*state)->Initialize(c, zeros.data()).ok());
+  for (int c = 0; c < 3; ++c)
+    ASSERT_TRUE((*state)->Initialize(c, zeros.data()).ok());
   int visits = 0;
   absl::Status status = (*state)->Update(
       {0, 1, 2}, [&](int chunk, float* const* arrays) -> absl::Status {

@@ -145,18 +145,18 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   int64_t swap_buffers = 0;
   if (placement.optimizer_on_nvme) {
     memory.nvme_bytes = swapped_bytes;
-    swap_buffers = placement.nvme_buffer_count *
-                   (master_element_bytes + optimizer_state_bytes_per_element) *
-                   std::min(placement.chunk_elements,
-                            std::max<int64_t>(host_elements, 1));
+    swap_buffers =
+        placement.nvme_buffer_count *
+        (master_element_bytes + optimizer_state_bytes_per_element) *
+        std::min(placement.chunk_elements, std::max<int64_t>(host_elements, 1));
   }
-  memory.host_bytes = (placement.optimizer_on_nvme ? swap_buffers
-                                                   : swapped_bytes) +
-                      memory.staging_bytes + host_weights;
+  memory.host_bytes =
+      (placement.optimizer_on_nvme ? swap_buffers : swapped_bytes) +
+      memory.staging_bytes + host_weights;
   memory.pinned_host_bytes =
       placement.pin_memory ? memory.staging_bytes + host_weights : 0;
   memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
-                       (swapped_bytes + memory.staging_bytes + host_weights);
+                        (swapped_bytes + memory.staging_bytes + host_weights);
   // The paper's formula in exact arithmetic: each of params, grads and
   // optimizer states is either replicated (Psi) or divided by N.
   const double psi = static_cast<double>(trainable_elements);

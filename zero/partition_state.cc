@@ -114,8 +114,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
           options.stage));
     }
     for (int b = 0; b < layout.num_buckets(); ++b) {
-      if (state->trainable_[b] &&
-          !state->offloaded(b)) {
+      if (state->trainable_[b] && !state->offloaded(b)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "PartitionState: weights in host memory need every trainable "
             "bucket's optimizer on the host; bucket ",
@@ -170,10 +169,11 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   if (!swapped_chunks.empty()) {
     // Master weights and moments of every NVMe bucket, chunk by chunk.
     offload::SwappedStateOptions swap = options_.nvme;
-    swap.file_name = absl::StrCat("zero_engine_rank", options_.rank,
-                                  "_optimizer_state.swp");
-    swap.arrays = 1 + static_cast<int>(StateBytesPerElement(options_.optimizer) /
-                                       sizeof(float));
+    swap.file_name =
+        absl::StrCat("zero_engine_rank", options_.rank, "_optimizer_state.swp");
+    swap.arrays =
+        1 + static_cast<int>(StateBytesPerElement(options_.optimizer) /
+                             sizeof(float));
     options_.nvme.arrays = swap.arrays;
     ZE_ASSIGN_OR_RETURN(swapped_,
                         offload::SwappedState::Create(swap, swapped_chunks));
@@ -241,8 +241,8 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
         const int64_t begin = chunk * options_.chunk_elements;
         const int64_t count =
             std::min(options_.chunk_elements, own_elements(b) - begin);
-        ZE_ASSIGN_OR_RETURN(Tensor master, Tensor::Empty({count}, DType::kF32,
-                                                         Device::Cpu()));
+        ZE_ASSIGN_OR_RETURN(Tensor master,
+                            Tensor::Empty({count}, DType::kF32, Device::Cpu()));
         ZE_RETURN_IF_ERROR(
             CopyConverting(weights.Slice(begin, count), master, stream));
         ZE_RETURN_IF_ERROR(stream.Synchronize());
@@ -295,12 +295,11 @@ absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
   const int64_t begin =
       partition_offset - layout_.bucket(bucket).partition_offset;
   if (optimizer_placement_[bucket] != Placement::kNvme) {
-    return CopyConverting(values,
-                          OwnMaster(bucket).Slice(begin, values.numel()),
-                          stream);
+    return CopyConverting(
+        values, OwnMaster(bucket).Slice(begin, values.numel()), stream);
   }
-  ZE_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({values.numel()}, DType::kF32,
-                                                 Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(
+      Tensor host, Tensor::Empty({values.numel()}, DType::kF32, Device::Cpu()));
   ZE_RETURN_IF_ERROR(CopyConverting(values, host, stream));
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   // Chunk by chunk: a range may straddle chunks.
@@ -309,8 +308,8 @@ absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
     const int64_t at = begin + done;
     const int64_t chunk = at / options_.chunk_elements;
     const int64_t within = at - chunk * options_.chunk_elements;
-    const int64_t count = std::min(values.numel() - done,
-                                   options_.chunk_elements - within);
+    const int64_t count =
+        std::min(values.numel() - done, options_.chunk_elements - within);
     ZE_RETURN_IF_ERROR(swapped_->Write(
         first_swapped_chunk_[bucket] + static_cast<int>(chunk), /*array=*/0,
         within, count, host.data_as<float>() + done));
@@ -326,9 +325,9 @@ absl::StatusOr<Tensor> PartitionState::ReadSwappedMaster(int bucket) const {
     const int64_t begin = chunk * options_.chunk_elements;
     const int64_t count =
         std::min(options_.chunk_elements, own_elements(bucket) - begin);
-    ZE_RETURN_IF_ERROR(swapped_->Read(
-        first_swapped_chunk_[bucket] + static_cast<int>(chunk), /*array=*/0,
-        0, count, master.data_as<float>() + begin));
+    ZE_RETURN_IF_ERROR(
+        swapped_->Read(first_swapped_chunk_[bucket] + static_cast<int>(chunk),
+                       /*array=*/0, 0, count, master.data_as<float>() + begin));
   }
   return master;
 }
@@ -421,7 +420,8 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
     // and written back behind it.
     std::vector<int> swapped_order;
     for (const auto& [b, chunk] : order) {
-      swapped_order.push_back(first_swapped_chunk_[b] + static_cast<int>(chunk));
+      swapped_order.push_back(first_swapped_chunk_[b] +
+                              static_cast<int>(chunk));
     }
     size_t next = 0;
     ZE_RETURN_IF_ERROR(swapped_->Update(
@@ -433,8 +433,8 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
         }));
   } else {
     for (const auto& [b, chunk] : order) {
-      ZE_RETURN_IF_ERROR(UpdateChunk(b, chunk, step_args, nullptr, nullptr,
-                                     nullptr));
+      ZE_RETURN_IF_ERROR(
+          UpdateChunk(b, chunk, step_args, nullptr, nullptr, nullptr));
     }
   }
   host_optimizer_->AdvanceStep();
@@ -447,7 +447,8 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
                                          float* state1) {
   const bool weights_on_host = options_.weights_placement == Placement::kHost;
   const int64_t begin = chunk * options_.chunk_elements;
-  const int64_t count = std::min(options_.chunk_elements, own_elements(b) - begin);
+  const int64_t count =
+      std::min(options_.chunk_elements, own_elements(b) - begin);
   Tensor grads = host_staging_.Slice(master_offsets_[b] + begin, count);
   // The 16-bit result goes straight into host weights, or over the
   // gradients in the staging buffer (each element's gradient is read before
@@ -488,9 +489,8 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
 
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
                                             int64_t own_begin) {
-  if (!pending_.worker.joinable() ||
-      !offloaded(bucket) || !trainable_[bucket] ||
-      options_.delayed_update) {
+  if (!pending_.worker.joinable() || !offloaded(bucket) ||
+      !trainable_[bucket] || options_.delayed_update) {
     return absl::OkStatus();
   }
   const int64_t chunk =

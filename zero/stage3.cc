@@ -613,8 +613,8 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         stream()));
     if (!partition_->master_aliases_weights()) {
       const int bucket = layout().placement(shard.param_index).bucket;
-      ZE_RETURN_IF_ERROR(partition_->WriteMaster(
-          bucket, shard.partition_offset, host, stream()));
+      ZE_RETURN_IF_ERROR(partition_->WriteMaster(bucket, shard.partition_offset,
+                                                 host, stream()));
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }

@@ -91,15 +91,15 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     if (nvme) {
       options.nvme.nvme = offload::NvmeOptionsFromConfig(
           config().aio, zero.offload_optimizer.nvme_path.value_or(""));
-      options.nvme.buffer_count =
-          static_cast<int>(std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
+      options.nvme.buffer_count = static_cast<int>(
+          std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
       placement.optimizer_on_nvme = true;
       placement.nvme_buffer_count = options.nvme.buffer_count;
     }
     options.pin_memory = zero.offload_optimizer.pin_memory;
     options.chunk_elements = zero.sub_group_size;
-    placement.chunk_elements = std::min(zero.sub_group_size,
-                                        PartitionStateOptions::kMaxChunkElements);
+    placement.chunk_elements =
+        std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
     options.delayed_update = zero.offload_optimizer.delayed_update;
     // This host's cores, shared by its ranks; on a GPU one per rank is left
     // to the engine's thread, which launches the next forward's kernels
