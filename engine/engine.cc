@@ -336,12 +336,11 @@ absl::Status Engine::Setup() {
       cfg.zero_optimization.offload_optimizer;
   const config::OffloadParamConfig& offload_param =
       cfg.zero_optimization.offload_param;
-  if (offload_optimizer.device == config::OffloadDevice::kNvme ||
-      offload_param.device == config::OffloadDevice::kNvme) {
+  if (offload_param.device == config::OffloadDevice::kNvme) {
     return absl::UnimplementedError(absl::StrCat(
         cfg.source,
-        ": zero_optimization.offload_optimizer/offload_param.device \"nvme\" "
-        "is not available in this build; use \"cpu\""));
+        ": zero_optimization.offload_param.device \"nvme\" is not available "
+        "in this build; use \"cpu\" (offload_optimizer may use \"nvme\")"));
   }
   if (offload_optimizer.delayed_update &&
       (offload_optimizer.device != config::OffloadDevice::kCpu ||
@@ -356,15 +355,16 @@ absl::Status Engine::Setup() {
         cfg.zero_optimization.stage, ")"));
   }
   if (offload_param.device == config::OffloadDevice::kCpu &&
-      (offload_optimizer.device != config::OffloadDevice::kCpu ||
+      (offload_optimizer.device == config::OffloadDevice::kNone ||
        offload_optimizer.ratio != 1.0)) {
     // The CPU optimizer writes the offloaded weights in place; a device
     // optimizer would need them on the device.
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_param.device \"cpu\" needs "
-        "zero_optimization.offload_optimizer.device \"cpu\" with ratio 1 "
-        "(the whole optimizer step on the CPU)"));
+    return absl::UnimplementedError(
+        absl::StrCat(cfg.source,
+                     ": zero_optimization.offload_param.device \"cpu\" needs "
+                     "zero_optimization.offload_optimizer.device \"cpu\" or "
+                     "\"nvme\" with ratio 1 "
+                     "(the whole optimizer step on the CPU)"));
   }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted =
@@ -401,7 +401,14 @@ absl::Status Engine::Setup() {
   ZE_ASSIGN_OR_RETURN(
       training_, zero::TrainingState::Create(cfg, communicator_->world_size()));
   context.training = training_.get();
-  ZE_ASSIGN_OR_RETURN(strategy_, zero::CreateZeroStrategy(context));
+  // A rank that cannot create its state (no room for it, an NVMe directory
+  // it cannot write) stops every rank, not only itself.
+  absl::StatusOr<std::unique_ptr<zero::ZeroStrategy>> strategy =
+      zero::CreateZeroStrategy(context);
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(*communicator_, strategy.status(),
+                                      compute_stream_,
+                                      "creating the ZeRO partition state"));
+  strategy_ = std::move(strategy).value();
   return absl::OkStatus();
 }
 

@@ -288,10 +288,42 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
         "optimizer step: range [", state_offset, ", ", state_offset + count,
         ") leaves the optimizer state of ", num_elements_, " elements"));
   }
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+  if (options_.type == OptimizerType::kSgd) {
+    if (momentum_buffer_ != nullptr) {
+      state0 = momentum_buffer_.get() + state_offset;
+    }
+  } else {
+    state0 = exp_avg_.get() + state_offset;
+    state1 = exp_avg_sq_.get() + state_offset;
+  }
+  return StepExternal(count, master_weights, state0, state1, grads, grad_dtype,
+                      step_args, out, out_dtype);
+}
+
+absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
+                                        float* state0, float* state1,
+                                        const void* grads, DType grad_dtype,
+                                        const StepArgs& step_args, void* out,
+                                        DType out_dtype) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: negative count ", count));
+  }
   if (count > 0 && (master_weights == nullptr || grads == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer step: ",
         master_weights == nullptr ? "master_weights" : "grads", " is null"));
+  }
+  const bool adam = options_.type != OptimizerType::kSgd;
+  const bool momentum = !adam && options_.momentum != 0.0;
+  if (count > 0 && ((adam && (state0 == nullptr || state1 == nullptr)) ||
+                    (momentum && state0 == nullptr))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: ", OptimizerTypeName(options_.type),
+                     " needs its state (",
+                     adam ? "exp_avg and exp_avg_sq" : "momentum", ")"));
   }
   if (!IsFloatFormat(grad_dtype)) {
     return absl::InvalidArgumentError(
@@ -309,14 +341,8 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
 
   StepBuffers buffers;
   buffers.master = master_weights;
-  if (options_.type == OptimizerType::kSgd) {
-    if (momentum_buffer_ != nullptr) {
-      buffers.state0 = momentum_buffer_.get() + state_offset;
-    }
-  } else {
-    buffers.state0 = exp_avg_.get() + state_offset;
-    buffers.state1 = exp_avg_sq_.get() + state_offset;
-  }
+  buffers.state0 = adam || momentum ? state0 : nullptr;
+  buffers.state1 = adam ? state1 : nullptr;
   buffers.grads = grads;
   buffers.grad_dtype = grad_dtype;
   buffers.out = out;

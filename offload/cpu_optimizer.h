@@ -121,7 +121,10 @@ struct StepCoefficients {
   bool first_step = false;
 };
 
-// The pointers of one update of `count` elements. None may overlap another.
+// The pointers of one update of `count` elements. None may overlap another,
+// except that `out` may be exactly `grads` when out_dtype == grad_dtype:
+// each element's gradient is read before its output is written (the
+// offloaded step writes the 16-bit weights over the staged gradients).
 struct StepBuffers {
   float* master = nullptr;         // f32, updated in place
   float* state0 = nullptr;         // exp_avg (Adam) or momentum buffer (SGD)
@@ -194,6 +197,17 @@ class CpuOptimizer {
                          DType grad_dtype, const StepArgs& step_args,
                          void* out = nullptr, DType out_dtype = DType::kBF16);
   void AdvanceStep() { ++step_count_; }
+
+  // One update of `count` elements whose f32 master weights and state live
+  // in caller memory (NVMe swap buffers): `state0` = exp_avg (Adam) or the
+  // momentum buffer (SGD; null without momentum), `state1` = exp_avg_sq
+  // (Adam; null for SGD). Threaded and checked like StepRange (and
+  // InvalidArgument when needed state is null); does not advance
+  // step_count().
+  absl::Status StepExternal(int64_t count, float* master_weights, float* state0,
+                            float* state1, const void* grads, DType grad_dtype,
+                            const StepArgs& step_args, void* out = nullptr,
+                            DType out_dtype = DType::kBF16);
 
   // The coefficients StepRange would use now (step_count() + 1 is t).
   absl::StatusOr<StepCoefficients> Coefficients(

@@ -318,6 +318,50 @@ TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
   EXPECT_EQ(std::memcmp(expected.out.data(), out.data(), out.size()), 0);
 }
 
+// Caller-held state (NVMe swap buffers) gives the optimizer's own result;
+// and writing the 16-bit output over the gradients themselves (out ==
+// grads) gives the same as a separate output buffer.
+TEST(CpuOptimizerTest, ExternalStateAndOutputOverGradientsMatchStep) {
+  constexpr int64_t kCount = 10007;
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.weight_decay = 0.1;
+  const Problem problem = MakeProblem(kCount, DType::kBF16, 3, 9);
+  const Result expected = RunSteps(options, problem, DType::kBF16, true,
+                                   DType::kBF16, CpuExecutionOptions());
+
+  auto optimizer = CpuOptimizer::Create(options, 0);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  std::vector<float> master = problem.master;
+  std::vector<float> exp_avg(kCount, 0.0f), exp_avg_sq(kCount, 0.0f);
+  std::vector<uint8_t> grads_then_out;
+  StepArgs args;
+  args.grad_scale = 0.5f;
+  for (int s = 0; s < 3; ++s) {
+    args.lr = 1e-3 * (s + 1);
+    grads_then_out = problem.grads[s];
+    ASSERT_TRUE((*optimizer)
+                    ->StepExternal(kCount, master.data(), exp_avg.data(),
+                                   exp_avg_sq.data(), grads_then_out.data(),
+                                   DType::kBF16, args, grads_then_out.data(),
+                                   DType::kBF16)
+                    .ok());
+    (*optimizer)->AdvanceStep();
+  }
+  ExpectBitwiseEqual(expected.master, master, "master");
+  ExpectBitwiseEqual(expected.exp_avg, exp_avg, "exp_avg");
+  ASSERT_EQ(expected.out.size(), grads_then_out.size());
+  EXPECT_EQ(std::memcmp(expected.out.data(), grads_then_out.data(),
+                        grads_then_out.size()),
+            0);
+  // Adam without its state is refused.
+  EXPECT_EQ((*optimizer)
+                ->StepExternal(kCount, master.data(), nullptr, nullptr,
+                               grads_then_out.data(), DType::kBF16, args)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CpuOptimizerTest, DefaultsToTheBestPathAndHardwareThreads) {
   auto optimizer = CpuOptimizer::Create(OptimizerOptions(), 10);
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();

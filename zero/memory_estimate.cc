@@ -95,6 +95,7 @@ std::string MemoryBreakdown::ToString() const {
     absl::StrAppend(&text, "; device ", GiB(device_bytes), ", host ",
                     GiB(host_bytes), " (pinned ", GiB(pinned_host_bytes),
                     ", transfer staging ", GiB(staging_bytes), ")");
+    if (nvme_bytes > 0) absl::StrAppend(&text, ", NVMe ", GiB(nvme_bytes));
   }
   return text;
 }
@@ -138,14 +139,24 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   memory.staging_bytes = weight_element_bytes * host_elements;
   const int64_t host_weights =
       placement.weights_on_host ? memory.model_weight_bytes : 0;
-  memory.host_bytes =
+  const int64_t swapped_bytes =
       (master_element_bytes + optimizer_state_bytes_per_element) *
-          host_elements +
+      host_elements;
+  int64_t swap_buffers = 0;
+  if (placement.optimizer_on_nvme) {
+    memory.nvme_bytes = swapped_bytes;
+    swap_buffers =
+        placement.nvme_buffer_count *
+        (master_element_bytes + optimizer_state_bytes_per_element) *
+        std::min(placement.chunk_elements, std::max<int64_t>(host_elements, 1));
+  }
+  memory.host_bytes =
+      (placement.optimizer_on_nvme ? swap_buffers : swapped_bytes) +
       memory.staging_bytes + host_weights;
   memory.pinned_host_bytes =
       placement.pin_memory ? memory.staging_bytes + host_weights : 0;
-  memory.device_bytes =
-      memory.total_bytes() + memory.staging_bytes - memory.host_bytes;
+  memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
+                        (swapped_bytes + memory.staging_bytes + host_weights);
   // The paper's formula in exact arithmetic: each of params, grads and
   // optimizer states is either replicated (Psi) or divided by N.
   const double psi = static_cast<double>(trainable_elements);

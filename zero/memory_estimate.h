@@ -81,13 +81,15 @@ struct MemoryBreakdown {
   }
   // Where it lives (offload). staging_bytes: the host buffers offloaded
   // buckets' gradients and updated weights travel through (not in
-  // total_bytes()). device_bytes + host_bytes = total_bytes() +
-  // staging_bytes; pinned_host_bytes is the part of host_bytes that is
-  // page-locked (what the device copies to and from, with pin_memory).
+  // total_bytes()). device_bytes + host_bytes + nvme_bytes = total_bytes()
+  // + staging_bytes (+ the swap buffers in host_bytes with NVMe);
+  // pinned_host_bytes is the part of host_bytes that is page-locked (what
+  // the device copies to and from, with pin_memory).
   int64_t staging_bytes = 0;
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
   int64_t pinned_host_bytes = 0;
+  int64_t nvme_bytes = 0;  // swap files (offload_optimizer nvme)
   // The paper's figure for this stage, precision and world size (16 Psi,
   // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
   // Adam), exact (no rounding of Psi / N).
@@ -102,6 +104,12 @@ struct StatePlacement {
   std::vector<bool> optimizer_on_host;
   bool weights_on_host = false;  // offload_param (stage 3)
   bool pin_memory = false;       // transfer buffers page-locked
+  // offload_optimizer nvme: the offloaded buckets' master weights and
+  // moments live in a swap file, streamed through nvme_buffer_count host
+  // buffers of one chunk (chunk_elements) each.
+  bool optimizer_on_nvme = false;
+  int nvme_buffer_count = 4;
+  int64_t chunk_elements = 1 << 22;
 };
 
 // The breakdown for `layout` at `stage` (model state as allocated, padding

@@ -17,13 +17,15 @@ const char* PlacementName(Placement placement) {
       return "device";
     case Placement::kHost:
       return "host";
+    case Placement::kNvme:
+      return "nvme";
   }
   return "?";
 }
 
 std::vector<Placement> ChooseOptimizerPlacement(
     const PartitionedLayout& layout, const std::vector<bool>& trainable,
-    double ratio) {
+    double ratio, Placement offloaded) {
   auto is_trainable = [&](int b) {
     return trainable.empty() || trainable[static_cast<size_t>(b)];
   };
@@ -36,7 +38,7 @@ std::vector<Placement> ChooseOptimizerPlacement(
   int64_t on_host = 0;
   for (int b = 0; b < layout.num_buckets(); ++b) {
     if (!is_trainable(b) || static_cast<double>(on_host) >= wanted) continue;
-    placement[b] = Placement::kHost;
+    placement[b] = offloaded;
     on_host += layout.bucket(b).padded_elements;
   }
   return placement;
@@ -64,9 +66,7 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     bucket_offsets_.push_back(offset);
     offset += layout_.bucket(b).padded_elements;
-    int64_t& packed = optimizer_placement_[b] == Placement::kHost
-                          ? host_master
-                          : device_master;
+    int64_t& packed = offloaded(b) ? host_master : device_master;
     master_offsets_.push_back(packed);
     packed += own_elements(b);
   }
@@ -114,8 +114,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
           options.stage));
     }
     for (int b = 0; b < layout.num_buckets(); ++b) {
-      if (state->trainable_[b] &&
-          state->optimizer_placement_[b] != Placement::kHost) {
+      if (state->trainable_[b] && !state->offloaded(b)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "PartitionState: weights in host memory need every trainable "
             "bucket's optimizer on the host; bucket ",
@@ -140,11 +139,26 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       gradients_, Allocate(gradients_replicated() ? padded : partition,
                            options_.model_dtype, Placement::kDevice, stream));
   int64_t device_elements = 0;
-  int64_t host_elements = 0;
+  int64_t offloaded_elements = 0;  // host or NVMe: staged through the host
+  int64_t host_elements = 0;       // master and state in host memory
+  std::vector<int64_t> swapped_chunks;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
-    (optimizer_placement_[b] == Placement::kHost ? host_elements
-                                                 : device_elements) +=
-        own_elements(b);
+    if (!offloaded(b)) {
+      device_elements += own_elements(b);
+      continue;
+    }
+    offloaded_elements += own_elements(b);
+    if (optimizer_placement_[b] == Placement::kHost) {
+      host_elements += own_elements(b);
+    } else if (trainable_[b]) {
+      first_swapped_chunk_.resize(layout_.num_buckets(), -1);
+      first_swapped_chunk_[b] = static_cast<int>(swapped_chunks.size());
+      for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
+        swapped_chunks.push_back(
+            std::min(options_.chunk_elements,
+                     own_elements(b) - chunk * options_.chunk_elements));
+      }
+    }
   }
   if (!master_aliases_weights()) {
     ZE_ASSIGN_OR_RETURN(device_master_, Allocate(device_elements, DType::kF32,
@@ -152,18 +166,30 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     ZE_ASSIGN_OR_RETURN(host_master_, Allocate(host_elements, DType::kF32,
                                                Placement::kHost, stream));
   }
-  if (host_elements > 0) {
+  if (!swapped_chunks.empty()) {
+    // Master weights and moments of every NVMe bucket, chunk by chunk.
+    offload::SwappedStateOptions swap = options_.nvme;
+    swap.file_name =
+        absl::StrCat("zero_engine_rank", options_.rank, "_optimizer_state.swp");
+    swap.arrays =
+        1 + static_cast<int>(StateBytesPerElement(options_.optimizer) /
+                             sizeof(float));
+    options_.nvme.arrays = swap.arrays;
+    ZE_ASSIGN_OR_RETURN(swapped_,
+                        offload::SwappedState::Create(swap, swapped_chunks));
+  }
+  if (offloaded_elements > 0) {
     ZE_ASSIGN_OR_RETURN(
         host_staging_,
-        Allocate(host_elements, options_.model_dtype, Placement::kHost, stream,
-                 /*transferred=*/true));
+        Allocate(offloaded_elements, options_.model_dtype, Placement::kHost,
+                 stream, /*transferred=*/true));
     if (options_.delayed_update) {
       if (options_.weights_placement != Placement::kDevice) {
         return absl::InvalidArgumentError(
             "PartitionState: a delayed update needs the weights on the device");
       }
       ZE_ASSIGN_OR_RETURN(delayed_weights_,
-                          Allocate(host_elements, options_.model_dtype,
+                          Allocate(offloaded_elements, options_.model_dtype,
                                    Placement::kDevice, stream));
     }
     offload::CpuExecutionOptions execution;
@@ -184,7 +210,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     gradients_on_host_.resize(layout_.num_buckets());
     weights_uploaded_.resize(layout_.num_buckets());
     for (int b = 0; b < layout_.num_buckets(); ++b) {
-      if (optimizer_placement_[b] != Placement::kHost) continue;
+      if (!offloaded(b)) continue;
       for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
         ZE_ASSIGN_OR_RETURN(Event down, Event::Create(options_.device));
         ZE_ASSIGN_OR_RETURN(Event up, Event::Create(options_.device));
@@ -207,7 +233,24 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       }
       optimizers_[b] = std::move(optimizer).value();
     }
-    if (!master_aliases_weights()) {
+    if (optimizer_placement_[b] == Placement::kNvme) {
+      // The initial master weights go to the swap file chunk by chunk (the
+      // moments start at zero).
+      Tensor weights = OwnWeights(b);
+      for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
+        const int64_t begin = chunk * options_.chunk_elements;
+        const int64_t count =
+            std::min(options_.chunk_elements, own_elements(b) - begin);
+        ZE_ASSIGN_OR_RETURN(Tensor master,
+                            Tensor::Empty({count}, DType::kF32, Device::Cpu()));
+        ZE_RETURN_IF_ERROR(
+            CopyConverting(weights.Slice(begin, count), master, stream));
+        ZE_RETURN_IF_ERROR(stream.Synchronize());
+        ZE_RETURN_IF_ERROR(swapped_->Initialize(
+            first_swapped_chunk_[b] + static_cast<int>(chunk),
+            master.data_as<float>()));
+      }
+    } else if (!master_aliases_weights()) {
       // Onto the host (offload) this converts on the device first.
       ZE_RETURN_IF_ERROR(CopyConverting(OwnWeights(b), OwnMaster(b), stream));
     }
@@ -239,16 +282,54 @@ Tensor PartitionState::OwnWeights(int bucket) const {
 
 Tensor PartitionState::OwnMaster(int bucket) const {
   if (master_aliases_weights()) return OwnWeights(bucket);
+  if (optimizer_placement_[bucket] == Placement::kNvme) return Tensor();
   const Tensor& master = optimizer_placement_[bucket] == Placement::kHost
                              ? host_master_
                              : device_master_;
   return master.Slice(master_offsets_[bucket], own_elements(bucket));
 }
 
-Tensor PartitionState::PartitionMaster(int bucket, int64_t partition_offset,
-                                       int64_t count) const {
-  return OwnMaster(bucket).Slice(
-      partition_offset - layout_.bucket(bucket).partition_offset, count);
+absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
+                                         const Tensor& values,
+                                         const Stream& stream) {
+  const int64_t begin =
+      partition_offset - layout_.bucket(bucket).partition_offset;
+  if (optimizer_placement_[bucket] != Placement::kNvme) {
+    return CopyConverting(
+        values, OwnMaster(bucket).Slice(begin, values.numel()), stream);
+  }
+  ZE_ASSIGN_OR_RETURN(
+      Tensor host, Tensor::Empty({values.numel()}, DType::kF32, Device::Cpu()));
+  ZE_RETURN_IF_ERROR(CopyConverting(values, host, stream));
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  // Chunk by chunk: a range may straddle chunks.
+  int64_t done = 0;
+  while (done < values.numel()) {
+    const int64_t at = begin + done;
+    const int64_t chunk = at / options_.chunk_elements;
+    const int64_t within = at - chunk * options_.chunk_elements;
+    const int64_t count =
+        std::min(values.numel() - done, options_.chunk_elements - within);
+    ZE_RETURN_IF_ERROR(swapped_->Write(
+        first_swapped_chunk_[bucket] + static_cast<int>(chunk), /*array=*/0,
+        within, count, host.data_as<float>() + done));
+    done += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> PartitionState::ReadSwappedMaster(int bucket) const {
+  ZE_ASSIGN_OR_RETURN(Tensor master, Tensor::Empty({own_elements(bucket)},
+                                                   DType::kF32, Device::Cpu()));
+  for (int64_t chunk = 0; chunk < num_chunks(bucket); ++chunk) {
+    const int64_t begin = chunk * options_.chunk_elements;
+    const int64_t count =
+        std::min(options_.chunk_elements, own_elements(bucket) - begin);
+    ZE_RETURN_IF_ERROR(
+        swapped_->Read(first_swapped_chunk_[bucket] + static_cast<int>(chunk),
+                       /*array=*/0, 0, count, master.data_as<float>() + begin));
+  }
+  return master;
 }
 
 int64_t PartitionState::optimizer_step_count() const {
@@ -279,9 +360,7 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
     const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
     ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
     for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
-      if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
-        continue;
-      }
+      if (!trainable_[b] || !offloaded(b)) continue;
       Tensor gradients = OwnGradients(b);
       Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
       for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
@@ -327,57 +406,91 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   if (options_.device.is_cuda()) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
-  const bool weights_on_host = options_.weights_placement == Placement::kHost;
-  const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
   // Model order: buckets from the highest index down, each from its end
   // (layouts are in reverse model order), chunk by chunk.
+  std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
   for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
-    if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
-      continue;
-    }
-    Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
-    Tensor master = OwnMaster(b);
-    Tensor weights = OwnWeights(b);
-    // The 16-bit result goes straight into host weights, or over the
-    // gradients in the staging buffer (each element's gradient is read
-    // before its weight is written), from where it is uploaded.
-    Tensor out = weights_on_host
-                     ? (master_aliases_weights() ? Tensor() : weights)
-                     : staging;
+    if (!trainable_[b] || !offloaded(b)) continue;
     for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
-      const int64_t begin = chunk * options_.chunk_elements;
-      const int64_t count =
-          std::min(options_.chunk_elements, own_elements(b) - begin);
-      ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Synchronize());
-      Tensor grads = staging.Slice(begin, count);
-      Tensor out_chunk = out.defined() ? out.Slice(begin, count) : Tensor();
-      ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
-          master_offsets_[b] + begin, count, master.data_as<float>() + begin,
-          grads.data(), grads.dtype(), step_args,
-          out_chunk.defined() ? out_chunk.data() : nullptr,
-          options_.model_dtype));
-      if (!weights_on_host) {
-        Tensor destination =
-            options_.delayed_update
-                ? delayed_weights_.Slice(master_offsets_[b] + begin, count)
-                : weights.Slice(begin, count);
-        ZE_RETURN_IF_ERROR(Copy(grads, destination, up));
-        ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
-      }
-      std::lock_guard<std::mutex> lock(pending_.mutex);
-      pending_.written_from[b] = begin;
-      pending_.progress.notify_all();
+      order.emplace_back(b, chunk);
+    }
+  }
+  if (swapped_ != nullptr) {
+    // NVMe: each chunk's master and moments are read in ahead of the step
+    // and written back behind it.
+    std::vector<int> swapped_order;
+    for (const auto& [b, chunk] : order) {
+      swapped_order.push_back(first_swapped_chunk_[b] +
+                              static_cast<int>(chunk));
+    }
+    size_t next = 0;
+    ZE_RETURN_IF_ERROR(swapped_->Update(
+        swapped_order, [&](int, float* const* arrays) -> absl::Status {
+          const auto [b, chunk] = order[next++];
+          return UpdateChunk(b, chunk, step_args, arrays[0],
+                             swapped_arrays() > 1 ? arrays[1] : nullptr,
+                             swapped_arrays() > 2 ? arrays[2] : nullptr);
+        }));
+  } else {
+    for (const auto& [b, chunk] : order) {
+      ZE_RETURN_IF_ERROR(
+          UpdateChunk(b, chunk, step_args, nullptr, nullptr, nullptr));
     }
   }
   host_optimizer_->AdvanceStep();
   return absl::OkStatus();
 }
 
+absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
+                                         const StepArgs& step_args,
+                                         float* master, float* state0,
+                                         float* state1) {
+  const bool weights_on_host = options_.weights_placement == Placement::kHost;
+  const int64_t begin = chunk * options_.chunk_elements;
+  const int64_t count =
+      std::min(options_.chunk_elements, own_elements(b) - begin);
+  Tensor grads = host_staging_.Slice(master_offsets_[b] + begin, count);
+  // The 16-bit result goes straight into host weights, or over the
+  // gradients in the staging buffer (each element's gradient is read before
+  // its weight is written), from where it is uploaded.
+  Tensor out;
+  if (!weights_on_host) {
+    out = grads;
+  } else if (!master_aliases_weights()) {
+    out = OwnWeights(b).Slice(begin, count);
+  }
+  ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Synchronize());
+  void* out_data = out.defined() ? out.data() : nullptr;
+  if (master == nullptr) {
+    // Host memory: the CPU optimizer's own state.
+    ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
+        master_offsets_[b] + begin, count,
+        OwnMaster(b).data_as<float>() + begin, grads.data(), grads.dtype(),
+        step_args, out_data, options_.model_dtype));
+  } else {
+    ZE_RETURN_IF_ERROR(host_optimizer_->StepExternal(
+        count, master, state0, state1, grads.data(), grads.dtype(), step_args,
+        out_data, options_.model_dtype));
+  }
+  if (!weights_on_host) {
+    const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
+    Tensor destination =
+        options_.delayed_update
+            ? delayed_weights_.Slice(master_offsets_[b] + begin, count)
+            : OwnWeights(b).Slice(begin, count);
+    ZE_RETURN_IF_ERROR(Copy(grads, destination, up));
+    ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
+  }
+  std::lock_guard<std::mutex> lock(pending_.mutex);
+  pending_.written_from[b] = begin;
+  pending_.progress.notify_all();
+  return absl::OkStatus();
+}
+
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
                                             int64_t own_begin) {
-  if (!pending_.worker.joinable() ||
-      optimizer_placement_[bucket] != Placement::kHost || !trainable_[bucket] ||
-      options_.delayed_update) {
+  if (!pending_.worker.joinable() || !offloaded(bucket) ||
+      !trainable_[bucket] || options_.delayed_update) {
     return absl::OkStatus();
   }
   const int64_t chunk =
@@ -428,9 +541,7 @@ absl::Status PartitionState::FinishUpdate(const Stream& stream) {
   if (options_.delayed_update) {
     // The delayed update takes effect now.
     for (int b = 0; b < layout_.num_buckets(); ++b) {
-      if (!trainable_[b] || optimizer_placement_[b] != Placement::kHost) {
-        continue;
-      }
+      if (!trainable_[b] || !offloaded(b)) continue;
       ZE_RETURN_IF_ERROR(
           Copy(delayed_weights_.Slice(master_offsets_[b], own_elements(b)),
                OwnWeights(b), stream));
@@ -521,6 +632,9 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
   // The master slice is f32 in every mode (in f32 training it is the
   // weights themselves), so it gathers as it is.
   Tensor own = OwnMaster(place.bucket);
+  if (optimizer_placement_[place.bucket] == Placement::kNvme) {
+    ZE_ASSIGN_OR_RETURN(own, ReadSwappedMaster(place.bucket));
+  }
   if (own.device() != options_.device) {
     // An offloaded slice: collectives work on the model's device.
     ZE_ASSIGN_OR_RETURN(

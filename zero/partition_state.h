@@ -50,6 +50,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/swapped_state.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
 
@@ -60,6 +61,8 @@ namespace zero {
 enum class Placement {
   kDevice,  // the model's device (GPU memory, or host memory on CPU)
   kHost,    // host memory (pinned with pin_memory), worked on by the CPU
+  kNvme,    // a swap file (offload::SwappedState), worked on by the CPU in
+            // host buffers; optimizer state only
 };
 const char* PlacementName(Placement placement);
 
@@ -72,7 +75,7 @@ const char* PlacementName(Placement placement);
 // on the device.
 std::vector<Placement> ChooseOptimizerPlacement(
     const PartitionedLayout& layout, const std::vector<bool>& trainable,
-    double ratio);
+    double ratio, Placement offloaded = Placement::kHost);
 
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
@@ -107,6 +110,9 @@ struct PartitionStateOptions {
   // the weights at the next FinishUpdate, so forwards and backwards until
   // then use the weights from before the update.
   bool delayed_update = false;
+  // kNvme buckets: the swap file's directory, aio settings and host
+  // buffers (file_name and arrays are set by PartitionState).
+  offload::SwappedStateOptions nvme;
   static constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
@@ -160,13 +166,16 @@ class PartitionState {
   // What this rank's optimizer for bucket b reads and writes: the whole
   // bucket at stage 0, this rank's (slice) from stage 1 on.
   Tensor OwnWeights(int bucket) const;
-  // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased.
+  // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased;
+  // undefined for kNvme (see WriteMaster and GatherMaster).
   Tensor OwnMaster(int bucket) const;
   Tensor OwnGradients(int bucket) const;
-  // Stage 3: (count) master elements of `bucket` from partition offset
-  // `partition_offset` on (a range of OwnMaster(bucket)).
-  Tensor PartitionMaster(int bucket, int64_t partition_offset,
-                         int64_t count) const;
+  // Stage 3: writes `values` (any float dtype and device) over `bucket`'s
+  // master elements from partition offset `partition_offset` on, wherever
+  // they live (a read-modify-write of the swap file for kNvme). Synchronous
+  // for kNvme; queued on `stream` otherwise.
+  absl::Status WriteMaster(int bucket, int64_t partition_offset,
+                           const Tensor& values, const Stream& stream);
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 
@@ -266,6 +275,15 @@ class PartitionState {
                                   bool transferred = false) const;
   // The worker's loop over the host buckets.
   absl::Status UpdateHostBuckets(const StepArgs& step_args);
+  // One chunk of an offloaded bucket: master and state in the CPU
+  // optimizer's own memory (master null) or in swap buffers.
+  absl::Status UpdateChunk(int bucket, int64_t chunk, const StepArgs& step_args,
+                           float* master, float* state0, float* state1);
+  bool offloaded(int bucket) const {
+    return optimizer_placement_[bucket] != Placement::kDevice;
+  }
+  int swapped_arrays() const { return options_.nvme.arrays; }
+  absl::StatusOr<Tensor> ReadSwappedMaster(int bucket) const;
   int64_t num_chunks(int bucket) const;
 
   PartitionedLayout layout_;
@@ -287,6 +305,10 @@ class PartitionState {
   // model-dtype staging buffer with host_master_'s packing that receives
   // the gradients and then (in place) the updated 16-bit weights.
   std::unique_ptr<offload::CpuOptimizer> host_optimizer_;
+  // kNvme buckets' master weights and moments, and each such bucket's
+  // first chunk index in it.
+  std::unique_ptr<offload::SwappedState> swapped_;
+  std::vector<int> first_swapped_chunk_;
   Tensor host_staging_;
   // delayed_update: host_staging_'s packing on the device, in the model's
   // dtype: the worker's uploads, applied by FinishUpdate.

@@ -571,11 +571,8 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
                partition_->weights().Slice(shard.partition_offset, shard.count),
                stream()));
       if (!partition_->master_aliases_weights()) {
-        ZE_RETURN_IF_ERROR(CopyConverting(
-            source,
-            partition_->PartitionMaster(place.bucket, shard.partition_offset,
-                                        shard.count),
-            stream()));
+        ZE_RETURN_IF_ERROR(partition_->WriteMaster(
+            place.bucket, shard.partition_offset, source, stream()));
       }
     }
   }
@@ -616,11 +613,8 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         stream()));
     if (!partition_->master_aliases_weights()) {
       const int bucket = layout().placement(shard.param_index).bucket;
-      ZE_RETURN_IF_ERROR(
-          CopyConverting(host,
-                         partition_->PartitionMaster(
-                             bucket, shard.partition_offset, shard.count),
-                         stream()));
+      ZE_RETURN_IF_ERROR(partition_->WriteMaster(bucket, shard.partition_offset,
+                                                 host, stream()));
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "offload/nvme_store.h"
 
 namespace ze {
 namespace zero {
@@ -78,14 +79,27 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
   options.optimizer = optimizer;
   options.trainable = std::move(trainable);
   StatePlacement placement;
-  if (zero.offload_optimizer.device == config::OffloadDevice::kCpu) {
+  if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
+    const bool nvme =
+        zero.offload_optimizer.device == config::OffloadDevice::kNvme;
     options.optimizer_placement = ChooseOptimizerPlacement(
-        layout, options.trainable, zero.offload_optimizer.ratio);
+        layout, options.trainable, zero.offload_optimizer.ratio,
+        nvme ? Placement::kNvme : Placement::kHost);
     for (Placement where : options.optimizer_placement) {
-      placement.optimizer_on_host.push_back(where == Placement::kHost);
+      placement.optimizer_on_host.push_back(where != Placement::kDevice);
+    }
+    if (nvme) {
+      options.nvme.nvme = offload::NvmeOptionsFromConfig(
+          config().aio, zero.offload_optimizer.nvme_path.value_or(""));
+      options.nvme.buffer_count = static_cast<int>(
+          std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
+      placement.optimizer_on_nvme = true;
+      placement.nvme_buffer_count = options.nvme.buffer_count;
     }
     options.pin_memory = zero.offload_optimizer.pin_memory;
     options.chunk_elements = zero.sub_group_size;
+    placement.chunk_elements =
+        std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
     options.delayed_update = zero.offload_optimizer.delayed_update;
     // This host's cores, shared by its ranks; on a GPU one per rank is left
     // to the engine's thread, which launches the next forward's kernels

@@ -29,6 +29,8 @@
 // `compare` checks every world-size-W run against the world-size-1 stage-0
 // reference with the same dtype and optimizer, prints the largest
 // differences, and exits non-zero beyond the tolerances below.
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -69,7 +71,8 @@ struct RunSpec {
   // (offload_optimizer with ratio 0.5: half the buckets' optimizer on the
   // device), "cpuparam" (offload_optimizer and offload_param, stage 3),
   // "cpudelay" (offload_optimizer with delayed_update: different maths,
-  // compared across world sizes with itself).
+  // compared across world sizes with itself), "nvme" (offload_optimizer on
+  // NVMe, stage 3; swap files under --out).
   std::string offload;
   std::string Name(int world) const {
     return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
@@ -120,8 +123,20 @@ void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
 // "gradient" is rounding noise, and with a tiny eps Adam turns that noise into
 // full +-lr steps whose signs depend on the order of floating-point sums.
 // A larger eps bounds that amplification without hiding real differences.
+// Where "nvme" runs keep their swap files (a directory under --out).
+std::string& NvmeDirectory() {
+  static std::string directory;
+  return directory;
+}
+
 std::string OffloadJson(const std::string& offload) {
   if (offload.empty()) return "";
+  if (offload == "nvme") {
+    // Small aio blocks and two buffers: the pipeline wraps around often.
+    return absl::StrCat(
+        R"(, "sub_group_size": 100, "offload_optimizer": {"device": "nvme", "nvme_path": ")",
+        NvmeDirectory(), R"(", "buffer_count": 2})");
+  }
   // A small sub_group_size: the offloaded step runs in many chunks.
   const std::string optimizer = absl::StrCat(
       R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
@@ -449,6 +464,7 @@ std::vector<RunSpec> Matrix() {
         }
         specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuhalf"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuparam"});
+        specs.push_back({dtype, optimizer, 3, accumulation, 2, "nvme"});
       }
     }
   }
@@ -506,6 +522,8 @@ int Main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "run") {
     const std::string out = Flag(argc, argv, "out", ".");
+    NvmeDirectory() = out + "/nvme";
+    mkdir(NvmeDirectory().c_str(), 0755);  // every rank; EEXIST is fine
     comm::CommOptions options;
     options.device = Flag(argc, argv, "device", "cpu");
     absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
