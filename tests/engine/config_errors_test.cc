@@ -116,6 +116,29 @@ TEST(ConfigErrorsTest, ParamOffloadNeedsWholeOptimizerOnCpu) {
   }
 }
 
+// An NVMe directory the rank cannot create its swap file in (/proc: not even
+// root can) fails Initialize naming the directory; when only rank 0's is
+// bad, every other rank fails too instead of waiting in a collective.
+TEST(ConfigErrorsTest, UnwritableNvmePathStopsEveryRank) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string good = tmp != nullptr ? tmp : "/tmp";
+  const std::string directory = Rank() == 0 ? "/proc" : good;
+  const std::string path = WriteConfig(
+      "nvme_path", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "zero_optimization": {"stage": 3, "offload_optimizer":
+              {"device": "nvme", "nvme_path": ")",
+                                directory, R"("}}})"));
+  const absl::Status status = InitializeWith(path);
+  EXPECT_FALSE(status.ok());
+  if (Rank() == 0) {
+    EXPECT_NE(status.message().find("/proc"), std::string::npos) << status;
+  } else {
+    ExpectError(status, absl::StatusCode::kFailedPrecondition,
+                {"failed on another rank"});
+  }
+}
+
 // The delayed update is ZeRO-Offload's stage 1-2 CPU mode only.
 TEST(ConfigErrorsTest, DelayedUpdateNeedsCpuOffloadAtStage1Or2) {
   for (const char* zero :

@@ -1,0 +1,119 @@
+// PartitionState with offloaded optimizer state, on the CPU, without an
+// engine: the NVMe failures a run can meet, each a named error that leaves
+// the master weights as they were before the failed step where the swap
+// file allows it.
+#include "zero/partition_state.h"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace zero {
+namespace {
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+PartitionedLayout Layout() {
+  LayoutOptions options;
+  options.world_size = 1;
+  options.bucket_max_elements = 3000;
+  absl::StatusOr<PartitionedLayout> layout =
+      PartitionedLayout::Build({{"a", 2500}, {"b", 1000}, {"c", 777}}, options);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *layout;
+}
+
+PartitionStateOptions NvmeOptions(const std::string& directory) {
+  PartitionStateOptions options;
+  options.stage = 3;
+  options.model_dtype = DType::kBF16;
+  options.optimizer.type = OptimizerType::kAdamW;
+  options.host_threads = 2;
+  options.chunk_elements = 512;
+  options.nvme.nvme.directory = directory;
+  options.nvme.nvme.block_size = 1 << 20;  // one request per chunk record
+  options.nvme.buffer_count = 2;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<PartitionState>> Make(
+    const PartitionStateOptions& base) {
+  const PartitionedLayout layout = Layout();
+  PartitionStateOptions options = base;
+  options.optimizer_placement =
+      ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kNvme);
+  Stream stream;
+  absl::StatusOr<std::unique_ptr<PartitionState>> state =
+      PartitionState::Create(layout, options, stream);
+  if (!state.ok()) return state;
+  for (int b = 0; b < (*state)->num_buckets(); ++b) {
+    absl::Status filled = Fill((*state)->OwnWeights(b), 0.5f, stream);
+    if (!filled.ok()) return filled;
+  }
+  absl::Status allocated = (*state)->AllocateTrainingState(stream);
+  if (!allocated.ok()) return allocated;
+  for (int b = 0; b < (*state)->num_buckets(); ++b) {
+    absl::Status filled = Fill((*state)->OwnGradients(b), 1.0f, stream);
+    if (!filled.ok()) return filled;
+  }
+  return state;
+}
+
+TEST(PartitionStateNvmeTest, UnwritableAndMissingDirectoriesAreNamed) {
+  for (const std::string& directory :
+       {std::string("/proc"), TempDir() + "/missing"}) {
+    absl::Status status = Make(NvmeOptions(directory)).status();
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find(directory), std::string::npos) << status;
+  }
+}
+
+TEST(PartitionStateNvmeTest, TooLittleSpaceStatesBytesNeededAndFree) {
+  PartitionStateOptions options = NvmeOptions(TempDir());
+  options.nvme.nvme.pretend_free_bytes = 4096;
+  absl::Status status = Make(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("4096 free"), std::string::npos) << status;
+  EXPECT_NE(status.message().find(TempDir()), std::string::npos) << status;
+}
+
+// A write that fails in the middle of a step: the step's error names the
+// file and the operation (through FinishUpdate, as the next boundary step
+// sees it), and a step after it works again.
+TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
+  PartitionStateOptions options = NvmeOptions(TempDir());
+  // Initialisation writes one request per chunk first; fail the step's
+  // third write-back.
+  const PartitionedLayout layout = Layout();
+  int64_t chunks = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    chunks += (layout.bucket(b).slice_elements + 511) / 512;
+  }
+  options.nvme.nvme.fail_write_request = chunks + 2;
+  absl::StatusOr<std::unique_ptr<PartitionState>> state = Make(options);
+  ASSERT_TRUE(state.ok()) << state.status();
+  Stream stream;
+  StepArgs args;
+  args.lr = 0.01;
+  absl::Status updated = (*state)->UpdateWeights(args, stream);
+  ASSERT_TRUE(updated.ok()) << updated;
+  absl::Status status = (*state)->FinishUpdate(stream);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("zero_engine_rank0_optimizer_state.swp"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("write"), std::string::npos) << status;
+  ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+  EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
+}
+
+}  // namespace
+}  // namespace zero
+}  // namespace ze
