@@ -47,6 +47,9 @@
 //   --offload=none           none, optimizer (offload_optimizer: cpu; stages
 //                            1-3) or both (and offload_param: cpu; stage 3)
 //   --offload_ratio=1        offload_optimizer.ratio
+//   --offload_device=cpu     cpu or nvme (offload_optimizer.device; nvme
+//   --nvme_path=/tmp           needs stage 3); "nvme" adds disk read/write
+//                            bytes and GB/s per timed step
 //   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
 //   --pin_memory=1           the offload sections' pin_memory
 //   --gradient_clipping=1.0  (0: none; DeepSpeed's anchor script clips none)
@@ -78,6 +81,7 @@
 #include "core/tensor.h"
 #include "engine/engine.h"
 #include "nn/gpt.h"
+#include "offload/nvme_store.h"
 
 namespace ze {
 namespace bench {
@@ -101,6 +105,8 @@ struct Options {
   int64_t accumulation = 1;
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
+  std::string offload_device = "cpu";
+  std::string nvme_path = "/tmp";
   bool pin_memory = true;
   bool delayed_update = false;
   double gradient_clipping = 1.0;
@@ -176,6 +182,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(options.accumulation,
                       flags.GetInt("accumulation", 1, 1, 1 << 20));
   options.offload = flags.GetString("offload", "none");
+  options.offload_device = flags.GetString("offload_device", "cpu");
+  options.nvme_path = flags.GetString("nvme_path", "/tmp");
   if (options.offload != "none" && options.offload != "optimizer" &&
       options.offload != "both") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -233,7 +241,8 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
       {"allgather_bucket_size", 5e8}};
   if (options.offload != "none") {
     Json& zero = config["zero_optimization"];
-    zero["offload_optimizer"] = {{"device", "cpu"},
+    zero["offload_optimizer"] = {{"device", options.offload_device},
+                                 {"nvme_path", options.nvme_path},
                                  {"pin_memory", options.pin_memory},
                                  {"ratio", options.offload_ratio},
                                  {"delayed_update", options.delayed_update}};
@@ -348,6 +357,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_RETURN_IF_ERROR(comm->Barrier());
   wait_ms = 0;
 
+  const offload::NvmeStore::Counters io_before = engine->nvme_counters();
   const auto wall_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.iters; ++i) {
     ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
@@ -366,6 +376,26 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
   const double mfu = per_gpu * FlopsPerToken(config, options.seq) / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
+  if (options.offload != "none" && options.offload_device == "nvme") {
+    const offload::NvmeStore::Counters io = engine->nvme_counters();
+    Json nvme;
+    const double written =
+        static_cast<double>(io.bytes_written - io_before.bytes_written);
+    const double read =
+        static_cast<double>(io.bytes_read - io_before.bytes_read);
+    nvme["bytes_written_per_step"] = written / options.iters;
+    nvme["bytes_read_per_step"] = read / options.iters;
+    // Over the wall time of the timed steps, and while requests were in
+    // flight (summed per request batch).
+    nvme["write_GBps_wall"] = written / seconds / 1e9;
+    nvme["read_GBps_wall"] = read / seconds / 1e9;
+    nvme["write_GBps_busy"] =
+        written / std::max(1e-9, io.write_seconds - io_before.write_seconds) /
+        1e9;
+    nvme["read_GBps_busy"] =
+        read / std::max(1e-9, io.read_seconds - io_before.read_seconds) / 1e9;
+    line["nvme"] = nvme;
+  }
   line["tokens_per_s"] = per_gpu * comm->world_size();
   line["tokens_per_s_per_gpu"] = per_gpu;
   line["tflops_per_gpu"] = per_gpu * FlopsPerToken(config, options.seq) / 1e12;

@@ -326,6 +326,10 @@ std::vector<std::string> Engine::ParameterNames() const {
   return strategy_->ParameterNames();
 }
 
+offload::NvmeStore::Counters Engine::nvme_counters() const {
+  return strategy_->nvme_counters();
+}
+
 CommunicationCounters Engine::communication_counters() const {
   return strategy_->communication_counters();
 }

@@ -72,6 +72,7 @@
 #include "core/tensor.h"
 #include "engine/monitor.h"
 #include "nn/loss_model.h"
+#include "offload/nvme_store.h"
 #include "zero/boundary_step.h"
 #include "zero/memory_estimate.h"
 #include "zero/strategy.h"
@@ -175,6 +176,9 @@ class Engine {
   const Stream& compute_stream() const { return compute_stream_; }
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
+  // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
+  // zeros otherwise).
+  offload::NvmeStore::Counters nvme_counters() const;
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.

@@ -74,6 +74,7 @@ class SwappedState {
   // Host bytes of the pipeline's buffers.
   int64_t buffer_bytes() const;
   NvmeStore& store() { return *store_; }
+  const NvmeStore& store() const { return *store_; }
 
  private:
   SwappedState(const SwappedStateOptions& options,

@@ -289,6 +289,11 @@ Tensor PartitionState::OwnMaster(int bucket) const {
   return master.Slice(master_offsets_[bucket], own_elements(bucket));
 }
 
+offload::NvmeStore::Counters PartitionState::nvme_counters() const {
+  if (swapped_ == nullptr) return offload::NvmeStore::Counters();
+  return swapped_->store().counters();
+}
+
 absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
                                          const Tensor& values,
                                          const Stream& stream) {

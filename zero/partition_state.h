@@ -213,6 +213,8 @@ class PartitionState {
   // copied into place on `stream`). The worker's error, if it failed.
   absl::Status FinishUpdate(const Stream& stream);
   bool delays_update() const { return options_.delayed_update; }
+  // The swap file's I/O since creation (zeros without NVMe buckets).
+  offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
 

@@ -160,6 +160,10 @@ class ZeroStrategy {
     return CommunicationCounters();
   }
   const MemoryBreakdown& memory() const { return memory_; }
+  // Bytes moved to and from NVMe swap files so far (offload_optimizer nvme).
+  offload::NvmeStore::Counters nvme_counters() const {
+    return partition_->nvme_counters();
+  }
   Phase phase() const { return phase_; }
 
  protected:
