@@ -1,6 +1,7 @@
 #include "offload/nvme_store.h"
 
 #include <fcntl.h>
+#include <liburing.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -97,10 +98,6 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("NvmeStore ", path, ": bad file name or size ", bytes));
   }
-  if (options.backend == NvmeOptions::Backend::kIoUring) {
-    return absl::UnimplementedError(absl::StrCat(
-        "NvmeStore ", path, ": the io_uring backend is not built"));
-  }
   struct stat dir_stat;
   if (stat(options.directory.c_str(), &dir_stat) != 0) {
     return absl::FailedPreconditionError(
@@ -164,19 +161,55 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
       return absl::InternalError(message);
     }
   }
+  // One io_uring instance per thread; refused in some containers
+  // (-EPERM/-ENOSYS), where kAuto falls back to the threads backend.
+  std::vector<std::unique_ptr<io_uring>> rings;
+  if (options.backend != NvmeOptions::Backend::kThreads) {
+    for (int i = 0; i < options.thread_count; ++i) {
+      auto ring = std::make_unique<io_uring>();
+      const int result = io_uring_queue_init(
+          static_cast<unsigned>(options.queue_depth), ring.get(), 0);
+      if (result < 0) {
+        for (auto& made : rings) io_uring_queue_exit(made.get());
+        rings.clear();
+        if (options.backend == NvmeOptions::Backend::kIoUring) {
+          close(fd);
+          unlink(path.c_str());
+          UnregisterForCleanup(path);
+          return absl::UnavailableError(absl::StrCat(
+              "NvmeStore ", path,
+              ": io_uring_queue_init failed: ", std::strerror(-result)));
+        }
+        std::fprintf(stderr,
+                     "NvmeStore %s: io_uring refused (%s); using threads\n",
+                     path.c_str(), std::strerror(-result));
+        break;
+      }
+      rings.push_back(std::move(ring));
+    }
+  }
   return std::unique_ptr<NvmeStore>(
-      new NvmeStore(options, path, fd, size_bytes, direct));
+      new NvmeStore(options, path, fd, size_bytes, direct, std::move(rings)));
 }
 
 NvmeStore::NvmeStore(const NvmeOptions& options, std::string path, int fd,
-                     int64_t size_bytes, bool direct)
+                     int64_t size_bytes, bool direct,
+                     std::vector<std::unique_ptr<io_uring>> rings)
     : options_(options),
       path_(std::move(path)),
       fd_(fd),
       size_bytes_(size_bytes),
-      direct_(direct) {
-  for (int i = 0; i < options_.thread_count; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+      direct_(direct),
+      rings_(std::move(rings)) {
+  if (rings_.empty()) {
+    for (int i = 0; i < options_.thread_count; ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  } else {
+    for (auto& ring : rings_) {
+      io_uring* r = ring.get();
+      workers_.emplace_back([this, r] { IoUringLoop(r); });
+    }
   }
 }
 
@@ -189,12 +222,14 @@ NvmeStore::~NvmeStore() {
   // Workers drain the queue before they stop, so no I/O is outstanding
   // once they are joined.
   for (std::thread& worker : workers_) worker.join();
+  for (auto& ring : rings_) io_uring_queue_exit(ring.get());
   close(fd_);
   unlink(path_.c_str());
   UnregisterForCleanup(path_);
 }
 
 const char* NvmeStore::backend_name() const {
+  if (!rings_.empty()) return direct_ ? "io_uring" : "io_uring (buffered)";
   return direct_ ? "threads" : "threads (buffered)";
 }
 
@@ -260,9 +295,9 @@ void NvmeStore::WorkerLoop() {
   }
 }
 
-void NvmeStore::Execute(const Request& request) {
-  const char* operation = request.is_write ? "write" : "read";
-  int64_t done = 0;
+void NvmeStore::Execute(const Request& request) { ExecuteFrom(request, 0); }
+
+void NvmeStore::ExecuteFrom(const Request& request, int64_t done) {
   int error = 0;
   while (done < request.bytes) {
     ssize_t result;
@@ -290,6 +325,11 @@ void NvmeStore::Execute(const Request& request) {
     if (result == 0) break;  // end of file: a short transfer
     done += result;
   }
+  Finish(request, done, error);
+}
+
+void NvmeStore::Finish(const Request& request, int64_t done, int error) {
+  const char* operation = request.is_write ? "write" : "read";
   absl::Status status;
   const std::string where =
       absl::StrCat("NvmeStore ", path_, ": ", operation, " at offset ",
@@ -317,6 +357,79 @@ void NvmeStore::Execute(const Request& request) {
     }
   }
   ticket_done_.notify_all();
+}
+
+void NvmeStore::IoUringLoop(io_uring* ring) {
+  int in_flight = 0;
+  for (;;) {
+    std::vector<Request> taken;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (in_flight == 0) {
+        work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to do
+      }
+      // Without overlap_events, a new batch waits for the last to finish.
+      const bool may_submit = options_.overlap_events || in_flight == 0;
+      const int slots = may_submit ? options_.queue_depth - in_flight : 0;
+      while (static_cast<int>(taken.size()) < slots && !queue_.empty()) {
+        taken.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    int prepared = 0;
+    for (Request& request : taken) {
+      if (request.is_write && request.index == options_.fail_write_request) {
+        Finish(request, 0, EIO);  // injected: never reaches the disk
+        continue;
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      auto* owned = new Request(std::move(request));
+      if (owned->is_write) {
+        io_uring_prep_write(sqe, fd_, owned->buffer,
+                            static_cast<unsigned>(owned->bytes), owned->offset);
+      } else {
+        io_uring_prep_read(sqe, fd_, owned->buffer,
+                           static_cast<unsigned>(owned->bytes), owned->offset);
+      }
+      io_uring_sqe_set_data(sqe, owned);
+      ++prepared;
+      ++in_flight;
+      if (options_.single_submit) io_uring_submit(ring);
+    }
+    if (prepared > 0 && !options_.single_submit) io_uring_submit(ring);
+    if (in_flight == 0) continue;
+    // Block for one completion when no more can be submitted now; else
+    // only reap what is ready and go back to submitting.
+    bool block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      block = queue_.empty() || in_flight >= options_.queue_depth ||
+              !options_.overlap_events;
+    }
+    io_uring_cqe* cqe = nullptr;
+    int result =
+        block ? io_uring_wait_cqe(ring, &cqe) : io_uring_peek_cqe(ring, &cqe);
+    while (result == 0 && cqe != nullptr) {
+      std::unique_ptr<Request> request(
+          static_cast<Request*>(io_uring_cqe_get_data(cqe)));
+      const int res = cqe->res;
+      io_uring_cqe_seen(ring, cqe);
+      --in_flight;
+      if (res < 0) {
+        Finish(*request, 0, -res);
+      } else if (!request->is_write &&
+                 request->index == options_.short_read_request) {
+        Finish(*request, res / 2, 0);  // injected short read
+      } else if (res < request->bytes && res > 0) {
+        ExecuteFrom(*request, res);  // the rest synchronously
+      } else {
+        Finish(*request, res, 0);  // complete, or 0: end of file (short)
+      }
+      cqe = nullptr;
+      result = io_uring_peek_cqe(ring, &cqe);
+    }
+  }
 }
 
 absl::Status NvmeStore::Wait(IoTicket ticket) {
