@@ -4,7 +4,7 @@
 //
 //   {"bench":"baseline","directory":"/nvme","bytes":4294967296,
 //    "direct":true,"write_GBps":2.1,"read_GBps":3.2}
-//   {"bench":"nvme_store","backend":"threads","bytes":4294967296,
+//   {"bench":"nvme_store","backend":"io_uring","bytes":4294967296,
 //    "block_size":1048576,"queue_depth":8,"thread_count":1,
 //    "write_GBps":2.0,"read_GBps":3.1,"write_fraction":0.95,
 //    "read_fraction":0.97}
@@ -19,7 +19,7 @@
 //
 // Flags: --directory=/tmp --bytes=4GiB (suffixes KiB, MiB, GiB)
 // --chunk=64MiB --block_size=1MiB --queue_depth=8 --thread_count=1
-// --single_submit=0 --overlap_events=1
+// --single_submit=0 --overlap_events=1 --backend=auto|io_uring|threads
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -130,6 +130,16 @@ int main(int argc, char** argv) {
       options.thread_count = std::atoi(value.c_str());
     } else if (name == "single_submit") {
       options.single_submit = value == "1" || value == "true";
+    } else if (name == "backend") {
+      if (value == "auto") {
+        options.backend = NvmeOptions::Backend::kAuto;
+      } else if (value == "io_uring") {
+        options.backend = NvmeOptions::Backend::kIoUring;
+      } else if (value == "threads") {
+        options.backend = NvmeOptions::Backend::kThreads;
+      } else {
+        Die("--backend must be auto, io_uring or threads");
+      }
     } else if (name == "overlap_events") {
       options.overlap_events = value == "1" || value == "true";
     } else {
