@@ -384,6 +384,12 @@ void NvmeStore::IoUringLoop(io_uring* ring) {
         continue;
       }
       io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      if (sqe == nullptr) {
+        // Cannot happen (at most queue_depth prepared per submit); if the
+        // ring is full anyway, do the request synchronously.
+        Execute(request);
+        continue;
+      }
       auto* owned = new Request(std::move(request));
       if (owned->is_write) {
         io_uring_prep_write(sqe, fd_, owned->buffer,
