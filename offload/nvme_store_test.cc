@@ -126,6 +126,35 @@ TEST_P(NvmeStoreTest, ManyTicketsInFlight) {
   }
 }
 
+// DeepSpeed's single_submit and overlap_events switched the other way.
+TEST_P(NvmeStoreTest, SingleSubmitWithoutOverlap) {
+  NvmeOptions options = SmallOptions(GetParam());
+  options.single_submit = true;
+  options.overlap_events = false;
+  options.queue_depth = 2;
+  options.thread_count = 2;
+  constexpr int64_t kBytes = 29 * NvmeStore::kAlignment + 7;
+  CREATE_OR_SKIP(store, options, "single", 4 * kBytes);
+  NvmeStore& s = **store;
+  auto out = AlignedBuffer::Allocate(4 * kBytes);
+  auto in = AlignedBuffer::Allocate(4 * kBytes);
+  FillRandom(out->data(), out->size(), 11);
+  const int64_t stride = (kBytes + 4095) / 4096 * 4096;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s.Write(i * stride, out->data() + i * stride, kBytes).ok());
+  }
+  ASSERT_TRUE(s.WaitAll().ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s.Read(i * stride, in->data() + i * stride, kBytes).ok());
+  }
+  ASSERT_TRUE(s.WaitAll().ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(
+        std::memcmp(out->data() + i * stride, in->data() + i * stride, kBytes),
+        0);
+  }
+}
+
 TEST_P(NvmeStoreTest, RejectsBadArguments) {
   CREATE_OR_SKIP(store, SmallOptions(GetParam()), "args", 65536);
   auto buffer = AlignedBuffer::Allocate(2 * 65536);
