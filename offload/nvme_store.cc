@@ -1,10 +1,12 @@
 #include "offload/nvme_store.h"
 
 #include <fcntl.h>
+#include <liburing.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -19,45 +21,41 @@ namespace ze {
 namespace offload {
 namespace {
 
+int64_t RoundUp(int64_t bytes) {
+  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
+         NvmeStore::kAlignment;
+}
+
 double Now() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-std::string ErrnoText(int error) { return std::strerror(error); }
-
-int64_t RoundUp(int64_t bytes) {
-  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
-         NvmeStore::kAlignment;
-}
-
-// Files of stores that are still alive, removed at exit if their owner was
-// never destroyed (std::exit from main with the engine leaked, say).
-std::mutex& LiveFilesMutex() {
-  static auto* mutex = new std::mutex;
+// Paths of live stores, removed at exit if their store was never destroyed
+// (a process returning from main with a leaked store).
+std::mutex& CleanupMutex() {
+  static std::mutex* mutex = new std::mutex;
   return *mutex;
 }
-std::set<std::string>& LiveFiles() {
-  static auto* files = new std::set<std::string>;
-  return *files;
+std::set<std::string>& CleanupPaths() {
+  static std::set<std::string>* paths = new std::set<std::string>;
+  return *paths;
 }
-void RemoveLiveFiles() {
-  std::lock_guard<std::mutex> lock(LiveFilesMutex());
-  for (const std::string& path : LiveFiles()) ::unlink(path.c_str());
+void RemoveLeftoverFiles() {
+  std::lock_guard<std::mutex> lock(CleanupMutex());
+  for (const std::string& path : CleanupPaths()) unlink(path.c_str());
+  CleanupPaths().clear();
 }
-void RegisterLiveFile(const std::string& path) {
-  static const bool registered = [] {
-    std::atexit(RemoveLiveFiles);
-    return true;
-  }();
+void RegisterForCleanup(const std::string& path) {
+  static const bool registered = (std::atexit(RemoveLeftoverFiles), true);
   (void)registered;
-  std::lock_guard<std::mutex> lock(LiveFilesMutex());
-  LiveFiles().insert(path);
+  std::lock_guard<std::mutex> lock(CleanupMutex());
+  CleanupPaths().insert(path);
 }
-void ForgetLiveFile(const std::string& path) {
-  std::lock_guard<std::mutex> lock(LiveFilesMutex());
-  LiveFiles().erase(path);
+void UnregisterForCleanup(const std::string& path) {
+  std::lock_guard<std::mutex> lock(CleanupMutex());
+  CleanupPaths().erase(path);
 }
 
 }  // namespace
@@ -69,122 +67,176 @@ NvmeOptions NvmeOptionsFromConfig(const config::AioConfig& aio,
   options.block_size = aio.block_size;
   options.queue_depth = static_cast<int>(aio.queue_depth);
   options.thread_count = static_cast<int>(aio.thread_count);
+  options.single_submit = aio.single_submit;
+  options.overlap_events = aio.overlap_events;
   return options;
 }
 
-void AlignedBuffer::Free::operator()(char* data) const { std::free(data); }
-
-absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(int64_t bytes) {
-  AlignedBuffer buffer;
-  const int64_t rounded =
-      std::max<int64_t>(RoundUp(bytes), NvmeStore::kAlignment);
-  void* data = nullptr;
-  if (posix_memalign(&data, NvmeStore::kAlignment,
-                     static_cast<size_t>(rounded)) != 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate an I/O buffer of ", rounded, " bytes"));
-  }
-  buffer.data_.reset(static_cast<char*>(data));
-  buffer.size_ = rounded;
-  return buffer;
-}
+struct NvmeStore::Ticket {
+  bool is_write = false;
+  int64_t bytes = 0;
+  double submitted = 0;
+  int64_t pending = 0;  // requests not finished; guarded by mutex_
+  absl::Status status;  // first error; guarded by mutex_
+};
 
 absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
     const NvmeOptions& options, const std::string& file_name, int64_t bytes) {
-  if (options.block_size <= 0 || options.block_size % kAlignment != 0 ||
-      options.queue_depth < 1 || options.thread_count < 1 || bytes < 0) {
+  const std::string path = options.directory + "/" + file_name;
+  if (options.block_size <= 0 || options.block_size % kAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "NVMe store: aio.block_size (", options.block_size,
-        ") must be a positive multiple of ", kAlignment, ", aio.queue_depth (",
-        options.queue_depth, ") and aio.thread_count (", options.thread_count,
-        ") at least 1"));
+        "NvmeStore ", path, ": aio block_size ", options.block_size,
+        " must be a positive multiple of ", kAlignment));
   }
-  const std::string& directory = options.directory;
-  struct stat info;
-  if (::stat(directory.c_str(), &info) != 0) {
+  if (options.queue_depth < 1 || options.thread_count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NvmeStore ", path, ": aio queue_depth ", options.queue_depth,
+        " and thread_count ", options.thread_count, " must be >= 1"));
+  }
+  if (bytes < 0 || file_name.empty() ||
+      file_name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NvmeStore ", path, ": bad file name or size ", bytes));
+  }
+  struct stat dir_stat;
+  if (stat(options.directory.c_str(), &dir_stat) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("nvme_path ", directory, ": ", ErrnoText(errno)));
+        absl::StrCat("NvmeStore: stat of directory ", options.directory,
+                     " failed: ", std::strerror(errno)));
   }
-  if (!S_ISDIR(info.st_mode)) {
+  if (!S_ISDIR(dir_stat.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("nvme_path ", directory, " is not a directory"));
+        absl::StrCat("NvmeStore: ", options.directory, " is not a directory"));
   }
-  const int64_t size = RoundUp(std::max<int64_t>(bytes, 1));
-  struct statvfs space;
-  if (::statvfs(directory.c_str(), &space) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("nvme_path ", directory, ": statvfs: ", ErrnoText(errno)));
-  }
-  const int64_t free_bytes = options.pretend_free_bytes >= 0
-                                 ? options.pretend_free_bytes
-                                 : static_cast<int64_t>(space.f_bavail) *
-                                       static_cast<int64_t>(space.f_frsize);
-  const std::string path = absl::StrCat(directory, "/", file_name);
-  if (free_bytes < size) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("nvme_path ", directory, ": ", path, " needs ", size,
-                     " bytes, ", free_bytes, " free"));
-  }
-  bool direct = true;
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
-  if (fd < 0 && errno == EINVAL) {
-    // The filesystem refuses O_DIRECT (tmpfs): buffered I/O instead.
-    direct = false;
-    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0) {
-      std::fprintf(stderr,
-                   "NVMe store: %s does not take O_DIRECT; using buffered "
-                   "I/O\n",
-                   path.c_str());
+  const int64_t size_bytes = RoundUp(bytes);
+  int64_t free_bytes = options.pretend_free_bytes;
+  if (free_bytes < 0) {
+    struct statvfs fs;
+    if (statvfs(options.directory.c_str(), &fs) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("NvmeStore: statvfs of ", options.directory,
+                       " failed: ", std::strerror(errno)));
     }
+    free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  }
+  if (size_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("NvmeStore ", path, ": needs ", size_bytes, " bytes, ",
+                     free_bytes, " free in ", options.directory));
+  }
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  bool direct = true;
+  int fd = open(path.c_str(), flags | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) {
+    std::fprintf(stderr,
+                 "NvmeStore %s: O_DIRECT refused by the filesystem; using "
+                 "buffered I/O\n",
+                 path.c_str());
+    direct = false;
+    fd = open(path.c_str(), flags, 0600);
   }
   if (fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat("nvme_path ", directory,
-                                                      ": cannot create ", path,
-                                                      ": ", ErrnoText(errno)));
+    const int error = errno;
+    const std::string message = absl::StrCat(
+        "NvmeStore ", path, ": open (create) failed: ", std::strerror(error));
+    if (error == EACCES || error == EPERM || error == EROFS ||
+        error == ENOENT) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(message, " (directory not writable)"));
+    }
+    return absl::InternalError(message);
   }
-  const int allocated = ::posix_fallocate(fd, 0, size);
-  if (allocated != 0) {
-    ::close(fd);
-    ::unlink(path.c_str());
-    return absl::ResourceExhaustedError(
-        absl::StrCat("nvme_path ", directory, ": preallocating ", size,
-                     " bytes for ", path, ": ", ErrnoText(allocated)));
+  RegisterForCleanup(path);
+  if (size_bytes > 0) {
+    const int error = posix_fallocate(fd, 0, size_bytes);
+    if (error != 0) {
+      close(fd);
+      unlink(path.c_str());
+      UnregisterForCleanup(path);
+      const std::string message =
+          absl::StrCat("NvmeStore ", path, ": fallocate of ", size_bytes,
+                       " bytes failed: ", std::strerror(error));
+      if (error == ENOSPC) return absl::ResourceExhaustedError(message);
+      return absl::InternalError(message);
+    }
   }
-  RegisterLiveFile(path);
-  std::unique_ptr<NvmeStore> store(
-      new NvmeStore(options, path, fd, direct, size));
-  return store;
+  // One io_uring instance per thread; refused in some containers
+  // (-EPERM/-ENOSYS), where kAuto falls back to the threads backend.
+  std::vector<std::unique_ptr<io_uring>> rings;
+  if (options.backend != NvmeOptions::Backend::kThreads) {
+    for (int i = 0; i < options.thread_count; ++i) {
+      auto ring = std::make_unique<io_uring>();
+      const int result = io_uring_queue_init(
+          static_cast<unsigned>(options.queue_depth), ring.get(), 0);
+      if (result < 0) {
+        for (auto& made : rings) io_uring_queue_exit(made.get());
+        rings.clear();
+        if (options.backend == NvmeOptions::Backend::kIoUring) {
+          close(fd);
+          unlink(path.c_str());
+          UnregisterForCleanup(path);
+          return absl::UnavailableError(absl::StrCat(
+              "NvmeStore ", path,
+              ": io_uring_queue_init failed: ", std::strerror(-result)));
+        }
+        std::fprintf(stderr,
+                     "NvmeStore %s: io_uring refused (%s); using threads\n",
+                     path.c_str(), std::strerror(-result));
+        break;
+      }
+      rings.push_back(std::move(ring));
+    }
+  }
+  return std::unique_ptr<NvmeStore>(
+      new NvmeStore(options, path, fd, size_bytes, direct, std::move(rings)));
 }
 
 NvmeStore::NvmeStore(const NvmeOptions& options, std::string path, int fd,
-                     bool direct, int64_t size)
+                     int64_t size_bytes, bool direct,
+                     std::vector<std::unique_ptr<io_uring>> rings)
     : options_(options),
       path_(std::move(path)),
       fd_(fd),
+      size_bytes_(size_bytes),
       direct_(direct),
-      size_(size) {
-  const int threads = options_.thread_count * options_.queue_depth;
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { IoLoop(); });
+      rings_(std::move(rings)) {
+  if (rings_.empty()) {
+    for (int i = 0; i < options_.thread_count; ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    }
+  } else {
+    for (auto& ring : rings_) {
+      io_uring* r = ring.get();
+      workers_.emplace_back([this, r] { IoUringLoop(r); });
+    }
+  }
 }
 
 NvmeStore::~NvmeStore() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return queue_.empty(); });
     stopping_ = true;
   }
-  work_.notify_all();
-  for (std::thread& thread : threads_) thread.join();
-  ::close(fd_);
-  ::unlink(path_.c_str());
-  ForgetLiveFile(path_);
+  work_ready_.notify_all();
+  // Workers drain the queue before they stop, so no I/O is outstanding
+  // once they are joined.
+  for (std::thread& worker : workers_) worker.join();
+  for (auto& ring : rings_) io_uring_queue_exit(ring.get());
+  close(fd_);
+  unlink(path_.c_str());
+  UnregisterForCleanup(path_);
+}
+
+const char* NvmeStore::backend_name() const {
+  if (!rings_.empty()) return direct_ ? "io_uring" : "io_uring (buffered)";
+  return direct_ ? "threads" : "threads (buffered)";
 }
 
 absl::StatusOr<IoTicket> NvmeStore::Write(int64_t offset, const void* buffer,
                                           int64_t bytes) {
-  return Submit(true, offset, static_cast<char*>(const_cast<void*>(buffer)),
-                bytes);
+  return Submit(true, offset,
+                const_cast<char*>(static_cast<const char*>(buffer)), bytes);
 }
 
 absl::StatusOr<IoTicket> NvmeStore::Read(int64_t offset, void* buffer,
@@ -192,114 +244,269 @@ absl::StatusOr<IoTicket> NvmeStore::Read(int64_t offset, void* buffer,
   return Submit(false, offset, static_cast<char*>(buffer), bytes);
 }
 
-absl::StatusOr<IoTicket> NvmeStore::Submit(bool write, int64_t offset,
+absl::StatusOr<IoTicket> NvmeStore::Submit(bool is_write, int64_t offset,
                                            char* buffer, int64_t bytes) {
-  const int64_t rounded = RoundUp(bytes);
-  if (offset < 0 || offset % kAlignment != 0 ||
+  const char* operation = is_write ? "write" : "read";
+  const int64_t aligned = bytes < 0 ? -1 : RoundUp(bytes);
+  if (bytes < 0 || offset < 0 || offset % kAlignment != 0 ||
       reinterpret_cast<uintptr_t>(buffer) % kAlignment != 0 ||
-      offset + rounded > size_ || bytes < 0) {
+      offset + aligned > size_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": ", write ? "write" : "read", " of ", bytes, " bytes at ",
-        offset, ": offset and buffer must be ", kAlignment,
-        "-aligned and the range inside the file of ", size_, " bytes"));
+        "NvmeStore ", path_, ": ", operation, " at offset ", offset, " of ",
+        bytes, " bytes: buffer and offset must be aligned to ", kAlignment,
+        " and the aligned range lie in the file of ", size_bytes_, " bytes"));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  const IoTicket id = next_ticket_++;
-  Ticket& ticket = tickets_[id];
-  ticket.write = write;
-  ticket.offset = offset;
-  ticket.bytes = bytes;
-  ticket.start = Now();
-  for (int64_t done = 0; done < rounded; done += options_.block_size) {
-    const int64_t piece = std::min(options_.block_size, rounded - done);
-    const int64_t request = write ? write_requests_++ : read_requests_++;
-    queue_.push_back({id, write, offset + done, buffer + done, piece, request});
-    ++ticket.remaining;
-  }
-  work_.notify_all();
-  return id;
-}
-
-absl::Status NvmeStore::Run(const Piece& piece) {
-  const char* operation = piece.write ? "write" : "read";
-  auto failure = [&](int error) {
-    return absl::InternalError(absl::StrCat(
-        path_, ": ", operation, " of ", piece.bytes, " bytes at offset ",
-        piece.offset, " failed: ", ErrnoText(error)));
-  };
-  if (piece.write && piece.request == options_.fail_write_request) {
-    return failure(EIO);
-  }
-  int64_t done = 0;
-  int64_t want = piece.bytes;
-  if (!piece.write && piece.request == options_.short_read_request) {
-    want = piece.bytes / 2;
-  }
-  while (done < want) {
-    const ssize_t n = piece.write ? ::pwrite(fd_, piece.buffer + done,
-                                             want - done, piece.offset + done)
-                                  : ::pread(fd_, piece.buffer + done,
-                                            want - done, piece.offset + done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return failure(errno);
+  auto ticket = std::make_shared<Ticket>();
+  ticket->is_write = is_write;
+  ticket->bytes = bytes;
+  ticket->submitted = Now();
+  IoTicket result;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    result.id = next_ticket_++;
+    tickets_[result.id] = ticket;
+    for (int64_t done = 0; done < aligned; done += options_.block_size) {
+      Request request;
+      request.is_write = is_write;
+      request.offset = offset + done;
+      request.buffer = buffer + done;
+      request.bytes = std::min(options_.block_size, aligned - done);
+      request.index = is_write ? write_requests_++ : read_requests_++;
+      request.ticket = ticket;
+      queue_.push_back(std::move(request));
+      ++ticket->pending;
     }
-    if (n == 0) break;
-    done += n;
   }
-  if (done < piece.bytes) {
-    return absl::DataLossError(
-        absl::StrCat(path_, ": short ", operation, " at offset ", piece.offset,
-                     ": ", done, " of ", piece.bytes, " bytes"));
-  }
-  return absl::OkStatus();
+  work_ready_.notify_all();
+  return result;
 }
 
-void NvmeStore::IoLoop() {
-  while (true) {
-    Piece piece;
+void NvmeStore::WorkerLoop() {
+  for (;;) {
+    Request request;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      piece = queue_.front();
+      work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to do
+      request = std::move(queue_.front());
       queue_.pop_front();
     }
-    absl::Status status = Run(piece);
-    std::lock_guard<std::mutex> lock(mutex_);
-    Ticket& ticket = tickets_[piece.ticket];
-    if (ticket.status.ok() && !status.ok()) ticket.status = status;
-    if (--ticket.remaining == 0) {
-      const double seconds = Now() - ticket.start;
-      if (ticket.write) {
-        counters_.bytes_written += ticket.bytes;
-        counters_.write_seconds += seconds;
-      } else {
-        counters_.bytes_read += ticket.bytes;
-        counters_.read_seconds += seconds;
-      }
-    }
-    done_.notify_all();
+    Execute(request);
   }
 }
 
-absl::Status NvmeStore::Wait(IoTicket id) {
+void NvmeStore::Execute(const Request& request) { ExecuteFrom(request, 0); }
+
+void NvmeStore::ExecuteFrom(const Request& request, int64_t done) {
+  int error = 0;
+  while (done < request.bytes) {
+    ssize_t result;
+    if (request.is_write) {
+      if (request.index == options_.fail_write_request) {
+        result = -1;
+        errno = EIO;
+      } else {
+        result = pwrite(fd_, request.buffer + done, request.bytes - done,
+                        request.offset + done);
+      }
+    } else {
+      result = pread(fd_, request.buffer + done, request.bytes - done,
+                     request.offset + done);
+      if (result > 0 && request.index == options_.short_read_request) {
+        done += result / 2;
+        result = 0;  // as if the file ended here
+      }
+    }
+    if (result < 0) {
+      if (errno == EINTR) continue;
+      error = errno;
+      break;
+    }
+    if (result == 0) break;  // end of file: a short transfer
+    done += result;
+  }
+  Finish(request, done, error);
+}
+
+void NvmeStore::Finish(const Request& request, int64_t done, int error) {
+  const char* operation = request.is_write ? "write" : "read";
+  absl::Status status;
+  const std::string where =
+      absl::StrCat("NvmeStore ", path_, ": ", operation, " at offset ",
+                   request.offset, " of ", request.bytes, " bytes");
+  if (error != 0) {
+    status = absl::InternalError(
+        absl::StrCat(where, " failed: ", std::strerror(error)));
+  } else if (done < request.bytes) {
+    status = absl::DataLossError(
+        absl::StrCat(where, " was short: ", done, " bytes transferred"));
+  }
+  const double finished = Now();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Ticket& ticket = *request.ticket;
+    if (!status.ok() && ticket.status.ok()) ticket.status = status;
+    if (--ticket.pending == 0) {
+      if (ticket.is_write) {
+        counters_.bytes_written += ticket.bytes;
+        counters_.write_seconds += finished - ticket.submitted;
+      } else {
+        counters_.bytes_read += ticket.bytes;
+        counters_.read_seconds += finished - ticket.submitted;
+      }
+    }
+  }
+  ticket_done_.notify_all();
+}
+
+void NvmeStore::IoUringLoop(io_uring* ring) {
+  int in_flight = 0;
+  for (;;) {
+    std::vector<Request> taken;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (in_flight == 0) {
+        work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and nothing left to do
+      }
+      // Without overlap_events, a new batch waits for the last to finish.
+      const bool may_submit = options_.overlap_events || in_flight == 0;
+      const int slots = may_submit ? options_.queue_depth - in_flight : 0;
+      while (static_cast<int>(taken.size()) < slots && !queue_.empty()) {
+        taken.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    int prepared = 0;
+    for (Request& request : taken) {
+      if (request.is_write && request.index == options_.fail_write_request) {
+        Finish(request, 0, EIO);  // injected: never reaches the disk
+        continue;
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(ring);
+      if (sqe == nullptr) {
+        // Cannot happen (at most queue_depth prepared per submit); if the
+        // ring is full anyway, do the request synchronously.
+        Execute(request);
+        continue;
+      }
+      auto* owned = new Request(std::move(request));
+      if (owned->is_write) {
+        io_uring_prep_write(sqe, fd_, owned->buffer,
+                            static_cast<unsigned>(owned->bytes), owned->offset);
+      } else {
+        io_uring_prep_read(sqe, fd_, owned->buffer,
+                           static_cast<unsigned>(owned->bytes), owned->offset);
+      }
+      io_uring_sqe_set_data(sqe, owned);
+      ++prepared;
+      ++in_flight;
+      if (options_.single_submit) io_uring_submit(ring);
+    }
+    if (prepared > 0 && !options_.single_submit) io_uring_submit(ring);
+    if (in_flight == 0) continue;
+    // Block for one completion when no more can be submitted now; else
+    // only reap what is ready and go back to submitting.
+    bool block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      block = queue_.empty() || in_flight >= options_.queue_depth ||
+              !options_.overlap_events;
+    }
+    io_uring_cqe* cqe = nullptr;
+    int result =
+        block ? io_uring_wait_cqe(ring, &cqe) : io_uring_peek_cqe(ring, &cqe);
+    while (result == 0 && cqe != nullptr) {
+      std::unique_ptr<Request> request(
+          static_cast<Request*>(io_uring_cqe_get_data(cqe)));
+      const int res = cqe->res;
+      io_uring_cqe_seen(ring, cqe);
+      --in_flight;
+      if (res < 0) {
+        Finish(*request, 0, -res);
+      } else if (!request->is_write &&
+                 request->index == options_.short_read_request) {
+        Finish(*request, res / 2, 0);  // injected short read
+      } else if (res < request->bytes && res > 0) {
+        ExecuteFrom(*request, res);  // the rest synchronously
+      } else {
+        Finish(*request, res, 0);  // complete, or 0: end of file (short)
+      }
+      cqe = nullptr;
+      result = io_uring_peek_cqe(ring, &cqe);
+    }
+  }
+}
+
+absl::Status NvmeStore::Wait(IoTicket ticket) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto found = tickets_.find(id);
+  auto found = tickets_.find(ticket.id);
   if (found == tickets_.end()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": unknown or already waited I/O ticket ", id));
+        absl::StrCat("NvmeStore ", path_, ": Wait on unknown ticket ",
+                     ticket.id, " (already waited for?)"));
   }
-  done_.wait(lock, [&] { return found->second.remaining == 0; });
-  absl::Status status = found->second.status;
-  tickets_.erase(found);
-  return status;
+  std::shared_ptr<Ticket> state = found->second;
+  ticket_done_.wait(lock, [&state] { return state->pending == 0; });
+  tickets_.erase(ticket.id);
+  return state->status;
+}
+
+absl::Status NvmeStore::WaitAll() {
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& entry : tickets_) ids.push_back(entry.first);
+  }
+  std::sort(ids.begin(), ids.end());
+  absl::Status first;
+  for (int64_t id : ids) {
+    absl::Status status = Wait(IoTicket{id});
+    if (first.ok() && !status.ok() && !absl::IsInvalidArgument(status)) {
+      first = status;  // InvalidArgument: another thread waited for it
+    }
+  }
+  return first;
 }
 
 NvmeStore::Counters NvmeStore::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return counters_;
 }
+
+absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AlignedBuffer: negative size ", bytes));
+  }
+  AlignedBuffer buffer;
+  buffer.size_ = RoundUp(bytes);
+  void* memory = nullptr;
+  if (buffer.size_ > 0) {
+    if (posix_memalign(&memory, NvmeStore::kAlignment, buffer.size_) != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "AlignedBuffer: posix_memalign of ", buffer.size_, " bytes failed"));
+    }
+    std::memset(memory, 0, buffer.size_);
+  }
+  buffer.data_ = static_cast<char*>(memory);
+  return buffer;
+}
+
+AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
 
 }  // namespace offload
 }  // namespace ze

@@ -1,162 +1,191 @@
-// NvmeStore: one preallocated file on a fast local disk (DeepSpeed's
-// nvme_path) that a rank swaps offloaded state to and from, with
-// asynchronous direct I/O.
+// NvmeStore: a file-backed block store for one rank's offloaded state
+// (ZeRO-Infinity's NVMe tier), with asynchronous direct I/O. A layer below
+// zero/: it uses core/ and config/ only.
 //
-// Requests are split into `block_size` pieces and served by a pool of
-// thread_count x queue_depth I/O threads (pread/pwrite on an O_DIRECT file
-// descriptor: the caller's thread never blocks on the disk until Wait).
-// O_DIRECT needs aligned memory, offsets and lengths (kAlignment); a
-// filesystem that refuses O_DIRECT (tmpfs) gets buffered I/O instead,
-// logged once and reported by direct_io().
-//
-// The file is created at Create (O_EXCL: two ranks or two runs never share
-// one), preallocated so a full disk shows up at start, and removed by the
-// destructor, and at process exit for a store that was never destroyed (a
-// SIGKILL leaves it behind: nothing can run then).
-//
-// Thread-safe: Write, Read and Wait may be called from any thread.
+// Backends: io_uring (liburing, linked statically), thread_count rings of
+// queue_depth entries, each served by one thread; where io_uring is refused
+// (containers: io_uring_queue_init gives -EPERM/-ENOSYS) Backend::kAuto
+// falls back, with a one-line log, to "threads": thread_count threads doing
+// pread/pwrite.
 #ifndef ZE_OFFLOAD_NVME_STORE_H_
 #define ZE_OFFLOAD_NVME_STORE_H_
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "config/config.h"
 
+struct io_uring;
+
 namespace ze {
 namespace offload {
 
+// From DeepSpeed's "aio" block (config::AioConfig) plus the directory.
 struct NvmeOptions {
-  std::string directory;         // nvme_path: must exist and be writable
-  int64_t block_size = 1 << 20;  // bytes per request (multiple of 4096)
-  int queue_depth = 8;           // requests in flight per thread
-  int thread_count = 1;          // "submitting threads" (aio.thread_count)
-  // Tests only: inject failures, counting requests from 0 after Create;
-  // -1 = never.
+  enum class Backend { kAuto, kIoUring, kThreads };
+  std::string directory;         // nvme_path; must exist and be writable
+  int64_t block_size = 1 << 20;  // bytes per I/O request (multiple of 4096)
+  int queue_depth = 8;           // requests in flight (io_uring only)
+  int thread_count = 1;        // submitting threads (threads backend: workers)
+  bool single_submit = false;  // io_uring only: submit one by one
+  bool overlap_events = true;  // io_uring only: submit while reaping
+  Backend backend = Backend::kAuto;
+  // Tests only: inject failures (no environment variables). Count requests
+  // (of block_size or less) from 0 after Create, writes and reads
+  // separately; -1 = never.
   int64_t fail_write_request = -1;  // that write request fails with EIO
-  int64_t short_read_request = -1;  // that read returns half its bytes
-  int64_t pretend_free_bytes = -1;  // the free-space check sees this
+  int64_t short_read_request = -1;  // that read returns fewer bytes
+  int64_t pretend_free_bytes = -1;  // statvfs answer override
 };
 
-// DeepSpeed's "aio" block and the directory. aio.single_submit and
-// aio.overlap_events have no effect on this thread-based backend (every
-// request is submitted on its own and completions never block submission).
+// Copies the aio block's settings; `directory` is the offload nvme_path.
 NvmeOptions NvmeOptionsFromConfig(const config::AioConfig& aio,
                                   const std::string& directory);
 
-// An owning, kAlignment-aligned host buffer for I/O staging. Movable.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  static absl::StatusOr<AlignedBuffer> Allocate(int64_t bytes);
-  char* data() const { return data_.get(); }
-  int64_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(char* data) const;
-  };
-  std::unique_ptr<char, Free> data_;
-  int64_t size_ = 0;
+// Names one asynchronous Write or Read; valid until passed to Wait (or
+// WaitAll), once.
+struct IoTicket {
+  int64_t id = -1;
 };
-
-// Names one Write or Read until Wait.
-using IoTicket = int64_t;
 
 class NvmeStore {
  public:
   static constexpr int64_t kAlignment = 4096;
 
-  // Creates `directory/file_name` preallocated to `bytes` (rounded up to
-  // kAlignment) after checking the free space. Errors name the path and
-  // the operation: FailedPrecondition for a directory that is missing, not
-  // a directory, or where the file cannot be created; ResourceExhausted
-  // for too little space ("needs N bytes, M free") or a failed
-  // preallocation; InvalidArgument for bad options.
+  // Creates (O_CREAT|O_EXCL) the file `directory/file_name`, preallocated
+  // (posix_fallocate) to `bytes` rounded up to kAlignment, after checking
+  // free space with statvfs. Opens it O_DIRECT; a filesystem refusing
+  // O_DIRECT (EINVAL) gets buffered I/O, logged in one line to stderr and
+  // reported by is_direct()/backend_name(). Errors, each naming the path
+  // and the operation: bad options (InvalidArgument); directory missing, not
+  // a directory or not writable (FailedPrecondition); too little space
+  // (ResourceExhausted "needs N bytes, M free"); other open/fallocate
+  // failures (Internal, with strerror). The file is removed by the
+  // destructor, or at exit (atexit) if the store is never destroyed; a
+  // SIGKILLed process leaves it behind (nothing can run then).
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Create(
       const NvmeOptions& options, const std::string& file_name, int64_t bytes);
-  // Waits for outstanding requests, closes and removes the file.
+
+  // Waits for outstanding I/O, closes and removes the file.
   ~NvmeStore();
   NvmeStore(const NvmeStore&) = delete;
   NvmeStore& operator=(const NvmeStore&) = delete;
 
-  // Queue `bytes` from `buffer` to the file at `offset` (Write) or the
-  // reverse (Read). `buffer` and `offset` must be kAlignment-aligned and
-  // [offset, offset + bytes) inside the file; `bytes` is rounded up to
-  // kAlignment, so the buffer must extend to the rounded size. The buffer
-  // must stay alive and untouched until Wait(ticket). InvalidArgument for
-  // a misaligned or out-of-range request (nothing queued).
+  // Asynchronous whole-range I/O split into block_size requests. `buffer`
+  // must be kAlignment-aligned and `offset` a multiple of kAlignment;
+  // `bytes` >= 0 is any size, but the I/O covers `bytes` rounded up to
+  // kAlignment: the caller's buffer must extend to that aligned size (Write
+  // writes the padding bytes as they are; Read overwrites them), and the
+  // aligned range must lie in the file. The buffer must stay alive and
+  // untouched until Wait on the returned ticket. Argument errors come back
+  // at once (InvalidArgument); I/O errors at Wait: Internal (write/read
+  // failure) or DataLoss (short read), naming path, operation
+  // ("write"/"read"), offset, bytes and the errno text. A failed request
+  // does not affect later ones. Thread-safe.
   absl::StatusOr<IoTicket> Write(int64_t offset, const void* buffer,
                                  int64_t bytes);
   absl::StatusOr<IoTicket> Read(int64_t offset, void* buffer, int64_t bytes);
-  // Blocks until every piece of `ticket` is done. The first failure, naming
-  // the path, the operation, the offset, the bytes and the OS error
-  // (DataLoss for a short read, Internal for an I/O error). Each ticket is
-  // waited for once; in any order.
+  // Blocks until every request of `ticket` finished; returns the first
+  // error of them. An unknown or already waited ticket: InvalidArgument.
   absl::Status Wait(IoTicket ticket);
+  // Waits for every ticket not yet waited for; returns the first error.
+  absl::Status WaitAll();
 
   const std::string& path() const { return path_; }
-  int64_t size_bytes() const { return size_; }
-  bool direct_io() const { return direct_; }
-  const char* backend_name() const { return "threads"; }
+  int64_t size_bytes() const { return size_bytes_; }
+  // "io_uring" or "threads", with " (buffered)" when O_DIRECT was refused.
+  const char* backend_name() const;
+  bool is_direct() const { return direct_; }
+
+  // Bytes and seconds of finished I/O (for bandwidth reports); seconds are
+  // summed per ticket from submission to its last request's completion.
   struct Counters {
     int64_t bytes_written = 0;
     int64_t bytes_read = 0;
-    double write_seconds = 0;  // summed over tickets, submit to last piece
+    double write_seconds = 0;
     double read_seconds = 0;
   };
   Counters counters() const;
 
  private:
-  struct Ticket {
-    bool write = false;
-    int64_t offset = 0;
-    int64_t bytes = 0;
-    int remaining = 0;
-    absl::Status status;
-    double start = 0;
-  };
-  struct Piece {
-    IoTicket ticket;
-    bool write;
+  struct Ticket;
+  struct Request {
+    bool is_write;
     int64_t offset;
     char* buffer;
-    int64_t bytes;
-    int64_t request;  // index among requests of its kind, for injection
+    int64_t bytes;  // aligned length of this request
+    int64_t index;  // request number among its kind, for injection
+    std::shared_ptr<Ticket> ticket;
   };
-  NvmeStore(const NvmeOptions& options, std::string path, int fd, bool direct,
-            int64_t size);
-  absl::StatusOr<IoTicket> Submit(bool write, int64_t offset, char* buffer,
-                                  int64_t bytes);
-  void IoLoop();
-  absl::Status Run(const Piece& piece);
 
-  NvmeOptions options_;
-  std::string path_;
-  int fd_;
-  bool direct_;
-  int64_t size_;
-  std::vector<std::thread> threads_;
+  NvmeStore(const NvmeOptions& options, std::string path, int fd,
+            int64_t size_bytes, bool direct,
+            std::vector<std::unique_ptr<io_uring>> rings);
+  absl::StatusOr<IoTicket> Submit(bool is_write, int64_t offset, char* buffer,
+                                  int64_t bytes);
+  void WorkerLoop();
+  // io_uring backend: one thread per ring submits up to queue_depth
+  // requests and reaps their completions.
+  void IoUringLoop(io_uring* ring);
+  // Threads backend: pread/pwrite the whole request (ExecuteFrom: from
+  // byte `done` on, also used to finish a partial io_uring transfer).
+  void Execute(const Request& request);
+  void ExecuteFrom(const Request& request, int64_t done);
+  // Records the request's outcome in its ticket.
+  void Finish(const Request& request, int64_t done, int error);
+
+  const NvmeOptions options_;
+  const std::string path_;
+  const int fd_;
+  const int64_t size_bytes_;
+  const bool direct_;
+  // Empty: the threads backend runs.
+  std::vector<std::unique_ptr<io_uring>> rings_;
+
   mutable std::mutex mutex_;
-  std::condition_variable work_;
-  std::condition_variable done_;
+  std::condition_variable work_ready_;
+  std::condition_variable ticket_done_;
   // Guarded by mutex_.
-  std::deque<Piece> queue_;
-  std::map<IoTicket, Ticket> tickets_;
-  IoTicket next_ticket_ = 1;
+  std::deque<Request> queue_;
+  std::unordered_map<int64_t, std::shared_ptr<Ticket>> tickets_;
+  int64_t next_ticket_ = 0;
   int64_t write_requests_ = 0;
   int64_t read_requests_ = 0;
   bool stopping_ = false;
   Counters counters_;
+
+  std::vector<std::thread> workers_;
+};
+
+// An aligned host buffer (posix_memalign, NvmeStore::kAlignment) for I/O
+// staging; size() is the requested size rounded up to kAlignment. The
+// caller may pin it. Owning, movable; the memory is zero-filled.
+class AlignedBuffer {
+ public:
+  // bytes >= 0; ResourceExhausted if the allocation fails.
+  static absl::StatusOr<AlignedBuffer> Allocate(int64_t bytes);
+  AlignedBuffer() = default;
+  AlignedBuffer(AlignedBuffer&& other) noexcept;
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer();
+
+  char* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  int64_t size_ = 0;
 };
 
 }  // namespace offload

@@ -11,6 +11,7 @@ packages=(
   openmpi-bin        # mpirun
   nlohmann-json3-dev # nlohmann-json 3.11
   libopenblas-dev    # OpenBLAS for CPU matrix products
+  liburing-dev       # liburing 2.3 (io_uring), linked statically by offload/
 )
 
 missing=()
