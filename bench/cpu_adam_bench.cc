@@ -2,34 +2,42 @@
 // memory bandwidth, measured in the same run. Prints one JSON object per
 // line:
 //
-//   {"bench":"triad","threads":16,"elements":134217728,"GBps":180.2}
+//   {"bench":"bandwidth","threads":16,"elements":134217728,"read_GBps":..,
+//    "copy_GBps":..,"triad_GBps":..}
 //   {"bench":"cpu_adam","optimizer":"adamw","simd":"avx512","threads":16,
-//    "params":200000000,"steps":5,"best_s":0.0301,"mean_s":0.0305,
-//    "params_per_s":6.64e9,"adam_GBps":186.0,"triad_GBps":180.2,
-//    "fraction_of_triad":1.03,"best_triad_GBps":180.2,
+//    "schedule":"static","pin":0,"huge_pages":1,"nt_out":1,
+//    "prefetch_bytes":0,"params":200000000,"steps":5,"best_s":0.0301,
+//    "mean_s":0.0305,"params_per_s":6.64e9,"adam_GBps":186.0,
+//    "triad_GBps":180.2,"fraction_of_triad":1.03,"best_triad_GBps":180.2,
 //    "fraction_of_best_triad":1.03}
 //
-// The triad lines (one per thread count) come first; triad_GBps is the
+// The bandwidth lines (one per thread count) come first; triad_GBps is the
 // triad at the same thread count, best_triad_GBps the best of all of them.
 //
 // The step is AdamW with weight decay over f32 master weights and moments,
 // bf16 gradients and the fused bf16 write of the updated weights: 28 bytes
 // of traffic per parameter (read p, m, v f32 and g bf16; write p, m, v f32
-// and the bf16 copy). The bound is a multi-threaded STREAM triad
-// a[i] = b[i] + s * c[i] over f32 arrays far larger than the caches (12
-// bytes per element), run with the same thread count, with non-temporal
-// stores so that its 12 bytes are all the traffic it causes. Adam's 28 bytes
-// are the bytes it asks for; its plain stores of the bf16 copy cost up to 2
-// more per parameter in write-allocate reads, so fraction_of_triad slightly
-// understates how close Adam runs to the memory bound. GB/s is 1e9
+// and the bf16 copy). The bounds run with the same thread count, thread
+// split, pinning and page advice as the step, over f32 arrays far larger
+// than the caches, first-touched by the threads that use them:
+//   read:  sum of a[i] (4 bytes per element),
+//   copy:  a[i] = b[i], non-temporal stores (8 bytes),
+//   triad: a[i] = b[i] + s * c[i], non-temporal stores (12 bytes),
+// so the bytes counted are all the traffic each causes. Adam's 28 bytes are
+// the bytes it asks for; with plain stores of the bf16 copy (--nt_out=0)
+// it costs up to 2 more per parameter in write-allocate reads. GB/s is 1e9
 // bytes per second; times are the best and the mean of `steps` timed steps
 // after one untimed warm-up step.
 //
 // Flags: --params=200000000 --threads=1,2,4,... (default: powers of two up
 // to the hardware threads, and the hardware threads) --steps=5
-// --triad_mib=512 (MiB per triad array) --tile_kib=64
-// --simd=avx512|avx2|scalar (default: the best this CPU has)
+// --triad_mib=512 (MiB per bandwidth array) --tile_kib=64
+// --simd=avx512|avx2|scalar (default: the best this CPU has), and the
+// CpuExecutionOptions under test: --schedule=static|dynamic --pin=0|1
+// --huge_pages=0|1 --nt_out=0|1 --prefetch_bytes=N (defaults: the
+// optimizer's defaults).
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,74 +71,127 @@ struct Flags {
   int64_t triad_mib = 512;
   int64_t tile_kib = 64;
   std::string simd;
+  ze::offload::CpuExecutionOptions execution;
 };
 
-// Runs fn(begin, end) over [0, count) cut into one contiguous chunk per
-// thread, each starting on a 64-byte boundary of an f32 array, so each
-// thread touches the same pages every time (first touch places them on its
-// NUMA node).
+// Runs fn(begin, end) over [0, count) cut into one contiguous piece per
+// thread, piece k always on thread k and starting on a 4 KiB boundary of an
+// f32 array (as CpuOptimizer's static split), so each thread touches the
+// same pages every time and first touch places them on its NUMA node.
 template <class Fn>
-void ForChunks(ze::offload::ThreadPool& pool, int64_t count, const Fn& fn) {
-  const int64_t chunks = pool.num_threads();
-  auto boundary = [&](int64_t chunk) {
-    return chunk == chunks ? count : count * chunk / chunks / 16 * 16;
+void ForPieces(ze::offload::ThreadPool& pool, int64_t count, const Fn& fn) {
+  const int64_t pieces = pool.num_threads();
+  auto boundary = [&](int64_t piece) {
+    return piece == pieces ? count : count * piece / pieces / 1024 * 1024;
   };
-  pool.ParallelFor(
-      chunks, [&](int64_t chunk) { fn(boundary(chunk), boundary(chunk + 1)); });
+  pool.RunOnEachThread(
+      [&](int piece) { fn(boundary(piece), boundary(piece + 1)); });
 }
 
 struct FreeDeleter {
   void operator()(void* data) const { std::free(data); }
 };
 
+// 2 MiB aligned and advised for transparent huge pages when `huge_pages`,
+// else 64-byte aligned; not touched.
 template <class T>
-std::unique_ptr<T[], FreeDeleter> AlignedArray(int64_t count) {
-  void* data = std::aligned_alloc(64, (count * sizeof(T) + 63) / 64 * 64);
+std::unique_ptr<T[], FreeDeleter> AlignedArray(int64_t count, bool huge_pages) {
+  const size_t alignment = huge_pages ? size_t{2} << 20 : 64;
+  const size_t bytes =
+      (count * sizeof(T) + alignment - 1) / alignment * alignment;
+  void* data = std::aligned_alloc(alignment, bytes);
   if (data == nullptr) {
     std::fprintf(stderr, "cpu_adam_bench: out of memory for %lld elements\n",
                  static_cast<long long>(count));
     std::exit(1);
   }
+  if (huge_pages) madvise(data, bytes, MADV_HUGEPAGE);
   return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(data));
 }
 
-// Best-of-5 triad bandwidth with `threads` threads over arrays of `count`.
-// AVX2 with non-temporal stores: the written array is not read first (no
-// write-allocate), so the 12 bytes counted per element are the bytes that
-// actually cross the memory bus.
-double TriadGBps(int threads, int64_t count) {
-  ze::offload::ThreadPool pool(threads);
-  auto a = AlignedArray<float>(count);
-  auto b = AlignedArray<float>(count);
-  auto c = AlignedArray<float>(count);
-  ForChunks(pool, count, [&](int64_t begin, int64_t end) {
+struct Bandwidth {
+  double read_gbps = 0.0;
+  double copy_gbps = 0.0;
+  double triad_gbps = 0.0;
+};
+
+// Best-of-5 read, copy and triad bandwidth with `threads` threads over
+// arrays of `count` f32. AVX2 loads, non-temporal stores: the written
+// array is not read first (no write-allocate).
+Bandwidth MeasureBandwidth(int threads, int64_t count,
+                           const ze::offload::CpuExecutionOptions& execution) {
+  ze::offload::ThreadPool pool(threads, execution.pin_threads);
+  auto a = AlignedArray<float>(count, execution.huge_pages);
+  auto b = AlignedArray<float>(count, execution.huge_pages);
+  auto c = AlignedArray<float>(count, execution.huge_pages);
+  ForPieces(pool, count, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       a[i] = 0.0f;
       b[i] = 1.0f;
       c[i] = 2.0f;
     }
   });
+  auto best_of_5 = [&](const auto& body) {
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const Clock::time_point start = Clock::now();
+      ForPieces(pool, count, body);
+      best = std::min(best, Seconds(start));
+    }
+    return best;
+  };
+  std::mutex sum_mutex;
+  double sum = 0.0;  // of every read pass: 5 * count
+  const double read_s = best_of_5([&](int64_t begin, int64_t end) {
+    __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+    int64_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+      sum0 = _mm256_add_ps(sum0, _mm256_load_ps(b.get() + i));
+      sum1 = _mm256_add_ps(sum1, _mm256_load_ps(b.get() + i + 8));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_add_ps(sum0, sum1));
+    double total = 0;
+    for (float lane : lanes) total += lane;
+    for (; i < end; ++i) total += b[i];
+    std::lock_guard<std::mutex> lock(sum_mutex);
+    sum += total;
+  });
+  const double copy_s = best_of_5([&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      _mm256_stream_ps(a.get() + i, _mm256_load_ps(c.get() + i));
+    }
+    for (; i < end; ++i) a[i] = c[i];
+    _mm_sfence();
+  });
   const float scalar = 3.0f;
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const Clock::time_point start = Clock::now();
-    ForChunks(pool, count, [&](int64_t begin, int64_t end) {
-      const __m256 s = _mm256_set1_ps(scalar);
-      int64_t i = begin;
-      for (; i + 8 <= end; i += 8) {
-        _mm256_stream_ps(
-            a.get() + i,
-            _mm256_add_ps(_mm256_load_ps(b.get() + i),
-                          _mm256_mul_ps(s, _mm256_load_ps(c.get() + i))));
-      }
-      for (; i < end; ++i) a[i] = b[i] + scalar * c[i];
-      _mm_sfence();
-    });
-    best = std::min(best, Seconds(start));
+  const double triad_s = best_of_5([&](int64_t begin, int64_t end) {
+    const __m256 s = _mm256_set1_ps(scalar);
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8) {
+      _mm256_stream_ps(
+          a.get() + i,
+          _mm256_add_ps(_mm256_load_ps(b.get() + i),
+                        _mm256_mul_ps(s, _mm256_load_ps(c.get() + i))));
+    }
+    for (; i < end; ++i) a[i] = b[i] + scalar * c[i];
+    _mm_sfence();
+  });
+  // Keep the results observable so no loop is optimised away.
+  if (a[count / 2] != 7.0f || sum != 5.0 * count) {
+    std::fprintf(stderr, "bandwidth check failed\n");
   }
-  // Keep the result observable so the loop is not optimised away.
-  if (a[count / 2] != 7.0f) std::fprintf(stderr, "triad check failed\n");
-  return 12.0 * count / best / 1e9;
+  Bandwidth result;
+  result.read_gbps = 4.0 * count / read_s / 1e9;
+  result.copy_gbps = 8.0 * count / copy_s / 1e9;
+  result.triad_gbps = 12.0 * count / triad_s / 1e9;
+  return result;
+}
+
+const char* ScheduleName(ze::offload::CpuSchedule schedule) {
+  return schedule == ze::offload::CpuSchedule::kStaticSplit ? "static"
+                                                            : "dynamic";
 }
 
 absl::Status Run(const Flags& flags) {
@@ -137,7 +199,7 @@ absl::Status Run(const Flags& flags) {
   ze::offload::OptimizerOptions options;
   options.type = ze::offload::OptimizerType::kAdamW;
   options.weight_decay = 0.1;
-  ze::offload::CpuExecutionOptions execution;
+  ze::offload::CpuExecutionOptions execution = flags.execution;
   execution.tile_bytes = flags.tile_kib * 1024;
   if (!flags.simd.empty()) {
     if (flags.simd == "avx512") {
@@ -161,12 +223,15 @@ absl::Status Run(const Flags& flags) {
   std::vector<double> triads;
   double best_triad = 0.0;
   for (int threads : flags.threads) {
-    triads.push_back(TriadGBps(threads, triad_count));
+    const Bandwidth bandwidth =
+        MeasureBandwidth(threads, triad_count, execution);
+    triads.push_back(bandwidth.triad_gbps);
     best_triad = std::max(best_triad, triads.back());
     std::printf(
-        "{\"bench\":\"triad\",\"threads\":%d,\"elements\":%lld,"
-        "\"GBps\":%.1f}\n",
-        threads, static_cast<long long>(triad_count), triads.back());
+        "{\"bench\":\"bandwidth\",\"threads\":%d,\"elements\":%lld,"
+        "\"read_GBps\":%.1f,\"copy_GBps\":%.1f,\"triad_GBps\":%.1f}\n",
+        threads, static_cast<long long>(triad_count), bandwidth.read_gbps,
+        bandwidth.copy_gbps, bandwidth.triad_gbps);
     std::fflush(stdout);
   }
 
@@ -177,14 +242,17 @@ absl::Status Run(const Flags& flags) {
     ZE_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer,
                         CpuOptimizer::Create(options, n, execution));
     ze::offload::ThreadPool pool(threads);
-    auto master = AlignedArray<float>(n);
-    auto grads = AlignedArray<uint16_t>(n);
-    auto out = AlignedArray<uint16_t>(n);
-    ForChunks(pool, n, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
+    auto master = AlignedArray<float>(n, execution.huge_pages);
+    auto grads = AlignedArray<uint16_t>(n, execution.huge_pages);
+    auto out = AlignedArray<uint16_t>(n, execution.huge_pages);
+    // Placed by the optimizer's own threads in its split, then filled.
+    optimizer->FirstTouch(master.get(), n, sizeof(float));
+    optimizer->FirstTouch(grads.get(), n, sizeof(uint16_t));
+    optimizer->FirstTouch(out.get(), n, sizeof(uint16_t));
+    pool.ParallelFor(64, [&](int64_t part) {
+      for (int64_t i = n * part / 64; i < n * (part + 1) / 64; ++i) {
         master[i] = 0.01f * static_cast<float>(i % 1000 - 500);
         grads[i] = ze::FloatToBf16Bits(1e-3f * static_cast<float>(i % 77 - 38));
-        out[i] = 0;
       }
     });
     ze::offload::StepArgs args;
@@ -204,11 +272,16 @@ absl::Status Run(const Flags& flags) {
     const double adam_gbps = 28.0 * n / best / 1e9;
     std::printf(
         "{\"bench\":\"cpu_adam\",\"optimizer\":\"adamw\",\"simd\":\"%s\","
-        "\"threads\":%d,\"params\":%lld,\"steps\":%d,\"best_s\":%.5f,"
+        "\"threads\":%d,\"schedule\":\"%s\",\"pin\":%d,\"huge_pages\":%d,"
+        "\"nt_out\":%d,\"prefetch_bytes\":%lld,\"params\":%lld,\"steps\":%d,"
+        "\"best_s\":%.5f,"
         "\"mean_s\":%.5f,\"params_per_s\":%.4g,\"adam_GBps\":%.1f,"
         "\"triad_GBps\":%.1f,\"fraction_of_triad\":%.3f,"
         "\"best_triad_GBps\":%.1f,\"fraction_of_best_triad\":%.3f}\n",
         ze::offload::SimdPathName(optimizer->simd_path()), threads,
+        ScheduleName(execution.schedule), execution.pin_threads ? 1 : 0,
+        execution.huge_pages ? 1 : 0, execution.nontemporal_out ? 1 : 0,
+        static_cast<long long>(execution.prefetch_bytes),
         static_cast<long long>(n), flags.steps, best, total / flags.steps,
         params_per_s, adam_gbps, triad, adam_gbps / triad, best_triad,
         adam_gbps / best_triad);
@@ -244,6 +317,23 @@ int main(int argc, char** argv) {
       flags.tile_kib = std::atoll(v);
     } else if (const char* v = value("simd")) {
       flags.simd = v;
+    } else if (const char* v = value("schedule")) {
+      const std::string schedule = v;
+      if (schedule != "static" && schedule != "dynamic") {
+        std::fprintf(stderr, "--schedule must be static or dynamic\n");
+        return 2;
+      }
+      flags.execution.schedule = schedule == "static"
+                                     ? ze::offload::CpuSchedule::kStaticSplit
+                                     : ze::offload::CpuSchedule::kDynamicTiles;
+    } else if (const char* v = value("pin")) {
+      flags.execution.pin_threads = std::atoi(v) != 0;
+    } else if (const char* v = value("huge_pages")) {
+      flags.execution.huge_pages = std::atoi(v) != 0;
+    } else if (const char* v = value("nt_out")) {
+      flags.execution.nontemporal_out = std::atoi(v) != 0;
+    } else if (const char* v = value("prefetch_bytes")) {
+      flags.execution.prefetch_bytes = std::atoll(v);
     } else {
       std::fprintf(stderr, "unknown flag %s (see the header of %s)\n",
                    arg.c_str(), __FILE__);

@@ -1,5 +1,7 @@
 #include "offload/cpu_optimizer.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +21,24 @@ namespace {
 // last runs entirely in the vector body (64 f32 = one 256-byte block, a
 // multiple of both vector widths and of the 64-byte cache line).
 constexpr int64_t kTileGranule = 64;
+
+// Static-split boundaries are multiples of this many elements: a 4 KiB page
+// of f32, so (page-aligned buffers) no small page is shared by two threads.
+constexpr int64_t kSplitGranule = 1024;
+
+// Transparent huge page size on x86-64.
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// Piece `index` of `pieces` of [0, count): [begin, end).
+void StaticPiece(int64_t count, int index, int pieces, int64_t* begin,
+                 int64_t* end) {
+  auto boundary = [&](int64_t k) {
+    if (k >= pieces) return count;
+    return std::min(count, count * k / pieces / kSplitGranule * kSplitGranule);
+  };
+  *begin = boundary(index);
+  *end = boundary(index + 1);
+}
 
 bool IsBeta(double beta) { return beta >= 0.0 && beta < 1.0; }
 
@@ -188,11 +208,13 @@ absl::StatusOr<StepCoefficients> ComputeStepCoefficients(
 CpuOptimizer::CpuOptimizer(const OptimizerOptions& options,
                            int64_t num_elements, SimdPath simd_path,
                            int64_t tile_elements,
+                           const CpuExecutionOptions& execution,
                            std::unique_ptr<ThreadPool> pool)
     : options_(options),
       num_elements_(num_elements),
       simd_path_(simd_path),
       tile_elements_(tile_elements),
+      execution_(execution),
       pool_(std::move(pool)) {}
 
 CpuOptimizer::~CpuOptimizer() = default;
@@ -206,6 +228,10 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": num_threads must be >= 0 (0: hardware threads)",
                      ", got ", execution.num_threads));
+  }
+  if (execution.prefetch_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": prefetch_bytes must be >= 0, got ", execution.prefetch_bytes));
   }
   if (execution.tile_bytes < kTileGranule * 4) {
     return absl::InvalidArgumentError(
@@ -225,30 +251,31 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
   const int64_t tile_elements =
       execution.tile_bytes / 4 / kTileGranule * kTileGranule;
 
-  std::unique_ptr<CpuOptimizer> optimizer(
-      new CpuOptimizer(options, num_elements, simd_path, tile_elements,
-                       std::make_unique<ThreadPool>(num_threads)));
-  // 64-byte aligned (a cache line, one AVX-512 vector), zeroed by the
-  // threads that will update it so that pages land on their NUMA nodes.
-  const size_t bytes =
+  std::unique_ptr<CpuOptimizer> optimizer(new CpuOptimizer(
+      options, num_elements, simd_path, tile_elements, execution,
+      std::make_unique<ThreadPool>(num_threads, execution.pin_threads)));
+  // 64-byte aligned (a cache line, one AVX-512 vector); with huge_pages and
+  // at least one huge page of state, 2 MiB aligned and advised, so the
+  // kernel's streams walk few TLB entries. Zeroed by the threads that will
+  // update it (FirstTouch) so that pages land on their NUMA nodes.
+  const size_t state_bytes =
       (static_cast<size_t>(num_elements) * sizeof(float) + 63) / 64 * 64;
+  const bool huge = execution.huge_pages && state_bytes >= kHugePageBytes;
+  const size_t alignment = huge ? kHugePageBytes : 64;
+  const size_t bytes = (std::max<size_t>(state_bytes, 64) + alignment - 1) /
+                       alignment * alignment;
   auto allocate = [&](StateBuffer* buffer,
                       const char* state_name) -> absl::Status {
-    float* data = static_cast<float*>(
-        std::aligned_alloc(64, std::max<size_t>(bytes, 64)));
+    float* data = static_cast<float*>(std::aligned_alloc(alignment, bytes));
     if (data == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat(name, ": cannot allocate ", bytes, " bytes of ",
                        state_name, " in host memory"));
     }
     buffer->reset(data);
-    const int64_t num_tiles =
-        (num_elements + tile_elements - 1) / tile_elements;
-    optimizer->pool_->ParallelFor(num_tiles, [&](int64_t tile) {
-      const int64_t begin = tile * tile_elements;
-      const int64_t count = std::min(tile_elements, num_elements - begin);
-      std::memset(data + begin, 0, count * sizeof(float));
-    });
+    // Advice only: a kernel without THP leaves small pages, same result.
+    if (huge) madvise(data, bytes, MADV_HUGEPAGE);
+    optimizer->FirstTouch(data, num_elements, sizeof(float));
     return absl::OkStatus();
   };
   if (options.type == OptimizerType::kSgd) {
@@ -278,52 +305,28 @@ absl::Status CpuOptimizer::Step(float* master_weights, const void* grads,
   return absl::OkStatus();
 }
 
-absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
-                                     float* master_weights, const void* grads,
-                                     DType grad_dtype,
-                                     const StepArgs& step_args, void* out,
-                                     DType out_dtype) {
-  if (state_offset < 0 || count < 0 || state_offset + count > num_elements_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: range [", state_offset, ", ", state_offset + count,
-        ") leaves the optimizer state of ", num_elements_, " elements"));
-  }
-  float* state0 = nullptr;
-  float* state1 = nullptr;
-  if (options_.type == OptimizerType::kSgd) {
-    if (momentum_buffer_ != nullptr) {
-      state0 = momentum_buffer_.get() + state_offset;
+void CpuOptimizer::FirstTouch(void* data, int64_t count, size_t element_bytes) {
+  if (count <= 0) return;
+  const int pieces = pool_->num_threads();
+  pool_->RunOnEachThread([&](int index) {
+    int64_t begin, end;
+    StaticPiece(count, index, pieces, &begin, &end);
+    if (end > begin) {
+      std::memset(static_cast<char*>(data) + begin * element_bytes, 0,
+                  (end - begin) * element_bytes);
     }
-  } else {
-    state0 = exp_avg_.get() + state_offset;
-    state1 = exp_avg_sq_.get() + state_offset;
-  }
-  return StepExternal(count, master_weights, state0, state1, grads, grad_dtype,
-                      step_args, out, out_dtype);
+  });
 }
 
-absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
-                                        float* state0, float* state1,
-                                        const void* grads, DType grad_dtype,
-                                        const StepArgs& step_args, void* out,
-                                        DType out_dtype) {
-  if (count < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer step: negative count ", count));
-  }
+absl::Status CpuOptimizer::CheckStepInputs(int64_t count,
+                                           const float* master_weights,
+                                           const void* grads, DType grad_dtype,
+                                           const void* out,
+                                           DType out_dtype) const {
   if (count > 0 && (master_weights == nullptr || grads == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer step: ",
         master_weights == nullptr ? "master_weights" : "grads", " is null"));
-  }
-  const bool adam = options_.type != OptimizerType::kSgd;
-  const bool momentum = !adam && options_.momentum != 0.0;
-  if (count > 0 && ((adam && (state0 == nullptr || state1 == nullptr)) ||
-                    (momentum && state0 == nullptr))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer step: ", OptimizerTypeName(options_.type),
-                     " needs its state (",
-                     adam ? "exp_avg and exp_avg_sq" : "momentum", ")"));
   }
   if (!IsFloatFormat(grad_dtype)) {
     return absl::InvalidArgumentError(
@@ -335,27 +338,110 @@ absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
         absl::StrCat("optimizer step: out_dtype ", DTypeName(out_dtype),
                      " must be f32, bf16 or f16"));
   }
+  return absl::OkStatus();
+}
+
+void CpuOptimizer::RunThreaded(const StepCoefficients& coefficients,
+                               const StepBuffers& buffers) {
+  KernelTuning tuning;
+  tuning.nontemporal_out = execution_.nontemporal_out;
+  tuning.prefetch_elements = execution_.prefetch_bytes / 4;
+  const int64_t count = buffers.count;
+  if (execution_.schedule == CpuSchedule::kStaticSplit) {
+    const int pieces = pool_->num_threads();
+    pool_->RunOnEachThread([&](int index) {
+      int64_t begin, end;
+      StaticPiece(count, index, pieces, &begin, &end);
+      if (end > begin) {
+        RunStepKernel(simd_path_, coefficients,
+                      SliceBuffers(buffers, begin, end - begin), tuning);
+      }
+    });
+    return;
+  }
+  const int64_t num_tiles = (count + tile_elements_ - 1) / tile_elements_;
+  pool_->ParallelFor(num_tiles, [&](int64_t tile) {
+    const int64_t begin = tile * tile_elements_;
+    RunStepKernel(
+        simd_path_, coefficients,
+        SliceBuffers(buffers, begin, std::min(tile_elements_, count - begin)),
+        tuning);
+  });
+}
+
+absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
+                                     float* master_weights, const void* grads,
+                                     DType grad_dtype,
+                                     const StepArgs& step_args, void* out,
+                                     DType out_dtype) {
+  if (state_offset < 0 || count < 0 || state_offset + count > num_elements_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: range [", state_offset, ", ", state_offset + count,
+        ") leaves the optimizer state of ", num_elements_, " elements"));
+  }
+  ZE_RETURN_IF_ERROR(CheckStepInputs(count, master_weights, grads, grad_dtype,
+                                     out, out_dtype));
   ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
                       Coefficients(step_args));
   if (count == 0) return absl::OkStatus();
 
   StepBuffers buffers;
   buffers.master = master_weights;
-  buffers.state0 = adam || momentum ? state0 : nullptr;
-  buffers.state1 = adam ? state1 : nullptr;
+  if (options_.type == OptimizerType::kSgd) {
+    if (momentum_buffer_ != nullptr) {
+      buffers.state0 = momentum_buffer_.get() + state_offset;
+    }
+  } else {
+    buffers.state0 = exp_avg_.get() + state_offset;
+    buffers.state1 = exp_avg_sq_.get() + state_offset;
+  }
   buffers.grads = grads;
   buffers.grad_dtype = grad_dtype;
   buffers.out = out;
   buffers.out_dtype = out_dtype;
   buffers.count = count;
+  RunThreaded(coefficients, buffers);
+  return absl::OkStatus();
+}
 
-  const int64_t num_tiles = (count + tile_elements_ - 1) / tile_elements_;
-  pool_->ParallelFor(num_tiles, [&](int64_t tile) {
-    const int64_t begin = tile * tile_elements_;
-    RunStepKernel(
-        simd_path_, coefficients,
-        SliceBuffers(buffers, begin, std::min(tile_elements_, count - begin)));
-  });
+absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
+                                        float* state0, float* state1,
+                                        const void* grads, DType grad_dtype,
+                                        const StepArgs& step_args, void* out,
+                                        DType out_dtype) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step_external: count must be >= 0, got ", count));
+  }
+  ZE_RETURN_IF_ERROR(CheckStepInputs(count, master_weights, grads, grad_dtype,
+                                     out, out_dtype));
+  // The state this optimizer type reads and writes must be there; SGD
+  // without momentum has none, and a momentum buffer is used iff given.
+  const bool is_sgd = options_.type == OptimizerType::kSgd;
+  const bool needs_state0 = !is_sgd || options_.momentum != 0.0;
+  if (count > 0 && needs_state0 && state0 == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step_external: state0 (",
+                     is_sgd ? "momentum buffer" : "exp_avg", ") is null"));
+  }
+  if (count > 0 && !is_sgd && state1 == nullptr) {
+    return absl::InvalidArgumentError(
+        "optimizer step_external: state1 (exp_avg_sq) is null");
+  }
+  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
+                      Coefficients(step_args));
+  if (count == 0) return absl::OkStatus();
+
+  StepBuffers buffers;
+  buffers.master = master_weights;
+  buffers.state0 = needs_state0 ? state0 : nullptr;
+  buffers.state1 = is_sgd ? nullptr : state1;
+  buffers.grads = grads;
+  buffers.grad_dtype = grad_dtype;
+  buffers.out = out;
+  buffers.out_dtype = out_dtype;
+  buffers.count = count;
+  RunThreaded(coefficients, buffers);
   return absl::OkStatus();
 }
 

@@ -23,9 +23,9 @@
 // from the CPU's features. All three evaluate the same operations (IEEE sqrt
 // and division are correctly rounded in every path), so they agree bit for
 // bit; the scalar path is the reference and handles every vector tail.
-// The range is cut into tiles (tile_bytes of each f32 stream) that a small
-// pool of threads takes in turn; elements are independent, so the thread
-// count never changes the result.
+// The range is split over a small pool of threads (by default one fixed
+// contiguous piece per thread; CpuSchedule); elements are independent, so
+// neither the split nor the thread count ever changes the result.
 #ifndef ZE_OFFLOAD_CPU_OPTIMIZER_H_
 #define ZE_OFFLOAD_CPU_OPTIMIZER_H_
 
@@ -86,16 +86,40 @@ struct StepArgs {
   std::optional<double> beta2;
 };
 
+// How a step's range is shared among the pool's threads.
+enum class CpuSchedule {
+  // One contiguous piece of the range per thread, the same piece on the same
+  // thread every call (ThreadPool::RunOnEachThread): with the state
+  // first-touched in the same split, each thread updates memory on its own
+  // NUMA node, and each thread's streams are long for the prefetchers.
+  kStaticSplit = 0,
+  // Tiles of tile_bytes handed out in turn through an atomic counter
+  // (balances uneven threads, but a tile lands on any thread).
+  kDynamicTiles = 1,
+};
+
 // How the step runs; none of it changes the result.
 struct CpuExecutionOptions {
   // Threads in the pool, the caller's included; 0: hardware threads.
   int num_threads = 0;
-  // Bytes of each f32 stream per tile (64 KiB: a tile's p, m, v, g and out
-  // stay in L2 while it is updated). Rounded down to whole 64-element blocks,
-  // at least one.
+  CpuSchedule schedule = CpuSchedule::kStaticSplit;
+  // kDynamicTiles: bytes of each f32 stream per tile. Rounded down to whole
+  // 64-element blocks, at least one.
   int64_t tile_bytes = 64 * 1024;
   // The instruction set; unset: BestSimdPath().
   std::optional<SimdPath> simd_path;
+  // Bind each worker to one CPU (ThreadPool's pin_workers); the caller's
+  // thread keeps its affinity.
+  bool pin_threads = false;
+  // Ask for transparent huge pages (madvise(MADV_HUGEPAGE)) on the state
+  // buffers, allocated 2 MiB aligned: fewer TLB misses over the streams.
+  bool huge_pages = true;
+  // Write `out` with non-temporal stores (AVX-512 path): it is write-only,
+  // so this saves the read a normal store's write-allocate makes.
+  bool nontemporal_out = true;
+  // Software prefetch this many bytes ahead in each f32 stream (AVX-512
+  // path); 0: none (the hardware prefetchers alone).
+  int64_t prefetch_bytes = 0;
 };
 
 // The per-step f32 coefficients every element uses (the same fields and
@@ -122,9 +146,10 @@ struct StepCoefficients {
 };
 
 // The pointers of one update of `count` elements. None may overlap another,
-// except that `out` may be exactly `grads` when out_dtype == grad_dtype:
-// each element's gradient is read before its output is written (the
-// offloaded step writes the 16-bit weights over the staged gradients).
+// with one exception: `out` may equal `grads` exactly (same address, and
+// out_dtype == grad_dtype), for an in-place update of a gradient buffer into
+// the new weights: every element's gradient is read before its output is
+// written.
 struct StepBuffers {
   float* master = nullptr;         // f32, updated in place
   float* state0 = nullptr;         // exp_avg (Adam) or momentum buffer (SGD)
@@ -160,16 +185,30 @@ absl::StatusOr<StepCoefficients> ComputeStepCoefficients(
 void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
                    const StepBuffers& buffers);
 
+// Memory-access choices of one kernel pass; they never change a value.
+struct KernelTuning {
+  // Stream `out` past the caches (AVX-512 path; other paths ignore it, as
+  // does an `out` not 2-byte aligned). Ends with a store fence.
+  bool nontemporal_out = false;
+  // Software-prefetch each stream this many elements ahead (AVX-512 path).
+  int64_t prefetch_elements = 0;
+};
+
+// RunStepKernel with explicit tuning.
+void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
+                   const StepBuffers& buffers, const KernelTuning& tuning);
+
 // Owns the optimizer state for one flat range of f32 master weights in host
 // memory and updates it with a thread pool.
 class CpuOptimizer {
  public:
-  // Allocates zeroed, 64-byte aligned f32 state for `num_elements`: exp_avg
-  // and exp_avg_sq for Adam/AdamW, momentum_buffer for SGD with momentum,
-  // none for plain SGD, and starts the pool. Fails with InvalidArgument for
-  // bad hyperparameters (zero::FlatOptimizer::Create's rules), a negative
-  // num_elements, num_threads < 0, tile_bytes < 256, or a simd_path this CPU
-  // lacks; with ResourceExhausted when the state cannot be allocated.
+  // Allocates zeroed, 64-byte aligned (2 MiB with huge_pages) f32 state for
+  // `num_elements`: exp_avg and exp_avg_sq for Adam/AdamW, momentum_buffer for
+  // SGD with momentum, none for plain SGD, and starts the pool. Fails with
+  // InvalidArgument for bad hyperparameters (zero::FlatOptimizer::Create's
+  // rules), a negative num_elements, num_threads < 0, tile_bytes < 256, or a
+  // simd_path this CPU lacks; with ResourceExhausted when the state cannot be
+  // allocated.
   static absl::StatusOr<std::unique_ptr<CpuOptimizer>> Create(
       const OptimizerOptions& options, int64_t num_elements,
       const CpuExecutionOptions& execution = CpuExecutionOptions());
@@ -192,22 +231,40 @@ class CpuOptimizer {
   // without advancing step_count() (for callers that update a partition
   // tile by tile as its gradients arrive); call AdvanceStep() once after
   // every range of one step. Also fails when the range leaves the state.
+  // `out` may equal `grads` exactly when out_dtype == grad_dtype (each
+  // element's gradient is read before its output is written); no other
+  // overlap is allowed.
+  //
+  // Locality: with kStaticSplit, thread k updates the k-th of num_threads()
+  // contiguous pieces of [0, count) (boundaries on 1024-element multiples).
+  // The state was first-touched in that split over [0, num_elements()), so
+  // whole-range calls find it on their own NUMA node; the caller's master,
+  // grads and out buffers get the same by being first-touched with
+  // FirstTouch() (same count) before their first use.
   absl::Status StepRange(int64_t state_offset, int64_t count,
                          float* master_weights, const void* grads,
                          DType grad_dtype, const StepArgs& step_args,
                          void* out = nullptr, DType out_dtype = DType::kBF16);
-  void AdvanceStep() { ++step_count_; }
-
-  // One update of `count` elements whose f32 master weights and state live
-  // in caller memory (NVMe swap buffers): `state0` = exp_avg (Adam) or the
-  // momentum buffer (SGD; null without momentum), `state1` = exp_avg_sq
-  // (Adam; null for SGD). Threaded and checked like StepRange (and
-  // InvalidArgument when needed state is null); does not advance
-  // step_count().
+  // One update of `count` elements whose f32 master weights and state live in
+  // caller memory (NVMe swap buffers): `state0` = exp_avg (Adam) or the
+  // momentum buffer (SGD, null without momentum), `state1` = exp_avg_sq
+  // (Adam; null for SGD). Threaded and checked like StepRange; does not
+  // advance step_count() (call AdvanceStep() once per step). `out` may equal
+  // `grads` when out_dtype == grad_dtype (each element's gradient is read
+  // before its output is written).
   absl::Status StepExternal(int64_t count, float* master_weights, float* state0,
                             float* state1, const void* grads, DType grad_dtype,
                             const StepArgs& step_args, void* out = nullptr,
                             DType out_dtype = DType::kBF16);
+
+  void AdvanceStep() { ++step_count_; }
+
+  // Zeroes `count` elements of `element_bytes` each at `data` from the pool's
+  // threads in the static split StepRange(0, count, ...) uses, so that with
+  // first-touch NUMA placement each thread's piece lands on its node. For
+  // callers' buffers (master weights, gradients, out) before their first
+  // use; memory already touched does not move.
+  void FirstTouch(void* data, int64_t count, size_t element_bytes);
 
   // The coefficients StepRange would use now (step_count() + 1 is t).
   absl::StatusOr<StepCoefficients> Coefficients(
@@ -235,12 +292,22 @@ class CpuOptimizer {
 
   CpuOptimizer(const OptimizerOptions& options, int64_t num_elements,
                SimdPath simd_path, int64_t tile_elements,
+               const CpuExecutionOptions& execution,
                std::unique_ptr<ThreadPool> pool);
 
   OptimizerOptions options_;
   int64_t num_elements_;
   SimdPath simd_path_;
   int64_t tile_elements_;
+  // The checks StepRange and StepExternal share (null pointers, dtypes).
+  absl::Status CheckStepInputs(int64_t count, const float* master_weights,
+                               const void* grads, DType grad_dtype,
+                               const void* out, DType out_dtype) const;
+  // Runs the kernel over `buffers` on the pool per execution_.
+  void RunThreaded(const StepCoefficients& coefficients,
+                   const StepBuffers& buffers);
+
+  CpuExecutionOptions execution_;
   std::unique_ptr<ThreadPool> pool_;
   int64_t step_count_ = 0;
   StateBuffer exp_avg_;

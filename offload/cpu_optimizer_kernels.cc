@@ -26,6 +26,7 @@
 // targets x86-64-v3); they run only after SimdPathSupported(kAvx512).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -101,13 +102,17 @@ inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
   Store1<kOut>(b.out, i, p);
 }
 
+// Every path's Adam and Sgd take the tuning and a non-temporal flag; only
+// AVX-512 acts on them.
 struct Scalar {
-  template <int kGrad, int kOut>
-  static void Adam(const StepCoefficients& c, const StepBuffers& b) {
+  template <int kGrad, int kOut, bool kNontemporal>
+  static void Adam(const StepCoefficients& c, const StepBuffers& b,
+                   const KernelTuning&) {
     for (int64_t i = 0; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
   }
-  template <int kGrad, int kOut>
-  static void Sgd(const StepCoefficients& c, const StepBuffers& b) {
+  template <int kGrad, int kOut, bool kNontemporal>
+  static void Sgd(const StepCoefficients& c, const StepBuffers& b,
+                  const KernelTuning&) {
     for (int64_t i = 0; i < b.count; ++i) SgdElement<kGrad, kOut>(c, b, i);
   }
 };
@@ -164,8 +169,9 @@ inline void Store8(void* data, int64_t i, __m256 value) {
 }
 
 struct Avx2 {
-  template <int kGrad, int kOut>
-  static void Adam(const StepCoefficients& c, const StepBuffers& b) {
+  template <int kGrad, int kOut, bool kNontemporal>
+  static void Adam(const StepCoefficients& c, const StepBuffers& b,
+                   const KernelTuning&) {
     const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
     const __m256 l2 = _mm256_set1_ps(c.l2);
     const __m256 beta1 = _mm256_set1_ps(c.beta1);
@@ -198,8 +204,9 @@ struct Avx2 {
     for (; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
   }
 
-  template <int kGrad, int kOut>
-  static void Sgd(const StepCoefficients& c, const StepBuffers& b) {
+  template <int kGrad, int kOut, bool kNontemporal>
+  static void Sgd(const StepCoefficients& c, const StepBuffers& b,
+                  const KernelTuning&) {
     const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
     const __m256 l2 = _mm256_set1_ps(c.l2);
     const __m256 momentum = _mm256_set1_ps(c.momentum);
@@ -245,10 +252,26 @@ ZE_TARGET_AVX512 inline __m512 Load16(const void* data, int64_t i) {
   }
 }
 
-template <int kDType>
+// 16 bits per lane to `dst`: non-temporal (`dst` 32-byte aligned) or not.
+template <bool kNontemporal>
+ZE_TARGET_AVX512 inline void Put256(uint16_t* dst, __m256i bits) {
+  if constexpr (kNontemporal) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), bits);
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bits);
+  }
+}
+
+// kNontemporal: stream past the caches; the address must then be aligned to
+// the store's width (32 bytes for 16-bit, 64 for f32).
+template <int kDType, bool kNontemporal = false>
 ZE_TARGET_AVX512 inline void Store16(void* data, int64_t i, __m512 value) {
   if constexpr (kDType == kF32) {
-    _mm512_storeu_ps(static_cast<float*>(data) + i, value);
+    if constexpr (kNontemporal) {
+      _mm512_stream_ps(static_cast<float*>(data) + i, value);
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(data) + i, value);
+    }
   } else if constexpr (kDType == kBF16) {
     // As Store8<kBF16>, with a mask for NaN and a narrowing move (exact:
     // every lane < 2^16).
@@ -262,20 +285,37 @@ ZE_TARGET_AVX512 inline void Store16(void* data, int64_t i, __m512 value) {
     const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
     const __mmask16 is_nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
     const __m512i result = _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(static_cast<uint16_t*>(data) + i),
-        _mm512_cvtepi32_epi16(result));
+    Put256<kNontemporal>(static_cast<uint16_t*>(data) + i,
+                         _mm512_cvtepi32_epi16(result));
   } else if constexpr (kDType == kF16) {
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(static_cast<uint16_t*>(data) + i),
+    Put256<kNontemporal>(
+        static_cast<uint16_t*>(data) + i,
         _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
 
+// Software prefetch of the streams `ahead` elements past element i (no-op
+// for ahead == 0; a prefetch past the end of a buffer cannot fault).
+template <int kGrad>
+inline void PrefetchAhead(const StepBuffers& b, int64_t i, int64_t ahead) {
+  if (ahead == 0) return;
+  const int64_t j = i + ahead;
+  _mm_prefetch(reinterpret_cast<const char*>(b.master + j), _MM_HINT_T0);
+  if (b.state0 != nullptr) {
+    _mm_prefetch(reinterpret_cast<const char*>(b.state0 + j), _MM_HINT_T0);
+  }
+  if (b.state1 != nullptr) {
+    _mm_prefetch(reinterpret_cast<const char*>(b.state1 + j), _MM_HINT_T0);
+  }
+  constexpr int kGradBytes = kGrad == kF32 ? 4 : 2;
+  _mm_prefetch(static_cast<const char*>(b.grads) + j * kGradBytes, _MM_HINT_T0);
+}
+
 struct Avx512 {
-  template <int kGrad, int kOut>
+  template <int kGrad, int kOut, bool kNontemporal>
   ZE_TARGET_AVX512 static void Adam(const StepCoefficients& c,
-                                    const StepBuffers& b) {
+                                    const StepBuffers& b,
+                                    const KernelTuning& t) {
     const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
     const __m512 l2 = _mm512_set1_ps(c.l2);
     const __m512 beta1 = _mm512_set1_ps(c.beta1);
@@ -288,6 +328,7 @@ struct Avx512 {
     const __m512 neg_step = _mm512_set1_ps(c.neg_step_size);
     int64_t i = 0;
     for (; i + 16 <= b.count; i += 16) {
+      PrefetchAhead<kGrad>(b, i, t.prefetch_elements);
       __m512 p = _mm512_loadu_ps(b.master + i);
       __m512 g = _mm512_mul_ps(Load16<kGrad>(b.grads, i), grad_scale);
       g = _mm512_fmadd_ps(l2, p, g);
@@ -303,14 +344,16 @@ struct Avx512 {
       _mm512_storeu_ps(b.state0 + i, m);
       _mm512_storeu_ps(b.state1 + i, v);
       _mm512_storeu_ps(b.master + i, p);
-      Store16<kOut>(b.out, i, p);
+      Store16<kOut, kNontemporal>(b.out, i, p);
     }
     for (; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
+    if constexpr (kNontemporal) _mm_sfence();
   }
 
-  template <int kGrad, int kOut>
+  template <int kGrad, int kOut, bool kNontemporal>
   ZE_TARGET_AVX512 static void Sgd(const StepCoefficients& c,
-                                   const StepBuffers& b) {
+                                   const StepBuffers& b,
+                                   const KernelTuning& t) {
     const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
     const __m512 l2 = _mm512_set1_ps(c.l2);
     const __m512 momentum = _mm512_set1_ps(c.momentum);
@@ -318,6 +361,7 @@ struct Avx512 {
     const __m512 neg_step = _mm512_set1_ps(c.neg_step_size);
     int64_t i = 0;
     for (; i + 16 <= b.count; i += 16) {
+      PrefetchAhead<kGrad>(b, i, t.prefetch_elements);
       __m512 p = _mm512_loadu_ps(b.master + i);
       __m512 g = _mm512_mul_ps(Load16<kGrad>(b.grads, i), grad_scale);
       g = _mm512_fmadd_ps(l2, p, g);
@@ -332,59 +376,98 @@ struct Avx512 {
       }
       p = _mm512_fmadd_ps(neg_step, g, p);
       _mm512_storeu_ps(b.master + i, p);
-      Store16<kOut>(b.out, i, p);
+      Store16<kOut, kNontemporal>(b.out, i, p);
     }
     for (; i < b.count; ++i) SgdElement<kGrad, kOut>(c, b, i);
+    if constexpr (kNontemporal) _mm_sfence();
   }
 };
 
 // ---- dispatch on optimizer and dtypes -----------------------------------
 
-template <class Isa, int kGrad, int kOut>
-void RunKind(const StepCoefficients& c, const StepBuffers& b) {
+template <class Isa, int kGrad, int kOut, bool kNontemporal>
+void RunKind(const StepCoefficients& c, const StepBuffers& b,
+             const KernelTuning& t) {
   if (c.is_sgd) {
-    Isa::template Sgd<kGrad, kOut>(c, b);
+    Isa::template Sgd<kGrad, kOut, kNontemporal>(c, b, t);
   } else {
-    Isa::template Adam<kGrad, kOut>(c, b);
+    Isa::template Adam<kGrad, kOut, kNontemporal>(c, b, t);
   }
 }
 
-template <class Isa, int kGrad>
-void RunOut(const StepCoefficients& c, const StepBuffers& b) {
-  if (b.out == nullptr) return RunKind<Isa, kGrad, kNoOutput>(c, b);
+template <class Isa, int kGrad, bool kNontemporal>
+void RunOut(const StepCoefficients& c, const StepBuffers& b,
+            const KernelTuning& t) {
+  if (b.out == nullptr) return RunKind<Isa, kGrad, kNoOutput, false>(c, b, t);
   switch (b.out_dtype) {
     case DType::kBF16:
-      return RunKind<Isa, kGrad, kBF16>(c, b);
+      return RunKind<Isa, kGrad, kBF16, kNontemporal>(c, b, t);
     case DType::kF16:
-      return RunKind<Isa, kGrad, kF16>(c, b);
+      return RunKind<Isa, kGrad, kF16, kNontemporal>(c, b, t);
     default:
-      return RunKind<Isa, kGrad, kF32>(c, b);
+      return RunKind<Isa, kGrad, kF32, kNontemporal>(c, b, t);
   }
 }
 
-template <class Isa>
-void RunGrad(const StepCoefficients& c, const StepBuffers& b) {
+template <class Isa, bool kNontemporal>
+void RunGrad(const StepCoefficients& c, const StepBuffers& b,
+             const KernelTuning& t) {
   switch (b.grad_dtype) {
     case DType::kBF16:
-      return RunOut<Isa, kBF16>(c, b);
+      return RunOut<Isa, kBF16, kNontemporal>(c, b, t);
     case DType::kF16:
-      return RunOut<Isa, kF16>(c, b);
+      return RunOut<Isa, kF16, kNontemporal>(c, b, t);
     default:
-      return RunOut<Isa, kF32>(c, b);
+      return RunOut<Isa, kF32, kNontemporal>(c, b, t);
   }
+}
+
+// The AVX-512 pass with non-temporal stores of `out`: the elements before
+// out's first 64-byte boundary run with plain stores, the rest streamed (the
+// vector body then stores whole aligned halves or lines; the split changes
+// no value, as every element evaluates the same operations either way).
+void RunAvx512Nontemporal(const StepCoefficients& c, const StepBuffers& b,
+                          const KernelTuning& t) {
+  const int64_t out_bytes = SizeOf(b.out_dtype);
+  const uintptr_t address = reinterpret_cast<uintptr_t>(b.out);
+  if (address % out_bytes != 0) return RunGrad<Avx512, false>(c, b, t);
+  const int64_t peel =
+      std::min<int64_t>(b.count, ((64 - address % 64) % 64) / out_bytes);
+  if (peel > 0) {
+    StepBuffers head = b;
+    head.count = peel;
+    RunGrad<Avx512, false>(c, head, t);
+  }
+  if (peel == b.count) return;
+  StepBuffers body = b;
+  body.master += peel;
+  if (body.state0 != nullptr) body.state0 += peel;
+  if (body.state1 != nullptr) body.state1 += peel;
+  body.grads = static_cast<const char*>(b.grads) + peel * SizeOf(b.grad_dtype);
+  body.out = static_cast<char*>(b.out) + peel * out_bytes;
+  body.count = b.count - peel;
+  RunGrad<Avx512, true>(c, body, t);
 }
 
 }  // namespace
 
 void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
                    const StepBuffers& buffers) {
+  RunStepKernel(path, coefficients, buffers, KernelTuning());
+}
+
+void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
+                   const StepBuffers& buffers, const KernelTuning& tuning) {
   switch (path) {
     case SimdPath::kAvx512:
-      return RunGrad<Avx512>(coefficients, buffers);
+      if (tuning.nontemporal_out && buffers.out != nullptr) {
+        return RunAvx512Nontemporal(coefficients, buffers, tuning);
+      }
+      return RunGrad<Avx512, false>(coefficients, buffers, tuning);
     case SimdPath::kAvx2:
-      return RunGrad<Avx2>(coefficients, buffers);
+      return RunGrad<Avx2, false>(coefficients, buffers, tuning);
     case SimdPath::kScalar:
-      return RunGrad<Scalar>(coefficients, buffers);
+      return RunGrad<Scalar, false>(coefficients, buffers, tuning);
   }
 }
 

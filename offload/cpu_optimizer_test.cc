@@ -456,6 +456,179 @@ TEST(CpuOptimizerTest, RejectsBadStepsWithoutModifyingAnything) {
   }
 }
 
+// Every execution choice (split, pinning, page advice, streamed out,
+// prefetch) leaves the result bit for bit the scalar reference's, with the
+// fused write starting off a cache line (the streamed path's peel).
+TEST(CpuOptimizerTest, ExecutionChoicesDoNotChangeTheResult) {
+  constexpr int64_t kCount = 600011;  // > one 2 MiB huge page of f32
+  for (const NamedOptions& optimizer : AllOptimizers()) {
+    for (DType out_dtype : kFloatTypes) {
+      const Problem problem = MakeProblem(kCount, DType::kBF16, 2, 13);
+      const Result expected =
+          RunSteps(optimizer.options, problem, DType::kBF16, true, out_dtype,
+                   Execution(SimdPath::kScalar, 1));
+      for (int variant = 0; variant < 6; ++variant) {
+        CpuExecutionOptions execution = Execution(BestSimdPath(), 3, 4096);
+        execution.schedule = variant % 2 == 0 ? CpuSchedule::kStaticSplit
+                                              : CpuSchedule::kDynamicTiles;
+        execution.nontemporal_out = variant < 4;
+        execution.huge_pages = variant < 2;
+        execution.pin_threads = variant == 2;
+        execution.prefetch_bytes = variant == 3 ? 1024 : 0;
+        SCOPED_TRACE(::testing::Message()
+                     << optimizer.name << " out " << DTypeName(out_dtype)
+                     << " variant " << variant);
+        ExpectSameResult(
+            expected, RunSteps(optimizer.options, problem, DType::kBF16, true,
+                               out_dtype, execution));
+        // The same step with `out` one element past a cache line.
+        const int64_t element = SizeOf(out_dtype);
+        auto shifted =
+            CpuOptimizer::Create(optimizer.options, kCount, execution);
+        ASSERT_TRUE(shifted.ok()) << shifted.status();
+        std::vector<float> master = problem.master;
+        std::vector<uint8_t> out_storage((kCount + 64) * element);
+        uint8_t* out =
+            out_storage.data() +
+            (64 - reinterpret_cast<uintptr_t>(out_storage.data()) % 64) +
+            element;
+        StepArgs args;
+        args.grad_scale = 0.5f;
+        for (int s = 0; s < 2; ++s) {
+          args.lr = 1e-3 * (s + 1);
+          ASSERT_TRUE((*shifted)
+                          ->Step(master.data(), problem.grads[s].data(),
+                                 DType::kBF16, args, out, out_dtype)
+                          .ok());
+        }
+        ExpectBitwiseEqual(expected.master, master, "shifted master");
+        EXPECT_EQ(std::memcmp(expected.out.data(), out, kCount * element), 0);
+      }
+    }
+  }
+}
+
+// `out` == `grads` (same dtype): the buffer that held the gradients ends
+// holding the updated weights, exactly as with a separate `out`.
+TEST(CpuOptimizerTest, OutMayEqualGradsInPlace) {
+  constexpr int64_t kCount = 100003;
+  for (const NamedOptions& optimizer : AllOptimizers()) {
+    for (DType dtype : kFloatTypes) {
+      for (bool nontemporal : {false, true}) {
+        SCOPED_TRACE(::testing::Message()
+                     << optimizer.name << " " << DTypeName(dtype)
+                     << (nontemporal ? " streamed" : " plain"));
+        const Problem problem = MakeProblem(kCount, dtype, 1, 17);
+        CpuExecutionOptions execution = Execution(BestSimdPath(), 3);
+        execution.nontemporal_out = nontemporal;
+        const Result expected =
+            RunSteps(optimizer.options, problem, dtype, true, dtype, execution);
+        auto in_place =
+            CpuOptimizer::Create(optimizer.options, kCount, execution);
+        ASSERT_TRUE(in_place.ok()) << in_place.status();
+        std::vector<float> master = problem.master;
+        std::vector<uint8_t> buffer = problem.grads[0];
+        StepArgs args;
+        args.grad_scale = 0.5f;
+        args.lr = 1e-3;
+        ASSERT_TRUE((*in_place)
+                        ->Step(master.data(), buffer.data(), dtype, args,
+                               buffer.data(), dtype)
+                        .ok());
+        ExpectBitwiseEqual(expected.master, master, "master");
+        ExpectBitwiseEqual(expected.exp_avg,
+                           Copy((*in_place)->exp_avg(), kCount), "exp_avg");
+        EXPECT_EQ(
+            std::memcmp(expected.out.data(), buffer.data(), buffer.size()), 0)
+            << "in-place write differs";
+      }
+    }
+  }
+}
+
+// StepExternal over caller-held state equals StepRange over the
+// optimizer's own state with the same values, for every optimizer type,
+// and leaves step_count() alone.
+TEST(CpuOptimizerTest, StepExternalEqualsStepRange) {
+  constexpr int64_t kCount = 20011;
+  constexpr int64_t kOffset = 3001;
+  for (const NamedOptions& optimizer : AllOptimizers()) {
+    SCOPED_TRACE(optimizer.name);
+    const Problem problem = MakeProblem(kOffset + kCount, DType::kBF16, 3, 19);
+    auto owned = CpuOptimizer::Create(optimizer.options, kOffset + kCount,
+                                      Execution(BestSimdPath(), 3));
+    auto external = CpuOptimizer::Create(optimizer.options, 0,
+                                         Execution(BestSimdPath(), 3));
+    ASSERT_TRUE(owned.ok() && external.ok());
+    std::vector<float> owned_master(problem.master.begin() + kOffset,
+                                    problem.master.end());
+    std::vector<float> external_master = owned_master;
+    std::vector<float> state0(kCount, 0.0f), state1(kCount, 0.0f);
+    const bool is_sgd = optimizer.options.type == OptimizerType::kSgd;
+    const bool has_state0 = !is_sgd || optimizer.options.momentum != 0.0;
+    std::vector<uint8_t> owned_out(kCount * 2), external_out(kCount * 2);
+    StepArgs args;
+    args.grad_scale = 0.5f;
+    for (int s = 0; s < 3; ++s) {
+      args.lr = 1e-3 * (s + 1);
+      const uint8_t* grads = problem.grads[s].data() + kOffset * 2;
+      ASSERT_TRUE((*owned)
+                      ->StepRange(kOffset, kCount, owned_master.data(), grads,
+                                  DType::kBF16, args, owned_out.data(),
+                                  DType::kBF16)
+                      .ok());
+      ASSERT_TRUE((*external)
+                      ->StepExternal(kCount, external_master.data(),
+                                     has_state0 ? state0.data() : nullptr,
+                                     is_sgd ? nullptr : state1.data(), grads,
+                                     DType::kBF16, args, external_out.data(),
+                                     DType::kBF16)
+                      .ok());
+      EXPECT_EQ((*external)->step_count(), s);
+      (*owned)->AdvanceStep();
+      (*external)->AdvanceStep();
+    }
+    ExpectBitwiseEqual(owned_master, external_master, "master");
+    if (has_state0) {
+      const float* owned_state0 =
+          is_sgd ? (*owned)->momentum_buffer() : (*owned)->exp_avg();
+      ExpectBitwiseEqual(Copy(owned_state0 + kOffset, kCount), state0,
+                         "state0");
+    }
+    if (!is_sgd) {
+      ExpectBitwiseEqual(Copy((*owned)->exp_avg_sq() + kOffset, kCount), state1,
+                         "state1");
+    }
+    EXPECT_EQ(owned_out, external_out);
+  }
+}
+
+TEST(CpuOptimizerTest, StepExternalRejectsMissingStateNamingIt) {
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdam;
+  auto optimizer = CpuOptimizer::Create(adam, 0);
+  ASSERT_TRUE(optimizer.ok());
+  std::vector<float> master(8, 1.0f), state(8, 0.0f), grads(8, 1.0f);
+  const absl::Status no_state1 =
+      (*optimizer)
+          ->StepExternal(8, master.data(), state.data(), nullptr, grads.data(),
+                         DType::kF32, StepArgs());
+  EXPECT_EQ(no_state1.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_state1.message().find("state1 (exp_avg_sq)"), std::string::npos)
+      << no_state1;
+  const absl::Status no_state0 =
+      (*optimizer)
+          ->StepExternal(8, master.data(), nullptr, state.data(), grads.data(),
+                         DType::kF32, StepArgs());
+  EXPECT_NE(no_state0.message().find("state0 (exp_avg)"), std::string::npos)
+      << no_state0;
+  EXPECT_EQ(master, std::vector<float>(8, 1.0f));
+  EXPECT_FALSE((*optimizer)
+                   ->StepExternal(-1, master.data(), state.data(), state.data(),
+                                  grads.data(), DType::kF32, StepArgs())
+                   .ok());
+}
+
 }  // namespace
 }  // namespace offload
 }  // namespace ze

@@ -1,15 +1,45 @@
 #include "offload/thread_pool.h"
 
+#include <sched.h>
+
 #include <utility>
 
 namespace ze {
 namespace offload {
 
-ThreadPool::ThreadPool(int num_threads) {
+namespace {
+
+// Binds the calling thread to the `index`-th CPU (wrapping around) of the
+// process's affinity mask; best effort.
+void PinToAllowedCpu(int index) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  const int count = CPU_COUNT(&allowed);
+  if (count == 0) return;
+  int wanted = index % count;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    if (wanted-- == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      sched_setaffinity(0, sizeof(one), &one);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads, bool pin_workers) {
   const int workers = num_threads > 1 ? num_threads - 1 : 0;
   workers_.reserve(workers);
   for (int i = 0; i < workers; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    workers_.emplace_back([this, i, pin_workers] {
+      if (pin_workers) PinToAllowedCpu(i + 1);
+      WorkerLoop(i + 1);
+    });
   }
 }
 
@@ -54,7 +84,25 @@ void ThreadPool::ParallelFor(int64_t num_tasks,
   task_ = nullptr;
 }
 
-void ThreadPool::WorkerLoop() {
+void ThreadPool::RunOnEachThread(const std::function<void(int)>& task) {
+  if (workers_.empty()) {
+    task(0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    per_thread_task_ = &task;
+    busy_workers_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_.notify_all();
+  task(0);
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return busy_workers_ == 0; });
+  per_thread_task_ = nullptr;
+}
+
+void ThreadPool::WorkerLoop(int thread_index) {
   uint64_t seen_generation = 0;
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -63,9 +111,14 @@ void ThreadPool::WorkerLoop() {
     if (stopping_) return;
     seen_generation = generation_;
     const std::function<void(int64_t)>* task = task_;
+    const std::function<void(int)>* per_thread_task = per_thread_task_;
     const int64_t num_tasks = num_tasks_;
     lock.unlock();
-    RunTasks(*task, num_tasks);
+    if (per_thread_task != nullptr) {
+      (*per_thread_task)(thread_index);
+    } else {
+      RunTasks(*task, num_tasks);
+    }
     lock.lock();
     if (--busy_workers_ == 0) done_.notify_one();
   }

@@ -19,7 +19,12 @@ class ThreadPool {
  public:
   // `num_threads` >= 1, the caller's thread included (values below 1 are
   // taken as 1).
-  explicit ThreadPool(int num_threads);
+  // `pin_workers`: worker w (thread index w + 1) is bound with
+  // sched_setaffinity to the (w + 1)-th CPU of the process's affinity mask
+  // (wrapping around), so a worker keeps its caches and its NUMA node from
+  // step to step; the caller's thread is never re-bound. Pinning is best
+  // effort: a refused sched_setaffinity leaves the worker unpinned.
+  explicit ThreadPool(int num_threads, bool pin_workers = false);
   // Joins the workers (no loop may be running).
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -33,8 +38,15 @@ class ThreadPool {
   // not to be called from two threads at once. `task` must not throw.
   void ParallelFor(int64_t num_tasks, const std::function<void(int64_t)>& task);
 
+  // Runs task(thread_index) once on each of the num_threads() threads; the
+  // caller's thread is index 0 and worker w is always index w + 1, so the
+  // same index runs on the same thread every call (what a static split of
+  // memory over threads needs for NUMA first-touch locality). Returns when
+  // all have finished; same restrictions as ParallelFor.
+  void RunOnEachThread(const std::function<void(int)>& task);
+
  private:
-  void WorkerLoop();
+  void WorkerLoop(int thread_index);
   void RunTasks(const std::function<void(int64_t)>& task, int64_t num_tasks);
 
   std::vector<std::thread> workers_;
@@ -45,7 +57,10 @@ class ThreadPool {
   uint64_t generation_ = 0;
   int busy_workers_ = 0;
   bool stopping_ = false;
+  // Exactly one of task_ (ParallelFor) and per_thread_task_
+  // (RunOnEachThread) is set while a loop runs.
   const std::function<void(int64_t)>* task_ = nullptr;
+  const std::function<void(int)>* per_thread_task_ = nullptr;
   int64_t num_tasks_ = 0;
   // The next task index to take.
   std::atomic<int64_t> next_task_{0};

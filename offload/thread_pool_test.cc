@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -40,6 +42,38 @@ TEST(ThreadPoolTest, BelowOneMeansOne) {
   int runs = 0;
   pool.ParallelFor(3, [&](int64_t) { ++runs; });
   EXPECT_EQ(runs, 3);
+}
+
+// Each index once per call, always on the same thread (the static split's
+// NUMA locality rests on this), mixed with ParallelFor loops; pinned or not.
+TEST(ThreadPoolTest, RunOnEachThreadKeepsIndexOnItsThread) {
+  for (bool pin : {false, true}) {
+    ThreadPool pool(4, pin);
+    std::vector<std::thread::id> first(4);
+    std::mutex mutex;
+    for (int call = 0; call < 50; ++call) {
+      std::vector<std::atomic<int>> runs(4);
+      pool.RunOnEachThread([&](int index) {
+        runs[index].fetch_add(1);
+        std::lock_guard<std::mutex> lock(mutex);
+        if (call == 0) {
+          first[index] = std::this_thread::get_id();
+        } else {
+          EXPECT_EQ(first[index], std::this_thread::get_id())
+              << "index " << index << " moved at call " << call;
+        }
+      });
+      for (int i = 0; i < 4; ++i) ASSERT_EQ(runs[i].load(), 1);
+      EXPECT_EQ(first[0], std::this_thread::get_id());  // the caller is 0
+      std::atomic<int64_t> sum{0};
+      pool.ParallelFor(10, [&](int64_t i) { sum.fetch_add(i); });
+      ASSERT_EQ(sum.load(), 45);
+    }
+  }
+  ThreadPool single(1);
+  int runs = 0;
+  single.RunOnEachThread([&](int index) { runs += index + 1; });
+  EXPECT_EQ(runs, 1);
 }
 
 }  // namespace
