@@ -379,29 +379,19 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
         "optimizer step: range [", state_offset, ", ", state_offset + count,
         ") leaves the optimizer state of ", num_elements_, " elements"));
   }
-  ZE_RETURN_IF_ERROR(CheckStepInputs(count, master_weights, grads, grad_dtype,
-                                     out, out_dtype));
-  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
-                      Coefficients(step_args));
-  if (count == 0) return absl::OkStatus();
-
-  StepBuffers buffers;
-  buffers.master = master_weights;
+  // The same update over this optimizer's own state.
+  float* state0 = nullptr;
+  float* state1 = nullptr;
   if (options_.type == OptimizerType::kSgd) {
     if (momentum_buffer_ != nullptr) {
-      buffers.state0 = momentum_buffer_.get() + state_offset;
+      state0 = momentum_buffer_.get() + state_offset;
     }
   } else {
-    buffers.state0 = exp_avg_.get() + state_offset;
-    buffers.state1 = exp_avg_sq_.get() + state_offset;
+    state0 = exp_avg_.get() + state_offset;
+    state1 = exp_avg_sq_.get() + state_offset;
   }
-  buffers.grads = grads;
-  buffers.grad_dtype = grad_dtype;
-  buffers.out = out;
-  buffers.out_dtype = out_dtype;
-  buffers.count = count;
-  RunThreaded(coefficients, buffers);
-  return absl::OkStatus();
+  return StepExternal(count, master_weights, state0, state1, grads, grad_dtype,
+                      step_args, out, out_dtype);
 }
 
 absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,

@@ -21,11 +21,6 @@ namespace ze {
 namespace offload {
 namespace {
 
-int64_t RoundUp(int64_t bytes) {
-  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
-         NvmeStore::kAlignment;
-}
-
 double Now() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -108,7 +103,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("NvmeStore: ", options.directory, " is not a directory"));
   }
-  const int64_t size_bytes = RoundUp(bytes);
+  const int64_t size_bytes = NvmeStore::AlignedSize(bytes);
   int64_t free_bytes = options.pretend_free_bytes;
   if (free_bytes < 0) {
     struct statvfs fs;
@@ -247,7 +242,7 @@ absl::StatusOr<IoTicket> NvmeStore::Read(int64_t offset, void* buffer,
 absl::StatusOr<IoTicket> NvmeStore::Submit(bool is_write, int64_t offset,
                                            char* buffer, int64_t bytes) {
   const char* operation = is_write ? "write" : "read";
-  const int64_t aligned = bytes < 0 ? -1 : RoundUp(bytes);
+  const int64_t aligned = bytes < 0 ? -1 : NvmeStore::AlignedSize(bytes);
   if (bytes < 0 || offset < 0 || offset % kAlignment != 0 ||
       reinterpret_cast<uintptr_t>(buffer) % kAlignment != 0 ||
       offset + aligned > size_bytes_) {
@@ -480,7 +475,7 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(int64_t bytes) {
         absl::StrCat("AlignedBuffer: negative size ", bytes));
   }
   AlignedBuffer buffer;
-  buffer.size_ = RoundUp(bytes);
+  buffer.size_ = NvmeStore::AlignedSize(bytes);
   void* memory = nullptr;
   if (buffer.size_ > 0) {
     if (posix_memalign(&memory, NvmeStore::kAlignment, buffer.size_) != 0) {

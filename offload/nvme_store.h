@@ -60,6 +60,10 @@ struct IoTicket {
 class NvmeStore {
  public:
   static constexpr int64_t kAlignment = 4096;
+  // `bytes` rounded up to a multiple of kAlignment (what a request moves).
+  static int64_t AlignedSize(int64_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  }
 
   // Creates (O_CREAT|O_EXCL) the file `directory/file_name`, preallocated
   // (posix_fallocate) to `bytes` rounded up to kAlignment, after checking

@@ -11,14 +11,7 @@
 
 namespace ze {
 namespace offload {
-namespace {
-
-int64_t RoundUp(int64_t bytes) {
-  return (bytes + NvmeStore::kAlignment - 1) / NvmeStore::kAlignment *
-         NvmeStore::kAlignment;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 SwappedState::SwappedState(const SwappedStateOptions& options,
                            std::vector<int64_t> elements)
@@ -32,7 +25,8 @@ SwappedState::SwappedState(const SwappedStateOptions& options,
 }
 
 int64_t SwappedState::record_bytes(int chunk) const {
-  return RoundUp(int64_t{4} * options_.arrays * elements_[chunk]);
+  return NvmeStore::AlignedSize(int64_t{4} * options_.arrays *
+                                elements_[chunk]);
 }
 
 int64_t SwappedState::buffer_bytes() const {
