@@ -508,7 +508,11 @@ absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
              pending_.failed;
     });
     if (pending_.written_from[bucket] > chunk * options_.chunk_elements) {
-      return pending_.status;
+      // The update failed before this chunk. Not an error here: a forward
+      // on one rank failing alone would leave the others waiting in a
+      // collective. The next boundary step's FinishUpdate reports it on
+      // every rank, before anything else is updated.
+      return absl::OkStatus();
     }
   }
   if (options_.weights_placement == Placement::kDevice) {

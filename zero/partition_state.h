@@ -193,13 +193,16 @@ class PartitionState {
   // calls FinishUpdate. Runs FinishUpdate itself first (one update at a
   // time). InvalidArgument for bad step_args (nothing updated), kernel or
   // copy errors otherwise; an error of the worker is returned by the next
-  // WaitForWeights or FinishUpdate.
+  // FinishUpdate.
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
   // Makes `stream`'s later work see bucket b's updated weights: waits (on
   // the host) until the worker has written them, then orders `stream` after
   // their upload. Immediate when no update is in progress, the bucket's
   // optimizer is on the device, or the update is delayed (the weights in
-  // use are the previous ones). The worker's error, if it failed.
+  // use are the previous ones). When the worker failed before the chunk,
+  // returns OK at once (the weights are then partly updated): the failure
+  // is FinishUpdate's to report, which the next boundary step does on every
+  // rank. Errors only from the stream wait.
   // `own_begin`: wait only for the bucket's own elements from there on (the
   // worker writes a bucket from its end down, so a parameter needs the
   // chunk of its first element); 0: the whole bucket.
