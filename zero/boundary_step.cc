@@ -96,7 +96,34 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
   return statistics;
 }
 
+// The gradients hold the sum over ranks of loss_scale * (mean over the
+// window) gradients, divided by the predivide factor when prescaling: the
+// true gradient divides by all of that.
+double GradientScale(const config::Config& config,
+                     const TrainingState& training, int world) {
+  double gradient_scale = training.loss_scale() * world;
+  if (config.prescale_gradients) {
+    gradient_scale /= config.gradient_predivide_factor;
+  }
+  return gradient_scale;
+}
+
 }  // namespace
+
+absl::StatusOr<std::optional<StepArgs>> ArgsBeforeStatistics(
+    const config::Config& config, const TrainingState& training, int world) {
+  if (config.gradient_clipping.value() > 0 || training.checks_overflow()) {
+    return std::optional<StepArgs>();
+  }
+  ZE_ASSIGN_OR_RETURN(
+      GradClip clip,
+      ComputeGradClip(0.0, GradientScale(config, training, world), 0.0));
+  StepArgs args;
+  args.lr = training.learning_rate();
+  args.grad_scale = clip.grad_scale;
+  training.FillMomentum(&args);
+  return std::optional<StepArgs>(args);
+}
 
 absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
                                            double loss_sum,
@@ -128,15 +155,9 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   const int64_t accumulation = config.gradient_accumulation_steps.value();
   report.loss =
       statistics.loss_sum / (static_cast<double>(world) * accumulation);
-  // The gradients hold the sum over ranks of loss_scale * (mean over the
-  // window) gradients, divided by the predivide factor when prescaling: the
-  // true gradient divides by all of that.
-  double gradient_scale = training.loss_scale() * world;
-  if (config.prescale_gradients) {
-    gradient_scale /= config.gradient_predivide_factor;
-  }
   ZE_ASSIGN_OR_RETURN(GradClip clip,
-                      ComputeGradClip(statistics.sum_of_squares, gradient_scale,
+                      ComputeGradClip(statistics.sum_of_squares,
+                                      GradientScale(config, training, world),
                                       config.gradient_clipping.value()));
   report.grad_norm = clip.norm;
   report.learning_rate = training.learning_rate();

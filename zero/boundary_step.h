@@ -78,6 +78,14 @@ struct BoundaryStepHooks {
   std::function<absl::Status()> after_update;
 };
 
+// The optimizer's arguments of the step about to be taken when they do not
+// depend on step 1's all-reduce (no gradient clipping, no fp16 overflow
+// check): then an offloaded update may start while backward still runs
+// (PartitionState::BeginUpdate); RunBoundaryStep computes the same values.
+// nullopt otherwise.
+absl::StatusOr<std::optional<StepArgs>> ArgsBeforeStatistics(
+    const config::Config& config, const TrainingState& training, int world);
+
 // Runs steps 1-7 above. `loss_sum`: this rank's summed micro-batch losses
 // of the window. Errors from the collectives and kernels, or the
 // schedule-mismatch error; on those the weights are not updated.

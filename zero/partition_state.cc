@@ -346,39 +346,123 @@ int64_t PartitionState::optimizer_step_count() const {
 }
 
 PartitionState::~PartitionState() {
+  {
+    // An update begun early whose step never came (a failed backward) is
+    // still waiting for buckets: release it.
+    std::lock_guard<std::mutex> lock(pending_.mutex);
+    pending_.closed = true;
+    pending_.progress.notify_all();
+  }
   if (pending_.worker.joinable()) pending_.worker.join();
+}
+
+absl::Status PartitionState::SendGradientsDown(int bucket,
+                                               const Stream& stream) {
+  const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
+  ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
+  ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
+  ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
+  Tensor gradients = OwnGradients(bucket);
+  Tensor staging =
+      host_staging_.Slice(master_offsets_[bucket], own_elements(bucket));
+  // From the bucket's end: the order the worker takes the chunks in.
+  for (int64_t chunk = num_chunks(bucket) - 1; chunk >= 0; --chunk) {
+    const int64_t begin = chunk * options_.chunk_elements;
+    const int64_t count =
+        std::min(options_.chunk_elements, own_elements(bucket) - begin);
+    ZE_RETURN_IF_ERROR(
+        Copy(gradients.Slice(begin, count), staging.Slice(begin, count), down));
+    ZE_RETURN_IF_ERROR(gradients_on_host_[bucket][chunk].Record(down));
+  }
+  handed_to_worker_[bucket] = true;
+  std::lock_guard<std::mutex> lock(pending_.mutex);
+  pending_.ready.push_back(bucket);
+  pending_.progress.notify_all();
+  return absl::OkStatus();
+}
+
+void PartitionState::StartWorker(const StepArgs& step_args) {
+  pending_.written_from.assign(layout_.num_buckets(),
+                               std::numeric_limits<int64_t>::max());
+  pending_.ready.clear();
+  pending_.closed = false;
+  pending_.failed = false;
+  pending_.status = absl::OkStatus();
+  handed_to_worker_.assign(layout_.num_buckets(), false);
+  pending_.worker = std::thread([this, step_args] {
+    absl::Status status = UpdateHostBuckets(step_args);
+    std::lock_guard<std::mutex> lock(pending_.mutex);
+    pending_.status = status;
+    pending_.failed = !status.ok();
+    pending_.progress.notify_all();
+  });
+}
+
+bool PartitionState::CanBeginEarly() const {
+  return host_optimizer_ != nullptr && swapped_ == nullptr &&
+         !options_.delayed_update &&
+         options_.weights_placement == Placement::kDevice;
+}
+
+absl::Status PartitionState::BeginUpdate(const StepArgs& step_args,
+                                         const Stream& stream) {
+  if (!CanBeginEarly()) return absl::OkStatus();
+  ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+  ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
+                         options_.optimizer, optimizer_step_count(), step_args,
+                         /*has_momentum_buffer=*/false)
+                         .status());
+  early_args_ = step_args;
+  StartWorker(step_args);
+  return absl::OkStatus();
+}
+
+absl::Status PartitionState::GradientsFinal(int bucket, const Stream& stream) {
+  if (!early_args_ || !trainable_[bucket] || !offloaded(bucket) ||
+      handed_to_worker_[bucket]) {
+    return absl::OkStatus();
+  }
+  return SendGradientsDown(bucket, stream);
 }
 
 absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                                            const Stream& stream) {
-  ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+  if (early_args_) {
+    // The worker started during backward with the arguments known then;
+    // the boundary step must have computed the same ones.
+    if (early_args_->lr != step_args.lr ||
+        early_args_->grad_scale != step_args.grad_scale) {
+      return absl::InternalError(absl::StrCat(
+          "offloaded update begun during backward with lr ", early_args_->lr,
+          " and grad_scale ", early_args_->grad_scale,
+          ", but the boundary step has lr ", step_args.lr, " and grad_scale ",
+          step_args.grad_scale));
+    }
+  } else {
+    ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+  }
   // Checked before anything changes, so a bad lr fails the whole step.
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
   if (host_optimizer_ != nullptr) {
-    // Start the gradients' trip to the host first, in the order the worker
-    // takes them: the device buckets' kernels below run while they travel.
-    ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
-    ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
-    const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
-    ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
+    if (!early_args_) StartWorker(step_args);
+    // Buckets not handed over yet travel now, in the order the worker takes
+    // them; the device buckets' kernels below run while they travel.
     for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
-      if (!trainable_[b] || !offloaded(b)) continue;
-      Tensor gradients = OwnGradients(b);
-      Tensor staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
-      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
-        const int64_t begin = chunk * options_.chunk_elements;
-        const int64_t count =
-            std::min(options_.chunk_elements, own_elements(b) - begin);
-        ZE_RETURN_IF_ERROR(Copy(gradients.Slice(begin, count),
-                                staging.Slice(begin, count), down));
-        ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Record(down));
-      }
+      if (!trainable_[b] || !offloaded(b) || handed_to_worker_[b]) continue;
+      ZE_RETURN_IF_ERROR(SendGradientsDown(b, stream));
     }
+    {
+      std::lock_guard<std::mutex> lock(pending_.mutex);
+      pending_.closed = true;
+      pending_.progress.notify_all();
+    }
+    early_args_.reset();
     // Gradients are zeroed or overwritten on `stream` after the step: not
     // before they are copied.
+    const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
     ZE_ASSIGN_OR_RETURN(Event copied, Event::Create(options_.device));
     ZE_RETURN_IF_ERROR(copied.Record(down));
     ZE_RETURN_IF_ERROR(copied.StreamWait(stream));
@@ -391,19 +475,6 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
         OwnMaster(b), OwnGradients(b), step_args, stream,
         master_aliases_weights() ? Tensor() : OwnWeights(b)));
   }
-  if (host_optimizer_ != nullptr) {
-    pending_.written_from.assign(layout_.num_buckets(),
-                                 std::numeric_limits<int64_t>::max());
-    pending_.failed = false;
-    pending_.status = absl::OkStatus();
-    pending_.worker = std::thread([this, step_args] {
-      absl::Status status = UpdateHostBuckets(step_args);
-      std::lock_guard<std::mutex> lock(pending_.mutex);
-      pending_.status = status;
-      pending_.failed = !status.ok();
-      pending_.progress.notify_all();
-    });
-  }
   return absl::OkStatus();
 }
 
@@ -411,16 +482,26 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   if (options_.device.is_cuda()) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
-  // Model order: buckets from the highest index down, each from its end
-  // (layouts are in reverse model order), chunk by chunk.
-  std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
-  for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
-    if (!trainable_[b] || !offloaded(b)) continue;
-    for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
-      order.emplace_back(b, chunk);
-    }
-  }
+  // Buckets in the order they are handed over (SendGradientsDown: model
+  // order, or, begun early, as backward finishes them), each from its end,
+  // chunk by chunk.
+  auto next_bucket = [this]() -> int {
+    std::unique_lock<std::mutex> lock(pending_.mutex);
+    pending_.progress.wait(
+        lock, [&] { return !pending_.ready.empty() || pending_.closed; });
+    if (pending_.ready.empty()) return -1;
+    const int bucket = pending_.ready.front();
+    pending_.ready.pop_front();
+    return bucket;
+  };
   if (swapped_ != nullptr) {
+    // NVMe is never begun early: every bucket is handed over at once.
+    std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
+    for (int b = next_bucket(); b >= 0; b = next_bucket()) {
+      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
+        order.emplace_back(b, chunk);
+      }
+    }
     // NVMe: each chunk's master and moments are read in ahead of the step
     // and written back behind it.
     std::vector<int> swapped_order;
@@ -437,9 +518,11 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
                              swapped_arrays() > 2 ? arrays[2] : nullptr);
         }));
   } else {
-    for (const auto& [b, chunk] : order) {
-      ZE_RETURN_IF_ERROR(
-          UpdateChunk(b, chunk, step_args, nullptr, nullptr, nullptr));
+    for (int b = next_bucket(); b >= 0; b = next_bucket()) {
+      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
+        ZE_RETURN_IF_ERROR(
+            UpdateChunk(b, chunk, step_args, nullptr, nullptr, nullptr));
+      }
     }
   }
   host_optimizer_->AdvanceStep();
@@ -495,7 +578,7 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
                                             int64_t own_begin) {
   if (!pending_.worker.joinable() || !offloaded(bucket) ||
-      !trainable_[bucket] || options_.delayed_update) {
+      !trainable_[bucket] || options_.delayed_update || early_args_) {
     return absl::OkStatus();
   }
   const int64_t chunk =
@@ -539,7 +622,9 @@ int64_t PartitionState::num_chunks(int bucket) const {
 }
 
 absl::Status PartitionState::FinishUpdate(const Stream& stream) {
-  if (!pending_.worker.joinable()) return absl::OkStatus();
+  // An update begun early is this step's, not a previous one: it runs on
+  // until UpdateWeights has handed over every bucket.
+  if (!pending_.worker.joinable() || early_args_) return absl::OkStatus();
   pending_.worker.join();
   if (options_.weights_placement == Placement::kDevice && to_device_stream_) {
     ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));

@@ -34,6 +34,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -215,6 +216,19 @@ class PartitionState {
   // after every upload; a delayed update is applied here (its weights
   // copied into place on `stream`). The worker's error, if it failed.
   absl::Status FinishUpdate(const Stream& stream);
+  // Early start (the boundary micro-step's backward, when the step's
+  // arguments do not depend on the global gradient norm: no clipping, no
+  // fp16 overflow check): BeginUpdate starts the worker with `step_args`;
+  // GradientsFinal(b), called when bucket b's gradients for the step are
+  // final on `stream`, sends them down and lets the worker update them
+  // while backward goes on; UpdateWeights (with the same arguments, else
+  // Internal) hands over the rest. Until then FinishUpdate leaves the
+  // worker running and WaitForWeights does not wait (backward's recompute
+  // reads the weights before the update). BeginUpdate does nothing where
+  // an early start is not possible (NVMe, delayed update, host weights).
+  bool CanBeginEarly() const;
+  absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
+  absl::Status GradientsFinal(int bucket, const Stream& stream);
   bool delays_update() const { return options_.delayed_update; }
   // The swap file's I/O since creation (zeros without NVMe buckets).
   offload::NvmeStore::Counters nvme_counters() const;
@@ -290,6 +304,10 @@ class PartitionState {
   int swapped_arrays() const { return options_.nvme.arrays; }
   absl::StatusOr<Tensor> ReadSwappedMaster(int bucket) const;
   int64_t num_chunks(int bucket) const;
+  // Queues bucket's gradients to the host after `stream`'s work so far and
+  // hands the bucket to the worker.
+  absl::Status SendGradientsDown(int bucket, const Stream& stream);
+  void StartWorker(const StepArgs& step_args);
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
@@ -334,10 +352,15 @@ class PartitionState {
     std::mutex mutex;
     std::condition_variable progress;
     std::vector<int64_t> written_from;
+    std::deque<int> ready;  // buckets handed over, not yet taken
+    bool closed = false;    // every bucket of the step is handed over
     bool failed = false;
     absl::Status status;
   };
   PendingUpdate pending_;
+  std::vector<bool> handed_to_worker_;  // per bucket, this step
+  std::optional<StepArgs> early_args_;  // set between BeginUpdate and
+                                        // UpdateWeights
   std::vector<bool> gradients_current_;
 };
 

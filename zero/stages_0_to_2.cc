@@ -99,8 +99,12 @@ absl::Status Stages0To2::Setup() {
   reducer.predivide_factor = config().gradient_predivide_factor;
   reducer_ = std::make_unique<GradientReducer>(
       reducer, partition_.get(), context_.comm, context_.compute_stream,
-      &communication_stream_,
-      [this](int bucket) { return ReleaseBucketGradients(bucket); });
+      &communication_stream_, [this](int bucket) -> absl::Status {
+        // Final for the step at the boundary: an offloaded update begun
+        // early takes the bucket now.
+        ZE_RETURN_IF_ERROR(partition_->GradientsFinal(bucket, stream()));
+        return ReleaseBucketGradients(bucket);
+      });
   bucket_gradients_.resize(layout.num_buckets());
   pending_uses_.assign(layout.num_params(), 0);
   return absl::OkStatus();
@@ -195,6 +199,14 @@ absl::Status Stages0To2::BeginForward() {
 
 absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   if (stage() == 2 || boundary) window_ = WindowReduction::kReducing;
+  if (stage() == 2 && boundary && partition_->CanBeginEarly()) {
+    // Without clipping or an overflow check the step's arguments are known
+    // now, so offloaded buckets can be updated as backward finishes them.
+    ZE_ASSIGN_OR_RETURN(
+        const std::optional<StepArgs> args,
+        ArgsBeforeStatistics(config(), *context_.training, world()));
+    if (args) ZE_RETURN_IF_ERROR(partition_->BeginUpdate(*args, stream()));
+  }
   next_bucket_ = 0;
   const PartitionedLayout& layout = partition_->layout();
   bucket_unready_.assign(layout.num_buckets(), 0);

@@ -72,7 +72,10 @@ struct RunSpec {
   // device), "cpuparam" (offload_optimizer and offload_param, stage 3),
   // "cpudelay" (offload_optimizer with delayed_update: different maths,
   // compared across world sizes with itself), "nvme" (offload_optimizer on
-  // NVMe, stage 3; swap files under --out).
+  // NVMe, stage 3; swap files under --out), "noclip" (no offload, no
+  // gradient clipping) and "cpuearly" (offload_optimizer without clipping:
+  // stage 2 starts the CPU update during backward), compared with each
+  // other.
   std::string offload;
   std::string Name(int world) const {
     return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
@@ -130,7 +133,7 @@ std::string& NvmeDirectory() {
 }
 
 std::string OffloadJson(const std::string& offload) {
-  if (offload.empty()) return "";
+  if (offload.empty() || offload == "noclip") return "";
   if (offload == "nvme") {
     // Small aio blocks and two buffers: the pipeline wraps around often.
     return absl::StrCat(
@@ -165,8 +168,9 @@ std::string ConfigJson(const RunSpec& spec, int world) {
   return absl::StrCat(
       "{", R"("train_micro_batch_size_per_gpu": )", spec.micro, ",",
       R"("gradient_accumulation_steps": )", spec.accumulation, ",",
-      R"("steps_per_print": 5, "gradient_clipping": 1.0,)", optimizer, ",",
-      precision,
+      R"("steps_per_print": 5, "gradient_clipping": )",
+      spec.offload == "noclip" || spec.offload == "cpuearly" ? "0.0" : "1.0",
+      ",", optimizer, ",", precision,
       R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": )",
       spec.optimizer == "sgd" ? "0.1" : "0.01",
       R"(, "warmup_num_steps": 4, "warmup_type": "linear"}},)",
@@ -468,6 +472,15 @@ std::vector<RunSpec> Matrix() {
       }
     }
   }
+  // The update begun during backward (no clipping), stage 2.
+  for (const char* dtype : {"f32", "bf16"}) {
+    for (const char* optimizer : {"sgd", "adamw"}) {
+      for (int accumulation : {1, 2}) {
+        specs.push_back({dtype, optimizer, 2, accumulation, 2, "noclip"});
+        specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuearly"});
+      }
+    }
+  }
   // The delayed update, stages 1-2.
   for (const char* dtype : {"f32", "bf16"}) {
     for (int stage : {1, 2}) {
@@ -562,6 +575,19 @@ int Main(int argc, char** argv) {
       reference.stage = 0;
       reference.accumulation = spec.accumulation * world;
       reference.offload.clear();
+      if (spec.offload == "noclip") continue;  // cpuearly's reference
+      if (spec.offload == "cpuearly") {
+        RunSpec unclipped = spec;
+        unclipped.offload = "noclip";
+        absl::Status status =
+            Compare(dir, spec.Name(world), unclipped.Name(world),
+                    OffloadTolerance(spec.dtype), &all_ok);
+        if (!status.ok()) {
+          std::cerr << status << "\n";
+          return 1;
+        }
+        continue;
+      }
       if (spec.offload == "cpudelay") {
         absl::Status status = CompareDelayed(dir, spec, world, &all_ok);
         if (!status.ok()) {
