@@ -358,6 +358,8 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   wait_ms = 0;
 
   const offload::NvmeStore::Counters io_before = engine->nvme_counters();
+  const zero::PartitionState::OffloadTimes times_before =
+      engine->offload_times();
   const auto wall_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.iters; ++i) {
     ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
@@ -395,6 +397,25 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     nvme["read_GBps_busy"] =
         read / std::max(1e-9, io.read_seconds - io_before.read_seconds) / 1e9;
     line["nvme"] = nvme;
+  }
+  if (options.offload != "none") {
+    // Per update, in milliseconds: the worker's span (first gradient chunk
+    // awaited to last weights chunk queued), the CPU optimizer's share of
+    // it, and the time spent waiting for gradients to reach the host.
+    const zero::PartitionState::OffloadTimes times = engine->offload_times();
+    const double updates =
+        std::max<int64_t>(1, times.updates - times_before.updates);
+    Json worker;
+    worker["updates"] = times.updates - times_before.updates;
+    worker["worker_ms"] =
+        (times.worker_seconds - times_before.worker_seconds) * 1e3 / updates;
+    worker["optimizer_ms"] =
+        (times.optimizer_seconds - times_before.optimizer_seconds) * 1e3 /
+        updates;
+    worker["gradient_wait_ms"] =
+        (times.gradient_wait_seconds - times_before.gradient_wait_seconds) *
+        1e3 / updates;
+    line["offload_worker"] = worker;
   }
   line["tokens_per_s"] = per_gpu * comm->world_size();
   line["tokens_per_s_per_gpu"] = per_gpu;

@@ -38,8 +38,8 @@ uint32_t ExtendPortable(uint32_t state, const uint8_t* data, size_t size) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t ExtendHardware(uint32_t state,
-                                                           const uint8_t* data,
-                                                           size_t size) {
+                                                          const uint8_t* data,
+                                                          size_t size) {
   // Head: single bytes up to 8-byte alignment, then 8 bytes per instruction.
   while (size > 0 && (reinterpret_cast<uintptr_t>(data) & 7u) != 0) {
     state = _mm_crc32_u8(state, *data++);

@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "core/safetensors/reader.h"
 #include "core/status.h"
+#include "engine/agreement.h"
 #include "zero/create_strategy.h"
 
 namespace ze {
@@ -32,31 +33,6 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> CommunicatorFor(
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
                       comm::CreateCommunicator(options));
   return std::shared_ptr<comm::Communicator>(std::move(created));
-}
-
-// Every rank learns whether `local` failed on any rank (one one-element
-// all-reduce), so an error on one rank (a directory rank 0 cannot create)
-// does not leave the others waiting in a later collective. Returns `local`
-// where it failed, and a FailedPrecondition saying so on the other ranks.
-absl::Status AgreeAcrossRanks(comm::Communicator& comm,
-                              const absl::Status& local, const Stream& stream,
-                              const std::string& what) {
-  if (comm.world_size() == 1) return local;
-  ZE_ASSIGN_OR_RETURN(Tensor flag,
-                      Tensor::Zeros({1}, DType::kF32, comm.device(), stream));
-  ZE_RETURN_IF_ERROR(Fill(flag, local.ok() ? 0.0f : 1.0f, stream));
-  ZE_ASSIGN_OR_RETURN(comm::Work work,
-                      comm.AllReduce(flag, flag, comm::ReduceOp::kMax, stream));
-  ZE_RETURN_IF_ERROR(work.Wait());
-  ZE_ASSIGN_OR_RETURN(std::vector<float> any_failed,
-                      ToHostFloats(flag, stream));
-  if (!local.ok()) return local;
-  if (any_failed[0] > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " failed on another rank (its error is in its log); rank ",
-        comm.rank(), " stops too"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace

@@ -71,6 +71,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "engine/monitor.h"
+#include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
 #include "offload/nvme_store.h"
 #include "zero/boundary_step.h"
@@ -179,6 +180,11 @@ class Engine {
   // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
   // zeros otherwise).
   offload::NvmeStore::Counters nvme_counters() const;
+  // Where the offloaded update's worker spent its time, summed over every
+  // update so far (zeros without offload_optimizer).
+  zero::PartitionState::OffloadTimes offload_times() const {
+    return strategy_->offload_times();
+  }
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.
@@ -221,6 +227,60 @@ class Engine {
   // Errors name the file and the parameter.
   absl::StatusOr<LoadReport> LoadWeights(const std::string& path);
 
+  // Checkpoints (DeepSpeed's save_checkpoint / load_checkpoint); the format
+  // and its crash safety are in engine/checkpoint/checkpoint_format.h.
+  //
+  // Saves the whole training state under `directory`/`tag` (tag empty:
+  // "global_step<N>"): every rank writes its slices of the f32 master
+  // weights, the optimizer's moments and the 16-bit weights (reading
+  // offloaded state back from host memory or NVMe) into its own file; rank
+  // 0 writes the manifest (layout of every parameter, counters, scheduler,
+  // loss scaler, optimizer step, the resolved config, `client_state`, and
+  // each file's size and CRC-32C), then makes the tag visible and points
+  // `latest` at it. With zero_optimization.stage3_gather_16bit_weights_on_
+  // model_save, rank 0 also writes `tag`/model_16bit.safetensors (the
+  // model's dtype, our parameter names), streamed one parameter at a time
+  // from the rank files, never the whole model in memory.
+  //
+  // A collective: every rank calls it with the same directory and tag (the
+  // ranks check: InvalidArgument naming the ranks' values otherwise), at an
+  // accumulation boundary and not between Forward and Backward
+  // (FailedPrecondition). Any rank's failure (a full disk, no permission)
+  // fails the call on every rank, and leaves `latest` and every complete
+  // checkpoint as they were. `client_state` must be a JSON object.
+  absl::Status SaveCheckpoint(
+      const std::string& directory, const std::string& tag = "",
+      const nlohmann::json& client_state = nlohmann::json::object());
+
+  struct LoadedCheckpoint {
+    std::string tag;
+    nlohmann::json client_state;
+    int saved_world_size = 0;
+    int saved_stage = 0;
+    int64_t bytes_read = 0;  // by this rank
+  };
+  // Loads `directory`/`tag` (empty: the one `latest` names) saved at any
+  // world size and ZeRO stage into this engine's layout: each rank reads
+  // only the byte ranges of the parameters it holds. Restores the weights,
+  // the f32 master weights, and, with `load_optimizer_states`, the
+  // optimizer's moments and step count (otherwise those keep their
+  // values); always the counters, the learning-rate schedule's position
+  // and the loss scaler. A collective, under the same conditions as
+  // SaveCheckpoint.
+  //
+  // Before anything is written the ranks check, together, the manifest,
+  // every file's size and CRC-32C (each rank verifies a share of the
+  // files), and that the checkpoint's parameters are exactly the model's,
+  // with the same shapes. A failure there is an error naming the file or
+  // parameter (NotFound for a missing tag or file, DataLoss for a corrupt
+  // or truncated file, InvalidArgument for another model, FailedPrecondition
+  // for a newer format version or missing optimizer state) on every rank,
+  // with the engine unchanged. A read error after that point (the disk
+  // failing mid-load) leaves the state partly loaded: DataLoss saying so.
+  absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(
+      const std::string& directory, const std::string& tag = "",
+      bool load_optimizer_states = true);
+
  private:
   friend class GatheredParameters;
   friend absl::StatusOr<std::unique_ptr<Engine>> Initialize(
@@ -237,6 +297,12 @@ class Engine {
   // At a boundary: the csv_monitor rows and, every steps_per_print steps,
   // the log lines.
   absl::Status ReportStep(const StepReport& report);
+  // SaveCheckpoint's and LoadCheckpoint's common checks, and the state the
+  // manifest's training_state holds (engine/checkpoint.cc).
+  absl::Status RequireCheckpointBoundary(const char* what) const;
+  nlohmann::json TrainingStateJson() const;
+  absl::Status RestoreTrainingState(const nlohmann::json& state,
+                                    const std::string& source);
 
   config::Config config_;
   std::shared_ptr<nn::LossModel> model_;

@@ -1,6 +1,8 @@
 #include "zero/partition_state.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -307,18 +309,26 @@ absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
       Tensor host, Tensor::Empty({values.numel()}, DType::kF32, Device::Cpu()));
   ZE_RETURN_IF_ERROR(CopyConverting(values, host, stream));
   ZE_RETURN_IF_ERROR(stream.Synchronize());
+  return SwappedRange(bucket, /*array=*/0, begin, values.numel(),
+                      host.data_as<float>(), /*write=*/true);
+}
+
+absl::Status PartitionState::SwappedRange(int bucket, int array,
+                                          int64_t own_begin, int64_t count,
+                                          float* data, bool write) const {
   // Chunk by chunk: a range may straddle chunks.
   int64_t done = 0;
-  while (done < values.numel()) {
-    const int64_t at = begin + done;
+  while (done < count) {
+    const int64_t at = own_begin + done;
     const int64_t chunk = at / options_.chunk_elements;
     const int64_t within = at - chunk * options_.chunk_elements;
-    const int64_t count =
-        std::min(values.numel() - done, options_.chunk_elements - within);
-    ZE_RETURN_IF_ERROR(swapped_->Write(
-        first_swapped_chunk_[bucket] + static_cast<int>(chunk), /*array=*/0,
-        within, count, host.data_as<float>() + done));
-    done += count;
+    const int64_t piece =
+        std::min(count - done, options_.chunk_elements - within);
+    const int index = first_swapped_chunk_[bucket] + static_cast<int>(chunk);
+    ZE_RETURN_IF_ERROR(
+        write ? swapped_->Write(index, array, within, piece, data + done)
+              : swapped_->Read(index, array, within, piece, data + done));
+    done += piece;
   }
   return absl::OkStatus();
 }
@@ -326,14 +336,8 @@ absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
 absl::StatusOr<Tensor> PartitionState::ReadSwappedMaster(int bucket) const {
   ZE_ASSIGN_OR_RETURN(Tensor master, Tensor::Empty({own_elements(bucket)},
                                                    DType::kF32, Device::Cpu()));
-  for (int64_t chunk = 0; chunk < num_chunks(bucket); ++chunk) {
-    const int64_t begin = chunk * options_.chunk_elements;
-    const int64_t count =
-        std::min(options_.chunk_elements, own_elements(bucket) - begin);
-    ZE_RETURN_IF_ERROR(
-        swapped_->Read(first_swapped_chunk_[bucket] + static_cast<int>(chunk),
-                       /*array=*/0, 0, count, master.data_as<float>() + begin));
-  }
+  ZE_RETURN_IF_ERROR(SwappedRange(bucket, /*array=*/0, 0, own_elements(bucket),
+                                  master.data_as<float>(), /*write=*/false));
   return master;
 }
 
@@ -478,7 +482,29 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
   return absl::OkStatus();
 }
 
+namespace {
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+}  // namespace
+
+PartitionState::OffloadTimes PartitionState::offload_times() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(pending_.mutex));
+  return pending_.times;
+}
+
 absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
+  const auto worker_start = std::chrono::steady_clock::now();
+  struct Record {
+    PendingUpdate& pending;
+    std::chrono::steady_clock::time_point start;
+    ~Record() {
+      std::lock_guard<std::mutex> lock(pending.mutex);
+      ++pending.times.updates;
+      pending.times.worker_seconds += SecondsSince(start);
+    }
+  } record{pending_, worker_start};
   if (options_.device.is_cuda()) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
@@ -547,7 +573,10 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
   } else if (!master_aliases_weights()) {
     out = OwnWeights(b).Slice(begin, count);
   }
+  const auto wait_start = std::chrono::steady_clock::now();
   ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Synchronize());
+  const double waited = SecondsSince(wait_start);
+  const auto step_start = std::chrono::steady_clock::now();
   void* out_data = out.defined() ? out.data() : nullptr;
   if (master == nullptr) {
     // Host memory: the CPU optimizer's own state.
@@ -560,6 +589,7 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
         count, master, state0, state1, grads.data(), grads.dtype(), step_args,
         out_data, options_.model_dtype));
   }
+  const double stepped = SecondsSince(step_start);
   if (!weights_on_host) {
     const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
     Tensor destination =
@@ -570,6 +600,8 @@ absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
     ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
   }
   std::lock_guard<std::mutex> lock(pending_.mutex);
+  pending_.times.gradient_wait_seconds += waited;
+  pending_.times.optimizer_seconds += stepped;
   pending_.written_from[b] = begin;
   pending_.progress.notify_all();
   return absl::OkStatus();
@@ -697,6 +729,138 @@ absl::Status PartitionState::ZeroStaleGradients(const Stream& stream) {
     gradients_current_[b] = true;
   }
   return absl::OkStatus();
+}
+
+void PartitionState::set_optimizer_step_count(int64_t count) {
+  if (host_optimizer_ != nullptr) host_optimizer_->set_step_count(count);
+  for (auto& optimizer : optimizers_) {
+    if (optimizer != nullptr) optimizer->set_step_count(count);
+  }
+}
+
+std::vector<std::string> PartitionState::StateArrayNames() const {
+  std::vector<std::string> names = {"master"};
+  // The device optimizer's own names, whatever the placement: the host and
+  // swap-file arrays hold the same quantities in the same order.
+  absl::StatusOr<std::unique_ptr<FlatOptimizer>> probe =
+      FlatOptimizer::Create(options_.optimizer, 0, Device::Cpu());
+  if (probe.ok()) {
+    for (const NamedStateTensor& state : (*probe)->StateTensors()) {
+      names.push_back(state.name);
+    }
+  }
+  return names;
+}
+
+PartitionSlice PartitionState::OwnRange(int bucket) const {
+  if (updates_whole_buckets()) {
+    return PartitionSlice{options_.rank, 0,
+                          layout_.bucket(bucket).padded_elements};
+  }
+  return layout_.BucketSlice(bucket, options_.rank);
+}
+
+Tensor PartitionState::CheckpointWeights(int bucket,
+                                         int64_t* bucket_begin) const {
+  if (weights_replicated()) {
+    *bucket_begin = 0;
+    return FullWeights(bucket);
+  }
+  *bucket_begin = layout_.BucketSlice(bucket, options_.rank).begin;
+  return OwnWeights(bucket);
+}
+
+absl::Status PartitionState::ReadOwnState(int bucket, int array,
+                                          int64_t own_begin, const Tensor& out,
+                                          const Stream& stream) const {
+  const int64_t count = out.numel();
+  if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
+      array >= static_cast<int>(StateArrayNames().size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("ReadOwnState: array ", array, " elements [", own_begin,
+                     ", ", own_begin + count, ") of bucket ", bucket, " (",
+                     own_elements(bucket), " own elements)"));
+  }
+  if (!trainable_[bucket]) {
+    if (array == 0) {
+      ZE_RETURN_IF_ERROR(CopyConverting(
+          OwnWeights(bucket).Slice(own_begin, count), out, stream));
+      return stream.Synchronize();
+    }
+    return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
+  }
+  switch (optimizer_placement_[bucket]) {
+    case Placement::kNvme:
+      return SwappedRange(bucket, array, own_begin, count, out.data_as<float>(),
+                          /*write=*/false);
+    case Placement::kHost:
+      if (array == 0) {
+        std::memcpy(out.data_as<float>(),
+                    OwnMaster(bucket).data_as<float>() + own_begin,
+                    count * sizeof(float));
+      } else {
+        std::memcpy(out.data_as<float>(),
+                    HostStateArray(array) + master_offsets_[bucket] + own_begin,
+                    count * sizeof(float));
+      }
+      return absl::OkStatus();
+    case Placement::kDevice:
+      break;
+  }
+  const Tensor source =
+      array == 0 ? OwnMaster(bucket)
+                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
+  ZE_RETURN_IF_ERROR(
+      CopyConverting(source.Slice(own_begin, count), out, stream));
+  return stream.Synchronize();
+}
+
+absl::Status PartitionState::WriteOwnState(int bucket, int array,
+                                           int64_t own_begin,
+                                           const Tensor& values,
+                                           const Stream& stream) {
+  const int64_t count = values.numel();
+  if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
+      array >= static_cast<int>(StateArrayNames().size())) {
+    return absl::OutOfRangeError(
+        absl::StrCat("WriteOwnState: array ", array, " elements [", own_begin,
+                     ", ", own_begin + count, ") of bucket ", bucket, " (",
+                     own_elements(bucket), " own elements)"));
+  }
+  if (!trainable_[bucket]) return absl::OkStatus();
+  switch (optimizer_placement_[bucket]) {
+    case Placement::kNvme:
+      return SwappedRange(bucket, array, own_begin, count,
+                          const_cast<float*>(values.data_as<float>()),
+                          /*write=*/true);
+    case Placement::kHost:
+      if (array == 0) {
+        ZE_RETURN_IF_ERROR(CopyConverting(
+            values, OwnMaster(bucket).Slice(own_begin, count), stream));
+        return stream.Synchronize();
+      }
+      std::memcpy(HostStateArray(array) + master_offsets_[bucket] + own_begin,
+                  values.data_as<float>(), count * sizeof(float));
+      return absl::OkStatus();
+    case Placement::kDevice:
+      break;
+  }
+  const Tensor target =
+      array == 0 ? OwnMaster(bucket)
+                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
+  ZE_RETURN_IF_ERROR(
+      CopyConverting(values, target.Slice(own_begin, count), stream));
+  return stream.Synchronize();
+}
+
+float* PartitionState::HostStateArray(int array) const {
+  // The CPU optimizer's arrays in StateArrayNames order after "master".
+  if (array == 1) {
+    return host_optimizer_->exp_avg() != nullptr
+               ? host_optimizer_->exp_avg()
+               : host_optimizer_->momentum_buffer();
+  }
+  return host_optimizer_->exp_avg_sq();
 }
 
 Tensor PartitionState::MasterPiece(int index, int64_t* begin) const {

@@ -230,10 +230,51 @@ class PartitionState {
   absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
   absl::Status GradientsFinal(int bucket, const Stream& stream);
   bool delays_update() const { return options_.delayed_update; }
+  // Where the offloaded update's worker spent its time, summed over every
+  // update so far (zeros without host buckets): what bounds an offloaded
+  // step, for benchmarks.
+  struct OffloadTimes {
+    int64_t updates = 0;
+    double worker_seconds = 0;         // from the worker's start to its end
+    double optimizer_seconds = 0;      // in the CPU optimizer's step
+    double gradient_wait_seconds = 0;  // waiting for gradients to land
+  };
+  OffloadTimes offload_times() const;
   // The swap file's I/O since creation (zeros without NVMe buckets).
   offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
+  // Restores it on every optimizer (checkpoints).
+  void set_optimizer_step_count(int64_t count);
+
+  // Checkpoints: this rank's own optimizer state of a bucket (the elements
+  // its optimizer updates: the whole bucket at stage 0, its slice from
+  // stage 1 on), wherever it lives. Array 0 is the f32 master weights, then
+  // the optimizer's state tensors (StateArrayNames). Call FinishUpdate
+  // first. Both are synchronous on return.
+  //   "master", then "exp_avg", "exp_avg_sq" (Adam/AdamW) or
+  //   "momentum_buffer" (SGD with momentum), or nothing more (plain SGD).
+  std::vector<std::string> StateArrayNames() const;
+  // Copies own elements [own_begin, own_begin + out.numel()) of `array` of
+  // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
+  // reads its weights as master and zeros as state. OutOfRange when the
+  // range leaves the bucket; copy or NVMe read errors otherwise.
+  absl::Status ReadOwnState(int bucket, int array, int64_t own_begin,
+                            const Tensor& out, const Stream& stream) const;
+  // Writes `values` (a CPU f32 tensor) over own elements [own_begin, ...)
+  // of `array` of `bucket`. With master_aliases_weights() array 0 is the
+  // weights themselves. A frozen bucket ignores its state arrays.
+  absl::Status WriteOwnState(int bucket, int array, int64_t own_begin,
+                             const Tensor& values, const Stream& stream);
+  // The weights a checkpoint saves and loads for `bucket`: at stages 0-2
+  // the whole replicated bucket (padded), at stage 3 this rank's slice
+  // (bucket elements [BucketSlice.begin, end)). `*bucket_begin`: the first
+  // bucket element the returned tensor holds. On weights_placement()'s
+  // memory, in the model's dtype.
+  Tensor CheckpointWeights(int bucket, int64_t* bucket_begin) const;
+  // Bucket elements this rank's optimizer owns: [0, padded) at stage 0,
+  // its slice otherwise.
+  PartitionSlice OwnRange(int bucket) const;
 
   // Stage 3: bucket b's (slice) weights on the model's device for its
   // all-gather, on `stream`: OwnWeights(b) itself, or with host weights a
@@ -303,6 +344,12 @@ class PartitionState {
   }
   int swapped_arrays() const { return options_.nvme.arrays; }
   absl::StatusOr<Tensor> ReadSwappedMaster(int bucket) const;
+  // Elements [own_begin, own_begin + count) of `array` of NVMe bucket
+  // `bucket`, read into or written from `data`, chunk by chunk.
+  absl::Status SwappedRange(int bucket, int array, int64_t own_begin,
+                            int64_t count, float* data, bool write) const;
+  // The CPU optimizer's state array `array` (1 or 2, StateArrayNames).
+  float* HostStateArray(int array) const;
   int64_t num_chunks(int bucket) const;
   // Queues bucket's gradients to the host after `stream`'s work so far and
   // hands the bucket to the worker.
@@ -356,6 +403,7 @@ class PartitionState {
     bool closed = false;    // every bucket of the step is handed over
     bool failed = false;
     absl::Status status;
+    OffloadTimes times;  // totals over finished updates
   };
   PendingUpdate pending_;
   std::vector<bool> handed_to_worker_;  // per bucket, this step

@@ -618,10 +618,14 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
+  ZE_RETURN_IF_ERROR(OnStateLoaded());
+  return report;
+}
+
+absl::Status Stage3::OnStateLoaded() {
   // Persistent buckets hold the old values.
   ZE_RETURN_IF_ERROR(RefreshPersistent());
-  ZE_RETURN_IF_ERROR(stream().Synchronize());
-  return report;
+  return stream().Synchronize();
 }
 
 }  // namespace zero

@@ -152,7 +152,6 @@ class Stage3 : public ZeroStrategy {
   const config::ZeroConfig& zero_config() const {
     return config().zero_optimization;
   }
-  const PartitionedLayout& layout() const { return partition_->layout(); }
   absl::Status OnBeginBackward(bool boundary) override {
     return absl::OkStatus();
   }
@@ -161,6 +160,8 @@ class Stage3 : public ZeroStrategy {
   absl::Status OnEndBackward() override;
   // Releases buckets a failed evaluation forward left held.
   absl::Status OnEndEval() override;
+  bool HasOpenScope() const override { return scopes_ > 0; }
+  absl::Status OnStateLoaded() override;
 
   absl::StatusOr<PartitionedLayout> Layout();
   absl::Status Allocate(const PartitionedLayout& layout);

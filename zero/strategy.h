@@ -23,6 +23,7 @@
 #define ZE_ZERO_STRATEGY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -164,7 +165,63 @@ class ZeroStrategy {
   offload::NvmeStore::Counters nvme_counters() const {
     return partition_->nvme_counters();
   }
+  PartitionState::OffloadTimes offload_times() const {
+    return partition_->offload_times();
+  }
   Phase phase() const { return phase_; }
+
+  // Checkpoints (engine/checkpoint.cc speaks the file format; this speaks
+  // the state). Both need the strategy idle, between optimizer steps, with
+  // no GatherParameters scope open (FailedPrecondition otherwise); both
+  // finish an offloaded update in progress first.
+  //
+  // A rank saves the pieces of its slice of every bucket (the layout's
+  // RankShards: parameter elements this rank owns under stage 1-3
+  // partitioning, whatever the stage; at stage 0 every rank holds them all
+  // and saves only its slice), and for each piece every kind of
+  // CheckpointKinds in order.
+  struct CheckpointKind {
+    std::string name;  // "master", "exp_avg", ..., "weights"
+    DType dtype = DType::kF32;
+  };
+  // "master" and the optimizer's state arrays (f32), then "weights" in the
+  // model's dtype unless the model trains in f32 (then the master weights
+  // are the weights).
+  std::vector<CheckpointKind> CheckpointKinds() const;
+  // This rank's pieces, in the order SaveState emits them.
+  std::vector<ParamShard> CheckpointPieces() const {
+    return partition_->layout().RankShards(rank());
+  }
+  const PartitionedLayout& layout() const { return partition_->layout(); }
+  // Receives one piece of one kind: `values` is a CPU tensor of the kind's
+  // dtype holding parameter `param_index`'s elements [piece.param_begin,
+  // + count). Valid only during the call.
+  using CheckpointSink = std::function<absl::Status(const CheckpointKind& kind,
+                                                    const ParamShard& piece,
+                                                    const Tensor& values)>;
+  // Emits every piece of CheckpointPieces, each with every kind, in that
+  // order, reading offloaded state back from host memory or the swap file.
+  // The sink's error stops it and is returned.
+  absl::Status SaveState(const CheckpointSink& sink);
+  // Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the
+  // model's dtype for "weights") with parameter `name`'s `kind` elements
+  // [param_begin, param_begin + destination.numel()).
+  using CheckpointSource = std::function<absl::Status(
+      const std::string& kind, const std::string& name, int64_t param_begin,
+      const Tensor& destination)>;
+  // Loads this rank's state for the current layout from `source`: master
+  // weights and weights always (with master_aliases_weights, the weights
+  // from "master"), the optimizer's arrays and step count only with
+  // `load_optimizer_states` (otherwise they keep their values). Gradients
+  // are reset. Asks `source` for every range before writing, bucket by
+  // bucket: an error from `source` in bucket b leaves buckets before b
+  // loaded (the caller validates the checkpoint before calling).
+  absl::Status LoadState(const CheckpointSource& source,
+                         bool load_optimizer_states,
+                         int64_t optimizer_step_count);
+  int64_t optimizer_step_count() const {
+    return partition_->optimizer_step_count();
+  }
 
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
@@ -172,6 +229,11 @@ class ZeroStrategy {
   virtual absl::Status OnBeginBackward(bool boundary) = 0;
   virtual absl::Status OnEndBackward() = 0;
   virtual absl::Status OnEndEval() { return absl::OkStatus(); }
+  // Whether a GatherParameters scope is open (checkpoints refuse then).
+  virtual bool HasOpenScope() const { return false; }
+  // After LoadState wrote new weights: refresh anything derived from them
+  // (stage 3's persistent gathered parameters).
+  virtual absl::Status OnStateLoaded() { return absl::OkStatus(); }
   const config::Config& config() const { return *context_.config; }
   comm::Communicator& comm() const { return *context_.comm; }
   const Stream& stream() const { return *context_.compute_stream; }
@@ -182,6 +244,8 @@ class ZeroStrategy {
   absl::Status AnnotateAllocationError(const absl::Status& status) const;
   // FailedPrecondition naming `what` unless the phase is kIdle.
   absl::Status RequireIdle(const char* what) const;
+  // RequireIdle, no open scope, then FinishUpdate.
+  absl::Status RequireCheckpointable(const char* what);
   // LoadWeights's check before writing anything: every one of `parameters`
   // is in `reader` with its shape and a float dtype. NotFound /
   // InvalidArgument naming the rank, the parameter and the file.

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "core/dtype.h"
 #include "core/safetensors/file_io.h"
 #include "core/safetensors/format.h"
@@ -390,6 +391,24 @@ TEST(RoundTripTest, EmptyFileHasTheReferenceBytes) {
   absl::StatusOr<std::unique_ptr<Reader>> reader = Reader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_TRUE((*reader)->tensors().empty());
+}
+
+TEST(WriterTest, ChecksumCoversEveryByteOfTheFinishedFile) {
+  const std::string path = MakeTestDirectory() + "/crc.safetensors";
+  // Big enough that some appends bypass the writer's batching buffer.
+  Tensor big = MakeTensor({600000}, DType::kF32, 0.5f);
+  Tensor small = MakeTensor({3}, DType::kBF16, 2.0f);
+  absl::StatusOr<std::unique_ptr<Writer>> writer =
+      Writer::Create(path, {{"small", ElementType::kBF16, {3}},
+                            {"big", ElementType::kF32, {600000}}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Append("small", small).ok());
+  ASSERT_TRUE((*writer)->Append("big", big.Slice(0, 7)).ok());
+  ASSERT_TRUE((*writer)->Append("big", big.Slice(7, 600000 - 7)).ok());
+  ASSERT_TRUE((*writer)->Finish().ok());
+  const std::string bytes = ReadWholeFile(path);
+  EXPECT_EQ((*writer)->bytes_written(), bytes.size());
+  EXPECT_EQ((*writer)->crc32c(), Crc32c(bytes.data(), bytes.size()));
 }
 
 TEST(WriterTest, StreamsChunksFromSlicesOfABiggerBuffer) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "core/safetensors/file_io.h"
 #include "core/status.h"
 
@@ -123,6 +124,9 @@ absl::Status Writer::Flush() {
 }
 
 absl::Status Writer::Write(const void *data, size_t bytes) {
+  // Every byte of the file passes here once, in order.
+  crc32c_ = Crc32cExtend(crc32c_, data, bytes);
+  bytes_written_ += bytes;
   if (buffer_.size() + bytes <= kBufferBytes) {
     buffer_.append(static_cast<const char *>(data), bytes);
     return absl::OkStatus();

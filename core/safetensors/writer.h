@@ -73,6 +73,11 @@ class Writer {
   absl::Status Finish();
 
   const std::string &path() const { return path_; }
+  // CRC-32C (core/crc32c.h) and count of every byte written so far: after
+  // Finish, of the whole file (length, header, data), computed as the bytes
+  // went out.
+  uint32_t crc32c() const { return crc32c_; }
+  uint64_t bytes_written() const { return bytes_written_; }
   // The declared tensors with their assigned data offsets.
   const std::vector<TensorInfo> &layout() const { return layout_; }
 
@@ -95,6 +100,8 @@ class Writer {
   std::string buffer_;    // small appends are batched into one write
   absl::Status failure_;  // sticky: every call after a failure returns it
   bool finished_ = false;
+  uint32_t crc32c_ = 0;
+  uint64_t bytes_written_ = 0;
 };
 
 // Writes whole CPU tensors, in the given order, in one call (Create, Append

@@ -47,6 +47,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,8 +107,8 @@ struct FileRecord {
 struct Manifest {
   int format_version = kFormatVersion;
   std::string tag;
-  int world_size = 1;       // ranks of the saving job (one file each)
-  int zero_stage = 0;       // informational: any stage can load it
+  int world_size = 1;               // ranks of the saving job (one file each)
+  int zero_stage = 0;               // informational: any stage can load it
   DType model_dtype = DType::kF32;  // dtype of the "weights" kind
   // Every per-element kind present in every rank file, in file order per
   // piece (e.g. {"master", "exp_avg", "exp_avg_sq", "weights"}).
@@ -128,6 +129,14 @@ struct Manifest {
   const ParameterRecord* Find(const std::string& name) const;
   bool HasKind(const std::string& kind) const;
 };
+
+// Whether `manifest` describes exactly `parameters` (name, shape): the
+// model a caller is about to load it into. InvalidArgument listing, by
+// name, every parameter the checkpoint lacks, every one it has that the
+// model does not, and every shape that differs.
+absl::Status CheckMatchesModel(
+    const Manifest& manifest,
+    const std::vector<std::pair<std::string, Shape>>& parameters);
 
 // The manifest as JSON text (pretty-printed, keys in a fixed order).
 std::string SerializeManifest(const Manifest& manifest);
@@ -207,6 +216,9 @@ absl::Status CommitSave(const std::string& directory, const Manifest& manifest);
 
 // The tag `latest` names in `directory`. NotFound naming the path when
 // there is none; InvalidArgument when its content is not a valid tag.
+// Recovery: if CommitSave died between moving an existing <tag> aside and
+// renaming the new one in, <tag> is missing and .<tag>.old holds the
+// previous complete save; CheckpointReader::Open reads that one.
 absl::StatusOr<std::string> ReadLatestTag(const std::string& directory);
 
 // ----------------------------------------------------------------- reading

@@ -1,0 +1,400 @@
+// Engine::SaveCheckpoint / LoadCheckpoint: the collective choreography
+// around the checkpoint format (engine/checkpoint/checkpoint_format.h) and
+// the strategy's state (ZeroStrategy::SaveState / LoadState).
+//
+// The manifest's training_state object holds:
+//   global_steps, skipped_steps, micro_steps, global_samples  (Counters)
+//   schedule_step      applied optimizer steps (the LR schedule's position;
+//                      DeepSpeed's last_batch_iteration + 1)
+//   optimizer_step_count  the optimizer's bias-correction step
+//   optimizer          the config's optimizer type, for messages
+//   loss_scaler        {cur_scale, cur_iter, last_overflow_iter,
+//                      cur_hysteresis} under fp16, else null
+//   learning_rate, loss_scale  informational
+// The engine keeps no random state of its own (initialisation is a pure
+// function of the seed and the parameter; no dropout): a trainer's data
+// order or sampling state belongs in client_state.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/logging.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "engine/agreement.h"
+#include "engine/checkpoint/checkpoint_format.h"
+#include "engine/checkpoint/consolidate.h"
+#include "engine/engine.h"
+
+namespace ze {
+namespace engine {
+namespace {
+
+// Each rank's file record travels as six 16-bit words in f32 (exact; the
+// communicator's collectives carry float types): the size's four, then the
+// CRC's two.
+constexpr int kRecordWords = 6;
+
+// Every rank's file record, on every rank (a collective).
+absl::StatusOr<std::vector<checkpoint::FileRecord>> GatherFileRecords(
+    comm::Communicator& comm, const checkpoint::FileRecord& mine,
+    const Stream& stream) {
+  const int world = comm.world_size();
+  std::vector<float> words;
+  for (int i = 0; i < 4; ++i) {
+    words.push_back(static_cast<float>((mine.bytes >> (16 * i)) & 0xFFFF));
+  }
+  for (int i = 0; i < 2; ++i) {
+    words.push_back(static_cast<float>((mine.crc32c >> (16 * i)) & 0xFFFF));
+  }
+  std::vector<float> all = words;
+  if (world > 1) {
+    ZE_ASSIGN_OR_RETURN(Tensor in,
+                        FromHostFloats(words, {kRecordWords}, DType::kF32,
+                                       comm.device(), stream));
+    ZE_ASSIGN_OR_RETURN(
+        Tensor out, Tensor::Empty({int64_t{world} * kRecordWords}, DType::kF32,
+                                  comm.device()));
+    ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(in, out, stream));
+    ZE_RETURN_IF_ERROR(work.Wait());
+    ZE_ASSIGN_OR_RETURN(all, ToHostFloats(out, stream));
+  }
+  std::vector<checkpoint::FileRecord> records(world);
+  for (int r = 0; r < world; ++r) {
+    const float* w = all.data() + r * kRecordWords;
+    records[r].rank = r;
+    records[r].name = checkpoint::RankFileName(r);
+    for (int i = 0; i < 4; ++i) {
+      records[r].bytes |= static_cast<uint64_t>(w[i]) << (16 * i);
+    }
+    records[r].crc32c =
+        static_cast<uint32_t>(w[4]) | (static_cast<uint32_t>(w[5]) << 16);
+  }
+  return records;
+}
+
+// Every rank must save to, or load from, the same directory; for the tag,
+// checkpoint.tag_validation (DeepSpeed's) decides: Fail refuses on every
+// rank, naming both values; Warn logs and takes rank 0's tag; Ignore takes
+// rank 0's silently. Returns the tag to use.
+absl::StatusOr<std::string> AgreeOnDirectoryAndTag(
+    comm::Communicator& comm, const std::string& what,
+    const std::string& directory, const std::string& tag,
+    config::TagValidation validation, const Stream& stream) {
+  ZE_ASSIGN_OR_RETURN(std::string root_directory,
+                      BroadcastString(comm, directory, 0, stream));
+  ZE_ASSIGN_OR_RETURN(std::string root_tag,
+                      BroadcastString(comm, tag, 0, stream));
+  absl::Status local;
+  const std::string mismatch =
+      absl::StrCat(what, ": rank ", comm.rank(), " was given directory '",
+                   directory, "' and tag '", tag, "', rank 0 directory '",
+                   root_directory, "' and tag '", root_tag, "'");
+  if (root_directory != directory ||
+      (root_tag != tag && validation == config::TagValidation::kFail)) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(mismatch, "; every rank must pass the same"));
+  } else if (root_tag != tag && validation == config::TagValidation::kWarn) {
+    ZE_LOG(WARNING) << mismatch << "; using rank 0's tag "
+                    << "(checkpoint.tag_validation is Warn)";
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, local, stream, what));
+  return root_tag;
+}
+
+int64_t JsonInt(const nlohmann::json& object, const char* key) {
+  return object.at(key).get<int64_t>();
+}
+
+}  // namespace
+
+absl::Status Engine::RequireCheckpointBoundary(const char* what) const {
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward(what));
+  const int64_t accumulation = config_.gradient_accumulation_steps.value();
+  if (counters_.micro_steps % accumulation != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " on rank ", communicator_->rank(),
+                     ": in the middle of an accumulation window (micro step ",
+                     counters_.micro_steps % accumulation, " of ", accumulation,
+                     "); call it after the boundary Step"));
+  }
+  return absl::OkStatus();
+}
+
+nlohmann::json Engine::TrainingStateJson() const {
+  nlohmann::json state = nlohmann::json::object();
+  state["global_steps"] = counters_.global_steps;
+  state["skipped_steps"] = counters_.skipped_steps;
+  state["micro_steps"] = counters_.micro_steps;
+  state["global_samples"] = counters_.global_samples;
+  state["schedule_step"] = training_->schedule_step();
+  state["optimizer_step_count"] = strategy_->optimizer_step_count();
+  state["optimizer"] =
+      config_.optimizer.has_value()
+          ? nlohmann::json(config::OptimizerTypeName(config_.optimizer->type))
+          : nlohmann::json(nullptr);
+  state["learning_rate"] = training_->learning_rate();
+  state["loss_scale"] = training_->loss_scale();
+  if (const zero::LossScaler* scaler = training_->scaler()) {
+    const zero::LossScalerState scaler_state = scaler->state();
+    state["loss_scaler"] = {
+        {"cur_scale", scaler_state.cur_scale},
+        {"cur_iter", scaler_state.cur_iter},
+        {"last_overflow_iter", scaler_state.last_overflow_iter},
+        {"cur_hysteresis", scaler_state.cur_hysteresis}};
+  } else {
+    state["loss_scaler"] = nullptr;
+  }
+  return state;
+}
+
+absl::Status Engine::RestoreTrainingState(const nlohmann::json& state,
+                                          const std::string& source) {
+  try {
+    counters_.global_steps = JsonInt(state, "global_steps");
+    counters_.skipped_steps = JsonInt(state, "skipped_steps");
+    counters_.micro_steps = JsonInt(state, "micro_steps");
+    counters_.global_samples = JsonInt(state, "global_samples");
+    training_->set_schedule_step(JsonInt(state, "schedule_step"));
+    const nlohmann::json& scaler = state.at("loss_scaler");
+    if (training_->scaler() != nullptr && scaler.is_object()) {
+      zero::LossScalerState restored;
+      restored.cur_scale = scaler.at("cur_scale").get<double>();
+      restored.cur_iter = scaler.at("cur_iter").get<int64_t>();
+      restored.last_overflow_iter =
+          scaler.at("last_overflow_iter").get<int64_t>();
+      restored.cur_hysteresis = scaler.at("cur_hysteresis").get<int>();
+      ZE_RETURN_IF_ERROR(training_->scaler()->Restore(restored));
+    }
+  } catch (const nlohmann::json::exception& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": training_state: ", error.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SaveCheckpoint(const std::string& directory,
+                                    const std::string& tag_argument,
+                                    const nlohmann::json& client_state) {
+  const char* what = "save_checkpoint";
+  ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
+  if (!client_state.is_object()) {
+    return absl::InvalidArgumentError(
+        "save_checkpoint: client_state must be a JSON object");
+  }
+  const std::string own_tag =
+      tag_argument.empty() ? absl::StrCat("global_step", counters_.global_steps)
+                           : tag_argument;
+  comm::Communicator& comm = *communicator_;
+  const Stream& stream = compute_stream_;
+  StreamGuard guard(stream);
+  ZE_RETURN_IF_ERROR(
+      AgreeAcrossRanks(comm, checkpoint::ValidateTag(own_tag), stream, what));
+  ZE_ASSIGN_OR_RETURN(
+      const std::string tag,
+      AgreeOnDirectoryAndTag(comm, what, directory, own_tag,
+                             config_.checkpoint.tag_validation, stream));
+
+  // 1. Rank 0 prepares the partial directory.
+  absl::Status begun;
+  if (comm.rank() == 0) begun = checkpoint::BeginSave(directory, tag);
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, begun, stream, what));
+
+  // 2. Every rank writes its file.
+  const std::vector<zero::ZeroStrategy::CheckpointKind> kinds =
+      strategy_->CheckpointKinds();
+  std::vector<std::string> kind_names;
+  std::vector<DType> kind_dtypes;
+  for (const auto& kind : kinds) {
+    kind_names.push_back(kind.name);
+    kind_dtypes.push_back(kind.dtype);
+  }
+  const zero::PartitionedLayout& layout = strategy_->layout();
+  std::vector<checkpoint::RankFileWriter::PieceSpec> pieces;
+  for (const zero::ParamShard& shard : strategy_->CheckpointPieces()) {
+    pieces.push_back({layout.param(shard.param_index).name, shard.count});
+  }
+  checkpoint::FileRecord mine;
+  absl::Status written = [&]() -> absl::Status {
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::RankFileWriter> writer,
+                        checkpoint::RankFileWriter::Create(
+                            checkpoint::PartialDirectory(directory, tag),
+                            comm.rank(), kind_names, kind_dtypes, pieces));
+    ZE_RETURN_IF_ERROR(strategy_->SaveState(
+        [&](const zero::ZeroStrategy::CheckpointKind& kind,
+            const zero::ParamShard& piece, const Tensor& values) {
+          return writer->Append(kind.name, layout.param(piece.param_index).name,
+                                values);
+        }));
+    ZE_ASSIGN_OR_RETURN(mine, writer->Finish());
+    return absl::OkStatus();
+  }();
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, written, stream, what));
+  ZE_ASSIGN_OR_RETURN(std::vector<checkpoint::FileRecord> files,
+                      GatherFileRecords(comm, mine, stream));
+
+  // 3. Rank 0 writes the manifest and commits.
+  absl::Status committed;
+  if (comm.rank() == 0) {
+    committed = [&]() -> absl::Status {
+      checkpoint::Manifest manifest;
+      manifest.tag = tag;
+      manifest.world_size = comm.world_size();
+      manifest.zero_stage = config_.zero_optimization.stage;
+      manifest.model_dtype = model_->dtype();
+      manifest.kinds = kind_names;
+      std::unordered_map<std::string, Shape> shapes;
+      for (nn::Parameter* parameter : model_->Parameters()) {
+        shapes[parameter->name()] = parameter->shape();
+      }
+      for (int p = 0; p < layout.num_params(); ++p) {
+        checkpoint::ParameterRecord record;
+        record.name = layout.param(p).name;
+        record.shape = shapes.at(record.name);
+        for (const zero::ParamShard& shard :
+             layout.LocateParamRange(p, 0, layout.param(p).numel)) {
+          record.pieces.push_back(
+              checkpoint::Piece{shard.rank, shard.param_begin, shard.count});
+        }
+        manifest.parameters.push_back(std::move(record));
+      }
+      manifest.files = files;
+      manifest.training_state = TrainingStateJson();
+      manifest.config = nlohmann::json::parse(config::ToJson(config_));
+      manifest.client_state = client_state;
+      ZE_RETURN_IF_ERROR(checkpoint::CommitSave(directory, manifest));
+      if (config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+        ZE_ASSIGN_OR_RETURN(auto reader,
+                            checkpoint::CheckpointReader::Open(directory, tag));
+        checkpoint::ConsolidateOptions options;
+        options.output_path =
+            absl::StrCat(checkpoint::TagDirectory(directory, tag),
+                         "/model_16bit.safetensors");
+        options.dtype = model_->dtype();
+        ZE_RETURN_IF_ERROR(checkpoint::Consolidate(*reader, options).status());
+      }
+      return absl::OkStatus();
+    }();
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, committed, stream, what));
+  ZE_LOG_RANK0(INFO) << "saved checkpoint " << directory << "/" << tag << " ("
+                     << comm.world_size() << " rank files)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
+    const std::string& directory, const std::string& tag_argument,
+    bool load_optimizer_states) {
+  const char* what = "load_checkpoint";
+  ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
+  comm::Communicator& comm = *communicator_;
+  const Stream& stream = compute_stream_;
+  StreamGuard guard(stream);
+  // Rank 0's tag is the one loaded (as tag_validation says), and rank 0
+  // resolves `latest` once, so every rank loads the same tag even if a save
+  // elsewhere moves it meanwhile.
+  ZE_ASSIGN_OR_RETURN(
+      std::string tag,
+      AgreeOnDirectoryAndTag(comm, what, directory, tag_argument,
+                             config_.checkpoint.tag_validation, stream));
+  if (tag.empty()) {
+    absl::StatusOr<std::string> latest = std::string();
+    if (comm.rank() == 0) latest = checkpoint::ReadLatestTag(directory);
+    ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, latest.status(), stream, what));
+    ZE_ASSIGN_OR_RETURN(
+        tag, BroadcastString(comm, comm.rank() == 0 ? *latest : "", 0, stream));
+  }
+
+  // Validation, together, before anything changes.
+  std::unique_ptr<checkpoint::CheckpointReader> reader;
+  absl::Status valid = [&]() -> absl::Status {
+    ZE_ASSIGN_OR_RETURN(reader,
+                        checkpoint::CheckpointReader::Open(directory, tag));
+    const checkpoint::Manifest& manifest = reader->manifest();
+    const std::string source = reader->tag_directory();
+    std::vector<std::pair<std::string, Shape>> model_parameters;
+    for (nn::Parameter* parameter : model_->Parameters()) {
+      model_parameters.emplace_back(parameter->name(), parameter->shape());
+    }
+    ZE_RETURN_IF_ERROR(
+        checkpoint::CheckMatchesModel(manifest, model_parameters));
+    if (!manifest.HasKind(checkpoint::kMaster)) {
+      return absl::DataLossError(
+          absl::StrCat(source, ": the manifest lists no \"master\" kind"));
+    }
+    if (load_optimizer_states) {
+      std::vector<std::string> missing;
+      for (const auto& kind : strategy_->CheckpointKinds()) {
+        if (kind.name != checkpoint::kWeights && !manifest.HasKind(kind.name)) {
+          missing.push_back(kind.name);
+        }
+      }
+      if (!missing.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            source, ": the checkpoint has no ", absl::StrJoin(missing, ", "),
+            " (saved with optimizer ",
+            manifest.training_state.value("optimizer", nlohmann::json("?"))
+                .dump(),
+            "); load with load_optimizer_states = false to take only the "
+            "weights"));
+      }
+    }
+    return reader->VerifyFiles(comm.world_size(), comm.rank());
+  }();
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, valid, stream, what));
+
+  const checkpoint::Manifest& manifest = reader->manifest();
+  const bool has_weights = manifest.HasKind(checkpoint::kWeights);
+  // zero_optimization.load_from_fp32_weights false (DeepSpeed): the master
+  // weights restart from the 16-bit weights.
+  const bool master_from_weights =
+      has_weights && !config_.zero_optimization.load_from_fp32_weights;
+  absl::Status loaded = strategy_->LoadState(
+      [&](const std::string& kind, const std::string& name, int64_t param_begin,
+          const Tensor& destination) {
+        std::string taken = kind;
+        // A checkpoint of an f32 model has no separate weights.
+        if (kind == checkpoint::kWeights && !has_weights) {
+          taken = checkpoint::kMaster;
+        }
+        if (kind == checkpoint::kMaster && master_from_weights) {
+          taken = checkpoint::kWeights;
+        }
+        return reader->ReadRange(taken, name, param_begin, destination);
+      },
+      load_optimizer_states,
+      manifest.training_state.value("optimizer_step_count", int64_t{0}));
+  if (loaded.ok()) {
+    loaded =
+        RestoreTrainingState(manifest.training_state, reader->tag_directory());
+  }
+  if (!loaded.ok()) {
+    loaded = absl::DataLossError(absl::StrCat(
+        "load_checkpoint on rank ", comm.rank(), " failed after validation, ",
+        "with the engine's state partly loaded (load again or restart): ",
+        loaded.message()));
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, loaded, stream, what));
+  loss_sum_ = 0;
+  last_tokens_ = 0;
+  window_start_ = std::chrono::steady_clock::now();
+  ZE_LOG_RANK0(INFO) << "loaded checkpoint " << reader->tag_directory()
+                     << " (saved at world size " << manifest.world_size
+                     << ", stage " << manifest.zero_stage << ") at step "
+                     << counters_.global_steps;
+  LoadedCheckpoint result;
+  result.tag = tag;
+  result.client_state = manifest.client_state;
+  result.saved_world_size = manifest.world_size;
+  result.saved_stage = manifest.zero_stage;
+  result.bytes_read = reader->bytes_read();
+  return result;
+}
+
+}  // namespace engine
+}  // namespace ze

@@ -1,0 +1,154 @@
+#include "engine/checkpoint/consolidate.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/safetensors/writer.h"
+#include "core/status.h"
+#include "nn/pretrained/hf_gpt2.h"
+
+namespace ze {
+namespace checkpoint {
+namespace {
+
+// Reads parameter `record`'s full value of `kind` as `dtype`, tracking the
+// bytes held in `report`.
+absl::StatusOr<Tensor> ReadParameter(const CheckpointReader& reader,
+                                     const ParameterRecord& record,
+                                     const std::string& kind, DType dtype,
+                                     ConsolidateReport* report) {
+  ZE_ASSIGN_OR_RETURN(Tensor value,
+                      Tensor::Empty(record.shape, dtype, Device::Cpu()));
+  ZE_RETURN_IF_ERROR(reader.ReadRange(kind, record.name, 0, value));
+  ++report->parameters;
+  return value;
+}
+
+// What ReadParameter holds at once: the value, plus (when the stored dtype
+// differs) the largest piece staged before conversion.
+int64_t ValueBytes(const Manifest& manifest, const ParameterRecord& record,
+                   const std::string& kind, DType dtype) {
+  const DType stored = kind == kWeights ? manifest.model_dtype : DType::kF32;
+  int64_t bytes = record.numel() * static_cast<int64_t>(SizeOf(dtype));
+  if (stored != dtype) {
+    int64_t largest_piece = 0;
+    for (const Piece& piece : record.pieces) {
+      largest_piece = std::max(largest_piece, piece.count);
+    }
+    bytes += largest_piece * static_cast<int64_t>(SizeOf(stored));
+  }
+  return bytes;
+}
+
+absl::StatusOr<nn::Gpt2Dims> GptDims(const Manifest& manifest) {
+  const ParameterRecord* wte = manifest.Find("embed.wte");
+  const ParameterRecord* wpe = manifest.Find("embed.wpe");
+  if (wte == nullptr || wpe == nullptr || wte->shape.size() != 2 ||
+      wpe->shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", manifest.tag,
+                     " is not a GPT (no embed.wte / embed.wpe matrices): "
+                     "hf-gpt2 needs one"));
+  }
+  nn::Gpt2Dims dims;
+  dims.vocab_size = wte->shape[0];
+  dims.channels = wte->shape[1];
+  dims.max_positions = wpe->shape[0];
+  for (const ParameterRecord& record : manifest.parameters) {
+    if (record.name.rfind("blocks.", 0) != 0) continue;
+    const size_t dot = record.name.find('.', 7);
+    int index = 0;
+    if (absl::SimpleAtoi(record.name.substr(7, dot - 7), &index)) {
+      dims.num_layers = std::max(dims.num_layers, index + 1);
+    }
+  }
+  return dims;
+}
+
+}  // namespace
+
+absl::StatusOr<ConsolidateReport> Consolidate(
+    const CheckpointReader& reader, const ConsolidateOptions& options) {
+  const Manifest& manifest = reader.manifest();
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16 &&
+      options.dtype != DType::kF16) {
+    return absl::InvalidArgumentError(
+        "consolidate: the output dtype must be f32, bf16 or f16");
+  }
+  const std::string kind =
+      !options.kind.empty() ? options.kind
+                            : (manifest.HasKind(kMaster) ? kMaster : kWeights);
+  if (!manifest.HasKind(kind)) {
+    return absl::NotFoundError(absl::StrCat(reader.tag_directory(), ": no \"",
+                                            kind, "\" state to consolidate"));
+  }
+  ConsolidateReport report;
+  // The bound, checked before anything is written.
+  const ParameterRecord* largest = nullptr;
+  for (const ParameterRecord& record : manifest.parameters) {
+    const int64_t bytes = ValueBytes(manifest, record, kind, options.dtype);
+    if (bytes > report.peak_value_bytes) {
+      report.peak_value_bytes = bytes;
+      largest = &record;
+    }
+  }
+  if (options.memory_limit_bytes > 0 &&
+      report.peak_value_bytes > options.memory_limit_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "consolidate: parameter ", largest->name, " needs ",
+        report.peak_value_bytes, " bytes at once, over the limit of ",
+        options.memory_limit_bytes));
+  }
+
+  if (options.format == ConsolidateFormat::kHfGpt2) {
+    ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, GptDims(manifest));
+    nn::Gpt2ExportOptions export_options;
+    export_options.dtype = options.dtype;
+    export_options.metadata = {{"source_tag", manifest.tag}};
+    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceGpt2(
+        options.output_path, dims,
+        [&](const std::string& name) -> absl::StatusOr<Tensor> {
+          const ParameterRecord* record = manifest.Find(name);
+          if (record == nullptr) {
+            return absl::NotFoundError(
+                absl::StrCat(reader.tag_directory(), ": no parameter ", name));
+          }
+          report.bytes_written +=
+              record->numel() * static_cast<int64_t>(SizeOf(options.dtype));
+          return ReadParameter(reader, *record, kind, options.dtype, &report);
+        },
+        export_options));
+    return report;
+  }
+
+  std::vector<safetensors::TensorSpec> specs;
+  for (const ParameterRecord& record : manifest.parameters) {
+    specs.push_back(
+        {record.name, safetensors::ElementTypeOf(options.dtype), record.shape});
+  }
+  safetensors::Metadata metadata = {
+      {"format", "pt"},
+      {"source", "zero-engine checkpoint"},
+      {"source_tag", manifest.tag},
+      {"global_steps", manifest.training_state.contains("global_steps")
+                           ? manifest.training_state["global_steps"].dump()
+                           : "unknown"}};
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Writer> writer,
+                      safetensors::Writer::Create(options.output_path,
+                                                  std::move(specs), metadata));
+  for (const ParameterRecord& record : manifest.parameters) {
+    ZE_ASSIGN_OR_RETURN(Tensor value, ReadParameter(reader, record, kind,
+                                                    options.dtype, &report));
+    ZE_RETURN_IF_ERROR(writer->Append(record.name, value));
+    report.bytes_written += static_cast<int64_t>(value.nbytes());
+  }
+  ZE_RETURN_IF_ERROR(writer->Finish());
+  return report;
+}
+
+}  // namespace checkpoint
+}  // namespace ze

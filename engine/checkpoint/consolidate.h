@@ -1,0 +1,57 @@
+// Consolidation: one safetensors file holding every parameter's full value
+// from a sharded checkpoint, streamed one parameter at a time, so the
+// memory it needs is bounded by the largest parameter, never the model.
+// The output loads with PyTorch's `safetensors.torch.load_file` (our names
+// and shapes) or, in the hf-gpt2 format, with transformers'
+// GPT2LMHeadModel.from_pretrained.
+#ifndef ZE_ENGINE_CHECKPOINT_CONSOLIDATE_H_
+#define ZE_ENGINE_CHECKPOINT_CONSOLIDATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "engine/checkpoint/checkpoint_format.h"
+
+namespace ze {
+namespace checkpoint {
+
+enum class ConsolidateFormat {
+  kNative,  // our parameter names and shapes
+  kHfGpt2,  // Hugging Face GPT-2 names and Conv1D layout (GPT models only)
+};
+
+struct ConsolidateOptions {
+  std::string output_path;
+  // The kind of state to take values from; empty: "master" (f32, exact)
+  // when the checkpoint has it, else "weights".
+  std::string kind;
+  DType dtype = DType::kF32;  // element type written (kF32, kBF16, kF16)
+  ConsolidateFormat format = ConsolidateFormat::kNative;
+  // When > 0: the most bytes of parameter values the consolidation may hold
+  // at once. ResourceExhausted (naming the parameter and the bytes) before
+  // anything is written when the largest parameter needs more.
+  int64_t memory_limit_bytes = 0;
+};
+
+struct ConsolidateReport {
+  int64_t parameters = 0;
+  int64_t bytes_written = 0;  // tensor bytes in the output
+  // The most bytes of parameter values held at once (the largest
+  // parameter, plus its converted copy when the dtype changes).
+  int64_t peak_value_bytes = 0;
+};
+
+// Writes the consolidated file at options.output_path (atomically: the
+// path holds the old file, or none, until it is complete). Errors name the
+// parameter or the file: the reader's (NotFound for a missing kind, read
+// errors), the writer's (ResourceExhausted for a full disk), InvalidArgument
+// for an unsupported dtype, or for hf-gpt2 a checkpoint that is not a GPT.
+absl::StatusOr<ConsolidateReport> Consolidate(
+    const CheckpointReader& reader, const ConsolidateOptions& options);
+
+}  // namespace checkpoint
+}  // namespace ze
+
+#endif  // ZE_ENGINE_CHECKPOINT_CONSOLIDATE_H_
