@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/safetensors/reader.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_test_util.h"
@@ -264,6 +266,74 @@ TEST_F(CheckpointErrorsTest, DisagreeingTagsFollowTagValidation) {
     EXPECT_NE(status.message().find("strict0"), std::string::npos) << status;
   }
   EXPECT_FALSE(fs::exists(directory_ + "/strict0"));
+}
+
+TEST_F(CheckpointErrorsTest, GatheredWeightsFileOnSave) {
+  // stage3_gather_16bit_weights_on_model_save: rank 0 also writes the whole
+  // model as one file, streamed from the rank files.
+  auto created = engine::Initialize(
+      *enginetest::MakeGpt(enginetest::SmallGpt(), DType::kF32),
+      absl::StrReplaceAll(
+          Config(3),
+          {{R"("stage": 3)",
+            R"("stage": 3, "stage3_gather_16bit_weights_on_model_save": true)"}}),
+      Comm());
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_TRUE(enginetest::TrainStep(**created, 0).ok());
+  ASSERT_TRUE((*created)->SaveCheckpoint(directory_, "gathered").ok());
+  auto reader = safetensors::Reader::Open(directory_ +
+                                          "/gathered/model_16bit.safetensors");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const std::string& name : (*created)->ParameterNames()) {
+    auto expected = (*created)->GatherMasterWeights(name);
+    ASSERT_TRUE(expected.ok());
+    auto stored = (*reader)->ReadTensor(name);
+    ASSERT_TRUE(stored.ok()) << name << ": " << stored.status();
+    ASSERT_EQ(stored->numel(), static_cast<int64_t>(expected->size()));
+    for (int64_t i = 0; i < stored->numel(); ++i) {
+      ASSERT_EQ(stored->data_as<float>()[i], (*expected)[i]) << name << i;
+    }
+  }
+}
+
+// Whether every value is exactly a bf16 value (its low 16 bits are zero).
+bool AllBf16(const std::vector<float>& values) {
+  for (float value : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    if ((bits & 0xFFFFu) != 0) return false;
+  }
+  return true;
+}
+
+TEST_F(CheckpointErrorsTest, LoadFromFp32WeightsFalseTakesTheBf16Weights) {
+  auto config = [](bool from_fp32) {
+    return absl::StrReplaceAll(
+        Config(2),
+        {{R"("stage": 2)",
+          absl::StrCat(R"("stage": 2, "load_from_fp32_weights": )",
+                       from_fp32 ? "true" : "false")},
+         {R"("optimizer")", R"("bf16": {"enabled": true}, "optimizer")"}});
+  };
+  auto make = [&](bool from_fp32) {
+    return engine::Initialize(
+        *enginetest::MakeGpt(enginetest::SmallGpt(), DType::kBF16),
+        config(from_fp32), Comm());
+  };
+  auto saver = make(true);
+  ASSERT_TRUE(saver.ok()) << saver.status();
+  ASSERT_TRUE(enginetest::TrainStep(**saver, 0).ok());
+  ASSERT_TRUE((*saver)->SaveCheckpoint(directory_, "bf16").ok());
+  for (bool from_fp32 : {true, false}) {
+    auto loader = make(from_fp32);
+    ASSERT_TRUE(loader.ok()) << loader.status();
+    ASSERT_TRUE((*loader)->LoadCheckpoint(directory_, "bf16").ok());
+    auto master = enginetest::AllMasterWeights(**loader);
+    ASSERT_TRUE(master.ok());
+    // The f32 master after an AdamW step is not bf16-representable; the
+    // 16-bit weights are.
+    EXPECT_EQ(AllBf16(*master), !from_fp32) << "from_fp32 " << from_fp32;
+  }
 }
 
 TEST_F(CheckpointErrorsTest, MidAccumulationWindowIsRefused) {

@@ -3,13 +3,15 @@
 //
 //   checkpoint_main train --out=FILE --stage=S [--offload=none|cpu|nvme]
 //       [--dtype=f32|bf16] [--from=A] [--to=B] [--load=DIR [--tag=T]]
-//       [--save=DIR] [--weights_only] [--channels=C]     (under mpirun -np W)
+//       [--save=DIR] [--weights_only] [--load_weights=FILE] [--channels=C]
+//                                                    (under mpirun -np W)
 //   checkpoint_main compare --a=FILE --b=FILE [--exact] [--tolerance=X]
 //   checkpoint_main kill_during_save --save=DIR --stage=S --victim=R
 //       [--kill_after_bytes=N]                         (under mpirun -np W)
 //
 // `train` builds a tiny GPT, optionally loads a checkpoint (then --from
-// must equal the step the checkpoint's client_state says comes next), runs
+// must equal the step the checkpoint's client_state says comes next) or a
+// safetensors file of full weights (Engine::LoadWeights), runs
 // optimizer steps [from, to), writes the losses of those steps and every
 // final f32 master weight to FILE (rank 0), and optionally saves.
 //
@@ -200,6 +202,10 @@ absl::Status Train(const std::map<std::string, std::string>& flags,
                                               ", expected ", from));
     }
   }
+  const std::string load_weights = Get(flags, "load_weights", "");
+  if (!load_weights.empty()) {
+    ZE_RETURN_IF_ERROR(engine->LoadWeights(load_weights).status());
+  }
   std::vector<double> losses;
   for (int64_t step = from; step < to; ++step) {
     ZE_ASSIGN_OR_RETURN(double loss, TrainStep(*engine, step));
@@ -268,9 +274,9 @@ absl::Status Compare(const std::map<std::string, std::string>& flags) {
   const bool exact = flags.count("exact") > 0;
   const double tolerance = std::stod(Get(flags, "tolerance", "1e-5"));
   const int64_t offset = a.from - b.from;
+  // A run of no steps (--from == --to) compares its weights only.
   if (offset < 0 || offset + a.losses.size() > b.losses.size() ||
-      a.losses.empty() || a.params.size() != b.params.size() ||
-      a.params.empty()) {
+      a.params.size() != b.params.size() || a.params.empty()) {
     return absl::DataLossError("the results do not cover the same steps");
   }
   double loss_error = 0, weight_error = 0;

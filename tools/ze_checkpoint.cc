@@ -1,0 +1,234 @@
+// ze_checkpoint: look into, check and consolidate zero-engine checkpoints
+// (engine/checkpoint/checkpoint_format.h) without an engine or a GPU.
+//
+//   ze_checkpoint inspect DIR [--tag=T] [--json]
+//   ze_checkpoint verify DIR [--tag=T]
+//   ze_checkpoint consolidate DIR --out=FILE [--tag=T] [--dtype=f32|bf16|f16]
+//       [--format=native|hf-gpt2] [--kind=master|weights]
+//       [--memory_limit=BYTES]
+//
+// inspect prints what a checkpoint holds (tag, world size, stage, dtype,
+// kinds, steps, parameters, files with sizes); verify reads every file and
+// compares its CRC-32C with the manifest; consolidate writes one
+// safetensors file of full parameters, one parameter at a time, so it needs
+// memory for the largest parameter only (--memory_limit makes that bound a
+// hard limit). Exit status: 0 ok, 1 a failed check or error, 2 bad usage.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/crc32c.h"
+#include "core/status.h"
+#include "engine/checkpoint/checkpoint_format.h"
+#include "engine/checkpoint/consolidate.h"
+
+namespace ze {
+namespace checkpoint {
+namespace {
+
+constexpr char kUsage[] =
+    "usage:\n"
+    "  ze_checkpoint inspect DIR [--tag=T] [--json]\n"
+    "  ze_checkpoint verify DIR [--tag=T]\n"
+    "  ze_checkpoint consolidate DIR --out=FILE [--tag=T] "
+    "[--dtype=f32|bf16|f16]\n"
+    "      [--format=native|hf-gpt2] [--kind=master|weights] "
+    "[--memory_limit=BYTES]\n";
+
+struct Arguments {
+  std::string command;
+  std::string directory;
+  std::map<std::string, std::string> flags;
+};
+
+// Exits 2 with the usage on anything it does not understand.
+absl::StatusOr<Arguments> Parse(int argc, char** argv,
+                                const std::vector<std::string>& known) {
+  Arguments arguments;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--", 0) == 0) {
+      const size_t equals = arg.find('=');
+      const std::string name = arg.substr(
+          2, equals == std::string::npos ? std::string::npos : equals - 2);
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown flag --", name));
+      }
+      arguments.flags[name] =
+          equals == std::string::npos ? "1" : arg.substr(equals + 1);
+    } else if (arguments.command.empty()) {
+      arguments.command = arg;
+    } else if (arguments.directory.empty()) {
+      arguments.directory = arg;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument ", arg));
+    }
+  }
+  if (arguments.command.empty() || arguments.directory.empty()) {
+    return absl::InvalidArgumentError("a command and a directory are needed");
+  }
+  return arguments;
+}
+
+std::string Flag(const Arguments& arguments, const std::string& name,
+                 const std::string& fallback = "") {
+  auto found = arguments.flags.find(name);
+  return found == arguments.flags.end() ? fallback : found->second;
+}
+
+int64_t Elements(const Manifest& manifest) {
+  int64_t total = 0;
+  for (const ParameterRecord& record : manifest.parameters) {
+    total += record.numel();
+  }
+  return total;
+}
+
+absl::Status Inspect(const CheckpointReader& reader, bool as_json) {
+  const Manifest& manifest = reader.manifest();
+  const nlohmann::json& state = manifest.training_state;
+  if (as_json) {
+    nlohmann::ordered_json json;
+    json["directory"] = reader.tag_directory();
+    json["tag"] = manifest.tag;
+    json["format_version"] = manifest.format_version;
+    json["saved_at"] = manifest.saved_at;
+    json["world_size"] = manifest.world_size;
+    json["zero_stage"] = manifest.zero_stage;
+    json["kinds"] = manifest.kinds;
+    json["parameters"] = manifest.parameters.size();
+    json["elements"] = Elements(manifest);
+    json["training_state"] = state;
+    nlohmann::ordered_json files = nlohmann::ordered_json::array();
+    for (const FileRecord& file : manifest.files) {
+      files.push_back({{"name", file.name},
+                       {"bytes", file.bytes},
+                       {"crc32c", Crc32cToString(file.crc32c)}});
+    }
+    json["files"] = files;
+    std::printf("%s\n", json.dump().c_str());
+    return absl::OkStatus();
+  }
+  std::printf("checkpoint %s (format version %d, saved %s)\n",
+              reader.tag_directory().c_str(), manifest.format_version,
+              manifest.saved_at.c_str());
+  std::printf("  tag %s, world size %d, ZeRO stage %d\n", manifest.tag.c_str(),
+              manifest.world_size, manifest.zero_stage);
+  std::printf("  kinds: %s\n", absl::StrJoin(manifest.kinds, ", ").c_str());
+  for (const char* key :
+       {"global_steps", "skipped_steps", "micro_steps", "global_samples"}) {
+    if (state.contains(key)) {
+      std::printf("  %s %s\n", key, state[key].dump().c_str());
+    }
+  }
+  std::printf("  %zu parameters, %lld elements\n", manifest.parameters.size(),
+              static_cast<long long>(Elements(manifest)));
+  uint64_t bytes = 0;
+  for (const FileRecord& file : manifest.files) {
+    std::printf(
+        "  %s  %llu bytes  %s (sizes checked; run verify for "
+        "checksums)\n",
+        file.name.c_str(), static_cast<unsigned long long>(file.bytes),
+        Crc32cToString(file.crc32c).c_str());
+    bytes += file.bytes;
+  }
+  std::printf("  total %.3f GB\n", bytes / 1e9);
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<Arguments> parsed =
+      Parse(argc, argv,
+            {"tag", "json", "out", "dtype", "format", "kind", "memory_limit"});
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "ze_checkpoint: %s\n%s",
+                 std::string(parsed.status().message()).c_str(), kUsage);
+    return 2;
+  }
+  const Arguments& arguments = *parsed;
+  const std::string& command = arguments.command;
+  if (command != "inspect" && command != "verify" && command != "consolidate") {
+    std::fprintf(stderr, "ze_checkpoint: unknown command %s\n%s",
+                 command.c_str(), kUsage);
+    return 2;
+  }
+  // Open checks the manifest, every file's presence, size and header.
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(arguments.directory, Flag(arguments, "tag"));
+  if (!reader.ok()) {
+    std::fprintf(stderr, "ze_checkpoint %s: %s\n", command.c_str(),
+                 reader.status().ToString().c_str());
+    return 1;
+  }
+  absl::Status status;
+  if (command == "inspect") {
+    status = Inspect(**reader, arguments.flags.count("json") > 0);
+  } else if (command == "verify") {
+    bool all_ok = true;
+    for (const FileRecord& file : (*reader)->manifest().files) {
+      // One file at a time, so every bad file is listed.
+      absl::Status file_status =
+          (*reader)->VerifyFiles((*reader)->manifest().world_size, file.rank);
+      std::printf("%s %s\n", file_status.ok() ? "OK " : "BAD",
+                  file_status.ok()
+                      ? file.name.c_str()
+                      : std::string(file_status.message()).c_str());
+      all_ok = all_ok && file_status.ok();
+    }
+    if (!all_ok) return 1;
+    std::printf("verified %zu files of %s\n",
+                (*reader)->manifest().files.size(),
+                (*reader)->tag_directory().c_str());
+  } else {
+    ConsolidateOptions options;
+    options.output_path = Flag(arguments, "out");
+    options.kind = Flag(arguments, "kind");
+    const std::string dtype = Flag(arguments, "dtype", "f32");
+    const std::string format = Flag(arguments, "format", "native");
+    if (options.output_path.empty() ||
+        (dtype != "f32" && dtype != "bf16" && dtype != "f16") ||
+        (format != "native" && format != "hf-gpt2") ||
+        !absl::SimpleAtoi(Flag(arguments, "memory_limit", "0"),
+                          &options.memory_limit_bytes)) {
+      std::fprintf(stderr,
+                   "ze_checkpoint consolidate: needs --out, and --dtype, "
+                   "--format, --memory_limit must be valid\n%s",
+                   kUsage);
+      return 2;
+    }
+    options.dtype = dtype == "f32"    ? DType::kF32
+                    : dtype == "bf16" ? DType::kBF16
+                                      : DType::kF16;
+    options.format = format == "native" ? ConsolidateFormat::kNative
+                                        : ConsolidateFormat::kHfGpt2;
+    absl::StatusOr<ConsolidateReport> report = Consolidate(**reader, options);
+    status = report.status();
+    if (report.ok()) {
+      std::printf(
+          "wrote %s: %lld parameters, %lld tensor bytes, at most %lld bytes "
+          "of values held at once\n",
+          options.output_path.c_str(),
+          static_cast<long long>(report->parameters),
+          static_cast<long long>(report->bytes_written),
+          static_cast<long long>(report->peak_value_bytes));
+    }
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "ze_checkpoint %s: %s\n", command.c_str(),
+                 status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace checkpoint
+}  // namespace ze
+
+int main(int argc, char** argv) { return ze::checkpoint::Main(argc, argv); }
