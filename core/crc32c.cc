@@ -82,6 +82,39 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
   return ~ExtendPortable(state, bytes, size);
 }
 
+namespace {
+
+// Polynomials over GF(2) modulo the CRC polynomial, in the CRC's reflected
+// bit order (bit 31 is x^0). A CRC is linear in its message, so appending
+// n bytes to A multiplies A's register by x^(8n); the conditioning (initial
+// and final inversion) cancels between the two parts.
+uint32_t MultiplyModulo(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t mask = 1u << 31; mask != 0; mask >>= 1) {
+    if (a & mask) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ kReflectedPolynomial : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 * bytes) modulo the polynomial, by squaring.
+uint32_t ShiftForBytes(uint64_t bytes) {
+  uint32_t result = 1u << 31;  // x^0
+  uint32_t power = 1u << 23;   // x^8: one byte
+  while (bytes != 0) {
+    if (bytes & 1u) result = MultiplyModulo(result, power);
+    power = MultiplyModulo(power, power);
+    bytes >>= 1;
+  }
+  return result;
+}
+
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return MultiplyModulo(ShiftForBytes(length_b), crc_a) ^ crc_b;
+}
+
 std::string Crc32cToString(uint32_t crc) {
   return absl::StrFormat("crc32c:%08x", crc);
 }

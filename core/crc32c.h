@@ -27,6 +27,11 @@ inline uint32_t Crc32c(const void* data, size_t size) {
   return Crc32cExtend(0, data, size);
 }
 
+// The CRC-32C of A followed by B, from crc_a = Crc32c(A), crc_b = Crc32c(B)
+// and B's length, without the bytes: lets threads checksum pieces of one
+// file in parallel. O(log length_b).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 // "crc32c:" followed by 8 lowercase hex digits: how manifests write it.
 std::string Crc32cToString(uint32_t crc);
 

@@ -40,6 +40,20 @@ TEST(Crc32cTest, ChunkingAndAlignmentDoNotMatter) {
   }
 }
 
+TEST(Crc32cTest, CombineEqualsTheCrcOfTheConcatenation) {
+  std::mt19937 random(11);
+  std::vector<uint8_t> data(100003);
+  for (auto& byte : data) byte = static_cast<uint8_t>(random());
+  const uint32_t whole = Crc32c(data.data(), data.size());
+  for (size_t split : {size_t{0}, size_t{1}, size_t{9}, size_t{4096},
+                       size_t{65537}, data.size()}) {
+    const uint32_t a = Crc32c(data.data(), split);
+    const uint32_t b = Crc32c(data.data() + split, data.size() - split);
+    EXPECT_EQ(Crc32cCombine(a, b, data.size() - split), whole)
+        << "split at " << split;
+  }
+}
+
 TEST(Crc32cTest, OneFlippedBitChangesIt) {
   std::string text(1000, 'x');
   const uint32_t before = Crc32c(text.data(), text.size());

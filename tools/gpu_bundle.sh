@@ -92,7 +92,7 @@ print(" ".join(re.sub(r"\$\((rootpath|location|execpath) ([^)]+)\)", path, a) fo
 done
 
 # Benchmarks and examples: every cc_binary under bench/ and examples/.
-for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/cuda/...)' 2>/dev/null); do
+for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/cuda/... + //tools:ze_checkpoint)' 2>/dev/null); do
   package="${label#//}"; package="${package%%:*}"; name="${label##*:}"
   add_binary "${package}/${name}" "${bundle}/bin/${name}"
 done

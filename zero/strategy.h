@@ -205,7 +205,8 @@ class ZeroStrategy {
   absl::Status SaveState(const CheckpointSink& sink);
   // Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the
   // model's dtype for "weights") with parameter `name`'s `kind` elements
-  // [param_begin, param_begin + destination.numel()).
+  // [param_begin, param_begin + destination.numel()). Called from several
+  // threads at once (for different destinations): must be thread-safe.
   using CheckpointSource = std::function<absl::Status(
       const std::string& kind, const std::string& name, int64_t param_begin,
       const Tensor& destination)>;
