@@ -6,13 +6,19 @@
 //   ze_checkpoint consolidate DIR --out=FILE [--tag=T] [--dtype=f32|bf16|f16]
 //       [--format=native|hf-gpt2] [--kind=master|weights]
 //       [--memory_limit=BYTES]
+//   ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16]
+//       [--vocab_size=V]
 //
 // inspect prints what a checkpoint holds (tag, world size, stage, dtype,
 // kinds, steps, parameters, files with sizes); verify reads every file and
 // compares its CRC-32C with the manifest; consolidate writes one
 // safetensors file of full parameters, one parameter at a time, so it needs
 // memory for the largest parameter only (--memory_limit makes that bound a
-// hard limit). Exit status: 0 ok, 1 a failed check or error, 2 bad usage.
+// hard limit). import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file
+// into our names and layout (Conv1D weights transposed, the vocabulary
+// padded with zero rows to V), one parameter at a time, so that
+// Engine::LoadWeights can start a job at any world size and stage from it.
+// Exit status: 0 ok, 1 a failed check or error, 2 bad usage.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -22,9 +28,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/safetensors/writer.h"
 #include "core/status.h"
 #include "engine/checkpoint/checkpoint_format.h"
 #include "engine/checkpoint/consolidate.h"
+#include "nn/pretrained/hf_gpt2.h"
 
 namespace ze {
 namespace checkpoint {
@@ -37,7 +45,9 @@ constexpr char kUsage[] =
     "  ze_checkpoint consolidate DIR --out=FILE [--tag=T] "
     "[--dtype=f32|bf16|f16]\n"
     "      [--format=native|hf-gpt2] [--kind=master|weights] "
-    "[--memory_limit=BYTES]\n";
+    "[--memory_limit=BYTES]\n"
+    "  ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16] "
+    "[--vocab_size=V]\n";
 
 struct Arguments {
   std::string command;
@@ -142,10 +152,59 @@ absl::Status Inspect(const CheckpointReader& reader, bool as_json) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<DType> ParseDType(const std::string& text) {
+  if (text == "f32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  if (text == "f16") return DType::kF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype=", text, ": use f32, bf16 or f16"));
+}
+
+// Streams the HF file into our names and layout: the header is fixed from
+// the file's dims, then each parameter is appended as the loader hands it
+// over (it checks the whole file first).
+absl::Status ImportHuggingFaceGpt2(const std::string& hf_path,
+                                   const std::string& out_path, DType dtype,
+                                   int64_t vocab_size) {
+  ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, nn::InferHuggingFaceGpt2Dims(hf_path));
+  if (vocab_size > 0) {
+    if (vocab_size < dims.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--vocab_size=", vocab_size,
+                       " is below the file's vocabulary of ", dims.vocab_size));
+    }
+    dims.vocab_size = vocab_size;
+  }
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto& [name, shape] : nn::Gpt2ParameterShapes(dims)) {
+    specs.push_back({name, safetensors::ElementTypeOf(dtype), shape});
+  }
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<safetensors::Writer> writer,
+      safetensors::Writer::Create(out_path, std::move(specs),
+                                  {{"format", "pt"}, {"source", hf_path}}));
+  nn::Gpt2LoadOptions options;
+  options.dtype = dtype;
+  options.expected = dims;
+  ZE_RETURN_IF_ERROR(nn::LoadHuggingFaceGpt2(
+      hf_path,
+      [&](const std::string& name, const Tensor& value) {
+        return writer->Append(name, value);
+      },
+      options));
+  ZE_RETURN_IF_ERROR(writer->Finish());
+  std::printf(
+      "wrote %s: GPT-2 with %d layers, %lld channels, vocabulary %lld\n",
+      out_path.c_str(), dims.num_layers, static_cast<long long>(dims.channels),
+      static_cast<long long>(dims.vocab_size));
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<Arguments> parsed =
       Parse(argc, argv,
-            {"tag", "json", "out", "dtype", "format", "kind", "memory_limit"});
+            {"tag", "json", "out", "dtype", "format", "kind", "memory_limit",
+             "vocab_size"});
   if (!parsed.ok()) {
     std::fprintf(stderr, "ze_checkpoint: %s\n%s",
                  std::string(parsed.status().message()).c_str(), kUsage);
@@ -153,6 +212,26 @@ int Main(int argc, char** argv) {
   }
   const Arguments& arguments = *parsed;
   const std::string& command = arguments.command;
+  if (command == "import-hf-gpt2") {
+    absl::StatusOr<DType> dtype = ParseDType(Flag(arguments, "dtype", "f32"));
+    int64_t vocab_size = 0;
+    if (Flag(arguments, "out").empty() || !dtype.ok() ||
+        !absl::SimpleAtoi(Flag(arguments, "vocab_size", "0"), &vocab_size)) {
+      std::fprintf(stderr,
+                   "ze_checkpoint import-hf-gpt2: needs --out, a "
+                   "valid --dtype and --vocab_size\n%s",
+                   kUsage);
+      return 2;
+    }
+    absl::Status status = ImportHuggingFaceGpt2(
+        arguments.directory, Flag(arguments, "out"), *dtype, vocab_size);
+    if (!status.ok()) {
+      std::fprintf(stderr, "ze_checkpoint import-hf-gpt2: %s\n",
+                   status.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   if (command != "inspect" && command != "verify" && command != "consolidate") {
     std::fprintf(stderr, "ze_checkpoint: unknown command %s\n%s",
                  command.c_str(), kUsage);

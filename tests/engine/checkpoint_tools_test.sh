@@ -44,6 +44,12 @@ grep -q "over the limit" "$out/err.txt"
 "$run_mpi" 2 "$main" train --stage=1 --from=2 --to=2 --load_weights="$out/f32.safetensors" --out="$out/reloaded"
 "$main" compare --a="$out/reloaded" --b="$out/gathered" --exact
 
+# From Hugging Face GPT-2 names back to ours, and into a 3-rank stage-2 job:
+# the same parameters, exactly.
+"$tool" import-hf-gpt2 "$out/hf.safetensors" --out="$out/imported.safetensors"
+"$run_mpi" 3 "$main" train --stage=2 --from=2 --to=2 --load_weights="$out/imported.safetensors" --out="$out/from_hf"
+"$main" compare --a="$out/from_hf" --b="$out/gathered" --exact
+
 # A flipped byte: verify names the file and fails.
 cp -r "$ckpt" "$out/flipped"
 "$python" - "$out/flipped/global_step2/rank_00001.safetensors" <<'PY'
