@@ -193,14 +193,18 @@ class ZeroStrategy {
     return partition_->layout().RankShards(rank());
   }
   const PartitionedLayout& layout() const { return partition_->layout(); }
-  // Receives one piece of one kind: `values` is a CPU tensor of the kind's
-  // dtype holding parameter `param_index`'s elements [piece.param_begin,
-  // + count). Valid only during the call.
+  // Receives the next elements of one piece of one kind: `values` is a CPU
+  // tensor of the kind's dtype holding the next run of parameter
+  // `piece.param_index`'s elements (a piece may arrive in several chunks,
+  // in order; all of one kind before the next kind). Valid only during the
+  // call.
   using CheckpointSink = std::function<absl::Status(const CheckpointKind& kind,
                                                     const ParamShard& piece,
                                                     const Tensor& values)>;
   // Emits every piece of CheckpointPieces, each with every kind, in that
   // order, reading offloaded state back from host memory or the swap file.
+  // The sink runs on a writer thread of SaveState's (one call at a time, in
+  // order) while the caller's thread copies the next bucket to the host.
   // The sink's error stops it and is returned.
   absl::Status SaveState(const CheckpointSink& sink);
   // Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the

@@ -120,33 +120,9 @@ absl::Status Writer::Flush() {
       internal::WriteFully(fd_, buffer_.data(), buffer_.size(), temp_path_);
   buffer_.clear();
   if (!status.ok()) return Fail(status);
-  return WriteBehind();
-}
-
-absl::Status Writer::WriteBehind() {
-  // Big files (checkpoints) would otherwise sit in the page cache until
-  // Finish's fsync and then go to disk all at once, after the caller's work
-  // is done. Instead each window starts its writeback as soon as it is
-  // written, and the one before it is waited for, so the disk works while
-  // the caller prepares the next bytes and Finish's fsync finds little
-  // left. Dirty pages stay bounded by two windows.
-  constexpr uint64_t kWindowBytes = uint64_t{64} << 20;
-  while (bytes_written_ - flushed_through_ >= kWindowBytes) {
-    const uint64_t begin = flushed_through_;
-    if (sync_file_range(fd_, static_cast<off64_t>(begin), kWindowBytes,
-                        SYNC_FILE_RANGE_WRITE) != 0) {
-      return absl::OkStatus();  // an optimisation only: fsync still follows
-    }
-    if (begin >= kWindowBytes) {
-      sync_file_range(fd_, static_cast<off64_t>(begin - kWindowBytes),
-                      kWindowBytes,
-                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                          SYNC_FILE_RANGE_WAIT_AFTER);
-    }
-    flushed_through_ = begin + kWindowBytes;
-  }
   return absl::OkStatus();
 }
+
 
 absl::Status Writer::Write(const void *data, size_t bytes) {
   // Every byte of the file passes here once, in order.
@@ -163,7 +139,7 @@ absl::Status Writer::Write(const void *data, size_t bytes) {
   }
   absl::Status status = internal::WriteFully(fd_, data, bytes, temp_path_);
   if (!status.ok()) return Fail(status);
-  return WriteBehind();
+  return absl::OkStatus();
 }
 
 absl::Status Writer::AppendBytes(absl::string_view name, const void *data,

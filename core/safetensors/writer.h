@@ -88,8 +88,6 @@ class Writer {
   void AdvancePastCompleteTensors();
   absl::Status Write(const void *data, size_t bytes);
   absl::Status Flush();
-  // Starts writeback of full windows written since the last call.
-  absl::Status WriteBehind();
   // Records `status` as the writer's failure and removes the temp file.
   absl::Status Fail(absl::Status status);
 
@@ -104,7 +102,6 @@ class Writer {
   bool finished_ = false;
   uint32_t crc32c_ = 0;
   uint64_t bytes_written_ = 0;
-  uint64_t flushed_through_ = 0;  // writeback started below this offset
 };
 
 // Writes whole CPU tensors, in the given order, in one call (Create, Append
