@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/allocator.h"
 #include "core/crc32c.h"
 #include "core/safetensors/writer.h"
 #include "core/status.h"
@@ -286,6 +287,13 @@ int Main(int argc, char** argv) {
                                       : DType::kF16;
     options.format = format == "native" ? ConsolidateFormat::kNative
                                         : ConsolidateFormat::kHfGpt2;
+    if (options.memory_limit_bytes > 0) {
+      // The limit is the host allocator's cap too (every tensor the
+      // consolidation holds comes from it), so exceeding it fails loudly
+      // instead of merely being reported.
+      HostMemory()->SetByteCap(HostMemory()->stats().bytes_in_use +
+                               options.memory_limit_bytes);
+    }
     absl::StatusOr<ConsolidateReport> report = Consolidate(**reader, options);
     status = report.status();
     if (report.ok()) {
