@@ -1,7 +1,8 @@
-// Prints the config reference table (Markdown) for the README. The table is
+// Prints the config reference (Markdown) that docs/config.md holds. The table is
 // generated from the defaults and rules the loader uses, so it cannot go
 // stale: regenerate it with
-//   bazel run //config:print_reference > docs/config_reference.md
+//   (head -4 docs/config.md; bazel-bin/config/print_reference) > new.md
+// and move new.md over docs/config.md (config:config_doc_test checks it).
 #include <cstdio>
 
 #include "config/config.h"
