@@ -322,6 +322,15 @@ absl::Status Engine::Setup() {
         ": zero_optimization.offload_param.device \"nvme\" is not available "
         "in this build; use \"cpu\" (offload_optimizer may use \"nvme\")"));
   }
+  if (cfg.checkpoint.load_universal) {
+    // DeepSpeed's universal checkpoints are its own offline conversion; our
+    // checkpoints load at any world size and stage without one.
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.source,
+        ": checkpoint.load_universal is not available: zero-engine does not "
+        "read DeepSpeed's universal checkpoints (its own checkpoints load at "
+        "any world size and stage directly); remove the key"));
+  }
   if (offload_optimizer.delayed_update &&
       (offload_optimizer.device != config::OffloadDevice::kCpu ||
        offload_optimizer.ratio != 1.0 ||

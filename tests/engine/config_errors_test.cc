@@ -116,6 +116,17 @@ TEST(ConfigErrorsTest, ParamOffloadNeedsWholeOptimizerOnCpu) {
   }
 }
 
+// DeepSpeed's universal checkpoints are not read; asking for them is an
+// error naming the key, not a silent no-op.
+TEST(ConfigErrorsTest, LoadUniversalIsRefused) {
+  const std::string path = WriteConfig(
+      "load_universal",
+      R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+          "bf16": {"enabled": true}, "checkpoint": {"load_universal": true}})");
+  ExpectError(InitializeWith(path), absl::StatusCode::kUnimplemented,
+              {path, "checkpoint.load_universal"});
+}
+
 // An NVMe directory the rank cannot create its swap file in (/proc: not even
 // root can) fails Initialize naming the directory; when only rank 0's is
 // bad, every other rank fails too instead of waiting in a collective.
