@@ -4,6 +4,13 @@
 //   mpirun --oversubscribe --bind-to none -np 4 train_gpt
 //       [--config=examples/configs/train_gpt_cpu.json] [--model=tiny]
 //       [--steps=60] [--seq=64] [--device=auto|cpu|cuda]
+//       [--save_dir=DIR [--save_every=N] [--resume]]
+//
+// Checkpoints: with --save_dir the engine saves there every --save_every
+// steps (0: only at the end) and at the end (tag global_stepN, `latest`
+// updated atomically). --resume loads `latest` from --save_dir when there
+// is one, at whatever world size, stage or offload it was saved with, and
+// continues from the step after it up to --steps.
 //
 // The data is built in: a deterministic corpus of sentences from a small
 // grammar ("the old cat chases a red ball quietly."), read as bytes (the
@@ -24,6 +31,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +57,9 @@ struct Flags {
   int64_t steps = 60;
   int64_t seq = 64;
   std::string device = "auto";
+  std::string save_dir;
+  int64_t save_every = 0;
+  bool resume = false;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -69,6 +80,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ok = ok && absl::SimpleAtoi(value, &flags.steps) && flags.steps >= 5;
     } else if (name == "--seq") {
       ok = ok && absl::SimpleAtoi(value, &flags.seq) && flags.seq >= 2;
+    } else if (name == "--save_dir") {
+      flags.save_dir = value;
+      ok = ok && !value.empty();
+    } else if (name == "--save_every") {
+      ok = ok && absl::SimpleAtoi(value, &flags.save_every) &&
+           flags.save_every >= 0;
+    } else if (name == "--resume") {
+      flags.resume = true;
+      ok = eq == std::string::npos;
     } else {
       ok = false;
     }
@@ -76,7 +96,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad flag '", arg,
           "'; usage: train_gpt [--config=PATH] [--model=tiny|124M|...] "
-          "[--steps=N>=5] [--seq=T>=2] [--device=auto|cpu|cuda]"));
+          "[--steps=N>=5] [--seq=T>=2] [--device=auto|cpu|cuda] "
+          "[--save_dir=DIR [--save_every=N] [--resume]]"));
     }
   }
   return flags;
@@ -146,6 +167,11 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const std::string& name,
   return config;
 }
 
+// Whether `directory` holds a completed checkpoint (its `latest` file).
+bool CheckpointExists(const std::string& directory) {
+  return std::ifstream(directory + "/latest").good();
+}
+
 absl::Status Train(const Flags& flags, int* exit_code) {
   comm::CommOptions options;
   options.device = flags.device;
@@ -189,10 +215,34 @@ absl::Status Train(const Flags& flags, int* exit_code) {
       communicator->device().ToString(), flags.steps, world, accumulation,
       micro, seq);
 
+  if (flags.resume && flags.save_dir.empty()) {
+    return absl::InvalidArgumentError("train_gpt: --resume needs --save_dir");
+  }
+  // Resuming: the step to continue from and the first steps' mean loss (to
+  // judge the whole run's progress) come back in client_state.
+  int64_t first_step = 0;
+  double resumed_first_loss = 0;
+  if (flags.resume && CheckpointExists(flags.save_dir)) {
+    ZE_ASSIGN_OR_RETURN(engine::Engine::LoadedCheckpoint loaded,
+                        engine->LoadCheckpoint(flags.save_dir));
+    first_step = loaded.client_state.value("next_step", int64_t{0});
+    resumed_first_loss = loaded.client_state.value("first_loss", 0.0);
+    ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << flags.save_dir << "/"
+                       << loaded.tag << " (saved by " << loaded.saved_world_size
+                       << " ranks at ZeRO stage " << loaded.saved_stage
+                       << "), continuing at step " << first_step;
+  }
+
   std::vector<int32_t> tokens(micro * seq), targets(micro * seq);
   std::vector<double> losses;
+  double first_loss = resumed_first_loss;  // mean of the run's first steps
+  auto save = [&](int64_t next_step) -> absl::Status {
+    return engine->SaveCheckpoint(
+        flags.save_dir, "",
+        nlohmann::json{{"next_step", next_step}, {"first_loss", first_loss}});
+  };
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < flags.steps; ++step) {
+  for (int64_t step = first_step; step < flags.steps; ++step) {
     engine::StepReport report;
     for (int64_t m = 0; m < accumulation; ++m) {
       for (int64_t i = 0; i < micro; ++i) {
@@ -215,11 +265,29 @@ absl::Status Train(const Flags& flags, int* exit_code) {
       ZE_ASSIGN_OR_RETURN(report, engine->Step());
     }
     if (!report.skipped) losses.push_back(report.loss);
+    if (first_loss == 0 && losses.size() == 5) {
+      first_loss =
+          (losses[0] + losses[1] + losses[2] + losses[3] + losses[4]) / 5;
+    }
+    if (!flags.save_dir.empty() && flags.save_every > 0 &&
+        (step + 1) % flags.save_every == 0 && step + 1 < flags.steps) {
+      ZE_RETURN_IF_ERROR(save(step + 1));
+    }
+  }
+  if (!flags.save_dir.empty() && first_step < flags.steps) {
+    ZE_RETURN_IF_ERROR(save(flags.steps));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
 
+  if (first_step >= flags.steps) {
+    ZE_LOG_RANK0(INFO) << "train_gpt: the checkpoint is already at step "
+                       << first_step << " of " << flags.steps
+                       << "; nothing to train";
+    *exit_code = 0;
+    return absl::OkStatus();
+  }
   // The loss is the mean over all ranks, so every rank reaches the same
   // verdict.
   const size_t window = std::max<size_t>(1, losses.size() / 5);
@@ -232,10 +300,12 @@ absl::Status Train(const Flags& flags, int* exit_code) {
     first += losses[i] / window;
     last += losses[losses.size() - window + i] / window;
   }
+  // A resumed run is judged against the loss the run started from.
+  if (resumed_first_loss > 0) first = resumed_first_loss;
   const bool fell = last < 0.9 * first;
-  const double tokens_per_second = static_cast<double>(flags.steps) *
-                                   engine->config().train_batch_size.value() *
-                                   seq / seconds;
+  const double tokens_per_second =
+      static_cast<double>(flags.steps - first_step) *
+      engine->config().train_batch_size.value() * seq / seconds;
   if (rank == 0) {
     std::printf(
         "train_gpt: %s, %d ranks, ZeRO stage %d, %d steps in %.1f s "
@@ -243,8 +313,8 @@ absl::Status Train(const Flags& flags, int* exit_code) {
         "skipped %d: %s\n",
         flags.model.c_str(), world,
         static_cast<int>(engine->config().zero_optimization.stage),
-        static_cast<int>(flags.steps), seconds, tokens_per_second, first, last,
-        window, static_cast<int>(engine->counters().skipped_steps),
+        static_cast<int>(flags.steps - first_step), seconds, tokens_per_second,
+        first, last, window, static_cast<int>(engine->counters().skipped_steps),
         fell ? "OK, the loss fell" : "FAILED, the loss did not fall");
     std::fflush(stdout);
   }
