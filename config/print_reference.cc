@@ -1,5 +1,5 @@
-// Prints the config reference (Markdown) that docs/config.md holds. The table is
-// generated from the defaults and rules the loader uses, so it cannot go
+// Prints the config reference (Markdown) that docs/config.md holds. The table
+// is generated from the defaults and rules the loader uses, so it cannot go
 // stale: regenerate it with
 //   (head -4 docs/config.md; bazel-bin/config/print_reference) > new.md
 // and move new.md over docs/config.md (config:config_doc_test checks it).

@@ -123,7 +123,6 @@ absl::Status Writer::Flush() {
   return absl::OkStatus();
 }
 
-
 absl::Status Writer::Write(const void *data, size_t bytes) {
   // Every byte of the file passes here once, in order.
   crc32c_ = Crc32cExtend(crc32c_, data, bytes);
