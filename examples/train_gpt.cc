@@ -4,7 +4,12 @@
 //   mpirun --oversubscribe --bind-to none -np 4 train_gpt
 //       [--config=examples/configs/train_gpt_cpu.json] [--model=tiny]
 //       [--steps=60] [--seq=64] [--device=auto|cpu|cuda]
-//       [--save_dir=DIR [--save_every=N] [--resume]]
+//       [--save_dir=DIR [--save_every=N] [--resume]] [--dry_run]
+//
+// --dry_run checks the config, builds the model's shapes without storage
+// and prints the per-rank memory plan (GPU, pinned host, NVMe; the same
+// figures Initialize would report and allocate by) and an activation
+// estimate, then exits without allocating.
 //
 // Checkpoints: with --save_dir the engine saves there every --save_every
 // steps (0: only at the end) and at the end (tag global_stepN, `latest`
@@ -47,6 +52,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "nn/gpt.h"
+#include "zero/plan.h"
 
 namespace ze {
 namespace {
@@ -60,6 +66,7 @@ struct Flags {
   std::string save_dir;
   int64_t save_every = 0;
   bool resume = false;
+  bool dry_run = false;
 };
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -89,6 +96,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (name == "--resume") {
       flags.resume = true;
       ok = eq == std::string::npos;
+    } else if (name == "--dry_run") {
+      flags.dry_run = true;
+      ok = eq == std::string::npos;
     } else {
       ok = false;
     }
@@ -97,7 +107,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
           "bad flag '", arg,
           "'; usage: train_gpt [--config=PATH] [--model=tiny|124M|...] "
           "[--steps=N>=5] [--seq=T>=2] [--device=auto|cpu|cuda] "
-          "[--save_dir=DIR [--save_every=N] [--resume]]"));
+          "[--save_dir=DIR [--save_every=N] [--resume]] [--dry_run]"));
     }
   }
   return flags;
@@ -200,6 +210,30 @@ absl::Status Train(const Flags& flags, int* exit_code) {
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> built,
                       nn::GptModel::Create(gpt, model_options));
   std::shared_ptr<nn::GptModel> model(std::move(built));
+  if (flags.dry_run) {
+    ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
+                        zero::PlanMemory(*model, config, world));
+    // Activations of one micro-batch without recomputation, 16-bit
+    // (Korthikanti et al. 2022: 34 B T C + 5 B H T^2 bytes per layer): an
+    // estimate, not the engine's allocator.
+    const double micro =
+        static_cast<double>(config.train_micro_batch_size_per_gpu.value());
+    const double activations =
+        gpt.num_layers * (34.0 * micro * flags.seq * gpt.channels +
+                          5.0 * micro * gpt.num_heads * flags.seq * flags.seq);
+    if (rank == 0) {
+      std::printf(
+          "train_gpt --dry_run: %s (%lld parameters), %d ranks, ZeRO stage "
+          "%d\n  model state per rank: %s\n  activations per rank "
+          "(estimate, micro-batch %.0f x %lld): %.3f GiB\n",
+          flags.config.c_str(), static_cast<long long>(gpt.NumParameters()),
+          world, static_cast<int>(config.zero_optimization.stage),
+          plan.ToString().c_str(), micro, static_cast<long long>(flags.seq),
+          activations / (1024.0 * 1024.0 * 1024.0));
+    }
+    *exit_code = 0;
+    return absl::OkStatus();
+  }
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, flags.config, communicator));
 

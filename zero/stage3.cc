@@ -29,42 +29,15 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stage3::Create(
   return std::unique_ptr<ZeroStrategy>(std::move(stage3));
 }
 
-// One bucket of trainable and one of frozen parameters per module, in
-// Modules() order; a parameter goes to the first module listing it.
+// zero/plan.h's stage-3 layout: a bucket of trainable and one of frozen
+// parameters per module.
 absl::StatusOr<PartitionedLayout> Stage3::Layout() {
   nn::LossModel& model = *context_.model;
-  std::unordered_set<const nn::Parameter*> placed;
-  std::vector<std::vector<ParamSpec>> groups;
-  std::vector<bool> group_trainable;
-  for (nn::Module* module : model.Modules()) {
-    std::vector<ParamSpec> trainable, frozen;
-    std::vector<nn::Parameter*> trainable_params, frozen_params;
-    for (nn::Parameter* parameter : module->DirectParameters()) {
-      if (!placed.insert(parameter).second) continue;
-      if (parameter->requires_grad()) {
-        trainable.push_back({parameter->name(), parameter->numel()});
-        trainable_params.push_back(parameter);
-      } else {
-        frozen.push_back({parameter->name(), parameter->numel()});
-        frozen_params.push_back(parameter);
-      }
-    }
-    if (!trainable.empty()) {
-      groups.push_back(trainable);
-      group_trainable.push_back(true);
-      params_.insert(params_.end(), trainable_params.begin(),
-                     trainable_params.end());
-    }
-    if (!frozen.empty()) {
-      groups.push_back(frozen);
-      group_trainable.push_back(false);
-      params_.insert(params_.end(), frozen_params.begin(), frozen_params.end());
-    }
-  }
-  LayoutOptions options;
-  options.world_size = world();
-  ZE_ASSIGN_OR_RETURN(PartitionedLayout layout,
-                      PartitionedLayout::BuildFromGroups(groups, options));
+  ZE_ASSIGN_OR_RETURN(stage_layout_,
+                      BuildStageLayout(model, config(), world()));
+  const PartitionedLayout& layout = stage_layout_.layout;
+  params_ = stage_layout_.params;
+  const std::vector<bool>& group_trainable = stage_layout_.trainable;
   buckets_.resize(layout.num_buckets());
   const int64_t threshold =
       zero_config().stage3_param_persistence_threshold.value();
@@ -110,15 +83,8 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
 }
 
 absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
-  int64_t psi = 0;  // trainable, as stages 0-2 count it
-  for (int i = 0; i < layout.num_params(); ++i) {
-    if (params_[i]->requires_grad()) psi += layout.param(i).numel;
-  }
-  std::vector<bool> trainable;
-  for (const Bucket& bucket : buckets_) trainable.push_back(bucket.trainable);
-  ZE_ASSIGN_OR_RETURN(
-      const PartitionStateOptions options,
-      PlanPartitionState(layout, /*stage=*/3, std::move(trainable), psi));
+  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions options,
+                      PlanPartitionState(stage_layout_));
   ZE_ASSIGN_OR_RETURN(partition_,
                       PartitionState::Create(layout, options, stream()));
 

@@ -29,22 +29,10 @@ absl::Status Stages0To2::Setup() {
           static_cast<uint64_t>(config().seed), stream()));
     }
   }
-  // Layout order = reverse of the model's order, so buckets complete in
-  // index order during backward (the last layers' gradients come first).
-  for (nn::Parameter* parameter : model.Parameters()) {
-    if (parameter->requires_grad()) params_.push_back(parameter);
-  }
-  std::reverse(params_.begin(), params_.end());
-  std::vector<ParamSpec> specs;
-  for (nn::Parameter* parameter : params_) {
-    specs.push_back({parameter->name(), parameter->numel()});
-  }
-  LayoutOptions options;
-  options.world_size = world();
-  options.bucket_max_elements =
-      config().zero_optimization.reduce_bucket_size.value();
-  ZE_ASSIGN_OR_RETURN(PartitionedLayout layout,
-                      PartitionedLayout::Build(specs, options));
+  ZE_ASSIGN_OR_RETURN(const StageLayout stage_layout,
+                      BuildStageLayout(model, config(), world()));
+  const PartitionedLayout& layout = stage_layout.layout;
+  params_ = stage_layout.params;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     index_of_[params_[i]] = i;
   }
@@ -52,8 +40,7 @@ absl::Status Stages0To2::Setup() {
   // The memory this rank will hold, computed before allocating so a model
   // that does not fit fails with the full figure.
   ZE_ASSIGN_OR_RETURN(const PartitionStateOptions state_options,
-                      PlanPartitionState(layout, stage, /*trainable=*/{},
-                                         layout.total_param_elements()));
+                      PlanPartitionState(stage_layout));
   ZE_ASSIGN_OR_RETURN(partition_,
                       PartitionState::Create(layout, state_options, stream()));
   // Move the model's weights into the flat buffer and make each parameter a

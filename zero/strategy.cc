@@ -67,9 +67,10 @@ absl::Status ZeroStrategy::CheckLoadable(
 }
 
 absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
-    const PartitionedLayout& layout, int stage, std::vector<bool> trainable,
-    int64_t psi) {
+    const StageLayout& stage_layout) {
   const config::ZeroConfig& zero = config().zero_optimization;
+  const PartitionedLayout& layout = stage_layout.layout;
+  const int stage = static_cast<int>(zero.stage);
   const OptimizerOptions& optimizer = context_.training->optimizer_options();
   PartitionStateOptions options;
   options.stage = stage;
@@ -77,29 +78,16 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
   options.model_dtype = context_.model->dtype();
   options.device = device();
   options.optimizer = optimizer;
-  options.trainable = std::move(trainable);
-  StatePlacement placement;
+  options.trainable = stage_layout.trainable;
+  const OffloadPlan offload = PlanOffload(config(), stage_layout);
+  options.optimizer_placement = offload.optimizer_placement;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
-    const bool nvme =
-        zero.offload_optimizer.device == config::OffloadDevice::kNvme;
-    options.optimizer_placement = ChooseOptimizerPlacement(
-        layout, options.trainable, zero.offload_optimizer.ratio,
-        nvme ? Placement::kNvme : Placement::kHost);
-    for (Placement where : options.optimizer_placement) {
-      placement.optimizer_on_host.push_back(where != Placement::kDevice);
-    }
-    if (nvme) {
+    if (zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
       options.nvme.nvme = offload::NvmeOptionsFromConfig(
           config().aio, zero.offload_optimizer.nvme_path.value_or(""));
-      options.nvme.buffer_count = static_cast<int>(
-          std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
-      placement.optimizer_on_nvme = true;
-      placement.nvme_buffer_count = options.nvme.buffer_count;
+      options.nvme.buffer_count = offload.state.nvme_buffer_count;
     }
-    options.pin_memory = zero.offload_optimizer.pin_memory;
     options.chunk_elements = zero.sub_group_size;
-    placement.chunk_elements =
-        std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
     options.delayed_update = zero.offload_optimizer.delayed_update;
     // This host's cores, shared by its ranks; on a GPU one per rank is left
     // to the engine's thread, which launches the next forward's kernels
@@ -108,16 +96,15 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     const int share = static_cast<int>(cores) / comm().local_size();
     options.host_threads = std::max(1, device().is_cuda() ? share - 1 : share);
   }
-  if (zero.offload_param.device == config::OffloadDevice::kCpu) {
+  if (offload.state.weights_on_host) {
     options.weights_placement = Placement::kHost;
-    placement.weights_on_host = true;
-    options.pin_memory = options.pin_memory || zero.offload_param.pin_memory;
   }
-  placement.pin_memory = options.pin_memory;
+  options.pin_memory = offload.state.pin_memory;
   ZE_ASSIGN_OR_RETURN(memory_,
                       PlanModelStateMemory(
                           layout, stage, config::GetTrainingPrecision(config()),
-                          StateBytesPerElement(optimizer), psi, placement));
+                          StateBytesPerElement(optimizer),
+                          stage_layout.trainable_elements, offload.state));
   options.annotate_allocation_error = [this](const absl::Status& status) {
     return AnnotateAllocationError(status);
   };

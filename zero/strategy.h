@@ -42,6 +42,7 @@
 #include "zero/boundary_step.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
+#include "zero/plan.h"
 #include "zero/training_state.h"
 
 namespace ze {
@@ -257,15 +258,13 @@ class ZeroStrategy {
   absl::Status CheckLoadable(
       const safetensors::Reader& reader,
       const std::vector<nn::Parameter*>& parameters) const;
-  // Plans memory_ for `layout` at `stage` (`trainable` per bucket, empty:
-  // all; `psi`: trainable elements) and returns the PartitionState options
-  // every strategy shares: rank, dtype, device, optimizer, and the offload
-  // placement from zero_optimization.offload_optimizer / offload_param
-  // (ratio, pin_memory; the CPU optimizer gets this host's cores divided by
-  // the ranks on it).
+  // Plans memory_ for `layout` (zero/plan.h; the same plan PlanMemory
+  // reports) and returns the PartitionState options every strategy shares:
+  // rank, dtype, device, optimizer, and the offload placement from
+  // zero_optimization.offload_optimizer / offload_param (ratio, pin_memory;
+  // the CPU optimizer gets this host's cores divided by the ranks on it).
   absl::StatusOr<PartitionStateOptions> PlanPartitionState(
-      const PartitionedLayout& layout, int stage, std::vector<bool> trainable,
-      int64_t psi);
+      const StageLayout& layout);
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
   // Installs `hook` on `module`; the destructor removes it.
