@@ -35,6 +35,49 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> CommunicatorFor(
   return std::shared_ptr<comm::Communicator>(std::move(created));
 }
 
+// One line on rank 0 at startup: which strategy runs and where state
+// lives, so "what am I running" is never a question (the whole resolved
+// config is logged at DEBUG: ZE_LOG_LEVEL=DEBUG).
+std::string StartupSummary(const config::Config& config, int world_size,
+                           DType dtype) {
+  const config::ZeroConfig& zero = config.zero_optimization;
+  const char* partitioned[] = {"nothing", "optimizer state",
+                               "optimizer state and gradients",
+                               "optimizer state, gradients and parameters"};
+  std::string text = absl::StrFormat(
+      "%s: world size %d, ZeRO stage %d (partitioned: %s), %s, batch %d x %d "
+      "x %d = %d (micro x accumulation x ranks), reduce_bucket_size %d, "
+      "allgather_bucket_size %d",
+      config.source, world_size, zero.stage,
+      partitioned[std::min<int64_t>(std::max<int64_t>(zero.stage, 0), 3)],
+      DTypeName(dtype), config.train_micro_batch_size_per_gpu.value(),
+      config.gradient_accumulation_steps.value(), world_size,
+      config.train_batch_size.value(), zero.reduce_bucket_size.value(),
+      zero.allgather_bucket_size);
+  if (zero.stage == 3) {
+    absl::StrAppend(&text, ", stage3_prefetch_bucket_size ",
+                    zero.stage3_prefetch_bucket_size.value(),
+                    ", stage3_param_persistence_threshold ",
+                    zero.stage3_param_persistence_threshold.value());
+  }
+  const auto device_name = [](config::OffloadDevice device) {
+    return device == config::OffloadDevice::kCpu ? "cpu" : "nvme";
+  };
+  if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
+    absl::StrAppend(&text, ", offload_optimizer ",
+                    device_name(zero.offload_optimizer.device), " (ratio ",
+                    zero.offload_optimizer.ratio,
+                    zero.offload_optimizer.pin_memory ? ", pinned" : "",
+                    zero.offload_optimizer.delayed_update ? ", delayed" : "",
+                    ")");
+  }
+  if (zero.offload_param.device != config::OffloadDevice::kNone) {
+    absl::StrAppend(&text, ", offload_param ",
+                    device_name(zero.offload_param.device));
+  }
+  return text;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Engine
@@ -448,8 +491,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   }
   engine->window_start_ = Clock::now();
   if (engine->communicator_->rank() == 0) {
-    ZE_LOG_RANK0(INFO) << "config (" << config.source << "):\n"
-                       << config::ToJson(config);
+    ZE_LOG_RANK0(DEBUG) << "config (" << config.source << "):\n"
+                        << config::ToJson(config);
+    ZE_LOG_RANK0(INFO) << StartupSummary(
+        config, engine->communicator_->world_size(), engine->model_->dtype());
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
