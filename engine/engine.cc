@@ -147,6 +147,7 @@ absl::StatusOr<StepReport> Engine::Step() {
   counters_.micro_steps += 1;
   counters_.global_samples += micro * communicator_->world_size();
   window_tokens_ += last_tokens_ * communicator_->world_size();
+  step_tokens_ += last_tokens_ * communicator_->world_size();
   if (!boundary) return StepReport{};
   const Clock::time_point start = Clock::now();
   const double loss_sum = loss_sum_;
@@ -196,6 +197,18 @@ absl::Status Engine::ReportStep(const StepReport& report) {
         config::TrainingPrecision::kFp16) {
       write("Train/Samples/loss_scale", report.loss_scale);
     }
+    // Throughput since the previous step's report (over every rank), and
+    // the model device's allocator: bytes in use now and the peak so far.
+    const Clock::time_point now = Clock::now();
+    const double seconds =
+        std::chrono::duration<double>(now - last_report_).count();
+    if (seconds > 0)
+      write("Train/Samples/tokens_per_second", step_tokens_ / seconds);
+    const AllocatorStats memory = GetAllocator(model_->device())->stats();
+    write("Train/Samples/memory_allocated_bytes",
+          static_cast<double>(memory.bytes_in_use));
+    write("Train/Samples/memory_peak_bytes",
+          static_cast<double>(memory.peak_bytes_in_use));
     if (config_.wall_clock_breakdown) {
       write("Train/Samples/elapsed_time_ms_forward", step_phase_ms_[0]);
       write("Train/Samples/elapsed_time_ms_backward", step_phase_ms_[1]);
@@ -210,6 +223,8 @@ absl::Status Engine::ReportStep(const StepReport& report) {
     }
   }
   for (double& ms : step_phase_ms_) ms = 0;
+  step_tokens_ = 0;
+  last_report_ = Clock::now();
   const int64_t every = config_.steps_per_print;
   if (every <= 0 || counters_.global_steps % every != 0) {
     return absl::OkStatus();
@@ -490,6 +505,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_RETURN_IF_ERROR(engine->Setup());
   }
   engine->window_start_ = Clock::now();
+  engine->last_report_ = engine->window_start_;
   if (engine->communicator_->rank() == 0) {
     ZE_LOG_RANK0(DEBUG) << "config (" << config.source << "):\n"
                         << config::ToJson(config);

@@ -45,10 +45,12 @@
 // phase then synchronises the device at its end, so leave it off for
 // speed); with memory_breakdown the allocator's bytes in use after each
 // phase and its peak since the last print (whose peak it then resets).
-// csv_monitor writes Train/Samples/train_loss, lr, loss_scale (fp16) and,
-// with wall_clock_breakdown, elapsed_time_ms_{forward,backward,step} at
-// each step (engine/monitor.h); a failed write is logged and ends csv
-// monitoring, never the step.
+// csv_monitor writes Train/Samples/train_loss, lr, loss_scale (fp16),
+// tokens_per_second (over all ranks, since the previous step),
+// memory_allocated_bytes and memory_peak_bytes (the model device's
+// allocator) and, with wall_clock_breakdown,
+// elapsed_time_ms_{forward,backward,step} at each step (engine/monitor.h); a
+// failed write is logged and ends csv monitoring, never the step.
 //
 // Threading: one thread drives an engine. Errors are Statuses naming the
 // config key, parameter or rank; a failed collective (timeout, mismatch)
@@ -317,6 +319,9 @@ class Engine {
   int64_t last_tokens_ = 0;
   double window_tokens_ = 0;
   std::chrono::steady_clock::time_point window_start_;
+  // For csv_monitor's per-step tokens_per_second.
+  double step_tokens_ = 0;
+  std::chrono::steady_clock::time_point last_report_;
   CsvMonitor monitor_;
   // wall_clock_breakdown: milliseconds and counts per phase (forward,
   // backward, step) since the last print, and within the current step.

@@ -138,6 +138,16 @@ TEST(CsvMonitorTest, WritesDeepSpeedFilesOnRankZero) {
       EXPECT_FALSE(std::ifstream(job + "Train_Samples_loss_scale.csv"))
           << "loss_scale is written under fp16 only";
     }
+    for (const char* name :
+         {"tokens_per_second", "memory_allocated_bytes", "memory_peak_bytes"}) {
+      const auto rows =
+          ReadCsv(job + "Train_Samples_" + std::string(name) + ".csv");
+      ASSERT_EQ(rows.size(), loss.values.size() + 1) << name;  // + header
+      for (const auto& row : rows) {
+        if (row[0] == "step") continue;
+        EXPECT_GT(std::strtod(row[1].c_str(), nullptr), 0.0) << name;
+      }
+    }
     for (const char* phase : {"forward", "backward", "step"}) {
       const std::string name = absl::StrCat("elapsed_time_ms_", phase);
       ExpectCsv(job + "Train_Samples_" + name + ".csv", name, times);
