@@ -525,7 +525,10 @@ absl::Status CommitSave(const std::string& directory,
   ZE_RETURN_IF_ERROR(SyncDirectory(directory));
   ZE_RETURN_IF_ERROR(WriteFileAtomically(
       absl::StrCat(directory, "/", kLatestFileName), manifest.tag + "\n"));
-  if (replacing) fs::remove_all(old, error);
+  // The previous save of this tag: moved aside just above, or left by a
+  // CommitSave that died between its two renames (then `replacing` is
+  // false, and the .old directory is stale now that <tag> is complete).
+  fs::remove_all(old, error);
   return absl::OkStatus();
 }
 
@@ -549,7 +552,7 @@ absl::StatusOr<std::string> ReadLatestTag(const std::string& directory) {
 
 // ----------------------------------------------------------------- reading
 
-absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+absl::StatusOr<std::string> ResolveTagDirectory(
     const std::string& directory, const std::string& tag_argument) {
   std::error_code error;
   if (!fs::is_directory(directory, error)) {
@@ -561,29 +564,39 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     ZE_ASSIGN_OR_RETURN(tag, ReadLatestTag(directory));
   }
   ZE_RETURN_IF_ERROR(ValidateTag(tag));
-  std::string tag_directory = TagDirectory(directory, tag);
-  if (!fs::is_directory(tag_directory, error) &&
-      fs::is_directory(OldDirectory(directory, tag), error)) {
-    tag_directory = OldDirectory(directory, tag);  // see ReadLatestTag
-  }
-  if (!fs::is_directory(tag_directory, error)) {
-    return absl::NotFoundError(
-        absl::StrCat("checkpoint tag ", tag, " does not exist in ", directory));
-  }
+  const std::string tag_directory = TagDirectory(directory, tag);
+  if (fs::is_directory(tag_directory, error)) return tag_directory;
+  const std::string old = OldDirectory(directory, tag);
+  if (fs::is_directory(old, error)) return old;  // see ReadLatestTag
+  return absl::NotFoundError(
+      absl::StrCat("checkpoint tag ", tag, " does not exist in ", directory));
+}
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& tag_directory) {
   const std::string manifest_path =
       absl::StrCat(tag_directory, "/", kManifestFileName);
   std::ifstream manifest_file(manifest_path);
   if (!manifest_file) {
-    return absl::NotFoundError(absl::StrCat(manifest_path,
-                                            " is missing: the save of tag ",
-                                            tag, " did not complete"));
+    return absl::NotFoundError(
+        absl::StrCat(manifest_path, " is missing: the save of ", tag_directory,
+                     " did not complete"));
   }
   std::stringstream text;
   text << manifest_file.rdbuf();
+  if (manifest_file.bad()) {
+    return absl::DataLossError(absl::StrCat("read ", manifest_path, " failed"));
+  }
+  return ParseManifest(text.str(), manifest_path);
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& directory, const std::string& tag_argument) {
+  ZE_ASSIGN_OR_RETURN(const std::string tag_directory,
+                      ResolveTagDirectory(directory, tag_argument));
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
   reader->tag_directory_ = tag_directory;
-  ZE_ASSIGN_OR_RETURN(reader->manifest_,
-                      ParseManifest(text.str(), manifest_path));
+  ZE_ASSIGN_OR_RETURN(reader->manifest_, ReadManifest(tag_directory));
+  const std::string& tag = reader->manifest_.tag;
   const Manifest& manifest = reader->manifest_;
 
   // What every rank file must declare, from the manifest.

@@ -221,6 +221,19 @@ absl::Status CommitSave(const std::string& directory, const Manifest& manifest);
 // previous complete save; CheckpointReader::Open reads that one.
 absl::StatusOr<std::string> ReadLatestTag(const std::string& directory);
 
+// The directory CheckpointReader::Open reads for `tag` (empty: the one
+// `latest` names): `directory`/<tag>, or `directory`/.<tag>.old when only
+// that exists (the recovery rule above). NotFound naming the directory and
+// tag when neither exists; ReadLatestTag's and ValidateTag's errors.
+absl::StatusOr<std::string> ResolveTagDirectory(const std::string& directory,
+                                                const std::string& tag);
+
+// Reads and parses `tag_directory`/manifest.json (ParseManifest), checking
+// nothing else: for tools that describe a checkpoint whose files may be
+// damaged. NotFound when the manifest is missing (the save did not
+// complete); ParseManifest's errors.
+absl::StatusOr<Manifest> ReadManifest(const std::string& tag_directory);
+
 // ----------------------------------------------------------------- reading
 
 // Opens one checkpoint for reading. Thread-compatible: concurrent reads

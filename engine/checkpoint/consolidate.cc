@@ -28,20 +28,36 @@ absl::StatusOr<Tensor> ReadParameter(const CheckpointReader& reader,
   return value;
 }
 
-// What ReadParameter holds at once: the value, plus (when the stored dtype
-// differs) the largest piece staged before conversion.
+// The most bytes of values held at once for `record`: its full value in
+// `dtype`, plus (when the stored dtype differs) the largest piece staged by
+// ReadRange before conversion. The hf-gpt2 export then makes a converted
+// (possibly transposed) copy of the value, of the same size, after the
+// staging buffer is freed. Allocation rounding (at most 256 bytes a buffer)
+// is not counted.
 int64_t ValueBytes(const Manifest& manifest, const ParameterRecord& record,
-                   const std::string& kind, DType dtype) {
+                   const std::string& kind, DType dtype,
+                   ConsolidateFormat format) {
   const DType stored = kind == kWeights ? manifest.model_dtype : DType::kF32;
-  int64_t bytes = record.numel() * static_cast<int64_t>(SizeOf(dtype));
+  const int64_t value_bytes =
+      record.numel() * static_cast<int64_t>(SizeOf(dtype));
+  int64_t staged_bytes = 0;
   if (stored != dtype) {
     int64_t largest_piece = 0;
     for (const Piece& piece : record.pieces) {
       largest_piece = std::max(largest_piece, piece.count);
     }
-    bytes += largest_piece * static_cast<int64_t>(SizeOf(stored));
+    staged_bytes = largest_piece * static_cast<int64_t>(SizeOf(stored));
   }
-  return bytes;
+  if (format == ConsolidateFormat::kHfGpt2) {
+    staged_bytes = std::max(staged_bytes, value_bytes);
+  }
+  return value_bytes + staged_bytes;
+}
+
+// The step the checkpoint was saved at, for the output's metadata.
+std::string GlobalSteps(const Manifest& manifest) {
+  const auto found = manifest.training_state.find("global_steps");
+  return found == manifest.training_state.end() ? "unknown" : found->dump();
 }
 
 absl::StatusOr<nn::Gpt2Dims> GptDims(const Manifest& manifest) {
@@ -90,7 +106,8 @@ absl::StatusOr<ConsolidateReport> Consolidate(
   // The bound, checked before anything is written.
   const ParameterRecord* largest = nullptr;
   for (const ParameterRecord& record : manifest.parameters) {
-    const int64_t bytes = ValueBytes(manifest, record, kind, options.dtype);
+    const int64_t bytes =
+        ValueBytes(manifest, record, kind, options.dtype, options.format);
     if (bytes > report.peak_value_bytes) {
       report.peak_value_bytes = bytes;
       largest = &record;
@@ -108,7 +125,9 @@ absl::StatusOr<ConsolidateReport> Consolidate(
     ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, GptDims(manifest));
     nn::Gpt2ExportOptions export_options;
     export_options.dtype = options.dtype;
-    export_options.metadata = {{"source_tag", manifest.tag}};
+    export_options.metadata = {{"source", "zero-engine checkpoint"},
+                               {"source_tag", manifest.tag},
+                               {"global_steps", GlobalSteps(manifest)}};
     ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceGpt2(
         options.output_path, dims,
         [&](const std::string& name) -> absl::StatusOr<Tensor> {
@@ -130,13 +149,10 @@ absl::StatusOr<ConsolidateReport> Consolidate(
     specs.push_back(
         {record.name, safetensors::ElementTypeOf(options.dtype), record.shape});
   }
-  safetensors::Metadata metadata = {
-      {"format", "pt"},
-      {"source", "zero-engine checkpoint"},
-      {"source_tag", manifest.tag},
-      {"global_steps", manifest.training_state.contains("global_steps")
-                           ? manifest.training_state["global_steps"].dump()
-                           : "unknown"}};
+  safetensors::Metadata metadata = {{"format", "pt"},
+                                    {"source", "zero-engine checkpoint"},
+                                    {"source_tag", manifest.tag},
+                                    {"global_steps", GlobalSteps(manifest)}};
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Writer> writer,
                       safetensors::Writer::Create(options.output_path,
                                                   std::move(specs), metadata));
