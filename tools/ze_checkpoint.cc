@@ -10,7 +10,9 @@
 //       [--vocab_size=V]
 //
 // inspect prints what a checkpoint holds (tag, world size, stage, dtype,
-// kinds, steps, parameters, files with sizes); verify reads every file and
+// kinds, steps, parameters, files with sizes) from the manifest and the
+// files' sizes, so it describes a damaged checkpoint too (and exits 1 when
+// a file is missing or has the wrong size); verify reads every file and
 // compares its CRC-32C with the manifest; consolidate writes one
 // safetensors file of full parameters, one parameter at a time, so it needs
 // memory for the largest parameter only (--memory_limit makes that bound a
@@ -19,6 +21,8 @@
 // padded with zero rows to V), one parameter at a time, so that
 // Engine::LoadWeights can start a job at any world size and stage from it.
 // Exit status: 0 ok, 1 a failed check or error, 2 bad usage.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <map>
 #include <string>
@@ -101,55 +105,104 @@ int64_t Elements(const Manifest& manifest) {
   return total;
 }
 
-absl::Status Inspect(const CheckpointReader& reader, bool as_json) {
-  const Manifest& manifest = reader.manifest();
+// What inspect finds for one rank file: its size on disk against the
+// manifest's record.
+struct FileCheck {
+  const FileRecord* record = nullptr;
+  bool present = false;
+  uint64_t actual_bytes = 0;
+  bool size_matches() const { return present && actual_bytes == record->bytes; }
+  std::string Describe() const {
+    if (!present) return "MISSING";
+    if (!size_matches()) {
+      return absl::StrCat("SIZE MISMATCH (", actual_bytes, " bytes on disk)");
+    }
+    return "size ok";
+  }
+};
+
+// Describes the checkpoint in `tag_directory` from its manifest and the
+// rank files' sizes alone, so that a damaged checkpoint can be described
+// too. FailedPrecondition (after printing) when a file is missing or has
+// another size than the manifest records.
+absl::Status Inspect(const std::string& tag_directory, bool as_json) {
+  ZE_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(tag_directory));
   const nlohmann::json& state = manifest.training_state;
+  std::vector<FileCheck> checks;
+  int bad_files = 0;
+  for (const FileRecord& file : manifest.files) {
+    FileCheck check;
+    check.record = &file;
+    struct stat info;
+    const std::string path = absl::StrCat(tag_directory, "/", file.name);
+    if (stat(path.c_str(), &info) == 0) {
+      check.present = true;
+      check.actual_bytes = static_cast<uint64_t>(info.st_size);
+    }
+    if (!check.size_matches()) ++bad_files;
+    checks.push_back(check);
+  }
+  constexpr const char* kStepKeys[] = {"global_steps", "skipped_steps",
+                                       "micro_steps", "global_samples"};
   if (as_json) {
     nlohmann::ordered_json json;
-    json["directory"] = reader.tag_directory();
+    json["directory"] = tag_directory;
     json["tag"] = manifest.tag;
     json["format_version"] = manifest.format_version;
     json["saved_at"] = manifest.saved_at;
     json["world_size"] = manifest.world_size;
     json["zero_stage"] = manifest.zero_stage;
+    json["model_dtype"] = DTypeName(manifest.model_dtype);
     json["kinds"] = manifest.kinds;
+    for (const char* key : kStepKeys) {
+      if (state.contains(key)) json[key] = state[key];
+    }
     json["parameters"] = manifest.parameters.size();
     json["elements"] = Elements(manifest);
     json["training_state"] = state;
     nlohmann::ordered_json files = nlohmann::ordered_json::array();
-    for (const FileRecord& file : manifest.files) {
-      files.push_back({{"name", file.name},
-                       {"bytes", file.bytes},
-                       {"crc32c", Crc32cToString(file.crc32c)}});
+    for (const FileCheck& check : checks) {
+      files.push_back({{"name", check.record->name},
+                       {"bytes", check.record->bytes},
+                       {"crc32c", Crc32cToString(check.record->crc32c)},
+                       {"present", check.present},
+                       {"actual_bytes", check.actual_bytes},
+                       {"size_matches", check.size_matches()}});
     }
     json["files"] = files;
     std::printf("%s\n", json.dump().c_str());
-    return absl::OkStatus();
-  }
-  std::printf("checkpoint %s (format version %d, saved %s)\n",
-              reader.tag_directory().c_str(), manifest.format_version,
-              manifest.saved_at.c_str());
-  std::printf("  tag %s, world size %d, ZeRO stage %d\n", manifest.tag.c_str(),
-              manifest.world_size, manifest.zero_stage);
-  std::printf("  kinds: %s\n", absl::StrJoin(manifest.kinds, ", ").c_str());
-  for (const char* key :
-       {"global_steps", "skipped_steps", "micro_steps", "global_samples"}) {
-    if (state.contains(key)) {
-      std::printf("  %s %s\n", key, state[key].dump().c_str());
+  } else {
+    std::printf("checkpoint %s (format version %d, saved %s)\n",
+                tag_directory.c_str(), manifest.format_version,
+                manifest.saved_at.c_str());
+    std::printf("  tag %s, world size %d, ZeRO stage %d, model dtype %s\n",
+                manifest.tag.c_str(), manifest.world_size, manifest.zero_stage,
+                DTypeName(manifest.model_dtype));
+    std::printf("  kinds: %s\n", absl::StrJoin(manifest.kinds, ", ").c_str());
+    for (const char* key : kStepKeys) {
+      if (state.contains(key)) {
+        std::printf("  %s %s\n", key, state[key].dump().c_str());
+      }
     }
-  }
-  std::printf("  %zu parameters, %lld elements\n", manifest.parameters.size(),
-              static_cast<long long>(Elements(manifest)));
-  uint64_t bytes = 0;
-  for (const FileRecord& file : manifest.files) {
+    std::printf("  %zu parameters, %lld elements\n", manifest.parameters.size(),
+                static_cast<long long>(Elements(manifest)));
+    uint64_t bytes = 0;
+    for (const FileCheck& check : checks) {
+      std::printf("  %s  %llu bytes  %s  %s\n", check.record->name.c_str(),
+                  static_cast<unsigned long long>(check.record->bytes),
+                  Crc32cToString(check.record->crc32c).c_str(),
+                  check.Describe().c_str());
+      bytes += check.record->bytes;
+    }
     std::printf(
-        "  %s  %llu bytes  %s (sizes checked; run verify for "
-        "checksums)\n",
-        file.name.c_str(), static_cast<unsigned long long>(file.bytes),
-        Crc32cToString(file.crc32c).c_str());
-    bytes += file.bytes;
+        "  total %llu bytes (%.3f GB); run verify to check the checksums\n",
+        static_cast<unsigned long long>(bytes), bytes / 1e9);
   }
-  std::printf("  total %.3f GB\n", bytes / 1e9);
+  if (bad_files > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(bad_files, " of ", manifest.files.size(), " files of ",
+                     tag_directory, " are missing or have the wrong size"));
+  }
   return absl::OkStatus();
 }
 
@@ -238,6 +291,20 @@ int Main(int argc, char** argv) {
                  command.c_str(), kUsage);
     return 2;
   }
+  if (command == "inspect") {
+    absl::StatusOr<std::string> tag_directory =
+        ResolveTagDirectory(arguments.directory, Flag(arguments, "tag"));
+    absl::Status status =
+        tag_directory.ok()
+            ? Inspect(*tag_directory, arguments.flags.count("json") > 0)
+            : tag_directory.status();
+    if (!status.ok()) {
+      std::fprintf(stderr, "ze_checkpoint inspect: %s\n",
+                   status.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   // Open checks the manifest, every file's presence, size and header.
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(arguments.directory, Flag(arguments, "tag"));
@@ -247,18 +314,19 @@ int Main(int argc, char** argv) {
     return 1;
   }
   absl::Status status;
-  if (command == "inspect") {
-    status = Inspect(**reader, arguments.flags.count("json") > 0);
-  } else if (command == "verify") {
+  if (command == "verify") {
     bool all_ok = true;
     for (const FileRecord& file : (*reader)->manifest().files) {
       // One file at a time, so every bad file is listed.
       absl::Status file_status =
           (*reader)->VerifyFiles((*reader)->manifest().world_size, file.rank);
-      std::printf("%s %s\n", file_status.ok() ? "OK " : "BAD",
-                  file_status.ok()
-                      ? file.name.c_str()
-                      : std::string(file_status.message()).c_str());
+      if (file_status.ok()) {
+        std::printf("OK  %s %s, %llu bytes\n", file.name.c_str(),
+                    Crc32cToString(file.crc32c).c_str(),
+                    static_cast<unsigned long long>(file.bytes));
+      } else {
+        std::printf("BAD %s\n", std::string(file_status.message()).c_str());
+      }
       all_ok = all_ok && file_status.ok();
     }
     if (!all_ok) return 1;
@@ -290,9 +358,12 @@ int Main(int argc, char** argv) {
     if (options.memory_limit_bytes > 0) {
       // The limit is the host allocator's cap too (every tensor the
       // consolidation holds comes from it), so exceeding it fails loudly
-      // instead of merely being reported.
+      // instead of merely being reported. The allocator rounds each buffer
+      // up to 256 bytes and consolidation holds at most two at once, which
+      // the limit (compared with exact sizes) does not count.
+      constexpr int64_t kAllocatorRounding = 2 * 256;
       HostMemory()->SetByteCap(HostMemory()->stats().bytes_in_use +
-                               options.memory_limit_bytes);
+                               options.memory_limit_bytes + kAllocatorRounding);
     }
     absl::StatusOr<ConsolidateReport> report = Consolidate(**reader, options);
     status = report.status();
