@@ -11,6 +11,11 @@
 //   dir/<tag>/manifest.json          written last, by rank 0 (Manifest)
 //   dir/<tag>/rank_00000.safetensors one per rank of the saving job
 //   dir/.<tag>.partial/              a save in progress (or one that died)
+//   dir/.<tag>.old/                  the previous save of <tag> while
+//                                    CommitSave replaces it; read in its
+//                                    place when <tag> is missing (a crash
+//                                    between the two renames), see
+//                                    ResolveTagDirectory
 //
 // Rank files hold pieces of parameters, never padding. A piece is the
 // contiguous run of one parameter's elements that one rank owned when it
