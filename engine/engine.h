@@ -242,12 +242,13 @@ class Engine {
   // its own positions), then every step decodes all rows in one forward of
   // (B, 1) tokens, each row at its own position. Rows that have ended keep
   // decoding the stop token (their output is dropped), so every step's
-  // shapes stay those of the batch. A sequence longer than max_context (or
-  // the model's positions) falls back, from that step on, to recomputing
-  // each row's window. Otherwise, or with use_cache false, every step runs
-  // the model's Forward over each row's whole window (rows of equal length
-  // together), recomputing the prefix, as Generate did before; the model's
-  // Forward must then return logits (B, T, V).
+  // shapes stay those of the batch. From the step at which any row's
+  // sequence outgrows max_context (or the model's positions), every row is
+  // recomputed over its window instead, exactly as without a cache. Otherwise,
+  // or with use_cache false, every step runs the model's Forward over each
+  // row's whole window (rows of equal length together), recomputing the prefix,
+  // as Generate did before; the model's Forward must then return logits (B, T,
+  // V).
   //
   // Stage 3: a collective like EvalForward: every rank passes the same
   // number of prompts with the same lengths (token values may differ: each
@@ -265,6 +266,8 @@ class Engine {
       const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
       const GenerateOptions& options = GenerateOptions());
   // One prompt: Generate({prompt_tokens}, ...)[0]; errors name prompts[0].
+  // (A braced batch of one, Generate({{1, 2}}, ...), matches both forms:
+  // spell its type, std::vector<std::vector<int32_t>>{{1, 2}}.)
   absl::StatusOr<std::vector<int32_t>> Generate(
       const std::vector<int32_t>& prompt_tokens, int max_new_tokens,
       const GenerateOptions& options = GenerateOptions());

@@ -2,7 +2,6 @@
 // 3): EvalForward and Generate (batched, KV-cached, greedy or sampled). See
 // engine.h for the contracts.
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -124,22 +123,22 @@ class BatchGeneration {
 
   absl::Status Run() {
     const int64_t batch = static_cast<int64_t>(sequences_.size());
-    int64_t longest = 0, shortest = INT64_MAX;
+    int64_t longest = 0;
     for (const std::vector<int32_t>& prompt : sequences_) {
       longest = std::max<int64_t>(longest, prompt.size());
-      shortest = std::min<int64_t>(shortest, prompt.size());
     }
     int64_t step = 0;
     if (decoder_ != nullptr && options_.use_cache && max_new_tokens_ > 0) {
       // The cache reproduces the recompute exactly while no window slides:
-      // step s feeds every row whole while length + s <= window.
+      // step s feeds every row whole while its length + s <= window, for
+      // the longest row too.
       int64_t window = decoder_->max_positions();
       if (options_.max_context > 0) {
         window = std::min(window, options_.max_context);
       }
       const int64_t cached_steps =
-          std::min<int64_t>(max_new_tokens_, window - shortest + 1);
-      if (cached_steps >= 1 && longest <= window) {
+          std::min<int64_t>(max_new_tokens_, window - longest + 1);
+      if (cached_steps >= 1) {
         // Step s >= 1 writes position length + s - 1 of each row.
         ZE_ASSIGN_OR_RETURN(
             std::unique_ptr<nn::KvCache> cache,
