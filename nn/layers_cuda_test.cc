@@ -289,6 +289,10 @@ TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
 // same model over the whole sequence (the flash attention kernels there,
 // the cache kernels here).
 TEST_F(CudaTest, SmallGptCachedDecodeMatchesFullForward) {
+  // Every allocation belongs to the stream the work runs on, and results
+  // are read on that stream (it does not synchronise with the default one).
+  StreamGuard guard(stream_);
+  auto host = [&](const Tensor &t) { return ToHostFloats(t, stream_).value(); };
   GptConfig config;
   config.num_layers = 2;
   config.num_heads = 4;
@@ -320,7 +324,7 @@ TEST_F(CudaTest, SmallGptCachedDecodeMatchesFullForward) {
     std::vector<int32_t> next(2);
     auto check = [&](const Tensor &logits, const std::vector<int64_t> &rows,
                      const std::string &what) {
-      const std::vector<float> got = Values(logits);  // (N, 1, Vp)
+      const std::vector<float> got = host(logits);  // (N, 1, Vp)
       const int64_t vocab = logits.size(2);
       for (size_t i = 0; i < rows.size(); ++i) {
         std::vector<float> want;
@@ -329,7 +333,7 @@ TEST_F(CudaTest, SmallGptCachedDecodeMatchesFullForward) {
           const Tensor full =
               model->Forward(device_tokens({sequences[rows[i]]}), stream_)
                   .value();
-          const std::vector<float> all = Values(full);
+          const std::vector<float> all = host(full);
           want.assign(all.end() - vocab, all.end());
         }
         const std::vector<float> row(got.begin() + i * vocab,
