@@ -61,6 +61,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,14 +99,35 @@ struct Counters {
   int64_t global_samples = 0;  // samples over all ranks
 };
 
-// Engine::Generate's options.
+// Engine::Generate's options (Hugging Face generate's, where they exist).
 struct GenerateOptions {
   // Only the last this many tokens are fed to the model (its maximum
-  // sequence length); 0 feeds the whole sequence.
+  // sequence length); 0 feeds the whole sequence. While every row's
+  // sequence fits, the KV cache computes exactly that; once a window
+  // slides, the remaining tokens are computed by recomputing each window.
   int64_t max_context = 0;
-  // Only logits [0, vocab_size) compete in the argmax (a padded vocabulary's
-  // extra columns never win); 0 uses every column.
+  // Only logits [0, vocab_size) compete (a padded vocabulary's extra
+  // columns never win); 0 uses every column.
   int64_t vocab_size = 0;
+  // 0: greedy (the first maximum). Otherwise tokens are drawn from
+  // softmax(logits / temperature); must be >= 0.
+  float temperature = 0.0f;
+  // With temperature > 0: draw among the top_k largest logits only (ties to
+  // the lower id, so top_k = 1 is greedy); 0 is off; must be >= 0.
+  int top_k = 0;
+  // Sampling is a pure function of (seed, prompt index in the batch, step)
+  // (Philox, engine/sampling.h): the same seed and prompts give the same
+  // tokens, on any machine. Data-parallel ranks that want different samples
+  // for equal prompts pass different seeds.
+  uint64_t seed = 0;
+  // A row that produces this token ends there (the token is returned as
+  // its last); generation ends when every row has ended (under stage 3:
+  // every row of every rank, agreed by a one-element all-reduce per step).
+  std::optional<int32_t> stop_token;
+  // Incremental decoding over a KV cache when the model offers it
+  // (nn::IncrementalDecoder, as GptModel does); false recomputes the whole
+  // prefix for every token (the reference the cache is tested against).
+  bool use_cache = true;
 };
 
 class Engine;
@@ -206,11 +228,46 @@ class Engine {
   // the device (any B), without saving activations.
   absl::StatusOr<float> EvalForward(const Tensor& tokens,
                                     const Tensor& targets);
-  // Greedy decoding of one sequence: max_new_tokens times, runs the model's
-  // Forward on the sequence so far (recomputing the whole prefix) and
-  // appends the argmax of the last position's logits. Requires the model's
-  // Forward to return logits (B, T, V), as GptModel does. Returns the new
-  // tokens only. InvalidArgument for an empty prompt or a negative count.
+  // Generation for a batch of prompts (token ids, any lengths >= 1): up to
+  // max_new_tokens new tokens per prompt, chosen on the host from the last
+  // position's logits (greedy, or sampled: GenerateOptions). Returns the new
+  // tokens only, one vector per prompt, in the prompts' order; a row that
+  // met options.stop_token is shorter (ending with it).
+  //
+  // With a model that implements nn::IncrementalDecoder (GptModel) and
+  // options.use_cache, one KV cache is allocated for the batch and the
+  // longest sequence (activations: this rank's own, freed on return). The
+  // prompts are prefilled one forward per distinct length (rows of equal
+  // length together, so no padding and no attention mask: each row sits at
+  // its own positions), then every step decodes all rows in one forward of
+  // (B, 1) tokens, each row at its own position. Rows that have ended keep
+  // decoding the stop token (their output is dropped), so every step's
+  // shapes stay those of the batch. From the step at which any row's
+  // sequence outgrows max_context (or the model's positions), every row is
+  // recomputed over its window instead, exactly as without a cache. Otherwise,
+  // or with use_cache false, every step runs the model's Forward over each
+  // row's whole window (rows of equal length together), recomputing the prefix,
+  // as Generate did before; the model's Forward must then return logits (B, T,
+  // V).
+  //
+  // Stage 3: a collective like EvalForward: every rank passes the same
+  // number of prompts with the same lengths (token values may differ: each
+  // rank generates for its own prompts), the same max_new_tokens and the
+  // same options except seed, so all ranks run the same forwards; the
+  // cache's forwards go through Module::Forward, so the parameters are
+  // gathered and released as for any forward.
+  //
+  // InvalidArgument naming the argument (and the prompt's index) for an
+  // empty batch, an empty prompt, a negative token id (or one >=
+  // options.vocab_size when set), max_new_tokens < 0, a negative
+  // temperature, top_k, max_context or vocab_size. FailedPrecondition
+  // between a Forward and its Backward. The model's errors otherwise.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> Generate(
+      const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+      const GenerateOptions& options = GenerateOptions());
+  // One prompt: Generate({prompt_tokens}, ...)[0]; errors name prompts[0].
+  // (A braced batch of one, Generate({{1, 2}}, ...), matches both forms:
+  // spell its type, std::vector<std::vector<int32_t>>{{1, 2}}.)
   absl::StatusOr<std::vector<int32_t>> Generate(
       const std::vector<int32_t>& prompt_tokens, int max_new_tokens,
       const GenerateOptions& options = GenerateOptions());

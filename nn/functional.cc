@@ -612,10 +612,99 @@ absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
                                         num_heads, grad_qkv);
 }
 
-absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
-                              const Tensor &position_table,
-                              const Tensor &output, const Stream &stream) {
-  const char *op = "EmbeddingForward";
+namespace {
+
+// KvCacheWrite's and CachedAttentionForward's common checks.
+absl::Status CheckKvCacheArguments(const char *op, const Tensor &qkv,
+                                   const Tensor &rows, const Tensor &starts,
+                                   int num_heads, const Tensor &key_cache,
+                                   const Tensor &value_cache) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "qkv", qkv));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) {
+    return Invalid(op, absl::StrCat("qkv must be (N, T, 3 * C), got ",
+                                    ShapeToString(qkv.shape())));
+  }
+  const int64_t n = qkv.size(0), channels = qkv.size(2) / 3;
+  if (num_heads <= 0 || channels % num_heads != 0) {
+    return Invalid(op,
+                   absl::StrCat("num_heads = ", num_heads,
+                                " must be positive and divide C = ", channels));
+  }
+  const int64_t head_dim = channels / num_heads;
+  if (key_cache.dim() != 4 || key_cache.size(1) != num_heads ||
+      key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
+    return Invalid(op, absl::StrCat("key_cache must be (B, ", num_heads,
+                                    ", T_max, ", head_dim, "), got ",
+                                    ShapeToString(key_cache.shape())));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "value_cache", value_cache, key_cache.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rows", rows, {n}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {n}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rows", rows, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "qkv", qkv));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "key_cache", key_cache, qkv.dtype()));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "value_cache", value_cache, qkv.dtype()));
+  if (key_cache.data() == value_cache.data()) {
+    return Invalid(op, "key_cache and value_cache must not alias");
+  }
+  return RequireSameDevice(op, "qkv", qkv,
+                           {{"rows", &rows},
+                            {"starts", &starts},
+                            {"key_cache", &key_cache},
+                            {"value_cache", &value_cache}});
+}
+
+}  // namespace
+
+absl::Status KvCacheWrite(const Tensor &qkv, const Tensor &rows,
+                          const Tensor &starts, int num_heads,
+                          const Tensor &key_cache, const Tensor &value_cache,
+                          const Stream &stream) {
+  ZE_RETURN_IF_ERROR(CheckKvCacheArguments("KvCacheWrite", qkv, rows, starts,
+                                           num_heads, key_cache, value_cache));
+  if (qkv.device().is_cuda()) {
+    return cuda_backend::KvCacheWrite(qkv, rows, starts, num_heads, key_cache,
+                                      value_cache, stream);
+  }
+  return cpu_backend::KvCacheWrite(qkv, rows, starts, num_heads, key_cache,
+                                   value_cache);
+}
+
+absl::Status CachedAttentionForward(const Tensor &qkv, const Tensor &rows,
+                                    const Tensor &starts, int num_heads,
+                                    const Tensor &key_cache,
+                                    const Tensor &value_cache,
+                                    const Tensor &output,
+                                    const Stream &stream) {
+  const char *op = "CachedAttentionForward";
+  ZE_RETURN_IF_ERROR(CheckKvCacheArguments(op, qkv, rows, starts, num_heads,
+                                           key_cache, value_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output,
+                                  {qkv.size(0), qkv.size(1), qkv.size(2) / 3}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "output", output, qkv.dtype()));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "qkv", qkv, {{"output", &output}}));
+  if (qkv.device().is_cuda()) {
+    return cuda_backend::CachedAttentionForward(
+        qkv, rows, starts, num_heads, key_cache, value_cache, output, stream);
+  }
+  return cpu_backend::CachedAttentionForward(qkv, rows, starts, num_heads,
+                                             key_cache, value_cache, output);
+}
+
+namespace {
+
+// EmbeddingForward's and EmbeddingForwardAt's common checks.
+absl::Status CheckEmbeddingForward(const char *op, const Tensor &tokens,
+                                   const Tensor &token_table,
+                                   const Tensor &position_table,
+                                   const Tensor &output) {
   ZE_RETURN_IF_ERROR(RequireDefined(op, "tokens", tokens));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "token_table", token_table));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
@@ -643,16 +732,46 @@ absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
       RequireShape(op, "output", output, {batch, seq, channels}));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "token_table", token_table));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "tokens", tokens,
-                                       {{"token_table", &token_table},
-                                        {"position_table", &position_table},
-                                        {"output", &output}}));
+  return RequireSameDevice(op, "tokens", tokens,
+                           {{"token_table", &token_table},
+                            {"position_table", &position_table},
+                            {"output", &output}});
+}
+
+}  // namespace
+
+absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
+                              const Tensor &position_table,
+                              const Tensor &output, const Stream &stream) {
+  ZE_RETURN_IF_ERROR(CheckEmbeddingForward(
+      "EmbeddingForward", tokens, token_table, position_table, output));
   if (tokens.device().is_cuda()) {
     return cuda_backend::EmbeddingForward(tokens, token_table, position_table,
                                           output, stream);
   }
   return cpu_backend::EmbeddingForward(tokens, token_table, position_table,
                                        output);
+}
+
+absl::Status EmbeddingForwardAt(const Tensor &tokens, const Tensor &starts,
+                                const Tensor &token_table,
+                                const Tensor &position_table,
+                                const Tensor &output, const Stream &stream) {
+  const char *op = "EmbeddingForwardAt";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "position_table", position_table));
+  ZE_RETURN_IF_ERROR(
+      CheckEmbeddingForward(op, tokens, token_table, position_table, output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {tokens.size(0)}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "tokens", tokens, {{"starts", &starts}}));
+  if (tokens.device().is_cuda()) {
+    return cuda_backend::EmbeddingForwardAt(tokens, starts, token_table,
+                                            position_table, output, stream);
+  }
+  return cpu_backend::EmbeddingForwardAt(tokens, starts, token_table,
+                                         position_table, output);
 }
 
 absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,

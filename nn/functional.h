@@ -157,6 +157,40 @@ absl::Status AttentionBackward(const Tensor& grad_output, const Tensor& qkv,
                                int num_heads, const Tensor& grad_qkv,
                                const Stream& stream);
 
+// Incremental decoding over a key/value cache (nn/kv_cache.h).
+//   qkv (N, T, 3 * C):  the new positions of N sequences, [q | k | v] per
+//                       token as in AttentionForward.
+//   rows (N) i32:       each sequence's row (batch index) of the cache;
+//                       distinct.
+//   starts (N) i32:     the position of each sequence's first new token.
+//   key_cache, value_cache (B, H, T_max, D) with C = H * D, qkv's dtype
+//                       (the cache's layout: one contiguous (T_max, D)
+//                       block per row and head).
+// rows and starts live on qkv's device. On the CPU a row outside [0, B) or
+// a start outside [0, T_max - T] is InvalidArgument naming the index; on
+// CUDA they are not read back to the host: the kernels skip such entries
+// (callers check on the host, as GptModel::ForwardCached does).
+//
+// KvCacheWrite stores the new keys and values, overwriting
+//   key_cache[rows[i], h, starts[i] + t, :] = k[i, t, h, :] (and v)
+// for every t < T; no other position changes.
+absl::Status KvCacheWrite(const Tensor& qkv, const Tensor& rows,
+                          const Tensor& starts, int num_heads,
+                          const Tensor& key_cache, const Tensor& value_cache,
+                          const Stream& stream);
+// CachedAttentionForward: for each new query (i, t), causal attention over
+// positions [0, starts[i] + t] of cache row rows[i], which must already
+// hold them (this step's KvCacheWrite first):
+//   output (N, T, C) = softmax(q k^T / sqrt(D)) v, heads concatenated.
+// Equal to AttentionForward over the whole sequence up to rounding (f32
+// accumulation in another order). Reads only q of qkv. output must not
+// alias qkv or the caches.
+absl::Status CachedAttentionForward(const Tensor& qkv, const Tensor& rows,
+                                    const Tensor& starts, int num_heads,
+                                    const Tensor& key_cache,
+                                    const Tensor& value_cache,
+                                    const Tensor& output, const Stream& stream);
+
 // output (B, T, C) = token_table[tokens[b, t]] + position_table[t].
 //   tokens (B, T) i32; token_table (V, C); position_table (max_T >= T, C).
 //   position_table may be undefined (no position embedding).
@@ -165,6 +199,16 @@ absl::Status AttentionBackward(const Tensor& grad_output, const Tensor& qkv,
 absl::Status EmbeddingForward(const Tensor& tokens, const Tensor& token_table,
                               const Tensor& position_table,
                               const Tensor& output, const Stream& stream);
+// EmbeddingForward at given positions (incremental decoding):
+//   output (B, T, C) = token_table[tokens[b, t]] + position_table[starts[b] +
+//   t]
+// with starts (B) i32 on tokens' device and position_table required. On the
+// CPU a start outside [0, max_T - T] is InvalidArgument naming the row; on
+// CUDA positions are clamped into the table (and token ids as above).
+absl::Status EmbeddingForwardAt(const Tensor& tokens, const Tensor& starts,
+                                const Tensor& token_table,
+                                const Tensor& position_table,
+                                const Tensor& output, const Stream& stream);
 // grad_token_table (V, C) += scatter-add of grad_output rows by token id;
 // grad_position_table (max_T, C) += sum over the batch (rows t < T only).
 // Either may be undefined.

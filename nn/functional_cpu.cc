@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace ze {
 namespace nn {
@@ -371,6 +373,141 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Every (rows[i], starts[i]) must address positions [start, start + T) of a
+// row of the cache (B, H, T_max, D).
+absl::Status CheckCacheSlots(const char *op, const Tensor &rows,
+                             const Tensor &starts, int64_t seq,
+                             const Tensor &cache) {
+  const int32_t *row = rows.data_as<const int32_t>();
+  const int32_t *start = starts.data_as<const int32_t>();
+  const int64_t batch = cache.size(0), capacity = cache.size(2);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    if (row[i] < 0 || row[i] >= batch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": rows[", i, "] = ", row[i],
+                       " is outside the cache's batch [0, ", batch, ")"));
+    }
+    if (start[i] < 0 || start[i] + seq > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": starts[", i, "] = ", start[i], ": positions [", start[i], ", ",
+          start[i] + seq, ") do not fit the cache's T_max = ", capacity));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Positions [0, count) of one (row, head) block of a cache as f32: the
+// cache's own bytes when it is f32, else a widened copy in `buffer`.
+const float *CacheBlock(const Tensor &cache, int64_t row, int64_t head,
+                        int64_t count, std::vector<float> &buffer) {
+  const int64_t heads = cache.size(1), capacity = cache.size(2),
+                head_dim = cache.size(3);
+  const int64_t first = ((row * heads + head) * capacity) * head_dim;
+  if (cache.dtype() == DType::kF32) return cache.data_as<const float>() + first;
+  buffer.resize(count * head_dim);
+  for (int64_t e = 0; e < count * head_dim; ++e) {
+    buffer[e] = LoadAsFloat(cache.data(), cache.dtype(), first + e);
+  }
+  return buffer.data();
+}
+
+}  // namespace
+
+absl::Status KvCacheWrite(const Tensor &qkv, const Tensor &rows,
+                          const Tensor &starts, int num_heads,
+                          const Tensor &key_cache, const Tensor &value_cache) {
+  const int64_t n = qkv.size(0), seq = qkv.size(1);
+  ZE_RETURN_IF_ERROR(
+      CheckCacheSlots("KvCacheWrite", rows, starts, seq, key_cache));
+  const int64_t channels = qkv.size(2) / 3;
+  const int64_t head_dim = channels / num_heads;
+  const int64_t capacity = key_cache.size(2);
+  const size_t element = SizeOf(qkv.dtype());
+  const size_t row_bytes = head_dim * element;
+  const char *source = static_cast<const char *>(qkv.data());
+  const int32_t *row = rows.data_as<const int32_t>();
+  const int32_t *start = starts.data_as<const int32_t>();
+  // Same dtype on both sides: whole (D) rows move as bytes.
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const int64_t token = i * seq + t;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t k_offset = token * 3 * channels + channels + h * head_dim;
+        const int64_t v_offset = k_offset + channels;
+        const int64_t cache_offset =
+            ((row[i] * num_heads + h) * capacity + start[i] + t) * head_dim;
+        std::memcpy(
+            static_cast<char *>(key_cache.data()) + cache_offset * element,
+            source + k_offset * element, row_bytes);
+        std::memcpy(
+            static_cast<char *>(value_cache.data()) + cache_offset * element,
+            source + v_offset * element, row_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachedAttentionForward(const Tensor &qkv, const Tensor &rows,
+                                    const Tensor &starts, int num_heads,
+                                    const Tensor &key_cache,
+                                    const Tensor &value_cache,
+                                    const Tensor &output) {
+  const int n = static_cast<int>(qkv.size(0));
+  const int seq = static_cast<int>(qkv.size(1));
+  ZE_RETURN_IF_ERROR(
+      CheckCacheSlots("CachedAttentionForward", rows, starts, seq, key_cache));
+  const int channels = static_cast<int>(output.size(2));
+  const int head_dim = channels / num_heads;
+  const int qkv_stride = 3 * channels;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int32_t *row = rows.data_as<const int32_t>();
+  const int32_t *start = starts.data_as<const int32_t>();
+  FloatIn qkv_f(qkv);
+  FloatOut out(output, /*load=*/false);
+  std::vector<float> probs, key_buffer, value_buffer;
+  // The same steps as AttentionForward, over the cached keys: query t of
+  // sequence i sees positions [0, start + t].
+  for (int i = 0; i < n; ++i) {
+    const int keys = start[i] + seq;
+    probs.resize(static_cast<size_t>(seq) * keys);  // (T, keys)
+    for (int h = 0; h < num_heads; ++h) {
+      const float *q = qkv_f.get() +
+                       static_cast<int64_t>(i) * seq * qkv_stride +
+                       h * head_dim;
+      const float *k = CacheBlock(key_cache, row[i], h, keys, key_buffer);
+      const float *v = CacheBlock(value_cache, row[i], h, keys, value_buffer);
+      float *o =
+          out.get() + static_cast<int64_t>(i) * seq * channels + h * head_dim;
+      // scores (T, keys) = scale * q (T, D) @ k (keys, D)^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, keys, head_dim,
+                  scale, q, qkv_stride, k, head_dim, 0.0f, probs.data(), keys);
+      for (int t = 0; t < seq; ++t) {
+        float *scores = probs.data() + static_cast<int64_t>(t) * keys;
+        const int last = start[i] + t;  // causal: positions [0, last]
+        float row_max = -std::numeric_limits<float>::infinity();
+        for (int j = 0; j <= last; ++j) row_max = std::max(row_max, scores[j]);
+        double sum = 0.0;
+        for (int j = 0; j <= last; ++j) {
+          scores[j] = std::exp(scores[j] - row_max);
+          sum += scores[j];
+        }
+        const float inverse_sum = static_cast<float>(1.0 / sum);
+        for (int j = 0; j <= last; ++j) scores[j] *= inverse_sum;
+        for (int j = last + 1; j < keys; ++j) scores[j] = 0.0f;
+      }
+      // o (T, D) = probs (T, keys) @ v (keys, D)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, head_dim,
+                  keys, 1.0f, probs.data(), keys, v, head_dim, 0.0f, o,
+                  channels);
+    }
+  }
+  out.Commit();
+  return absl::OkStatus();
+}
+
 absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
                                const Tensor &output, const Tensor &logsumexp,
                                int num_heads, const Tensor &grad_qkv) {
@@ -443,9 +580,14 @@ absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
-                              const Tensor &position_table,
-                              const Tensor &output) {
+namespace {
+
+// output (B, T, C) row (b, t) = token_table[tokens[b, t]] +
+// position_table[start(b) + t], start(b) = starts ? starts[b] : 0. The
+// position table may be undefined (no position term).
+absl::Status EmbeddingRows(const char *op, const Tensor &tokens,
+                           const int32_t *starts, const Tensor &token_table,
+                           const Tensor &position_table, const Tensor &output) {
   const int64_t batch = tokens.size(0);
   const int64_t seq = tokens.size(1);
   const int64_t vocab = token_table.size(0);
@@ -453,9 +595,20 @@ absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
   const int32_t *ids = tokens.data_as<const int32_t>();
   for (int64_t i = 0; i < batch * seq; ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "EmbeddingForward: tokens[", i / seq, ", ", i % seq, "] = ", ids[i],
-          " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": tokens[", i / seq, ", ", i % seq, "] = ", ids[i],
+                       " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  if (starts != nullptr) {
+    const int64_t max_positions = position_table.size(0);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (starts[b] < 0 || starts[b] + seq > max_positions) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            op, ": starts[", b, "] = ", starts[b], ": positions [", starts[b],
+            ", ", starts[b] + seq, ") are outside the position table [0, ",
+            max_positions, ")"));
+      }
     }
   }
   FloatIn wte(token_table), wpe(position_table);
@@ -464,7 +617,9 @@ absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
     const float *token_row = wte.get() + ids[i] * channels;
     float *out_row = out.get() + i * channels;
     if (wpe.get() != nullptr) {
-      const float *position_row = wpe.get() + (i % seq) * channels;
+      const int64_t position =
+          (starts != nullptr ? starts[i / seq] : 0) + i % seq;
+      const float *position_row = wpe.get() + position * channels;
       for (int64_t c = 0; c < channels; ++c) {
         out_row[c] = token_row[c] + position_row[c];
       }
@@ -474,6 +629,24 @@ absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
   }
   out.Commit();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
+                              const Tensor &position_table,
+                              const Tensor &output) {
+  return EmbeddingRows("EmbeddingForward", tokens, nullptr, token_table,
+                       position_table, output);
+}
+
+absl::Status EmbeddingForwardAt(const Tensor &tokens, const Tensor &starts,
+                                const Tensor &token_table,
+                                const Tensor &position_table,
+                                const Tensor &output) {
+  return EmbeddingRows("EmbeddingForwardAt", tokens,
+                       starts.data_as<const int32_t>(), token_table,
+                       position_table, output);
 }
 
 absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,

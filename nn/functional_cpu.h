@@ -55,10 +55,26 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
 absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
                                const Tensor &output, const Tensor &logsumexp,
                                int num_heads, const Tensor &grad_qkv);
+// qkv (N, T, 3C), rows and starts (N) i32, caches (B, H, T_max, D) of
+// qkv's dtype, output (N, T, C). InvalidArgument for a row outside [0, B)
+// or a start outside [0, T_max - T].
+absl::Status KvCacheWrite(const Tensor &qkv, const Tensor &rows,
+                          const Tensor &starts, int num_heads,
+                          const Tensor &key_cache, const Tensor &value_cache);
+absl::Status CachedAttentionForward(const Tensor &qkv, const Tensor &rows,
+                                    const Tensor &starts, int num_heads,
+                                    const Tensor &key_cache,
+                                    const Tensor &value_cache,
+                                    const Tensor &output);
 // tokens (B, T) i32; InvalidArgument for an id outside [0, V).
 absl::Status EmbeddingForward(const Tensor &tokens, const Tensor &token_table,
                               const Tensor &position_table,
                               const Tensor &output);
+// starts (B) i32; InvalidArgument for a start outside [0, max_T - T].
+absl::Status EmbeddingForwardAt(const Tensor &tokens, const Tensor &starts,
+                                const Tensor &token_table,
+                                const Tensor &position_table,
+                                const Tensor &output);
 absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
                                const Tensor &grad_token_table,
                                const Tensor &grad_position_table);

@@ -1,6 +1,8 @@
 #include "nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -118,8 +120,140 @@ absl::StatusOr<Tensor> GptModel::ForwardImpl(const Tensor &tokens,
                                              const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(Tensor x, embed_->Forward(tokens, stream));  // (B,T,C)
   ZE_ASSIGN_OR_RETURN(x, blocks_->Forward(x, stream));
+  if (last_position_only_ && x.size(1) > 1) {
+    ZE_ASSIGN_OR_RETURN(x, LastPositions(x, stream));  // (B, 1, C)
+  }
   ZE_ASSIGN_OR_RETURN(x, ln_f_->Forward(x, stream));
   return lm_head_->Forward(x, stream);  // (B, T, Vp)
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> GptModel::NewKvCache(
+    int64_t batch, int64_t capacity, const Stream &stream) const {
+  if (capacity > config_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GptModel::NewKvCache: capacity = ", capacity,
+        " exceeds the model's max_seq_len = ", config_.max_seq_len));
+  }
+  return KvCache::Create(config_.num_layers, batch, config_.num_heads, capacity,
+                         config_.channels / config_.num_heads, options_.dtype,
+                         options_.device, stream);
+}
+
+absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
+                                               const std::vector<int64_t> &rows,
+                                               KvCache &cache,
+                                               const Stream &stream) {
+  const char *op = "GptModel::ForwardCached";
+  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32 ||
+      tokens.size(0) < 1 || tokens.size(1) < 1 ||
+      tokens.device() != options_.device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": tokens must be (N >= 1, T >= 1) i32 on ",
+                     options_.device.ToString(), ", got ",
+                     tokens.defined() ? tokens.DebugString() : "undefined"));
+  }
+  const int64_t n = tokens.size(0), seq = tokens.size(1);
+  if (static_cast<int64_t>(rows.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rows has ", rows.size(),
+                     " entries, tokens has N = ", n, " sequences"));
+  }
+  if (cache.num_layers() != config_.num_layers ||
+      cache.num_heads() != config_.num_heads ||
+      cache.head_dim() != config_.channels / config_.num_heads ||
+      cache.dtype() != options_.dtype || cache.device() != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the cache (", cache.num_layers(), " layers, ", cache.num_heads(),
+        " heads of ", cache.head_dim(), ", ", DTypeName(cache.dtype()), " on ",
+        cache.device().ToString(), ") is not this model's (",
+        config_.num_layers, " layers, ", config_.num_heads, " heads of ",
+        config_.channels / config_.num_heads, ", ", DTypeName(options_.dtype),
+        " on ", options_.device.ToString(), "); make it with NewKvCache"));
+  }
+  // Host copies of the rows and their first new positions; checked here,
+  // once, because the CUDA kernels trust them.
+  ZE_ASSIGN_OR_RETURN(Tensor host_slots,
+                      Tensor::Empty({2, n}, DType::kI32, Device::Cpu()));
+  int32_t *slot_values = host_slots.data_as<int32_t>();
+  std::vector<bool> listed(cache.batch(), false);
+  bool empty_prefix = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    if (row < 0 || row >= cache.batch() || listed[row]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": rows[", i, "] = ", row,
+                       row < 0 || row >= cache.batch()
+                           ? absl::StrCat(" is outside the cache's batch [0, ",
+                                          cache.batch(), ")")
+                           : std::string(" is listed twice")));
+    }
+    listed[row] = true;
+    const int64_t start = cache.length(row);
+    const int64_t limit = std::min(cache.capacity(), config_.max_seq_len);
+    if (start + seq > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": row ", row, " holds ", start, " positions; ", seq,
+                       " more exceed ",
+                       limit == cache.capacity() ? "the cache's capacity "
+                                                 : "the model's max_seq_len ",
+                       limit));
+    }
+    slot_values[i] = static_cast<int32_t>(row);
+    slot_values[n + i] = static_cast<int32_t>(start);
+    empty_prefix = empty_prefix && start == 0;
+  }
+  Tensor slots = host_slots;
+  if (options_.device.is_cuda()) {
+    StreamGuard guard(stream);
+    ZE_ASSIGN_OR_RETURN(slots,
+                        Tensor::Empty({2, n}, DType::kI32, options_.device));
+    ZE_RETURN_IF_ERROR(Copy(host_slots, slots, stream));
+  }
+  const Tensor row_ids = slots.Flat().Slice(0, n);
+  const Tensor starts = slots.Flat().Slice(n, n);
+
+  // The settings live for this call only, whatever its outcome.
+  embed_->set_position_starts(starts);
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    CausalSelfAttention::CacheSlot slot;
+    slot.keys = cache.keys(layer);
+    slot.values = cache.values(layer);
+    slot.rows = row_ids;
+    slot.starts = starts;
+    slot.empty_prefix = empty_prefix;
+    static_cast<Block *>(blocks_->at(layer))
+        ->attn()
+        ->set_cache_slot(std::move(slot));
+  }
+  last_position_only_ = true;
+  absl::StatusOr<Tensor> logits;
+  {
+    NoSaveScope no_save;
+    logits = Forward(tokens, stream);  // (N, 1, Vp); hooks fire
+  }
+  last_position_only_ = false;
+  embed_->set_position_starts(Tensor());
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    static_cast<Block *>(blocks_->at(layer))->attn()->clear_cache_slot();
+  }
+  ZE_RETURN_IF_ERROR(logits.status());
+  ZE_RETURN_IF_ERROR(cache.Advance(rows, seq));
+  return logits;
+}
+
+absl::StatusOr<Tensor> GptModel::LastPositions(const Tensor &x,
+                                               const Stream &stream) {
+  const int64_t batch = x.size(0), seq = x.size(1), channels = x.size(2);
+  StreamGuard guard(stream);
+  ZE_ASSIGN_OR_RETURN(
+      Tensor last, Tensor::Empty({batch, 1, channels}, x.dtype(), x.device()));
+  const Tensor from = x.Flat(), to = last.Flat();
+  for (int64_t b = 0; b < batch; ++b) {
+    ZE_RETURN_IF_ERROR(
+        Copy(from.Slice((b * seq + seq - 1) * channels, channels),
+             to.Slice(b * channels, channels), stream));
+  }
+  return last;
 }
 
 absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_logits,

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
@@ -72,7 +73,13 @@ struct GptOptions {
   bool materialize = true;
 };
 
-class GptModel : public LossModel {
+// Incremental decoding (nn/kv_cache.h): the cache holds, per block, the
+// attention's keys and values, (B, num_heads, T_max, channels / num_heads)
+// in the model's dtype. ForwardCached runs the public Module::Forward with
+// the embedding placing each row's tokens at its cached length and every
+// attention layer appending to and reading its cache; the final LayerNorm
+// and the head then run on each sequence's last position only.
+class GptModel : public LossModel, public IncrementalDecoder {
  public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, name). InvalidArgument for a bad config;
@@ -107,6 +114,16 @@ class GptModel : public LossModel {
   // Targets counted by the last ForwardLoss.
   int64_t counted_targets() const override { return counted_targets_; }
 
+  // IncrementalDecoder (nn/kv_cache.h). max_positions() is
+  // config().max_seq_len.
+  int64_t max_positions() const override { return config_.max_seq_len; }
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(
+      int64_t batch, int64_t capacity, const Stream &stream) const override;
+  absl::StatusOr<Tensor> ForwardCached(const Tensor &tokens,
+                                       const std::vector<int64_t> &rows,
+                                       KvCache &cache,
+                                       const Stream &stream) override;
+
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
                                      const Stream &stream) override;
@@ -116,6 +133,9 @@ class GptModel : public LossModel {
 
  private:
   GptModel(const GptConfig &config, const GptOptions &options);
+  // x (B, T, C) -> its last positions (B, 1, C), a new tensor.
+  static absl::StatusOr<Tensor> LastPositions(const Tensor &x,
+                                              const Stream &stream);
 
   GptConfig config_;
   GptOptions options_;
@@ -127,6 +147,9 @@ class GptModel : public LossModel {
   Tensor logits_;   // (B, T, Vp)
   Tensor targets_;  // (B, T) i32
   int64_t counted_targets_ = 0;
+  // During ForwardCached: ForwardImpl applies ln_f and the head to each
+  // sequence's last position only.
+  bool last_position_only_ = false;
 };
 
 }  // namespace nn

@@ -179,7 +179,12 @@ absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor &tokens,
       Tensor output,
       Tensor::Empty({tokens.size(0), tokens.size(1), wte.size(1)}, wte.dtype(),
                     wte.device()));
-  ZE_RETURN_IF_ERROR(EmbeddingForward(tokens, wte, wpe, output, stream));
+  if (position_starts_.defined()) {
+    ZE_RETURN_IF_ERROR(
+        EmbeddingForwardAt(tokens, position_starts_, wte, wpe, output, stream));
+  } else {
+    ZE_RETURN_IF_ERROR(EmbeddingForward(tokens, wte, wpe, output, stream));
+  }
   saved_tokens_.Save(tokens);
   return output;
 }
@@ -301,6 +306,28 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor &input,
   ZE_ASSIGN_OR_RETURN(
       Tensor attended,  // (B, T, C)
       Tensor::Empty({batch, seq, channels}, input.dtype(), input.device()));
+  if (has_cache_slot_) {
+    // Incremental decoding: the new positions' keys and values join the
+    // cache; a prefill attends over the input alone (the same thing, with
+    // the fast causal kernel), a decode step over the cached prefix.
+    const CacheSlot &slot = cache_slot_;
+    if (slot.empty_prefix) {
+      ZE_ASSIGN_OR_RETURN(
+          Tensor logsumexp,  // (B, H, T), not kept
+          Tensor::Empty({batch, num_heads_, seq}, DType::kF32, input.device()));
+      ZE_RETURN_IF_ERROR(
+          AttentionForward(qkv, num_heads_, attended, logsumexp, stream));
+      ZE_RETURN_IF_ERROR(KvCacheWrite(qkv, slot.rows, slot.starts, num_heads_,
+                                      slot.keys, slot.values, stream));
+    } else {
+      ZE_RETURN_IF_ERROR(KvCacheWrite(qkv, slot.rows, slot.starts, num_heads_,
+                                      slot.keys, slot.values, stream));
+      ZE_RETURN_IF_ERROR(CachedAttentionForward(qkv, slot.rows, slot.starts,
+                                                num_heads_, slot.keys,
+                                                slot.values, attended, stream));
+    }
+    return proj_->Forward(attended, stream);
+  }
   ZE_ASSIGN_OR_RETURN(
       Tensor logsumexp,  // (B, H, T)
       Tensor::Empty({batch, num_heads_, seq}, DType::kF32, input.device()));

@@ -132,6 +132,13 @@ class Embedding : public Module {
   std::shared_ptr<Parameter> shared_token_table() const {
     return SharedParameter(token_table_);
   }
+  // Incremental decoding: while set, Forward places sequence b's tokens at
+  // positions [starts[b], starts[b] + T) instead of [0, T); starts (B) i32
+  // on the tables' device. Set, and cleared with an undefined tensor, by the
+  // model around a cached forward (GptModel::ForwardCached).
+  void set_position_starts(Tensor starts) {
+    position_starts_ = std::move(starts);
+  }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
@@ -145,6 +152,7 @@ class Embedding : public Module {
   Parameter *token_table_;
   Parameter *position_table_;
   SavedStack<Tensor> saved_tokens_;  // (B, T) i32 per call
+  Tensor position_starts_;           // (B) i32 or undefined
 };
 
 // LayerNorm over the last dimension, eps 1e-5. Parameters "weight" (ones),
@@ -211,6 +219,30 @@ class CausalSelfAttention : public Module {
                       const LayerOptions &options);
   Linear *qkv() const { return qkv_; }
   Linear *proj() const { return proj_; }
+  int num_heads() const { return num_heads_; }
+
+  // Incremental decoding (nn/kv_cache.h). While a slot is set, Forward
+  // takes the input as the new positions of N sequences: it writes their
+  // keys and values into the slot's cache (KvCacheWrite) and attends over
+  // each sequence's cached prefix as well (CachedAttentionForward), saving
+  // nothing for backward. Set and cleared by the model around a cached
+  // forward (GptModel::ForwardCached); the tensors stay referenced until
+  // cleared.
+  struct CacheSlot {
+    Tensor keys, values;  // this layer's cache, (B, H, T_max, D)
+    Tensor rows, starts;  // (N) i32 on the cache's device
+    // Every start is 0 (a prefill): attention over the input alone is the
+    // same, so the plain causal kernel runs, then the write.
+    bool empty_prefix = false;
+  };
+  void set_cache_slot(CacheSlot slot) {
+    cache_slot_ = std::move(slot);
+    has_cache_slot_ = true;
+  }
+  void clear_cache_slot() {
+    cache_slot_ = CacheSlot();
+    has_cache_slot_ = false;
+  }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -229,6 +261,8 @@ class CausalSelfAttention : public Module {
   Linear *qkv_;
   Linear *proj_;
   SavedStack<Saved> saved_;
+  CacheSlot cache_slot_;
+  bool has_cache_slot_ = false;
 };
 
 // The transformer MLP: proj(gelu(fc(x))), children "fc" (Linear C -> 4C
@@ -261,6 +295,7 @@ class Block : public Module {
  public:
   Block(int64_t channels, int num_heads, int num_layers,
         const LayerOptions &options);
+  CausalSelfAttention *attn() const { return attn_; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,

@@ -13,6 +13,7 @@
 //   bf16 GPT:    loss within 2e-2 absolute, gradients 5e-2;
 //   f32:         everything 5e-3 (cuBLAS may use TF32-free f32 or split
 //                accumulation orders; 5e-3 leaves room for either).
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -279,6 +280,88 @@ TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
             << cpu_params[i]->name() << " checkpointing=" << checkpointing;
       }
     }
+  }
+}
+
+// Incremental decoding on CUDA: a batch of two prompts of lengths 7 and 3
+// (prefilled separately), then 6 decode steps of both rows together, each
+// at its own position; every step's logits against a plain forward of the
+// same model over the whole sequence (the flash attention kernels there,
+// the cache kernels here).
+TEST_F(CudaTest, SmallGptCachedDecodeMatchesFullForward) {
+  // Every allocation belongs to the stream the work runs on, and results
+  // are read on that stream (it does not synchronise with the default one).
+  StreamGuard guard(stream_);
+  auto host = [&](const Tensor &t) { return ToHostFloats(t, stream_).value(); };
+  GptConfig config;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.channels = 128;
+  config.vocab_size = 101;
+  config.padded_vocab_size = 128;
+  config.max_seq_len = 64;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GptOptions options;
+    options.seed = 3;
+    options.device = kCuda;
+    options.dtype = dtype;
+    auto model = GptModel::Create(config, options, stream_).value();
+    std::vector<std::vector<int32_t>> sequences = {{5, 17, 99, 3, 3, 0, 42},
+                                                   {7, 8, 9}};
+    auto cache = model->NewKvCache(2, 16, stream_).value();
+    auto device_tokens = [&](const std::vector<std::vector<int32_t>> &rows) {
+      const int64_t length = static_cast<int64_t>(rows[0].size());
+      Tensor host = Tensor::Empty({static_cast<int64_t>(rows.size()), length},
+                                  DType::kI32, Device::Cpu())
+                        .value();
+      for (size_t r = 0; r < rows.size(); ++r) {
+        std::copy(rows[r].begin(), rows[r].end(),
+                  host.data_as<int32_t>() + r * length);
+      }
+      return ToCuda(host, DType::kI32, stream_);
+    };
+    std::vector<int32_t> next(2);
+    auto check = [&](const Tensor &logits, const std::vector<int64_t> &rows,
+                     const std::string &what) {
+      const std::vector<float> got = host(logits);  // (N, 1, Vp)
+      const int64_t vocab = logits.size(2);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<float> want;
+        {
+          NoSaveScope no_save;
+          const Tensor full =
+              model->Forward(device_tokens({sequences[rows[i]]}), stream_)
+                  .value();
+          const std::vector<float> all = host(full);
+          want.assign(all.end() - vocab, all.end());
+        }
+        const std::vector<float> row(got.begin() + i * vocab,
+                                     got.begin() + (i + 1) * vocab);
+        EXPECT_LE(NormalisedError(row, want),
+                  dtype == DType::kF32 ? 1e-4 : 2e-2)
+            << what << " row " << rows[i];
+        next[rows[i]] = static_cast<int32_t>(
+            std::max_element(row.begin(), row.begin() + config.vocab_size) -
+            row.begin());
+      }
+    };
+    for (int64_t row : {0, 1}) {
+      check(model
+                ->ForwardCached(device_tokens({sequences[row]}), {row}, *cache,
+                                stream_)
+                .value(),
+            {row}, "prefill");
+    }
+    for (int step = 0; step < 6; ++step) {
+      for (int64_t row : {0, 1}) sequences[row].push_back(next[row]);
+      check(model
+                ->ForwardCached(device_tokens({{next[0]}, {next[1]}}), {0, 1},
+                                *cache, stream_)
+                .value(),
+            {0, 1}, "step " + std::to_string(step));
+    }
+    EXPECT_EQ(cache->lengths(), (std::vector<int64_t>{13, 9}));
   }
 }
 

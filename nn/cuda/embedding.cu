@@ -20,12 +20,11 @@ __device__ __forceinline__ int64_t ClampToken(int32_t token, int64_t vocab) {
 }
 
 template <typename T, int VEC>
-__global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens,
-                                       const T* __restrict__ token_table,
-                                       const T* __restrict__ position_table,
-                                       T* __restrict__ out, int64_t rows,
-                                       int64_t seq_len, int64_t cols,
-                                       int64_t vocab) {
+__global__ void EmbeddingForwardKernel(
+    const int32_t* __restrict__ tokens, const T* __restrict__ token_table,
+    const T* __restrict__ position_table, T* __restrict__ out, int64_t rows,
+    int64_t seq_len, int64_t cols, int64_t vocab,
+    const int32_t* __restrict__ starts, int64_t max_positions) {
   const int64_t chunks = cols / VEC;
   const int64_t idx =
       static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -37,7 +36,14 @@ __global__ void EmbeddingForwardKernel(const int32_t* __restrict__ tokens,
   LoadFloats<T, VEC>(token_table + token * cols + c, v);
   if (position_table != nullptr) {
     float p[VEC];
-    LoadFloats<T, VEC>(position_table + (row % seq_len) * cols + c, p);
+    int64_t position = row % seq_len;
+    if (starts != nullptr) {
+      position += starts[row / seq_len];
+      position = position < 0 ? 0
+                              : (position >= max_positions ? max_positions - 1
+                                                           : position);
+    }
+    LoadFloats<T, VEC>(position_table + position * cols + c, p);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] += p[k];
   }
@@ -105,9 +111,15 @@ __global__ void AddTouchedRowsKernel(const int32_t* __restrict__ touched,
 int LaunchEmbeddingForward(const int32_t* tokens, const void* token_table,
                            const void* position_table, void* out, int64_t batch,
                            int64_t seq_len, int64_t cols, int64_t vocab,
-                           int dtype, void* stream) {
+                           int dtype, void* stream,
+                           const int32_t* position_starts,
+                           int64_t max_positions) {
   const int64_t rows = batch * seq_len;
   if (rows == 0 || cols == 0) return 0;
+  if (position_starts != nullptr &&
+      (position_table == nullptr || max_positions < 1)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kVec = 16 / sizeof(T);
@@ -120,12 +132,12 @@ int LaunchEmbeddingForward(const int32_t* tokens, const void* token_table,
           <<<GridFor(rows * cols / kVec, 256), 256, 0, s>>>(
               tokens, static_cast<const T*>(token_table),
               static_cast<const T*>(position_table), static_cast<T*>(out), rows,
-              seq_len, cols, vocab);
+              seq_len, cols, vocab, position_starts, max_positions);
     } else {
       EmbeddingForwardKernel<T, 1><<<GridFor(rows * cols, 256), 256, 0, s>>>(
           tokens, static_cast<const T*>(token_table),
           static_cast<const T*>(position_table), static_cast<T*>(out), rows,
-          seq_len, cols, vocab);
+          seq_len, cols, vocab, position_starts, max_positions);
     }
     return LastError();
   });

@@ -1083,6 +1083,66 @@ absl::Status EmbeddingForward(const Tensor& tokens, const Tensor& token_table,
       "EmbeddingForward kernel");
 }
 
+absl::Status EmbeddingForwardAt(const Tensor& tokens, const Tensor& starts,
+                                const Tensor& token_table,
+                                const Tensor& position_table,
+                                const Tensor& output, const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType("EmbeddingForwardAt", token_table,
+                                      {&position_table, &output}));
+  const int64_t batch = tokens.size(0), seq_len = tokens.size(1);
+  const int64_t vocab = token_table.size(0), cols = token_table.size(1);
+  return LaunchStatus(
+      kernels::LaunchEmbeddingForward(
+          tokens.data_as<int32_t>(), token_table.data(), position_table.data(),
+          output.data(), batch, seq_len, cols, vocab,
+          DTypeCode(token_table.dtype()), stream.native(),
+          starts.data_as<int32_t>(), position_table.size(0)),
+      "EmbeddingForwardAt kernel");
+}
+
+absl::Status KvCacheWrite(const Tensor& qkv, const Tensor& rows,
+                          const Tensor& starts, int num_heads,
+                          const Tensor& key_cache, const Tensor& value_cache,
+                          const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  const int64_t head_dim = qkv.size(2) / 3 / num_heads;
+  return LaunchStatus(
+      kernels::LaunchKvCacheWrite(
+          qkv.data(), rows.data_as<int32_t>(), starts.data_as<int32_t>(),
+          key_cache.data(), value_cache.data(), qkv.size(0), qkv.size(1),
+          num_heads, static_cast<int>(head_dim), key_cache.size(0),
+          key_cache.size(2), DTypeCode(qkv.dtype()), stream.native()),
+      "KvCacheWrite kernel");
+}
+
+absl::Status CachedAttentionForward(const Tensor& qkv, const Tensor& rows,
+                                    const Tensor& starts, int num_heads,
+                                    const Tensor& key_cache,
+                                    const Tensor& value_cache,
+                                    const Tensor& output,
+                                    const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  const int64_t head_dim = qkv.size(2) / 3 / num_heads;
+  if (head_dim > kernels::kMaxCachedAttentionHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat("CachedAttentionForward on CUDA supports head_dim <= ",
+                     kernels::kMaxCachedAttentionHeadDim, ", got ", head_dim));
+  }
+  if (num_heads > 65535) {
+    return absl::UnimplementedError(absl::StrCat(
+        "CachedAttentionForward on CUDA supports at most 65535 heads, got ",
+        num_heads));
+  }
+  return LaunchStatus(
+      kernels::LaunchCachedAttentionForward(
+          qkv.data(), rows.data_as<int32_t>(), starts.data_as<int32_t>(),
+          key_cache.data(), value_cache.data(), output.data(), qkv.size(0),
+          qkv.size(1), num_heads, static_cast<int>(head_dim), key_cache.size(0),
+          key_cache.size(2), DTypeCode(qkv.dtype()), stream.native()),
+      "CachedAttentionForward kernel");
+}
+
 absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
                                const Tensor& grad_token_table,
                                const Tensor& grad_position_table,

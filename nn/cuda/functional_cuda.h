@@ -90,6 +90,21 @@ absl::Status AttentionBackward(const Tensor& grad_output, const Tensor& qkv,
 absl::Status EmbeddingForward(const Tensor& tokens, const Tensor& token_table,
                               const Tensor& position_table,
                               const Tensor& output, const Stream& stream);
+absl::Status EmbeddingForwardAt(const Tensor& tokens, const Tensor& starts,
+                                const Tensor& token_table,
+                                const Tensor& position_table,
+                                const Tensor& output, const Stream& stream);
+// Incremental decoding (nn/cuda/kv_cache.cu): plain kernels, any head size
+// up to 256 (Unimplemented beyond).
+absl::Status KvCacheWrite(const Tensor& qkv, const Tensor& rows,
+                          const Tensor& starts, int num_heads,
+                          const Tensor& key_cache, const Tensor& value_cache,
+                          const Stream& stream);
+absl::Status CachedAttentionForward(const Tensor& qkv, const Tensor& rows,
+                                    const Tensor& starts, int num_heads,
+                                    const Tensor& key_cache,
+                                    const Tensor& value_cache,
+                                    const Tensor& output, const Stream& stream);
 absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
                                const Tensor& grad_token_table,
                                const Tensor& grad_position_table,

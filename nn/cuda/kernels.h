@@ -2,7 +2,7 @@
 // attention (see attention.h): LayerNorm, GELU, embedding, cross-entropy and
 // the column reductions behind bias and LayerNorm parameter gradients.
 // Host-only header: plain C++ includes it; layer_norm.cu, column_sums.cu,
-// gelu.cu, embedding.cu and cross_entropy.cu implement it.
+// gelu.cu, embedding.cu, kv_cache.cu and cross_entropy.cu implement it.
 //
 // Conventions: pointers are device memory, `dtype` is a ze::DType value
 // (0 f32, 1 bf16, 2 f16), `stream` is a cudaStream_t as void*. Each launcher
@@ -73,10 +73,15 @@ int LaunchGeluBackward(const void* dy, const void* x, void* dx, int64_t count,
 
 // out (B*T, C) = token_table[clamp(tokens)] + position_table[t] (position
 // table may be null). Token ids outside [0, V) are clamped.
+// With position_starts (B) int32 (incremental decoding), row (b, t) takes
+// position_table[clamp(position_starts[b] + t)] with the clamp into
+// [0, max_positions); position_table is then required.
 int LaunchEmbeddingForward(const int32_t* tokens, const void* token_table,
                            const void* position_table, void* out, int64_t batch,
                            int64_t seq_len, int64_t cols, int64_t vocab,
-                           int dtype, void* stream);
+                           int dtype, void* stream,
+                           const int32_t* position_starts = nullptr,
+                           int64_t max_positions = 0);
 
 // grad_position_table (>= T, C) of `dtype` += sum over batch of dy (B, T, C).
 int LaunchEmbeddingPositionBackward(const void* dy, void* grad_position_table,
@@ -101,6 +106,29 @@ int LaunchEmbeddingScatterAddViaScratch(const void* dy, int dtype,
                                         int32_t* touched, float* scratch,
                                         void* grad_token_table, int grad_dtype,
                                         void* stream);
+
+// Key/value cache of incremental decoding (kv_cache.cu). qkv (N, T, 3C)
+// with C = heads * head_dim; rows, starts (N) int32; key_cache, value_cache
+// (B, heads, capacity, head_dim); all of `dtype`. An entry i whose row is
+// outside [0, B) or whose positions [starts[i], starts[i] + T) leave
+// [0, capacity) is skipped (its output rows are left as they were).
+//
+// key_cache[rows[i], h, starts[i] + t] = k[i, t, h] (and v).
+int LaunchKvCacheWrite(const void* qkv, const int32_t* rows,
+                       const int32_t* starts, void* key_cache,
+                       void* value_cache, int64_t n, int64_t seq_len, int heads,
+                       int head_dim, int64_t batch, int64_t capacity, int dtype,
+                       void* stream);
+// out (N, T, C): query (i, t) of head h attends over cache positions
+// [0, starts[i] + t] of row rows[i] (softmax(q k^T / sqrt(D)) v, f32
+// accumulation, online softmax). head_dim <= kMaxCachedAttentionHeadDim.
+constexpr int kMaxCachedAttentionHeadDim = 256;
+int LaunchCachedAttentionForward(const void* qkv, const int32_t* rows,
+                                 const int32_t* starts, const void* key_cache,
+                                 const void* value_cache, void* out, int64_t n,
+                                 int64_t seq_len, int heads, int head_dim,
+                                 int64_t batch, int64_t capacity, int dtype,
+                                 void* stream);
 
 // losses (M) f32 = logsumexp(logits row) - logits[target]; 0 where target < 0.
 int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
