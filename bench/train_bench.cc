@@ -415,6 +415,9 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     worker["gradient_wait_ms"] =
         (times.gradient_wait_seconds - times_before.gradient_wait_seconds) *
         1e3 / updates;
+    worker["engine_wait_ms"] =
+        (times.engine_wait_seconds - times_before.engine_wait_seconds) * 1e3 /
+        updates;
     line["offload_worker"] = worker;
   }
   line["tokens_per_s"] = per_gpu * comm->world_size();

@@ -617,11 +617,13 @@ absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
       std::max<int64_t>(0, std::min(own_begin, own_elements(bucket) - 1) /
                                options_.chunk_elements);
   {
+    const auto wait_start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(lock, [&] {
       return pending_.written_from[bucket] <= chunk * options_.chunk_elements ||
              pending_.failed;
     });
+    pending_.times.engine_wait_seconds += SecondsSince(wait_start);
     if (pending_.written_from[bucket] > chunk * options_.chunk_elements) {
       // The update failed before this chunk. Not an error here: a forward
       // on one rank failing alone would leave the others waiting in a
@@ -657,7 +659,12 @@ absl::Status PartitionState::FinishUpdate(const Stream& stream) {
   // An update begun early is this step's, not a previous one: it runs on
   // until UpdateWeights has handed over every bucket.
   if (!pending_.worker.joinable() || early_args_) return absl::OkStatus();
+  const auto join_start = std::chrono::steady_clock::now();
   pending_.worker.join();
+  {
+    std::lock_guard<std::mutex> lock(pending_.mutex);
+    pending_.times.engine_wait_seconds += SecondsSince(join_start);
+  }
   if (options_.weights_placement == Placement::kDevice && to_device_stream_) {
     ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));
     ZE_RETURN_IF_ERROR(uploaded.Record(*to_device_stream_));

@@ -238,6 +238,9 @@ class PartitionState {
     double worker_seconds = 0;         // from the worker's start to its end
     double optimizer_seconds = 0;      // in the CPU optimizer's step
     double gradient_wait_seconds = 0;  // waiting for gradients to land
+    // The engine's thread blocked on the worker (FinishUpdate's join and
+    // WaitForWeights): the part of the update the GPU work did not hide.
+    double engine_wait_seconds = 0;
   };
   OffloadTimes offload_times() const;
   // The swap file's I/O since creation (zeros without NVMe buckets).

@@ -1,9 +1,11 @@
 #include "zero/strategy.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -95,6 +97,14 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     const int share = static_cast<int>(cores) / comm().local_size();
     options.host_threads = std::max(1, device().is_cuda() ? share - 1 : share);
+    // OMP_NUM_THREADS sets it instead, as it sets DeepSpeed's CPU Adam
+    // (an OpenMP loop): the user's way to leave cores to data loading.
+    if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
+      int requested = 0;
+      if (absl::SimpleAtoi(omp, &requested) && requested > 0) {
+        options.host_threads = requested;
+      }
+    }
   }
   if (offload.state.weights_on_host) {
     options.weights_placement = Placement::kHost;
