@@ -156,10 +156,9 @@ class DirectSink {
     if (tail > 0) {
       // An unaligned length cannot go direct; the tail starts on an aligned
       // offset, so no page of it was written direct.
-      if (direct_ && !ClearDirect(fd_)) {
+      if (direct() && !ClearDirect(fd_)) {
         return internal::FileErrorStatus(errno, "clear O_DIRECT on", path_);
       }
-      direct_ = false;
       const auto start = std::chrono::steady_clock::now();
       const int error = WriteFullyAt(fd_, tail_data, tail, offset_);
       stats_->write_seconds += SecondsSince(start);
@@ -183,8 +182,8 @@ class DirectSink {
     if (thread_.joinable()) thread_.join();
   }
 
-  // False once a write was refused with EINVAL and the file fell back to
-  // buffered writes.
+  // False once a block's write was refused with EINVAL and the file fell
+  // back to buffered writes (the tail's buffered write does not count).
   bool direct() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return direct_;
