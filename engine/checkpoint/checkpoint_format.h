@@ -43,7 +43,8 @@
 //
 // Integrity: the manifest records each rank file's size and CRC-32C
 // (core/crc32c.h) over all its bytes; the reader checks sizes at Open and
-// checksums in VerifyFiles.
+// checksums in VerifyFiles (reading the files), or in VerifyFilesFromReads
+// from the CRCs of what ReadRanges already read (a one-pass load).
 #ifndef ZE_ENGINE_CHECKPOINT_CHECKPOINT_FORMAT_H_
 #define ZE_ENGINE_CHECKPOINT_CHECKPOINT_FORMAT_H_
 
