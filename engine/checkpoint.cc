@@ -502,7 +502,12 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   ZE_LOG_RANK0(INFO) << "loaded checkpoint " << reader->tag_directory()
                      << " (saved at world size " << manifest.world_size
                      << ", stage " << manifest.zero_stage << ") at step "
-                     << counters_.global_steps;
+                     << counters_.global_steps << " in "
+                     << SecondsSince(load_start) << " s, rank 0 "
+                     << (result.one_pass
+                             ? absl::StrCat("in one pass, ", result.files_reread,
+                                            " file(s) re-read to verify")
+                             : std::string("in two passes"));
   result.tag = tag;
   result.client_state = manifest.client_state;
   result.saved_world_size = manifest.world_size;
