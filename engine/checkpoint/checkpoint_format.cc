@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -392,8 +393,10 @@ absl::StatusOr<std::unique_ptr<RankFileWriter>> RankFileWriter::Create(
                                     {"rank", std::to_string(rank)}};
   // Direct I/O: see safetensors::WriterOptions (the disk writes while the
   // state is still being copied out, instead of at the final fsync).
+  // ZE_CHECKPOINT_DIRECT_IO=0 writes buffered (for comparisons).
   safetensors::WriterOptions options;
-  options.direct_io = true;
+  const char* direct = std::getenv("ZE_CHECKPOINT_DIRECT_IO");
+  options.direct_io = direct == nullptr || std::string(direct) != "0";
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Writer> writer,
                       safetensors::Writer::Create(
                           absl::StrCat(tag_directory, "/", RankFileName(rank)),

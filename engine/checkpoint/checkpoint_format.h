@@ -191,8 +191,10 @@ class RankFileWriter {
   // its record: name, rank, size, CRC-32C.
   absl::StatusOr<FileRecord> Finish();
 
-  // Where the time went (the file is written with direct I/O where the
-  // file system allows it: safetensors::WriterOptions).
+  // Where the time went. The file is written with direct I/O where the
+  // file system allows it (safetensors::WriterOptions), unless the
+  // environment variable ZE_CHECKPOINT_DIRECT_IO is "0" (buffered, for
+  // comparisons).
   const safetensors::Writer::Stats& stats() const;
 
  private:
