@@ -4,10 +4,13 @@
 // JSON object per phase: seconds, bytes of the checkpoint's files and GB/s,
 // with the configuration, and rank 0's split of the time:
 //   save: agree_s, copy_s (state to host staging), stall_s (waiting for a
-//         free staging buffer: the disk is behind), crc_s, write_s (inside
+//         free staging buffer: the writer is behind), crc_s,
+//         writer_stall_s (the writer waiting for the disk: direct I/O, a
+//         free block; buffered, the write() calls), write_s (inside
 //         pwrite/write), finish_s (last writes, fsync, rename), commit_s
-//         (manifest, `latest`), direct_io, pinned. copy and crc/write run
-//         concurrently, so they do not add up to seconds.
+//         (manifest, `latest`), direct_io, pinned. The copy, the writer and
+//         the I/O thread run concurrently, so these do not add up to
+//         seconds; a disk-bound save has write_s close to seconds.
 //   load: open_s, read_s (one pass: staging allocated and filled, with
 //         CRCs), verify_s (checksums compared, re-reads, agreement),
 //         apply_s (state written into place; two-pass: read and written),
@@ -150,6 +153,7 @@ absl::Status Run(int argc, char** argv) {
         line["copy_s"] = report.copy_seconds;
         line["stall_s"] = report.stall_seconds;
         line["crc_s"] = report.crc_seconds;
+        line["writer_stall_s"] = report.writer_stall_seconds;
         line["write_s"] = report.write_seconds;
         line["finish_s"] = report.finish_seconds;
         line["commit_s"] = report.commit_seconds;

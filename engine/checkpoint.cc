@@ -277,6 +277,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
     absl::StatusOr<checkpoint::FileRecord> finished = writer->Finish();
     const safetensors::Writer::Stats& stats = writer->stats();
     report.crc_seconds = stats.crc_seconds;
+    report.writer_stall_seconds = stats.stall_seconds;
     report.write_seconds =
         stats.direct_io ? stats.write_seconds : stats.stall_seconds;
     report.finish_seconds = stats.finish_seconds;

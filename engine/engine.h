@@ -320,6 +320,8 @@ class Engine {
     double copy_seconds = 0;   // state copied to host staging (this thread)
     double stall_seconds = 0;  // this thread waiting for a free buffer
     double crc_seconds = 0;    // writer thread: CRC-32C
+    double writer_stall_seconds = 0;  // writer thread waiting for the disk
+                                      // (direct I/O: for a free block)
     double write_seconds = 0;  // writing: the I/O thread in pwrite (direct
                                // I/O), else the write() calls
     double finish_seconds = 0;  // the file's last writes, fsync, rename
