@@ -2,8 +2,21 @@
 // one step (so the moments are real), then Engine::SaveCheckpoint and
 // Engine::LoadCheckpoint run `repeats` times each into --dir. Prints one
 // JSON object per phase: seconds, bytes of the checkpoint's files and GB/s,
-// with the configuration. Compare with the disk's own sequential bandwidth
-// (dd with direct I/O) measured in the same run by the caller.
+// with the configuration, and rank 0's split of the time:
+//   save: agree_s, copy_s (state to host staging), stall_s (waiting for a
+//         free staging buffer: the writer is behind), crc_s,
+//         writer_stall_s (the writer waiting for the disk: direct I/O, a
+//         free block; buffered, the write() calls), write_s (inside
+//         pwrite/write), finish_s (last writes, fsync, rename), commit_s
+//         (manifest, `latest`), direct_io, pinned. The copy, the writer and
+//         the I/O thread run concurrently, so these do not add up to
+//         seconds; a disk-bound save has write_s close to seconds.
+//   load: open_s, read_s (one pass: staging allocated and filled, with
+//         CRCs), verify_s (checksums compared, re-reads, agreement),
+//         apply_s (state written into place; two-pass: read and written),
+//         one_pass, bytes_staged, files_reread.
+// Compare with the disk's own sequential bandwidth (dd with direct I/O)
+// measured in the same run by the caller.
 //
 //   checkpoint_bench --model=1.3B --dir=/tmp/ckpt [--stage=2] [--batch=4]
 //       [--seq=1024] [--repeats=2] [--device=cuda] [--offload=none|optimizer]
@@ -124,6 +137,26 @@ absl::Status Run(int argc, char** argv) {
       if (std::string(phase) == "load") {
         line["bytes_read_rank0"] = loaded.bytes_read;
         line["page_cache_dropped"] = dropped;
+        line["one_pass"] = loaded.one_pass;
+        line["bytes_staged"] = loaded.bytes_staged;
+        line["files_reread"] = loaded.files_reread;
+        line["open_s"] = loaded.open_seconds;
+        line["read_s"] = loaded.read_seconds;
+        line["verify_s"] = loaded.verify_seconds;
+        line["apply_s"] = loaded.apply_seconds;
+      } else {
+        const engine::Engine::CheckpointSaveReport& report =
+            engine->last_save_report();
+        line["direct_io"] = report.direct_io;
+        line["pinned"] = report.pinned;
+        line["agree_s"] = report.agree_seconds;
+        line["copy_s"] = report.copy_seconds;
+        line["stall_s"] = report.stall_seconds;
+        line["crc_s"] = report.crc_seconds;
+        line["writer_stall_s"] = report.writer_stall_seconds;
+        line["write_s"] = report.write_seconds;
+        line["finish_s"] = report.finish_seconds;
+        line["commit_s"] = report.commit_seconds;
       }
       PrintJson(line);
     }

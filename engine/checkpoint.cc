@@ -15,7 +15,11 @@
 // function of the seed and the parameter; no dropout): a trainer's data
 // order or sampling state belongs in client_state.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -111,6 +115,35 @@ int64_t JsonInt(const nlohmann::json& object, const char* key) {
   return object.at(key).get<int64_t>();
 }
 
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Threads a one-pass load reads with: enough 32 MiB reads in flight to
+// keep a disk's queue full, and CRC-32C on several cores.
+constexpr int kLoadReadThreads = 8;
+
+// The host memory one rank's one-pass load may stage:
+// ZE_CHECKPOINT_STAGING_LIMIT (bytes) when set, else 3/4 of MemAvailable
+// shared among the ranks on this host (they load at the same time).
+int64_t StagingLimit(int local_ranks) {
+  if (const char* text = std::getenv("ZE_CHECKPOINT_STAGING_LIMIT")) {
+    return std::strtoll(text, nullptr, 10);
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") {
+      return kilobytes * 1024 / 4 * 3 / std::max(1, local_ranks);
+    }
+  }
+  return 0;  // unknown: the two-pass path
+}
+
 }  // namespace
 
 absl::Status Engine::RequireCheckpointBoundary(const char* what) const {
@@ -182,6 +215,9 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
                                     const std::string& tag_argument,
                                     const nlohmann::json& client_state) {
   const char* what = "save_checkpoint";
+  const Clock::time_point save_start = Clock::now();
+  last_save_report_ = CheckpointSaveReport();
+  CheckpointSaveReport& report = last_save_report_;
   ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
   if (!client_state.is_object()) {
     return absl::InvalidArgumentError(
@@ -204,6 +240,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
   absl::Status begun;
   if (comm.rank() == 0) begun = checkpoint::BeginSave(directory, tag);
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, begun, stream, what));
+  report.agree_seconds = SecondsSince(save_start);
 
   // 2. Every rank writes its file.
   const std::vector<zero::ZeroStrategy::CheckpointKind> kinds =
@@ -225,15 +262,31 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
                         checkpoint::RankFileWriter::Create(
                             checkpoint::PartialDirectory(directory, tag),
                             comm.rank(), kind_names, kind_dtypes, pieces));
-    ZE_RETURN_IF_ERROR(strategy_->SaveState(
+    zero::ZeroStrategy::SaveTimes times;
+    absl::Status saved = strategy_->SaveState(
         [&](const zero::ZeroStrategy::CheckpointKind& kind,
             const zero::ParamShard& piece, const Tensor& values) {
           return writer->Append(kind.name, layout.param(piece.param_index).name,
                                 values);
-        }));
-    ZE_ASSIGN_OR_RETURN(mine, writer->Finish());
+        },
+        &times);
+    report.copy_seconds = times.copy_seconds;
+    report.stall_seconds = times.stall_seconds;
+    report.pinned = times.pinned;
+    ZE_RETURN_IF_ERROR(saved);
+    absl::StatusOr<checkpoint::FileRecord> finished = writer->Finish();
+    const safetensors::Writer::Stats& stats = writer->stats();
+    report.crc_seconds = stats.crc_seconds;
+    report.writer_stall_seconds = stats.stall_seconds;
+    report.write_seconds =
+        stats.direct_io ? stats.write_seconds : stats.stall_seconds;
+    report.finish_seconds = stats.finish_seconds;
+    report.direct_io = stats.direct_io;
+    ZE_ASSIGN_OR_RETURN(mine, std::move(finished));
+    report.bytes = static_cast<int64_t>(mine.bytes);
     return absl::OkStatus();
   }();
+  const Clock::time_point commit_start = Clock::now();
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, written, stream, what));
   ZE_ASSIGN_OR_RETURN(std::vector<checkpoint::FileRecord> files,
                       GatherFileRecords(comm, mine, stream));
@@ -282,6 +335,8 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
     }();
   }
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, committed, stream, what));
+  report.commit_seconds = SecondsSince(commit_start);
+  report.total_seconds = SecondsSince(save_start);
   ZE_LOG_RANK0(INFO) << "saved checkpoint " << directory << "/" << tag << " ("
                      << comm.world_size() << " rank files)";
   return absl::OkStatus();
@@ -291,6 +346,8 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
     const std::string& directory, const std::string& tag_argument,
     bool load_optimizer_states) {
   const char* what = "load_checkpoint";
+  const Clock::time_point load_start = Clock::now();
+  LoadedCheckpoint result;
   ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
   comm::Communicator& comm = *communicator_;
   const Stream& stream = compute_stream_;
@@ -312,6 +369,22 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
 
   // Validation, together, before anything changes.
   std::unique_ptr<checkpoint::CheckpointReader> reader;
+  // The one-pass path's host staging, filled and verified before the
+  // agreement below, applied after it.
+  std::optional<zero::ZeroStrategy::StagedLoad> staged;
+  bool master_from_weights = false;
+  bool has_weights = false;
+  // The kind of the checkpoint a load's request for `kind` reads.
+  auto taken_kind = [&](const std::string& kind) -> std::string {
+    // A checkpoint of an f32 model has no separate weights.
+    if (kind == checkpoint::kWeights && !has_weights) return checkpoint::kMaster;
+    // zero_optimization.load_from_fp32_weights false (DeepSpeed): the master
+    // weights restart from the 16-bit weights.
+    if (kind == checkpoint::kMaster && master_from_weights) {
+      return checkpoint::kWeights;
+    }
+    return kind;
+  };
   absl::Status valid = [&]() -> absl::Status {
     ZE_ASSIGN_OR_RETURN(reader,
                         checkpoint::CheckpointReader::Open(directory, tag));
@@ -344,31 +417,75 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
             "weights"));
       }
     }
-    return reader->VerifyFiles(comm.world_size(), comm.rank());
+    has_weights = manifest.HasKind(checkpoint::kWeights);
+    master_from_weights =
+        has_weights && !config_.zero_optimization.load_from_fp32_weights;
+    result.open_seconds = SecondsSince(load_start);
+    // read_seconds includes allocating the staging (its pages are touched
+    // by the reads).
+    const Clock::time_point read_start = Clock::now();
+    const int64_t staging_bytes =
+        strategy_->StagedLoadBytes(load_optimizer_states);
+    if (staging_bytes <= StagingLimit(comm.local_size())) {
+      absl::StatusOr<zero::ZeroStrategy::StagedLoad> prepared =
+          strategy_->PrepareLoad(load_optimizer_states);
+      // No memory after all: the two-pass path, which needs little.
+      if (!absl::IsResourceExhausted(prepared.status())) {
+        ZE_RETURN_IF_ERROR(prepared.status());
+        staged = std::move(prepared).value();
+      }
+    }
+    if (!staged.has_value()) {
+      // Two-pass: verify this rank's share of the files, then (after the
+      // agreement) read and write bucket by bucket.
+      const Clock::time_point verify_start = Clock::now();
+      ZE_RETURN_IF_ERROR(
+          reader->VerifyFiles(comm.world_size(), comm.rank()));
+      result.verify_seconds = SecondsSince(verify_start);
+      return absl::OkStatus();
+    }
+    // One pass: read everything this rank needs into host staging once,
+    // checksumming as it goes, then check this rank's share of the files
+    // from those reads (re-reading only a file it did not read whole).
+    std::vector<checkpoint::CheckpointReader::RangeRequest> requests;
+    requests.reserve(staged->reads.size());
+    for (const zero::ZeroStrategy::LoadRead& read : staged->reads) {
+      requests.push_back({taken_kind(read.kind), read.name, read.param_begin,
+                          read.destination});
+    }
+    ZE_RETURN_IF_ERROR(reader->ReadRanges(requests, kLoadReadThreads));
+    result.read_seconds = SecondsSince(read_start);
+    const Clock::time_point verify_start = Clock::now();
+    ZE_RETURN_IF_ERROR(reader->VerifyFilesFromReads(
+        comm.world_size(), comm.rank(), &result.files_reread));
+    result.verify_seconds = SecondsSince(verify_start);
+    return absl::OkStatus();
   }();
+  if (!valid.ok()) staged.reset();  // its memory back before waiting
+  const Clock::time_point agree_start = Clock::now();
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, valid, stream, what));
+  result.verify_seconds += SecondsSince(agree_start);
 
   const checkpoint::Manifest& manifest = reader->manifest();
-  const bool has_weights = manifest.HasKind(checkpoint::kWeights);
-  // zero_optimization.load_from_fp32_weights false (DeepSpeed): the master
-  // weights restart from the 16-bit weights.
-  const bool master_from_weights =
-      has_weights && !config_.zero_optimization.load_from_fp32_weights;
-  absl::Status loaded = strategy_->LoadState(
-      [&](const std::string& kind, const std::string& name, int64_t param_begin,
-          const Tensor& destination) {
-        std::string taken = kind;
-        // A checkpoint of an f32 model has no separate weights.
-        if (kind == checkpoint::kWeights && !has_weights) {
-          taken = checkpoint::kMaster;
-        }
-        if (kind == checkpoint::kMaster && master_from_weights) {
-          taken = checkpoint::kWeights;
-        }
-        return reader->ReadRange(taken, name, param_begin, destination);
-      },
-      load_optimizer_states,
-      manifest.training_state.value("optimizer_step_count", int64_t{0}));
+  const int64_t optimizer_step_count =
+      manifest.training_state.value("optimizer_step_count", int64_t{0});
+  const Clock::time_point apply_start = Clock::now();
+  absl::Status loaded;
+  if (staged.has_value()) {
+    result.one_pass = true;
+    result.bytes_staged = staged->bytes;
+    loaded = strategy_->CommitLoad(*staged, optimizer_step_count);
+    staged.reset();
+  } else {
+    loaded = strategy_->LoadState(
+        [&](const std::string& kind, const std::string& name,
+            int64_t param_begin, const Tensor& destination) {
+          return reader->ReadRange(taken_kind(kind), name, param_begin,
+                                   destination);
+        },
+        load_optimizer_states, optimizer_step_count);
+  }
+  result.apply_seconds = SecondsSince(apply_start);
   if (loaded.ok()) {
     loaded =
         RestoreTrainingState(manifest.training_state, reader->tag_directory());
@@ -386,13 +503,18 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   ZE_LOG_RANK0(INFO) << "loaded checkpoint " << reader->tag_directory()
                      << " (saved at world size " << manifest.world_size
                      << ", stage " << manifest.zero_stage << ") at step "
-                     << counters_.global_steps;
-  LoadedCheckpoint result;
+                     << counters_.global_steps << " in "
+                     << SecondsSince(load_start) << " s, rank 0 "
+                     << (result.one_pass
+                             ? absl::StrCat("in one pass, ", result.files_reread,
+                                            " file(s) re-read to verify")
+                             : std::string("in two passes"));
   result.tag = tag;
   result.client_state = manifest.client_state;
   result.saved_world_size = manifest.world_size;
   result.saved_stage = manifest.zero_stage;
   result.bytes_read = reader->bytes_read();
+  result.total_seconds = SecondsSince(load_start);
   return result;
 }
 

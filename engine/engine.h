@@ -311,12 +311,48 @@ class Engine {
       const std::string& directory, const std::string& tag = "",
       const nlohmann::json& client_state = nlohmann::json::object());
 
+  // Where this rank's last SaveCheckpoint spent its time (seconds), for
+  // benchmarks. The copy and the writer run concurrently (a pipeline), so
+  // the phases overlap; `total` is the call's wall time.
+  struct CheckpointSaveReport {
+    double total_seconds = 0;
+    double agree_seconds = 0;  // tag agreement and the partial directory
+    double copy_seconds = 0;   // state copied to host staging (this thread)
+    double stall_seconds = 0;  // this thread waiting for a free buffer
+    double crc_seconds = 0;    // writer thread: CRC-32C
+    double writer_stall_seconds = 0;  // writer thread waiting for the disk
+                                      // (direct I/O: for a free block)
+    double write_seconds = 0;  // writing: the I/O thread in pwrite (direct
+                               // I/O), else the write() calls
+    double finish_seconds = 0;  // the file's last writes, fsync, rename
+    double commit_seconds = 0;  // records gathered, manifest, `latest`
+    bool direct_io = false;     // the rank file was written with O_DIRECT
+    bool pinned = false;        // the staging buffers were page-locked
+    int64_t bytes = 0;          // this rank's file
+  };
+  const CheckpointSaveReport& last_save_report() const {
+    return last_save_report_;
+  }
+
   struct LoadedCheckpoint {
     std::string tag;
     nlohmann::json client_state;
     int saved_world_size = 0;
     int saved_stage = 0;
     int64_t bytes_read = 0;  // by this rank
+    // How this rank loaded (see LoadCheckpoint) and where its time went
+    // (seconds).
+    bool one_pass = false;     // staged in host memory as read, then applied
+    int64_t bytes_staged = 0;  // host staging (one_pass)
+    int files_reread = 0;      // files this rank verified by reading them
+                               // again (a partial read: resharding)
+    double open_seconds = 0;    // tag agreement, manifest, headers, checks
+    double read_seconds = 0;    // one_pass: reading (with CRCs) into staging
+    double verify_seconds = 0;  // checksums checked (one_pass: from the
+                                // reads, plus any re-read); agreement
+    double apply_seconds = 0;   // writing the state into place (two-pass:
+                                // reading and writing, bucket by bucket)
+    double total_seconds = 0;
   };
   // Loads `directory`/`tag` (empty: the one `latest` names) saved at any
   // world size and ZeRO stage into this engine's layout: each rank reads
@@ -330,7 +366,15 @@ class Engine {
   // Before anything is written the ranks check, together, the manifest,
   // every file's size and CRC-32C (each rank verifies a share of the
   // files), and that the checkpoint's parameters are exactly the model's,
-  // with the same shapes. A failure there is an error naming the file or
+  // with the same shapes. When this rank's state fits in host memory (the
+  // one-pass path: at most 3/4 of MemAvailable divided among the ranks on
+  // the host, or ZE_CHECKPOINT_STAGING_LIMIT bytes when that environment
+  // variable is set; 0 disables it) everything it needs is read once into
+  // host staging, the checksums computed as it is read, and applied after
+  // the check; a file it verifies but did not read whole (resharding) is
+  // read again for its checksum. Otherwise (the two-pass path) its files
+  // are verified first and the state then read and written bucket by
+  // bucket. A failure there is an error naming the file or
   // parameter (NotFound for a missing tag or file, DataLoss for a corrupt
   // or truncated file, InvalidArgument for another model, FailedPrecondition
   // for a newer format version or missing optimizer state) on every rank,
@@ -368,6 +412,7 @@ class Engine {
   std::shared_ptr<comm::Communicator> communicator_;
   Stream compute_stream_;
   Counters counters_;
+  CheckpointSaveReport last_save_report_;
   std::unique_ptr<zero::TrainingState> training_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;
   // This window's summed micro-batch losses (for the step's mean loss).

@@ -207,7 +207,16 @@ class ZeroStrategy {
   // The sink runs on a writer thread of SaveState's (one call at a time, in
   // order) while the caller's thread copies the next bucket to the host.
   // The sink's error stops it and is returned.
-  absl::Status SaveState(const CheckpointSink& sink);
+  // `times`, if given, receives where the time went.
+  struct SaveTimes {
+    double copy_seconds = 0;   // caller's thread: state copied to the host
+    double stall_seconds = 0;  // caller's thread: waiting for a free
+                               // buffer (the sink, i.e. the disk, is behind)
+    double sink_seconds = 0;   // writer thread: inside the sink
+    bool pinned = false;       // staging buffers are page-locked
+  };
+  absl::Status SaveState(const CheckpointSink& sink,
+                         SaveTimes* times = nullptr);
   // Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the
   // model's dtype for "weights") with parameter `name`'s `kind` elements
   // [param_begin, param_begin + destination.numel()). Called from several
@@ -228,6 +237,37 @@ class ZeroStrategy {
   int64_t optimizer_step_count() const {
     return partition_->optimizer_step_count();
   }
+
+  // The same load in two phases, so that a checkpoint can be read once and
+  // verified before anything changes (Engine::LoadCheckpoint's one-pass
+  // path). PrepareLoad allocates host staging for everything LoadState
+  // writes (per bucket: this rank's own optimizer arrays, and the weights
+  // CheckpointWeights returns; the padding between parameters zeroed) and
+  // lists the reads that fill it; the caller performs them, in any order
+  // and on any threads, and checks them; CommitLoad then writes the staged
+  // state into place as LoadState does (and resets gradients, refreshes
+  // derived state, restores the optimizer step count with the optimizer
+  // states). Nothing of the strategy's state changes before CommitLoad.
+  // PrepareLoad fails with ResourceExhausted when the host memory cannot
+  // be allocated; StagedLoadBytes says beforehand how much it takes.
+  struct LoadRead {
+    std::string kind;  // asked for as CheckpointSource's `kind`
+    std::string name;
+    int64_t param_begin = 0;
+    Tensor destination;  // a view into the staging
+  };
+  struct StagedLoad {
+    std::vector<LoadRead> reads;
+    bool load_optimizer_states = true;
+    std::vector<std::vector<Tensor>> arrays;  // [bucket][array]; undefined:
+                                              // not loaded
+    std::vector<Tensor> weights;              // [bucket]
+    int64_t bytes = 0;
+  };
+  int64_t StagedLoadBytes(bool load_optimizer_states) const;
+  absl::StatusOr<StagedLoad> PrepareLoad(bool load_optimizer_states);
+  absl::Status CommitLoad(const StagedLoad& staged,
+                          int64_t optimizer_step_count);
 
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}

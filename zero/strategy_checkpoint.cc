@@ -1,10 +1,16 @@
 // ZeroStrategy's checkpoint side: what a rank saves and how it loads state
 // saved under any other layout (world size, stage, bucketing).
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "zero/strategy.h"
@@ -35,6 +41,49 @@ Overlap Intersect(const ParamPlacement& place, int64_t range_begin,
   return Overlap{low - place.offset, low - range_begin, high - low};
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// The reads that fill `destination` (bucket elements [range_begin,
+// + numel)) of bucket `bucket` from the parameters' `kind`; the padding
+// between parameters (which no read covers) is zeroed.
+absl::Status PlanBucketRange(const PartitionedLayout& layout, int bucket,
+                             const std::string& kind, int64_t range_begin,
+                             const Tensor& destination,
+                             std::vector<ZeroStrategy::LoadRead>* reads) {
+  const BucketLayout& info = layout.bucket(bucket);
+  const int64_t range_end = range_begin + destination.numel();
+  std::vector<Overlap> overlaps;
+  for (int p = info.first_param; p < info.end_param; ++p) {
+    const Overlap overlap =
+        Intersect(layout.placement(p), range_begin, range_end);
+    if (overlap.count == 0) continue;
+    overlaps.push_back(overlap);
+    reads->push_back({kind, layout.param(p).name, overlap.param_begin,
+                      destination.Slice(overlap.range_offset, overlap.count)});
+  }
+  std::sort(overlaps.begin(), overlaps.end(),
+            [](const Overlap& a, const Overlap& b) {
+              return a.range_offset < b.range_offset;
+            });
+  const Stream& cpu = Stream::Default(Device::Cpu());
+  int64_t filled = 0;  // elements before this are covered or zeroed
+  for (const Overlap& overlap : overlaps) {
+    if (overlap.range_offset > filled) {
+      ZE_RETURN_IF_ERROR(Fill(
+          destination.Slice(filled, overlap.range_offset - filled), 0.0f, cpu));
+    }
+    filled = std::max(filled, overlap.range_offset + overlap.count);
+  }
+  if (destination.numel() > filled) {
+    ZE_RETURN_IF_ERROR(Fill(
+        destination.Slice(filled, destination.numel() - filled), 0.0f, cpu));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<ZeroStrategy::CheckpointKind> ZeroStrategy::CheckpointKinds()
@@ -59,9 +108,12 @@ absl::Status ZeroStrategy::RequireCheckpointable(const char* what) {
   return partition_->FinishUpdate(stream());
 }
 
-absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink) {
+absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
+                                     SaveTimes* times) {
   ZE_RETURN_IF_ERROR(RequireCheckpointable("save_checkpoint"));
-  const PartitionedLayout& layout = partition_->layout();
+  SaveTimes local_times;
+  SaveTimes& spent = times != nullptr ? *times : local_times;
+  spent = SaveTimes();
   const std::vector<CheckpointKind> kinds = CheckpointKinds();
   const int arrays = static_cast<int>(kinds.size()) -
                      (partition_->master_aliases_weights() ? 0 : 1);
@@ -70,18 +122,45 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink) {
   // A pipeline: this thread copies the next chunk of state to the host
   // while a writer thread hands the previous ones to the sink (checksums
   // and file writes), so copies, hashing and the disk overlap. Chunks of at
-  // most kSaveChunkElements, at most kSaveChunksInFlight of them queued:
-  // the host memory a save needs is bounded, whatever the model.
+  // most kSaveChunkElements in kSaveChunksInFlight + 1 reused buffers: the
+  // host memory a save needs is bounded, whatever the model. The buffers
+  // are page-locked when the model is on a GPU (device-to-pageable copies
+  // go through the driver's own staging at a fraction of the speed, and a
+  // fresh allocation per chunk would pay its page faults every time); in
+  // ordinary host memory otherwise, or when pinning fails.
+  const int buffer_count = static_cast<int>(kSaveChunksInFlight) + 1;
+  std::vector<Tensor> buffers;
+  Allocator* allocator = device().is_cpu() ? HostMemory() : PinnedHostMemory();
+  for (int i = 0; i < buffer_count; ++i) {
+    absl::StatusOr<Tensor> buffer = Tensor::Empty(
+        {kSaveChunkElements}, DType::kF32, Device::Cpu(), allocator);
+    if (!buffer.ok() && allocator != HostMemory()) {
+      allocator = HostMemory();
+      buffers.clear();
+      i = -1;
+      continue;
+    }
+    ZE_RETURN_IF_ERROR(buffer.status());
+    buffers.push_back(*buffer);
+  }
+  spent.pinned = allocator != HostMemory();
+
   struct Chunk {
     size_t piece = 0;
     size_t kind = 0;
-    Tensor host;
+    int buffer = 0;
+    int64_t count = 0;
   };
   std::mutex mutex;
   std::condition_variable changed;
   std::deque<Chunk> queue;
+  std::deque<int> free_buffers;
+  for (int i = 0; i < buffer_count; ++i) free_buffers.push_back(i);
   bool closed = false;
   absl::Status written;  // the writer's first error
+  auto view = [&](int buffer, int64_t count, DType dtype) {
+    return Tensor::Wrap(buffers[buffer].data(), {count}, dtype, Device::Cpu());
+  };
   std::thread writer([&] {
     while (true) {
       Chunk chunk;
@@ -89,18 +168,22 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink) {
         std::unique_lock<std::mutex> lock(mutex);
         changed.wait(lock, [&] { return !queue.empty() || closed; });
         if (queue.empty()) return;
-        chunk = std::move(queue.front());
+        chunk = queue.front();
         queue.pop_front();
       }
-      changed.notify_all();
+      const auto start = std::chrono::steady_clock::now();
       absl::Status status =
-          sink(kinds[chunk.kind], pieces[chunk.piece], chunk.host);
+          sink(kinds[chunk.kind], pieces[chunk.piece],
+               view(chunk.buffer, chunk.count, kinds[chunk.kind].dtype));
+      const double seconds = SecondsSince(start);
+      std::lock_guard<std::mutex> lock(mutex);
+      spent.sink_seconds += seconds;
+      free_buffers.push_back(chunk.buffer);
+      changed.notify_all();
       if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(mutex);
         written = status;
         closed = true;
         queue.clear();
-        changed.notify_all();
         return;
       }
     }
@@ -118,27 +201,33 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink) {
         for (int64_t done = 0; done < piece.count;) {
           const int64_t count =
               std::min(kSaveChunkElements, piece.count - done);
-          Chunk chunk{i, k, Tensor()};
-          ZE_ASSIGN_OR_RETURN(chunk.host, Tensor::Empty({count}, kinds[k].dtype,
-                                                        Device::Cpu()));
+          Chunk chunk{i, k, 0, count};
+          {
+            std::unique_lock<std::mutex> lock(mutex);
+            const auto start = std::chrono::steady_clock::now();
+            changed.wait(lock, [&] { return !free_buffers.empty() || closed; });
+            spent.stall_seconds += SecondsSince(start);
+            if (closed) return absl::OkStatus();  // the writer failed
+            chunk.buffer = free_buffers.front();
+            free_buffers.pop_front();
+          }
+          const Tensor host = view(chunk.buffer, count, kinds[k].dtype);
+          const auto start = std::chrono::steady_clock::now();
           if (static_cast<int>(k) < arrays) {
-            ZE_RETURN_IF_ERROR(partition_->ReadOwnState(b, static_cast<int>(k),
-                                                        own_begin + done,
-                                                        chunk.host, stream()));
+            ZE_RETURN_IF_ERROR(partition_->ReadOwnState(
+                b, static_cast<int>(k), own_begin + done, host, stream()));
           } else {
             ZE_RETURN_IF_ERROR(
                 Copy(weights.Slice(piece.bucket_offset - weights_begin + done,
                                    count),
-                     chunk.host, stream()));
+                     host, stream()));
             ZE_RETURN_IF_ERROR(stream().Synchronize());
           }
+          spent.copy_seconds += SecondsSince(start);
           done += count;
-          std::unique_lock<std::mutex> lock(mutex);
-          changed.wait(lock, [&] {
-            return queue.size() < kSaveChunksInFlight || closed;
-          });
-          if (closed) return absl::OkStatus();  // the writer failed
-          queue.push_back(std::move(chunk));
+          std::lock_guard<std::mutex> lock(mutex);
+          if (closed) return absl::OkStatus();
+          queue.push_back(chunk);
           changed.notify_all();
         }
       }
@@ -226,6 +315,87 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
   if (load_optimizer_states) {
+    partition_->set_optimizer_step_count(optimizer_step_count);
+  }
+  ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));
+  ZE_RETURN_IF_ERROR(OnStateLoaded());
+  return stream().Synchronize();
+}
+
+int64_t ZeroStrategy::StagedLoadBytes(bool load_optimizer_states) const {
+  const PartitionedLayout& layout = partition_->layout();
+  const int arrays = static_cast<int>(partition_->StateArrayNames().size());
+  const int loaded_arrays = load_optimizer_states ? arrays : 1;
+  const int first = partition_->master_aliases_weights() ? 1 : 0;
+  int64_t bytes = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    bytes += std::max(0, loaded_arrays - first) *
+             partition_->OwnRange(b).size() * int64_t{4};
+    int64_t weights_begin = 0;
+    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    bytes += weights.nbytes();
+  }
+  return bytes;
+}
+
+absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
+    bool load_optimizer_states) {
+  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint"));
+  const PartitionedLayout& layout = partition_->layout();
+  const std::vector<std::string> arrays = partition_->StateArrayNames();
+  const bool aliased = partition_->master_aliases_weights();
+  StagedLoad staged;
+  staged.load_optimizer_states = load_optimizer_states;
+  staged.arrays.resize(layout.num_buckets());
+  staged.weights.resize(layout.num_buckets());
+  const int loaded_arrays =
+      load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const PartitionSlice own = partition_->OwnRange(b);
+    staged.arrays[b].resize(arrays.size());
+    // With aliasing, array 0 is the weights, staged below.
+    for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
+      ZE_ASSIGN_OR_RETURN(
+          Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
+      ZE_RETURN_IF_ERROR(
+          PlanBucketRange(layout, b, arrays[a], own.begin, host, &staged.reads));
+      staged.bytes += host.nbytes();
+      staged.arrays[b][a] = host;
+    }
+    int64_t weights_begin = 0;
+    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    ZE_ASSIGN_OR_RETURN(
+        Tensor host,
+        Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
+    ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b, aliased ? "master" : "weights",
+                                       weights_begin, host, &staged.reads));
+    staged.bytes += host.nbytes();
+    staged.weights[b] = host;
+  }
+  return staged;
+}
+
+absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
+                                      int64_t optimizer_step_count) {
+  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint"));
+  const PartitionedLayout& layout = partition_->layout();
+  if (staged.arrays.size() != static_cast<size_t>(layout.num_buckets()) ||
+      staged.weights.size() != static_cast<size_t>(layout.num_buckets())) {
+    return absl::InvalidArgumentError(
+        "CommitLoad: the staged state was prepared for another layout");
+  }
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    for (size_t a = 0; a < staged.arrays[b].size(); ++a) {
+      if (!staged.arrays[b][a].defined()) continue;
+      ZE_RETURN_IF_ERROR(partition_->WriteOwnState(
+          b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
+    }
+    int64_t weights_begin = 0;
+    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    ZE_RETURN_IF_ERROR(Copy(staged.weights[b], weights, stream()));
+    ZE_RETURN_IF_ERROR(stream().Synchronize());
+  }
+  if (staged.load_optimizer_states) {
     partition_->set_optimizer_step_count(optimizer_step_count);
   }
   ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));

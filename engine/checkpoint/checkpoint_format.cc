@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -389,10 +391,16 @@ absl::StatusOr<std::unique_ptr<RankFileWriter>> RankFileWriter::Create(
   }
   safetensors::Metadata metadata = {{"format", kFormatName},
                                     {"rank", std::to_string(rank)}};
+  // Direct I/O: see safetensors::WriterOptions (the disk writes while the
+  // state is still being copied out, instead of at the final fsync).
+  // ZE_CHECKPOINT_DIRECT_IO=0 writes buffered (for comparisons).
+  safetensors::WriterOptions options;
+  const char* direct = std::getenv("ZE_CHECKPOINT_DIRECT_IO");
+  options.direct_io = direct == nullptr || std::string(direct) != "0";
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Writer> writer,
                       safetensors::Writer::Create(
                           absl::StrCat(tag_directory, "/", RankFileName(rank)),
-                          std::move(specs), metadata));
+                          std::move(specs), metadata, options));
   std::unique_ptr<RankFileWriter> result(new RankFileWriter());
   result->impl_ = std::make_unique<Impl>();
   result->impl_->writer = std::move(writer);
@@ -416,6 +424,10 @@ absl::StatusOr<FileRecord> RankFileWriter::Finish() {
   record.bytes = impl_->writer->bytes_written();
   record.crc32c = impl_->writer->crc32c();
   return record;
+}
+
+const safetensors::Writer::Stats& RankFileWriter::stats() const {
+  return impl_->writer->stats();
 }
 
 std::string PartialDirectory(const std::string& directory,
@@ -610,6 +622,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     }
   }
   reader->files_.resize(manifest.world_size);
+  reader->reads_.resize(manifest.world_size);
   for (const FileRecord& file : manifest.files) {
     const std::string path = absl::StrCat(tag_directory, "/", file.name);
     struct stat info;
@@ -694,45 +707,280 @@ absl::StatusOr<uint32_t> ChecksumRange(int fd, uint64_t begin, uint64_t length,
 }  // namespace
 
 absl::Status CheckpointReader::VerifyFiles(int stride, int offset) const {
+  for (const FileRecord& file : manifest_.files) {
+    if (stride > 0 && file.rank % stride != offset) continue;
+    ZE_RETURN_IF_ERROR(VerifyFile(file));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CorruptFileError(const std::string& path, uint64_t size,
+                              uint32_t crc, const FileRecord& file) {
+  return absl::DataLossError(absl::StrCat(
+      path, " is corrupt: ", size, " bytes with ", Crc32cToString(crc),
+      ", the manifest records ", file.bytes, " bytes with ",
+      Crc32cToString(file.crc32c)));
+}
+
+}  // namespace
+
+absl::Status CheckpointReader::VerifyFile(const FileRecord& file) const {
   // A file is read as up to kThreads segments in parallel (a disk answers
   // several requests faster than one stream), their checksums combined.
   constexpr int kThreads = 4;
   constexpr uint64_t kMinSegmentBytes = uint64_t{64} << 20;
+  const std::string path = absl::StrCat(tag_directory_, "/", file.name);
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  struct stat info;
+  fstat(fd, &info);
+  const uint64_t size = static_cast<uint64_t>(info.st_size);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const int segments = static_cast<int>(std::max<uint64_t>(
+      1, std::min<uint64_t>(kThreads, size / kMinSegmentBytes)));
+  const uint64_t segment = (size + segments - 1) / segments;
+  std::vector<absl::StatusOr<uint32_t>> crcs(segments, uint32_t{0});
+  std::vector<std::thread> threads;
+  for (int i = 0; i < segments; ++i) {
+    const uint64_t begin = std::min(size, i * segment);
+    const uint64_t length = std::min(size, begin + segment) - begin;
+    threads.emplace_back([&, i, begin, length] {
+      crcs[i] = ChecksumRange(fd, begin, length, path);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  close(fd);
+  uint32_t crc = 0;
+  for (int i = 0; i < segments; ++i) {
+    ZE_RETURN_IF_ERROR(crcs[i].status());
+    const uint64_t begin = std::min(size, i * segment);
+    const uint64_t length = std::min(size, begin + segment) - begin;
+    crc = i == 0 ? *crcs[i] : Crc32cCombine(crc, *crcs[i], length);
+  }
+  if (size != file.bytes || crc != file.crc32c) {
+    return CorruptFileError(path, size, crc, file);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::VerifyFilesFromReads(int stride, int offset,
+                                                    int* reread_files) const {
+  if (reread_files != nullptr) *reread_files = 0;
   for (const FileRecord& file : manifest_.files) {
     if (stride > 0 && file.rank % stride != offset) continue;
+    std::vector<ReadRecord> reads;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reads = reads_[file.rank];
+    }
+    std::sort(reads.begin(), reads.end(),
+              [](const ReadRecord& a, const ReadRecord& b) {
+                return a.offset != b.offset ? a.offset < b.offset
+                                            : a.bytes < b.bytes;
+              });
+    ZE_ASSIGN_OR_RETURN(const safetensors::Reader* opened,
+                        RankFile(file.rank));
     const std::string path = absl::StrCat(tag_directory_, "/", file.name);
-    const int fd = open(path.c_str(), O_RDONLY);
+    // Do the reads tile the data section [data_start, bytes) exactly? Then
+    // the header's CRC followed by theirs, in order, is the file's.
+    uint64_t position = opened->data_start();
+    uint32_t data_crc = 0;
+    bool covered = true;
+    const ReadRecord* previous = nullptr;
+    for (const ReadRecord& read : reads) {
+      if (previous != nullptr && read.offset == previous->offset &&
+          read.bytes == previous->bytes) {
+        // The same bytes read twice (e.g. master weights taken from the
+        // 16-bit weights): must have read the same.
+        if (read.crc32c != previous->crc32c) covered = false;
+        continue;
+      }
+      if (read.offset != position) {
+        covered = false;
+        break;
+      }
+      data_crc = Crc32cCombine(data_crc, read.crc32c, read.bytes);
+      position += read.bytes;
+      previous = &read;
+    }
+    if (!covered || position != file.bytes) {
+      if (reread_files != nullptr) ++*reread_files;
+      ZE_RETURN_IF_ERROR(VerifyFile(file));
+      continue;
+    }
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus(errno, "open", path);
-    struct stat info;
-    fstat(fd, &info);
-    const uint64_t size = static_cast<uint64_t>(info.st_size);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    const int segments = static_cast<int>(std::max<uint64_t>(
-        1, std::min<uint64_t>(kThreads, size / kMinSegmentBytes)));
-    const uint64_t segment = (size + segments - 1) / segments;
-    std::vector<absl::StatusOr<uint32_t>> crcs(segments, uint32_t{0});
-    std::vector<std::thread> threads;
-    for (int i = 0; i < segments; ++i) {
-      const uint64_t begin = std::min(size, i * segment);
-      const uint64_t length = std::min(size, begin + segment) - begin;
-      threads.emplace_back([&, i, begin, length] {
-        crcs[i] = ChecksumRange(fd, begin, length, path);
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+    absl::StatusOr<uint32_t> header_crc =
+        ChecksumRange(fd, 0, opened->data_start(), path);
     close(fd);
-    uint32_t crc = 0;
-    for (int i = 0; i < segments; ++i) {
-      ZE_RETURN_IF_ERROR(crcs[i].status());
-      const uint64_t begin = std::min(size, i * segment);
-      const uint64_t length = std::min(size, begin + segment) - begin;
-      crc = i == 0 ? *crcs[i] : Crc32cCombine(crc, *crcs[i], length);
+    ZE_RETURN_IF_ERROR(header_crc.status());
+    const uint32_t crc =
+        Crc32cCombine(*header_crc, data_crc, file.bytes - opened->data_start());
+    if (crc != file.crc32c) {
+      return CorruptFileError(path, file.bytes, crc, file);
     }
-    if (size != file.bytes || crc != file.crc32c) {
-      return absl::DataLossError(absl::StrCat(
-          path, " is corrupt: ", size, " bytes with ", Crc32cToString(crc),
-          ", the manifest records ", file.bytes, " bytes with ",
-          Crc32cToString(file.crc32c)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadRanges(
+    const std::vector<RangeRequest>& requests, int threads) {
+  // One read: bytes [offset, offset + bytes) of rank file `rank` into
+  // `target` (`direct`: straight into its memory; otherwise through a
+  // buffer of the stored dtype, converted).
+  struct Task {
+    int rank = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    bool direct = true;
+    DType stored = DType::kF32;
+    Tensor target;
+  };
+  std::vector<Task> tasks;
+  for (const RangeRequest& request : requests) {
+    const ParameterRecord* record = manifest_.Find(request.parameter);
+    if (record == nullptr) {
+      return absl::NotFoundError(absl::StrCat(tag_directory_,
+                                              ": no parameter ",
+                                              request.parameter,
+                                              " in the checkpoint"));
+    }
+    if (!manifest_.HasKind(request.kind)) {
+      return absl::NotFoundError(absl::StrCat(tag_directory_, ": no \"",
+                                              request.kind,
+                                              "\" state in the checkpoint"));
+    }
+    const Tensor& destination = request.destination;
+    const int64_t begin = request.begin;
+    const int64_t count = destination.numel();
+    if (begin < 0 || begin + count > record->numel()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          tag_directory_, ": elements [", begin, ", ", begin + count, ") of ",
+          request.parameter, " (", record->numel(), " elements)"));
+    }
+    if (!destination.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          "ReadRanges: destinations must be on CPU");
+    }
+    const std::string name = PieceTensorName(request.kind, request.parameter);
+    ZE_ASSIGN_OR_RETURN(
+        DType stored,
+        safetensors::DTypeOf(KindElementType(manifest_, request.kind)));
+    const uint64_t element = SizeOf(stored);
+    const int64_t chunk_elements =
+        static_cast<int64_t>(kReadChunkBytes / element);
+    Tensor flat = destination.Flat();
+    for (const Piece& piece : record->pieces) {
+      const int64_t low = std::max(begin, piece.begin);
+      const int64_t high = std::min(begin + count, piece.begin + piece.count);
+      if (high <= low) continue;
+      ZE_ASSIGN_OR_RETURN(const safetensors::Reader* file,
+                          RankFile(piece.rank));
+      ZE_ASSIGN_OR_RETURN(const safetensors::TensorInfo* info,
+                          file->Get(name));
+      const uint64_t start = file->data_start() + info->begin +
+                             (low - piece.begin) * element;
+      for (int64_t done = low; done < high; done += chunk_elements) {
+        const int64_t n = std::min(chunk_elements, high - done);
+        Task task;
+        task.rank = piece.rank;
+        task.offset = start + (done - low) * element;
+        task.bytes = n * element;
+        task.direct = stored == destination.dtype();
+        task.stored = stored;
+        task.target = flat.Slice(done - begin, n);
+        tasks.push_back(std::move(task));
+      }
+    }
+  }
+  // File order: each file is read front to back, `threads` reads at a time.
+  std::sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) {
+    return a.rank != b.rank ? a.rank < b.rank : a.offset < b.offset;
+  });
+  std::vector<int> fds(manifest_.world_size, -1);
+  auto close_all = [&] {
+    for (int& fd : fds) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  };
+  for (const Task& task : tasks) {
+    if (fds[task.rank] >= 0) continue;
+    const std::string path =
+        absl::StrCat(tag_directory_, "/", manifest_.files[task.rank].name);
+    fds[task.rank] = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fds[task.rank] < 0) {
+      const int error = errno;
+      close_all();
+      return ErrnoStatus(error, "open", path);
+    }
+    posix_fadvise(fds[task.rank], 0, 0, POSIX_FADV_SEQUENTIAL);
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
+  std::vector<absl::Status> statuses(threads);
+  std::vector<std::vector<std::pair<int, ReadRecord>>> records(threads);
+  auto work = [&](int thread) {
+    std::vector<char> buffer;  // converted reads
+    while (!failed.load()) {
+      const size_t i = next.fetch_add(1);
+      if (i >= tasks.size()) return;
+      const Task& task = tasks[i];
+      const std::string& name = manifest_.files[task.rank].name;
+      char* memory = static_cast<char*>(task.target.data());
+      if (!task.direct) {
+        buffer.resize(task.bytes);
+        memory = buffer.data();
+      }
+      absl::Status status;
+      uint64_t done = 0;
+      while (done < task.bytes) {
+        const ssize_t got = pread(fds[task.rank], memory + done,
+                                  task.bytes - done,
+                                  static_cast<off_t>(task.offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        const std::string path = absl::StrCat(tag_directory_, "/", name);
+        if (got < 0) {
+          status = ErrnoStatus(errno, "read", path);
+          break;
+        }
+        if (got == 0) {
+          status = absl::DataLossError(absl::StrCat(
+              path, " ended at byte ", task.offset + done,
+              " (truncated while being read)"));
+          break;
+        }
+        done += static_cast<uint64_t>(got);
+      }
+      if (status.ok() && !task.direct) {
+        const Tensor staged = Tensor::Wrap(
+            memory, {task.target.numel()}, task.stored, Device::Cpu());
+        status = Copy(staged, task.target, Stream::Default(Device::Cpu()));
+      }
+      if (!status.ok()) {
+        statuses[thread] = status;
+        failed.store(true);
+        return;
+      }
+      records[thread].push_back(
+          {task.rank,
+           ReadRecord{task.offset, task.bytes, Crc32c(memory, task.bytes)}});
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& thread : pool) thread.join();
+  close_all();
+  for (const absl::Status& status : statuses) ZE_RETURN_IF_ERROR(status);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& list : records) {
+    for (const auto& [rank, read] : list) {
+      reads_[rank].push_back(read);
+      bytes_read_ += static_cast<int64_t>(read.bytes);
     }
   }
   return absl::OkStatus();

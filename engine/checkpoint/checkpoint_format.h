@@ -43,7 +43,8 @@
 //
 // Integrity: the manifest records each rank file's size and CRC-32C
 // (core/crc32c.h) over all its bytes; the reader checks sizes at Open and
-// checksums in VerifyFiles.
+// checksums in VerifyFiles (reading the files), or in VerifyFilesFromReads
+// from the CRCs of what ReadRanges already read (a one-pass load).
 #ifndef ZE_ENGINE_CHECKPOINT_CHECKPOINT_FORMAT_H_
 #define ZE_ENGINE_CHECKPOINT_CHECKPOINT_FORMAT_H_
 
@@ -190,6 +191,12 @@ class RankFileWriter {
   // its record: name, rank, size, CRC-32C.
   absl::StatusOr<FileRecord> Finish();
 
+  // Where the time went. The file is written with direct I/O where the
+  // file system allows it (safetensors::WriterOptions), unless the
+  // environment variable ZE_CHECKPOINT_DIRECT_IO is "0" (buffered, for
+  // comparisons).
+  const safetensors::Writer::Stats& stats() const;
+
  private:
   RankFileWriter() = default;
   struct Impl;
@@ -280,12 +287,51 @@ class CheckpointReader {
   absl::Status ReadRange(const std::string& kind, const std::string& parameter,
                          int64_t begin, const Tensor& destination) const;
 
-  // Bytes read by ReadRange so far (for load-time reports).
+  // Bytes read by ReadRange and ReadRanges so far (for load-time reports).
   int64_t bytes_read() const;
+
+  // Many ReadRange calls as one schedule, for a load that reads each byte
+  // once: every request's bytes are located in the rank files, sorted by
+  // file and offset, cut into reads of at most kReadChunkBytes and read by
+  // `threads` threads taking them in that order (large, nearly sequential
+  // reads, several in flight), each straight into its destination unless
+  // the dtype is converted. The CRC-32C of every read is kept, so that
+  // VerifyFilesFromReads can check a file that was read whole without
+  // reading it again. Requests as ReadRange's (their errors, the first one
+  // returned); destinations must not overlap.
+  struct RangeRequest {
+    std::string kind;
+    std::string parameter;
+    int64_t begin = 0;
+    Tensor destination;
+  };
+  static constexpr uint64_t kReadChunkBytes = uint64_t{32} << 20;
+  absl::Status ReadRanges(const std::vector<RangeRequest>& requests,
+                          int threads);
+
+  // VerifyFiles for the files whose rank r satisfies r % stride == offset,
+  // using what ReadRanges read: a file whose every data byte was read
+  // (exactly once, or in identical repeated reads) has its checksum
+  // combined from those reads and its header, and is not read again; any
+  // other file is read in full, as VerifyFiles does. Same errors as
+  // VerifyFiles. `*reread_files`, if given: how many were read again.
+  absl::Status VerifyFilesFromReads(int stride, int offset,
+                                    int* reread_files = nullptr) const;
 
  private:
   CheckpointReader() = default;
   absl::StatusOr<const safetensors::Reader*> RankFile(int rank) const;
+  // One file's size and CRC-32C against the manifest, reading it in full.
+  absl::Status VerifyFile(const FileRecord& file) const;
+
+  // A read ReadRanges made: bytes [offset, offset + bytes) of a rank file
+  // and their CRC-32C.
+  struct ReadRecord {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint32_t crc32c = 0;
+  };
+  mutable std::vector<std::vector<ReadRecord>> reads_;  // per rank file
 
   std::string tag_directory_;
   Manifest manifest_;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,105 @@ TEST_F(CheckpointErrorsTest, OneFlippedByte) {
                 {absl::StrCat("rank_0000", victim, ".safetensors"), "crc32c"});
   }
   ExpectUntouchedAndUsable();
+}
+
+// Flips one byte in the middle of rank `victim`'s file of `tag_directory`.
+void FlipMiddleByte(const std::string& tag_directory, int victim) {
+  const std::string file =
+      absl::StrCat(tag_directory, "/rank_0000", victim, ".safetensors");
+  std::fstream stream(file, std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = static_cast<std::streamoff>(fs::file_size(file) / 2);
+  stream.seekg(at);
+  char byte = 0;
+  stream.read(&byte, 1);
+  byte ^= 0x10;
+  stream.seekp(at);
+  stream.write(&byte, 1);
+}
+
+// The one-pass load (the state staged in host memory as it is read, the
+// checksums computed from those reads) still refuses a corrupt file before
+// anything changes: a byte flipped in the middle of a rank file, inside
+// the optimizer state that a load at the same layout reads exactly once.
+TEST_F(CheckpointErrorsTest, FlippedByteMidFileIsCaughtInOnePass) {
+  const std::string tag_directory = Copy("flipped_middle");
+  const int victim = World() - 1;
+  OnRankZero([&] { FlipMiddleByte(tag_directory, victim); });
+  const absl::Status status =
+      engine_->LoadCheckpoint(directory_, "flipped_middle").status();
+  ASSERT_FALSE(status.ok());
+  if (Rank() == victim % World()) {
+    ExpectError(status, absl::StatusCode::kDataLoss,
+                {absl::StrCat("rank_0000", victim, ".safetensors"), "crc32c"});
+  }
+  ExpectUntouchedAndUsable();
+  // The same with only the weights asked for: the files are then read in
+  // part, and verified by reading them again.
+  const absl::Status weights_only =
+      engine_->LoadCheckpoint(directory_, "flipped_middle", false).status();
+  ASSERT_FALSE(weights_only.ok());
+  if (Rank() == victim % World()) {
+    ExpectError(weights_only, absl::StatusCode::kDataLoss,
+                {absl::StrCat("rank_0000", victim, ".safetensors"), "crc32c"});
+  }
+}
+
+// Both load paths give the same state: the one-pass path (verified from
+// its own reads, no file read twice at the same layout), a weights-only
+// load (partial reads, so the verified file is read again), the two-pass
+// path (ZE_CHECKPOINT_STAGING_LIMIT=0), and a load at another stage
+// (stage 3's partitioning: resharding).
+TEST_F(CheckpointErrorsTest, LoadPathsAgree) {
+  auto one_pass = engine_->LoadCheckpoint(directory_, "good");
+  ASSERT_TRUE(one_pass.ok()) << one_pass.status();
+  EXPECT_TRUE(one_pass->one_pass);
+  EXPECT_GT(one_pass->bytes_staged, 0);
+  EXPECT_EQ(one_pass->files_reread, 0);
+  auto loaded = enginetest::AllMasterWeights(*engine_);
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_NE(*loaded, weights_before_);  // SetUp trained past the save
+
+  ASSERT_TRUE(enginetest::TrainStep(*engine_, 3).ok());
+  auto weights_only = engine_->LoadCheckpoint(directory_, "good", false);
+  ASSERT_TRUE(weights_only.ok()) << weights_only.status();
+  EXPECT_TRUE(weights_only->one_pass);
+  EXPECT_EQ(weights_only->files_reread, 1);  // this rank's share: one file
+  EXPECT_EQ(*enginetest::AllMasterWeights(*engine_), *loaded);
+
+  ASSERT_TRUE(enginetest::TrainStep(*engine_, 3).ok());
+  setenv("ZE_CHECKPOINT_STAGING_LIMIT", "0", 1);
+  auto two_pass = engine_->LoadCheckpoint(directory_, "good");
+  unsetenv("ZE_CHECKPOINT_STAGING_LIMIT");
+  ASSERT_TRUE(two_pass.ok()) << two_pass.status();
+  EXPECT_FALSE(two_pass->one_pass);
+  EXPECT_EQ(*enginetest::AllMasterWeights(*engine_), *loaded);
+  // Training on from either gives the same step.
+  ASSERT_TRUE(enginetest::TrainStep(*engine_, 3).ok());
+  auto after_two_pass = enginetest::AllMasterWeights(*engine_);
+  ASSERT_TRUE(engine_->LoadCheckpoint(directory_, "good").ok());
+  ASSERT_TRUE(enginetest::TrainStep(*engine_, 3).ok());
+  EXPECT_EQ(*enginetest::AllMasterWeights(*engine_), *after_two_pass);
+
+  auto stage3 = MakeEngine(/*stage=*/3);
+  ASSERT_TRUE(stage3.ok()) << stage3.status();
+  auto resharded = (*stage3)->LoadCheckpoint(directory_, "good");
+  ASSERT_TRUE(resharded.ok()) << resharded.status();
+  EXPECT_TRUE(resharded->one_pass);
+  EXPECT_EQ(*enginetest::AllMasterWeights(**stage3), *loaded);
+  // And a corrupt file is refused there too, the stage-3 engine unchanged.
+  const std::string tag_directory = Copy("flipped_stage3");
+  OnRankZero([&] { FlipMiddleByte(tag_directory, 0); });
+  ASSERT_TRUE(enginetest::TrainStep(**stage3, 3).ok());
+  auto before = enginetest::AllMasterWeights(**stage3);
+  ASSERT_TRUE(before.ok());
+  const absl::Status refused =
+      (*stage3)->LoadCheckpoint(directory_, "flipped_stage3").status();
+  ASSERT_FALSE(refused.ok());
+  if (Rank() == 0) {
+    ExpectError(refused, absl::StatusCode::kDataLoss,
+                {"rank_00000.safetensors", "crc32c"});
+  }
+  EXPECT_EQ(*enginetest::AllMasterWeights(**stage3), *before);
 }
 
 TEST_F(CheckpointErrorsTest, MissingRankFile) {
