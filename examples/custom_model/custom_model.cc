@@ -398,8 +398,10 @@ absl::Status Train(const Flags& flags, int* exit_code) {
       ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->Step());
       if (report.boundary) {
         losses.push_back(report.loss);
-        if (rank == 0)
-          std::printf("step %lld loss %.9g\n", step + 1, report.loss);
+        if (rank == 0) {
+          std::printf("step %lld loss %.9g\n", static_cast<long long>(step + 1),
+                      report.loss);
+        }
       }
     }
   }
