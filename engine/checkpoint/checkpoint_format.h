@@ -192,9 +192,7 @@ class RankFileWriter {
   absl::StatusOr<FileRecord> Finish();
 
   // Where the time went. The file is written with direct I/O where the
-  // file system allows it (safetensors::WriterOptions), unless the
-  // environment variable ZE_CHECKPOINT_DIRECT_IO is "0" (buffered, for
-  // comparisons).
+  // file system allows it (safetensors::WriterOptions).
   const safetensors::Writer::Stats& stats() const;
 
  private:
