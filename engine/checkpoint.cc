@@ -377,7 +377,8 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   // The kind of the checkpoint a load's request for `kind` reads.
   auto taken_kind = [&](const std::string& kind) -> std::string {
     // A checkpoint of an f32 model has no separate weights.
-    if (kind == checkpoint::kWeights && !has_weights) return checkpoint::kMaster;
+    if (kind == checkpoint::kWeights && !has_weights)
+      return checkpoint::kMaster;
     // zero_optimization.load_from_fp32_weights false (DeepSpeed): the master
     // weights restart from the 16-bit weights.
     if (kind == checkpoint::kMaster && master_from_weights) {
@@ -439,8 +440,7 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
       // Two-pass: verify this rank's share of the files, then (after the
       // agreement) read and write bucket by bucket.
       const Clock::time_point verify_start = Clock::now();
-      ZE_RETURN_IF_ERROR(
-          reader->VerifyFiles(comm.world_size(), comm.rank()));
+      ZE_RETURN_IF_ERROR(reader->VerifyFiles(comm.world_size(), comm.rank()));
       result.verify_seconds = SecondsSince(verify_start);
       return absl::OkStatus();
     }
@@ -506,7 +506,8 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
                      << counters_.global_steps << " in "
                      << SecondsSince(load_start) << " s, rank 0 "
                      << (result.one_pass
-                             ? absl::StrCat("in one pass, ", result.files_reread,
+                             ? absl::StrCat("in one pass, ",
+                                            result.files_reread,
                                             " file(s) re-read to verify")
                              : std::string("in two passes"));
   result.tag = tag;

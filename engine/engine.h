@@ -322,8 +322,8 @@ class Engine {
     double crc_seconds = 0;    // writer thread: CRC-32C
     double writer_stall_seconds = 0;  // writer thread waiting for the disk
                                       // (direct I/O: for a free block)
-    double write_seconds = 0;  // writing: the I/O thread in pwrite (direct
-                               // I/O), else the write() calls
+    double write_seconds = 0;   // writing: the I/O thread in pwrite (direct
+                                // I/O), else the write() calls
     double finish_seconds = 0;  // the file's last writes, fsync, rename
     double commit_seconds = 0;  // records gathered, manifest, `latest`
     bool direct_io = false;     // the rank file was written with O_DIRECT
@@ -342,10 +342,10 @@ class Engine {
     int64_t bytes_read = 0;  // by this rank
     // How this rank loaded (see LoadCheckpoint) and where its time went
     // (seconds).
-    bool one_pass = false;     // staged in host memory as read, then applied
-    int64_t bytes_staged = 0;  // host staging (one_pass)
-    int files_reread = 0;      // files this rank verified by reading them
-                               // again (a partial read: resharding)
+    bool one_pass = false;      // staged in host memory as read, then applied
+    int64_t bytes_staged = 0;   // host staging (one_pass)
+    int files_reread = 0;       // files this rank verified by reading them
+                                // again (a partial read: resharding)
     double open_seconds = 0;    // tag agreement, manifest, headers, checks
     double read_seconds = 0;    // one_pass: reading (with CRCs) into staging
     double verify_seconds = 0;  // checksums checked (one_pass: from the

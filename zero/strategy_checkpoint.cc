@@ -357,8 +357,8 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
     for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
       ZE_ASSIGN_OR_RETURN(
           Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
-      ZE_RETURN_IF_ERROR(
-          PlanBucketRange(layout, b, arrays[a], own.begin, host, &staged.reads));
+      ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b, arrays[a], own.begin, host,
+                                         &staged.reads));
       staged.bytes += host.nbytes();
       staged.arrays[b][a] = host;
     }
@@ -367,7 +367,8 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
     ZE_ASSIGN_OR_RETURN(
         Tensor host,
         Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b, aliased ? "master" : "weights",
+    ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b,
+                                       aliased ? "master" : "weights",
                                        weights_begin, host, &staged.reads));
     staged.bytes += host.nbytes();
     staged.weights[b] = host;

@@ -234,7 +234,8 @@ class DirectSink {
       }
       if (error_ok()) {
         const auto start = std::chrono::steady_clock::now();
-        int error = WriteFullyAt(fd_, blocks_[job.block], job.bytes, job.offset);
+        int error =
+            WriteFullyAt(fd_, blocks_[job.block], job.bytes, job.offset);
         if (error == EINVAL && direct()) {
           // Opened with O_DIRECT but refused (a file system that wants a
           // larger alignment, or no direct I/O after all): buffered.
@@ -249,7 +250,8 @@ class DirectSink {
         const double seconds = SecondsSince(start);
         std::lock_guard<std::mutex> lock(mutex_);
         stats_->write_seconds += seconds;
-        if (error != 0) error_ = internal::FileErrorStatus(error, "write", path_);
+        if (error != 0)
+          error_ = internal::FileErrorStatus(error, "write", path_);
       }
       std::lock_guard<std::mutex> lock(mutex_);
       if (job.release) free_.push_back(job.block);
@@ -267,9 +269,9 @@ class DirectSink {
   const std::string path_;
   Writer::Stats *stats_;
   std::vector<char *> blocks_;
-  int current_ = -1;    // the block being filled (caller's), or -1
-  size_t filled_ = 0;   // bytes in it
-  uint64_t offset_ = 0; // file offset of the next block submitted
+  int current_ = -1;     // the block being filled (caller's), or -1
+  size_t filled_ = 0;    // bytes in it
+  uint64_t offset_ = 0;  // file offset of the next block submitted
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -283,8 +285,8 @@ class DirectSink {
 };
 
 absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(
-    std::string path, std::vector<TensorSpec> tensors,
-    const Metadata &metadata, const WriterOptions &options) {
+    std::string path, std::vector<TensorSpec> tensors, const Metadata &metadata,
+    const WriterOptions &options) {
   std::vector<TensorInfo> layout;
   ZE_ASSIGN_OR_RETURN(std::string header,
                       SerializeHeader(tensors, metadata, path, &layout));
@@ -308,8 +310,8 @@ absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(
     // Refused (EINVAL) by file systems without direct I/O: stay buffered.
     const int flags = fcntl(fd, F_GETFL);
     if (flags >= 0 && fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) {
-      writer->direct_ = DirectSink::Create(fd, writer->temp_path_,
-                                           &writer->stats_);
+      writer->direct_ =
+          DirectSink::Create(fd, writer->temp_path_, &writer->stats_);
       if (writer->direct_ == nullptr) ClearDirect(fd);
     }
     writer->stats_.direct_io = writer->direct_ != nullptr;

@@ -718,10 +718,10 @@ namespace {
 
 absl::Status CorruptFileError(const std::string& path, uint64_t size,
                               uint32_t crc, const FileRecord& file) {
-  return absl::DataLossError(absl::StrCat(
-      path, " is corrupt: ", size, " bytes with ", Crc32cToString(crc),
-      ", the manifest records ", file.bytes, " bytes with ",
-      Crc32cToString(file.crc32c)));
+  return absl::DataLossError(
+      absl::StrCat(path, " is corrupt: ", size, " bytes with ",
+                   Crc32cToString(crc), ", the manifest records ", file.bytes,
+                   " bytes with ", Crc32cToString(file.crc32c)));
 }
 
 }  // namespace
@@ -780,8 +780,7 @@ absl::Status CheckpointReader::VerifyFilesFromReads(int stride, int offset,
                 return a.offset != b.offset ? a.offset < b.offset
                                             : a.bytes < b.bytes;
               });
-    ZE_ASSIGN_OR_RETURN(const safetensors::Reader* opened,
-                        RankFile(file.rank));
+    ZE_ASSIGN_OR_RETURN(const safetensors::Reader* opened, RankFile(file.rank));
     const std::string path = absl::StrCat(tag_directory_, "/", file.name);
     // Do the reads tile the data section [data_start, bytes) exactly? Then
     // the header's CRC followed by theirs, in order, is the file's.
@@ -842,8 +841,7 @@ absl::Status CheckpointReader::ReadRanges(
   for (const RangeRequest& request : requests) {
     const ParameterRecord* record = manifest_.Find(request.parameter);
     if (record == nullptr) {
-      return absl::NotFoundError(absl::StrCat(tag_directory_,
-                                              ": no parameter ",
+      return absl::NotFoundError(absl::StrCat(tag_directory_, ": no parameter ",
                                               request.parameter,
                                               " in the checkpoint"));
     }
@@ -865,9 +863,8 @@ absl::Status CheckpointReader::ReadRanges(
           "ReadRanges: destinations must be on CPU");
     }
     const std::string name = PieceTensorName(request.kind, request.parameter);
-    ZE_ASSIGN_OR_RETURN(
-        DType stored,
-        safetensors::DTypeOf(KindElementType(manifest_, request.kind)));
+    ZE_ASSIGN_OR_RETURN(DType stored, safetensors::DTypeOf(KindElementType(
+                                          manifest_, request.kind)));
     const uint64_t element = SizeOf(stored);
     const int64_t chunk_elements =
         static_cast<int64_t>(kReadChunkBytes / element);
@@ -878,10 +875,9 @@ absl::Status CheckpointReader::ReadRanges(
       if (high <= low) continue;
       ZE_ASSIGN_OR_RETURN(const safetensors::Reader* file,
                           RankFile(piece.rank));
-      ZE_ASSIGN_OR_RETURN(const safetensors::TensorInfo* info,
-                          file->Get(name));
-      const uint64_t start = file->data_start() + info->begin +
-                             (low - piece.begin) * element;
+      ZE_ASSIGN_OR_RETURN(const safetensors::TensorInfo* info, file->Get(name));
+      const uint64_t start =
+          file->data_start() + info->begin + (low - piece.begin) * element;
       for (int64_t done = low; done < high; done += chunk_elements) {
         const int64_t n = std::min(chunk_elements, high - done);
         Task task;
@@ -938,9 +934,9 @@ absl::Status CheckpointReader::ReadRanges(
       absl::Status status;
       uint64_t done = 0;
       while (done < task.bytes) {
-        const ssize_t got = pread(fds[task.rank], memory + done,
-                                  task.bytes - done,
-                                  static_cast<off_t>(task.offset + done));
+        const ssize_t got =
+            pread(fds[task.rank], memory + done, task.bytes - done,
+                  static_cast<off_t>(task.offset + done));
         if (got < 0 && errno == EINTR) continue;
         const std::string path = absl::StrCat(tag_directory_, "/", name);
         if (got < 0) {
@@ -948,16 +944,16 @@ absl::Status CheckpointReader::ReadRanges(
           break;
         }
         if (got == 0) {
-          status = absl::DataLossError(absl::StrCat(
-              path, " ended at byte ", task.offset + done,
-              " (truncated while being read)"));
+          status = absl::DataLossError(
+              absl::StrCat(path, " ended at byte ", task.offset + done,
+                           " (truncated while being read)"));
           break;
         }
         done += static_cast<uint64_t>(got);
       }
       if (status.ok() && !task.direct) {
-        const Tensor staged = Tensor::Wrap(
-            memory, {task.target.numel()}, task.stored, Device::Cpu());
+        const Tensor staged = Tensor::Wrap(memory, {task.target.numel()},
+                                           task.stored, Device::Cpu());
         status = Copy(staged, task.target, Stream::Default(Device::Cpu()));
       }
       if (!status.ok()) {
