@@ -114,7 +114,9 @@ ABSL_FLAG(int32_t, digits, 3, "addition: digits of each operand (1-9)");
 ABSL_FLAG(int32_t, eval_problems, 128,
           "addition: held-out problems (never trained on) for accuracy");
 ABSL_FLAG(int64_t, steps, 60, "optimizer steps to train (>= 5)");
-ABSL_FLAG(int64_t, seq, 64, "sequence length in tokens (>= 2)");
+ABSL_FLAG(int64_t, seq, 0,
+          "sequence length in tokens (>= 2); 0: one addition problem per row "
+          "(3 digits + 3 tokens), or 64 for files");
 ABSL_FLAG(std::string, device, "auto", "auto (a GPU when present), cpu, cuda");
 ABSL_FLAG(int64_t, seed, -1,
           "seed of the model's initialisation and the data; -1: the "
@@ -186,7 +188,9 @@ absl::StatusOr<Options> ReadFlags() {
     return absl::InvalidArgumentError(what);
   };
   if (o.steps < 5) return bad(absl::StrCat("--steps=", o.steps, ": need >= 5"));
-  if (o.seq < 2) return bad(absl::StrCat("--seq=", o.seq, ": need >= 2"));
+  if (o.seq != 0 && o.seq < 2) {
+    return bad(absl::StrCat("--seq=", o.seq, ": need >= 2, or 0 for the data's own"));
+  }
   if (o.eval_every < 0 || o.save_every < 0) {
     return bad("--eval_every and --save_every must be >= 0");
   }
@@ -501,7 +505,8 @@ absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
   return evaluation;
 }
 
-absl::Status Train(const Options& options, int* exit_code) {
+// Takes the options by value: --seq=0 is resolved here, from the data.
+absl::Status Train(Options options, int* exit_code) {
   comm::CommOptions comm_options;
   comm_options.device = options.device;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
@@ -526,6 +531,14 @@ absl::Status Train(const Options& options, int* exit_code) {
   if (data.kind == DataSpec::Kind::kAddition) {
     ZE_ASSIGN_OR_RETURN(task, examples::AdditionTask::Create(
                                   options.digits, options.eval_problems, seed));
+    // One problem per row: every problem at the same positions, as the
+    // evaluation's prompts are, which the model learns several times faster
+    // than problems packed at shifting offsets.
+    if (options.seq == 0) options.seq = task->problem_length() - 1;
+  } else if (options.seq == 0) {
+    options.seq = 64;
+  }
+  if (task.has_value()) {
     const examples::AdditionTask::Problem& example = task->held_out()[0];
     const std::vector<int32_t> prompt = task->PromptTokens(example);
     data_description = absl::StrFormat(
@@ -550,13 +563,6 @@ absl::Status Train(const Options& options, int* exit_code) {
   std::optional<InitFile> init;
   if (!options.init_from.empty()) {
     ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
-    if (init->hugging_face && data_vocab <= 256) {
-      data_vocab = 256;  // bytes as GPT-2 token ids: allowed, if odd
-    }
-  }
-  if (!init.has_value() && data.kind == DataSpec::Kind::kTokens &&
-      !options.model.empty() && options.model != "tiny") {
-    data_vocab = std::max<int64_t>(data_vocab, 50257);  // the preset's
   }
   ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt, ModelConfig(options, data_vocab, init));
 
