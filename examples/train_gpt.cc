@@ -1,10 +1,40 @@
 // train_gpt: trains a GPT data-parallel across the ranks of an mpirun job,
 // the way a DeepSpeed config says, through ze::engine::Initialize.
 //
-//   mpirun --oversubscribe --bind-to none -np 4 train_gpt
-//       [--config=examples/configs/train_gpt_cpu.json] [--model=tiny]
-//       [--steps=60] [--seq=64] [--device=auto|cpu|cuda]
-//       [--save_dir=DIR [--save_every=N] [--resume]] [--dry_run]
+//   mpirun --oversubscribe --bind-to none -np 2 train_gpt
+//       --config=examples/configs/demo_zero3_offload_cpu.json --steps=300
+//
+// Flags (train_gpt --help lists them with their defaults):
+//   --config      a DeepSpeed-style JSON config (ZeRO stage, precision,
+//                 optimizer, schedule, batch sizes, offload, csv_monitor).
+//   --model       "tiny" (4 layers, 4 heads, 128 channels; for CPUs) or a
+//                 GPT-2/3 preset (124M, 350M, 1.3B, ...). Default: tiny, or
+//                 with --init_from the file's shape.
+//   --data        what to train on:
+//                   addition           the built-in task (default): sums of
+//                                      --digits-digit numbers, judged by
+//                                      exact-match accuracy on held-out
+//                                      problems (examples/train_data.h)
+//                   text:PATH, *.txt   any file, read as bytes (vocab 256)
+//                   tokens:PATH, *.bin nanoGPT's uint16 token file (vocab:
+//                                      the preset's 50257, or the file's
+//                                      largest token + 1 for tiny)
+//   --steps, --seq, --seed, --device=auto|cpu|cuda (auto: this rank's GPU
+//                 when there is one).
+//   --eval_every  evaluate every N steps (0: only at the end). Addition:
+//                 accuracy of greedy answers (Engine::Generate, batched,
+//                 KV cache) on --eval_problems held-out problems, with a few
+//                 samples; files: validation loss and a sampled continuation.
+//   --init_from   a Hugging Face GPT-2 safetensors file (converted to our
+//                 names on rank 0 first) or a native one (our names, e.g.
+//                 ze_checkpoint consolidate's): full weights loaded through
+//                 Engine::LoadWeights, each rank taking its part, at any
+//                 stage and world size.
+//   --save_dir/--save_every/--resume   checkpoints (below).
+//   --dry_run     prints the per-rank memory plan and exits (below).
+//   --progress    auto|line|log (below).
+//   --min_accuracy  addition only: exit 1 unless the final accuracy reaches
+//                 it (tools/demo.sh's verdict).
 //
 // --dry_run checks the config, builds the model's shapes without storage
 // and prints the per-rank memory plan (GPU, pinned host, NVMe; the same
@@ -15,164 +45,307 @@
 // steps (0: only at the end) and at the end (tag global_stepN, `latest`
 // updated atomically). --resume loads `latest` from --save_dir when there
 // is one, at whatever world size, stage or offload it was saved with, and
-// continues from the step after it up to --steps.
+// continues from the step after it up to --steps (it wins over
+// --init_from).
 //
-// The data is built in: a deterministic corpus of sentences from a small
-// grammar ("the old cat chases a red ball quietly."), read as bytes (the
-// vocabulary is the 256 byte values). Its structure is learnable in a few
-// dozen steps, so the loss falls visibly from ln(256) = 5.55. Every rank
-// draws different windows of it (sample g of step s depends only on the
-// global sample index, so the run is the same at any world size).
+// Data parallelism: rank r reads samples ((step * A + m) * W + r) * B + i
+// of the global sample sequence (A accumulation steps, W ranks, B the
+// micro-batch), and every sample depends only on its number, so a run is
+// the same at any world size with the same train_batch_size.
 //
-// The engine logs the loss curve every steps_per_print steps (rank 0). At
-// the end rank 0 prints one summary line, "train_gpt: ...", and every rank
-// exits 1 when the loss did not fall (the mean of the last fifth of the
-// steps must be below 90% of the first fifth's), 2 on any error.
+// Progress: with --progress=line rank 0 redraws one line in place (step,
+// loss, tokens/s, MFU on a GPU, ETA, memory) and keeps the engine's
+// per-step log lines quiet while it does; with --progress=log the engine's
+// line every steps_per_print steps is the progress report. auto is line
+// when stdout is a terminal and the process was not started by mpirun:
+// Open MPI hands every rank a pseudo-terminal even when mpirun's own output
+// goes to a file, so a rank cannot tell; tools/demo.sh passes
+// --progress=line when its own output is a terminal.
 //
-// --model: "tiny" (4 layers, 4 heads, 128 channels; for CPUs) or a GPT-2/3
-// preset name (124M, 350M, 1.3B, ...; byte vocabulary padded to the preset's
-// table). --device=auto takes the GPU of this rank where there is one.
+// At the end rank 0 prints one summary line, "train_gpt: ...", and every
+// rank exits 1 when the loss did not fall (the mean of the last fifth of the
+// steps must be below 90% of the first fifth's) or the accuracy is below
+// --min_accuracy, 2 on any error.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
 #include "config/config.h"
+#include "core/allocator.h"
 #include "core/logging.h"
+#include "core/safetensors/reader.h"
 #include "core/status.h"
 #include "engine/engine.h"
+#include "examples/progress.h"
+#include "examples/train_data.h"
 #include "nn/gpt.h"
+#include "nn/pretrained/hf_gpt2.h"
 #include "zero/plan.h"
+
+ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
+          "DeepSpeed-style JSON config (path)");
+ABSL_FLAG(std::string, model, "",
+          "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B); "
+          "empty: tiny, or the --init_from file's shape");
+ABSL_FLAG(std::string, data, "addition",
+          "addition (built-in task), text:PATH or PATH.txt (bytes), "
+          "tokens:PATH or PATH.bin (nanoGPT uint16 tokens)");
+ABSL_FLAG(int32_t, digits, 3, "addition: digits of each operand (1-9)");
+ABSL_FLAG(int32_t, eval_problems, 128,
+          "addition: held-out problems (never trained on) for accuracy");
+ABSL_FLAG(int64_t, steps, 60, "optimizer steps to train (>= 5)");
+ABSL_FLAG(int64_t, seq, 0,
+          "sequence length in tokens (>= 2); 0: one addition problem per row "
+          "(3 digits + 3 tokens), or 64 for files");
+ABSL_FLAG(std::string, device, "auto", "auto (a GPU when present), cpu, cuda");
+ABSL_FLAG(int64_t, seed, -1,
+          "seed of the model's initialisation and the data; -1: the "
+          "config's seed");
+ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps; 0: only at the end");
+ABSL_FLAG(std::string, init_from, "",
+          "initial weights: a Hugging Face GPT-2 or native safetensors file");
+ABSL_FLAG(std::string, save_dir, "", "checkpoint directory");
+ABSL_FLAG(int64_t, save_every, 0,
+          "save every N steps (with --save_dir); 0: only at the end");
+ABSL_FLAG(bool, resume, false, "continue from --save_dir/latest if present");
+ABSL_FLAG(bool, dry_run, false,
+          "print the per-rank memory plan and exit without allocating");
+ABSL_FLAG(std::string, progress, "auto",
+          "line (redrawn in place), log (the engine's line every "
+          "steps_per_print), or auto");
+ABSL_FLAG(double, min_accuracy, 0,
+          "addition: exit 1 when the final held-out accuracy is below this "
+          "fraction");
+ABSL_FLAG(double, peak_tflops, 989,
+          "one GPU's peak TFLOP/s for MFU (989: H100/H200 SXM dense bf16)");
 
 namespace ze {
 namespace {
 
-struct Flags {
-  std::string config = "examples/configs/train_gpt_cpu.json";
-  std::string model = "tiny";
+// What the flags ask for, checked.
+struct Options {
+  std::string config;
+  std::string model;
+  std::string data;
+  int digits = 3;
+  int eval_problems = 128;
   int64_t steps = 60;
   int64_t seq = 64;
-  std::string device = "auto";
+  std::string device;
+  int64_t seed = -1;
+  int64_t eval_every = 0;
+  std::string init_from;
   std::string save_dir;
   int64_t save_every = 0;
   bool resume = false;
   bool dry_run = false;
+  std::string progress;
+  double min_accuracy = 0;
+  double peak_tflops = 989;
 };
 
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    bool ok = eq != std::string::npos;
-    if (name == "--config") {
-      flags.config = value;
-    } else if (name == "--model") {
-      flags.model = value;
-    } else if (name == "--device") {
-      flags.device = value;
-    } else if (name == "--steps") {
-      ok = ok && absl::SimpleAtoi(value, &flags.steps) && flags.steps >= 5;
-    } else if (name == "--seq") {
-      ok = ok && absl::SimpleAtoi(value, &flags.seq) && flags.seq >= 2;
-    } else if (name == "--save_dir") {
-      flags.save_dir = value;
-      ok = ok && !value.empty();
-    } else if (name == "--save_every") {
-      ok = ok && absl::SimpleAtoi(value, &flags.save_every) &&
-           flags.save_every >= 0;
-    } else if (name == "--resume") {
-      flags.resume = true;
-      ok = eq == std::string::npos;
-    } else if (name == "--dry_run") {
-      flags.dry_run = true;
-      ok = eq == std::string::npos;
-    } else {
-      ok = false;
-    }
-    if (!ok) {
+absl::StatusOr<Options> ReadFlags() {
+  Options o;
+  o.config = absl::GetFlag(FLAGS_config);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.data = absl::GetFlag(FLAGS_data);
+  o.digits = absl::GetFlag(FLAGS_digits);
+  o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.seq = absl::GetFlag(FLAGS_seq);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
+  o.init_from = absl::GetFlag(FLAGS_init_from);
+  o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  o.save_every = absl::GetFlag(FLAGS_save_every);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.dry_run = absl::GetFlag(FLAGS_dry_run);
+  o.progress = absl::GetFlag(FLAGS_progress);
+  o.min_accuracy = absl::GetFlag(FLAGS_min_accuracy);
+  o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(what);
+  };
+  if (o.steps < 5) return bad(absl::StrCat("--steps=", o.steps, ": need >= 5"));
+  if (o.seq != 0 && o.seq < 2) {
+    return bad(absl::StrCat("--seq=", o.seq, ": need >= 2, or 0 for the data's own"));
+  }
+  if (o.eval_every < 0 || o.save_every < 0) {
+    return bad("--eval_every and --save_every must be >= 0");
+  }
+  if (o.progress != "auto" && o.progress != "line" && o.progress != "log") {
+    return bad(absl::StrCat("--progress=", o.progress,
+                            ": use auto, line or log"));
+  }
+  if (o.resume && o.save_dir.empty()) {
+    return bad("--resume needs --save_dir");
+  }
+  if (o.save_every > 0 && o.save_dir.empty()) {
+    return bad("--save_every needs --save_dir");
+  }
+  if (o.min_accuracy < 0 || o.min_accuracy > 1) {
+    return bad(absl::StrCat("--min_accuracy=", o.min_accuracy,
+                            ": a fraction in [0, 1]"));
+  }
+  return o;
+}
+
+// --data, parsed.
+struct DataSpec {
+  enum class Kind { kAddition, kText, kTokens } kind = Kind::kAddition;
+  std::string path;
+};
+
+absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
+  if (value == "addition") return DataSpec{};
+  if (absl::StartsWith(value, "text:")) {
+    return DataSpec{DataSpec::Kind::kText, value.substr(5)};
+  }
+  if (absl::StartsWith(value, "tokens:")) {
+    return DataSpec{DataSpec::Kind::kTokens, value.substr(7)};
+  }
+  if (absl::EndsWith(value, ".txt")) return DataSpec{DataSpec::Kind::kText, value};
+  if (absl::EndsWith(value, ".bin")) {
+    return DataSpec{DataSpec::Kind::kTokens, value};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--data=", value,
+      ": use addition, text:PATH (or a path ending .txt) for a file read as "
+      "bytes, or tokens:PATH (or a path ending .bin) for a nanoGPT uint16 "
+      "token file"));
+}
+
+// What --init_from holds.
+struct InitFile {
+  bool hugging_face = false;
+  nn::Gpt2Dims dims;     // the file's (vocab_size: its wte rows)
+};
+
+absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
+                      safetensors::Reader::Open(path));
+  const safetensors::TensorInfo* wte = reader->Find("embed.wte");
+  const safetensors::TensorInfo* wpe = reader->Find("embed.wpe");
+  if (wte == nullptr) {
+    // Not our names: it must be a Hugging Face GPT-2 file.
+    InitFile file;
+    file.hugging_face = true;
+    absl::StatusOr<nn::Gpt2Dims> dims = nn::InferHuggingFaceGpt2Dims(path);
+    if (!dims.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad flag '", arg,
-          "'; usage: train_gpt [--config=PATH] [--model=tiny|124M|...] "
-          "[--steps=N>=5] [--seq=T>=2] [--device=auto|cpu|cuda] "
-          "[--save_dir=DIR [--save_every=N] [--resume]] [--dry_run]"));
+          "--init_from=", path,
+          ": neither our GPT (no embed.wte) nor a Hugging Face GPT-2 file: ",
+          dims.status().message()));
+    }
+    file.dims = *dims;
+    return file;
+  }
+  if (wpe == nullptr || wte->shape.size() != 2 || wpe->shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init_from=", path,
+                     ": embed.wte and embed.wpe must both be (rows, C)"));
+  }
+  InitFile file;
+  file.dims.vocab_size = wte->shape[0];
+  file.dims.channels = wte->shape[1];
+  file.dims.max_positions = wpe->shape[0];
+  for (int layer = 0;; ++layer) {
+    if (reader->Find(absl::StrCat("blocks.", layer, ".ln1.weight")) ==
+        nullptr) {
+      file.dims.num_layers = layer;
+      break;
     }
   }
-  return flags;
+  return file;
 }
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// About `bytes` bytes of sentences from a fixed grammar:
-//   sentence := det [adj] noun verb det [adj] noun [adverb] "."
-// Word choices come from a counter-based generator, so every rank builds the
-// same corpus without communicating.
-std::string BuildCorpus(size_t bytes) {
-  static const char* const kDet[] = {"the", "a", "my", "every", "that"};
-  static const char* const kAdj[] = {"old",   "red",   "small", "happy",
-                                     "quiet", "green", "tired", "bright"};
-  static const char* const kNoun[] = {"cat",  "dog",   "bird",  "man",
-                                      "girl", "ball",  "house", "tree",
-                                      "fish", "horse", "river", "stone"};
-  static const char* const kVerb[] = {"sees",  "likes", "chases", "finds",
-                                      "holds", "wants", "paints", "follows"};
-  static const char* const kAdverb[] = {"quickly", "slowly", "today", "again",
-                                        "quietly"};
-  std::string corpus;
-  uint64_t counter = 0;
-  auto pick = [&counter](const char* const* words, size_t n) {
-    return std::string(words[Mix(counter++) % n]);
-  };
-  auto noun_phrase = [&]() {
-    std::string phrase = pick(kDet, 5);
-    if (Mix(counter++) % 2 == 0) absl::StrAppend(&phrase, " ", pick(kAdj, 8));
-    absl::StrAppend(&phrase, " ", pick(kNoun, 12));
-    return phrase;
-  };
-  while (corpus.size() < bytes) {
-    std::string sentence = noun_phrase();
-    absl::StrAppend(&sentence, " ", pick(kVerb, 8), " ", noun_phrase());
-    if (Mix(counter++) % 3 == 0) {
-      absl::StrAppend(&sentence, " ", pick(kAdverb, 5));
-    }
-    absl::StrAppend(&corpus, sentence, ". ");
-  }
-  return corpus;
-}
-
-absl::StatusOr<nn::GptConfig> ModelConfig(const std::string& name,
-                                          int64_t seq) {
+// The model's shape: --model's, or the --init_from file's; the vocabulary
+// covers the data's tokens.
+absl::StatusOr<nn::GptConfig> ModelConfig(const Options& options,
+                                          int64_t data_vocab,
+                                          const std::optional<InitFile>& init) {
   nn::GptConfig config;
+  const std::string name =
+      options.model.empty() && !init.has_value() ? "tiny" : options.model;
   if (name == "tiny") {
     config.num_layers = 4;
     config.num_heads = 4;
     config.channels = 128;
-  } else {
-    ZE_ASSIGN_OR_RETURN(config,
-                        nn::GptConfig::Preset(name, /*pad_vocab=*/true));
+    config.vocab_size = data_vocab;
+    config.padded_vocab_size = 0;
+  } else if (!name.empty()) {
+    ZE_ASSIGN_OR_RETURN(config, nn::GptConfig::Preset(name, /*pad_vocab=*/true));
+    // A preset keeps its (padded) table, so its shapes and speed are the
+    // real ones; byte data uses its first 256 rows.
+    if (data_vocab > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data: tokens up to ", data_vocab - 1, " do not fit --model=",
+          name, "'s vocabulary of ", config.vocab_size));
+    }
+    if (data_vocab <= 256) config.vocab_size = data_vocab;
   }
-  // Bytes are the tokens. A preset keeps its (padded) table so its shapes
-  // and speed are the real ones; the unused rows are never a target.
-  config.vocab_size = 256;
-  if (name != "tiny") config.padded_vocab_size = 50304;
-  config.max_seq_len = seq;
+  config.max_seq_len = options.seq;
+  if (init.has_value()) {
+    const nn::Gpt2Dims& file = init->dims;
+    if (name.empty()) {
+      // GPT-2 files do not record the head count; every GPT-2 size uses
+      // heads of 64 channels.
+      config.num_layers = file.num_layers;
+      config.channels = file.channels;
+      config.num_heads = static_cast<int>(file.channels / 64);
+      if (config.num_heads * 64 != file.channels) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--init_from=", options.init_from, ": ", file.channels,
+            " channels are not heads of 64; name the shape with --model"));
+      }
+    } else if (config.num_layers != file.num_layers ||
+               config.channels != file.channels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model=", name, " has ", config.num_layers, " layers of ",
+          config.channels, " channels; --init_from=", options.init_from,
+          " has ", file.num_layers, " of ", file.channels));
+    }
+    if (options.seq > file.max_positions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--seq=", options.seq, " exceeds --init_from=", options.init_from,
+          "'s ", file.max_positions, " positions"));
+    }
+    config.max_seq_len = file.max_positions;
+    // A Hugging Face table is padded to a multiple of 128 on conversion
+    // (50257 -> 50304); a native file's table is taken as it is.
+    const int64_t rows =
+        init->hugging_face ? (file.vocab_size + 127) / 128 * 128
+                           : file.vocab_size;
+    const int64_t vocab = init->hugging_face ? file.vocab_size : data_vocab;
+    if (data_vocab > vocab || vocab > rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data: tokens up to ", data_vocab - 1, " do not fit --init_from=",
+          options.init_from, "'s vocabulary of ", file.vocab_size));
+    }
+    config.vocab_size = vocab;
+    config.padded_vocab_size = rows > vocab ? rows : 0;
+  }
   ZE_RETURN_IF_ERROR(config.Validate());
   return config;
 }
@@ -182,11 +355,162 @@ bool CheckpointExists(const std::string& directory) {
   return std::ifstream(directory + "/latest").good();
 }
 
-absl::Status Train(const Flags& flags, int* exit_code) {
-  comm::CommOptions options;
-  options.device = flags.device;
+// Loads --init_from into the engine (every rank). A Hugging Face file is
+// first converted to our names by rank 0, next to the checkpoints (or in
+// $TMPDIR), which every rank must be able to read: on several hosts, give
+// --save_dir on a shared file system.
+absl::Status LoadInitialWeights(const Options& options, const InitFile& init,
+                                const nn::GptConfig& gpt,
+                                engine::Engine& engine) {
+  comm::Communicator& communicator = engine.communicator();
+  std::string path = options.init_from;
+  std::string converted;
+  if (init.hugging_face) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string directory =
+        !options.save_dir.empty() ? options.save_dir : (tmp ? tmp : "/tmp");
+    converted = absl::StrCat(directory, "/init_from.", getppid(),
+                             ".ze.safetensors");
+    absl::Status status;
+    if (communicator.rank() == 0) {
+      status = nn::ConvertHuggingFaceGpt2File(options.init_from, converted,
+                                              DType::kF32, gpt.table_rows())
+                   .status();
+    }
+    // Every rank waits for the file, even when rank 0 failed (its error is
+    // the one reported; the others fail to open the file).
+    ZE_RETURN_IF_ERROR(communicator.Barrier());
+    ZE_RETURN_IF_ERROR(status);
+    path = converted;
+  }
+  absl::StatusOr<engine::LoadReport> report = engine.LoadWeights(path);
+  if (!converted.empty()) {
+    ZE_RETURN_IF_ERROR(communicator.Barrier());
+    if (communicator.rank() == 0) std::remove(converted.c_str());
+  }
+  if (!report.ok()) {
+    return absl::Status(report.status().code(),
+                        absl::StrCat("--init_from=", options.init_from, ": ",
+                                     report.status().message()));
+  }
+  ZE_LOG_RANK0(INFO) << "train_gpt: initialised " << report->tensors
+                     << " parameters from " << options.init_from
+                     << (init.hugging_face ? " (Hugging Face GPT-2)" : "");
+  return absl::OkStatus();
+}
+
+// An evaluation's outcome; accuracy only for the addition task.
+struct Evaluation {
+  std::optional<double> accuracy;
+  std::optional<double> validation_loss;
+};
+
+// Greedy answers to every held-out problem in one batched Generate call
+// (KV cache). Every rank generates the whole set, the same collective
+// under stage 3 and the same verdict everywhere, at the price of repeating
+// a small computation.
+absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
+                                            const nn::GptConfig& gpt,
+                                            engine::Engine& engine,
+                                            int64_t step, int rank) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& problem : task.held_out()) {
+    prompts.push_back(task.PromptTokens(problem));
+  }
+  engine::GenerateOptions generate;
+  generate.max_context = gpt.max_seq_len;
+  generate.vocab_size = gpt.vocab_size;
+  generate.stop_token = '\n';
+  ZE_ASSIGN_OR_RETURN(
+      std::vector<std::vector<int32_t>> outputs,
+      engine.Generate(prompts, task.digits() + 2, generate));
+  int correct = 0;
+  std::vector<std::string> samples;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& problem = task.held_out()[i];
+    const std::string text(outputs[i].begin(), outputs[i].end());
+    const std::optional<int64_t> answer = task.ParseAnswer(text);
+    const bool ok = answer.has_value() && *answer == problem.a + problem.b;
+    correct += ok;
+    if (samples.size() < 4) {
+      samples.push_back(absl::StrCat(
+          "  ", examples::AdditionTask::Describe(problem), "= -> ",
+          answer.has_value() ? absl::StrCat(*answer)
+                             : absl::StrCat("\"", absl::CEscape(text), "\""),
+          ok ? " (ok)" : absl::StrCat(" (wrong, ", problem.a + problem.b, ")")));
+    }
+  }
+  Evaluation evaluation;
+  evaluation.accuracy = static_cast<double>(correct) / outputs.size();
+  if (rank == 0) {
+    std::printf("eval at step %lld: held-out accuracy %d/%zu = %.1f%%\n",
+                static_cast<long long>(step), correct, outputs.size(),
+                *evaluation.accuracy * 100);
+    for (const std::string& sample : samples) std::printf("%s\n", sample.c_str());
+    std::fflush(stdout);
+  }
+  return evaluation;
+}
+
+// The mean loss over validation windows, and a sampled continuation of the
+// validation part's first tokens.
+absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
+                                          const nn::GptConfig& gpt,
+                                          engine::Engine& engine,
+                                          int64_t seq, int64_t step,
+                                          int rank) {
+  constexpr int64_t kWindows = 8;
+  std::vector<int32_t> tokens(kWindows * seq), targets(kWindows * seq);
+  for (int64_t i = 0; i < kWindows; ++i) {
+    corpus.FillValidation(i, kWindows, seq, &tokens[i * seq],
+                          &targets[i * seq]);
+  }
+  ZE_ASSIGN_OR_RETURN(
+      float loss,
+      engine.EvalForward(
+          Tensor::Wrap(tokens.data(), {kWindows, seq}, DType::kI32,
+                       Device::Cpu()),
+          Tensor::Wrap(targets.data(), {kWindows, seq}, DType::kI32,
+                       Device::Cpu())));
+  const int64_t prompt_length = std::min<int64_t>(32, seq / 2);
+  const std::vector<int32_t> prompt =
+      corpus.ValidationTokens(0, prompt_length);
+  engine::GenerateOptions generate;
+  generate.max_context = gpt.max_seq_len;
+  generate.vocab_size = gpt.vocab_size;
+  generate.temperature = 0.8f;
+  generate.top_k = 40;
+  generate.seed = static_cast<uint64_t>(step);
+  ZE_ASSIGN_OR_RETURN(std::vector<int32_t> continuation,
+                      engine.Generate(prompt, 64, generate));
+  if (rank == 0) {
+    std::printf("eval at step %lld: validation loss %.4f\n",
+                static_cast<long long>(step), loss);
+    if (corpus.is_text()) {
+      const std::string before(prompt.begin(), prompt.end());
+      const std::string after(continuation.begin(), continuation.end());
+      std::printf("  \"%s\" -> \"%s\"\n", absl::CEscape(before).c_str(),
+                  absl::CEscape(after).c_str());
+    } else {
+      std::string ids;
+      for (size_t i = 0; i < continuation.size() && i < 16; ++i) {
+        absl::StrAppend(&ids, i ? " " : "", continuation[i]);
+      }
+      std::printf("  sampled token ids: %s ...\n", ids.c_str());
+    }
+    std::fflush(stdout);
+  }
+  Evaluation evaluation;
+  evaluation.validation_loss = loss;
+  return evaluation;
+}
+
+// Takes the options by value: --seq=0 is resolved here, from the data.
+absl::Status Train(Options options, int* exit_code) {
+  comm::CommOptions comm_options;
+  comm_options.device = options.device;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
-                      comm::CreateCommunicator(options));
+                      comm::CreateCommunicator(comm_options));
   std::shared_ptr<comm::Communicator> communicator = std::move(created);
   const int world = communicator->world_size();
   const int rank = communicator->rank();
@@ -194,23 +518,70 @@ absl::Status Train(const Flags& flags, int* exit_code) {
   // The config decides the model's dtype, so read it before building the
   // model; Initialize reads (and checks) the same file again.
   ZE_ASSIGN_OR_RETURN(config::Config config,
-                      config::LoadConfigFile(flags.config, world));
+                      config::LoadConfigFile(options.config, world));
+  const uint64_t seed = static_cast<uint64_t>(
+      options.seed >= 0 ? options.seed : config.seed);
+
+  // The data first: its vocabulary sizes the model.
+  ZE_ASSIGN_OR_RETURN(DataSpec data, ParseDataFlag(options.data));
+  std::optional<examples::AdditionTask> task;
+  std::unique_ptr<examples::TokenCorpus> corpus;
+  int64_t data_vocab = 256;
+  std::string data_description;
+  if (data.kind == DataSpec::Kind::kAddition) {
+    ZE_ASSIGN_OR_RETURN(task, examples::AdditionTask::Create(
+                                  options.digits, options.eval_problems, seed));
+    // One problem per row: every problem at the same positions, as the
+    // evaluation's prompts are, which the model learns several times faster
+    // than problems packed at shifting offsets.
+    if (options.seq == 0) options.seq = task->problem_length() - 1;
+  } else if (options.seq == 0) {
+    options.seq = 64;
+  }
+  if (task.has_value()) {
+    const examples::AdditionTask::Problem& example = task->held_out()[0];
+    const std::vector<int32_t> prompt = task->PromptTokens(example);
+    data_description = absl::StrFormat(
+        "%d-digit addition, answers reversed (%s = \"%s%s\"), %d problems "
+        "held out",
+        options.digits, examples::AdditionTask::Describe(example),
+        std::string(prompt.begin(), prompt.end()),
+        absl::CEscape(task->AnswerText(example)), options.eval_problems);
+  } else if (data.kind == DataSpec::Kind::kText) {
+    ZE_ASSIGN_OR_RETURN(corpus,
+                        examples::TokenCorpus::FromTextFile(data.path,
+                                                            options.seq));
+    data_description = absl::StrCat(data.path, " (", corpus->size(), " bytes)");
+  } else {
+    ZE_ASSIGN_OR_RETURN(corpus, examples::TokenCorpus::FromTokenFile(
+                                    data.path, options.seq));
+    data_vocab = corpus->vocab_size();
+    data_description = absl::StrCat(data.path, " (", corpus->size(),
+                                    " uint16 tokens, largest ", data_vocab - 1,
+                                    ")");
+  }
+  std::optional<InitFile> init;
+  if (!options.init_from.empty()) {
+    ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
+  }
+  ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt, ModelConfig(options, data_vocab, init));
+
   const config::TrainingPrecision precision =
       config::GetTrainingPrecision(config);
-  ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt, ModelConfig(flags.model, flags.seq));
   nn::GptOptions model_options;
   model_options.device = communicator->device();
   model_options.dtype =
       precision == config::TrainingPrecision::kBf16   ? DType::kBF16
       : precision == config::TrainingPrecision::kFp16 ? DType::kF16
                                                       : DType::kF32;
-  model_options.seed = static_cast<uint64_t>(config.seed);
+  model_options.seed = seed;
   // Shapes only: the engine creates the storage in its flat buffers.
   model_options.materialize = false;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> built,
                       nn::GptModel::Create(gpt, model_options));
   std::shared_ptr<nn::GptModel> model(std::move(built));
-  if (flags.dry_run) {
+  const int64_t seq = options.seq;
+  if (options.dry_run) {
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
                         zero::PlanMemory(*model, config, world));
     // Activations of one micro-batch without recomputation, 16-bit
@@ -219,75 +590,109 @@ absl::Status Train(const Flags& flags, int* exit_code) {
     const double micro =
         static_cast<double>(config.train_micro_batch_size_per_gpu.value());
     const double activations =
-        gpt.num_layers * (34.0 * micro * flags.seq * gpt.channels +
-                          5.0 * micro * gpt.num_heads * flags.seq * flags.seq);
+        gpt.num_layers * (34.0 * micro * seq * gpt.channels +
+                          5.0 * micro * gpt.num_heads * seq * seq);
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %d ranks, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
           "(estimate, micro-batch %.0f x %lld): %.3f GiB\n",
-          flags.config.c_str(), static_cast<long long>(gpt.NumParameters()),
+          options.config.c_str(), static_cast<long long>(gpt.NumParameters()),
           world, static_cast<int>(config.zero_optimization.stage),
-          plan.ToString().c_str(), micro, static_cast<long long>(flags.seq),
+          plan.ToString().c_str(), micro, static_cast<long long>(seq),
           activations / (1024.0 * 1024.0 * 1024.0));
     }
     *exit_code = 0;
     return absl::OkStatus();
   }
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                      engine::Initialize(model, flags.config, communicator));
+                      engine::Initialize(model, options.config, communicator));
 
   const int64_t micro = engine->config().train_micro_batch_size_per_gpu.value();
   const int64_t accumulation =
       engine->config().gradient_accumulation_steps.value();
-  const int64_t seq = flags.seq;
-  const std::string corpus = BuildCorpus(1 << 16);
+  const int64_t batch_tokens = engine->config().train_batch_size.value() * seq;
   ZE_LOG_RANK0(INFO) << absl::StrFormat(
       "train_gpt: model %s (%d parameters, %s), %d ranks on %s, %d steps of "
-      "%d x %d x %d sequences of %d bytes",
-      flags.model, gpt.NumParameters(), DTypeName(model_options.dtype), world,
-      communicator->device().ToString(), flags.steps, world, accumulation,
-      micro, seq);
+      "%d x %d x %d sequences of %d tokens; data: %s",
+      options.model.empty() ? (init ? "from --init_from" : "tiny")
+                            : options.model,
+      gpt.NumParameters(), DTypeName(model_options.dtype), world,
+      communicator->device().ToString(), options.steps, world, accumulation,
+      micro, seq, data_description);
 
-  if (flags.resume && flags.save_dir.empty()) {
-    return absl::InvalidArgumentError("train_gpt: --resume needs --save_dir");
+  if (init.has_value()) {
+    ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, gpt, *engine));
   }
   // Resuming: the step to continue from and the first steps' mean loss (to
   // judge the whole run's progress) come back in client_state.
   int64_t first_step = 0;
   double resumed_first_loss = 0;
-  if (flags.resume && CheckpointExists(flags.save_dir)) {
+  if (options.resume && CheckpointExists(options.save_dir)) {
     ZE_ASSIGN_OR_RETURN(engine::Engine::LoadedCheckpoint loaded,
-                        engine->LoadCheckpoint(flags.save_dir));
+                        engine->LoadCheckpoint(options.save_dir));
     first_step = loaded.client_state.value("next_step", int64_t{0});
     resumed_first_loss = loaded.client_state.value("first_loss", 0.0);
-    ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << flags.save_dir << "/"
-                       << loaded.tag << " (saved by " << loaded.saved_world_size
-                       << " ranks at ZeRO stage " << loaded.saved_stage
-                       << "), continuing at step " << first_step;
+    ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << options.save_dir
+                       << "/" << loaded.tag << " (saved by "
+                       << loaded.saved_world_size << " ranks at ZeRO stage "
+                       << loaded.saved_stage << "), continuing at step "
+                       << first_step;
   }
+
+  auto evaluate = [&](int64_t step) -> absl::StatusOr<Evaluation> {
+    if (task.has_value()) {
+      return EvaluateAddition(*task, gpt, *engine, step, rank);
+    }
+    return EvaluateCorpus(*corpus, gpt, *engine, seq, step, rank);
+  };
+
+  // Progress: a line redrawn in place, or the engine's log lines.
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const bool in_place =
+      options.progress == "line" ||
+      (options.progress == "auto" && isatty(STDOUT_FILENO) && !under_mpirun);
+  examples::ProgressPrinter progress(stdout, in_place && rank == 0);
+  const LogLevel log_level = MinLogLevel();
+  // The engine's steps_per_print lines would break the redrawn line.
+  auto quiet_engine = [&](bool quiet) {
+    if (progress.in_place()) {
+      SetMinLogLevel(quiet ? std::max(log_level, LogLevel::kWarning)
+                           : log_level);
+    }
+  };
+  const double flops_per_token = examples::TrainingFlopsPerToken(
+      static_cast<double>(gpt.NumParameters()), gpt.num_layers, gpt.channels,
+      seq);
+  Allocator* allocator = GetAllocator(communicator->device());
 
   std::vector<int32_t> tokens(micro * seq), targets(micro * seq);
   std::vector<double> losses;
   double first_loss = resumed_first_loss;  // mean of the run's first steps
   auto save = [&](int64_t next_step) -> absl::Status {
     return engine->SaveCheckpoint(
-        flags.save_dir, "",
+        options.save_dir, "",
         nlohmann::json{{"next_step", next_step}, {"first_loss", first_loss}});
   };
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t step = first_step; step < flags.steps; ++step) {
+  Evaluation last_evaluation;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point window_start = start;
+  int64_t window_steps = 0;
+  double eval_seconds = 0;  // excluded from throughput and ETA
+  quiet_engine(true);
+  for (int64_t step = first_step; step < options.steps; ++step) {
     engine::StepReport report;
     for (int64_t m = 0; m < accumulation; ++m) {
       for (int64_t i = 0; i < micro; ++i) {
         const int64_t sample =
             ((step * accumulation + m) * world + rank) * micro + i;
-        const size_t offset =
-            Mix(static_cast<uint64_t>(sample)) % (corpus.size() - seq - 1);
-        for (int64_t t = 0; t < seq; ++t) {
-          tokens[i * seq + t] = static_cast<unsigned char>(corpus[offset + t]);
-          targets[i * seq + t] =
-              static_cast<unsigned char>(corpus[offset + t + 1]);
+        if (task.has_value()) {
+          task->FillSample(sample, seq, &tokens[i * seq], &targets[i * seq]);
+        } else {
+          corpus->FillSample(static_cast<int64_t>(examples::Mix(seed) >> 1) ^
+                                 sample,
+                             seq, &tokens[i * seq], &targets[i * seq]);
         }
       }
       Tensor token_tensor =
@@ -303,25 +708,68 @@ absl::Status Train(const Flags& flags, int* exit_code) {
       first_loss =
           (losses[0] + losses[1] + losses[2] + losses[3] + losses[4]) / 5;
     }
-    if (!flags.save_dir.empty() && flags.save_every > 0 &&
-        (step + 1) % flags.save_every == 0 && step + 1 < flags.steps) {
+    ++window_steps;
+    const Clock::time_point now = Clock::now();
+    const double window_seconds =
+        std::chrono::duration<double>(now - window_start).count();
+    // Redraw at most about five times a second, and at the last step.
+    if (progress.in_place() &&
+        (window_seconds >= 0.2 || step + 1 == options.steps)) {
+      examples::ProgressSnapshot snapshot;
+      snapshot.step = step + 1;
+      snapshot.total_steps = options.steps;
+      snapshot.loss = report.loss;
+      snapshot.tokens_per_second =
+          window_steps * static_cast<double>(batch_tokens) / window_seconds;
+      if (communicator->device().is_cuda()) {
+        snapshot.mfu = examples::ModelFlopsUtilization(
+            flops_per_token, snapshot.tokens_per_second, world,
+            options.peak_tflops * 1e12);
+      }
+      snapshot.remaining_seconds = examples::EstimateRemainingSeconds(
+          step + 1 - first_step, options.steps - first_step,
+          std::chrono::duration<double>(now - start).count() - eval_seconds);
+      const AllocatorStats memory = allocator->stats();
+      snapshot.memory_allocated_bytes = memory.bytes_in_use;
+      snapshot.memory_peak_bytes = memory.peak_bytes_in_use;
+      progress.Update(snapshot);
+      window_start = now;
+      window_steps = 0;
+    }
+    if (!options.save_dir.empty() && options.save_every > 0 &&
+        (step + 1) % options.save_every == 0 && step + 1 < options.steps) {
       ZE_RETURN_IF_ERROR(save(step + 1));
     }
+    if (options.eval_every > 0 && (step + 1) % options.eval_every == 0 &&
+        step + 1 < options.steps) {
+      const Clock::time_point eval_start = Clock::now();
+      progress.Finish();
+      quiet_engine(false);
+      ZE_ASSIGN_OR_RETURN(last_evaluation, evaluate(step + 1));
+      quiet_engine(true);
+      eval_seconds +=
+          std::chrono::duration<double>(Clock::now() - eval_start).count();
+      window_start = Clock::now();
+      window_steps = 0;
+    }
   }
-  if (!flags.save_dir.empty() && first_step < flags.steps) {
-    ZE_RETURN_IF_ERROR(save(flags.steps));
+  progress.Finish();
+  quiet_engine(false);
+  if (!options.save_dir.empty() && first_step < options.steps) {
+    ZE_RETURN_IF_ERROR(save(options.steps));
   }
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
+      std::chrono::duration<double>(Clock::now() - start).count() -
+      eval_seconds;
 
-  if (first_step >= flags.steps) {
+  if (first_step >= options.steps) {
     ZE_LOG_RANK0(INFO) << "train_gpt: the checkpoint is already at step "
-                       << first_step << " of " << flags.steps
+                       << first_step << " of " << options.steps
                        << "; nothing to train";
     *exit_code = 0;
     return absl::OkStatus();
   }
+  ZE_ASSIGN_OR_RETURN(last_evaluation, evaluate(options.steps));
   // The loss is the mean over all ranks, so every rank reaches the same
   // verdict.
   const size_t window = std::max<size_t>(1, losses.size() / 5);
@@ -337,22 +785,35 @@ absl::Status Train(const Flags& flags, int* exit_code) {
   // A resumed run is judged against the loss the run started from.
   if (resumed_first_loss > 0) first = resumed_first_loss;
   const bool fell = last < 0.9 * first;
+  const bool accurate =
+      !last_evaluation.accuracy.has_value() ||
+      *last_evaluation.accuracy >= options.min_accuracy;
   const double tokens_per_second =
-      static_cast<double>(flags.steps - first_step) *
-      engine->config().train_batch_size.value() * seq / seconds;
+      static_cast<double>(options.steps - first_step) * batch_tokens / seconds;
   if (rank == 0) {
+    std::string verdict = fell ? "OK, the loss fell"
+                               : "FAILED, the loss did not fall";
+    if (last_evaluation.accuracy.has_value()) {
+      absl::StrAppendFormat(&verdict, "; held-out accuracy %.1f%%",
+                            *last_evaluation.accuracy * 100);
+      if (options.min_accuracy > 0) {
+        absl::StrAppendFormat(&verdict, accurate ? " (>= %.0f%%: learned)"
+                                                 : " (FAILED: below %.0f%%)",
+                              options.min_accuracy * 100);
+      }
+    }
     std::printf(
         "train_gpt: %s, %d ranks, ZeRO stage %d, %d steps in %.1f s "
         "(%.0f tokens/s), loss %.4f -> %.4f (mean of first/last %zu), "
         "skipped %d: %s\n",
-        flags.model.c_str(), world,
+        options.model.empty() ? "tiny" : options.model.c_str(), world,
         static_cast<int>(engine->config().zero_optimization.stage),
-        static_cast<int>(flags.steps - first_step), seconds, tokens_per_second,
-        first, last, window, static_cast<int>(engine->counters().skipped_steps),
-        fell ? "OK, the loss fell" : "FAILED, the loss did not fall");
+        static_cast<int>(options.steps - first_step), seconds,
+        tokens_per_second, first, last, window,
+        static_cast<int>(engine->counters().skipped_steps), verdict.c_str());
     std::fflush(stdout);
   }
-  *exit_code = fell ? 0 : 1;
+  *exit_code = fell && accurate ? 0 : 1;
   return absl::OkStatus();
 }
 
@@ -360,13 +821,24 @@ absl::Status Train(const Flags& flags, int* exit_code) {
 }  // namespace ze
 
 int main(int argc, char** argv) {
-  absl::StatusOr<ze::Flags> flags = ze::ParseFlags(argc, argv);
-  if (!flags.ok()) {
-    std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());
+  absl::SetProgramUsageMessage(
+      "trains a GPT through ze::engine::Initialize; launch with mpirun -np N "
+      "(see examples/train_gpt.cc's header for every flag)");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "train_gpt: unexpected argument '%s' (flags are "
+                         "--name=value; --help lists them)\n",
+                 positional[1]);
+    return 2;
+  }
+  absl::StatusOr<ze::Options> options = ze::ReadFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "train_gpt: %s\n",
+                 std::string(options.status().message()).c_str());
     return 2;
   }
   int exit_code = 2;
-  absl::Status status = ze::Train(*flags, &exit_code);
+  absl::Status status = ze::Train(*options, &exit_code);
   if (!status.ok()) {
     std::fprintf(stderr, "train_gpt: %s\n", status.ToString().c_str());
     return 2;

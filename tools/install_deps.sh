@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev # nlohmann-json 3.11
   libopenblas-dev    # OpenBLAS for CPU matrix products
   liburing-dev       # liburing 2.3 (io_uring), linked statically by offload/
+  tmux               # //examples:train_gpt_tmux_test drives a terminal
 )
 
 missing=()

@@ -214,39 +214,14 @@ absl::StatusOr<DType> ParseDType(const std::string& text) {
       absl::StrCat("--dtype=", text, ": use f32, bf16 or f16"));
 }
 
-// Streams the HF file into our names and layout: the header is fixed from
-// the file's dims, then each parameter is appended as the loader hands it
-// over (it checks the whole file first).
+// The conversion itself is nn/pretrained's (train_gpt --init_from uses
+// it too); this reports what was written.
 absl::Status ImportHuggingFaceGpt2(const std::string& hf_path,
                                    const std::string& out_path, DType dtype,
                                    int64_t vocab_size) {
-  ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, nn::InferHuggingFaceGpt2Dims(hf_path));
-  if (vocab_size > 0) {
-    if (vocab_size < dims.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--vocab_size=", vocab_size,
-                       " is below the file's vocabulary of ", dims.vocab_size));
-    }
-    dims.vocab_size = vocab_size;
-  }
-  std::vector<safetensors::TensorSpec> specs;
-  for (const auto& [name, shape] : nn::Gpt2ParameterShapes(dims)) {
-    specs.push_back({name, safetensors::ElementTypeOf(dtype), shape});
-  }
   ZE_ASSIGN_OR_RETURN(
-      std::unique_ptr<safetensors::Writer> writer,
-      safetensors::Writer::Create(out_path, std::move(specs),
-                                  {{"format", "pt"}, {"source", hf_path}}));
-  nn::Gpt2LoadOptions options;
-  options.dtype = dtype;
-  options.expected = dims;
-  ZE_RETURN_IF_ERROR(nn::LoadHuggingFaceGpt2(
-      hf_path,
-      [&](const std::string& name, const Tensor& value) {
-        return writer->Append(name, value);
-      },
-      options));
-  ZE_RETURN_IF_ERROR(writer->Finish());
+      nn::Gpt2Dims dims,
+      nn::ConvertHuggingFaceGpt2File(hf_path, out_path, dtype, vocab_size));
   std::printf(
       "wrote %s: GPT-2 with %d layers, %lld channels, vocabulary %lld\n",
       out_path.c_str(), dims.num_layers, static_cast<long long>(dims.channels),

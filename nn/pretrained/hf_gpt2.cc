@@ -505,5 +505,41 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
   return writer->Finish();
 }
 
+absl::StatusOr<Gpt2Dims> ConvertHuggingFaceGpt2File(const std::string &hf_path,
+                                                    const std::string &out_path,
+                                                    DType dtype,
+                                                    int64_t vocab_size) {
+  ZE_ASSIGN_OR_RETURN(Gpt2Dims dims, InferHuggingFaceGpt2Dims(hf_path));
+  if (vocab_size > 0) {
+    if (vocab_size < dims.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--vocab_size=", vocab_size, " is below ", hf_path,
+                       "'s vocabulary of ", dims.vocab_size));
+    }
+    dims.vocab_size = vocab_size;
+  }
+  // The header is fixed from the dims, then each parameter is appended as
+  // the loader hands it over.
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto &[name, shape] : Gpt2ParameterShapes(dims)) {
+    specs.push_back({name, safetensors::ElementTypeOf(dtype), shape});
+  }
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<safetensors::Writer> writer,
+      safetensors::Writer::Create(out_path, std::move(specs),
+                                  {{"format", "pt"}, {"source", hf_path}}));
+  Gpt2LoadOptions options;
+  options.dtype = dtype;
+  options.expected = dims;
+  ZE_RETURN_IF_ERROR(LoadHuggingFaceGpt2(
+      hf_path,
+      [&](const std::string &name, const Tensor &value) {
+        return writer->Append(name, value);
+      },
+      options));
+  ZE_RETURN_IF_ERROR(writer->Finish());
+  return dims;
+}
+
 }  // namespace nn
 }  // namespace ze

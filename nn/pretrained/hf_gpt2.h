@@ -100,6 +100,21 @@ absl::Status LoadHuggingFaceGpt2(const std::string &path,
                                  const Gpt2TensorVisitor &visitor,
                                  const Gpt2LoadOptions &options = {});
 
+// Converts the HF GPT-2 safetensors file at `hf_path` into a safetensors
+// file of our names and layout at `out_path` (what Engine::LoadWeights and
+// GptModel read), elements converted to `dtype` (kF32, kBF16 or kF16).
+// With vocab_size > 0 the token table gets that many rows, the rows beyond
+// the file's vocabulary zero (padding, e.g. 50257 -> 50304); below the
+// file's vocabulary is InvalidArgument naming --vocab_size. Streams one
+// tensor at a time (LoadHuggingFaceGpt2 checks the whole file first); the
+// output is written atomically (safetensors::Writer). Returns the dims
+// written. Errors as LoadHuggingFaceGpt2's, and the writer's naming
+// `out_path`.
+absl::StatusOr<Gpt2Dims> ConvertHuggingFaceGpt2File(const std::string &hf_path,
+                                                    const std::string &out_path,
+                                                    DType dtype,
+                                                    int64_t vocab_size = 0);
+
 // Gives the values of one of our parameters, by our name, in our layout
 // (a CPU tensor of kF32, kBF16 or kF16 with the Gpt2ParameterShapes shape).
 using Gpt2TensorSource =
