@@ -243,8 +243,13 @@ struct InitFile {
 };
 
 absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
-                      safetensors::Reader::Open(path));
+  absl::StatusOr<std::unique_ptr<safetensors::Reader>> opened =
+      safetensors::Reader::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("--init_from: ", opened.status().message()));
+  }
+  const std::unique_ptr<safetensors::Reader>& reader = *opened;
   const safetensors::TensorInfo* wte = reader->Find("embed.wte");
   const safetensors::TensorInfo* wpe = reader->Find("embed.wpe");
   if (wte == nullptr) {
@@ -806,7 +811,9 @@ absl::Status Train(Options options, int* exit_code) {
         "train_gpt: %s, %d ranks, ZeRO stage %d, %d steps in %.1f s "
         "(%.0f tokens/s), loss %.4f -> %.4f (mean of first/last %zu), "
         "skipped %d: %s\n",
-        options.model.empty() ? "tiny" : options.model.c_str(), world,
+        options.model.empty() ? (init ? "the --init_from model" : "tiny")
+                              : options.model.c_str(),
+        world,
         static_cast<int>(engine->config().zero_optimization.stage),
         static_cast<int>(options.steps - first_step), seconds,
         tokens_per_second, first, last, window,
