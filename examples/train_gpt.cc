@@ -378,18 +378,32 @@ absl::Status LoadInitialWeights(const Options& options, const InitFile& init,
     const char* tmp = std::getenv("TMPDIR");
     const std::string directory =
         !options.save_dir.empty() ? options.save_dir : (tmp ? tmp : "/tmp");
+    // One name for every rank of this job (Open MPI's job id, the same on
+    // every host), another for every other job.
+    const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
     converted =
-        absl::StrCat(directory, "/init_from.", getppid(), ".ze.safetensors");
+        absl::StrCat(directory, "/init_from.",
+                     job != nullptr ? std::string(job) : absl::StrCat(getpid()),
+                     ".ze.safetensors");
     absl::Status status;
     if (communicator.rank() == 0) {
       status = nn::ConvertHuggingFaceGpt2File(options.init_from, converted,
                                               DType::kF32, gpt.table_rows())
                    .status();
     }
-    // Every rank waits for the file, even when rank 0 failed (its error is
-    // the one reported; the others fail to open the file).
     ZE_RETURN_IF_ERROR(communicator.Barrier());
     ZE_RETURN_IF_ERROR(status);
+    // The file appears only complete (written to a temporary name, then
+    // renamed), so every rank can tell whether rank 0 succeeded, and no rank
+    // enters LoadWeights' collectives alone.
+    if (!std::ifstream(converted).good()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--init_from=", options.init_from, ": rank 0 did not convert it to ",
+          converted, " (see rank 0's error), or this rank cannot read ",
+          directory,
+          " (on several hosts give --save_dir on a shared file "
+          "system)"));
+    }
     path = converted;
   }
   absl::StatusOr<engine::LoadReport> report = engine.LoadWeights(path);
@@ -628,14 +642,17 @@ absl::Status Train(Options options, int* exit_code) {
       communicator->device().ToString(), options.steps, world, accumulation,
       micro, seq, data_description);
 
-  if (init.has_value()) {
+  // A checkpoint to resume from replaces every weight --init_from would
+  // load, so the file is read only when there is none.
+  const bool resuming = options.resume && CheckpointExists(options.save_dir);
+  if (init.has_value() && !resuming) {
     ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, gpt, *engine));
   }
   // Resuming: the step to continue from and the first steps' mean loss (to
   // judge the whole run's progress) come back in client_state.
   int64_t first_step = 0;
   double resumed_first_loss = 0;
-  if (options.resume && CheckpointExists(options.save_dir)) {
+  if (resuming) {
     ZE_ASSIGN_OR_RETURN(engine::Engine::LoadedCheckpoint loaded,
                         engine->LoadCheckpoint(options.save_dir));
     first_step = loaded.client_state.value("next_step", int64_t{0});
