@@ -108,11 +108,15 @@ TEST(ExampleConfigsTest, ExamplesMeanWhatTheirNamesSay) {
             OffloadDevice::kCpu);
   EXPECT_EQ(cpu.zero_optimization.offload_param.device, OffloadDevice::kCpu);
 
+  // Optimizer state on NVMe, parameters in CPU memory (the engine refuses
+  // offload_param nvme).
   const Config nvme = load("stage3_offload_nvme.json");
-  EXPECT_EQ(nvme.zero_optimization.offload_param.device, OffloadDevice::kNvme);
-  EXPECT_EQ(nvme.zero_optimization.offload_param.nvme_path,
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device,
+            OffloadDevice::kNvme);
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path,
             std::optional<std::string>("/local_nvme/zero-engine"));
-  EXPECT_EQ(nvme.zero_optimization.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(nvme.zero_optimization.offload_param.device, OffloadDevice::kCpu);
 
   const Config automatic = load("zero2_auto.json");
   EXPECT_TRUE(automatic.HasUnresolvedAuto());

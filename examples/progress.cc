@@ -74,18 +74,19 @@ std::string FormatCount(double value) {
 }  // namespace
 
 std::string FormatProgressLine(const ProgressSnapshot& snapshot) {
-  std::string line =
-      absl::StrFormat("step %d/%d | loss %.4f | %s tok/s", snapshot.step,
-                      snapshot.total_steps, snapshot.loss,
-                      FormatCount(snapshot.tokens_per_second));
+  std::string line = absl::StrFormat(
+      "step %d/%d | loss %.4f | %s tok/s", snapshot.step, snapshot.total_steps,
+      snapshot.loss, FormatCount(snapshot.tokens_per_second));
   if (snapshot.mfu.has_value()) {
     absl::StrAppendFormat(&line, " | MFU %.1f%%", *snapshot.mfu * 100);
   }
   if (snapshot.remaining_seconds.has_value()) {
-    absl::StrAppend(&line, " | ETA ", FormatDuration(*snapshot.remaining_seconds));
+    absl::StrAppend(&line, " | ETA ",
+                    FormatDuration(*snapshot.remaining_seconds));
   }
-  absl::StrAppend(&line, " | mem ", FormatBytes(snapshot.memory_allocated_bytes),
-                  " (peak ", FormatBytes(snapshot.memory_peak_bytes), ")");
+  absl::StrAppend(&line, " | mem ",
+                  FormatBytes(snapshot.memory_allocated_bytes), " (peak ",
+                  FormatBytes(snapshot.memory_peak_bytes), ")");
   return line;
 }
 

@@ -45,9 +45,9 @@ std::string FormatBytes(int64_t bytes);
 
 // One update's figures.
 struct ProgressSnapshot {
-  int64_t step = 0;         // steps done (the last one's number, 1-based)
-  int64_t total_steps = 0;  // the run's last step
-  double loss = 0;          // the last step's loss (mean over ranks)
+  int64_t step = 0;              // steps done (the last one's number, 1-based)
+  int64_t total_steps = 0;       // the run's last step
+  double loss = 0;               // the last step's loss (mean over ranks)
   double tokens_per_second = 0;  // over all ranks, recent
   std::optional<double> mfu;     // fraction; absent on the CPU
   std::optional<double> remaining_seconds;
@@ -67,7 +67,8 @@ std::string FormatProgressLine(const ProgressSnapshot& snapshot);
 // and Finish does nothing. Every call flushes.
 class ProgressPrinter {
  public:
-  ProgressPrinter(std::FILE* out, bool in_place) : out_(out), in_place_(in_place) {}
+  ProgressPrinter(std::FILE* out, bool in_place)
+      : out_(out), in_place_(in_place) {}
   ProgressPrinter(const ProgressPrinter&) = delete;
   ProgressPrinter& operator=(const ProgressPrinter&) = delete;
 

@@ -42,17 +42,17 @@ TEST(AdditionTaskTest, RejectsBadSizesNamingTheFlag) {
 
 // Decodes a row back into problems; checks the targets and returns the
 // problems whose answer was wholly inside the row.
-std::vector<AdditionTask::Problem> CheckRow(const AdditionTask& task,
-                                            const std::vector<int32_t>& tokens,
-                                            const std::vector<int32_t>& targets) {
+std::vector<AdditionTask::Problem> CheckRow(
+    const AdditionTask& task, const std::vector<int32_t>& tokens,
+    const std::vector<int32_t>& targets) {
   std::string text(tokens.begin(), tokens.end());
   std::vector<AdditionTask::Problem> problems;
   const int digits = task.digits();
   for (size_t start = 0; start + task.problem_length() <= text.size();
        start += task.problem_length()) {
-    AdditionTask::Problem problem{std::stoll(text.substr(start, digits)),
-                                  std::stoll(text.substr(start + digits + 1,
-                                                         digits))};
+    AdditionTask::Problem problem{
+        std::stoll(text.substr(start, digits)),
+        std::stoll(text.substr(start + digits + 1, digits))};
     EXPECT_EQ(text[start + digits], '+');
     EXPECT_EQ(text[start + 2 * digits + 1], '=');
     EXPECT_EQ(text.substr(start + 2 * digits + 2, digits + 2),
@@ -129,9 +129,9 @@ TEST(TokenCorpusTest, TextFileIsBytesWithAValidationTail) {
   }
   (*corpus)->FillValidation(0, 4, 8, tokens.data(), targets.data());
   EXPECT_EQ(tokens[0], 'a' + 900 % 26);
-  EXPECT_EQ((*corpus)->ValidationTokens(0, 3),
-            (std::vector<int32_t>{'a' + 900 % 26, 'a' + 901 % 26,
-                                  'a' + 902 % 26}));
+  EXPECT_EQ(
+      (*corpus)->ValidationTokens(0, 3),
+      (std::vector<int32_t>{'a' + 900 % 26, 'a' + 901 % 26, 'a' + 902 % 26}));
 }
 
 TEST(TokenCorpusTest, TokenFileIsLittleEndianUint16) {

@@ -189,14 +189,15 @@ absl::StatusOr<Options> ReadFlags() {
   };
   if (o.steps < 5) return bad(absl::StrCat("--steps=", o.steps, ": need >= 5"));
   if (o.seq != 0 && o.seq < 2) {
-    return bad(absl::StrCat("--seq=", o.seq, ": need >= 2, or 0 for the data's own"));
+    return bad(
+        absl::StrCat("--seq=", o.seq, ": need >= 2, or 0 for the data's own"));
   }
   if (o.eval_every < 0 || o.save_every < 0) {
     return bad("--eval_every and --save_every must be >= 0");
   }
   if (o.progress != "auto" && o.progress != "line" && o.progress != "log") {
-    return bad(absl::StrCat("--progress=", o.progress,
-                            ": use auto, line or log"));
+    return bad(
+        absl::StrCat("--progress=", o.progress, ": use auto, line or log"));
   }
   if (o.resume && o.save_dir.empty()) {
     return bad("--resume needs --save_dir");
@@ -225,7 +226,8 @@ absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
   if (absl::StartsWith(value, "tokens:")) {
     return DataSpec{DataSpec::Kind::kTokens, value.substr(7)};
   }
-  if (absl::EndsWith(value, ".txt")) return DataSpec{DataSpec::Kind::kText, value};
+  if (absl::EndsWith(value, ".txt"))
+    return DataSpec{DataSpec::Kind::kText, value};
   if (absl::EndsWith(value, ".bin")) {
     return DataSpec{DataSpec::Kind::kTokens, value};
   }
@@ -239,12 +241,18 @@ absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
 // What --init_from holds.
 struct InitFile {
   bool hugging_face = false;
-  nn::Gpt2Dims dims;     // the file's (vocab_size: its wte rows)
+  nn::Gpt2Dims dims;  // the file's (vocab_size: its wte rows)
 };
 
 absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
-                      safetensors::Reader::Open(path));
+  absl::StatusOr<std::unique_ptr<safetensors::Reader>> opened =
+      safetensors::Reader::Open(path);
+  if (!opened.ok()) {
+    return absl::Status(
+        opened.status().code(),
+        absl::StrCat("--init_from: ", opened.status().message()));
+  }
+  const std::unique_ptr<safetensors::Reader>& reader = *opened;
   const safetensors::TensorInfo* wte = reader->Find("embed.wte");
   const safetensors::TensorInfo* wpe = reader->Find("embed.wpe");
   if (wte == nullptr) {
@@ -295,13 +303,14 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const Options& options,
     config.vocab_size = data_vocab;
     config.padded_vocab_size = 0;
   } else if (!name.empty()) {
-    ZE_ASSIGN_OR_RETURN(config, nn::GptConfig::Preset(name, /*pad_vocab=*/true));
+    ZE_ASSIGN_OR_RETURN(config,
+                        nn::GptConfig::Preset(name, /*pad_vocab=*/true));
     // A preset keeps its (padded) table, so its shapes and speed are the
     // real ones; byte data uses its first 256 rows.
     if (data_vocab > config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--data: tokens up to ", data_vocab - 1, " do not fit --model=",
-          name, "'s vocabulary of ", config.vocab_size));
+          "--data: tokens up to ", data_vocab - 1, " do not fit --model=", name,
+          "'s vocabulary of ", config.vocab_size));
     }
     if (data_vocab <= 256) config.vocab_size = data_vocab;
   }
@@ -334,9 +343,9 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const Options& options,
     config.max_seq_len = file.max_positions;
     // A Hugging Face table is padded to a multiple of 128 on conversion
     // (50257 -> 50304); a native file's table is taken as it is.
-    const int64_t rows =
-        init->hugging_face ? (file.vocab_size + 127) / 128 * 128
-                           : file.vocab_size;
+    const int64_t rows = init->hugging_face
+                             ? (file.vocab_size + 127) / 128 * 128
+                             : file.vocab_size;
     const int64_t vocab = init->hugging_face ? file.vocab_size : data_vocab;
     if (data_vocab > vocab || vocab > rows) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -369,18 +378,32 @@ absl::Status LoadInitialWeights(const Options& options, const InitFile& init,
     const char* tmp = std::getenv("TMPDIR");
     const std::string directory =
         !options.save_dir.empty() ? options.save_dir : (tmp ? tmp : "/tmp");
-    converted = absl::StrCat(directory, "/init_from.", getppid(),
-                             ".ze.safetensors");
+    // One name for every rank of this job (Open MPI's job id, the same on
+    // every host), another for every other job.
+    const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
+    converted =
+        absl::StrCat(directory, "/init_from.",
+                     job != nullptr ? std::string(job) : absl::StrCat(getpid()),
+                     ".ze.safetensors");
     absl::Status status;
     if (communicator.rank() == 0) {
       status = nn::ConvertHuggingFaceGpt2File(options.init_from, converted,
                                               DType::kF32, gpt.table_rows())
                    .status();
     }
-    // Every rank waits for the file, even when rank 0 failed (its error is
-    // the one reported; the others fail to open the file).
     ZE_RETURN_IF_ERROR(communicator.Barrier());
     ZE_RETURN_IF_ERROR(status);
+    // The file appears only complete (written to a temporary name, then
+    // renamed), so every rank can tell whether rank 0 succeeded, and no rank
+    // enters LoadWeights' collectives alone.
+    if (!std::ifstream(converted).good()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--init_from=", options.init_from, ": rank 0 did not convert it to ",
+          converted, " (see rank 0's error), or this rank cannot read ",
+          directory,
+          " (on several hosts give --save_dir on a shared file "
+          "system)"));
+    }
     path = converted;
   }
   absl::StatusOr<engine::LoadReport> report = engine.LoadWeights(path);
@@ -421,9 +444,8 @@ absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
   generate.max_context = gpt.max_seq_len;
   generate.vocab_size = gpt.vocab_size;
   generate.stop_token = '\n';
-  ZE_ASSIGN_OR_RETURN(
-      std::vector<std::vector<int32_t>> outputs,
-      engine.Generate(prompts, task.digits() + 2, generate));
+  ZE_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> outputs,
+                      engine.Generate(prompts, task.digits() + 2, generate));
   int correct = 0;
   std::vector<std::string> samples;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -437,7 +459,8 @@ absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
           "  ", examples::AdditionTask::Describe(problem), "= -> ",
           answer.has_value() ? absl::StrCat(*answer)
                              : absl::StrCat("\"", absl::CEscape(text), "\""),
-          ok ? " (ok)" : absl::StrCat(" (wrong, ", problem.a + problem.b, ")")));
+          ok ? " (ok)"
+             : absl::StrCat(" (wrong, ", problem.a + problem.b, ")")));
     }
   }
   Evaluation evaluation;
@@ -446,7 +469,8 @@ absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
     std::printf("eval at step %lld: held-out accuracy %d/%zu = %.1f%%\n",
                 static_cast<long long>(step), correct, outputs.size(),
                 *evaluation.accuracy * 100);
-    for (const std::string& sample : samples) std::printf("%s\n", sample.c_str());
+    for (const std::string& sample : samples)
+      std::printf("%s\n", sample.c_str());
     std::fflush(stdout);
   }
   return evaluation;
@@ -456,9 +480,8 @@ absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
 // validation part's first tokens.
 absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
                                           const nn::GptConfig& gpt,
-                                          engine::Engine& engine,
-                                          int64_t seq, int64_t step,
-                                          int rank) {
+                                          engine::Engine& engine, int64_t seq,
+                                          int64_t step, int rank) {
   constexpr int64_t kWindows = 8;
   std::vector<int32_t> tokens(kWindows * seq), targets(kWindows * seq);
   for (int64_t i = 0; i < kWindows; ++i) {
@@ -467,14 +490,12 @@ absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
   }
   ZE_ASSIGN_OR_RETURN(
       float loss,
-      engine.EvalForward(
-          Tensor::Wrap(tokens.data(), {kWindows, seq}, DType::kI32,
-                       Device::Cpu()),
-          Tensor::Wrap(targets.data(), {kWindows, seq}, DType::kI32,
-                       Device::Cpu())));
+      engine.EvalForward(Tensor::Wrap(tokens.data(), {kWindows, seq},
+                                      DType::kI32, Device::Cpu()),
+                         Tensor::Wrap(targets.data(), {kWindows, seq},
+                                      DType::kI32, Device::Cpu())));
   const int64_t prompt_length = std::min<int64_t>(32, seq / 2);
-  const std::vector<int32_t> prompt =
-      corpus.ValidationTokens(0, prompt_length);
+  const std::vector<int32_t> prompt = corpus.ValidationTokens(0, prompt_length);
   engine::GenerateOptions generate;
   generate.max_context = gpt.max_seq_len;
   generate.vocab_size = gpt.vocab_size;
@@ -519,8 +540,8 @@ absl::Status Train(Options options, int* exit_code) {
   // model; Initialize reads (and checks) the same file again.
   ZE_ASSIGN_OR_RETURN(config::Config config,
                       config::LoadConfigFile(options.config, world));
-  const uint64_t seed = static_cast<uint64_t>(
-      options.seed >= 0 ? options.seed : config.seed);
+  const uint64_t seed =
+      static_cast<uint64_t>(options.seed >= 0 ? options.seed : config.seed);
 
   // The data first: its vocabulary sizes the model.
   ZE_ASSIGN_OR_RETURN(DataSpec data, ParseDataFlag(options.data));
@@ -548,23 +569,23 @@ absl::Status Train(Options options, int* exit_code) {
         std::string(prompt.begin(), prompt.end()),
         absl::CEscape(task->AnswerText(example)), options.eval_problems);
   } else if (data.kind == DataSpec::Kind::kText) {
-    ZE_ASSIGN_OR_RETURN(corpus,
-                        examples::TokenCorpus::FromTextFile(data.path,
-                                                            options.seq));
+    ZE_ASSIGN_OR_RETURN(
+        corpus, examples::TokenCorpus::FromTextFile(data.path, options.seq));
     data_description = absl::StrCat(data.path, " (", corpus->size(), " bytes)");
   } else {
-    ZE_ASSIGN_OR_RETURN(corpus, examples::TokenCorpus::FromTokenFile(
-                                    data.path, options.seq));
+    ZE_ASSIGN_OR_RETURN(
+        corpus, examples::TokenCorpus::FromTokenFile(data.path, options.seq));
     data_vocab = corpus->vocab_size();
-    data_description = absl::StrCat(data.path, " (", corpus->size(),
-                                    " uint16 tokens, largest ", data_vocab - 1,
-                                    ")");
+    data_description =
+        absl::StrCat(data.path, " (", corpus->size(),
+                     " uint16 tokens, largest ", data_vocab - 1, ")");
   }
   std::optional<InitFile> init;
   if (!options.init_from.empty()) {
     ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
   }
-  ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt, ModelConfig(options, data_vocab, init));
+  ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt,
+                      ModelConfig(options, data_vocab, init));
 
   const config::TrainingPrecision precision =
       config::GetTrainingPrecision(config);
@@ -621,23 +642,25 @@ absl::Status Train(Options options, int* exit_code) {
       communicator->device().ToString(), options.steps, world, accumulation,
       micro, seq, data_description);
 
-  if (init.has_value()) {
+  // A checkpoint to resume from replaces every weight --init_from would
+  // load, so the file is read only when there is none.
+  const bool resuming = options.resume && CheckpointExists(options.save_dir);
+  if (init.has_value() && !resuming) {
     ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, gpt, *engine));
   }
   // Resuming: the step to continue from and the first steps' mean loss (to
   // judge the whole run's progress) come back in client_state.
   int64_t first_step = 0;
   double resumed_first_loss = 0;
-  if (options.resume && CheckpointExists(options.save_dir)) {
+  if (resuming) {
     ZE_ASSIGN_OR_RETURN(engine::Engine::LoadedCheckpoint loaded,
                         engine->LoadCheckpoint(options.save_dir));
     first_step = loaded.client_state.value("next_step", int64_t{0});
     resumed_first_loss = loaded.client_state.value("first_loss", 0.0);
-    ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << options.save_dir
-                       << "/" << loaded.tag << " (saved by "
-                       << loaded.saved_world_size << " ranks at ZeRO stage "
-                       << loaded.saved_stage << "), continuing at step "
-                       << first_step;
+    ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << options.save_dir << "/"
+                       << loaded.tag << " (saved by " << loaded.saved_world_size
+                       << " ranks at ZeRO stage " << loaded.saved_stage
+                       << "), continuing at step " << first_step;
   }
 
   auto evaluate = [&](int64_t step) -> absl::StatusOr<Evaluation> {
@@ -661,9 +684,9 @@ absl::Status Train(Options options, int* exit_code) {
                            : log_level);
     }
   };
-  const double flops_per_token = examples::TrainingFlopsPerToken(
-      static_cast<double>(gpt.NumParameters()), gpt.num_layers, gpt.channels,
-      seq);
+  const double flops_per_token =
+      examples::TrainingFlopsPerToken(static_cast<double>(gpt.NumParameters()),
+                                      gpt.num_layers, gpt.channels, seq);
   Allocator* allocator = GetAllocator(communicator->device());
 
   std::vector<int32_t> tokens(micro * seq), targets(micro * seq);
@@ -690,9 +713,9 @@ absl::Status Train(Options options, int* exit_code) {
         if (task.has_value()) {
           task->FillSample(sample, seq, &tokens[i * seq], &targets[i * seq]);
         } else {
-          corpus->FillSample(static_cast<int64_t>(examples::Mix(seed) >> 1) ^
-                                 sample,
-                             seq, &tokens[i * seq], &targets[i * seq]);
+          corpus->FillSample(
+              static_cast<int64_t>(examples::Mix(seed) >> 1) ^ sample, seq,
+              &tokens[i * seq], &targets[i * seq]);
         }
       }
       Tensor token_tensor =
@@ -785,29 +808,30 @@ absl::Status Train(Options options, int* exit_code) {
   // A resumed run is judged against the loss the run started from.
   if (resumed_first_loss > 0) first = resumed_first_loss;
   const bool fell = last < 0.9 * first;
-  const bool accurate =
-      !last_evaluation.accuracy.has_value() ||
-      *last_evaluation.accuracy >= options.min_accuracy;
+  const bool accurate = !last_evaluation.accuracy.has_value() ||
+                        *last_evaluation.accuracy >= options.min_accuracy;
   const double tokens_per_second =
       static_cast<double>(options.steps - first_step) * batch_tokens / seconds;
   if (rank == 0) {
-    std::string verdict = fell ? "OK, the loss fell"
-                               : "FAILED, the loss did not fall";
+    std::string verdict =
+        fell ? "OK, the loss fell" : "FAILED, the loss did not fall";
     if (last_evaluation.accuracy.has_value()) {
       absl::StrAppendFormat(&verdict, "; held-out accuracy %.1f%%",
                             *last_evaluation.accuracy * 100);
       if (options.min_accuracy > 0) {
-        absl::StrAppendFormat(&verdict, accurate ? " (>= %.0f%%: learned)"
-                                                 : " (FAILED: below %.0f%%)",
-                              options.min_accuracy * 100);
+        absl::StrAppendFormat(
+            &verdict,
+            accurate ? " (>= %.0f%%: learned)" : " (FAILED: below %.0f%%)",
+            options.min_accuracy * 100);
       }
     }
     std::printf(
         "train_gpt: %s, %d ranks, ZeRO stage %d, %d steps in %.1f s "
         "(%.0f tokens/s), loss %.4f -> %.4f (mean of first/last %zu), "
         "skipped %d: %s\n",
-        options.model.empty() ? "tiny" : options.model.c_str(), world,
-        static_cast<int>(engine->config().zero_optimization.stage),
+        options.model.empty() ? (init ? "the --init_from model" : "tiny")
+                              : options.model.c_str(),
+        world, static_cast<int>(engine->config().zero_optimization.stage),
         static_cast<int>(options.steps - first_step), seconds,
         tokens_per_second, first, last, window,
         static_cast<int>(engine->counters().skipped_steps), verdict.c_str());
@@ -826,8 +850,9 @@ int main(int argc, char** argv) {
       "(see examples/train_gpt.cc's header for every flag)");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
-    std::fprintf(stderr, "train_gpt: unexpected argument '%s' (flags are "
-                         "--name=value; --help lists them)\n",
+    std::fprintf(stderr,
+                 "train_gpt: unexpected argument '%s' (flags are "
+                 "--name=value; --help lists them)\n",
                  positional[1]);
     return 2;
   }

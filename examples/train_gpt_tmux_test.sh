@@ -23,7 +23,24 @@ steps=2000
 tmux -S "$socket" new-session -d -x 160 -y 40 \
   "'$run_mpi' 2 '$train' --config='$config' --device=cpu --steps=$steps \
    --progress=line; echo TRAINER_EXITED; sleep 600"
-trap 'tmux -S "$socket" kill-server 2>/dev/null || true; rm -rf "$socket_dir"' EXIT
+# run_mpi.sh's `timeout` puts mpirun in a process group of its own, which
+# the pane's hang-up does not reach: the pane's processes are ended by id.
+descendants() {
+  local child
+  for child in $(ps -o pid= --ppid "$1"); do
+    echo "$child"; descendants "$child"
+  done
+}
+cleanup() {
+  local pane_pid
+  pane_pid="$(tmux -S "$socket" display-message -p '#{pane_pid}' 2>/dev/null)" || true
+  if [[ -n "$pane_pid" ]]; then
+    kill $(descendants "$pane_pid") 2>/dev/null || true
+  fi
+  tmux -S "$socket" kill-server 2>/dev/null || true
+  rm -rf "$socket_dir"
+}
+trap cleanup EXIT
 
 progress_pattern="^step [0-9]+/$steps \| loss [0-9.]+ \| .* tok/s \| ETA .* \| mem "
 capture() { tmux -S "$socket" capture-pane -p -J; }
