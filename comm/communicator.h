@@ -18,6 +18,10 @@
 //   * Neither the input nor the output may be read or written by anyone until
 //     Work::Wait() (host) or Work::StreamWait(s) (work later queued on s)
 //     has returned OK. Only then is the output defined.
+//   * Operations run in issue order, whatever streams they are issued on:
+//     one issued on another stream than the operation before it waits for
+//     that operation (on the device for nccl, on the host's issue order for
+//     mpi), so callers may spread collectives over streams freely.
 //   * All ranks must issue the same collectives, with the same element
 //     counts, dtypes, reduce ops and roots, in the same order. A rank that
 //     skips or reorders one makes the others' Wait fail with

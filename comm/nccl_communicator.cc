@@ -1,7 +1,13 @@
 // The NCCL backend: device memory, one GPU per rank.
 //
 // Collectives are queued on the caller's stream (several at once inside an
-// NCCL group), followed by an event. Waiting polls the event and NCCL's
+// NCCL group), followed by an event. A collective issued on another stream
+// than the one before it (stage 3 gathers on its communication stream while
+// the boundary step all-reduces on the compute stream) first makes its stream
+// wait for that event: NCCL does not promise that two operations of one
+// communicator on different streams can progress at the same time, so the
+// device must run them in issue order, which every rank shares, or ranks
+// could each block in a different one. Waiting polls the event and NCCL's
 // asynchronous error; on an error or past the timeout the communicator is
 // aborted (ncclCommAbort), which also releases kernels stuck waiting for a
 // peer, and becomes unusable.
@@ -77,6 +83,7 @@ struct NcclGroup {
   std::vector<CollectiveOp> ops;  // keeps the tensors alive while queued
   uint64_t first_sequence = 0;
   uint64_t last_sequence = 0;
+  void *stream = nullptr;  // the cudaStream_t it was queued on
   Event done;
   bool completed = false;
   absl::Status status;
@@ -195,9 +202,15 @@ class NcclCommunicator : public Communicator {
     group->last_sequence = sequence_numbers.back();
     ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device()));
     auto cuda_stream = static_cast<cudaStream_t>(stream.native());
+    group->stream = stream.native();
     const std::string what =
         absl::StrCat("NCCL ", CollectiveKindName(ops.front().kind), " #",
                      sequence_numbers.front(), " on rank ", rank());
+    // Issue order on the device (see the top of the file). Only the newest
+    // unfinished group matters: it was itself ordered after the ones before.
+    if (!in_flight_.empty() && in_flight_.back()->stream != group->stream) {
+      ZE_RETURN_IF_ERROR(in_flight_.back()->done.StreamWait(stream));
+    }
     // The collectives read and write the callers' tensors on `stream`,
     // usually not the stream they were allocated on: recorded, the memory
     // is not handed out again before they are done, however soon the

@@ -116,9 +116,17 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
   reducer.communication_dtype = context_.communication_dtype;
   reducer.prescale = config().prescale_gradients;
   reducer.predivide_factor = config().gradient_predivide_factor;
+  // With overlap_comm on a GPU the collectives get a high-priority stream of
+  // their own (see Streams in the header).
+  communication_stream_ = stream();
+  if (zero_config().overlap_comm && device().is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(communication_stream_,
+                        Stream::Create(device(), /*high_priority=*/true));
+    overlaps_communication_ = true;
+  }
   reducer_ = std::make_unique<GradientReducer>(
       reducer, partition_.get(), context_.comm, context_.compute_stream,
-      context_.compute_stream,
+      &communication_stream_,
       [this](int bucket) { return ReleaseBucketGradients(bucket); });
   return absl::OkStatus();
 }
@@ -163,6 +171,10 @@ absl::Status Stage3::BeginForward() {
   // Forward uses left by an evaluation forward that was never
   // backpropagated do not count.
   for (Bucket& bucket : buckets_) bucket.pending_uses = 0;
+  // Whatever ran since the last micro-step (an optimizer step, a load, a
+  // GatherParameters scope) may have written the weights; this micro-step's
+  // gathers wait for one event recorded now, not for its own compute.
+  NoteWeightsWritten();
   schedule_->BeginMicroStep();
   return absl::OkStatus();
 }
@@ -235,18 +247,40 @@ absl::Status Stage3::AfterBackward(int entry) {
   return absl::OkStatus();
 }
 
+const Stream& Stage3::GatherStream() const {
+  // Evaluation and scope gathers are waited for at once: another stream
+  // would only add an event to each.
+  return phase_ == Phase::kEvaluation ? stream() : communication_stream_;
+}
+
+absl::Status Stage3::OrderGatherAfterWeightWrites() {
+  const Stream& gather = GatherStream();
+  if (gather.native() == stream().native()) return absl::OkStatus();
+  if (!weights_written_current_) {
+    ZE_ASSIGN_OR_RETURN(weights_written_, Event::Create(device()));
+    ZE_RETURN_IF_ERROR(weights_written_.Record(stream()));
+    weights_written_current_ = true;
+  }
+  return weights_written_.StreamWait(gather);
+}
+
 absl::Status Stage3::IssueGather(int b) {
   Bucket& bucket = buckets_[b];
   const BucketLayout& bucket_layout = layout().bucket(b);
+  const Stream& communication = GatherStream();
+  ZE_RETURN_IF_ERROR(OrderGatherAfterWeightWrites());
+  // The buffer, and an upload's staging, belong to the stream that writes
+  // them.
+  StreamGuard guard(communication);
   ZE_ASSIGN_OR_RETURN(bucket.gathered,
                       Tensor::Empty({bucket_layout.padded_elements},
                                     partition_->model_dtype(), device()));
   // With offload_param the slice is first uploaded from host memory.
   ZE_ASSIGN_OR_RETURN(bucket.gather_source,
-                      partition_->WeightsForGather(b, stream()));
+                      partition_->WeightsForGather(b, communication));
   ZE_ASSIGN_OR_RETURN(
       bucket.gather_work,
-      comm().AllGather(bucket.gather_source, bucket.gathered, stream()));
+      comm().AllGather(bucket.gather_source, bucket.gathered, communication));
   bucket.in_flight = true;
   // Evaluation and scoped gathers are not part of the training step; a
   // persistent bucket's first gather is (training would have made it and
@@ -294,6 +328,11 @@ absl::Status Stage3::WaitGather(int b) {
   bucket.gather_work = comm::Work();
   bucket.gather_source = Tensor();
   bucket.in_flight = false;
+  // From here the compute stream reads (and a scope's broadcast writes) the
+  // buffer the communication stream owns.
+  if (overlaps_communication_) {
+    ZE_RETURN_IF_ERROR(bucket.gathered.RecordStream(stream()));
+  }
   const BucketLayout& bucket_layout = layout().bucket(b);
   for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
     const ParamPlacement& place = layout().placement(i);
@@ -439,7 +478,10 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   };
   // Non-persistent buckets are gathered afresh by the next forward; the
   // persistent ones are refreshed now (counted in the next step).
-  hooks.after_update = [this] { return RefreshPersistent(); };
+  hooks.after_update = [this] {
+    NoteWeightsWritten();
+    return RefreshPersistent();
+  };
   return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);
 }
 
@@ -508,6 +550,7 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
     }
   }
   if (modifier_rank >= 0) {
+    NoteWeightsWritten();
     ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
     // The modifier's full values to every rank, parameter by parameter (a
     // bucket's other parameters were not modified and need not travel).
@@ -562,6 +605,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         ": not between optimizer steps (a GatherParameters scope is open)"));
   }
   ZE_RETURN_IF_ERROR(CheckLoadable(reader, params_));
+  NoteWeightsWritten();
   ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
@@ -589,6 +633,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
 }
 
 absl::Status Stage3::OnStateLoaded() {
+  NoteWeightsWritten();
   // Persistent buckets hold the old values.
   ZE_RETURN_IF_ERROR(RefreshPersistent());
   return stream().Synchronize();

@@ -33,6 +33,24 @@
 //                               buffer to the GradientReducer, which
 //                               reduce-scatters it into this rank's gradient
 //                               partition (two buckets in flight).
+// Streams: on a GPU with overlap_comm (DeepSpeed's default at stage 3), the
+// all-gathers and reduce-scatters run on a communication stream of their
+// own, so they overlap the compute stream's forward and backward kernels:
+//   gather   the communication stream waits for the last write of the
+//            weight partition (an event on the compute stream: recorded at
+//            the micro-step's BeginForward, or anew after anything that
+//            writes the weights), allocates the gathered buffer and
+//            all-gathers into it; the compute stream waits for the gather
+//            before the module's kernels read the buffer (recorded on the
+//            compute stream, so the allocator reuses the block only after
+//            them). Evaluation and scope gathers, waited for at once, stay
+//            on the compute stream.
+//   reduce   the GradientReducer's communication stream is the same one.
+// One stream for both, not two: NCCL does not promise that two collectives
+// of one communicator on different streams progress together, and one
+// stream runs them in the issue order every rank shares. Without
+// overlap_comm, or on the CPU, everything runs on the compute stream.
+//
 // Activation checkpointing needs nothing special: the recomputation fires
 // the children's forward hooks (gathers again) but is not counted as a use.
 //
@@ -173,6 +191,15 @@ class Stage3 : public ZeroStrategy {
   absl::Status AfterBackward(int entry);
 
   absl::Status IssueGather(int bucket);
+  // Where IssueGather runs: the communication stream, or the compute stream
+  // for evaluation and scope gathers (phase kEvaluation).
+  const Stream& GatherStream() const;
+  // Makes the communication stream wait for every write of the weight
+  // partition queued on the compute stream so far (see Streams above).
+  absl::Status OrderGatherAfterWeightWrites();
+  // The weight partition was (or is about to be) written on the compute
+  // stream: the next gather records a fresh event instead of reusing one.
+  void NoteWeightsWritten() { weights_written_current_ = false; }
   // Frees unused gathered buckets until `incoming` more elements fit under
   // stage3_max_live_parameters (or none is left to free).
   absl::Status MakeRoom(int64_t incoming);
@@ -187,6 +214,14 @@ class Stage3 : public ZeroStrategy {
   void Fold(uint64_t value);
   absl::Status ScheduleMismatch(uint64_t max, uint64_t min, uint64_t own);
 
+  // The all-gathers' and reduce-scatters' stream: its own with overlap_comm
+  // on a GPU, else the compute stream (same handle).
+  Stream communication_stream_;
+  bool overlaps_communication_ = false;  // communication_stream_ is its own
+  // Recorded on the compute stream after the last write of the weight
+  // partition; valid while weights_written_current_.
+  Event weights_written_;
+  bool weights_written_current_ = false;
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<nn::Parameter*> params_;  // layout order
   std::vector<Bucket> buckets_;

@@ -75,7 +75,10 @@ struct RunSpec {
   // NVMe, stage 3; swap files under --out), "noclip" (no offload, no
   // gradient clipping) and "cpuearly" (offload_optimizer without clipping:
   // stage 2 starts the CPU update during backward), compared with each
-  // other.
+  // other; "serial" (no offload, overlap_comm false at accumulation 2, so
+  // every collective runs on the compute stream), compared exactly with the
+  // same run with overlap_comm (on a GPU: the communication stream must
+  // change when things run, never what they compute).
   std::string offload;
   std::string Name(int world) const {
     return absl::StrCat("w", world, "_", dtype, "_", optimizer, "_s", stage,
@@ -133,7 +136,9 @@ std::string& NvmeDirectory() {
 }
 
 std::string OffloadJson(const std::string& offload) {
-  if (offload.empty() || offload == "noclip") return "";
+  if (offload.empty() || offload == "noclip" || offload == "serial") {
+    return "";
+  }
   if (offload == "nvme") {
     // Small aio blocks and two buffers: the pipeline wraps around often.
     return absl::StrCat(
@@ -178,7 +183,8 @@ std::string ConfigJson(const RunSpec& spec, int world) {
       R"(, "reduce_bucket_size": 700, "allgather_bucket_size": 900)",
       // Half the runs reduce on a separate stream (on a GPU), half on the
       // compute stream, so both orderings are checked.
-      R"(, "overlap_comm": )", spec.accumulation == 2 ? "true" : "false",
+      R"(, "overlap_comm": )",
+      spec.accumulation == 2 && spec.offload != "serial" ? "true" : "false",
       // Stage 3: nothing persistent (every module fetched on demand), and a
       // prefetch window of a few modules.
       spec.stage == 3
@@ -487,6 +493,12 @@ std::vector<RunSpec> Matrix() {
       specs.push_back({dtype, "adamw", stage, 1, 2, "cpudelay"});
     }
   }
+  // Collectives on the compute stream against the communication stream.
+  for (const char* dtype : {"f32", "bf16"}) {
+    for (int stage : {2, 3}) {
+      specs.push_back({dtype, "adamw", stage, 2, 2, "serial"});
+    }
+  }
   return specs;
 }
 
@@ -599,11 +611,15 @@ int Main(int argc, char** argv) {
       absl::Status status = Compare(dir, spec.Name(world), reference.Name(1),
                                     ToleranceFor(spec.dtype), &all_ok);
       if (status.ok() && !spec.offload.empty()) {
-        // And against the same run without offload, at this world size.
+        // And against the same run without offload (or with overlap_comm),
+        // at this world size.
         RunSpec on_device = spec;
         on_device.offload.clear();
-        status = Compare(dir, spec.Name(world), on_device.Name(world),
-                         OffloadTolerance(spec.dtype), &all_ok);
+        status =
+            Compare(dir, spec.Name(world), on_device.Name(world),
+                    spec.offload == "serial" ? Tolerance{0, 0}
+                                             : OffloadTolerance(spec.dtype),
+                    &all_ok);
       }
       if (!status.ok()) {
         std::cerr << status << "\n";
