@@ -74,6 +74,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -387,9 +388,18 @@ absl::Status LoadInitialWeights(const Options& options, const InitFile& init,
                      ".ze.safetensors");
     absl::Status status;
     if (communicator.rank() == 0) {
-      status = nn::ConvertHuggingFaceGpt2File(options.init_from, converted,
-                                              DType::kF32, gpt.table_rows())
-                   .status();
+      // --save_dir need not exist yet: the first save would create it.
+      std::error_code error;
+      std::filesystem::create_directories(directory, error);
+      if (error) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "--init_from=", options.init_from, ": cannot create ", directory,
+            " for the converted file: ", error.message()));
+      } else {
+        status = nn::ConvertHuggingFaceGpt2File(options.init_from, converted,
+                                                DType::kF32, gpt.table_rows())
+                     .status();
+      }
     }
     ZE_RETURN_IF_ERROR(communicator.Barrier());
     ZE_RETURN_IF_ERROR(status);

@@ -31,12 +31,13 @@ config 3 ', "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": 
 
 # Prints the run's first loss; the run must end normally (exit 0 or 1: with
 # a learning rate of 0 the loss cannot fall).
-first_loss() {  # ranks, config, init_from
+first_loss() {  # ranks, config, init_from, [more train_gpt flags]
   local status=0
   local init=()
   [[ -n "$3" ]] && init=(--init_from="$3")
   "$run_mpi" "$1" "$train" --config="$out/$2" --device=cpu --steps=5 \
-    --seed=3 --eval_problems=8 "${init[@]}" >"$out/run.txt" 2>&1 || status=$?
+    --seed=3 --eval_problems=8 "${init[@]}" "${@:4}" >"$out/run.txt" 2>&1 ||
+    status=$?
   if ((status > 1)); then
     cat "$out/run.txt" >&2; echo "FAIL: train_gpt exited $status" >&2; exit 1
   fi
@@ -48,13 +49,42 @@ first_loss() {  # ranks, config, init_from
 same() { python3 -c "import sys; a, b = float('$1'), float('$2'); sys.exit(abs(a - b) > 1e-3 * abs(a))"; }
 
 hf_stage0=$(first_loss 1 stage0.json "$out/hf.safetensors")
-hf_stage3=$(first_loss 3 stage3_offload.json "$out/hf.safetensors")
+# Checkpoints into a directory that does not exist yet (the converted file
+# goes there too).
+hf_stage3=$(first_loss 3 stage3_offload.json "$out/hf.safetensors" \
+  --save_dir="$out/new/checkpoints")
 native_stage2=$(first_loss 2 stage2.json "$out/native.safetensors")
 other=$(first_loss 2 stage3_offload.json "$out/hf_other.safetensors")
 echo "first loss: HF at 1 rank stage 0 $hf_stage0, HF at 3 ranks stage 3 + offload $hf_stage3, native at 2 ranks stage 2 $native_stage2, other weights $other"
 same "$hf_stage0" "$hf_stage3" || { echo "FAIL: stage 3 at 3 ranks loaded other weights"; exit 1; }
 same "$hf_stage0" "$native_stage2" || { echo "FAIL: the native file differs"; exit 1; }
 if same "$hf_stage0" "$other"; then echo "FAIL: other weights, same loss"; exit 1; fi
+
+# Back to Hugging Face's layout: with a learning rate of 0 the consolidated
+# checkpoint is the file the run started from, name for name, bit for bit.
+"$tool" consolidate "$out/new/checkpoints" --out="$out/back.safetensors" \
+  --format=hf-gpt2 --dtype=f32
+python3 - "$out/hf.safetensors" "$out/back.safetensors" <<'PY'
+import json, struct, sys
+def tensors(path):
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+        data = handle.read()
+    header.pop("__metadata__", None)
+    return {name: (info["dtype"], info["shape"],
+                   data[info["data_offsets"][0]:info["data_offsets"][1]])
+            for name, info in header.items()}
+original, back = tensors(sys.argv[1]), tensors(sys.argv[2])
+missing = sorted(set(original) - set(back))
+differ = sorted(n for n in original if n in back and back[n] != original[n])
+if missing or differ:
+    sys.exit(f"FAIL: consolidated hf-gpt2 file: missing {missing}, differ {differ}")
+print(f"consolidated hf-gpt2 file: {len(original)} tensors equal to the input")
+PY
+if compgen -G "$out/new/checkpoints/init_from.*" >/dev/null; then
+  echo "FAIL: the converted file was left behind"; exit 1
+fi
 
 # Errors name the flag and the file.
 set +e
