@@ -117,6 +117,7 @@ for directory, _, files in sorted(os.walk(root)):
 PYTHON
 
 cp tools/run_gpu_tests.sh "${bundle}/run_gpu_tests.sh"
+cp tools/hf_finetune_gpu_check.sh bench/hf_load_check.py "${bundle}/"
 cp -r examples/configs "${bundle}/configs" 2>/dev/null || true
 echo "gpu_bundle: $(du -sh "${bundle}" | cut -f1) in ${bundle}/ ($(wc -l < "${bundle}/tests/manifest.txt") gpu tests)"
 
