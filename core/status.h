@@ -61,6 +61,14 @@
 
 namespace ze {
 
+// The one translation of an errno into a Status, naming what failed:
+// `action` ("write", "open", ...) on `path`, and strerror. The code is the
+// most specific one: ResourceExhausted for a full disk, quota or file size
+// limit (ENOSPC, EDQUOT, EFBIG); PermissionDenied for EACCES, EPERM, EROFS;
+// NotFound for ENOENT, ENOTDIR; Internal otherwise.
+absl::Status ErrnoToStatus(int error_number, absl::string_view action,
+                           absl::string_view path);
+
 // Adds context in front of a non-OK status's message, keeping its code.
 inline absl::Status Annotate(const absl::Status& status,
                              absl::string_view context) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace ze {
 namespace safetensors {
@@ -18,27 +19,6 @@ constexpr size_t kMaxTransferBytes = size_t{1} << 30;
 
 }  // namespace
 
-absl::Status FileErrorStatus(int error_number, absl::string_view action,
-                             absl::string_view path) {
-  const std::string message =
-      absl::StrCat(action, " ", path, ": ", strerror(error_number));
-  switch (error_number) {
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-      return absl::ResourceExhaustedError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::Status ReadFullyAt(int fd, void *destination, size_t bytes,
                          uint64_t offset, absl::string_view path) {
   char *cursor = static_cast<char *>(destination);
@@ -47,8 +27,8 @@ absl::Status ReadFullyAt(int fd, void *destination, size_t bytes,
                               static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      return FileErrorStatus(
-          errno, absl::StrCat("read at byte ", offset, " of"), path);
+      return ErrnoToStatus(errno, absl::StrCat("read at byte ", offset, " of"),
+                           path);
     }
     if (got == 0) {
       return absl::DataLossError(
@@ -69,7 +49,7 @@ absl::Status WriteFully(int fd, const void *source, size_t bytes,
     const ssize_t put = write(fd, cursor, std::min(bytes, kMaxTransferBytes));
     if (put < 0) {
       if (errno == EINTR) continue;
-      return FileErrorStatus(errno, "write", path);
+      return ErrnoToStatus(errno, "write", path);
     }
     cursor += put;
     bytes -= static_cast<size_t>(put);

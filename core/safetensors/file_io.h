@@ -1,6 +1,6 @@
 // POSIX file helpers shared by the safetensors reader and writer: whole
-// reads/writes that retry short transfers and EINTR, and errno -> Status
-// translation that names the file. Internal to core/safetensors.
+// reads/writes that retry short transfers and EINTR (errors translated by
+// ze::ErrnoToStatus, core/status.h). Internal to core/safetensors.
 #ifndef ZE_CORE_SAFETENSORS_FILE_IO_H_
 #define ZE_CORE_SAFETENSORS_FILE_IO_H_
 
@@ -13,14 +13,6 @@
 namespace ze {
 namespace safetensors {
 namespace internal {
-
-// Translates `error_number` (an errno) from `action` ("write", "open", ...)
-// on `path` into the most specific Status: ResourceExhausted for a full disk,
-// quota or file size limit (ENOSPC, EDQUOT, EFBIG); PermissionDenied for
-// EACCES, EPERM, EROFS; NotFound for ENOENT, ENOTDIR; Internal otherwise.
-// The message names the action, the path and strerror.
-absl::Status FileErrorStatus(int error_number, absl::string_view action,
-                             absl::string_view path);
 
 // Reads exactly `bytes` bytes at `offset` of `fd` into `destination`.
 // DataLoss naming `path` if the file ends first (it was truncated); the

@@ -20,7 +20,7 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string &path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return internal::FileErrorStatus(errno, "open", path);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path);
   // Closes the descriptor on every early return below.
   struct FdCloser {
     int fd;
@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string &path) {
 
   struct stat file_stat;
   if (fstat(fd, &file_stat) != 0) {
-    return internal::FileErrorStatus(errno, "stat", path);
+    return ErrnoToStatus(errno, "stat", path);
   }
   if (!S_ISREG(file_stat.st_mode)) {
     return absl::InvalidArgumentError(

@@ -637,19 +637,6 @@ TEST(AtomicWriteTest, AnUnfinishedWriterLeavesNothing) {
   EXPECT_TRUE(ListDirectory(directory).empty());
 }
 
-TEST(FileErrorStatusTest, MapsErrnoToSpecificCodesNamingThePath) {
-  const absl::Status full =
-      internal::FileErrorStatus(ENOSPC, "write", "/ckpt/rank0.safetensors");
-  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StrContains(full.message(), "/ckpt/rank0.safetensors"));
-  EXPECT_EQ(internal::FileErrorStatus(EROFS, "open", "p").code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(internal::FileErrorStatus(ENOENT, "open", "p").code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(internal::FileErrorStatus(EIO, "write", "p").code(),
-            absl::StatusCode::kInternal);
-}
-
 }  // namespace
 }  // namespace safetensors
 }  // namespace ze

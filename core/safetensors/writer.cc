@@ -40,15 +40,14 @@ std::string DirectoryOf(const std::string &path) {
 // Makes the rename durable: without it a crash could forget the new name.
 absl::Status SyncDirectory(const std::string &directory) {
   const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return internal::FileErrorStatus(errno, "open directory", directory);
+  if (fd < 0) return ErrnoToStatus(errno, "open directory", directory);
   const int result = fsync(fd);
   const int error = errno;
   close(fd);
   // Some file systems cannot fsync a directory (EINVAL); the data itself is
   // already synced, so that is not a failure.
   if (result != 0 && error != EINVAL) {
-    return internal::FileErrorStatus(error, "fsync directory", directory);
+    return ErrnoToStatus(error, "fsync directory", directory);
   }
   return absl::OkStatus();
 }
@@ -157,12 +156,12 @@ class DirectSink {
       // An unaligned length cannot go direct; the tail starts on an aligned
       // offset, so no page of it was written direct.
       if (direct() && !ClearDirect(fd_)) {
-        return internal::FileErrorStatus(errno, "clear O_DIRECT on", path_);
+        return ErrnoToStatus(errno, "clear O_DIRECT on", path_);
       }
       const auto start = std::chrono::steady_clock::now();
       const int error = WriteFullyAt(fd_, tail_data, tail, offset_);
       stats_->write_seconds += SecondsSince(start);
-      if (error != 0) return internal::FileErrorStatus(error, "write", path_);
+      if (error != 0) return ErrnoToStatus(error, "write", path_);
       offset_ += tail;
     }
     if (tail_block >= 0) {
@@ -250,8 +249,7 @@ class DirectSink {
         const double seconds = SecondsSince(start);
         std::lock_guard<std::mutex> lock(mutex_);
         stats_->write_seconds += seconds;
-        if (error != 0)
-          error_ = internal::FileErrorStatus(error, "write", path_);
+        if (error != 0) error_ = ErrnoToStatus(error, "write", path_);
       }
       std::lock_guard<std::mutex> lock(mutex_);
       if (job.release) free_.push_back(job.block);
@@ -297,7 +295,7 @@ absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(
   std::string temp_path = path + ".tmp.XXXXXX";
   const int fd = mkostemp(temp_path.data(), O_CLOEXEC);
   if (fd < 0) {
-    return internal::FileErrorStatus(
+    return ErrnoToStatus(
         errno,
         absl::StrCat("create a temporary file in ", DirectoryOf(path), " for"),
         path);
@@ -493,16 +491,16 @@ absl::Status Writer::Finish() {
     if (!flushed.ok()) return Fail(flushed);
   }
   if (fsync(fd_) != 0) {
-    return Fail(internal::FileErrorStatus(errno, "fsync", temp_path_));
+    return Fail(ErrnoToStatus(errno, "fsync", temp_path_));
   }
   const int fd = fd_;
   fd_ = -1;
   if (close(fd) != 0) {
-    return Fail(internal::FileErrorStatus(errno, "close", temp_path_));
+    return Fail(ErrnoToStatus(errno, "close", temp_path_));
   }
   if (rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return Fail(internal::FileErrorStatus(
-        errno, absl::StrCat("rename ", temp_path_, " to"), path_));
+    return Fail(ErrnoToStatus(errno, absl::StrCat("rename ", temp_path_, " to"),
+                              path_));
   }
   finished_ = true;
   absl::Status synced = SyncDirectory(DirectoryOf(path_));

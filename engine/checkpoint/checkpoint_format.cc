@@ -34,41 +34,21 @@ namespace {
 namespace fs = std::filesystem;
 using OrderedJson = nlohmann::ordered_json;
 
-// errno from `action` on `path` as the most specific Status.
-absl::Status ErrnoStatus(int error, const std::string& action,
-                         const std::string& path) {
-  const std::string message =
-      absl::StrCat(action, " ", path, ": ", std::strerror(error));
-  switch (error) {
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-      return absl::ResourceExhaustedError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
+// A std::filesystem error from `action` on `path` as the most specific
+// Status.
 absl::Status FsStatus(const std::error_code& error, const std::string& action,
                       const std::string& path) {
-  return ErrnoStatus(error.value(), action, path);
+  return ErrnoToStatus(error.value(), action, path);
 }
 
 // fsync of a directory, so a rename inside it is durable.
 absl::Status SyncDirectory(const std::string& directory) {
   const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoStatus(errno, "open directory", directory);
+  if (fd < 0) return ErrnoToStatus(errno, "open directory", directory);
   const int result = fsync(fd);
   const int error = errno;
   close(fd);
-  if (result != 0) return ErrnoStatus(error, "fsync directory", directory);
+  if (result != 0) return ErrnoToStatus(error, "fsync directory", directory);
   return absl::OkStatus();
 }
 
@@ -466,7 +446,7 @@ absl::Status WriteFileAtomically(const std::string& path,
                                  const std::string& contents) {
   std::string temp = path + ".tmp.XXXXXX";
   const int fd = mkstemp(temp.data());
-  if (fd < 0) return ErrnoStatus(errno, "create a temporary file for", path);
+  if (fd < 0) return ErrnoToStatus(errno, "create a temporary file for", path);
   fchmod(fd, 0644);
   size_t done = 0;
   while (done < contents.size()) {
@@ -477,7 +457,7 @@ absl::Status WriteFileAtomically(const std::string& path,
       const int error = errno;
       close(fd);
       unlink(temp.c_str());
-      return ErrnoStatus(error, "write", temp);
+      return ErrnoToStatus(error, "write", temp);
     }
     done += static_cast<size_t>(wrote);
   }
@@ -485,13 +465,13 @@ absl::Status WriteFileAtomically(const std::string& path,
     const int error = errno;
     close(fd);
     unlink(temp.c_str());
-    return ErrnoStatus(error, "fsync", temp);
+    return ErrnoToStatus(error, "fsync", temp);
   }
   close(fd);
   if (rename(temp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     unlink(temp.c_str());
-    return ErrnoStatus(error, "rename into place", path);
+    return ErrnoToStatus(error, "rename into place", path);
   }
   return SyncDirectory(ParentDirectory(path));
 }
@@ -506,7 +486,7 @@ absl::Status BeginSave(const std::string& directory, const std::string& tag) {
   fs::remove_all(partial, error);  // a crashed save's leftovers
   if (error) return FsStatus(error, "remove the leftover", partial);
   if (mkdir(partial.c_str(), 0755) != 0) {
-    return ErrnoStatus(errno, "create", partial);
+    return ErrnoToStatus(errno, "create", partial);
   }
   return SyncDirectory(directory);
 }
@@ -525,14 +505,14 @@ absl::Status CommitSave(const std::string& directory,
   if (replacing) {
     fs::remove_all(old, error);
     if (rename(target.c_str(), old.c_str()) != 0) {
-      return ErrnoStatus(errno, "move the previous save aside:", target);
+      return ErrnoToStatus(errno, "move the previous save aside:", target);
     }
   }
   if (rename(partial.c_str(), target.c_str()) != 0) {
     const int rename_error = errno;
     if (replacing) rename(old.c_str(), target.c_str());
-    return ErrnoStatus(rename_error,
-                       "rename the completed save into place:", target);
+    return ErrnoToStatus(rename_error,
+                         "rename the completed save into place:", target);
   }
   ZE_RETURN_IF_ERROR(SyncDirectory(directory));
   ZE_RETURN_IF_ERROR(WriteFileAtomically(
@@ -692,7 +672,7 @@ absl::StatusOr<uint32_t> ChecksumRange(int fd, uint64_t begin, uint64_t length,
         pread(fd, buffer.data(), want, static_cast<off_t>(begin + done));
     if (got < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "read", path);
+      return ErrnoToStatus(errno, "read", path);
     }
     if (got == 0) {
       return absl::DataLossError(absl::StrCat(
@@ -733,7 +713,7 @@ absl::Status CheckpointReader::VerifyFile(const FileRecord& file) const {
   constexpr uint64_t kMinSegmentBytes = uint64_t{64} << 20;
   const std::string path = absl::StrCat(tag_directory_, "/", file.name);
   const int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path);
   struct stat info;
   fstat(fd, &info);
   const uint64_t size = static_cast<uint64_t>(info.st_size);
@@ -810,7 +790,7 @@ absl::Status CheckpointReader::VerifyFilesFromReads(int stride, int offset,
       continue;
     }
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    if (fd < 0) return ErrnoToStatus(errno, "open", path);
     absl::StatusOr<uint32_t> header_crc =
         ChecksumRange(fd, 0, opened->data_start(), path);
     close(fd);
@@ -910,7 +890,7 @@ absl::Status CheckpointReader::ReadRanges(
     if (fds[task.rank] < 0) {
       const int error = errno;
       close_all();
-      return ErrnoStatus(error, "open", path);
+      return ErrnoToStatus(error, "open", path);
     }
     posix_fadvise(fds[task.rank], 0, 0, POSIX_FADV_SEQUENTIAL);
   }
@@ -940,7 +920,7 @@ absl::Status CheckpointReader::ReadRanges(
         if (got < 0 && errno == EINTR) continue;
         const std::string path = absl::StrCat(tag_directory_, "/", name);
         if (got < 0) {
-          status = ErrnoStatus(errno, "read", path);
+          status = ErrnoToStatus(errno, "read", path);
           break;
         }
         if (got == 0) {
