@@ -338,13 +338,8 @@ int RunModelStage(const Options& options, const std::string& name, int stage,
 int Main(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
   if (!options.ok()) {
-    std::fprintf(stderr, "generate_bench: %s\n",
-                 options.status().ToString().c_str());
-    Json line;
-    line["bench"] = "generate";
-    line["error"] = std::string(options.status().message());
-    PrintJson(line);
-    return 2;
+    return ReportStartupError("generate_bench", "generate", options.status(),
+                              2);
   }
   comm::CommOptions comm_options;
   comm_options.backend = options->backend;
@@ -352,13 +347,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
       comm::CreateCommunicator(comm_options);
   if (!created.ok()) {
-    std::fprintf(stderr, "generate_bench: %s\n",
-                 created.status().ToString().c_str());
-    Json line;
-    line["bench"] = "generate";
-    line["error"] = created.status().ToString();
-    PrintJson(line);
-    return 1;
+    return ReportStartupError("generate_bench", "generate", created.status(),
+                              1);
   }
   std::shared_ptr<comm::Communicator> comm = std::move(*created);
   int failures = 0;

@@ -278,13 +278,7 @@ absl::Status RunModel(const Options& options, const std::string& model_name,
 int Main(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
   if (!options.ok()) {
-    std::fprintf(stderr, "gpt_bench: %s\n",
-                 options.status().ToString().c_str());
-    Json line;
-    line["bench"] = "gpt_fwd_bwd";
-    line["error"] = std::string(options.status().message());
-    PrintJson(line);
-    return 2;
+    return ReportStartupError("gpt_bench", "gpt_fwd_bwd", options.status(), 2);
   }
   int failures = 0;
   for (size_t i = 0; i < options->models.size(); ++i) {

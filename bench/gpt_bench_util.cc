@@ -285,6 +285,16 @@ void PrintJson(const Json& line) {
   std::fflush(stdout);
 }
 
+int ReportStartupError(const char* program, const char* bench,
+                       const absl::Status& status, int exit_code) {
+  std::fprintf(stderr, "%s: %s\n", program, status.ToString().c_str());
+  Json line;
+  line["bench"] = bench;
+  line["error"] = std::string(status.message());
+  PrintJson(line);
+  return exit_code;
+}
+
 void ResetDeviceMemory(const Device& device) {
   if (!device.is_cuda()) return;
   Allocator* allocator = CudaMemory(device.index);

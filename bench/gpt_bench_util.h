@@ -108,6 +108,13 @@ absl::StatusOr<TokenBatch> RandomBatch(int64_t batch, int64_t seq,
 // Writes `line` as one line of compact JSON on stdout and flushes.
 void PrintJson(const Json& line);
 
+// A benchmark that cannot start (bad flags, no communicator): prints
+// "<program>: <status>" on stderr and {"bench": <bench>, "error": <message>}
+// on stdout, so a driver reading the JSON lines sees why; returns
+// `exit_code` for main to return.
+int ReportStartupError(const char* program, const char* bench,
+                       const absl::Status& status, int exit_code);
+
 // Frees the cached device blocks and resets the allocator's peak, so each
 // configuration's peak is its own. No-op on the CPU.
 void ResetDeviceMemory(const Device& device);

@@ -456,13 +456,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
 int Main(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
   if (!options.ok()) {
-    std::fprintf(stderr, "train_bench: %s\n",
-                 options.status().ToString().c_str());
-    Json line;
-    line["bench"] = "train_step";
-    line["error"] = std::string(options.status().message());
-    PrintJson(line);
-    return 2;
+    return ReportStartupError("train_bench", "train_step", options.status(), 2);
   }
   // One communicator for every configuration: bootstrapping NCCL once, and
   // knowing the rank and world size before building each config.
@@ -472,13 +466,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> created =
       comm::CreateCommunicator(comm_options);
   if (!created.ok()) {
-    std::fprintf(stderr, "train_bench: %s\n",
-                 created.status().ToString().c_str());
-    Json line;
-    line["bench"] = "train_step";
-    line["error"] = created.status().ToString();
-    PrintJson(line);
-    return 1;
+    return ReportStartupError("train_bench", "train_step", created.status(), 1);
   }
   std::shared_ptr<comm::Communicator> comm = std::move(*created);
   const Device device = comm->device();

@@ -12,7 +12,8 @@ TEST(ErrnoToStatusTest, MapsErrnoToSpecificCodesNamingActionAndPath) {
   const absl::Status full =
       ErrnoToStatus(ENOSPC, "write", "/ckpt/rank0.safetensors");
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StrContains(full.message(), "write /ckpt/rank0.safetensors"))
+  EXPECT_TRUE(
+      absl::StrContains(full.message(), "write /ckpt/rank0.safetensors"))
       << full.message();
   EXPECT_EQ(ErrnoToStatus(EDQUOT, "write", "p").code(),
             absl::StatusCode::kResourceExhausted);
