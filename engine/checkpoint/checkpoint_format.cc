@@ -57,23 +57,9 @@ std::string ParentDirectory(const std::string& path) {
   return parent.empty() ? "." : parent.string();
 }
 
-const char* DTypeKey(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kI32:
-      return "i32";
-  }
-  return "?";
-}
-
 absl::StatusOr<DType> ParseDTypeKey(const std::string& text) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    if (text == DTypeKey(dtype)) return dtype;
+    if (text == DTypeName(dtype)) return dtype;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown model_dtype \"", text, "\" (f32, bf16, f16)"));
@@ -169,7 +155,7 @@ std::string SerializeManifest(const Manifest& manifest) {
   json["saved_at"] = manifest.saved_at.empty() ? UtcNow() : manifest.saved_at;
   json["world_size"] = manifest.world_size;
   json["zero_stage"] = manifest.zero_stage;
-  json["model_dtype"] = DTypeKey(manifest.model_dtype);
+  json["model_dtype"] = DTypeName(manifest.model_dtype);
   json["kinds"] = manifest.kinds;
   json["training_state"] = manifest.training_state;
   json["client_state"] = manifest.client_state;

@@ -50,13 +50,16 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "nn/gpt.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace ze {
 namespace {
 
 constexpr int kGlobalBatch = 12;  // divides by 1, 2, 3, 4
-constexpr int kSeqLen = 8;
-constexpr int kVocab = 37;
+// The deterministic corpus the other engine tests train on.
+using enginetest::FillSample;
+using enginetest::kSeqLen;
+using enginetest::kVocab;
 
 std::map<std::string, std::string> ParseFlags(int argc, char** argv) {
   std::map<std::string, std::string> flags;
@@ -77,25 +80,6 @@ std::string Get(const std::map<std::string, std::string>& flags,
                 const std::string& key, const std::string& fallback) {
   auto found = flags.find(key);
   return found == flags.end() ? fallback : found->second;
-}
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
-  int32_t current = static_cast<int32_t>(Mix(g) % kVocab);
-  for (int t = 0; t < kSeqLen; ++t) {
-    tokens[t] = current;
-    const uint64_t noise = Mix(g * 1000 + t);
-    const int32_t next = noise % 4 == 0 ? static_cast<int32_t>(noise % kVocab)
-                                        : (current * 5 + 3) % kVocab;
-    targets[t] = next;
-    current = next;
-  }
 }
 
 struct Setup {

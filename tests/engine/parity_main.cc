@@ -53,13 +53,16 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "nn/gpt.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace ze {
 namespace {
 
 constexpr int kSteps = 10;
-constexpr int kSeqLen = 8;
-constexpr int kVocab = 37;
+// The deterministic corpus the other engine tests train on.
+using enginetest::FillSample;
+using enginetest::kSeqLen;
+using enginetest::kVocab;
 
 struct RunSpec {
   std::string dtype;      // f32, bf16, fp16
@@ -101,27 +104,6 @@ Tolerance ToleranceFor(const std::string& dtype) {
   if (dtype == "f32") return {1e-5, 1e-5};
   if (dtype == "fp16") return {5e-4, 2e-3};
   return {3e-3, 1e-2};  // bf16
-}
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Sample g: a sequence whose next token is mostly predictable, so the loss
-// falls visibly in 10 steps.
-void FillSample(int64_t g, int32_t* tokens, int32_t* targets) {
-  int32_t current = static_cast<int32_t>(Mix(g) % kVocab);
-  for (int t = 0; t < kSeqLen; ++t) {
-    tokens[t] = current;
-    const uint64_t noise = Mix(g * 1000 + t);
-    const int32_t next = noise % 4 == 0 ? static_cast<int32_t>(noise % kVocab)
-                                        : (current * 5 + 3) % kVocab;
-    targets[t] = next;
-    current = next;
-  }
 }
 
 // AdamW's eps is 1e-3 here, not 1e-8: attention's key bias has an exactly
