@@ -119,6 +119,12 @@ std::string ToJson(const Config& config) {
   return internal::TopSchema().Emit(config).dump(2);
 }
 
+std::vector<IneffectiveSetting> IneffectiveSettings(const Config& config) {
+  std::vector<IneffectiveSetting> settings;
+  internal::TopSchema().Ineffective("", config, Config{}, &settings);
+  return settings;
+}
+
 std::string ReferenceMarkdown() {
   std::string out =
       "Keys follow DeepSpeed's `ds_config.json`: same names, meanings and "
@@ -132,7 +138,10 @@ std::string ReferenceMarkdown() {
   absl::StrAppend(&out, MarkdownTable(rows));
   std::vector<std::string> notes;
   internal::TopSchema().Notes("", &notes);
-  absl::StrAppend(&out, "\nAliases and DeepSpeed keys zero-engine rejects:\n\n",
+  absl::StrAppend(&out,
+                  "\nAliases, DeepSpeed keys zero-engine rejects, and keys it "
+                  "accepts without effect (Initialize logs those that a "
+                  "config sets):\n\n",
                   absl::StrJoin(notes, "\n"), "\n");
 
   absl::StrAppend(&out,

@@ -453,6 +453,17 @@ absl::StatusOr<Config> Resolve(const Config& config,
 // LoadConfigString(ToJson(c), c.world_size) == c.
 std::string ToJson(const Config& config);
 
+// A key the config sets to something other than its default that zero-engine
+// accepts (so DeepSpeed configs load unchanged) but that changes nothing
+// here, and why: ZeRO++ and MiCS options, activation_checkpointing (chosen on
+// the model), implementation hints. Engine::Initialize logs them on rank 0.
+struct IneffectiveSetting {
+  std::string key;  // JSON path, e.g. zero_optimization.zero_quantized_weights
+  std::string reason;
+};
+// Every such key of `config`, in the order of ReferenceMarkdown().
+std::vector<IneffectiveSetting> IneffectiveSettings(const Config& config);
+
 // The README's config reference (Markdown tables: key, type, default,
 // meaning), generated from the same defaults and validation rules the loader
 // uses.

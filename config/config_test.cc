@@ -864,6 +864,42 @@ void LeafPaths(const nlohmann::json& json, const std::string& prefix,
   }
 }
 
+TEST(IneffectiveSettingsTest, NamesOnlyKeysSetAwayFromTheirDefaults) {
+  // The defaults, and accepted keys given at their default values, are
+  // silent; so are keys that do take effect.
+  EXPECT_TRUE(
+      IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8})")).empty());
+  EXPECT_TRUE(IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3, "overlap_comm": false,
+                            "zero_hpz_partition_size": 1,
+                            "zero_quantized_weights": false,
+                            "contiguous_gradients": true}})"))
+                  .empty());
+  const std::vector<IneffectiveSetting> settings =
+      IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8,
+      "fp16": {"enabled": true, "auto_cast": true},
+      "zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+                            "mics_shard_size": 4,
+                            "offload_param": {"device": "cpu",
+                                              "max_in_cpu": 5}},
+      "activation_checkpointing": {"cpu_checkpointing": true},
+      "checkpoint": {"parallel_write": {"pipeline_stage": true}}})"));
+  std::vector<std::string> keys;
+  for (const IneffectiveSetting& setting : settings) {
+    keys.push_back(setting.key);
+    EXPECT_FALSE(setting.reason.empty()) << setting.key;
+  }
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{
+                "fp16.auto_cast", "zero_optimization.offload_param.max_in_cpu",
+                "zero_optimization.zero_quantized_weights",
+                "zero_optimization.mics_shard_size",
+                "activation_checkpointing.cpu_checkpointing",
+                "checkpoint.parallel_write.pipeline_stage"}));
+  EXPECT_TRUE(absl::StrContains(settings[2].reason, "not implemented"))
+      << settings[2].reason;
+}
+
 TEST(ReferenceMarkdownTest, DocumentsEveryKeyWithItsDefault) {
   const std::string reference = ReferenceMarkdown();
   std::vector<std::string> paths;

@@ -54,6 +54,10 @@ struct Field {
   // theirs). Required: the structs' operator== is derived from it, so a key
   // added to a table takes part in equality without further code.
   std::function<bool(const S&, const S&)> equal;
+  // Sections append their keys set without effect (Schema::Ineffective).
+  std::function<void(const std::string& path, const S& value, const S& defaults,
+                     std::vector<IneffectiveSetting>*)>
+      nested_ineffective;
   // Appends the JSON path of every value under this key still holding
   // "auto". Empty for keys that cannot be "auto".
   std::function<void(const std::string& path, const S&,
@@ -76,6 +80,14 @@ class Schema {
   // A key DeepSpeed knows that zero-engine rejects, with the reason.
   Schema& Unsupported(std::string key, std::string reason) {
     unsupported_.emplace(std::move(key), std::move(reason));
+    return *this;
+  }
+  // A key (already added) that zero-engine accepts, so DeepSpeed configs
+  // load unchanged, but that changes nothing here, with the reason. The
+  // reference lists it; Ineffective() reports it when it is set.
+  Schema& WithoutEffect(const std::string& key, std::string reason) {
+    ZE_CHECK(Find(key) != nullptr);
+    without_effect_.emplace(key, std::move(reason));
     return *this;
   }
   // Runs after the keys are read, with the object as written, for defaults
@@ -157,6 +169,11 @@ class Schema {
       notes->push_back(absl::StrCat("- `", JoinJsonPath(path, key),
                                     "` is rejected: ", reason, "."));
     }
+    for (const auto& [key, reason] : without_effect_) {
+      notes->push_back(absl::StrCat("- `", JoinJsonPath(path, key),
+                                    "` is accepted but has no effect: ", reason,
+                                    "."));
+    }
     for (const Field<S>& field : fields_) {
       if (field.nested_notes) {
         field.nested_notes(JoinJsonPath(path, field.key), notes);
@@ -172,6 +189,23 @@ class Schema {
       if (!field.equal(a, b)) return false;
     }
     return true;
+  }
+
+  // Appends every key marked WithoutEffect (here and in nested sections)
+  // whose value in `value` differs from `defaults`, in table order.
+  void Ineffective(const std::string& path, const S& value, const S& defaults,
+                   std::vector<IneffectiveSetting>* out) const {
+    for (const Field<S>& field : fields_) {
+      const std::string key_path = JoinJsonPath(path, field.key);
+      if (field.nested_ineffective) {
+        field.nested_ineffective(key_path, value, defaults, out);
+        continue;
+      }
+      auto reason = without_effect_.find(field.key);
+      if (reason != without_effect_.end() && !field.equal(value, defaults)) {
+        out->push_back({key_path, reason->second});
+      }
+    }
   }
 
   // Appends the JSON path of every value in `value` still holding "auto", in
@@ -226,6 +260,7 @@ class Schema {
   std::vector<Field<S>> fields_;
   std::map<std::string, std::string> aliases_;
   std::map<std::string, std::string> unsupported_;
+  std::map<std::string, std::string> without_effect_;
   std::function<void(const Json&, S*)> after_parse_;
 };
 
@@ -281,6 +316,12 @@ Field<S> Section(std::string key, Sub S::*member, const Schema<Sub>* schema,
   field.nested_notes = [schema](const std::string& path,
                                 std::vector<std::string>* notes) {
     schema->Notes(path, notes);
+  };
+  field.nested_ineffective = [member, schema](
+                                 const std::string& path, const S& value,
+                                 const S& defaults,
+                                 std::vector<IneffectiveSetting>* out) {
+    schema->Ineffective(path, value.*member, defaults.*member, out);
   };
   field.equal = [member, schema](const S& a, const S& b) {
     return schema->Equal(a.*member, b.*member);

@@ -39,7 +39,8 @@ const Schema<Fp16Config>& Fp16Schema() {
         .Add(Value("consecutive_hysteresis", &F::consecutive_hysteresis,
                    Boolean(), "A clean step refills the hysteresis budget."))
         .Add(Value("min_loss_scale", &F::min_loss_scale, Number(Positive()),
-                   "The dynamic scale never drops below this."));
+                   "The dynamic scale never drops below this."))
+        .WithoutEffect("auto_cast", "the whole model runs in fp16 anyway");
     return s;
   }();
   return *schema;
@@ -82,7 +83,9 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "stages 1-2, device cpu, ratio 1): step t's CPU update "
                    "runs during step t+1's forward and backward, which use "
                    "the weights from before it, so every gradient is one "
-                   "step stale. Not a DeepSpeed key."));
+                   "step stale. Not a DeepSpeed key."))
+        .WithoutEffect("fast_init",
+                       "the NVMe swap files are preallocated at start anyway");
     return s;
   }();
   return *schema;
@@ -105,6 +108,12 @@ const Schema<OffloadParamConfig>& OffloadParamSchema() {
                    "Elements per parameter swap buffer (NVMe)."))
         .Add(Value("max_in_cpu", &O::max_in_cpu, Integer(AtLeast(0)),
                    "Elements of parameters kept in CPU memory (NVMe)."));
+    const std::string only_nvme =
+        "it sizes offload_param's NVMe swapping, and offload_param.device "
+        "\"nvme\" is not available (only \"cpu\")";
+    s->WithoutEffect("buffer_count", only_nvme)
+        .WithoutEffect("buffer_size", only_nvme)
+        .WithoutEffect("max_in_cpu", only_nvme);
     return s;
   }();
   return *schema;
@@ -196,6 +205,40 @@ const Schema<ZeroConfig>& ZeroSchema() {
                    "MiCS: hierarchical all-gather."))
         .Alias("stage3_gather_fp16_weights_on_model_save",
                "stage3_gather_16bit_weights_on_model_save")
+        .WithoutEffect("contiguous_gradients",
+                       "gradients always live in flat per-bucket buffers")
+        .WithoutEffect("reduce_scatter",
+                       "stages 1-3 always reduce-scatter gradients (the sums "
+                       "an all-reduce gives, with half the traffic)")
+        .WithoutEffect("allgather_partitions",
+                       "updated parameters are always all-gathered (the "
+                       "values a broadcast gives)")
+        .WithoutEffect("round_robin_gradients",
+                       "with CPU offload each rank already copies only its "
+                       "own gradient slice to the host")
+        .WithoutEffect("elastic_checkpoint",
+                       "checkpoints load at any world size and stage anyway")
+        .WithoutEffect("ignore_unused_parameters",
+                       "parameters that get no gradient are always "
+                       "tolerated (their gradient is zero)")
+        .WithoutEffect("stage3_model_persistence_threshold",
+                       "every module bucket under "
+                       "stage3_param_persistence_threshold stays gathered, "
+                       "whatever their total")
+        .WithoutEffect("zero_hpz_partition_size",
+                       "ZeRO++ hierarchical partitioning is not implemented: "
+                       "parameters are partitioned over all ranks")
+        .WithoutEffect("zero_quantized_weights",
+                       "ZeRO++ weight quantization is not implemented: "
+                       "all-gathers carry the model's dtype")
+        .WithoutEffect("zero_quantized_gradients",
+                       "ZeRO++ gradient quantization is not implemented: "
+                       "reductions carry communication_data_type")
+        .WithoutEffect("mics_shard_size",
+                       "MiCS is not implemented: state is partitioned over "
+                       "all ranks")
+        .WithoutEffect("mics_hierarchical_params_gather",
+                       "MiCS is not implemented")
         .Unsupported("cpu_offload",
                      "removed by DeepSpeed; use \"offload_optimizer\": "
                      "{\"device\": \"cpu\"}")
@@ -251,6 +294,16 @@ const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
                    "Synchronize the device at each checkpoint boundary."))
         .Add(Value("profile", &A::profile, Boolean(),
                    "Time the checkpointed forward and recompute."));
+    // DeepSpeed's block configures its checkpointing API, which models call;
+    // here a model turns checkpointing on itself.
+    const std::string on_the_model =
+        "activation checkpointing is chosen on the model "
+        "(nn::Module::set_activation_checkpointing, "
+        "nn::GptConfig::activation_checkpointing), and saved activations "
+        "stay on the device, unpartitioned";
+    for (const std::string& key : s->Keys()) {
+      s->WithoutEffect(key, on_the_model);
+    }
     return s;
   }();
   return *schema;
@@ -260,7 +313,8 @@ const Schema<ParallelWriteConfig>& ParallelWriteSchema() {
   static const auto* schema = [] {
     auto* s = new Schema<ParallelWriteConfig>();
     s->Add(Value("pipeline_stage", &ParallelWriteConfig::pipeline_stage,
-                 Boolean(), "Write checkpoint shards per pipeline stage."));
+                 Boolean(), "Write checkpoint shards per pipeline stage."))
+        .WithoutEffect("pipeline_stage", "there is no pipeline parallelism");
     return s;
   }();
   return *schema;
@@ -281,7 +335,10 @@ const Schema<CheckpointConfig>& CheckpointSchema() {
         .Add(Value("use_node_local_storage", &C::use_node_local_storage,
                    Boolean(), "Each node writes to its own local storage."))
         .Add(Section("parallel_write", &C::parallel_write,
-                     &ParallelWriteSchema(), "Parallel checkpoint writing."));
+                     &ParallelWriteSchema(), "Parallel checkpoint writing."))
+        .WithoutEffect("use_node_local_storage",
+                       "every rank writes its own file into the one save "
+                       "directory, which several hosts must share");
     return s;
   }();
   return *schema;

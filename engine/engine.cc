@@ -514,6 +514,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
+    // A DeepSpeed user must not believe a setting took effect when it did
+    // not (ZeRO++ quantization, activation_checkpointing, ...).
+    for (const config::IneffectiveSetting& setting :
+         config::IneffectiveSettings(config)) {
+      ZE_LOG_RANK0(WARNING)
+          << config.source << ": " << setting.key
+          << " is set but has no effect in zero-engine: " << setting.reason;
+    }
   }
   return engine;
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -62,6 +63,36 @@ absl::Status TrainLikeTheHeader(std::shared_ptr<nn::LossModel> model,
     losses->push_back(loss);                      // accumulation boundary
   }
   return absl::OkStatus();
+}
+
+// A DeepSpeed config's keys that zero-engine accepts without acting on them
+// are named at startup (rank 0), with the reason, so nobody believes they
+// took effect.
+TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string config = absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,)",
+      R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},)",
+      R"( "zero_optimization": {"stage": 3, "zero_quantized_weights": true},)",
+      R"( "activation_checkpointing": {"cpu_checkpointing": true}})");
+  ::testing::internal::CaptureStderr();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(*model, config, Comm());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const bool quantized = absl::StrContains(
+      log,
+      "zero_optimization.zero_quantized_weights is set but has no effect in "
+      "zero-engine: ZeRO++ weight quantization is not implemented");
+  const bool checkpointing = absl::StrContains(
+      log,
+      "activation_checkpointing.cpu_checkpointing is set but has no "
+      "effect in zero-engine: activation checkpointing is chosen on the "
+      "model");
+  EXPECT_EQ(quantized, Rank() == 0) << log;
+  EXPECT_EQ(checkpointing, Rank() == 0) << log;
 }
 
 class EngineContractTest : public ::testing::TestWithParam<int> {};
