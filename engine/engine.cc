@@ -116,9 +116,10 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
   ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(strategy_->BeginForward());
-  ZE_ASSIGN_OR_RETURN(
-      float loss,
-      model_->ForwardLoss(device_tokens, device_targets, compute_stream_));
+  absl::StatusOr<float> forward =
+      model_->ForwardLoss(device_tokens, device_targets, compute_stream_);
+  strategy_->EndForward();
+  ZE_ASSIGN_OR_RETURN(float loss, std::move(forward));
   loss_sum_ += loss;
   last_tokens_ = tokens.numel();
   ZE_RETURN_IF_ERROR(EndPhase(0, start));

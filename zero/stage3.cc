@@ -138,7 +138,7 @@ absl::Status Stage3::InstallHooks() {
             [this, e](nn::Module&, const Stream&) -> absl::Status {
               // A use is a forward call that will be backpropagated; the
               // recomputation of a checkpointed module (in backward) is not.
-              if (phase_ == Phase::kIdle) {
+              if (phase_ == Phase::kForward) {
                 for (int b : entries_[e].buckets) {
                   if (buckets_[b].trainable) ++buckets_[b].pending_uses;
                 }
@@ -160,7 +160,7 @@ absl::Status Stage3::InstallHooks() {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::BeginForward() {
+absl::Status Stage3::OnBeginForward() {
   if (scopes_ > 0) {
     // The gathered copies would go stale when the optimizer updates the
     // shards they came from.

@@ -128,7 +128,7 @@ class Stage3 : public ZeroStrategy {
   // A training micro-step begins: forgets uses of an unbackpropagated
   // forward and starts following (or recording) the fetch order.
   // FailedPrecondition while a GatherParameters scope is open.
-  absl::Status BeginForward() override;
+  absl::Status OnBeginForward() override;
   // Checks the schedule hash across ranks with the statistics; refreshes
   // persistent buckets after the update.
   absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;

@@ -116,7 +116,7 @@ absl::Status Stages0To2::InstallHooks() {
           // Counted whether or not the call saves activations: inside a
           // checkpointed block the first forward saves nothing, yet its
           // backward (after the recompute) will produce these gradients.
-          if (phase_ != Phase::kIdle) return absl::OkStatus();
+          if (phase_ != Phase::kForward) return absl::OkStatus();
           for (int index : indices) ++pending_uses_[index];
           return absl::OkStatus();
         });
@@ -177,7 +177,7 @@ absl::Status Stages0To2::ReleaseBucketGradients(int bucket) {
   return absl::OkStatus();
 }
 
-absl::Status Stages0To2::BeginForward() {
+absl::Status Stages0To2::OnBeginForward() {
   // Forgets uses counted by forwards that had no backward (an evaluation
   // forward between steps), so this micro-step's counting starts clean.
   std::fill(pending_uses_.begin(), pending_uses_.end(), 0);

@@ -55,7 +55,7 @@ class Stages0To2 : public ZeroStrategy {
       const StrategyContext& context);
 
   // Forgets parameter uses counted by a forward that had no backward.
-  absl::Status BeginForward() override;
+  absl::Status OnBeginForward() override;
   // Reduces the window's gradients first when the boundary micro-step had
   // no Backward; stages 1-2 then all-gather the updated weights.
   absl::StatusOr<StepReport> BoundaryStep(double loss_sum) override;

@@ -20,6 +20,21 @@ ZeroStrategy::~ZeroStrategy() {
 
 void ZeroStrategy::AddHook(nn::Module* module, nn::HookKind kind,
                            nn::Hook hook) {
+  if (kind == nn::HookKind::kPreForward || kind == nn::HookKind::kPreBackward) {
+    const bool forward = kind == nn::HookKind::kPreForward;
+    hook = [this, forward, hook = std::move(hook)](
+               nn::Module& called, const Stream& stream) -> absl::Status {
+      if (phase_ == Phase::kIdle) {
+        // RunHooks names the module in front of this.
+        return absl::FailedPreconditionError(absl::StrCat(
+            forward ? "Forward" : "Backward", " called on rank ", rank(),
+            " outside the engine; after engine::Initialize the model runs "
+            "through the engine only (engine->Forward / Backward, "
+            "EvalForward, Generate; GatherParameters to read full weights)"));
+      }
+      return hook(called, stream);
+    };
+  }
   hooks_.emplace_back(module, module->AddHook(kind, std::move(hook)));
 }
 
@@ -40,10 +55,12 @@ absl::Status ZeroStrategy::AnnotateAllocationError(
 
 absl::Status ZeroStrategy::RequireIdle(const char* what) const {
   if (phase_ == Phase::kIdle) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " on rank ", rank(), ": not between micro-steps (",
-      phase_ == Phase::kBackward ? "inside backward" : "inside an evaluation",
-      ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " on rank ", rank(), ": not between micro-steps (",
+                   phase_ == Phase::kBackward  ? "inside backward"
+                   : phase_ == Phase::kForward ? "inside a forward"
+                                               : "inside an evaluation",
+                   ")"));
 }
 
 absl::Status ZeroStrategy::CheckLoadable(

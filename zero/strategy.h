@@ -15,7 +15,7 @@
 // PartitionState and the memory plan (PlanModelStateMemory).
 //
 // One micro-step, as the Engine calls it (all on the engine's thread):
-//   BeginForward; the model's ForwardLoss (module hooks fire);
+//   BeginForward; the model's ForwardLoss (module hooks fire); EndForward;
 //   BeginBackward; the model's BackwardLoss (hooks fire); EndBackward;
 //   at the accumulation boundary, BoundaryStep.
 // Evaluation (EvalForward, Generate) is bracketed by BeginEval / EndEval.
@@ -90,7 +90,9 @@ struct StrategyContext {
 
 // Where a strategy is within a micro-step.
 enum class Phase {
-  kIdle,        // between micro-steps, or after a forward (before backward)
+  kIdle,        // outside the engine's calls: the model must not run (its
+                // modules' pre-forward/pre-backward hooks fail)
+  kForward,     // between BeginForward and EndForward (a training forward)
   kBackward,    // between BeginBackward and EndBackward
   kEvaluation,  // between BeginEval and EndEval
 };
@@ -102,8 +104,15 @@ class ZeroStrategy {
   ZeroStrategy(const ZeroStrategy&) = delete;
   ZeroStrategy& operator=(const ZeroStrategy&) = delete;
 
-  // A training forward is about to run.
-  virtual absl::Status BeginForward() = 0;
+  // Around the model's ForwardLoss in a training micro-step (phase kForward
+  // between them; EndForward returns to kIdle even when the forward
+  // failed).
+  absl::Status BeginForward() {
+    ZE_RETURN_IF_ERROR(OnBeginForward());
+    phase_ = Phase::kForward;
+    return absl::OkStatus();
+  }
+  void EndForward() { phase_ = Phase::kIdle; }
   // Around the model's BackwardLoss (phase kBackward between them; EndBackward
   // returns to kIdle even when it fails). `boundary`: this micro-step ends
   // the accumulation window.
@@ -272,6 +281,7 @@ class ZeroStrategy {
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
   // The stage's part of the phase changes above.
+  virtual absl::Status OnBeginForward() = 0;
   virtual absl::Status OnBeginBackward(bool boundary) = 0;
   virtual absl::Status OnEndBackward() = 0;
   virtual absl::Status OnEndEval() { return absl::OkStatus(); }
@@ -307,7 +317,11 @@ class ZeroStrategy {
       const StageLayout& layout);
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
-  // Installs `hook` on `module`; the destructor removes it.
+  // Installs `hook` on `module`; the destructor removes it. Pre-forward and
+  // pre-backward hooks first check that an engine call is running the
+  // model (phase not kIdle): a user's own model->Forward after Initialize
+  // fails at once, naming the module, instead of gathering, saving
+  // activations and counting uses that break the next training step.
   void AddHook(nn::Module* module, nn::HookKind kind, nn::Hook hook);
 
   StrategyContext context_;

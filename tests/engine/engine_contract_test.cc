@@ -149,6 +149,46 @@ TEST_P(EngineContractTest, ForwardWhileBackwardOwedFailsAndLosesNothing) {
   ASSERT_TRUE((*engine)->Step().ok());
 }
 
+// The model run by hand after Initialize (a habit from eager PyTorch) fails
+// at once, naming the module, and costs the engine nothing: the training
+// step after it gives the loss a fresh engine's first step gives.
+TEST_P(EngineContractTest, ModelRunOutsideTheEngineFailsAndLosesNothing) {
+  const int stage = GetParam();
+  auto [tokens, targets] = MicroBatch(0);
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> reference_model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(reference_model.ok()) << reference_model.status();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> reference =
+      engine::Initialize(*reference_model, Config(stage), Comm());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<float> expected = (*reference)->Forward(tokens, targets);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(*model, Config(stage), Comm());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::StatusOr<float> by_hand =
+      (*model)->ForwardLoss(tokens, targets, Stream());
+  ASSERT_FALSE(by_hand.ok());
+  EXPECT_EQ(by_hand.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(
+      absl::StrContains(by_hand.status().message(), "outside the engine"))
+      << by_hand.status();
+  EXPECT_TRUE(absl::StrContains(by_hand.status().message(),
+                                absl::StrCat("rank ", Rank())))
+      << by_hand.status();
+  absl::StatusOr<float> loss = (*engine)->Forward(tokens, targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(*loss, *expected);
+  ASSERT_TRUE((*engine)->Backward().ok());
+  ASSERT_TRUE((*engine)->Step().ok());
+  ASSERT_TRUE((*reference)->Backward().ok());
+  ASSERT_TRUE((*reference)->Step().ok());
+}
+
 TEST_P(EngineContractTest, RanksLossesWeighEquallyWhateverTheyCount) {
   const int stage = GetParam();
   absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
