@@ -228,6 +228,16 @@ class Engine {
   // the device (any B), without saving activations.
   absl::StatusOr<float> EvalForward(const Tensor& tokens,
                                     const Tensor& targets);
+  // The model's own Forward output for `inputs` (on the host or the device,
+  // any shape and dtype the model's Forward takes), without saving
+  // activations: what `model(inputs)` under torch.no_grad() gives a
+  // DeepSpeed or FSDP user, e.g. a GPT's logits (B, T, V) or a
+  // classifier's (B, C). The output is on the model's device in its dtype,
+  // written by work queued on compute_stream() (synchronise it, or copy on
+  // it, before reading on the host). Stage 3: a collective like EvalForward.
+  // FailedPrecondition between a Forward and its Backward; the model's
+  // errors otherwise.
+  absl::StatusOr<Tensor> EvalOutputs(const Tensor& inputs);
   // Generation for a batch of prompts (token ids, any lengths >= 1): up to
   // max_new_tokens new tokens per prompt, chosen on the host from the last
   // position's logits (greedy, or sampled: GenerateOptions). Returns the new

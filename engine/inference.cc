@@ -47,6 +47,23 @@ absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
   return *loss;
 }
 
+absl::StatusOr<Tensor> Engine::EvalOutputs(const Tensor& inputs) {
+  StreamGuard guard(compute_stream_);
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalOutputs"));
+  ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
+  ZE_RETURN_IF_ERROR(strategy_->BeginEval());
+  absl::StatusOr<Tensor> outputs;
+  {
+    nn::NoSaveScope no_save;
+    outputs = model_->Forward(device_inputs, compute_stream_);
+  }
+  model_->ClearSavedState();
+  const absl::Status end = strategy_->EndEval();
+  ZE_RETURN_IF_ERROR(outputs.status());
+  ZE_RETURN_IF_ERROR(end);
+  return outputs;
+}
+
 namespace {
 
 // InvalidArgument naming the first bad argument of Generate.

@@ -411,6 +411,19 @@ absl::Status Train(const Flags& flags, int* exit_code) {
   Tensor tokens, targets;
   ZE_RETURN_IF_ERROR(MakeBatch(uint64_t{1} << 40, 256, &tokens, &targets));
   ZE_ASSIGN_OR_RETURN(float held_out, engine->EvalForward(tokens, targets));
+  // And the classifier's own output, model(inputs) without a backward: the
+  // share of held-out samples whose largest logit is the label.
+  ZE_ASSIGN_OR_RETURN(Tensor logits, engine->EvalOutputs(tokens));  // (B, 10)
+  ZE_ASSIGN_OR_RETURN(std::vector<float> values,
+                      ToHostFloats(logits, engine->compute_stream()));
+  const int64_t classes = logits.size(1);
+  int64_t correct = 0;
+  for (int64_t b = 0; b < logits.size(0); ++b) {
+    const float* row = values.data() + b * classes;
+    const int64_t predicted = std::max_element(row, row + classes) - row;
+    correct += predicted == targets.data_as<int32_t>()[b * kDigits];
+  }
+  const double accuracy = static_cast<double>(correct) / logits.size(0);
 
   const size_t fifth = std::max<size_t>(1, losses.size() / 5);
   double first = 0, last = 0;
@@ -423,10 +436,11 @@ absl::Status Train(const Flags& flags, int* exit_code) {
     std::printf(
         "custom_model: %d ranks, ZeRO stage %d, %lld parameters, %zu steps; "
         "loss %.4f (first fifth) -> %.4f (last fifth), held-out %.4f "
-        "(chance ln 10 = 2.3026)%s\n",
+        "(chance ln 10 = 2.3026), accuracy %.1f%% (chance 10%%)%s\n",
         world, static_cast<int>(engine->config().zero_optimization.stage),
         static_cast<long long>(model->NumParameterElements()), losses.size(),
-        first, last, held_out, fell ? "" : "; the loss did not fall");
+        first, last, held_out, 100 * accuracy,
+        fell ? "" : "; the loss did not fall");
     std::fflush(stdout);
   }
   *exit_code = fell ? 0 : 1;

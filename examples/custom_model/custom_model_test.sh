@@ -55,3 +55,12 @@ awk -v tol=1e-4 '
     printf "%d steps compared; largest relative loss difference %.3g (step %s), tolerance %g\n", m, worst, worst_step, tol
     exit bad
   }' "$work/ref_steps.txt" "$work/zero3_steps.txt"
+
+# The classifier's own outputs (Engine::EvalOutputs) score the held-out
+# samples far above chance (10%), and the same under stage 3 at N ranks as
+# at 1 rank.
+accuracy() { sed -nE 's/.*accuracy ([0-9.]+)%.*/\1/p' "$1"; }
+ref_accuracy=$(accuracy "$work/ref.txt"); zero3_accuracy=$(accuracy "$work/zero3.txt")
+echo "held-out accuracy: stage 0 ${ref_accuracy}%, stage 3 at $np ranks ${zero3_accuracy}%"
+python3 -c "import sys; a, b = float('$ref_accuracy'), float('$zero3_accuracy'); sys.exit(not (a >= 50 and abs(a - b) <= 1))" ||
+  { echo "FAIL: held-out accuracy below 50% or differing across runs"; exit 1; }

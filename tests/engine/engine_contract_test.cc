@@ -7,6 +7,7 @@
 //     ranks' mean losses, as DeepSpeed and DDP average gradients.
 //
 // Run alone (world size 1) and under mpirun at 2 and 3 ranks (BUILD.bazel).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -187,6 +188,53 @@ TEST_P(EngineContractTest, ModelRunOutsideTheEngineFailsAndLosesNothing) {
   ASSERT_TRUE((*engine)->Step().ok());
   ASSERT_TRUE((*reference)->Backward().ok());
   ASSERT_TRUE((*reference)->Step().ok());
+}
+
+// EvalOutputs is model(inputs) without a backward: the GPT's logits, whose
+// cross-entropy is EvalForward's loss, and the training state is untouched
+// (the next step's loss is a fresh engine's).
+TEST_P(EngineContractTest, EvalOutputsAreTheLogitsOfEvalForwardsLoss) {
+  const int stage = GetParam();
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
+      MakeGpt(SmallGpt(), DType::kF32);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(*model, Config(stage), Comm());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto [tokens, targets] = MicroBatch(0);
+  absl::StatusOr<Tensor> logits = (*engine)->EvalOutputs(tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  ASSERT_EQ(logits->dim(), 3);
+  ASSERT_EQ(logits->size(0), kMicroBatch);
+  ASSERT_EQ(logits->size(1), kSeqLen);
+  const int64_t classes = logits->size(2);
+  ASSERT_GE(classes, kVocab);
+  absl::StatusOr<std::vector<float>> values =
+      ToHostFloats(*logits, (*engine)->compute_stream());
+  ASSERT_TRUE(values.ok()) << values.status();
+  // Mean cross-entropy over every position, in double.
+  double sum = 0;
+  const int32_t* target = targets.data_as<int32_t>();
+  for (int64_t row = 0; row < kMicroBatch * kSeqLen; ++row) {
+    const float* z = values->data() + row * classes;
+    double largest = z[0];
+    for (int64_t c = 1; c < classes; ++c)
+      largest = std::max<double>(largest, z[c]);
+    double total = 0;
+    for (int64_t c = 0; c < classes; ++c) total += std::exp(z[c] - largest);
+    sum += std::log(total) + largest - z[target[row]];
+  }
+  const double from_logits = sum / (kMicroBatch * kSeqLen);
+  absl::StatusOr<float> loss = (*engine)->EvalForward(tokens, targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(from_logits, *loss, 1e-5 * std::max(1.0, from_logits));
+  // Nothing of training changed: the first training step's loss is the
+  // evaluation's.
+  absl::StatusOr<float> trained = (*engine)->Forward(tokens, targets);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_EQ(*trained, *loss);
+  ASSERT_TRUE((*engine)->Backward().ok());
+  ASSERT_TRUE((*engine)->Step().ok());
 }
 
 TEST_P(EngineContractTest, RanksLossesWeighEquallyWhateverTheyCount) {
