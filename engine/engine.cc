@@ -95,7 +95,7 @@ double Engine::current_learning_rate() const {
 
 double Engine::current_loss_scale() const { return training_->loss_scale(); }
 
-absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
+absl::StatusOr<float> Engine::Forward(const Tensor& inputs,
                                       const Tensor& targets) {
   // Device memory allocated here belongs to the compute stream
   // (core/allocator.h): freed, it is reused in that stream's order.
@@ -104,24 +104,27 @@ absl::StatusOr<float> Engine::Forward(const Tensor& tokens,
   // counts of the owed backward lost.
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("Forward"));
   const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
-  if (tokens.dim() != 2 || tokens.size(0) != micro ||
-      targets.shape() != tokens.shape()) {
+  if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||
+      targets.dim() < 1 || inputs.size(0) != micro ||
+      targets.size(0) != micro) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Engine::Forward on rank ", communicator_->rank(),
-        ": tokens and targets must both be (train_micro_batch_size_per_gpu=",
-        micro, ", T) i32, got ", tokens.DebugString(), " and ",
-        targets.DebugString()));
+        ": inputs and targets must both have train_micro_batch_size_per_gpu=",
+        micro, " rows (their first dimension), got ",
+        inputs.defined() ? inputs.DebugString() : "undefined", " and ",
+        targets.defined() ? targets.DebugString() : "undefined"));
   }
-  ZE_ASSIGN_OR_RETURN(Tensor device_tokens, OnModelDevice(tokens));
+  ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
   ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(strategy_->BeginForward());
   absl::StatusOr<float> forward =
-      model_->ForwardLoss(device_tokens, device_targets, compute_stream_);
+      model_->ForwardLoss(device_inputs, device_targets, compute_stream_);
   strategy_->EndForward();
   ZE_ASSIGN_OR_RETURN(float loss, std::move(forward));
   loss_sum_ += loss;
-  last_tokens_ = tokens.numel();
+  // Token ids count one token each; other inputs count samples.
+  last_tokens_ = inputs.dtype() == DType::kI32 ? inputs.numel() : micro;
   ZE_RETURN_IF_ERROR(EndPhase(0, start));
   return loss;
 }

@@ -170,11 +170,17 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Runs the model's forward and loss on this rank's micro-batch.
-  //   tokens, targets: (B, T) i32, on the host or the model's device;
-  //   B must equal train_micro_batch_size_per_gpu.
-  // Returns this rank's mean loss. FailedPrecondition when a Backward is
-  // still owed for the previous Forward.
-  absl::StatusOr<float> Forward(const Tensor& tokens, const Tensor& targets);
+  //   inputs, targets: on the host or the model's device, each with first
+  //   dimension B = train_micro_batch_size_per_gpu; the other dimensions
+  //   and the dtypes are the model's to define (nn::LossModel::ForwardLoss):
+  //   a GPT takes (B, T) i32 token ids and targets, a regression model
+  //   might take (B, F) f32 features and (B, 1) f32 targets.
+  // Returns this rank's mean loss. InvalidArgument for a batch dimension
+  // other than B (naming both shapes); FailedPrecondition when a Backward
+  // is still owed for the previous Forward. Throughput (tokens/s in logs
+  // and csv_monitor) counts the elements of i32 inputs as tokens, and the
+  // samples of other inputs.
+  absl::StatusOr<float> Forward(const Tensor& inputs, const Tensor& targets);
   // Backpropagates the last Forward's loss (scaled by the loss scale and
   // 1 / gradient_accumulation_steps). At the accumulation boundary, and
   // every micro-step under stage 2, gradients are reduced as buckets fill.
@@ -224,9 +230,10 @@ class Engine {
   // state as it was: uses, the recorded module order, the schedule hash,
   // gradients and counters.
   //
-  // The model's mean loss on (tokens, targets), (B, T) i32 on the host or
-  // the device (any B), without saving activations.
-  absl::StatusOr<float> EvalForward(const Tensor& tokens,
+  // The model's mean loss on (inputs, targets), on the host or the device,
+  // without saving activations. As for Forward, except that B (the first
+  // dimension, shared by both) may be any size.
+  absl::StatusOr<float> EvalForward(const Tensor& inputs,
                                     const Tensor& targets);
   // The model's own Forward output for `inputs` (on the host or the device,
   // any shape and dtype the model's Forward takes), without saving

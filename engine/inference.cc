@@ -19,24 +19,26 @@
 namespace ze {
 namespace engine {
 
-absl::StatusOr<float> Engine::EvalForward(const Tensor& tokens,
+absl::StatusOr<float> Engine::EvalForward(const Tensor& inputs,
                                           const Tensor& targets) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
-  if (tokens.dim() != 2 || targets.shape() != tokens.shape() ||
-      tokens.dtype() != DType::kI32 || targets.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EvalForward on rank ", communicator_->rank(),
-                     ": tokens and targets must both be (B, T) i32, got ",
-                     tokens.DebugString(), " and ", targets.DebugString()));
+  if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||
+      targets.dim() < 1 || inputs.size(0) != targets.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EvalForward on rank ", communicator_->rank(),
+        ": inputs and targets must have the same number of rows (their "
+        "first dimension), got ",
+        inputs.defined() ? inputs.DebugString() : "undefined", " and ",
+        targets.defined() ? targets.DebugString() : "undefined"));
   }
-  ZE_ASSIGN_OR_RETURN(Tensor device_tokens, OnModelDevice(tokens));
+  ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
   ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
   ZE_RETURN_IF_ERROR(strategy_->BeginEval());
   absl::StatusOr<float> loss;
   {
     nn::NoSaveScope no_save;
-    loss = model_->ForwardLoss(device_tokens, device_targets, compute_stream_);
+    loss = model_->ForwardLoss(device_inputs, device_targets, compute_stream_);
   }
   // What the loss keeps for a backward (e.g. GPT's logits) must not be
   // mistaken for a training forward's.

@@ -272,12 +272,17 @@ void GptModel::ClearSavedStateImpl() {
 absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
                                             const Tensor &targets,
                                             const Stream &stream) {
-  if (!targets.defined() || !tokens.defined() ||
-      targets.shape() != tokens.shape() || targets.dtype() != DType::kI32) {
+  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GptModel::ForwardLoss: tokens must be (B, T) i32, got ",
+                     tokens.defined() ? tokens.DebugString() : "undefined"));
+  }
+  if (!targets.defined() || targets.shape() != tokens.shape() ||
+      targets.dtype() != DType::kI32) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ForwardLoss: targets must be i32 with the shape of tokens ",
-        tokens.defined() ? ShapeToString(tokens.shape()) : "(undefined)",
-        ", got ", targets.defined() ? targets.DebugString() : "undefined"));
+        "GptModel::ForwardLoss: targets must be i32 with the shape of tokens ",
+        ShapeToString(tokens.shape()), ", got ",
+        targets.defined() ? targets.DebugString() : "undefined"));
   }
   ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream));  // (B, T, Vp)
   ZE_ASSIGN_OR_RETURN(

@@ -30,8 +30,11 @@ class LossModel : public Module {
  public:
   explicit LossModel(std::string type_name) : Module(std::move(type_name)) {}
 
-  // inputs, targets: (B, T) i32 on the model's device; a target < 0 is
-  // ignored. Errors from any module, annotated with its name.
+  // inputs, targets: on the model's device, first dimension B (the
+  // micro-batch); their other dimensions and dtypes are the model's to
+  // define and check (GptModel: (B, T) i32 both, a target < 0 ignored).
+  // InvalidArgument for inputs the model does not take; errors from any
+  // module, annotated with its name.
   virtual absl::StatusOr<float> ForwardLoss(const Tensor& inputs,
                                             const Tensor& targets,
                                             const Stream& stream) = 0;

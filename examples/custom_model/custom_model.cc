@@ -171,8 +171,9 @@ class DigitSumClassifier : public nn::LossModel {
   }
 
   // inputs, targets (B, 8) i32 on the model's device; the label of sample b
-  // is targets[b][0] (the engine hands every model (B, T) targets; the other
-  // columns are -1 and ignored). Returns the mean loss over labelled rows.
+  // is targets[b][0] (the targets keep the inputs' shape, so one batch
+  // maker serves both; the other columns are -1 and ignored). Returns the
+  // mean loss over labelled rows.
   absl::StatusOr<float> ForwardLoss(const Tensor& inputs, const Tensor& targets,
                                     const Stream& stream) override {
     if (inputs.dim() != 2 || inputs.size(1) != kDigits ||
