@@ -221,10 +221,6 @@ const Schema<ZeroConfig>& ZeroSchema() {
         .WithoutEffect("ignore_unused_parameters",
                        "parameters that get no gradient are always "
                        "tolerated (their gradient is zero)")
-        .WithoutEffect("stage3_model_persistence_threshold",
-                       "every module bucket under "
-                       "stage3_param_persistence_threshold stays gathered, "
-                       "whatever their total")
         .WithoutEffect("zero_hpz_partition_size",
                        "ZeRO++ hierarchical partitioning is not implemented: "
                        "parameters are partitioned over all ranks")

@@ -41,6 +41,12 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
   buckets_.resize(layout.num_buckets());
   const int64_t threshold =
       zero_config().stage3_param_persistence_threshold.value();
+  // Small buckets stay gathered, in layout order, while their total stays
+  // within stage3_model_persistence_threshold (DeepSpeed's cap on what the
+  // per-parameter threshold may keep).
+  const int64_t model_threshold =
+      zero_config().stage3_model_persistence_threshold;
+  int64_t persistent_elements = 0;
   for (int b = 0; b < layout.num_buckets(); ++b) {
     buckets_[b].trainable = group_trainable[b];
     int64_t elements = 0;
@@ -48,7 +54,9 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
          ++i) {
       elements += layout.param(i).numel;
     }
-    buckets_[b].persistent = elements < threshold;
+    buckets_[b].persistent = elements < threshold &&
+                             elements <= model_threshold - persistent_elements;
+    if (buckets_[b].persistent) persistent_elements += elements;
   }
   FetchScheduleOptions schedule;
   schedule.prefetch_bucket_elements =

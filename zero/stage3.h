@@ -55,8 +55,10 @@
 // the children's forward hooks (gathers again) but is not counted as a use.
 //
 // Persistence: a bucket whose parameters total fewer elements than
-// stage3_param_persistence_threshold stays gathered once fetched; after
-// each optimizer step it is all-gathered again (one gather per step).
+// stage3_param_persistence_threshold stays gathered once fetched, while the
+// persistent buckets' total (in layout order) stays within
+// stage3_model_persistence_threshold; after each optimizer step it is
+// all-gathered again (one gather per step).
 //
 // Prefetch: the bucket request order of the first micro-step is recorded.
 // Later micro-steps, after each request, issue the all-gathers of the next

@@ -112,9 +112,9 @@ class Regressor : public nn::LossModel {
 // + 0.1 (mostly linear, so a small MLP fits it quickly).
 void Sample(int64_t g, float* features, float* target) {
   for (int64_t f = 0; f < kFeatures; ++f) {
-    const uint64_t bits = static_cast<uint64_t>(g * kFeatures + f) *
-                              0x9e3779b97f4a7c15ull +
-                          0x632be59bd9b4e019ull;
+    const uint64_t bits =
+        static_cast<uint64_t>(g * kFeatures + f) * 0x9e3779b97f4a7c15ull +
+        0x632be59bd9b4e019ull;
     features[f] = static_cast<float>((bits >> 40) % 2000) / 1000.0f - 1.0f;
   }
   *target = 0.5f * features[0] - features[1] +
@@ -199,9 +199,9 @@ TEST(CustomInputsTest, OnlyTheBatchDimensionIsTheEnginesToCheck) {
                                 "train_micro_batch_size_per_gpu=3 rows"))
       << wrong_batch.status();
   // Right batch, wrong feature count: the model's own error.
-  inputs = Tensor::Zeros({kMicroBatch, kFeatures + 1}, DType::kF32,
-                         Device::Cpu())
-               .value();
+  inputs =
+      Tensor::Zeros({kMicroBatch, kFeatures + 1}, DType::kF32, Device::Cpu())
+          .value();
   targets = Tensor::Zeros({kMicroBatch, 1}, DType::kF32, Device::Cpu()).value();
   absl::StatusOr<float> wrong_features = (*engine)->Forward(inputs, targets);
   ASSERT_FALSE(wrong_features.ok());

@@ -442,6 +442,38 @@ TEST(BoundaryWithoutBackwardTest, EveryStageReducesBeforeTheStep) {
   }
 }
 
+// stage3_model_persistence_threshold caps what the per-bucket threshold
+// keeps gathered: all four modules persistent (refreshed once a step), two
+// or so, or none (each gathered for forward and backward).
+TEST(Stage3CountersTest, ModelPersistenceThresholdCapsTheKeptTotal) {
+  auto gathers_per_step = [](const std::string& model_threshold) -> int64_t {
+    auto model = std::make_shared<LinearStack>();
+    absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
+        model,
+        Config(3, "f32", 1,
+               absl::StrCat(R"(, "stage3_param_persistence_threshold": )",
+                            R"(100000000, "stage3_max_reuse_distance": 0)",
+                            model_threshold)),
+        Comm());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return -1;
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_TRUE(TrainStep(**engine, step).ok());
+    }
+    return (*engine)->communication_counters().all_gathers;
+  };
+  const double psi = static_cast<double>(
+      std::make_shared<LinearStack>()->NumParameterElements());
+  EXPECT_EQ(gathers_per_step(""), 4);
+  EXPECT_EQ(gathers_per_step(R"(, "stage3_model_persistence_threshold": 0)"),
+            8);
+  const int64_t half = gathers_per_step(
+      absl::StrCat(R"(, "stage3_model_persistence_threshold": )",
+                   static_cast<int64_t>(psi / 2)));
+  EXPECT_GT(half, 4);
+  EXPECT_LT(half, 8);
+}
+
 TEST(Stage3CountersTest, OneStepMovesThreePsi) {
   auto model = std::make_shared<LinearStack>();
   const double psi = static_cast<double>(model->NumParameterElements());
