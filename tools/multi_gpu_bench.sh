@@ -302,11 +302,26 @@ run_cmd() {
   rc=$?
   wall=$(($(date +%s) - start))
   record "${kind}" "${name}" "${est}" "${limit}" "${rc}" "${wall}" "${defaults}" "${expect}" "${tmp}"
+  reap_gpu_leftovers "${name}"
   echo "   ${name}: exit ${rc} after ${wall}s (estimate ${est}s)" | tee -a "${log}" >&2
   rm -f "${tmp}"
 }
 
 # ---------------------------------------------------------------- helpers
+# A command killed at its timeout can leave ranks behind (a launcher killed
+# before its children, a process stuck in a kernel), holding GPU memory the
+# next command needs. Whatever still runs on a GPU once a command returned
+# is such a leftover here: the machine runs nothing else.
+reap_gpu_leftovers() {
+  local pids
+  pids="$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -oE '^ *[0-9]+' | tr -d ' ' | sort -u | tr '\n' ' ')"
+  [[ -z "${pids// /}" ]] && return 0
+  echo "== leftover GPU processes after $1: ${pids}; killing them" | tee -a "${log}" >&2
+  # shellcheck disable=SC2086  # one PID per word
+  kill -9 ${pids} 2>> "${log}"
+  sleep 3
+}
+
 wanted_engine() {  # wanted_engine NAME: is NAME in --engines (or no filter)?
   [[ -z "${only_engines}" || ",${only_engines}," == *",$1,"* ]]
 }
@@ -480,7 +495,7 @@ comm_phase() {
     if wanted_engine torch; then
       if [[ -f "${repo}/bench/torch_comm_reference.py" ]]; then
         mapfile -t launcher < <(torchrun_w "${w}")
-        run_cmd "comm_torch_w${w}" rows "$(estimate torch_comm 1 "${w}")" "$(json engine torch)" "[]" -- \
+        run_cmd "comm_torch_w${w}" rows "$(estimate torch_comm 1 "${w}")" "$(json engine torch world_size "${w}")" "[]" -- \
           "${launcher[@]}" "${repo}/bench/torch_comm_reference.py" --min_bytes="${min_bytes}" --max_bytes="${max_bytes}"
       elif [[ ${dry_run} -eq 1 ]]; then
         echo "(bench/torch_comm_reference.py is absent: its ${w}-rank run would be skipped)"

@@ -43,6 +43,7 @@ n=${FAKE_GPUS:-8}
 case "$1" in
   -L) for ((i = 0; i < n; i++)); do echo "GPU $i: NVIDIA H200 (UUID: GPU-fake-$i)"; done ;;
   topo) echo "fake topology: NV18 everywhere" ;;
+  --query-compute-apps=*) [[ -f "${FAKE_LEFTOVER:-/nonexistent}" ]] && cat "${FAKE_LEFTOVER}" ;;
   *) for ((i = 0; i < n; i++)); do echo "NVIDIA H200"; done ;;
 esac
 EOF
@@ -191,7 +192,16 @@ check "train67: 1 GPU cases skipped, not run" test "$(grep -c train_bench "${FAK
 # ---------------------------------------------------------------- comm and tests
 out="${tmp}/outc"
 : > "${FAKE_LOG}"
-OUT="${out}" FAKE_GPUS=4 "${script}" "${bundle}" comm --engines=ours > /dev/null 2>&1
+# A rank left behind on a GPU (here a sleep this test started) is killed
+# after the command.
+sleep 300 &
+leftover=$!
+disown "${leftover}"
+echo " ${leftover}" > "${tmp}/leftover"
+OUT="${out}" FAKE_GPUS=4 FAKE_LEFTOVER="${tmp}/leftover" "${script}" "${bundle}" comm --engines=ours > /dev/null 2>&1
+check "comm: the leftover GPU process was killed" test "$(kill -0 "${leftover}" 2> /dev/null && echo alive)" == ""
+check "comm: and logged" has "${out}/comm.log" "leftover GPU processes after comm_ours_w4: ${leftover}"
+kill "${leftover}" 2> /dev/null
 check "comm: 4 and 2 ranks" test "$(grep comm_bench "${FAKE_LOG}" | cut -d' ' -f1 | tr '\n' ' ')" == "4 2 "
 check "comm: rows tagged ours" test \
   "$(jq_py "${out}/comm.jsonl" 'len([r for r in rows if r.get("collective") and r["engine"] == "ours"])')" == 12
