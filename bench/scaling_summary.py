@@ -92,8 +92,10 @@ def failure_word(row):
     low = err.lower()
     if row.get("skipped") or low.startswith("skipped"):
         return "skipped"
-    if "out of memory" in low or "outofmemory" in low or "memoryerror" in low or "resource_exhausted" in low \
-            or "resourceexhausted" in low or "cudaerrormemoryallocation" in low:
+    code = str(row.get("error_code", "")).upper()  # train_bench's absl status code
+    if code == "RESOURCE_EXHAUSTED" or any(k in low for k in (
+            "out of memory", "outofmemory", "memoryerror", "resource_exhausted", "resourceexhausted",
+            "cudaerrormemoryallocation", "memory exhausted")):
         return "OOM"
     if "timeout" in low or "timed out" in low:
         return "timeout"

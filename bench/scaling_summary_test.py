@@ -100,6 +100,9 @@ class SummaryTest(unittest.TestCase):
             dict(engine="fsdp2", model="6.7B", world_size=1, mode="zero3", error="OutOfMemoryError: " + oom),
             dict(engine="fsdp2", model="6.7B", world_size=2, mode="zero3", error="skipped: budget", skipped=True),
             dict(engine="deepspeed", model="6.7B", world_size=8, stage=2, error="exit code 3"),
+            # train_bench's own failure line: the message and its status code.
+            dict(bench="train_step", model="6.7B", world_size=1, stage=3, error="plan does not fit",
+                 error_code="RESOURCE_EXHAUSTED"),
         ]
         path = os.path.join(self.dir, "train67.jsonl")
         write_jsonl(path, rows)
@@ -107,6 +110,7 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("| zero-engine | stage 1 | OOM | timeout | 10,000 | 9,800 (98.0%) | 4 GPUs |", text)
         self.assertIn("| FSDP2 | zero3 | OOM | skipped |  |  |  |", text)
         self.assertIn("| DeepSpeed | stage 2 |  |  |  | error |  |", text)
+        self.assertIn("| zero-engine | stage 3 | OOM |  |  |  |  |", text)
         self.assertIn("- zero-engine stage 1, 1 GPU(s): ResourceExhausted: plan needs 170 GiB", text)
         self.assertIn("- DeepSpeed stage 2, 8 GPU(s): exit code 3", text)
 
