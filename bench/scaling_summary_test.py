@@ -15,7 +15,18 @@ import tempfile
 import unittest
 from contextlib import redirect_stdout
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+def _bench_dir():
+    """bench/ beside this file, or in Bazel's runfiles when run as a test."""
+    candidates = [os.path.dirname(os.path.abspath(__file__))]
+    if os.environ.get("TEST_SRCDIR"):
+        candidates.append(os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", ""), "bench"))
+    for d in candidates:
+        if os.path.exists(os.path.join(d, "scaling_summary.py")):
+            return d
+    return candidates[0]
+
+
+HERE = _bench_dir()
 sys.path.insert(0, HERE)
 import scaling_summary as ss  # noqa: E402
 import torch_gpt as tg  # noqa: E402

@@ -378,17 +378,19 @@ print(json.dumps(dict(kind="phase", phase=sys.argv[1], gpus=int(sys.argv[2]), bu
 PY
 }
 
-# One JSON object as text: json k1 v1 k2 v2 ... (numbers stay numbers).
+# One JSON object as text: json k1 v1 k2 v2 ... (whole numbers stay numbers).
 json() {
-  python3 -c '
-import json, sys
-a = sys.argv[1:]
-def val(v):
-    try:
-        return int(v)
-    except ValueError:
-        return v
-print(json.dumps({a[i]: val(a[i + 1]) for i in range(0, len(a), 2)}))' "$@"
+  local text="{" key value
+  while [[ $# -ge 2 ]]; do
+    key="$1" value="$2"
+    shift 2
+    if [[ ! "${value}" =~ ^-?[0-9]+$ ]]; then
+      value="${value//\\/\\\\}"
+      value="\"${value//\"/\\\"}\""
+    fi
+    text+="\"${key}\": ${value}, "
+  done
+  echo "${text%, }}"
 }
 
 # train_cmd ENGINE MODEL W: one command of a train phase (all of that
@@ -430,7 +432,7 @@ train_cmd() {
           --batch="${batch}" --seq="${seq}" --warmup="${warmup}" --iters="${iters}" --heads="${heads}" \
           --pg_timeout="${comm_timeout}"
       else
-        run_cmd "${name}" rows 0 "$(json engine deepspeed)" "${expect}" -- \
+        run_cmd "${name}" rows 1 "$(json engine deepspeed)" "${expect}" -- \
           sh -c 'echo "DeepSpeed is not importable here (no wheels in DS_WHEELS)" >&2; exit 3'
       fi
       ;;

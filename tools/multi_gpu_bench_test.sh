@@ -10,8 +10,9 @@
 # (Bazel passes both paths; by hand they default to this checkout's.)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-script="$(realpath "${1:-${here}/multi_gpu_bench.sh}")"
-summary="$(realpath "${2:-${here}/../bench/scaling_summary.py}")"
+absolute() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+script="$(absolute "${1:-${here}/multi_gpu_bench.sh}")"
+summary="$(absolute "${2:-${here}/../bench/scaling_summary.py}")"
 tmp="$(mktemp -d "${TEST_TMPDIR:-/tmp}/multi_gpu_bench_test.XXXXXX")"
 [[ -n "${KEEP_TMP:-}" ]] || trap 'rm -rf "${tmp}"' EXIT
 failures=0
@@ -179,7 +180,7 @@ check "train13: only two files in OUT" test "$(find "${out}" -type f | wc -l)" -
 out="${tmp}/out67"
 : > "${FAKE_LOG}"
 OUT="${out}" FAKE_GPUS=2 FAKE_SLEEP_W=2 MULTI_GPU_BENCH_ESTIMATES='ours_train_6.7B 1 0 0' \
-  "${script}" "${bundle}" train67 --engines=ours,deepspeed --budget 4 > "${tmp}/run67.txt" 2>&1
+  "${script}" "${bundle}" train67 --engines=ours,deepspeed --budget 10 > "${tmp}/run67.txt" 2>&1
 j="${out}/train67.jsonl"
 check "train67: the hung command timed out at the budget" test \
   "$(jq_py "${j}" 'all(r["error"].startswith("no result line (timeout after ") for r in rows if r.get("world_size") == 2 and r.get("engine") == "ours")')" \
