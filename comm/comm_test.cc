@@ -1,9 +1,11 @@
-// Single-process tests: bootstrap parsing, timeout resolution, equal slices,
+// Single-process tests: bootstrap parsing and reconciliation with MPI, the
+// device/backend decision (GPU sharing), timeout resolution, equal slices,
 // the recent-collectives ring, argument validation, and the local backend.
 // Multi-rank behaviour is tested under mpirun in tests/comm/.
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/equal_slices.h"
@@ -58,6 +60,281 @@ TEST(BootstrapTest, RejectsBadValuesNamingTheVariable) {
   ASSERT_FALSE(info.ok());
   EXPECT_NE(info.status().message().find("OMPI_COMM_WORLD_RANK=2"),
             std::string::npos);
+}
+
+TEST(BootstrapTest, EnvironmentLocalRankIsOnlyACrossCheckSource) {
+  absl::StatusOr<LaunchInfo> info =
+      ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "4"},
+                           {"OMPI_COMM_WORLD_RANK", "3"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->local_source, LocalRankSource::kEnvironment);
+  // Without both local variables nothing is guessed from one of them: the
+  // job is assumed to be on one host until MPI's split says otherwise.
+  info = ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "4"},
+                              {"OMPI_COMM_WORLD_RANK", "3"},
+                              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->local_source, LocalRankSource::kAssumedOneHost);
+  EXPECT_EQ(info->local_rank, 3);
+  EXPECT_EQ(info->local_size, 4);
+}
+
+TEST(BootstrapTest, ReadsHydraVariablesWhenOpenMpiIsAbsent) {
+  absl::StatusOr<LaunchInfo> info =
+      ParseLaunchInfo(Env({{"PMI_SIZE", "6"},
+                           {"PMI_RANK", "5"},
+                           {"MPI_LOCALRANKID", "2"},
+                           {"MPI_LOCALNRANKS", "3"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->launched);
+  EXPECT_EQ(info->rank, 5);
+  EXPECT_EQ(info->world_size, 6);
+  EXPECT_EQ(info->local_rank, 2);
+  EXPECT_EQ(info->local_size, 3);
+  // Open MPI's variables win when both sets are present.
+  info = ParseLaunchInfo(Env({{"PMI_SIZE", "6"},
+                              {"PMI_RANK", "5"},
+                              {"OMPI_COMM_WORLD_SIZE", "2"},
+                              {"OMPI_COMM_WORLD_RANK", "1"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->world_size, 2);
+  info = ParseLaunchInfo(Env({{"PMI_RANK", "0"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("PMI_SIZE"), std::string::npos)
+      << info.status();
+}
+
+TEST(BootstrapTest, RejectsMoreLocalRanksThanRanks) {
+  absl::StatusOr<LaunchInfo> info =
+      ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"OMPI_COMM_WORLD_RANK", "0"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(info.status().message().find("OMPI_COMM_WORLD_LOCAL_SIZE=3"),
+            std::string::npos)
+      << info.status();
+}
+
+MpiPlacement Placement(int rank, int world_size, int local_rank,
+                       int local_size) {
+  MpiPlacement placement;
+  placement.rank = rank;
+  placement.world_size = world_size;
+  placement.local_rank = local_rank;
+  placement.local_size = local_size;
+  placement.host = "node7";
+  return placement;
+}
+
+TEST(BootstrapTest, MpiSplitIsAuthoritative) {
+  // A launcher that names no local rank: assumed one host until MPI says
+  // rank 3 is local rank 1 of 2 on node7.
+  absl::StatusOr<LaunchInfo> env = ParseLaunchInfo(
+      Env({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  absl::StatusOr<LaunchInfo> info =
+      ReconcileLaunchInfo(*env, Placement(3, 4, 1, 2));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rank, 3);
+  EXPECT_EQ(info->world_size, 4);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->local_size, 2);
+  EXPECT_EQ(info->local_source, LocalRankSource::kMpiSharedMemorySplit);
+  EXPECT_EQ(info->host, "node7");
+  EXPECT_TRUE(info->launched);
+}
+
+TEST(BootstrapTest, EnvironmentThatDisagreesWithMpiIsAnError) {
+  absl::StatusOr<LaunchInfo> env =
+      ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "4"},
+                           {"OMPI_COMM_WORLD_RANK", "3"},
+                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_TRUE(ReconcileLaunchInfo(*env, Placement(3, 4, 1, 2)).ok());
+  // Every process a singleton: a program linked against another MPI.
+  absl::StatusOr<LaunchInfo> info =
+      ReconcileLaunchInfo(*env, Placement(0, 1, 0, 1));
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(info.status().message().find(
+                "on host node7: MPI says rank 0 of 1 but the launcher's "
+                "environment says rank 3 of 4"),
+            std::string::npos)
+      << info.status();
+  info = ReconcileLaunchInfo(*env, Placement(3, 4, 3, 4));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find(
+                "rank 3 on host node7: MPI's shared-memory split says local "
+                "rank 3 of 4 but the launcher's environment says local rank 1 "
+                "of 2"),
+            std::string::npos)
+      << info.status();
+}
+
+TEST(BootstrapTest, GpuSharingFromOptionThenEnvironment) {
+  EXPECT_TRUE(*ResolveAllowGpuSharing(true, Env({})));
+  EXPECT_FALSE(
+      *ResolveAllowGpuSharing(false, Env({{"ZE_ALLOW_GPU_SHARING", "1"}})));
+  EXPECT_FALSE(*ResolveAllowGpuSharing(std::nullopt, Env({})));
+  for (const char *yes : {"1", "true", "TRUE"}) {
+    EXPECT_TRUE(*ResolveAllowGpuSharing(std::nullopt,
+                                        Env({{"ZE_ALLOW_GPU_SHARING", yes}})))
+        << yes;
+  }
+  for (const char *no : {"0", "false", ""}) {
+    EXPECT_FALSE(*ResolveAllowGpuSharing(std::nullopt,
+                                         Env({{"ZE_ALLOW_GPU_SHARING", no}})))
+        << no;
+  }
+  absl::StatusOr<bool> bad = ResolveAllowGpuSharing(
+      std::nullopt, Env({{"ZE_ALLOW_GPU_SHARING", "yes"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("ZE_ALLOW_GPU_SHARING=\"yes\""),
+            std::string::npos)
+      << bad.status();
+}
+
+// A rank of a launched job as CreateCommunicator sees it after MPI's split.
+LaunchInfo OnHost(int local_rank, int local_size) {
+  LaunchInfo info;
+  info.rank = 10 + local_rank;
+  info.world_size = 16;
+  info.local_rank = local_rank;
+  info.local_size = local_size;
+  info.launched = true;
+  info.local_source = LocalRankSource::kMpiSharedMemorySplit;
+  info.host = "gpu-07";
+  return info;
+}
+
+TEST(PlanCommunicatorTest, OneGpuPerRankGetsNccl) {
+  for (int local_rank = 0; local_rank < 4; ++local_rank) {
+    absl::StatusOr<CommPlan> plan = PlanCommunicator(
+        OnHost(local_rank, 4), /*device_count=*/8, "auto", "auto", false);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->device, Device::Cuda(local_rank));
+    EXPECT_EQ(plan->backend, "nccl");
+  }
+  absl::StatusOr<CommPlan> plan =
+      PlanCommunicator(OnHost(1, 2), 2, "cuda", "mpi", false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device, Device::Cuda(1));
+  EXPECT_EQ(plan->backend, "mpi");
+}
+
+TEST(PlanCommunicatorTest, SharedGpuIsRefusedOnEveryRankUnlessAsked) {
+  for (const char *device : {"auto", "cuda"}) {
+    for (const char *backend : {"auto", "mpi"}) {
+      for (int local_rank = 0; local_rank < 3; ++local_rank) {
+        // 3 ranks, 2 GPUs: even local rank 1, alone on cuda:1, refuses, so
+        // the whole host fails the same way.
+        absl::StatusOr<CommPlan> plan = PlanCommunicator(
+            OnHost(local_rank, 3), /*device_count=*/2, device, backend, false);
+        ASSERT_FALSE(plan.ok()) << device << " " << backend;
+        EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+        const std::string message(plan.status().message());
+        for (const std::string &expected :
+             {absl::StrCat("rank ", 10 + local_rank, " on host gpu-07: "),
+              std::string("3 ranks on this host (counted by "
+                          "MPI_COMM_TYPE_SHARED split) but 2 visible GPUs"),
+              absl::StrCat("this is local rank ", local_rank,
+                           " on cuda:", local_rank % 2),
+              std::string("ZE_ALLOW_GPU_SHARING=1"),
+              std::string("CommOptions.allow_gpu_sharing")}) {
+          EXPECT_NE(message.find(expected), std::string::npos)
+              << expected << " not in: " << message;
+        }
+        plan = PlanCommunicator(OnHost(local_rank, 3), 2, device, backend,
+                                /*allow_gpu_sharing=*/true);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        EXPECT_EQ(plan->device, Device::Cuda(local_rank % 2));
+        EXPECT_EQ(plan->backend, "mpi");
+      }
+    }
+  }
+  absl::StatusOr<CommPlan> plan =
+      PlanCommunicator(OnHost(1, 2), 1, "cuda", "auto", false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("but 1 visible GPU,"),
+            std::string::npos)
+      << plan.status();
+}
+
+TEST(PlanCommunicatorTest, NcclRefusesSharedGpusEvenWhenSharingIsAllowed) {
+  for (bool allow : {false, true}) {
+    absl::StatusOr<CommPlan> plan =
+        PlanCommunicator(OnHost(0, 2), 1, "cuda", "nccl", allow);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(plan.status().message().find(
+                  "CommOptions.backend \"nccl\" needs one GPU per rank: rank "
+                  "10 on host gpu-07: 2 ranks on this host"),
+              std::string::npos)
+        << plan.status();
+    EXPECT_NE(plan.status().message().find("NCCL refuses"), std::string::npos);
+  }
+}
+
+TEST(PlanCommunicatorTest, CpuNeverChecksGpus) {
+  for (int device_count : {0, 1, 8}) {
+    absl::StatusOr<CommPlan> plan =
+        PlanCommunicator(OnHost(5, 6), device_count, "cpu", "auto", false);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_TRUE(plan->device.is_cpu());
+    EXPECT_EQ(plan->backend, "mpi");
+  }
+  // No GPU visible: "auto" is the CPU, however many ranks share the host.
+  absl::StatusOr<CommPlan> plan =
+      PlanCommunicator(OnHost(5, 6), 0, "auto", "auto", false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->device.is_cpu());
+  plan = PlanCommunicator(OnHost(0, 2), 1, "cpu", "nccl", true);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find(
+                "needs CUDA tensors; rank 10 on host gpu-07 uses cpu"),
+            std::string::npos)
+      << plan.status();
+}
+
+TEST(PlanCommunicatorTest, SingleProcessNeedsNoMpi) {
+  LaunchInfo alone;
+  alone.host = "laptop";
+  absl::StatusOr<CommPlan> plan =
+      PlanCommunicator(alone, 0, "auto", "auto", false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->backend, "local");
+  plan = PlanCommunicator(alone, 1, "auto", "auto", false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->device, Device::Cuda(0));
+  EXPECT_EQ(plan->backend, "nccl");
+  plan = PlanCommunicator(alone, 1, "cuda", "mpi", false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->backend, "local");
+}
+
+TEST(PlanCommunicatorTest, RejectsUnknownNamesAndMissingGpus) {
+  absl::StatusOr<CommPlan> plan =
+      PlanCommunicator(OnHost(0, 1), 1, "gpu", "auto", false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("\"gpu\""), std::string::npos);
+  plan = PlanCommunicator(OnHost(0, 1), 1, "auto", "gloo", false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("\"gloo\""), std::string::npos);
+  plan = PlanCommunicator(OnHost(0, 1), 0, "cuda", "auto", false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(plan.status().message().find(
+                "rank 10 on host gpu-07 sees no CUDA device"),
+            std::string::npos)
+      << plan.status();
 }
 
 TEST(BootstrapTest, DeviceIndexWrapsAroundTheGpus) {

@@ -131,11 +131,12 @@ class Communicator {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
-  // Rank among the processes on this host (OMPI_COMM_WORLD_LOCAL_RANK).
+  // Rank among the processes on this host (MPI's MPI_COMM_TYPE_SHARED split
+  // for a launched job; 0 for a single process).
   int local_rank() const { return local_rank_; }
-  // Processes on this host (OMPI_COMM_WORLD_LOCAL_SIZE; 1 when unknown): how
-  // many ranks share its CPU cores and memory (the offloaded optimizer sizes
-  // its thread pool by it).
+  // Processes on this host (the same split; 1 for a single process): how
+  // many ranks share its CPU cores, memory and GPUs (the offloaded optimizer
+  // sizes its thread pool by it).
   int local_size() const { return local_size_; }
   // The device this rank's tensors live on (cuda:local_rank % device_count,
   // or cpu).

@@ -3,10 +3,12 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/status.h"
 
 namespace ze {
 namespace comm {
@@ -84,6 +86,54 @@ absl::Status EnsureMpiInitialized() {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   std::atexit(FinalizeAtExit);
   return absl::OkStatus();
+}
+
+absl::StatusOr<MpiPlacement> QueryMpiPlacement() {
+  ZE_RETURN_IF_ERROR(EnsureMpiInitialized());
+  std::lock_guard<std::mutex> lock(MpiMutex());
+  MpiPlacement placement;
+  ZE_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &placement.rank),
+                               "MPI_Comm_rank(MPI_COMM_WORLD)"));
+  ZE_RETURN_IF_ERROR(
+      MpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &placement.world_size),
+                "MPI_Comm_size(MPI_COMM_WORLD)"));
+  char name[MPI_MAX_PROCESSOR_NAME] = {0};
+  int length = 0;
+  ZE_RETURN_IF_ERROR(MpiStatus(
+      MPI_Get_processor_name(name, &length),
+      absl::StrCat("MPI_Get_processor_name on rank ", placement.rank)));
+  placement.host.assign(name, length);
+  MPI_Comm host_comm = MPI_COMM_NULL;
+  ZE_RETURN_IF_ERROR(MpiStatus(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, placement.rank,
+                          MPI_INFO_NULL, &host_comm),
+      absl::StrCat("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) on rank ",
+                   placement.rank, " (host ", placement.host, ")")));
+  absl::Status status =
+      MpiStatus(MPI_Comm_rank(host_comm, &placement.local_rank),
+                "MPI_Comm_rank of the shared-memory split");
+  if (status.ok()) {
+    status = MpiStatus(MPI_Comm_size(host_comm, &placement.local_size),
+                       "MPI_Comm_size of the shared-memory split");
+  }
+  MPI_Comm_free(&host_comm);
+  if (!status.ok()) return status;
+  return placement;
+}
+
+absl::StatusOr<int> LowestFailingRank(bool failed) {
+  std::lock_guard<std::mutex> lock(MpiMutex());
+  int rank = 0;
+  ZE_RETURN_IF_ERROR(MpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank),
+                               "MPI_Comm_rank(MPI_COMM_WORLD)"));
+  const int mine = failed ? rank : INT_MAX;
+  int lowest = INT_MAX;
+  ZE_RETURN_IF_ERROR(MpiStatus(
+      MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+      absl::StrCat(
+          "MPI_Allreduce agreeing on CreateCommunicator's checks (rank ", rank,
+          ")")));
+  return lowest == INT_MAX ? -1 : lowest;
 }
 
 void MarkMpiUnrecoverable() { g_unrecoverable.store(true); }

@@ -453,11 +453,13 @@ class Engine {
 
 // Wraps `model` for training with `config` (already loaded; its world size
 // must match the communicator's). `communicator` may be null: one is
-// bootstrapped from mpirun's environment (world size 1 without a launcher).
-// Fails with InvalidArgument naming the config key when the config and the
-// model disagree (dtype, an unsupported option), ResourceExhausted (with the
-// bytes needed) when the model state does not fit the device's allocator
-// cap, or the communicator's error.
+// bootstrapped from mpirun (world size 1 without a launcher) with default
+// comm::CommOptions, so ranks sharing a GPU ask through the environment
+// (ZE_ALLOW_GPU_SHARING=1). Fails with InvalidArgument naming the config key
+// when the config and the model disagree (dtype, an unsupported option),
+// ResourceExhausted (with the bytes needed) when the model state does not
+// fit the device's allocator cap, or the communicator's error
+// (FailedPrecondition for more ranks on a host than GPUs, unless asked).
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model, const config::Config& config,
     std::shared_ptr<comm::Communicator> communicator = nullptr);

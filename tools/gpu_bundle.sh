@@ -69,6 +69,8 @@ for label in $(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null); d
     done
     # bazel test passes `args`; outside bazel the manifest carries them,
     # with $(rootpath :x) / $(location //p:x) turned into runfiles paths.
+    # A test's `env` is not carried: the one gpu tests use,
+    # ZE_ALLOW_GPU_SHARING=1, is exported by run_gpu_tests.sh for all.
     args="$(bazel query --output=build "${label}" 2>/dev/null | python3 -c '
 import re, sys
 text = sys.stdin.read()

@@ -8,7 +8,17 @@ from mpirun's environment (world size 1 without a launcher). For a program
   <name>_mpi           the same program as a binary for mpirun
   <name>_np<N>_test    one sh_test per entry of `ranks`, launching N ranks
                        through //tests/comm:run_mpi.sh (--oversubscribe)
+
+Tests tagged "gpu" run with GPU_SHARING_TEST_ENV: on a machine with fewer GPUs
+than ranks (one H200) their ranks share a GPU, which CreateCommunicator
+refuses unless ZE_ALLOW_GPU_SHARING=1 asks for it.
 """
+
+# For gpu-tagged tests whose ranks may outnumber the GPUs: lets them share one
+# (the mpi backend staging through host memory) instead of failing with
+# CreateCommunicator's FailedPrecondition. tools/run_gpu_tests.sh, which runs
+# the bundled tests without Bazel, exports the same.
+GPU_SHARING_TEST_ENV = {"ZE_ALLOW_GPU_SHARING": "1"}
 
 def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "medium", tags = [], data = []):
     """Declares <name>_test, <name>_mpi and <name>_np<N>_test for N in ranks.
@@ -19,16 +29,18 @@ def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "
       ranks: world sizes to run under mpirun, e.g. [2, 3, 4].
       size: the size of the single-rank cc_test.
       mpi_size: the size of each mpirun sh_test.
-      tags: tags for every test (e.g. ["gpu"]).
+      tags: tags for every test; "gpu" also sets GPU_SHARING_TEST_ENV.
       data: files the program reads (through $TEST_SRCDIR), for every test.
     """
     source = name + "_test.cc"
+    env = GPU_SHARING_TEST_ENV if "gpu" in tags else {}
     native.cc_test(
         name = name + "_test",
         size = size,
         srcs = [source],
         deps = deps,
         data = data,
+        env = env,
         tags = tags,
     )
     native.cc_binary(
@@ -48,5 +60,6 @@ def gtest_alone_and_under_mpirun(name, deps, ranks, size = "small", mpi_size = "
                 "$(rootpath :%s_mpi)" % name,
             ],
             data = [":%s_mpi" % name],
+            env = env,
             tags = tags,
         )

@@ -9,6 +9,11 @@ export LD_LIBRARY_PATH="${bundle}/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export NCCL_NVLS_ENABLE=0
+# The multi-rank gpu tests put 2 or 4 ranks on one GPU when the machine has
+# fewer, which CreateCommunicator refuses unless asked (Bazel gives them the
+# same through tools/mpi_test.bzl's GPU_SHARING_TEST_ENV).
+# gpu_sharing_refused_test sets 0 itself to see the refusal.
+export ZE_ALLOW_GPU_SHARING=1
 logs="${OUT:-/tmp}/gpu_test_logs"
 mkdir -p "${logs}"
 filter="${1:-}"

@@ -19,6 +19,10 @@ export OMPI_MCA_orte_tmpdir_base="$session_dir"
 export OMPI_MCA_btl_vader_backing_directory="$session_dir"
 export ZE_COMM_TIMEOUT_SECONDS="${ZE_COMM_TIMEOUT_SECONDS:-15}"
 export ZE_LOG_LEVEL="${ZE_LOG_LEVEL:-INFO}"
+# Ranks sharing a GPU must ask (gpu tests on one GPU set it; see
+# tools/mpi_test.bzl); passed on only when set, so the default stays "refuse".
+forward=(-x ZE_COMM_TIMEOUT_SECONDS -x ZE_LOG_LEVEL)
+[[ -n "${ZE_ALLOW_GPU_SHARING+set}" ]] && forward+=(-x ZE_ALLOW_GPU_SHARING)
 timeout --kill-after=5 "${MPI_TEST_TIMEOUT:-100}" \
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-  -x ZE_COMM_TIMEOUT_SECONDS -x ZE_LOG_LEVEL "$@"
+  "${forward[@]}" "$@"
