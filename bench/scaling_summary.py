@@ -310,6 +310,12 @@ def comm_fields(row):
     coll = row.get("collective", row.get("op"))
     if coll is None:
         return None
+    # Both benchmarks print a line per placement; torch.distributed has only
+    # an in-place all-reduce and broadcast and out-of-place gathers and
+    # scatters, so each collective is compared in that placement.
+    if "in_place" in row and bool(row["in_place"]) != (
+            canonical_collective(coll) in ("all_reduce", "broadcast")):
+        return None
     nbytes = next((row[k] for k in ("bytes", "size_bytes", "size", "nbytes") if isinstance(row.get(k), int)), None)
     world = row.get("world_size", row.get("world"))
     bus = None

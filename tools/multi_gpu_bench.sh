@@ -498,7 +498,7 @@ comm_phase() {
       if [[ -f "${repo}/bench/torch_comm_reference.py" ]]; then
         mapfile -t launcher < <(torchrun_w "${w}")
         run_cmd "comm_torch_w${w}" rows "$(estimate torch_comm 1 "${w}")" "$(json engine torch world_size "${w}")" "[]" -- \
-          "${launcher[@]}" "${repo}/bench/torch_comm_reference.py" --min_bytes="${min_bytes}" --max_bytes="${max_bytes}"
+          "${launcher[@]}" "${repo}/bench/torch_comm_reference.py" --dtype=bf16 --min_bytes="${min_bytes}" --max_bytes="${max_bytes}"
       elif [[ ${dry_run} -eq 1 ]]; then
         echo "(bench/torch_comm_reference.py is absent: its ${w}-rank run would be skipped)"
       else
