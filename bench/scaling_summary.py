@@ -377,7 +377,9 @@ def tests_table(rows, out):
     if not tests:
         return
     passed = sum(1 for t in tests if t.get("result") == "PASSED")
-    out.append(f"## gpu tests: {passed} passed, {len(tests) - passed} failed\n")
+    skipped = sum(1 for t in tests if t.get("result") == "SKIPPED")
+    out.append(f"## gpu tests: {passed} passed, {len(tests) - passed - skipped} failed"
+               + (f", {skipped} skipped" if skipped else "") + "\n")
     out.append("| test | result | seconds |")
     out.append("| --- | --- | --- |")
     for t in tests:

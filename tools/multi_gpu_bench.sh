@@ -180,7 +180,7 @@ n_commands=0
 #   Turns one command's stdout (FILE) into lines of ${jsonl}. MODE rows: every
 #   JSON line, with DEFAULTS for absent keys; each EXPECT case (a list of
 #   partial rows) that no line matches gets an error line. MODE gpu_tests:
-#   run_gpu_tests.sh's PASSED/FAILED lines. MODE test: one line from RC.
+#   run_gpu_tests.sh's PASSED/FAILED/SKIPPED lines. MODE test: one line from RC.
 #   MODE skip: EXPECT's cases as skipped. Then a "kind":"command" line.
 record() {
   python3 - "$@" "${phase}" >> "${jsonl}" 2>> "${log}" <<'PY'
@@ -206,7 +206,7 @@ if mode in ("rows", "gpu_tests", "test"):
                 row.setdefault(k, v)
             rows.append(row)
             continue
-        m = re.match(r"^(PASSED|FAILED) (\S+) \((\d+)s", line) if mode == "gpu_tests" else None
+        m = re.match(r"^(PASSED|FAILED|SKIPPED) (\S+) \((\d+)s", line) if mode == "gpu_tests" else None
         if m:
             rows.append(dict(defaults, kind="test", test=m.group(2), result=m.group(1), seconds=int(m.group(3))))
         else:
