@@ -486,6 +486,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
         config.source,
         ": \"auto\" values must be resolved before training: ", paths));
   }
+  // Every collective runs on the communicator's device. A model built on
+  // another GPU (every rank on cuda:0, say) would fail at its first
+  // collective on some ranks and leave the others waiting in it.
+  absl::Status placement = absl::OkStatus();
+  if (model->device().is_cuda() && model->device() != communicator->device()) {
+    placement = absl::FailedPreconditionError(absl::StrCat(
+        "engine::Initialize on rank ", communicator->rank(),
+        ": the model is on ", model->device().ToString(),
+        " but this rank's communicator uses ",
+        communicator->device().ToString(), " (local rank ",
+        communicator->local_rank(),
+        " of this host takes cuda:(local rank % visible GPUs)); build the "
+        "model on communicator->device(), creating the communicator first "
+        "(comm::CreateCommunicator, as examples/custom_model does)"));
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(*communicator, placement,
+                                      Stream::Default(communicator->device()),
+                                      "checking the model's device"));
   std::unique_ptr<Engine> engine(new Engine());
   engine->config_ = config;
   engine->model_ = std::move(model);

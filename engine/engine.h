@@ -460,6 +460,8 @@ class Engine {
 // ResourceExhausted (with the bytes needed) when the model state does not
 // fit the device's allocator cap, or the communicator's error
 // (FailedPrecondition for more ranks on a host than GPUs, unless asked).
+// FailedPrecondition, on every rank, when a CUDA model is not on the
+// communicator's device (build it on communicator->device()).
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model, const config::Config& config,
     std::shared_ptr<comm::Communicator> communicator = nullptr);
