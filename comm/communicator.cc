@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <chrono>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -215,11 +216,25 @@ absl::StatusOr<Work> Communicator::Coalesced(
     record.dtype = op.input.dtype();
     sequence_numbers.push_back(recorder_->Issue(record));
   }
+  const bool host_timed = timing_ && times_on_host();
+  const auto issued = std::chrono::steady_clock::now();
   absl::StatusOr<Work> work = Issue(ops, sequence_numbers, stream);
+  if (host_timed) {
+    AddCommunicationMilliseconds(std::chrono::duration<double, std::milli>(
+                                     std::chrono::steady_clock::now() - issued)
+                                     .count());
+  }
   if (!work.ok()) {
     for (uint64_t sequence : sequence_numbers) recorder_->MarkFailed(sequence);
   }
   return work;
+}
+
+double Communicator::TakeCommunicationMilliseconds() {
+  CollectTimings();
+  const double ms = communication_ms_;
+  communication_ms_ = 0;
+  return ms;
 }
 
 absl::Status Communicator::Barrier() {

@@ -196,6 +196,21 @@ class Communicator {
   // Seconds a Wait may take before it fails with DeadlineExceeded.
   double timeout_seconds() const { return timeout_seconds_; }
 
+  // Communication time (wall_clock_breakdown). While timing is on, the
+  // communicator sums, per operation: on the device (nccl) the time between
+  // events recorded just before and after it on its stream, so earlier work
+  // queued on that stream is not counted but waiting for peers is; on the
+  // host (mpi, local) the time the calling thread spends issuing
+  // operations and blocked waiting for them (MPI progresses inside those
+  // calls). Collectives on a stream of their own overlap compute, so the
+  // sum is not a share of the step's wall time.
+  void set_timing(bool enabled) { timing_ = enabled; }
+  bool timing() const { return timing_; }
+  // The sum for operations completed since the previous call (nccl: whose
+  // end event has been reached; later ones count at a later call), in
+  // milliseconds; starts a new sum.
+  double TakeCommunicationMilliseconds();
+
  protected:
   Communicator(int rank, int world_size, int local_rank, Device device,
                double timeout_seconds, int local_size = 1);
@@ -221,6 +236,14 @@ class Communicator {
   // Set once a timeout or backend error made the communicator unusable.
   absl::Status broken_ = absl::OkStatus();
 
+  // Timing (see set_timing): backends that time on the host add their wait
+  // time here; Coalesced adds the time of Issue for them
+  // (times_on_host()). A device-timed backend folds in its completed
+  // operations' event times in CollectTimings.
+  virtual bool times_on_host() const { return true; }
+  virtual void CollectTimings() {}
+  void AddCommunicationMilliseconds(double ms) { communication_ms_ += ms; }
+
  private:
   absl::Status Validate(const CollectiveOp &op) const;
 
@@ -231,6 +254,8 @@ class Communicator {
   Device device_;
   double timeout_seconds_;
   std::shared_ptr<RecentCollectives> recorder_;
+  bool timing_ = false;
+  double communication_ms_ = 0;
 };
 
 }  // namespace comm

@@ -481,6 +481,18 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
   if (!target->status.ok()) return target->status;
   if (!target->finished) {
     const Clock::time_point started = Clock::now();
+    // Blocked here is communication time (MPI progresses in these calls).
+    struct AddWaitTime {
+      MpiCommunicator *self;
+      Clock::time_point started;
+      ~AddWaitTime() {
+        if (self->timing()) {
+          self->AddCommunicationMilliseconds(
+              std::chrono::duration<double, std::milli>(Clock::now() - started)
+                  .count());
+        }
+      }
+    } add_wait_time{this, started};
     const Clock::time_point deadline =
         started + std::chrono::duration_cast<Clock::duration>(
                       std::chrono::duration<double>(timeout_seconds()));

@@ -84,6 +84,7 @@ struct NcclGroup {
   uint64_t first_sequence = 0;
   uint64_t last_sequence = 0;
   void *stream = nullptr;  // the cudaStream_t it was queued on
+  Event start;             // with timing: recorded just before the group
   Event done;
   bool completed = false;
   absl::Status status;
@@ -137,15 +138,18 @@ class NcclCommunicator : public Communicator {
 
   const char *backend_name() const override { return "nccl"; }
 
+ protected:
+  // Timed on the device, by events around each group.
+  bool times_on_host() const override { return false; }
+  void CollectTimings() override { Prune(); }
+
+ public:
   // Polls `group` once: its event, then NCCL's asynchronous error.
   absl::StatusOr<bool> PollGroup(NcclGroup *group) {
     if (!group->status.ok()) return group->status;
     if (group->completed) return true;
     if (group->done.Query()) {
-      group->completed = true;
-      for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
-        recorder()->MarkCompleted(s);
-      }
+      MarkCompleted(group);
       return true;
     }
     ncclResult_t async_error = ncclSuccess;
@@ -200,7 +204,7 @@ class NcclCommunicator : public Communicator {
     group->ops = ops;
     group->first_sequence = sequence_numbers.front();
     group->last_sequence = sequence_numbers.back();
-    ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device()));
+    ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device(), timing()));
     auto cuda_stream = static_cast<cudaStream_t>(stream.native());
     group->stream = stream.native();
     const std::string what =
@@ -210,6 +214,10 @@ class NcclCommunicator : public Communicator {
     // unfinished group matters: it was itself ordered after the ones before.
     if (!in_flight_.empty() && in_flight_.back()->stream != group->stream) {
       ZE_RETURN_IF_ERROR(in_flight_.back()->done.StreamWait(stream));
+    }
+    if (timing()) {
+      ZE_ASSIGN_OR_RETURN(group->start, Event::Create(device(), true));
+      ZE_RETURN_IF_ERROR(group->start.Record(stream));
     }
     // The collectives read and write the callers' tensors on `stream`,
     // usually not the stream they were allocated on: recorded, the memory
@@ -307,17 +315,23 @@ class NcclCommunicator : public Communicator {
     return status;
   }
 
+  // A group's end event has been reached: its collectives are complete,
+  // and with timing its device time counts.
+  void MarkCompleted(NcclGroup *group) {
+    group->completed = true;
+    for (uint64_t s = group->first_sequence; s <= group->last_sequence; ++s) {
+      recorder()->MarkCompleted(s);
+    }
+    // Zero for a group issued without timing (no start event).
+    absl::StatusOr<float> ms = Event::ElapsedMs(group->start, group->done);
+    if (ms.ok()) AddCommunicationMilliseconds(*ms);
+  }
+
   void Prune() {
     while (!in_flight_.empty()) {
       NcclGroup *group = in_flight_.front().get();
       if (!group->completed && !group->done.Query()) break;
-      if (!group->completed) {
-        group->completed = true;
-        for (uint64_t s = group->first_sequence; s <= group->last_sequence;
-             ++s) {
-          recorder()->MarkCompleted(s);
-        }
-      }
+      if (!group->completed) MarkCompleted(group);
       in_flight_.pop_front();
     }
   }

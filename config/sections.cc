@@ -404,7 +404,9 @@ const Schema<Config>& TopSchema() {
                                                /*case_insensitive=*/false)),
                    "Data type of gradient communication (null = the model's)."))
         .Add(Value("wall_clock_breakdown", &C::wall_clock_breakdown, Boolean(),
-                   "Time forward, backward and step separately."))
+                   "Time forward, backward and step separately, and the "
+                   "collectives (the communicator's own time per step; "
+                   "csv_monitor: elapsed_time_ms_*)."))
         .Add(Value("memory_breakdown", &C::memory_breakdown, Boolean(),
                    "Log memory use at each phase."))
         .Add(Value("seed", &C::seed, Integer(AtLeast(0)),

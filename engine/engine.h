@@ -447,6 +447,10 @@ class Engine {
   double window_phase_ms_[3] = {0, 0, 0};
   int64_t window_phase_count_[3] = {0, 0, 0};
   double step_phase_ms_[3] = {0, 0, 0};
+  // wall_clock_breakdown: the communicator's collective time
+  // (Communicator::set_timing), summed over the steps since the last print.
+  double window_communication_ms_ = 0;
+  int64_t window_steps_ = 0;
   // memory_breakdown: the allocator after each phase's latest run.
   AllocatorStats phase_memory_[3];
 };

@@ -33,11 +33,11 @@ TEST(DevicePlacementTest, ModelOnAnotherDeviceThanTheCommunicatorIsRefused) {
       nn::GptModel::Create(config, model_options);
   ASSERT_TRUE(model.ok()) << model.status();
 
-  absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
-      std::shared_ptr<nn::GptModel>(std::move(*model)),
-      R"({"train_micro_batch_size_per_gpu": 2,
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      engine::Initialize(std::shared_ptr<nn::GptModel>(std::move(*model)),
+                         R"({"train_micro_batch_size_per_gpu": 2,
           "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}})",
-      communicator);
+                         communicator);
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(engine.status().message(),
