@@ -38,7 +38,7 @@ DeepSpeed config without importing torch or deepspeed.
 
 import argparse
 import datetime
-import gc
+
 import json
 import os
 import sys
@@ -234,16 +234,7 @@ def main(argv):
                 except Exception as e:  # noqa: BLE001 - cleaning up must not end the run
                     print(f"rank {rank}: engine.destroy: {tg.short_error(e)}", file=sys.stderr, flush=True)
             model = engine = idx = tgt = state = step = None
-            gc.collect()
-            if use_cuda:
-                torch.cuda.empty_cache()
-            error = tg.agree_on_failure(torch, dist, device, error)
-            row["memory"] = tg.memory_json(torch, dist, device)
-            if error:
-                row["error"] = error
-                failures += 1
-            if rank == 0:
-                tg.print_row(row)
+            failures += tg.finish_case(torch, dist, device, row, error, rank)
     dist.barrier()
     dist.destroy_process_group()
     return 1 if failures else 0

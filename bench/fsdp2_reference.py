@@ -36,7 +36,6 @@ model for 1+2 steps (on the CPU with gloo when no GPU is visible).
 
 import argparse
 import datetime
-import gc
 import os
 import sys
 import time
@@ -192,16 +191,7 @@ def main(argv):
             # Drop the failed case's tensors (the exception's frames are gone
             # once the except block ends) before the collectives below.
             model = opt = idx = tgt = state = step = None
-            gc.collect()
-            if use_cuda:
-                torch.cuda.empty_cache()
-            error = tg.agree_on_failure(torch, dist, device, error)
-            row["memory"] = tg.memory_json(torch, dist, device)
-            if error:
-                row["error"] = error
-                failures += 1
-            if rank == 0:
-                tg.print_row(row)
+            failures += tg.finish_case(torch, dist, device, row, error, rank)
     dist.barrier()
     dist.destroy_process_group()
     return 1 if failures else 0

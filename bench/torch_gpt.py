@@ -260,3 +260,21 @@ def agree_on_failure(torch, dist, device, error):
     messages = [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in gathered]
     failed = [f"rank {r}: {m}" for r, m in enumerate(messages) if m]
     return "; ".join(failed[:2]) + (f" (and {len(failed) - 2} more ranks)" if len(failed) > 2 else "")
+
+
+def finish_case(torch, dist, device, row, error, rank):
+    """The end of one case in both references, after the caller dropped the
+    case's tensors: frees cached device memory, agrees across ranks on
+    whether the case failed (a collective), adds the memory figures and any
+    error to `row`, prints it on rank 0. -> 1 when the case failed, else 0."""
+    import gc
+    gc.collect()
+    if getattr(device, "type", str(device)) == "cuda":
+        torch.cuda.empty_cache()
+    error = agree_on_failure(torch, dist, device, error)
+    row["memory"] = memory_json(torch, dist, device)
+    if error:
+        row["error"] = error
+    if rank == 0:
+        print_row(row)
+    return 1 if error else 0
