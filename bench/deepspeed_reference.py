@@ -38,7 +38,6 @@ DeepSpeed config without importing torch or deepspeed.
 
 import argparse
 import datetime
-
 import json
 import os
 import sys
