@@ -38,22 +38,29 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> CommunicatorFor(
 // One line on rank 0 at startup: which strategy runs and where state
 // lives, so "what am I running" is never a question (the whole resolved
 // config is logged at DEBUG: ZE_LOG_LEVEL=DEBUG).
-std::string StartupSummary(const config::Config& config, int world_size,
+std::string StartupSummary(const config::Config& config,
+                           const comm::Communicator& communicator,
                            DType dtype) {
   const config::ZeroConfig& zero = config.zero_optimization;
+  const int world_size = communicator.world_size();
   const char* partitioned[] = {"nothing", "optimizer state",
                                "optimizer state and gradients",
                                "optimizer state, gradients and parameters"};
   std::string text = absl::StrFormat(
-      "%s: world size %d, ZeRO stage %d (partitioned: %s), %s, batch %d x %d "
-      "x %d = %d (micro x accumulation x ranks), reduce_bucket_size %d, "
-      "allgather_bucket_size %d",
-      config.source, world_size, zero.stage,
+      "%s: world size %d (%s backend, rank 0 on %s), ZeRO stage %d "
+      "(partitioned: %s), %s, batch %d x %d x %d = %d (micro x accumulation x "
+      "ranks), reduce_bucket_size %d, allgather_bucket_size %d, overlap_comm "
+      "%s",
+      config.source, world_size, communicator.backend_name(),
+      communicator.device().ToString(), zero.stage,
       partitioned[std::min<int64_t>(std::max<int64_t>(zero.stage, 0), 3)],
       DTypeName(dtype), config.train_micro_batch_size_per_gpu.value(),
       config.gradient_accumulation_steps.value(), world_size,
       config.train_batch_size.value(), zero.reduce_bucket_size.value(),
-      zero.allgather_bucket_size);
+      zero.allgather_bucket_size,
+      !zero.overlap_comm                ? "off"
+      : communicator.device().is_cuda() ? "on (collectives on their own stream)"
+                                        : "on (no effect on the CPU)");
   if (zero.stage == 3) {
     absl::StrAppend(&text, ", stage3_prefetch_bucket_size ",
                     zero.stage3_prefetch_bucket_size.value(),
@@ -548,8 +555,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   if (engine->communicator_->rank() == 0) {
     ZE_LOG_RANK0(DEBUG) << "config (" << config.source << "):\n"
                         << config::ToJson(config);
-    ZE_LOG_RANK0(INFO) << StartupSummary(
-        config, engine->communicator_->world_size(), engine->model_->dtype());
+    ZE_LOG_RANK0(INFO) << StartupSummary(config, *engine->communicator_,
+                                         engine->model_->dtype());
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
