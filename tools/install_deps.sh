@@ -36,3 +36,17 @@ if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "install_deps: the CUDA 13 toolkit must be installed at /usr/local/cuda (nvcc not found)" >&2
   exit 1
 fi
+
+# Bazel's disk cache (these machines set one in ~/.bazelrc) is never trimmed
+# by this Bazel; it grew to 50 GB across sessions and filled the disk on
+# 2026-12-04, after which no command could run. Past 20 GB it is dropped
+# whole (the next build refills it; dropping all of it never leaves an
+# action-cache entry pointing at a missing output).
+disk_cache="$(sed -n 's/^build --disk_cache=//p' "${HOME}/.bazelrc" 2>/dev/null | head -1)"
+if [[ -n "${disk_cache}" && -d "${disk_cache}" ]]; then
+  cache_kib="$(du -sk "${disk_cache}" 2>/dev/null | cut -f1)"
+  if (( ${cache_kib:-0} > 20 * 1024 * 1024 )); then
+    echo "install_deps: Bazel's disk cache ${disk_cache} holds $((cache_kib / 1024 / 1024)) GiB; dropping it" >&2
+    rm -rf "${disk_cache:?}/ac" "${disk_cache:?}/cas"
+  fi
+fi
