@@ -206,17 +206,7 @@ def main(argv):
                     engine.step()
                     state["loss"] = loss
 
-                for _ in range(a.warmup):
-                    step()
-                tg.maybe_fail(a, stage, rank)
-                sync()
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(a.iters):
-                    step()
-                sync()
-                dist.barrier()
-                seconds = time.perf_counter() - t0
+                seconds = tg.time_steps(step, a, stage, rank, sync, dist)
                 row.update(tg.timing_fields(s, a.batch, a.seq, a.iters, seconds, world))
                 row["loss"] = float(state["loss"].detach().float().item())
                 gn = engine.get_global_grad_norm() if hasattr(engine, "get_global_grad_norm") else None

@@ -38,7 +38,6 @@ import argparse
 import datetime
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt as tg  # noqa: E402
@@ -166,17 +165,7 @@ def main(argv):
                     opt.zero_grad(set_to_none=True)
                     state["loss"] = loss
 
-                for _ in range(a.warmup):
-                    step()
-                tg.maybe_fail(a, mode, rank)
-                sync()
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(a.iters):
-                    step()
-                sync()
-                dist.barrier()
-                seconds = time.perf_counter() - t0
+                seconds = tg.time_steps(step, a, mode, rank, sync, dist)
                 row.update(tg.timing_fields(s, a.batch, a.seq, a.iters, seconds, world))
                 row["loss"] = float(state["loss"].detach().float().item())
                 gn = state.get("grad_norm")

@@ -20,6 +20,7 @@ presets and the launcher environment can be checked on a machine without it
 import json
 import os
 import sys
+import time
 
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 64, as train_bench
 MAX_SEQ = 1024  # position-embedding rows of every preset (train_bench's max_seq_len)
@@ -127,6 +128,23 @@ def maybe_fail(a, case, rank):
         ranks = split_list(a._fail_ranks)
         if not ranks or str(rank) in ranks:
             raise MemoryError(f"injected failure in case {case} on rank {rank} (--_fail_case)")
+
+
+def time_steps(step, a, case, rank, sync, dist):
+    """`a.warmup` untimed calls of `step`, the error-path hook, then `a.iters`
+    timed calls between two synchronisations and barriers (train_bench's
+    timing). -> seconds of the timed calls."""
+    for _ in range(a.warmup):
+        step()
+    maybe_fail(a, case, rank)
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(a.iters):
+        step()
+    sync()
+    dist.barrier()
+    return time.perf_counter() - start
 
 
 def short_error(exc, limit=2000):
