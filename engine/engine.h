@@ -60,6 +60,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -411,6 +412,11 @@ class Engine {
   absl::Status Setup();
   absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
   absl::Status RequireNoPendingBackward(const char* what) const;
+  // The evaluation bracket of EvalForward, EvalOutputs and Generate: runs
+  // `forward` between the strategy's BeginEval and EndEval, then drops what
+  // the model kept for a backward (it must not be mistaken for a training
+  // forward's). Returns forward's error first, then EndEval's.
+  absl::Status RunEvaluation(const std::function<absl::Status()>& forward);
   // wall_clock_breakdown / memory_breakdown: called at the end of a phase
   // (0 forward, 1 backward, 2 step) that began at `start`.
   absl::Status EndPhase(int phase, std::chrono::steady_clock::time_point start);

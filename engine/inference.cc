@@ -34,36 +34,38 @@ absl::StatusOr<float> Engine::EvalForward(const Tensor& inputs,
   }
   ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
   ZE_ASSIGN_OR_RETURN(Tensor device_targets, OnModelDevice(targets));
-  ZE_RETURN_IF_ERROR(strategy_->BeginEval());
-  absl::StatusOr<float> loss;
-  {
+  float loss = 0;
+  ZE_RETURN_IF_ERROR(RunEvaluation([&]() -> absl::Status {
     nn::NoSaveScope no_save;
-    loss = model_->ForwardLoss(device_inputs, device_targets, compute_stream_);
-  }
-  // What the loss keeps for a backward (e.g. GPT's logits) must not be
-  // mistaken for a training forward's.
-  model_->ClearSavedState();
-  const absl::Status end = strategy_->EndEval();
-  ZE_RETURN_IF_ERROR(loss.status());
-  ZE_RETURN_IF_ERROR(end);
-  return *loss;
+    ZE_ASSIGN_OR_RETURN(loss, model_->ForwardLoss(device_inputs, device_targets,
+                                                  compute_stream_));
+    return absl::OkStatus();
+  }));
+  return loss;
 }
 
 absl::StatusOr<Tensor> Engine::EvalOutputs(const Tensor& inputs) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalOutputs"));
   ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
-  ZE_RETURN_IF_ERROR(strategy_->BeginEval());
-  absl::StatusOr<Tensor> outputs;
-  {
+  Tensor outputs;
+  ZE_RETURN_IF_ERROR(RunEvaluation([&]() -> absl::Status {
     nn::NoSaveScope no_save;
-    outputs = model_->Forward(device_inputs, compute_stream_);
-  }
+    ZE_ASSIGN_OR_RETURN(outputs,
+                        model_->Forward(device_inputs, compute_stream_));
+    return absl::OkStatus();
+  }));
+  return outputs;
+}
+
+absl::Status Engine::RunEvaluation(
+    const std::function<absl::Status()>& forward) {
+  ZE_RETURN_IF_ERROR(strategy_->BeginEval());
+  const absl::Status status = forward();
   model_->ClearSavedState();
   const absl::Status end = strategy_->EndEval();
-  ZE_RETURN_IF_ERROR(outputs.status());
-  ZE_RETURN_IF_ERROR(end);
-  return outputs;
+  ZE_RETURN_IF_ERROR(status);
+  return end;
 }
 
 namespace {
@@ -366,17 +368,12 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> Engine::Generate(
   ZE_RETURN_IF_ERROR(CheckGenerateArguments(prompts, max_new_tokens, options,
                                             communicator_->rank()));
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("Generate"));
-  ZE_RETURN_IF_ERROR(strategy_->BeginEval());
   BatchGeneration generation(
       *model_, dynamic_cast<nn::IncrementalDecoder*>(model_.get()),
       *communicator_, compute_stream_,
       /*agree_on_stop=*/config_.zero_optimization.stage == 3, prompts,
       max_new_tokens, options);
-  const absl::Status status = generation.Run();
-  model_->ClearSavedState();
-  const absl::Status end = strategy_->EndEval();
-  ZE_RETURN_IF_ERROR(status);
-  ZE_RETURN_IF_ERROR(end);
+  ZE_RETURN_IF_ERROR(RunEvaluation([&] { return generation.Run(); }));
   return generation.TakeGenerated();
 }
 
