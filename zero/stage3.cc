@@ -261,8 +261,7 @@ const Stream& Stage3::GatherStream() const {
   return phase_ == Phase::kEvaluation ? stream() : communication_stream_;
 }
 
-absl::Status Stage3::OrderGatherAfterWeightWrites() {
-  const Stream& gather = GatherStream();
+absl::Status Stage3::OrderGatherAfterWeightWrites(const Stream& gather) {
   if (gather.native() == stream().native()) return absl::OkStatus();
   if (!weights_written_current_) {
     ZE_ASSIGN_OR_RETURN(weights_written_, Event::Create(device()));
@@ -276,7 +275,7 @@ absl::Status Stage3::IssueGather(int b) {
   Bucket& bucket = buckets_[b];
   const BucketLayout& bucket_layout = layout().bucket(b);
   const Stream& communication = GatherStream();
-  ZE_RETURN_IF_ERROR(OrderGatherAfterWeightWrites());
+  ZE_RETURN_IF_ERROR(OrderGatherAfterWeightWrites(communication));
   // The buffer, and an upload's staging, belong to the stream that writes
   // them.
   StreamGuard guard(communication);

@@ -196,9 +196,10 @@ class Stage3 : public ZeroStrategy {
   // Where IssueGather runs: the communication stream, or the compute stream
   // for evaluation and scope gathers (phase kEvaluation).
   const Stream& GatherStream() const;
-  // Makes the communication stream wait for every write of the weight
-  // partition queued on the compute stream so far (see Streams above).
-  absl::Status OrderGatherAfterWeightWrites();
+  // Makes `gather` (GatherStream()) wait for every write of the weight
+  // partition queued on the compute stream so far (see Streams above);
+  // nothing when it is the compute stream.
+  absl::Status OrderGatherAfterWeightWrites(const Stream& gather);
   // The weight partition was (or is about to be) written on the compute
   // stream: the next gather records a fresh event instead of reusing one.
   void NoteWeightsWritten() { weights_written_current_ = false; }
