@@ -42,7 +42,12 @@ fi
 # 2026-12-04, after which no command could run. Past 20 GB it is dropped
 # whole (the next build refills it; dropping all of it never leaves an
 # action-cache entry pointing at a missing output).
-disk_cache="$(sed -n 's/^build --disk_cache=//p' "${HOME}/.bazelrc" 2>/dev/null | head -1)"
+# A machine without ~/.bazelrc has no disk cache (and sed's failure must not
+# end this script under `set -e -o pipefail`).
+disk_cache=""
+if [[ -f "${HOME}/.bazelrc" ]]; then
+  disk_cache="$(sed -n 's/^build --disk_cache=//p' "${HOME}/.bazelrc" | head -1)"
+fi
 if [[ -n "${disk_cache}" && -d "${disk_cache}" ]]; then
   cache_kib="$(du -sk "${disk_cache}" 2>/dev/null | cut -f1)"
   if (( ${cache_kib:-0} > 20 * 1024 * 1024 )); then
