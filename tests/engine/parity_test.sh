@@ -13,4 +13,4 @@ if [[ "$world" != 1 ]]; then
 else
   "$run_mpi" 1 "$program" run --out="$out" "$device"
 fi
-"$program" compare --dir="$out" --world="$world"
+"$program" compare --dir="$out" --world="$world" "$device"
