@@ -88,6 +88,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
@@ -243,6 +244,10 @@ absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
 struct InitFile {
   bool hugging_face = false;
   nn::Gpt2Dims dims;  // the file's (vocab_size: its wte rows)
+  // The real vocabulary (the table's rows beyond it are padding): a
+  // Hugging Face file's rows, a converted file's recorded vocabulary
+  // (nn::kVocabularyMetadataKey); 0 when a native file records none.
+  int64_t vocabulary = 0;
 };
 
 absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
@@ -268,6 +273,7 @@ absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
           dims.status().message()));
     }
     file.dims = *dims;
+    file.vocabulary = dims->vocab_size;
     return file;
   }
   if (wpe == nullptr || wte->shape.size() != 2 || wpe->shape.size() != 2) {
@@ -277,6 +283,15 @@ absl::StatusOr<InitFile> InspectInitFile(const std::string& path) {
   }
   InitFile file;
   file.dims.vocab_size = wte->shape[0];
+  const auto recorded = reader->metadata().find(nn::kVocabularyMetadataKey);
+  if (recorded != reader->metadata().end() &&
+      (!absl::SimpleAtoi(recorded->second, &file.vocabulary) ||
+       file.vocabulary <= 0 || file.vocabulary > file.dims.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--init_from=", path, ": metadata ", nn::kVocabularyMetadataKey, "=\"",
+        recorded->second, "\" is not a vocabulary of at most the ",
+        file.dims.vocab_size, " rows of embed.wte"));
+  }
   file.dims.channels = wte->shape[1];
   file.dims.max_positions = wpe->shape[0];
   for (int layer = 0;; ++layer) {
@@ -343,11 +358,13 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const Options& options,
     }
     config.max_seq_len = file.max_positions;
     // A Hugging Face table is padded to a multiple of 128 on conversion
-    // (50257 -> 50304); a native file's table is taken as it is.
+    // (50257 -> 50304); a native file's table is taken as it is. The
+    // logits that compete are the file's vocabulary where it is known (a
+    // native file without one: the data's).
     const int64_t rows = init->hugging_face
                              ? (file.vocab_size + 127) / 128 * 128
                              : file.vocab_size;
-    const int64_t vocab = init->hugging_face ? file.vocab_size : data_vocab;
+    const int64_t vocab = init->vocabulary > 0 ? init->vocabulary : data_vocab;
     if (data_vocab > vocab || vocab > rows) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--data: tokens up to ", data_vocab - 1, " do not fit --init_from=",
@@ -705,7 +722,12 @@ absl::Status Train(Options options, int* exit_code) {
   auto save = [&](int64_t next_step) -> absl::Status {
     return engine->SaveCheckpoint(
         options.save_dir, "",
-        nlohmann::json{{"next_step", next_step}, {"first_loss", first_loss}});
+        // vocab_size: the real vocabulary, so that `ze_checkpoint
+        // consolidate --format=hf-gpt2` drops a padded table's extra rows
+        // (50304 -> 50257) and transformers loads the file as GPT-2.
+        nlohmann::json{{"next_step", next_step},
+                       {"first_loss", first_loss},
+                       {"vocab_size", gpt.vocab_size}});
   };
   Evaluation last_evaluation;
   using Clock = std::chrono::steady_clock;

@@ -11,8 +11,11 @@ set -euo pipefail
 train="$1"; run_mpi="$2"; tool="$3"; writer="$4"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_init_from"
 rm -rf "$out"; mkdir -p "$out"
-python3 "$writer" "$out/hf.safetensors" --seed=1
-python3 "$writer" "$out/hf_other.safetensors" --seed=2
+# A vocabulary of 300 (the built-in task's bytes need 256): not a multiple
+# of 128, so train_gpt pads the table to 384 rows, and consolidation must
+# drop the padding again.
+python3 "$writer" "$out/hf.safetensors" --seed=1 --vocab=300
+python3 "$writer" "$out/hf_other.safetensors" --seed=2 --vocab=300
 "$tool" import-hf-gpt2 "$out/hf.safetensors" --out="$out/native.safetensors"
 
 # f32, a learning rate of 0, 24 samples a step at any of 1-3 ranks.
@@ -61,7 +64,9 @@ same "$hf_stage0" "$native_stage2" || { echo "FAIL: the native file differs"; ex
 if same "$hf_stage0" "$other"; then echo "FAIL: other weights, same loss"; exit 1; fi
 
 # Back to Hugging Face's layout: with a learning rate of 0 the consolidated
-# checkpoint is the file the run started from, name for name, bit for bit.
+# checkpoint is the file the run started from, name for name, shape for
+# shape (the 300-row table, from the vocabulary the checkpoint records),
+# bit for bit.
 "$tool" consolidate "$out/new/checkpoints" --out="$out/back.safetensors" \
   --format=hf-gpt2 --dtype=f32
 python3 - "$out/hf.safetensors" "$out/back.safetensors" <<'PY'
@@ -82,6 +87,13 @@ if missing or differ:
     sys.exit(f"FAIL: consolidated hf-gpt2 file: missing {missing}, differ {differ}")
 print(f"consolidated hf-gpt2 file: {len(original)} tensors equal to the input")
 PY
+# An explicit --vocab_size beyond the table is refused, naming it.
+set +e
+message=$("$tool" consolidate "$out/new/checkpoints" --out="$out/bad.safetensors" \
+  --format=hf-gpt2 --vocab_size=500 2>&1); status=$?
+set -e
+echo "$message" | tail -1
+[[ $status == 1 ]] && grep -q "vocab_size 500 is not between 1 and the token table's 384 rows" <<<"$message"
 if compgen -G "$out/new/checkpoints/init_from.*" >/dev/null; then
   echo "FAIL: the converted file was left behind"; exit 1
 fi

@@ -852,13 +852,27 @@ absl::StatusOr<int64_t> CheckCrossEntropyShapes(const char *op,
   return rows;
 }
 
+// The softmax's column count: `classes`, or V when it is 0.
+absl::StatusOr<int64_t> CheckClasses(const char *op, const Tensor &logits,
+                                     int64_t classes) {
+  const int64_t vocab = logits.shape().back();
+  if (classes < 0 || classes > vocab) {
+    return Invalid(
+        op, absl::StrCat("classes = ", classes, " is outside [0, ", vocab,
+                         "] (logits ", ShapeToString(logits.shape()), ")"));
+  }
+  return classes == 0 ? vocab : classes;
+}
+
 }  // namespace
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses, const Stream &stream) {
+                                 const Tensor &losses, const Stream &stream,
+                                 int64_t classes) {
   const char *op = "CrossEntropyForward";
   ZE_ASSIGN_OR_RETURN(const int64_t rows,
                       CheckCrossEntropyShapes(op, logits, targets));
+  ZE_ASSIGN_OR_RETURN(classes, CheckClasses(op, logits, classes));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "losses", losses));
   if (losses.numel() != rows) {
     return Invalid(op,
@@ -874,17 +888,19 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
   const Tensor losses_1d = losses.View({rows});
   if (logits.device().is_cuda()) {
     return cuda_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d,
-                                             stream);
+                                             classes, stream);
   }
-  return cpu_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d);
+  return cpu_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d,
+                                          classes);
 }
 
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
                                   float grad_scale, const Tensor &grad_logits,
-                                  const Stream &stream) {
+                                  const Stream &stream, int64_t classes) {
   const char *op = "CrossEntropyBackward";
   ZE_ASSIGN_OR_RETURN(const int64_t rows,
                       CheckCrossEntropyShapes(op, logits, targets));
+  ZE_ASSIGN_OR_RETURN(classes, CheckClasses(op, logits, classes));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_logits", grad_logits));
   ZE_RETURN_IF_ERROR(
       RequireShape(op, "grad_logits", grad_logits, logits.shape()));
@@ -898,10 +914,10 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   const Tensor grad_logits_2d = View2D(grad_logits, rows, vocab);
   if (logits.device().is_cuda()) {
     return cuda_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
-                                              grad_logits_2d, stream);
+                                              grad_logits_2d, classes, stream);
   }
   return cpu_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
-                                           grad_logits_2d);
+                                           grad_logits_2d, classes);
 }
 
 }  // namespace nn

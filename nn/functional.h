@@ -217,18 +217,24 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
                                const Tensor& grad_position_table,
                                const Stream& stream);
 
-// Per-row softmax cross-entropy.
+// Per-row softmax cross-entropy over the first `classes` columns.
 //   logits (M, V); targets (M) i32, a target < 0 marks an ignored row
-//   (loss 0, gradient 0); losses (M) f32 = logsumexp(row) - row[target].
+//   (loss 0, gradient 0); losses (M) f32 = logsumexp(row[0, classes)) -
+//   row[target]. classes: 0 means V; fewer leaves a padded vocabulary's
+//   columns [classes, V) out of the softmax (a model whose token table is
+//   padded for speed computes the unpadded model's loss). InvalidArgument
+//   for classes outside [0, V], or (CPU) a target >= classes.
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
-                                 const Tensor& losses, const Stream& stream);
-// grad_logits (M, V) = grad_scale * (softmax(logits) - onehot(target)) for
-// rows with target >= 0, 0 for ignored rows. grad_scale is dLoss/dloss_i
-// (e.g. loss_scale / number_of_counted_rows). grad_logits MAY alias logits
+                                 const Tensor& losses, const Stream& stream,
+                                 int64_t classes = 0);
+// grad_logits (M, V) = grad_scale * (softmax(logits) - onehot(target)) over
+// the first `classes` columns for rows with target >= 0; 0 for ignored rows
+// and for the columns from `classes` on. grad_scale is dLoss/dloss_i (e.g.
+// loss_scale / number_of_counted_rows). grad_logits MAY alias logits
 // (computed in place, saving a (M, V) buffer).
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
-                                  const Stream& stream);
+                                  const Stream& stream, int64_t classes = 0);
 
 }  // namespace nn
 }  // namespace ze

@@ -713,13 +713,13 @@ float RowLogSumExp(const float *row, int64_t count) {
 }  // namespace
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses) {
+                                 const Tensor &losses, int64_t classes) {
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
   const int32_t *target_ids = targets.data_as<const int32_t>();
   {
     absl::Status status =
-        CheckTargets(target_ids, rows, vocab, "CrossEntropyForward");
+        CheckTargets(target_ids, rows, classes, "CrossEntropyForward");
     if (!status.ok()) return status;
   }
   FloatIn x(logits);
@@ -730,19 +730,20 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
       continue;
     }
     const float *x_row = x.get() + row * vocab;
-    loss_out[row] = RowLogSumExp(x_row, vocab) - x_row[target_ids[row]];
+    loss_out[row] = RowLogSumExp(x_row, classes) - x_row[target_ids[row]];
   }
   return absl::OkStatus();
 }
 
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
-                                  float grad_scale, const Tensor &grad_logits) {
+                                  float grad_scale, const Tensor &grad_logits,
+                                  int64_t classes) {
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
   const int32_t *target_ids = targets.data_as<const int32_t>();
   {
     absl::Status status =
-        CheckTargets(target_ids, rows, vocab, "CrossEntropyBackward");
+        CheckTargets(target_ids, rows, classes, "CrossEntropyBackward");
     if (!status.ok()) return status;
   }
   // grad_logits may alias logits: each row's logsumexp is taken before the
@@ -756,10 +757,11 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
       for (int64_t i = 0; i < vocab; ++i) dx_row[i] = 0.0f;
       continue;
     }
-    const float lse = RowLogSumExp(x_row, vocab);
-    for (int64_t i = 0; i < vocab; ++i) {
+    const float lse = RowLogSumExp(x_row, classes);
+    for (int64_t i = 0; i < classes; ++i) {
       dx_row[i] = grad_scale * std::exp(x_row[i] - lse);
     }
+    for (int64_t i = classes; i < vocab; ++i) dx_row[i] = 0.0f;
     dx_row[target_ids[row]] -= grad_scale;
   }
   dx.Commit();

@@ -78,12 +78,13 @@ absl::Status EmbeddingForwardAt(const Tensor &tokens, const Tensor &starts,
 absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
                                const Tensor &grad_token_table,
                                const Tensor &grad_position_table);
-// logits (M, V), targets (M) i32, losses (M) f32. InvalidArgument for a
-// target >= V.
+// logits (M, V), targets (M) i32, losses (M) f32; the softmax over the
+// first `classes` (1..V) columns. InvalidArgument for a target >= classes.
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses);
+                                 const Tensor &losses, int64_t classes);
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
-                                  float grad_scale, const Tensor &grad_logits);
+                                  float grad_scale, const Tensor &grad_logits,
+                                  int64_t classes);
 
 }  // namespace cpu_backend
 }  // namespace nn

@@ -142,6 +142,49 @@ TEST(FunctionalTest, CrossEntropyValuesIgnoredRowsAndInPlaceBackward) {
   EXPECT_NEAR(row_sum, 0.0, 1e-6);  // softmax - onehot sums to zero
 }
 
+// A padded vocabulary: with `classes` < V the columns from `classes` on are
+// out of the softmax (no loss share, no gradient), so the loss and the real
+// columns' gradients equal those of the unpadded logits.
+TEST(FunctionalTest, CrossEntropyLeavesPaddingColumnsOut) {
+  const Tensor padded = RandomTensor({3, 6}, 4, 3.0f);
+  Tensor unpadded = Empty({3, 4});
+  for (int row = 0; row < 3; ++row) {
+    for (int v = 0; v < 4; ++v) {
+      unpadded.data_as<float>()[row * 4 + v] =
+          padded.data_as<const float>()[row * 6 + v];
+    }
+  }
+  const Tensor targets = RandomIds({3}, 5, 4);
+  Tensor losses = Empty({3}), expected_losses = Empty({3});
+  ASSERT_TRUE(
+      CrossEntropyForward(padded, targets, losses, Stream(), /*classes=*/4)
+          .ok());
+  ASSERT_TRUE(
+      CrossEntropyForward(unpadded, targets, expected_losses, Stream()).ok());
+  EXPECT_EQ(Values(losses), Values(expected_losses));
+  Tensor grad = Empty({3, 6}), expected_grad = Empty({3, 4});
+  ASSERT_TRUE(
+      CrossEntropyBackward(padded, targets, 0.5f, grad, Stream(), 4).ok());
+  ASSERT_TRUE(
+      CrossEntropyBackward(unpadded, targets, 0.5f, expected_grad, Stream())
+          .ok());
+  for (int row = 0; row < 3; ++row) {
+    for (int v = 0; v < 6; ++v) {
+      EXPECT_EQ(grad.data_as<float>()[row * 6 + v],
+                v < 4 ? expected_grad.data_as<float>()[row * 4 + v] : 0.0f)
+          << "row " << row << " column " << v;
+    }
+  }
+  // classes beyond V, and a target in the padding, are refused.
+  ExpectInvalid(CrossEntropyForward(padded, targets, losses, Stream(), 7),
+                "classes = 7 is outside [0, 6]");
+  Tensor padding_target = RandomIds({3}, 5, 4);
+  padding_target.data_as<int32_t>()[2] = 4;
+  ExpectInvalid(
+      CrossEntropyForward(padded, padding_target, losses, Stream(), 4),
+      "outside the vocabulary [0, 4)");
+}
+
 // bf16 tensors are storage only: the result equals the f32 computation on
 // the bf16-rounded inputs, rounded once to bf16 (so within one bf16 ulp).
 TEST(FunctionalTest, Bf16StoragePathRoundsOnce) {

@@ -288,7 +288,10 @@ absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
   ZE_ASSIGN_OR_RETURN(
       Tensor losses,  // (B * T)
       Tensor::Empty({targets.numel()}, DType::kF32, logits.device()));
-  ZE_RETURN_IF_ERROR(CrossEntropyForward(logits, targets, losses, stream));
+  // Only the real vocabulary's logits compete; a padded table's extra
+  // columns are left out (GptConfig::padded_vocab_size).
+  ZE_RETURN_IF_ERROR(
+      CrossEntropyForward(logits, targets, losses, stream, config_.vocab_size));
   // One read back per step: the per-row losses and which rows count.
   Tensor host_losses = losses;
   Tensor host_targets = targets;
@@ -330,8 +333,8 @@ absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
       counted_targets_ > 0 ? loss_scale / static_cast<float>(counted_targets_)
                            : 0.0f;
   // In place: the logits are not needed once their gradient is formed.
-  ZE_RETURN_IF_ERROR(
-      CrossEntropyBackward(logits, targets, grad_scale, logits, stream));
+  ZE_RETURN_IF_ERROR(CrossEntropyBackward(logits, targets, grad_scale, logits,
+                                          stream, config_.vocab_size));
   return Backward(logits, stream).status();
 }
 

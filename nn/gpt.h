@@ -36,9 +36,10 @@ struct GptConfig {
   int64_t vocab_size = 50257;
   // Rows of the token table and columns of the logits; 0 means vocab_size.
   // Padding (e.g. to 50304, a multiple of 128) makes the matrix products
-  // faster. The padded columns take part in the softmax, as in Megatron's
-  // padded vocabularies: no target ever points at them, so training drives
-  // their logits down and the loss differs negligibly from the unpadded one.
+  // faster. The padded columns are left out of the loss's softmax (and get
+  // no gradient), so the loss is the unpadded model's: a pretrained GPT-2
+  // (50257) padded to 50304 keeps its loss, where zero padding rows would
+  // otherwise give logits of 0 that outweigh its real, mostly negative ones.
   int64_t padded_vocab_size = 0;
   int64_t max_seq_len = 1024;
   // Checkpoint every block (see Module::set_activation_checkpointing).

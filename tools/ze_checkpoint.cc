@@ -5,7 +5,7 @@
 //   ze_checkpoint verify DIR [--tag=T]
 //   ze_checkpoint consolidate DIR --out=FILE [--tag=T] [--dtype=f32|bf16|f16]
 //       [--format=native|hf-gpt2] [--kind=master|weights]
-//       [--memory_limit=BYTES]
+//       [--memory_limit=BYTES] [--vocab_size=V]
 //   ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16]
 //       [--vocab_size=V]
 //
@@ -16,7 +16,10 @@
 // compares its CRC-32C with the manifest; consolidate writes one
 // safetensors file of full parameters, one parameter at a time, so it needs
 // memory for the largest parameter only (--memory_limit makes that bound a
-// hard limit). import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file
+// hard limit; with --format=hf-gpt2, --vocab_size=V writes the token
+// table's first V rows, dropping a padded table's extra ones, by default
+// the vocabulary the checkpoint's client_state records, as train_gpt's
+// does). import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file
 // into our names and layout (Conv1D weights transposed, the vocabulary
 // padded with zero rows to V), one parameter at a time, so that
 // Engine::LoadWeights can start a job at any world size and stage from it.
@@ -50,7 +53,7 @@ constexpr char kUsage[] =
     "  ze_checkpoint consolidate DIR --out=FILE [--tag=T] "
     "[--dtype=f32|bf16|f16]\n"
     "      [--format=native|hf-gpt2] [--kind=master|weights] "
-    "[--memory_limit=BYTES]\n"
+    "[--memory_limit=BYTES] [--vocab_size=V]\n"
     "  ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16] "
     "[--vocab_size=V]\n";
 
@@ -318,10 +321,13 @@ int Main(int argc, char** argv) {
         (dtype != "f32" && dtype != "bf16" && dtype != "f16") ||
         (format != "native" && format != "hf-gpt2") ||
         !absl::SimpleAtoi(Flag(arguments, "memory_limit", "0"),
-                          &options.memory_limit_bytes)) {
+                          &options.memory_limit_bytes) ||
+        !absl::SimpleAtoi(Flag(arguments, "vocab_size", "0"),
+                          &options.vocab_size) ||
+        options.vocab_size < 0) {
       std::fprintf(stderr,
                    "ze_checkpoint consolidate: needs --out, and --dtype, "
-                   "--format, --memory_limit must be valid\n%s",
+                   "--format, --memory_limit, --vocab_size must be valid\n%s",
                    kUsage);
       return 2;
     }

@@ -85,6 +85,31 @@ absl::StatusOr<nn::Gpt2Dims> GptDims(const Manifest& manifest) {
   return dims;
 }
 
+// The token table's rows to export (see ConsolidateOptions::vocab_size).
+absl::StatusOr<int64_t> ExportedVocabulary(const CheckpointReader& reader,
+                                           const nn::Gpt2Dims& dims,
+                                           int64_t requested) {
+  int64_t rows = requested;
+  const char* source = "vocab_size";
+  if (rows == 0) {
+    const nlohmann::json& client_state = reader.manifest().client_state;
+    const auto recorded = client_state.find("vocab_size");
+    if (recorded == client_state.end() || !recorded->is_number_integer() ||
+        recorded->get<int64_t>() <= 0) {
+      return dims.vocab_size;
+    }
+    rows = recorded->get<int64_t>();
+    source = "the checkpoint's client_state vocab_size";
+  }
+  if (rows < 0 || rows > dims.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(reader.tag_directory(), ": ", source, " ", rows,
+                     " is not between 1 and the token table's ",
+                     dims.vocab_size, " rows (embed.wte)"));
+  }
+  return rows;
+}
+
 }  // namespace
 
 absl::StatusOr<ConsolidateReport> Consolidate(
@@ -125,6 +150,8 @@ absl::StatusOr<ConsolidateReport> Consolidate(
     ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, GptDims(manifest));
     nn::Gpt2ExportOptions export_options;
     export_options.dtype = options.dtype;
+    ZE_ASSIGN_OR_RETURN(export_options.vocab_size,
+                        ExportedVocabulary(reader, dims, options.vocab_size));
     export_options.metadata = {{"source", "zero-engine checkpoint"},
                                {"source_tag", manifest.tag},
                                {"global_steps", GlobalSteps(manifest)}};

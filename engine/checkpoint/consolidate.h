@@ -33,6 +33,12 @@ struct ConsolidateOptions {
   // at once. ResourceExhausted (naming the parameter and the bytes) before
   // anything is written when the largest parameter needs more.
   int64_t memory_limit_bytes = 0;
+  // hf-gpt2 only: rows of the token table to write, dropping the padding
+  // rows a model adds for speed (e.g. 50304 -> 50257) so the file matches
+  // a GPT2Config of the real vocabulary. 0: the checkpoint's client_state
+  // "vocab_size" when it holds a positive integer (train_gpt records it),
+  // else every row. More rows than the table has is InvalidArgument.
+  int64_t vocab_size = 0;
 };
 
 struct ConsolidateReport {

@@ -17,11 +17,11 @@ namespace {
 
 // ------------------------------------------------------------ CrossEntropy
 // Online (max, sum of exp) per thread, merged across the block: one read of
-// the row computes its logsumexp.
+// the row's first `classes` elements computes their logsumexp.
 template <typename T, int VEC>
-__device__ float RowLogSumExp(const T* row, int64_t vocab, float* scratch) {
+__device__ float RowLogSumExp(const T* row, int64_t classes, float* scratch) {
   float m = -INFINITY, s = 0.0f;
-  const int64_t vec_end = (vocab / VEC) * VEC;
+  const int64_t vec_end = (classes / VEC) * VEC;
   for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
     float v[VEC];
     LoadFloats<T, VEC>(row + c, v);
@@ -35,7 +35,7 @@ __device__ float RowLogSumExp(const T* row, int64_t vocab, float* scratch) {
       }
     }
   }
-  for (int64_t c = vec_end + threadIdx.x; c < vocab; c += blockDim.x) {
+  for (int64_t c = vec_end + threadIdx.x; c < classes; c += blockDim.x) {
     const float v = ToFloat(row[c]);
     if (v > m) {
       s = s * __expf(m - v) + 1.0f;
@@ -53,7 +53,8 @@ __device__ float RowLogSumExp(const T* row, int64_t vocab, float* scratch) {
 template <typename T, int VEC>
 __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
                                           const int32_t* __restrict__ targets,
-                                          float* losses, int64_t vocab) {
+                                          float* losses, int64_t vocab,
+                                          int64_t classes) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int32_t target = targets[row];
@@ -62,9 +63,9 @@ __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
     return;
   }
   const T* r = logits + row * vocab;
-  const float lse = RowLogSumExp<T, VEC>(r, vocab, scratch);
+  const float lse = RowLogSumExp<T, VEC>(r, classes, scratch);
   if (threadIdx.x == 0) {
-    const int64_t t = target >= vocab ? vocab - 1 : target;
+    const int64_t t = target >= classes ? classes - 1 : target;
     losses[row] = lse - ToFloat(r[t]);
   }
 }
@@ -74,8 +75,8 @@ __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
 template <typename T, int VEC>
 __global__ void CrossEntropyBackwardKernel(const T* logits,
                                            const int32_t* __restrict__ targets,
-                                           float scale, T* grad,
-                                           int64_t vocab) {
+                                           float scale, T* grad, int64_t vocab,
+                                           int64_t classes) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int32_t target = targets[row];
@@ -88,20 +89,25 @@ __global__ void CrossEntropyBackwardKernel(const T* logits,
     }
     return;
   }
-  const float lse = RowLogSumExp<T, VEC>(r, vocab, scratch);
+  const float lse = RowLogSumExp<T, VEC>(r, classes, scratch);
+  // Columns from `classes` on are padding: no gradient.
   for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
     float v[VEC];
     LoadFloats<T, VEC>(r + c, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      v[k] = scale * (__expf(v[k] - lse) - (c + k == target ? 1.0f : 0.0f));
+      v[k] =
+          c + k < classes
+              ? scale * (__expf(v[k] - lse) - (c + k == target ? 1.0f : 0.0f))
+              : 0.0f;
     }
     StoreFloats<T, VEC>(g + c, v);
   }
   for (int64_t c = vec_end + threadIdx.x; c < vocab; c += blockDim.x) {
     const float v = ToFloat(r[c]);
-    g[c] =
-        FromFloat<T>(scale * (__expf(v - lse) - (c == target ? 1.0f : 0.0f)));
+    g[c] = FromFloat<T>(
+        c < classes ? scale * (__expf(v - lse) - (c == target ? 1.0f : 0.0f))
+                    : 0.0f);
   }
 }
 
@@ -109,7 +115,7 @@ __global__ void CrossEntropyBackwardKernel(const T* logits,
 
 int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
                               float* losses, int64_t rows, int64_t vocab,
-                              int dtype, void* stream) {
+                              int64_t classes, int dtype, void* stream) {
   if (rows == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -118,11 +124,11 @@ int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
     if (vocab % kVec == 0 && Aligned(logits, 16)) {
       CrossEntropyForwardKernel<T, kVec>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
-              static_cast<const T*>(logits), targets, losses, vocab);
+              static_cast<const T*>(logits), targets, losses, vocab, classes);
     } else {
       CrossEntropyForwardKernel<T, 1>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
-              static_cast<const T*>(logits), targets, losses, vocab);
+              static_cast<const T*>(logits), targets, losses, vocab, classes);
     }
     return LastError();
   });
@@ -130,7 +136,8 @@ int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
 
 int LaunchCrossEntropyBackward(const void* logits, const int32_t* targets,
                                float scale, void* grad, int64_t rows,
-                               int64_t vocab, int dtype, void* stream) {
+                               int64_t vocab, int64_t classes, int dtype,
+                               void* stream) {
   if (rows == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -140,12 +147,12 @@ int LaunchCrossEntropyBackward(const void* logits, const int32_t* targets,
       CrossEntropyBackwardKernel<T, kVec>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
               static_cast<const T*>(logits), targets, scale,
-              static_cast<T*>(grad), vocab);
+              static_cast<T*>(grad), vocab, classes);
     } else {
       CrossEntropyBackwardKernel<T, 1>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
               static_cast<const T*>(logits), targets, scale,
-              static_cast<T*>(grad), vocab);
+              static_cast<T*>(grad), vocab, classes);
     }
     return LastError();
   });

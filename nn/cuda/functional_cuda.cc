@@ -1191,7 +1191,8 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
 }
 
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
-                                 const Tensor& losses, const Stream& stream) {
+                                 const Tensor& losses, int64_t classes,
+                                 const Stream& stream) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireFloatDType("CrossEntropyForward", logits));
   const int64_t vocab = logits.size(logits.dim() - 1);
@@ -1199,13 +1200,13 @@ absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
   return LaunchStatus(
       kernels::LaunchCrossEntropyForward(
           logits.data(), targets.data_as<int32_t>(), losses.data_as<float>(),
-          rows, vocab, DTypeCode(logits.dtype()), stream.native()),
+          rows, vocab, classes, DTypeCode(logits.dtype()), stream.native()),
       "CrossEntropyForward kernel");
 }
 
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
-                                  const Stream& stream) {
+                                  int64_t classes, const Stream& stream) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(
       RequireSameDType("CrossEntropyBackward", logits, {&grad_logits}));
@@ -1213,7 +1214,7 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
   const int64_t rows = vocab == 0 ? 0 : logits.numel() / vocab;
   return LaunchStatus(kernels::LaunchCrossEntropyBackward(
                           logits.data(), targets.data_as<int32_t>(), grad_scale,
-                          grad_logits.data(), rows, vocab,
+                          grad_logits.data(), rows, vocab, classes,
                           DTypeCode(logits.dtype()), stream.native()),
                       "CrossEntropyBackward kernel");
 }

@@ -109,11 +109,13 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
                                const Tensor& grad_token_table,
                                const Tensor& grad_position_table,
                                const Stream& stream);
+// The softmax over the first `classes` (1..V) columns of each row.
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
-                                 const Tensor& losses, const Stream& stream);
+                                 const Tensor& losses, int64_t classes,
+                                 const Stream& stream);
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
-                                  const Stream& stream);
+                                  int64_t classes, const Stream& stream);
 
 // Process-wide counts since start (or ResetMatmulEpilogueStats), per fused
 // epilogue: calls that ran fused, and calls that took the unfused path

@@ -243,11 +243,11 @@ int Main(int argc, char** argv) {
     const std::string ce_shape = shape_str({M, V});
     Time("cross_entropy_fwd", ce_shape, o.iters, stream, 0, 1.0 * M * V * es,
          [&] {
-           return cb::CrossEntropyForward(logits, ttargets, losses, stream);
+           return cb::CrossEntropyForward(logits, ttargets, losses, V, stream);
          });
     Time("cross_entropy_bwd", ce_shape, o.iters, stream, 0, 2.0 * M * V * es,
          [&] {
-           return cb::CrossEntropyBackward(logits, ttargets, 1.0f / M, grad,
+           return cb::CrossEntropyBackward(logits, ttargets, 1.0f / M, grad, V,
                                            stream);
          });
   }

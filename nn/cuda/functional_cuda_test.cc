@@ -977,45 +977,55 @@ TEST_F(FunctionalCudaTest, KvCacheDecodeMatchesCpu) {
   }
 }
 
+// Rows of V logits of which the first `classes` take part (V > classes: a
+// padded vocabulary, on the vectorised path when V is a multiple of 8).
 TEST_F(FunctionalCudaTest, CrossEntropy) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1003, 1003}, {1024, 1024}, {1024, 1003}, {1024, 1000}};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t V : {1003, 1024}) {
+    for (const auto& [V, classes] : shapes) {
       const int64_t M = 7;
       std::vector<int32_t> targets = {5, -1, 1002, 0, 17, -1, 999};
-      for (int32_t& t : targets) t = t >= V ? static_cast<int32_t>(V - 1) : t;
+      for (int32_t& t : targets) {
+        t = t >= classes ? static_cast<int32_t>(classes - 1) : t;
+      }
       Tensor ttargets = Tokens(targets, {M});
       Vec logits;
       Tensor tlogits = Random({M, V}, dtype, 51, &logits, 4.0f);
       Tensor tlosses = *Tensor::Empty({M}, DType::kF32, Device::Cuda(0));
       ASSERT_TRUE(
-          cb::CrossEntropyForward(tlogits, ttargets, tlosses, stream_).ok());
+          cb::CrossEntropyForward(tlogits, ttargets, tlosses, classes, stream_)
+              .ok());
       DVec losses(M, 0.0), grad(M * V, 0.0);
       const double scale = 0.5;
       for (int64_t r = 0; r < M; ++r) {
         if (targets[r] < 0) continue;
         double m = -INFINITY, s = 0;
-        for (int64_t c = 0; c < V; ++c)
+        for (int64_t c = 0; c < classes; ++c)
           m = std::max(m, double(logits[r * V + c]));
-        for (int64_t c = 0; c < V; ++c) s += std::exp(logits[r * V + c] - m);
+        for (int64_t c = 0; c < classes; ++c) {
+          s += std::exp(logits[r * V + c] - m);
+        }
         const double lse = m + std::log(s);
         losses[r] = lse - logits[r * V + targets[r]];
-        for (int64_t c = 0; c < V; ++c) {
+        for (int64_t c = 0; c < classes; ++c) {
           grad[r * V + c] = scale * (std::exp(logits[r * V + c] - lse) -
                                      (c == targets[r] ? 1.0 : 0.0));
         }
       }
-      const std::string tag = "CrossEntropy V=" + std::to_string(V);
+      const std::string tag = "CrossEntropy V=" + std::to_string(V) +
+                              " classes=" + std::to_string(classes);
       Check(tag + " losses", DType::kF32, Host(tlosses), losses,
             dtype == DType::kF32 ? 1 : 5);
       Tensor tgrad = *Tensor::Empty({M, V}, dtype, Device::Cuda(0));
-      ASSERT_TRUE(
-          cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tgrad, stream_)
-              .ok());
+      ASSERT_TRUE(cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tgrad,
+                                           classes, stream_)
+                      .ok());
       Check(tag + " grad", dtype, Host(tgrad), grad);
       // In place: grad_logits aliases logits.
-      ASSERT_TRUE(
-          cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tlogits, stream_)
-              .ok());
+      ASSERT_TRUE(cb::CrossEntropyBackward(tlogits, ttargets, 0.5f, tlogits,
+                                           classes, stream_)
+                      .ok());
       Check(tag + " grad in place", dtype, Host(tlogits), grad);
     }
   }

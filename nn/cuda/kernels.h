@@ -130,15 +130,19 @@ int LaunchCachedAttentionForward(const void* qkv, const int32_t* rows,
                                  int64_t batch, int64_t capacity, int dtype,
                                  void* stream);
 
-// losses (M) f32 = logsumexp(logits row) - logits[target]; 0 where target < 0.
+// Rows of `vocab` logits, of which the first `classes` (1..vocab) take
+// part in the softmax. losses (M) f32 = logsumexp(row[0, classes)) -
+// row[target]; 0 where target < 0.
 int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
                               float* losses, int64_t rows, int64_t vocab,
-                              int dtype, void* stream);
-// grad (M, V) = scale * (softmax(row) - onehot(target)), 0 for target < 0.
-// grad may alias logits.
+                              int64_t classes, int dtype, void* stream);
+// grad (M, V) = scale * (softmax(row[0, classes)) - onehot(target)) in the
+// first `classes` columns, 0 in the rest and for target < 0. grad may alias
+// logits.
 int LaunchCrossEntropyBackward(const void* logits, const int32_t* targets,
                                float scale, void* grad, int64_t rows,
-                               int64_t vocab, int dtype, void* stream);
+                               int64_t vocab, int64_t classes, int dtype,
+                               void* stream);
 
 }  // namespace cuda_kernels
 }  // namespace nn

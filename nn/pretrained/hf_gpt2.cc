@@ -510,6 +510,7 @@ absl::StatusOr<Gpt2Dims> ConvertHuggingFaceGpt2File(const std::string &hf_path,
                                                     DType dtype,
                                                     int64_t vocab_size) {
   ZE_ASSIGN_OR_RETURN(Gpt2Dims dims, InferHuggingFaceGpt2Dims(hf_path));
+  const int64_t vocabulary = dims.vocab_size;
   if (vocab_size > 0) {
     if (vocab_size < dims.vocab_size) {
       return absl::InvalidArgumentError(
@@ -526,8 +527,11 @@ absl::StatusOr<Gpt2Dims> ConvertHuggingFaceGpt2File(const std::string &hf_path,
   }
   ZE_ASSIGN_OR_RETURN(
       std::unique_ptr<safetensors::Writer> writer,
-      safetensors::Writer::Create(out_path, std::move(specs),
-                                  {{"format", "pt"}, {"source", hf_path}}));
+      safetensors::Writer::Create(
+          out_path, std::move(specs),
+          {{"format", "pt"},
+           {"source", hf_path},
+           {kVocabularyMetadataKey, absl::StrCat(vocabulary)}}));
   Gpt2LoadOptions options;
   options.dtype = dtype;
   options.expected = dims;

@@ -100,12 +100,19 @@ absl::Status LoadHuggingFaceGpt2(const std::string &path,
                                  const Gpt2TensorVisitor &visitor,
                                  const Gpt2LoadOptions &options = {});
 
+// The metadata key of a converted file (ConvertHuggingFaceGpt2File) that
+// holds the Hugging Face file's vocabulary, in decimal: the token table's
+// rows beyond it are padding, so a model loading the file knows which
+// logits are real.
+inline constexpr char kVocabularyMetadataKey[] = "vocab_size";
+
 // Converts the HF GPT-2 safetensors file at `hf_path` into a safetensors
 // file of our names and layout at `out_path` (what Engine::LoadWeights and
 // GptModel read), elements converted to `dtype` (kF32, kBF16 or kF16).
 // With vocab_size > 0 the token table gets that many rows, the rows beyond
 // the file's vocabulary zero (padding, e.g. 50257 -> 50304); below the
-// file's vocabulary is InvalidArgument naming --vocab_size. Streams one
+// file's vocabulary is InvalidArgument naming --vocab_size. The file's own
+// vocabulary is recorded under kVocabularyMetadataKey. Streams one
 // tensor at a time (LoadHuggingFaceGpt2 checks the whole file first); the
 // output is written atomically (safetensors::Writer). Returns the dims
 // written. Errors as LoadHuggingFaceGpt2's, and the writer's naming
