@@ -69,7 +69,7 @@ struct Flags {
   std::vector<int> threads;
   int steps = 5;
   int64_t triad_mib = 512;
-  int64_t tile_kib = 64;
+  int64_t tile_kib = ze::offload::CpuExecutionOptions().tile_bytes / 1024;
   std::string simd;
   ze::offload::CpuExecutionOptions execution;
 };

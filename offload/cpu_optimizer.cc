@@ -253,7 +253,8 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
 
   std::unique_ptr<CpuOptimizer> optimizer(new CpuOptimizer(
       options, num_elements, simd_path, tile_elements, execution,
-      std::make_unique<ThreadPool>(num_threads, execution.pin_threads)));
+      std::make_unique<ThreadPool>(num_threads, execution.pin_threads,
+                                   execution.first_cpu)));
   // 64-byte aligned (a cache line, one AVX-512 vector); with huge_pages and
   // at least one huge page of state, 2 MiB aligned and advised, so the
   // kernel's streams walk few TLB entries. Zeroed by the threads that will

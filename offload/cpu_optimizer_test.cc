@@ -367,7 +367,7 @@ TEST(CpuOptimizerTest, DefaultsToTheBestPathAndHardwareThreads) {
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
   EXPECT_EQ((*optimizer)->simd_path(), BestSimdPath());
   EXPECT_GE((*optimizer)->num_threads(), 1);
-  EXPECT_EQ((*optimizer)->tile_elements(), 16384);
+  EXPECT_EQ((*optimizer)->tile_elements(), 65536);  // 256 KiB of f32
   EXPECT_TRUE(SimdPathSupported(SimdPath::kScalar));
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ((*optimizer)->exp_avg()[i], 0.0f);

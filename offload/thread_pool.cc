@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace ze {
@@ -32,12 +33,38 @@ void PinToAllowedCpu(int index) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads, bool pin_workers) {
+CpuShare PlanCpuShare(int allowed_cpus, int host_cpus, int local_rank,
+                      int local_size) {
+  local_size = std::max(1, local_size);
+  host_cpus = std::max(1, host_cpus);
+  const int even = std::max(1, host_cpus / local_size);
+  CpuShare share;
+  if (allowed_cpus >= host_cpus) {
+    share.count = even;
+    share.first_cpu = (std::max(0, local_rank) % local_size) * even;
+    return share;
+  }
+  share.count = std::max(1, allowed_cpus);
+  share.narrowed_by_launcher = share.count < even;
+  return share;
+}
+
+int AllowedCpuCount() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    const int count = CPU_COUNT(&allowed);
+    if (count > 0) return count;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+ThreadPool::ThreadPool(int num_threads, bool pin_workers, int first_cpu) {
   const int workers = num_threads > 1 ? num_threads - 1 : 0;
   workers_.reserve(workers);
   for (int i = 0; i < workers; ++i) {
-    workers_.emplace_back([this, i, pin_workers] {
-      if (pin_workers) PinToAllowedCpu(i + 1);
+    workers_.emplace_back([this, i, pin_workers, first_cpu] {
+      if (pin_workers) PinToAllowedCpu(first_cpu + i + 1);
       WorkerLoop(i + 1);
     });
   }

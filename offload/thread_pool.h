@@ -15,16 +15,41 @@
 namespace ze {
 namespace offload {
 
+// The CPUs of one host that one of its ranks gives its CPU threads.
+struct CpuShare {
+  int count = 1;      // CPUs in the share, >= 1
+  int first_cpu = 0;  // index, in the process's affinity mask, of the first
+  // The launcher bound the process to fewer CPUs than an even split of the
+  // host among its ranks would give it (Open MPI binds each rank to one
+  // core by default at two ranks or fewer, unless --bind-to none).
+  bool narrowed_by_launcher = false;
+};
+
+// Pure. `allowed_cpus`: CPUs in this process's affinity mask; `host_cpus`:
+// the host's; `local_rank` of `local_size` ranks on the host. When the
+// mask holds every host CPU (--bind-to none), the ranks split them evenly,
+// local rank r taking the r-th run of host_cpus / local_size, so pinned
+// threads of different ranks never share a CPU; when it holds fewer, the
+// launcher chose this rank's CPUs and the whole mask is its share.
+CpuShare PlanCpuShare(int allowed_cpus, int host_cpus, int local_rank,
+                      int local_size);
+
+// The CPUs in the calling thread's affinity mask (sched_getaffinity); the
+// hardware's thread count when that fails.
+int AllowedCpuCount();
+
 class ThreadPool {
  public:
   // `num_threads` >= 1, the caller's thread included (values below 1 are
   // taken as 1).
   // `pin_workers`: worker w (thread index w + 1) is bound with
-  // sched_setaffinity to the (w + 1)-th CPU of the process's affinity mask
-  // (wrapping around), so a worker keeps its caches and its NUMA node from
-  // step to step; the caller's thread is never re-bound. Pinning is best
-  // effort: a refused sched_setaffinity leaves the worker unpinned.
-  explicit ThreadPool(int num_threads, bool pin_workers = false);
+  // sched_setaffinity to the (first_cpu + w + 1)-th CPU of the process's
+  // affinity mask (wrapping around), so a worker keeps its caches and its
+  // NUMA node from step to step; the caller's thread is never re-bound.
+  // Pinning is best effort: a refused sched_setaffinity leaves the worker
+  // unpinned.
+  explicit ThreadPool(int num_threads, bool pin_workers = false,
+                      int first_cpu = 0);
   // Joins the workers (no loop may be running).
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

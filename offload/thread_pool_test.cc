@@ -27,6 +27,30 @@ TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
   }
 }
 
+TEST(CpuShareTest, SplitsAnUnboundHostAndKeepsALaunchersBinding) {
+  // --bind-to none: every rank sees all 16 CPUs and takes its own run.
+  for (int rank = 0; rank < 4; ++rank) {
+    const CpuShare share = PlanCpuShare(16, 16, rank, 4);
+    EXPECT_EQ(share.count, 4);
+    EXPECT_EQ(share.first_cpu, 4 * rank);
+    EXPECT_FALSE(share.narrowed_by_launcher);
+  }
+  EXPECT_EQ(PlanCpuShare(16, 16, 0, 1).count, 16);
+  // More ranks than CPUs: one each, wrapping.
+  EXPECT_EQ(PlanCpuShare(2, 2, 3, 4).count, 1);
+  // Bound by the launcher to one core of 16 at 2 ranks: that is the share,
+  // and it is narrower than the even split of 8.
+  CpuShare bound = PlanCpuShare(1, 16, 1, 2);
+  EXPECT_EQ(bound.count, 1);
+  EXPECT_EQ(bound.first_cpu, 0);
+  EXPECT_TRUE(bound.narrowed_by_launcher);
+  // Bound to a socket's 8 of 16 at 2 ranks: the whole even split.
+  bound = PlanCpuShare(8, 16, 1, 2);
+  EXPECT_EQ(bound.count, 8);
+  EXPECT_FALSE(bound.narrowed_by_launcher);
+  EXPECT_GE(AllowedCpuCount(), 1);
+}
+
 TEST(ThreadPoolTest, ReusableAcrossManyLoops) {
   ThreadPool pool(4);
   std::atomic<int64_t> sum{0};

@@ -196,6 +196,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     }
     offload::CpuExecutionOptions execution;
     execution.num_threads = options_.host_threads;
+    execution.first_cpu = options_.host_first_cpu;
     absl::StatusOr<std::unique_ptr<offload::CpuOptimizer>> optimizer =
         offload::CpuOptimizer::Create(options_.optimizer, host_elements,
                                       execution);

@@ -99,6 +99,9 @@ struct PartitionStateOptions {
   // Threads of the CPU optimizer (the caller's included); 0: every hardware
   // thread.
   int host_threads = 0;
+  // Where its pinned workers start in the process's affinity mask
+  // (offload::CpuExecutionOptions::first_cpu).
+  int host_first_cpu = 0;
   // Host buckets travel and are updated in chunks of at most this many
   // elements (sub_group_size, capped at kMaxChunkElements: a millisecond or
   // so of CPU work), so the CPU starts as soon as the first chunk's

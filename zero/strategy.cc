@@ -7,9 +7,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "offload/nvme_store.h"
+#include "offload/thread_pool.h"
 
 namespace ze {
 namespace zero {
@@ -108,12 +110,25 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     }
     options.chunk_elements = zero.sub_group_size;
     options.delayed_update = zero.offload_optimizer.delayed_update;
-    // This host's cores, shared by its ranks; on a GPU one per rank is left
-    // to the engine's thread, which launches the next forward's kernels
-    // while the CPU step runs.
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    const int share = static_cast<int>(cores) / comm().local_size();
-    options.host_threads = std::max(1, device().is_cuda() ? share - 1 : share);
+    // This host's cores, shared by its ranks (each pins its workers into
+    // its own share); on a GPU one per rank is left to the engine's thread,
+    // which launches the next forward's kernels while the CPU step runs.
+    const int host_cpus =
+        static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const offload::CpuShare share =
+        offload::PlanCpuShare(offload::AllowedCpuCount(), host_cpus,
+                              comm().local_rank(), comm().local_size());
+    if (share.narrowed_by_launcher) {
+      ZE_LOG(WARNING) << "the launcher bound this process to " << share.count
+                      << " of the host's " << host_cpus << " CPUs ("
+                      << comm().local_size()
+                      << " ranks here), so the CPU optimizer runs on "
+                      << share.count << "; mpirun --bind-to none lets it use "
+                      << host_cpus / comm().local_size();
+    }
+    options.host_threads =
+        std::max(1, device().is_cuda() ? share.count - 1 : share.count);
+    options.host_first_cpu = share.first_cpu;
     // OMP_NUM_THREADS sets it instead, as it sets DeepSpeed's CPU Adam
     // (an OpenMP loop): the user's way to leave cores to data loading.
     if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
