@@ -91,6 +91,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "comm/bootstrap.h"
 #include "comm/factory.h"
 #include "config/config.h"
 #include "core/allocator.h"
@@ -698,7 +699,11 @@ absl::Status Train(Options options, int* exit_code) {
   };
 
   // Progress: a line redrawn in place, or the engine's log lines.
-  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  // Under any launcher comm/ recognises (Open MPI or Hydra), stdout is the
+  // launcher's pipe even when the launcher's own stdout is a terminal.
+  const absl::StatusOr<comm::LaunchInfo> launch =
+      comm::LaunchInfoFromEnvironment();
+  const bool under_mpirun = !launch.ok() || launch->launched;
   const bool in_place =
       options.progress == "line" ||
       (options.progress == "auto" && isatty(STDOUT_FILENO) && !under_mpirun);
