@@ -48,6 +48,8 @@
 //                            1-3) or both (and offload_param: cpu; stage 3)
 //   --offload_ratio=1        offload_optimizer.ratio
 //   --offload_device=cpu     cpu or nvme (offload_optimizer.device; nvme
+//   --aio_block_size=1048576 --aio_queue_depth=8   the config's aio block
+//                            (DeepSpeed's defaults), used by nvme
 //   --nvme_path=/tmp           needs stage 3); "nvme" adds disk read/write
 //                            bytes and GB/s per timed step
 //   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
@@ -107,6 +109,8 @@ struct Options {
   double offload_ratio = 1.0;
   std::string offload_device = "cpu";
   std::string nvme_path = "/tmp";
+  int64_t aio_block_size = 1 << 20;
+  int64_t aio_queue_depth = 8;
   bool pin_memory = true;
   bool delayed_update = false;
   double gradient_clipping = 1.0;
@@ -184,6 +188,10 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   options.offload = flags.GetString("offload", "none");
   options.offload_device = flags.GetString("offload_device", "cpu");
   options.nvme_path = flags.GetString("nvme_path", "/tmp");
+  ZE_ASSIGN_OR_RETURN(options.aio_block_size,
+                      flags.GetInt("aio_block_size", 1 << 20, 4096, 1 << 30));
+  ZE_ASSIGN_OR_RETURN(options.aio_queue_depth,
+                      flags.GetInt("aio_queue_depth", 8, 1, 1024));
   if (options.offload != "none" && options.offload != "optimizer" &&
       options.offload != "both") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -249,6 +257,10 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
     if (options.offload == "both") {
       zero["offload_param"] = {{"device", "cpu"},
                                {"pin_memory", options.pin_memory}};
+    }
+    if (options.offload_device == "nvme") {
+      config["aio"] = {{"block_size", options.aio_block_size},
+                       {"queue_depth", options.aio_queue_depth}};
     }
   }
   if (stage == 3) {
