@@ -50,50 +50,25 @@ import torch_gpt as tg  # noqa: E402
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="1.3B", help="comma list of " + ", ".join(tg.PRESETS))
+    tg.add_case_arguments(p, default_port=29514)
     p.add_argument("--stages", default="2,3", help="comma list of ZeRO stages 1-3")
-    p.add_argument("--batch", type=int, default=16, help="micro-batch per GPU")
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--heads", type=int, default=0, help="override the presets' head count (0: preset)")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient_clipping (0: none)")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--zero", default="{}", help="JSON merged into zero_optimization")
-    p.add_argument("--pg_timeout", type=float, default=300, help="seconds a collective may wait")
-    p.add_argument("--port", type=int, default=29514, help="MASTER_PORT default (mpirun, no launcher)")
-    p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1+2 steps")
-    p.add_argument("--dry_run", action="store_true", help="print the cases; needs no torch")
-    # Testing the error path: raise MemoryError in the cases of this stage
-    # (on the ranks listed in --_fail_ranks, default all).
-    p.add_argument("--_fail_case", default="", help=argparse.SUPPRESS)
-    p.add_argument("--_fail_ranks", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.smoke:
-        a.models, a.batch, a.seq, a.warmup, a.iters = "tiny", 2, 64, 1, 2
-    a.models = tg.split_list(a.models)
+    tg.check_case_arguments(p, a)
     try:
         a.stages = [int(x) for x in tg.split_list(a.stages)]
     except ValueError:
         p.error(f"--stages: {a.stages!r} is not a list of numbers")
     if any(st not in (1, 2, 3) for st in a.stages):
         p.error("--stages: DeepSpeed ZeRO stages are 1, 2 and 3")
+    if not a.stages:
+        p.error("--stages must name at least one stage")
     try:
         a.zero = json.loads(a.zero)
     except ValueError as e:
         p.error(f"--zero is not JSON: {e}")
     if not isinstance(a.zero, dict):
         p.error("--zero must be a JSON object")
-    for m in a.models:
-        try:
-            tg.shape(m, a.heads or None, a.seq)
-        except ValueError as e:
-            p.error(str(e))
-    if a.batch < 1 or a.seq < 1 or a.iters < 1 or a.warmup < 0:
-        p.error("--batch, --seq, --iters must be positive and --warmup not negative")
-    if not a.models or not a.stages:
-        p.error("--models and --stages must name at least one case")
     return a
 
 

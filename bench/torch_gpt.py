@@ -110,6 +110,49 @@ def split_list(text):
     return [t for t in (x.strip() for x in text.split(",")) if t]
 
 
+def add_case_arguments(p, default_port):
+    """The flags both references take, with the same meaning and defaults:
+    the model list, the micro-batch, sequence, timing, optimizer and seed,
+    the process group's timeout and port, --smoke, --dry_run and the
+    error-path test hook."""
+    import argparse
+    p.add_argument("--models", default="1.3B", help="comma list of " + ", ".join(PRESETS))
+    p.add_argument("--batch", type=int, default=16, help="micro-batch per GPU")
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--heads", type=int, default=0, help="override the presets' head count (0: preset)")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping (0: none)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--pg_timeout", type=float, default=300, help="seconds a collective may wait")
+    p.add_argument("--port", type=int, default=default_port,
+                   help="MASTER_PORT default (mpirun, no launcher)")
+    p.add_argument("--smoke", action="store_true", help="tiny model, batch 2, seq 64, 1+2 steps")
+    p.add_argument("--dry_run", action="store_true", help="print the cases; needs no torch")
+    # Testing the error path: raise MemoryError in the named case (on the
+    # ranks listed in --_fail_ranks, default all).
+    p.add_argument("--_fail_case", default="", help=argparse.SUPPRESS)
+    p.add_argument("--_fail_ranks", default="", help=argparse.SUPPRESS)
+
+
+def check_case_arguments(p, a):
+    """Applies --smoke, splits --models and checks what add_case_arguments
+    added; p.error (exit 2) names the flag otherwise."""
+    if a.smoke:
+        a.models, a.batch, a.seq, a.warmup, a.iters = "tiny", 2, 64, 1, 2
+    a.models = split_list(a.models)
+    if not a.models:
+        p.error("--models must name at least one model")
+    for m in a.models:
+        try:
+            shape(m, a.heads or None, a.seq)
+        except ValueError as e:
+            p.error(str(e))
+    if a.batch < 1 or a.seq < 1 or a.iters < 1 or a.warmup < 0:
+        p.error("--batch, --seq, --iters must be positive and --warmup not negative")
+
+
 def print_row(row):
     """One JSON object per line on stdout, flushed (the orchestration reads it live)."""
     sys.stdout.write(json.dumps(row) + "\n")
