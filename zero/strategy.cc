@@ -122,8 +122,9 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
       ZE_LOG(WARNING) << "the launcher bound this process to " << share.count
                       << " of the host's " << host_cpus << " CPUs ("
                       << comm().local_size()
-                      << " ranks here), so the CPU optimizer runs on "
-                      << share.count << "; mpirun --bind-to none lets it use "
+                      << (comm().local_size() == 1 ? " rank" : " ranks")
+                      << " here), so the CPU optimizer runs on " << share.count
+                      << "; mpirun --bind-to none lets it use "
                       << host_cpus / comm().local_size();
     }
     options.host_threads =
