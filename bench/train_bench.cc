@@ -75,6 +75,7 @@
 #include "bench/gpt_bench_util.h"
 #include "comm/communicator.h"
 #include "comm/factory.h"
+#include "config/config.h"
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -109,8 +110,8 @@ struct Options {
   double offload_ratio = 1.0;
   std::string offload_device = "cpu";
   std::string nvme_path = "/tmp";
-  int64_t aio_block_size = 1 << 20;
-  int64_t aio_queue_depth = 8;
+  int64_t aio_block_size = config::AioConfig().block_size;
+  int64_t aio_queue_depth = config::AioConfig().queue_depth;
   bool pin_memory = true;
   bool delayed_update = false;
   double gradient_clipping = 1.0;
@@ -188,10 +189,12 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   options.offload = flags.GetString("offload", "none");
   options.offload_device = flags.GetString("offload_device", "cpu");
   options.nvme_path = flags.GetString("nvme_path", "/tmp");
-  ZE_ASSIGN_OR_RETURN(options.aio_block_size,
-                      flags.GetInt("aio_block_size", 1 << 20, 4096, 1 << 30));
-  ZE_ASSIGN_OR_RETURN(options.aio_queue_depth,
-                      flags.GetInt("aio_queue_depth", 8, 1, 1024));
+  ZE_ASSIGN_OR_RETURN(
+      options.aio_block_size,
+      flags.GetInt("aio_block_size", options.aio_block_size, 4096, 1 << 30));
+  ZE_ASSIGN_OR_RETURN(
+      options.aio_queue_depth,
+      flags.GetInt("aio_queue_depth", options.aio_queue_depth, 1, 1024));
   if (options.offload != "none" && options.offload != "optimizer" &&
       options.offload != "both") {
     return absl::InvalidArgumentError(absl::StrCat(

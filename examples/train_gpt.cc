@@ -98,6 +98,7 @@
 #include "core/logging.h"
 #include "core/safetensors/reader.h"
 #include "core/status.h"
+#include "engine/checkpoint/consolidate.h"
 #include "engine/engine.h"
 #include "examples/progress.h"
 #include "examples/train_data.h"
@@ -727,12 +728,13 @@ absl::Status Train(Options options, int* exit_code) {
   auto save = [&](int64_t next_step) -> absl::Status {
     return engine->SaveCheckpoint(
         options.save_dir, "",
-        // vocab_size: the real vocabulary, so that `ze_checkpoint
-        // consolidate --format=hf-gpt2` drops a padded table's extra rows
-        // (50304 -> 50257) and transformers loads the file as GPT-2.
-        nlohmann::json{{"next_step", next_step},
-                       {"first_loss", first_loss},
-                       {"vocab_size", gpt.vocab_size}});
+        // The real vocabulary, so that `ze_checkpoint consolidate
+        // --format=hf-gpt2` drops a padded table's extra rows (50304 ->
+        // 50257) and transformers loads the file as GPT-2.
+        nlohmann::json{
+            {"next_step", next_step},
+            {"first_loss", first_loss},
+            {checkpoint::kClientStateVocabularyKey, gpt.vocab_size}});
   };
   Evaluation last_evaluation;
   using Clock = std::chrono::steady_clock;

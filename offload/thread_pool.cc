@@ -37,15 +37,14 @@ CpuShare PlanCpuShare(int allowed_cpus, int host_cpus, int local_rank,
                       int local_size) {
   local_size = std::max(1, local_size);
   host_cpus = std::max(1, host_cpus);
-  const int even = std::max(1, host_cpus / local_size);
   CpuShare share;
+  share.even_count = std::max(1, host_cpus / local_size);
   if (allowed_cpus >= host_cpus) {
-    share.count = even;
-    share.first_cpu = (std::max(0, local_rank) % local_size) * even;
+    share.count = share.even_count;
+    share.first_cpu = (std::max(0, local_rank) % local_size) * share.even_count;
     return share;
   }
   share.count = std::max(1, allowed_cpus);
-  share.narrowed_by_launcher = share.count < even;
   return share;
 }
 

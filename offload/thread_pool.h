@@ -17,12 +17,13 @@ namespace offload {
 
 // The CPUs of one host that one of its ranks gives its CPU threads.
 struct CpuShare {
-  int count = 1;      // CPUs in the share, >= 1
-  int first_cpu = 0;  // index, in the process's affinity mask, of the first
+  int count = 1;       // CPUs in the share, >= 1
+  int first_cpu = 0;   // index, in the process's affinity mask, of the first
+  int even_count = 1;  // an even split of the host among its ranks, >= 1
   // The launcher bound the process to fewer CPUs than an even split of the
   // host among its ranks would give it (Open MPI binds each rank to one
   // core by default at two ranks or fewer, unless --bind-to none).
-  bool narrowed_by_launcher = false;
+  bool narrowed_by_launcher() const { return count < even_count; }
 };
 
 // Pure. `allowed_cpus`: CPUs in this process's affinity mask; `host_cpus`:

@@ -33,7 +33,8 @@ TEST(CpuShareTest, SplitsAnUnboundHostAndKeepsALaunchersBinding) {
     const CpuShare share = PlanCpuShare(16, 16, rank, 4);
     EXPECT_EQ(share.count, 4);
     EXPECT_EQ(share.first_cpu, 4 * rank);
-    EXPECT_FALSE(share.narrowed_by_launcher);
+    EXPECT_EQ(share.even_count, 4);
+    EXPECT_FALSE(share.narrowed_by_launcher());
   }
   EXPECT_EQ(PlanCpuShare(16, 16, 0, 1).count, 16);
   // More ranks than CPUs: one each, wrapping.
@@ -43,11 +44,12 @@ TEST(CpuShareTest, SplitsAnUnboundHostAndKeepsALaunchersBinding) {
   CpuShare bound = PlanCpuShare(1, 16, 1, 2);
   EXPECT_EQ(bound.count, 1);
   EXPECT_EQ(bound.first_cpu, 0);
-  EXPECT_TRUE(bound.narrowed_by_launcher);
+  EXPECT_EQ(bound.even_count, 8);
+  EXPECT_TRUE(bound.narrowed_by_launcher());
   // Bound to a socket's 8 of 16 at 2 ranks: the whole even split.
   bound = PlanCpuShare(8, 16, 1, 2);
   EXPECT_EQ(bound.count, 8);
-  EXPECT_FALSE(bound.narrowed_by_launcher);
+  EXPECT_FALSE(bound.narrowed_by_launcher());
   EXPECT_GE(AllowedCpuCount(), 1);
 }
 

@@ -118,14 +118,14 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     const offload::CpuShare share =
         offload::PlanCpuShare(offload::AllowedCpuCount(), host_cpus,
                               comm().local_rank(), comm().local_size());
-    if (share.narrowed_by_launcher) {
+    if (share.narrowed_by_launcher()) {
       ZE_LOG(WARNING) << "the launcher bound this process to " << share.count
                       << " of the host's " << host_cpus << " CPUs ("
                       << comm().local_size()
                       << (comm().local_size() == 1 ? " rank" : " ranks")
                       << " here), so the CPU optimizer runs on " << share.count
                       << "; mpirun --bind-to none lets it use "
-                      << host_cpus / comm().local_size();
+                      << share.even_count;
     }
     options.host_threads =
         std::max(1, device().is_cuda() ? share.count - 1 : share.count);

@@ -93,7 +93,7 @@ absl::StatusOr<int64_t> ExportedVocabulary(const CheckpointReader& reader,
   const char* source = "vocab_size";
   if (rows == 0) {
     const nlohmann::json& client_state = reader.manifest().client_state;
-    const auto recorded = client_state.find("vocab_size");
+    const auto recorded = client_state.find(kClientStateVocabularyKey);
     if (recorded == client_state.end() || !recorded->is_number_integer() ||
         recorded->get<int64_t>() <= 0) {
       return dims.vocab_size;

@@ -22,6 +22,11 @@ enum class ConsolidateFormat {
   kHfGpt2,  // Hugging Face GPT-2 names and Conv1D layout (GPT models only)
 };
 
+// The client_state key (Engine::SaveCheckpoint's) under which a GPT's
+// writer records its real vocabulary, the token table's rows beyond it being
+// padding; hf-gpt2 consolidation reads it (ConsolidateOptions::vocab_size).
+inline constexpr char kClientStateVocabularyKey[] = "vocab_size";
+
 struct ConsolidateOptions {
   std::string output_path;
   // The kind of state to take values from; empty: "master" (f32, exact)
@@ -36,7 +41,8 @@ struct ConsolidateOptions {
   // hf-gpt2 only: rows of the token table to write, dropping the padding
   // rows a model adds for speed (e.g. 50304 -> 50257) so the file matches
   // a GPT2Config of the real vocabulary. 0: the checkpoint's client_state
-  // "vocab_size" when it holds a positive integer (train_gpt records it),
+  // kClientStateVocabularyKey when it holds a positive integer (train_gpt
+  // records it),
   // else every row. More rows than the table has is InvalidArgument.
   int64_t vocab_size = 0;
 };
