@@ -9,7 +9,8 @@
 //    "prefetch_bytes":0,"params":200000000,"steps":5,"best_s":0.0301,
 //    "mean_s":0.0305,"params_per_s":6.64e9,"adam_GBps":186.0,
 //    "triad_GBps":180.2,"fraction_of_triad":1.03,"best_triad_GBps":180.2,
-//    "fraction_of_best_triad":1.03}
+//    "fraction_of_best_triad":1.03,"step_traffic_GBps":190.1,
+//    "step_traffic_mean_s":0.0298,"fraction_of_step_traffic":0.98}
 //
 // The bandwidth lines (one per thread count) come first; triad_GBps is the
 // triad at the same thread count, best_triad_GBps the best of all of them.
@@ -23,11 +24,15 @@
 //   read:  sum of a[i] (4 bytes per element),
 //   copy:  a[i] = b[i], non-temporal stores (8 bytes),
 //   triad: a[i] = b[i] + s * c[i], non-temporal stores (12 bytes),
-// so the bytes counted are all the traffic each causes. Adam's 28 bytes are
-// the bytes it asks for; with plain stores of the bf16 copy (--nt_out=0)
-// it costs up to 2 more per parameter in write-allocate reads. GB/s is 1e9
-// bytes per second; times are the best and the mean of `steps` timed steps
-// after one untimed warm-up step.
+// so the bytes counted are all the traffic each causes; and
+//   step traffic: the Adam step's own streams and schedule with an add in
+//     place of its arithmetic (MeasureStepTraffic, 28 bytes),
+// whose GB/s is the bound that matters: fraction_of_step_traffic near 1
+// means the step runs at what this host's memory gives its access pattern.
+// Adam's 28 bytes are the bytes it asks for; with plain stores of the bf16 copy
+// (--nt_out=0) it costs up to 2 more per parameter in write-allocate reads.
+// GB/s is 1e9 bytes per second; times are the best and the mean of `steps`
+// timed steps after one untimed warm-up step.
 //
 // Flags: --params=200000000 --threads=1,2,4,... (default: powers of two up
 // to the hardware threads, and the hardware threads) --steps=5
@@ -41,6 +46,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -189,6 +195,108 @@ Bandwidth MeasureBandwidth(int threads, int64_t count,
   return result;
 }
 
+// The step's memory traffic with almost none of its arithmetic: the same
+// streams as the AVX-512 Adam kernel (read p, m, v f32 and g bf16; write p,
+// m, v in place and a bf16 copy, streamed past the caches as --nt_out=1
+// does), each element only added to, over the same tiles handed out the
+// same way (dynamic: ThreadPool::ParallelFor, in tile order; static: one
+// contiguous piece per thread). Its bytes per second are what this host's
+// memory gives Adam's access pattern, so adam_GBps / step_traffic_GBps is
+// how much of the loop's time is arithmetic the memory does not hide.
+__attribute__((target("avx512f"))) void TrafficTile(float* p, const uint16_t* g,
+                                                    float* m, float* v,
+                                                    uint16_t* out,
+                                                    int64_t count) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512 gradient = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i))),
+        16));
+    const __m512 new_p = _mm512_add_ps(_mm512_loadu_ps(p + i), gradient);
+    _mm512_storeu_ps(p + i, new_p);
+    _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gradient));
+    _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gradient));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtepi32_epi16(
+                            _mm512_srli_epi32(_mm512_castps_si512(new_p), 16)));
+  }
+  for (; i < count; ++i) {
+    const float gradient = ze::Bf16BitsToFloat(g[i]);
+    p[i] += gradient;
+    m[i] += gradient;
+    v[i] += gradient;
+    out[i] = ze::FloatToBf16Bits(p[i]);
+  }
+  _mm_sfence();
+}
+
+// Best and mean seconds of `steps` TrafficTile passes over `count` elements
+// (after one untimed pass), on `threads` threads with `execution`'s pinning,
+// page advice, schedule and tile size. 0 when the CPU lacks AVX-512.
+struct StepTraffic {
+  double best_s = 0.0;
+  double mean_s = 0.0;
+};
+StepTraffic MeasureStepTraffic(
+    int threads, int64_t count, int steps,
+    const ze::offload::CpuExecutionOptions& execution) {
+  if (!__builtin_cpu_supports("avx512f")) return {};
+  ze::offload::ThreadPool pool(threads, execution.pin_threads);
+  auto p = AlignedArray<float>(count, execution.huge_pages);
+  auto g = AlignedArray<uint16_t>(count, execution.huge_pages);
+  auto m = AlignedArray<float>(count, execution.huge_pages);
+  auto v = AlignedArray<float>(count, execution.huge_pages);
+  auto out = AlignedArray<uint16_t>(count, execution.huge_pages);
+  // Tiles are multiples of 64 elements, so every tile's bf16 copy starts on
+  // a 32-byte boundary (the streamed store's alignment).
+  const int64_t tile =
+      std::max<int64_t>(64, execution.tile_bytes / 4 / 64 * 64);
+  const int64_t tiles = (count + tile - 1) / tile;
+  auto pass = [&](bool fill) {
+    auto run_range = [&](int64_t begin, int64_t end) {
+      if (fill) {
+        for (int64_t i = begin; i < end; ++i) {
+          p[i] = m[i] = v[i] = 0.0f;
+          g[i] = ze::FloatToBf16Bits(1e-3f);
+        }
+        return;
+      }
+      TrafficTile(p.get() + begin, g.get() + begin, m.get() + begin,
+                  v.get() + begin, out.get() + begin, end - begin);
+    };
+    if (execution.schedule == ze::offload::CpuSchedule::kStaticSplit) {
+      // Piece boundaries on 1024 elements keep the 32-byte alignment too.
+      ForPieces(pool, count, run_range);
+    } else {
+      pool.ParallelFor(tiles, [&](int64_t t) {
+        run_range(t * tile, std::min(count, (t + 1) * tile));
+      });
+    }
+  };
+  pass(/*fill=*/true);
+  StepTraffic result;
+  double best = 1e30, total = 0;
+  for (int step = 0; step <= steps; ++step) {
+    const Clock::time_point start = Clock::now();
+    pass(/*fill=*/false);
+    const double seconds = Seconds(start);
+    if (step == 0) continue;
+    best = std::min(best, seconds);
+    total += seconds;
+  }
+  // Every pass added g once: the loops ran (and were not optimised away).
+  const float expected = static_cast<float>(steps + 1) *
+                         ze::Bf16BitsToFloat(ze::FloatToBf16Bits(1e-3f));
+  if (std::abs(v[count / 2] - expected) > 1e-3f * expected) {
+    std::fprintf(stderr, "step traffic check failed: %g, expected %g\n",
+                 v[count / 2], expected);
+  }
+  result.best_s = best;
+  result.mean_s = total / steps;
+  return result;
+}
+
 const char* ScheduleName(ze::offload::CpuSchedule schedule) {
   return schedule == ze::offload::CpuSchedule::kStaticSplit ? "static"
                                                             : "dynamic";
@@ -270,6 +378,16 @@ absl::Status Run(const Flags& flags) {
     }
     const double params_per_s = n / best;
     const double adam_gbps = 28.0 * n / best / 1e9;
+    const char* simd = ze::offload::SimdPathName(optimizer->simd_path());
+    // Freed before the traffic pass allocates the same amount again.
+    optimizer.reset();
+    master.reset();
+    grads.reset();
+    out.reset();
+    const StepTraffic traffic =
+        MeasureStepTraffic(threads, n, flags.steps, execution);
+    const double traffic_gbps =
+        traffic.best_s > 0 ? 28.0 * n / traffic.best_s / 1e9 : 0.0;
     std::printf(
         "{\"bench\":\"cpu_adam\",\"optimizer\":\"adamw\",\"simd\":\"%s\","
         "\"threads\":%d,\"schedule\":\"%s\",\"pin\":%d,\"huge_pages\":%d,"
@@ -277,14 +395,17 @@ absl::Status Run(const Flags& flags) {
         "\"best_s\":%.5f,"
         "\"mean_s\":%.5f,\"params_per_s\":%.4g,\"adam_GBps\":%.1f,"
         "\"triad_GBps\":%.1f,\"fraction_of_triad\":%.3f,"
-        "\"best_triad_GBps\":%.1f,\"fraction_of_best_triad\":%.3f}\n",
-        ze::offload::SimdPathName(optimizer->simd_path()), threads,
-        ScheduleName(execution.schedule), execution.pin_threads ? 1 : 0,
-        execution.huge_pages ? 1 : 0, execution.nontemporal_out ? 1 : 0,
+        "\"best_triad_GBps\":%.1f,\"fraction_of_best_triad\":%.3f,"
+        "\"step_traffic_GBps\":%.1f,\"step_traffic_mean_s\":%.5f,"
+        "\"fraction_of_step_traffic\":%.3f}\n",
+        simd, threads, ScheduleName(execution.schedule),
+        execution.pin_threads ? 1 : 0, execution.huge_pages ? 1 : 0,
+        execution.nontemporal_out ? 1 : 0,
         static_cast<long long>(execution.prefetch_bytes),
         static_cast<long long>(n), flags.steps, best, total / flags.steps,
         params_per_s, adam_gbps, triad, adam_gbps / triad, best_triad,
-        adam_gbps / best_triad);
+        adam_gbps / best_triad, traffic_gbps, traffic.mean_s,
+        traffic_gbps > 0 ? adam_gbps / traffic_gbps : 0.0);
     std::fflush(stdout);
   }
   return absl::OkStatus();

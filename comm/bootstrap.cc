@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -94,6 +95,43 @@ absl::StatusOr<LaunchInfo> ParseLauncher(
   return info;
 }
 
+// A PMIx server's launch (Slurm's `srun --mpi=pmix`, PRRTE's prterun): the
+// rank is PMIX_RANK, but PMIx exports no world size. srun's
+// SLURM_STEP_NUM_TASKS is the step's size when present (cross-checked
+// against MPI later); otherwise MPI alone says it (world_size 0).
+absl::StatusOr<LaunchInfo> ParsePmixLaunch(
+    const std::function<const char *(const char *)> &getenv) {
+  LaunchInfo info;
+  bool has_rank = false;
+  ZE_RETURN_IF_ERROR(ReadInt(getenv, "PMIX_RANK", &info.rank, &has_rank));
+  if (!has_rank) return LaunchInfo{};
+  info.launched = true;
+  bool has_size = false, has_slurm_rank = false;
+  int slurm_rank = -1;
+  ZE_RETURN_IF_ERROR(
+      ReadInt(getenv, "SLURM_STEP_NUM_TASKS", &info.world_size, &has_size));
+  ZE_RETURN_IF_ERROR(
+      ReadInt(getenv, "SLURM_PROCID", &slurm_rank, &has_slurm_rank));
+  if (has_slurm_rank && slurm_rank != info.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PMIX_RANK=", info.rank, " but SLURM_PROCID=", slurm_rank,
+                     "; are the SLURM_ variables left over from another "
+                     "step?"));
+  }
+  if (!has_size) {
+    info.world_size = 0;
+  } else if (info.world_size < 1 || info.rank >= info.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PMIX_RANK=", info.rank,
+                     " is not below SLURM_STEP_NUM_TASKS=", info.world_size));
+  }
+  // Which ranks share a host is MPI's shared-memory split's to say.
+  info.local_rank = info.rank;
+  info.local_size = info.world_size;
+  info.local_source = LocalRankSource::kAssumedOneHost;
+  return info;
+}
+
 std::string ThisHostName() {
   char name[HOST_NAME_MAX + 1] = {0};
   if (gethostname(name, sizeof(name) - 1) != 0) return "unknown host";
@@ -122,7 +160,7 @@ absl::StatusOr<LaunchInfo> ParseLaunchInfo(
     ZE_ASSIGN_OR_RETURN(LaunchInfo info, ParseLauncher(getenv, names));
     if (info.launched) return info;
   }
-  return LaunchInfo{};
+  return ParsePmixLaunch(getenv);
 }
 
 absl::StatusOr<LaunchInfo> LaunchInfoFromEnvironment() {
@@ -132,13 +170,17 @@ absl::StatusOr<LaunchInfo> LaunchInfoFromEnvironment() {
 absl::StatusOr<LaunchInfo> ReconcileLaunchInfo(
     const LaunchInfo &from_environment, const MpiPlacement &from_mpi) {
   const LaunchInfo &env = from_environment;
-  if (env.rank != from_mpi.rank || env.world_size != from_mpi.world_size) {
+  const bool size_differs =
+      env.world_size != 0 && env.world_size != from_mpi.world_size;
+  if (env.rank != from_mpi.rank || size_differs) {
     return absl::FailedPreconditionError(absl::StrCat(
         "on host ", from_mpi.host, ": MPI says rank ", from_mpi.rank, " of ",
         from_mpi.world_size, " but the launcher's environment says rank ",
-        env.rank, " of ", env.world_size,
-        "; is the program linked against the MPI library of the mpirun that "
-        "started it?"));
+        env.rank, " of ",
+        env.world_size == 0 ? std::string("(size not given)")
+                            : std::to_string(env.world_size),
+        "; is the program linked against the MPI library of the launcher "
+        "that started it?"));
   }
   if (env.local_source == LocalRankSource::kEnvironment &&
       (env.local_rank != from_mpi.local_rank ||
@@ -153,6 +195,7 @@ absl::StatusOr<LaunchInfo> ReconcileLaunchInfo(
         "left over from another job?)"));
   }
   LaunchInfo info = env;
+  info.world_size = from_mpi.world_size;
   info.local_rank = from_mpi.local_rank;
   info.local_size = from_mpi.local_size;
   info.local_source = LocalRankSource::kMpiSharedMemorySplit;

@@ -32,12 +32,14 @@ const char *LocalRankSourceName(LocalRankSource source);
 
 struct LaunchInfo {
   int rank = 0;
+  // 0 from ParseLaunchInfo when the launcher exports no size (PMIx without
+  // Slurm's variables); ReconcileLaunchInfo then takes MPI's.
   int world_size = 1;
   int local_rank = 0;  // rank among the processes on this host
   int local_size = 1;  // processes on this host
-  // True when started by a recognised MPI launcher (its world-size variable
-  // is set); false for a plain process, which is rank 0 of 1 and needs no
-  // MPI.
+  // True when started by a recognised launcher (Open MPI's or Hydra's
+  // world-size variable, or PMIx's rank, is set); false for a plain process,
+  // which is rank 0 of 1 and needs no MPI.
   bool launched = false;
   LocalRankSource local_source = LocalRankSource::kSingleProcess;
   // This host's name, for messages: MPI_Get_processor_name for a launched
@@ -48,10 +50,12 @@ struct LaunchInfo {
 // Reads the launcher's variables through `getenv` (a lookup returning null
 // for unset variables): Open MPI's OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK
 // and _LOCAL_SIZE; else MPICH/Intel MPI Hydra's PMI_SIZE, PMI_RANK,
-// MPI_LOCALRANKID and MPI_LOCALNRANKS. No variables set: rank 0 of 1, not
-// launched. Local rank/size unset: local = world (kAssumedOneHost). Fails
-// with InvalidArgument naming the variable when one is not a number or the
-// values are inconsistent (rank >= size, ...).
+// MPI_LOCALRANKID and MPI_LOCALNRANKS; else a PMIx launch's PMIX_RANK (Slurm's
+// `srun --mpi=pmix`: world size from SLURM_STEP_NUM_TASKS when set, else 0
+// for MPI to supply; SLURM_PROCID must equal PMIX_RANK when set). No
+// variables set: rank 0 of 1, not launched. Local rank/size unset: local =
+// world (kAssumedOneHost). Fails with InvalidArgument naming the variable when
+// one is not a number or the values are inconsistent (rank >= size, ...).
 absl::StatusOr<LaunchInfo> ParseLaunchInfo(
     const std::function<const char *(const char *)> &getenv);
 // ParseLaunchInfo over the process environment.
@@ -70,10 +74,10 @@ struct MpiPlacement {
 // authoritative: the result is MPI's rank, sizes and host with
 // local_source kMpiSharedMemorySplit. The environment is the cross-check:
 // FailedPrecondition naming the host and both values when its world rank or
-// size differs from MPI's (typically a program built against another MPI
-// than the launcher's, where every process is a singleton), or when it named
-// a local rank/size (kEnvironment) that differs from the split's.
-// `from_environment` must be launched.
+// size (where it gave one) differs from MPI's (typically a program built
+// against another MPI than the launcher's, where every process is a singleton),
+// or when it named a local rank/size (kEnvironment) that differs from the
+// split's. `from_environment` must be launched.
 absl::StatusOr<LaunchInfo> ReconcileLaunchInfo(
     const LaunchInfo &from_environment, const MpiPlacement &from_mpi);
 

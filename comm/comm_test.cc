@@ -106,6 +106,53 @@ TEST(BootstrapTest, ReadsHydraVariablesWhenOpenMpiIsAbsent) {
       << info.status();
 }
 
+TEST(BootstrapTest, ReadsAPmixLaunchWhenNeitherMpiLauncherIsThere) {
+  // Slurm's srun --mpi=pmix: PMIx's rank, the step's size from Slurm.
+  absl::StatusOr<LaunchInfo> info =
+      ParseLaunchInfo(Env({{"PMIX_RANK", "5"},
+                           {"SLURM_PROCID", "5"},
+                           {"SLURM_STEP_NUM_TASKS", "8"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->launched);
+  EXPECT_EQ(info->rank, 5);
+  EXPECT_EQ(info->world_size, 8);
+  EXPECT_EQ(info->local_source, LocalRankSource::kAssumedOneHost);
+  // PMIx alone exports no size: MPI will supply it.
+  info = ParseLaunchInfo(Env({{"PMIX_RANK", "2"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->launched);
+  EXPECT_EQ(info->rank, 2);
+  EXPECT_EQ(info->world_size, 0);
+  // Open MPI's mpirun sets PMIX_RANK too; its own variables are read.
+  info = ParseLaunchInfo(Env({{"PMIX_RANK", "1"},
+                              {"OMPI_COMM_WORLD_SIZE", "3"},
+                              {"OMPI_COMM_WORLD_RANK", "1"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->world_size, 3);
+  // A Slurm batch script's own environment (no PMIx rank) is no launch.
+  info = ParseLaunchInfo(
+      Env({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "8"}}));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->launched);
+  // Inconsistent variables are named.
+  info = ParseLaunchInfo(Env({{"PMIX_RANK", "3"}, {"SLURM_PROCID", "1"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("PMIX_RANK=3 but SLURM_PROCID=1"),
+            std::string::npos)
+      << info.status();
+  info =
+      ParseLaunchInfo(Env({{"PMIX_RANK", "4"}, {"SLURM_STEP_NUM_TASKS", "4"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("PMIX_RANK=4 is not below "
+                                         "SLURM_STEP_NUM_TASKS=4"),
+            std::string::npos)
+      << info.status();
+  info = ParseLaunchInfo(Env({{"PMIX_RANK", "x"}}));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("PMIX_RANK=\"x\""), std::string::npos)
+      << info.status();
+}
+
 TEST(BootstrapTest, RejectsMoreLocalRanksThanRanks) {
   absl::StatusOr<LaunchInfo> info =
       ParseLaunchInfo(Env({{"OMPI_COMM_WORLD_SIZE", "2"},
@@ -173,6 +220,33 @@ TEST(BootstrapTest, EnvironmentThatDisagreesWithMpiIsAnError) {
                 "rank 3 of 4 but the launcher's environment says local rank 1 "
                 "of 2"),
             std::string::npos)
+      << info.status();
+}
+
+TEST(BootstrapTest, MpiSuppliesTheSizeAPmixLaunchDoesNotGive) {
+  absl::StatusOr<LaunchInfo> env = ParseLaunchInfo(Env({{"PMIX_RANK", "2"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  absl::StatusOr<LaunchInfo> info =
+      ReconcileLaunchInfo(*env, Placement(2, 3, 2, 3));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->rank, 2);
+  EXPECT_EQ(info->world_size, 3);
+  EXPECT_EQ(info->local_size, 3);
+  // A singleton MPI (another MPI library than the launcher's) on rank 2.
+  info = ReconcileLaunchInfo(*env, Placement(0, 1, 0, 1));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find(
+                "MPI says rank 0 of 1 but the launcher's environment says "
+                "rank 2 of (size not given)"),
+            std::string::npos)
+      << info.status();
+  // With Slurm's size, a singleton is caught on rank 0 too.
+  env =
+      ParseLaunchInfo(Env({{"PMIX_RANK", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  info = ReconcileLaunchInfo(*env, Placement(0, 1, 0, 1));
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("rank 0 of 4"), std::string::npos)
       << info.status();
 }
 

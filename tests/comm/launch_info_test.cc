@@ -68,8 +68,10 @@ TEST(LaunchInfoTest, LocalRanksFromTheMpiSplitAreConsistent) {
   EXPECT_EQ(info->local_size, info->world_size);
   if (info->launched) {
     EXPECT_EQ(info->local_source, LocalRankSource::kMpiSharedMemorySplit);
-    EXPECT_EQ(info->local_rank, EnvInt("OMPI_COMM_WORLD_LOCAL_RANK"));
-    EXPECT_EQ(info->local_size, EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE"));
+    if (EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE") >= 0) {
+      EXPECT_EQ(info->local_rank, EnvInt("OMPI_COMM_WORLD_LOCAL_RANK"));
+      EXPECT_EQ(info->local_size, EnvInt("OMPI_COMM_WORLD_LOCAL_SIZE"));
+    }
   } else {
     EXPECT_EQ(info->local_source, LocalRankSource::kSingleProcess);
     EXPECT_EQ(info->world_size, 1);
@@ -131,8 +133,31 @@ TEST(LaunchInfoTest, LauncherVariablesThatContradictTheSplitAreRefused) {
       << comm.status();
 }
 
+// Run by run_pmix_only.sh: mpirun's ranks with Open MPI's OMPI_COMM_WORLD_*
+// variables removed, so only PMIx's remain, as under Slurm's
+// `srun --mpi=pmix`. They must still form one world of the launched size,
+// not each train alone as a world of one.
+TEST(LaunchInfoTest, APmixOnlyLaunchFormsOneWorld) {
+  const int expected_size = EnvInt("ZE_TEST_EXPECTED_WORLD_SIZE");
+  if (expected_size < 0) GTEST_SKIP() << "not started by run_pmix_only.sh";
+  ASSERT_EQ(std::getenv("OMPI_COMM_WORLD_SIZE"), nullptr);
+  absl::StatusOr<LaunchInfo> from_environment = LaunchInfoFromEnvironment();
+  ASSERT_TRUE(from_environment.ok()) << from_environment.status();
+  EXPECT_TRUE(from_environment->launched);
+  EXPECT_EQ(from_environment->rank, EnvInt("PMIX_RANK"));
+  std::unique_ptr<Communicator> comm = CpuCommunicator();
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->world_size(), expected_size);
+  EXPECT_EQ(comm->rank(), EnvInt("PMIX_RANK"));
+  std::vector<float> ranks =
+      GatherFromEveryRank(*comm, static_cast<float>(comm->rank()));
+  for (int i = 0; i < comm->world_size(); ++i) {
+    EXPECT_EQ(ranks[i], static_cast<float>(i));
+  }
+}
+
 TEST(LaunchInfoTest, OneRanksRefusalFailsEveryRank) {
-  absl::StatusOr<LaunchInfo> info = LaunchInfoFromEnvironment();
+  absl::StatusOr<LaunchInfo> info = DiscoverLaunchInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   if (info->world_size < 2) GTEST_SKIP() << "needs 2 or more ranks";
   // Only the last rank gets a setting it must refuse; the others' own
