@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -390,6 +391,7 @@ void PartitionState::StartWorker(const StepArgs& step_args) {
   pending_.written_from.assign(layout_.num_buckets(),
                                std::numeric_limits<int64_t>::max());
   pending_.ready.clear();
+  pending_.taken.clear();
   pending_.closed = false;
   pending_.failed = false;
   pending_.status = absl::OkStatus();
@@ -453,9 +455,15 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                          .status());
   if (host_optimizer_ != nullptr) {
     if (!early_args_) StartWorker(step_args);
-    // Buckets not handed over yet travel now, in the order the worker takes
-    // them; the device buckets' kernels below run while they travel.
-    for (int b = layout_.num_buckets() - 1; b >= 0; --b) {
+    // Buckets not handed over yet travel now, in the order the forward
+    // reads them (the worker's order); the device buckets' kernels below
+    // run while they travel.
+    std::vector<int> forward_order(layout_.num_buckets());
+    std::iota(forward_order.begin(), forward_order.end(), 0);
+    std::sort(forward_order.begin(), forward_order.end(), [this](int a, int b) {
+      return ForwardReadPosition(a) < ForwardReadPosition(b);
+    });
+    for (int b : forward_order) {
       if (!trainable_[b] || !offloaded(b) || handed_to_worker_[b]) continue;
       ZE_RETURN_IF_ERROR(SendGradientsDown(b, stream));
     }
@@ -495,6 +503,11 @@ PartitionState::OffloadTimes PartitionState::offload_times() const {
   return pending_.times;
 }
 
+std::vector<int> PartitionState::last_update_order() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(pending_.mutex));
+  return pending_.taken;
+}
+
 absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   const auto worker_start = std::chrono::steady_clock::now();
   struct Record {
@@ -509,16 +522,23 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   if (options_.device.is_cuda()) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
-  // Buckets in the order they are handed over (SendGradientsDown: model
-  // order, or, begun early, as backward finishes them), each from its end,
-  // chunk by chunk.
+  // Of the buckets handed over (all at once, or, begun early, as backward
+  // finishes them), the one the next forward reads first, each from its
+  // end, chunk by chunk. Begun early, that is the newest during backward,
+  // and when backward ends the backlog goes in the forward's order, so
+  // the next forward follows the update instead of waiting for all of it.
   auto next_bucket = [this]() -> int {
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(
         lock, [&] { return !pending_.ready.empty() || pending_.closed; });
     if (pending_.ready.empty()) return -1;
-    const int bucket = pending_.ready.front();
-    pending_.ready.pop_front();
+    auto first_read = std::min_element(
+        pending_.ready.begin(), pending_.ready.end(), [this](int a, int b) {
+          return ForwardReadPosition(a) < ForwardReadPosition(b);
+        });
+    const int bucket = *first_read;
+    pending_.ready.erase(first_read);
+    pending_.taken.push_back(bucket);
     return bucket;
   };
   if (swapped_ != nullptr) {
@@ -554,6 +574,11 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   }
   host_optimizer_->AdvanceStep();
   return absl::OkStatus();
+}
+
+int PartitionState::ForwardReadPosition(int bucket) const {
+  return options_.bucket_zero_read_first ? bucket
+                                         : layout_.num_buckets() - 1 - bucket;
 }
 
 absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,

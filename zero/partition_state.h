@@ -108,6 +108,12 @@ struct PartitionStateOptions {
   // gradients arrive and the next forward as soon as the first layers'
   // chunk is uploaded.
   int64_t chunk_elements = kMaxChunkElements;
+  // The forward reads bucket 0 first (stage 3's model order) rather than
+  // last (stages 0-2's backward order). The worker takes, of the buckets
+  // whose gradients it has, the one the next forward reads first, so that
+  // forward follows the update instead of waiting for all of it; within a
+  // bucket it goes from the end (stages 0-2: the first layers).
+  bool bucket_zero_read_first = false;
   // ZeRO-Offload's delayed parameter update (offload_optimizer's
   // delayed_update; host optimizer with weights on the device): the worker
   // uploads updated weights into a second device buffer, and they replace
@@ -189,8 +195,8 @@ class PartitionState {
   // are copied to the host on a transfer stream (`stream`'s later work,
   // which may overwrite the gradients, waits for those copies); then a
   // worker thread updates them with the CPU optimizer bucket by bucket as
-  // they arrive, from the highest bucket index down (the first layers
-  // first: the next forward needs them first), and copies each bucket's
+  // they arrive, always taking, of those arrived, the one the next forward
+  // reads first (options.bucket_zero_read_first), and copies each bucket's
   // 16-bit weights back while it works on the next. UpdateWeights returns
   // without waiting for the worker: whoever reads a host bucket's weights
   // calls WaitForWeights first, and anything else that reads model state
@@ -246,6 +252,9 @@ class PartitionState {
     double engine_wait_seconds = 0;
   };
   OffloadTimes offload_times() const;
+  // The host buckets in the order the worker took them in the last finished
+  // (or current) update.
+  std::vector<int> last_update_order() const;
   // The swap file's I/O since creation (zeros without NVMe buckets).
   offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
@@ -341,6 +350,9 @@ class PartitionState {
                                   bool transferred = false) const;
   // The worker's loop over the host buckets.
   absl::Status UpdateHostBuckets(const StepArgs& step_args);
+  // Where bucket b comes in the order the forward reads the buckets: 0 for
+  // the first read.
+  int ForwardReadPosition(int bucket) const;
   // One chunk of an offloaded bucket: master and state in the CPU
   // optimizer's own memory (master null) or in swap buffers.
   absl::Status UpdateChunk(int bucket, int64_t chunk, const StepArgs& step_args,
@@ -405,8 +417,9 @@ class PartitionState {
     std::mutex mutex;
     std::condition_variable progress;
     std::vector<int64_t> written_from;
-    std::deque<int> ready;  // buckets handed over, not yet taken
-    bool closed = false;    // every bucket of the step is handed over
+    std::deque<int> ready;   // buckets handed over, not yet taken
+    std::vector<int> taken;  // buckets taken, in order, this update
+    bool closed = false;     // every bucket of the step is handed over
     bool failed = false;
     absl::Status status;
     OffloadTimes times;  // totals over finished updates

@@ -114,6 +114,40 @@ TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
   EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
 }
 
+// The worker updates the host buckets in the order the next forward reads
+// them, so that forward can follow the update: stages 0-2 lay buckets out in
+// backward order (bucket 0 read last), stage 3 in model order.
+TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
+  for (bool bucket_zero_read_first : {false, true}) {
+    const PartitionedLayout layout = Layout();
+    PartitionStateOptions options;
+    options.stage = bucket_zero_read_first ? 3 : 2;
+    options.model_dtype = DType::kBF16;
+    options.optimizer.type = OptimizerType::kAdamW;
+    options.host_threads = 2;
+    options.chunk_elements = 512;
+    options.bucket_zero_read_first = bucket_zero_read_first;
+    options.optimizer_placement =
+        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+    Stream stream;
+    absl::StatusOr<std::unique_ptr<PartitionState>> state =
+        PartitionState::Create(layout, options, stream);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_TRUE((*state)->AllocateTrainingState(stream).ok());
+    StepArgs args;
+    args.lr = 0.01;
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+      ASSERT_TRUE((*state)->FinishUpdate(stream).ok());
+      const std::vector<int> expected = bucket_zero_read_first
+                                            ? std::vector<int>{0, 1}
+                                            : std::vector<int>{1, 0};
+      EXPECT_EQ((*state)->last_update_order(), expected)
+          << "bucket_zero_read_first " << bucket_zero_read_first;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero
 }  // namespace ze

@@ -64,6 +64,7 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
   }
   ZE_ASSIGN_OR_RETURN(result.layout,
                       PartitionedLayout::BuildFromGroups(groups, options));
+  result.bucket_zero_read_first = true;
   return result;
 }
 

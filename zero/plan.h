@@ -29,6 +29,9 @@ struct StageLayout {
   std::vector<bool> trainable;
   // Trainable parameter elements (Psi).
   int64_t trainable_elements = 0;
+  // True when the forward reads bucket 0 first (stage 3: model order);
+  // false when it reads it last (stages 0-2: backward order).
+  bool bucket_zero_read_first = false;
 };
 
 // The layout of zero_optimization.stage for `model` at `world_size`.

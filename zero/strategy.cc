@@ -100,6 +100,7 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
   options.device = device();
   options.optimizer = optimizer;
   options.trainable = stage_layout.trainable;
+  options.bucket_zero_read_first = stage_layout.bucket_zero_read_first;
   const OffloadPlan offload = PlanOffload(config(), stage_layout);
   options.optimizer_placement = offload.optimizer_placement;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
