@@ -522,20 +522,26 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   if (options_.device.is_cuda()) {
     ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
   }
-  // Of the buckets handed over (all at once, or, begun early, as backward
-  // finishes them), the one the next forward reads first, each from its
-  // end, chunk by chunk. Begun early, that is the newest during backward,
-  // and when backward ends the backlog goes in the forward's order, so
-  // the next forward follows the update instead of waiting for all of it.
+  // Buckets as they are handed over (all at once in the forward's reading
+  // order, or, begun early, as backward finishes them), each from its end,
+  // chunk by chunk: the oldest first while more may come (its gradients
+  // have most likely landed; the newest one's copy is still under way),
+  // and once every bucket is handed over, the one the next forward reads
+  // first, so the backlog an early start leaves when backward ends goes in
+  // the forward's order and the next forward follows it instead of waiting
+  // for all of it.
   auto next_bucket = [this]() -> int {
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(
         lock, [&] { return !pending_.ready.empty() || pending_.closed; });
     if (pending_.ready.empty()) return -1;
-    auto first_read = std::min_element(
-        pending_.ready.begin(), pending_.ready.end(), [this](int a, int b) {
-          return ForwardReadPosition(a) < ForwardReadPosition(b);
-        });
+    auto first_read = pending_.ready.begin();
+    if (pending_.closed) {
+      first_read = std::min_element(
+          pending_.ready.begin(), pending_.ready.end(), [this](int a, int b) {
+            return ForwardReadPosition(a) < ForwardReadPosition(b);
+          });
+    }
     const int bucket = *first_read;
     pending_.ready.erase(first_read);
     pending_.taken.push_back(bucket);

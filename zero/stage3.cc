@@ -438,13 +438,11 @@ absl::Status Stage3::OnEndBackward() {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::RefreshPersistent() {
+absl::Status Stage3::ReleaseStalePersistent() {
   for (int b = 0; b < layout().num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
     if (!bucket.persistent || !bucket.gathered.defined()) continue;
     ZE_RETURN_IF_ERROR(FreeGathered(b));
-    ZE_RETURN_IF_ERROR(IssueGather(b));
-    ZE_RETURN_IF_ERROR(WaitGather(b));
   }
   return absl::OkStatus();
 }
@@ -483,11 +481,13 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
     step_counters_ = CommunicationCounters();
     return absl::OkStatus();
   };
-  // Non-persistent buckets are gathered afresh by the next forward; the
-  // persistent ones are refreshed now (counted in the next step).
+  // Every bucket is gathered afresh by the next forward, the persistent
+  // ones too (once, then kept): gathering them here would wait for the
+  // whole of an offloaded update, which the next forward can instead
+  // follow bucket by bucket.
   hooks.after_update = [this] {
     NoteWeightsWritten();
-    return RefreshPersistent();
+    return ReleaseStalePersistent();
   };
   return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);
 }
@@ -642,7 +642,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
 absl::Status Stage3::OnStateLoaded() {
   NoteWeightsWritten();
   // Persistent buckets hold the old values.
-  ZE_RETURN_IF_ERROR(RefreshPersistent());
+  ZE_RETURN_IF_ERROR(ReleaseStalePersistent());
   return stream().Synchronize();
 }
 

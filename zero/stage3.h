@@ -213,7 +213,9 @@ class Stage3 : public ZeroStrategy {
   absl::Status EnsureGrads(int bucket);
   absl::Status IssueReduce(int bucket);
   absl::Status ReleaseBucketGradients(int bucket);
-  absl::Status RefreshPersistent();
+  // Frees the gathered copies of persistent buckets after their weights
+  // changed (an update, a load); their next use gathers them again.
+  absl::Status ReleaseStalePersistent();
   void Fold(uint64_t value);
   absl::Status ScheduleMismatch(uint64_t max, uint64_t min, uint64_t own);
 
