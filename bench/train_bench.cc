@@ -53,6 +53,8 @@
 //   --nvme_path=/tmp           needs stage 3); "nvme" adds disk read/write
 //                            bytes and GB/s per timed step
 //   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
+//   --sub_group_size=1000000000  zero_optimization.sub_group_size (the
+//                            offloaded update's chunk, capped by the engine)
 //   --pin_memory=1           the offload sections' pin_memory
 //   --gradient_clipping=1.0  (0: none; DeepSpeed's anchor script clips none)
 //   --reduce_bucket_size=5e8
@@ -108,6 +110,7 @@ struct Options {
   int64_t accumulation = 1;
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
+  int64_t sub_group_size = 1'000'000'000;
   std::string offload_device = "cpu";
   std::string nvme_path = "/tmp";
   int64_t aio_block_size = config::AioConfig().block_size;
@@ -206,6 +209,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
     return absl::InvalidArgumentError(
         absl::StrCat("--offload_ratio=", ratio, " is not in [0, 1]"));
   }
+  ZE_ASSIGN_OR_RETURN(options.sub_group_size,
+                      flags.GetInt("sub_group_size", options.sub_group_size, 1,
+                                   int64_t{1} << 40));
   ZE_ASSIGN_OR_RETURN(options.pin_memory, flags.GetBool("pin_memory", true));
   ZE_ASSIGN_OR_RETURN(options.delayed_update,
                       flags.GetBool("delayed_update", false));
@@ -248,6 +254,7 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
       {"overlap_comm", options.overlap_comm},
       {"reduce_scatter", true},
       {"reduce_bucket_size", static_cast<int64_t>(options.reduce_bucket_size)},
+      {"sub_group_size", options.sub_group_size},
       {"allgather_partitions", true},
       {"allgather_bucket_size", 5e8}};
   if (options.offload != "none") {

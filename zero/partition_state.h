@@ -103,8 +103,8 @@ struct PartitionStateOptions {
   // (offload::CpuExecutionOptions::first_cpu).
   int host_first_cpu = 0;
   // Host buckets travel and are updated in chunks of at most this many
-  // elements (sub_group_size, capped at kMaxChunkElements: a millisecond or
-  // so of CPU work), so the CPU starts as soon as the first chunk's
+  // elements (sub_group_size, capped at kMaxChunkElements: a few
+  // milliseconds of CPU work), so the CPU starts as soon as the first chunk's
   // gradients arrive and the next forward as soon as the first layers'
   // chunk is uploaded.
   int64_t chunk_elements = kMaxChunkElements;
@@ -123,7 +123,7 @@ struct PartitionStateOptions {
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
   offload::SwappedStateOptions nvme;
-  static constexpr int64_t kMaxChunkElements = int64_t{1} << 22;
+  static constexpr int64_t kMaxChunkElements = int64_t{1} << 24;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
