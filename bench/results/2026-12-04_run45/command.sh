@@ -1,0 +1,38 @@
+#!/bin/bash
+# Device call 10 (seventh session): as call 9, after the fixes of its findings:
+# whose gradients it has, the one the next forward reads first (before: the
+# oldest). A/B in the same call against the previous train_bench
+# (gpu_pack/before/, same libraries): stage 2 without clipping (update begun
+# during backward) at accumulation 1 and 4, stage 3 with both offloads;
+# then the gpu tests.
+set -u
+start=$SECONDS
+mkdir -p /tmp/b && tar xJf gpu_pack/bundle.tar.xz -C /tmp/b
+B=/tmp/b/gpu_bundle
+export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
+{ date -u; nproc; free -g; nvidia-smi --query-gpu=name,memory.used,power.limit --format=csv; } > $OUT/facts.txt 2>&1
+NEW=$B/bin/train_bench
+OLD=gpu_pack/before/train_bench
+run() { echo "### $*" >> $OUT/train.txt; "$@" >> $OUT/train.txt 2>> $OUT/train_err.txt; echo "done $* at $((SECONDS-start)) s"; }
+S2="--models=1.3B --stages=2 --warmup=2 --gradient_clipping=0 --reduce_bucket_size=5e7"
+run $NEW $S2 --iters=4
+run $NEW $S2 --iters=4 --offload=optimizer
+run $OLD $S2 --iters=4 --offload=optimizer
+run $NEW $S2 --iters=3 --accumulation=4
+run $NEW $S2 --iters=3 --accumulation=4 --offload=optimizer
+run $OLD $S2 --iters=3 --accumulation=4 --offload=optimizer
+S3="--models=1.3B --stages=3 --warmup=2 --iters=3 --offload=both"
+run $NEW $S3
+run $OLD $S3
+run $NEW --models=2.7B --stages=3 --warmup=1 --iters=2 --offload=both
+python3 - $OUT/train.txt <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("###"): print(line.strip()[:200]); continue
+    if not line.startswith("{"): continue
+    d = json.loads(line)
+    print(round(d["tokens_per_s"]), round(d["step_ms"], 1), d.get("offload_worker"))
+PY
+left=$((560 - (SECONDS - start)))
+echo "gpu tests with ${left} s left"
+OUT=/tmp/gt timeout ${left} $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; tail -25 $OUT/gpu_tests.txt
