@@ -387,11 +387,12 @@ absl::Status PartitionState::SendGradientsDown(int bucket,
   return absl::OkStatus();
 }
 
-void PartitionState::StartWorker(const StepArgs& step_args) {
+void PartitionState::StartWorker(const StepArgs& step_args, bool begun_early) {
   pending_.written_from.assign(layout_.num_buckets(),
                                std::numeric_limits<int64_t>::max());
   pending_.ready.clear();
   pending_.taken.clear();
+  pending_.begun_early = begun_early;
   pending_.closed = false;
   pending_.failed = false;
   pending_.status = absl::OkStatus();
@@ -420,7 +421,7 @@ absl::Status PartitionState::BeginUpdate(const StepArgs& step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
   early_args_ = step_args;
-  StartWorker(step_args);
+  StartWorker(step_args, /*begun_early=*/true);
   return absl::OkStatus();
 }
 
@@ -454,7 +455,7 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
   if (host_optimizer_ != nullptr) {
-    if (!early_args_) StartWorker(step_args);
+    if (!early_args_) StartWorker(step_args, /*begun_early=*/false);
     // Buckets not handed over yet travel now, in the order the forward
     // reads them (the worker's order); the device buckets' kernels below
     // run while they travel.
@@ -524,19 +525,28 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   }
   // Buckets as they are handed over (all at once in the forward's reading
   // order, or, begun early, as backward finishes them), each from its end,
-  // chunk by chunk: the oldest first while more may come (its gradients
-  // have most likely landed; the newest one's copy is still under way),
-  // and once every bucket is handed over, the one the next forward reads
-  // first, so the backlog an early start leaves when backward ends goes in
-  // the forward's order and the next forward follows it instead of waiting
-  // for all of it.
+  // chunk by chunk. Handed over all at once: in that order. Begun early,
+  // while more may come: the newest whose first chunk has landed (else the
+  // oldest, whose copy lands first), so that what is left
+  // when backward ends is, besides the first layers (final last), the
+  // layers the next forward reads last. Once every bucket is handed over:
+  // the one the next forward reads first. The next forward then follows the
+  // update and, when the update ends, has few layers left to run.
   auto next_bucket = [this]() -> int {
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(
         lock, [&] { return !pending_.ready.empty() || pending_.closed; });
     if (pending_.ready.empty()) return -1;
     auto first_read = pending_.ready.begin();
-    if (pending_.closed) {
+    if (!pending_.closed && pending_.begun_early) {
+      for (auto it = pending_.ready.rbegin(); it != pending_.ready.rend();
+           ++it) {
+        if (gradients_on_host_[*it][num_chunks(*it) - 1].Query()) {
+          first_read = std::next(it).base();
+          break;
+        }
+      }
+    } else if (pending_.closed) {
       first_read = std::min_element(
           pending_.ready.begin(), pending_.ready.end(), [this](int a, int b) {
             return ForwardReadPosition(a) < ForwardReadPosition(b);

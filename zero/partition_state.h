@@ -372,7 +372,8 @@ class PartitionState {
   // Queues bucket's gradients to the host after `stream`'s work so far and
   // hands the bucket to the worker.
   absl::Status SendGradientsDown(int bucket, const Stream& stream);
-  void StartWorker(const StepArgs& step_args);
+  // `begun_early`: from BeginUpdate (buckets handed over during backward).
+  void StartWorker(const StepArgs& step_args, bool begun_early);
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
@@ -417,9 +418,10 @@ class PartitionState {
     std::mutex mutex;
     std::condition_variable progress;
     std::vector<int64_t> written_from;
-    std::deque<int> ready;   // buckets handed over, not yet taken
-    std::vector<int> taken;  // buckets taken, in order, this update
-    bool closed = false;     // every bucket of the step is handed over
+    std::deque<int> ready;     // buckets handed over, not yet taken
+    std::vector<int> taken;    // buckets taken, in order, this update
+    bool begun_early = false;  // handed over during backward
+    bool closed = false;       // every bucket of the step is handed over
     bool failed = false;
     absl::Status status;
     OffloadTimes times;  // totals over finished updates
