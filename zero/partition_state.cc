@@ -537,23 +537,14 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
     pending_.progress.wait(
         lock, [&] { return !pending_.ready.empty() || pending_.closed; });
     if (pending_.ready.empty()) return -1;
-    auto first_read = pending_.ready.begin();
-    if (!pending_.closed && pending_.begun_early) {
-      for (auto it = pending_.ready.rbegin(); it != pending_.ready.rend();
-           ++it) {
-        if (gradients_on_host_[*it][num_chunks(*it) - 1].Query()) {
-          first_read = std::next(it).base();
-          break;
-        }
-      }
-    } else if (pending_.closed) {
-      first_read = std::min_element(
-          pending_.ready.begin(), pending_.ready.end(), [this](int a, int b) {
-            return ForwardReadPosition(a) < ForwardReadPosition(b);
-          });
-    }
-    const int bucket = *first_read;
-    pending_.ready.erase(first_read);
+    const size_t chosen = ChooseBucketToUpdate(
+        pending_.ready, pending_.closed, pending_.begun_early,
+        [this](int b) {
+          return gradients_on_host_[b][num_chunks(b) - 1].Query();
+        },
+        [this](int b) { return ForwardReadPosition(b); });
+    const int bucket = pending_.ready[chosen];
+    pending_.ready.erase(pending_.ready.begin() + chosen);
     pending_.taken.push_back(bucket);
     return bucket;
   };
@@ -590,6 +581,27 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
   }
   host_optimizer_->AdvanceStep();
   return absl::OkStatus();
+}
+
+size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
+                            bool begun_early,
+                            const std::function<bool(int)>& landed,
+                            const std::function<int(int)>& forward_position) {
+  if (handed_over_all) {
+    size_t first_read = 0;
+    for (size_t i = 1; i < ready.size(); ++i) {
+      if (forward_position(ready[i]) < forward_position(ready[first_read])) {
+        first_read = i;
+      }
+    }
+    return first_read;
+  }
+  if (begun_early) {
+    for (size_t i = ready.size(); i-- > 0;) {
+      if (landed(ready[i])) return i;
+    }
+  }
+  return 0;
 }
 
 int PartitionState::ForwardReadPosition(int bucket) const {

@@ -129,6 +129,22 @@ struct PartitionStateOptions {
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
 };
 
+// The offload worker's choice of the next bucket to update, from `ready`
+// (buckets handed over, oldest first; not empty). Pure. `handed_over_all`:
+// no more will come this step. `begun_early`: they are handed over as
+// backward finishes them. `landed(b)`: bucket b's first chunk of gradients
+// is on the host. `forward_position(b)`: 0 for the bucket the next forward
+// reads first.
+//   - all handed over: the one the forward reads first;
+//   - begun early, more to come: the newest that has landed, else the oldest
+//     (its copy lands first);
+//   - otherwise the oldest (handed over in the forward's order).
+// Returns an index into `ready`.
+size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
+                            bool begun_early,
+                            const std::function<bool(int)>& landed,
+                            const std::function<int(int)>& forward_position);
+
 class PartitionState {
  public:
   // Allocates the weights (zero-filled) only: the strategy moves or
