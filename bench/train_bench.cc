@@ -110,7 +110,7 @@ struct Options {
   int64_t accumulation = 1;
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
-  int64_t sub_group_size = 1'000'000'000;
+  int64_t sub_group_size = config::ZeroConfig().sub_group_size;
   std::string offload_device = "cpu";
   std::string nvme_path = "/tmp";
   int64_t aio_block_size = config::AioConfig().block_size;

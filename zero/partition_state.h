@@ -109,10 +109,11 @@ struct PartitionStateOptions {
   // chunk is uploaded.
   int64_t chunk_elements = kMaxChunkElements;
   // The forward reads bucket 0 first (stage 3's model order) rather than
-  // last (stages 0-2's backward order). The worker takes, of the buckets
-  // whose gradients it has, the one the next forward reads first, so that
-  // forward follows the update instead of waiting for all of it; within a
-  // bucket it goes from the end (stages 0-2: the first layers).
+  // last (stages 0-2's backward order). Once every bucket is handed over,
+  // the worker takes the one the next forward reads first
+  // (ChooseBucketToUpdate), so that forward follows the update instead of
+  // waiting for all of it; within a bucket it goes from the end (stages
+  // 0-2: the first layers).
   bool bucket_zero_read_first = false;
   // ZeRO-Offload's delayed parameter update (offload_optimizer's
   // delayed_update; host optimizer with weights on the device): the worker
@@ -211,12 +212,12 @@ class PartitionState {
   // are copied to the host on a transfer stream (`stream`'s later work,
   // which may overwrite the gradients, waits for those copies); then a
   // worker thread updates them with the CPU optimizer bucket by bucket as
-  // they arrive, always taking, of those arrived, the one the next forward
-  // reads first (options.bucket_zero_read_first), and copies each bucket's
-  // 16-bit weights back while it works on the next. UpdateWeights returns
-  // without waiting for the worker: whoever reads a host bucket's weights
-  // calls WaitForWeights first, and anything else that reads model state
-  // calls FinishUpdate. Runs FinishUpdate itself first (one update at a
+  // they arrive, in the order ChooseBucketToUpdate picks (here, handed over
+  // at once: the order the next forward reads them), and copies each
+  // bucket's 16-bit weights back while it works on the next. UpdateWeights
+  // returns without waiting for the worker: whoever reads a host bucket's
+  // weights calls WaitForWeights first, and anything else that reads model
+  // state calls FinishUpdate. Runs FinishUpdate itself first (one update at a
   // time). InvalidArgument for bad step_args (nothing updated), kernel or
   // copy errors otherwise; an error of the worker is returned by the next
   // FinishUpdate.
