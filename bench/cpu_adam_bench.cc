@@ -12,6 +12,12 @@
 //    "fraction_of_best_triad":1.03,"step_traffic_GBps":190.1,
 //    "step_traffic_mean_s":0.0298,"fraction_of_step_traffic":0.98}
 //
+// With --chunk_elements=N the cpu_adam line also times the same step made
+// of N-element ranges, as the engine's offloaded update runs it: one
+// StepRange call per range ("per_chunk_best_s", "per_chunk_mean_s": each
+// call a parallel loop ending in a partial wave), and the ranges as one
+// stream of tiles (StepRanges: "stream_best_s", "stream_mean_s").
+//
 // The bandwidth lines (one per thread count) come first; triad_GBps is the
 // triad at the same thread count, best_triad_GBps the best of all of them.
 //
@@ -40,7 +46,7 @@
 // --simd=avx512|avx2|scalar (default: the best this CPU has), and the
 // CpuExecutionOptions under test: --schedule=static|dynamic --pin=0|1
 // --huge_pages=0|1 --nt_out=0|1 --prefetch_bytes=N (defaults: the
-// optimizer's defaults).
+// optimizer's defaults); --chunk_elements=N (default 0: no chunked timing).
 #include <immintrin.h>
 #include <sys/mman.h>
 
@@ -57,6 +63,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "offload/cpu_optimizer.h"
@@ -77,8 +84,29 @@ struct Flags {
   int64_t triad_mib = 512;
   int64_t tile_kib = ze::offload::CpuExecutionOptions().tile_bytes / 1024;
   std::string simd;
+  int64_t chunk_elements = 0;
   ze::offload::CpuExecutionOptions execution;
 };
+
+struct Timing {
+  double best_s = 0.0;
+  double mean_s = 0.0;
+};
+
+// Best and mean of `steps` timed calls of `step` after one untimed call.
+template <class Fn>
+absl::StatusOr<Timing> TimeSteps(int steps, const Fn& step) {
+  double best = 1e30, total = 0;
+  for (int i = 0; i <= steps; ++i) {
+    const Clock::time_point start = Clock::now();
+    ZE_RETURN_IF_ERROR(step());
+    const double seconds = Seconds(start);
+    if (i == 0) continue;  // warm-up
+    best = std::min(best, seconds);
+    total += seconds;
+  }
+  return Timing{best, total / steps};
+}
 
 // Runs fn(begin, end) over [0, count) cut into one contiguous piece per
 // thread, piece k always on thread k and starting on a 4 KiB boundary of an
@@ -365,16 +393,44 @@ absl::Status Run(const Flags& flags) {
     });
     ze::offload::StepArgs args;
     args.lr = 1e-4;
-    double best = 1e30, total = 0;
-    for (int step = 0; step <= flags.steps; ++step) {
-      const Clock::time_point start = Clock::now();
-      ZE_RETURN_IF_ERROR(optimizer->Step(master.get(), grads.get(),
-                                         ze::DType::kBF16, args, out.get(),
-                                         ze::DType::kBF16));
-      const double seconds = Seconds(start);
-      if (step == 0) continue;  // warm-up
-      best = std::min(best, seconds);
-      total += seconds;
+    ZE_ASSIGN_OR_RETURN(const Timing whole, TimeSteps(flags.steps, [&] {
+                          return optimizer->Step(master.get(), grads.get(),
+                                                 ze::DType::kBF16, args,
+                                                 out.get(), ze::DType::kBF16);
+                        }));
+    const double best = whole.best_s;
+    Timing per_chunk, stream;
+    const int64_t chunk = flags.chunk_elements;
+    if (chunk > 0) {
+      ZE_ASSIGN_OR_RETURN(
+          per_chunk, TimeSteps(flags.steps, [&] {
+            for (int64_t begin = 0; begin < n; begin += chunk) {
+              ZE_RETURN_IF_ERROR(optimizer->StepRange(
+                  begin, std::min(chunk, n - begin), master.get() + begin,
+                  grads.get() + begin, ze::DType::kBF16, args,
+                  out.get() + begin, ze::DType::kBF16));
+            }
+            return absl::OkStatus();
+          }));
+      ZE_ASSIGN_OR_RETURN(
+          stream, TimeSteps(flags.steps, [&] {
+            int64_t begin = 0;
+            return optimizer->StepRanges(
+                args,
+                [&](ze::offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
+                  if (begin >= n) return false;
+                  range->state_offset = begin;
+                  range->count = std::min(chunk, n - begin);
+                  range->master_weights = master.get() + begin;
+                  range->grads = grads.get() + begin;
+                  range->grad_dtype = ze::DType::kBF16;
+                  range->out = out.get() + begin;
+                  range->out_dtype = ze::DType::kBF16;
+                  begin += range->count;
+                  return true;
+                },
+                [](int64_t) { return absl::OkStatus(); });
+          }));
     }
     const double params_per_s = n / best;
     const double adam_gbps = 28.0 * n / best / 1e9;
@@ -397,15 +453,19 @@ absl::Status Run(const Flags& flags) {
         "\"triad_GBps\":%.1f,\"fraction_of_triad\":%.3f,"
         "\"best_triad_GBps\":%.1f,\"fraction_of_best_triad\":%.3f,"
         "\"step_traffic_GBps\":%.1f,\"step_traffic_mean_s\":%.5f,"
-        "\"fraction_of_step_traffic\":%.3f}\n",
+        "\"fraction_of_step_traffic\":%.3f,\"chunk_elements\":%lld,"
+        "\"per_chunk_best_s\":%.5f,\"per_chunk_mean_s\":%.5f,"
+        "\"stream_best_s\":%.5f,\"stream_mean_s\":%.5f}\n",
         simd, threads, ScheduleName(execution.schedule),
         execution.pin_threads ? 1 : 0, execution.huge_pages ? 1 : 0,
         execution.nontemporal_out ? 1 : 0,
         static_cast<long long>(execution.prefetch_bytes),
-        static_cast<long long>(n), flags.steps, best, total / flags.steps,
+        static_cast<long long>(n), flags.steps, best, whole.mean_s,
         params_per_s, adam_gbps, triad, adam_gbps / triad, best_triad,
         adam_gbps / best_triad, traffic_gbps, traffic.mean_s,
-        traffic_gbps > 0 ? adam_gbps / traffic_gbps : 0.0);
+        traffic_gbps > 0 ? adam_gbps / traffic_gbps : 0.0,
+        static_cast<long long>(chunk), per_chunk.best_s, per_chunk.mean_s,
+        stream.best_s, stream.mean_s);
     std::fflush(stdout);
   }
   return absl::OkStatus();
@@ -453,6 +513,8 @@ int main(int argc, char** argv) {
       flags.execution.huge_pages = std::atoi(v) != 0;
     } else if (const char* v = value("nt_out")) {
       flags.execution.nontemporal_out = std::atoi(v) != 0;
+    } else if (const char* v = value("chunk_elements")) {
+      flags.chunk_elements = static_cast<int64_t>(std::strtod(v, nullptr));
     } else if (const char* v = value("prefetch_bytes")) {
       flags.execution.prefetch_bytes = std::atoll(v);
     } else {
@@ -475,6 +537,10 @@ int main(int argc, char** argv) {
   }
   if (flags.params < 1 || flags.steps < 1 || flags.triad_mib < 1) {
     std::fprintf(stderr, "--params, --steps and --triad_mib must be >= 1\n");
+    return 2;
+  }
+  if (flags.chunk_elements < 0) {
+    std::fprintf(stderr, "--chunk_elements must be >= 0\n");
     return 2;
   }
   const absl::Status status = Run(flags);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <utility>
@@ -342,11 +344,16 @@ absl::Status CpuOptimizer::CheckStepInputs(int64_t count,
   return absl::OkStatus();
 }
 
-void CpuOptimizer::RunThreaded(const StepCoefficients& coefficients,
-                               const StepBuffers& buffers) {
+KernelTuning CpuOptimizer::Tuning() const {
   KernelTuning tuning;
   tuning.nontemporal_out = execution_.nontemporal_out;
   tuning.prefetch_elements = execution_.prefetch_bytes / 4;
+  return tuning;
+}
+
+void CpuOptimizer::RunThreaded(const StepCoefficients& coefficients,
+                               const StepBuffers& buffers) {
+  const KernelTuning tuning = Tuning();
   const int64_t count = buffers.count;
   if (execution_.schedule == CpuSchedule::kStaticSplit) {
     const int pieces = pool_->num_threads();
@@ -370,17 +377,15 @@ void CpuOptimizer::RunThreaded(const StepCoefficients& coefficients,
   });
 }
 
-absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
-                                     float* master_weights, const void* grads,
-                                     DType grad_dtype,
-                                     const StepArgs& step_args, void* out,
-                                     DType out_dtype) {
+absl::StatusOr<StepBuffers> CpuOptimizer::OwnStateBuffers(
+    const RangeToUpdate& range) const {
+  const int64_t state_offset = range.state_offset;
+  const int64_t count = range.count;
   if (state_offset < 0 || count < 0 || state_offset + count > num_elements_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer step: range [", state_offset, ", ", state_offset + count,
         ") leaves the optimizer state of ", num_elements_, " elements"));
   }
-  // The same update over this optimizer's own state.
   float* state0 = nullptr;
   float* state1 = nullptr;
   if (options_.type == OptimizerType::kSgd) {
@@ -391,15 +396,14 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
     state0 = exp_avg_.get() + state_offset;
     state1 = exp_avg_sq_.get() + state_offset;
   }
-  return StepExternal(count, master_weights, state0, state1, grads, grad_dtype,
-                      step_args, out, out_dtype);
+  return ExternalBuffers(count, range.master_weights, state0, state1,
+                         range.grads, range.grad_dtype, range.out,
+                         range.out_dtype);
 }
 
-absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
-                                        float* state0, float* state1,
-                                        const void* grads, DType grad_dtype,
-                                        const StepArgs& step_args, void* out,
-                                        DType out_dtype) {
+absl::StatusOr<StepBuffers> CpuOptimizer::ExternalBuffers(
+    int64_t count, float* master_weights, float* state0, float* state1,
+    const void* grads, DType grad_dtype, void* out, DType out_dtype) const {
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer step_external: count must be >= 0, got ", count));
@@ -419,10 +423,6 @@ absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
     return absl::InvalidArgumentError(
         "optimizer step_external: state1 (exp_avg_sq) is null");
   }
-  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
-                      Coefficients(step_args));
-  if (count == 0) return absl::OkStatus();
-
   StepBuffers buffers;
   buffers.master = master_weights;
   buffers.state0 = needs_state0 ? state0 : nullptr;
@@ -432,8 +432,106 @@ absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
   buffers.out = out;
   buffers.out_dtype = out_dtype;
   buffers.count = count;
-  RunThreaded(coefficients, buffers);
+  return buffers;
+}
+
+absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
+                                     float* master_weights, const void* grads,
+                                     DType grad_dtype,
+                                     const StepArgs& step_args, void* out,
+                                     DType out_dtype) {
+  RangeToUpdate range;
+  range.state_offset = state_offset;
+  range.count = count;
+  range.master_weights = master_weights;
+  range.grads = grads;
+  range.grad_dtype = grad_dtype;
+  range.out = out;
+  range.out_dtype = out_dtype;
+  ZE_ASSIGN_OR_RETURN(const StepBuffers buffers, OwnStateBuffers(range));
+  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
+                      Coefficients(step_args));
+  if (count > 0) RunThreaded(coefficients, buffers);
   return absl::OkStatus();
+}
+
+absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,
+                                        float* state0, float* state1,
+                                        const void* grads, DType grad_dtype,
+                                        const StepArgs& step_args, void* out,
+                                        DType out_dtype) {
+  ZE_ASSIGN_OR_RETURN(const StepBuffers buffers,
+                      ExternalBuffers(count, master_weights, state0, state1,
+                                      grads, grad_dtype, out, out_dtype));
+  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
+                      Coefficients(step_args));
+  if (count > 0) RunThreaded(coefficients, buffers);
+  return absl::OkStatus();
+}
+
+absl::Status CpuOptimizer::StepRanges(
+    const StepArgs& step_args,
+    const std::function<absl::StatusOr<bool>(RangeToUpdate*)>& next_range,
+    const std::function<absl::Status(int64_t)>& range_done) {
+  ZE_ASSIGN_OR_RETURN(const StepCoefficients coefficients,
+                      Coefficients(step_args));
+  const KernelTuning tuning = Tuning();
+  // Guards `ranges` (read by every tile while next_range's thread appends)
+  // and `status`.
+  std::mutex mutex;
+  std::deque<StepBuffers> ranges;
+  absl::Status status;
+  auto fail = [&](const absl::Status& error) {
+    std::lock_guard<std::mutex> lock(mutex);
+    status.Update(error);
+  };
+  pool_->RunBatches(
+      [&]() -> int64_t {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!status.ok()) return 0;
+        }
+        RangeToUpdate range;
+        absl::StatusOr<bool> more = next_range(&range);
+        if (!more.ok()) {
+          fail(more.status());
+          return 0;
+        }
+        if (!*more) return 0;
+        absl::StatusOr<StepBuffers> buffers = OwnStateBuffers(range);
+        if (!buffers.ok()) {
+          fail(buffers.status());
+          return 0;
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        ranges.push_back(*buffers);
+        // An empty range is one task that writes nothing, so that it is
+        // still reported done in its place.
+        return std::max<int64_t>(
+            1, (range.count + tile_elements_ - 1) / tile_elements_);
+      },
+      [&](int64_t index, int64_t tile) {
+        StepBuffers range;
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          range = ranges[index];
+        }
+        const int64_t begin = tile * tile_elements_;
+        const int64_t count = std::min(tile_elements_, range.count - begin);
+        if (count > 0) {
+          RunStepKernel(simd_path_, coefficients,
+                        SliceBuffers(range, begin, count), tuning);
+        }
+      },
+      [&](int64_t index) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          if (!status.ok()) return;
+        }
+        const absl::Status done = range_done(index);
+        if (!done.ok()) fail(done);
+      });
+  return status;
 }
 
 }  // namespace offload

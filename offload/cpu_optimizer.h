@@ -30,6 +30,7 @@
 #define ZE_OFFLOAD_CPU_OPTIMIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -204,6 +205,17 @@ struct KernelTuning {
 void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
                    const StepBuffers& buffers, const KernelTuning& tuning);
 
+// One range of a CpuOptimizer::StepRanges stream: StepRange's arguments.
+struct RangeToUpdate {
+  int64_t state_offset = 0;  // into the optimizer's state
+  int64_t count = 0;
+  float* master_weights = nullptr;
+  const void* grads = nullptr;
+  DType grad_dtype = DType::kF32;
+  void* out = nullptr;  // may equal grads, as StepRange allows
+  DType out_dtype = DType::kBF16;
+};
+
 // Owns the optimizer state for one flat range of f32 master weights in host
 // memory and updates it with a thread pool.
 class CpuOptimizer {
@@ -263,6 +275,30 @@ class CpuOptimizer {
                             const StepArgs& step_args, void* out = nullptr,
                             DType out_dtype = DType::kBF16);
 
+  // StepRange over a sequence of ranges given one at a time, run as one
+  // stream of tiles (ThreadPool::RunBatches): threads go on to the next
+  // range's tiles while the last tiles of the range before still run, so a
+  // step made of many ranges pays no barrier per range (StepRange's
+  // schedule option does not apply: always tiles of tile_elements()).
+  // Does not advance step_count().
+  //
+  // `next_range(&range)`: fills `range` and returns true, or false when no
+  // range is left. Called by one of the pool's threads (the caller's
+  // included) at a time; it may block until the range's inputs are there
+  // while other threads finish the range before.
+  // `range_done(index)`: once per range (numbered from 0 in the order
+  // given), in order, after the range's elements and every earlier range's
+  // are written; on any of the pool's threads, under the stream's lock: it
+  // must be short and must not call this optimizer.
+  // Errors: bad step arguments (before any range is asked for); a range
+  // StepRange would refuse; an error from next_range or range_done. The
+  // first ends the stream: no further range is asked for, ranges already
+  // begun are finished without range_done, and the error is returned.
+  absl::Status StepRanges(
+      const StepArgs& step_args,
+      const std::function<absl::StatusOr<bool>(RangeToUpdate*)>& next_range,
+      const std::function<absl::Status(int64_t)>& range_done);
+
   void AdvanceStep() { ++step_count_; }
 
   // Zeroes `count` elements of `element_bytes` each at `data` from the pool's
@@ -309,6 +345,13 @@ class CpuOptimizer {
   absl::Status CheckStepInputs(int64_t count, const float* master_weights,
                                const void* grads, DType grad_dtype,
                                const void* out, DType out_dtype) const;
+  // StepExternal's checks; the buffers of one update on success.
+  absl::StatusOr<StepBuffers> ExternalBuffers(
+      int64_t count, float* master_weights, float* state0, float* state1,
+      const void* grads, DType grad_dtype, void* out, DType out_dtype) const;
+  // StepRange's checks; the buffers of `range` over this optimizer's state.
+  absl::StatusOr<StepBuffers> OwnStateBuffers(const RangeToUpdate& range) const;
+  KernelTuning Tuning() const;
   // Runs the kernel over `buffers` on the pool per execution_.
   void RunThreaded(const StepCoefficients& coefficients,
                    const StepBuffers& buffers);

@@ -629,6 +629,153 @@ TEST(CpuOptimizerTest, StepExternalRejectsMissingStateNamingIt) {
                    .ok());
 }
 
+// A step given as a stream of ranges (from the end backwards, as the
+// offloaded update takes a bucket's chunks, an empty one among them) is the
+// whole-range Step bit for bit, at every thread count; each range is
+// reported done in order, with its output already written then.
+TEST(CpuOptimizerTest, StepRangesEqualsStepAndReportsRangesInOrder) {
+  constexpr int64_t kCount = 100003;
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.weight_decay = 0.1;
+  const Problem problem = MakeProblem(kCount, DType::kBF16, 3, 21);
+  const Result expected = RunSteps(options, problem, DType::kBF16, true,
+                                   DType::kBF16, CpuExecutionOptions());
+  // [cuts[k], cuts[k + 1]) is range number (kRanges - 1 - k).
+  const std::vector<int64_t> cuts = {0, 1, 4000, 4000, 4017, 60000, kCount};
+  const int kRanges = static_cast<int>(cuts.size()) - 1;
+  for (int threads : {1, 2, 5}) {
+    // Tiles of 1024 elements: many per range, so ranges overlap.
+    auto optimizer = CpuOptimizer::Create(
+        options, kCount, Execution(BestSimdPath(), threads, 4096));
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+    std::vector<float> master = problem.master;
+    std::vector<uint8_t> out(kCount * 2, 0xAB);
+    StepArgs args;
+    args.grad_scale = 0.5f;
+    for (int s = 0; s < 3; ++s) {
+      args.lr = 1e-3 * (s + 1);
+      int given = 0;
+      std::vector<int64_t> done;
+      const absl::Status status =
+          (*optimizer)
+              ->StepRanges(
+                  args,
+                  [&](RangeToUpdate* range) -> absl::StatusOr<bool> {
+                    if (given == kRanges) return false;
+                    const int k = kRanges - 1 - given++;
+                    range->state_offset = cuts[k];
+                    range->count = cuts[k + 1] - cuts[k];
+                    range->master_weights = master.data() + cuts[k];
+                    range->grads = problem.grads[s].data() + cuts[k] * 2;
+                    range->grad_dtype = DType::kBF16;
+                    range->out = out.data() + cuts[k] * 2;
+                    range->out_dtype = DType::kBF16;
+                    return true;
+                  },
+                  [&](int64_t index) -> absl::Status {
+                    const int k = kRanges - 1 - static_cast<int>(index);
+                    if (s == 2 && cuts[k + 1] > cuts[k]) {
+                      // The last step's output of this range is final now.
+                      const int64_t last = cuts[k + 1] - 1;
+                      EXPECT_EQ(std::memcmp(out.data() + last * 2,
+                                            expected.out.data() + last * 2, 2),
+                                0)
+                          << "range " << index
+                          << " reported before it was written";
+                    }
+                    done.push_back(index);
+                    return absl::OkStatus();
+                  });
+      ASSERT_TRUE(status.ok()) << status;
+      ASSERT_EQ(done.size(), static_cast<size_t>(kRanges));
+      for (int r = 0; r < kRanges; ++r) EXPECT_EQ(done[r], r);
+      (*optimizer)->AdvanceStep();
+    }
+    ExpectBitwiseEqual(expected.master, master, "master");
+    ExpectBitwiseEqual(expected.exp_avg, Copy((*optimizer)->exp_avg(), kCount),
+                       "exp_avg");
+    ExpectBitwiseEqual(expected.exp_avg_sq,
+                       Copy((*optimizer)->exp_avg_sq(), kCount), "exp_avg_sq");
+    EXPECT_EQ(std::memcmp(expected.out.data(), out.data(), out.size()), 0);
+  }
+}
+
+// The first error ends the stream: a range outside the state (named), an
+// error of next_range, an error of range_done; nothing is asked for after
+// it, and bad step arguments fail before any range is asked for.
+TEST(CpuOptimizerTest, StepRangesStopsAtTheFirstError) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdam;
+  auto optimizer =
+      CpuOptimizer::Create(options, 64, Execution(BestSimdPath(), 3));
+  ASSERT_TRUE(optimizer.ok());
+  std::vector<float> master(64, 1.0f), grads(64, 1.0f);
+  StepArgs args;
+  args.lr = 1e-3;
+  auto ranges_then = [&](int good, absl::StatusOr<bool> last,
+                         int64_t offset_of_last, int* asked) {
+    return [&, good, last, offset_of_last,
+            asked](RangeToUpdate* range) -> absl::StatusOr<bool> {
+      const int k = (*asked)++;
+      range->state_offset = k < good ? 8 * k : offset_of_last;
+      range->count = 8;
+      range->master_weights = master.data() + range->state_offset % 56;
+      range->grads = grads.data();
+      range->grad_dtype = DType::kF32;
+      return k < good ? absl::StatusOr<bool>(true) : last;
+    };
+  };
+  int asked = 0;
+  int done = 0;
+  auto count_done = [&](int64_t) -> absl::Status {
+    ++done;
+    return absl::OkStatus();
+  };
+  absl::Status status =
+      (*optimizer)
+          ->StepRanges(args, ranges_then(2, true, 60, &asked), count_done);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("range [60, 68)"), std::string::npos)
+      << status;
+  EXPECT_EQ(asked, 3);
+  EXPECT_LE(done, 2);
+
+  asked = 0;
+  status = (*optimizer)
+               ->StepRanges(
+                   args,
+                   ranges_then(1, absl::DataLossError("short read of chunk 1"),
+                               0, &asked),
+                   count_done);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(asked, 2);
+
+  asked = 0;
+  int reported = 0;
+  status = (*optimizer)
+               ->StepRanges(args, ranges_then(5, false, 0, &asked),
+                            [&](int64_t index) -> absl::Status {
+                              ++reported;
+                              return index == 1
+                                         ? absl::InternalError(
+                                               "upload of range 1 failed")
+                                         : absl::OkStatus();
+                            });
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(reported, 2);  // none after the failed one
+  EXPECT_LE(asked, 6);
+
+  asked = 0;
+  StepArgs bad_lr = args;
+  bad_lr.lr = NAN;
+  status =
+      (*optimizer)
+          ->StepRanges(bad_lr, ranges_then(1, false, 0, &asked), count_done);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(asked, 0);
+}
+
 }  // namespace
 }  // namespace offload
 }  // namespace ze

@@ -128,6 +128,101 @@ void ThreadPool::RunOnEachThread(const std::function<void(int)>& task) {
   per_thread_task_ = nullptr;
 }
 
+// The shared state of one RunBatches loop; everything below `mutex` is
+// guarded by it.
+struct ThreadPool::BatchStream {
+  const std::function<int64_t()>* next_batch = nullptr;
+  const std::function<void(int64_t, int64_t)>* task = nullptr;
+  const std::function<void(int64_t)>* batch_done = nullptr;
+
+  struct Batch {
+    int64_t num_tasks = 0;
+    int64_t taken = 0;
+    int64_t finished = 0;
+  };
+
+  std::mutex mutex;
+  // Signalled when a batch is made, when no more will be, and when a batch
+  // is done.
+  std::condition_variable changed;
+  // Batches made and not yet done, oldest first; only the newest can have
+  // tasks left to take. `first_live` is the index of the front one.
+  std::deque<Batch> live;
+  int64_t first_live = 0;
+  bool making = false;     // a thread is in next_batch
+  bool exhausted = false;  // next_batch returned 0
+};
+
+void ThreadPool::RunBatchStream(BatchStream& stream) {
+  std::unique_lock<std::mutex> lock(stream.mutex);
+  while (true) {
+    if (!stream.live.empty() &&
+        stream.live.back().taken < stream.live.back().num_tasks) {
+      const int64_t batch =
+          stream.first_live + static_cast<int64_t>(stream.live.size()) - 1;
+      const int64_t index = stream.live.back().taken++;
+      lock.unlock();
+      (*stream.task)(batch, index);
+      lock.lock();
+      // Not done before this task finished, so still in `live`.
+      ++stream.live[batch - stream.first_live].finished;
+      bool any_done = false;
+      while (!stream.live.empty() &&
+             stream.live.front().finished == stream.live.front().num_tasks) {
+        (*stream.batch_done)(stream.first_live);
+        stream.live.pop_front();
+        ++stream.first_live;
+        any_done = true;
+      }
+      if (any_done) stream.changed.notify_all();
+      continue;
+    }
+    if (stream.exhausted) return;
+    if (stream.making) {
+      stream.changed.wait(lock);
+      continue;
+    }
+    stream.making = true;
+    lock.unlock();
+    const int64_t num_tasks = (*stream.next_batch)();
+    lock.lock();
+    stream.making = false;
+    if (num_tasks <= 0) {
+      stream.exhausted = true;
+    } else {
+      stream.live.push_back(BatchStream::Batch{num_tasks, 0, 0});
+    }
+    stream.changed.notify_all();
+  }
+}
+
+void ThreadPool::RunBatches(const std::function<int64_t()>& next_batch,
+                            const std::function<void(int64_t, int64_t)>& task,
+                            const std::function<void(int64_t)>& batch_done) {
+  BatchStream stream;
+  stream.next_batch = &next_batch;
+  stream.task = &task;
+  stream.batch_done = &batch_done;
+  if (!workers_.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    batch_stream_ = &stream;
+    busy_workers_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_.notify_all();
+  RunBatchStream(stream);
+  {
+    // Tasks others still run finish their batches.
+    std::unique_lock<std::mutex> lock(stream.mutex);
+    stream.changed.wait(lock, [&] { return stream.live.empty(); });
+  }
+  if (workers_.empty()) return;
+  // Every worker must have left RunBatchStream before `stream` goes.
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return busy_workers_ == 0; });
+  batch_stream_ = nullptr;
+}
+
 void ThreadPool::WorkerLoop(int thread_index) {
   uint64_t seen_generation = 0;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -138,10 +233,13 @@ void ThreadPool::WorkerLoop(int thread_index) {
     seen_generation = generation_;
     const std::function<void(int64_t)>* task = task_;
     const std::function<void(int)>* per_thread_task = per_thread_task_;
+    BatchStream* batch_stream = batch_stream_;
     const int64_t num_tasks = num_tasks_;
     lock.unlock();
     if (per_thread_task != nullptr) {
       (*per_thread_task)(thread_index);
+    } else if (batch_stream != nullptr) {
+      RunBatchStream(*batch_stream);
     } else {
       RunTasks(*task, num_tasks);
     }

@@ -1,12 +1,16 @@
 // A fixed pool of threads that runs one parallel loop at a time: the CPU
 // optimizer's tiles. The calling thread works too, so a pool of N threads
 // starts N - 1 workers; they sleep on a condition variable between loops.
+// A loop is either one batch of tasks (ParallelFor), one task per thread
+// (RunOnEachThread), or a stream of batches with no barrier between them
+// (RunBatches).
 #ifndef ZE_OFFLOAD_THREAD_POOL_H_
 #define ZE_OFFLOAD_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -71,9 +75,37 @@ class ThreadPool {
   // all have finished; same restrictions as ParallelFor.
   void RunOnEachThread(const std::function<void(int)>& task);
 
+  // Runs a stream of batches of tasks, made one at a time, with no barrier
+  // between batches: a thread that finds every task of the newest batch
+  // taken makes (or waits for) the next batch and starts on it while other
+  // threads still finish the batch before. A sequence of ParallelFor calls
+  // instead idles every thread but one at each loop's end (its last, partial
+  // wave of tasks) and wakes the workers again for the next.
+  //
+  // `next_batch()`: the task count (>= 1) of the next batch, or 0 when there
+  // are no more (it is then not called again). Called by one thread at a
+  // time, any of the pool's or the caller's, with no lock of the pool held;
+  // it may block (the batch's inputs not there yet) while the others finish
+  // the batch before.
+  // `task(batch, i)`: task i of batch `batch` (batches count from 0 in the
+  // order made); each exactly once, tasks of one batch taken in increasing
+  // order, on any thread.
+  // `batch_done(batch)`: once per batch, in batch order, after every task of
+  // it and of every batch before it has returned; on any thread, with the
+  // stream's lock held, so it must be short and must not call the pool.
+  // Returns when next_batch has returned 0 and every batch made is done.
+  // One loop at a time, as ParallelFor; none of the functions may throw.
+  void RunBatches(const std::function<int64_t()>& next_batch,
+                  const std::function<void(int64_t, int64_t)>& task,
+                  const std::function<void(int64_t)>& batch_done);
+
  private:
+  struct BatchStream;
   void WorkerLoop(int thread_index);
   void RunTasks(const std::function<void(int64_t)>& task, int64_t num_tasks);
+  // One thread's part of a RunBatches loop: returns when no task is left
+  // to take and no batch is left to make.
+  static void RunBatchStream(BatchStream& stream);
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;
@@ -83,10 +115,11 @@ class ThreadPool {
   uint64_t generation_ = 0;
   int busy_workers_ = 0;
   bool stopping_ = false;
-  // Exactly one of task_ (ParallelFor) and per_thread_task_
-  // (RunOnEachThread) is set while a loop runs.
+  // Exactly one of task_ (ParallelFor), per_thread_task_ (RunOnEachThread)
+  // and batch_stream_ (RunBatches) is set while a loop runs.
   const std::function<void(int64_t)>* task_ = nullptr;
   const std::function<void(int)>* per_thread_task_ = nullptr;
+  BatchStream* batch_stream_ = nullptr;
   int64_t num_tasks_ = 0;
   // The next task index to take.
   std::atomic<int64_t> next_task_{0};

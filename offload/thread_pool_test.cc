@@ -1,6 +1,8 @@
 #include "offload/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -100,6 +102,67 @@ TEST(ThreadPoolTest, RunOnEachThreadKeepsIndexOnItsThread) {
   int runs = 0;
   single.RunOnEachThread([&](int index) { runs += index + 1; });
   EXPECT_EQ(runs, 1);
+}
+
+// Every task of every batch runs once, and each batch is reported done once,
+// in order, only after its own tasks and every earlier batch's finished.
+TEST(ThreadPoolTest, RunBatchesRunsEveryTaskAndReportsBatchesInOrder) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int round = 0; round < 20; ++round) {
+      const std::vector<int64_t> sizes = {1, 7, 2, 40, 1, 1, 15, 3};
+      std::vector<std::vector<std::atomic<int>>> runs;
+      for (int64_t size : sizes) {
+        runs.emplace_back(static_cast<size_t>(size));
+      }
+      size_t made = 0;
+      std::vector<int64_t> done_order;
+      pool.RunBatches(
+          [&]() -> int64_t { return made < sizes.size() ? sizes[made++] : 0; },
+          [&](int64_t batch, int64_t i) { runs[batch][i].fetch_add(1); },
+          [&](int64_t batch) {
+            for (const std::atomic<int>& run : runs[batch]) {
+              EXPECT_EQ(run.load(), 1) << "batch " << batch << " done early";
+            }
+            done_order.push_back(batch);
+          });
+      ASSERT_EQ(done_order.size(), sizes.size()) << threads << " threads";
+      for (size_t b = 0; b < sizes.size(); ++b) {
+        EXPECT_EQ(done_order[b], static_cast<int64_t>(b));
+        for (const std::atomic<int>& run : runs[b]) ASSERT_EQ(run.load(), 1);
+      }
+    }
+    // No batch at all.
+    pool.RunBatches([] { return int64_t{0}; }, [](int64_t, int64_t) {},
+                    [](int64_t) { ADD_FAILURE() << "no batch was made"; });
+  }
+}
+
+// The point of RunBatches: while one thread still runs batch 0's last task,
+// another makes batch 1 and runs it. Batch 0's slow task waits (up to 10 s)
+// for batch 1's task to start; with a barrier between batches it would
+// wait in vain.
+TEST(ThreadPoolTest, RunBatchesStartsTheNextBatchBeforeTheLastOneEnds) {
+  ThreadPool pool(2);
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool next_batch_started = false;
+  bool overlapped = false;
+  int batches = 0;
+  pool.RunBatches(
+      [&]() -> int64_t { return batches < 2 ? (++batches == 1 ? 2 : 1) : 0; },
+      [&](int64_t batch, int64_t i) {
+        std::unique_lock<std::mutex> lock(mutex);
+        if (batch == 0 && i == 0) {
+          overlapped = changed.wait_for(lock, std::chrono::seconds(10),
+                                        [&] { return next_batch_started; });
+        } else if (batch == 1) {
+          next_batch_started = true;
+          changed.notify_all();
+        }
+      },
+      [](int64_t) {});
+  EXPECT_TRUE(overlapped);
 }
 
 }  // namespace

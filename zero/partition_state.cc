@@ -567,17 +567,55 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
     ZE_RETURN_IF_ERROR(swapped_->Update(
         swapped_order, [&](int, float* const* arrays) -> absl::Status {
           const auto [b, chunk] = order[next++];
-          return UpdateChunk(b, chunk, step_args, arrays[0],
-                             swapped_arrays() > 1 ? arrays[1] : nullptr,
-                             swapped_arrays() > 2 ? arrays[2] : nullptr);
+          return UpdateSwappedChunk(b, chunk, step_args, arrays[0],
+                                    swapped_arrays() > 1 ? arrays[1] : nullptr,
+                                    swapped_arrays() > 2 ? arrays[2] : nullptr);
         }));
   } else {
-    for (int b = next_bucket(); b >= 0; b = next_bucket()) {
-      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
-        ZE_RETURN_IF_ERROR(
-            UpdateChunk(b, chunk, step_args, nullptr, nullptr, nullptr));
-      }
+    // Host memory: the chunks as one stream of tiles over the CPU
+    // optimizer's threads, which go on to the next chunk while the last
+    // tiles of the one before still run (a chunk at a time would idle all
+    // but one thread at each chunk's end). Chunk k is range k.
+    std::mutex order_mutex;
+    std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
+    int bucket = -1;
+    int64_t next_chunk = -1;
+    const auto stream_start = std::chrono::steady_clock::now();
+    const double waited_before = [this] {
+      std::lock_guard<std::mutex> lock(pending_.mutex);
+      return pending_.times.gradient_wait_seconds;
+    }();
+    const absl::Status status = host_optimizer_->StepRanges(
+        step_args,
+        [&](offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
+          if (next_chunk < 0) {
+            bucket = next_bucket();
+            if (bucket < 0) return false;
+            next_chunk = num_chunks(bucket) - 1;
+          }
+          const int64_t chunk = next_chunk--;
+          ZE_RETURN_IF_ERROR(WaitForHostGradients(bucket, chunk));
+          *range = ChunkRange(bucket, chunk);
+          std::lock_guard<std::mutex> lock(order_mutex);
+          order.emplace_back(bucket, chunk);
+          return true;
+        },
+        [&](int64_t index) -> absl::Status {
+          std::pair<int, int64_t> chunk;
+          {
+            std::lock_guard<std::mutex> lock(order_mutex);
+            chunk = order[index];
+          }
+          return ChunkUpdated(chunk.first, chunk.second);
+        });
+    {
+      // The stream's span less its waits for gradients.
+      std::lock_guard<std::mutex> lock(pending_.mutex);
+      pending_.times.optimizer_seconds +=
+          SecondsSince(stream_start) -
+          (pending_.times.gradient_wait_seconds - waited_before);
     }
+    ZE_RETURN_IF_ERROR(status);
   }
   host_optimizer_->AdvanceStep();
   return absl::OkStatus();
@@ -609,56 +647,81 @@ int PartitionState::ForwardReadPosition(int bucket) const {
                                          : layout_.num_buckets() - 1 - bucket;
 }
 
-absl::Status PartitionState::UpdateChunk(int b, int64_t chunk,
-                                         const StepArgs& step_args,
-                                         float* master, float* state0,
-                                         float* state1) {
-  const bool weights_on_host = options_.weights_placement == Placement::kHost;
+absl::Status PartitionState::WaitForHostGradients(int bucket, int64_t chunk) {
+  const auto wait_start = std::chrono::steady_clock::now();
+  ZE_RETURN_IF_ERROR(gradients_on_host_[bucket][chunk].Synchronize());
+  std::lock_guard<std::mutex> lock(pending_.mutex);
+  pending_.times.gradient_wait_seconds += SecondsSince(wait_start);
+  return absl::OkStatus();
+}
+
+offload::RangeToUpdate PartitionState::ChunkRange(int bucket,
+                                                  int64_t chunk) const {
   const int64_t begin = chunk * options_.chunk_elements;
   const int64_t count =
-      std::min(options_.chunk_elements, own_elements(b) - begin);
-  Tensor grads = host_staging_.Slice(master_offsets_[b] + begin, count);
+      std::min(options_.chunk_elements, own_elements(bucket) - begin);
+  Tensor grads = host_staging_.Slice(master_offsets_[bucket] + begin, count);
+  offload::RangeToUpdate range;
+  range.state_offset = master_offsets_[bucket] + begin;
+  range.count = count;
+  // NVMe buckets: the caller's swap buffer instead.
+  if (optimizer_placement_[bucket] == Placement::kHost) {
+    range.master_weights = OwnMaster(bucket).data_as<float>() + begin;
+  }
+  range.grads = grads.data();
+  range.grad_dtype = grads.dtype();
   // The 16-bit result goes straight into host weights, or over the
   // gradients in the staging buffer (each element's gradient is read before
   // its weight is written), from where it is uploaded.
-  Tensor out;
-  if (!weights_on_host) {
-    out = grads;
+  if (options_.weights_placement != Placement::kHost) {
+    range.out = grads.data();
   } else if (!master_aliases_weights()) {
-    out = OwnWeights(b).Slice(begin, count);
+    range.out = OwnWeights(bucket).Slice(begin, count).data();
   }
-  const auto wait_start = std::chrono::steady_clock::now();
-  ZE_RETURN_IF_ERROR(gradients_on_host_[b][chunk].Synchronize());
-  const double waited = SecondsSince(wait_start);
-  const auto step_start = std::chrono::steady_clock::now();
-  void* out_data = out.defined() ? out.data() : nullptr;
-  if (master == nullptr) {
-    // Host memory: the CPU optimizer's own state.
-    ZE_RETURN_IF_ERROR(host_optimizer_->StepRange(
-        master_offsets_[b] + begin, count,
-        OwnMaster(b).data_as<float>() + begin, grads.data(), grads.dtype(),
-        step_args, out_data, options_.model_dtype));
-  } else {
-    ZE_RETURN_IF_ERROR(host_optimizer_->StepExternal(
-        count, master, state0, state1, grads.data(), grads.dtype(), step_args,
-        out_data, options_.model_dtype));
-  }
-  const double stepped = SecondsSince(step_start);
-  if (!weights_on_host) {
+  range.out_dtype = options_.model_dtype;
+  return range;
+}
+
+absl::Status PartitionState::ChunkUpdated(int bucket, int64_t chunk) {
+  const int64_t begin = chunk * options_.chunk_elements;
+  const int64_t count =
+      std::min(options_.chunk_elements, own_elements(bucket) - begin);
+  if (options_.weights_placement != Placement::kHost) {
+    // Any thread of the CPU optimizer's may run this.
+    if (options_.device.is_cuda()) {
+      ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+    }
     const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
     Tensor destination =
         options_.delayed_update
-            ? delayed_weights_.Slice(master_offsets_[b] + begin, count)
-            : OwnWeights(b).Slice(begin, count);
-    ZE_RETURN_IF_ERROR(Copy(grads, destination, up));
-    ZE_RETURN_IF_ERROR(weights_uploaded_[b][chunk].Record(up));
+            ? delayed_weights_.Slice(master_offsets_[bucket] + begin, count)
+            : OwnWeights(bucket).Slice(begin, count);
+    ZE_RETURN_IF_ERROR(
+        Copy(host_staging_.Slice(master_offsets_[bucket] + begin, count),
+             destination, up));
+    ZE_RETURN_IF_ERROR(weights_uploaded_[bucket][chunk].Record(up));
   }
   std::lock_guard<std::mutex> lock(pending_.mutex);
-  pending_.times.gradient_wait_seconds += waited;
-  pending_.times.optimizer_seconds += stepped;
-  pending_.written_from[b] = begin;
+  pending_.written_from[bucket] = begin;
   pending_.progress.notify_all();
   return absl::OkStatus();
+}
+
+absl::Status PartitionState::UpdateSwappedChunk(int bucket, int64_t chunk,
+                                                const StepArgs& step_args,
+                                                float* master, float* state0,
+                                                float* state1) {
+  ZE_RETURN_IF_ERROR(WaitForHostGradients(bucket, chunk));
+  const offload::RangeToUpdate range = ChunkRange(bucket, chunk);
+  const auto step_start = std::chrono::steady_clock::now();
+  ZE_RETURN_IF_ERROR(host_optimizer_->StepExternal(
+      range.count, master, state0, state1, range.grads, range.grad_dtype,
+      step_args, range.out, range.out_dtype));
+  {
+    std::lock_guard<std::mutex> lock(pending_.mutex);
+    pending_.times.optimizer_seconds += SecondsSince(step_start);
+  }
+  return ChunkUpdated(bucket, chunk);
 }
 
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,

@@ -370,10 +370,20 @@ class PartitionState {
   // Where bucket b comes in the order the forward reads the buckets: 0 for
   // the first read.
   int ForwardReadPosition(int bucket) const;
-  // One chunk of an offloaded bucket: master and state in the CPU
-  // optimizer's own memory (master null) or in swap buffers.
-  absl::Status UpdateChunk(int bucket, int64_t chunk, const StepArgs& step_args,
-                           float* master, float* state0, float* state1);
+  // One chunk of an offloaded bucket, in three parts, which the worker runs
+  // in this order: waits (blocking this thread) until the chunk's gradients
+  // are in host memory; the CPU optimizer's range for it (master and state
+  // in the optimizer's own memory; the 16-bit result into the host weights
+  // or over the gradients); once the range is written, uploads the result
+  // (weights on the GPU) and tells WaitForWeights. ChunkUpdated may run on
+  // any of the CPU optimizer's threads.
+  absl::Status WaitForHostGradients(int bucket, int64_t chunk);
+  offload::RangeToUpdate ChunkRange(int bucket, int64_t chunk) const;
+  absl::Status ChunkUpdated(int bucket, int64_t chunk);
+  // The NVMe path: one chunk, whole, with master and state in swap buffers.
+  absl::Status UpdateSwappedChunk(int bucket, int64_t chunk,
+                                  const StepArgs& step_args, float* master,
+                                  float* state0, float* state1);
   bool offloaded(int bucket) const {
     return optimizer_placement_[bucket] != Placement::kDevice;
   }
