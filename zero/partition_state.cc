@@ -588,6 +588,11 @@ absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
     const absl::Status status = host_optimizer_->StepRanges(
         step_args,
         [&](offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
+          // Any of the CPU optimizer's threads may ask; the events it
+          // queries and waits for are the device's.
+          if (options_.device.is_cuda()) {
+            ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+          }
           if (next_chunk < 0) {
             bucket = next_bucket();
             if (bucket < 0) return false;

@@ -213,8 +213,10 @@ class PartitionState {
   // which may overwrite the gradients, waits for those copies); then a
   // worker thread updates them with the CPU optimizer bucket by bucket as
   // they arrive, in the order ChooseBucketToUpdate picks (here, handed over
-  // at once: the order the next forward reads them), and copies each
-  // bucket's 16-bit weights back while it works on the next. UpdateWeights
+  // at once: the order the next forward reads them), chunk by chunk as one
+  // stream of tiles over the optimizer's threads (CpuOptimizer::StepRanges;
+  // NVMe chunks one at a time), and copies each chunk's 16-bit weights back
+  // while it works on the next. UpdateWeights
   // returns without waiting for the worker: whoever reads a host bucket's
   // weights calls WaitForWeights first, and anything else that reads model
   // state calls FinishUpdate. Runs FinishUpdate itself first (one update at a
@@ -261,8 +263,10 @@ class PartitionState {
   // step, for benchmarks.
   struct OffloadTimes {
     int64_t updates = 0;
-    double worker_seconds = 0;         // from the worker's start to its end
-    double optimizer_seconds = 0;      // in the CPU optimizer's step
+    double worker_seconds = 0;  // from the worker's start to its end
+    // In the CPU optimizer: host buckets, the stream's span less its waits
+    // for gradients; NVMe, the sum of the chunks' steps.
+    double optimizer_seconds = 0;
     double gradient_wait_seconds = 0;  // waiting for gradients to land
     // The engine's thread blocked on the worker (FinishUpdate's join and
     // WaitForWeights): the part of the update the GPU work did not hide.
