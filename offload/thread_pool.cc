@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 
 namespace ze {
@@ -86,6 +87,25 @@ void ThreadPool::RunTasks(const std::function<void(int64_t)>& task,
   }
 }
 
+void ThreadPool::RunLoop(const std::function<void()>& publish,
+                         const std::function<void()>& callers_part) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    publish();
+    busy_workers_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  start_.notify_all();
+  callers_part();
+  // Every worker must have left the loop before what it runs goes out of
+  // scope.
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return busy_workers_ == 0; });
+  task_ = nullptr;
+  per_thread_task_ = nullptr;
+  batch_stream_ = nullptr;
+}
+
 void ThreadPool::ParallelFor(int64_t num_tasks,
                              const std::function<void(int64_t)>& task) {
   if (num_tasks <= 0) return;
@@ -94,20 +114,13 @@ void ThreadPool::ParallelFor(int64_t num_tasks,
     for (int64_t i = 0; i < num_tasks; ++i) task(i);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    task_ = &task;
-    num_tasks_ = num_tasks;
-    next_task_.store(0, std::memory_order_relaxed);
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
-  }
-  start_.notify_all();
-  RunTasks(task, num_tasks);
-  // Every worker must have left RunTasks before `task` goes out of scope.
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return busy_workers_ == 0; });
-  task_ = nullptr;
+  RunLoop(
+      [&] {
+        task_ = &task;
+        num_tasks_ = num_tasks;
+        next_task_.store(0, std::memory_order_relaxed);
+      },
+      [&] { RunTasks(task, num_tasks); });
 }
 
 void ThreadPool::RunOnEachThread(const std::function<void(int)>& task) {
@@ -115,17 +128,7 @@ void ThreadPool::RunOnEachThread(const std::function<void(int)>& task) {
     task(0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    per_thread_task_ = &task;
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
-  }
-  start_.notify_all();
-  task(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return busy_workers_ == 0; });
-  per_thread_task_ = nullptr;
+  RunLoop([&] { per_thread_task_ = &task; }, [&] { task(0); });
 }
 
 // The shared state of one RunBatches loop; everything below `mutex` is
@@ -203,24 +206,17 @@ void ThreadPool::RunBatches(const std::function<int64_t()>& next_batch,
   stream.next_batch = &next_batch;
   stream.task = &task;
   stream.batch_done = &batch_done;
-  if (!workers_.empty()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    batch_stream_ = &stream;
-    busy_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
-  }
-  start_.notify_all();
-  RunBatchStream(stream);
-  {
+  auto callers_part = [&] {
+    RunBatchStream(stream);
     // Tasks others still run finish their batches.
     std::unique_lock<std::mutex> lock(stream.mutex);
     stream.changed.wait(lock, [&] { return stream.live.empty(); });
+  };
+  if (workers_.empty()) {
+    callers_part();
+    return;
   }
-  if (workers_.empty()) return;
-  // Every worker must have left RunBatchStream before `stream` goes.
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return busy_workers_ == 0; });
-  batch_stream_ = nullptr;
+  RunLoop([&] { batch_stream_ = &stream; }, callers_part);
 }
 
 void ThreadPool::WorkerLoop(int thread_index) {

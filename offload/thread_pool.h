@@ -10,7 +10,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -101,6 +100,12 @@ class ThreadPool {
 
  private:
   struct BatchStream;
+  // Runs one loop on every thread: under the pool's lock `publish` sets what
+  // the workers run (task_, per_thread_task_ or batch_stream_), the workers
+  // are woken, the caller's thread runs `callers_part`, and this returns
+  // once every worker has finished its part, with the loop unpublished.
+  void RunLoop(const std::function<void()>& publish,
+               const std::function<void()>& callers_part);
   void WorkerLoop(int thread_index);
   void RunTasks(const std::function<void(int64_t)>& task, int64_t num_tasks);
   // One thread's part of a RunBatches loop: returns when no task is left
