@@ -367,14 +367,24 @@ void CpuOptimizer::RunThreaded(const StepCoefficients& coefficients,
     });
     return;
   }
-  const int64_t num_tiles = (count + tile_elements_ - 1) / tile_elements_;
-  pool_->ParallelFor(num_tiles, [&](int64_t tile) {
-    const int64_t begin = tile * tile_elements_;
-    RunStepKernel(
-        simd_path_, coefficients,
-        SliceBuffers(buffers, begin, std::min(tile_elements_, count - begin)),
-        tuning);
+  pool_->ParallelFor(NumTiles(count), [&](int64_t tile) {
+    RunTile(coefficients, buffers, tile, tuning);
   });
+}
+
+int64_t CpuOptimizer::NumTiles(int64_t count) const {
+  return (count + tile_elements_ - 1) / tile_elements_;
+}
+
+void CpuOptimizer::RunTile(const StepCoefficients& coefficients,
+                           const StepBuffers& buffers, int64_t tile,
+                           const KernelTuning& tuning) const {
+  const int64_t begin = tile * tile_elements_;
+  const int64_t count = std::min(tile_elements_, buffers.count - begin);
+  if (count > 0) {
+    RunStepKernel(simd_path_, coefficients, SliceBuffers(buffers, begin, count),
+                  tuning);
+  }
 }
 
 absl::StatusOr<StepBuffers> CpuOptimizer::OwnStateBuffers(
@@ -507,8 +517,7 @@ absl::Status CpuOptimizer::StepRanges(
         ranges.push_back(*buffers);
         // An empty range is one task that writes nothing, so that it is
         // still reported done in its place.
-        return std::max<int64_t>(
-            1, (range.count + tile_elements_ - 1) / tile_elements_);
+        return std::max<int64_t>(1, NumTiles(range.count));
       },
       [&](int64_t index, int64_t tile) {
         StepBuffers range;
@@ -516,12 +525,7 @@ absl::Status CpuOptimizer::StepRanges(
           std::lock_guard<std::mutex> lock(mutex);
           range = ranges[index];
         }
-        const int64_t begin = tile * tile_elements_;
-        const int64_t count = std::min(tile_elements_, range.count - begin);
-        if (count > 0) {
-          RunStepKernel(simd_path_, coefficients,
-                        SliceBuffers(range, begin, count), tuning);
-        }
+        RunTile(coefficients, range, tile, tuning);
       },
       [&](int64_t index) {
         {

@@ -352,6 +352,12 @@ class CpuOptimizer {
   // StepRange's checks; the buffers of `range` over this optimizer's state.
   absl::StatusOr<StepBuffers> OwnStateBuffers(const RangeToUpdate& range) const;
   KernelTuning Tuning() const;
+  // Tiles of tile_elements() covering `count` elements (the last partial).
+  int64_t NumTiles(int64_t count) const;
+  // The kernel over tile `tile` of `buffers` on the calling thread; nothing
+  // when the tile lies past buffers.count (an empty range's one task).
+  void RunTile(const StepCoefficients& coefficients, const StepBuffers& buffers,
+               int64_t tile, const KernelTuning& tuning) const;
   // Runs the kernel over `buffers` on the pool per execution_.
   void RunThreaded(const StepCoefficients& coefficients,
                    const StepBuffers& buffers);
