@@ -157,9 +157,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       first_swapped_chunk_.resize(layout_.num_buckets(), -1);
       first_swapped_chunk_[b] = static_cast<int>(swapped_chunks.size());
       for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
-        swapped_chunks.push_back(
-            std::min(options_.chunk_elements,
-                     own_elements(b) - chunk * options_.chunk_elements));
+        swapped_chunks.push_back(chunk_span(b, chunk).count);
       }
     }
   }
@@ -242,9 +240,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       // moments start at zero).
       Tensor weights = OwnWeights(b);
       for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
-        const int64_t begin = chunk * options_.chunk_elements;
-        const int64_t count =
-            std::min(options_.chunk_elements, own_elements(b) - begin);
+        const auto [begin, count] = chunk_span(b, chunk);
         ZE_ASSIGN_OR_RETURN(Tensor master,
                             Tensor::Empty({count}, DType::kF32, Device::Cpu()));
         ZE_RETURN_IF_ERROR(
@@ -373,9 +369,7 @@ absl::Status PartitionState::SendGradientsDown(int bucket,
       host_staging_.Slice(master_offsets_[bucket], own_elements(bucket));
   // From the bucket's end: the order the worker takes the chunks in.
   for (int64_t chunk = num_chunks(bucket) - 1; chunk >= 0; --chunk) {
-    const int64_t begin = chunk * options_.chunk_elements;
-    const int64_t count =
-        std::min(options_.chunk_elements, own_elements(bucket) - begin);
+    const auto [begin, count] = chunk_span(bucket, chunk);
     ZE_RETURN_IF_ERROR(
         Copy(gradients.Slice(begin, count), staging.Slice(begin, count), down));
     ZE_RETURN_IF_ERROR(gradients_on_host_[bucket][chunk].Record(down));
@@ -662,9 +656,7 @@ absl::Status PartitionState::WaitForHostGradients(int bucket, int64_t chunk) {
 
 offload::RangeToUpdate PartitionState::ChunkRange(int bucket,
                                                   int64_t chunk) const {
-  const int64_t begin = chunk * options_.chunk_elements;
-  const int64_t count =
-      std::min(options_.chunk_elements, own_elements(bucket) - begin);
+  const auto [begin, count] = chunk_span(bucket, chunk);
   Tensor grads = host_staging_.Slice(master_offsets_[bucket] + begin, count);
   offload::RangeToUpdate range;
   range.state_offset = master_offsets_[bucket] + begin;
@@ -688,9 +680,7 @@ offload::RangeToUpdate PartitionState::ChunkRange(int bucket,
 }
 
 absl::Status PartitionState::ChunkUpdated(int bucket, int64_t chunk) {
-  const int64_t begin = chunk * options_.chunk_elements;
-  const int64_t count =
-      std::min(options_.chunk_elements, own_elements(bucket) - begin);
+  const auto [begin, count] = chunk_span(bucket, chunk);
   if (options_.weights_placement != Placement::kHost) {
     // Any thread of the CPU optimizer's may run this.
     if (options_.device.is_cuda()) {
@@ -738,15 +728,15 @@ absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
   const int64_t chunk =
       std::max<int64_t>(0, std::min(own_begin, own_elements(bucket) - 1) /
                                options_.chunk_elements);
+  const int64_t chunk_begin = chunk_span(bucket, chunk).begin;
   {
     const auto wait_start = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(pending_.mutex);
     pending_.progress.wait(lock, [&] {
-      return pending_.written_from[bucket] <= chunk * options_.chunk_elements ||
-             pending_.failed;
+      return pending_.written_from[bucket] <= chunk_begin || pending_.failed;
     });
     pending_.times.engine_wait_seconds += SecondsSince(wait_start);
-    if (pending_.written_from[bucket] > chunk * options_.chunk_elements) {
+    if (pending_.written_from[bucket] > chunk_begin) {
       // The update failed before this chunk. Not an error here: a forward
       // on one rank failing alone would leave the others waiting in a
       // collective. The next boundary step's FinishUpdate reports it on
@@ -775,6 +765,15 @@ int64_t PartitionState::num_chunks(int bucket) const {
   return std::max<int64_t>(
       1, (own_elements(bucket) + options_.chunk_elements - 1) /
              options_.chunk_elements);
+}
+
+PartitionState::ChunkSpan PartitionState::chunk_span(int bucket,
+                                                     int64_t chunk) const {
+  ChunkSpan span;
+  span.begin = chunk * options_.chunk_elements;
+  span.count =
+      std::min(options_.chunk_elements, own_elements(bucket) - span.begin);
+  return span;
 }
 
 absl::Status PartitionState::FinishUpdate(const Stream& stream) {

@@ -400,6 +400,12 @@ class PartitionState {
   // The CPU optimizer's state array `array` (1 or 2, StateArrayNames).
   float* HostStateArray(int array) const;
   int64_t num_chunks(int bucket) const;
+  // The bucket's own elements [begin, begin + count) in chunk `chunk`.
+  struct ChunkSpan {
+    int64_t begin = 0;
+    int64_t count = 0;
+  };
+  ChunkSpan chunk_span(int bucket, int64_t chunk) const;
   // Queues bucket's gradients to the host after `stream`'s work so far and
   // hands the bucket to the worker.
   absl::Status SendGradientsDown(int bucket, const Stream& stream);
