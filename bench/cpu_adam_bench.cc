@@ -262,14 +262,10 @@ __attribute__((target("avx512f"))) void TrafficTile(float* p, const uint16_t* g,
 // Best and mean seconds of `steps` TrafficTile passes over `count` elements
 // (after one untimed pass), on `threads` threads with `execution`'s pinning,
 // page advice, schedule and tile size. 0 when the CPU lacks AVX-512.
-struct StepTraffic {
-  double best_s = 0.0;
-  double mean_s = 0.0;
-};
-StepTraffic MeasureStepTraffic(
+absl::StatusOr<Timing> MeasureStepTraffic(
     int threads, int64_t count, int steps,
     const ze::offload::CpuExecutionOptions& execution) {
-  if (!__builtin_cpu_supports("avx512f")) return {};
+  if (!__builtin_cpu_supports("avx512f")) return Timing{};
   ze::offload::ThreadPool pool(threads, execution.pin_threads);
   auto p = AlignedArray<float>(count, execution.huge_pages);
   auto g = AlignedArray<uint16_t>(count, execution.huge_pages);
@@ -303,16 +299,10 @@ StepTraffic MeasureStepTraffic(
     }
   };
   pass(/*fill=*/true);
-  StepTraffic result;
-  double best = 1e30, total = 0;
-  for (int step = 0; step <= steps; ++step) {
-    const Clock::time_point start = Clock::now();
-    pass(/*fill=*/false);
-    const double seconds = Seconds(start);
-    if (step == 0) continue;
-    best = std::min(best, seconds);
-    total += seconds;
-  }
+  ZE_ASSIGN_OR_RETURN(const Timing timing, TimeSteps(steps, [&] {
+                        pass(/*fill=*/false);
+                        return absl::OkStatus();
+                      }));
   // Every pass added g once: the loops ran (and were not optimised away).
   const float expected = static_cast<float>(steps + 1) *
                          ze::Bf16BitsToFloat(ze::FloatToBf16Bits(1e-3f));
@@ -320,9 +310,7 @@ StepTraffic MeasureStepTraffic(
     std::fprintf(stderr, "step traffic check failed: %g, expected %g\n",
                  v[count / 2], expected);
   }
-  result.best_s = best;
-  result.mean_s = total / steps;
-  return result;
+  return timing;
 }
 
 const char* ScheduleName(ze::offload::CpuSchedule schedule) {
@@ -440,8 +428,8 @@ absl::Status Run(const Flags& flags) {
     master.reset();
     grads.reset();
     out.reset();
-    const StepTraffic traffic =
-        MeasureStepTraffic(threads, n, flags.steps, execution);
+    ZE_ASSIGN_OR_RETURN(const Timing traffic,
+                        MeasureStepTraffic(threads, n, flags.steps, execution));
     const double traffic_gbps =
         traffic.best_s > 0 ? 28.0 * n / traffic.best_s / 1e9 : 0.0;
     std::printf(
