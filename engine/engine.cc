@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
+#include "core/file_cleanup.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/safetensors/reader.h"
@@ -491,6 +492,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   if (model == nullptr) {
     return absl::InvalidArgumentError("engine::Initialize: model is null");
   }
+  // The job's files that must not outlive it (NVMe swap files) go on
+  // SIGINT/SIGTERM/SIGHUP too; a program's own handlers are kept.
+  InstallFileRemovalSignalHandlers();
   ZE_ASSIGN_OR_RETURN(communicator,
                       CommunicatorFor(*model, std::move(communicator)));
   if (config.world_size != communicator->world_size()) {
@@ -580,6 +584,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   if (model == nullptr) {
     return absl::InvalidArgumentError("engine::Initialize: model is null");
   }
+  // The job's files that must not outlive it (NVMe swap files) go on
+  // SIGINT/SIGTERM/SIGHUP too; a program's own handlers are kept.
+  InstallFileRemovalSignalHandlers();
   ZE_ASSIGN_OR_RETURN(communicator,
                       CommunicatorFor(*model, std::move(communicator)));
   const int world = communicator->world_size();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -12,10 +13,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/file_cleanup.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace ze {
 namespace offload {
@@ -27,30 +30,105 @@ double Now() {
       .count();
 }
 
-// Paths of live stores, removed at exit if their store was never destroyed
-// (a process returning from main with a leaked store).
-std::mutex& CleanupMutex() {
-  static std::mutex* mutex = new std::mutex;
-  return *mutex;
-}
-std::set<std::string>& CleanupPaths() {
-  static std::set<std::string>* paths = new std::set<std::string>;
-  return *paths;
-}
-void RemoveLeftoverFiles() {
-  std::lock_guard<std::mutex> lock(CleanupMutex());
-  for (const std::string& path : CleanupPaths()) unlink(path.c_str());
-  CleanupPaths().clear();
-}
-void RegisterForCleanup(const std::string& path) {
-  static const bool registered = (std::atexit(RemoveLeftoverFiles), true);
-  (void)registered;
-  std::lock_guard<std::mutex> lock(CleanupMutex());
-  CleanupPaths().insert(path);
-}
-void UnregisterForCleanup(const std::string& path) {
-  std::lock_guard<std::mutex> lock(CleanupMutex());
-  CleanupPaths().erase(path);
+// The file of a store: open, locked (flock, exclusive) for as long as the
+// store lives, so that another process can tell a file in use from one left
+// behind by a killed process (whose lock the kernel released).
+struct OpenedFile {
+  int fd = -1;
+  bool direct = true;
+  int64_t stale_bytes = -1;  // >= 0: a leftover of that size was taken over
+};
+
+// Opens `path` O_DIRECT where the filesystem allows it (else buffered,
+// logged): creates it (O_EXCL), or, when it exists and no live process
+// holds its lock, takes the leftover over (truncated to 0). A file whose
+// lock is held is not touched: FailedPrecondition naming it.
+absl::StatusOr<OpenedFile> OpenAndLock(const std::string& path) {
+  OpenedFile opened;
+  // A few rounds: between our open and flock another process may remove
+  // the file (its owner ending) and a third create a new one.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // O_DIRECT first; a filesystem that refuses it (EINVAL) gets buffered
+    // I/O, said once.
+    auto open_file = [&](int flags) {
+      int fd = open(path.c_str(), flags | (opened.direct ? O_DIRECT : 0), 0600);
+      if (fd < 0 && errno == EINVAL && opened.direct) {
+        std::fprintf(stderr,
+                     "NvmeStore %s: O_DIRECT refused by the filesystem; "
+                     "using buffered I/O\n",
+                     path.c_str());
+        opened.direct = false;
+        fd = open(path.c_str(), flags, 0600);
+      }
+      return fd;
+    };
+    bool created = true;
+    int fd = open_file(O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC);
+    if (fd < 0 && errno == EEXIST) {
+      created = false;
+      fd = open_file(O_RDWR | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT) continue;  // removed meanwhile
+    }
+    if (fd < 0) {
+      const int error = errno;
+      const std::string message = absl::StrCat(
+          "NvmeStore ", path, ": open (create) failed: ", std::strerror(error));
+      if (error == EACCES || error == EPERM || error == EROFS ||
+          error == ENOENT) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(message, " (directory not writable)"));
+      }
+      return absl::InternalError(message);
+    }
+    bool locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (!locked && created && errno != EWOULDBLOCK) {
+      // A filesystem without locks: the file is ours (O_EXCL), but a later
+      // job could not tell it in use.
+      ZE_LOG(WARNING) << "NvmeStore " << path << ": flock failed ("
+                      << std::strerror(errno)
+                      << "); the file is used without a lock";
+    } else if (!locked) {
+      const int error = errno;
+      close(fd);
+      if (error == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "NvmeStore ", path,
+            ": the swap file is in use by another live process (it holds "
+            "the file's lock); it was not touched. Two jobs cannot share an "
+            "nvme_path: give each job its own directory, or end the other "
+            "job"));
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("NvmeStore ", path,
+                       ": the file exists and whether a live process "
+                       "uses it cannot be checked (flock failed: ",
+                       std::strerror(error), "); remove it if no job uses it"));
+    }
+    // Locked; but is it still the file at `path`? (Its owner may have
+    // removed it between our open and flock.)
+    struct stat held, named;
+    if (fstat(fd, &held) != 0 || stat(path.c_str(), &named) != 0 ||
+        held.st_dev != named.st_dev || held.st_ino != named.st_ino) {
+      close(fd);
+      continue;
+    }
+    if (!created) {
+      opened.stale_bytes = static_cast<int64_t>(held.st_size);
+      if (ftruncate(fd, 0) != 0) {
+        const int error = errno;
+        close(fd);
+        return absl::InternalError(absl::StrCat("NvmeStore ", path,
+                                                ": truncating the stale file "
+                                                "failed: ",
+                                                std::strerror(error)));
+      }
+    }
+    opened.fd = fd;
+    return opened;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "NvmeStore ", path,
+      ": the file kept being replaced by other processes while opening it"));
 }
 
 }  // namespace
@@ -104,51 +182,52 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
         absl::StrCat("NvmeStore: ", options.directory, " is not a directory"));
   }
   const int64_t size_bytes = NvmeStore::AlignedSize(bytes);
+  ZE_ASSIGN_OR_RETURN(const OpenedFile opened, OpenAndLock(path));
+  const int fd = opened.fd;
+  // Removes the file while still holding its lock (so no other process can
+  // have taken it over), then closes it.
+  auto discard = [&] {
+    UnregisterFileForRemoval(path);
+    unlink(path.c_str());
+    close(fd);
+  };
+  if (opened.stale_bytes >= 0) {
+    ZE_LOG(WARNING) << "NvmeStore " << path << ": replacing a stale swap file ("
+                    << opened.stale_bytes
+                    << " bytes) that no live process holds: left by a job "
+                       "that was killed (SIGKILL) or crashed";
+  }
+  if (absl::Status registered = RegisterFileForRemoval(path);
+      !registered.ok()) {
+    unlink(path.c_str());
+    close(fd);
+    return registered;
+  }
+  // Free space, counted after a stale file's blocks were released.
   int64_t free_bytes = options.pretend_free_bytes;
   if (free_bytes < 0) {
     struct statvfs fs;
     if (statvfs(options.directory.c_str(), &fs) != 0) {
+      const int error = errno;
+      discard();
       return absl::FailedPreconditionError(
           absl::StrCat("NvmeStore: statvfs of ", options.directory,
-                       " failed: ", std::strerror(errno)));
+                       " failed: ", std::strerror(error)));
     }
     free_bytes =
         static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
   }
   if (size_bytes > free_bytes) {
+    discard();
     return absl::ResourceExhaustedError(
         absl::StrCat("NvmeStore ", path, ": needs ", size_bytes, " bytes, ",
                      free_bytes, " free in ", options.directory));
   }
-  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-  bool direct = true;
-  int fd = open(path.c_str(), flags | O_DIRECT, 0600);
-  if (fd < 0 && errno == EINVAL) {
-    std::fprintf(stderr,
-                 "NvmeStore %s: O_DIRECT refused by the filesystem; using "
-                 "buffered I/O\n",
-                 path.c_str());
-    direct = false;
-    fd = open(path.c_str(), flags, 0600);
-  }
-  if (fd < 0) {
-    const int error = errno;
-    const std::string message = absl::StrCat(
-        "NvmeStore ", path, ": open (create) failed: ", std::strerror(error));
-    if (error == EACCES || error == EPERM || error == EROFS ||
-        error == ENOENT) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(message, " (directory not writable)"));
-    }
-    return absl::InternalError(message);
-  }
-  RegisterForCleanup(path);
+  const bool direct = opened.direct;
   if (size_bytes > 0) {
     const int error = posix_fallocate(fd, 0, size_bytes);
     if (error != 0) {
-      close(fd);
-      unlink(path.c_str());
-      UnregisterForCleanup(path);
+      discard();
       const std::string message =
           absl::StrCat("NvmeStore ", path, ": fallocate of ", size_bytes,
                        " bytes failed: ", std::strerror(error));
@@ -168,9 +247,7 @@ absl::StatusOr<std::unique_ptr<NvmeStore>> NvmeStore::Create(
         for (auto& made : rings) io_uring_queue_exit(made.get());
         rings.clear();
         if (options.backend == NvmeOptions::Backend::kIoUring) {
-          close(fd);
-          unlink(path.c_str());
-          UnregisterForCleanup(path);
+          discard();
           return absl::UnavailableError(absl::StrCat(
               "NvmeStore ", path,
               ": io_uring_queue_init failed: ", std::strerror(-result)));
@@ -218,9 +295,13 @@ NvmeStore::~NvmeStore() {
   // once they are joined.
   for (std::thread& worker : workers_) worker.join();
   for (auto& ring : rings_) io_uring_queue_exit(ring.get());
-  close(fd_);
+  // Unregistered first (a signal from here on leaves a stale file, which
+  // the next job takes over), removed while still locked, then closed,
+  // which releases the lock: no other process can have taken the file
+  // over before it is gone.
+  UnregisterFileForRemoval(path_);
   unlink(path_.c_str());
-  UnregisterForCleanup(path_);
+  close(fd_);
 }
 
 const char* NvmeStore::backend_name() const {

@@ -73,9 +73,19 @@ class NvmeStore {
   // and the operation: bad options (InvalidArgument); directory missing, not
   // a directory or not writable (FailedPrecondition); too little space
   // (ResourceExhausted "needs N bytes, M free"); other open/fallocate
-  // failures (Internal, with strerror). The file is removed by the
-  // destructor, or at exit (atexit) if the store is never destroyed; a
-  // SIGKILLed process leaves it behind (nothing can run then).
+  // failures (Internal, with strerror).
+  //
+  // The store holds an exclusive flock on its file while it lives. A file
+  // of that name whose lock a live process holds (another job on the same
+  // nvme_path, or another store of this process) is never touched:
+  // FailedPrecondition naming it. One that nobody holds is a leftover of a
+  // killed process (SIGKILL: nothing could remove it): it is taken over,
+  // with a warning naming it and its size.
+  //
+  // The file is removed by the destructor; and, through core/file_cleanup.h
+  // (where the store registers it), at exit if the store is never
+  // destroyed, and on SIGINT/SIGTERM/SIGHUP once the program (the engine's
+  // Initialize) has installed the removal handlers.
   static absl::StatusOr<std::unique_ptr<NvmeStore>> Create(
       const NvmeOptions& options, const std::string& file_name, int64_t bytes);
 

@@ -1,5 +1,6 @@
 #include "offload/nvme_store.h"
 
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -240,14 +241,99 @@ INSTANTIATE_TEST_SUITE_P(Backends, NvmeStoreTest,
                          ::testing::Values(Backend::kAuto, Backend::kIoUring,
                                            Backend::kThreads));
 
-TEST(NvmeStoreCreateTest, ExistingFileIsNotOverwritten) {
+// A file in use (here by another store of this process: the lock is per
+// open file, as between processes) is refused by name and left as it is.
+TEST(NvmeStoreCreateTest, FileInUseIsNotOverwritten) {
   NvmeOptions options = SmallOptions(Backend::kThreads);
   auto first = NvmeStore::Create(options, "twice", 4096);
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = NvmeStore::Create(options, "twice", 4096);
-  EXPECT_FALSE(second.ok());
+  auto second = NvmeStore::Create(options, "twice", 8192);
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
   EXPECT_NE(second.status().message().find((*first)->path()),
             std::string::npos);
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos);
+  struct stat info;
+  ASSERT_EQ(stat((*first)->path().c_str(), &info), 0);
+  EXPECT_EQ(info.st_size, 4096);
+}
+
+// Another process's store: its lock keeps this one off the file, whose
+// contents stay as they were.
+TEST(NvmeStoreCreateTest, FileOfALiveProcessIsNotTouched) {
+  const NvmeOptions options = SmallOptions(Backend::kThreads);
+  const std::string path = options.directory + "/other_process";
+  int ready[2], finish[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(finish), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto store = NvmeStore::Create(options, "other_process", 4096);
+    if (!store.ok()) std::_Exit(2);
+    auto buffer = AlignedBuffer::Allocate(4096);
+    std::memset(buffer->data(), 'x', 4096);
+    auto ticket = (*store)->Write(0, buffer->data(), 4096);
+    if (!ticket.ok() || !(*store)->Wait(*ticket).ok()) std::_Exit(3);
+    char byte = 1;
+    if (write(ready[1], &byte, 1) != 1) std::_Exit(4);
+    if (read(finish[0], &byte, 1) != 1) std::_Exit(5);
+    std::_Exit(0);  // no destructor: the parent checks the file
+  }
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  auto store = NvmeStore::Create(options, "other_process", 1 << 20);
+  EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
+  EXPECT_NE(store.status().message().find(path), std::string::npos)
+      << store.status();
+  ASSERT_EQ(write(finish[1], &byte, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  FILE* file = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(file, nullptr);
+  std::vector<char> contents(8192);
+  EXPECT_EQ(std::fread(contents.data(), 1, contents.size(), file), 4096u);
+  std::fclose(file);
+  EXPECT_EQ(contents[0], 'x');
+  EXPECT_EQ(contents[4095], 'x');
+  unlink(path.c_str());
+}
+
+// A process killed with SIGKILL leaves its file; the next store of that
+// name takes it over, with a warning naming it, and removes it at the end.
+TEST(NvmeStoreCreateTest, FileOfAKilledProcessIsReplacedWithAWarning) {
+  const NvmeOptions options = SmallOptions(Backend::kThreads);
+  const std::string path = options.directory + "/killed";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto store = NvmeStore::Create(options, "killed", 3 * 4096);
+    char byte = store.ok() ? 1 : 0;
+    if (write(ready[1], &byte, 1) != 1) std::_Exit(4);
+    pause();
+    std::_Exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);
+  ASSERT_EQ(byte, 1);
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(Exists(path));
+  ::testing::internal::CaptureStderr();
+  auto store = NvmeStore::Create(options, "killed", 4096);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_NE(log.find(path), std::string::npos) << log;
+  EXPECT_NE(log.find("stale"), std::string::npos) << log;
+  EXPECT_NE(log.find("12288 bytes"), std::string::npos) << log;
+  struct stat info;
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_size, 4096);
+  store->reset();
+  EXPECT_FALSE(Exists(path));
 }
 
 TEST(NvmeStoreCreateTest, MissingDirectory) {
