@@ -2,26 +2,35 @@
 // stage and offload choice, before anything is allocated (DeepSpeed's
 // estimate_zero{2,3}_model_states_mem_needs, per rank and per placement).
 //
-//   ze_estimate --params=13e9 --world_size=8 [--dtype=bf16|fp16|f32]
+//   ze_estimate --params=13e9|7B|350M --world_size=8 [--dtype=bf16|fp16|f32]
 //       [--optimizer=adamw|sgd] [--json]
-//   ze_estimate --model=1.3B|124M|...|tiny --world_size=8 [--config=FILE]
-//       [--json]
+//   ze_estimate --model=1.3B|124M|...|tiny --world_size=8 [--json]
+//   either, with --config=ds_config.json: that config's row only
 //
 // With --params: the ZeRO paper's formulas (16 Psi, 4 Psi + 12 Psi / N,
 // 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision Adam), split by where
 // offload puts each part. With --model: the engine's own plan
 // (zero/plan.h PlanMemory: the real layout with its padding), exactly what
 // Initialize reports and allocates for that model and config at that world
-// size; the config's stage and offload are replaced row by row. Prints a
-// table (GiB per rank: GPU, host with its pinned part, NVMe), or one JSON
-// object per row with --json (bytes). Exit 0, 1 on error, 2 bad usage.
+// size. Without --config every stage and offload choice is a row; with it,
+// only the config's own (its stage, offload_optimizer and offload_param,
+// precision and optimizer; the world size from --world_size or else from
+// its batch triple). Prints a table (GiB per rank: GPU, host with its
+// pinned part, NVMe), or one JSON object per row with --json (bytes).
+// Exit status: 0 printed, 2 bad input (the message names the flag or the
+// config file and key); --help prints the usage.
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,6 +39,7 @@
 #include "nlohmann/json.hpp"
 #include "nn/gpt.h"
 #include "zero/memory_estimate.h"
+#include "zero/optimizer.h"
 #include "zero/plan.h"
 
 namespace ze {
@@ -38,54 +48,132 @@ namespace {
 constexpr char kUsage[] =
     "usage: ze_estimate --params=N --world_size=W [--dtype=bf16|fp16|f32] "
     "[--optimizer=adamw|sgd] [--json]\n"
-    "       ze_estimate --model=NAME --world_size=W [--config=FILE] [--json]\n";
+    "       ze_estimate --model=NAME --world_size=W [--json]\n"
+    "       either with --config=DS_CONFIG.json [--world_size=W]\n";
+
+constexpr char kHelp[] =
+    "Per-rank memory for model state (weights, gradients, optimizer state)\n"
+    "by ZeRO stage and offload, before anything is allocated.\n"
+    "\n"
+    "  --params=N       parameter count: 13e9, 7B, 1.3B, 350M, 125K, 2T\n"
+    "                   (the ZeRO paper's formulas)\n"
+    "  --model=NAME     a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, "
+    "13B)\n"
+    "                   or tiny: the engine's own plan, padding included\n"
+    "  --world_size=W   ranks (1 to 1000000); with --config, defaults to\n"
+    "                   train_batch_size / (micro batch x accumulation)\n"
+    "  --config=FILE    a DeepSpeed config: only its own stage, offload,\n"
+    "                   precision and optimizer are shown (\"auto\" values\n"
+    "                   that do not change memory are not needed)\n"
+    "  --dtype=D        bf16 (default), fp16 or f32; with --config only where\n"
+    "                   its precision is \"auto\"\n"
+    "  --optimizer=O    adamw (default) or sgd; with --config only where it\n"
+    "                   names no optimizer\n"
+    "  --json           one JSON object per row, in bytes\n"
+    "  --help           this text\n"
+    "\n"
+    "Exit status: 0 printed, 2 bad input (the message names the flag, or the\n"
+    "config file and key).\n";
 
 struct Row {
   int stage = 0;
-  std::string offload;  // none, cpu, cpu+param, nvme
+  std::string offload;  // none, cpu, cpu+param, param, nvme, nvme+param
   int64_t device = 0, host = 0, pinned = 0, nvme = 0;
   double paper = 0;  // the paper's model-state figure (placement aside)
 };
 
-// The offload choices shown for `stage` (offload_optimizer needs stage >= 1;
-// offload_param and this build's NVMe, stage 3).
-std::vector<std::string> OffloadChoices(int stage) {
-  if (stage == 0) return {"none"};
-  if (stage < 3) return {"none", "cpu"};
-  return {"none", "cpu", "cpu+param", "nvme"};
+// Bad input: exit 2 with the message, which names the flag or file.
+absl::Status BadFlag(const std::string& flag, const std::string& value,
+                     const std::string& why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", value, ": ", why));
+}
+
+// One stage and offload combination (a row).
+struct Choice {
+  int stage = 0;
+  config::OffloadDevice optimizer = config::OffloadDevice::kNone;
+  config::OffloadDevice param = config::OffloadDevice::kNone;
+};
+
+std::string OffloadName(const Choice& choice) {
+  using config::OffloadDevice;
+  std::string name = choice.optimizer == OffloadDevice::kNvme  ? "nvme"
+                     : choice.optimizer == OffloadDevice::kCpu ? "cpu"
+                                                               : "";
+  if (choice.param == OffloadDevice::kCpu) {
+    name = name.empty() ? "param" : name + "+param";
+  }
+  return name.empty() ? "none" : name;
+}
+
+// Every combination shown without --config (offload_optimizer needs stage
+// >= 1; offload_param and this build's NVMe, stage 3).
+std::vector<Choice> AllChoices() {
+  using config::OffloadDevice;
+  std::vector<Choice> choices = {
+      {0}, {1}, {1, OffloadDevice::kCpu}, {2}, {2, OffloadDevice::kCpu}};
+  choices.push_back({3});
+  choices.push_back({3, OffloadDevice::kCpu});
+  choices.push_back({3, OffloadDevice::kCpu, OffloadDevice::kCpu});
+  choices.push_back({3, OffloadDevice::kNvme});
+  return choices;
+}
+
+// What every row shares.
+struct Setup {
+  int world = 0;
+  config::TrainingPrecision precision = config::TrainingPrecision::kBf16;
+  std::string optimizer = "adamw";  // for the title
+  int64_t state_bytes = 8;          // optimizer state per element
+  std::vector<Choice> choices = AllChoices();
+  std::optional<config::Config> config;  // --config, loaded
+  std::string from_config;               // the title's note on --config
+};
+
+const char* PrecisionName(config::TrainingPrecision precision) {
+  switch (precision) {
+    case config::TrainingPrecision::kBf16:
+      return "bf16";
+    case config::TrainingPrecision::kFp16:
+      return "fp16";
+    default:
+      return "f32";
+  }
 }
 
 // The paper's per-rank bytes, placed: offloaded optimizer state (f32 master
 // and moments) goes to the host with a 16-bit staging copy of the rank's
-// gradients (pinned), or to NVMe; offloaded parameters go to the host.
-absl::StatusOr<Row> PaperRow(double psi, int world, int stage,
-                             const std::string& offload,
-                             config::TrainingPrecision precision,
-                             int64_t state_bytes) {
-  ZE_ASSIGN_OR_RETURN(
-      zero::ModelStateBytes bytes,
-      zero::PaperModelStateBytes(static_cast<int64_t>(psi), world, stage,
-                                 precision, state_bytes));
+// gradients (pinned), or to NVMe; offloaded parameters (stage 3) go to the
+// host, pinned.
+absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
+                             const Choice& choice) {
+  ZE_ASSIGN_OR_RETURN(zero::ModelStateBytes bytes,
+                      zero::PaperModelStateBytes(
+                          static_cast<int64_t>(psi), setup.world, choice.stage,
+                          setup.precision, setup.state_bytes));
   Row row;
-  row.stage = stage;
-  row.offload = offload;
+  row.stage = choice.stage;
+  row.offload = OffloadName(choice);
   row.paper = static_cast<double>(bytes.total());
-  const int64_t own = stage == 0 ? static_cast<int64_t>(psi)
-                                 : static_cast<int64_t>(std::ceil(psi / world));
+  const int64_t own = choice.stage == 0
+                          ? static_cast<int64_t>(psi)
+                          : static_cast<int64_t>(std::ceil(psi / setup.world));
   const int64_t element_bytes =
-      precision == config::TrainingPrecision::kFp32 ? 4 : 2;
+      setup.precision == config::TrainingPrecision::kFp32 ? 4 : 2;
   row.device = bytes.total();
-  if (offload == "none") return row;
-  const int64_t staging = element_bytes * own;
-  row.device -= bytes.optimizer_states;
-  if (offload == "nvme") {
-    row.nvme = bytes.optimizer_states;
-    row.host = staging;
-  } else {
-    row.host = bytes.optimizer_states + staging;
+  if (choice.optimizer != config::OffloadDevice::kNone) {
+    const int64_t staging = element_bytes * own;
+    row.device -= bytes.optimizer_states;
+    if (choice.optimizer == config::OffloadDevice::kNvme) {
+      row.nvme = bytes.optimizer_states;
+      row.host = staging;
+    } else {
+      row.host = bytes.optimizer_states + staging;
+    }
+    row.pinned = staging;
   }
-  row.pinned = staging;
-  if (offload == "cpu+param") {
+  if (choice.param == config::OffloadDevice::kCpu) {
     row.device -= bytes.params;
     row.host += bytes.params;
     row.pinned += bytes.params;
@@ -97,11 +185,13 @@ std::string GiB(double bytes) {
   return absl::StrFormat("%.2f", bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
-void Print(const std::vector<Row>& rows, bool json, const std::string& what) {
+void Print(const std::vector<Row>& rows, bool json, const std::string& what,
+           int world) {
   if (json) {
     for (const Row& row : rows) {
       nlohmann::ordered_json line;
       line["estimate"] = what;
+      line["world_size"] = world;
       line["stage"] = row.stage;
       line["offload"] = row.offload;
       line["device_bytes"] = row.device;
@@ -124,59 +214,221 @@ void Print(const std::vector<Row>& rows, bool json, const std::string& what) {
   }
 }
 
-absl::Status FromNumbers(const std::map<std::string, std::string>& flags,
-                         int world, bool json) {
-  double psi = 0;
-  if (!absl::SimpleAtod(flags.at("params"), &psi) || psi < 1) {
-    return absl::InvalidArgumentError("--params must be a positive number");
+// "13e9", "7B", "1.3B", "350M", "125K", "2T" (suffixes in either case; G
+// for B too): a positive, finite count of at most 1e15, rounded to whole
+// parameters.
+absl::StatusOr<double> ParseParameterCount(const std::string& text) {
+  constexpr double kMost = 1e15;  // 16 bytes each still fits in int64
+  std::string number = text;
+  double scale = 1;
+  if (!number.empty()) {
+    switch (absl::ascii_toupper(static_cast<unsigned char>(number.back()))) {
+      case 'K':
+        scale = 1e3;
+        break;
+      case 'M':
+        scale = 1e6;
+        break;
+      case 'B':
+      case 'G':
+        scale = 1e9;
+        break;
+      case 'T':
+        scale = 1e12;
+        break;
+    }
+    if (scale != 1) number.pop_back();
   }
-  const std::string dtype =
-      flags.count("dtype") ? flags.at("dtype") : std::string("bf16");
-  const std::string optimizer =
-      flags.count("optimizer") ? flags.at("optimizer") : std::string("adamw");
-  config::TrainingPrecision precision;
-  if (dtype == "bf16") {
-    precision = config::TrainingPrecision::kBf16;
-  } else if (dtype == "fp16") {
-    precision = config::TrainingPrecision::kFp16;
-  } else if (dtype == "f32") {
-    precision = config::TrainingPrecision::kFp32;
-  } else {
-    return absl::InvalidArgumentError("--dtype must be bf16, fp16 or f32");
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !std::isfinite(value) ||
+      absl::StrContains(number, ' ')) {
+    return BadFlag("params", text,
+                   "not a parameter count; write e.g. 7B, 1.3B, 350M or 13e9");
   }
-  if (optimizer != "adamw" && optimizer != "sgd") {
-    return absl::InvalidArgumentError("--optimizer must be adamw or sgd");
+  value = std::round(value * scale);
+  if (value < 1) return BadFlag("params", text, "must be at least 1");
+  if (value > kMost) {
+    return BadFlag("params", text,
+                   "more than 1e15 (1000T) parameters; the byte counts would "
+                   "overflow");
   }
-  const int64_t state_bytes = optimizer == "adamw" ? 8 : 4;  // SGD: momentum
-  std::vector<Row> rows;
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::string& offload : OffloadChoices(stage)) {
-      ZE_ASSIGN_OR_RETURN(Row row, PaperRow(psi, world, stage, offload,
-                                            precision, state_bytes));
-      rows.push_back(row);
+  return value;
+}
+
+absl::StatusOr<int> ParseWorldSize(const std::string& text) {
+  constexpr int kMost = 1'000'000;
+  int world = 0;
+  if (!absl::SimpleAtoi(text, &world) || world < 1 || world > kMost) {
+    return BadFlag(
+        "world_size", text,
+        absl::StrCat("must be a whole number of ranks from 1 to ", kMost));
+  }
+  return world;
+}
+
+// The world size a config's batch triple fixes (train_batch_size / (micro
+// batch x accumulation)), when it gives all three as numbers.
+std::optional<int> WorldSizeFromBatch(const std::string& path) {
+  std::ifstream file(path);
+  nlohmann::json json = nlohmann::json::parse(file, nullptr, false);
+  if (!json.is_object()) return std::nullopt;
+  auto number = [&json](const char* key) -> int64_t {
+    auto found = json.find(key);
+    return found != json.end() && found->is_number_integer()
+               ? found->get<int64_t>()
+               : 0;
+  };
+  const int64_t total = number("train_batch_size");
+  const int64_t per_rank = number("train_micro_batch_size_per_gpu") *
+                           number("gradient_accumulation_steps");
+  if (total <= 0 || per_rank <= 0 || total % per_rank != 0 ||
+      total / per_rank > 1'000'000) {
+    return std::nullopt;
+  }
+  return static_cast<int>(total / per_rank);
+}
+
+using Flags = std::map<std::string, std::string>;
+
+// Fills `setup` from the flags and, with --config, from the config: its
+// stage and offload become the only row; its precision and optimizer
+// replace --dtype and --optimizer, which may only fill what it leaves open
+// ("auto" precision, no optimizer).
+absl::Status MakeSetup(const Flags& flags, Setup& setup) {
+  const bool has_config = flags.count("config") > 0;
+  if (flags.count("world_size")) {
+    ZE_ASSIGN_OR_RETURN(setup.world, ParseWorldSize(flags.at("world_size")));
+  } else if (has_config) {
+    const std::optional<int> implied = WorldSizeFromBatch(flags.at("config"));
+    setup.world = implied.value_or(0);
+    if (implied) {
+      setup.from_config =
+          absl::StrCat("world size ", *implied, " from its batch sizes");
     }
   }
-  Print(
-      rows, json,
-      absl::StrFormat("ZeRO paper formulas: %.4g parameters, %d ranks, %s, %s",
-                      psi, world, dtype, optimizer));
+  if (setup.world == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--world_size is needed",
+        has_config ? absl::StrCat(" (", flags.at("config"),
+                                  " does not give train_batch_size, "
+                                  "train_micro_batch_size_per_gpu and "
+                                  "gradient_accumulation_steps as numbers)")
+                   : ""));
+  }
+  std::optional<config::TrainingPrecision> dtype;
+  if (flags.count("dtype")) {
+    const std::string& text = flags.at("dtype");
+    if (text == "bf16") {
+      dtype = config::TrainingPrecision::kBf16;
+    } else if (text == "fp16") {
+      dtype = config::TrainingPrecision::kFp16;
+    } else if (text == "f32") {
+      dtype = config::TrainingPrecision::kFp32;
+    } else {
+      return BadFlag("dtype", text, "use bf16, fp16 or f32");
+    }
+  }
+  if (flags.count("optimizer")) {
+    const std::string& text = flags.at("optimizer");
+    if (text != "adamw" && text != "sgd") {
+      return BadFlag("optimizer", text, "use adamw or sgd");
+    }
+    setup.optimizer = text;
+    setup.state_bytes = text == "adamw" ? 8 : 4;  // SGD: momentum
+  }
+  if (!has_config) {
+    setup.precision = dtype.value_or(config::TrainingPrecision::kBf16);
+    return absl::OkStatus();
+  }
+
+  const std::string& path = flags.at("config");
+  ZE_ASSIGN_OR_RETURN(config::Config loaded,
+                      config::LoadConfigFile(path, setup.world));
+  if (loaded.fp16.enabled.is_auto() || loaded.bf16.enabled.is_auto()) {
+    setup.precision = dtype.value_or(config::TrainingPrecision::kBf16);
+  } else if (dtype) {
+    return BadFlag("dtype", flags.at("dtype"),
+                   absl::StrCat(path,
+                                " sets the precision (bf16.enabled, "
+                                "fp16.enabled); --dtype only fills \"auto\""));
+  } else {
+    setup.precision = config::GetTrainingPrecision(loaded);
+  }
+  if (loaded.optimizer) {
+    if (flags.count("optimizer")) {
+      return BadFlag("optimizer", flags.at("optimizer"),
+                     absl::StrCat(path,
+                                  " names its optimizer (optimizer.type); "
+                                  "--optimizer only fills its absence"));
+    }
+    zero::OptimizerOptions options;
+    options.type = loaded.optimizer->type == config::OptimizerType::kSgd
+                       ? zero::OptimizerType::kSgd
+                       : zero::OptimizerType::kAdamW;
+    options.momentum = loaded.optimizer->params.momentum;
+    setup.state_bytes = zero::StateBytesPerElement(options);
+    setup.optimizer =
+        options.type == zero::OptimizerType::kSgd ? "sgd" : "adam";
+  } else {
+    // Hugging Face's Trainer supplies one (AdamW) when the config has none.
+    loaded.optimizer = config::OptimizerConfig();
+    loaded.optimizer->type = setup.optimizer == "sgd"
+                                 ? config::OptimizerType::kSgd
+                                 : config::OptimizerType::kAdamW;
+    loaded.optimizer->params.momentum = setup.optimizer == "sgd" ? 0.9 : 0;
+    absl::StrAppend(&setup.from_config, setup.from_config.empty() ? "" : ", ",
+                    "no optimizer in the config: ", setup.optimizer,
+                    " assumed");
+  }
+  const config::ZeroConfig& zero = loaded.zero_optimization;
+  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": zero_optimization.offload_param.device \"nvme\" is not built "
+        "(engine::Initialize rejects it)"));
+  }
+  Choice choice;
+  choice.stage = static_cast<int>(zero.stage);
+  choice.optimizer = zero.offload_optimizer.device;
+  // DeepSpeed uses offload_param at stage 3 only.
+  choice.param = choice.stage == 3 ? zero.offload_param.device
+                                   : config::OffloadDevice::kNone;
+  setup.choices = {choice};
+  setup.config = std::move(loaded);
+  return absl::OkStatus();
+}
+
+std::string ConfigNote(const Flags& flags, const Setup& setup) {
+  if (!setup.config) return "";
+  return absl::StrCat("; ", flags.at("config"),
+                      setup.from_config.empty() ? "" : ": ", setup.from_config);
+}
+
+absl::Status FromNumbers(const Flags& flags, const Setup& setup, bool json) {
+  ZE_ASSIGN_OR_RETURN(const double psi,
+                      ParseParameterCount(flags.at("params")));
+  std::vector<Row> rows;
+  for (const Choice& choice : setup.choices) {
+    ZE_ASSIGN_OR_RETURN(Row row, PaperRow(psi, setup, choice));
+    rows.push_back(row);
+  }
+  Print(rows, json,
+        absl::StrFormat("ZeRO paper formulas: %.4g parameters, %d ranks, %s, "
+                        "%s%s",
+                        psi, setup.world, PrecisionName(setup.precision),
+                        setup.optimizer, ConfigNote(flags, setup)),
+        setup.world);
   return absl::OkStatus();
 }
 
 constexpr char kDefaultConfig[] = R"({
   "train_micro_batch_size_per_gpu": 1,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-  "bf16": {"enabled": true},
   "zero_optimization": {"stage": 0}
 })";
 
-absl::Status FromModel(const std::map<std::string, std::string>& flags,
-                       int world, bool json) {
+absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
   const std::string name = flags.at("model");
-  ZE_ASSIGN_OR_RETURN(config::Config config,
-                      flags.count("config")
-                          ? config::LoadConfigFile(flags.at("config"), world)
-                          : config::LoadConfigString(kDefaultConfig, world));
   nn::GptConfig gpt;
   if (name == "tiny") {
     gpt.num_layers = 4;
@@ -185,66 +437,99 @@ absl::Status FromModel(const std::map<std::string, std::string>& flags,
     gpt.vocab_size = 256;
     gpt.max_seq_len = 64;
   } else {
-    ZE_ASSIGN_OR_RETURN(gpt, nn::GptConfig::Preset(name, /*pad_vocab=*/true));
+    absl::StatusOr<nn::GptConfig> preset =
+        nn::GptConfig::Preset(name, /*pad_vocab=*/true);
+    if (!preset.ok()) {
+      return BadFlag("model", name, std::string(preset.status().message()));
+    }
+    gpt = *preset;
+  }
+  config::Config config;
+  if (setup.config) {
+    // "auto" values: the model's hidden size and the precision as the
+    // engine would fill them; the rest (learning rates, schedule lengths)
+    // changes no byte of the plan, so any value does.
+    config::ResolutionContext context;
+    context.hidden_size = gpt.channels;
+    context.precision = setup.precision;
+    context.learning_rate = 1e-4;
+    context.betas = std::array<double, 2>{0.9, 0.999};
+    context.eps = 1e-8;
+    context.weight_decay = 0;
+    context.gradient_clipping = 0;
+    context.total_num_steps = 1000;
+    context.warmup_num_steps = 10;
+    if (setup.config->train_micro_batch_size_per_gpu.is_auto() &&
+        setup.config->train_batch_size.is_auto()) {
+      context.micro_batch_size_per_gpu = 1;  // nothing else fixes the batch
+    }
+    ZE_ASSIGN_OR_RETURN(config, config::Resolve(*setup.config, context));
+  } else {
+    ZE_ASSIGN_OR_RETURN(config,
+                        config::LoadConfigString(kDefaultConfig, setup.world));
+    config.bf16.enabled = setup.precision == config::TrainingPrecision::kBf16;
+    config.fp16.enabled = setup.precision == config::TrainingPrecision::kFp16;
+    if (setup.optimizer == "sgd") {
+      config.optimizer->type = config::OptimizerType::kSgd;
+      config.optimizer->params.momentum = 0.9;
+    }
   }
   nn::GptOptions options;
   options.materialize = false;  // shapes only
-  const config::TrainingPrecision precision =
-      config::GetTrainingPrecision(config);
-  options.dtype = precision == config::TrainingPrecision::kBf16   ? DType::kBF16
-                  : precision == config::TrainingPrecision::kFp16 ? DType::kF16
-                                                                  : DType::kF32;
+  options.dtype =
+      setup.precision == config::TrainingPrecision::kBf16   ? DType::kBF16
+      : setup.precision == config::TrainingPrecision::kFp16 ? DType::kF16
+                                                            : DType::kF32;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(gpt, options));
   std::vector<Row> rows;
-  for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::string& offload : OffloadChoices(stage)) {
-      config::Config variant = config;
-      variant.zero_optimization.stage = stage;
+  for (const Choice& choice : setup.choices) {
+    config::Config variant = config;
+    if (!setup.config) {
+      variant.zero_optimization.stage = choice.stage;
       auto& optimizer = variant.zero_optimization.offload_optimizer;
-      auto& param = variant.zero_optimization.offload_param;
-      optimizer.device = offload == "none"   ? config::OffloadDevice::kNone
-                         : offload == "nvme" ? config::OffloadDevice::kNvme
-                                             : config::OffloadDevice::kCpu;
+      optimizer.device = choice.optimizer;
       optimizer.pin_memory = true;
-      param.device = offload == "cpu+param" ? config::OffloadDevice::kCpu
-                                            : config::OffloadDevice::kNone;
-      ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
-                          zero::PlanMemory(*model, variant, world));
-      Row row;
-      row.stage = stage;
-      row.offload = offload;
-      row.device = plan.device_bytes;
-      row.host = plan.host_bytes;
-      row.pinned = plan.pinned_host_bytes;
-      row.nvme = plan.nvme_bytes;
-      row.paper = plan.paper_bytes;
-      rows.push_back(row);
+      variant.zero_optimization.offload_param.device = choice.param;
     }
+    ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
+                        zero::PlanMemory(*model, variant, setup.world));
+    Row row;
+    row.stage = choice.stage;
+    row.offload = OffloadName(choice);
+    row.device = plan.device_bytes;
+    row.host = plan.host_bytes;
+    row.pinned = plan.pinned_host_bytes;
+    row.nvme = plan.nvme_bytes;
+    row.paper = plan.paper_bytes;
+    rows.push_back(row);
   }
   Print(rows, json,
         absl::StrFormat("engine plan (zero/plan.h): GPT %s, %d parameters, "
-                        "%d ranks, %s",
-                        name, gpt.NumParameters(), world,
-                        DTypeName(options.dtype)));
+                        "%d ranks, %s, %s%s",
+                        name, gpt.NumParameters(), setup.world,
+                        DTypeName(options.dtype), setup.optimizer,
+                        ConfigNote(flags, setup)),
+        setup.world);
   return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
-  std::map<std::string, std::string> flags;
+  Flags flags;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      std::printf("%s\n%s", kUsage, kHelp);
+      return 0;
+    }
     const size_t equals = arg.find('=');
     if (arg.rfind("--", 0) != 0) {
       std::fprintf(stderr, "ze_estimate: unexpected argument %s\n%s",
                    arg.c_str(), kUsage);
       return 2;
     }
-    flags[arg.substr(
-        2, equals == std::string::npos ? std::string::npos : equals - 2)] =
-        equals == std::string::npos ? "1" : arg.substr(equals + 1);
-  }
-  for (const auto& [name, value] : flags) {
+    const std::string name = arg.substr(
+        2, equals == std::string::npos ? std::string::npos : equals - 2);
     if (name != "params" && name != "model" && name != "world_size" &&
         name != "dtype" && name != "optimizer" && name != "config" &&
         name != "json") {
@@ -252,21 +537,30 @@ int Main(int argc, char** argv) {
                    kUsage);
       return 2;
     }
+    if (equals == std::string::npos && name != "json") {
+      std::fprintf(stderr, "ze_estimate: --%s needs a value (--%s=...)\n%s",
+                   name.c_str(), name.c_str(), kUsage);
+      return 2;
+    }
+    flags[name] = equals == std::string::npos ? "1" : arg.substr(equals + 1);
   }
-  int world = 0;
-  if (!flags.count("world_size") ||
-      !absl::SimpleAtoi(flags["world_size"], &world) || world < 1 ||
-      flags.count("params") + flags.count("model") != 1) {
-    std::fprintf(stderr, "%s", kUsage);
+  if (flags.count("params") + flags.count("model") != 1) {
+    std::fprintf(stderr, "ze_estimate: give one of --params and --model\n%s",
+                 kUsage);
     return 2;
   }
   const bool json = flags.count("json") > 0;
-  const absl::Status status = flags.count("params")
-                                  ? FromNumbers(flags, world, json)
-                                  : FromModel(flags, world, json);
+  Setup setup;
+  absl::Status status = MakeSetup(flags, setup);
+  if (status.ok()) {
+    status = flags.count("params") ? FromNumbers(flags, setup, json)
+                                   : FromModel(flags, setup, json);
+  }
   if (!status.ok()) {
-    std::fprintf(stderr, "ze_estimate: %s\n", status.ToString().c_str());
-    return 1;
+    // Every failure here comes from the input: the flags or the config.
+    std::fprintf(stderr, "ze_estimate: %s\n",
+                 std::string(status.message()).c_str());
+    return 2;
   }
   return 0;
 }

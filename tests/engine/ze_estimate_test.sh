@@ -1,11 +1,15 @@
 #!/bin/bash
-# ze_estimate_test.sh ZE_ESTIMATE
+# ze_estimate_test.sh ZE_ESTIMATE STAGE3_NVME_CONFIG ZERO2_AUTO_CONFIG
 # 13e9 parameters at 8 ranks, bf16 AdamW: the paper's 16 Psi, 4 Psi + 12
 # Psi / N, 2 Psi + 14 Psi / N and 16 Psi / N per rank, and offload moving
 # the 12 Psi / N of optimizer state (plus a 2 Psi / N staging copy) to the
-# host or NVMe. Then the engine-plan mode runs for a preset.
+# host or NVMe. Then the engine-plan mode runs for a preset. Then the input
+# checks (exit 2 naming the flag, never an abort), the 7B/350M spellings,
+# --help, and --config, which must change the answer: only the config's own
+# stage, offload, precision, optimizer and world size.
 set -euo pipefail
-tool="$1"
+tool="$1"; nvme_config="$2"; auto_config="$3"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 "$tool" --params=13e9 --world_size=8
 "$tool" --params=13e9 --world_size=8 --json | python3 -c '
 import json, sys
@@ -25,5 +29,75 @@ assert row["device_bytes"] == 2 * psi / n, row
 print("ze_estimate: paper formulas ok")
 '
 "$tool" --model=124M --world_size=4 | tee /dev/stderr | grep -q "engine plan"
-if "$tool" --params=13e9 2>/dev/null; then echo "FAIL: missing --world_size accepted"; exit 1; fi
+
+# Bad input: exit 2 and a message naming the flag.
+expect_bad() {  # expect_bad WORD_IN_MESSAGE ARGS...
+  local word="$1"; shift
+  local status=0
+  "$tool" "$@" >"$tmp/out" 2>"$tmp/err" || status=$?
+  if [[ "$status" != 2 ]] || ! grep -qF -- "$word" "$tmp/err"; then
+    cat "$tmp/err"; echo "FAIL: $* -> exit $status, expected 2 naming $word"; exit 1
+  fi
+}
+for bad in nan inf 1e30 -7 0 abc 7X 1.3BB ""; do
+  expect_bad "--params=$bad" --params="$bad" --world_size=8
+done
+for bad in 0 -1 x 2.5 1e9; do
+  expect_bad "--world_size=$bad" --params=7B --world_size="$bad"
+done
+expect_bad "--world_size" --params=13e9
+expect_bad "--dtype=f64" --params=7B --world_size=8 --dtype=f64
+expect_bad "--optimizer=lion" --params=7B --world_size=8 --optimizer=lion
+expect_bad "--model=999B" --model=999B --world_size=8
+expect_bad "--bogus" --params=7B --world_size=8 --bogus=1
+expect_bad "--params" --params
+expect_bad "$tmp/missing.json" --params=7B --world_size=8 --config="$tmp/missing.json"
+echo "ze_estimate: bad input is exit 2, naming the flag"
+
+# Spellings of a parameter count.
+paper() { "$tool" --params="$1" --world_size=8 --json | head -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["paper_bytes"])'; }
+[[ "$(paper 7B)" == "$(paper 7e9)" && "$(paper 7b)" == "$(paper 7000000000)" ]]
+[[ "$(paper 1.3B)" == "$(paper 1.3e9)" && "$(paper 350M)" == "$(paper 3.5e8)" ]]
+[[ "$(paper 13e9)" == "$(paper 13B)" ]]
+echo "ze_estimate: 7B, 1.3B, 350M, 13e9 ok"
+
+"$tool" --help | grep -q -- "--config=FILE"
+
+# --config: the config's own row. The stage-3 NVMe config (offload_param on
+# the CPU) gives one row, stage 3, nvme+param, in both modes.
+for mode in --params=7B --model=124M; do
+  "$tool" $mode --world_size=4 --config="$nvme_config" --json > "$tmp/rows"
+  python3 - "$tmp/rows" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 1, rows
+row = rows[0]
+assert (row["stage"], row["offload"], row["world_size"]) == (3, "nvme+param", 4), row
+assert row["nvme_bytes"] > 0 and row["host_bytes"] > 0, row
+PY
+done
+# Its precision and optimizer: an f32 SGD (momentum) stage-1 config with no
+# --world_size, --dtype or --optimizer gives what those flags would (world
+# size 6 from its batch triple 48 = 2 x 4 x 6).
+cat > "$tmp/sgd.json" <<'JSON'
+{"train_batch_size": 48, "train_micro_batch_size_per_gpu": 2,
+ "gradient_accumulation_steps": 4,
+ "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}},
+ "zero_optimization": {"stage": 1}}
+JSON
+"$tool" --params=1B --config="$tmp/sgd.json" --json > "$tmp/rows"
+"$tool" --params=1B --world_size=6 --dtype=f32 --optimizer=sgd --json > "$tmp/all"
+python3 - "$tmp/rows" "$tmp/all" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 1 and rows[0]["world_size"] == 6, rows
+same = [json.loads(l) for l in open(sys.argv[2])]
+same = [r for r in same if (r["stage"], r["offload"]) == (1, "none")][0]
+for key in ("device_bytes", "paper_bytes"):
+    assert rows[0][key] == same[key], (rows[0], same)
+print("ze_estimate --config:", rows[0]["paper_bytes"], "bytes per rank")
+PY
+# "auto" precision: --dtype fills it; a config that sets it refuses --dtype.
+"$tool" --model=124M --world_size=2 --config="$auto_config" --dtype=fp16 | grep -q "f16"
+expect_bad "--dtype" --params=7B --config="$tmp/sgd.json" --dtype=bf16
 echo "ze_estimate: ok"
