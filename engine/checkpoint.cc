@@ -329,6 +329,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
             absl::StrCat(checkpoint::TagDirectory(directory, tag),
                          "/model_16bit.safetensors");
         options.dtype = model_->dtype();
+        options.verify_checksums = false;  // checksummed as they were written
         ZE_RETURN_IF_ERROR(checkpoint::Consolidate(*reader, options).status());
       }
       return absl::OkStatus();

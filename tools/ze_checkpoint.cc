@@ -1,29 +1,42 @@
-// ze_checkpoint: look into, check and consolidate zero-engine checkpoints
-// (engine/checkpoint/checkpoint_format.h) without an engine or a GPU.
+// ze_checkpoint: look into, check, consolidate and clean zero-engine
+// checkpoints (engine/checkpoint/checkpoint_format.h) without an engine or
+// a GPU.
 //
 //   ze_checkpoint inspect DIR [--tag=T] [--json]
 //   ze_checkpoint verify DIR [--tag=T]
 //   ze_checkpoint consolidate DIR --out=FILE [--tag=T] [--dtype=f32|bf16|f16]
 //       [--format=native|hf-gpt2] [--kind=master|weights]
 //       [--memory_limit=BYTES] [--vocab_size=V]
+//   ze_checkpoint clean DIR
 //   ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16]
 //       [--vocab_size=V]
+//   ze_checkpoint --help
 //
 // inspect prints what a checkpoint holds (tag, world size, stage, dtype,
 // kinds, steps, parameters, files with sizes) from the manifest and the
 // files' sizes, so it describes a damaged checkpoint too (and exits 1 when
-// a file is missing or has the wrong size); verify reads every file and
-// compares its CRC-32C with the manifest; consolidate writes one
-// safetensors file of full parameters, one parameter at a time, so it needs
-// memory for the largest parameter only (--memory_limit makes that bound a
-// hard limit; with --format=hf-gpt2, --vocab_size=V writes the token
-// table's first V rows, dropping a padded table's extra ones, by default
-// the vocabulary the checkpoint's client_state records, as train_gpt's
-// does). import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file
-// into our names and layout (Conv1D weights transposed, the vocabulary
-// padded with zero rows to V), one parameter at a time, so that
-// Engine::LoadWeights can start a job at any world size and stage from it.
-// Exit status: 0 ok, 1 a failed check or error, 2 bad usage.
+// a file is missing or has the wrong size), and lists the incomplete saves
+// (.<tag>.partial/, with their sizes) failed saves left in DIR; verify
+// reads every file and compares its CRC-32C with the manifest; consolidate
+// verifies the checksums as a load does (a corrupt rank file is refused by
+// name before anything is written), then writes one safetensors file of
+// full parameters, one parameter at a time, so it needs memory for the
+// largest parameter only (--memory_limit makes that bound a hard limit;
+// with --format=hf-gpt2, --vocab_size=V writes the token table's first V
+// rows, dropping a padded table's extra ones, by default the vocabulary the
+// checkpoint's client_state records, as train_gpt's does). clean removes
+// the incomplete saves in DIR, printing each with its size (the next save
+// removes them too); do not run it while a job saves into DIR.
+// import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file into our names
+// and layout (Conv1D weights transposed, the vocabulary padded with zero
+// rows to V), one parameter at a time, so that Engine::LoadWeights can
+// start a job at any world size and stage from it.
+//
+// Exit status: 0 done; 1 a check the command exists for failed (verify: a
+// file is missing, truncated or corrupt; inspect: a file is missing or has
+// the wrong size); 2 bad usage or bad input (no such directory or tag, an
+// unreadable manifest, a corrupt or incomplete checkpoint to consolidate,
+// a refused option), the message naming the flag, file or path.
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -54,8 +67,31 @@ constexpr char kUsage[] =
     "[--dtype=f32|bf16|f16]\n"
     "      [--format=native|hf-gpt2] [--kind=master|weights] "
     "[--memory_limit=BYTES] [--vocab_size=V]\n"
+    "  ze_checkpoint clean DIR\n"
     "  ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16] "
-    "[--vocab_size=V]\n";
+    "[--vocab_size=V]\n"
+    "  ze_checkpoint --help\n";
+
+constexpr char kHelp[] =
+    "DIR is a checkpoint directory (--save_dir): it holds `latest`, one\n"
+    "directory per tag, and .<tag>.partial/ directories failed saves left.\n"
+    "\n"
+    "  inspect      what the checkpoint holds (the tag `latest` names, or\n"
+    "               --tag), from the manifest and the files' sizes; and the\n"
+    "               incomplete saves in DIR with their sizes\n"
+    "  verify       every rank file's CRC-32C against the manifest\n"
+    "  consolidate  one safetensors file of full parameters (--out), after\n"
+    "               verifying the checksums as a load does\n"
+    "  clean        remove the incomplete saves (.<tag>.partial/) in DIR,\n"
+    "               each printed with its size; the next save also does\n"
+    "  import-hf-gpt2  a Hugging Face GPT-2 safetensors file in our names\n"
+    "\n"
+    "Exit status: 0 done; 1 verify (or inspect's size check) found a bad\n"
+    "file; 2 bad usage or input (the message names the flag, file or\n"
+    "path).\n";
+
+constexpr int kCheckFailed = 1;
+constexpr int kBadInput = 2;
 
 struct Arguments {
   std::string command;
@@ -126,10 +162,11 @@ struct FileCheck {
 
 // Describes the checkpoint in `tag_directory` from its manifest and the
 // rank files' sizes alone, so that a damaged checkpoint can be described
-// too. FailedPrecondition (after printing) when a file is missing or has
-// another size than the manifest records.
-absl::Status Inspect(const std::string& tag_directory, bool as_json) {
-  ZE_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(tag_directory));
+// too; with JSON, `partial` (the directory's incomplete saves) too.
+// FailedPrecondition (after printing) when a file is missing or has another
+// size than the manifest records.
+absl::Status Inspect(const std::string& tag_directory, const Manifest& manifest,
+                     const std::vector<PartialSave>& partial, bool as_json) {
   const nlohmann::json& state = manifest.training_state;
   std::vector<FileCheck> checks;
   int bad_files = 0;
@@ -173,6 +210,12 @@ absl::Status Inspect(const std::string& tag_directory, bool as_json) {
                        {"size_matches", check.size_matches()}});
     }
     json["files"] = files;
+    nlohmann::ordered_json partial_saves = nlohmann::ordered_json::array();
+    for (const PartialSave& save : partial) {
+      partial_saves.push_back(
+          {{"path", save.path}, {"tag", save.tag}, {"bytes", save.bytes}});
+    }
+    json["partial_saves"] = partial_saves;
     std::printf("%s\n", json.dump().c_str());
   } else {
     std::printf("checkpoint %s (format version %d, saved %s)\n",
@@ -232,7 +275,52 @@ absl::Status ImportHuggingFaceGpt2(const std::string& hf_path,
   return absl::OkStatus();
 }
 
+// The incomplete saves in `directory`, for inspect's text output.
+void PrintPartialSaves(const std::vector<PartialSave>& partial,
+                       const std::string& directory) {
+  if (partial.empty()) return;
+  std::printf(
+      "incomplete saves in %s (left by saves that failed or were killed; "
+      "removed by the next save or `ze_checkpoint clean %s`):\n",
+      directory.c_str(), directory.c_str());
+  for (const PartialSave& save : partial) {
+    std::printf("  %s/  %llu bytes\n", save.path.c_str(),
+                static_cast<unsigned long long>(save.bytes));
+  }
+}
+
+absl::Status Clean(const std::string& directory) {
+  ZE_ASSIGN_OR_RETURN(const std::vector<PartialSave> present,
+                      ListPartialSaves(directory));  // NotFound: no DIR
+  ZE_ASSIGN_OR_RETURN(const std::vector<PartialSave> removed,
+                      RemovePartialSaves(directory));
+  uint64_t bytes = 0;
+  for (const PartialSave& save : removed) {
+    std::printf("removed %s/  %llu bytes\n", save.path.c_str(),
+                static_cast<unsigned long long>(save.bytes));
+    bytes += save.bytes;
+  }
+  std::printf("%zu incomplete saves removed from %s, %llu bytes\n",
+              removed.size(), directory.c_str(),
+              static_cast<unsigned long long>(bytes));
+  return absl::OkStatus();
+}
+
+// Prints `status` as the command's error; returns `code`.
+int Fail(const std::string& command, const absl::Status& status, int code) {
+  std::fprintf(stderr, "ze_checkpoint %s: %s\n", command.c_str(),
+               std::string(status.message()).c_str());
+  return code;
+}
+
 int Main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h" || arg == "help") {
+      std::printf("%s\n%s", kUsage, kHelp);
+      return 0;
+    }
+  }
   absl::StatusOr<Arguments> parsed =
       Parse(argc, argv,
             {"tag", "json", "out", "dtype", "format", "kind", "memory_limit",
@@ -240,10 +328,11 @@ int Main(int argc, char** argv) {
   if (!parsed.ok()) {
     std::fprintf(stderr, "ze_checkpoint: %s\n%s",
                  std::string(parsed.status().message()).c_str(), kUsage);
-    return 2;
+    return kBadInput;
   }
   const Arguments& arguments = *parsed;
   const std::string& command = arguments.command;
+  const std::string& directory = arguments.directory;
   if (command == "import-hf-gpt2") {
     absl::StatusOr<DType> dtype = ParseDType(Flag(arguments, "dtype", "f32"));
     int64_t vocab_size = 0;
@@ -253,45 +342,85 @@ int Main(int argc, char** argv) {
                    "ze_checkpoint import-hf-gpt2: needs --out, a "
                    "valid --dtype and --vocab_size\n%s",
                    kUsage);
-      return 2;
+      return kBadInput;
     }
     absl::Status status = ImportHuggingFaceGpt2(
-        arguments.directory, Flag(arguments, "out"), *dtype, vocab_size);
-    if (!status.ok()) {
-      std::fprintf(stderr, "ze_checkpoint import-hf-gpt2: %s\n",
-                   status.ToString().c_str());
-      return 1;
-    }
-    return 0;
+        directory, Flag(arguments, "out"), *dtype, vocab_size);
+    return status.ok() ? 0 : Fail(command, status, kBadInput);
+  }
+  if (command == "clean") {
+    absl::Status status = Clean(directory);
+    return status.ok() ? 0 : Fail(command, status, kBadInput);
   }
   if (command != "inspect" && command != "verify" && command != "consolidate") {
     std::fprintf(stderr, "ze_checkpoint: unknown command %s\n%s",
                  command.c_str(), kUsage);
-    return 2;
+    return kBadInput;
   }
   if (command == "inspect") {
+    absl::StatusOr<std::vector<PartialSave>> partial =
+        ListPartialSaves(directory);
+    if (!partial.ok()) return Fail(command, partial.status(), kBadInput);
+    const bool as_json = arguments.flags.count("json") > 0;
     absl::StatusOr<std::string> tag_directory =
-        ResolveTagDirectory(arguments.directory, Flag(arguments, "tag"));
-    absl::Status status =
-        tag_directory.ok()
-            ? Inspect(*tag_directory, arguments.flags.count("json") > 0)
-            : tag_directory.status();
-    if (!status.ok()) {
-      std::fprintf(stderr, "ze_checkpoint inspect: %s\n",
-                   status.ToString().c_str());
-      return 1;
+        ResolveTagDirectory(directory, Flag(arguments, "tag"));
+    absl::StatusOr<Manifest> manifest =
+        tag_directory.ok() ? ReadManifest(*tag_directory)
+                           : absl::StatusOr<Manifest>(tag_directory.status());
+    if (!manifest.ok()) {
+      // No checkpoint to describe; what a failed save left is still worth
+      // knowing.
+      if (!as_json) PrintPartialSaves(*partial, directory);
+      return Fail(command, manifest.status(), kBadInput);
     }
-    return 0;
+    absl::Status status = Inspect(*tag_directory, *manifest, *partial, as_json);
+    if (!as_json) PrintPartialSaves(*partial, directory);
+    return status.ok() ? 0 : Fail(command, status, kCheckFailed);
   }
-  // Open checks the manifest, every file's presence, size and header.
+
+  ConsolidateOptions options;
+  if (command == "consolidate") {
+    options.output_path = Flag(arguments, "out");
+    options.kind = Flag(arguments, "kind");
+    const std::string dtype = Flag(arguments, "dtype", "f32");
+    const std::string format = Flag(arguments, "format", "native");
+    if (options.output_path.empty() ||
+        (dtype != "f32" && dtype != "bf16" && dtype != "f16") ||
+        (format != "native" && format != "hf-gpt2") ||
+        !absl::SimpleAtoi(Flag(arguments, "memory_limit", "0"),
+                          &options.memory_limit_bytes) ||
+        options.memory_limit_bytes < 0 ||
+        !absl::SimpleAtoi(Flag(arguments, "vocab_size", "0"),
+                          &options.vocab_size) ||
+        options.vocab_size < 0) {
+      std::fprintf(stderr,
+                   "ze_checkpoint consolidate: needs --out, and --dtype, "
+                   "--format, --memory_limit, --vocab_size must be valid\n%s",
+                   kUsage);
+      return kBadInput;
+    }
+    options.dtype = dtype == "f32"    ? DType::kF32
+                    : dtype == "bf16" ? DType::kBF16
+                                      : DType::kF16;
+    options.format = format == "native" ? ConsolidateFormat::kNative
+                                        : ConsolidateFormat::kHfGpt2;
+  }
+  // What a missing directory, tag or manifest is: input that is not a
+  // checkpoint (2) for either command.
+  absl::StatusOr<std::string> tag_directory =
+      ResolveTagDirectory(directory, Flag(arguments, "tag"));
+  const absl::Status found = tag_directory.ok()
+                                 ? ReadManifest(*tag_directory).status()
+                                 : tag_directory.status();
+  if (!found.ok()) return Fail(command, found, kBadInput);
+  // Open checks the manifest, every file's presence, size and header: for
+  // verify, a missing or truncated file is the check failing.
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(arguments.directory, Flag(arguments, "tag"));
+      CheckpointReader::Open(directory, Flag(arguments, "tag"));
   if (!reader.ok()) {
-    std::fprintf(stderr, "ze_checkpoint %s: %s\n", command.c_str(),
-                 reader.status().ToString().c_str());
-    return 1;
+    return Fail(command, reader.status(),
+                command == "verify" ? kCheckFailed : kBadInput);
   }
-  absl::Status status;
   if (command == "verify") {
     bool all_ok = true;
     for (const FileRecord& file : (*reader)->manifest().files) {
@@ -307,62 +436,32 @@ int Main(int argc, char** argv) {
       }
       all_ok = all_ok && file_status.ok();
     }
-    if (!all_ok) return 1;
+    if (!all_ok) return kCheckFailed;
     std::printf("verified %zu files of %s\n",
                 (*reader)->manifest().files.size(),
                 (*reader)->tag_directory().c_str());
-  } else {
-    ConsolidateOptions options;
-    options.output_path = Flag(arguments, "out");
-    options.kind = Flag(arguments, "kind");
-    const std::string dtype = Flag(arguments, "dtype", "f32");
-    const std::string format = Flag(arguments, "format", "native");
-    if (options.output_path.empty() ||
-        (dtype != "f32" && dtype != "bf16" && dtype != "f16") ||
-        (format != "native" && format != "hf-gpt2") ||
-        !absl::SimpleAtoi(Flag(arguments, "memory_limit", "0"),
-                          &options.memory_limit_bytes) ||
-        !absl::SimpleAtoi(Flag(arguments, "vocab_size", "0"),
-                          &options.vocab_size) ||
-        options.vocab_size < 0) {
-      std::fprintf(stderr,
-                   "ze_checkpoint consolidate: needs --out, and --dtype, "
-                   "--format, --memory_limit, --vocab_size must be valid\n%s",
-                   kUsage);
-      return 2;
-    }
-    options.dtype = dtype == "f32"    ? DType::kF32
-                    : dtype == "bf16" ? DType::kBF16
-                                      : DType::kF16;
-    options.format = format == "native" ? ConsolidateFormat::kNative
-                                        : ConsolidateFormat::kHfGpt2;
-    if (options.memory_limit_bytes > 0) {
-      // The limit is the host allocator's cap too (every tensor the
-      // consolidation holds comes from it), so exceeding it fails loudly
-      // instead of merely being reported. The allocator rounds each buffer
-      // up to 256 bytes and consolidation holds at most two at once, which
-      // the limit (compared with exact sizes) does not count.
-      constexpr int64_t kAllocatorRounding = 2 * 256;
-      HostMemory()->SetByteCap(HostMemory()->stats().bytes_in_use +
-                               options.memory_limit_bytes + kAllocatorRounding);
-    }
-    absl::StatusOr<ConsolidateReport> report = Consolidate(**reader, options);
-    status = report.status();
-    if (report.ok()) {
-      std::printf(
-          "wrote %s: %lld parameters, %lld tensor bytes, at most %lld bytes "
-          "of values held at once\n",
-          options.output_path.c_str(),
-          static_cast<long long>(report->parameters),
-          static_cast<long long>(report->bytes_written),
-          static_cast<long long>(report->peak_value_bytes));
-    }
+    return 0;
   }
-  if (!status.ok()) {
-    std::fprintf(stderr, "ze_checkpoint %s: %s\n", command.c_str(),
-                 status.ToString().c_str());
-    return 1;
+  if (options.memory_limit_bytes > 0) {
+    // The limit is the host allocator's cap too (every tensor the
+    // consolidation holds comes from it), so exceeding it fails loudly
+    // instead of merely being reported. The allocator rounds each buffer
+    // up to 256 bytes and consolidation holds at most two at once, which
+    // the limit (compared with exact sizes) does not count.
+    constexpr int64_t kAllocatorRounding = 2 * 256;
+    HostMemory()->SetByteCap(HostMemory()->stats().bytes_in_use +
+                             options.memory_limit_bytes + kAllocatorRounding);
   }
+  absl::StatusOr<ConsolidateReport> report = Consolidate(**reader, options);
+  // A corrupt or incomplete checkpoint, a kind it lacks, a limit it
+  // exceeds, an output that cannot be written: the input's fault.
+  if (!report.ok()) return Fail(command, report.status(), kBadInput);
+  std::printf(
+      "wrote %s: %lld parameters, %lld tensor bytes, at most %lld bytes "
+      "of values held at once\n",
+      options.output_path.c_str(), static_cast<long long>(report->parameters),
+      static_cast<long long>(report->bytes_written),
+      static_cast<long long>(report->peak_value_bytes));
   return 0;
 }
 

@@ -19,10 +19,12 @@
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/logging.h"
 #include "core/ops.h"
 #include "core/safetensors/format.h"
 #include "core/status.h"
@@ -462,15 +464,72 @@ absl::Status WriteFileAtomically(const std::string& path,
   return SyncDirectory(ParentDirectory(path));
 }
 
+absl::StatusOr<std::vector<PartialSave>> ListPartialSaves(
+    const std::string& directory) {
+  std::error_code error;
+  if (!fs::is_directory(directory, error)) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint directory ", directory, " does not exist"));
+  }
+  std::vector<PartialSave> saves;
+  constexpr absl::string_view kSuffix = ".partial";
+  for (fs::directory_iterator entry(directory, error), end;
+       !error && entry != end; entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    if (name.size() <= 1 + kSuffix.size() || name[0] != '.' ||
+        !absl::EndsWith(name, kSuffix) || !entry->is_directory(error)) {
+      continue;
+    }
+    PartialSave save;
+    save.path = entry->path().string();
+    save.tag = name.substr(1, name.size() - 1 - kSuffix.size());
+    for (fs::recursive_directory_iterator file(save.path, error), last;
+         !error && file != last; file.increment(error)) {
+      std::error_code size_error;
+      if (file->is_regular_file(size_error)) {
+        const uintmax_t size = file->file_size(size_error);
+        if (!size_error) save.bytes += size;
+      }
+    }
+    if (error) return FsStatus(error, "list", save.path);
+    saves.push_back(std::move(save));
+  }
+  if (error) return FsStatus(error, "list", directory);
+  std::sort(saves.begin(), saves.end(),
+            [](const PartialSave& a, const PartialSave& b) {
+              return a.path < b.path;
+            });
+  return saves;
+}
+
+absl::StatusOr<std::vector<PartialSave>> RemovePartialSaves(
+    const std::string& directory) {
+  std::error_code error;
+  if (!fs::exists(directory, error)) return std::vector<PartialSave>();
+  ZE_ASSIGN_OR_RETURN(std::vector<PartialSave> saves,
+                      ListPartialSaves(directory));
+  for (const PartialSave& save : saves) {
+    fs::remove_all(save.path, error);
+    if (error) return FsStatus(error, "remove the partial save", save.path);
+  }
+  return saves;
+}
+
 absl::Status BeginSave(const std::string& directory, const std::string& tag) {
   ZE_RETURN_IF_ERROR(ValidateTag(tag));
   std::error_code error;
   fs::create_directories(directory, error);
   if (error)
     return FsStatus(error, "create the checkpoint directory", directory);
+  // Failed saves' leftovers, of this tag or any other.
+  ZE_ASSIGN_OR_RETURN(const std::vector<PartialSave> removed,
+                      RemovePartialSaves(directory));
+  for (const PartialSave& save : removed) {
+    ZE_LOG(WARNING) << "removed " << save.path << "/ (" << save.bytes
+                    << " bytes), an incomplete save of tag " << save.tag
+                    << " left by a save that failed or was killed";
+  }
   const std::string partial = PartialDirectory(directory, tag);
-  fs::remove_all(partial, error);  // a crashed save's leftovers
-  if (error) return FsStatus(error, "remove the leftover", partial);
   if (mkdir(partial.c_str(), 0755) != 0) {
     return ErrnoToStatus(errno, "create", partial);
   }

@@ -203,8 +203,11 @@ class RankFileWriter {
 
 // The crash-safe sequence around a save. Every rank of a job calls the
 // steps it is named for, with barriers between them (the caller's job).
-//   1. rank 0:   BeginSave      .<tag>.partial/ created empty (an old one
-//                               from a crashed save is removed first)
+//   1. rank 0:   BeginSave      .<tag>.partial/ created empty; every
+//                               .*.partial/ a failed save left (of any tag)
+//                               is removed first, each logged with its path
+//                               and size (RemovePartialSaves): a directory
+//                               takes the saves of one job at a time
 //   2. all:      RankFileWriter::Create(PartialDirectory(...)), Append...,
 //                Finish
 //   3. rank 0:   CommitSave     writes manifest.json into the partial
@@ -223,6 +226,25 @@ std::string TagDirectory(const std::string& directory, const std::string& tag);
 absl::Status ValidateTag(const std::string& tag);
 absl::Status BeginSave(const std::string& directory, const std::string& tag);
 absl::Status CommitSave(const std::string& directory, const Manifest& manifest);
+
+// A save that never completed: `directory`/.<tag>.partial/, left by a job
+// that failed or was killed while saving. Never read as a checkpoint;
+// listed by `ze_checkpoint inspect`, removed by the next save (BeginSave)
+// or by `ze_checkpoint clean`.
+struct PartialSave {
+  std::string path;    // the directory
+  std::string tag;     // <tag> of .<tag>.partial
+  uint64_t bytes = 0;  // the sizes of the regular files under it, summed
+};
+// Every partial save in `directory`, sorted by name. NotFound when
+// `directory` does not exist; other errors name the path.
+absl::StatusOr<std::vector<PartialSave>> ListPartialSaves(
+    const std::string& directory);
+// Removes every partial save in `directory` and returns them (none when
+// `directory` does not exist). Do not run it while a job saves into
+// `directory`: its save in progress is one of them. Errors name the path.
+absl::StatusOr<std::vector<PartialSave>> RemovePartialSaves(
+    const std::string& directory);
 
 // The tag `latest` names in `directory`. NotFound naming the path when
 // there is none; InvalidArgument when its content is not a valid tag.

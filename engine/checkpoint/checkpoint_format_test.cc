@@ -615,6 +615,47 @@ TEST_F(CheckpointFormatTest, SaveThatDiesLeavesLatestAndPreviousTagIntact) {
   ExpectAllValues(**reader, 0);
 }
 
+// What failed saves leave (.<tag>.partial/ of any tag) is listed with its
+// size, and the next save, of whatever tag, removes it.
+TEST_F(CheckpointFormatTest, TheNextSaveRemovesEveryPartialSave) {
+  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
+  TestCheckpointOptions dying;
+  dying.tag = "global_step2";
+  dying.generation = 1;
+  dying.ranks_to_write = 2;
+  dying.commit = false;
+  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel(), dying).ok());
+  const std::string partial = PartialDirectory(directory_, "global_step2");
+  uint64_t bytes = 0;
+  for (const auto& file : fs::recursive_directory_iterator(partial)) {
+    if (file.is_regular_file()) bytes += file.file_size();
+  }
+  ASSERT_GT(bytes, 0u);
+  absl::StatusOr<std::vector<PartialSave>> listed =
+      ListPartialSaves(directory_);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].path, partial);
+  EXPECT_EQ((*listed)[0].tag, "global_step2");
+  EXPECT_EQ((*listed)[0].bytes, bytes);
+
+  TestCheckpointOptions next;
+  next.tag = "global_step3";
+  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel(), next).ok());
+  EXPECT_EQ(Entries(directory_),
+            (std::set<std::string>{"latest", "global_step1", "global_step3"}));
+  listed = ListPartialSaves(directory_);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+
+  EXPECT_EQ(ListPartialSaves(directory_ + "/none").status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<PartialSave>> removed =
+      RemovePartialSaves(directory_ + "/none");
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->empty());
+}
+
 TEST_F(CheckpointFormatTest, ResavingATagReplacesIt) {
   ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
   TestCheckpointOptions again;

@@ -145,6 +145,14 @@ absl::StatusOr<ConsolidateReport> Consolidate(
         report.peak_value_bytes, " bytes at once, over the limit of ",
         options.memory_limit_bytes));
   }
+  if (options.verify_checksums) {
+    absl::Status verified = reader.VerifyFiles();
+    if (!verified.ok()) {
+      return absl::Status(verified.code(),
+                          absl::StrCat("consolidate: ", verified.message(),
+                                       "; nothing was written"));
+    }
+  }
 
   if (options.format == ConsolidateFormat::kHfGpt2) {
     ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, GptDims(manifest));

@@ -45,6 +45,12 @@ struct ConsolidateOptions {
   // records it),
   // else every row. More rows than the table has is InvalidArgument.
   int64_t vocab_size = 0;
+  // Every rank file's CRC-32C is checked against the manifest before
+  // anything is written, as a load checks them (CheckpointReader::
+  // VerifyFiles: one extra read of the checkpoint). Off only where the
+  // files were just written and checksummed on their way out (the engine's
+  // own consolidation after a save).
+  bool verify_checksums = true;
 };
 
 struct ConsolidateReport {
@@ -60,10 +66,12 @@ struct ConsolidateReport {
 };
 
 // Writes the consolidated file at options.output_path (atomically: the
-// path holds the old file, or none, until it is complete). Errors name the
-// parameter or the file: the reader's (NotFound for a missing kind, read
-// errors), the writer's (ResourceExhausted for a full disk), InvalidArgument
-// for an unsupported dtype, or for hf-gpt2 a checkpoint that is not a GPT.
+// path holds the old file, or none, until it is complete; on any error
+// nothing is left there). Errors name the parameter or the file: DataLoss
+// naming a corrupt rank file (its checksum, before anything is written),
+// the reader's (NotFound for a missing kind, read errors), the writer's
+// (ResourceExhausted for a full disk), InvalidArgument for an unsupported
+// dtype, or for hf-gpt2 a checkpoint that is not a GPT.
 absl::StatusOr<ConsolidateReport> Consolidate(
     const CheckpointReader& reader, const ConsolidateOptions& options);
 

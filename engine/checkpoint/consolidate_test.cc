@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -251,6 +253,38 @@ TEST_F(ConsolidateTest, UnsupportedDTypeIsRefused) {
   EXPECT_EQ(Consolidate(*reader, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(output_));
+}
+
+// A flipped byte in a rank file: refused by name before anything is
+// written, as a load refuses it; without the check (the engine's own
+// consolidation of files it has just written) it would go through.
+TEST_F(ConsolidateTest, CorruptRankFileIsRefusedByNameBeforeWriting) {
+  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  ASSERT_NE(reader, nullptr);
+  const std::string path =
+      reader->tag_directory() + "/" + reader->manifest().files[1].name;
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-5, std::ios::end);
+    const char byte = static_cast<char>(file.get() ^ 0x40);
+    file.seekp(-5, std::ios::end);
+    file.put(byte);
+  }
+  ConsolidateOptions options;
+  options.output_path = output_;
+  absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
+  ASSERT_EQ(report.status().code(), absl::StatusCode::kDataLoss)
+      << report.status();
+  EXPECT_THAT(std::string(report.status().message()),
+              AllOf(HasSubstr("rank_00001.safetensors is corrupt"),
+                    HasSubstr("nothing was written")));
+  EXPECT_FALSE(fs::exists(output_));
+  EXPECT_EQ(std::distance(fs::directory_iterator(directory_),
+                          fs::directory_iterator()),
+            2)  // latest and the tag: no temporary file either
+      << directory_;
+  options.verify_checksums = false;
+  EXPECT_TRUE(Consolidate(*reader, options).ok());
 }
 
 TEST_F(ConsolidateTest, HfGpt2LoadsBackToTheSameValues) {

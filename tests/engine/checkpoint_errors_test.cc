@@ -452,6 +452,28 @@ TEST_F(CheckpointErrorsTest, MidAccumulationWindowIsRefused) {
   EXPECT_NE(status.message().find("accumulation"), std::string::npos);
 }
 
+// What a save that failed or was killed leaves (.<tag>.partial/, of any
+// tag) goes at the next save, which says so on rank 0 with its size.
+TEST_F(CheckpointErrorsTest, NextSaveRemovesWhatFailedSavesLeft) {
+  const std::string crashed = directory_ + "/.crashed.partial";
+  OnRankZero([&] {
+    fs::create_directories(crashed);
+    std::ofstream(crashed + "/rank_00000.safetensors.tmp")
+        << std::string(1000, 'x');
+  });
+  if (Rank() == 0) ::testing::internal::CaptureStderr();
+  const absl::Status saved = engine_->SaveCheckpoint(directory_, "next");
+  const std::string log =
+      Rank() == 0 ? ::testing::internal::GetCapturedStderr() : "";
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_FALSE(fs::exists(crashed));
+  EXPECT_TRUE(fs::exists(directory_ + "/next"));
+  EXPECT_TRUE(fs::exists(directory_ + "/good"));
+  if (Rank() == 0) {
+    EXPECT_NE(log.find(crashed + "/ (1000 bytes)"), std::string::npos) << log;
+  }
+}
+
 TEST_F(CheckpointErrorsTest, FullDiskLeavesThePreviousCheckpoint) {
   // A file size limit stands in for a full disk: writes past it fail with
   // EFBIG, which the writer reports like ENOSPC. Only the last rank hits it.
