@@ -51,7 +51,8 @@ TEST_P(SignalTest, RemovesRegisteredFilesAndEndsByTheSignal) {
   const int signal_number = GetParam();
   const std::string path =
       TempPath("registered_" + std::to_string(signal_number));
-  const std::string other = TempPath("unregistered_" + std::to_string(signal_number));
+  const std::string other =
+      TempPath("unregistered_" + std::to_string(signal_number));
   Touch(path);
   Touch(other);
   const int status = InChild([&] {
