@@ -14,9 +14,14 @@ set -m  # job control: background jobs keep SIGINT's default action
 train="$1"; config="$2"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_nvme_swap"
 rm -rf "$out"; mkdir -p "$out/nvme"
-sed -e 's|"stage": 2,|"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "'"$out/nvme"'"},|' \
-  "$config" > "$out/nvme.json"
-grep -q '"nvme"' "$out/nvme.json"
+python3 - "$config" "$out/nvme" > "$out/nvme.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+zero = config.setdefault("zero_optimization", {})
+zero["stage"] = 3
+zero["offload_optimizer"] = {"device": "nvme", "nvme_path": sys.argv[2]}
+print(json.dumps(config, indent=1))
+PY
 swap="$out/nvme/zero_engine_rank0_optimizer_state.swp"
 common=(--config="$out/nvme.json" --device=cpu --seq=32)
 

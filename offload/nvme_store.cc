@@ -80,15 +80,16 @@ absl::StatusOr<OpenedFile> OpenAndLock(const std::string& path) {
       }
       return absl::InternalError(message);
     }
-    bool locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (!locked && created && errno != EWOULDBLOCK) {
+    const bool locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    const int lock_error = locked ? 0 : errno;
+    if (!locked && created && lock_error != EWOULDBLOCK) {
       // A filesystem without locks: the file is ours (O_EXCL), but a later
       // job could not tell it in use.
       ZE_LOG(WARNING) << "NvmeStore " << path << ": flock failed ("
-                      << std::strerror(errno)
+                      << std::strerror(lock_error)
                       << "); the file is used without a lock";
     } else if (!locked) {
-      const int error = errno;
+      const int error = lock_error;
       close(fd);
       if (error == EWOULDBLOCK) {
         return absl::FailedPreconditionError(absl::StrCat(
