@@ -472,6 +472,10 @@ class Engine {
 // (FailedPrecondition for more ranks on a host than GPUs, unless asked).
 // FailedPrecondition, on every rank, when a CUDA model is not on the
 // communicator's device (build it on communicator->device()).
+// Process-wide, once: installs core/file_cleanup.h's SIGINT, SIGTERM and
+// SIGHUP handlers (only where the program left the default disposition),
+// which remove the job's NVMe swap files and then end the process by the
+// same signal.
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model, const config::Config& config,
     std::shared_ptr<comm::Communicator> communicator = nullptr);
