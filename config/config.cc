@@ -5,9 +5,11 @@
 // triple), resolve.cc ("auto").
 #include "config/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -92,6 +94,15 @@ absl::StatusOr<Config> LoadConfigString(absl::string_view json_text,
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path, int world_size) {
+  // An ifstream opens a directory without complaint and then reads nothing,
+  // which would surface as "invalid JSON" at line 1.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": is a directory, not a config file; pass the path of the "
+        "ds_config JSON file itself"));
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
@@ -119,10 +130,10 @@ std::string ToJson(const Config& config) {
   return internal::TopSchema().Emit(config).dump(2);
 }
 
-std::vector<IneffectiveSetting> IneffectiveSettings(const Config& config) {
-  std::vector<IneffectiveSetting> settings;
-  internal::TopSchema().Ineffective("", config, Config{}, &settings);
-  return settings;
+std::vector<ConfigWarning> ConfigWarnings(const Config& config) {
+  std::vector<ConfigWarning> warnings = config.load_warnings;
+  internal::TopSchema().Ineffective("", config, Config{}, &warnings);
+  return warnings;
 }
 
 std::string ReferenceMarkdown() {
@@ -139,9 +150,10 @@ std::string ReferenceMarkdown() {
   std::vector<std::string> notes;
   internal::TopSchema().Notes("", &notes);
   absl::StrAppend(&out,
-                  "\nAliases, DeepSpeed keys zero-engine rejects, and keys it "
-                  "accepts without effect (Initialize logs those that a "
-                  "config sets):\n\n",
+                  "\nAliases, DeepSpeed keys zero-engine rejects, keys it "
+                  "accepts without effect, and keys it accepts and ignores "
+                  "(Initialize logs a warning on rank 0 for each that a "
+                  "config sets, and `check_config` prints them):\n\n",
                   absl::StrJoin(notes, "\n"), "\n");
 
   absl::StrAppend(&out,
