@@ -559,9 +559,9 @@ const Schema<Config>& TopSchema() {
         .Ignored("tensor_parallel", Present(), std::optional<bool>(),
                  "tensor parallelism is not implemented")
         .Ignored("data_types", Present(), std::optional<bool>(),
-                 "zero-engine chooses the dtypes of gradient accumulation, "
-                 "parameters and buffers itself (accumulation and master "
-                 "weights in fp32)")
+                 "zero-engine chooses these dtypes itself: gradients "
+                 "accumulate in the model's dtype, master weights and "
+                 "optimizer state are fp32")
         .Ignored("dataloader_drop_last", Boolean(), std::optional<bool>(false),
                  "zero-engine has no data loader")
         .Ignored("vocabulary_size", Present(), std::optional<bool>(),
