@@ -541,6 +541,26 @@ TEST(CompatibilityTest, KeysDeepSpeedReadsButZeroEngineLacksAreWarnings) {
   EXPECT_EQ(resolved->load_warnings, c.load_warnings);
 }
 
+TEST(CompatibilityTest, SectionsDeepSpeedReadsFromADictWarnOnUnknownKeys) {
+  // DeepSpeed reads aio, activation_checkpointing and checkpoint with
+  // dict.get and ignores other keys; a near miss is still an error.
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "aio": {"intra_op_parallelism": 4, "use_gds": false, "extra": 1},
+      "checkpoint": {"writer": {"type": "fast"}}})");
+  EXPECT_EQ(c.aio.thread_count, 4);  // DeepSpeed 0.19.8's name for it
+  EXPECT_EQ(WarningKeys(c),
+            (std::vector<std::string>{"aio.extra", "checkpoint.writer"}));
+  EXPECT_TRUE(absl::StrContains(ConfigWarnings(c)[0].message,
+                                "DeepSpeed ignores unknown keys in aio"));
+  absl::StatusOr<Config> typo = LoadConfigString(
+      R"({"train_batch_size": 8, "checkpoint": {"tag_validaton": "Warn"}})", 1,
+      "t.json");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_TRUE(absl::StrContains(typo.status().message(),
+                                "did you mean \"tag_validation\"?"))
+      << typo.status();
+}
+
 TEST(CompatibilityTest, DeepSpeedFieldNamesAreAliasesOfTheStage3Spellings) {
   const Config c = LoadOrDie(R"({"train_batch_size": 8,
       "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1,

@@ -139,8 +139,10 @@ class Schema {
   }
   // Unknown keys that are no near miss of a known one (no "did you mean")
   // are accepted with a warning giving `reason`, instead of being errors.
-  // For the top level only: DeepSpeed reads its top-level keys from a plain
-  // dict and ignores the rest, but refuses unknown keys inside its sections.
+  // Only for the objects DeepSpeed reads from a plain dict, ignoring the
+  // rest (the top level, aio, activation_checkpointing, checkpoint); its
+  // pydantic sections (fp16, bf16, zero_optimization, csv_monitor, ...)
+  // refuse unknown keys, and so do ours.
   Schema& WarnOnUnknownKeys(std::string reason) {
     unknown_reason_ = std::move(reason);
     return *this;

@@ -16,6 +16,16 @@ Codec<OffloadDevice> OffloadDeviceCodec() {
                              /*case_insensitive=*/false);
 }
 
+// The reason for a warning about an unknown key in `section`, one of the
+// sections DeepSpeed reads from a plain dict (ignoring keys it does not
+// know) rather than through a pydantic model that refuses them.
+std::string UnknownInDictSection(const std::string& section) {
+  return absl::StrCat(
+      "not a key zero-engine or DeepSpeed reads (DeepSpeed "
+      "ignores unknown keys in ",
+      section, ")");
+}
+
 // Reasons shared by several ignored ZeRO keys.
 constexpr char kImplementation[] =
     "a detail of DeepSpeed's implementation with no counterpart here";
@@ -353,7 +363,13 @@ const Schema<AioConfig>& AioSchema() {
         .Add(Value("single_submit", &A::single_submit, Boolean(),
                    "Submit requests one at a time rather than in batches."))
         .Add(Value("overlap_events", &A::overlap_events, Boolean(),
-                   "Overlap submitting requests with reaping completions."));
+                   "Overlap submitting requests with reaping completions."))
+        // DeepSpeed 0.19.8's name for the I/O threads of one request.
+        .Alias("intra_op_parallelism", "thread_count")
+        .Ignored("use_gds", Boolean(), std::optional<bool>(false),
+                 "GPUDirect Storage is not implemented; NVMe I/O goes through "
+                 "host memory")
+        .WarnOnUnknownKeys(UnknownInDictSection("aio"));
     return s;
   }();
   return *schema;
@@ -388,6 +404,7 @@ const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
     for (const std::string& key : s->Keys()) {
       s->WithoutEffect(key, on_the_model);
     }
+    s->WarnOnUnknownKeys(UnknownInDictSection("activation_checkpointing"));
     return s;
   }();
   return *schema;
@@ -422,7 +439,8 @@ const Schema<CheckpointConfig>& CheckpointSchema() {
                      &ParallelWriteSchema(), "Parallel checkpoint writing."))
         .WithoutEffect("use_node_local_storage",
                        "every rank writes its own file into the one save "
-                       "directory, which several hosts must share");
+                       "directory, which several hosts must share")
+        .WarnOnUnknownKeys(UnknownInDictSection("checkpoint"));
     return s;
   }();
   return *schema;
