@@ -49,6 +49,35 @@ Codec<bool> Boolean() {
   return codec;
 }
 
+Codec<bool> Present() {
+  Codec<bool> codec;
+  codec.type = "any value";
+  codec.read = [](const Json&, const std::string&, Problems&, bool* out) {
+    *out = true;
+    return true;
+  };
+  codec.write = [](const bool& v) { return Json(v); };
+  return codec;
+}
+
+Codec<bool> SectionEnabled(bool enabled_by_default) {
+  Codec<bool> codec;
+  codec.type = "object";
+  codec.read = [enabled_by_default](const Json& v, const std::string& path,
+                                    Problems& problems, bool* out) {
+    if (!v.is_object()) {
+      TypeMismatch(v, path, "an object", problems);
+      return false;
+    }
+    auto enabled = v.find("enabled");
+    *out = enabled != v.end() && enabled->is_boolean() ? enabled->get<bool>()
+                                                       : enabled_by_default;
+    return true;
+  };
+  codec.write = [](const bool& v) { return Json(v); };
+  return codec;
+}
+
 Codec<int64_t> Integer(IntRule rule) {
   Codec<int64_t> codec;
   codec.type = WithRule("integer", rule.Describe());

@@ -35,22 +35,47 @@ inline constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 inline constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 
 // Every problem found in one pass, each line prefixed with the source, so a
-// user fixes a config in one round rather than one error at a time.
+// user fixes a config in one round rather than one error at a time; and the
+// warnings (keys accepted but ignored, deprecated spellings) found on the
+// way, which the loader keeps in Config::load_warnings.
 class Problems {
  public:
   explicit Problems(std::string source) : source_(std::move(source)) {}
   void Add(absl::string_view message) {
     lines_.push_back(absl::StrCat(source_, ": ", message));
   }
+  // Records that the value at `path` was rejected, so that the rules spanning
+  // several keys can skip what they would only misjudge (the value kept is
+  // the default, not what the user wrote).
+  void MarkBad(const std::string& path) { bad_paths_.push_back(path); }
+  // Whether the value at `path`, or an object containing it, was rejected.
+  bool IsBad(absl::string_view path) const {
+    for (const std::string& bad : bad_paths_) {
+      if (path == bad ||
+          (absl::StartsWith(path, bad) && path.size() > bad.size() &&
+           path[bad.size()] == '.')) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // A warning about the key at `path`; `message` follows the key in the
+  // sentence ("is deprecated ...").
+  void Warn(const std::string& path, std::string message) {
+    warnings_.push_back({path, std::move(message)});
+  }
   bool empty() const { return lines_.empty(); }
   absl::Status ToStatus() const {
     if (lines_.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrJoin(lines_, "\n"));
   }
+  const std::vector<ConfigWarning>& warnings() const { return warnings_; }
 
  private:
   std::string source_;
   std::vector<std::string> lines_;
+  std::vector<std::string> bad_paths_;
+  std::vector<ConfigWarning> warnings_;
 };
 
 // `path` for messages: "the top level" for the root object.
@@ -140,6 +165,12 @@ void TypeMismatch(const Json& value, const std::string& path,
                   const std::string& type, Problems& problems);
 
 Codec<bool> Boolean();
+// Any JSON value; reads as true. For keys accepted and ignored whatever they
+// hold.
+Codec<bool> Present();
+// A section (an object) that does something only when enabled: reads its
+// "enabled" key when it is a boolean, else `enabled_by_default`.
+Codec<bool> SectionEnabled(bool enabled_by_default);
 // Integers may be written as integral JSON floats (5e8), as DeepSpeed users
 // commonly do; "5e8" as a string is a type error.
 Codec<int64_t> Integer(IntRule rule);

@@ -189,8 +189,9 @@ struct Fp16Config {
   int64_t hysteresis = 2;
   // Whether a clean step refills the hysteresis budget.
   bool consecutive_hysteresis = false;
-  // The dynamic scale never drops below this.
-  double min_loss_scale = 1.0;
+  // The dynamic scale never drops below this. An integer, as in DeepSpeed
+  // (its pydantic model refuses 1e-10).
+  int64_t min_loss_scale = 1;
 
   bool operator==(const Fp16Config& other) const;
 };
@@ -261,16 +262,15 @@ struct ZeroConfig {
       std::numeric_limits<int64_t>::max();
   int64_t stage3_max_live_parameters = 1'000'000'000;
   int64_t stage3_max_reuse_distance = 1'000'000'000;
-  // Alias: stage3_gather_fp16_weights_on_model_save.
-  bool stage3_gather_16bit_weights_on_model_save = false;
+  // Alias: gather_16bit_weights_on_model_save; deprecated spelling:
+  // stage3_gather_fp16_weights_on_model_save. "auto" (accelerate fills it
+  // from its zero3_save_16bit_model, default false) resolves to false.
+  Autoable<bool> stage3_gather_16bit_weights_on_model_save = false;
   int64_t sub_group_size = 1'000'000'000;
   // ZeRO++: secondary (hierarchical) partition size, 1 = off.
   int64_t zero_hpz_partition_size = 1;
   bool zero_quantized_weights = false;
   bool zero_quantized_gradients = false;
-  // MiCS: shard size, -1 = off.
-  int64_t mics_shard_size = -1;
-  bool mics_hierarchical_params_gather = false;
 
   bool operator==(const ZeroConfig& other) const;
 };
@@ -327,6 +327,17 @@ enum class CommDataType { kFp32, kFp16, kBf16 };
 
 // ------------------------------------------------------------- the config
 
+// A key the loader accepted but wants the user to know about. Printed as
+// "<source>: <key> <message>", e.g. key "zero_allow_untested_optimizer",
+// message "is ignored: every optimizer zero-engine has ...".
+struct ConfigWarning {
+  std::string key;  // JSON path, e.g. zero_optimization.zero_quantized_weights
+  std::string message;
+  bool operator==(const ConfigWarning& other) const {
+    return key == other.key && message == other.message;
+  }
+};
+
 struct Config {
   // The batch triple. 0 means "not given" and lasts only until the triple is
   // inferred; after a successful load (with no "auto" among the three) or
@@ -360,9 +371,13 @@ struct Config {
   CsvMonitorConfig csv_monitor;
 
   // Not JSON keys. world_size is the one the batch triple was checked
-  // against; source names the file (or "<json string>") for error messages.
+  // against; source names the file (or "<json string>") for error messages;
+  // load_warnings are what the loader accepted with a warning (keys
+  // DeepSpeed reads that zero-engine ignores, top-level keys DeepSpeed itself
+  // ignores, deprecated spellings), in file order. None takes part in ==.
   int world_size = 1;
   std::string source = "<json string>";
+  std::vector<ConfigWarning> load_warnings;
 
   // JSON paths still holding "auto", in the order of ReferenceMarkdown();
   // empty once resolved. Derived from the key tables.
@@ -453,16 +468,13 @@ absl::StatusOr<Config> Resolve(const Config& config,
 // LoadConfigString(ToJson(c), c.world_size) == c.
 std::string ToJson(const Config& config);
 
-// A key the config sets to something other than its default that zero-engine
-// accepts (so DeepSpeed configs load unchanged) but that changes nothing
-// here, and why: ZeRO++ and MiCS options, activation_checkpointing (chosen on
-// the model), implementation hints. Engine::Initialize logs them on rank 0.
-struct IneffectiveSetting {
-  std::string key;  // JSON path, e.g. zero_optimization.zero_quantized_weights
-  std::string reason;
-};
-// Every such key of `config`, in the order of ReferenceMarkdown().
-std::vector<IneffectiveSetting> IneffectiveSettings(const Config& config);
+// Every warning about `config`, for Engine::Initialize to log on rank 0 and
+// check_config to print: first load_warnings (file order), then every key
+// set away from its default that zero-engine accepts (so DeepSpeed configs
+// load unchanged) but that changes nothing here (ZeRO++ options,
+// activation_checkpointing, implementation hints), in the order of
+// ReferenceMarkdown().
+std::vector<ConfigWarning> ConfigWarnings(const Config& config);
 
 // The README's config reference (Markdown tables: key, type, default,
 // meaning), generated from the same defaults and validation rules the loader

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <string>
@@ -99,8 +100,8 @@ TEST(ExampleConfigsTest, ExamplesMeanWhatTheirNamesSay) {
 
   const Config stage3 = load("stage3_bf16.json");
   EXPECT_EQ(stage3.zero_optimization.stage, 3);
-  EXPECT_TRUE(
-      stage3.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(stage3.zero_optimization.stage3_gather_16bit_weights_on_model_save
+                  .value());
   EXPECT_EQ(stage3.checkpoint.tag_validation, TagValidation::kFail);
 
   const Config cpu = load("stage3_offload_cpu.json");
@@ -173,11 +174,14 @@ INSTANTIATE_TEST_SUITE_P(
                     1,
                     {"at gradient_acumulation_steps",
                      "did you mean \"gradient_accumulation_steps\"?"}},
-        InvalidCase{"unknown_top_level_key_far_from_any",
-                    "{" BATCH "\"learning_rate\": 0.1}",
+        // At the top level such a key is a warning (DeepSpeed ignores it);
+        // inside a section, as in DeepSpeed's pydantic models, an error.
+        InvalidCase{"unknown_nested_key_far_from_any",
+                    "{" BATCH R"("fp16": {"enabled": true,
+                                          "learning_rate": 0.1}})",
                     1,
-                    {"unknown key \"learning_rate\" at learning_rate",
-                     "valid keys at the top level", "zero_optimization"}},
+                    {"unknown key \"learning_rate\" at fp16.learning_rate",
+                     "valid keys at fp16", "loss_scale_window"}},
         InvalidCase{"misspelled_nested_key",
                     "{" BATCH R"("zero_optimization": {"stage": 3,
                         "stage3_prefetch_bucket_sise": 1000}})",
@@ -364,16 +368,69 @@ INSTANTIATE_TEST_SUITE_P(
                                               "ratio": 1.5}}})",
                     1,
                     {"zero_optimization.offload_optimizer.ratio must be in"}},
-        InvalidCase{
-            "unsupported_monitor_section",
-            "{" BATCH R"("tensorboard": {"enabled": true}})",
-            1,
-            {"\"tensorboard\" at tensorboard is not supported", "csv_monitor"}},
-        InvalidCase{"removed_cpu_offload_key",
-                    "{" BATCH R"("zero_optimization": {"stage": 2,
-                                                        "cpu_offload": true}})",
+        InvalidCase{"section_deepspeed_removed",
+                    "{" BATCH R"("amp": {"enabled": true}})",
                     1,
-                    {"zero_optimization.cpu_offload", "offload_optimizer"}},
+                    {"\"amp\" at amp is not supported", "0.19.8 rejects"}},
+        InvalidCase{
+            "mics_deepspeed_removed",
+            "{" BATCH R"("zero_optimization": {"stage": 3,
+                                                        "mics_shard_size": 4}})",
+            1,
+            {"zero_optimization.mics_shard_size is not supported", "MiCS"}},
+        InvalidCase{"deprecated_key_with_its_replacement",
+                    "{" BATCH R"("zero_optimization": {"stage": 2,
+                        "cpu_offload": false,
+                        "offload_optimizer": {"device": "cpu"}}})",
+                    1,
+                    {"zero_optimization.cpu_offload (deprecated) and "
+                     "zero_optimization.offload_optimizer are given"}},
+        InvalidCase{"alias_and_canonical_spelling_together",
+                    "{" BATCH R"("zero_optimization": {"stage": 3,
+                        "max_live_parameters": 5,
+                        "stage3_max_live_parameters": 7}})",
+                    1,
+                    {"both \"max_live_parameters\" and "
+                     "\"stage3_max_live_parameters\" are given at "
+                     "zero_optimization"}},
+        InvalidCase{"min_loss_scale_not_an_integer",
+                    "{" BATCH R"("fp16": {"enabled": true,
+                                          "min_loss_scale": 1e-10}})",
+                    1,
+                    {"at fp16.min_loss_scale", "non-integral"}},
+        InvalidCase{"bf16_has_no_loss_scaling_keys",
+                    "{" BATCH R"("bf16": {"enabled": true, "loss_scale": 0}})",
+                    1,
+                    {"unknown key \"loss_scale\" at bf16.loss_scale"}},
+        InvalidCase{"typo_of_an_ignored_top_level_key",
+                    "{" BATCH R"("zero_allow_untested_optimiser": true})",
+                    1,
+                    {"zero_allow_untested_optimiser",
+                     "did you mean "
+                     "\"zero_allow_untested_optimizer\"?"}},
+        InvalidCase{"typo_of_a_top_level_key",
+                    "{" BATCH R"("zero_optimisation": {"stage": 1}})",
+                    1,
+                    {"unknown key \"zero_optimisation\"",
+                     "did you mean \"zero_optimization\"?"}},
+        InvalidCase{"ignored_key_of_the_wrong_type",
+                    "{" BATCH R"("zero_allow_untested_optimizer": "yes"})",
+                    1,
+                    {"zero_allow_untested_optimizer", "expected a boolean"}},
+        InvalidCase{
+            "number_overflows_a_double",
+            "{" BATCH R"("zero_optimization": {"stage": 2,
+                        "reduce_bucket_size": 1e999}})",
+            1,
+            {"zero_optimization.reduce_bucket_size", "out of range", "1e999"}},
+        InvalidCase{"key_and_cross_key_problems_in_one_pass",
+                    "{" BATCH R"("steps_per_print": 0,
+                        "zero_optimization": {"stage": 2,
+                            "offload_param": {"device": "cpu"}}})",
+                    1,
+                    {"steps_per_print must be >= 1",
+                     "zero_optimization.offload_param.device needs "
+                     "zero_optimization.stage 3"}},
         InvalidCase{"section_not_an_object",
                     "{" BATCH R"("fp16": true})",
                     1,
@@ -408,6 +465,160 @@ TEST(LoadConfigTest, MissingFileIsNotFoundAndNamesThePath) {
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(config.status().message().find("/nonexistent/ds_config.json"),
             absl::string_view::npos);
+}
+
+TEST(LoadConfigTest, DirectoryIsAnErrorThatSaysSo) {
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<Config> config = LoadConfigFile(dir, 1);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(config.status().message(),
+                                absl::StrCat(dir, ": is a directory")))
+      << config.status();
+}
+
+TEST(LoadConfigTest, NumberOverflowingADoubleNamesFileAndKey) {
+  // nlohmann's parser throws out_of_range for 1e999, which escaped the
+  // loader and aborted the process.
+  const std::string path = absl::StrCat(::testing::TempDir(), "/overflow.json");
+  {
+    std::ofstream file(path);
+    file << R"({"train_batch_size": 8, "gradient_clipping": [1, -1e999]})";
+  }
+  absl::StatusOr<Config> config = LoadConfigFile(path, 1);
+  ASSERT_FALSE(config.ok());
+  EXPECT_TRUE(absl::StrContains(
+      config.status().message(),
+      absl::StrCat(path, ": number out of range at gradient_clipping[1]")))
+      << config.status();
+}
+
+// ------------------------------------------------- DeepSpeed compatibility
+
+std::vector<std::string> WarningKeys(const Config& config) {
+  std::vector<std::string> keys;
+  for (const ConfigWarning& warning : ConfigWarnings(config)) {
+    keys.push_back(warning.key);
+  }
+  return keys;
+}
+
+TEST(CompatibilityTest, KeysDeepSpeedReadsButZeroEngineLacksAreWarnings) {
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_allow_untested_optimizer": true,
+      "zero_force_ds_cpu_optimizer": true,
+      "flops_profiler": {"enabled": false, "profile_step": 1},
+      "tensorboard": {"enabled": true, "output_path": "tb/"},
+      "data_types": {"grad_accum_dtype": "fp32"},
+      "optimizer": {"type": "Adam", "params": {"lr": 1e-3,
+                                                "max_grad_norm": 1.0}},
+      "bf16": {"enabled": true, "immediate_grad_update": true},
+      "zero_optimization": {"stage": 3, "compute_grad_norm": true,
+                            "leaf_module": {"classes": []}},
+      "log": {"steps_per_print": 50}})");
+  // Keys at the value that does nothing (zero_force_ds_cpu_optimizer's
+  // default true, a disabled flops_profiler, compute_grad_norm true) are
+  // silent; the rest name the key and why, in file order.
+  EXPECT_EQ(WarningKeys(c),
+            (std::vector<std::string>{
+                "zero_allow_untested_optimizer", "tensorboard", "data_types",
+                "optimizer.params.max_grad_norm", "bf16.immediate_grad_update",
+                "zero_optimization.leaf_module", "log"}));
+  const std::vector<ConfigWarning> warnings = ConfigWarnings(c);
+  for (const ConfigWarning& warning : warnings) {
+    EXPECT_TRUE(absl::StartsWith(warning.message, "is ignored: "))
+        << warning.key << " " << warning.message;
+  }
+  EXPECT_TRUE(absl::StrContains(warnings[1].message, "csv_monitor"));
+  EXPECT_TRUE(absl::StrContains(warnings[3].message, "gradient_clipping"));
+  EXPECT_TRUE(absl::StrContains(warnings.back().message,
+                                "DeepSpeed ignores unknown top-level keys"));
+  // The warnings survive Resolve (ToJson leaves ignored keys out).
+  ResolutionContext context = FullContext();
+  context.world_size = 1;
+  absl::StatusOr<Config> resolved = Resolve(c, context);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->load_warnings, c.load_warnings);
+}
+
+TEST(CompatibilityTest, SectionsDeepSpeedReadsFromADictWarnOnUnknownKeys) {
+  // DeepSpeed reads aio, activation_checkpointing and checkpoint with
+  // dict.get and ignores other keys; a near miss is still an error.
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "aio": {"intra_op_parallelism": 4, "use_gds": false, "extra": 1},
+      "checkpoint": {"writer": {"type": "fast"}}})");
+  EXPECT_EQ(c.aio.thread_count, 4);  // DeepSpeed 0.19.8's name for it
+  EXPECT_EQ(WarningKeys(c),
+            (std::vector<std::string>{"aio.extra", "checkpoint.writer"}));
+  EXPECT_TRUE(absl::StrContains(ConfigWarnings(c)[0].message,
+                                "DeepSpeed ignores unknown keys in aio"));
+  absl::StatusOr<Config> typo = LoadConfigString(
+      R"({"train_batch_size": 8, "checkpoint": {"tag_validaton": "Warn"}})", 1,
+      "t.json");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_TRUE(absl::StrContains(typo.status().message(),
+                                "did you mean \"tag_validation\"?"))
+      << typo.status();
+}
+
+TEST(CompatibilityTest, DeepSpeedFieldNamesAreAliasesOfTheStage3Spellings) {
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3, "prefetch_bucket_size": 1,
+          "param_persistence_threshold": 2, "model_persistence_threshold": 3,
+          "max_live_parameters": 4, "max_reuse_distance": 5,
+          "gather_16bit_weights_on_model_save": true}})");
+  const ZeroConfig& z = c.zero_optimization;
+  EXPECT_EQ(z.stage3_prefetch_bucket_size.value(), 1);
+  EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 2);
+  EXPECT_EQ(z.stage3_model_persistence_threshold, 3);
+  EXPECT_EQ(z.stage3_max_live_parameters, 4);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 5);
+  EXPECT_TRUE(z.stage3_gather_16bit_weights_on_model_save.value());
+  EXPECT_TRUE(ConfigWarnings(c).empty());  // aliases are not deprecated
+}
+
+TEST(CompatibilityTest, DeprecatedKeysAreReadAsDeepSpeedReadsThemAndWarn) {
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 2, "cpu_offload": true,
+          "stage3_gather_fp16_weights_on_model_save": true}})");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(
+      c.zero_optimization.stage3_gather_16bit_weights_on_model_save.value());
+  const std::vector<ConfigWarning> warnings = ConfigWarnings(c);
+  ASSERT_EQ(warnings.size(), 2u);
+  EXPECT_EQ(warnings[0].key, "zero_optimization.cpu_offload");
+  EXPECT_TRUE(absl::StrContains(
+      warnings[0].message,
+      "is deprecated by DeepSpeed (which still reads it); true is read as "
+      "zero_optimization.offload_optimizer.device \"cpu\""))
+      << warnings[0].message;
+  EXPECT_EQ(warnings[1].key,
+            "zero_optimization.stage3_gather_fp16_weights_on_model_save");
+  // ToJson prints the replacement, which reloads to the same config.
+  const Config reloaded = LoadOrDie(ToJson(c));
+  EXPECT_EQ(reloaded, c);
+  EXPECT_TRUE(ConfigWarnings(reloaded).empty());
+  // cpu_offload false changes nothing, as in DeepSpeed.
+  EXPECT_EQ(LoadOrDie(R"({"train_batch_size": 8, "zero_optimization":
+                {"stage": 2, "cpu_offload": false}})")
+                .zero_optimization.offload_optimizer.device,
+            OffloadDevice::kNone);
+}
+
+TEST(CompatibilityTest, AutoGather16BitWeightsResolvesToFalse) {
+  // accelerate's ZeRO-3 template; accelerate fills it from
+  // zero3_save_16bit_model, false by default.
+  const Config c = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3,
+          "stage3_gather_16bit_weights_on_model_save": "auto"}})");
+  EXPECT_EQ(
+      c.UnresolvedAutoPaths(),
+      (std::vector<std::string>{
+          "zero_optimization.stage3_gather_16bit_weights_on_model_save"}));
+  absl::StatusOr<Config> resolved = Resolve(c, ResolutionContext{});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_FALSE(resolved->zero_optimization
+                   .stage3_gather_16bit_weights_on_model_save.value());
 }
 
 TEST(LoadConfigTest, RejectsNonPositiveWorldSize) {
@@ -454,7 +665,7 @@ TEST(DefaultsTest, MatchDeepSpeedDocumentedDefaults) {
   EXPECT_EQ(c.fp16.loss_scale_window, 1000);
   EXPECT_EQ(c.fp16.hysteresis, 2);
   EXPECT_FALSE(c.fp16.consecutive_hysteresis);
-  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1);
   // ZeRO.
   const ZeroConfig& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 0);
@@ -469,9 +680,8 @@ TEST(DefaultsTest, MatchDeepSpeedDocumentedDefaults) {
   EXPECT_EQ(z.stage3_param_persistence_threshold.value(), 100'000);
   EXPECT_EQ(z.stage3_max_live_parameters, 1'000'000'000);
   EXPECT_EQ(z.stage3_max_reuse_distance, 1'000'000'000);
-  EXPECT_FALSE(z.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_FALSE(z.stage3_gather_16bit_weights_on_model_save.value());
   EXPECT_EQ(z.sub_group_size, 1'000'000'000);
-  EXPECT_EQ(z.mics_shard_size, -1);
   EXPECT_EQ(z.zero_hpz_partition_size, 1);
   EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::kNone);
   EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
@@ -552,7 +762,8 @@ TEST(ParsingTest, IntegralFloatsAreIntegersAndNamesAreCaseInsensitive) {
   EXPECT_EQ(c.optimizer->type, OptimizerType::kAdamW);
   EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::kFail);
   // Aliases land on the canonical fields and print under canonical names.
-  EXPECT_TRUE(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(
+      c.zero_optimization.stage3_gather_16bit_weights_on_model_save.value());
   EXPECT_TRUE(c.bf16.enabled.value());
   EXPECT_EQ(c.communication_data_type, CommDataType::kBf16);
   const nlohmann::json printed = nlohmann::json::parse(ToJson(c));
@@ -752,7 +963,7 @@ constexpr char kEveryKeyNonDefault[] = R"({
       "decay_mom_rate": 0.01, "last_batch_iteration": 3}},
   "fp16": {"enabled": true, "auto_cast": true, "loss_scale": 128.0,
       "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3,
-      "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+      "consecutive_hysteresis": true, "min_loss_scale": 2},
   "bf16": {"enabled": false},
   "zero_optimization": {"stage": 3, "contiguous_gradients": false,
       "overlap_comm": false, "reduce_scatter": false,
@@ -773,8 +984,7 @@ constexpr char kEveryKeyNonDefault[] = R"({
       "stage3_max_live_parameters": 8000, "stage3_max_reuse_distance": 9000,
       "stage3_gather_16bit_weights_on_model_save": true,
       "sub_group_size": 10000, "zero_hpz_partition_size": 2,
-      "zero_quantized_weights": true, "zero_quantized_gradients": true,
-      "mics_shard_size": 4, "mics_hierarchical_params_gather": true},
+      "zero_quantized_weights": true, "zero_quantized_gradients": true},
   "aio": {"block_size": 4096, "queue_depth": 16, "thread_count": 2,
       "single_submit": true, "overlap_events": false},
   "activation_checkpointing": {"partition_activations": true,
@@ -864,40 +1074,41 @@ void LeafPaths(const nlohmann::json& json, const std::string& prefix,
   }
 }
 
-TEST(IneffectiveSettingsTest, NamesOnlyKeysSetAwayFromTheirDefaults) {
+TEST(ConfigWarningsTest, NamesOnlyKeysSetAwayFromTheirDefaults) {
   // The defaults, and accepted keys given at their default values, are
   // silent; so are keys that do take effect.
-  EXPECT_TRUE(
-      IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8})")).empty());
-  EXPECT_TRUE(IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8,
+  EXPECT_TRUE(ConfigWarnings(LoadOrDie(R"({"train_batch_size": 8})")).empty());
+  EXPECT_TRUE(ConfigWarnings(LoadOrDie(R"({"train_batch_size": 8,
       "zero_optimization": {"stage": 3, "overlap_comm": false,
                             "zero_hpz_partition_size": 1,
                             "zero_quantized_weights": false,
                             "contiguous_gradients": true}})"))
                   .empty());
-  const std::vector<IneffectiveSetting> settings =
-      IneffectiveSettings(LoadOrDie(R"({"train_batch_size": 8,
+  const std::vector<ConfigWarning> settings =
+      ConfigWarnings(LoadOrDie(R"({"train_batch_size": 8,
       "fp16": {"enabled": true, "auto_cast": true},
       "zero_optimization": {"stage": 3, "zero_quantized_weights": true,
-                            "mics_shard_size": 4,
+                            "zero_quantized_gradients": true,
                             "offload_param": {"device": "cpu",
                                               "max_in_cpu": 5}},
       "activation_checkpointing": {"cpu_checkpointing": true},
       "checkpoint": {"parallel_write": {"pipeline_stage": true}}})"));
   std::vector<std::string> keys;
-  for (const IneffectiveSetting& setting : settings) {
+  for (const ConfigWarning& setting : settings) {
     keys.push_back(setting.key);
-    EXPECT_FALSE(setting.reason.empty()) << setting.key;
+    EXPECT_TRUE(absl::StartsWith(setting.message,
+                                 "is set but has no effect in zero-engine: "))
+        << setting.key << " " << setting.message;
   }
   EXPECT_EQ(keys,
             (std::vector<std::string>{
                 "fp16.auto_cast", "zero_optimization.offload_param.max_in_cpu",
                 "zero_optimization.zero_quantized_weights",
-                "zero_optimization.mics_shard_size",
+                "zero_optimization.zero_quantized_gradients",
                 "activation_checkpointing.cpu_checkpointing",
                 "checkpoint.parallel_write.pipeline_stage"}));
-  EXPECT_TRUE(absl::StrContains(settings[2].reason, "not implemented"))
-      << settings[2].reason;
+  EXPECT_TRUE(absl::StrContains(settings[2].message, "not implemented"))
+      << settings[2].message;
 }
 
 TEST(ReferenceMarkdownTest, DocumentsEveryKeyWithItsDefault) {

@@ -104,6 +104,11 @@ absl::StatusOr<Config> Resolve(const Config& config,
                                     static_cast<double>(h));
     persistence = 10 * h;
   }
+  // accelerate fills it from zero3_save_16bit_model, false unless asked;
+  // DeepSpeed itself reads "auto" as its default, false.
+  if (zero.stage3_gather_16bit_weights_on_model_save.is_auto()) {
+    zero.stage3_gather_16bit_weights_on_model_save = false;
+  }
   // Unlike Hugging Face, the stage-3 sizes resolve at every stage (they are
   // unused below stage 3) rather than staying "auto".
   const char* kNeedsHiddenSize =
@@ -122,7 +127,12 @@ absl::StatusOr<Config> Resolve(const Config& config,
   // Hints are user input too: check them with the same rules as the file by
   // reloading the resolved config, then apply the cross-key rules.
   Json json = internal::TopSchema().Emit(resolved);
-  return internal::ParseAndValidate(json, resolved.world_size, config.source);
+  ZE_ASSIGN_OR_RETURN(
+      Config reloaded,
+      internal::ParseAndValidate(json, resolved.world_size, config.source));
+  // ToJson() leaves out what was ignored; its warnings stay the file's.
+  reloaded.load_warnings = config.load_warnings;
+  return reloaded;
 }
 
 }  // namespace config

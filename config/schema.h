@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,7 +57,7 @@ struct Field {
   std::function<bool(const S&, const S&)> equal;
   // Sections append their keys set without effect (Schema::Ineffective).
   std::function<void(const std::string& path, const S& value, const S& defaults,
-                     std::vector<IneffectiveSetting>*)>
+                     std::vector<ConfigWarning>*)>
       nested_ineffective;
   // Appends the JSON path of every value under this key still holding
   // "auto". Empty for keys that cannot be "auto".
@@ -72,12 +73,20 @@ class Schema {
     fields_.push_back(std::move(field));
     return *this;
   }
-  // `alias` is read as `canonical`; giving both is an error.
+  // `alias` is read as `canonical` (a field or an Ignored key); giving both
+  // is an error, as in DeepSpeed (pydantic refuses the second spelling).
   Schema& Alias(std::string alias, std::string canonical) {
     aliases_.emplace(std::move(alias), std::move(canonical));
     return *this;
   }
-  // A key DeepSpeed knows that zero-engine rejects, with the reason.
+  // As Alias, for a spelling DeepSpeed still reads but has deprecated: using
+  // it also warns.
+  Schema& Deprecated(std::string old_key, std::string canonical) {
+    deprecated_.insert(old_key);
+    return Alias(std::move(old_key), std::move(canonical));
+  }
+  // A key DeepSpeed knows that zero-engine rejects, with the reason (chiefly
+  // what DeepSpeed 0.19.8 itself rejects: removed features).
   Schema& Unsupported(std::string key, std::string reason) {
     unsupported_.emplace(std::move(key), std::move(reason));
     return *this;
@@ -90,19 +99,72 @@ class Schema {
     without_effect_.emplace(key, std::move(reason));
     return *this;
   }
+  // A key DeepSpeed reads that zero-engine checks with `codec` and then
+  // ignores (a feature it lacks, or a choice it makes itself). No struct
+  // member holds it: a value other than `inert` (always, when `inert` is
+  // nullopt) is a load warning naming the key and `reason`.
+  template <typename T>
+  Schema& Ignored(std::string key, Codec<T> codec, std::optional<T> inert,
+                  std::string reason) {
+    IgnoredKey ignored;
+    ignored.reason = reason;
+    ignored.check = [codec, inert, reason](const Json& v,
+                                           const std::string& path,
+                                           Problems& problems) {
+      T value{};
+      if (!codec.read(v, path, problems, &value)) {
+        problems.MarkBad(path);
+        return;
+      }
+      if (!inert || !(value == *inert)) {
+        problems.Warn(path, absl::StrCat("is ignored: ", reason));
+      }
+    };
+    ignored_.emplace(std::move(key), std::move(ignored));
+    return *this;
+  }
+  // A deprecated boolean DeepSpeed still reads, which the key `replaced_by`
+  // of this section superseded: true is read as `replacement` (`apply`
+  // sets it), false does nothing; either warns. Given together with
+  // `replaced_by` it is an error, as in DeepSpeed (even when false). ToJson()
+  // prints only the replacement.
+  Schema& DeprecatedFlag(std::string key, std::string replaced_by,
+                         std::string replacement,
+                         std::function<void(S*)> apply) {
+    deprecated_flags_.emplace(
+        std::move(key),
+        DeprecatedFlagKey{std::move(replaced_by), std::move(replacement),
+                          std::move(apply)});
+    return *this;
+  }
+  // Unknown keys that are no near miss of a known one (no "did you mean")
+  // are accepted with a warning giving `reason`, instead of being errors.
+  // Only for the objects DeepSpeed reads from a plain dict, ignoring the
+  // rest (the top level, aio, activation_checkpointing, checkpoint); its
+  // pydantic sections (fp16, bf16, zero_optimization, csv_monitor, ...)
+  // refuse unknown keys, and so do ours.
+  Schema& WarnOnUnknownKeys(std::string reason) {
+    unknown_reason_ = std::move(reason);
+    return *this;
+  }
   // Runs after the keys are read, with the object as written, for defaults
-  // that depend on other keys or on whether a key was given.
-  Schema& AfterParse(std::function<void(const Json&, S*)> hook) {
+  // that depend on other keys or on whether a key was given, and for rules
+  // between keys of this object.
+  Schema& AfterParse(
+      std::function<void(const Json&, const std::string& path, Problems&, S*)>
+          hook) {
     after_parse_ = std::move(hook);
     return *this;
   }
 
   // Reads `object` into `out`; keys not in the JSON keep their values in
-  // `out` (the defaults). Records a problem for every bad key or value.
+  // `out` (the defaults). Records a problem for every bad key or value, and
+  // a warning for every key accepted and ignored.
   void Parse(const Json& object, const std::string& path, Problems& problems,
              S* out) const {
     if (!object.is_object()) {
       TypeMismatch(object, path, "an object", problems);
+      problems.MarkBad(path);
       return;
     }
     std::map<std::string, std::string> seen_as;  // canonical -> spelling used
@@ -113,8 +175,15 @@ class Schema {
       if (auto alias = aliases_.find(key); alias != aliases_.end()) {
         canonical = alias->second;
       }
+      if (auto flag = deprecated_flags_.find(key);
+          flag != deprecated_flags_.end()) {
+        ParseDeprecatedFlag(key, flag->second, object, item.value(), path,
+                            problems, out);
+        continue;
+      }
       const Field<S>* field = Find(canonical);
-      if (field == nullptr) {
+      auto ignored = ignored_.find(canonical);
+      if (field == nullptr && ignored == ignored_.end()) {
         ReportUnknown(key, path, problems);
         continue;
       }
@@ -123,11 +192,23 @@ class Schema {
             "both \"", it->second, "\" and \"", key, "\" are given at ",
             Where(path), " (", key == canonical ? it->second : key,
             " is an alias of ", canonical, "); keep one"));
+        problems.MarkBad(JoinJsonPath(path, canonical));
         continue;
       }
-      field->parse(item.value(), key_path, problems, out);
+      if (deprecated_.count(key) != 0) {
+        problems.Warn(key_path,
+                      absl::StrCat("is deprecated by DeepSpeed (which still "
+                                   "reads it); read as ",
+                                   JoinJsonPath(path, canonical),
+                                   ", the spelling to use"));
+      }
+      if (field != nullptr) {
+        field->parse(item.value(), key_path, problems, out);
+      } else {
+        ignored->second.check(item.value(), key_path, problems);
+      }
     }
-    if (after_parse_) after_parse_(object, out);
+    if (after_parse_) after_parse_(object, path, problems, out);
   }
 
   Json Emit(const S& value) const {
@@ -157,13 +238,22 @@ class Schema {
     }
   }
 
-  // One Markdown bullet per alias and per rejected DeepSpeed key, here and
-  // in nested sections.
+  // One Markdown bullet per alias, deprecated spelling, rejected DeepSpeed
+  // key, key without effect and ignored key, here and in nested sections.
   void Notes(const std::string& path, std::vector<std::string>* notes) const {
     for (const auto& [alias, canonical] : aliases_) {
-      notes->push_back(absl::StrCat("- `", JoinJsonPath(path, alias),
-                                    "` is accepted as an alias of `",
-                                    JoinJsonPath(path, canonical), "`."));
+      notes->push_back(absl::StrCat(
+          "- `", JoinJsonPath(path, alias), "` is accepted as ",
+          deprecated_.count(alias) != 0 ? "a deprecated spelling (warning)"
+                                        : "an alias",
+          " of `", JoinJsonPath(path, canonical), "`."));
+    }
+    for (const auto& [key, flag] : deprecated_flags_) {
+      notes->push_back(absl::StrCat(
+          "- `", JoinJsonPath(path, key),
+          "` (boolean) is accepted as deprecated (warning): true is read as ",
+          flag.replacement, "; not together with `",
+          JoinJsonPath(path, flag.replaced_by), "`."));
     }
     for (const auto& [key, reason] : unsupported_) {
       notes->push_back(absl::StrCat("- `", JoinJsonPath(path, key),
@@ -173,6 +263,18 @@ class Schema {
       notes->push_back(absl::StrCat("- `", JoinJsonPath(path, key),
                                     "` is accepted but has no effect: ", reason,
                                     "."));
+    }
+    for (const auto& [key, ignored] : ignored_) {
+      notes->push_back(absl::StrCat(
+          "- `", JoinJsonPath(path, key),
+          "` is accepted and ignored (warning): ", ignored.reason, "."));
+    }
+    if (!unknown_reason_.empty()) {
+      notes->push_back(absl::StrCat(
+          "- Any other key at ", Where(path),
+          " is accepted and ignored (warning) unless it is a near miss of a "
+          "known key (then an error with \"did you mean\"): ",
+          unknown_reason_, "."));
     }
     for (const Field<S>& field : fields_) {
       if (field.nested_notes) {
@@ -194,7 +296,7 @@ class Schema {
   // Appends every key marked WithoutEffect (here and in nested sections)
   // whose value in `value` differs from `defaults`, in table order.
   void Ineffective(const std::string& path, const S& value, const S& defaults,
-                   std::vector<IneffectiveSetting>* out) const {
+                   std::vector<ConfigWarning>* out) const {
     for (const Field<S>& field : fields_) {
       const std::string key_path = JoinJsonPath(path, field.key);
       if (field.nested_ineffective) {
@@ -203,7 +305,9 @@ class Schema {
       }
       auto reason = without_effect_.find(field.key);
       if (reason != without_effect_.end() && !field.equal(value, defaults)) {
-        out->push_back({key_path, reason->second});
+        out->push_back(
+            {key_path, absl::StrCat("is set but has no effect in zero-engine: ",
+                                    reason->second)});
       }
     }
   }
@@ -228,6 +332,43 @@ class Schema {
   }
 
  private:
+  struct IgnoredKey {
+    std::string reason;
+    std::function<void(const Json&, const std::string& path, Problems&)> check;
+  };
+  struct DeprecatedFlagKey {
+    std::string replaced_by;
+    std::string replacement;
+    std::function<void(S*)> apply;
+  };
+
+  void ParseDeprecatedFlag(const std::string& key,
+                           const DeprecatedFlagKey& flag, const Json& object,
+                           const Json& value, const std::string& path,
+                           Problems& problems, S* out) const {
+    const std::string key_path = JoinJsonPath(path, key);
+    bool on = false;
+    if (!Boolean().read(value, key_path, problems, &on)) {
+      problems.MarkBad(key_path);
+      return;
+    }
+    if (object.contains(flag.replaced_by)) {
+      problems.Add(absl::StrCat("both ", key_path, " (deprecated) and ",
+                                JoinJsonPath(path, flag.replaced_by),
+                                " are given; keep ", flag.replaced_by));
+      problems.MarkBad(JoinJsonPath(path, flag.replaced_by));
+      return;
+    }
+    problems.Warn(
+        key_path,
+        absl::StrCat("is deprecated by DeepSpeed (which still reads "
+                     "it); ",
+                     on ? absl::StrCat("true is read as ", flag.replacement,
+                                       ", the spelling to use")
+                        : std::string("false does nothing")));
+    if (on) flag.apply(out);
+  }
+
   const Field<S>* Find(const std::string& key) const {
     for (const Field<S>& field : fields_) {
       if (field.key == key) return &field;
@@ -244,12 +385,23 @@ class Schema {
                        " is not supported by zero-engine: ", it->second));
       return;
     }
+    // Every spelling this section knows, so that a typo of an ignored or a
+    // rejected key is caught as a typo too.
     std::vector<std::string> candidates = Keys();
     for (const auto& alias : aliases_) candidates.push_back(alias.first);
+    for (const auto& ignored : ignored_) candidates.push_back(ignored.first);
+    for (const auto& flag : deprecated_flags_) {
+      candidates.push_back(flag.first);
+    }
+    for (const auto& rejected : unsupported_) {
+      candidates.push_back(rejected.first);
+    }
     const std::string nearest = NearestCandidate(key, candidates);
     if (!nearest.empty()) {
       problems.Add(absl::StrCat("unknown key \"", key, "\" at ", key_path,
                                 "; did you mean \"", nearest, "\"?"));
+    } else if (!unknown_reason_.empty()) {
+      problems.Warn(key_path, absl::StrCat("is ignored: ", unknown_reason_));
     } else {
       problems.Add(absl::StrCat("unknown key \"", key, "\" at ", key_path,
                                 "; valid keys at ", Where(path), ": ",
@@ -259,9 +411,14 @@ class Schema {
 
   std::vector<Field<S>> fields_;
   std::map<std::string, std::string> aliases_;
+  std::set<std::string> deprecated_;
   std::map<std::string, std::string> unsupported_;
   std::map<std::string, std::string> without_effect_;
-  std::function<void(const Json&, S*)> after_parse_;
+  std::map<std::string, IgnoredKey> ignored_;
+  std::map<std::string, DeprecatedFlagKey> deprecated_flags_;
+  std::string unknown_reason_;
+  std::function<void(const Json&, const std::string&, Problems&, S*)>
+      after_parse_;
 };
 
 // A key holding one value.
@@ -276,7 +433,11 @@ Field<S> Value(std::string key, T S::*member, Codec<T> codec,
   field.parse = [member, codec](const Json& v, const std::string& path,
                                 Problems& problems, S* out) {
     T value = out->*member;
-    if (codec.read(v, path, problems, &value)) out->*member = std::move(value);
+    if (codec.read(v, path, problems, &value)) {
+      out->*member = std::move(value);
+    } else {
+      problems.MarkBad(path);
+    }
   };
   field.emit = [member, codec](const S& s) -> std::optional<Json> {
     return codec.write(s.*member);
@@ -317,10 +478,9 @@ Field<S> Section(std::string key, Sub S::*member, const Schema<Sub>* schema,
                                 std::vector<std::string>* notes) {
     schema->Notes(path, notes);
   };
-  field.nested_ineffective = [member, schema](
-                                 const std::string& path, const S& value,
-                                 const S& defaults,
-                                 std::vector<IneffectiveSetting>* out) {
+  field.nested_ineffective = [member, schema](const std::string& path,
+                                              const S& value, const S& defaults,
+                                              std::vector<ConfigWarning>* out) {
     schema->Ineffective(path, value.*member, defaults.*member, out);
   };
   field.equal = [member, schema](const S& a, const S& b) {

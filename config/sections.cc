@@ -16,6 +16,23 @@ Codec<OffloadDevice> OffloadDeviceCodec() {
                              /*case_insensitive=*/false);
 }
 
+// The reason for a warning about an unknown key in `section`, one of the
+// sections DeepSpeed reads from a plain dict (ignoring keys it does not
+// know) rather than through a pydantic model that refuses them.
+std::string UnknownInDictSection(const std::string& section) {
+  return absl::StrCat(
+      "not a key zero-engine or DeepSpeed reads (DeepSpeed "
+      "ignores unknown keys in ",
+      section, ")");
+}
+
+// Reasons shared by several ignored ZeRO keys.
+constexpr char kImplementation[] =
+    "a detail of DeepSpeed's implementation with no counterpart here";
+constexpr char kFetchUnits[] =
+    "stage 3 gathers parameters in buckets of each module's parameters, "
+    "sized by stage3_prefetch_bucket_size";
+
 const Schema<Fp16Config>& Fp16Schema() {
   static const auto* schema = [] {
     using F = Fp16Config;
@@ -38,9 +55,13 @@ const Schema<Fp16Config>& Fp16Schema() {
                    "Overflows tolerated before the scale is halved."))
         .Add(Value("consecutive_hysteresis", &F::consecutive_hysteresis,
                    Boolean(), "A clean step refills the hysteresis budget."))
-        .Add(Value("min_loss_scale", &F::min_loss_scale, Number(Positive()),
-                   "The dynamic scale never drops below this."))
-        .WithoutEffect("auto_cast", "the whole model runs in fp16 anyway");
+        .Add(Value("min_loss_scale", &F::min_loss_scale, Integer(AtLeast(1)),
+                   "The dynamic scale never drops below this (an integer, as "
+                   "in DeepSpeed)."))
+        .WithoutEffect("auto_cast", "the whole model runs in fp16 anyway")
+        .Ignored("fp16_master_weights_and_grads", Boolean(),
+                 std::optional<bool>(false),
+                 "master weights and their gradients are always fp32 here");
     return s;
   }();
   return *schema;
@@ -51,6 +72,19 @@ const Schema<Bf16Config>& Bf16Schema() {
     auto* s = new Schema<Bf16Config>();
     s->Add(Value("enabled", &Bf16Config::enabled, AutoOr(Boolean()),
                  "Train in bf16 with fp32 master weights."));
+    const std::string fp32_master =
+        "master weights, their gradients and the optimizer state are always "
+        "fp32 here";
+    s->Ignored("immediate_grad_update", Boolean(), std::optional<bool>(false),
+               "gradients are applied at the optimizer step, as DeepSpeed's "
+               "default does")
+        .Ignored("check_grad_overflow", Boolean(), std::optional<bool>(true),
+                 "zero-engine handles a step with non-finite gradients by "
+                 "its own rule, whatever this says")
+        .Ignored("bf16_master_weights_and_grads", Boolean(),
+                 std::optional<bool>(false), fp32_master)
+        .Ignored("bf16_optimizer_states", Boolean(), std::optional<bool>(false),
+                 fp32_master);
     return s;
   }();
   return *schema;
@@ -85,7 +119,14 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "the weights from before it, so every gradient is one "
                    "step stale. Not a DeepSpeed key."))
         .WithoutEffect("fast_init",
-                       "the NVMe swap files are preallocated at start anyway");
+                       "the NVMe swap files are preallocated at start anyway")
+        .Ignored("super_offload", Boolean(), std::optional<bool>(false),
+                 "SuperOffload (DeepSpeed's superchip offload) is not "
+                 "implemented")
+        .Ignored("cpuadam_cores_perc", Number(UnitClosed()),
+                 std::optional<double>(0.8),
+                 "the CPU optimizer's thread count is zero-engine's own "
+                 "choice");
     return s;
   }();
   return *schema;
@@ -185,9 +226,10 @@ const Schema<ZeroConfig>& ZeroSchema() {
                    "stays gathered if the record requests it again within "
                    "this many requests (0 = gather on every request)."))
         .Add(Value("stage3_gather_16bit_weights_on_model_save",
-                   &Z::stage3_gather_16bit_weights_on_model_save, Boolean(),
-                   "Consolidate 16-bit weights when saving the model. Alias: "
-                   "stage3_gather_fp16_weights_on_model_save."))
+                   &Z::stage3_gather_16bit_weights_on_model_save,
+                   AutoOr(Boolean()),
+                   "Consolidate 16-bit weights when saving the model. "
+                   "\"auto\" (filled by accelerate): false."))
         .Add(Value("sub_group_size", &Z::sub_group_size, Integer(AtLeast(0)),
                    "Elements per optimizer-step sub-group (stage 3)."))
         .Add(Value("zero_hpz_partition_size", &Z::zero_hpz_partition_size,
@@ -197,14 +239,33 @@ const Schema<ZeroConfig>& ZeroSchema() {
                    Boolean(), "ZeRO++: quantize weights for all-gather."))
         .Add(Value("zero_quantized_gradients", &Z::zero_quantized_gradients,
                    Boolean(), "ZeRO++: quantize gradients for reduction."))
-        .Add(Value("mics_shard_size", &Z::mics_shard_size,
-                   Integer(IntRule{1, kInt64Max, -1}),
-                   "MiCS shard group size (-1 = off)."))
-        .Add(Value("mics_hierarchical_params_gather",
-                   &Z::mics_hierarchical_params_gather, Boolean(),
-                   "MiCS: hierarchical all-gather."))
-        .Alias("stage3_gather_fp16_weights_on_model_save",
+        .DeprecatedFlag("cpu_offload", "offload_optimizer",
+                        "zero_optimization.offload_optimizer.device \"cpu\"",
+                        [](Z* zero) {
+                          zero->offload_optimizer.device = OffloadDevice::kCpu;
+                        })
+        .DeprecatedFlag(
+            "cpu_offload_param", "offload_param",
+            "zero_optimization.offload_param.device \"cpu\"",
+            [](Z* zero) { zero->offload_param.device = OffloadDevice::kCpu; })
+        // DeepSpeed's pydantic field names, which it accepts beside the
+        // stage3_ spellings (axolotl's configs use them).
+        .Alias("prefetch_bucket_size", "stage3_prefetch_bucket_size")
+        .Alias("param_persistence_threshold",
+               "stage3_param_persistence_threshold")
+        .Alias("model_persistence_threshold",
+               "stage3_model_persistence_threshold")
+        .Alias("max_live_parameters", "stage3_max_live_parameters")
+        .Alias("max_reuse_distance", "stage3_max_reuse_distance")
+        .Alias("gather_16bit_weights_on_model_save",
                "stage3_gather_16bit_weights_on_model_save")
+        .Alias("module_granularity_threshold",
+               "stage3_module_granularity_threshold")
+        .Alias("use_all_reduce_for_fetch_params",
+               "stage3_use_all_reduce_for_fetch_params")
+        .Alias("allgather_sequential", "stage3_allgather_sequential")
+        .Deprecated("stage3_gather_fp16_weights_on_model_save",
+                    "stage3_gather_16bit_weights_on_model_save")
         .WithoutEffect("contiguous_gradients",
                        "gradients always live in flat per-bucket buffers")
         .WithoutEffect("reduce_scatter",
@@ -230,23 +291,60 @@ const Schema<ZeroConfig>& ZeroSchema() {
         .WithoutEffect("zero_quantized_gradients",
                        "ZeRO++ gradient quantization is not implemented: "
                        "reductions carry communication_data_type")
-        .WithoutEffect("mics_shard_size",
-                       "MiCS is not implemented: state is partitioned over "
-                       "all ranks")
-        .WithoutEffect("mics_hierarchical_params_gather",
-                       "MiCS is not implemented")
-        .Unsupported("cpu_offload",
-                     "removed by DeepSpeed; use \"offload_optimizer\": "
-                     "{\"device\": \"cpu\"}")
-        .Unsupported("cpu_offload_params",
-                     "removed by DeepSpeed; use \"offload_param\": "
-                     "{\"device\": \"cpu\"}")
-        .AfterParse([](const Json& object, Z* zero) {
-          // DeepSpeed's rule: stage 3 overlaps communication by default.
-          if (!object.contains("overlap_comm")) {
-            zero->overlap_comm = zero->stage == 3;
-          }
-        });
+        .Ignored("cpu_offload_use_pin_memory", Boolean(), std::optional<bool>(),
+                 "deprecated by DeepSpeed, which ignores it too; set "
+                 "offload_optimizer.pin_memory or offload_param.pin_memory")
+        .Ignored("stage3_module_granularity_threshold", Integer(AtLeast(0)),
+                 std::optional<int64_t>(0), kFetchUnits)
+        .Ignored("stage3_use_all_reduce_for_fetch_params", Boolean(),
+                 std::optional<bool>(false), kFetchUnits)
+        .Ignored("stage3_allgather_sequential", Boolean(),
+                 std::optional<bool>(false), kFetchUnits)
+        .Ignored("use_multi_rank_bucket_allreduce", Boolean(),
+                 std::optional<bool>(true), kImplementation)
+        .Ignored("compute_grad_norm", Boolean(), std::optional<bool>(true),
+                 "the gradient norm is always computed (clipping and the "
+                 "non-finite check use it)")
+        .Ignored("legacy_stage1", Boolean(), std::optional<bool>(false),
+                 "there is one stage-1 implementation")
+        .Ignored("parameter_alignment", Boolean(), std::optional<bool>(false),
+                 kImplementation)
+        .Ignored("zero_quantized_nontrainable_weights", Boolean(),
+                 std::optional<bool>(false),
+                 "ZeRO++ quantization is not implemented")
+        .Ignored("memory_efficient_linear", Boolean(),
+                 std::optional<bool>(true), kImplementation)
+        .Ignored("pipeline_loading_checkpoint", Boolean(),
+                 std::optional<bool>(false), "there is no pipeline parallelism")
+        .Ignored("override_module_apply", Boolean(), std::optional<bool>(true),
+                 kImplementation)
+        .Ignored("log_trace_cache_warnings", Boolean(),
+                 std::optional<bool>(false), kImplementation)
+        .Ignored("enable_sanity_checks", Boolean(), std::optional<bool>(false),
+                 kImplementation)
+        .Ignored("save_muon_momentum_buffer_in_memory", Boolean(),
+                 std::optional<bool>(false), "there is no Muon optimizer")
+        .Ignored("zenflow", Present(), std::optional<bool>(),
+                 "ZenFlow is not implemented")
+        .Ignored("leaf_module", Present(), std::optional<bool>(),
+                 "stage 3 fetches parameters per module of zero-engine's own "
+                 "models; there are no PyTorch module classes to name")
+        .Unsupported("mics_shard_size",
+                     "MiCS was removed from DeepSpeed (0.19.8 rejects it "
+                     "too); parameters are partitioned over all ranks")
+        .Unsupported("mics_hierarchical_params_gather",
+                     "MiCS was removed from DeepSpeed (0.19.8 rejects it "
+                     "too)")
+        .Unsupported("zeropp_loco_param",
+                     "LoCo-ZeRO++ was removed from DeepSpeed (0.19.8 rejects "
+                     "it too)")
+        .AfterParse(
+            [](const Json& object, const std::string&, Problems&, Z* zero) {
+              // DeepSpeed's rule: stage 3 overlaps communication by default.
+              if (!object.contains("overlap_comm")) {
+                zero->overlap_comm = zero->stage == 3;
+              }
+            });
     return s;
   }();
   return *schema;
@@ -265,7 +363,13 @@ const Schema<AioConfig>& AioSchema() {
         .Add(Value("single_submit", &A::single_submit, Boolean(),
                    "Submit requests one at a time rather than in batches."))
         .Add(Value("overlap_events", &A::overlap_events, Boolean(),
-                   "Overlap submitting requests with reaping completions."));
+                   "Overlap submitting requests with reaping completions."))
+        // DeepSpeed 0.19.8's name for the I/O threads of one request.
+        .Alias("intra_op_parallelism", "thread_count")
+        .Ignored("use_gds", Boolean(), std::optional<bool>(false),
+                 "GPUDirect Storage is not implemented; NVMe I/O goes through "
+                 "host memory")
+        .WarnOnUnknownKeys(UnknownInDictSection("aio"));
     return s;
   }();
   return *schema;
@@ -300,6 +404,7 @@ const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
     for (const std::string& key : s->Keys()) {
       s->WithoutEffect(key, on_the_model);
     }
+    s->WarnOnUnknownKeys(UnknownInDictSection("activation_checkpointing"));
     return s;
   }();
   return *schema;
@@ -334,7 +439,8 @@ const Schema<CheckpointConfig>& CheckpointSchema() {
                      &ParallelWriteSchema(), "Parallel checkpoint writing."))
         .WithoutEffect("use_node_local_storage",
                        "every rank writes its own file into the one save "
-                       "directory, which several hosts must share");
+                       "directory, which several hosts must share")
+        .WarnOnUnknownKeys(UnknownInDictSection("checkpoint"));
     return s;
   }();
   return *schema;
@@ -429,26 +535,86 @@ const Schema<Config>& TopSchema() {
         .Add(Section("csv_monitor", &C::csv_monitor, &CsvMonitorSchema(),
                      "CSV metrics."))
         .Alias("bfloat16", "bf16");
+    // DeepSpeed reads these top-level keys; zero-engine checks and ignores
+    // them, warning when they would have done something.
     const std::string monitor =
-        "zero-engine logs through csv_monitor only; remove this section or "
-        "use \"csv_monitor\"";
-    s->Unsupported("tensorboard", monitor)
-        .Unsupported("wandb", monitor)
-        .Unsupported("comet", monitor)
-        .Unsupported("flops_profiler", "not implemented; remove this section")
-        .Unsupported("amp", "use \"bf16\" or \"fp16\" instead of Apex AMP")
-        .Unsupported("zero_allow_untested_optimizer",
-                     "only Adam, AdamW and SGD exist, all supported by every "
-                     "stage; remove this key")
-        .Unsupported("zero_force_ds_cpu_optimizer",
-                     "zero-engine picks the CPU optimizer for offload itself; "
-                     "remove this key")
-        .Unsupported("elasticity", "elastic training is not implemented")
-        .Unsupported("pipeline", "pipeline parallelism is not implemented")
-        .Unsupported("sparse_attention", "not implemented")
-        .Unsupported("compression_training", "not implemented")
-        .Unsupported("data_efficiency", "not implemented")
-        .Unsupported("autotuning", "not implemented");
+        "zero-engine logs metrics through csv_monitor only";
+    s->Ignored("zero_allow_untested_optimizer", Boolean(),
+               std::optional<bool>(false),
+               "every optimizer zero-engine has (Adam, AdamW, SGD) is "
+               "supported at every ZeRO stage")
+        .Ignored("zero_force_ds_cpu_optimizer", Boolean(),
+                 std::optional<bool>(true),
+                 "DeepSpeed uses it to refuse a client optimizer under "
+                 "ZeRO-Offload; zero-engine offloads only the optimizer it "
+                 "builds from this config")
+        .Ignored("flops_profiler", SectionEnabled(false),
+                 std::optional<bool>(false),
+                 "the FLOPs profiler is not implemented")
+        .Ignored("tensorboard", SectionEnabled(false),
+                 std::optional<bool>(false), monitor)
+        .Ignored("wandb", SectionEnabled(false), std::optional<bool>(false),
+                 monitor)
+        .Ignored("comet", SectionEnabled(false), std::optional<bool>(false),
+                 monitor)
+        .Ignored("comms_logger", SectionEnabled(false),
+                 std::optional<bool>(false),
+                 "the communication logger is not implemented "
+                 "(wall_clock_breakdown times the collectives)")
+        .Ignored("autotuning", SectionEnabled(false),
+                 std::optional<bool>(false), "autotuning is not implemented")
+        .Ignored("data_efficiency", SectionEnabled(false),
+                 std::optional<bool>(false),
+                 "data sampling and routing are not implemented")
+        .Ignored("torch_autocast", SectionEnabled(false),
+                 std::optional<bool>(false),
+                 "the model runs in one dtype, chosen by fp16/bf16")
+        .Ignored("hybrid_engine", SectionEnabled(false),
+                 std::optional<bool>(false),
+                 "the hybrid (RLHF) engine is not implemented")
+        .Ignored("pipeline", Present(), std::optional<bool>(),
+                 "pipeline parallelism is not implemented")
+        .Ignored("tensor_parallel", Present(), std::optional<bool>(),
+                 "tensor parallelism is not implemented")
+        .Ignored("data_types", Present(), std::optional<bool>(),
+                 "zero-engine chooses these dtypes itself: gradients "
+                 "accumulate in the model's dtype, master weights and "
+                 "optimizer state are fp32")
+        .Ignored("dataloader_drop_last", Boolean(), std::optional<bool>(false),
+                 "zero-engine has no data loader")
+        .Ignored("vocabulary_size", Present(), std::optional<bool>(),
+                 "DeepSpeed only checks its alignment; the model sets its own")
+        .Ignored("dump_state", Boolean(), std::optional<bool>(false),
+                 "not implemented");
+    // Features DeepSpeed 0.19.8 removed and rejects itself.
+    const std::string removed =
+        "removed from DeepSpeed, whose 0.19.8 rejects it too";
+    s->Unsupported("amp", absl::StrCat("Apex AMP was ", removed,
+                                       "; use \"bf16\" or \"fp16\""))
+        .Unsupported("nebula",
+                     absl::StrCat("Nebula checkpointing was ", removed))
+        .Unsupported("compression_training",
+                     absl::StrCat("the compression library was ", removed))
+        .Unsupported("quantize_training",
+                     absl::StrCat("quantize_training (MoQ) was ", removed))
+        .Unsupported("sparse_gradients",
+                     absl::StrCat("sparse_gradients was ", removed))
+        .Unsupported("eigenvalue", absl::StrCat("eigenvalue was ", removed))
+        .Unsupported("sparse_attention",
+                     absl::StrCat("sparse attention was ", removed))
+        .Unsupported("elasticity",
+                     absl::StrCat("elastic training was ", removed,
+                                  "; set the batch sizes directly"))
+        .Unsupported("graph_harvesting",
+                     absl::StrCat("graph harvesting was ", removed))
+        .Unsupported(
+            "curriculum_learning",
+            absl::StrCat("top-level curriculum_learning was ", removed))
+        .Unsupported("progressive_layer_drop",
+                     absl::StrCat("progressive layer dropping was ", removed))
+        .WarnOnUnknownKeys(
+            "not a key zero-engine or DeepSpeed reads (DeepSpeed ignores "
+            "unknown top-level keys)");
     return s;
   }();
   return *schema;

@@ -84,6 +84,22 @@ absl::StatusOr<OrderedJson> ParseJsonRejectingDuplicates(
   } catch (const OrderedJson::parse_error& error) {
     return absl::InvalidArgumentError(
         absl::StrCat(source_name, ": invalid JSON: ", error.what()));
+  } catch (const OrderedJson::out_of_range& error) {
+    // A number too large for a double (1e999): the parser stopped at the
+    // value of the key last read, so the open containers name its path.
+    std::string path = "the top level";
+    if (!stack.empty()) {
+      const OpenContainer& parent = stack.back();
+      path = parent.is_object
+                 ? JoinJsonPath(parent.path, parent.last_key)
+                 : absl::StrCat(parent.path, "[", parent.elements_seen, "]");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": number out of range at ", path,
+                     " (it overflows a double): ", error.what()));
+  } catch (const OrderedJson::exception& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": invalid JSON: ", error.what()));
   }
   if (!duplicates.empty()) {
     return absl::InvalidArgumentError(absl::StrJoin(duplicates, "\n"));

@@ -1,6 +1,8 @@
 #include "config/strict_json.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -53,6 +55,24 @@ TEST(EditDistanceTest, CountsInsertionsDeletionsSubstitutions) {
                          "stage3_prefetch_bucket_size"),
             1);
   EXPECT_EQ(EditDistance("flaw", "lawn"), 2);
+}
+
+TEST(StrictJsonTest, NumberOverflowingADoubleIsAnErrorNamingItsPath) {
+  // nlohmann throws out_of_range (not parse_error) for these; uncaught, it
+  // aborted the process.
+  for (const auto& [text, path] :
+       std::vector<std::pair<std::string, std::string>>{
+           {R"({"a": {"b": 1e999}})", "at a.b "},
+           {R"({"a": [1, 2, -1e400]})", "at a[2] "},
+           {"1e999", "at the top level "}}) {
+    absl::StatusOr<OrderedJson> parsed =
+        ParseJsonRejectingDuplicates(text, "f.json");
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(parsed.status().message());
+    EXPECT_EQ(message.rfind("f.json: number out of range " + path, 0), 0u)
+        << message;
+  }
 }
 
 TEST(NearestCandidateTest, SuggestsOnlyPlausibleTypos) {

@@ -33,6 +33,12 @@ const Codec<SchedulerType>& SchedulerTypeCodec() {
   return *codec;
 }
 
+// DeepSpeed's config parser warns about it likewise (its own optimizers
+// refuse it when DeepSpeed builds them).
+constexpr char kMaxGradNorm[] =
+    "not an optimizer parameter; gradients are clipped by the top-level "
+    "gradient_clipping";
+
 // Adam and AdamW share keys; adam_w_mode matters for Adam only but DeepSpeed
 // reads it for both.
 const Schema<OptimizerParams>& AdamParamsSchema() {
@@ -55,7 +61,9 @@ const Schema<OptimizerParams>& AdamParamsSchema() {
             Value("adam_w_mode", &OptimizerParams::adam_w_mode, Boolean(),
                   "Type Adam: true applies decoupled weight decay (DeepSpeed's "
                   "default), false adds it to the gradient (L2). Must not be "
-                  "false for AdamW."));
+                  "false for AdamW."))
+        .Ignored("max_grad_norm", Number(NonNegative()),
+                 std::optional<double>(0.0), kMaxGradNorm);
     return s;
   }();
   return *schema;
@@ -70,7 +78,9 @@ const Schema<OptimizerParams>& SgdParamsSchema() {
                    Number(UnitHalfOpen()), "Momentum factor (0 = plain SGD)."))
         .Add(Value("weight_decay", &OptimizerParams::weight_decay,
                    AutoOr(Number(NonNegative())),
-                   "L2 penalty added to the gradient, as in torch.optim.SGD."));
+                   "L2 penalty added to the gradient, as in torch.optim.SGD."))
+        .Ignored("max_grad_norm", Number(NonNegative()),
+                 std::optional<double>(0.0), kMaxGradNorm);
     return s;
   }();
   return *schema;
@@ -247,7 +257,8 @@ const Schema<SchedulerParams>& SchedulerParamsSchema(SchedulerType type) {
         if (types & SchedulerBit(t)) schema.Add(field);
       }
       // DeepSpeed: an absent second half mirrors the first.
-      schema.AfterParse([](const Json& object, SchedulerParams* params) {
+      schema.AfterParse([](const Json& object, const std::string&, Problems&,
+                           SchedulerParams* params) {
         if (!object.contains("cycle_second_step_size")) {
           params->cycle_second_step_size = params->cycle_first_step_size;
         }

@@ -2,6 +2,7 @@
 // several keys, and the batch triple.
 #include "config/validate.h"
 
+#include <initializer_list>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,14 +89,25 @@ bool IsTrue(const Autoable<bool>& value) {
   return !value.is_auto() && value.raw_value();
 }
 
-// Rules spanning several keys. Runs on a config whose values each passed
-// their own checks; fills in the batch triple when none of it is "auto".
+// Rules spanning several keys, in the same pass as the keys' own checks so
+// that a file's problems are all reported at once. A rule whose keys were
+// rejected on their own is skipped: it would judge the default kept in their
+// place, not what the user wrote. Fills in the batch triple when none of it
+// is "auto".
 void ValidateAcrossKeys(Config* config, Problems& problems) {
-  if (IsTrue(config->fp16.enabled) && IsTrue(config->bf16.enabled)) {
+  auto any_bad = [&problems](std::initializer_list<const char*> paths) {
+    for (const char* path : paths) {
+      if (problems.IsBad(path)) return true;
+    }
+    return false;
+  };
+  if (!any_bad({"fp16.enabled", "bf16.enabled", "bfloat16.enabled"}) &&
+      IsTrue(config->fp16.enabled) && IsTrue(config->bf16.enabled)) {
     problems.Add(
         "fp16.enabled and bf16.enabled are both true; enable at most one");
   }
-  if (config->communication_data_type == CommDataType::kFp16 &&
+  if (!any_bad({"communication_data_type", "fp16.enabled"}) &&
+      config->communication_data_type == CommDataType::kFp16 &&
       !config->fp16.enabled.is_auto() && !config->fp16.enabled.raw_value()) {
     // Stricter than DeepSpeed: without fp16's loss scaling and overflow
     // check, gradients outside fp16's range would silently become inf or 0
@@ -111,6 +123,10 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
   auto check_nvme_path = [&](OffloadDevice device,
                              const std::optional<std::string>& nvme_path,
                              const std::string& section) {
+    if (problems.IsBad(section + ".device") ||
+        problems.IsBad(section + ".nvme_path")) {
+      return;
+    }
     if (device == OffloadDevice::kNvme && !nvme_path) {
       problems.Add(absl::StrCat(section, ".device is \"nvme\" but ", section,
                                 ".nvme_path is not set"));
@@ -122,27 +138,39 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
                   zero.offload_optimizer.nvme_path, offload_optimizer);
   check_nvme_path(zero.offload_param.device, zero.offload_param.nvme_path,
                   offload_param);
-  if (zero.offload_optimizer.device != OffloadDevice::kNone &&
+  // Stricter than DeepSpeed, which silently ignores offload at a stage that
+  // cannot use it (offload_param below stage 3, any offload at stage 0): the
+  // user believes memory is saved that is not.
+  const bool stage_bad = problems.IsBad("zero_optimization.stage");
+  const bool optimizer_device_bad =
+      stage_bad || problems.IsBad(offload_optimizer + ".device");
+  const bool param_device_bad =
+      stage_bad || problems.IsBad(offload_param + ".device");
+  if (!optimizer_device_bad &&
+      zero.offload_optimizer.device != OffloadDevice::kNone &&
       zero.stage == 0) {
     problems.Add(absl::StrCat(offload_optimizer,
                               ".device needs zero_optimization.stage 1, 2 or "
                               "3; stage is 0"));
   }
-  if (zero.offload_optimizer.device == OffloadDevice::kNvme &&
+  if (!optimizer_device_bad &&
+      zero.offload_optimizer.device == OffloadDevice::kNvme &&
       zero.stage != 3) {
     problems.Add(absl::StrCat(offload_optimizer,
                               ".device \"nvme\" needs zero_optimization.stage "
                               "3 (ZeRO-Infinity); stage is ",
                               stage));
   }
-  if (zero.offload_param.device != OffloadDevice::kNone && zero.stage != 3) {
+  if (!param_device_bad && zero.offload_param.device != OffloadDevice::kNone &&
+      zero.stage != 3) {
     problems.Add(absl::StrCat(offload_param,
                               ".device needs zero_optimization.stage 3; "
                               "stage is ",
                               stage));
   }
 
-  if (config->optimizer && config->optimizer->type == OptimizerType::kAdamW &&
+  if (!any_bad({"optimizer.params.adam_w_mode"}) && config->optimizer &&
+      config->optimizer->type == OptimizerType::kAdamW &&
       !config->optimizer->params.adam_w_mode) {
     problems.Add(
         "optimizer.params.adam_w_mode is false but optimizer.type is AdamW, "
@@ -155,6 +183,7 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     const char* type_name = SchedulerTypeName(type);
     if ((type == SchedulerType::kWarmupDecayLR ||
          type == SchedulerType::kWarmupCosineLR) &&
+        !any_bad({"scheduler.params.total_num_steps"}) &&
         !p.total_num_steps.is_auto() && p.total_num_steps.raw_value() == 0) {
       problems.Add(
           absl::StrCat("missing required key "
@@ -165,7 +194,8 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
       for (const auto& [value, key] :
            {std::make_pair(&p.cycle_min_lr, "cycle_min_lr"),
             std::make_pair(&p.cycle_max_lr, "cycle_max_lr")}) {
-        if (!*value) {
+        if (!*value &&
+            !problems.IsBad(absl::StrCat("scheduler.params.", key))) {
           problems.Add(absl::StrCat("missing required key scheduler.params.",
                                     key,
                                     " (OneCycle needs both ends of the "
@@ -188,6 +218,8 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     }
     if ((type == SchedulerType::kWarmupLR ||
          type == SchedulerType::kWarmupDecayLR) &&
+        !any_bad({"scheduler.params.warmup_min_lr",
+                  "scheduler.params.warmup_max_lr"}) &&
         !p.warmup_min_lr.is_auto() && !p.warmup_max_lr.is_auto() &&
         p.warmup_min_lr.raw_value() > p.warmup_max_lr.raw_value()) {
       problems.Add(absl::StrCat("scheduler.params.warmup_min_lr (",
@@ -198,7 +230,9 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     }
   }
 
-  if (!config->train_batch_size.is_auto() &&
+  if (!any_bad({"train_batch_size", "train_micro_batch_size_per_gpu",
+                "gradient_accumulation_steps"}) &&
+      !config->train_batch_size.is_auto() &&
       !config->train_micro_batch_size_per_gpu.is_auto() &&
       !config->gradient_accumulation_steps.is_auto()) {
     InferBatchTriple(config, problems);
@@ -219,10 +253,9 @@ absl::StatusOr<Config> ParseAndValidate(const Json& json, int world_size,
   config.source = source;
   Problems problems(source);
   TopSchema().Parse(json, "", problems, &config);
-  // Cross-key rules on top of broken values would only add noise.
-  if (!problems.empty()) return problems.ToStatus();
   ValidateAcrossKeys(&config, problems);
   ZE_RETURN_IF_ERROR(problems.ToStatus());
+  config.load_warnings = problems.warnings();
   return config;
 }
 

@@ -14,12 +14,13 @@ namespace ze {
 namespace config {
 namespace internal {
 
-// Reads `json` for a run of `world_size` ranks and validates it. Cross-key
-// rules run only when every key passed its own checks (on top of broken
-// values they would only add noise); the batch triple is inferred unless one
-// of its three values is still "auto". Errors: InvalidArgument listing every
-// problem, one per line, each starting with `source_name`; also for a
-// world size below 1.
+// Reads `json` for a run of `world_size` ranks and validates it. The rules
+// spanning several keys run in the same pass as each key's own checks (a
+// rule is skipped only when one of its keys was itself rejected), so every
+// problem of a file is reported at once; the batch triple is inferred unless
+// one of its three values is still "auto". Warnings go to
+// Config::load_warnings. Errors: InvalidArgument listing every problem, one
+// per line, each starting with `source_name`; also for a world size below 1.
 absl::StatusOr<Config> ParseAndValidate(const Json& json, int world_size,
                                         absl::string_view source_name);
 

@@ -321,7 +321,8 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
       manifest.config = nlohmann::json::parse(config::ToJson(config_));
       manifest.client_state = client_state;
       ZE_RETURN_IF_ERROR(checkpoint::CommitSave(directory, manifest));
-      if (config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+      if (config_.zero_optimization.stage3_gather_16bit_weights_on_model_save
+              .value()) {
         ZE_ASSIGN_OR_RETURN(auto reader,
                             checkpoint::CheckpointReader::Open(directory, tag));
         checkpoint::ConsolidateOptions options;

@@ -565,12 +565,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
     // A DeepSpeed user must not believe a setting took effect when it did
-    // not (ZeRO++ quantization, activation_checkpointing, ...).
-    for (const config::IneffectiveSetting& setting :
-         config::IneffectiveSettings(config)) {
+    // not (ZeRO++ quantization, activation_checkpointing, ignored keys, ...),
+    // nor miss that a spelling is deprecated.
+    for (const config::ConfigWarning& warning :
+         config::ConfigWarnings(config)) {
       ZE_LOG_RANK0(WARNING)
-          << config.source << ": " << setting.key
-          << " is set but has no effect in zero-engine: " << setting.reason;
+          << config.source << ": " << warning.key << " " << warning.message;
     }
   }
   return engine;

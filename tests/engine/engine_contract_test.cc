@@ -67,6 +67,7 @@ absl::Status TrainLikeTheHeader(std::shared_ptr<nn::LossModel> model,
 }
 
 // A DeepSpeed config's keys that zero-engine accepts without acting on them
+// (kept without effect, or read and ignored, or unknown at the top level)
 // are named at startup (rank 0), with the reason, so nobody believes they
 // took effect.
 TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
@@ -77,7 +78,8 @@ TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
       R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,)",
       R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},)",
       R"( "zero_optimization": {"stage": 3, "zero_quantized_weights": true},)",
-      R"( "activation_checkpointing": {"cpu_checkpointing": true}})");
+      R"( "activation_checkpointing": {"cpu_checkpointing": true},)",
+      R"( "zero_allow_untested_optimizer": true, "log": {"level": 1}})");
   ::testing::internal::CaptureStderr();
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
       engine::Initialize(*model, config, Comm());
@@ -92,8 +94,16 @@ TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
       "activation_checkpointing.cpu_checkpointing is set but has no "
       "effect in zero-engine: activation checkpointing is chosen on the "
       "model");
+  const bool ignored = absl::StrContains(
+      log,
+      "zero_allow_untested_optimizer is ignored: every optimizer "
+      "zero-engine has (Adam, AdamW, SGD) is supported at every ZeRO stage");
+  const bool unknown = absl::StrContains(
+      log, "log is ignored: not a key zero-engine or DeepSpeed reads");
   EXPECT_EQ(quantized, Rank() == 0) << log;
   EXPECT_EQ(checkpointing, Rank() == 0) << log;
+  EXPECT_EQ(ignored, Rank() == 0) << log;
+  EXPECT_EQ(unknown, Rank() == 0) << log;
 }
 
 class EngineContractTest : public ::testing::TestWithParam<int> {};
