@@ -171,6 +171,16 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
     ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
     return report;
   }
+  if (!training.checks_overflow() &&
+      (statistics.overflow || !std::isfinite(report.loss))) {
+    report.nonfinite = true;
+    // An update begun during backward has already used these gradients.
+    if (!partition.update_begun_early()) {
+      report.skipped = true;
+      ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
+      return report;
+    }
+  }
 
   StepArgs args;
   args.lr = report.learning_rate;
