@@ -384,7 +384,9 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
   report.commit_seconds = SecondsSince(commit_start);
   report.total_seconds = SecondsSince(save_start);
   ZE_LOG_RANK0(INFO) << "saved checkpoint " << directory << "/" << tag << " ("
-                     << comm.world_size() << " rank files)";
+                     << comm.world_size()
+                     << (comm.world_size() == 1 ? " rank file)"
+                                                : " rank files)");
   return absl::OkStatus();
 }
 

@@ -526,10 +526,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_ASSIGN_OR_RETURN(communicator,
                       CommunicatorFor(*model, std::move(communicator)));
   if (config.world_size != communicator->world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.source, ": the config was checked for world size ",
-                     config.world_size, " but the job has ",
-                     communicator->world_size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": the config was checked for world size ",
+        config.world_size, " but the job has ", communicator->world_size(),
+        communicator->world_size() == 1 ? " rank" : " ranks"));
   }
   if (config.HasUnresolvedAuto()) {
     std::string paths;
