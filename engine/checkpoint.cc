@@ -315,9 +315,9 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
     }
     if (!nonfinite_kinds.empty()) {
       return absl::FailedPreconditionError(
-          absl::StrCat(what, " on rank ", comm.rank(), ": its ",
+          absl::StrCat(what, " on rank ", comm.rank(), ": this rank's ",
                        absl::StrJoin(nonfinite_kinds, ", "),
-                       " state holds inf or NaN; not saved, so `latest` in ",
+                       " values hold inf or NaN; not saved, so `latest` in ",
                        directory, " still names the last good checkpoint"));
     }
     absl::StatusOr<checkpoint::FileRecord> finished = writer->Finish();

@@ -182,7 +182,7 @@ TEST_P(NonFiniteTest, SaveRefusesNonFiniteWeightsAndKeepsLatest) {
   if (Rank() == 0) {
     // Rank 0 saves the slice holding the NaN (the first parameter's first
     // element); the others learn of it through the agreement.
-    EXPECT_NE(saved.message().find("holds inf or NaN"), std::string::npos)
+    EXPECT_NE(saved.message().find("values hold inf or NaN"), std::string::npos)
         << saved;
   }
 }
