@@ -467,6 +467,17 @@ absl::Status Train(const Flags& flags, int* exit_code) {
 }  // namespace ze
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf(
+          "usage: custom_model [--config=PATH (default "
+          "examples/custom_model/zero3.json)] [--steps=N>=5 (200)] "
+          "[--device=auto|cpu|cuda] [--min_loss_drop=F in [0, 1) (0: no "
+          "check)]\nexit status: 0 finished, 1 --min_loss_drop not "
+          "reached, 2 bad flag or error\n");
+      return 0;
+    }
+  }
   absl::StatusOr<ze::Flags> flags = ze::ParseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "%s\n", flags.status().ToString().c_str());

@@ -67,8 +67,8 @@ echo "held-out accuracy: stage 0 ${ref_accuracy}%, stage 3 at $np ranks ${zero3_
 python3 -c "import sys; a, b = float('$ref_accuracy'), float('$zero3_accuracy'); sys.exit(not (a >= 50 and abs(a - b) <= 1))" ||
   { echo "FAIL: held-out accuracy below 50% or differing across runs"; exit 1; }
 
-# Exit status: 0 for a finished run, 1 only for a loss drop asked for and
-# not reached, 2 for a bad flag.
+# Exit status: 0 for a finished run (and --help), 1 only for a loss drop
+# asked for and not reached, 2 for a bad flag.
 status=0; "$program" --config="$work/stage0.json" --device=cpu --steps=5 \
   >"$work/short.txt" 2>&1 || status=$?
 [[ "$status" == 0 ]] || { cat "$work/short.txt"; echo "FAIL: a finished 5-step run exited $status"; exit 1; }
@@ -78,4 +78,5 @@ status=0; "$program" --config="$work/stage0.json" --device=cpu --steps=5 \
 grep -q "FAILED: --min_loss_drop 99% not reached" "$work/short.txt"
 status=0; "$program" --no_such_flag >"$work/short.txt" 2>&1 || status=$?
 [[ "$status" == 2 ]] || { cat "$work/short.txt"; echo "FAIL: an unknown flag exited $status"; exit 1; }
+"$program" --help | grep -q "usage: custom_model"
 echo "custom_model exit statuses: ok"
