@@ -187,6 +187,56 @@ TEST_P(NonFiniteTest, SaveRefusesNonFiniteWeightsAndKeepsLatest) {
   }
 }
 
+// The one case a non-finite update is applied: stage 2 with the optimizer
+// offloaded and neither clipping nor fp16 starts the CPU update during
+// backward, before the norm is known. The step says so, and no checkpoint
+// of that state is committed.
+TEST(NonFiniteEarlyUpdateTest, AppliedUpdateIsReportedAndNotSaved) {
+  absl::StatusOr<std::shared_ptr<nn::GptModel>> made =
+      MakeGpt(SmallGpt(), DType::kBF16);
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::shared_ptr<nn::GptModel> model = *made;
+  bool inject = false;
+  model->ln_f()->AddHook(
+      nn::HookKind::kPostBackward,
+      [&inject](nn::Module& module, const Stream& stream) -> absl::Status {
+        if (!inject) return absl::OkStatus();
+        const Tensor& grad = module.DirectParameters()[0]->grad();
+        return Fill(grad.Slice(3, 1), std::numeric_limits<float>::quiet_NaN(),
+                    stream);
+      });
+  const std::string config = absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 100,)",
+      R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},)",
+      R"( "bf16": {"enabled": true}, "zero_optimization": {"stage": 2,)",
+      R"( "reduce_bucket_size": 300, "offload_optimizer": {"device": "cpu"}}})");
+  absl::StatusOr<std::unique_ptr<engine::Engine>> created =
+      engine::Initialize(model, config, Comm());
+  ASSERT_TRUE(created.ok()) << created.status();
+  engine::Engine& engine = **created;
+  const std::string directory = SharedDirectory("early_update");
+  ASSERT_TRUE(TrainStep(engine, 0).ok());
+  ASSERT_TRUE(engine.SaveCheckpoint(directory).ok());
+  inject = true;
+  StderrCapture capture;
+  absl::StatusOr<engine::StepReport> report = TrainStep(engine, 1);
+  const std::string log = capture.Finish();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->nonfinite);
+  EXPECT_FALSE(report->skipped);
+  if (Rank() == 0) {
+    EXPECT_NE(log.find("the offloaded update had already begun and was "
+                       "applied"),
+              std::string::npos)
+        << log;
+  }
+  const absl::Status saved = engine.SaveCheckpoint(directory);
+  EXPECT_TRUE(absl::IsFailedPrecondition(saved)) << saved;
+  EXPECT_NE(saved.message().find("its update was applied"), std::string::npos)
+      << saved;
+  EXPECT_EQ(Latest(directory), "global_step1");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     StagesAndDtypes, NonFiniteTest,
     ::testing::Combine(::testing::Values(0, 2, 3),
