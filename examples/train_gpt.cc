@@ -969,9 +969,9 @@ absl::Status Train(Options options, int* exit_code) {
             ? CheckpointExists(options.save_dir)
             : std::filesystem::is_directory(checkpoint::TagDirectory(
                   options.save_dir, options.resume_tag));
-    absl::Status found;
-    if (!present && options.resume) {
-      found = absl::NotFoundError(
+    absl::Status seen;
+    if (!present) {
+      seen = absl::NotFoundError(
           options.resume_tag.empty()
               ? absl::StrCat("--resume: no checkpoint in --save_dir=",
                              options.save_dir, " (no ", options.save_dir,
@@ -983,9 +983,11 @@ absl::Status Train(Options options, int* exit_code) {
                              checkpoint::TagDirectory(options.save_dir,
                                                       options.resume_tag)));
     }
-    ZE_RETURN_IF_ERROR(engine::AgreeAcrossRanks(
-        *communicator, found, setup_stream, "checking --resume"));
-    resuming = present;
+    // Every rank resumes or none: LoadCheckpoint is a collective.
+    const absl::Status everywhere = engine::AgreeAcrossRanks(
+        *communicator, seen, setup_stream, "checking --resume");
+    if (options.resume) ZE_RETURN_IF_ERROR(everywhere);
+    resuming = everywhere.ok();
   }
   if (!options.save_dir.empty()) {
     ZE_ASSIGN_OR_RETURN(const int64_t checkpoint_bytes,
