@@ -336,8 +336,9 @@ class Engine {
   // checkpoint as they were. `client_state` must be a JSON object.
   //
   // A checkpoint that could not be resumed from is never committed: when
-  // any saved value (weights, master weights, optimizer state) is inf or
-  // NaN, or the last step's loss was not finite and its update was applied
+  // a master weight is inf or NaN (the 16-bit weights are rounded from
+  // them; a non-finite optimizer state makes them so at its first update),
+  // or the last step's loss was not finite and its update was applied
   // (StepReport::nonfinite without skipped), the call fails with
   // FailedPrecondition on every rank, naming what is not finite, and
   // `latest` keeps naming the last good checkpoint.
