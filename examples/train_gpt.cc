@@ -843,6 +843,9 @@ absl::StatusOr<Evaluation> EvaluateCorpus(
       const std::string after(continuation.begin(), continuation.end());
       std::printf("  \"%s\" -> \"%s\"\n", absl::CEscape(before).c_str(),
                   absl::CEscape(after).c_str());
+    } else if (!user_prompt.empty()) {
+      std::printf("  --prompt %s -> %s\n", ShowTokens(prompt, false).c_str(),
+                  ShowTokens(continuation, false).c_str());
     } else {
       std::string ids;
       for (size_t i = 0; i < continuation.size() && i < 16; ++i) {

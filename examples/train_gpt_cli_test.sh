@@ -148,6 +148,9 @@ python3 -c "
 import struct, sys
 open(sys.argv[1], 'wb').write(struct.pack('<2000H', *[i % 50 for i in range(2000)]))
 " "$out/tokens.bin"
+expect 0 prompt_tokens "$train" "${quick[@]}" --data="$out/tokens.bin" \
+  --seq=16 --prompt="1 2 3"
+has prompt_tokens "--prompt [1 2 3] -> ["
 expect 2 prompt_bad_token "$train" "${quick[@]}" --data="$out/tokens.bin" \
   --seq=16 --prompt="1 2 x"
 has prompt_bad_token "--prompt: 'x' is not a token id in [0, 50)"
