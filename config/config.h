@@ -359,6 +359,11 @@ struct Config {
   // zero-engine extension (not a DeepSpeed key): the seed of every
   // counter-based generator (parameter init, dropout, data order).
   int64_t seed = 42;
+  // zero-engine extension (not a DeepSpeed key): bf16/f32 training fails
+  // after this many consecutive steps whose loss or gradient norm is inf or
+  // NaN (each is skipped with a warning); fp16 keeps its loss scaler's
+  // skips instead.
+  int64_t max_consecutive_nonfinite_steps = 5;
 
   std::optional<OptimizerConfig> optimizer;  // absent: the client supplies one
   std::optional<SchedulerConfig> scheduler;  // absent: constant lr

@@ -952,6 +952,7 @@ constexpr char kEveryKeyNonDefault[] = R"({
   "wall_clock_breakdown": true,
   "memory_breakdown": true,
   "seed": 1234,
+  "max_consecutive_nonfinite_steps": 2,
   "optimizer": {"type": "Adam", "params": {"lr": 0.002, "betas": [0.8, 0.99],
       "eps": 1e-6, "weight_decay": 0.05, "torch_adam": true,
       "adam_w_mode": false}},
@@ -1027,15 +1028,15 @@ TEST(ToJsonTest, FillsEveryDefaultInAStableOrder) {
       nlohmann::ordered_json::parse(ToJson(c));
   std::vector<std::string> keys;
   for (const auto& item : printed.items()) keys.push_back(item.key());
-  EXPECT_EQ(
-      keys,
-      (std::vector<std::string>{
-          "train_batch_size", "train_micro_batch_size_per_gpu",
-          "gradient_accumulation_steps", "steps_per_print", "gradient_clipping",
-          "prescale_gradients", "gradient_predivide_factor",
-          "communication_data_type", "wall_clock_breakdown", "memory_breakdown",
-          "seed", "fp16", "bf16", "zero_optimization", "aio",
-          "activation_checkpointing", "checkpoint", "csv_monitor"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{
+                      "train_batch_size", "train_micro_batch_size_per_gpu",
+                      "gradient_accumulation_steps", "steps_per_print",
+                      "gradient_clipping", "prescale_gradients",
+                      "gradient_predivide_factor", "communication_data_type",
+                      "wall_clock_breakdown", "memory_breakdown", "seed",
+                      "max_consecutive_nonfinite_steps", "fp16", "bf16",
+                      "zero_optimization", "aio", "activation_checkpointing",
+                      "checkpoint", "csv_monitor"}));
   EXPECT_EQ(printed["gradient_accumulation_steps"], 1);
   EXPECT_EQ(printed["zero_optimization"]["stage3_max_live_parameters"],
             1'000'000'000);

@@ -517,7 +517,13 @@ const Schema<Config>& TopSchema() {
                    "Log memory use at each phase."))
         .Add(Value("seed", &C::seed, Integer(AtLeast(0)),
                    "zero-engine extension: seed of parameter init and every "
-                   "other random stream."));
+                   "other random stream."))
+        .Add(Value("max_consecutive_nonfinite_steps",
+                   &C::max_consecutive_nonfinite_steps, Integer(AtLeast(1)),
+                   "zero-engine extension: bf16/f32 training skips a step "
+                   "whose loss or gradient norm is inf or NaN, with a "
+                   "warning, and fails after this many in a row (fp16: the "
+                   "loss scaler's skips instead)."));
 
     s->Add(OptimizerField());
     s->Add(SchedulerField());

@@ -96,6 +96,32 @@ TEST(AllocatorTest, CapFailsWithResourceExhaustedNamingRequestAndCap) {
   EXPECT_EQ(allocator.stats().bytes_in_use, 0);
 }
 
+// A tensor larger than memory (an oversized micro-batch) is a
+// ResourceExhausted naming the bytes asked for, never an abort: 2^48 bytes
+// are past any host (and past x86-64's 47-bit user address space, so the
+// kernel refuses them whatever its overcommit policy); a shape whose byte
+// count does not fit in 63 bits is refused before it could wrap.
+TEST(TensorTest, TooLargeIsResourceExhaustedWithTheBytes) {
+  HostAllocator allocator("host_test");
+  absl::StatusOr<Tensor> huge = Tensor::Empty(
+      {int64_t{1} << 40, 64}, DType::kI32, Device::Cpu(), &allocator);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("request of 281474976710656 bytes"),
+            std::string::npos)
+      << huge.status();
+  absl::StatusOr<Tensor> wraps =
+      Tensor::Empty({int64_t{1} << 40, int64_t{1} << 40}, DType::kF32,
+                    Device::Cpu(), &allocator);
+  ASSERT_FALSE(wraps.ok());
+  EXPECT_EQ(wraps.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(
+      wraps.status().message().find("[1099511627776, 1099511627776] of f32"),
+      std::string::npos)
+      << wraps.status();
+  EXPECT_EQ(allocator.stats().bytes_in_use, 0);
+}
+
 TEST(AllocatorTest, TensorReturnsStorageToItsAllocator) {
   HostAllocator allocator("tensors");
   {

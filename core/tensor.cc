@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,6 +33,20 @@ absl::StatusOr<Tensor> Tensor::Empty(const Shape& shape, DType dtype,
       return absl::InvalidArgumentError(
           absl::StrCat("negative dimension in shape ", ShapeToString(shape)));
     }
+  }
+  // A shape whose byte count does not fit in 63 bits (a micro-batch of
+  // 2^40 rows, say) is more memory than any allocator has: the same
+  // ResourceExhausted an allocation failure gives, not a wrapped size.
+  int64_t limit =
+      std::numeric_limits<int64_t>::max() / static_cast<int64_t>(SizeOf(dtype));
+  for (int64_t dimension : shape) {
+    if (dimension > 0 && limit / dimension == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Tensor::Empty: shape ", ShapeToString(shape), " of ",
+                       DTypeName(dtype), " on ", device.ToString(),
+                       " asks for more than 2^63 bytes"));
+    }
+    if (dimension > 0) limit /= dimension;
   }
   if (allocator == nullptr) allocator = GetAllocator(device);
   Tensor tensor;

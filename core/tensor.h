@@ -60,7 +60,10 @@ class Tensor {
 
   // Allocates uninitialised storage for `shape` x `dtype` on `device` from
   // `allocator` (default: GetAllocator(device)). Fails with the allocator's
-  // ResourceExhausted when the memory (or cap) is exhausted. Device storage
+  // ResourceExhausted when the memory (or cap) is exhausted (naming the
+  // bytes asked for), and with ResourceExhausted naming the shape when its
+  // byte count does not fit in 63 bits; InvalidArgument for a negative
+  // dimension. Device storage
   // belongs to the calling thread's current stream (CurrentStream, set with
   // StreamGuard; see core/allocator.h): work on other streams that uses it
   // must be declared with RecordStream.

@@ -1,6 +1,7 @@
 // Collective agreement on success: the engine's way of turning one rank's
-// local failure into an error on every rank instead of a hang. Internal to
-// engine/.
+// local failure into an error on every rank instead of a hang. Public for
+// programs that check their own arguments on every rank before Initialize
+// (examples/train_gpt's --save_dir and --resume).
 #ifndef ZE_ENGINE_AGREEMENT_H_
 #define ZE_ENGINE_AGREEMENT_H_
 

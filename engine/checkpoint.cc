@@ -236,6 +236,17 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
       AgreeOnDirectoryAndTag(comm, what, directory, own_tag,
                              config_.checkpoint.tag_validation, stream));
 
+  // A step that applied a non-finite update leaves state no run should
+  // resume from (every rank knows it alike: the loss is all-reduced).
+  if (last_update_nonfinite_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " on rank ", comm.rank(), ": the last step's loss (",
+        last_nonfinite_loss_,
+        ") or gradient norm was not finite and its update was applied; not "
+        "saved, so `latest` in ",
+        directory, " still names the last good checkpoint"));
+  }
+
   // 1. Rank 0 prepares the partial directory.
   absl::Status begun;
   if (comm.rank() == 0) begun = checkpoint::BeginSave(directory, tag);
@@ -263,9 +274,34 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
                             checkpoint::PartialDirectory(directory, tag),
                             comm.rank(), kind_names, kind_dtypes, pieces));
     zero::ZeroStrategy::SaveTimes times;
+    // Whether the master weights hold an inf or NaN, one flag per device,
+    // set as the values go by and read once after the last. Only the master
+    // weights: the 16-bit weights are rounded from them, and an optimizer
+    // state that is not finite makes them so at its first update; scanning
+    // every kind would add a pass over the whole checkpoint (measured: +1 s
+    // on a 2.5 s, 1.7 GB CPU save) for no case more.
+    std::vector<std::pair<std::string, Tensor>> nonfinite_flags;
+    auto check_finite = [&](const std::string& kind,
+                            const Tensor& values) -> absl::Status {
+      Tensor* flag = nullptr;
+      for (auto& [name, tensor] : nonfinite_flags) {
+        if (name == kind && tensor.device() == values.device()) flag = &tensor;
+      }
+      if (flag == nullptr) {
+        ZE_ASSIGN_OR_RETURN(
+            Tensor zeros,
+            Tensor::Zeros({1}, DType::kF32, values.device(), stream));
+        nonfinite_flags.emplace_back(kind, std::move(zeros));
+        flag = &nonfinite_flags.back().second;
+      }
+      return HasInfOrNan(values, *flag, stream);
+    };
     absl::Status saved = strategy_->SaveState(
         [&](const zero::ZeroStrategy::CheckpointKind& kind,
             const zero::ParamShard& piece, const Tensor& values) {
+          if (kind.name == checkpoint::kMaster) {
+            ZE_RETURN_IF_ERROR(check_finite(kind.name, values));
+          }
           return writer->Append(kind.name, layout.param(piece.param_index).name,
                                 values);
         },
@@ -274,6 +310,22 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
     report.stall_seconds = times.stall_seconds;
     report.pinned = times.pinned;
     ZE_RETURN_IF_ERROR(saved);
+    std::vector<std::string> nonfinite_kinds;
+    for (const auto& [kind, flag] : nonfinite_flags) {
+      ZE_ASSIGN_OR_RETURN(std::vector<float> set, ToHostFloats(flag, stream));
+      if (set[0] > 0 &&
+          std::find(nonfinite_kinds.begin(), nonfinite_kinds.end(), kind) ==
+              nonfinite_kinds.end()) {
+        nonfinite_kinds.push_back(kind);
+      }
+    }
+    if (!nonfinite_kinds.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, " on rank ", comm.rank(), ": this rank's ",
+                       absl::StrJoin(nonfinite_kinds, ", "),
+                       " values hold inf or NaN; not saved, so `latest` in ",
+                       directory, " still names the last good checkpoint"));
+    }
     absl::StatusOr<checkpoint::FileRecord> finished = writer->Finish();
     const safetensors::Writer::Stats& stats = writer->stats();
     report.crc_seconds = stats.crc_seconds;
@@ -340,7 +392,9 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
   report.commit_seconds = SecondsSince(commit_start);
   report.total_seconds = SecondsSince(save_start);
   ZE_LOG_RANK0(INFO) << "saved checkpoint " << directory << "/" << tag << " ("
-                     << comm.world_size() << " rank files)";
+                     << comm.world_size()
+                     << (comm.world_size() == 1 ? " rank file)"
+                                                : " rank files)");
   return absl::OkStatus();
 }
 

@@ -171,7 +171,39 @@ absl::StatusOr<StepReport> Engine::Step() {
   }
   ZE_RETURN_IF_ERROR(EndPhase(2, start));
   ZE_RETURN_IF_ERROR(ReportStep(report));
+  ZE_RETURN_IF_ERROR(CheckFinite(report));
   return report;
+}
+
+absl::Status Engine::CheckFinite(const StepReport& report) {
+  last_update_nonfinite_ = report.nonfinite && !report.skipped;
+  last_nonfinite_loss_ = report.loss;
+  if (!report.nonfinite) {
+    nonfinite_streak_ = 0;
+    return absl::OkStatus();
+  }
+  // Every rank holds the same all-reduced loss and norm, so every rank
+  // counts alike and fails at the same step.
+  nonfinite_streak_ += 1;
+  const int64_t limit = config_.max_consecutive_nonfinite_steps;
+  const std::string what = absl::StrFormat(
+      "step %d: the loss (%g) or the gradient norm (%g) is not finite; %s "
+      "(%d in a row; training stops at %d, max_consecutive_nonfinite_steps "
+      "in %s)",
+      counters_.global_steps, report.loss, report.grad_norm,
+      report.skipped ? "the update is skipped"
+                     : "the offloaded update had already begun and was "
+                       "applied",
+      nonfinite_streak_, limit, config_.source);
+  if (nonfinite_streak_ < limit) {
+    ZE_LOG_RANK0(WARNING) << what;
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      what,
+      ": the training has diverged or its data is broken; lower the "
+      "learning rate, clip gradients (gradient_clipping) or check the "
+      "data"));
 }
 
 absl::Status Engine::EndPhase(int phase, Clock::time_point start) {
@@ -498,10 +530,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_ASSIGN_OR_RETURN(communicator,
                       CommunicatorFor(*model, std::move(communicator)));
   if (config.world_size != communicator->world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.source, ": the config was checked for world size ",
-                     config.world_size, " but the job has ",
-                     communicator->world_size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": the config was checked for world size ",
+        config.world_size, " but the job has ", communicator->world_size(),
+        communicator->world_size() == 1 ? " rank" : " ranks"));
   }
   if (config.HasUnresolvedAuto()) {
     std::string paths;

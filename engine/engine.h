@@ -95,7 +95,7 @@ using StepReport = zero::StepReport;
 
 struct Counters {
   int64_t global_steps = 0;    // optimizer steps taken or skipped
-  int64_t skipped_steps = 0;   // fp16 overflow skips
+  int64_t skipped_steps = 0;   // fp16 overflows; bf16/f32 non-finite steps
   int64_t micro_steps = 0;     // Forward/Backward pairs
   int64_t global_samples = 0;  // samples over all ranks
 };
@@ -189,6 +189,15 @@ class Engine {
   // At the accumulation boundary: unscale, check for overflow (fp16), clip,
   // update, gather the 16-bit weights (stages 1-2), step the schedule, zero
   // the gradients. Otherwise only counts the micro-step.
+  //
+  // bf16/f32: a step whose loss or global gradient norm is inf or NaN is
+  // skipped (StepReport::nonfinite and skipped; the weights, optimizer
+  // state and schedule stay as they were; see StepReport for the one
+  // exception) and rank 0 logs a warning at once naming the step and both
+  // values. The max_consecutive_nonfinite_steps-th such step in a row fails
+  // with FailedPrecondition on every rank (the step is still skipped, and
+  // the engine stays usable: a later finite step resets the count). fp16
+  // keeps its loss scaler's overflow skips, which never fail.
   absl::StatusOr<StepReport> Step();
   // gradient_accumulation_steps micro-batches: Forward, Backward and Step
   // each. micro_batches[i] = {tokens, targets}.
@@ -325,6 +334,14 @@ class Engine {
   // (FailedPrecondition). Any rank's failure (a full disk, no permission)
   // fails the call on every rank, and leaves `latest` and every complete
   // checkpoint as they were. `client_state` must be a JSON object.
+  //
+  // A checkpoint that could not be resumed from is never committed: when
+  // a master weight is inf or NaN (the 16-bit weights are rounded from
+  // them; a non-finite optimizer state makes them so at its first update),
+  // or the last step's loss was not finite and its update was applied
+  // (StepReport::nonfinite without skipped), the call fails with
+  // FailedPrecondition on every rank, naming what is not finite, and
+  // `latest` keeps naming the last good checkpoint.
   absl::Status SaveCheckpoint(
       const std::string& directory, const std::string& tag = "",
       const nlohmann::json& client_state = nlohmann::json::object());
@@ -423,6 +440,9 @@ class Engine {
   // At a boundary: the csv_monitor rows and, every steps_per_print steps,
   // the log lines.
   absl::Status ReportStep(const StepReport& report);
+  // After a boundary step: the non-finite warning, count and error (Step's
+  // comment).
+  absl::Status CheckFinite(const StepReport& report);
   // SaveCheckpoint's and LoadCheckpoint's common checks, and the state the
   // manifest's training_state holds (engine/checkpoint.cc).
   absl::Status RequireCheckpointBoundary(const char* what) const;
@@ -438,6 +458,11 @@ class Engine {
   CheckpointSaveReport last_save_report_;
   std::unique_ptr<zero::TrainingState> training_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;
+  // bf16/f32: consecutive non-finite steps so far, and whether the last
+  // step applied an update despite a non-finite loss or gradient norm.
+  int64_t nonfinite_streak_ = 0;
+  bool last_update_nonfinite_ = false;
+  double last_nonfinite_loss_ = 0;
   // This window's summed micro-batch losses (for the step's mean loss).
   double loss_sum_ = 0;
   // For the steps_per_print throughput line.

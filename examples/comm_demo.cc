@@ -111,9 +111,9 @@ absl::Status Demo(Communicator &comm, const ze::Stream &stream) {
   }
   if (me == 0) {
     std::printf(
-        "comm_demo: OK (%d ranks, backend %s, tensors on %s, %llu "
+        "comm_demo: OK (%d rank%s, backend %s, tensors on %s, %llu "
         "collectives)\n",
-        n, comm.backend_name(), device.ToString().c_str(),
+        n, n == 1 ? "" : "s", comm.backend_name(), device.ToString().c_str(),
         static_cast<unsigned long long>(comm.next_sequence_number() - 1));
   }
   return absl::OkStatus();

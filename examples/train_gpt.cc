@@ -7,6 +7,9 @@
 // Flags (train_gpt --help lists them with their defaults):
 //   --config      a DeepSpeed-style JSON config (ZeRO stage, precision,
 //                 optimizer, schedule, batch sizes, offload, csv_monitor).
+//                 Default examples/configs/train_gpt_cpu.json: from the
+//                 working directory, else the copy in the binary's Bazel
+//                 runfiles (so bazel-bin/examples/train_gpt runs anywhere).
 //   --model       "tiny" (4 layers, 4 heads, 128 channels; for CPUs) or a
 //                 GPT-2/3 preset (124M, 350M, 1.3B, ...). Default: tiny, or
 //                 with --init_from the file's shape.
@@ -30,11 +33,20 @@
 //                 ze_checkpoint consolidate's): full weights loaded through
 //                 Engine::LoadWeights, each rank taking its part, at any
 //                 stage and world size.
-//   --save_dir/--save_every/--resume   checkpoints (below).
+//   --save_dir/--save_every/--resume/--resume_if_present/--resume_tag
+//                 checkpoints (below).
 //   --dry_run     prints the per-rank memory plan and exits (below).
 //   --progress    auto|line|log (below).
+//   --prompt      text to continue at each evaluation (and at the end), in
+//                 the data's vocabulary: bytes for text files, the task's
+//                 characters for addition ("123+456=" is answered greedily),
+//                 space-separated token ids for token files. Default: the
+//                 validation text's first tokens (files); none (addition).
 //   --min_accuracy  addition only: exit 1 unless the final accuracy reaches
 //                 it (tools/demo.sh's verdict).
+//   --min_loss_drop  exit 1 unless the loss fell by at least this fraction
+//                 (the mean of the last fifth of the steps against the first
+//                 fifth's; 0, the default: no check).
 //
 // --dry_run checks the config, builds the model's shapes without storage
 // and prints the per-rank memory plan (GPU, pinned host, NVMe; the same
@@ -43,10 +55,17 @@
 //
 // Checkpoints: with --save_dir the engine saves there every --save_every
 // steps (0: only at the end) and at the end (tag global_stepN, `latest`
-// updated atomically). --resume loads `latest` from --save_dir when there
-// is one, at whatever world size, stage or offload it was saved with, and
-// continues from the step after it up to --steps (it wins over
-// --init_from).
+// updated atomically). Before any step every rank checks that --save_dir
+// is a directory it can create and write in, with room for one checkpoint
+// (the memory plan's master weights, optimizer state and 16-bit weights of
+// every rank); otherwise every rank stops with the reason. --resume loads
+// `latest` from --save_dir, at whatever world size, stage or offload it
+// was saved with, and continues from the step after it up to --steps (it
+// wins over --init_from); without a checkpoint there it is an error naming
+// the directory. --resume_if_present resumes when there is one and starts
+// afresh otherwise (for a job script that restarts itself);
+// --resume_tag=TAG resumes from that tag instead of `latest` (which is
+// left as it is until the next save).
 //
 // Data parallelism: rank r reads samples ((step * A + m) * W + r) * B + i
 // of the global sample sequence (A accumulation steps, W ranks, B the
@@ -62,10 +81,14 @@
 // goes to a file, so a rank cannot tell; tools/demo.sh passes
 // --progress=line when its own output is a terminal.
 //
-// At the end rank 0 prints one summary line, "train_gpt: ...", and every
-// rank exits 1 when the loss did not fall (the mean of the last fifth of the
-// steps must be below 90% of the first fifth's) or the accuracy is below
-// --min_accuracy, 2 on any error.
+// At the end rank 0 prints one summary line, "train_gpt: ...". Exit status
+// (every rank): 0 when the run finished; 1 only when an acceptance the
+// command line asked for failed (--min_accuracy, --min_loss_drop); 2 for
+// bad input (an unknown flag or bad value, a config or data problem, an
+// unusable --save_dir, a micro-batch too large to allocate) and any other
+// error. --help lists the flags and exits 0.
+#include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,6 +97,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -83,6 +107,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +116,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "comm/bootstrap.h"
 #include "comm/factory.h"
 #include "config/config.h"
@@ -98,6 +125,9 @@
 #include "core/logging.h"
 #include "core/safetensors/reader.h"
 #include "core/status.h"
+#include "core/stream.h"
+#include "engine/agreement.h"
+#include "engine/checkpoint/checkpoint_format.h"
 #include "engine/checkpoint/consolidate.h"
 #include "engine/engine.h"
 #include "examples/progress.h"
@@ -107,7 +137,8 @@
 #include "zero/plan.h"
 
 ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
-          "DeepSpeed-style JSON config (path)");
+          "DeepSpeed-style JSON config (path); the default is looked up in "
+          "the working directory, then in the binary's runfiles");
 ABSL_FLAG(std::string, model, "",
           "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B); "
           "empty: tiny, or the --init_from file's shape");
@@ -131,7 +162,14 @@ ABSL_FLAG(std::string, init_from, "",
 ABSL_FLAG(std::string, save_dir, "", "checkpoint directory");
 ABSL_FLAG(int64_t, save_every, 0,
           "save every N steps (with --save_dir); 0: only at the end");
-ABSL_FLAG(bool, resume, false, "continue from --save_dir/latest if present");
+ABSL_FLAG(bool, resume, false,
+          "continue from --save_dir/latest; an error when there is none");
+ABSL_FLAG(bool, resume_if_present, false,
+          "continue from --save_dir/latest when there is one, else start "
+          "afresh");
+ABSL_FLAG(std::string, resume_tag, "",
+          "continue from this tag of --save_dir (not `latest`); an error when "
+          "it is missing");
 ABSL_FLAG(bool, dry_run, false,
           "print the per-rank memory plan and exit without allocating");
 ABSL_FLAG(std::string, progress, "auto",
@@ -140,6 +178,12 @@ ABSL_FLAG(std::string, progress, "auto",
 ABSL_FLAG(double, min_accuracy, 0,
           "addition: exit 1 when the final held-out accuracy is below this "
           "fraction");
+ABSL_FLAG(double, min_loss_drop, 0,
+          "exit 1 unless the mean loss of the last fifth of the steps is at "
+          "least this fraction below the first fifth's; 0: no check");
+ABSL_FLAG(std::string, prompt, "",
+          "text to continue at each evaluation, in the data's vocabulary "
+          "(bytes; addition characters; token ids separated by spaces)");
 ABSL_FLAG(double, peak_tflops, 989,
           "one GPU's peak TFLOP/s for MFU (989: H100/H200 SXM dense bf16)");
 
@@ -161,10 +205,14 @@ struct Options {
   std::string init_from;
   std::string save_dir;
   int64_t save_every = 0;
-  bool resume = false;
+  bool resume = false;             // --resume or --resume_tag
+  bool resume_if_present = false;  // --resume_if_present
+  std::string resume_tag;          // empty: `latest`
   bool dry_run = false;
   std::string progress;
   double min_accuracy = 0;
+  double min_loss_drop = 0;
+  std::string prompt;
   double peak_tflops = 989;
 };
 
@@ -183,7 +231,11 @@ absl::StatusOr<Options> ReadFlags() {
   o.init_from = absl::GetFlag(FLAGS_init_from);
   o.save_dir = absl::GetFlag(FLAGS_save_dir);
   o.save_every = absl::GetFlag(FLAGS_save_every);
-  o.resume = absl::GetFlag(FLAGS_resume);
+  o.resume_if_present = absl::GetFlag(FLAGS_resume_if_present);
+  o.resume_tag = absl::GetFlag(FLAGS_resume_tag);
+  o.resume = absl::GetFlag(FLAGS_resume) || !o.resume_tag.empty();
+  o.min_loss_drop = absl::GetFlag(FLAGS_min_loss_drop);
+  o.prompt = absl::GetFlag(FLAGS_prompt);
   o.dry_run = absl::GetFlag(FLAGS_dry_run);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.min_accuracy = absl::GetFlag(FLAGS_min_accuracy);
@@ -203,17 +255,129 @@ absl::StatusOr<Options> ReadFlags() {
     return bad(
         absl::StrCat("--progress=", o.progress, ": use auto, line or log"));
   }
-  if (o.resume && o.save_dir.empty()) {
-    return bad("--resume needs --save_dir");
+  if ((o.resume || o.resume_if_present) && o.save_dir.empty()) {
+    return bad(absl::StrCat(
+        o.resume_tag.empty() ? "--resume" : "--resume_tag",
+        o.resume_if_present ? " (or --resume_if_present)" : "",
+        " needs --save_dir, the directory the checkpoints are in"));
+  }
+  if (o.resume_if_present && o.resume) {
+    return bad(
+        "--resume_if_present resumes only when a checkpoint exists; "
+        "--resume and --resume_tag require one: give one of them");
   }
   if (o.save_every > 0 && o.save_dir.empty()) {
     return bad("--save_every needs --save_dir");
   }
-  if (o.min_accuracy < 0 || o.min_accuracy > 1) {
+  if (!(o.min_accuracy >= 0 && o.min_accuracy <= 1)) {
     return bad(absl::StrCat("--min_accuracy=", o.min_accuracy,
                             ": a fraction in [0, 1]"));
   }
+  if (!(o.min_loss_drop >= 0 && o.min_loss_drop < 1)) {
+    return bad(absl::StrCat("--min_loss_drop=", o.min_loss_drop,
+                            ": a fraction in [0, 1)"));
+  }
   return o;
+}
+
+constexpr char kDefaultConfig[] = "examples/configs/train_gpt_cpu.json";
+
+// The --config path to open: the flag's, except that the default, when the
+// working directory has no such file, is taken from the binary's Bazel
+// runfiles (where //examples:train_gpt's data puts it). NotFound saying how
+// to pass one otherwise.
+absl::StatusOr<std::string> ResolveConfigPath(const std::string& flag) {
+  std::error_code error;
+  if (flag != kDefaultConfig || std::filesystem::exists(flag, error)) {
+    return flag;
+  }
+  std::vector<std::string> candidates;
+  if (const char* runfiles = std::getenv("RUNFILES_DIR")) {
+    candidates.push_back(absl::StrCat(runfiles, "/zero_engine/", flag));
+  }
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    candidates.push_back(
+        absl::StrCat(self.string(), ".runfiles/zero_engine/", flag));
+  }
+  for (const std::string& candidate : candidates) {
+    if (std::filesystem::is_regular_file(candidate, error)) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "--config: the default ", flag, " is not in the working directory (",
+      std::filesystem::current_path(error).string(),
+      ") nor in this binary's runfiles; run from the repository root or pass "
+      "--config=PATH to a DeepSpeed JSON config (the repository's "
+      "examples/configs/ holds several)"));
+}
+
+// absl's parser exits 1 on an unknown flag or a bad value (and on --help),
+// but this trainer's exit status 1 means a failed acceptance check: the
+// command line is checked here first, against absl's own flag registry,
+// so main can exit 2 (bad input) or 0 (--help). Returns the problem, or an
+// empty string; sets *help when a usage flag (--help, ...) was given.
+std::string CheckCommandLine(int argc, char** argv, bool* help) {
+  static const char* const kUsageFlags[] = {
+      "help",   "helpfull",  "helpshort", "helppackage",
+      "helpon", "helpmatch", "version",   "only_check_args"};
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    // Positional arguments are main's to refuse.
+    if (!absl::ConsumePrefix(&arg, "-")) continue;
+    absl::ConsumePrefix(&arg, "-");
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(0, eq));
+    std::optional<std::string> value;
+    if (eq != absl::string_view::npos) value = std::string(arg.substr(eq + 1));
+    if (std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
+        std::end(kUsageFlags)) {
+      *help = true;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && !value) {
+      // --nofoo for a boolean --foo.
+      absl::CommandLineFlag* negated =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) {
+      return absl::StrCat("unknown flag --", name,
+                          " (train_gpt --help lists the flags)");
+    }
+    if (!value) {
+      if (flag->IsOfType<bool>()) continue;
+      // absl takes "--name value" too.
+      if (i + 1 >= argc) return absl::StrCat("--", name, " needs a value");
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      return absl::StrCat("--", name, "=", *value, ": ", error);
+    }
+  }
+  return "";
+}
+
+// --help: the usage message and this program's flags with their defaults.
+void PrintHelp() {
+  std::printf("%s\n\nFlags:\n",
+              std::string(absl::ProgramUsageMessage()).c_str());
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "train_gpt.cc")) {
+      flags.push_back(flag);
+    }
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  for (const absl::CommandLineFlag* flag : flags) {
+    std::printf("  --%s: %s (default: \"%s\")\n",
+                std::string(flag->Name()).c_str(), flag->Help().c_str(),
+                flag->DefaultValue().c_str());
+  }
 }
 
 // --data, parsed.
@@ -384,6 +548,118 @@ bool CheckpointExists(const std::string& directory) {
   return std::ifstream(directory + "/latest").good();
 }
 
+// "1 rank", "2 ranks".
+std::string Ranks(int n) {
+  return n == 1 ? "1 rank" : absl::StrCat(n, " ranks");
+}
+
+// The bytes one checkpoint of `model` under `config` takes on disk, every
+// rank's file together, by the memory plan (zero::PlanMemory at world size
+// 1, where a rank holds the whole state): the f32 master weights (an f32
+// model's weights are its master weights), the optimizer's moments, the
+// 16-bit weights of a mixed-precision model, and the consolidated 16-bit
+// copy stage3_gather_16bit_weights_on_model_save adds. The files' headers
+// and the manifest are small beside them.
+absl::StatusOr<int64_t> CheckpointBytes(nn::LossModel& model,
+                                        const config::Config& config) {
+  ZE_ASSIGN_OR_RETURN(const zero::MemoryBreakdown plan,
+                      zero::PlanMemory(model, config, /*world_size=*/1));
+  const bool mixed =
+      config::GetTrainingPrecision(config) != config::TrainingPrecision::kFp32;
+  int64_t bytes = plan.model_weight_bytes + plan.optimizer_state_bytes;
+  if (mixed) bytes += plan.master_weight_bytes;
+  if (config.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+    bytes += plan.model_weight_bytes;
+  }
+  return bytes;
+}
+
+// --save_dir as this rank sees it, before any step: the directory exists
+// or can be created, a file can be created and written in it (a read-only
+// file system, a path through a regular file and missing permission all
+// fail here, also for root), and its file system has room for one
+// checkpoint of `checkpoint_bytes`. All ranks' files count, since ranks
+// usually share the directory; older checkpoints there are kept by a save,
+// so this is the least that must be free. FailedPrecondition naming the
+// directory and the cause.
+absl::Status CheckSaveDir(const std::string& directory,
+                          int64_t checkpoint_bytes, int rank) {
+  const std::string what = absl::StrCat("--save_dir=", directory);
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  if (error || !std::filesystem::is_directory(directory)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": cannot create the checkpoint directory on rank ", rank, ": ",
+        error ? error.message() : "a file of that name exists"));
+  }
+  // A real write: access(W_OK) says yes to root on a read-only mount.
+  const std::string probe =
+      absl::StrCat(directory, "/.train_gpt_probe.rank", rank, ".", getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": cannot write a file there on rank ", rank, ": ",
+                     std::strerror(errno)));
+  }
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int write_errno = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  if (!wrote) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": cannot write a file there on rank ", rank, ": ",
+                     std::strerror(write_errno)));
+  }
+  struct statvfs disk;
+  if (::statvfs(directory.c_str(), &disk) == 0) {
+    const double free_bytes =
+        static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize);
+    if (free_bytes < static_cast<double>(checkpoint_bytes)) {
+      constexpr double kMib = 1024.0 * 1024.0;
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: its file system has %.1f MiB free on rank %d, but one "
+          "checkpoint of this model and config takes about %.1f MiB (%d "
+          "bytes: master weights, optimizer state and 16-bit weights, by the "
+          "memory plan); free space there or choose another --save_dir",
+          what, free_bytes / kMib, rank, checkpoint_bytes / kMib,
+          checkpoint_bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --prompt in the data's vocabulary: bytes (text files and the addition
+// task, whose tokens are characters) or token ids separated by spaces
+// (token files). Empty: none. InvalidArgument naming the flag for an id
+// that is not a number or outside [0, vocab_size).
+absl::StatusOr<std::vector<int32_t>> PromptTokens(const std::string& prompt,
+                                                  DataSpec::Kind kind,
+                                                  int64_t vocab_size) {
+  std::vector<int32_t> tokens;
+  if (kind != DataSpec::Kind::kTokens) {
+    for (unsigned char c : prompt) tokens.push_back(c);
+  } else {
+    for (absl::string_view word :
+         absl::StrSplit(prompt, ' ', absl::SkipWhitespace())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(word, &id) || id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--prompt: '", word, "' is not a token id in [0, ", vocab_size,
+            ") (token files take ids separated by spaces)"));
+      }
+      tokens.push_back(id);
+    }
+  }
+  for (int32_t token : tokens) {
+    if (token >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt: byte ", token,
+                       " is outside the model's vocabulary of ", vocab_size));
+    }
+  }
+  return tokens;
+}
+
 // Loads --init_from into the engine (every rank). A Hugging Face file is
 // first converted to our names by rank 0, next to the checkpoints (or in
 // $TMPDIR), which every rank must be able to read: on several hosts, give
@@ -457,14 +733,29 @@ struct Evaluation {
   std::optional<double> validation_loss;
 };
 
+// How rank 0 prints a prompt and what the model made of it: text where
+// the vocabulary is bytes, else the first token ids.
+std::string ShowTokens(const std::vector<int32_t>& tokens, bool text) {
+  if (text) {
+    return absl::StrCat(
+        "\"", absl::CEscape(std::string(tokens.begin(), tokens.end())), "\"");
+  }
+  std::string ids;
+  for (size_t i = 0; i < tokens.size() && i < 16; ++i) {
+    absl::StrAppend(&ids, i ? " " : "", tokens[i]);
+  }
+  return absl::StrCat("[", ids, tokens.size() > 16 ? " ...]" : "]");
+}
+
 // Greedy answers to every held-out problem in one batched Generate call
 // (KV cache). Every rank generates the whole set, the same collective
 // under stage 3 and the same verdict everywhere, at the price of repeating
-// a small computation.
-absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
-                                            const nn::GptConfig& gpt,
-                                            engine::Engine& engine,
-                                            int64_t step, int rank) {
+// a small computation. A --prompt (every rank's the same) is answered
+// greedily too, up to a newline.
+absl::StatusOr<Evaluation> EvaluateAddition(
+    const examples::AdditionTask& task, const nn::GptConfig& gpt,
+    engine::Engine& engine, int64_t step, int rank,
+    const std::vector<int32_t>& prompt) {
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& problem : task.held_out()) {
     prompts.push_back(task.PromptTokens(problem));
@@ -502,15 +793,24 @@ absl::StatusOr<Evaluation> EvaluateAddition(const examples::AdditionTask& task,
       std::printf("%s\n", sample.c_str());
     std::fflush(stdout);
   }
+  if (!prompt.empty()) {
+    ZE_ASSIGN_OR_RETURN(std::vector<int32_t> answer,
+                        engine.Generate(prompt, task.digits() + 2, generate));
+    if (rank == 0) {
+      std::printf("  --prompt %s -> %s\n", ShowTokens(prompt, true).c_str(),
+                  ShowTokens(answer, true).c_str());
+      std::fflush(stdout);
+    }
+  }
   return evaluation;
 }
 
-// The mean loss over validation windows, and a sampled continuation of the
-// validation part's first tokens.
-absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
-                                          const nn::GptConfig& gpt,
-                                          engine::Engine& engine, int64_t seq,
-                                          int64_t step, int rank) {
+// The mean loss over validation windows, and a sampled continuation of
+// --prompt, or without one of the validation part's first tokens.
+absl::StatusOr<Evaluation> EvaluateCorpus(
+    const examples::TokenCorpus& corpus, const nn::GptConfig& gpt,
+    engine::Engine& engine, int64_t seq, int64_t step, int rank,
+    const std::vector<int32_t>& user_prompt) {
   constexpr int64_t kWindows = 8;
   std::vector<int32_t> tokens(kWindows * seq), targets(kWindows * seq);
   for (int64_t i = 0; i < kWindows; ++i) {
@@ -524,7 +824,9 @@ absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
                          Tensor::Wrap(targets.data(), {kWindows, seq},
                                       DType::kI32, Device::Cpu())));
   const int64_t prompt_length = std::min<int64_t>(32, seq / 2);
-  const std::vector<int32_t> prompt = corpus.ValidationTokens(0, prompt_length);
+  const std::vector<int32_t> prompt =
+      user_prompt.empty() ? corpus.ValidationTokens(0, prompt_length)
+                          : user_prompt;
   engine::GenerateOptions generate;
   generate.max_context = gpt.max_seq_len;
   generate.vocab_size = gpt.vocab_size;
@@ -541,6 +843,9 @@ absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
       const std::string after(continuation.begin(), continuation.end());
       std::printf("  \"%s\" -> \"%s\"\n", absl::CEscape(before).c_str(),
                   absl::CEscape(after).c_str());
+    } else if (!user_prompt.empty()) {
+      std::printf("  --prompt %s -> %s\n", ShowTokens(prompt, false).c_str(),
+                  ShowTokens(continuation, false).c_str());
     } else {
       std::string ids;
       for (size_t i = 0; i < continuation.size() && i < 16; ++i) {
@@ -557,6 +862,7 @@ absl::StatusOr<Evaluation> EvaluateCorpus(const examples::TokenCorpus& corpus,
 
 // Takes the options by value: --seq=0 is resolved here, from the data.
 absl::Status Train(Options options, int* exit_code) {
+  ZE_ASSIGN_OR_RETURN(options.config, ResolveConfigPath(options.config));
   comm::CommOptions comm_options;
   comm_options.device = options.device;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> created,
@@ -644,17 +950,58 @@ absl::Status Train(Options options, int* exit_code) {
                           5.0 * micro * gpt.num_heads * seq * seq);
     if (rank == 0) {
       std::printf(
-          "train_gpt --dry_run: %s (%lld parameters), %d ranks, ZeRO stage "
+          "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
           "(estimate, micro-batch %.0f x %lld): %.3f GiB\n",
           options.config.c_str(), static_cast<long long>(gpt.NumParameters()),
-          world, static_cast<int>(config.zero_optimization.stage),
+          Ranks(world).c_str(),
+          static_cast<int>(config.zero_optimization.stage),
           plan.ToString().c_str(), micro, static_cast<long long>(seq),
           activations / (1024.0 * 1024.0 * 1024.0));
     }
     *exit_code = 0;
     return absl::OkStatus();
   }
+  // Checkpoint arguments, checked on every rank together before the engine
+  // exists: a mistake there must not cost a training run.
+  const Stream& setup_stream = Stream::Default(communicator->device());
+  bool resuming = false;
+  if (options.resume || options.resume_if_present) {
+    const bool present =
+        options.resume_tag.empty()
+            ? CheckpointExists(options.save_dir)
+            : std::filesystem::is_directory(checkpoint::TagDirectory(
+                  options.save_dir, options.resume_tag));
+    absl::Status seen;
+    if (!present) {
+      seen = absl::NotFoundError(
+          options.resume_tag.empty()
+              ? absl::StrCat("--resume: no checkpoint in --save_dir=",
+                             options.save_dir, " (no ", options.save_dir,
+                             "/latest); leave out --resume to start a new "
+                             "run there, or give --resume_if_present to "
+                             "resume only when a checkpoint exists")
+              : absl::StrCat("--resume_tag=", options.resume_tag,
+                             ": no checkpoint ",
+                             checkpoint::TagDirectory(options.save_dir,
+                                                      options.resume_tag)));
+    }
+    // Every rank resumes or none: LoadCheckpoint is a collective.
+    const absl::Status everywhere = engine::AgreeAcrossRanks(
+        *communicator, seen, setup_stream, "checking --resume");
+    if (options.resume) ZE_RETURN_IF_ERROR(everywhere);
+    resuming = everywhere.ok();
+  }
+  if (!options.save_dir.empty()) {
+    ZE_ASSIGN_OR_RETURN(const int64_t checkpoint_bytes,
+                        CheckpointBytes(*model, config));
+    ZE_RETURN_IF_ERROR(engine::AgreeAcrossRanks(
+        *communicator, CheckSaveDir(options.save_dir, checkpoint_bytes, rank),
+        setup_stream, "checking --save_dir"));
+  }
+  ZE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                      PromptTokens(options.prompt, data.kind, gpt.vocab_size));
+
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, options.config, communicator));
 
@@ -663,17 +1010,17 @@ absl::Status Train(Options options, int* exit_code) {
       engine->config().gradient_accumulation_steps.value();
   const int64_t batch_tokens = engine->config().train_batch_size.value() * seq;
   ZE_LOG_RANK0(INFO) << absl::StrFormat(
-      "train_gpt: model %s (%d parameters, %s), %d ranks on %s, %d steps of "
-      "%d x %d x %d sequences of %d tokens; data: %s",
+      "train_gpt: model %s (%d parameters, %s), %s on %s, %d steps of "
+      "%d x %d x %d (micro x accumulation x ranks) sequences of %d tokens; "
+      "data: %s",
       options.model.empty() ? (init ? "from --init_from" : "tiny")
                             : options.model,
-      gpt.NumParameters(), DTypeName(model_options.dtype), world,
-      communicator->device().ToString(), options.steps, world, accumulation,
-      micro, seq, data_description);
+      gpt.NumParameters(), DTypeName(model_options.dtype), Ranks(world),
+      communicator->device().ToString(), options.steps, micro, accumulation,
+      world, seq, data_description);
 
   // A checkpoint to resume from replaces every weight --init_from would
   // load, so the file is read only when there is none.
-  const bool resuming = options.resume && CheckpointExists(options.save_dir);
   if (init.has_value() && !resuming) {
     ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, gpt, *engine));
   }
@@ -682,21 +1029,23 @@ absl::Status Train(Options options, int* exit_code) {
   int64_t first_step = 0;
   double resumed_first_loss = 0;
   if (resuming) {
-    ZE_ASSIGN_OR_RETURN(engine::Engine::LoadedCheckpoint loaded,
-                        engine->LoadCheckpoint(options.save_dir));
+    ZE_ASSIGN_OR_RETURN(
+        engine::Engine::LoadedCheckpoint loaded,
+        engine->LoadCheckpoint(options.save_dir, options.resume_tag));
     first_step = loaded.client_state.value("next_step", int64_t{0});
     resumed_first_loss = loaded.client_state.value("first_loss", 0.0);
     ZE_LOG_RANK0(INFO) << "train_gpt: resumed from " << options.save_dir << "/"
-                       << loaded.tag << " (saved by " << loaded.saved_world_size
-                       << " ranks at ZeRO stage " << loaded.saved_stage
-                       << "), continuing at step " << first_step;
+                       << loaded.tag << " (saved by "
+                       << Ranks(loaded.saved_world_size) << " at ZeRO stage "
+                       << loaded.saved_stage << "), continuing at step "
+                       << first_step;
   }
 
   auto evaluate = [&](int64_t step) -> absl::StatusOr<Evaluation> {
     if (task.has_value()) {
-      return EvaluateAddition(*task, gpt, *engine, step, rank);
+      return EvaluateAddition(*task, gpt, *engine, step, rank, prompt);
     }
-    return EvaluateCorpus(*corpus, gpt, *engine, seq, step, rank);
+    return EvaluateCorpus(*corpus, gpt, *engine, seq, step, rank, prompt);
   };
 
   // Progress: a line redrawn in place, or the engine's log lines.
@@ -722,7 +1071,19 @@ absl::Status Train(Options options, int* exit_code) {
                                       gpt.num_layers, gpt.channels, seq);
   Allocator* allocator = GetAllocator(communicator->device());
 
-  std::vector<int32_t> tokens(micro * seq), targets(micro * seq);
+  // The micro-batch's buffers through the host allocator, so a micro-batch
+  // too large for memory is a ResourceExhausted naming its bytes.
+  const std::string batch_what =
+      absl::StrCat("the micro-batch's tokens (train_micro_batch_size_per_gpu ",
+                   micro, " x --seq ", seq, " int32)");
+  absl::StatusOr<Tensor> token_buffer =
+      Tensor::Empty({micro, seq}, DType::kI32, Device::Cpu());
+  ZE_RETURN_IF_ERROR(Annotate(token_buffer.status(), batch_what));
+  absl::StatusOr<Tensor> target_buffer =
+      Tensor::Empty({micro, seq}, DType::kI32, Device::Cpu());
+  ZE_RETURN_IF_ERROR(Annotate(target_buffer.status(), batch_what));
+  int32_t* tokens = token_buffer->data_as<int32_t>();
+  int32_t* targets = target_buffer->data_as<int32_t>();
   std::vector<double> losses;
   double first_loss = resumed_first_loss;  // mean of the run's first steps
   auto save = [&](int64_t next_step) -> absl::Status {
@@ -757,11 +1118,8 @@ absl::Status Train(Options options, int* exit_code) {
               &tokens[i * seq], &targets[i * seq]);
         }
       }
-      Tensor token_tensor =
-          Tensor::Wrap(tokens.data(), {micro, seq}, DType::kI32, Device::Cpu());
-      Tensor target_tensor = Tensor::Wrap(targets.data(), {micro, seq},
-                                          DType::kI32, Device::Cpu());
-      ZE_RETURN_IF_ERROR(engine->Forward(token_tensor, target_tensor).status());
+      ZE_RETURN_IF_ERROR(
+          engine->Forward(*token_buffer, *target_buffer).status());
       ZE_RETURN_IF_ERROR(engine->Backward());
       ZE_ASSIGN_OR_RETURN(report, engine->Step());
     }
@@ -835,25 +1193,40 @@ absl::Status Train(Options options, int* exit_code) {
   // The loss is the mean over all ranks, so every rank reaches the same
   // verdict.
   const size_t window = std::max<size_t>(1, losses.size() / 5);
-  if (losses.size() < 2 * window) {
-    return absl::FailedPreconditionError(
-        "train_gpt: too many skipped steps to judge the loss");
-  }
   double first = 0, last = 0;
-  for (size_t i = 0; i < window; ++i) {
-    first += losses[i] / window;
-    last += losses[losses.size() - window + i] / window;
+  const bool judged = losses.size() >= 2 * window;
+  if (judged) {
+    for (size_t i = 0; i < window; ++i) {
+      first += losses[i] / window;
+      last += losses[losses.size() - window + i] / window;
+    }
+    // A resumed run is judged against the loss the run started from.
+    if (resumed_first_loss > 0) first = resumed_first_loss;
   }
-  // A resumed run is judged against the loss the run started from.
-  if (resumed_first_loss > 0) first = resumed_first_loss;
-  const bool fell = last < 0.9 * first;
+  const double drop = judged && first > 0 ? 1 - last / first : 0;
+  // Only the checks the command line asked for decide the exit status.
+  const bool dropped_enough =
+      options.min_loss_drop <= 0 || (judged && drop >= options.min_loss_drop);
   const bool accurate = !last_evaluation.accuracy.has_value() ||
                         *last_evaluation.accuracy >= options.min_accuracy;
   const double tokens_per_second =
       static_cast<double>(options.steps - first_step) * batch_tokens / seconds;
   if (rank == 0) {
-    std::string verdict =
-        fell ? "OK, the loss fell" : "FAILED, the loss did not fall";
+    std::string verdict;
+    if (!judged) {
+      verdict = "too few unskipped steps to judge the loss";
+    } else if (drop > 0) {
+      verdict = absl::StrFormat("the loss fell %.1f%%", drop * 100);
+    } else {
+      verdict = absl::StrFormat("the loss did not fall (%+.1f%%)", -drop * 100);
+    }
+    if (options.min_loss_drop > 0) {
+      verdict = dropped_enough
+                    ? absl::StrFormat("OK, %s (>= %.0f%%)", verdict,
+                                      options.min_loss_drop * 100)
+                    : absl::StrFormat("FAILED, %s (--min_loss_drop %.0f%%)",
+                                      verdict, options.min_loss_drop * 100);
+    }
     if (last_evaluation.accuracy.has_value()) {
       absl::StrAppendFormat(&verdict, "; held-out accuracy %.1f%%",
                             *last_evaluation.accuracy * 100);
@@ -865,18 +1238,19 @@ absl::Status Train(Options options, int* exit_code) {
       }
     }
     std::printf(
-        "train_gpt: %s, %d ranks, ZeRO stage %d, %d steps in %.1f s "
+        "train_gpt: %s, %s, ZeRO stage %d, %d steps in %.1f s "
         "(%.0f tokens/s), loss %.4f -> %.4f (mean of first/last %zu), "
         "skipped %d: %s\n",
         options.model.empty() ? (init ? "the --init_from model" : "tiny")
                               : options.model.c_str(),
-        world, static_cast<int>(engine->config().zero_optimization.stage),
+        Ranks(world).c_str(),
+        static_cast<int>(engine->config().zero_optimization.stage),
         static_cast<int>(options.steps - first_step), seconds,
         tokens_per_second, first, last, window,
         static_cast<int>(engine->counters().skipped_steps), verdict.c_str());
     std::fflush(stdout);
   }
-  *exit_code = fell && accurate ? 0 : 1;
+  *exit_code = dropped_enough && accurate ? 0 : 1;
   return absl::OkStatus();
 }
 
@@ -887,6 +1261,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "trains a GPT through ze::engine::Initialize; launch with mpirun -np N "
       "(see examples/train_gpt.cc's header for every flag)");
+  bool help = false;
+  const std::string bad_flag = ze::CheckCommandLine(argc, argv, &help);
+  if (help) {
+    ze::PrintHelp();
+    return 0;
+  }
+  if (!bad_flag.empty()) {
+    std::fprintf(stderr, "train_gpt: %s\n", bad_flag.c_str());
+    return 2;
+  }
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr,

@@ -46,7 +46,8 @@ with open(directory + "/config.json", "w") as f:
 PY
   echo "== $name"
   if ! "$run_mpi" 2 "$train" --config="$out/$name/config.json" --device=cpu \
-      --steps="$steps" --eval_problems=8 >"$out/$name/log.txt" 2>&1; then
+      --steps="$steps" --eval_problems=8 --min_loss_drop=0.1 \
+      >"$out/$name/log.txt" 2>&1; then
     cat "$out/$name/log.txt"
     echo "FAIL: $name: train_gpt exited non-zero"
     exit 1

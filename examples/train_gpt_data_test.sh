@@ -7,7 +7,7 @@ set -euo pipefail
 train="$1"; run_mpi="$2"; config="$3"; text="$4"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_data"
 rm -rf "$out"; mkdir -p "$out"
-common=(--config="$config" --device=cpu --steps=20 --eval_every=10)
+common=(--config="$config" --device=cpu --steps=20 --eval_every=10 --min_loss_drop=0.1)
 
 "$run_mpi" 2 "$train" "${common[@]}" --data="text:$text" >"$out/text.txt" 2>&1 \
   || { cat "$out/text.txt"; exit 1; }

@@ -9,7 +9,7 @@ set -euo pipefail
 train="$1"; run_mpi="$2"; config="$3"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_resume"
 rm -rf "$out"; mkdir -p "$out"
-common=(--device=cpu --seq=32)
+common=(--device=cpu --seq=32 --min_loss_drop=0.1)
 "$run_mpi" 2 "$train" --config="$config" "${common[@]}" --steps=20 \
   --save_dir="$out/ckpt" --save_every=10 | tee "$out/first.txt"
 [[ "$(cat "$out/ckpt/latest")" == "global_step20" ]]

@@ -171,11 +171,28 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
     ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
     return report;
   }
+  if (!training.checks_overflow() &&
+      (statistics.overflow || !std::isfinite(report.loss))) {
+    report.nonfinite = true;
+    // An update begun during backward has already used these gradients.
+    if (!partition.update_begun_early()) {
+      report.skipped = true;
+      ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
+      return report;
+    }
+  }
 
   StepArgs args;
   args.lr = report.learning_rate;
   args.grad_scale = clip.grad_scale;
   training.FillMomentum(&args);
+  if (report.nonfinite) {
+    // Only an update begun during backward gets here: it finishes with the
+    // arguments it began with (a non-finite norm has no clip factor).
+    ZE_ASSIGN_OR_RETURN(const std::optional<StepArgs> begun,
+                        ArgsBeforeStatistics(config, training, world));
+    if (begun.has_value()) args = *begun;
+  }
   ZE_RETURN_IF_ERROR(partition.UpdateWeights(args, stream));
   if (hooks.after_update) ZE_RETURN_IF_ERROR(hooks.after_update());
   ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));

@@ -13,7 +13,9 @@
 //      coalesced all-reduce (max) of the hash and its negation gives every rank
 //      its maximum and minimum;
 //   2. differing hashes fail every rank with the strategy's Aborted error;
-//   3. the loss scaler updates (fp16); an overflow skips the step;
+//   3. the loss scaler updates (fp16); an overflow skips the step; in bf16
+//      and f32 a non-finite loss or gradient norm skips it too (unless an
+//      offloaded update already began), so the weights stay finite;
 //   4. zero::ComputeGradClip turns the global norm into the one factor that
 //      unscales (loss scale, world size, predivide factor) and clips;
 //   5. each trainable bucket's optimizer updates its master slice and writes
@@ -46,8 +48,14 @@ namespace zero {
 
 // What a boundary step did (for logs and tests).
 struct StepReport {
-  bool boundary = false;     // false: only accumulated
-  bool skipped = false;      // fp16 overflow
+  bool boundary = false;  // false: only accumulated
+  bool skipped = false;   // fp16 overflow, or nonfinite (see below)
+  // bf16/f32: the loss or the global gradient norm was inf or NaN. The
+  // update is then skipped (skipped is true), except when an offloaded
+  // update already began during backward (PartitionState::BeginUpdate: no
+  // clipping), which cannot be taken back. fp16 reports overflow through
+  // skipped alone.
+  bool nonfinite = false;
   double loss = 0;           // mean over ranks and micro-batches
   double grad_norm = 0;      // global norm before clipping (0 if unknown)
   double learning_rate = 0;  // used for this update

@@ -256,6 +256,9 @@ class PartitionState {
   // an early start is not possible (NVMe, delayed update, host weights).
   bool CanBeginEarly() const;
   absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
+  // Between BeginUpdate and UpdateWeights: the worker already applies this
+  // step's gradients.
+  bool update_begun_early() const { return early_args_.has_value(); }
   absl::Status GradientsFinal(int bucket, const Stream& stream);
   bool delays_update() const { return options_.delayed_update; }
   // Where the offloaded update's worker spent its time, summed over every

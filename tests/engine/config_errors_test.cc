@@ -177,10 +177,14 @@ TEST(ConfigErrorsTest, ParsedConfigForAnotherWorldSize) {
   absl::StatusOr<std::shared_ptr<nn::GptModel>> model =
       MakeGpt(SmallGpt(), DType::kBF16);
   ASSERT_TRUE(model.ok());
-  ExpectError(engine::Initialize(*model, *loaded, Comm()).status(),
-              absl::StatusCode::kInvalidArgument,
+  const absl::Status status =
+      engine::Initialize(*model, *loaded, Comm()).status();
+  ExpectError(status, absl::StatusCode::kInvalidArgument,
               {"resized.json", absl::StrCat(World() + 1),
-               absl::StrCat(World(), " ranks")});
+               absl::StrCat("the job has ", World(),
+                            World() == 1 ? " rank" : " ranks")});
+  EXPECT_EQ(status.message().find("1 ranks"), absl::string_view::npos)
+      << status;
 }
 
 // After all of the above, the same process still trains.
