@@ -568,7 +568,11 @@ absl::StatusOr<int64_t> CheckpointBytes(nn::LossModel& model,
       config::GetTrainingPrecision(config) != config::TrainingPrecision::kFp32;
   int64_t bytes = plan.model_weight_bytes + plan.optimizer_state_bytes;
   if (mixed) bytes += plan.master_weight_bytes;
-  if (config.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+  // "auto" resolves to false (config/resolve.cc); the config is not
+  // resolved yet here.
+  const config::Autoable<bool>& gather_16bit =
+      config.zero_optimization.stage3_gather_16bit_weights_on_model_save;
+  if (!gather_16bit.is_auto() && gather_16bit.value()) {
     bytes += plan.model_weight_bytes;
   }
   return bytes;

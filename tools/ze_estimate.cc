@@ -413,10 +413,11 @@ absl::Status FromNumbers(const Flags& flags, const Setup& setup, bool json) {
     rows.push_back(row);
   }
   Print(rows, json,
-        absl::StrFormat("ZeRO paper formulas: %.4g parameters, %d ranks, %s, "
+        absl::StrFormat("ZeRO paper formulas: %.4g parameters, %d %s, %s, "
                         "%s%s",
-                        psi, setup.world, PrecisionName(setup.precision),
-                        setup.optimizer, ConfigNote(flags, setup)),
+                        psi, setup.world, setup.world == 1 ? "rank" : "ranks",
+                        PrecisionName(setup.precision), setup.optimizer,
+                        ConfigNote(flags, setup)),
         setup.world);
   return absl::OkStatus();
 }
@@ -506,8 +507,9 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
   }
   Print(rows, json,
         absl::StrFormat("engine plan (zero/plan.h): GPT %s, %d parameters, "
-                        "%d ranks, %s, %s%s",
+                        "%d %s, %s, %s%s",
                         name, gpt.NumParameters(), setup.world,
+                        setup.world == 1 ? "rank" : "ranks",
                         DTypeName(options.dtype), setup.optimizer,
                         ConfigNote(flags, setup)),
         setup.world);

@@ -29,6 +29,9 @@ assert row["device_bytes"] == 2 * psi / n, row
 print("ze_estimate: paper formulas ok")
 '
 "$tool" --model=124M --world_size=4 | tee /dev/stderr | grep -q "engine plan"
+# One rank is "1 rank", in both modes.
+"$tool" --params=7B --world_size=1 | grep -q "parameters, 1 rank,"
+"$tool" --model=124M --world_size=1 | grep -q " 1 rank,"
 
 # Bad input: exit 2 and a message naming the flag.
 expect_bad() {  # expect_bad WORD_IN_MESSAGE ARGS...
