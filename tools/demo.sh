@@ -5,7 +5,7 @@
 # memory (examples/configs/demo_zero3_offload_cpu.json), on the built-in
 # task: 3-digit addition ("123+045=" -> the sum, written least significant
 # digit first). The flags are in examples/demo.flags (CI's
-# //examples:demo_test runs the same file): 1200 steps of 72 problems (the
+# //examples:demo_test runs the same file): 1800 steps of 48 problems (the
 # global batch, the same at any rank count), an evaluation every 300 steps
 # that generates answers to 128 held-out problems never trained on, and
 # their exact-match accuracy at the end; the exit status is 1 unless it
