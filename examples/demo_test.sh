@@ -3,18 +3,18 @@
 # The README's first command as CI runs it: train_gpt at 2 ranks under a
 # real mpirun with the demo's own flags (FLAGFILE, examples/demo.flags, the
 # file tools/demo.sh reads too), and the final held-out accuracy parsed from
-# its output must reach 90%. The demo's recipe reaches 95-100% (README), so a
-# numeric regression anywhere in the engine (kernels, ZeRO-3 partitioning,
+# its output must reach 90% (README's table has what the recipe reached), so
+# a numeric regression anywhere in the engine (kernels, ZeRO-3 partitioning,
 # the CPU optimizer, offload, the collectives) that slows learning fails
 # here. Extra flags are appended (bazel test --test_arg=--steps=100 shows
 # the test failing).
 set -euo pipefail
 train="$1"; run_mpi="$2"; flags="$3"; shift 3
 log="${TEST_TMPDIR:-$(mktemp -d)}/demo.log"
-# The whole run takes 1.5-2 minutes on an idle 2-core machine and several
-# times that while other tests share the cores; run_mpi.sh's own limit is
-# for short tests.
-export MPI_TEST_TIMEOUT="${MPI_TEST_TIMEOUT:-1500}"
+# The whole run takes minutes (exclusive in CI); run_mpi.sh's own limit is
+# for short tests. This one stays under Bazel's 900 s for a large test, so a
+# hang ends here, with the log printed.
+export MPI_TEST_TIMEOUT="${MPI_TEST_TIMEOUT:-840}"
 # As tools/demo.sh: OpenBLAS threads are the cores shared by the 2 ranks
 # (its thread count changes its speed, never its results).
 threads=$(($(nproc) / 2))
