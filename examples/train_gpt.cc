@@ -25,6 +25,8 @@
 //                   tokens:PATH, *.bin nanoGPT's uint16 token file (vocab:
 //                                      the preset's 50257, or the file's
 //                                      largest token + 1 for tiny)
+//                   tokens32:PATH      uint32 token file, for vocabularies
+//                                      above 65,535 (tools/write_tokens.py)
 //   --steps, --seq, --seed, --device=auto|cpu|cuda (auto: this rank's GPU
 //                 when there is one).
 //   --eval_every  evaluate every N steps (0: only at the end). Addition:
@@ -154,7 +156,8 @@ ABSL_FLAG(int64_t, channels, 0,
           "tiny's 128)");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
-          "tokens:PATH or PATH.bin (nanoGPT uint16 tokens)");
+          "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
+          "(uint32 tokens)");
 ABSL_FLAG(int32_t, digits, 3, "addition: digits of each operand (1-9)");
 ABSL_FLAG(int32_t, eval_problems, 128,
           "addition: held-out problems (never trained on) for accuracy");
@@ -400,12 +403,18 @@ void PrintHelp() {
 struct DataSpec {
   enum class Kind { kAddition, kText, kTokens } kind = Kind::kAddition;
   std::string path;
+  examples::TokenCorpus::TokenWidth width =
+      examples::TokenCorpus::TokenWidth::kUint16;  // kTokens
 };
 
 absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
   if (value == "addition") return DataSpec{};
   if (absl::StartsWith(value, "text:")) {
     return DataSpec{DataSpec::Kind::kText, value.substr(5)};
+  }
+  if (absl::StartsWith(value, "tokens32:")) {
+    return DataSpec{DataSpec::Kind::kTokens, value.substr(9),
+                    examples::TokenCorpus::TokenWidth::kUint32};
   }
   if (absl::StartsWith(value, "tokens:")) {
     return DataSpec{DataSpec::Kind::kTokens, value.substr(7)};
@@ -418,8 +427,8 @@ absl::StatusOr<DataSpec> ParseDataFlag(const std::string& value) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--data=", value,
       ": use addition, text:PATH (or a path ending .txt) for a file read as "
-      "bytes, or tokens:PATH (or a path ending .bin) for a nanoGPT uint16 "
-      "token file"));
+      "bytes, tokens:PATH (or a path ending .bin) for a nanoGPT uint16 "
+      "token file, or tokens32:PATH for a uint32 token file"));
 }
 
 // What --init_from holds.
@@ -936,12 +945,12 @@ absl::Status Train(Options options, int* exit_code) {
         corpus, examples::TokenCorpus::FromTextFile(data.path, options.seq));
     data_description = absl::StrCat(data.path, " (", corpus->size(), " bytes)");
   } else {
-    ZE_ASSIGN_OR_RETURN(
-        corpus, examples::TokenCorpus::FromTokenFile(data.path, options.seq));
+    ZE_ASSIGN_OR_RETURN(corpus, examples::TokenCorpus::FromTokenFile(
+                                    data.path, options.seq, data.width));
     data_vocab = corpus->vocab_size();
-    data_description =
-        absl::StrCat(data.path, " (", corpus->size(),
-                     " uint16 tokens, largest ", data_vocab - 1, ")");
+    data_description = absl::StrCat(data.path, " (", corpus->size(), " uint",
+                                    8 * corpus->bytes_per_token(),
+                                    " tokens, largest ", data_vocab - 1, ")");
   }
   std::optional<InitFile> init;
   if (!options.init_from.empty()) {
