@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -148,13 +149,15 @@ absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::FromTextFile(
 }
 
 absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::FromTokenFile(
-    const std::string& path, int64_t seq) {
-  return Open(path, 2, seq);
+    const std::string& path, int64_t seq, TokenWidth width) {
+  return Open(path, static_cast<int>(width), seq);
 }
 
 absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(
     const std::string& path, int bytes_per_token, int64_t seq) {
-  const char* kind = bytes_per_token == 1 ? "text file" : "uint16 token file";
+  const char* kind = bytes_per_token == 1   ? "text file"
+                     : bytes_per_token == 2 ? "uint16 token file"
+                                            : "uint32 token file";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
@@ -174,9 +177,11 @@ absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(
   if (bytes % bytes_per_token != 0) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(
-        "--data: ", path, " has ", bytes,
-        " bytes, an odd number: not a uint16 token file (nanoGPT's "
-        "format: 2 bytes per token, no header)"));
+        "--data: ", path, " has ", bytes, " bytes, not a multiple of ",
+        bytes_per_token, ": not a ", kind,
+        bytes_per_token == 2
+            ? " (nanoGPT's format: 2 bytes per token, no header)"
+            : " (4 bytes per token, little-endian, no header)"));
   }
   const int64_t size = bytes / bytes_per_token;
   // Training and validation each need at least one window of seq + 1.
@@ -202,12 +207,21 @@ absl::StatusOr<std::unique_ptr<TokenCorpus>> TokenCorpus::Open(
   corpus->mapped_bytes_ = bytes;
   corpus->size_ = size;
   corpus->validation_begin_ = size - size / 10;
-  if (bytes_per_token == 2) {
-    // One pass over the file to know the vocabulary the model needs.
-    int32_t largest = 0;
-    for (int64_t i = 0; i < size; ++i)
-      largest = std::max(largest, corpus->At(i));
-    corpus->vocab_size_ = largest + 1;
+  if (bytes_per_token > 1) {
+    // One pass over the file to know the vocabulary the model needs (and,
+    // for uint32, that every id fits the int32 token tensors).
+    uint32_t largest = 0;
+    for (int64_t i = 0; i < size; ++i) {
+      const uint32_t token = corpus->RawAt(i);
+      if (token > static_cast<uint32_t>(INT32_MAX)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--data: ", path, ": token ", i, " is ", token,
+            ", above 2^31 - 1 (no vocabulary is that large: is it a uint32 "
+            "token file?)"));
+      }
+      largest = std::max(largest, token);
+    }
+    corpus->vocab_size_ = static_cast<int64_t>(largest) + 1;
   }
   return corpus;
 }
@@ -218,10 +232,18 @@ TokenCorpus::~TokenCorpus() {
   }
 }
 
+uint32_t TokenCorpus::RawAt(int64_t index) const {
+  // Little-endian whatever the host, byte by byte.
+  const unsigned char* bytes = data_ + index * bytes_per_token_;
+  uint32_t value = 0;
+  for (int b = bytes_per_token_ - 1; b >= 0; --b)
+    value = (value << 8) | bytes[b];
+  return value;
+}
+
 int32_t TokenCorpus::At(int64_t index) const {
-  if (bytes_per_token_ == 1) return data_[index];
-  return static_cast<int32_t>(data_[2 * index]) |
-         (static_cast<int32_t>(data_[2 * index + 1]) << 8);
+  // Open checked every id fits an int32.
+  return static_cast<int32_t>(RawAt(index));
 }
 
 void TokenCorpus::FillWindow(int64_t begin, int64_t seq, int32_t* tokens,

@@ -1,6 +1,7 @@
 // train_gpt's data: the built-in addition task (the default, judged by
 // exact-match accuracy on held-out problems) and token corpora read from a
-// file (any text file as bytes, or a nanoGPT uint16 token file).
+// file (any text file as bytes, a nanoGPT uint16 token file, or a uint32
+// token file for vocabularies above 65,535, as tools/write_tokens.py writes).
 //
 // Every source fills the rows of the global sample sequence: row `sample`
 // depends only on that number, so rank r of a W-rank run that reads samples
@@ -92,17 +93,26 @@ class TokenCorpus {
   // Any file as bytes: vocabulary 256.
   static absl::StatusOr<std::unique_ptr<TokenCorpus>> FromTextFile(
       const std::string& path, int64_t seq);
-  // nanoGPT's token file: little-endian uint16 values, no header. Its
-  // vocabulary is one more than its largest token. InvalidArgument naming
-  // the file for an odd size.
+  // Bytes per token id in a token file, little-endian, no header.
+  enum class TokenWidth {
+    kUint16 = 2,  // nanoGPT's format (--data=tokens:PATH)
+    kUint32 = 4,  // vocabularies above 65,535 (--data=tokens32:PATH)
+  };
+  // A token file: little-endian ids of `width`, no header. Its vocabulary
+  // is one more than its largest token. InvalidArgument naming the file for
+  // a size that is not a multiple of the width, or (uint32) an id above
+  // 2^31 - 1, which no int32 token tensor holds.
   static absl::StatusOr<std::unique_ptr<TokenCorpus>> FromTokenFile(
-      const std::string& path, int64_t seq);
+      const std::string& path, int64_t seq,
+      TokenWidth width = TokenWidth::kUint16);
   ~TokenCorpus();
   TokenCorpus(const TokenCorpus&) = delete;
   TokenCorpus& operator=(const TokenCorpus&) = delete;
 
   const std::string& path() const { return path_; }
   bool is_text() const { return bytes_per_token_ == 1; }
+  // 1 (text), 2 (uint16) or 4 (uint32).
+  int bytes_per_token() const { return bytes_per_token_; }
   int64_t size() const { return size_; }  // tokens
   int64_t vocab_size() const { return vocab_size_; }
   int64_t training_tokens() const { return validation_begin_; }
@@ -122,12 +132,14 @@ class TokenCorpus {
   TokenCorpus() = default;
   static absl::StatusOr<std::unique_ptr<TokenCorpus>> Open(
       const std::string& path, int bytes_per_token, int64_t seq);
+  // Token `index` as stored (any width), and as the int32 the model takes.
+  uint32_t RawAt(int64_t index) const;
   int32_t At(int64_t index) const;
   void FillWindow(int64_t begin, int64_t seq, int32_t* tokens,
                   int32_t* targets) const;
 
   std::string path_;
-  int bytes_per_token_ = 1;
+  int bytes_per_token_ = 1;              // 1, 2 or 4
   const unsigned char* data_ = nullptr;  // the mapping
   size_t mapped_bytes_ = 0;
   int64_t size_ = 0;

@@ -1,5 +1,6 @@
 #include "examples/train_data.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -150,6 +151,65 @@ TEST(TokenCorpusTest, TokenFileIsLittleEndianUint16) {
   EXPECT_EQ((*corpus)->ValidationTokens(0, 1)[0], (360 * 37) % 1000);
 }
 
+TEST(TokenCorpusTest, Token32FileIsLittleEndianUint32) {
+  // Ids above 65,535 (a 128k or 152k vocabulary) in every byte position.
+  std::string bytes;
+  auto token_at = [](int i) { return (i * 40503) % 151936; };
+  for (int i = 0; i < 400; ++i) {
+    const uint32_t token = token_at(i);
+    for (int b = 0; b < 4; ++b) bytes += static_cast<char>(token >> (8 * b));
+  }
+  const std::string path = WriteFile("tokens32.bin", bytes);
+  auto corpus =
+      TokenCorpus::FromTokenFile(path, 8, TokenCorpus::TokenWidth::kUint32);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_FALSE((*corpus)->is_text());
+  EXPECT_EQ((*corpus)->bytes_per_token(), 4);
+  EXPECT_EQ((*corpus)->size(), 400);
+  int largest = 0;
+  for (int i = 0; i < 400; ++i) largest = std::max(largest, token_at(i));
+  EXPECT_GT(largest, 65535);
+  EXPECT_EQ((*corpus)->vocab_size(), largest + 1);
+  EXPECT_EQ((*corpus)->ValidationTokens(0, 2),
+            (std::vector<int32_t>{token_at(360), token_at(361)}));
+  // Every training window is a run of consecutive file tokens.
+  std::vector<int32_t> tokens(8), targets(8);
+  for (int64_t sample = 0; sample < 20; ++sample) {
+    (*corpus)->FillSample(sample, 8, tokens.data(), targets.data());
+    int start = -1;
+    for (int i = 0; i < 400 && start < 0; ++i) {
+      if (token_at(i) == tokens[0] && token_at(i + 1) == tokens[1]) start = i;
+    }
+    ASSERT_GE(start, 0);
+    for (int t = 0; t < 8; ++t) {
+      EXPECT_EQ(tokens[t], token_at(start + t));
+      EXPECT_EQ(targets[t], token_at(start + t + 1));
+    }
+  }
+}
+
+TEST(TokenCorpusTest, BadToken32FilesAreNamed) {
+  const std::string ragged = WriteFile("ragged32.bin", std::string(402, 'x'));
+  auto ragged_size =
+      TokenCorpus::FromTokenFile(ragged, 8, TokenCorpus::TokenWidth::kUint32);
+  ASSERT_FALSE(ragged_size.ok());
+  EXPECT_NE(ragged_size.status().message().find("not a multiple of 4"),
+            std::string::npos)
+      << ragged_size.status();
+  EXPECT_NE(ragged_size.status().message().find(ragged), std::string::npos);
+  // 100 tokens, the 50th 2^31: no int32 holds it.
+  std::string bytes(400, '\0');
+  bytes[4 * 50 + 3] = static_cast<char>(0x80);
+  const std::string huge = WriteFile("huge32.bin", bytes);
+  auto too_large =
+      TokenCorpus::FromTokenFile(huge, 8, TokenCorpus::TokenWidth::kUint32);
+  ASSERT_FALSE(too_large.ok());
+  EXPECT_NE(too_large.status().message().find("token 50 is 2147483648"),
+            std::string::npos)
+      << too_large.status();
+  EXPECT_NE(too_large.status().message().find(huge), std::string::npos);
+}
+
 TEST(TokenCorpusTest, BadFilesAreNamed) {
   auto missing = TokenCorpus::FromTextFile("/nonexistent/x.txt", 8);
   ASSERT_FALSE(missing.ok());
@@ -159,7 +219,8 @@ TEST(TokenCorpusTest, BadFilesAreNamed) {
   const std::string odd = WriteFile("odd.bin", std::string(201, 'x'));
   auto odd_size = TokenCorpus::FromTokenFile(odd, 8);
   ASSERT_FALSE(odd_size.ok());
-  EXPECT_NE(odd_size.status().message().find("odd number"), std::string::npos);
+  EXPECT_NE(odd_size.status().message().find("not a multiple of 2"),
+            std::string::npos);
   EXPECT_NE(odd_size.status().message().find(odd), std::string::npos);
   const std::string short_file = WriteFile("short.txt", std::string(89, 'x'));
   auto too_short = TokenCorpus::FromTextFile(short_file, 8);

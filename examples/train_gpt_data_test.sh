@@ -2,7 +2,8 @@
 # train_gpt_data_test.sh TRAIN_GPT RUN_MPI CONFIG TEXT_FILE
 # --data from files at 2 ranks: a text file read as bytes and a nanoGPT
 # uint16 token file must train (the loss falls) and evaluate (validation
-# loss and a sample); bad files are refused with errors naming them.
+# loss and a sample); a uint32 token file (tokens32:) is read as such at
+# 1 rank; bad files are refused with errors naming them.
 set -euo pipefail
 train="$1"; run_mpi="$2"; config="$3"; text="$4"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_data"
@@ -28,6 +29,20 @@ grep -q "20000 uint16 tokens, largest 499" "$out/tokens.txt"
 grep -q "sampled token ids" "$out/tokens.txt"
 grep -q "OK, the loss fell" "$out/tokens.txt"
 
+# The same tokens as uint32 (what tools/write_tokens.py writes for
+# vocabularies above 65,535; ids above it are tested in train_data_test).
+python3 -c "
+import struct, sys
+tokens = [(i * 7) % 500 for i in range(20000)]
+open(sys.argv[1], 'wb').write(struct.pack('<%dI' % len(tokens), *tokens))
+" "$out/tokens32.bin"
+"$train" --config="$config" --device=cpu --steps=5 --seq=32 \
+  --data="tokens32:$out/tokens32.bin" >"$out/tokens32.txt" 2>&1 \
+  || { cat "$out/tokens32.txt"; exit 1; }
+grep "^eval\|^train_gpt" "$out/tokens32.txt"
+grep -q "20000 uint32 tokens, largest 499" "$out/tokens32.txt"
+grep -q "sampled token ids" "$out/tokens32.txt"
+
 expect_error() {  # pattern, train_gpt flags...
   local pattern="$1"; shift
   local status=0
@@ -37,7 +52,10 @@ expect_error() {  # pattern, train_gpt flags...
     || { echo "FAIL: expected exit 2 and '$pattern'"; exit 1; }
 }
 printf 'abc' >"$out/odd.bin"
-expect_error "odd.bin has 3 bytes, an odd number" --data="$out/odd.bin"
+expect_error "odd.bin has 3 bytes, not a multiple of 2" --data="$out/odd.bin"
+printf 'abcdef' >"$out/ragged32.bin"
+expect_error "ragged32.bin has 6 bytes, not a multiple of 4: not a uint32" \
+  --data="tokens32:$out/ragged32.bin"
 expect_error "cannot open the text file $out/none.txt" --data="$out/none.txt"
 printf 'short' >"$out/short.txt"
 expect_error "short.txt holds 5 tokens; --seq=64 needs at least 650" \
