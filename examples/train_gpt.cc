@@ -43,6 +43,8 @@
 //                 Qwen2 or Qwen3 model directory (config.json gives the
 //                 shape; model.safetensors or shards), read by every rank
 //                 straight from its files (docs/models.md).
+//   --export_hf   decoders: at the end, the trained weights as a Hugging
+//                 Face model directory (--export_dtype=bf16|f16|f32).
 //   --save_dir/--save_every/--resume/--resume_if_present/--resume_tag
 //                 checkpoints (below).
 //   --dry_run     prints the per-rank memory plan and exits (below).
@@ -184,6 +186,11 @@ ABSL_FLAG(std::string, init_from, "",
           "initial weights: a Hugging Face GPT-2 or native safetensors file, "
           "or a Hugging Face Llama/Mistral/Qwen2/Qwen3 model directory");
 ABSL_FLAG(std::string, save_dir, "", "checkpoint directory");
+ABSL_FLAG(std::string, export_hf, "",
+          "decoders: at the end, write the trained weights as a Hugging Face "
+          "model directory here (config.json + model.safetensors or shards)");
+ABSL_FLAG(std::string, export_dtype, "bf16",
+          "--export_hf's element type: bf16, f16 or f32");
 ABSL_FLAG(int64_t, save_every, 0,
           "save every N steps (with --save_dir); 0: only at the end");
 ABSL_FLAG(bool, resume, false,
@@ -218,6 +225,8 @@ namespace {
 struct Options {
   std::string config;
   std::string model;
+  std::string export_hf;     // a directory, or empty
+  DType export_dtype = DType::kBF16;
   int layers = 0;  // 0: the named shape's own
   int heads = 0;
   int64_t channels = 0;
@@ -247,6 +256,17 @@ absl::StatusOr<Options> ReadFlags() {
   Options o;
   o.config = absl::GetFlag(FLAGS_config);
   o.model = absl::GetFlag(FLAGS_model);
+  o.export_hf = absl::GetFlag(FLAGS_export_hf);
+  const std::string export_dtype = absl::GetFlag(FLAGS_export_dtype);
+  if (export_dtype == "bf16" || export_dtype == "f16" ||
+      export_dtype == "f32") {
+    o.export_dtype = export_dtype == "bf16"  ? DType::kBF16
+                     : export_dtype == "f16" ? DType::kF16
+                                             : DType::kF32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--export_dtype=", export_dtype, ": use bf16, f16 or f32"));
+  }
   o.layers = absl::GetFlag(FLAGS_layers);
   o.heads = absl::GetFlag(FLAGS_heads);
   o.channels = absl::GetFlag(FLAGS_channels);
@@ -1021,6 +1041,58 @@ absl::StatusOr<Evaluation> EvaluateCorpus(
   return evaluation;
 }
 
+// --export_hf: the trained f32 master weights, gathered one parameter at a
+// time (a collective: every rank gathers each parameter; rank 0 writes), as
+// a Hugging Face model directory in --export_dtype. Memory: one parameter's
+// full value at a time. Every rank returns rank 0's outcome.
+absl::Status ExportHuggingFace(const Options& options,
+                               const nn::DecoderConfig& decoder,
+                               engine::Engine& engine) {
+  comm::Communicator& communicator = engine.communicator();
+  const bool writes = communicator.rank() == 0;
+  std::unique_ptr<nn::HuggingFaceDecoderWriter> writer;
+  absl::Status status;
+  if (writes) {
+    nn::DecoderExportOptions export_options;
+    export_options.dtype = options.export_dtype;
+    // save_pretrained's default shard size.
+    export_options.max_shard_bytes = uint64_t{5} << 30;
+    export_options.metadata = {{"source", "zero-engine train_gpt"}};
+    absl::StatusOr<std::unique_ptr<nn::HuggingFaceDecoderWriter>> created =
+        nn::HuggingFaceDecoderWriter::Create(options.export_hf, decoder,
+                                             export_options);
+    if (created.ok()) {
+      writer = std::move(*created);
+    } else {
+      status = created.status();
+    }
+  }
+  for (const auto& [name, shape] : decoder.ParameterShapes()) {
+    // Every rank gathers every parameter, whatever rank 0's state, so the
+    // collectives stay matched.
+    absl::StatusOr<std::vector<float>> values =
+        engine.GatherMasterWeights(name);
+    if (!values.ok()) {
+      status.Update(values.status());
+      break;
+    }
+    if (writes && status.ok()) {
+      status.Update(writer->Append(
+          name, Tensor::Wrap(values->data(),
+                             {static_cast<int64_t>(values->size())},
+                             DType::kF32, Device::Cpu())));
+    }
+  }
+  if (writes && status.ok()) status.Update(writer->Finish());
+  ZE_RETURN_IF_ERROR(engine::AgreeAcrossRanks(
+      communicator, status, engine.compute_stream(), "--export_hf"));
+  ZE_LOG_RANK0(INFO) << "train_gpt: wrote " << options.export_hf
+                     << " (Hugging Face "
+                     << nn::DecoderFamilyName(decoder.family) << ", "
+                     << DTypeName(options.export_dtype) << ")";
+  return absl::OkStatus();
+}
+
 // Takes the options by value: --seq=0 is resolved here, from the data.
 absl::Status Train(Options options, int* exit_code) {
   ZE_ASSIGN_OR_RETURN(options.config, ResolveConfigPath(options.config));
@@ -1130,6 +1202,33 @@ absl::Status Train(Options options, int* exit_code) {
                     *gpt_config);
   }
   const int64_t seq = options.seq;
+  if (!options.export_hf.empty()) {
+    if (!decoder_config.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--export_hf=", options.export_hf,
+          ": writes Llama/Mistral/Qwen decoders; for a GPT, save a "
+          "checkpoint and run ze_checkpoint consolidate --format=hf-gpt2"));
+    }
+    // Before any step: a directory rank 0 cannot create or write in must
+    // not cost the run.
+    absl::Status usable;
+    if (rank == 0) {
+      std::error_code error;
+      std::filesystem::create_directories(options.export_hf, error);
+      if (error) {
+        usable = absl::FailedPreconditionError(
+            absl::StrCat("--export_hf=", options.export_hf,
+                         ": cannot create the directory: ", error.message()));
+      } else if (access(options.export_hf.c_str(), W_OK) != 0) {
+        usable = absl::FailedPreconditionError(
+            absl::StrCat("--export_hf=", options.export_hf,
+                         ": cannot write there: ", std::strerror(errno)));
+      }
+    }
+    ZE_RETURN_IF_ERROR(engine::AgreeAcrossRanks(
+        *communicator, usable, Stream::Default(communicator->device()),
+        "checking --export_hf"));
+  }
   if (options.dry_run) {
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
                         zero::PlanMemory(*model, config, world));
@@ -1390,6 +1489,9 @@ absl::Status Train(Options options, int* exit_code) {
   quiet_engine(false);
   if (!options.save_dir.empty() && first_step < options.steps) {
     ZE_RETURN_IF_ERROR(save(options.steps));
+  }
+  if (!options.export_hf.empty()) {
+    ZE_RETURN_IF_ERROR(ExportHuggingFace(options, *decoder_config, *engine));
   }
   const double seconds =
       std::chrono::duration<double>(Clock::now() - start).count() -

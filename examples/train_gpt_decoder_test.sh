@@ -122,6 +122,47 @@ PY
 # The exported directory trains to the same loss as the one it came from.
 back=$(run llama_back 3 stage0.json --init_from="$out/llama_hf")
 same "$llama_1" "$back" || { echo "FAIL: the exported directory loads to $back, not $llama_1"; exit 1; }
+# --export_hf writes the trained weights at the end of a run: a run that
+# learns (stage 3 at 3 ranks with offload), its checkpoint consolidated the
+# other way, f32 both: the same tensors, bit for bit.
+sed 's/"lr": 0.0/"lr": 3e-3/' "$out/stage3_offload.json" >"$out/stage3_learn.json"
+run learned 3 stage3_learn.json --init_from="$fixtures/llama" \
+  --save_dir="$out/learned_ckpt" --export_hf="$out/learned_hf" --export_dtype=f32 >/dev/null
+has learned "wrote $out/learned_hf (Hugging Face llama, f32)"
+"$tool" consolidate "$out/learned_ckpt" --out="$out/learned_consolidated" --format=hf
+cmp "$out/learned_hf/config.json" "$out/learned_consolidated/config.json"
+python3 - "$out/learned_hf" "$out/learned_consolidated" <<'PY'
+import json, struct, sys
+def tensors(path):
+    with open(path + "/model.safetensors", "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+        data = handle.read()
+    header.pop("__metadata__", None)
+    return {n: data[i["data_offsets"][0]:i["data_offsets"][1]] for n, i in header.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+if a != b:
+    sys.exit(f"FAIL: --export_hf and consolidate differ: {sorted(n for n in a if a[n] != b.get(n))}")
+print(f"--export_hf: {len(a)} tensors equal to consolidate --format=hf's")
+PY
+expect_export_bad() {  # NAME MESSAGE flags...
+  local name="$1" message="$2"; shift 2
+  local status=0
+  "$train" --config="$out/stage0.json" --device=cpu --steps=5 "$@" \
+    >"$out/$name.txt" 2>&1 || status=$?
+  [[ $status == 2 ]] || { cat "$out/$name.txt"; echo "FAIL: $name: exit $status"; exit 1; }
+  has "$name" "$message"
+  grep -q "^\[rank 0\] .*step 1 " "$out/$name.txt" && { echo "FAIL: $name trained first"; exit 1; }
+  true
+}
+expect_export_bad export_gpt "--export_hf=$out/gpt_export: writes Llama/Mistral/Qwen decoders" \
+  --export_hf="$out/gpt_export"
+touch "$out/a_file"
+expect_export_bad export_under_file "--export_hf=$out/a_file/x: cannot create the directory" \
+  --model=llama-tiny --export_hf="$out/a_file/x"
+expect_export_bad export_dtype "--export_dtype=f64: use bf16, f16 or f32" \
+  --model=llama-tiny --export_dtype=f64
+
 # A GPT checkpoint has no config.json to write.
 set +e
 "$run_mpi" 1 "$train" --config="$out/stage0.json" --device=cpu --steps=5 \
