@@ -400,6 +400,13 @@ absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
   return strategy_->LoadWeights(*reader);
 }
 
+absl::StatusOr<LoadReport> Engine::LoadWeights(
+    const safetensors::TensorSource& source) {
+  StreamGuard guard(compute_stream_);
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("LoadWeights"));
+  return strategy_->LoadWeights(source);
+}
+
 GatheredParameters::~GatheredParameters() {
   const absl::Status status = Release();
   if (!status.ok()) {

@@ -72,6 +72,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/allocator.h"
+#include "core/safetensors/tensor_source.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "engine/monitor.h"
@@ -309,9 +310,15 @@ class Engine {
   // Loads every parameter (our names, any float dtype in the file) from a
   // safetensors file into the weights and the f32 master weights; optimizer
   // state is kept. Stage 3 reads only this rank's ranges
-  // (safetensors::Reader::ReadRange); stages 0-2 read whole tensors.
-  // Errors name the file and the parameter.
+  // (safetensors::TensorSource::ReadRange); stages 0-2 read whole tensors.
+  // Nothing is written unless every parameter is there with its shape.
+  // Errors name the file and the parameter. A collective at stage 3.
   absl::StatusOr<LoadReport> LoadWeights(const std::string& path);
+  // The same from any source of tensors under our parameter names (a Hugging
+  // Face model directory: nn/pretrained/hf_decoder.h); the errors name
+  // source.description(). `source` is only read during the call.
+  absl::StatusOr<LoadReport> LoadWeights(
+      const safetensors::TensorSource& source);
 
   // Checkpoints (DeepSpeed's save_checkpoint / load_checkpoint); the format
   // and its crash safety are in engine/checkpoint/checkpoint_format.h.

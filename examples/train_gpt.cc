@@ -13,6 +13,9 @@
 //   --model       "tiny" (4 layers, 4 heads, 128 channels; for CPUs) or a
 //                 GPT-2/3 preset (124M, 350M, 1.3B, ...). Default: tiny, or
 //                 with --init_from the file's shape.
+//   --layers, --heads, --channels
+//                 reshape tiny (the demo: --layers=2 --heads=8); refused
+//                 with any other model.
 //   --data        what to train on:
 //                   addition           the built-in task (default): sums of
 //                                      --digits-digit numbers, judged by
@@ -144,6 +147,13 @@ ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
 ABSL_FLAG(std::string, model, "",
           "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B); "
           "empty: tiny, or the --init_from file's shape");
+ABSL_FLAG(int32_t, layers, 0,
+          "--model=tiny only: transformer blocks (0: tiny's 4)");
+ABSL_FLAG(int32_t, heads, 0,
+          "--model=tiny only: attention heads (0: tiny's 4)");
+ABSL_FLAG(int64_t, channels, 0,
+          "--model=tiny only: embedding width, a multiple of --heads (0: "
+          "tiny's 128)");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -197,6 +207,9 @@ namespace {
 struct Options {
   std::string config;
   std::string model;
+  int layers = 0;  // 0: the named shape's own
+  int heads = 0;
+  int64_t channels = 0;
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -223,6 +236,9 @@ absl::StatusOr<Options> ReadFlags() {
   Options o;
   o.config = absl::GetFlag(FLAGS_config);
   o.model = absl::GetFlag(FLAGS_model);
+  o.layers = absl::GetFlag(FLAGS_layers);
+  o.heads = absl::GetFlag(FLAGS_heads);
+  o.channels = absl::GetFlag(FLAGS_channels);
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -487,10 +503,18 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const Options& options,
   nn::GptConfig config;
   const std::string name =
       options.model.empty() && !init.has_value() ? "tiny" : options.model;
+  const bool reshaped =
+      options.layers != 0 || options.heads != 0 || options.channels != 0;
+  if (reshaped && name != "tiny") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--layers, --heads and --channels reshape --model=tiny only; --model=",
+        name.empty() ? "(the --init_from file's shape)" : name,
+        " has its own shape"));
+  }
   if (name == "tiny") {
-    config.num_layers = 4;
-    config.num_heads = 4;
-    config.channels = 128;
+    config.num_layers = options.layers != 0 ? options.layers : 4;
+    config.num_heads = options.heads != 0 ? options.heads : 4;
+    config.channels = options.channels != 0 ? options.channels : 128;
     config.vocab_size = data_vocab;
     config.padded_vocab_size = 0;
   } else if (!name.empty()) {
@@ -1023,11 +1047,13 @@ absl::Status Train(Options options, int* exit_code) {
       engine->config().gradient_accumulation_steps.value();
   const int64_t batch_tokens = engine->config().train_batch_size.value() * seq;
   ZE_LOG_RANK0(INFO) << absl::StrFormat(
-      "train_gpt: model %s (%d parameters, %s), %s on %s, %d steps of "
+      "train_gpt: model %s (%d layers, %d heads, %d channels; %d "
+      "parameters, %s), %s on %s, %d steps of "
       "%d x %d x %d (micro x accumulation x ranks) sequences of %d tokens; "
       "data: %s",
       options.model.empty() ? (init ? "from --init_from" : "tiny")
                             : options.model,
+      gpt.num_layers, gpt.num_heads, static_cast<int>(gpt.channels),
       gpt.NumParameters(), DTypeName(model_options.dtype), Ranks(world),
       communicator->device().ToString(), options.steps, micro, accumulation,
       world, seq, data_description);

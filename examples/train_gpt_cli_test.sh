@@ -154,4 +154,12 @@ has prompt_tokens "--prompt [1 2 3] -> ["
 expect 2 prompt_bad_token "$train" "${quick[@]}" --data="$out/tokens.bin" \
   --seq=16 --prompt="1 2 x"
 has prompt_bad_token "--prompt: 'x' is not a token id in [0, 50)"
+# --- --layers, --heads, --channels reshape tiny (the demo's shape) and
+# nothing else; the start line says the shape trained.
+expect 0 reshaped "$train" "${quick[@]}" --layers=2 --heads=8 --channels=64
+has reshaped "model tiny (2 layers, 8 heads, 64 channels;"
+expect 2 reshape_preset "$train" "${quick[@]}" --model=124M --layers=2
+has reshape_preset "--layers, --heads and --channels reshape --model=tiny only; --model=124M has its own shape"
+expect 2 reshape_uneven "$train" "${quick[@]}" --heads=3
+has reshape_uneven "num_heads"
 echo "train_gpt command line: ok"

@@ -234,6 +234,51 @@ const char *DecoderFamilyName(DecoderFamily family) {
   return InfoOf(family).model_type;
 }
 
+std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta,
+                                          const RopeScaling &scaling) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    // transformers: 1 / theta ** (arange(0, D, 2).float() / D), all f32.
+    const float exponent =
+        static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const float power = static_cast<float>(
+        std::pow(static_cast<double>(static_cast<float>(theta)), exponent));
+    inv_freq[i] = 1.0f / power;
+  }
+  if (scaling.type != "llama3") return inv_freq;
+  // Llama 3.1's rule, in f32 like transformers' tensors: a wavelength
+  // (2 pi / inv_freq) above original / low_freq_factor is a low frequency,
+  // divided by factor; below original / high_freq_factor a high frequency,
+  // kept; between, a mix weighted by where original / wavelength lies
+  // between the two factors.
+  // (torch evaluates `scalar / tensor` as reciprocal(tensor) * scalar, and
+  // promotes Python scalars to f32; the order below is its order.)
+  const float factor = static_cast<float>(scaling.factor);
+  const float low = static_cast<float>(scaling.low_freq_factor);
+  const double original =
+      static_cast<double>(scaling.original_max_position_embeddings);
+  const float low_freq_wavelength =
+      static_cast<float>(original / scaling.low_freq_factor);
+  const float high_freq_wavelength =
+      static_cast<float>(original / scaling.high_freq_factor);
+  const float spread =
+      static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
+  const float two_pi = static_cast<float>(2 * 3.141592653589793);
+  for (int64_t i = 0; i < half; ++i) {
+    const float wavelength = (1.0f / inv_freq[i]) * two_pi;
+    if (wavelength > low_freq_wavelength) {
+      inv_freq[i] = inv_freq[i] / factor;
+    } else if (wavelength >= high_freq_wavelength) {
+      const float smooth =
+          ((1.0f / wavelength) * static_cast<float>(original) - low) / spread;
+      inv_freq[i] =
+          (1.0f - smooth) * inv_freq[i] / factor + smooth * inv_freq[i];
+    }
+  }
+  return inv_freq;
+}
+
 absl::Status DecoderConfig::Validate() const {
   auto fail = [](const std::string &message) {
     return absl::InvalidArgumentError(absl::StrCat("DecoderConfig: ", message));
@@ -427,6 +472,15 @@ absl::StatusOr<DecoderConfig> DecoderConfig::FromHuggingFaceJson(
                       reader.Bool("tie_word_embeddings", false));
   ZE_RETURN_IF_ERROR(ReadRope(reader, config));
 
+  double rotary_fraction = 1;
+  ZE_ASSIGN_OR_RETURN(rotary_fraction,
+                      reader.Number("partial_rotary_factor", 1.0));
+  if (rotary_fraction != 1) {
+    return reader.Error("partial_rotary_factor",
+                        absl::StrCat("= ", rotary_fraction,
+                                     " is not supported (RoPE rotates every "
+                                     "dimension)"));
+  }
   std::string activation;
   ZE_ASSIGN_OR_RETURN(activation, reader.String("hidden_act", "silu"));
   if (activation != "silu") {

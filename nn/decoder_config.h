@@ -65,6 +65,13 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// RoPE's inverse frequencies, inv_freq (head_dim / 2), as transformers
+// computes them in f32: theta^(-2i / head_dim), then, for "llama3", its
+// rescaling (long wavelengths divided by factor, short ones kept, a smooth
+// interpolation between). head_dim even and positive, theta positive.
+std::vector<float> RopeInverseFrequencies(int64_t head_dim, double theta,
+                                          const RopeScaling &scaling);
+
 struct DecoderConfig {
   DecoderFamily family = DecoderFamily::kLlama;
   int num_layers = 2;

@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
@@ -918,6 +919,391 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   }
   return cpu_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
                                            grad_logits_2d, classes);
+}
+
+// ---- Decoder (Llama-family) ops.
+
+namespace {
+
+absl::Status NoCudaKernel(const char *op) {
+  return absl::UnimplementedError(
+      absl::StrCat(op,
+                   ": no CUDA kernel yet (the decoder's CUDA ops are "
+                   "issue 25's GPU half); run on the CPU"));
+}
+
+// A (B, T, H, D) tensor: defined, 4-D, float.
+absl::Status RequireHeads(const char *op, const char *name,
+                          const Tensor &tensor) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, name, tensor));
+  if (tensor.dim() != 4) {
+    return Invalid(op, absl::StrCat(name, " must be (B, T, H, D), got ",
+                                    ShapeToString(tensor.shape())));
+  }
+  return RequireFloat(op, name, tensor);
+}
+
+// starts (B) i32 on `reference`'s device, or undefined.
+absl::Status CheckStarts(const char *op, const Tensor &starts, int64_t batch) {
+  if (!starts.defined()) return absl::OkStatus();
+  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {batch}));
+  return RequireDType(op, "starts", starts, DType::kI32);
+}
+
+absl::Status CheckRotary(const char *op, const Tensor &input,
+                         const char *input_name, const Tensor &inv_freq,
+                         const Tensor &starts, const Tensor &output,
+                         const char *output_name) {
+  ZE_RETURN_IF_ERROR(RequireHeads(op, input_name, input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, output_name, output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, output_name, output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, output_name, output));
+  const int64_t head_dim = input.size(3);
+  if (head_dim % 2 != 0) {
+    return Invalid(op, absl::StrCat(input_name, " has odd D = ", head_dim,
+                                    " (rotary embedding rotates pairs)"));
+  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "inv_freq", inv_freq));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "inv_freq", inv_freq, {head_dim / 2}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "inv_freq", inv_freq, DType::kF32));
+  ZE_RETURN_IF_ERROR(CheckStarts(op, starts, input.size(0)));
+  if (Aliases(input, output) && input.dtype() != output.dtype()) {
+    return Invalid(op, "an in-place rotation needs one dtype");
+  }
+  return RequireSameDevice(
+      op, input_name, input,
+      {{"inv_freq", &inv_freq}, {"starts", &starts}, {output_name, &output}});
+}
+
+// q (B, T, Hq, D), k and v (B, T, Hkv, D) with Hkv dividing Hq.
+absl::Status CheckGroupedQkv(const char *op, const Tensor &q, const Tensor &k,
+                             const Tensor &v) {
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "q", q));
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "k", k));
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "v", v));
+  if (k.size(0) != q.size(0) || k.size(1) != q.size(1) ||
+      k.size(3) != q.size(3) || k.size(2) < 1 || q.size(2) % k.size(2) != 0) {
+    return Invalid(op, absl::StrCat("k ", ShapeToString(k.shape()),
+                                    " must be (B, T, Hkv, D) with Hkv "
+                                    "dividing Hq for q ",
+                                    ShapeToString(q.shape())));
+  }
+  ZE_RETURN_IF_ERROR(RequireShape(op, "v", v, k.shape()));
+  return RequireSameDevice(op, "q", q, {{"k", &k}, {"v", &v}});
+}
+
+}  // namespace
+
+absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
+                            float eps, const Tensor &output, const Tensor &rstd,
+                            const Stream &stream) {
+  const char *op = "RmsNormForward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "rstd", rstd));
+  if (weight.dim() != 1) {
+    return Invalid(op, absl::StrCat("weight must be (C), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t channels = weight.size(0);
+  ZE_ASSIGN_OR_RETURN(const int64_t rows, RowsOf(op, "input", input, channels));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {rows}));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
+  if (!(eps > 0)) return Invalid(op, absl::StrCat("eps = ", eps));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "input", input,
+      {{"weight", &weight}, {"output", &output}, {"rstd", &rstd}}));
+  if (input.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::RmsNormForward(View2D(input, rows, channels), weight, eps,
+                                     View2D(output, rows, channels), rstd);
+}
+
+absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
+                             const Tensor &weight, const Tensor &rstd,
+                             const Tensor &grad_input,
+                             const Tensor &grad_weight, const Stream &stream) {
+  const char *op = "RmsNormBackward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "rstd", rstd));
+  if (weight.dim() != 1) {
+    return Invalid(op, absl::StrCat("weight must be (C), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t channels = weight.size(0);
+  ZE_ASSIGN_OR_RETURN(const int64_t rows, RowsOf(op, "input", input, channels));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_output", grad_output, input.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {rows}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"input", &input},
+        {"weight", &weight},
+        {"grad_input", &grad_input},
+        {"grad_weight", &grad_weight}}) {
+    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  if (grad_input.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_input", grad_input, input.shape()));
+    if (Aliases(grad_input, grad_output) &&
+        grad_input.dtype() != grad_output.dtype()) {
+      return Invalid(op, "grad_input aliases grad_output with another dtype");
+    }
+  }
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_weight", grad_weight, weight.shape()));
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
+                                       {{"grad_output", &grad_output},
+                                        {"weight", &weight},
+                                        {"rstd", &rstd},
+                                        {"grad_input", &grad_input},
+                                        {"grad_weight", &grad_weight}}));
+  if (input.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::RmsNormBackward(
+      View2D(grad_output, rows, channels), View2D(input, rows, channels),
+      weight, rstd, View2D(grad_input, rows, channels), grad_weight);
+}
+
+absl::Status RotaryEmbeddingForward(const Tensor &input, const Tensor &inv_freq,
+                                    const Tensor &starts, const Tensor &output,
+                                    const Stream &stream) {
+  const char *op = "RotaryEmbeddingForward";
+  ZE_RETURN_IF_ERROR(
+      CheckRotary(op, input, "input", inv_freq, starts, output, "output"));
+  if (input.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::RotaryEmbedding(input, inv_freq, starts, output,
+                                      /*inverse=*/false);
+}
+
+absl::Status RotaryEmbeddingBackward(const Tensor &grad_output,
+                                     const Tensor &inv_freq,
+                                     const Tensor &starts,
+                                     const Tensor &grad_input,
+                                     const Stream &stream) {
+  const char *op = "RotaryEmbeddingBackward";
+  ZE_RETURN_IF_ERROR(CheckRotary(op, grad_output, "grad_output", inv_freq,
+                                 starts, grad_input, "grad_input"));
+  if (grad_output.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::RotaryEmbedding(grad_output, inv_freq, starts, grad_input,
+                                      /*inverse=*/true);
+}
+
+absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
+                           const Tensor &output, const Stream &stream) {
+  const char *op = "SwiGluForward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "gate", gate));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "up", up));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "up", up, gate.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, gate.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "gate", gate));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "up", up));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  if (Aliases(output, gate) || Aliases(output, up)) {
+    return Invalid(op, "output must not alias gate or up");
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "gate", gate, {{"up", &up}, {"output", &output}}));
+  if (gate.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::SwiGluForward(gate, up, output);
+}
+
+absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
+                            const Tensor &up, const Tensor &grad_gate,
+                            const Tensor &grad_up, const Stream &stream) {
+  const char *op = "SwiGluBackward";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "gate", gate));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "up", up));
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
+        {"up", &up},
+        {"grad_gate", &grad_gate},
+        {"grad_up", &grad_up}}) {
+    if (!tensor->defined()) continue;
+    ZE_RETURN_IF_ERROR(RequireShape(op, name, *tensor, gate.shape()));
+    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "gate", gate));
+  for (const Tensor *grad : {&grad_gate, &grad_up}) {
+    if (Aliases(*grad, grad_output) || Aliases(*grad, gate) ||
+        Aliases(*grad, up) ||
+        (grad == &grad_up && Aliases(grad_up, grad_gate))) {
+      return Invalid(op,
+                     "grad_gate and grad_up must not alias an input or "
+                     "each other");
+    }
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "gate", gate,
+                                       {{"grad_output", &grad_output},
+                                        {"up", &up},
+                                        {"grad_gate", &grad_gate},
+                                        {"grad_up", &grad_up}}));
+  if (gate.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::SwiGluBackward(grad_output, gate, up, grad_gate, grad_up);
+}
+
+absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
+                                     const Tensor &v, const Tensor &output,
+                                     const Tensor &logsumexp,
+                                     const Stream &stream) {
+  const char *op = "GroupedAttentionForward";
+  ZE_RETURN_IF_ERROR(CheckGroupedQkv(op, q, k, v));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, q.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp,
+                                  {q.size(0), q.size(2), q.size(1)}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "logsumexp", logsumexp, DType::kF32));
+  if (Aliases(output, q) || Aliases(output, k) || Aliases(output, v)) {
+    return Invalid(op, "output must not alias q, k or v");
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "q", q, {{"output", &output}, {"logsumexp", &logsumexp}}));
+  if (q.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::GroupedAttentionForward(q, k, v, output, logsumexp);
+}
+
+absl::Status GroupedAttentionBackward(
+    const Tensor &grad_output, const Tensor &q, const Tensor &k,
+    const Tensor &v, const Tensor &output, const Tensor &logsumexp,
+    const Tensor &grad_q, const Tensor &grad_k, const Tensor &grad_v,
+    const Stream &stream) {
+  const char *op = "GroupedAttentionBackward";
+  ZE_RETURN_IF_ERROR(CheckGroupedQkv(op, q, k, v));
+  for (const auto &[name, tensor, shape] :
+       {std::tuple<const char *, const Tensor *, Shape>{
+            "grad_output", &grad_output, q.shape()},
+        {"output", &output, q.shape()},
+        {"grad_q", &grad_q, q.shape()},
+        {"grad_k", &grad_k, k.shape()},
+        {"grad_v", &grad_v, k.shape()}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+    ZE_RETURN_IF_ERROR(RequireShape(op, name, *tensor, shape));
+    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
+  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp,
+                                  {q.size(0), q.size(2), q.size(1)}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "logsumexp", logsumexp, DType::kF32));
+  for (const Tensor *grad : {&grad_q, &grad_k, &grad_v}) {
+    for (const Tensor *other :
+         {&grad_output, &q, &k, &v, &output, &grad_q, &grad_k, &grad_v}) {
+      if (grad != other && Aliases(*grad, *other)) {
+        return Invalid(op,
+                       "grad_q, grad_k and grad_v must not alias each "
+                       "other or an input");
+      }
+    }
+  }
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "q", q,
+                                       {{"grad_output", &grad_output},
+                                        {"output", &output},
+                                        {"logsumexp", &logsumexp},
+                                        {"grad_q", &grad_q},
+                                        {"grad_k", &grad_k},
+                                        {"grad_v", &grad_v}}));
+  if (q.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::GroupedAttentionBackward(
+      grad_output, q, k, v, output, logsumexp, grad_q, grad_k, grad_v);
+}
+
+namespace {
+
+// GroupedKvCacheWrite's and GroupedCachedAttentionForward's cache checks:
+// caches (B, Hkv, T_max, D) of `dtype`, rows and starts (N) i32.
+absl::Status CheckGroupedCache(const char *op, int64_t n, int64_t kv_heads,
+                               int64_t head_dim, DType dtype,
+                               const Tensor &rows, const Tensor &starts,
+                               const Tensor &key_cache,
+                               const Tensor &value_cache) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
+  if (key_cache.dim() != 4 || key_cache.size(1) != kv_heads ||
+      key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
+    return Invalid(op, absl::StrCat("key_cache must be (B, ", kv_heads,
+                                    ", T_max, ", head_dim, "), got ",
+                                    ShapeToString(key_cache.shape())));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "value_cache", value_cache, key_cache.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rows", rows, {n}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {n}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rows", rows, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "key_cache", key_cache, dtype));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "value_cache", value_cache, dtype));
+  if (key_cache.data() == value_cache.data()) {
+    return Invalid(op, "key_cache and value_cache must not alias");
+  }
+  return RequireSameDevice(
+      op, "key_cache", key_cache,
+      {{"rows", &rows}, {"starts", &starts}, {"value_cache", &value_cache}});
+}
+
+}  // namespace
+
+absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
+                                 const Tensor &rows, const Tensor &starts,
+                                 const Tensor &key_cache,
+                                 const Tensor &value_cache,
+                                 const Stream &stream) {
+  const char *op = "GroupedKvCacheWrite";
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "k", k));
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "v", v));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "v", v, k.shape()));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "v", v, k.dtype()));
+  ZE_RETURN_IF_ERROR(CheckGroupedCache(op, k.size(0), k.size(2), k.size(3),
+                                       k.dtype(), rows, starts, key_cache,
+                                       value_cache));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "k", k, {{"v", &v}, {"key_cache", &key_cache}}));
+  if (k.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::GroupedKvCacheWrite(k, v, rows, starts, key_cache,
+                                          value_cache);
+}
+
+absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
+                                           const Tensor &starts,
+                                           const Tensor &key_cache,
+                                           const Tensor &value_cache,
+                                           const Tensor &output,
+                                           const Stream &stream) {
+  const char *op = "GroupedCachedAttentionForward";
+  ZE_RETURN_IF_ERROR(RequireHeads(op, "q", q));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
+  if (key_cache.dim() != 4 || key_cache.size(1) < 1 ||
+      q.size(2) % key_cache.size(1) != 0) {
+    return Invalid(op, absl::StrCat("key_cache must be (B, Hkv, T_max, D) "
+                                    "with Hkv dividing Hq = ",
+                                    q.size(2), ", got ",
+                                    ShapeToString(key_cache.shape())));
+  }
+  ZE_RETURN_IF_ERROR(CheckGroupedCache(op, q.size(0), key_cache.size(1),
+                                       q.size(3), q.dtype(), rows, starts,
+                                       key_cache, value_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, q.shape()));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "output", output, q.dtype()));
+  if (Aliases(output, q)) return Invalid(op, "output must not alias q");
+  ZE_RETURN_IF_ERROR(RequireSameDevice(
+      op, "q", q, {{"key_cache", &key_cache}, {"output", &output}}));
+  if (q.device().is_cuda()) return NoCudaKernel(op);
+  return cpu_backend::GroupedCachedAttentionForward(q, rows, starts, key_cache,
+                                                    value_cache, output);
 }
 
 }  // namespace nn

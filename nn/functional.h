@@ -236,6 +236,100 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream, int64_t classes = 0);
 
+// ---- Decoder (Llama / Mistral / Qwen) ops.
+// CPU only for now: CUDA tensors get Unimplemented naming the op (the
+// kernels are issue 25's GPU half). Attention tensors are token-major,
+// (B, T, H, D), what the q/k/v projections write (viewed as (B, T, H, D)) and
+// what the attention output projection reads, so no transposes are needed.
+
+// RMSNorm over the last dimension, math in f32 (Hugging Face's
+// LlamaRMSNorm):
+//   rstd (M) f32     = 1 / sqrt(mean(input^2) + eps)
+//   output (M, C)    = weight (C) * (input * rstd)
+// input and output (..., C), folded into M rows. Qwen3's per-head q/k norm
+// is this op with C = head_dim over (B * T * H) rows.
+absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
+                            float eps, const Tensor& output, const Tensor& rstd,
+                            const Stream& stream);
+// grad_input (M, C) overwritten (may alias grad_output); grad_weight (C)
+// accumulated; either may be undefined (skipped).
+absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
+                             const Tensor& weight, const Tensor& rstd,
+                             const Tensor& grad_input,
+                             const Tensor& grad_weight, const Stream& stream);
+
+// Rotary position embedding in Hugging Face's rotate-half layout: each
+// head's vector x (D) = [x1 | x2] (two halves of D / 2) of a token at
+// position p becomes
+//   [x1 * cos(a) - x2 * sin(a) | x2 * cos(a) + x1 * sin(a)],
+//   a_i = p * inv_freq[i] (an f32 product, as transformers computes it).
+//   input, output (B, T, H, D), D even; output may alias input (in place).
+//   inv_freq (D / 2) f32 (RopeInverseFrequencies, nn/decoder_config.h).
+//   starts (B) i32 or undefined: token (b, t) is at position starts[b] + t
+//   (t without; incremental decoding passes each row's cached length).
+absl::Status RotaryEmbeddingForward(const Tensor& input, const Tensor& inv_freq,
+                                    const Tensor& starts, const Tensor& output,
+                                    const Stream& stream);
+// The transpose (rotation by -a): grad_input (B, T, H, D) overwritten, may
+// alias grad_output.
+absl::Status RotaryEmbeddingBackward(const Tensor& grad_output,
+                                     const Tensor& inv_freq,
+                                     const Tensor& starts,
+                                     const Tensor& grad_input,
+                                     const Stream& stream);
+
+// SwiGLU's gating: output = silu(gate) * up, silu(x) = x * sigmoid(x);
+// gate, up, output of one shape. output must not alias gate or up.
+absl::Status SwiGluForward(const Tensor& gate, const Tensor& up,
+                           const Tensor& output, const Stream& stream);
+// grad_gate = grad_output * up * silu'(gate), grad_up = grad_output *
+// silu(gate); both overwritten, either may be undefined; neither may alias
+// an input.
+absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
+                            const Tensor& up, const Tensor& grad_gate,
+                            const Tensor& grad_up, const Stream& stream);
+
+// Grouped-query causal attention:
+//   q (B, T, Hq, D); k, v (B, T, Hkv, D) with Hkv dividing Hq: query head h
+//   reads key/value head h / (Hq / Hkv) (transformers' repeat_kv).
+//   output (B, T, Hq, D) = softmax(q k^T / sqrt(D) + causal mask) v.
+//   logsumexp (B, Hq, T) f32: per query row, saved for backward.
+// output must not alias q, k or v.
+absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& output,
+                                     const Tensor& logsumexp,
+                                     const Stream& stream);
+// grad_q (B, T, Hq, D), grad_k, grad_v (B, T, Hkv, D): all required and
+// overwritten (each key/value head's gradient sums its group's query heads).
+absl::Status GroupedAttentionBackward(
+    const Tensor& grad_output, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& output, const Tensor& logsumexp,
+    const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+    const Stream& stream);
+
+// Incremental decoding with grouped-query attention (nn/kv_cache.h), as
+// KvCacheWrite / CachedAttentionForward above but for separate tensors:
+//   k, v (N, T, Hkv, D): the new positions' keys (after RoPE) and values.
+//   q (N, T, Hq, D), output (N, T, Hq, D).
+//   rows, starts (N) i32: cache row and first new position of each sequence.
+//   key_cache, value_cache (B, Hkv, T_max, D) of k's dtype.
+// GroupedKvCacheWrite overwrites key_cache[rows[i], h, starts[i] + t, :] =
+// k[i, t, h, :] (and v); GroupedCachedAttentionForward attends query (i, t)
+// over cache positions [0, starts[i] + t] of row rows[i], which must hold
+// them already. A row outside [0, B) or a start outside [0, T_max - T] is
+// InvalidArgument naming the index.
+absl::Status GroupedKvCacheWrite(const Tensor& k, const Tensor& v,
+                                 const Tensor& rows, const Tensor& starts,
+                                 const Tensor& key_cache,
+                                 const Tensor& value_cache,
+                                 const Stream& stream);
+absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
+                                           const Tensor& starts,
+                                           const Tensor& key_cache,
+                                           const Tensor& value_cache,
+                                           const Tensor& output,
+                                           const Stream& stream);
+
 }  // namespace nn
 }  // namespace ze
 

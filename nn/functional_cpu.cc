@@ -768,6 +768,371 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   return absl::OkStatus();
 }
 
+// ---- Decoder (Llama-family) ops.
+
+absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
+                            float eps, const Tensor &output,
+                            const Tensor &rstd) {
+  const int64_t rows = input.size(0);
+  const int64_t channels = input.size(1);
+  FloatIn x(input), w(weight);
+  FloatOut y(output, /*load=*/false);
+  float *rstd_out = rstd.data_as<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *x_row = x.get() + row * channels;
+    float *y_row = y.get() + row * channels;
+    double squares = 0.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      squares += static_cast<double>(x_row[c]) * x_row[c];
+    }
+    // Hugging Face: the f32 mean of squares plus eps, then rsqrt.
+    const float variance = static_cast<float>(squares / channels);
+    const float row_rstd = static_cast<float>(
+        1.0 / std::sqrt(static_cast<double>(variance + eps)));
+    for (int64_t c = 0; c < channels; ++c) {
+      y_row[c] = w.get()[c] * (x_row[c] * row_rstd);
+    }
+    rstd_out[row] = row_rstd;
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
+                             const Tensor &weight, const Tensor &rstd,
+                             const Tensor &grad_input,
+                             const Tensor &grad_weight) {
+  const int64_t rows = input.size(0);
+  const int64_t channels = input.size(1);
+  FloatIn dy(grad_output), x(input), w(weight);
+  FloatOut dx(grad_input, /*load=*/false);
+  FloatOut dw(grad_weight, /*load=*/true);
+  const float *rstd_in = rstd.data_as<const float>();
+  std::vector<float> dxhat_row(channels);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *dy_row = dy.get() + row * channels;
+    const float *x_row = x.get() + row * channels;
+    const float r = rstd_in[row];
+    // y = w * xhat with xhat = x * r; dx = r * (dxhat - xhat * mean(dxhat *
+    // xhat)), dxhat = dy * w.
+    double dot = 0.0;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float xhat = x_row[c] * r;
+      dxhat_row[c] = dy_row[c] * w.get()[c];
+      dot += static_cast<double>(dxhat_row[c]) * xhat;
+      if (dw.get() != nullptr) dw.get()[c] += dy_row[c] * xhat;
+    }
+    if (dx.get() == nullptr) continue;
+    const float mean_dot = static_cast<float>(dot / channels);
+    float *dx_row = dx.get() + row * channels;  // may alias dy_row (f32)
+    for (int64_t c = 0; c < channels; ++c) {
+      dx_row[c] = r * (dxhat_row[c] - x_row[c] * r * mean_dot);
+    }
+  }
+  dx.Commit();
+  dw.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status RotaryEmbedding(const Tensor &input, const Tensor &inv_freq,
+                             const Tensor &starts, const Tensor &output,
+                             bool inverse) {
+  const int64_t batch = input.size(0), seq = input.size(1),
+                heads = input.size(2), head_dim = input.size(3);
+  const int64_t half = head_dim / 2;
+  const float *frequencies = inv_freq.data_as<const float>();
+  const int32_t *start =
+      starts.defined() ? starts.data_as<const int32_t>() : nullptr;
+  FloatIn x(input);
+  FloatOut y(output, /*load=*/false);
+  std::vector<float> cosines(half), sines(half);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const int64_t position = (start != nullptr ? start[b] : 0) + t;
+      for (int64_t i = 0; i < half; ++i) {
+        // As Hugging Face: the angle is the f32 product, cos/sin of it
+        // rounded to f32.
+        const float angle = frequencies[i] * static_cast<float>(position);
+        cosines[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sines[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+        if (inverse) sines[i] = -sines[i];
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t offset = ((b * seq + t) * heads + h) * head_dim;
+        const float *x_row = x.get() + offset;
+        float *y_row = y.get() + offset;  // may alias x_row (f32)
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = x_row[i], x2 = x_row[i + half];
+          y_row[i] = x1 * cosines[i] - x2 * sines[i];
+          y_row[i + half] = x2 * cosines[i] + x1 * sines[i];
+        }
+      }
+    }
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+namespace {
+
+float Sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+
+}  // namespace
+
+absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
+                           const Tensor &output) {
+  FloatIn g(gate), u(up);
+  FloatOut y(output, /*load=*/false);
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const float a = g.get()[i];
+    y.get()[i] = (a * Sigmoid(a)) * u.get()[i];
+  }
+  y.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
+                            const Tensor &up, const Tensor &grad_gate,
+                            const Tensor &grad_up) {
+  FloatIn dy(grad_output), g(gate), u(up);
+  FloatOut dg(grad_gate, /*load=*/false), du(grad_up, /*load=*/false);
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const float a = g.get()[i];
+    const float s = Sigmoid(a);
+    const float d = dy.get()[i];
+    // silu(a) = a s; silu'(a) = s (1 + a (1 - s)).
+    if (dg.get() != nullptr) {
+      dg.get()[i] = d * u.get()[i] * (s * (1.0f + a * (1.0f - s)));
+    }
+    if (du.get() != nullptr) du.get()[i] = d * (a * s);
+  }
+  dg.Commit();
+  du.Commit();
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Sizes of grouped-query attention over (B, T, H, D) tensors.
+struct GroupedSizes {
+  int batch, seq, q_heads, kv_heads, head_dim;
+  int group() const { return q_heads / kv_heads; }
+  int q_stride() const { return q_heads * head_dim; }    // between tokens
+  int kv_stride() const { return kv_heads * head_dim; }  // between tokens
+};
+
+GroupedSizes SizesOf(const Tensor &q, const Tensor &k) {
+  return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)),
+          static_cast<int>(q.size(2)), static_cast<int>(k.size(2)),
+          static_cast<int>(q.size(3))};
+}
+
+// Softmax of each row i of scores (rows, cols) over columns [0, first + i]
+// (causal with `first` earlier positions), zeroing the rest; returns each
+// row's logsumexp in `lse` when given.
+void CausalSoftmax(float *scores, int rows, int cols, int first, float *lse) {
+  for (int i = 0; i < rows; ++i) {
+    float *row = scores + static_cast<int64_t>(i) * cols;
+    const int last = first + i;
+    float row_max = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j <= last; ++j) row_max = std::max(row_max, row[j]);
+    double sum = 0.0;
+    for (int j = 0; j <= last; ++j) {
+      row[j] = std::exp(row[j] - row_max);
+      sum += row[j];
+    }
+    const float inverse_sum = static_cast<float>(1.0 / sum);
+    for (int j = 0; j <= last; ++j) row[j] *= inverse_sum;
+    for (int j = last + 1; j < cols; ++j) row[j] = 0.0f;
+    if (lse != nullptr) lse[i] = row_max + static_cast<float>(std::log(sum));
+  }
+}
+
+}  // namespace
+
+absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
+                                     const Tensor &v, const Tensor &output,
+                                     const Tensor &logsumexp) {
+  const GroupedSizes s = SizesOf(q, k);
+  const int seq = s.seq, d = s.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  FloatIn q_f(q), k_f(k), v_f(v);
+  FloatOut out(output, /*load=*/false);
+  float *lse = logsumexp.data_as<float>();
+  std::vector<float> probs(static_cast<size_t>(seq) * seq);  // (T, T)
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.q_heads; ++h) {
+      const int kv = h / s.group();  // Hugging Face's repeat_kv order
+      const int64_t q_offset = static_cast<int64_t>(b) * seq * s.q_stride() +
+                               static_cast<int64_t>(h) * d;
+      const int64_t kv_offset = static_cast<int64_t>(b) * seq * s.kv_stride() +
+                                static_cast<int64_t>(kv) * d;
+      // scores (T, T) = scale * q (T, D) @ k (T, D)^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, d, scale,
+                  q_f.get() + q_offset, s.q_stride(), k_f.get() + kv_offset,
+                  s.kv_stride(), 0.0f, probs.data(), seq);
+      CausalSoftmax(probs.data(), seq, seq, 0,
+                    lse + (static_cast<int64_t>(b) * s.q_heads + h) * seq);
+      // o (T, D) = probs (T, T) @ v (T, D)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, d, seq, 1.0f,
+                  probs.data(), seq, v_f.get() + kv_offset, s.kv_stride(), 0.0f,
+                  out.get() + q_offset, s.q_stride());
+    }
+  }
+  out.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status GroupedAttentionBackward(
+    const Tensor &grad_output, const Tensor &q, const Tensor &k,
+    const Tensor &v, const Tensor &output, const Tensor &logsumexp,
+    const Tensor &grad_q, const Tensor &grad_k, const Tensor &grad_v) {
+  const GroupedSizes s = SizesOf(q, k);
+  const int seq = s.seq, d = s.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  FloatIn q_f(q), k_f(k), v_f(v), out_f(output), dout_f(grad_output);
+  FloatOut dq(grad_q, /*load=*/false);
+  // The q heads of a group add into their kv head's gradient: start at 0.
+  FloatOut dk(grad_k, /*load=*/false), dv(grad_v, /*load=*/false);
+  std::fill(dk.get(), dk.get() + grad_k.numel(), 0.0f);
+  std::fill(dv.get(), dv.get() + grad_v.numel(), 0.0f);
+  const float *lse = logsumexp.data_as<const float>();
+  std::vector<float> probs(static_cast<size_t>(seq) * seq);        // (T, T)
+  std::vector<float> grad_scores(static_cast<size_t>(seq) * seq);  // (T, T)
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.q_heads; ++h) {
+      const int kv = h / s.group();
+      const int64_t q_offset = static_cast<int64_t>(b) * seq * s.q_stride() +
+                               static_cast<int64_t>(h) * d;
+      const int64_t kv_offset = static_cast<int64_t>(b) * seq * s.kv_stride() +
+                                static_cast<int64_t>(kv) * d;
+      const float *qh = q_f.get() + q_offset;
+      const float *kh = k_f.get() + kv_offset;
+      const float *vh = v_f.get() + kv_offset;
+      const float *oh = out_f.get() + q_offset;
+      const float *doh = dout_f.get() + q_offset;
+      const float *lse_bh =
+          lse + (static_cast<int64_t>(b) * s.q_heads + h) * seq;
+      // Recompute probs from the saved logsumexp.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, d, scale,
+                  qh, s.q_stride(), kh, s.kv_stride(), 0.0f, probs.data(), seq);
+      // dprobs (T, T) = d_o (T, D) @ v (T, D)^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, d, 1.0f,
+                  doh, s.q_stride(), vh, s.kv_stride(), 0.0f,
+                  grad_scores.data(), seq);
+      for (int i = 0; i < seq; ++i) {
+        float *p_row = probs.data() + static_cast<int64_t>(i) * seq;
+        float *ds_row = grad_scores.data() + static_cast<int64_t>(i) * seq;
+        // sum_j p_ij dp_ij = d_o_i . o_i
+        double row_dot = 0.0;
+        for (int e = 0; e < d; ++e) {
+          row_dot += static_cast<double>(
+                         doh[static_cast<int64_t>(i) * s.q_stride() + e]) *
+                     oh[static_cast<int64_t>(i) * s.q_stride() + e];
+        }
+        for (int j = 0; j <= i; ++j) {
+          p_row[j] = std::exp(p_row[j] - lse_bh[i]);
+          ds_row[j] = p_row[j] * (ds_row[j] - static_cast<float>(row_dot));
+        }
+        for (int j = i + 1; j < seq; ++j) {
+          p_row[j] = 0.0f;
+          ds_row[j] = 0.0f;
+        }
+      }
+      // dq = scale dS k (overwritten); dk += scale dS^T q; dv += P^T d_o.
+      if (dq.get() != nullptr) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, d, seq,
+                    scale, grad_scores.data(), seq, kh, s.kv_stride(), 0.0f,
+                    dq.get() + q_offset, s.q_stride());
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, seq, d, seq, scale,
+                  grad_scores.data(), seq, qh, s.q_stride(), 1.0f,
+                  dk.get() + kv_offset, s.kv_stride());
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, seq, d, seq, 1.0f,
+                  probs.data(), seq, doh, s.q_stride(), 1.0f,
+                  dv.get() + kv_offset, s.kv_stride());
+    }
+  }
+  dq.Commit();
+  dk.Commit();
+  dv.Commit();
+  return absl::OkStatus();
+}
+
+absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
+                                 const Tensor &rows, const Tensor &starts,
+                                 const Tensor &key_cache,
+                                 const Tensor &value_cache) {
+  const int64_t n = k.size(0), seq = k.size(1), heads = k.size(2),
+                head_dim = k.size(3);
+  ZE_RETURN_IF_ERROR(
+      CheckCacheSlots("GroupedKvCacheWrite", rows, starts, seq, key_cache));
+  const int64_t capacity = key_cache.size(2);
+  const size_t element = SizeOf(k.dtype());
+  const size_t row_bytes = head_dim * element;
+  const int32_t *row = rows.data_as<const int32_t>();
+  const int32_t *start = starts.data_as<const int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t = 0; t < seq; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t source = ((i * seq + t) * heads + h) * head_dim;
+        const int64_t target =
+            ((row[i] * heads + h) * capacity + start[i] + t) * head_dim;
+        std::memcpy(static_cast<char *>(key_cache.data()) + target * element,
+                    static_cast<const char *>(k.data()) + source * element,
+                    row_bytes);
+        std::memcpy(static_cast<char *>(value_cache.data()) + target * element,
+                    static_cast<const char *>(v.data()) + source * element,
+                    row_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
+                                           const Tensor &starts,
+                                           const Tensor &key_cache,
+                                           const Tensor &value_cache,
+                                           const Tensor &output) {
+  const int n = static_cast<int>(q.size(0));
+  const int seq = static_cast<int>(q.size(1));
+  const int q_heads = static_cast<int>(q.size(2));
+  const int d = static_cast<int>(q.size(3));
+  const int kv_heads = static_cast<int>(key_cache.size(1));
+  const int group = q_heads / kv_heads;
+  const int q_stride = q_heads * d;
+  ZE_RETURN_IF_ERROR(CheckCacheSlots("GroupedCachedAttentionForward", rows,
+                                     starts, seq, key_cache));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int32_t *row = rows.data_as<const int32_t>();
+  const int32_t *start = starts.data_as<const int32_t>();
+  FloatIn q_f(q);
+  FloatOut out(output, /*load=*/false);
+  std::vector<float> probs, key_buffer, value_buffer;
+  for (int i = 0; i < n; ++i) {
+    const int keys = start[i] + seq;
+    probs.resize(static_cast<size_t>(seq) * keys);  // (T, keys)
+    for (int kv = 0; kv < kv_heads; ++kv) {
+      const float *kh = CacheBlock(key_cache, row[i], kv, keys, key_buffer);
+      const float *vh = CacheBlock(value_cache, row[i], kv, keys, value_buffer);
+      for (int h = kv * group; h < (kv + 1) * group; ++h) {
+        const int64_t q_offset = static_cast<int64_t>(i) * seq * q_stride +
+                                 static_cast<int64_t>(h) * d;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, keys, d,
+                    scale, q_f.get() + q_offset, q_stride, kh, d, 0.0f,
+                    probs.data(), keys);
+        CausalSoftmax(probs.data(), seq, keys, start[i], nullptr);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, d, keys,
+                    1.0f, probs.data(), keys, vh, d, 0.0f, out.get() + q_offset,
+                    q_stride);
+      }
+    }
+  }
+  out.Commit();
+  return absl::OkStatus();
+}
+
 }  // namespace cpu_backend
 }  // namespace nn
 }  // namespace ze

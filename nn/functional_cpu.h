@@ -86,6 +86,47 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
                                   float grad_scale, const Tensor &grad_logits,
                                   int64_t classes);
 
+// ---- Decoder (Llama-family) ops.
+// input (M, C), weight (C), output (M, C), rstd (M) f32.
+absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
+                            float eps, const Tensor &output,
+                            const Tensor &rstd);
+absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
+                             const Tensor &weight, const Tensor &rstd,
+                             const Tensor &grad_input,
+                             const Tensor &grad_weight);
+// input, output (B, T, H, D); inv_freq (D / 2) f32; starts (B) i32 or
+// undefined. `inverse` rotates by minus the angle (the backward).
+absl::Status RotaryEmbedding(const Tensor &input, const Tensor &inv_freq,
+                             const Tensor &starts, const Tensor &output,
+                             bool inverse);
+// Elementwise over equal shapes.
+absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
+                           const Tensor &output);
+absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
+                            const Tensor &up, const Tensor &grad_gate,
+                            const Tensor &grad_up);
+// q, output (B, T, Hq, D); k, v (B, T, Hkv, D); logsumexp (B, Hq, T) f32.
+absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
+                                     const Tensor &v, const Tensor &output,
+                                     const Tensor &logsumexp);
+absl::Status GroupedAttentionBackward(
+    const Tensor &grad_output, const Tensor &q, const Tensor &k,
+    const Tensor &v, const Tensor &output, const Tensor &logsumexp,
+    const Tensor &grad_q, const Tensor &grad_k, const Tensor &grad_v);
+// k, v (N, T, Hkv, D); caches (B, Hkv, T_max, D); q, output (N, T, Hq, D).
+// InvalidArgument for a row outside [0, B) or a start outside
+// [0, T_max - T].
+absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
+                                 const Tensor &rows, const Tensor &starts,
+                                 const Tensor &key_cache,
+                                 const Tensor &value_cache);
+absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
+                                           const Tensor &starts,
+                                           const Tensor &key_cache,
+                                           const Tensor &value_cache,
+                                           const Tensor &output);
+
 }  // namespace cpu_backend
 }  // namespace nn
 }  // namespace ze

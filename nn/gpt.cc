@@ -144,20 +144,6 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
                                                KvCache &cache,
                                                const Stream &stream) {
   const char *op = "GptModel::ForwardCached";
-  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32 ||
-      tokens.size(0) < 1 || tokens.size(1) < 1 ||
-      tokens.device() != options_.device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": tokens must be (N >= 1, T >= 1) i32 on ",
-                     options_.device.ToString(), ", got ",
-                     tokens.defined() ? tokens.DebugString() : "undefined"));
-  }
-  const int64_t n = tokens.size(0), seq = tokens.size(1);
-  if (static_cast<int64_t>(rows.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": rows has ", rows.size(),
-                     " entries, tokens has N = ", n, " sequences"));
-  }
   if (cache.num_layers() != config_.num_layers ||
       cache.num_heads() != config_.num_heads ||
       cache.head_dim() != config_.channels / config_.num_heads ||
@@ -170,47 +156,14 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
         config_.channels / config_.num_heads, ", ", DTypeName(options_.dtype),
         " on ", options_.device.ToString(), "); make it with NewKvCache"));
   }
-  // Host copies of the rows and their first new positions; checked here,
-  // once, because the CUDA kernels trust them.
-  ZE_ASSIGN_OR_RETURN(Tensor host_slots,
-                      Tensor::Empty({2, n}, DType::kI32, Device::Cpu()));
-  int32_t *slot_values = host_slots.data_as<int32_t>();
-  std::vector<bool> listed(cache.batch(), false);
-  bool empty_prefix = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = rows[i];
-    if (row < 0 || row >= cache.batch() || listed[row]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": rows[", i, "] = ", row,
-                       row < 0 || row >= cache.batch()
-                           ? absl::StrCat(" is outside the cache's batch [0, ",
-                                          cache.batch(), ")")
-                           : std::string(" is listed twice")));
-    }
-    listed[row] = true;
-    const int64_t start = cache.length(row);
-    const int64_t limit = std::min(cache.capacity(), config_.max_seq_len);
-    if (start + seq > limit) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": row ", row, " holds ", start, " positions; ", seq,
-                       " more exceed ",
-                       limit == cache.capacity() ? "the cache's capacity "
-                                                 : "the model's max_seq_len ",
-                       limit));
-    }
-    slot_values[i] = static_cast<int32_t>(row);
-    slot_values[n + i] = static_cast<int32_t>(start);
-    empty_prefix = empty_prefix && start == 0;
-  }
-  Tensor slots = host_slots;
-  if (options_.device.is_cuda()) {
-    StreamGuard guard(stream);
-    ZE_ASSIGN_OR_RETURN(slots,
-                        Tensor::Empty({2, n}, DType::kI32, options_.device));
-    ZE_RETURN_IF_ERROR(Copy(host_slots, slots, stream));
-  }
-  const Tensor row_ids = slots.Flat().Slice(0, n);
-  const Tensor starts = slots.Flat().Slice(n, n);
+  ZE_ASSIGN_OR_RETURN(
+      const CacheSlots slots,
+      PrepareCacheSlots(op, tokens, rows, cache, config_.max_seq_len,
+                        options_.device, stream));
+  const int64_t seq = tokens.size(1);
+  const Tensor &row_ids = slots.rows;
+  const Tensor &starts = slots.starts;
+  const bool empty_prefix = slots.empty_prefix;
 
   // The settings live for this call only, whatever its outcome.
   embed_->set_position_starts(starts);
@@ -241,21 +194,6 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
   return logits;
 }
 
-absl::StatusOr<Tensor> GptModel::LastPositions(const Tensor &x,
-                                               const Stream &stream) {
-  const int64_t batch = x.size(0), seq = x.size(1), channels = x.size(2);
-  StreamGuard guard(stream);
-  ZE_ASSIGN_OR_RETURN(
-      Tensor last, Tensor::Empty({batch, 1, channels}, x.dtype(), x.device()));
-  const Tensor from = x.Flat(), to = last.Flat();
-  for (int64_t b = 0; b < batch; ++b) {
-    ZE_RETURN_IF_ERROR(
-        Copy(from.Slice((b * seq + seq - 1) * channels, channels),
-             to.Slice(b * channels, channels), stream));
-  }
-  return last;
-}
-
 absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_logits,
                                               const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_logits, stream));
@@ -264,78 +202,24 @@ absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_logits,
   return embed_->Backward(grad, stream);
 }
 
-void GptModel::ClearSavedStateImpl() {
-  logits_ = Tensor();
-  targets_ = Tensor();
-}
+void GptModel::ClearSavedStateImpl() { loss_.Clear(); }
 
 absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
                                             const Tensor &targets,
                                             const Stream &stream) {
-  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GptModel::ForwardLoss: tokens must be (B, T) i32, got ",
-                     tokens.defined() ? tokens.DebugString() : "undefined"));
-  }
-  if (!targets.defined() || targets.shape() != tokens.shape() ||
-      targets.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptModel::ForwardLoss: targets must be i32 with the shape of tokens ",
-        ShapeToString(tokens.shape()), ", got ",
-        targets.defined() ? targets.DebugString() : "undefined"));
-  }
+  ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
+      "GptModel::ForwardLoss", tokens, targets));
   ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream));  // (B, T, Vp)
-  ZE_ASSIGN_OR_RETURN(
-      Tensor losses,  // (B * T)
-      Tensor::Empty({targets.numel()}, DType::kF32, logits.device()));
   // Only the real vocabulary's logits compete; a padded table's extra
   // columns are left out (GptConfig::padded_vocab_size).
-  ZE_RETURN_IF_ERROR(
-      CrossEntropyForward(logits, targets, losses, stream, config_.vocab_size));
-  // One read back per step: the per-row losses and which rows count.
-  Tensor host_losses = losses;
-  Tensor host_targets = targets;
-  if (logits.device().is_cuda()) {
-    ZE_ASSIGN_OR_RETURN(
-        host_losses, Tensor::Empty(losses.shape(), DType::kF32, Device::Cpu()));
-    ZE_ASSIGN_OR_RETURN(
-        host_targets,
-        Tensor::Empty(targets.shape(), DType::kI32, Device::Cpu()));
-    ZE_RETURN_IF_ERROR(Copy(losses, host_losses, stream));
-    ZE_RETURN_IF_ERROR(Copy(targets, host_targets, stream));
-    ZE_RETURN_IF_ERROR(stream.Synchronize());
-  }
-  const float *loss_values = host_losses.data_as<const float>();
-  const int32_t *target_ids = host_targets.data_as<const int32_t>();
-  double sum = 0.0;
-  int64_t counted = 0;
-  for (int64_t i = 0; i < targets.numel(); ++i) {
-    if (target_ids[i] < 0) continue;
-    sum += loss_values[i];
-    ++counted;
-  }
-  logits_ = logits;
-  targets_ = targets;
-  counted_targets_ = counted;
-  return counted > 0 ? static_cast<float>(sum / counted) : 0.0f;
+  return loss_.Forward(logits, targets, config_.vocab_size, stream);
 }
 
 absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
-  if (!logits_.defined()) {
-    return absl::FailedPreconditionError(
-        "GptModel::BackwardLoss without a preceding ForwardLoss");
-  }
-  Tensor logits = std::move(logits_);
-  Tensor targets = std::move(targets_);
-  logits_ = Tensor();
-  targets_ = Tensor();
-  const float grad_scale =
-      counted_targets_ > 0 ? loss_scale / static_cast<float>(counted_targets_)
-                           : 0.0f;
-  // In place: the logits are not needed once their gradient is formed.
-  ZE_RETURN_IF_ERROR(CrossEntropyBackward(logits, targets, grad_scale, logits,
-                                          stream, config_.vocab_size));
-  return Backward(logits, stream).status();
+  ZE_ASSIGN_OR_RETURN(
+      Tensor grad_logits,
+      loss_.Backward("GptModel::BackwardLoss", loss_scale, stream));
+  return Backward(grad_logits, stream).status();
 }
 
 }  // namespace nn

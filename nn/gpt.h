@@ -113,7 +113,7 @@ class GptModel : public LossModel, public IncrementalDecoder {
   // without a preceding ForwardLoss.
   absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
   // Targets counted by the last ForwardLoss.
-  int64_t counted_targets() const override { return counted_targets_; }
+  int64_t counted_targets() const override { return loss_.counted(); }
 
   // IncrementalDecoder (nn/kv_cache.h). max_positions() is
   // config().max_seq_len.
@@ -134,9 +134,6 @@ class GptModel : public LossModel, public IncrementalDecoder {
 
  private:
   GptModel(const GptConfig &config, const GptOptions &options);
-  // x (B, T, C) -> its last positions (B, 1, C), a new tensor.
-  static absl::StatusOr<Tensor> LastPositions(const Tensor &x,
-                                              const Stream &stream);
 
   GptConfig config_;
   GptOptions options_;
@@ -144,10 +141,8 @@ class GptModel : public LossModel, public IncrementalDecoder {
   Sequential *blocks_;
   LayerNorm *ln_f_;
   TiedOutputHead *lm_head_;
-  // Between ForwardLoss and BackwardLoss.
-  Tensor logits_;   // (B, T, Vp)
-  Tensor targets_;  // (B, T) i32
-  int64_t counted_targets_ = 0;
+  // Between ForwardLoss and BackwardLoss: the logits (B, T, Vp), targets.
+  MeanCrossEntropy loss_;
   // During ForwardCached: ForwardImpl applies ln_f and the head to each
   // sequence's last position only.
   bool last_position_only_ = false;

@@ -91,6 +91,31 @@ class KvCache {
   std::vector<int64_t> lengths_;  // (B)
 };
 
+// What every IncrementalDecoder::ForwardCached checks and prepares before
+// its forward (one place for GptModel and DecoderModel): the rows and each
+// row's first new position, checked on the host, then on the model's device.
+struct CacheSlots {
+  Tensor rows;    // (N) i32 on the model's device: cache row of sequence i
+  Tensor starts;  // (N) i32 on the model's device: its first new position
+  // Every start is 0 (a prefill): a model may attend over the input alone.
+  bool empty_prefix = false;
+};
+
+// Checks tokens (N >= 1, T >= 1) i32 on `device`, that `rows` has N
+// distinct entries in [0, cache.batch()), and that each row's T new
+// positions fit both the cache's capacity and `max_positions`; then copies
+// the rows and starts to `device` (queued on `stream`). InvalidArgument
+// starting with `op` and naming the argument (and the row) otherwise.
+absl::StatusOr<CacheSlots> PrepareCacheSlots(
+    const char* op, const Tensor& tokens, const std::vector<int64_t>& rows,
+    const KvCache& cache, int64_t max_positions, const Device& device,
+    const Stream& stream);
+
+// x (B, T, C) -> its last positions (B, 1, C), a new tensor on x's device
+// (a model's head on each sequence's last position only, during a cached
+// forward).
+absl::StatusOr<Tensor> LastPositions(const Tensor& x, const Stream& stream);
+
 // A model that decodes incrementally over a KvCache (GptModel). Its
 // ForwardCached runs through the public Module::Forward, so every hook
 // fires as in a plain forward: ZeRO-3 gathers each module's parameters

@@ -52,6 +52,45 @@ class LossModel : public Module {
   virtual int64_t hidden_size() const { return 0; }
 };
 
+// The language-model loss GptModel and DecoderModel share: the mean
+// softmax cross-entropy of logits (B, T, V) against targets (B, T) i32, a
+// target < 0 ignored (not counted). Forward reads the per-row losses back
+// (one synchronisation) and keeps the logits and targets; Backward turns
+// the kept logits into their gradient in place. Not thread-safe.
+class MeanCrossEntropy {
+ public:
+  // InvalidArgument starting with `op` unless tokens is (B, T) i32 and
+  // targets i32 of its shape (a model's ForwardLoss checks its inputs so).
+  static absl::Status CheckTokensAndTargets(const char* op,
+                                            const Tensor& tokens,
+                                            const Tensor& targets);
+
+  // The mean loss over the counted targets (0 when none count), softmax
+  // over the first `classes` columns (0: all; fewer leaves a padded
+  // vocabulary's columns out, see CrossEntropyForward). Keeps logits and
+  // targets until Backward or Clear.
+  absl::StatusOr<float> Forward(const Tensor& logits, const Tensor& targets,
+                                int64_t classes, const Stream& stream);
+  // d(loss_scale * mean loss)/d(logits), (B, T, V), written over the kept
+  // logits (which are released here). FailedPrecondition starting with `op`
+  // without a preceding Forward.
+  absl::StatusOr<Tensor> Backward(const char* op, float loss_scale,
+                                  const Stream& stream);
+  // Targets counted by the last Forward.
+  int64_t counted() const { return counted_; }
+  // Drops the kept logits and targets.
+  void Clear() {
+    logits_ = Tensor();
+    targets_ = Tensor();
+  }
+
+ private:
+  Tensor logits_;   // (B, T, V)
+  Tensor targets_;  // (B, T) i32
+  int64_t classes_ = 0;
+  int64_t counted_ = 0;
+};
+
 }  // namespace nn
 }  // namespace ze
 

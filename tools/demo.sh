@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The main job, as a first run: builds examples/train_gpt and trains a tiny
-# GPT (0.8M parameters, f32) on this machine's CPUs through mpirun, 2 ranks,
-# ZeRO stage 3 with the optimizer state and the parameters offloaded to CPU
+# GPT (0.43M parameters, f32; 2 blocks of 8 heads) on this machine's CPUs
+# through mpirun, 2 ranks, ZeRO stage 3 with the optimizer state and the parameters offloaded to CPU
 # memory (examples/configs/demo_zero3_offload_cpu.json), on the built-in
 # task: 3-digit addition ("123+045=" -> the sum, written least significant
 # digit first). The flags are in examples/demo.flags (CI's
-# //examples:demo_test runs the same file): 1200 steps of 72 problems (the
-# global batch, the same at any rank count), an evaluation every 300 steps
+# //examples:demo_test runs the same file): 2000 steps of 72 problems (the
+# global batch, the same at any rank count), an evaluation every 500 steps
 # that generates answers to 128 held-out problems never trained on, and
 # their exact-match accuracy at the end; the exit status is 1 unless it
 # reaches 90% (guessing scores about 0). README's table has what it

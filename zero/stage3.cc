@@ -604,7 +604,7 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
 }
 
 absl::StatusOr<LoadReport> Stage3::LoadWeights(
-    const safetensors::Reader& reader) {
+    const safetensors::TensorSource& reader) {
   ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
   if (scopes_ > 0) {
     return absl::FailedPreconditionError(absl::StrCat(

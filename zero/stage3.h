@@ -142,9 +142,9 @@ class Stage3 : public ZeroStrategy {
   absl::Status ReleaseScope(const std::vector<std::string>& names,
                             int modifier_rank) override;
   // Reads only this rank's range of every parameter
-  // (safetensors::Reader::ReadRange) and regathers persistent buckets.
+  // (TensorSource::ReadRange) and regathers persistent buckets.
   absl::StatusOr<LoadReport> LoadWeights(
-      const safetensors::Reader& reader) override;
+      const safetensors::TensorSource& reader) override;
   CommunicationCounters communication_counters() const override {
     return last_step_counters_;
   }

@@ -321,7 +321,7 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
 }
 
 absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
-    const safetensors::Reader& reader) {
+    const safetensors::TensorSource& reader) {
   ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
   ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
   const std::vector<nn::Parameter*> parameters = context_.model->Parameters();

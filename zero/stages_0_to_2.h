@@ -65,7 +65,7 @@ class Stages0To2 : public ZeroStrategy {
                             int modifier_rank) override;
   // Reads whole tensors (every rank holds every parameter).
   absl::StatusOr<LoadReport> LoadWeights(
-      const safetensors::Reader& reader) override;
+      const safetensors::TensorSource& reader) override;
 
  private:
   // Which gradients this window's backward passes reduce.

@@ -66,7 +66,7 @@ absl::Status ZeroStrategy::RequireIdle(const char* what) const {
 }
 
 absl::Status ZeroStrategy::CheckLoadable(
-    const safetensors::Reader& reader,
+    const safetensors::TensorSource& reader,
     const std::vector<nn::Parameter*>& parameters) const {
   for (const nn::Parameter* parameter : parameters) {
     const std::string name = parameter->name();
@@ -74,13 +74,13 @@ absl::Status ZeroStrategy::CheckLoadable(
     if (info == nullptr) {
       return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
                                               ": parameter '", name,
-                                              "' is not in ", reader.path()));
+                                              "' is not in ", reader.description()));
     }
     if (info->shape != parameter->shape()) {
       return absl::InvalidArgumentError(
           absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
                        "' is ", ShapeToString(parameter->shape()), " but ",
-                       reader.path(), " has ", ShapeToString(info->shape)));
+                       reader.description(), " has ", ShapeToString(info->shape)));
     }
     ZE_RETURN_IF_ERROR(safetensors::DTypeOf(info->dtype).status());
   }

@@ -34,7 +34,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/dtype.h"
-#include "core/safetensors/reader.h"
+#include "core/safetensors/tensor_source.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "nn/loss_model.h"
@@ -158,7 +158,7 @@ class ZeroStrategy {
   // parameter; nothing is written unless every parameter is present with
   // its shape.
   virtual absl::StatusOr<LoadReport> LoadWeights(
-      const safetensors::Reader& reader) = 0;
+      const safetensors::TensorSource& reader) = 0;
 
   // Parameter `name`'s f32 master values gathered from every rank (a
   // collective). NotFound naming an unknown parameter.
@@ -306,7 +306,7 @@ class ZeroStrategy {
   // is in `reader` with its shape and a float dtype. NotFound /
   // InvalidArgument naming the rank, the parameter and the file.
   absl::Status CheckLoadable(
-      const safetensors::Reader& reader,
+      const safetensors::TensorSource& reader,
       const std::vector<nn::Parameter*>& parameters) const;
   // Plans memory_ for `layout` (zero/plan.h; the same plan PlanMemory
   // reports) and returns the PartitionState options every strategy shares:

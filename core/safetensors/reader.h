@@ -22,12 +22,14 @@
 #include "absl/strings/string_view.h"
 #include "core/allocator.h"
 #include "core/safetensors/format.h"
+#include "core/safetensors/tensor_source.h"
 #include "core/tensor.h"
 
 namespace ze {
 namespace safetensors {
 
-class Reader {
+// A TensorSource over one file, under the names the file gives.
+class Reader : public TensorSource {
  public:
   // Opens `path` and validates its header. Errors name the path:
   // NotFound / PermissionDenied when it cannot be opened; InvalidArgument
@@ -38,11 +40,12 @@ class Reader {
   // The returned reader owns the open file descriptor.
   static absl::StatusOr<std::unique_ptr<Reader>> Open(const std::string &path);
 
-  ~Reader();
+  ~Reader() override;
   Reader(const Reader &) = delete;
   Reader &operator=(const Reader &) = delete;
 
   const std::string &path() const { return path_; }
+  std::string description() const override { return path_; }
   // Every tensor, in the order its bytes lie in the file.
   const std::vector<TensorInfo> &tensors() const { return header_.tensors; }
   // "__metadata__" (empty when the file has none).
@@ -52,7 +55,7 @@ class Reader {
 
   // The entry for `name`, or null when absent. The pointer lives as long as
   // the reader.
-  const TensorInfo *Find(absl::string_view name) const;
+  const TensorInfo *Find(absl::string_view name) const override;
   // Like Find, but NotFound naming the file and the tensor when absent.
   absl::StatusOr<const TensorInfo *> Get(absl::string_view name) const;
 
@@ -60,8 +63,8 @@ class Reader {
   // allocated from `allocator` (default: host memory). NotFound when absent;
   // Unimplemented when its dtype has no ze::DType (use ReadBytes);
   // the allocator's error; read errors naming the file and the tensor.
-  absl::StatusOr<Tensor> ReadTensor(absl::string_view name,
-                                    Allocator *allocator = nullptr) const;
+  absl::StatusOr<Tensor> ReadTensor(
+      absl::string_view name, Allocator *allocator = nullptr) const override;
 
   // Reads tensor `name` into `destination`, which must be a CPU tensor of the
   // same dtype and exactly the same shape (a transposed shape with the same
@@ -77,7 +80,7 @@ class Reader {
   // is not inside the tensor; InvalidArgument for a mismatched destination.
   absl::Status ReadRange(absl::string_view name, int64_t element_begin,
                          int64_t element_count,
-                         const Tensor &destination) const;
+                         const Tensor &destination) const override;
 
   // Reads `byte_count` raw bytes starting `byte_begin` bytes into tensor
   // `name`'s data, for any dtype (BOOL, I64, F64, ...). `destination` must
