@@ -137,7 +137,10 @@
 #include "engine/engine.h"
 #include "examples/progress.h"
 #include "examples/train_data.h"
+#include "nn/decoder.h"
+#include "nn/decoder_config.h"
 #include "nn/gpt.h"
+#include "nn/pretrained/hf_decoder_source.h"
 #include "nn/pretrained/hf_gpt2.h"
 #include "zero/plan.h"
 
@@ -764,6 +767,119 @@ absl::Status LoadInitialWeights(const Options& options, const InitFile& init,
   return absl::OkStatus();
 }
 
+// What the trainer needs to know of the model it trains, whichever family
+// (GPT, or a Llama / Mistral / Qwen decoder).
+struct ModelFacts {
+  std::string name;  // --model, "tiny", or where --init_from came from
+  int num_layers = 0;
+  int num_heads = 0;
+  int64_t hidden = 0;           // the residual stream's width
+  int64_t attention_width = 0;  // query heads x head size
+  int64_t vocab_size = 0;       // the logits that compete
+  int64_t max_positions = 0;
+  int64_t num_parameters = 0;
+};
+
+ModelFacts FactsOf(const std::string& name, const nn::GptConfig& gpt) {
+  ModelFacts facts;
+  facts.name = name;
+  facts.num_layers = gpt.num_layers;
+  facts.num_heads = gpt.num_heads;
+  facts.hidden = gpt.channels;
+  facts.attention_width = gpt.channels;
+  facts.vocab_size = gpt.vocab_size;
+  facts.max_positions = gpt.max_seq_len;
+  facts.num_parameters = gpt.NumParameters();
+  return facts;
+}
+
+ModelFacts FactsOf(const std::string& name, const nn::DecoderConfig& decoder) {
+  ModelFacts facts;
+  facts.name = name;
+  facts.num_layers = decoder.num_layers;
+  facts.num_heads = decoder.num_heads;
+  facts.hidden = decoder.hidden_size;
+  facts.attention_width = decoder.num_heads * decoder.head_dim;
+  facts.vocab_size = decoder.vocab_size;
+  facts.max_positions = decoder.max_position_embeddings;
+  facts.num_parameters = decoder.NumParameters();
+  return facts;
+}
+
+// Whether the options ask for a decoder (Llama, Mistral, Qwen): a decoder
+// preset in --model, or a Hugging Face model directory in --init_from.
+bool WantsDecoder(const Options& options) {
+  const std::vector<std::string> presets = nn::DecoderConfig::PresetNames();
+  return std::find(presets.begin(), presets.end(), options.model) !=
+             presets.end() ||
+         (!options.init_from.empty() &&
+          std::filesystem::is_directory(options.init_from));
+}
+
+// The decoder's shape: the --init_from directory's config.json, or the
+// --model preset's (a tiny preset's vocabulary is the data's, as GPT's
+// tiny). `source` is set to the opened directory (every check done, nothing
+// read yet). Errors name the flag.
+absl::StatusOr<nn::DecoderConfig> DecoderModelConfig(
+    const Options& options, int64_t data_vocab,
+    std::unique_ptr<nn::HuggingFaceDecoderSource>* source) {
+  if (options.layers != 0 || options.heads != 0 || options.channels != 0) {
+    return absl::InvalidArgumentError(
+        "--layers, --heads and --channels reshape --model=tiny only; a "
+        "decoder takes its shape from its preset or config.json");
+  }
+  nn::DecoderConfig config;
+  if (!options.init_from.empty()) {
+    if (!options.model.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--model=", options.model, " with --init_from=", options.init_from,
+          ": the directory's config.json gives the shape; leave out --model"));
+    }
+    absl::StatusOr<std::unique_ptr<nn::HuggingFaceDecoderSource>> opened =
+        nn::HuggingFaceDecoderSource::Open(options.init_from);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("--init_from: ",
+                                       opened.status().message()));
+    }
+    *source = std::move(*opened);
+    config = (*source)->config();
+    if (data_vocab > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data: tokens up to ", data_vocab - 1, " do not fit --init_from=",
+          options.init_from, "'s vocabulary of ", config.vocab_size));
+    }
+  } else {
+    ZE_ASSIGN_OR_RETURN(config, nn::DecoderConfig::Preset(options.model));
+    if (absl::EndsWith(options.model, "-tiny")) {
+      config.vocab_size = data_vocab;
+    } else if (data_vocab > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data: tokens up to ", data_vocab - 1, " do not fit --model=",
+          options.model, "'s vocabulary of ", config.vocab_size));
+    }
+    // A preset's positions are what the run needs (RoPE has no table).
+    config.max_position_embeddings =
+        std::max<int64_t>(config.max_position_embeddings, options.seq);
+  }
+  const std::string origin = options.init_from.empty()
+                                 ? absl::StrCat("--model=", options.model)
+                                 : absl::StrCat("--init_from=",
+                                                options.init_from);
+  if (options.seq > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq=", options.seq, " exceeds ", origin, "'s ",
+        config.max_position_embeddings, " positions (max_position_embeddings)"));
+  }
+  if (config.sliding_window > 0 && options.seq > config.sliding_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq=", options.seq, " exceeds ", origin, "'s sliding_window of ",
+        config.sliding_window, " (only plain causal attention is implemented)"));
+  }
+  ZE_RETURN_IF_ERROR(config.Validate());
+  return config;
+}
+
 // An evaluation's outcome; accuracy only for the addition task.
 struct Evaluation {
   std::optional<double> accuracy;
@@ -790,7 +906,7 @@ std::string ShowTokens(const std::vector<int32_t>& tokens, bool text) {
 // a small computation. A --prompt (every rank's the same) is answered
 // greedily too, up to a newline.
 absl::StatusOr<Evaluation> EvaluateAddition(
-    const examples::AdditionTask& task, const nn::GptConfig& gpt,
+    const examples::AdditionTask& task, const ModelFacts& facts,
     engine::Engine& engine, int64_t step, int rank,
     const std::vector<int32_t>& prompt) {
   std::vector<std::vector<int32_t>> prompts;
@@ -798,8 +914,8 @@ absl::StatusOr<Evaluation> EvaluateAddition(
     prompts.push_back(task.PromptTokens(problem));
   }
   engine::GenerateOptions generate;
-  generate.max_context = gpt.max_seq_len;
-  generate.vocab_size = gpt.vocab_size;
+  generate.max_context = facts.max_positions;
+  generate.vocab_size = facts.vocab_size;
   generate.stop_token = '\n';
   ZE_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> outputs,
                       engine.Generate(prompts, task.digits() + 2, generate));
@@ -845,7 +961,7 @@ absl::StatusOr<Evaluation> EvaluateAddition(
 // The mean loss over validation windows, and a sampled continuation of
 // --prompt, or without one of the validation part's first tokens.
 absl::StatusOr<Evaluation> EvaluateCorpus(
-    const examples::TokenCorpus& corpus, const nn::GptConfig& gpt,
+    const examples::TokenCorpus& corpus, const ModelFacts& facts,
     engine::Engine& engine, int64_t seq, int64_t step, int rank,
     const std::vector<int32_t>& user_prompt) {
   constexpr int64_t kWindows = 8;
@@ -865,8 +981,8 @@ absl::StatusOr<Evaluation> EvaluateCorpus(
       user_prompt.empty() ? corpus.ValidationTokens(0, prompt_length)
                           : user_prompt;
   engine::GenerateOptions generate;
-  generate.max_context = gpt.max_seq_len;
-  generate.vocab_size = gpt.vocab_size;
+  generate.max_context = facts.max_positions;
+  generate.vocab_size = facts.vocab_size;
   generate.temperature = 0.8f;
   generate.top_k = 40;
   generate.seed = static_cast<uint64_t>(step);
@@ -952,27 +1068,59 @@ absl::Status Train(Options options, int* exit_code) {
                                     8 * corpus->bytes_per_token(),
                                     " tokens, largest ", data_vocab - 1, ")");
   }
-  std::optional<InitFile> init;
-  if (!options.init_from.empty()) {
-    ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
-  }
-  ZE_ASSIGN_OR_RETURN(nn::GptConfig gpt,
-                      ModelConfig(options, data_vocab, init));
-
   const config::TrainingPrecision precision =
       config::GetTrainingPrecision(config);
-  nn::GptOptions model_options;
-  model_options.device = communicator->device();
-  model_options.dtype =
+  const DType model_dtype =
       precision == config::TrainingPrecision::kBf16   ? DType::kBF16
       : precision == config::TrainingPrecision::kFp16 ? DType::kF16
                                                       : DType::kF32;
-  model_options.seed = seed;
-  // Shapes only: the engine creates the storage in its flat buffers.
-  model_options.materialize = false;
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> built,
-                      nn::GptModel::Create(gpt, model_options));
-  std::shared_ptr<nn::GptModel> model(std::move(built));
+  // The model, either family. Shapes only: the engine creates the storage
+  // in its flat buffers.
+  std::shared_ptr<nn::LossModel> model;
+  ModelFacts facts;
+  std::optional<InitFile> init;  // GPT's --init_from file
+  std::optional<nn::GptConfig> gpt_config;
+  // A decoder's --init_from directory, opened and checked on every rank;
+  // each rank reads its own ranges from it after Initialize.
+  std::unique_ptr<nn::HuggingFaceDecoderSource> decoder_source;
+  std::optional<nn::DecoderConfig> decoder_config;
+  if (WantsDecoder(options)) {
+    ZE_ASSIGN_OR_RETURN(
+        decoder_config,
+        DecoderModelConfig(options, data_vocab, &decoder_source));
+    nn::DecoderOptions model_options;
+    model_options.device = communicator->device();
+    model_options.dtype = model_dtype;
+    model_options.seed = seed;
+    model_options.materialize = false;
+    ZE_ASSIGN_OR_RETURN(
+        std::unique_ptr<nn::DecoderModel> built,
+        nn::DecoderModel::Create(*decoder_config, model_options));
+    model = std::move(built);
+    facts = FactsOf(
+        options.model.empty()
+            ? absl::StrCat(nn::DecoderFamilyName(decoder_config->family),
+                           " from --init_from")
+            : options.model,
+        *decoder_config);
+  } else {
+    if (!options.init_from.empty()) {
+      ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
+    }
+    ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
+    nn::GptOptions model_options;
+    model_options.device = communicator->device();
+    model_options.dtype = model_dtype;
+    model_options.seed = seed;
+    model_options.materialize = false;
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> built,
+                        nn::GptModel::Create(*gpt_config, model_options));
+    model = std::move(built);
+    facts = FactsOf(options.model.empty()
+                        ? (init ? "from --init_from" : "tiny")
+                        : options.model,
+                    *gpt_config);
+  }
   const int64_t seq = options.seq;
   if (options.dry_run) {
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
@@ -983,14 +1131,14 @@ absl::Status Train(Options options, int* exit_code) {
     const double micro =
         static_cast<double>(config.train_micro_batch_size_per_gpu.value());
     const double activations =
-        gpt.num_layers * (34.0 * micro * seq * gpt.channels +
-                          5.0 * micro * gpt.num_heads * seq * seq);
+        facts.num_layers * (34.0 * micro * seq * facts.hidden +
+                            5.0 * micro * facts.num_heads * seq * seq);
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
           "(estimate, micro-batch %.0f x %lld): %.3f GiB\n",
-          options.config.c_str(), static_cast<long long>(gpt.NumParameters()),
+          options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
           plan.ToString().c_str(), micro, static_cast<long long>(seq),
@@ -1037,7 +1185,7 @@ absl::Status Train(Options options, int* exit_code) {
         setup_stream, "checking --save_dir"));
   }
   ZE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                      PromptTokens(options.prompt, data.kind, gpt.vocab_size));
+                      PromptTokens(options.prompt, data.kind, facts.vocab_size));
 
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, options.config, communicator));
@@ -1051,18 +1199,30 @@ absl::Status Train(Options options, int* exit_code) {
       "parameters, %s), %s on %s, %d steps of "
       "%d x %d x %d (micro x accumulation x ranks) sequences of %d tokens; "
       "data: %s",
-      options.model.empty() ? (init ? "from --init_from" : "tiny")
-                            : options.model,
-      gpt.num_layers, gpt.num_heads, static_cast<int>(gpt.channels),
-      gpt.NumParameters(), DTypeName(model_options.dtype), Ranks(world),
+      facts.name, facts.num_layers, facts.num_heads,
+      static_cast<int>(facts.hidden), facts.num_parameters,
+      DTypeName(model_dtype), Ranks(world),
       communicator->device().ToString(), options.steps, micro, accumulation,
       world, seq, data_description);
 
   // A checkpoint to resume from replaces every weight --init_from would
   // load, so the file is read only when there is none.
   if (init.has_value() && !resuming) {
-    ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, gpt, *engine));
+    ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, *gpt_config, *engine));
   }
+  if (decoder_source != nullptr && !resuming) {
+    absl::StatusOr<engine::LoadReport> report =
+        engine->LoadWeights(*decoder_source);
+    if (!report.ok()) {
+      return absl::Status(report.status().code(),
+                          absl::StrCat("--init_from=", options.init_from, ": ",
+                                       report.status().message()));
+    }
+    ZE_LOG_RANK0(INFO) << "train_gpt: initialised " << report->tensors
+                       << " parameters from " << decoder_source->description();
+  }
+  // Only the load reads the directory; its files close here.
+  decoder_source.reset();
   // Resuming: the step to continue from and the first steps' mean loss (to
   // judge the whole run's progress) come back in client_state.
   int64_t first_step = 0;
@@ -1082,9 +1242,9 @@ absl::Status Train(Options options, int* exit_code) {
 
   auto evaluate = [&](int64_t step) -> absl::StatusOr<Evaluation> {
     if (task.has_value()) {
-      return EvaluateAddition(*task, gpt, *engine, step, rank, prompt);
+      return EvaluateAddition(*task, facts, *engine, step, rank, prompt);
     }
-    return EvaluateCorpus(*corpus, gpt, *engine, seq, step, rank, prompt);
+    return EvaluateCorpus(*corpus, facts, *engine, seq, step, rank, prompt);
   };
 
   // Progress: a line redrawn in place, or the engine's log lines.
@@ -1106,8 +1266,9 @@ absl::Status Train(Options options, int* exit_code) {
     }
   };
   const double flops_per_token =
-      examples::TrainingFlopsPerToken(static_cast<double>(gpt.NumParameters()),
-                                      gpt.num_layers, gpt.channels, seq);
+      examples::TrainingFlopsPerToken(static_cast<double>(facts.num_parameters),
+                                      facts.num_layers, facts.attention_width,
+                                      seq);
   Allocator* allocator = GetAllocator(communicator->device());
 
   // The micro-batch's buffers through the host allocator, so a micro-batch
@@ -1126,15 +1287,20 @@ absl::Status Train(Options options, int* exit_code) {
   std::vector<double> losses;
   double first_loss = resumed_first_loss;  // mean of the run's first steps
   auto save = [&](int64_t next_step) -> absl::Status {
-    return engine->SaveCheckpoint(
-        options.save_dir, "",
-        // The real vocabulary, so that `ze_checkpoint consolidate
-        // --format=hf-gpt2` drops a padded table's extra rows (50304 ->
-        // 50257) and transformers loads the file as GPT-2.
-        nlohmann::json{
-            {"next_step", next_step},
-            {"first_loss", first_loss},
-            {checkpoint::kClientStateVocabularyKey, gpt.vocab_size}});
+    // The real vocabulary, so that `ze_checkpoint consolidate
+    // --format=hf-gpt2` drops a padded table's extra rows (50304 ->
+    // 50257) and transformers loads the file as GPT-2; a decoder's
+    // config.json, so that `consolidate --format=hf` writes the directory
+    // transformers loads.
+    nlohmann::json client_state{
+        {"next_step", next_step},
+        {"first_loss", first_loss},
+        {checkpoint::kClientStateVocabularyKey, facts.vocab_size}};
+    if (decoder_config.has_value()) {
+      client_state[checkpoint::kClientStateHfConfigKey] =
+          nlohmann::json::parse(decoder_config->ToHuggingFaceJson());
+    }
+    return engine->SaveCheckpoint(options.save_dir, "", client_state);
   };
   Evaluation last_evaluation;
   using Clock = std::chrono::steady_clock;
@@ -1280,8 +1446,9 @@ absl::Status Train(Options options, int* exit_code) {
         "train_gpt: %s, %s, ZeRO stage %d, %d steps in %.1f s "
         "(%.0f tokens/s), loss %.4f -> %.4f (mean of first/last %zu), "
         "skipped %d: %s\n",
-        options.model.empty() ? (init ? "the --init_from model" : "tiny")
-                              : options.model.c_str(),
+        options.model.empty()
+            ? (options.init_from.empty() ? "tiny" : "the --init_from model")
+            : options.model.c_str(),
         Ranks(world).c_str(),
         static_cast<int>(engine->config().zero_optimization.stage),
         static_cast<int>(options.steps - first_step), seconds,

@@ -5,8 +5,8 @@
 //   ze_checkpoint inspect DIR [--tag=T] [--json]
 //   ze_checkpoint verify DIR [--tag=T]
 //   ze_checkpoint consolidate DIR --out=FILE [--tag=T] [--dtype=f32|bf16|f16]
-//       [--format=native|hf-gpt2] [--kind=master|weights]
-//       [--memory_limit=BYTES] [--vocab_size=V]
+//       [--format=native|hf-gpt2|hf] [--kind=master|weights]
+//       [--memory_limit=BYTES] [--vocab_size=V] [--max_shard_size=BYTES]
 //   ze_checkpoint clean DIR
 //   ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16]
 //       [--vocab_size=V]
@@ -24,7 +24,12 @@
 // largest parameter only (--memory_limit makes that bound a hard limit;
 // with --format=hf-gpt2, --vocab_size=V writes the token table's first V
 // rows, dropping a padded table's extra ones, by default the vocabulary the
-// checkpoint's client_state records, as train_gpt's does). clean removes
+// checkpoint's client_state records, as train_gpt's does). With --format=hf
+// (a Llama, Mistral or Qwen decoder whose checkpoint records its
+// config.json, as train_gpt's do) --out is a directory that transformers'
+// AutoModelForCausalLM.from_pretrained loads: config.json and
+// model.safetensors, or with --max_shard_size=BYTES shards of at most that
+// many bytes with model.safetensors.index.json. clean removes
 // the incomplete saves in DIR, printing each with its size (the next save
 // removes them too); do not run it while a job saves into DIR.
 // import-hf-gpt2 turns a Hugging Face GPT-2 safetensors file into our names
@@ -65,8 +70,9 @@ constexpr char kUsage[] =
     "  ze_checkpoint verify DIR [--tag=T]\n"
     "  ze_checkpoint consolidate DIR --out=FILE [--tag=T] "
     "[--dtype=f32|bf16|f16]\n"
-    "      [--format=native|hf-gpt2] [--kind=master|weights] "
+    "      [--format=native|hf-gpt2|hf] [--kind=master|weights] "
     "[--memory_limit=BYTES] [--vocab_size=V]\n"
+    "      [--max_shard_size=BYTES]\n"
     "  ze_checkpoint clean DIR\n"
     "  ze_checkpoint import-hf-gpt2 HF_FILE --out=FILE [--dtype=f32|bf16|f16] "
     "[--vocab_size=V]\n"
@@ -81,7 +87,9 @@ constexpr char kHelp[] =
     "               incomplete saves in DIR with their sizes\n"
     "  verify       every rank file's CRC-32C against the manifest\n"
     "  consolidate  one safetensors file of full parameters (--out), after\n"
-    "               verifying the checksums as a load does\n"
+    "               verifying the checksums as a load does; --format=hf: a\n"
+    "               Hugging Face model directory of a Llama/Mistral/Qwen\n"
+    "               checkpoint (--out is the directory)\n"
     "  clean        remove the incomplete saves (.<tag>.partial/) in DIR,\n"
     "               each printed with its size; the next save also does\n"
     "  import-hf-gpt2  a Hugging Face GPT-2 safetensors file in our names\n"
@@ -324,7 +332,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Arguments> parsed =
       Parse(argc, argv,
             {"tag", "json", "out", "dtype", "format", "kind", "memory_limit",
-             "vocab_size"});
+             "vocab_size", "max_shard_size"});
   if (!parsed.ok()) {
     std::fprintf(stderr, "ze_checkpoint: %s\n%s",
                  std::string(parsed.status().message()).c_str(), kUsage);
@@ -386,7 +394,9 @@ int Main(int argc, char** argv) {
     const std::string format = Flag(arguments, "format", "native");
     if (options.output_path.empty() ||
         (dtype != "f32" && dtype != "bf16" && dtype != "f16") ||
-        (format != "native" && format != "hf-gpt2") ||
+        (format != "native" && format != "hf-gpt2" && format != "hf") ||
+        !absl::SimpleAtoi(Flag(arguments, "max_shard_size", "0"),
+                          &options.max_shard_bytes) ||
         !absl::SimpleAtoi(Flag(arguments, "memory_limit", "0"),
                           &options.memory_limit_bytes) ||
         options.memory_limit_bytes < 0 ||
@@ -395,15 +405,17 @@ int Main(int argc, char** argv) {
         options.vocab_size < 0) {
       std::fprintf(stderr,
                    "ze_checkpoint consolidate: needs --out, and --dtype, "
-                   "--format, --memory_limit, --vocab_size must be valid\n%s",
+                   "--format, --memory_limit, --vocab_size, --max_shard_size "
+                   "must be valid\n%s",
                    kUsage);
       return kBadInput;
     }
     options.dtype = dtype == "f32"    ? DType::kF32
                     : dtype == "bf16" ? DType::kBF16
                                       : DType::kF16;
-    options.format = format == "native" ? ConsolidateFormat::kNative
-                                        : ConsolidateFormat::kHfGpt2;
+    options.format = format == "native"    ? ConsolidateFormat::kNative
+                     : format == "hf-gpt2" ? ConsolidateFormat::kHfGpt2
+                                           : ConsolidateFormat::kHf;
   }
   // What a missing directory, tag or manifest is: input that is not a
   // checkpoint (2) for either command.

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/safetensors/writer.h"
 #include "core/status.h"
+#include "nn/decoder_config.h"
+#include "nn/pretrained/hf_decoder.h"
 #include "nn/pretrained/hf_gpt2.h"
 
 namespace ze {
@@ -110,6 +112,25 @@ absl::StatusOr<int64_t> ExportedVocabulary(const CheckpointReader& reader,
   return rows;
 }
 
+// The decoder's config.json the checkpoint's client_state records.
+absl::StatusOr<nn::DecoderConfig> RecordedDecoderConfig(
+    const CheckpointReader& reader) {
+  const nlohmann::json& client_state = reader.manifest().client_state;
+  const auto recorded = client_state.find(kClientStateHfConfigKey);
+  if (recorded == client_state.end() || !recorded->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "consolidate --format=hf: checkpoint ", reader.tag_directory(),
+        " records no Hugging Face config.json (client_state \"",
+        kClientStateHfConfigKey,
+        "\"): only a Llama, Mistral or Qwen decoder saved with its config "
+        "can be written as a model directory (a GPT: --format=hf-gpt2)"));
+  }
+  return nn::DecoderConfig::FromHuggingFaceJson(
+      recorded->dump(),
+      absl::StrCat(reader.tag_directory(), " client_state ",
+                   kClientStateHfConfigKey));
+}
+
 }  // namespace
 
 absl::StatusOr<ConsolidateReport> Consolidate(
@@ -154,28 +175,60 @@ absl::StatusOr<ConsolidateReport> Consolidate(
     }
   }
 
+  // The parameter `name`'s full value for an exporter.
+  auto exported = [&](const std::string& name) -> absl::StatusOr<Tensor> {
+    const ParameterRecord* record = manifest.Find(name);
+    if (record == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat(reader.tag_directory(), ": no parameter ", name));
+    }
+    report.bytes_written +=
+        record->numel() * static_cast<int64_t>(SizeOf(options.dtype));
+    return ReadParameter(reader, *record, kind, options.dtype, &report);
+  };
+  const safetensors::Metadata provenance = {
+      {"source", "zero-engine checkpoint"},
+      {"source_tag", manifest.tag},
+      {"global_steps", GlobalSteps(manifest)}};
+  if (options.format == ConsolidateFormat::kHf) {
+    ZE_ASSIGN_OR_RETURN(const nn::DecoderConfig config,
+                        RecordedDecoderConfig(reader));
+    // Every parameter of the config, with its shape, before anything is
+    // written; and nothing else.
+    const auto shapes = config.ParameterShapes();
+    for (const auto& [name, shape] : shapes) {
+      const ParameterRecord* record = manifest.Find(name);
+      if (record == nullptr || record->shape != shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "consolidate --format=hf: ", reader.tag_directory(),
+            record == nullptr ? " has no parameter "
+                              : " has another shape for parameter ",
+            name, " of its recorded config.json"));
+      }
+    }
+    if (shapes.size() != manifest.parameters.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consolidate --format=hf: ", reader.tag_directory(), " has ",
+          manifest.parameters.size(), " parameters, its config.json ",
+          shapes.size()));
+    }
+    nn::DecoderExportOptions export_options;
+    export_options.dtype = options.dtype;
+    export_options.max_shard_bytes = options.max_shard_bytes;
+    export_options.metadata = provenance;
+    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceDecoder(
+        options.output_path, config, exported, export_options));
+    return report;
+  }
   if (options.format == ConsolidateFormat::kHfGpt2) {
     ZE_ASSIGN_OR_RETURN(nn::Gpt2Dims dims, GptDims(manifest));
     nn::Gpt2ExportOptions export_options;
     export_options.dtype = options.dtype;
     ZE_ASSIGN_OR_RETURN(export_options.vocab_size,
                         ExportedVocabulary(reader, dims, options.vocab_size));
-    export_options.metadata = {{"source", "zero-engine checkpoint"},
-                               {"source_tag", manifest.tag},
-                               {"global_steps", GlobalSteps(manifest)}};
+    export_options.metadata = provenance;
     ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceGpt2(
-        options.output_path, dims,
-        [&](const std::string& name) -> absl::StatusOr<Tensor> {
-          const ParameterRecord* record = manifest.Find(name);
-          if (record == nullptr) {
-            return absl::NotFoundError(
-                absl::StrCat(reader.tag_directory(), ": no parameter ", name));
-          }
-          report.bytes_written +=
-              record->numel() * static_cast<int64_t>(SizeOf(options.dtype));
-          return ReadParameter(reader, *record, kind, options.dtype, &report);
-        },
-        export_options));
+        options.output_path, dims, exported, export_options));
     return report;
   }
 

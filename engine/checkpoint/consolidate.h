@@ -2,8 +2,10 @@
 // from a sharded checkpoint, streamed one parameter at a time, so the
 // memory it needs is bounded by the largest parameter, never the model.
 // The output loads with PyTorch's `safetensors.torch.load_file` (our names
-// and shapes) or, in the hf-gpt2 format, with transformers'
-// GPT2LMHeadModel.from_pretrained.
+// and shapes); in the hf-gpt2 format, with transformers'
+// GPT2LMHeadModel.from_pretrained; in the hf format (a Llama, Mistral or
+// Qwen decoder), it is a model directory that
+// AutoModelForCausalLM.from_pretrained loads.
 #ifndef ZE_ENGINE_CHECKPOINT_CONSOLIDATE_H_
 #define ZE_ENGINE_CHECKPOINT_CONSOLIDATE_H_
 
@@ -20,14 +22,23 @@ namespace checkpoint {
 enum class ConsolidateFormat {
   kNative,  // our parameter names and shapes
   kHfGpt2,  // Hugging Face GPT-2 names and Conv1D layout (GPT models only)
+  // A Hugging Face model directory (config.json, model.safetensors or
+  // shards with their index) of a decoder (nn/decoder.h) whose checkpoint
+  // records its config.json (kClientStateHfConfigKey).
+  kHf,
 };
 
 // The client_state key (Engine::SaveCheckpoint's) under which a GPT's
 // writer records its real vocabulary, the token table's rows beyond it being
 // padding; hf-gpt2 consolidation reads it (ConsolidateOptions::vocab_size).
 inline constexpr char kClientStateVocabularyKey[] = "vocab_size";
+// The client_state key under which a decoder's writer (train_gpt, or a
+// user's own loop) records the model's config.json as a JSON object
+// (nn::DecoderConfig::ToHuggingFaceJson); hf consolidation needs it.
+inline constexpr char kClientStateHfConfigKey[] = "hf_config";
 
 struct ConsolidateOptions {
+  // A file; for kHf a directory (created if absent; its parent must exist).
   std::string output_path;
   // The kind of state to take values from; empty: "master" (f32, exact)
   // when the checkpoint has it, else "weights".
@@ -45,6 +56,10 @@ struct ConsolidateOptions {
   // records it),
   // else every row. More rows than the table has is InvalidArgument.
   int64_t vocab_size = 0;
+  // hf only: 0 writes one model.safetensors; otherwise shards of at most
+  // this many bytes of values each, with model.safetensors.index.json
+  // (save_pretrained's max_shard_size).
+  uint64_t max_shard_bytes = 0;
   // Every rank file's CRC-32C is checked against the manifest before
   // anything is written, as a load checks them (CheckpointReader::
   // VerifyFiles: one extra read of the checkpoint). Off only where the
@@ -71,7 +86,10 @@ struct ConsolidateReport {
 // naming a corrupt rank file (its checksum, before anything is written),
 // the reader's (NotFound for a missing kind, read errors), the writer's
 // (ResourceExhausted for a full disk), InvalidArgument for an unsupported
-// dtype, or for hf-gpt2 a checkpoint that is not a GPT.
+// dtype, for hf-gpt2 a checkpoint that is not a GPT, for hf one without
+// the config.json in its client_state or whose parameters are not that
+// config's (naming the first). kHf writes its shards atomically and
+// config.json last (nn::HuggingFaceDecoderWriter).
 absl::StatusOr<ConsolidateReport> Consolidate(
     const CheckpointReader& reader, const ConsolidateOptions& options);
 
