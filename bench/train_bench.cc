@@ -23,7 +23,12 @@
 // to the device before timing; every step trains on it.
 //
 // Flags:
-//   --models=124M,350M,1.3B  any GptConfig preset, or "tiny"
+//   --models=124M,350M,1.3B  any GptConfig preset, or "tiny", or a decoder
+//                            preset (llama-tiny, llama-1B, llama-3B,
+//                            llama-8B, ...: nn::DecoderConfig::Preset; its
+//                            FLOPs 6 N + 12 L (heads x head_dim) T, N every
+//                            parameter, a tied table once, as
+//                            torch_llama_anchor.py counts them)
 //   --stages=0,2             ZeRO stages 0-3. Stage 3 builds the model
 //                            without storage (partitioned construction)
 //                            and adds "stage3": per-step all-gather and
@@ -64,6 +69,7 @@
 // "not implemented" ends the run (the ranks could no longer agree on the
 // collectives to issue). Exit status 1 if any configuration failed other
 // than with Unimplemented, 2 for bad flags.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -75,6 +81,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/gpt_bench_util.h"
+#include "nn/decoder.h"
+#include "nn/decoder_config.h"
 #include "comm/communicator.h"
 #include "comm/factory.h"
 #include "config/config.h"
@@ -310,10 +318,45 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                               std::shared_ptr<comm::Communicator> comm,
                               Json& line) {
   const Device device = comm->device();
-  ZE_ASSIGN_OR_RETURN(nn::GptConfig config, ModelConfig(name, options.seq));
-  config.activation_checkpointing = options.checkpointing;
-  line["model_config"] = GptConfigJson(config);
-  line["flops"] = FlopsJson(config, options.seq);
+  const std::vector<std::string> decoders = nn::DecoderConfig::PresetNames();
+  const bool decoder =
+      std::find(decoders.begin(), decoders.end(), name) != decoders.end();
+  nn::GptConfig config;
+  nn::DecoderConfig decoder_config;
+  double flops_per_token = 0;
+  int64_t num_parameters = 0;
+  int64_t vocab_size = 0;
+  if (decoder) {
+    ZE_ASSIGN_OR_RETURN(decoder_config, nn::DecoderConfig::Preset(name));
+    decoder_config.max_position_embeddings = std::max<int64_t>(
+        decoder_config.max_position_embeddings, options.seq);
+    decoder_config.activation_checkpointing = options.checkpointing;
+    num_parameters = decoder_config.NumParameters();
+    vocab_size = decoder_config.vocab_size;
+    flops_per_token =
+        6.0 * static_cast<double>(num_parameters) +
+        12.0 * decoder_config.num_layers *
+            static_cast<double>(decoder_config.num_heads *
+                                decoder_config.head_dim) *
+            static_cast<double>(options.seq);
+    line["model_config"] =
+        Json::parse(decoder_config.ToHuggingFaceJson());
+    Json flops;
+    flops["num_parameters"] = num_parameters;
+    flops["flops_per_token"] = flops_per_token;
+    flops["flops_formula"] =
+        "6*num_parameters + 12*L*(heads*head_dim)*T (torch_llama_anchor.py's)";
+    flops["peak_flops"] = kPeakFlops;
+    line["flops"] = flops;
+  } else {
+    ZE_ASSIGN_OR_RETURN(config, ModelConfig(name, options.seq));
+    config.activation_checkpointing = options.checkpointing;
+    num_parameters = config.NumParameters();
+    vocab_size = config.vocab_size;
+    flops_per_token = FlopsPerToken(config, options.seq);
+    line["model_config"] = GptConfigJson(config);
+    line["flops"] = FlopsJson(config, options.seq);
+  }
   const Json ds_config =
       DeepSpeedConfig(options, batch, stage, comm->world_size());
   line["ds_config"] = ds_config;
@@ -323,23 +366,36 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   if (device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(stream, Stream::Create(device));
   }
-  nn::GptOptions model_options;
-  model_options.device = device;
-  model_options.dtype = options.dtype;
-  model_options.seed = options.seed;  // same weights on every rank
-  // Stage 3: no storage until the engine creates this rank's partition.
-  model_options.materialize = stage != 3;
   if (comm->rank() == 0) {
     std::fprintf(stderr,
                  "train_bench: %s (%lld parameters), ZeRO stage %d, world "
                  "size %d\n",
-                 name.c_str(), static_cast<long long>(config.NumParameters()),
-                 stage, comm->world_size());
+                 name.c_str(), static_cast<long long>(num_parameters), stage,
+                 comm->world_size());
   }
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
-                      nn::GptModel::Create(config, model_options, stream));
+  // Stage 3: no storage until the engine creates this rank's partition.
+  std::shared_ptr<nn::LossModel> model;
+  if (decoder) {
+    nn::DecoderOptions model_options;
+    model_options.device = device;
+    model_options.dtype = options.dtype;
+    model_options.seed = options.seed;  // same weights on every rank
+    model_options.materialize = stage != 3;
+    ZE_ASSIGN_OR_RETURN(
+        std::unique_ptr<nn::DecoderModel> created,
+        nn::DecoderModel::Create(decoder_config, model_options, stream));
+    model = std::move(created);
+  } else {
+    nn::GptOptions model_options;
+    model_options.device = device;
+    model_options.dtype = options.dtype;
+    model_options.seed = options.seed;
+    model_options.materialize = stage != 3;
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
+                        nn::GptModel::Create(config, model_options, stream));
+    model = std::move(created);
+  }
   ZE_RETURN_IF_ERROR(stream.Synchronize());
-  std::shared_ptr<nn::GptModel> model = std::move(created);
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
   line["memory_breakdown"] = BreakdownJson(engine->memory_breakdown());
@@ -353,7 +409,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const Stream& compute = engine->compute_stream();
   ZE_ASSIGN_OR_RETURN(
       TokenBatch data,
-      RandomBatch(batch, options.seq, config.vocab_size,
+      RandomBatch(batch, options.seq, vocab_size,
                   options.seed + 1 + static_cast<uint64_t>(comm->rank()),
                   device, compute));
 
@@ -398,7 +454,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const double tokens_per_gpu_per_step =
       static_cast<double>(batch) * options.seq * options.accumulation;
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
-  const double mfu = per_gpu * FlopsPerToken(config, options.seq) / kPeakFlops;
+  const double mfu = per_gpu * flops_per_token / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
   if (options.offload != "none" && options.offload_device == "nvme") {
     const offload::NvmeStore::Counters io = engine->nvme_counters();
@@ -444,7 +500,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   }
   line["tokens_per_s"] = per_gpu * comm->world_size();
   line["tokens_per_s_per_gpu"] = per_gpu;
-  line["tflops_per_gpu"] = per_gpu * FlopsPerToken(config, options.seq) / 1e12;
+  line["tflops_per_gpu"] = per_gpu * flops_per_token / 1e12;
   line["mfu"] = mfu;
   line["mfu_pct"] = mfu * 100;
   line["loss"] = loss;

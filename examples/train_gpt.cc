@@ -11,8 +11,10 @@
 //                 working directory, else the copy in the binary's Bazel
 //                 runfiles (so bazel-bin/examples/train_gpt runs anywhere).
 //   --model       "tiny" (4 layers, 4 heads, 128 channels; for CPUs) or a
-//                 GPT-2/3 preset (124M, 350M, 1.3B, ...). Default: tiny, or
-//                 with --init_from the file's shape.
+//                 GPT-2/3 preset (124M, 350M, 1.3B, ...), or a decoder
+//                 preset (llama-tiny, mistral-tiny, qwen2-tiny, qwen3-tiny,
+//                 llama-1B, llama-3B, llama-8B). Default: tiny, or with
+//                 --init_from the file's or directory's shape.
 //   --layers, --heads, --channels
 //                 reshape tiny (the demo: --layers=2 --heads=8); refused
 //                 with any other model.
@@ -37,7 +39,10 @@
 //                 names on rank 0 first) or a native one (our names, e.g.
 //                 ze_checkpoint consolidate's): full weights loaded through
 //                 Engine::LoadWeights, each rank taking its part, at any
-//                 stage and world size.
+//                 stage and world size. Or a Hugging Face Llama, Mistral,
+//                 Qwen2 or Qwen3 model directory (config.json gives the
+//                 shape; model.safetensors or shards), read by every rank
+//                 straight from its files (docs/models.md).
 //   --save_dir/--save_every/--resume/--resume_if_present/--resume_tag
 //                 checkpoints (below).
 //   --dry_run     prints the per-rank memory plan and exits (below).
@@ -148,8 +153,10 @@ ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
           "DeepSpeed-style JSON config (path); the default is looked up in "
           "the working directory, then in the binary's runfiles");
 ABSL_FLAG(std::string, model, "",
-          "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B); "
-          "empty: tiny, or the --init_from file's shape");
+          "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B), "
+          "or a decoder preset (llama-tiny, mistral-tiny, qwen2-tiny, "
+          "qwen3-tiny, llama-1B, llama-3B, llama-8B); empty: tiny, or the "
+          "--init_from file's or directory's shape");
 ABSL_FLAG(int32_t, layers, 0,
           "--model=tiny only: transformer blocks (0: tiny's 4)");
 ABSL_FLAG(int32_t, heads, 0,
@@ -174,7 +181,8 @@ ABSL_FLAG(int64_t, seed, -1,
           "config's seed");
 ABSL_FLAG(int64_t, eval_every, 0, "evaluate every N steps; 0: only at the end");
 ABSL_FLAG(std::string, init_from, "",
-          "initial weights: a Hugging Face GPT-2 or native safetensors file");
+          "initial weights: a Hugging Face GPT-2 or native safetensors file, "
+          "or a Hugging Face Llama/Mistral/Qwen2/Qwen3 model directory");
 ABSL_FLAG(std::string, save_dir, "", "checkpoint directory");
 ABSL_FLAG(int64_t, save_every, 0,
           "save every N steps (with --save_dir); 0: only at the end");
