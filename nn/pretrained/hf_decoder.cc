@@ -625,33 +625,6 @@ absl::StatusOr<DecoderConfig> LoadHuggingFaceDecoder(
   return reader->config();
 }
 
-absl::StatusOr<DecoderConfig> ConvertHuggingFaceDecoderDirectory(
-    const std::string &directory, const std::string &out_path, DType dtype) {
-  DecoderLoadOptions options;
-  options.dtype = dtype;
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<HuggingFaceDecoderReader> reader,
-                      HuggingFaceDecoderReader::Open(directory, options));
-  std::vector<safetensors::TensorSpec> specs;
-  for (const HuggingFaceDecoderReader::Source &source : reader->parameters()) {
-    specs.push_back(
-        {source.our_name, safetensors::ElementTypeOf(dtype), source.shape});
-  }
-  ZE_ASSIGN_OR_RETURN(
-      std::unique_ptr<safetensors::Writer> writer,
-      safetensors::Writer::Create(
-          out_path, std::move(specs),
-          {{"format", "pt"},
-           {"source", directory},
-           {kDecoderConfigMetadataKey, reader->config().ToHuggingFaceJson()}}));
-  ZE_RETURN_IF_ERROR(reader->ForEach(
-      [&](const std::string &name, const Tensor &value) {
-        return writer->Append(name, value);
-      },
-      dtype));
-  ZE_RETURN_IF_ERROR(writer->Finish());
-  return reader->config();
-}
-
 // ---------------------------------------------------------------------------
 // Writing.
 

@@ -189,22 +189,6 @@ absl::StatusOr<DecoderConfig> LoadHuggingFaceDecoder(
     const std::string &directory, const DecoderTensorVisitor &visitor,
     const DecoderLoadOptions &options = {});
 
-// The metadata key of a converted file (ConvertHuggingFaceDecoderDirectory)
-// that holds the directory's config as DecoderConfig::ToHuggingFaceJson
-// writes it, so the file alone says what model it is for.
-inline constexpr char kDecoderConfigMetadataKey[] = "decoder_config";
-
-// Converts the model directory `directory` into one safetensors file of our
-// names and shapes at `out_path` (what Engine::LoadWeights reads, at any
-// stage and world size, each rank only its ranges at stage 3), elements
-// converted to `dtype` (kF32, kBF16 or kF16), parameters in
-// ParameterShapes() order, the config under kDecoderConfigMetadataKey.
-// Streams one parameter at a time after HuggingFaceDecoderReader::Open's
-// checks; the output is atomic (safetensors::Writer). Returns the config.
-// Errors as Open's, and the writer's naming `out_path`.
-absl::StatusOr<DecoderConfig> ConvertHuggingFaceDecoderDirectory(
-    const std::string &directory, const std::string &out_path, DType dtype);
-
 // ---------------------------------------------------------------------------
 // Writing.
 

@@ -317,33 +317,6 @@ TEST(HfDecoderReaderTest, ExpectedConfigMustMatch) {
   EXPECT_TRUE(absl::StrContains(mismatch.status().message(), "config.json"));
 }
 
-TEST(HfDecoderReaderTest, ConvertsToOneFileOfOurNames) {
-  for (const char *name : {"qwen2_sharded", "mistral"}) {
-    SCOPED_TRACE(name);
-    const std::string out = absl::StrCat(FreshDir(absl::StrCat(name, "_ours")),
-                                         "/ours.safetensors");
-    auto config =
-        ConvertHuggingFaceDecoderDirectory(FixtureDir(name), out, DType::kF32);
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto source = OpenOrDie(FixtureDir(name));
-    auto file = safetensors::Reader::Open(out).value();
-    // Our names, in the model's order, each value as the directory holds it.
-    const auto shapes = config->ParameterShapes();
-    ASSERT_EQ(file->tensors().size(), shapes.size());
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      EXPECT_EQ(file->tensors()[i].name, shapes[i].first);
-      EXPECT_TRUE(BitEqual(file->ReadTensor(shapes[i].first).value(),
-                           source->Read(shapes[i].first, DType::kF32).value()))
-          << shapes[i].first;
-    }
-    // The file says what model it is for.
-    auto recorded = DecoderConfig::FromHuggingFaceJson(
-        file->metadata().at(kDecoderConfigMetadataKey), out);
-    ASSERT_TRUE(recorded.ok()) << recorded.status();
-    EXPECT_EQ(*recorded, *config);
-  }
-}
-
 // --- Export -----------------------------------------------------------------
 
 // Exports what `reader` holds to `directory` and checks it reads back
