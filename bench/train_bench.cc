@@ -81,8 +81,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/gpt_bench_util.h"
-#include "nn/decoder.h"
-#include "nn/decoder_config.h"
 #include "comm/communicator.h"
 #include "comm/factory.h"
 #include "config/config.h"
@@ -93,6 +91,8 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "engine/engine.h"
+#include "nn/decoder.h"
+#include "nn/decoder_config.h"
 #include "nn/gpt.h"
 #include "offload/nvme_store.h"
 
@@ -328,19 +328,17 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   int64_t vocab_size = 0;
   if (decoder) {
     ZE_ASSIGN_OR_RETURN(decoder_config, nn::DecoderConfig::Preset(name));
-    decoder_config.max_position_embeddings = std::max<int64_t>(
-        decoder_config.max_position_embeddings, options.seq);
+    decoder_config.max_position_embeddings =
+        std::max<int64_t>(decoder_config.max_position_embeddings, options.seq);
     decoder_config.activation_checkpointing = options.checkpointing;
     num_parameters = decoder_config.NumParameters();
     vocab_size = decoder_config.vocab_size;
-    flops_per_token =
-        6.0 * static_cast<double>(num_parameters) +
-        12.0 * decoder_config.num_layers *
-            static_cast<double>(decoder_config.num_heads *
-                                decoder_config.head_dim) *
-            static_cast<double>(options.seq);
-    line["model_config"] =
-        Json::parse(decoder_config.ToHuggingFaceJson());
+    flops_per_token = 6.0 * static_cast<double>(num_parameters) +
+                      12.0 * decoder_config.num_layers *
+                          static_cast<double>(decoder_config.num_heads *
+                                              decoder_config.head_dim) *
+                          static_cast<double>(options.seq);
+    line["model_config"] = Json::parse(decoder_config.ToHuggingFaceJson());
     Json flops;
     flops["num_parameters"] = num_parameters;
     flops["flops_per_token"] = flops_per_token;

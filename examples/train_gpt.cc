@@ -225,7 +225,7 @@ namespace {
 struct Options {
   std::string config;
   std::string model;
-  std::string export_hf;     // a directory, or empty
+  std::string export_hf;  // a directory, or empty
   DType export_dtype = DType::kBF16;
   int layers = 0;  // 0: the named shape's own
   int heads = 0;
@@ -866,9 +866,9 @@ absl::StatusOr<nn::DecoderConfig> DecoderModelConfig(
     absl::StatusOr<std::unique_ptr<nn::HuggingFaceDecoderSource>> opened =
         nn::HuggingFaceDecoderSource::Open(options.init_from);
     if (!opened.ok()) {
-      return absl::Status(opened.status().code(),
-                          absl::StrCat("--init_from: ",
-                                       opened.status().message()));
+      return absl::Status(
+          opened.status().code(),
+          absl::StrCat("--init_from: ", opened.status().message()));
     }
     *source = std::move(*opened);
     config = (*source)->config();
@@ -890,19 +890,21 @@ absl::StatusOr<nn::DecoderConfig> DecoderModelConfig(
     config.max_position_embeddings =
         std::max<int64_t>(config.max_position_embeddings, options.seq);
   }
-  const std::string origin = options.init_from.empty()
-                                 ? absl::StrCat("--model=", options.model)
-                                 : absl::StrCat("--init_from=",
-                                                options.init_from);
+  const std::string origin =
+      options.init_from.empty()
+          ? absl::StrCat("--model=", options.model)
+          : absl::StrCat("--init_from=", options.init_from);
   if (options.seq > config.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seq=", options.seq, " exceeds ", origin, "'s ",
-        config.max_position_embeddings, " positions (max_position_embeddings)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq=", options.seq, " exceeds ", origin, "'s ",
+                     config.max_position_embeddings,
+                     " positions (max_position_embeddings)"));
   }
   if (config.sliding_window > 0 && options.seq > config.sliding_window) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seq=", options.seq, " exceeds ", origin, "'s sliding_window of ",
-        config.sliding_window, " (only plain causal attention is implemented)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq=", options.seq, " exceeds ", origin,
+                     "'s sliding_window of ", config.sliding_window,
+                     " (only plain causal attention is implemented)"));
   }
   ZE_RETURN_IF_ERROR(config.Validate());
   return config;
@@ -1078,9 +1080,9 @@ absl::Status ExportHuggingFace(const Options& options,
     }
     if (writes && status.ok()) {
       status.Update(writer->Append(
-          name, Tensor::Wrap(values->data(),
-                             {static_cast<int64_t>(values->size())},
-                             DType::kF32, Device::Cpu())));
+          name,
+          Tensor::Wrap(values->data(), {static_cast<int64_t>(values->size())},
+                       DType::kF32, Device::Cpu())));
     }
   }
   if (writes && status.ok()) status.Update(writer->Finish());
@@ -1165,9 +1167,8 @@ absl::Status Train(Options options, int* exit_code) {
   std::unique_ptr<nn::HuggingFaceDecoderSource> decoder_source;
   std::optional<nn::DecoderConfig> decoder_config;
   if (WantsDecoder(options)) {
-    ZE_ASSIGN_OR_RETURN(
-        decoder_config,
-        DecoderModelConfig(options, data_vocab, &decoder_source));
+    ZE_ASSIGN_OR_RETURN(decoder_config, DecoderModelConfig(options, data_vocab,
+                                                           &decoder_source));
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1196,9 +1197,8 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> built,
                         nn::GptModel::Create(*gpt_config, model_options));
     model = std::move(built);
-    facts = FactsOf(options.model.empty()
-                        ? (init ? "from --init_from" : "tiny")
-                        : options.model,
+    facts = FactsOf(options.model.empty() ? (init ? "from --init_from" : "tiny")
+                                          : options.model,
                     *gpt_config);
   }
   const int64_t seq = options.seq;
@@ -1291,8 +1291,9 @@ absl::Status Train(Options options, int* exit_code) {
         *communicator, CheckSaveDir(options.save_dir, checkpoint_bytes, rank),
         setup_stream, "checking --save_dir"));
   }
-  ZE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
-                      PromptTokens(options.prompt, data.kind, facts.vocab_size));
+  ZE_ASSIGN_OR_RETURN(
+      std::vector<int32_t> prompt,
+      PromptTokens(options.prompt, data.kind, facts.vocab_size));
 
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, options.config, communicator));
@@ -1308,14 +1309,14 @@ absl::Status Train(Options options, int* exit_code) {
       "data: %s",
       facts.name, facts.num_layers, facts.num_heads,
       static_cast<int>(facts.hidden), facts.num_parameters,
-      DTypeName(model_dtype), Ranks(world),
-      communicator->device().ToString(), options.steps, micro, accumulation,
-      world, seq, data_description);
+      DTypeName(model_dtype), Ranks(world), communicator->device().ToString(),
+      options.steps, micro, accumulation, world, seq, data_description);
 
   // A checkpoint to resume from replaces every weight --init_from would
   // load, so the file is read only when there is none.
   if (init.has_value() && !resuming) {
-    ZE_RETURN_IF_ERROR(LoadInitialWeights(options, *init, *gpt_config, *engine));
+    ZE_RETURN_IF_ERROR(
+        LoadInitialWeights(options, *init, *gpt_config, *engine));
   }
   if (decoder_source != nullptr && !resuming) {
     absl::StatusOr<engine::LoadReport> report =
@@ -1372,10 +1373,9 @@ absl::Status Train(Options options, int* exit_code) {
                            : log_level);
     }
   };
-  const double flops_per_token =
-      examples::TrainingFlopsPerToken(static_cast<double>(facts.num_parameters),
-                                      facts.num_layers, facts.attention_width,
-                                      seq);
+  const double flops_per_token = examples::TrainingFlopsPerToken(
+      static_cast<double>(facts.num_parameters), facts.num_layers,
+      facts.attention_width, seq);
   Allocator* allocator = GetAllocator(communicator->device());
 
   // The micro-batch's buffers through the host allocator, so a micro-batch

@@ -72,15 +72,15 @@ absl::Status ZeroStrategy::CheckLoadable(
     const std::string name = parameter->name();
     const safetensors::TensorInfo* info = reader.Find(name);
     if (info == nullptr) {
-      return absl::NotFoundError(absl::StrCat("LoadWeights on rank ", rank(),
-                                              ": parameter '", name,
-                                              "' is not in ", reader.description()));
+      return absl::NotFoundError(
+          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
+                       "' is not in ", reader.description()));
     }
     if (info->shape != parameter->shape()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoadWeights on rank ", rank(), ": parameter '", name,
-                       "' is ", ShapeToString(parameter->shape()), " but ",
-                       reader.description(), " has ", ShapeToString(info->shape)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadWeights on rank ", rank(), ": parameter '", name, "' is ",
+          ShapeToString(parameter->shape()), " but ", reader.description(),
+          " has ", ShapeToString(info->shape)));
     }
     ZE_RETURN_IF_ERROR(safetensors::DTypeOf(info->dtype).status());
   }

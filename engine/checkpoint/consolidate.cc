@@ -126,9 +126,8 @@ absl::StatusOr<nn::DecoderConfig> RecordedDecoderConfig(
         "can be written as a model directory (a GPT: --format=hf-gpt2)"));
   }
   return nn::DecoderConfig::FromHuggingFaceJson(
-      recorded->dump(),
-      absl::StrCat(reader.tag_directory(), " client_state ",
-                   kClientStateHfConfigKey));
+      recorded->dump(), absl::StrCat(reader.tag_directory(), " client_state ",
+                                     kClientStateHfConfigKey));
 }
 
 }  // namespace
@@ -207,17 +206,17 @@ absl::StatusOr<ConsolidateReport> Consolidate(
       }
     }
     if (shapes.size() != manifest.parameters.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "consolidate --format=hf: ", reader.tag_directory(), " has ",
-          manifest.parameters.size(), " parameters, its config.json ",
-          shapes.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("consolidate --format=hf: ", reader.tag_directory(),
+                       " has ", manifest.parameters.size(),
+                       " parameters, its config.json ", shapes.size()));
     }
     nn::DecoderExportOptions export_options;
     export_options.dtype = options.dtype;
     export_options.max_shard_bytes = options.max_shard_bytes;
     export_options.metadata = provenance;
-    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceDecoder(
-        options.output_path, config, exported, export_options));
+    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceDecoder(options.output_path, config,
+                                                    exported, export_options));
     return report;
   }
   if (options.format == ConsolidateFormat::kHfGpt2) {
@@ -227,8 +226,8 @@ absl::StatusOr<ConsolidateReport> Consolidate(
     ZE_ASSIGN_OR_RETURN(export_options.vocab_size,
                         ExportedVocabulary(reader, dims, options.vocab_size));
     export_options.metadata = provenance;
-    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceGpt2(
-        options.output_path, dims, exported, export_options));
+    ZE_RETURN_IF_ERROR(nn::ExportHuggingFaceGpt2(options.output_path, dims,
+                                                 exported, export_options));
     return report;
   }
 

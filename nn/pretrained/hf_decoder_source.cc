@@ -46,8 +46,8 @@ absl::StatusOr<Tensor> HuggingFaceDecoderSource::ReadTensor(
     absl::string_view name, Allocator* allocator) const {
   const safetensors::TensorInfo* info = Find(name);
   if (info == nullptr) {
-    return absl::NotFoundError(absl::StrCat("parameter '", name, "' is not in ",
-                                            description()));
+    return absl::NotFoundError(
+        absl::StrCat("parameter '", name, "' is not in ", description()));
   }
   ZE_ASSIGN_OR_RETURN(DType dtype, safetensors::DTypeOf(info->dtype));
   if (allocator == nullptr) return reader_->Read(name, dtype);

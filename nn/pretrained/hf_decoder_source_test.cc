@@ -48,11 +48,11 @@ TEST(HfDecoderSourceTest, ReadsEveryParameterWholeAndByRangeUnderOurNames) {
       ASSERT_TRUE(part.ok());
       ASSERT_TRUE(tensors.ReadRange(name, begin, count, *part).ok());
       const size_t element = SizeOf(whole->dtype());
-      EXPECT_EQ(std::memcmp(part->data(),
-                            static_cast<const char*>(whole->data()) +
-                                begin * element,
-                            count * element),
-                0);
+      EXPECT_EQ(
+          std::memcmp(part->data(),
+                      static_cast<const char*>(whole->data()) + begin * element,
+                      count * element),
+          0);
     }
     EXPECT_EQ(tensors.Find("layers.99.attn.q_proj.weight"), nullptr);
     absl::StatusOr<Tensor> missing = tensors.ReadTensor("no.such.weight");

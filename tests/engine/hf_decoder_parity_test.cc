@@ -122,13 +122,13 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
       << " rows does not split over " << World() << " ranks";
   const int64_t rows = batch / World();
 
-  const std::vector<Setting> settings = {
-      {0, false, false}, {1, false, false}, {2, false, false},
-      {3, false, false}, {1, true, false},  {2, true, false},
-      {3, true, false},  {3, true, true}};
+  const std::vector<Setting> settings = {{0, false, false}, {1, false, false},
+                                         {2, false, false}, {3, false, false},
+                                         {1, true, false},  {2, true, false},
+                                         {3, true, false},  {3, true, true}};
   for (const Setting& setting : settings) {
-    SCOPED_TRACE(absl::StrCat(fixture, ", ", setting.Name(), ", ", World(),
-                              " ranks"));
+    SCOPED_TRACE(
+        absl::StrCat(fixture, ", ", setting.Name(), ", ", World(), " ranks"));
     absl::StatusOr<std::unique_ptr<nn::HuggingFaceDecoderSource>> source =
         nn::HuggingFaceDecoderSource::Open(FixtureDir(fixture));
     ASSERT_TRUE(source.ok()) << source.status();
@@ -150,8 +150,9 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
     // The eval loss (every rank the same rows).
     const nlohmann::json& eval = reference["eval"];
     const int64_t eval_rows = static_cast<int64_t>(eval["tokens"].size());
-    absl::StatusOr<float> eval_loss = (*engine)->EvalForward(
-        Rows(eval["tokens"], 0, eval_rows), Rows(eval["targets"], 0, eval_rows));
+    absl::StatusOr<float> eval_loss =
+        (*engine)->EvalForward(Rows(eval["tokens"], 0, eval_rows),
+                               Rows(eval["targets"], 0, eval_rows));
     ASSERT_TRUE(eval_loss.ok()) << eval_loss.status();
     const double want_eval = eval["loss"].get<double>();
     EXPECT_LE(std::abs(*eval_loss - want_eval) / std::abs(want_eval),
@@ -185,14 +186,15 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
           std::abs(report->loss - want[step]) / std::abs(want[step]);
       worst = std::max(worst, difference);
       EXPECT_LE(difference, kTolerance)
-          << "step " << step << ": loss " << report->loss
-          << ", transformers " << want[step];
+          << "step " << step << ": loss " << report->loss << ", transformers "
+          << want[step];
     }
     if (Rank() == 0) {
-      std::printf("%s, %s, %d ranks: eval loss %.7f (transformers %.7f), "
-                  "20 steps' losses within %.2e of transformers'\n",
-                  fixture.c_str(), setting.Name().c_str(), World(), *eval_loss,
-                  want_eval, worst);
+      std::printf(
+          "%s, %s, %d ranks: eval loss %.7f (transformers %.7f), "
+          "20 steps' losses within %.2e of transformers'\n",
+          fixture.c_str(), setting.Name().c_str(), World(), *eval_loss,
+          want_eval, worst);
     }
   }
 }
