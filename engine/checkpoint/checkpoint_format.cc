@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/atomic_file.h"
 #include "core/crc32c.h"
 #include "core/logging.h"
 #include "core/ops.h"
@@ -44,16 +45,6 @@ absl::Status FsStatus(const std::error_code& error, const std::string& action,
 }
 
 // fsync of a directory, so a rename inside it is durable.
-absl::Status SyncDirectory(const std::string& directory) {
-  const int fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return ErrnoToStatus(errno, "open directory", directory);
-  const int result = fsync(fd);
-  const int error = errno;
-  close(fd);
-  if (result != 0) return ErrnoToStatus(error, "fsync directory", directory);
-  return absl::OkStatus();
-}
-
 std::string ParentDirectory(const std::string& path) {
   const fs::path parent = fs::path(path).parent_path();
   return parent.empty() ? "." : parent.string();
@@ -428,40 +419,6 @@ absl::Status ValidateTag(const std::string& tag) {
     }
   }
   return absl::OkStatus();
-}
-
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& contents) {
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = mkstemp(temp.data());
-  if (fd < 0) return ErrnoToStatus(errno, "create a temporary file for", path);
-  fchmod(fd, 0644);
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t wrote =
-        write(fd, contents.data() + done, contents.size() - done);
-    if (wrote < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      close(fd);
-      unlink(temp.c_str());
-      return ErrnoToStatus(error, "write", temp);
-    }
-    done += static_cast<size_t>(wrote);
-  }
-  if (fsync(fd) != 0) {
-    const int error = errno;
-    close(fd);
-    unlink(temp.c_str());
-    return ErrnoToStatus(error, "fsync", temp);
-  }
-  close(fd);
-  if (rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    unlink(temp.c_str());
-    return ErrnoToStatus(error, "rename into place", path);
-  }
-  return SyncDirectory(ParentDirectory(path));
 }
 
 absl::StatusOr<std::vector<PartialSave>> ListPartialSaves(

@@ -360,11 +360,6 @@ class CheckpointReader {
   mutable int64_t bytes_read_ = 0;
 };
 
-// Writes `contents` to `path` atomically: a temporary file beside it,
-// fsync, rename, fsync of the directory. Errors name the path.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& contents);
-
 }  // namespace checkpoint
 }  // namespace ze
 

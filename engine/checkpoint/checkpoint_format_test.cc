@@ -720,18 +720,6 @@ TEST_F(CheckpointFormatTest, RankFileWriterEnforcesOrderAndAtomicity) {
   EXPECT_TRUE(Entries(directory_).empty()) << "temporary file left behind";
 }
 
-TEST_F(CheckpointFormatTest, WriteFileAtomicallyReplacesContents) {
-  fs::create_directories(directory_);
-  const std::string path = directory_ + "/latest";
-  ASSERT_TRUE(WriteFileAtomically(path, "one\n").ok());
-  ASSERT_TRUE(WriteFileAtomically(path, "two\n").ok());
-  EXPECT_EQ(ReadAll(path), "two\n");
-  EXPECT_EQ(Entries(directory_), (std::set<std::string>{"latest"}));
-  absl::Status status = WriteFileAtomically(directory_ + "/no/such/x", "");
-  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("no/such/x"));
-}
-
 }  // namespace
 }  // namespace checkpoint
 }  // namespace ze

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "core/atomic_file.h"
 #include "core/safetensors/reader.h"
 #include "core/safetensors/writer.h"
 #include "core/status.h"
@@ -153,51 +154,6 @@ absl::StatusOr<std::string> ReadTextFile(const std::string &path) {
   text << in.rdbuf();
   if (in.bad()) return ErrnoToStatus(errno, "read", path);
   return text.str();
-}
-
-// Writes `contents` to `path` atomically: a temporary file beside it, fsync,
-// rename, fsync of the directory. Errors name the path.
-absl::Status WriteTextFileAtomically(const std::string &path,
-                                     const std::string &contents) {
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) return ErrnoToStatus(errno, "create a temporary file for", path);
-  ::fchmod(fd, 0644);
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t wrote =
-        ::write(fd, contents.data() + done, contents.size() - done);
-    if (wrote < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return ErrnoToStatus(error, "write", temp);
-    }
-    done += static_cast<size_t>(wrote);
-  }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    ::unlink(temp.c_str());
-    return ErrnoToStatus(error, "fsync", temp);
-  }
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temp.c_str());
-    return ErrnoToStatus(error, "rename into place", path);
-  }
-  const std::string directory =
-      std::filesystem::path(path).parent_path().string();
-  const int dir_fd =
-      ::open(directory.empty() ? "." : directory.c_str(), O_RDONLY | O_CLOEXEC);
-  if (dir_fd < 0) return ErrnoToStatus(errno, "open", directory);
-  const int synced = ::fsync(dir_fd);
-  const int error = errno;
-  ::close(dir_fd);
-  if (synced != 0) return ErrnoToStatus(error, "fsync", directory);
-  return absl::OkStatus();
 }
 
 std::string JoinPath(const std::string &directory, absl::string_view file) {
@@ -819,11 +775,11 @@ absl::Status HuggingFaceDecoderWriter::Finish() {
     index["metadata"] = {{"total_size", total_bytes},
                          {"total_parameters", total_parameters}};
     index["weight_map"] = weight_map;
-    absl::Status written = WriteTextFileAtomically(
+    absl::Status written = WriteFileAtomically(
         JoinPath(directory_, kHfIndexFile), index.dump(2) + "\n");
     if (!written.ok()) return Fail(written);
   }
-  absl::Status written = WriteTextFileAtomically(
+  absl::Status written = WriteFileAtomically(
       JoinPath(directory_, kHfConfigFile), config_.ToHuggingFaceJson());
   if (!written.ok()) return Fail(written);
 
