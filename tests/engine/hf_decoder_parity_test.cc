@@ -32,6 +32,7 @@
 #include "nn/decoder.h"
 #include "nn/pretrained/hf_decoder_source.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/hf_fixtures.h"
 
 namespace ze {
 namespace {
@@ -44,33 +45,6 @@ using enginetest::World;
 // different orders (and, at several ranks, gradients summed over ranks).
 constexpr double kTolerance = 1e-5;
 
-std::string FixtureDir(const std::string& name) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"),
-                      "/zero_engine/nn/pretrained/testdata/", name);
-}
-
-nlohmann::json ReadReference(const std::string& name) {
-  std::ifstream in(FixtureDir(name) + "/reference.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  return nlohmann::json::parse(text.str());
-}
-
-// rows [begin, begin + count) of a (B, T) list of lists, as a (count, T) i32
-// tensor that owns its storage.
-Tensor Rows(const nlohmann::json& table, int64_t begin, int64_t count) {
-  const int64_t length = static_cast<int64_t>(table[0].size());
-  Tensor tensor =
-      Tensor::Empty({count, length}, DType::kI32, Device::Cpu()).value();
-  int32_t* data = tensor.data_as<int32_t>();
-  for (int64_t r = 0; r < count; ++r) {
-    for (int64_t t = 0; t < length; ++t) {
-      data[r * length + t] = table[begin + r][t].get<int32_t>();
-    }
-  }
-  return tensor;
-}
-
 struct Setting {
   int stage;
   bool offload_optimizer;
@@ -82,39 +56,11 @@ struct Setting {
   }
 };
 
-std::string ConfigJson(const Setting& setting, const nlohmann::json& train,
-                       int64_t batch) {
-  nlohmann::json zero = {{"stage", setting.stage}};
-  if (setting.offload_optimizer) {
-    zero["offload_optimizer"] = {{"device", "cpu"}};
-  }
-  if (setting.offload_param) zero["offload_param"] = {{"device", "cpu"}};
-  // Small buckets, so stage 3 gathers and reduces in several pieces.
-  zero["reduce_bucket_size"] = 4096;
-  zero["stage3_prefetch_bucket_size"] = 4096;
-  zero["stage3_param_persistence_threshold"] = 0;
-  const nlohmann::json config = {
-      {"train_batch_size", batch},
-      {"train_micro_batch_size_per_gpu", batch / World()},
-      {"gradient_accumulation_steps", 1},
-      {"gradient_clipping", 0.0},
-      {"optimizer",
-       {{"type", "AdamW"},
-        {"params",
-         {{"lr", train["lr"]},
-          {"betas", train["betas"]},
-          {"eps", train["eps"]},
-          {"weight_decay", train["weight_decay"]}}}}},
-      {"zero_optimization", zero},
-  };
-  return config.dump();
-}
-
 class HfDecoderParityTest : public testing::TestWithParam<const char*> {};
 
 TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
   const std::string fixture = GetParam();
-  const nlohmann::json reference = ReadReference(fixture);
+  const nlohmann::json reference = enginetest::ReadHfReference(fixture);
   const nlohmann::json& train = reference["train"];
   const int64_t batch = static_cast<int64_t>(train["tokens"].size());
   ASSERT_EQ(batch % World(), 0)
@@ -130,7 +76,7 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
     SCOPED_TRACE(
         absl::StrCat(fixture, ", ", setting.Name(), ", ", World(), " ranks"));
     absl::StatusOr<std::unique_ptr<nn::HuggingFaceDecoderSource>> source =
-        nn::HuggingFaceDecoderSource::Open(FixtureDir(fixture));
+        nn::HuggingFaceDecoderSource::Open(enginetest::HfFixtureDir(fixture));
     ASSERT_TRUE(source.ok()) << source.status();
     nn::DecoderOptions options;
     options.device = Device::Cpu();
@@ -140,8 +86,12 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
         nn::DecoderModel::Create((*source)->config(), options);
     ASSERT_TRUE(built.ok()) << built.status();
     std::shared_ptr<nn::DecoderModel> model(std::move(*built));
-    absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
-        engine::Initialize(model, ConfigJson(setting, train, batch), Comm());
+    absl::StatusOr<std::unique_ptr<engine::Engine>> engine = engine::Initialize(
+        model,
+        enginetest::HfTrainingConfig(train, batch, World(), setting.stage,
+                                     setting.offload_optimizer,
+                                     setting.offload_param, /*bf16=*/false),
+        Comm());
     ASSERT_TRUE(engine.ok()) << engine.status();
     absl::StatusOr<engine::LoadReport> loaded =
         (*engine)->LoadWeights(**source);
@@ -150,9 +100,9 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
     // The eval loss (every rank the same rows).
     const nlohmann::json& eval = reference["eval"];
     const int64_t eval_rows = static_cast<int64_t>(eval["tokens"].size());
-    absl::StatusOr<float> eval_loss =
-        (*engine)->EvalForward(Rows(eval["tokens"], 0, eval_rows),
-                               Rows(eval["targets"], 0, eval_rows));
+    absl::StatusOr<float> eval_loss = (*engine)->EvalForward(
+        enginetest::TokenRows(eval["tokens"], 0, eval_rows),
+        enginetest::TokenRows(eval["targets"], 0, eval_rows));
     ASSERT_TRUE(eval_loss.ok()) << eval_loss.status();
     const double want_eval = eval["loss"].get<double>();
     EXPECT_LE(std::abs(*eval_loss - want_eval) / std::abs(want_eval),
@@ -179,8 +129,8 @@ TEST_P(HfDecoderParityTest, EveryStageAndOffloadMatchesTransformers) {
     double worst = 0;
     for (size_t step = 0; step < want.size(); ++step) {
       absl::StatusOr<engine::StepReport> report = (*engine)->TrainBatch(
-          {{Rows(train["tokens"], Rank() * rows, rows),
-            Rows(train["targets"], Rank() * rows, rows)}});
+          {{enginetest::TokenRows(train["tokens"], Rank() * rows, rows),
+            enginetest::TokenRows(train["targets"], Rank() * rows, rows)}});
       ASSERT_TRUE(report.ok()) << report.status();
       const double difference =
           std::abs(report->loss - want[step]) / std::abs(want[step]);
