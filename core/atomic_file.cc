@@ -52,7 +52,8 @@ absl::Status WriteFileAtomically(const std::string& path,
     unlink(temp.c_str());
     return ErrnoToStatus(error, "rename into place", path);
   }
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::filesystem::path parent =
+      std::filesystem::path(path).parent_path();
   return SyncDirectory(parent.empty() ? "." : parent.string());
 }
 

@@ -323,6 +323,41 @@ TEST(DecoderTest, ForwardCachedEqualsFullForwardForEachFamily) {
   }
 }
 
+// bf16 storage on the CPU (the ops widen to f32 and round once): the loss
+// is the f32 model's within bf16's precision, backward runs, and the
+// cached path agrees with the bf16 full forward.
+TEST(DecoderTest, Bf16OnTheCpu) {
+  const DecoderConfig config = Tiny(DecoderFamily::kQwen3, true);
+  DecoderOptions options;
+  options.seed = 5;
+  auto f32 = DecoderModel::Create(config, options).value();
+  options.dtype = DType::kBF16;
+  auto bf16 = DecoderModel::Create(config, options).value();
+  const Batch batch = MakeBatch(2, 8, 37, 4);
+  const Stream stream;
+  const float loss32 =
+      f32->ForwardLoss(batch.tokens, batch.targets, stream).value();
+  const float loss16 =
+      bf16->ForwardLoss(batch.tokens, batch.targets, stream).value();
+  EXPECT_NEAR(loss16, loss32, 1e-2 * loss32);
+  ASSERT_TRUE(bf16->BackwardLoss(1.0f, stream).ok());
+  EXPECT_EQ(bf16->embed_tokens()->weight()->grad().dtype(), DType::kBF16);
+  std::vector<float> full;
+  {
+    NoSaveScope no_save;
+    full = Values(bf16->Forward(batch.tokens, stream).value());
+  }
+  auto cache = bf16->NewKvCache(2, 8, stream).value();
+  EXPECT_EQ(cache->dtype(), DType::kBF16);
+  const std::vector<float> last =
+      Values(bf16->ForwardCached(batch.tokens, {0, 1}, *cache, stream).value());
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t v = 0; v < 37; ++v) {
+      EXPECT_NEAR(last[b * 37 + v], full[(b * 8 + 7) * 37 + v], 2e-2);
+    }
+  }
+}
+
 void ExpectInvalid(const absl::Status &status, const std::string &needle) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find(needle), std::string::npos) << status;
