@@ -166,6 +166,10 @@ ABSL_FLAG(int32_t, heads, 0,
 ABSL_FLAG(int64_t, channels, 0,
           "--model=tiny only: embedding width, a multiple of --heads (0: "
           "tiny's 128)");
+ABSL_FLAG(bool, activation_checkpointing, false,
+          "recompute each transformer block's activations in backward "
+          "(Hugging Face's gradient_checkpointing): less memory, one more "
+          "forward");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -230,6 +234,7 @@ struct Options {
   int layers = 0;  // 0: the named shape's own
   int heads = 0;
   int64_t channels = 0;
+  bool activation_checkpointing = false;
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -270,6 +275,7 @@ absl::StatusOr<Options> ReadFlags() {
   o.layers = absl::GetFlag(FLAGS_layers);
   o.heads = absl::GetFlag(FLAGS_heads);
   o.channels = absl::GetFlag(FLAGS_channels);
+  o.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -1169,6 +1175,7 @@ absl::Status Train(Options options, int* exit_code) {
   if (WantsDecoder(options)) {
     ZE_ASSIGN_OR_RETURN(decoder_config, DecoderModelConfig(options, data_vocab,
                                                            &decoder_source));
+    decoder_config->activation_checkpointing = options.activation_checkpointing;
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1189,6 +1196,7 @@ absl::Status Train(Options options, int* exit_code) {
       ZE_ASSIGN_OR_RETURN(init, InspectInitFile(options.init_from));
     }
     ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
+    gpt_config->activation_checkpointing = options.activation_checkpointing;
     nn::GptOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1232,23 +1240,28 @@ absl::Status Train(Options options, int* exit_code) {
   if (options.dry_run) {
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
                         zero::PlanMemory(*model, config, world));
-    // Activations of one micro-batch without recomputation, 16-bit
-    // (Korthikanti et al. 2022: 34 B T C + 5 B H T^2 bytes per layer): an
-    // estimate, not the engine's allocator.
+    // Activations of one micro-batch, 16-bit (Korthikanti et al. 2022:
+    // 34 B T C + 5 B H T^2 bytes per layer without recomputation; with it,
+    // each layer keeps its 2 B T C input and one layer's are live at a
+    // time): an estimate, not the engine's allocator.
     const double micro =
         static_cast<double>(config.train_micro_batch_size_per_gpu.value());
+    const double per_layer = 34.0 * micro * seq * facts.hidden +
+                             5.0 * micro * facts.num_heads * seq * seq;
     const double activations =
-        facts.num_layers * (34.0 * micro * seq * facts.hidden +
-                            5.0 * micro * facts.num_heads * seq * seq);
+        options.activation_checkpointing
+            ? facts.num_layers * 2.0 * micro * seq * facts.hidden + per_layer
+            : facts.num_layers * per_layer;
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %.0f x %lld): %.3f GiB\n",
+          "(estimate, micro-batch %.0f x %lld%s): %.3f GiB\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
           plan.ToString().c_str(), micro, static_cast<long long>(seq),
+          options.activation_checkpointing ? ", activation checkpointing" : "",
           activations / (1024.0 * 1024.0 * 1024.0));
     }
     *exit_code = 0;

@@ -71,6 +71,18 @@ echo "first loss: llama 1 rank stage 0 $llama_1, 3 ranks stage 3 + offload $llam
 same "$llama_1" "$llama_3" || { echo "FAIL: stage 3 at 3 ranks loaded other weights"; exit 1; }
 if same "$llama_1" "$qwen_3"; then echo "FAIL: another model, the same loss"; exit 1; fi
 
+# --activation_checkpointing recomputes each block in backward: the same
+# run, the same losses (a learning rate, so the steps after the first
+# depend on the gradients).
+sed 's/"lr": 0.0/"lr": 3e-3/' "$out/stage0.json" >"$out/stage0_learn.json"
+run plain 1 stage0_learn.json --init_from="$fixtures/llama" >/dev/null
+run recomputed 1 stage0_learn.json --init_from="$fixtures/llama" \
+  --activation_checkpointing >/dev/null
+plain_line=$(grep "^train_gpt: .* loss " "$out/plain.txt" | sed 's/steps in .* s (.* tokens\/s)//')
+recomputed_line=$(grep "^train_gpt: .* loss " "$out/recomputed.txt" | sed 's/steps in .* s (.* tokens\/s)//')
+[[ "$plain_line" == "$recomputed_line" ]] ||
+  { echo "$plain_line"; echo "$recomputed_line"; echo "FAIL: checkpointing changed the losses"; exit 1; }
+
 # Back to Hugging Face: one file, and shards of at most 40 kB.
 "$tool" consolidate "$out/llama_ckpt" --out="$out/llama_hf" --format=hf
 "$tool" consolidate "$out/qwen_ckpt" --out="$out/qwen_hf" --format=hf \
