@@ -48,8 +48,9 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
         fixture, ": ", batch, " rows do not split over ", world, " ranks"));
   }
   const int64_t rows = batch / world;
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::HuggingFaceDecoderSource> source,
-                      nn::HuggingFaceDecoderSource::Open(HfFixtureDir(fixture)));
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<nn::HuggingFaceDecoderSource> source,
+      nn::HuggingFaceDecoderSource::Open(HfFixtureDir(fixture)));
   nn::DecoderOptions options;
   options.device = comm->device();
   options.dtype = DType::kBF16;
@@ -70,10 +71,10 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
 
   const nlohmann::json& eval = reference["eval"];
   const int64_t eval_rows = static_cast<int64_t>(eval["tokens"].size());
-  ZE_ASSIGN_OR_RETURN(float eval_loss,
-                      engine->EvalForward(TokenRows(eval["tokens"], 0, eval_rows),
-                                          TokenRows(eval["targets"], 0,
-                                                    eval_rows)));
+  ZE_ASSIGN_OR_RETURN(
+      float eval_loss,
+      engine->EvalForward(TokenRows(eval["tokens"], 0, eval_rows),
+                          TokenRows(eval["targets"], 0, eval_rows)));
   const double want_eval = eval["loss"].get<double>();
   const double eval_difference =
       std::abs(eval_loss - want_eval) / std::abs(want_eval);
@@ -87,8 +88,8 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
                       engine->Generate(prompts, 8));
   int tokens_equal = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> want =
-        reference["generate"]["prompts"][i]["tokens"].get<std::vector<int32_t>>();
+    std::vector<int32_t> want = reference["generate"]["prompts"][i]["tokens"]
+                                    .get<std::vector<int32_t>>();
     want.resize(8);
     if (generated[i] == want) {
       ++tokens_equal;
@@ -103,9 +104,9 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
   for (size_t step = 0; step < want.size(); ++step) {
     ZE_ASSIGN_OR_RETURN(
         engine::StepReport report,
-        engine->TrainBatch({{TokenRows(train["tokens"], comm->rank() * rows, rows),
-                             TokenRows(train["targets"], comm->rank() * rows,
-                                       rows)}}));
+        engine->TrainBatch(
+            {{TokenRows(train["tokens"], comm->rank() * rows, rows),
+              TokenRows(train["targets"], comm->rank() * rows, rows)}}));
     worst = std::max(worst, std::abs(report.loss - want[step]));
     losses_off += !Close(report.loss, want[step]);
   }
@@ -116,8 +117,8 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
         "f32 %.5f, bf16 %.5f; rel %.1e), first 8 tokens equal for %d/%zu "
         "prompts, 20 losses: largest |difference| %.4f, %d outside 0.02 + "
         "5%%%s\n",
-        fixture.c_str(), stage, stage == 3 ? " + offload_optimizer" : "",
-        world, comm->device().ToString().c_str(), eval_loss, want_eval,
+        fixture.c_str(), stage, stage == 3 ? " + offload_optimizer" : "", world,
+        comm->device().ToString().c_str(), eval_loss, want_eval,
         reference["bf16_cpu"]["eval_loss"].get<double>(), eval_difference,
         tokens_equal, prompts.size(), worst, losses_off,
         failures ? "  FAILED" : "");

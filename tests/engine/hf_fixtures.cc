@@ -11,8 +11,8 @@ namespace ze {
 namespace enginetest {
 
 const std::vector<std::string>& HfFixtureNames() {
-  static const std::vector<std::string> names = {
-      "llama", "mistral", "qwen2", "qwen2_sharded", "qwen3"};
+  static const std::vector<std::string> names = {"llama", "mistral", "qwen2",
+                                                 "qwen2_sharded", "qwen3"};
   return names;
 }
 
