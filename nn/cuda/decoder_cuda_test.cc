@@ -69,7 +69,8 @@ class DecoderCudaTest : public testing::TestWithParam<DType> {
 
   Pair FromValues(const Vec& values, const Shape& shape) {
     Pair pair;
-    pair.gpu = *FromHostFloats(values, shape, dtype(), Device::Cuda(0), stream_);
+    pair.gpu =
+        *FromHostFloats(values, shape, dtype(), Device::Cuda(0), stream_);
     pair.cpu = Cpu(Host(pair.gpu), shape);
     return pair;
   }
@@ -147,7 +148,8 @@ std::string Dims(const Shape& shape) { return ShapeToString(shape); }
 TEST_P(DecoderCudaTest, RmsNormMatchesCpu) {
   // 300 rows span three column-sum chunks; 40 columns take the vector
   // kernels, 13 the scalar ones; (B, T, H, D) input is Qwen3's q/k norm.
-  for (const Shape& shape : {Shape{300, 40}, Shape{7, 13}, Shape{2, 5, 3, 64}}) {
+  for (const Shape& shape :
+       {Shape{300, 40}, Shape{7, 13}, Shape{2, 5, 3, 64}}) {
     const int64_t channels = shape.back();
     const std::string tag = "RmsNorm " + Dims(shape);
     Pair x = Random(shape, 1, 2.0f), w = Random({channels}, 2);
@@ -162,15 +164,15 @@ TEST_P(DecoderCudaTest, RmsNormMatchesCpu) {
     ASSERT_TRUE(
         RmsNormForward(x.cpu, w.cpu, eps, y.cpu, rstd_cpu, Stream()).ok());
     Check(tag + " output", y.gpu, y.cpu);
-    Check(tag + " rstd", Host(rstd_gpu), *ToHostFloats(rstd_cpu, Stream()),
-          1.0, DType::kF32);
+    Check(tag + " rstd", Host(rstd_gpu), *ToHostFloats(rstd_cpu, Stream()), 1.0,
+          DType::kF32);
 
     // grad_weight accumulates: start both from the same nonzero values.
     Pair dx = Output(shape);
     Pair dw = Random({channels}, 4);
-    ASSERT_TRUE(RmsNormBackward(dy.gpu, x.gpu, w.gpu, rstd_gpu, dx.gpu, dw.gpu,
-                                stream_)
-                    .ok());
+    ASSERT_TRUE(
+        RmsNormBackward(dy.gpu, x.gpu, w.gpu, rstd_gpu, dx.gpu, dw.gpu, stream_)
+            .ok());
     ASSERT_TRUE(RmsNormBackward(dy.cpu, x.cpu, w.cpu, rstd_cpu, dx.cpu, dw.cpu,
                                 Stream())
                     .ok());
@@ -190,8 +192,8 @@ TEST_P(DecoderCudaTest, RmsNormMatchesCpu) {
                     .ok());
     Check(tag + " grad_input in place", dy2.gpu, dy2.cpu);
     Check(tag + " grad_weight f32", Host(dw32_gpu),
-          *ToHostFloats(dw32_cpu, Stream()),
-          dtype() == DType::kF32 ? 2.0 : 1.0, dtype());
+          *ToHostFloats(dw32_cpu, Stream()), dtype() == DType::kF32 ? 2.0 : 1.0,
+          dtype());
     Pair dx_only = Output(shape);
     ASSERT_TRUE(RmsNormBackward(dy.gpu, x.gpu, w.gpu, rstd_gpu, dx_only.gpu,
                                 Tensor(), stream_)
@@ -226,8 +228,10 @@ TEST_P(DecoderCudaTest, RotaryEmbeddingMatchesCpu) {
       Tensor sg = with_starts ? starts_gpu : Tensor();
       Tensor sc = with_starts ? starts_cpu : Tensor();
       Pair y = Output(shape);
-      ASSERT_TRUE(RotaryEmbeddingForward(x.gpu, inv_gpu, sg, y.gpu, stream_).ok());
-      ASSERT_TRUE(RotaryEmbeddingForward(x.cpu, inv_cpu, sc, y.cpu, Stream()).ok());
+      ASSERT_TRUE(
+          RotaryEmbeddingForward(x.gpu, inv_gpu, sg, y.gpu, stream_).ok());
+      ASSERT_TRUE(
+          RotaryEmbeddingForward(x.cpu, inv_cpu, sc, y.cpu, Stream()).ok());
       Check(name + " forward", y.gpu, y.cpu, with_starts ? 4.0 : 1.0);
       Pair dx = Output(shape);
       ASSERT_TRUE(
@@ -237,9 +241,9 @@ TEST_P(DecoderCudaTest, RotaryEmbeddingMatchesCpu) {
       Check(name + " backward", dx.gpu, dx.cpu, with_starts ? 4.0 : 1.0);
       // In place.
       Pair inplace = FromValues(Host(x.gpu), shape);
-      ASSERT_TRUE(RotaryEmbeddingForward(inplace.gpu, inv_gpu, sg, inplace.gpu,
-                                         stream_)
-                      .ok());
+      ASSERT_TRUE(
+          RotaryEmbeddingForward(inplace.gpu, inv_gpu, sg, inplace.gpu, stream_)
+              .ok());
       Check(name + " in place", inplace.gpu, y.cpu, with_starts ? 4.0 : 1.0);
     }
   }
@@ -249,23 +253,26 @@ TEST_P(DecoderCudaTest, RotaryEmbeddingMatchesCpu) {
 
 TEST_P(DecoderCudaTest, SwiGluMatchesCpu) {
   const Shape shape{3, 7, 111};  // not a multiple of any vector width
-  Pair gate = Random(shape, 6, 3.0f), up = Random(shape, 7), dy = Random(shape, 8);
+  Pair gate = Random(shape, 6, 3.0f), up = Random(shape, 7),
+       dy = Random(shape, 8);
   Pair y = Output(shape);
   ASSERT_TRUE(SwiGluForward(gate.gpu, up.gpu, y.gpu, stream_).ok());
   ASSERT_TRUE(SwiGluForward(gate.cpu, up.cpu, y.cpu, Stream()).ok());
   Check("SwiGlu forward", y.gpu, y.cpu);
   Pair dgate = Output(shape), dup = Output(shape);
   ASSERT_TRUE(
-      SwiGluBackward(dy.gpu, gate.gpu, up.gpu, dgate.gpu, dup.gpu, stream_).ok());
+      SwiGluBackward(dy.gpu, gate.gpu, up.gpu, dgate.gpu, dup.gpu, stream_)
+          .ok());
   ASSERT_TRUE(
-      SwiGluBackward(dy.cpu, gate.cpu, up.cpu, dgate.cpu, dup.cpu, Stream()).ok());
+      SwiGluBackward(dy.cpu, gate.cpu, up.cpu, dgate.cpu, dup.cpu, Stream())
+          .ok());
   Check("SwiGlu grad_gate", dgate.gpu, dgate.cpu);
   Check("SwiGlu grad_up", dup.gpu, dup.cpu);
   // One gradient at a time; the other stays untouched.
   Pair only_gate = Output(shape, 7.0f);
-  ASSERT_TRUE(SwiGluBackward(dy.gpu, gate.gpu, up.gpu, only_gate.gpu, Tensor(),
-                             stream_)
-                  .ok());
+  ASSERT_TRUE(
+      SwiGluBackward(dy.gpu, gate.gpu, up.gpu, only_gate.gpu, Tensor(), stream_)
+          .ok());
   Check("SwiGlu grad_gate alone", only_gate.gpu, dgate.cpu);
   Pair only_up = Output(shape, 7.0f);
   ASSERT_TRUE(
@@ -283,12 +290,10 @@ struct AttentionCase {
 TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
   // Group sizes 1, 2 and 4; head sizes 64 and 128 (and 40, not a multiple
   // of 16); T odd, below, at and above the 16-row tiles.
-  for (const AttentionCase& c : {AttentionCase{2, 7, 4, 4, 64},
-                                 AttentionCase{1, 33, 4, 2, 128},
-                                 AttentionCase{2, 19, 8, 2, 64},
-                                 AttentionCase{1, 16, 4, 1, 128},
-                                 AttentionCase{1, 17, 2, 1, 40},
-                                 AttentionCase{2, 1, 2, 2, 64}}) {
+  for (const AttentionCase& c :
+       {AttentionCase{2, 7, 4, 4, 64}, AttentionCase{1, 33, 4, 2, 128},
+        AttentionCase{2, 19, 8, 2, 64}, AttentionCase{1, 16, 4, 1, 128},
+        AttentionCase{1, 17, 2, 1, 40}, AttentionCase{2, 1, 2, 2, 64}}) {
     const Shape q_shape{c.batch, c.seq, c.q_heads, c.head_dim};
     const Shape kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
     const Shape lse_shape{c.batch, c.q_heads, c.seq};
@@ -301,12 +306,12 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
     Pair out = Output(q_shape);
     Tensor lse_gpu = F32Gpu(Vec(NumElements(lse_shape)), lse_shape);
     Tensor lse_cpu = Cpu(Vec(NumElements(lse_shape)), lse_shape);
-    ASSERT_TRUE(GroupedAttentionForward(q.gpu, k.gpu, v.gpu, out.gpu, lse_gpu,
-                                        stream_)
-                    .ok());
-    ASSERT_TRUE(GroupedAttentionForward(q.cpu, k.cpu, v.cpu, out.cpu, lse_cpu,
-                                        Stream())
-                    .ok());
+    ASSERT_TRUE(
+        GroupedAttentionForward(q.gpu, k.gpu, v.gpu, out.gpu, lse_gpu, stream_)
+            .ok());
+    ASSERT_TRUE(
+        GroupedAttentionForward(q.cpu, k.cpu, v.cpu, out.cpu, lse_cpu, Stream())
+            .ok());
     Check(tag + " output", out.gpu, out.cpu);
     // logsumexp is f32 from the same (rounded) inputs on both sides.
     Check(tag + " logsumexp", Host(lse_gpu), *ToHostFloats(lse_cpu, Stream()),
@@ -314,13 +319,13 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
 
     Pair dq = Output(q_shape, 9.0f), dk = Output(kv_shape, 9.0f),
          dv = Output(kv_shape, 9.0f);
-    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu,
-                                         out.gpu, lse_gpu, dq.gpu, dk.gpu,
-                                         dv.gpu, stream_)
+    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
+                                         lse_gpu, dq.gpu, dk.gpu, dv.gpu,
+                                         stream_)
                     .ok());
-    ASSERT_TRUE(GroupedAttentionBackward(dout.cpu, q.cpu, k.cpu, v.cpu,
-                                         out.cpu, lse_cpu, dq.cpu, dk.cpu,
-                                         dv.cpu, Stream())
+    ASSERT_TRUE(GroupedAttentionBackward(dout.cpu, q.cpu, k.cpu, v.cpu, out.cpu,
+                                         lse_cpu, dq.cpu, dk.cpu, dv.cpu,
+                                         Stream())
                     .ok());
     // Gradients sum many rounded terms: a little more room in 16 bits.
     const double grad_tol = dtype() == DType::kF32 ? 2.0 : 1.5;
@@ -330,9 +335,9 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
 
     // Deterministic: a second backward gives the same bits.
     Pair dq2 = Output(q_shape), dk2 = Output(kv_shape), dv2 = Output(kv_shape);
-    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu,
-                                         out.gpu, lse_gpu, dq2.gpu, dk2.gpu,
-                                         dv2.gpu, stream_)
+    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
+                                         lse_gpu, dq2.gpu, dk2.gpu, dv2.gpu,
+                                         stream_)
                     .ok());
     EXPECT_EQ(Host(dk2.gpu), Host(dk.gpu)) << tag;
     EXPECT_EQ(Host(dv2.gpu), Host(dv.gpu)) << tag;
@@ -350,13 +355,13 @@ TEST_P(DecoderCudaTest, GroupedKvCacheMatchesCpu) {
       const std::string tag = "KvCache Hkv" + std::to_string(kv_heads) + " D" +
                               std::to_string(head_dim);
       const Shape cache_shape{batch, kv_heads, capacity, head_dim};
-      Pair key_cache = Random(cache_shape, 20), value_cache = Random(cache_shape, 21);
+      Pair key_cache = Random(cache_shape, 20),
+           value_cache = Random(cache_shape, 21);
       auto [rows_gpu, rows_cpu] = I32Pair({2, 0});
       // Prefill of 5 tokens at position 3 and 0, then one decode step at 8
       // and 5.
       for (const auto& [seq, starts] :
-           {std::pair<int64_t, std::vector<int32_t>>{5, {3, 0}},
-            {1, {8, 5}}}) {
+           {std::pair<int64_t, std::vector<int32_t>>{5, {3, 0}}, {1, {8, 5}}}) {
         const std::string step = tag + " T" + std::to_string(seq);
         auto [starts_gpu, starts_cpu] = I32Pair(starts);
         Pair k = Random({2, seq, kv_heads, head_dim}, 22 + seq);
@@ -376,15 +381,13 @@ TEST_P(DecoderCudaTest, GroupedKvCacheMatchesCpu) {
                   *ToHostFloats(value_cache.cpu, Stream()))
             << step;
         Pair out = Output({2, seq, q_heads, head_dim});
-        ASSERT_TRUE(GroupedCachedAttentionForward(q.gpu, rows_gpu, starts_gpu,
-                                                  key_cache.gpu,
-                                                  value_cache.gpu, out.gpu,
-                                                  stream_)
+        ASSERT_TRUE(GroupedCachedAttentionForward(
+                        q.gpu, rows_gpu, starts_gpu, key_cache.gpu,
+                        value_cache.gpu, out.gpu, stream_)
                         .ok());
-        ASSERT_TRUE(GroupedCachedAttentionForward(q.cpu, rows_cpu, starts_cpu,
-                                                  key_cache.cpu,
-                                                  value_cache.cpu, out.cpu,
-                                                  Stream())
+        ASSERT_TRUE(GroupedCachedAttentionForward(
+                        q.cpu, rows_cpu, starts_cpu, key_cache.cpu,
+                        value_cache.cpu, out.cpu, Stream())
                         .ok());
         Check(step + " attention", out.gpu, out.cpu);
       }
@@ -397,7 +400,8 @@ TEST_P(DecoderCudaTest, GroupedKvCacheSkipsEntriesOutsideTheCache) {
   // of a 2-row cache) and entry 2 (start past the capacity) are skipped,
   // their caches and output rows untouched; entry 0 is done.
   const Shape cache_shape{2, 1, 8, 64};
-  Pair key_cache = Output(cache_shape, 3.0f), value_cache = Output(cache_shape, 3.0f);
+  Pair key_cache = Output(cache_shape, 3.0f),
+       value_cache = Output(cache_shape, 3.0f);
   auto [rows_gpu, rows_cpu] = I32Pair({1, 5, 0});
   auto [starts_gpu, starts_cpu] = I32Pair({2, 0, 7});
   Pair k = Random({3, 2, 1, 64}, 30), v = Random({3, 2, 1, 64}, 31);

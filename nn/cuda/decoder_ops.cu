@@ -113,7 +113,8 @@ __global__ void RmsNormWeightPartialsKernel(const T* __restrict__ dy,
       rows < first + kColumnChunkRows ? rows : first + kColumnChunkRows;
   float sum = 0.0f;
   for (int64_t row = first; row < last; ++row) {
-    sum += ToFloat(dy[row * cols + c]) * (ToFloat(x[row * cols + c]) * rstd[row]);
+    sum +=
+        ToFloat(dy[row * cols + c]) * (ToFloat(x[row * cols + c]) * rstd[row]);
   }
   partials[static_cast<int64_t>(blockIdx.y) * cols + c] = sum;
 }
@@ -128,7 +129,8 @@ __global__ void RotaryKernel(const T* x, const float* __restrict__ inv_freq,
                              const int32_t* __restrict__ starts, T* y,
                              int64_t tokens, int64_t seq_len, int heads,
                              int half, bool inverse) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tokens * half) return;
   const int64_t token = idx / half;  // b * T + t
   const int i = static_cast<int>(idx % half);
@@ -156,8 +158,8 @@ __device__ __forceinline__ float Sigmoid(float v) {
 
 template <typename T>
 __global__ void SwiGluForwardKernel(const T* __restrict__ gate,
-                                    const T* __restrict__ up,
-                                    T* __restrict__ y, int64_t count) {
+                                    const T* __restrict__ up, T* __restrict__ y,
+                                    int64_t count) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float a = ToFloat(gate[i]);
@@ -178,15 +180,16 @@ __global__ void SwiGluBackwardKernel(const T* __restrict__ dy,
     const float d = ToFloat(dy[i]);
     // silu(a) = a s; silu'(a) = s (1 + a (1 - s)).
     if (dgate != nullptr) {
-      dgate[i] = FromFloat<T>(d * ToFloat(up[i]) * (s * (1.0f + a * (1.0f - s))));
+      dgate[i] =
+          FromFloat<T>(d * ToFloat(up[i]) * (s * (1.0f + a * (1.0f - s))));
     }
     if (dup != nullptr) dup[i] = FromFloat<T>(d * (a * s));
   }
 }
 
 int ElementwiseGrid(int64_t count) {
-  return static_cast<int>(
-      std::min<int64_t>(GridFor(count, 256), 16 * static_cast<int64_t>(NumSms())));
+  return static_cast<int>(std::min<int64_t>(
+      GridFor(count, 256), 16 * static_cast<int64_t>(NumSms())));
 }
 
 // ---------------------------------------------------------------- KV cache
@@ -210,7 +213,8 @@ __global__ void GroupedKvCacheWriteKernel(
     int64_t seq_len, int kv_heads, int head_dim, int64_t batch,
     int64_t capacity) {
   const int64_t channels = static_cast<int64_t>(kv_heads) * head_dim;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n * seq_len * channels) return;
   const int64_t token = idx / channels;  // i * T + t
   const int64_t c = idx % channels;
@@ -391,8 +395,8 @@ int LaunchRmsNormWeightPartials(const void* dy, const void* x,
     using T = std::remove_pointer_t<decltype(tag)>;
     RmsNormWeightPartialsKernel<T>
         <<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), rstd,
-            partials, rows, cols);
+            static_cast<const T*>(dy), static_cast<const T*>(x), rstd, partials,
+            rows, cols);
     return LastError();
   });
 }
@@ -423,10 +427,10 @@ int LaunchSwiGluForward(const void* gate, const void* up, void* y,
   if (count == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluForwardKernel<T><<<ElementwiseGrid(count), 256, 0,
-                             static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up),
-        static_cast<T*>(y), count);
+    SwiGluForwardKernel<T>
+        <<<ElementwiseGrid(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(gate), static_cast<const T*>(up),
+            static_cast<T*>(y), count);
     return LastError();
   });
 }
@@ -437,11 +441,11 @@ int LaunchSwiGluBackward(const void* dy, const void* gate, const void* up,
   if (count == 0 || (dgate == nullptr && dup == nullptr)) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluBackwardKernel<T><<<ElementwiseGrid(count), 256, 0,
-                              static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(gate),
-        static_cast<const T*>(up), static_cast<T*>(dgate),
-        static_cast<T*>(dup), count);
+    SwiGluBackwardKernel<T>
+        <<<ElementwiseGrid(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(gate),
+            static_cast<const T*>(up), static_cast<T*>(dgate),
+            static_cast<T*>(dup), count);
     return LastError();
   });
 }

@@ -1229,12 +1229,11 @@ absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(
       RequireSameDType("RmsNormForward", input, {&weight, &output}));
-  return LaunchStatus(
-      kernels::LaunchRmsNormForward(input.data(), weight.data(), output.data(),
-                                    rstd.data_as<float>(), input.size(0),
-                                    input.size(1), eps,
-                                    DTypeCode(input.dtype()), stream.native()),
-      "RmsNormForward kernel");
+  return LaunchStatus(kernels::LaunchRmsNormForward(
+                          input.data(), weight.data(), output.data(),
+                          rstd.data_as<float>(), input.size(0), input.size(1),
+                          eps, DTypeCode(input.dtype()), stream.native()),
+                      "RmsNormForward kernel");
 }
 
 absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
@@ -1260,20 +1259,18 @@ absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
             grad_output.data(), input.data(), rstd.data_as<float>(), partials,
             rows, cols, dtype, stream.native()),
         "RmsNormBackward grad_weight partials"));
-    ZE_RETURN_IF_ERROR(LaunchStatus(
-        kernels::LaunchAddColumnSums(partials, partial_rows, cols,
-                                     grad_weight.data(),
-                                     DTypeCode(grad_weight.dtype()),
-                                     stream.native()),
-        "RmsNormBackward grad_weight"));
+    ZE_RETURN_IF_ERROR(
+        LaunchStatus(kernels::LaunchAddColumnSums(
+                         partials, partial_rows, cols, grad_weight.data(),
+                         DTypeCode(grad_weight.dtype()), stream.native()),
+                     "RmsNormBackward grad_weight"));
   }
   if (!grad_input.defined()) return absl::OkStatus();
-  return LaunchStatus(
-      kernels::LaunchRmsNormBackward(grad_output.data(), input.data(),
-                                     weight.data(), rstd.data_as<float>(),
-                                     grad_input.data(), rows, cols, dtype,
-                                     stream.native()),
-      "RmsNormBackward kernel");
+  return LaunchStatus(kernels::LaunchRmsNormBackward(
+                          grad_output.data(), input.data(), weight.data(),
+                          rstd.data_as<float>(), grad_input.data(), rows, cols,
+                          dtype, stream.native()),
+                      "RmsNormBackward kernel");
 }
 
 absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,
@@ -1286,9 +1283,9 @@ absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,
   return LaunchStatus(
       kernels::LaunchRotaryEmbedding(
           input.data(), inv_freq.data_as<float>(),
-          starts.defined() ? starts.data_as<int32_t>() : nullptr,
-          output.data(), input.size(0), input.size(1), input.size(2),
-          input.size(3), inverse, DTypeCode(input.dtype()), stream.native()),
+          starts.defined() ? starts.data_as<int32_t>() : nullptr, output.data(),
+          input.size(0), input.size(1), input.size(2), input.size(3), inverse,
+          DTypeCode(input.dtype()), stream.native()),
       op);
 }
 
@@ -1306,8 +1303,8 @@ absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
                             const Tensor& up, const Tensor& grad_gate,
                             const Tensor& grad_up, const Stream& stream) {
   ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(RequireSameDType("SwiGluBackward", gate,
-                                      {&grad_output, &up, &grad_gate, &grad_up}));
+  ZE_RETURN_IF_ERROR(RequireSameDType(
+      "SwiGluBackward", gate, {&grad_output, &up, &grad_gate, &grad_up}));
   return LaunchStatus(
       kernels::LaunchSwiGluBackward(
           grad_output.data(), gate.data(), up.data(),
@@ -1373,9 +1370,10 @@ absl::Status GroupedAttentionBackward(
   const int seq_len = static_cast<int>(q.size(1));
   const int q_heads = static_cast<int>(q.size(2));
   if (batch == 0 || seq_len == 0 || q_heads == 0) return absl::OkStatus();
-  ZE_ASSIGN_OR_RETURN(void* workspace,
-                      Scratch(stream, kernels::GroupedAttentionBackwardWorkspaceBytes(
-                                          batch, seq_len, q_heads)));
+  ZE_ASSIGN_OR_RETURN(
+      void* workspace,
+      Scratch(stream, kernels::GroupedAttentionBackwardWorkspaceBytes(
+                          batch, seq_len, q_heads)));
   return LaunchStatus(
       kernels::LaunchGroupedAttentionBackward(
           grad_output.data(), q.data(), k.data(), v.data(), output.data(),
@@ -1417,10 +1415,11 @@ absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
                      kernels::kMaxCachedAttentionHeadDim, ", got ", head_dim));
   }
   if (q.size(2) > 65535 || q.size(0) * q.size(1) > 0x7fffffff) {
-    return absl::UnimplementedError(absl::StrCat(
-        op, " on CUDA supports at most 65535 heads and 2^31 - 1 query "
-            "tokens, got q ",
-        ShapeToString(q.shape())));
+    return absl::UnimplementedError(
+        absl::StrCat(op,
+                     " on CUDA supports at most 65535 heads and 2^31 - 1 query "
+                     "tokens, got q ",
+                     ShapeToString(q.shape())));
   }
   return LaunchStatus(
       kernels::LaunchGroupedCachedAttentionForward(

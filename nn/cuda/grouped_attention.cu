@@ -33,8 +33,8 @@ namespace cuda_kernels {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTile = 16;             // queries and keys per tile
-constexpr int kPairLd = kTile + 1;    // row stride of the (16, 16) tiles
+constexpr int kTile = 16;           // queries and keys per tile
+constexpr int kPairLd = kTile + 1;  // row stride of the (16, 16) tiles
 
 // Sizes and strides of one launch.
 struct Grouped {
@@ -93,11 +93,11 @@ __global__ void __launch_bounds__(kThreads)
                          float scale) {
   extern __shared__ float shared[];
   const int ld = g.head_dim + 1;
-  float* sq = shared;               // (16, ld) queries
-  float* sk = sq + kTile * ld;      // (16, ld) keys
-  float* sv = sk + kTile * ld;      // (16, ld) values
-  float* so = sv + kTile * ld;      // (16, ld) output accumulators
-  float* sp = so + kTile * ld;      // (16, 17) scores, then probabilities
+  float* sq = shared;                     // (16, ld) queries
+  float* sk = sq + kTile * ld;            // (16, ld) keys
+  float* sv = sk + kTile * ld;            // (16, ld) values
+  float* so = sv + kTile * ld;            // (16, ld) output accumulators
+  float* sp = so + kTile * ld;            // (16, 17) scores, then probabilities
   float* row_max = sp + kTile * kPairLd;  // (16) running max
   float* row_sum = row_max + kTile;       // (16) running sum
   float* row_scale = row_sum + kTile;     // (16) this tile's correction
@@ -191,8 +191,9 @@ __global__ void __launch_bounds__(kThreads)
 // delta (B, Hq, T) = rowwise dO . O; warp per (b, t, h) row.
 template <typename T>
 __global__ void DeltaKernel(const T* __restrict__ dout,
-                            const T* __restrict__ out, float* __restrict__ delta,
-                            int64_t rows, Grouped g) {
+                            const T* __restrict__ out,
+                            float* __restrict__ delta, int64_t rows,
+                            Grouped g) {
   const int lane = threadIdx.x & 31;
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -247,12 +248,12 @@ __global__ void __launch_bounds__(kThreads)
                     Grouped g, float scale) {
   extern __shared__ float shared[];
   const int ld = g.head_dim + 1;
-  float* sq = shared;                 // (16, ld)
-  float* sdo = sq + kTile * ld;       // (16, ld)
-  float* sk = sdo + kTile * ld;       // (16, ld)
-  float* sv = sk + kTile * ld;        // (16, ld)
-  float* sdq = sv + kTile * ld;       // (16, ld) accumulators
-  float* sds = sdq + kTile * ld;      // (16, 17)
+  float* sq = shared;                   // (16, ld)
+  float* sdo = sq + kTile * ld;         // (16, ld)
+  float* sk = sdo + kTile * ld;         // (16, ld)
+  float* sv = sk + kTile * ld;          // (16, ld)
+  float* sdq = sv + kTile * ld;         // (16, ld) accumulators
+  float* sds = sdq + kTile * ld;        // (16, 17)
   float* slse = sds + kTile * kPairLd;  // (16)
   float* sdelta = slse + kTile;         // (16)
 
@@ -318,14 +319,14 @@ __global__ void __launch_bounds__(kThreads)
                        T* __restrict__ dv, Grouped g, float scale) {
   extern __shared__ float shared[];
   const int ld = g.head_dim + 1;
-  float* sk = shared;                 // (16, ld)
-  float* sv = sk + kTile * ld;        // (16, ld)
-  float* sq = sv + kTile * ld;        // (16, ld)
-  float* sdo = sq + kTile * ld;       // (16, ld)
-  float* sdk = sdo + kTile * ld;      // (16, ld) accumulators
-  float* sdv = sdk + kTile * ld;      // (16, ld) accumulators
-  float* sp = sdv + kTile * ld;       // (16, 17)
-  float* sds = sp + kTile * kPairLd;  // (16, 17)
+  float* sk = shared;                   // (16, ld)
+  float* sv = sk + kTile * ld;          // (16, ld)
+  float* sq = sv + kTile * ld;          // (16, ld)
+  float* sdo = sq + kTile * ld;         // (16, ld)
+  float* sdk = sdo + kTile * ld;        // (16, ld) accumulators
+  float* sdv = sdk + kTile * ld;        // (16, ld) accumulators
+  float* sp = sdv + kTile * ld;         // (16, 17)
+  float* sds = sp + kTile * kPairLd;    // (16, 17)
   float* slse = sds + kTile * kPairLd;  // (16)
   float* sdelta = slse + kTile;         // (16)
 
@@ -422,12 +423,11 @@ int LaunchGroupedAttentionForward(const void* q, const void* k, const void* v,
   const int64_t blocks = static_cast<int64_t>(batch) * q_heads * g.tiles();
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    return LaunchShared(GroupedForwardKernel<T>, blocks,
-                        ForwardSharedFloats(head_dim),
-                        static_cast<cudaStream_t>(stream),
-                        static_cast<const T*>(q), static_cast<const T*>(k),
-                        static_cast<const T*>(v), static_cast<T*>(out),
-                        logsumexp, g, scale);
+    return LaunchShared(
+        GroupedForwardKernel<T>, blocks, ForwardSharedFloats(head_dim),
+        static_cast<cudaStream_t>(stream), static_cast<const T*>(q),
+        static_cast<const T*>(k), static_cast<const T*>(v),
+        static_cast<T*>(out), logsumexp, g, scale);
   });
 }
 
@@ -454,26 +454,25 @@ int LaunchGroupedAttentionBackward(const void* dout, const void* q,
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const int64_t rows = static_cast<int64_t>(batch) * seq_len * q_heads;
-    DeltaKernel<T><<<GridFor(rows, 8), 256, 0, s>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(out), delta, rows,
-        g);
+    DeltaKernel<T><<<GridFor(rows, 8), 256, 0, s>>>(static_cast<const T*>(dout),
+                                                    static_cast<const T*>(out),
+                                                    delta, rows, g);
     int error = LastError();
     if (error != 0) return error;
     error = LaunchShared(
         GradQueryKernel<T>, static_cast<int64_t>(batch) * q_heads * g.tiles(),
         GradQuerySharedFloats(head_dim), s, static_cast<const T*>(dout),
         static_cast<const T*>(q), static_cast<const T*>(k),
-        static_cast<const T*>(v), logsumexp,
-        static_cast<const float*>(delta), static_cast<T*>(dq), g, scale);
+        static_cast<const T*>(v), logsumexp, static_cast<const float*>(delta),
+        static_cast<T*>(dq), g, scale);
     if (error != 0) return error;
-    return LaunchShared(
-        GradKeyValueKernel<T>,
-        static_cast<int64_t>(batch) * kv_heads * g.tiles(),
-        GradKeyValueSharedFloats(head_dim), s, static_cast<const T*>(dout),
-        static_cast<const T*>(q), static_cast<const T*>(k),
-        static_cast<const T*>(v), logsumexp,
-        static_cast<const float*>(delta), static_cast<T*>(dk),
-        static_cast<T*>(dv), g, scale);
+    return LaunchShared(GradKeyValueKernel<T>,
+                        static_cast<int64_t>(batch) * kv_heads * g.tiles(),
+                        GradKeyValueSharedFloats(head_dim), s,
+                        static_cast<const T*>(dout), static_cast<const T*>(q),
+                        static_cast<const T*>(k), static_cast<const T*>(v),
+                        logsumexp, static_cast<const float*>(delta),
+                        static_cast<T*>(dk), static_cast<T*>(dv), g, scale);
   });
 }
 
