@@ -1,7 +1,8 @@
 // The decoder's functional ops on the CPU (nn/functional.h, "Decoder"
 // section): forward values against direct formulas or the tested GPT ops,
 // every backward against central differences, the cached path against the
-// full attention, aliasing, argument errors, and CUDA's Unimplemented.
+// full attention, aliasing and argument errors (the CUDA kernels against
+// these: //nn/cuda:decoder_cuda_test).
 #include <cmath>
 #include <functional>
 #include <string>

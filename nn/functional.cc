@@ -925,13 +925,6 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
 
 namespace {
 
-absl::Status NoCudaKernel(const char *op) {
-  return absl::UnimplementedError(
-      absl::StrCat(op,
-                   ": no CUDA kernel yet (the decoder's CUDA ops are "
-                   "issue 25's GPU half); run on the CPU"));
-}
-
 // A (B, T, H, D) tensor: defined, 4-D, float.
 absl::Status RequireHeads(const char *op, const char *name,
                           const Tensor &tensor) {
@@ -1018,7 +1011,11 @@ absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "input", input,
       {{"weight", &weight}, {"output", &output}, {"rstd", &rstd}}));
-  if (input.device().is_cuda()) return NoCudaKernel(op);
+  if (input.device().is_cuda()) {
+    return cuda_backend::RmsNormForward(View2D(input, rows, channels), weight,
+                                        eps, View2D(output, rows, channels),
+                                        rstd, stream);
+  }
   return cpu_backend::RmsNormForward(View2D(input, rows, channels), weight, eps,
                                      View2D(output, rows, channels), rstd);
 }
@@ -1068,7 +1065,11 @@ absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
                                         {"rstd", &rstd},
                                         {"grad_input", &grad_input},
                                         {"grad_weight", &grad_weight}}));
-  if (input.device().is_cuda()) return NoCudaKernel(op);
+  if (input.device().is_cuda()) {
+    return cuda_backend::RmsNormBackward(
+        View2D(grad_output, rows, channels), View2D(input, rows, channels),
+        weight, rstd, View2D(grad_input, rows, channels), grad_weight, stream);
+  }
   return cpu_backend::RmsNormBackward(
       View2D(grad_output, rows, channels), View2D(input, rows, channels),
       weight, rstd, View2D(grad_input, rows, channels), grad_weight);
@@ -1080,7 +1081,10 @@ absl::Status RotaryEmbeddingForward(const Tensor &input, const Tensor &inv_freq,
   const char *op = "RotaryEmbeddingForward";
   ZE_RETURN_IF_ERROR(
       CheckRotary(op, input, "input", inv_freq, starts, output, "output"));
-  if (input.device().is_cuda()) return NoCudaKernel(op);
+  if (input.device().is_cuda()) {
+    return cuda_backend::RotaryEmbedding(input, inv_freq, starts, output,
+                                         /*inverse=*/false, stream);
+  }
   return cpu_backend::RotaryEmbedding(input, inv_freq, starts, output,
                                       /*inverse=*/false);
 }
@@ -1093,7 +1097,10 @@ absl::Status RotaryEmbeddingBackward(const Tensor &grad_output,
   const char *op = "RotaryEmbeddingBackward";
   ZE_RETURN_IF_ERROR(CheckRotary(op, grad_output, "grad_output", inv_freq,
                                  starts, grad_input, "grad_input"));
-  if (grad_output.device().is_cuda()) return NoCudaKernel(op);
+  if (grad_output.device().is_cuda()) {
+    return cuda_backend::RotaryEmbedding(grad_output, inv_freq, starts,
+                                         grad_input, /*inverse=*/true, stream);
+  }
   return cpu_backend::RotaryEmbedding(grad_output, inv_freq, starts, grad_input,
                                       /*inverse=*/true);
 }
@@ -1114,7 +1121,9 @@ absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
   }
   ZE_RETURN_IF_ERROR(
       RequireSameDevice(op, "gate", gate, {{"up", &up}, {"output", &output}}));
-  if (gate.device().is_cuda()) return NoCudaKernel(op);
+  if (gate.device().is_cuda()) {
+    return cuda_backend::SwiGluForward(gate, up, output, stream);
+  }
   return cpu_backend::SwiGluForward(gate, up, output);
 }
 
@@ -1149,7 +1158,10 @@ absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
                                         {"up", &up},
                                         {"grad_gate", &grad_gate},
                                         {"grad_up", &grad_up}}));
-  if (gate.device().is_cuda()) return NoCudaKernel(op);
+  if (gate.device().is_cuda()) {
+    return cuda_backend::SwiGluBackward(grad_output, gate, up, grad_gate,
+                                        grad_up, stream);
+  }
   return cpu_backend::SwiGluBackward(grad_output, gate, up, grad_gate, grad_up);
 }
 
@@ -1171,7 +1183,10 @@ absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "q", q, {{"output", &output}, {"logsumexp", &logsumexp}}));
-  if (q.device().is_cuda()) return NoCudaKernel(op);
+  if (q.device().is_cuda()) {
+    return cuda_backend::GroupedAttentionForward(q, k, v, output, logsumexp,
+                                                 stream);
+  }
   return cpu_backend::GroupedAttentionForward(q, k, v, output, logsumexp);
 }
 
@@ -1214,7 +1229,11 @@ absl::Status GroupedAttentionBackward(
                                         {"grad_q", &grad_q},
                                         {"grad_k", &grad_k},
                                         {"grad_v", &grad_v}}));
-  if (q.device().is_cuda()) return NoCudaKernel(op);
+  if (q.device().is_cuda()) {
+    return cuda_backend::GroupedAttentionBackward(grad_output, q, k, v, output,
+                                                  logsumexp, grad_q, grad_k,
+                                                  grad_v, stream);
+  }
   return cpu_backend::GroupedAttentionBackward(
       grad_output, q, k, v, output, logsumexp, grad_q, grad_k, grad_v);
 }
@@ -1271,7 +1290,10 @@ absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
                                        value_cache));
   ZE_RETURN_IF_ERROR(
       RequireSameDevice(op, "k", k, {{"v", &v}, {"key_cache", &key_cache}}));
-  if (k.device().is_cuda()) return NoCudaKernel(op);
+  if (k.device().is_cuda()) {
+    return cuda_backend::GroupedKvCacheWrite(k, v, rows, starts, key_cache,
+                                             value_cache, stream);
+  }
   return cpu_backend::GroupedKvCacheWrite(k, v, rows, starts, key_cache,
                                           value_cache);
 }
@@ -1301,7 +1323,10 @@ absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
   if (Aliases(output, q)) return Invalid(op, "output must not alias q");
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "q", q, {{"key_cache", &key_cache}, {"output", &output}}));
-  if (q.device().is_cuda()) return NoCudaKernel(op);
+  if (q.device().is_cuda()) {
+    return cuda_backend::GroupedCachedAttentionForward(
+        q, rows, starts, key_cache, value_cache, output, stream);
+  }
   return cpu_backend::GroupedCachedAttentionForward(q, rows, starts, key_cache,
                                                     value_cache, output);
 }

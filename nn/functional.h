@@ -237,8 +237,10 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   const Stream& stream, int64_t classes = 0);
 
 // ---- Decoder (Llama / Mistral / Qwen) ops.
-// CPU only for now: CUDA tensors get Unimplemented naming the op (the
-// kernels are issue 25's GPU half). Attention tensors are token-major,
+// On CUDA (nn/cuda/decoder_kernels.h) every tensor of a call shares one
+// dtype (except the f32 rstd, logsumexp and inv_freq, the i32 starts and
+// rows, and grad_weight), and the attention ops take head_dim <= 256
+// (Unimplemented beyond). Attention tensors are token-major,
 // (B, T, H, D), what the q/k/v projections write (viewed as (B, T, H, D)) and
 // what the attention output projection reads, so no transposes are needed.
 
@@ -316,8 +318,9 @@ absl::Status GroupedAttentionBackward(
 // GroupedKvCacheWrite overwrites key_cache[rows[i], h, starts[i] + t, :] =
 // k[i, t, h, :] (and v); GroupedCachedAttentionForward attends query (i, t)
 // over cache positions [0, starts[i] + t] of row rows[i], which must hold
-// them already. A row outside [0, B) or a start outside [0, T_max - T] is
-// InvalidArgument naming the index.
+// them already. On the CPU a row outside [0, B) or a start outside
+// [0, T_max - T] is InvalidArgument naming the index; on CUDA, as for
+// KvCacheWrite, rows and starts are not read back: such entries are skipped.
 absl::Status GroupedKvCacheWrite(const Tensor& k, const Tensor& v,
                                  const Tensor& rows, const Tensor& starts,
                                  const Tensor& key_cache,

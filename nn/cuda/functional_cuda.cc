@@ -32,6 +32,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "nn/cuda/attention.h"
+#include "nn/cuda/decoder_kernels.h"
 #include "nn/cuda/functional_cuda_testing.h"
 #include "nn/cuda/kernels.h"
 
@@ -1217,6 +1218,218 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                           grad_logits.data(), rows, vocab, classes,
                           DTypeCode(logits.dtype()), stream.native()),
                       "CrossEntropyBackward kernel");
+}
+
+// ---- Decoder (Llama / Mistral / Qwen) ops: decoder_ops.cu and
+// grouped_attention.cu.
+
+absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
+                            float eps, const Tensor& output, const Tensor& rstd,
+                            const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("RmsNormForward", input, {&weight, &output}));
+  return LaunchStatus(kernels::LaunchRmsNormForward(
+                          input.data(), weight.data(), output.data(),
+                          rstd.data_as<float>(), input.size(0), input.size(1),
+                          eps, DTypeCode(input.dtype()), stream.native()),
+                      "RmsNormForward kernel");
+}
+
+absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
+                             const Tensor& weight, const Tensor& rstd,
+                             const Tensor& grad_input,
+                             const Tensor& grad_weight, const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType("RmsNormBackward", input,
+                                      {&grad_output, &weight, &grad_input}));
+  const int64_t rows = input.size(0), cols = input.size(1);
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  const int dtype = DTypeCode(input.dtype());
+  // The weight gradient's partial sums first: grad_input may overwrite
+  // grad_output, which they read.
+  if (grad_weight.defined()) {
+    const int partial_rows = kernels::ColumnPartialSumsCount(rows);
+    ZE_ASSIGN_OR_RETURN(
+        void* scratch,
+        Scratch(stream, RoundUp256(sizeof(float) * partial_rows * cols)));
+    float* partials = static_cast<float*>(scratch);
+    ZE_RETURN_IF_ERROR(LaunchStatus(
+        kernels::LaunchRmsNormWeightPartials(
+            grad_output.data(), input.data(), rstd.data_as<float>(), partials,
+            rows, cols, dtype, stream.native()),
+        "RmsNormBackward grad_weight partials"));
+    ZE_RETURN_IF_ERROR(
+        LaunchStatus(kernels::LaunchAddColumnSums(
+                         partials, partial_rows, cols, grad_weight.data(),
+                         DTypeCode(grad_weight.dtype()), stream.native()),
+                     "RmsNormBackward grad_weight"));
+  }
+  if (!grad_input.defined()) return absl::OkStatus();
+  return LaunchStatus(kernels::LaunchRmsNormBackward(
+                          grad_output.data(), input.data(), weight.data(),
+                          rstd.data_as<float>(), grad_input.data(), rows, cols,
+                          dtype, stream.native()),
+                      "RmsNormBackward kernel");
+}
+
+absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,
+                             const Tensor& starts, const Tensor& output,
+                             bool inverse, const Stream& stream) {
+  const char* op =
+      inverse ? "RotaryEmbeddingBackward" : "RotaryEmbeddingForward";
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType(op, input, {&output}));
+  return LaunchStatus(
+      kernels::LaunchRotaryEmbedding(
+          input.data(), inv_freq.data_as<float>(),
+          starts.defined() ? starts.data_as<int32_t>() : nullptr, output.data(),
+          input.size(0), input.size(1), input.size(2), input.size(3), inverse,
+          DTypeCode(input.dtype()), stream.native()),
+      op);
+}
+
+absl::Status SwiGluForward(const Tensor& gate, const Tensor& up,
+                           const Tensor& output, const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType("SwiGluForward", gate, {&up, &output}));
+  return LaunchStatus(kernels::LaunchSwiGluForward(
+                          gate.data(), up.data(), output.data(), gate.numel(),
+                          DTypeCode(gate.dtype()), stream.native()),
+                      "SwiGluForward kernel");
+}
+
+absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
+                            const Tensor& up, const Tensor& grad_gate,
+                            const Tensor& grad_up, const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType(
+      "SwiGluBackward", gate, {&grad_output, &up, &grad_gate, &grad_up}));
+  return LaunchStatus(
+      kernels::LaunchSwiGluBackward(
+          grad_output.data(), gate.data(), up.data(),
+          grad_gate.defined() ? grad_gate.data() : nullptr,
+          grad_up.defined() ? grad_up.data() : nullptr, gate.numel(),
+          DTypeCode(gate.dtype()), stream.native()),
+      "SwiGluBackward kernel");
+}
+
+namespace {
+
+// GroupedAttention's sizes as the kernels take them (int), or
+// Unimplemented naming what does not fit.
+absl::Status CheckGroupedAttentionSizes(const char* op, const Tensor& q,
+                                        const Tensor& k) {
+  const int64_t head_dim = q.size(3);
+  if (head_dim > kernels::kMaxGroupedAttentionHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, " on CUDA supports head_dim <= ",
+                     kernels::kMaxGroupedAttentionHeadDim, ", got ", head_dim));
+  }
+  constexpr int64_t kIntMax = 0x7fffffff;
+  if (q.size(0) > kIntMax || q.size(1) > kIntMax || q.size(2) > kIntMax ||
+      q.size(0) * q.size(2) * ((q.size(1) + 15) / 16) > kIntMax) {
+    return absl::UnimplementedError(absl::StrCat(
+        op, " on CUDA: q ", ShapeToString(q.shape()), " is too large"));
+  }
+  (void)k;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& output,
+                                     const Tensor& logsumexp,
+                                     const Stream& stream) {
+  const char* op = "GroupedAttentionForward";
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType(op, q, {&k, &v, &output}));
+  ZE_RETURN_IF_ERROR(CheckGroupedAttentionSizes(op, q, k));
+  return LaunchStatus(
+      kernels::LaunchGroupedAttentionForward(
+          q.data(), k.data(), v.data(), output.data(),
+          logsumexp.data_as<float>(), static_cast<int>(q.size(0)),
+          static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
+          static_cast<int>(k.size(2)), static_cast<int>(q.size(3)),
+          DTypeCode(q.dtype()), stream.native()),
+      "GroupedAttentionForward kernel");
+}
+
+absl::Status GroupedAttentionBackward(
+    const Tensor& grad_output, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& output, const Tensor& logsumexp,
+    const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+    const Stream& stream) {
+  const char* op = "GroupedAttentionBackward";
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(RequireSameDType(
+      op, q, {&grad_output, &k, &v, &output, &grad_q, &grad_k, &grad_v}));
+  ZE_RETURN_IF_ERROR(CheckGroupedAttentionSizes(op, q, k));
+  const int batch = static_cast<int>(q.size(0));
+  const int seq_len = static_cast<int>(q.size(1));
+  const int q_heads = static_cast<int>(q.size(2));
+  if (batch == 0 || seq_len == 0 || q_heads == 0) return absl::OkStatus();
+  ZE_ASSIGN_OR_RETURN(
+      void* workspace,
+      Scratch(stream, kernels::GroupedAttentionBackwardWorkspaceBytes(
+                          batch, seq_len, q_heads)));
+  return LaunchStatus(
+      kernels::LaunchGroupedAttentionBackward(
+          grad_output.data(), q.data(), k.data(), v.data(), output.data(),
+          logsumexp.data_as<float>(), grad_q.data(), grad_k.data(),
+          grad_v.data(), workspace, batch, seq_len, q_heads,
+          static_cast<int>(k.size(2)), static_cast<int>(q.size(3)),
+          DTypeCode(q.dtype()), stream.native()),
+      "GroupedAttentionBackward kernels");
+}
+
+absl::Status GroupedKvCacheWrite(const Tensor& k, const Tensor& v,
+                                 const Tensor& rows, const Tensor& starts,
+                                 const Tensor& key_cache,
+                                 const Tensor& value_cache,
+                                 const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  return LaunchStatus(
+      kernels::LaunchGroupedKvCacheWrite(
+          k.data(), v.data(), rows.data_as<int32_t>(),
+          starts.data_as<int32_t>(), key_cache.data(), value_cache.data(),
+          k.size(0), k.size(1), static_cast<int>(k.size(2)),
+          static_cast<int>(k.size(3)), key_cache.size(0), key_cache.size(2),
+          DTypeCode(k.dtype()), stream.native()),
+      "GroupedKvCacheWrite kernel");
+}
+
+absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
+                                           const Tensor& starts,
+                                           const Tensor& key_cache,
+                                           const Tensor& value_cache,
+                                           const Tensor& output,
+                                           const Stream& stream) {
+  const char* op = "GroupedCachedAttentionForward";
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  const int64_t head_dim = q.size(3);
+  if (head_dim > kernels::kMaxCachedAttentionHeadDim) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, " on CUDA supports head_dim <= ",
+                     kernels::kMaxCachedAttentionHeadDim, ", got ", head_dim));
+  }
+  if (q.size(2) > 65535 || q.size(0) * q.size(1) > 0x7fffffff) {
+    return absl::UnimplementedError(
+        absl::StrCat(op,
+                     " on CUDA supports at most 65535 heads and 2^31 - 1 query "
+                     "tokens, got q ",
+                     ShapeToString(q.shape())));
+  }
+  return LaunchStatus(
+      kernels::LaunchGroupedCachedAttentionForward(
+          q.data(), rows.data_as<int32_t>(), starts.data_as<int32_t>(),
+          key_cache.data(), value_cache.data(), output.data(), q.size(0),
+          q.size(1), static_cast<int>(q.size(2)),
+          static_cast<int>(key_cache.size(1)), static_cast<int>(head_dim),
+          key_cache.size(0), key_cache.size(2), DTypeCode(q.dtype()),
+          stream.native()),
+      "GroupedCachedAttentionForward kernel");
 }
 
 }  // namespace cuda_backend

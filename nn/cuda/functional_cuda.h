@@ -117,6 +117,51 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   int64_t classes, const Stream& stream);
 
+// Decoder (Llama / Mistral / Qwen) ops (decoder_kernels.h). Every tensor of
+// a call in one dtype except rstd / logsumexp (f32), inv_freq (f32), starts
+// and rows (i32) and grad_weight (any float dtype). RmsNorm takes input,
+// output and their gradients as (M, C). The grouped-attention kernels take
+// head_dim <= 256 (Unimplemented beyond). As KvCacheWrite and
+// CachedAttentionForward above, the KV-cache ops do not read rows and starts
+// back to the host: an entry outside the cache is skipped by the kernels.
+absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
+                            float eps, const Tensor& output, const Tensor& rstd,
+                            const Stream& stream);
+absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
+                             const Tensor& weight, const Tensor& rstd,
+                             const Tensor& grad_input,
+                             const Tensor& grad_weight, const Stream& stream);
+// RotaryEmbeddingForward (inverse false) and RotaryEmbeddingBackward
+// (inverse true, input = grad_output, output = grad_input).
+absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,
+                             const Tensor& starts, const Tensor& output,
+                             bool inverse, const Stream& stream);
+absl::Status SwiGluForward(const Tensor& gate, const Tensor& up,
+                           const Tensor& output, const Stream& stream);
+absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
+                            const Tensor& up, const Tensor& grad_gate,
+                            const Tensor& grad_up, const Stream& stream);
+absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& output,
+                                     const Tensor& logsumexp,
+                                     const Stream& stream);
+absl::Status GroupedAttentionBackward(
+    const Tensor& grad_output, const Tensor& q, const Tensor& k,
+    const Tensor& v, const Tensor& output, const Tensor& logsumexp,
+    const Tensor& grad_q, const Tensor& grad_k, const Tensor& grad_v,
+    const Stream& stream);
+absl::Status GroupedKvCacheWrite(const Tensor& k, const Tensor& v,
+                                 const Tensor& rows, const Tensor& starts,
+                                 const Tensor& key_cache,
+                                 const Tensor& value_cache,
+                                 const Stream& stream);
+absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
+                                           const Tensor& starts,
+                                           const Tensor& key_cache,
+                                           const Tensor& value_cache,
+                                           const Tensor& output,
+                                           const Stream& stream);
+
 // Process-wide counts since start (or ResetMatmulEpilogueStats), per fused
 // epilogue: calls that ran fused, and calls that took the unfused path
 // because cuBLASLt rejected the problem or its documented limits exclude it
