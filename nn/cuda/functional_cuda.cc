@@ -34,7 +34,6 @@
 #include "nn/cuda/attention.h"
 #include "nn/cuda/decoder_kernels.h"
 #include "nn/cuda/functional_cuda_testing.h"
-#include "nn/cuda/grouped_qkv.h"
 #include "nn/cuda/kernels.h"
 
 namespace ze {
@@ -1339,39 +1338,6 @@ absl::Status CheckGroupedAttentionSizes(const char* op, const Tensor& q,
 
 }  // namespace
 
-namespace {
-
-// Grouped-query attention in bf16/f16 at a head size the tensor-core
-// flash-attention family takes runs on it (nn/cuda/grouped_qkv.h: q, k, v
-// packed into GPT's layout with the key/value heads repeated); f32 and
-// other head sizes run the plain tiled kernels of grouped_attention.cu.
-bool UsesPackedAttention(const Tensor& q) {
-  const int64_t head_dim = q.size(3);
-  return q.dtype() != DType::kF32 && head_dim % 8 == 0 &&
-         head_dim <= kernels::kMaxAttentionHeadDim;
-}
-
-// q, k, v packed as (B, T, 3 * Hq * D), on `stream`'s storage.
-absl::StatusOr<Tensor> PackGroupedQkv(const Tensor& q, const Tensor& k,
-                                      const Tensor& v, const Stream& stream) {
-  const int64_t batch = q.size(0), seq_len = q.size(1);
-  const int q_heads = static_cast<int>(q.size(2));
-  const int head_dim = static_cast<int>(q.size(3));
-  StreamGuard guard(stream);
-  ZE_ASSIGN_OR_RETURN(Tensor packed,
-                      Tensor::Empty({batch, seq_len, 3 * q_heads * head_dim},
-                                    q.dtype(), q.device()));
-  ZE_RETURN_IF_ERROR(LaunchStatus(
-      kernels::LaunchPackGroupedQkv(q.data(), k.data(), v.data(), packed.data(),
-                                    batch * seq_len, q_heads,
-                                    static_cast<int>(k.size(2)), head_dim,
-                                    DTypeCode(q.dtype()), stream.native()),
-      "PackGroupedQkv kernel"));
-  return packed;
-}
-
-}  // namespace
-
 absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& output,
                                      const Tensor& logsumexp,
@@ -1380,14 +1346,6 @@ absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireSameDType(op, q, {&k, &v, &output}));
   ZE_RETURN_IF_ERROR(CheckGroupedAttentionSizes(op, q, k));
-  if (q.numel() == 0) return absl::OkStatus();
-  if (UsesPackedAttention(q)) {
-    ZE_ASSIGN_OR_RETURN(Tensor packed, PackGroupedQkv(q, k, v, stream));
-    return AttentionForward(
-        packed, static_cast<int>(q.size(2)),
-        output.View({q.size(0), q.size(1), q.size(2) * q.size(3)}), logsumexp,
-        stream);
-  }
   return LaunchStatus(
       kernels::LaunchGroupedAttentionForward(
           q.data(), k.data(), v.data(), output.data(),
@@ -1412,26 +1370,6 @@ absl::Status GroupedAttentionBackward(
   const int seq_len = static_cast<int>(q.size(1));
   const int q_heads = static_cast<int>(q.size(2));
   if (batch == 0 || seq_len == 0 || q_heads == 0) return absl::OkStatus();
-  if (UsesPackedAttention(q)) {
-    // Packed again rather than kept from the forward: the copy is cheap
-    // beside the attention, and the layer saves only q, k and v.
-    ZE_ASSIGN_OR_RETURN(Tensor packed, PackGroupedQkv(q, k, v, stream));
-    StreamGuard guard(stream);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor grad_packed,
-        Tensor::Empty(packed.shape(), packed.dtype(), packed.device()));
-    const Shape flat = {q.size(0), q.size(1), q.size(2) * q.size(3)};
-    ZE_RETURN_IF_ERROR(AttentionBackward(grad_output.View(flat), packed,
-                                         output.View(flat), logsumexp, q_heads,
-                                         grad_packed, stream));
-    return LaunchStatus(
-        kernels::LaunchUnpackGroupedQkvGrad(
-            grad_packed.data(), grad_q.data(), grad_k.data(), grad_v.data(),
-            static_cast<int64_t>(batch) * seq_len, q_heads,
-            static_cast<int>(k.size(2)), static_cast<int>(q.size(3)),
-            DTypeCode(q.dtype()), stream.native()),
-        "UnpackGroupedQkvGrad kernel");
-  }
   ZE_ASSIGN_OR_RETURN(
       void* workspace,
       Scratch(stream, kernels::GroupedAttentionBackwardWorkspaceBytes(
