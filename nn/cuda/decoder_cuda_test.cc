@@ -503,6 +503,64 @@ TEST_P(DecoderCudaTest, RefusesWhatTheKernelsCannotDo) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
 }
 
+// Timings (not a check; run with --gtest_also_run_disabled_tests): grouped
+// attention at a Llama-3-8B-like shape, tiled kernels against the packed
+// tensor-core route, forward and backward.
+TEST_P(DecoderCudaTest, DISABLED_GroupedAttentionTimings) {
+  if (dtype() == DType::kF32) GTEST_SKIP() << "16-bit only";
+  const int64_t batch = 2, seq = 2048, q_heads = 32, kv_heads = 8;
+  for (const int64_t head_dim : {64, 128}) {
+    const Shape q_shape{batch, seq, q_heads, head_dim};
+    const Shape kv_shape{batch, seq, kv_heads, head_dim};
+    Tensor q = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor k = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor v = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor out = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor dq = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor dk = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor dv = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor lse =
+        *Tensor::Zeros({batch, q_heads, seq}, DType::kF32, Device::Cuda(0));
+    for (const bool tiled_only : {true, false}) {
+      ScopedTiledOnly scope(tiled_only);
+      cudaEvent_t start, mid, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&mid);
+      cudaEventCreate(&stop);
+      const auto stream = static_cast<cudaStream_t>(stream_.native());
+      float forward_ms = 0, backward_ms = 0;
+      const int iterations = tiled_only ? 2 : 10;
+      for (int i = 0; i <= iterations; ++i) {  // i = 0: warm-up
+        cudaEventRecord(start, stream);
+        ASSERT_TRUE(GroupedAttentionForward(q, k, v, out, lse, stream_).ok());
+        cudaEventRecord(mid, stream);
+        ASSERT_TRUE(GroupedAttentionBackward(out, q, k, v, out, lse, dq, dk, dv,
+                                             stream_)
+                        .ok());
+        cudaEventRecord(stop, stream);
+        cudaEventSynchronize(stop);
+        float f = 0, b = 0;
+        cudaEventElapsedTime(&f, start, mid);
+        cudaEventElapsedTime(&b, mid, stop);
+        if (i > 0) {
+          forward_ms += f / iterations;
+          backward_ms += b / iterations;
+        }
+      }
+      std::printf(
+          "GQA timing B%lld T%lld Hq%lld Hkv%lld D%lld %s %s: forward %.3f "
+          "ms backward %.3f ms\n",
+          static_cast<long long>(batch), static_cast<long long>(seq),
+          static_cast<long long>(q_heads), static_cast<long long>(kv_heads),
+          static_cast<long long>(head_dim), DTypeName(dtype()),
+          tiled_only ? "tiled" : "packed", forward_ms, backward_ms);
+      cudaEventDestroy(start);
+      cudaEventDestroy(mid);
+      cudaEventDestroy(stop);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecoderCudaTest,
                          testing::Values(DType::kF32, DType::kBF16,
                                          DType::kF16),
