@@ -25,6 +25,7 @@
 #include "core/ops.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/cuda/functional_cuda_testing.h"
 #include "nn/functional.h"
 
 namespace ze {
@@ -287,61 +288,93 @@ struct AttentionCase {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
 };
 
+// Sets SetGroupedAttentionTiledOnlyForTesting for a scope.
+class ScopedTiledOnly {
+ public:
+  explicit ScopedTiledOnly(bool tiled_only) {
+    cuda_backend::SetGroupedAttentionTiledOnlyForTesting(tiled_only);
+  }
+  ~ScopedTiledOnly() {
+    cuda_backend::SetGroupedAttentionTiledOnlyForTesting(false);
+  }
+  ScopedTiledOnly(const ScopedTiledOnly&) = delete;
+  ScopedTiledOnly& operator=(const ScopedTiledOnly&) = delete;
+};
+
+// Both routes of bf16/f16 at D 64 and 128: the tiled kernels (forced) and
+// the production choice, attention.h's tensor-core kernels through the
+// packed layout (counted, so a silent fallback shows).
 TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
-  // Group sizes 1, 2 and 4; head sizes 64 and 128 (and 40, not a multiple
-  // of 16); T odd, below, at and above the 16-row tiles.
-  for (const AttentionCase& c :
-       {AttentionCase{2, 7, 4, 4, 64}, AttentionCase{1, 33, 4, 2, 128},
-        AttentionCase{2, 19, 8, 2, 64}, AttentionCase{1, 16, 4, 1, 128},
-        AttentionCase{1, 17, 2, 1, 40}, AttentionCase{2, 1, 2, 2, 64}}) {
-    const Shape q_shape{c.batch, c.seq, c.q_heads, c.head_dim};
-    const Shape kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
-    const Shape lse_shape{c.batch, c.q_heads, c.seq};
-    const std::string tag =
-        "GQA B" + std::to_string(c.batch) + " T" + std::to_string(c.seq) +
-        " Hq" + std::to_string(c.q_heads) + " Hkv" +
-        std::to_string(c.kv_heads) + " D" + std::to_string(c.head_dim);
-    Pair q = Random(q_shape, 11), k = Random(kv_shape, 12),
-         v = Random(kv_shape, 13), dout = Random(q_shape, 14);
-    Pair out = Output(q_shape);
-    Tensor lse_gpu = F32Gpu(Vec(NumElements(lse_shape)), lse_shape);
-    Tensor lse_cpu = Cpu(Vec(NumElements(lse_shape)), lse_shape);
-    ASSERT_TRUE(
-        GroupedAttentionForward(q.gpu, k.gpu, v.gpu, out.gpu, lse_gpu, stream_)
-            .ok());
-    ASSERT_TRUE(
-        GroupedAttentionForward(q.cpu, k.cpu, v.cpu, out.cpu, lse_cpu, Stream())
-            .ok());
-    Check(tag + " output", out.gpu, out.cpu);
-    // logsumexp is f32 from the same (rounded) inputs on both sides.
-    Check(tag + " logsumexp", Host(lse_gpu), *ToHostFloats(lse_cpu, Stream()),
-          2.0, DType::kF32);
+  for (const bool tiled_only : {true, false}) {
+    if (!tiled_only && dtype() == DType::kF32) continue;  // one route
+    ScopedTiledOnly scope(tiled_only);
+    const char* route = tiled_only ? " tiled" : " default";
 
-    Pair dq = Output(q_shape, 9.0f), dk = Output(kv_shape, 9.0f),
-         dv = Output(kv_shape, 9.0f);
-    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
-                                         lse_gpu, dq.gpu, dk.gpu, dv.gpu,
-                                         stream_)
-                    .ok());
-    ASSERT_TRUE(GroupedAttentionBackward(dout.cpu, q.cpu, k.cpu, v.cpu, out.cpu,
-                                         lse_cpu, dq.cpu, dk.cpu, dv.cpu,
-                                         Stream())
-                    .ok());
-    // Gradients sum many rounded terms: a little more room in 16 bits.
-    const double grad_tol = dtype() == DType::kF32 ? 2.0 : 1.5;
-    Check(tag + " grad_q", dq.gpu, dq.cpu, grad_tol);
-    Check(tag + " grad_k", dk.gpu, dk.cpu, grad_tol);
-    Check(tag + " grad_v", dv.gpu, dv.cpu, grad_tol);
+    // Group sizes 1, 2 and 4; head sizes 64 and 128 (and 40, not a multiple
+    // of 16); T odd, below, at and above the 16-row tiles.
+    for (const AttentionCase& c :
+         {AttentionCase{2, 7, 4, 4, 64}, AttentionCase{1, 33, 4, 2, 128},
+          AttentionCase{2, 19, 8, 2, 64}, AttentionCase{1, 16, 4, 1, 128},
+          AttentionCase{1, 17, 2, 1, 40}, AttentionCase{2, 1, 2, 2, 64}}) {
+      const Shape q_shape{c.batch, c.seq, c.q_heads, c.head_dim};
+      const Shape kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
+      const Shape lse_shape{c.batch, c.q_heads, c.seq};
+      const std::string tag = "GQA B" + std::to_string(c.batch) + " T" +
+                              std::to_string(c.seq) + " Hq" +
+                              std::to_string(c.q_heads) + " Hkv" +
+                              std::to_string(c.kv_heads) + " D" +
+                              std::to_string(c.head_dim) + route;
+      const int64_t packed_before =
+          cuda_backend::GroupedAttentionPackedCallsForTesting();
+      Pair q = Random(q_shape, 11), k = Random(kv_shape, 12),
+           v = Random(kv_shape, 13), dout = Random(q_shape, 14);
+      Pair out = Output(q_shape);
+      Tensor lse_gpu = F32Gpu(Vec(NumElements(lse_shape)), lse_shape);
+      Tensor lse_cpu = Cpu(Vec(NumElements(lse_shape)), lse_shape);
+      ASSERT_TRUE(GroupedAttentionForward(q.gpu, k.gpu, v.gpu, out.gpu, lse_gpu,
+                                          stream_)
+                      .ok());
+      ASSERT_TRUE(GroupedAttentionForward(q.cpu, k.cpu, v.cpu, out.cpu, lse_cpu,
+                                          Stream())
+                      .ok());
+      const bool packed =
+          !tiled_only && (c.head_dim == 64 || c.head_dim == 128);
+      EXPECT_EQ(
+          cuda_backend::GroupedAttentionPackedCallsForTesting() - packed_before,
+          packed ? 1 : 0)
+          << tag;
+      Check(tag + " output", out.gpu, out.cpu);
+      // logsumexp is f32 from the same (rounded) inputs on both sides.
+      Check(tag + " logsumexp", Host(lse_gpu), *ToHostFloats(lse_cpu, Stream()),
+            2.0, DType::kF32);
 
-    // Deterministic: a second backward gives the same bits.
-    Pair dq2 = Output(q_shape), dk2 = Output(kv_shape), dv2 = Output(kv_shape);
-    ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
-                                         lse_gpu, dq2.gpu, dk2.gpu, dv2.gpu,
-                                         stream_)
-                    .ok());
-    EXPECT_EQ(Host(dk2.gpu), Host(dk.gpu)) << tag;
-    EXPECT_EQ(Host(dv2.gpu), Host(dv.gpu)) << tag;
-    EXPECT_EQ(Host(dq2.gpu), Host(dq.gpu)) << tag;
+      Pair dq = Output(q_shape, 9.0f), dk = Output(kv_shape, 9.0f),
+           dv = Output(kv_shape, 9.0f);
+      ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu,
+                                           out.gpu, lse_gpu, dq.gpu, dk.gpu,
+                                           dv.gpu, stream_)
+                      .ok());
+      ASSERT_TRUE(GroupedAttentionBackward(dout.cpu, q.cpu, k.cpu, v.cpu,
+                                           out.cpu, lse_cpu, dq.cpu, dk.cpu,
+                                           dv.cpu, Stream())
+                      .ok());
+      // Gradients sum many rounded terms: a little more room in 16 bits.
+      const double grad_tol = dtype() == DType::kF32 ? 2.0 : 1.5;
+      Check(tag + " grad_q", dq.gpu, dq.cpu, grad_tol);
+      Check(tag + " grad_k", dk.gpu, dk.cpu, grad_tol);
+      Check(tag + " grad_v", dv.gpu, dv.cpu, grad_tol);
+
+      // Deterministic: a second backward gives the same bits.
+      Pair dq2 = Output(q_shape), dk2 = Output(kv_shape),
+           dv2 = Output(kv_shape);
+      ASSERT_TRUE(GroupedAttentionBackward(dout.gpu, q.gpu, k.gpu, v.gpu,
+                                           out.gpu, lse_gpu, dq2.gpu, dk2.gpu,
+                                           dv2.gpu, stream_)
+                      .ok());
+      EXPECT_EQ(Host(dk2.gpu), Host(dk.gpu)) << tag;
+      EXPECT_EQ(Host(dv2.gpu), Host(dv.gpu)) << tag;
+      EXPECT_EQ(Host(dq2.gpu), Host(dq.gpu)) << tag;
+    }
   }
 }
 
@@ -468,6 +501,64 @@ TEST_P(DecoderCudaTest, RefusesWhatTheKernelsCannotDo) {
   status =
       GroupedAttentionForward(q3.gpu, k2.gpu, k2.gpu, out3.gpu, lse3, stream_);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+// Timings (not a check; run with --gtest_also_run_disabled_tests): grouped
+// attention at a Llama-3-8B-like shape, tiled kernels against the packed
+// tensor-core route, forward and backward.
+TEST_P(DecoderCudaTest, DISABLED_GroupedAttentionTimings) {
+  if (dtype() == DType::kF32) GTEST_SKIP() << "16-bit only";
+  const int64_t batch = 2, seq = 2048, q_heads = 32, kv_heads = 8;
+  for (const int64_t head_dim : {64, 128}) {
+    const Shape q_shape{batch, seq, q_heads, head_dim};
+    const Shape kv_shape{batch, seq, kv_heads, head_dim};
+    Tensor q = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor k = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor v = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor out = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor dq = *Tensor::Zeros(q_shape, dtype(), Device::Cuda(0));
+    Tensor dk = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor dv = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
+    Tensor lse =
+        *Tensor::Zeros({batch, q_heads, seq}, DType::kF32, Device::Cuda(0));
+    for (const bool tiled_only : {true, false}) {
+      ScopedTiledOnly scope(tiled_only);
+      cudaEvent_t start, mid, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&mid);
+      cudaEventCreate(&stop);
+      const auto stream = static_cast<cudaStream_t>(stream_.native());
+      float forward_ms = 0, backward_ms = 0;
+      const int iterations = tiled_only ? 2 : 10;
+      for (int i = 0; i <= iterations; ++i) {  // i = 0: warm-up
+        cudaEventRecord(start, stream);
+        ASSERT_TRUE(GroupedAttentionForward(q, k, v, out, lse, stream_).ok());
+        cudaEventRecord(mid, stream);
+        ASSERT_TRUE(GroupedAttentionBackward(out, q, k, v, out, lse, dq, dk, dv,
+                                             stream_)
+                        .ok());
+        cudaEventRecord(stop, stream);
+        cudaEventSynchronize(stop);
+        float f = 0, b = 0;
+        cudaEventElapsedTime(&f, start, mid);
+        cudaEventElapsedTime(&b, mid, stop);
+        if (i > 0) {
+          forward_ms += f / iterations;
+          backward_ms += b / iterations;
+        }
+      }
+      std::printf(
+          "GQA timing B%lld T%lld Hq%lld Hkv%lld D%lld %s %s: forward %.3f "
+          "ms backward %.3f ms\n",
+          static_cast<long long>(batch), static_cast<long long>(seq),
+          static_cast<long long>(q_heads), static_cast<long long>(kv_heads),
+          static_cast<long long>(head_dim), DTypeName(dtype()),
+          tiled_only ? "tiled" : "packed", forward_ms, backward_ms);
+      cudaEventDestroy(start);
+      cudaEventDestroy(mid);
+      cudaEventDestroy(stop);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, DecoderCudaTest,

@@ -84,6 +84,19 @@ int LaunchGroupedAttentionBackward(const void* dout, const void* q,
                                    int q_heads, int kv_heads, int head_dim,
                                    int dtype, void* stream);
 
+// Adapters to nn/cuda/attention.h's tensor-core family, which reads GPT's
+// packed layout: qkv (B, T, 3 * Hq * D) = per token [q | k | v] with every
+// key/value head repeated for its group (transformers' repeat_kv). `tokens`
+// = B * T.
+int LaunchPackGroupedQkv(const void* q, const void* k, const void* v, void* qkv,
+                         int64_t tokens, int q_heads, int kv_heads,
+                         int head_dim, int dtype, void* stream);
+// The inverse for gradients: dq = dqkv's q part; dk (dv) = the sum, in f32
+// and in head order, of the group's repeated k (v) parts.
+int LaunchUnpackGroupedQkvGrad(const void* dqkv, void* dq, void* dk, void* dv,
+                               int64_t tokens, int q_heads, int kv_heads,
+                               int head_dim, int dtype, void* stream);
+
 // KV cache of grouped-query decoding. k, v (N, T, Hkv, D); rows, starts (N)
 // int32; key_cache, value_cache (B, Hkv, capacity, D). As kernels.h's
 // LaunchKvCacheWrite, an entry whose row is outside [0, B) or whose

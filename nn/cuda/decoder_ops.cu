@@ -192,6 +192,67 @@ int ElementwiseGrid(int64_t count) {
       GridFor(count, 256), 16 * static_cast<int64_t>(NumSms())));
 }
 
+// ----------------------------------------------- Packed-layout adapters
+// Thread per element of the packed (tokens, 3, Hq, D).
+template <typename T>
+__global__ void PackGroupedQkvKernel(const T* __restrict__ q,
+                                     const T* __restrict__ k,
+                                     const T* __restrict__ v,
+                                     T* __restrict__ qkv, int64_t tokens,
+                                     int q_heads, int kv_heads, int head_dim) {
+  const int64_t channels = static_cast<int64_t>(q_heads) * head_dim;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= tokens * 3 * channels) return;
+  const int64_t token = idx / (3 * channels);
+  const int64_t within = idx % (3 * channels);
+  const int part = static_cast<int>(within / channels);
+  const int64_t c = within % channels;
+  if (part == 0) {
+    qkv[idx] = q[token * channels + c];
+    return;
+  }
+  const int64_t h = c / head_dim, d = c % head_dim;
+  const int64_t kv = h / (q_heads / kv_heads);
+  const int64_t source = (token * kv_heads + kv) * head_dim + d;
+  qkv[idx] = part == 1 ? k[source] : v[source];
+}
+
+// Thread per element of dq (tokens, Hq, D) and of dk (tokens, Hkv, D) (dv
+// alongside dk).
+template <typename T>
+__global__ void UnpackGroupedQkvGradKernel(const T* __restrict__ dqkv,
+                                           T* __restrict__ dq,
+                                           T* __restrict__ dk,
+                                           T* __restrict__ dv, int64_t tokens,
+                                           int q_heads, int kv_heads,
+                                           int head_dim) {
+  const int64_t channels = static_cast<int64_t>(q_heads) * head_dim;
+  const int64_t kv_channels = static_cast<int64_t>(kv_heads) * head_dim;
+  const int64_t idx =
+      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t q_count = tokens * channels;
+  if (idx < q_count) {
+    const int64_t token = idx / channels, c = idx % channels;
+    dq[idx] = dqkv[token * 3 * channels + c];
+    return;
+  }
+  const int64_t i = idx - q_count;
+  if (i >= tokens * kv_channels) return;
+  const int64_t token = i / kv_channels, c = i % kv_channels;
+  const int64_t kv = c / head_dim, d = c % head_dim;
+  const int group = q_heads / kv_heads;
+  const T* row = dqkv + token * 3 * channels;
+  float key_sum = 0.0f, value_sum = 0.0f;
+  for (int g = 0; g < group; ++g) {
+    const int64_t c_q = (kv * group + g) * head_dim + d;
+    key_sum += ToFloat(row[channels + c_q]);
+    value_sum += ToFloat(row[2 * channels + c_q]);
+  }
+  dk[i] = FromFloat<T>(key_sum);
+  dv[i] = FromFloat<T>(value_sum);
+}
+
 // ---------------------------------------------------------------- KV cache
 constexpr int kDecodeWarps = 4;
 constexpr int kMaxPerLane = kMaxCachedAttentionHeadDim / 32;
@@ -446,6 +507,45 @@ int LaunchSwiGluBackward(const void* dy, const void* gate, const void* up,
             static_cast<const T*>(dy), static_cast<const T*>(gate),
             static_cast<const T*>(up), static_cast<T*>(dgate),
             static_cast<T*>(dup), count);
+    return LastError();
+  });
+}
+
+int LaunchPackGroupedQkv(const void* q, const void* k, const void* v, void* qkv,
+                         int64_t tokens, int q_heads, int kv_heads,
+                         int head_dim, int dtype, void* stream) {
+  const int64_t count = tokens * 3 * q_heads * head_dim;
+  if (count == 0) return 0;
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    PackGroupedQkvKernel<T>
+        <<<GridFor(count, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(q), static_cast<const T*>(k),
+            static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
+            kv_heads, head_dim);
+    return LastError();
+  });
+}
+
+int LaunchUnpackGroupedQkvGrad(const void* dqkv, void* dq, void* dk, void* dv,
+                               int64_t tokens, int q_heads, int kv_heads,
+                               int head_dim, int dtype, void* stream) {
+  const int64_t count =
+      tokens * (static_cast<int64_t>(q_heads) + kv_heads) * head_dim;
+  if (count == 0) return 0;
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    UnpackGroupedQkvGradKernel<T>
+        <<<GridFor(count, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(dqkv), static_cast<T*>(dq),
+            static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads, kv_heads,
+            head_dim);
     return LastError();
   });
 }

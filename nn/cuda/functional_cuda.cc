@@ -1316,6 +1316,35 @@ absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
 
 namespace {
 
+// SetGroupedAttentionTiledOnlyForTesting's flag and the packed-route count.
+std::atomic<bool> grouped_tiled_only{false};
+std::atomic<int64_t> grouped_packed_calls{0};
+
+// Whether grouped attention takes the packed route: attention.h's
+// FlashAttention-2 family (wgmma on Hopper at D = 64, mma.sync otherwise)
+// reads GPT's packed (B, T, 3C) qkv with one key/value head per query head,
+// so q, k and v are packed into that layout (k and v repeated for each
+// query head of their group), and its dK / dV summed back over each group
+// (deterministically, in head order). The copies are O(T) against the
+// kernels' O(T^2), and they leave the tuned kernels untouched. Used for
+// bf16/f16 at head sizes 64 and 128 (the family's best-tuned sizes) with
+// 16-byte aligned tensors; the tiled kernels take everything else.
+bool UsePackedGroupedAttention(const Tensor& q,
+                               std::initializer_list<const Tensor*> tensors) {
+  if (grouped_tiled_only.load(std::memory_order_relaxed)) return false;
+  if (q.dtype() != DType::kBF16 && q.dtype() != DType::kF16) return false;
+  if (q.size(3) != 64 && q.size(3) != 128) return false;
+  for (const Tensor* tensor : tensors) {
+    if (AlignmentOf(tensor->data()) < 16) return false;
+  }
+  return true;
+}
+
+// Bytes of one packed (B, T, 3 * Hq * D) buffer, rounded to 256.
+size_t PackedQkvBytes(const Tensor& q) {
+  return RoundUp256(SizeOf(q.dtype()) * 3 * static_cast<size_t>(q.numel()));
+}
+
 // GroupedAttention's sizes as the kernels take them (int), or
 // Unimplemented naming what does not fit.
 absl::Status CheckGroupedAttentionSizes(const char* op, const Tensor& q,
@@ -1346,6 +1375,25 @@ absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireSameDType(op, q, {&k, &v, &output}));
   ZE_RETURN_IF_ERROR(CheckGroupedAttentionSizes(op, q, k));
+  if (q.numel() == 0) return absl::OkStatus();
+  if (UsePackedGroupedAttention(q, {&q, &k, &v, &output})) {
+    grouped_packed_calls.fetch_add(1, std::memory_order_relaxed);
+    const int q_heads = static_cast<int>(q.size(2));
+    const int head_dim = static_cast<int>(q.size(3));
+    ZE_ASSIGN_OR_RETURN(void* packed, Scratch(stream, PackedQkvBytes(q)));
+    ZE_RETURN_IF_ERROR(LaunchStatus(
+        kernels::LaunchPackGroupedQkv(q.data(), k.data(), v.data(), packed,
+                                      q.size(0) * q.size(1), q_heads,
+                                      static_cast<int>(k.size(2)), head_dim,
+                                      DTypeCode(q.dtype()), stream.native()),
+        "GroupedAttentionForward packing"));
+    return LaunchStatus(
+        kernels::LaunchAttentionForward(
+            packed, output.data(), logsumexp.data_as<float>(),
+            static_cast<int>(q.size(0)), static_cast<int>(q.size(1)), q_heads,
+            head_dim, DTypeCode(q.dtype()), stream.native()),
+        "GroupedAttentionForward kernel (packed)");
+  }
   return LaunchStatus(
       kernels::LaunchGroupedAttentionForward(
           q.data(), k.data(), v.data(), output.data(),
@@ -1370,6 +1418,42 @@ absl::Status GroupedAttentionBackward(
   const int seq_len = static_cast<int>(q.size(1));
   const int q_heads = static_cast<int>(q.size(2));
   if (batch == 0 || seq_len == 0 || q_heads == 0) return absl::OkStatus();
+  const int kv_heads = static_cast<int>(k.size(2));
+  const int head_dim = static_cast<int>(q.size(3));
+  if (head_dim == 0) return absl::OkStatus();
+  if (UsePackedGroupedAttention(
+          q, {&grad_output, &q, &k, &v, &output, &grad_q, &grad_k, &grad_v})) {
+    grouped_packed_calls.fetch_add(1, std::memory_order_relaxed);
+    // Scratch: packed qkv, packed dqkv, then attention.h's workspace.
+    const size_t packed_bytes = PackedQkvBytes(q);
+    ZE_ASSIGN_OR_RETURN(
+        void* scratch,
+        Scratch(stream,
+                2 * packed_bytes + kernels::AttentionBackwardWorkspaceBytes(
+                                       batch, seq_len, q_heads, head_dim)));
+    char* base = static_cast<char*>(scratch);
+    void* packed = base;
+    void* packed_grad = base + packed_bytes;
+    void* attention_workspace = base + 2 * packed_bytes;
+    const int64_t tokens = q.size(0) * q.size(1);
+    const int dtype = DTypeCode(q.dtype());
+    ZE_RETURN_IF_ERROR(LaunchStatus(
+        kernels::LaunchPackGroupedQkv(q.data(), k.data(), v.data(), packed,
+                                      tokens, q_heads, kv_heads, head_dim,
+                                      dtype, stream.native()),
+        "GroupedAttentionBackward packing"));
+    ZE_RETURN_IF_ERROR(LaunchStatus(
+        kernels::LaunchAttentionBackward(
+            grad_output.data(), packed, output.data(),
+            logsumexp.data_as<float>(), packed_grad, attention_workspace, batch,
+            seq_len, q_heads, head_dim, dtype, stream.native()),
+        "GroupedAttentionBackward kernels (packed)"));
+    return LaunchStatus(
+        kernels::LaunchUnpackGroupedQkvGrad(
+            packed_grad, grad_q.data(), grad_k.data(), grad_v.data(), tokens,
+            q_heads, kv_heads, head_dim, dtype, stream.native()),
+        "GroupedAttentionBackward unpacking");
+  }
   ZE_ASSIGN_OR_RETURN(
       void* workspace,
       Scratch(stream, kernels::GroupedAttentionBackwardWorkspaceBytes(
@@ -1378,8 +1462,7 @@ absl::Status GroupedAttentionBackward(
       kernels::LaunchGroupedAttentionBackward(
           grad_output.data(), q.data(), k.data(), v.data(), output.data(),
           logsumexp.data_as<float>(), grad_q.data(), grad_k.data(),
-          grad_v.data(), workspace, batch, seq_len, q_heads,
-          static_cast<int>(k.size(2)), static_cast<int>(q.size(3)),
+          grad_v.data(), workspace, batch, seq_len, q_heads, kv_heads, head_dim,
           DTypeCode(q.dtype()), stream.native()),
       "GroupedAttentionBackward kernels");
 }
@@ -1430,6 +1513,14 @@ absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
           key_cache.size(0), key_cache.size(2), DTypeCode(q.dtype()),
           stream.native()),
       "GroupedCachedAttentionForward kernel");
+}
+
+void SetGroupedAttentionTiledOnlyForTesting(bool tiled_only) {
+  grouped_tiled_only.store(tiled_only, std::memory_order_relaxed);
+}
+
+int64_t GroupedAttentionPackedCallsForTesting() {
+  return grouped_packed_calls.load(std::memory_order_relaxed);
 }
 
 }  // namespace cuda_backend

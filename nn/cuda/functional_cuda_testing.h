@@ -7,6 +7,8 @@
 #ifndef ZE_NN_CUDA_FUNCTIONAL_CUDA_TESTING_H_
 #define ZE_NN_CUDA_FUNCTIONAL_CUDA_TESTING_H_
 
+#include <cstdint>
+
 namespace ze {
 namespace nn {
 namespace cuda_backend {
@@ -24,6 +26,16 @@ void ResetMatmulEpilogueFusionForTesting();
 // only after SetMatmulEpilogueFusionForTesting(true) (the production choice
 // leaves DGELU_BGRAD and BGRADB off).
 bool MatmulEpilogueFusionEnabledForTesting();
+
+// GroupedAttentionForward / Backward in bf16/f16 at head size 64 or 128 run
+// on attention.h's tensor-core kernels through the packed-layout adapters
+// (see functional_cuda.cc). true: always the tiled kernels of
+// decoder_kernels.h instead (to test them on those shapes); false: the
+// production choice.
+void SetGroupedAttentionTiledOnlyForTesting(bool tiled_only);
+// Grouped attention calls (forward and backward) that took the packed
+// tensor-core route since start.
+int64_t GroupedAttentionPackedCallsForTesting();
 
 }  // namespace cuda_backend
 }  // namespace nn
