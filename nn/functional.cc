@@ -615,16 +615,46 @@ absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
 
 namespace {
 
+// The KV-cache ops' cache checks (GPT's and the grouped ones): caches
+// (B, kv_heads, T_max, D) of `dtype` that do not alias, rows and starts (N)
+// i32, all on key_cache's device.
+absl::Status CheckCacheTensors(const char *op, int64_t n, int64_t kv_heads,
+                               int64_t head_dim, DType dtype,
+                               const Tensor &rows, const Tensor &starts,
+                               const Tensor &key_cache,
+                               const Tensor &value_cache) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
+  if (key_cache.dim() != 4 || key_cache.size(1) != kv_heads ||
+      key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
+    return Invalid(op, absl::StrCat("key_cache must be (B, ", kv_heads,
+                                    ", T_max, ", head_dim, "), got ",
+                                    ShapeToString(key_cache.shape())));
+  }
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "value_cache", value_cache, key_cache.shape()));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "rows", rows, {n}));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {n}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "rows", rows, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "key_cache", key_cache, dtype));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "value_cache", value_cache, dtype));
+  if (key_cache.data() == value_cache.data()) {
+    return Invalid(op, "key_cache and value_cache must not alias");
+  }
+  return RequireSameDevice(
+      op, "key_cache", key_cache,
+      {{"rows", &rows}, {"starts", &starts}, {"value_cache", &value_cache}});
+}
+
 // KvCacheWrite's and CachedAttentionForward's common checks.
 absl::Status CheckKvCacheArguments(const char *op, const Tensor &qkv,
                                    const Tensor &rows, const Tensor &starts,
                                    int num_heads, const Tensor &key_cache,
                                    const Tensor &value_cache) {
   ZE_RETURN_IF_ERROR(RequireDefined(op, "qkv", qkv));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) {
     return Invalid(op, absl::StrCat("qkv must be (N, T, 3 * C), got ",
                                     ShapeToString(qkv.shape())));
@@ -635,30 +665,11 @@ absl::Status CheckKvCacheArguments(const char *op, const Tensor &qkv,
                    absl::StrCat("num_heads = ", num_heads,
                                 " must be positive and divide C = ", channels));
   }
-  const int64_t head_dim = channels / num_heads;
-  if (key_cache.dim() != 4 || key_cache.size(1) != num_heads ||
-      key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
-    return Invalid(op, absl::StrCat("key_cache must be (B, ", num_heads,
-                                    ", T_max, ", head_dim, "), got ",
-                                    ShapeToString(key_cache.shape())));
-  }
-  ZE_RETURN_IF_ERROR(
-      RequireShape(op, "value_cache", value_cache, key_cache.shape()));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "rows", rows, {n}));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {n}));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "rows", rows, DType::kI32));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "qkv", qkv));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "key_cache", key_cache, qkv.dtype()));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "value_cache", value_cache, qkv.dtype()));
-  if (key_cache.data() == value_cache.data()) {
-    return Invalid(op, "key_cache and value_cache must not alias");
-  }
-  return RequireSameDevice(op, "qkv", qkv,
-                           {{"rows", &rows},
-                            {"starts", &starts},
-                            {"key_cache", &key_cache},
-                            {"value_cache", &value_cache}});
+  ZE_RETURN_IF_ERROR(CheckCacheTensors(op, n, num_heads, channels / num_heads,
+                                       qkv.dtype(), rows, starts, key_cache,
+                                       value_cache));
+  return RequireSameDevice(op, "qkv", qkv, {{"key_cache", &key_cache}});
 }
 
 }  // namespace
@@ -1238,43 +1249,6 @@ absl::Status GroupedAttentionBackward(
       grad_output, q, k, v, output, logsumexp, grad_q, grad_k, grad_v);
 }
 
-namespace {
-
-// GroupedKvCacheWrite's and GroupedCachedAttentionForward's cache checks:
-// caches (B, Hkv, T_max, D) of `dtype`, rows and starts (N) i32.
-absl::Status CheckGroupedCache(const char *op, int64_t n, int64_t kv_heads,
-                               int64_t head_dim, DType dtype,
-                               const Tensor &rows, const Tensor &starts,
-                               const Tensor &key_cache,
-                               const Tensor &value_cache) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
-  if (key_cache.dim() != 4 || key_cache.size(1) != kv_heads ||
-      key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
-    return Invalid(op, absl::StrCat("key_cache must be (B, ", kv_heads,
-                                    ", T_max, ", head_dim, "), got ",
-                                    ShapeToString(key_cache.shape())));
-  }
-  ZE_RETURN_IF_ERROR(
-      RequireShape(op, "value_cache", value_cache, key_cache.shape()));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "rows", rows, {n}));
-  ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {n}));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "rows", rows, DType::kI32));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "key_cache", key_cache, dtype));
-  ZE_RETURN_IF_ERROR(RequireDType(op, "value_cache", value_cache, dtype));
-  if (key_cache.data() == value_cache.data()) {
-    return Invalid(op, "key_cache and value_cache must not alias");
-  }
-  return RequireSameDevice(
-      op, "key_cache", key_cache,
-      {{"rows", &rows}, {"starts", &starts}, {"value_cache", &value_cache}});
-}
-
-}  // namespace
-
 absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
                                  const Tensor &rows, const Tensor &starts,
                                  const Tensor &key_cache,
@@ -1285,7 +1259,7 @@ absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
   ZE_RETURN_IF_ERROR(RequireHeads(op, "v", v));
   ZE_RETURN_IF_ERROR(RequireShape(op, "v", v, k.shape()));
   ZE_RETURN_IF_ERROR(RequireDType(op, "v", v, k.dtype()));
-  ZE_RETURN_IF_ERROR(CheckGroupedCache(op, k.size(0), k.size(2), k.size(3),
+  ZE_RETURN_IF_ERROR(CheckCacheTensors(op, k.size(0), k.size(2), k.size(3),
                                        k.dtype(), rows, starts, key_cache,
                                        value_cache));
   ZE_RETURN_IF_ERROR(
@@ -1314,7 +1288,7 @@ absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
                                     q.size(2), ", got ",
                                     ShapeToString(key_cache.shape())));
   }
-  ZE_RETURN_IF_ERROR(CheckGroupedCache(op, q.size(0), key_cache.size(1),
+  ZE_RETURN_IF_ERROR(CheckCacheTensors(op, q.size(0), key_cache.size(1),
                                        q.size(3), q.dtype(), rows, starts,
                                        key_cache, value_cache));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));

@@ -76,6 +76,27 @@ class FloatOut {
 
 constexpr float kLayerNormEpsilon = 1e-5f;
 
+// Softmax of each row i of scores (rows, cols) over columns [0, first + i]
+// (causal with `first` earlier positions), zeroing the rest; returns each
+// row's logsumexp in `lse` when given.
+void CausalSoftmax(float *scores, int rows, int cols, int first, float *lse) {
+  for (int i = 0; i < rows; ++i) {
+    float *row = scores + static_cast<int64_t>(i) * cols;
+    const int last = first + i;
+    float row_max = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j <= last; ++j) row_max = std::max(row_max, row[j]);
+    double sum = 0.0;
+    for (int j = 0; j <= last; ++j) {
+      row[j] = std::exp(row[j] - row_max);
+      sum += row[j];
+    }
+    const float inverse_sum = static_cast<float>(1.0 / sum);
+    for (int j = 0; j <= last; ++j) row[j] *= inverse_sum;
+    for (int j = last + 1; j < cols; ++j) row[j] = 0.0f;
+    if (lse != nullptr) lse[i] = row_max + static_cast<float>(std::log(sum));
+  }
+}
+
 }  // namespace
 
 absl::Status LinearForward(const Tensor &input, const Tensor &weight,
@@ -350,20 +371,7 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
       // scores (T, T) = scale * q (T, D) @ k (T, D)^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, seq, head_dim,
                   scale, q, qkv_stride, k, qkv_stride, 0.0f, probs.data(), seq);
-      for (int i = 0; i < seq; ++i) {
-        float *row = probs.data() + static_cast<int64_t>(i) * seq;
-        float row_max = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j <= i; ++j) row_max = std::max(row_max, row[j]);
-        double sum = 0.0;
-        for (int j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] - row_max);
-          sum += row[j];
-        }
-        const float inverse_sum = static_cast<float>(1.0 / sum);
-        for (int j = 0; j <= i; ++j) row[j] *= inverse_sum;
-        for (int j = i + 1; j < seq; ++j) row[j] = 0.0f;  // causal mask
-        lse_bh[i] = row_max + static_cast<float>(std::log(sum));
-      }
+      CausalSoftmax(probs.data(), seq, seq, /*first=*/0, lse_bh);
       // o (T, D) = probs (T, T) @ v (T, D)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, head_dim, seq,
                   1.0f, probs.data(), seq, v, qkv_stride, 0.0f, o, channels);
@@ -484,20 +492,8 @@ absl::Status CachedAttentionForward(const Tensor &qkv, const Tensor &rows,
       // scores (T, keys) = scale * q (T, D) @ k (keys, D)^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, seq, keys, head_dim,
                   scale, q, qkv_stride, k, head_dim, 0.0f, probs.data(), keys);
-      for (int t = 0; t < seq; ++t) {
-        float *scores = probs.data() + static_cast<int64_t>(t) * keys;
-        const int last = start[i] + t;  // causal: positions [0, last]
-        float row_max = -std::numeric_limits<float>::infinity();
-        for (int j = 0; j <= last; ++j) row_max = std::max(row_max, scores[j]);
-        double sum = 0.0;
-        for (int j = 0; j <= last; ++j) {
-          scores[j] = std::exp(scores[j] - row_max);
-          sum += scores[j];
-        }
-        const float inverse_sum = static_cast<float>(1.0 / sum);
-        for (int j = 0; j <= last; ++j) scores[j] *= inverse_sum;
-        for (int j = last + 1; j < keys; ++j) scores[j] = 0.0f;
-      }
+      // causal: query t sees positions [0, start + t]
+      CausalSoftmax(probs.data(), seq, keys, start[i], /*lse=*/nullptr);
       // o (T, D) = probs (T, keys) @ v (keys, D)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, seq, head_dim,
                   keys, 1.0f, probs.data(), keys, v, head_dim, 0.0f, o,
@@ -925,27 +921,6 @@ GroupedSizes SizesOf(const Tensor &q, const Tensor &k) {
   return {static_cast<int>(q.size(0)), static_cast<int>(q.size(1)),
           static_cast<int>(q.size(2)), static_cast<int>(k.size(2)),
           static_cast<int>(q.size(3))};
-}
-
-// Softmax of each row i of scores (rows, cols) over columns [0, first + i]
-// (causal with `first` earlier positions), zeroing the rest; returns each
-// row's logsumexp in `lse` when given.
-void CausalSoftmax(float *scores, int rows, int cols, int first, float *lse) {
-  for (int i = 0; i < rows; ++i) {
-    float *row = scores + static_cast<int64_t>(i) * cols;
-    const int last = first + i;
-    float row_max = -std::numeric_limits<float>::infinity();
-    for (int j = 0; j <= last; ++j) row_max = std::max(row_max, row[j]);
-    double sum = 0.0;
-    for (int j = 0; j <= last; ++j) {
-      row[j] = std::exp(row[j] - row_max);
-      sum += row[j];
-    }
-    const float inverse_sum = static_cast<float>(1.0 / sum);
-    for (int j = 0; j <= last; ++j) row[j] *= inverse_sum;
-    for (int j = last + 1; j < cols; ++j) row[j] = 0.0f;
-    if (lse != nullptr) lse[i] = row_max + static_cast<float>(std::log(sum));
-  }
 }
 
 }  // namespace
