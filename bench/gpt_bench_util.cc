@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "nn/decoder.h"
 
 namespace ze {
 namespace bench {
@@ -133,6 +134,98 @@ absl::StatusOr<nn::GptConfig> ModelConfig(const std::string& name,
   if (seq > config.max_seq_len) config.max_seq_len = seq;
   ZE_RETURN_IF_ERROR(config.Validate());
   return config;
+}
+
+absl::StatusOr<BenchModelConfig> BenchModelConfig::FromName(
+    const std::string& name, int64_t seq) {
+  BenchModelConfig config;
+  config.name = name;
+  const std::vector<std::string> decoders = nn::DecoderConfig::PresetNames();
+  if (std::find(decoders.begin(), decoders.end(), name) != decoders.end()) {
+    ZE_ASSIGN_OR_RETURN(config.decoder, nn::DecoderConfig::Preset(name));
+    config.decoder->max_position_embeddings =
+        std::max(config.decoder->max_position_embeddings, seq);
+    return config;
+  }
+  const std::vector<std::string> gpts = nn::GptConfig::PresetNames();
+  if (name != "tiny" &&
+      std::find(gpts.begin(), gpts.end(), name) == gpts.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown model '", name, "'; known: ", absl::StrJoin(gpts, ", "),
+        ", tiny (GPT) and ", absl::StrJoin(decoders, ", "), " (decoders)"));
+  }
+  ZE_ASSIGN_OR_RETURN(config.gpt, ModelConfig(name, seq));
+  return config;
+}
+
+int64_t BenchModelConfig::NumParameters() const {
+  return is_decoder() ? decoder->NumParameters() : gpt.NumParameters();
+}
+
+int64_t BenchModelConfig::vocab_size() const {
+  return is_decoder() ? decoder->vocab_size : gpt.vocab_size;
+}
+
+int BenchModelConfig::num_layers() const {
+  return is_decoder() ? decoder->num_layers : gpt.num_layers;
+}
+
+int64_t BenchModelConfig::kv_channels() const {
+  return is_decoder() ? decoder->num_kv_heads * decoder->head_dim
+                      : gpt.channels;
+}
+
+Json BenchModelConfig::ToJson() const {
+  return is_decoder() ? Json::parse(decoder->ToHuggingFaceJson())
+                      : GptConfigJson(gpt);
+}
+
+void BenchModelConfig::set_activation_checkpointing(bool on) {
+  if (is_decoder()) {
+    decoder->activation_checkpointing = on;
+  } else {
+    gpt.activation_checkpointing = on;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
+    const BenchModelConfig& config, const Device& device, DType dtype,
+    uint64_t seed, bool materialize, const Stream& stream) {
+  if (config.is_decoder()) {
+    nn::DecoderOptions options;
+    options.device = device;
+    options.dtype = dtype;
+    options.seed = seed;
+    options.materialize = materialize;
+    ZE_ASSIGN_OR_RETURN(
+        std::unique_ptr<nn::DecoderModel> model,
+        nn::DecoderModel::Create(*config.decoder, options, stream));
+    return std::shared_ptr<nn::LossModel>(std::move(model));
+  }
+  nn::GptOptions options;
+  options.device = device;
+  options.dtype = dtype;
+  options.seed = seed;
+  options.materialize = materialize;
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
+                      nn::GptModel::Create(config.gpt, options, stream));
+  return std::shared_ptr<nn::LossModel>(std::move(model));
+}
+
+Json MemoryBreakdownJson(const zero::MemoryBreakdown& memory) {
+  Json json;
+  json["parameter_elements"] = memory.parameter_elements;
+  json["model_weight_bytes"] = memory.model_weight_bytes;
+  json["gradient_bytes"] = memory.gradient_bytes;
+  json["master_weight_bytes"] = memory.master_weight_bytes;
+  json["optimizer_state_bytes"] = memory.optimizer_state_bytes;
+  json["total_bytes"] = memory.total_bytes();
+  json["paper_bytes"] = memory.paper_bytes;
+  json["device_bytes"] = memory.device_bytes;
+  json["host_bytes"] = memory.host_bytes;
+  json["pinned_host_bytes"] = memory.pinned_host_bytes;
+  json["staging_bytes"] = memory.staging_bytes;
+  return json;
 }
 
 int64_t FlopsParameterCount(const nn::GptConfig& config) {

@@ -1,6 +1,8 @@
-// Helpers shared by gpt_bench and train_bench: flag parsing, the model FLOPs
-// formula, the PyTorch reference figures, synthetic token batches and JSON
-// output (one object per line on stdout).
+// Helpers shared by the benchmarks (gpt_bench, train_bench, generate_bench,
+// checkpoint_bench): flag parsing, the model chosen by name (a GPT or a
+// Llama-family decoder), the model FLOPs formula, the PyTorch reference
+// figures, synthetic token batches and JSON output (one object per line on
+// stdout).
 #ifndef ZE_BENCH_GPT_BENCH_UTIL_H_
 #define ZE_BENCH_GPT_BENCH_UTIL_H_
 
@@ -15,11 +17,15 @@
 #include "absl/status/statusor.h"
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "nlohmann/json.hpp"
+#include "nn/decoder_config.h"
 #include "nn/gpt.h"
+#include "nn/loss_model.h"
 #include "nn/module.h"
+#include "zero/memory_estimate.h"
 
 namespace ze {
 namespace bench {
@@ -67,6 +73,50 @@ absl::StatusOr<std::vector<int64_t>> BatchSizes(
 // or "tiny" (2 layers, 4 heads, 64 channels, vocabulary 256) for smoke runs.
 // The position table grows to `seq` when seq exceeds the preset's 1024.
 absl::StatusOr<nn::GptConfig> ModelConfig(const std::string& name, int64_t seq);
+
+// A benchmark's model, named by a GPT preset or "tiny" (ModelConfig) or by a
+// decoder preset (nn::DecoderConfig::PresetNames(): llama-tiny, ...,
+// llama-8B): its shape only, until BuildModel.
+struct BenchModelConfig {
+  // InvalidArgument naming `name` and every known name when it is neither.
+  // `seq`, the longest sequence the run feeds, grows a GPT's position table
+  // or a decoder's max_position_embeddings when it exceeds them.
+  static absl::StatusOr<BenchModelConfig> FromName(const std::string& name,
+                                                   int64_t seq);
+
+  bool is_decoder() const { return decoder.has_value(); }
+  // Every parameter element (a tied table once).
+  int64_t NumParameters() const;
+  // Token ids below this are valid inputs (GPT: 50257, not the padded 50304).
+  int64_t vocab_size() const;
+  int num_layers() const;
+  // Elements of one layer's keys (or values) per cached position: GPT's
+  // channels, a decoder's num_kv_heads x head_dim (grouped-query attention).
+  int64_t kv_channels() const;
+  // The JSON lines' "model_config": GptConfigJson, or the decoder's Hugging
+  // Face config.json (DecoderConfig::ToHuggingFaceJson).
+  Json ToJson() const;
+  void set_activation_checkpointing(bool on);
+
+  std::string name;
+  nn::GptConfig gpt;                         // when !is_decoder()
+  std::optional<nn::DecoderConfig> decoder;  // decoder presets
+};
+
+// The model for `config`, in `dtype` on `device`, initialised from `seed`
+// (the same weights on every rank that passes the same seed). With
+// materialize false the parameters have shapes but no storage (ZeRO-3's
+// partitioned construction; nothing is allocated). Initialisation is queued
+// on `stream`: synchronise it before another stream reads the weights.
+// InvalidArgument for a bad config or dtype; ResourceExhausted when the
+// weights do not fit.
+absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
+    const BenchModelConfig& config, const Device& device, DType dtype,
+    uint64_t seed, bool materialize, const Stream& stream);
+
+// The engine's per-rank model-state plan (Engine::memory_breakdown,
+// zero::PlanMemory) as JSON, in bytes.
+Json MemoryBreakdownJson(const zero::MemoryBreakdown& memory);
 
 // The N of the FLOPs formula: GptConfig::NumParameters() minus the position
 // embedding (max_seq_len x C), as nanoGPT's MFU estimate counts it. The tied

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """Hugging Face transformers' generate tokens/s at generate_bench's sizes.
 
-A GPT-2-architecture model (GPT2LMHeadModel) with n_layer / n_embd / n_head
-of our GPT presets (nn/gpt.cc: "1.3B" is 24 layers, 32 heads, 2048
-channels; vocabulary 50257, 1024 positions), randomly initialised, in bf16
-on the GPU, generating greedily with use_cache=True (the KV cache) for
-batch 1 and 16. Prints one JSON object per (model, batch, cache) with the
-fields generate_bench prints, so the two can run in one device call:
+For our GPT presets, a GPT-2-architecture model (GPT2LMHeadModel) with
+n_layer / n_embd / n_head of nn/gpt.cc ("1.3B" is 24 layers, 32 heads, 2048
+channels; vocabulary 50257, 1024 positions); for our Llama decoder presets
+(nn/decoder_config.cc: llama-tiny, llama-1B, llama-3B, llama-8B), a
+LlamaForCausalLM from a LlamaConfig of the same shape (layers, hidden, query
+and key/value heads, head_dim, FFN, vocabulary, RMSNorm eps, rope_theta and
+Llama 3's rope scaling, tied or not): the config.json generate_bench prints
+as model_config. Randomly initialised, built directly in the dtype on the
+device (an 8B model is never materialised in f32), generating greedily with
+use_cache=True (the KV cache) for batch 1 and 16. Prints one JSON object per
+(model, batch, cache) with the fields generate_bench prints, so the two can
+run in one device call:
 
-  bazel-bin/bench/generate_bench --model=1.3B --batch=1,16 --cache=1,0
-  python3 bench/hf_generate_reference.py --model=1.3B --batch=1,16
+  bazel-bin/bench/generate_bench --model=llama-8B --batch=1,16 --cache=1
+  python3 bench/hf_generate_reference.py --model=llama-8B --batch=1,16
 
 What is timed (as generate_bench): `iters` calls of model.generate(prompts,
 max_new_tokens=new_tokens) after `warmup` untimed ones, between
@@ -23,14 +29,18 @@ of length --prompt, with an all-ones attention mask (no padding).
   prefill_ms          one generate call with max_new_tokens = 1
   decode_tokens_per_s batch x (new_tokens - 1) / (total - prefill)
   kv_cache_bytes      2 x layers x batch x (prompt + new_tokens - 1) x
-                      channels x dtype bytes (0 without the cache)
+                      kv channels x dtype bytes (0 without the cache; kv
+                      channels: GPT's channels, Llama's key/value heads x
+                      head_dim)
 
-Flags: --model=1.3B (any of our preset names; a list runs each)
+Flags: --model=1.3B (any of our GPT or Llama preset names; a list runs each)
 --batch=1,16 --prompt=128 --new_tokens=128 --cache=1 (1, 0 or "1,0")
 --dtype=bf16 (bf16, f16, f32) --device=cuda --iters=3 --warmup=1
 --seed=1234 --attn_implementation= (transformers' default when empty).
-Needs torch and transformers; prints {"bench": ..., "error": ...} and exits
-1 when they are missing.
+--print_config prints each model's model_config (a Llama's config.json
+keys) and exits without torch: bench/generate_bench_test.sh compares it with
+generate_bench's presets. Needs torch and transformers otherwise; prints
+{"bench": ..., "error": ...} and exits 1 when they are missing.
 """
 
 import argparse
@@ -48,7 +58,44 @@ PRESETS = {
     "6.7B": (32, 32, 4096),
     "13B": (40, 40, 5120),
 }
+
+
+def llama3(layers, hidden, heads, ffn, tied, rope_factor):
+    """nn/decoder_config.cc's Llama3(): Llama 3.1 8B, 3.2 1B and 3B shapes."""
+    return dict(
+        hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=8,
+        head_dim=hidden // heads, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=float(rope_factor),
+                          low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192),
+        tie_word_embeddings=tied)
+
+
+# nn/decoder_config.cc's Llama presets as config.json keys (the keys of
+# DecoderConfig::ToHuggingFaceJson that set the shape).
+LLAMA_PRESETS = {
+    "llama-tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-6,
+        rope_theta=10000.0, rope_scaling=None, tie_word_embeddings=True),
+    "llama-1B": llama3(16, 2048, 32, 8192, True, 32),
+    "llama-3B": llama3(28, 3072, 24, 8192, True, 32),
+    "llama-8B": llama3(32, 4096, 32, 14336, False, 8),
+}
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+def llama_config(name, positions):
+    """The preset's keys, its positions grown to `positions` as
+    generate_bench grows them (BenchModelConfig::FromName)."""
+    config = dict(LLAMA_PRESETS[name])
+    config["max_position_embeddings"] = max(
+        config["max_position_embeddings"], positions)
+    return config
 
 
 def int_list(text):
@@ -68,12 +115,13 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--attn_implementation", default="")
+    parser.add_argument("--print_config", action="store_true")
     args = parser.parse_args(argv)
     args.models = [m for m in args.model.split(",") if m]
     for model in args.models:
-        if model not in PRESETS:
+        if model not in PRESETS and model not in LLAMA_PRESETS:
             parser.error(f"--model: unknown preset '{model}'; known: "
-                         f"{', '.join(PRESETS)}")
+                         f"{', '.join(list(PRESETS) + list(LLAMA_PRESETS))}")
     args.batches = int_list(args.batch)
     args.caches = [bool(c) for c in int_list(args.cache)]
     if not args.batches or any(b < 1 for b in args.batches):
@@ -87,8 +135,56 @@ def print_json(line):
     print(json.dumps(line), flush=True)
 
 
+def model_config(name, args):
+    """The JSON lines' model_config: GPT's shape, or a Llama's config.json
+    keys."""
+    if name in LLAMA_PRESETS:
+        return llama_config(name, args.prompt + args.new_tokens)
+    layers, heads, channels = PRESETS[name]
+    return {"layers": layers, "heads": heads, "channels": channels,
+            "vocab_size": 50257, "max_seq_len": 1024}
+
+
+def shape_facts(name, config):
+    """(layers, vocabulary, kv channels: one layer's keys per position)."""
+    if name in LLAMA_PRESETS:
+        return (config["num_hidden_layers"], config["vocab_size"],
+                config["num_key_value_heads"] * config["head_dim"])
+    return config["layers"], config["vocab_size"], config["channels"]
+
+
+def build_model(name, config, args, torch, transformers, dtype, device):
+    """The randomly initialised model, created in `dtype` on `device` (the
+    default dtype set for the construction, as from_pretrained does), so
+    8B parameters are never held in f32 or on the host."""
+    if name in LLAMA_PRESETS:
+        hf_config = transformers.LlamaConfig(**config)
+    else:
+        hf_config = transformers.GPT2Config(
+            vocab_size=config["vocab_size"],
+            n_positions=config["max_seq_len"], n_embd=config["channels"],
+            n_layer=config["layers"], n_head=config["heads"])
+    kwargs = {}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    torch.manual_seed(args.seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with device:
+            model = transformers.AutoModelForCausalLM.from_config(
+                hf_config, **kwargs)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def main(argv):
     args = parse_args(argv)
+    if args.print_config:
+        for name in args.models:
+            print_json(dict(model=name, model_config=model_config(name, args)))
+        return 0
     base = {"bench": "generate", "impl": "hf-transformers"}
     try:
         import torch
@@ -108,17 +204,10 @@ def main(argv):
 
     failures = 0
     for name in args.models:
-        layers, heads, channels = PRESETS[name]
-        config = transformers.GPT2Config(
-            vocab_size=50257, n_positions=1024, n_embd=channels,
-            n_layer=layers, n_head=heads)
-        kwargs = {}
-        if args.attn_implementation:
-            kwargs["attn_implementation"] = args.attn_implementation
-        torch.manual_seed(args.seed)
-        # GPT2LMHeadModel, randomly initialised.
-        model = transformers.AutoModelForCausalLM.from_config(config, **kwargs)
-        model = model.to(device=device, dtype=dtype).eval()
+        config = model_config(name, args)
+        layers, vocab, kv_channels = shape_facts(name, config)
+        model = build_model(name, config, args, torch, transformers, dtype,
+                            device)
         parameters = sum(p.numel() for p in model.parameters())
         for batch in args.batches:
             for cache in args.caches:
@@ -127,17 +216,14 @@ def main(argv):
                     new_tokens=args.new_tokens, stage=None, cache=cache,
                     dtype=args.dtype, device=device_name, world_size=1,
                     iters=args.iters, warmup=args.warmup, greedy=True,
-                    model_config={"layers": layers, "heads": heads,
-                                  "channels": channels, "vocab_size": 50257,
-                                  "max_seq_len": 1024,
-                                  "num_parameters": parameters},
+                    model_config=dict(config, num_parameters=parameters),
                     torch_version=torch.__version__,
                     transformers_version=transformers.__version__,
                     attn_implementation=getattr(
                         model.config, "_attn_implementation", None))
                 generator = torch.Generator().manual_seed(args.seed + 1)
                 prompts = torch.randint(
-                    0, 50257, (batch, args.prompt), generator=generator)
+                    0, vocab, (batch, args.prompt), generator=generator)
                 prompts = prompts.to(device)
                 mask = torch.ones_like(prompts)
 
@@ -185,7 +271,7 @@ def main(argv):
                         batch * (args.new_tokens - 1) / (total - prefill))
                 line["kv_cache_bytes"] = (
                     2.0 * layers * batch *
-                    (args.prompt + args.new_tokens - 1) * channels *
+                    (args.prompt + args.new_tokens - 1) * kv_channels *
                     DTYPE_BYTES[args.dtype] if cache else 0.0)
                 if device.type == "cuda":
                     line["memory"] = {

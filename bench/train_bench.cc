@@ -91,9 +91,8 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "engine/engine.h"
-#include "nn/decoder.h"
 #include "nn/decoder_config.h"
-#include "nn/gpt.h"
+#include "nn/loss_model.h"
 #include "offload/nvme_store.h"
 
 namespace ze {
@@ -295,22 +294,6 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
   return config;
 }
 
-Json BreakdownJson(const engine::MemoryBreakdown& memory) {
-  Json json;
-  json["parameter_elements"] = memory.parameter_elements;
-  json["model_weight_bytes"] = memory.model_weight_bytes;
-  json["gradient_bytes"] = memory.gradient_bytes;
-  json["master_weight_bytes"] = memory.master_weight_bytes;
-  json["optimizer_state_bytes"] = memory.optimizer_state_bytes;
-  json["total_bytes"] = memory.total_bytes();
-  json["paper_bytes"] = memory.paper_bytes;
-  json["device_bytes"] = memory.device_bytes;
-  json["host_bytes"] = memory.host_bytes;
-  json["pinned_host_bytes"] = memory.pinned_host_bytes;
-  json["staging_bytes"] = memory.staging_bytes;
-  return json;
-}
-
 // Builds the model and the engine for (model, stage), times the steps and
 // fills `line`. Collective with the other ranks.
 absl::Status RunConfiguration(const Options& options, const std::string& name,
@@ -318,27 +301,19 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                               std::shared_ptr<comm::Communicator> comm,
                               Json& line) {
   const Device device = comm->device();
-  const std::vector<std::string> decoders = nn::DecoderConfig::PresetNames();
-  const bool decoder =
-      std::find(decoders.begin(), decoders.end(), name) != decoders.end();
-  nn::GptConfig config;
-  nn::DecoderConfig decoder_config;
+  ZE_ASSIGN_OR_RETURN(BenchModelConfig config,
+                      BenchModelConfig::FromName(name, options.seq));
+  config.set_activation_checkpointing(options.checkpointing);
+  const int64_t num_parameters = config.NumParameters();
   double flops_per_token = 0;
-  int64_t num_parameters = 0;
-  int64_t vocab_size = 0;
-  if (decoder) {
-    ZE_ASSIGN_OR_RETURN(decoder_config, nn::DecoderConfig::Preset(name));
-    decoder_config.max_position_embeddings =
-        std::max<int64_t>(decoder_config.max_position_embeddings, options.seq);
-    decoder_config.activation_checkpointing = options.checkpointing;
-    num_parameters = decoder_config.NumParameters();
-    vocab_size = decoder_config.vocab_size;
-    flops_per_token = 6.0 * static_cast<double>(num_parameters) +
-                      12.0 * decoder_config.num_layers *
-                          static_cast<double>(decoder_config.num_heads *
-                                              decoder_config.head_dim) *
-                          static_cast<double>(options.seq);
-    line["model_config"] = Json::parse(decoder_config.ToHuggingFaceJson());
+  line["model_config"] = config.ToJson();
+  if (config.is_decoder()) {
+    const nn::DecoderConfig& decoder = *config.decoder;
+    flops_per_token =
+        6.0 * static_cast<double>(num_parameters) +
+        12.0 * decoder.num_layers *
+            static_cast<double>(decoder.num_heads * decoder.head_dim) *
+            static_cast<double>(options.seq);
     Json flops;
     flops["num_parameters"] = num_parameters;
     flops["flops_per_token"] = flops_per_token;
@@ -347,13 +322,8 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     flops["peak_flops"] = kPeakFlops;
     line["flops"] = flops;
   } else {
-    ZE_ASSIGN_OR_RETURN(config, ModelConfig(name, options.seq));
-    config.activation_checkpointing = options.checkpointing;
-    num_parameters = config.NumParameters();
-    vocab_size = config.vocab_size;
-    flops_per_token = FlopsPerToken(config, options.seq);
-    line["model_config"] = GptConfigJson(config);
-    line["flops"] = FlopsJson(config, options.seq);
+    flops_per_token = FlopsPerToken(config.gpt, options.seq);
+    line["flops"] = FlopsJson(config.gpt, options.seq);
   }
   const Json ds_config =
       DeepSpeedConfig(options, batch, stage, comm->world_size());
@@ -372,31 +342,14 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                  comm->world_size());
   }
   // Stage 3: no storage until the engine creates this rank's partition.
-  std::shared_ptr<nn::LossModel> model;
-  if (decoder) {
-    nn::DecoderOptions model_options;
-    model_options.device = device;
-    model_options.dtype = options.dtype;
-    model_options.seed = options.seed;  // same weights on every rank
-    model_options.materialize = stage != 3;
-    ZE_ASSIGN_OR_RETURN(
-        std::unique_ptr<nn::DecoderModel> created,
-        nn::DecoderModel::Create(decoder_config, model_options, stream));
-    model = std::move(created);
-  } else {
-    nn::GptOptions model_options;
-    model_options.device = device;
-    model_options.dtype = options.dtype;
-    model_options.seed = options.seed;
-    model_options.materialize = stage != 3;
-    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> created,
-                        nn::GptModel::Create(config, model_options, stream));
-    model = std::move(created);
-  }
+  // The same seed on every rank: the same weights.
+  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
+                      BuildModel(config, device, options.dtype, options.seed,
+                                 /*materialize=*/stage != 3, stream));
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
-  line["memory_breakdown"] = BreakdownJson(engine->memory_breakdown());
+  line["memory_breakdown"] = MemoryBreakdownJson(engine->memory_breakdown());
   if (device.is_cuda()) {
     // Model state plus the model's own buffers, before any activation: to
     // compare with memory_breakdown.
@@ -407,7 +360,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const Stream& compute = engine->compute_stream();
   ZE_ASSIGN_OR_RETURN(
       TokenBatch data,
-      RandomBatch(batch, options.seq, vocab_size,
+      RandomBatch(batch, options.seq, config.vocab_size(),
                   options.seed + 1 + static_cast<uint64_t>(comm->rank()),
                   device, compute));
 
