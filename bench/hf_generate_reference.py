@@ -176,7 +176,9 @@ def build_model(name, config, args, torch, transformers, dtype, device):
                 hf_config, **kwargs)
     finally:
         torch.set_default_dtype(previous)
-    return model.to(device=device, dtype=dtype).eval()
+    # No .to(dtype): that would also round the f32 RoPE inv_freq buffer to
+    # 16 bits, which a from_pretrained(dtype=...) model keeps in f32.
+    return model.eval()
 
 
 def main(argv):
