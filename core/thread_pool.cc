@@ -1,4 +1,4 @@
-#include "offload/thread_pool.h"
+#include "core/thread_pool.h"
 
 #include <sched.h>
 
@@ -7,7 +7,6 @@
 #include <utility>
 
 namespace ze {
-namespace offload {
 
 namespace {
 
@@ -244,5 +243,4 @@ void ThreadPool::WorkerLoop(int thread_index) {
   }
 }
 
-}  // namespace offload
 }  // namespace ze

@@ -1,4 +1,4 @@
-#include "offload/thread_pool.h"
+#include "core/thread_pool.h"
 
 #include <atomic>
 #include <chrono>
@@ -11,7 +11,6 @@
 #include "gtest/gtest.h"
 
 namespace ze {
-namespace offload {
 namespace {
 
 TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
@@ -166,5 +165,4 @@ TEST(ThreadPoolTest, RunBatchesStartsTheNextBatchBeforeTheLastOneEnds) {
 }
 
 }  // namespace
-}  // namespace offload
 }  // namespace ze

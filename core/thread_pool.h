@@ -4,8 +4,8 @@
 // A loop is either one batch of tasks (ParallelFor), one task per thread
 // (RunOnEachThread), or a stream of batches with no barrier between them
 // (RunBatches).
-#ifndef ZE_OFFLOAD_THREAD_POOL_H_
-#define ZE_OFFLOAD_THREAD_POOL_H_
+#ifndef ZE_CORE_THREAD_POOL_H_
+#define ZE_CORE_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -16,7 +16,6 @@
 #include <vector>
 
 namespace ze {
-namespace offload {
 
 // The CPUs of one host that one of its ranks gives its CPU threads.
 struct CpuShare {
@@ -130,7 +129,6 @@ class ThreadPool {
   std::atomic<int64_t> next_task_{0};
 };
 
-}  // namespace offload
 }  // namespace ze
 
-#endif  // ZE_OFFLOAD_THREAD_POOL_H_
+#endif  // ZE_CORE_THREAD_POOL_H_
