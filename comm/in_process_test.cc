@@ -2,9 +2,7 @@
 // against an independent computation, in place and not, several operations
 // in flight, and the failures that must not hang (mismatched collectives, a
 // rank gone, a timeout).
-//
-// Inputs are small integers, so sums over up to 4 ranks are exact in bf16
-// and f16 and every expected value is the reduction in f32 rounded once.
+// Values: comm/collective_test_values.h.
 #include "comm/in_process.h"
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "comm/collective_test_values.h"
 #include "comm/equal_slices.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -29,33 +28,6 @@ const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin,
                          ReduceOp::kAverage};
 
-// Rank r's value at element i: an integer in [-5, 5].
-float Value(int r, int64_t i) {
-  return static_cast<float>((i * 7 + r * 3) % 11) - 5.0f;
-}
-
-float RoundTo(DType dtype, float value) {
-  uint32_t storage = 0;
-  StoreFromFloat(&storage, dtype, 0, value);
-  return LoadAsFloat(&storage, dtype, 0);
-}
-
-float Expected(ReduceOp op, DType dtype, int world, int64_t i) {
-  float result = Value(0, i);
-  for (int r = 1; r < world; ++r) {
-    const float v = Value(r, i);
-    if (op == ReduceOp::kMax) {
-      result = std::max(result, v);
-    } else if (op == ReduceOp::kMin) {
-      result = std::min(result, v);
-    } else {
-      result += v;
-    }
-  }
-  if (op == ReduceOp::kAverage) result /= static_cast<float>(world);
-  return RoundTo(dtype, result);
-}
-
 const Stream& Cpu() {
   static const Stream stream = Stream::Default(Device::Cpu());
   return stream;
@@ -63,7 +35,7 @@ const Stream& Cpu() {
 
 absl::StatusOr<Tensor> RankValues(int rank, int64_t count, DType dtype) {
   std::vector<float> values(count);
-  for (int64_t i = 0; i < count; ++i) values[i] = Value(rank, i);
+  for (int64_t i = 0; i < count; ++i) values[i] = CollectiveTestValue(rank, i);
   return FromHostFloats(values, {count}, dtype, Device::Cpu(), Cpu());
 }
 
@@ -110,7 +82,7 @@ TEST_P(InProcessTest, AllReduceEveryOpAndDType) {
         const int64_t count = 53;
         std::vector<float> want(count);
         for (int64_t i = 0; i < count; ++i) {
-          want[i] = Expected(op, dtype, world, i);
+          want[i] = ExpectedReduction(op, dtype, world, i);
         }
         const std::string what = absl::StrCat("all_reduce(", ReduceOpName(op),
                                               ") ", DTypeName(dtype));
@@ -140,7 +112,8 @@ TEST_P(InProcessTest, ReduceScatterAndAllGatherInPlaceAndNot) {
     for (DType dtype : kDTypes) {
       std::vector<float> want(count);
       for (int64_t i = 0; i < count; ++i) {
-        want[i] = Expected(ReduceOp::kSum, dtype, world, rank * count + i);
+        want[i] =
+            ExpectedReduction(ReduceOp::kSum, dtype, world, rank * count + i);
       }
       ZE_ASSIGN_OR_RETURN(Tensor in,
                           RankValues(rank, slices.padded_total(), dtype));
@@ -160,7 +133,7 @@ TEST_P(InProcessTest, ReduceScatterAndAllGatherInPlaceAndNot) {
       std::vector<float> gathered(slices.padded_total());
       for (int r = 0; r < world; ++r) {
         for (int64_t i = 0; i < count; ++i) {
-          gathered[r * count + i] = RoundTo(dtype, Value(r, i));
+          gathered[r * count + i] = RoundedTo(dtype, CollectiveTestValue(r, i));
         }
       }
       ZE_ASSIGN_OR_RETURN(Tensor mine, RankValues(rank, count, dtype));
@@ -193,7 +166,7 @@ TEST_P(InProcessTest, BroadcastFromEveryRoot) {
       ZE_ASSIGN_OR_RETURN(Work work, comm.Broadcast(t, root, Cpu()));
       ZE_RETURN_IF_ERROR(work.Wait());
       std::vector<float> want(7);
-      for (int i = 0; i < 7; ++i) want[i] = Value(root, i);
+      for (int i = 0; i < 7; ++i) want[i] = CollectiveTestValue(root, i);
       ZE_RETURN_IF_ERROR(ExpectValues(absl::StrCat("root ", root), t, want));
     }
     return absl::OkStatus();
@@ -207,7 +180,7 @@ TEST_P(InProcessTest, SeveralInFlightCompleteInIssueOrder) {
   ExpectAllOk(RunInProcess(world, [&](Communicator& comm) -> absl::Status {
     std::vector<float> sum(5);
     for (int i = 0; i < 5; ++i)
-      sum[i] = Expected(ReduceOp::kSum, DType::kF32, world, i);
+      sum[i] = ExpectedReduction(ReduceOp::kSum, DType::kF32, world, i);
     ZE_ASSIGN_OR_RETURN(Tensor a, RankValues(comm.rank(), 5, DType::kF32));
     ZE_ASSIGN_OR_RETURN(Tensor b, RankValues(comm.rank(), 5, DType::kF32));
     ZE_ASSIGN_OR_RETURN(Tensor c, RankValues(comm.rank(), 5, DType::kF32));
@@ -225,7 +198,7 @@ TEST_P(InProcessTest, SeveralInFlightCompleteInIssueOrder) {
     ZE_RETURN_IF_ERROR(ExpectValues("group's sum", b, sum));
     std::vector<float> max(5);
     for (int i = 0; i < 5; ++i)
-      max[i] = Expected(ReduceOp::kMax, DType::kF32, world, i);
+      max[i] = ExpectedReduction(ReduceOp::kMax, DType::kF32, world, i);
     ZE_RETURN_IF_ERROR(ExpectValues("group's max", c, max));
     ZE_RETURN_IF_ERROR(comm.Barrier());
     if (comm.next_sequence_number() != 5) {
@@ -252,7 +225,8 @@ TEST(InProcessFailureTest, PollWaitsForTheSlowestRank) {
       if (done) return absl::InternalError("complete before rank 1 issued");
       ZE_RETURN_IF_ERROR(
           ExpectValues("untouched", t,
-                       {Value(0, 0), Value(0, 1), Value(0, 2), Value(0, 3)}));
+                       {CollectiveTestValue(0, 0), CollectiveTestValue(0, 1),
+                        CollectiveTestValue(0, 2), CollectiveTestValue(0, 3)}));
     }
     return work.Wait();
   }));
