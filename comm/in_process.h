@@ -63,6 +63,30 @@ std::vector<absl::Status> RunInProcess(
     int world_size, const std::function<absl::Status(Communicator&)>& rank_main,
     double timeout_seconds = 60);
 
+// RunInProcess for a rank function that returns a value: element r is rank
+// r's value or error (every element the error for a bad world_size or
+// timeout).
+template <typename T>
+std::vector<absl::StatusOr<T>> RunInProcessFor(
+    int world_size,
+    const std::function<absl::StatusOr<T>(Communicator&)>& rank_main,
+    double timeout_seconds = 60) {
+  std::vector<absl::StatusOr<T>> results(
+      world_size > 0 ? world_size : 1,
+      absl::StatusOr<T>(absl::UnknownError("rank did not run")));
+  const std::vector<absl::Status> statuses = RunInProcess(
+      world_size,
+      [&](Communicator& comm) -> absl::Status {
+        results[comm.rank()] = rank_main(comm);
+        return results[comm.rank()].status();
+      },
+      timeout_seconds);
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    if (!statuses[r].ok()) results[r] = statuses[r];
+  }
+  return results;
+}
+
 }  // namespace comm
 }  // namespace ze
 

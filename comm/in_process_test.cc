@@ -305,6 +305,35 @@ TEST(InProcessFailureTest, AWaitTimesOutAndBreaksTheCommunicator) {
   ExpectAllOk(statuses);
 }
 
+TEST(InProcessFailureTest, RunInProcessForReturnsEachRanksValueOrError) {
+  const std::vector<absl::StatusOr<float>> results = RunInProcessFor<float>(
+      3, [](Communicator& comm) -> absl::StatusOr<float> {
+        if (comm.rank() == 2) return absl::NotFoundError("rank 2 has none");
+        ZE_ASSIGN_OR_RETURN(Tensor t,
+                            Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+        t.data_as<float>()[0] = static_cast<float>(comm.rank() + 1);
+        // Ranks 0 and 1 wait for rank 2, which returned: they fail too.
+        ZE_ASSIGN_OR_RETURN(Work work,
+                            comm.AllReduce(t, t, ReduceOp::kSum, Cpu()));
+        ZE_RETURN_IF_ERROR(work.Wait());
+        return t.data_as<float>()[0];
+      });
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[2].status(), absl::NotFoundError("rank 2 has none"));
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kAborted);
+  const std::vector<absl::StatusOr<float>> sums = RunInProcessFor<float>(
+      2, [](Communicator& comm) -> absl::StatusOr<float> {
+        return static_cast<float>(comm.rank() * 10);
+      });
+  ASSERT_TRUE(sums[1].ok()) << sums[1].status();
+  EXPECT_EQ(*sums[1], 10.0f);
+  EXPECT_EQ(RunInProcessFor<float>(
+                0, [](Communicator&) { return absl::StatusOr<float>(1.0f); })[0]
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(InProcessFailureTest, RefusesBadWorlds) {
   EXPECT_EQ(CreateInProcessWorld(0).status().code(),
             absl::StatusCode::kInvalidArgument);

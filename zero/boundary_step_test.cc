@@ -153,14 +153,12 @@ absl::StatusOr<Result> RunStep(const StepSetup& setup,
 // Runs `setup` at `world` ranks; every rank's result (failing the test for
 // a rank that failed).
 std::vector<Result> RunWorld(int world, const StepSetup& setup) {
+  std::vector<absl::StatusOr<Result>> ranks = comm::RunInProcessFor<Result>(
+      world, [&](comm::Communicator& comm) { return RunStep(setup, comm); });
   std::vector<Result> results(world);
-  const std::vector<absl::Status> statuses =
-      comm::RunInProcess(world, [&](comm::Communicator& comm) -> absl::Status {
-        ZE_ASSIGN_OR_RETURN(results[comm.rank()], RunStep(setup, comm));
-        return absl::OkStatus();
-      });
   for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r];
+    EXPECT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+    if (ranks[r].ok()) results[r] = *std::move(ranks[r]);
   }
   return results;
 }

@@ -144,16 +144,15 @@ absl::StatusOr<TrainedRun> Train(comm::Communicator& comm, int stage,
 
 // Every rank's run at `world` ranks (EXPECT-failing for a failed rank).
 std::vector<TrainedRun> TrainWorld(int world, int stage, int accumulation) {
-  std::vector<TrainedRun> runs(world);
-  const std::vector<absl::Status> statuses =
-      comm::RunInProcess(world, [&](comm::Communicator& comm) -> absl::Status {
-        ZE_ASSIGN_OR_RETURN(runs[comm.rank()],
-                            Train(comm, stage, accumulation));
-        return absl::OkStatus();
+  std::vector<absl::StatusOr<TrainedRun>> ranks =
+      comm::RunInProcessFor<TrainedRun>(world, [&](comm::Communicator& comm) {
+        return Train(comm, stage, accumulation);
       });
+  std::vector<TrainedRun> runs(world);
   for (int r = 0; r < world; ++r) {
-    EXPECT_TRUE(statuses[r].ok()) << "stage " << stage << ", rank " << r
-                                  << " of " << world << ": " << statuses[r];
+    EXPECT_TRUE(ranks[r].ok()) << "stage " << stage << ", rank " << r << " of "
+                               << world << ": " << ranks[r].status();
+    if (ranks[r].ok()) runs[r] = *std::move(ranks[r]);
   }
   return runs;
 }
