@@ -66,8 +66,8 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "offload/cpu_optimizer.h"
-#include "offload/thread_pool.h"
 
 namespace {
 
@@ -113,7 +113,7 @@ absl::StatusOr<Timing> TimeSteps(int steps, const Fn& step) {
 // f32 array (as CpuOptimizer's static split), so each thread touches the
 // same pages every time and first touch places them on its NUMA node.
 template <class Fn>
-void ForPieces(ze::offload::ThreadPool& pool, int64_t count, const Fn& fn) {
+void ForPieces(ze::ThreadPool& pool, int64_t count, const Fn& fn) {
   const int64_t pieces = pool.num_threads();
   auto boundary = [&](int64_t piece) {
     return piece == pieces ? count : count * piece / pieces / 1024 * 1024;
@@ -154,7 +154,7 @@ struct Bandwidth {
 // array is not read first (no write-allocate).
 Bandwidth MeasureBandwidth(int threads, int64_t count,
                            const ze::offload::CpuExecutionOptions& execution) {
-  ze::offload::ThreadPool pool(threads, execution.pin_threads);
+  ze::ThreadPool pool(threads, execution.pin_threads);
   auto a = AlignedArray<float>(count, execution.huge_pages);
   auto b = AlignedArray<float>(count, execution.huge_pages);
   auto c = AlignedArray<float>(count, execution.huge_pages);
@@ -266,7 +266,7 @@ absl::StatusOr<Timing> MeasureStepTraffic(
     int threads, int64_t count, int steps,
     const ze::offload::CpuExecutionOptions& execution) {
   if (!__builtin_cpu_supports("avx512f")) return Timing{};
-  ze::offload::ThreadPool pool(threads, execution.pin_threads);
+  ze::ThreadPool pool(threads, execution.pin_threads);
   auto p = AlignedArray<float>(count, execution.huge_pages);
   auto g = AlignedArray<uint16_t>(count, execution.huge_pages);
   auto m = AlignedArray<float>(count, execution.huge_pages);
@@ -365,7 +365,7 @@ absl::Status Run(const Flags& flags) {
     execution.num_threads = threads;
     ZE_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer,
                         CpuOptimizer::Create(options, n, execution));
-    ze::offload::ThreadPool pool(threads);
+    ze::ThreadPool pool(threads);
     auto master = AlignedArray<float>(n, execution.huge_pages);
     auto grads = AlignedArray<uint16_t>(n, execution.huge_pages);
     auto out = AlignedArray<uint16_t>(n, execution.huge_pages);

@@ -212,10 +212,7 @@ Json DeepSpeedConfig(const Options& options, int stage, int world_size) {
   config["gradient_accumulation_steps"] = 1;
   config["steps_per_print"] = 1000000;
   config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1e-4}}}};
-  config["bf16"] = {{"enabled", options.dtype == DType::kBF16}};
-  if (options.dtype == DType::kF16) {
-    config["fp16"] = {{"enabled", true}, {"loss_scale", 0}};
-  }
+  SetPrecisionSections(options.dtype, config);
   config["zero_optimization"] = {{"stage", stage}};
   return config;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "config/config.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "nn/decoder.h"
@@ -371,6 +372,15 @@ absl::StatusOr<TokenBatch> RandomBatch(int64_t batch, int64_t seq,
   // The host tensors are pageable and die here: finish the copies first.
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   return result;
+}
+
+void SetPrecisionSections(DType dtype, Json& ds_config) {
+  const config::TrainingPrecision precision = config::PrecisionOfDType(dtype);
+  ds_config["bf16"] = {
+      {"enabled", precision == config::TrainingPrecision::kBf16}};
+  if (precision == config::TrainingPrecision::kFp16) {
+    ds_config["fp16"] = {{"enabled", true}, {"loss_scale", 0}};
+  }
 }
 
 void PrintJson(const Json& line) {

@@ -158,6 +158,11 @@ absl::StatusOr<TokenBatch> RandomBatch(int64_t batch, int64_t seq,
 // Writes `line` as one line of compact JSON on stdout and flushes.
 void PrintJson(const Json& line);
 
+// Sets the DeepSpeed precision sections that train a model built with
+// `dtype` (config::PrecisionOfDType): "bf16" (enabled for bf16) and, for
+// f16, "fp16" with dynamic loss scaling.
+void SetPrecisionSections(DType dtype, Json& ds_config);
+
 // A benchmark that cannot start (bad flags, no communicator): prints
 // "<program>: <status>" on stderr and {"bench": <bench>, "error": <message>}
 // on stdout, so a driver reading the JSON lines sees why; returns

@@ -251,10 +251,7 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                            {"betas", {0.9, 0.95}},
                            {"eps", 1e-8},
                            {"weight_decay", 0.1}}}};
-  config["bf16"] = {{"enabled", options.dtype == DType::kBF16}};
-  if (options.dtype == DType::kF16) {
-    config["fp16"] = {{"enabled", true}, {"loss_scale", 0}};
-  }
+  SetPrecisionSections(options.dtype, config);
   config["zero_optimization"] = {
       {"stage", stage},
       {"contiguous_gradients", true},

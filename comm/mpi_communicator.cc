@@ -86,9 +86,8 @@ MPI_Datatype RawType(DType dtype) {
 
 void WidenToF32(const Tensor &source, std::vector<float> *out) {
   out->resize(source.numel());
-  for (int64_t i = 0; i < source.numel(); ++i) {
-    (*out)[i] = LoadAsFloat(source.data(), source.dtype(), i);
-  }
+  ConvertElements(source.data(), source.dtype(), out->data(), DType::kF32,
+                  source.numel());
 }
 
 // A Tensor view of `bytes` at `data`, on the host.

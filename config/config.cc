@@ -85,6 +85,41 @@ TrainingPrecision GetTrainingPrecision(const Config& config) {
   return TrainingPrecision::kFp32;
 }
 
+DType PrecisionDType(TrainingPrecision precision) {
+  switch (precision) {
+    case TrainingPrecision::kBf16:
+      return DType::kBF16;
+    case TrainingPrecision::kFp16:
+      return DType::kF16;
+    case TrainingPrecision::kFp32:
+      break;
+  }
+  return DType::kF32;
+}
+
+TrainingPrecision PrecisionOfDType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return TrainingPrecision::kBf16;
+    case DType::kF16:
+      return TrainingPrecision::kFp16;
+    default:
+      return TrainingPrecision::kFp32;
+  }
+}
+
+DType CommDataTypeDType(CommDataType type) {
+  switch (type) {
+    case CommDataType::kFp16:
+      return DType::kF16;
+    case CommDataType::kBf16:
+      return DType::kBF16;
+    case CommDataType::kFp32:
+      break;
+  }
+  return DType::kF32;
+}
+
 absl::StatusOr<Config> LoadConfigString(absl::string_view json_text,
                                         int world_size,
                                         absl::string_view source_name) {

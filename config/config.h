@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "nlohmann/json_fwd.hpp"
 
@@ -400,6 +401,17 @@ struct Config {
 // Requires fp16.enabled and bf16.enabled to be resolved (not "auto").
 enum class TrainingPrecision { kFp32, kFp16, kBf16 };
 TrainingPrecision GetTrainingPrecision(const Config& config);
+
+// The one mapping between the config's precision and core's element types.
+// The dtype a model's parameters must have to train in `precision`: kBF16,
+// kF16 or kF32 (what examples build the model with, and what Initialize
+// checks the model against).
+DType PrecisionDType(TrainingPrecision precision);
+// The precision a model built with `dtype` trains in: kBf16 for bf16, kFp16
+// for f16, kFp32 otherwise (what "auto" in fp16/bf16.enabled resolves to).
+TrainingPrecision PrecisionOfDType(DType dtype);
+// The dtype gradients travel in under communication_data_type.
+DType CommDataTypeDType(CommDataType type);
 
 // Canonical JSON spellings ("AdamW", "WarmupCosineLR", "nvme", ...), for logs.
 const char* OptimizerTypeName(OptimizerType type);

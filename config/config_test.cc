@@ -77,6 +77,21 @@ TEST(ExampleConfigsTest, EveryExampleLoadsAtSeveralWorldSizes) {
   }
 }
 
+TEST(PrecisionTest, MapsToAndFromCoreDTypes) {
+  EXPECT_EQ(PrecisionDType(TrainingPrecision::kFp32), DType::kF32);
+  EXPECT_EQ(PrecisionDType(TrainingPrecision::kFp16), DType::kF16);
+  EXPECT_EQ(PrecisionDType(TrainingPrecision::kBf16), DType::kBF16);
+  for (TrainingPrecision precision :
+       {TrainingPrecision::kFp32, TrainingPrecision::kFp16,
+        TrainingPrecision::kBf16}) {
+    EXPECT_EQ(PrecisionOfDType(PrecisionDType(precision)), precision);
+  }
+  EXPECT_EQ(PrecisionOfDType(DType::kI32), TrainingPrecision::kFp32);
+  EXPECT_EQ(CommDataTypeDType(CommDataType::kFp32), DType::kF32);
+  EXPECT_EQ(CommDataTypeDType(CommDataType::kFp16), DType::kF16);
+  EXPECT_EQ(CommDataTypeDType(CommDataType::kBf16), DType::kBF16);
+}
+
 TEST(ExampleConfigsTest, ExamplesMeanWhatTheirNamesSay) {
   auto load = [](const std::string& name) {
     absl::StatusOr<Config> config =

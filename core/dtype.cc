@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -112,6 +113,21 @@ float F16BitsToFloat(uint16_t bits) {
     return sign ? -magnitude : magnitude;
   }
   return BitsToFloat(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+void ConvertElements(const void* source, DType source_dtype, void* destination,
+                     DType destination_dtype, int64_t count) {
+  if (count <= 0) return;
+  if (source_dtype == destination_dtype) {
+    if (source != destination) {
+      std::memmove(destination, source, count * SizeOf(source_dtype));
+    }
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    StoreFromFloat(destination, destination_dtype, i,
+                   LoadAsFloat(source, source_dtype, i));
+  }
 }
 
 }  // namespace ze

@@ -140,6 +140,14 @@ inline void StoreFromFloat(void* data, DType dtype, size_t index, float value) {
   }
 }
 
+// The one host conversion between element types: `count` elements at
+// `source` (of `source_dtype`) into `destination` (of `destination_dtype`),
+// each read as f32 and rounded to nearest even (LoadAsFloat, StoreFromFloat).
+// Equal dtypes copy the bytes, and then the ranges may overlap; differing
+// ones must not overlap. Both pointers are host memory.
+void ConvertElements(const void* source, DType source_dtype, void* destination,
+                     DType destination_dtype, int64_t count);
+
 }  // namespace ze
 
 #endif  // ZE_CORE_DTYPE_H_

@@ -104,6 +104,27 @@ TEST(DTypeTest, OverflowAndUnderflow) {
       std::isnan(F16BitsToFloat(FloatToF16Bits(BitsToFloat(0x7f800001u)))));
 }
 
+TEST(DTypeTest, ConvertElementsRoundsOnceAndCopiesEqualTypes) {
+  // 1 + 2^-9 is not a bf16: it rounds to nearest even (1.0), as
+  // FloatToBf16Bits does; f16 holds it exactly.
+  const float values[] = {1.0f + 1.0f / 512, -2.5f, 3.0f};
+  uint16_t bf16[3];
+  ConvertElements(values, DType::kF32, bf16, DType::kBF16, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bf16[i], FloatToBf16Bits(values[i]));
+  EXPECT_EQ(Bf16BitsToFloat(bf16[0]), 1.0f);
+  uint16_t f16[3];
+  ConvertElements(bf16, DType::kBF16, f16, DType::kF16, 3);
+  float back[3];
+  ConvertElements(f16, DType::kF16, back, DType::kF32, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(back[i], Bf16BitsToFloat(bf16[i]));
+  // Equal dtypes: a byte copy, overlapping ranges allowed (memmove).
+  float shifted[4] = {1, 2, 3, 4};
+  ConvertElements(shifted, DType::kF32, shifted + 1, DType::kF32, 3);
+  EXPECT_EQ(shifted[1], 1);
+  EXPECT_EQ(shifted[3], 3);
+  ConvertElements(values, DType::kF32, back, DType::kF32, 0);  // no-op
+}
+
 TEST(DTypeTest, ParsesNames) {
   EXPECT_EQ(*ParseDType("bf16"), DType::kBF16);
   EXPECT_EQ(*ParseDType("F16"), DType::kF16);

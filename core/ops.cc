@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/elementwise.h"
@@ -87,15 +86,7 @@ absl::Status Copy(const Tensor& src, const Tensor& dst, const Stream& stream) {
   const bool src_cuda = src.device().is_cuda();
   const bool dst_cuda = dst.device().is_cuda();
   if (!src_cuda && !dst_cuda) {
-    if (src.dtype() == dst.dtype()) {
-      if (src.data() != dst.data())
-        std::memmove(dst.data(), src.data(), src.nbytes());
-      return absl::OkStatus();
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      StoreFromFloat(dst.data(), dst.dtype(), i,
-                     LoadAsFloat(src.data(), src.dtype(), i));
-    }
+    ConvertElements(src.data(), src.dtype(), dst.data(), dst.dtype(), count);
     return absl::OkStatus();
   }
   if (src_cuda && dst_cuda && src.device() == dst.device() &&
@@ -114,6 +105,18 @@ absl::Status Copy(const Tensor& src, const Tensor& dst, const Stream& stream) {
                       static_cast<cudaStream_t>(stream.native())),
       absl::StrCat("cudaMemcpyAsync ", src.DebugString(), " -> ",
                    dst.DebugString()));
+}
+
+absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
+                            const Stream& stream) {
+  const bool transfer = src.device() != dst.device();
+  if (!transfer || src.dtype() == dst.dtype()) return Copy(src, dst, stream);
+  // A transfer needs equal dtypes: convert on the source's side first.
+  ZE_ASSIGN_OR_RETURN(Tensor converted,
+                      Tensor::Empty(src.shape(), dst.dtype(), src.device()));
+  ZE_RETURN_IF_ERROR(Copy(src, converted, stream));
+  ZE_RETURN_IF_ERROR(Copy(converted, dst, stream));
+  return stream.Synchronize();  // `converted` dies here
 }
 
 absl::Status Axpby(float alpha, const Tensor& a, float beta, const Tensor& b,

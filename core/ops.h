@@ -24,6 +24,13 @@ absl::Status Fill(const Tensor& dst, float value, const Stream& stream);
 // and is asynchronous on `stream` when the host side is pinned memory.
 absl::Status Copy(const Tensor& src, const Tensor& dst, const Stream& stream);
 
+// dst = src for any pair of devices and float dtypes: a transfer between
+// host and device with differing dtypes converts on the source's side first
+// into a temporary (Copy needs equal dtypes for a transfer), then waits for
+// the transfer on `stream` so the temporary may die; otherwise it is Copy.
+absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
+                            const Stream& stream);
+
 // out = alpha * a + beta * b. `out` may be `a` or `b` (in place).
 absl::Status Axpby(float alpha, const Tensor& a, float beta, const Tensor& b,
                    const Tensor& out, const Stream& stream);

@@ -234,6 +234,29 @@ TEST(CudaAllocatorTest, CachesAndCaps) {
   EXPECT_EQ(allocator.stats().bytes_reserved, 0);
 }
 
+// Copy refuses a transfer with differing dtypes; CopyConverting converts on
+// the source's side and then transfers, both ways.
+TEST(CopyConvertingTest, TransfersBetweenDevicesAcrossDTypes) {
+  ASSERT_GT(CudaDeviceCount(), 0);
+  Stream stream = *Stream::Create(Device::Cuda(0));
+  const std::vector<float> values = RandomValues(1000, 7);
+  Tensor host = *Tensor::Empty({1000}, DType::kF32, Device::Cpu());
+  std::memcpy(host.data(), values.data(), host.nbytes());
+  Tensor device = *Tensor::Empty({1000}, DType::kBF16, Device::Cuda(0));
+  EXPECT_FALSE(Copy(host, device, stream).ok());
+  ASSERT_TRUE(CopyConverting(host, device, stream).ok());
+  Tensor back = *Tensor::Empty({1000}, DType::kF16, Device::Cpu());
+  ASSERT_TRUE(CopyConverting(device, back, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  for (int i = 0; i < 1000; ++i) {
+    // f32 -> bf16 rounds once; bf16 -> f16 again (both nearest even).
+    const float bf16 = Bf16BitsToFloat(FloatToBf16Bits(values[i]));
+    ASSERT_EQ(LoadAsFloat(back.data(), DType::kF16, i),
+              F16BitsToFloat(FloatToF16Bits(bf16)))
+        << i;
+  }
+}
+
 TEST(CudaAllocatorTest, PinnedHostRoundTrip) {
   ASSERT_GT(CudaDeviceCount(), 0);
   Stream stream = *Stream::Create(Device::Cuda(0));

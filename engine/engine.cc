@@ -480,10 +480,7 @@ absl::Status Engine::Setup() {
                      "(the whole optimizer step on the CPU)"));
   }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
-  const DType wanted =
-      precision == config::TrainingPrecision::kBf16   ? DType::kBF16
-      : precision == config::TrainingPrecision::kFp16 ? DType::kF16
-                                                      : DType::kF32;
+  const DType wanted = config::PrecisionDType(precision);
   const DType model_dtype = model_->dtype();
   if (model_dtype != wanted) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -499,17 +496,8 @@ absl::Status Engine::Setup() {
   context.global_steps = &counters_.global_steps;
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
-    switch (*cfg.communication_data_type) {
-      case config::CommDataType::kFp32:
-        context.communication_dtype = DType::kF32;
-        break;
-      case config::CommDataType::kFp16:
-        context.communication_dtype = DType::kF16;
-        break;
-      case config::CommDataType::kBf16:
-        context.communication_dtype = DType::kBF16;
-        break;
-    }
+    context.communication_dtype =
+        config::CommDataTypeDType(*cfg.communication_data_type);
   }
   ZE_ASSIGN_OR_RETURN(
       training_, zero::TrainingState::Create(cfg, communicator_->world_size()));
@@ -641,11 +629,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     context.hidden_size = model->hidden_size();
   }
   if (!context.precision.has_value()) {
-    const DType dtype = model->dtype();
-    context.precision = dtype == DType::kBF16 ? config::TrainingPrecision::kBf16
-                        : dtype == DType::kF16
-                            ? config::TrainingPrecision::kFp16
-                            : config::TrainingPrecision::kFp32;
+    context.precision = config::PrecisionOfDType(model->dtype());
   }
   ZE_ASSIGN_OR_RETURN(config::Config resolved,
                       config::Resolve(*loaded, context));

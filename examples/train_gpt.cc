@@ -1158,10 +1158,7 @@ absl::Status Train(Options options, int* exit_code) {
   }
   const config::TrainingPrecision precision =
       config::GetTrainingPrecision(config);
-  const DType model_dtype =
-      precision == config::TrainingPrecision::kBf16   ? DType::kBF16
-      : precision == config::TrainingPrecision::kFp16 ? DType::kF16
-                                                      : DType::kF32;
+  const DType model_dtype = config::PrecisionDType(precision);
   // The model, either family. Shapes only: the engine creates the storage
   // in its flat buffers.
   std::shared_ptr<nn::LossModel> model;

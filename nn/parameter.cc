@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "nn/module.h"
 
 namespace ze {
@@ -28,15 +29,12 @@ void GenerateInParallel(const Initializer &initializer, uint64_t seed,
     return;
   }
   const int64_t chunk = (count + threads - 1) / threads;
-  std::vector<std::thread> workers;
-  for (int64_t start = 0; start < count; start += chunk) {
-    const int64_t length = std::min(chunk, count - start);
-    workers.emplace_back([&, start, length] {
-      GenerateInitialValues(initializer, seed, name, begin + start, length,
-                            dst + start);
-    });
-  }
-  for (std::thread &worker : workers) worker.join();
+  ThreadPool pool(static_cast<int>(threads));
+  pool.ParallelFor((count + chunk - 1) / chunk, [&](int64_t piece) {
+    const int64_t start = piece * chunk;
+    GenerateInitialValues(initializer, seed, name, begin + start,
+                          std::min(chunk, count - start), dst + start);
+  });
 }
 
 }  // namespace

@@ -39,7 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
-#include "offload/thread_pool.h"
+#include "core/thread_pool.h"
 
 namespace ze {
 namespace offload {

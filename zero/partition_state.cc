@@ -1040,17 +1040,5 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
                             values.begin() + place.offset + place.numel);
 }
 
-absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
-                            const Stream& stream) {
-  const bool transfer = src.device() != dst.device();
-  if (!transfer || src.dtype() == dst.dtype()) return Copy(src, dst, stream);
-  // A transfer needs equal dtypes: convert on the source's side first.
-  ZE_ASSIGN_OR_RETURN(Tensor converted,
-                      Tensor::Empty(src.shape(), dst.dtype(), src.device()));
-  ZE_RETURN_IF_ERROR(Copy(src, converted, stream));
-  ZE_RETURN_IF_ERROR(Copy(converted, dst, stream));
-  return stream.Synchronize();  // `converted` dies here
-}
-
 }  // namespace zero
 }  // namespace ze

@@ -473,13 +473,6 @@ class PartitionState {
   std::vector<bool> gradients_current_;
 };
 
-// dst = src for any pair of devices and float dtypes: a transfer between
-// host and device with differing dtypes converts on the source's side first
-// (core's Copy needs equal dtypes for a transfer). Waits for the transfer
-// when it staged a temporary.
-absl::Status CopyConverting(const Tensor& src, const Tensor& dst,
-                            const Stream& stream);
-
 }  // namespace zero
 }  // namespace ze
 

@@ -10,8 +10,8 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 #include "offload/nvme_store.h"
-#include "offload/thread_pool.h"
 
 namespace ze {
 namespace zero {
@@ -116,9 +116,8 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     // which launches the next forward's kernels while the CPU step runs.
     const int host_cpus =
         static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const offload::CpuShare share =
-        offload::PlanCpuShare(offload::AllowedCpuCount(), host_cpus,
-                              comm().local_rank(), comm().local_size());
+    const CpuShare share = PlanCpuShare(
+        AllowedCpuCount(), host_cpus, comm().local_rank(), comm().local_size());
     if (share.narrowed_by_launcher()) {
       ZE_LOG(WARNING) << "the launcher bound this process to " << share.count
                       << " of the host's " << host_cpus << " CPUs ("

@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "zero/strategy.h"
 
 namespace ze {
@@ -270,29 +271,19 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
           wanted.push_back(p);
         }
       }
-      const int threads =
-          std::min<int>(kLoadThreads, static_cast<int>(wanted.size()));
-      std::vector<absl::Status> statuses(std::max(threads, 1));
-      auto work = [&](int thread) {
-        for (size_t i = thread; i < wanted.size(); i += threads) {
-          const int p = wanted[i];
-          const Overlap overlap = Intersect(layout.placement(p), range_begin,
-                                            range_begin + destination.numel());
-          absl::Status status =
-              source(kind, layout.param(p).name, overlap.param_begin,
-                     destination.Slice(overlap.range_offset, overlap.count));
-          if (!status.ok()) {
-            statuses[thread] = status;
-            return;
-          }
-        }
-      };
-      std::vector<std::thread> pool;
-      for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-      if (threads > 0) work(0);
-      for (std::thread& thread : pool) thread.join();
-      for (const absl::Status& status : statuses) ZE_RETURN_IF_ERROR(status);
-      return absl::OkStatus();
+      ThreadPool pool(
+          std::min<int>(kLoadThreads, static_cast<int>(wanted.size())));
+      return pool.TryParallelFor(
+          static_cast<int64_t>(wanted.size()),
+          [&](int, int64_t i) -> absl::Status {
+            const int p = wanted[i];
+            const Overlap overlap =
+                Intersect(layout.placement(p), range_begin,
+                          range_begin + destination.numel());
+            return source(
+                kind, layout.param(p).name, overlap.param_begin,
+                destination.Slice(overlap.range_offset, overlap.count));
+          });
     };
     const PartitionSlice own = partition_->OwnRange(b);
     const int loaded_arrays =

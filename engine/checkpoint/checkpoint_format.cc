@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -15,7 +14,6 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/ascii.h"
@@ -29,6 +27,7 @@
 #include "core/ops.h"
 #include "core/safetensors/format.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace ze {
 namespace checkpoint {
@@ -723,23 +722,23 @@ absl::Status CheckpointReader::VerifyFile(const FileRecord& file) const {
   const int segments = static_cast<int>(std::max<uint64_t>(
       1, std::min<uint64_t>(kThreads, size / kMinSegmentBytes)));
   const uint64_t segment = (size + segments - 1) / segments;
-  std::vector<absl::StatusOr<uint32_t>> crcs(segments, uint32_t{0});
-  std::vector<std::thread> threads;
-  for (int i = 0; i < segments; ++i) {
-    const uint64_t begin = std::min(size, i * segment);
-    const uint64_t length = std::min(size, begin + segment) - begin;
-    threads.emplace_back([&, i, begin, length] {
-      crcs[i] = ChecksumRange(fd, begin, length, path);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  auto segment_begin = [&](int64_t i) { return std::min(size, i * segment); };
+  auto segment_length = [&](int64_t i) {
+    return std::min(size, segment_begin(i) + segment) - segment_begin(i);
+  };
+  std::vector<uint32_t> crcs(segments, 0);
+  ThreadPool pool(segments);
+  const absl::Status read =
+      pool.TryParallelFor(segments, [&](int, int64_t i) -> absl::Status {
+        ZE_ASSIGN_OR_RETURN(crcs[i], ChecksumRange(fd, segment_begin(i),
+                                                   segment_length(i), path));
+        return absl::OkStatus();
+      });
   close(fd);
+  ZE_RETURN_IF_ERROR(read);
   uint32_t crc = 0;
   for (int i = 0; i < segments; ++i) {
-    ZE_RETURN_IF_ERROR(crcs[i].status());
-    const uint64_t begin = std::min(size, i * segment);
-    const uint64_t length = std::min(size, begin + segment) - begin;
-    crc = i == 0 ? *crcs[i] : Crc32cCombine(crc, *crcs[i], length);
+    crc = i == 0 ? crcs[i] : Crc32cCombine(crc, crcs[i], segment_length(i));
   }
   if (size != file.bytes || crc != file.crc32c) {
     return CorruptFileError(path, size, crc, file);
@@ -896,64 +895,49 @@ absl::Status CheckpointReader::ReadRanges(
     }
     posix_fadvise(fds[task.rank], 0, 0, POSIX_FADV_SEQUENTIAL);
   }
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
   threads = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
-  std::vector<absl::Status> statuses(threads);
+  // Per thread: its reads' records and its buffer for converted reads.
   std::vector<std::vector<std::pair<int, ReadRecord>>> records(threads);
-  auto work = [&](int thread) {
-    std::vector<char> buffer;  // converted reads
-    while (!failed.load()) {
-      const size_t i = next.fetch_add(1);
-      if (i >= tasks.size()) return;
-      const Task& task = tasks[i];
-      const std::string& name = manifest_.files[task.rank].name;
-      char* memory = static_cast<char*>(task.target.data());
-      if (!task.direct) {
-        buffer.resize(task.bytes);
-        memory = buffer.data();
-      }
-      absl::Status status;
-      uint64_t done = 0;
-      while (done < task.bytes) {
-        const ssize_t got =
-            pread(fds[task.rank], memory + done, task.bytes - done,
-                  static_cast<off_t>(task.offset + done));
-        if (got < 0 && errno == EINTR) continue;
-        const std::string path = absl::StrCat(tag_directory_, "/", name);
-        if (got < 0) {
-          status = ErrnoToStatus(errno, "read", path);
-          break;
+  std::vector<std::vector<char>> buffers(threads);
+  ThreadPool pool(threads);
+  const absl::Status read = pool.TryParallelFor(
+      static_cast<int64_t>(tasks.size()),
+      [&](int thread, int64_t i) -> absl::Status {
+        const Task& task = tasks[i];
+        const std::string& name = manifest_.files[task.rank].name;
+        char* memory = static_cast<char*>(task.target.data());
+        if (!task.direct) {
+          buffers[thread].resize(task.bytes);
+          memory = buffers[thread].data();
         }
-        if (got == 0) {
-          status = absl::DataLossError(
-              absl::StrCat(path, " ended at byte ", task.offset + done,
-                           " (truncated while being read)"));
-          break;
+        uint64_t done = 0;
+        while (done < task.bytes) {
+          const ssize_t got =
+              pread(fds[task.rank], memory + done, task.bytes - done,
+                    static_cast<off_t>(task.offset + done));
+          if (got < 0 && errno == EINTR) continue;
+          const std::string path = absl::StrCat(tag_directory_, "/", name);
+          if (got < 0) return ErrnoToStatus(errno, "read", path);
+          if (got == 0) {
+            return absl::DataLossError(
+                absl::StrCat(path, " ended at byte ", task.offset + done,
+                             " (truncated while being read)"));
+          }
+          done += static_cast<uint64_t>(got);
         }
-        done += static_cast<uint64_t>(got);
-      }
-      if (status.ok() && !task.direct) {
-        const Tensor staged = Tensor::Wrap(memory, {task.target.numel()},
-                                           task.stored, Device::Cpu());
-        status = Copy(staged, task.target, Stream::Default(Device::Cpu()));
-      }
-      if (!status.ok()) {
-        statuses[thread] = status;
-        failed.store(true);
-        return;
-      }
-      records[thread].push_back(
-          {task.rank,
-           ReadRecord{task.offset, task.bytes, Crc32c(memory, task.bytes)}});
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& thread : pool) thread.join();
+        if (!task.direct) {
+          const Tensor staged = Tensor::Wrap(memory, {task.target.numel()},
+                                             task.stored, Device::Cpu());
+          ZE_RETURN_IF_ERROR(
+              Copy(staged, task.target, Stream::Default(Device::Cpu())));
+        }
+        records[thread].push_back(
+            {task.rank,
+             ReadRecord{task.offset, task.bytes, Crc32c(memory, task.bytes)}});
+        return absl::OkStatus();
+      });
   close_all();
-  for (const absl::Status& status : statuses) ZE_RETURN_IF_ERROR(status);
+  ZE_RETURN_IF_ERROR(read);
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& list : records) {
     for (const auto& [rank, read] : list) {

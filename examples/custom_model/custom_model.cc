@@ -380,13 +380,9 @@ absl::Status Train(const Flags& flags, int* exit_code) {
   // parameters must have; Initialize checks that they agree.
   ZE_ASSIGN_OR_RETURN(config::Config config,
                       config::LoadConfigFile(flags.config, world));
-  const config::TrainingPrecision precision =
-      config::GetTrainingPrecision(config);
   nn::LayerOptions options;
   options.device = communicator->device();
-  options.dtype = precision == config::TrainingPrecision::kBf16   ? DType::kBF16
-                  : precision == config::TrainingPrecision::kFp16 ? DType::kF16
-                                                                  : DType::kF32;
+  options.dtype = config::PrecisionDType(config::GetTrainingPrecision(config));
   auto model = std::make_shared<DigitSumClassifier>(options);
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, flags.config, communicator));

@@ -126,20 +126,6 @@ bool IsLoadableElementType(ElementType type) {
          type == ElementType::kF16;
 }
 
-// Converts `count` elements of `source_dtype` at `source` into
-// `destination` (of `destination_dtype`), rounding to nearest even.
-void Convert(const void *source, DType source_dtype, int64_t count,
-             void *destination, DType destination_dtype) {
-  if (source_dtype == destination_dtype) {
-    std::memcpy(destination, source, count * SizeOf(source_dtype));
-    return;
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    StoreFromFloat(destination, destination_dtype, i,
-                   LoadAsFloat(source, source_dtype, i));
-  }
-}
-
 std::string Quoted(absl::string_view text) {
   return absl::StrCat("\"", text, "\"");
 }
@@ -553,8 +539,8 @@ absl::Status HuggingFaceDecoderReader::ReadRange(
     const int64_t n = std::min(chunk, count - done);
     ZE_RETURN_IF_ERROR(file.ReadBytes(
         source->key, (element_begin + done) * size, n * size, buffer.data()));
-    Convert(buffer.data(), file_dtype, n, out + done * out_size,
-            destination.dtype());
+    ConvertElements(buffer.data(), file_dtype, out + done * out_size,
+                    destination.dtype(), n);
   }
   return absl::OkStatus();
 }
@@ -716,8 +702,8 @@ absl::Status HuggingFaceDecoderWriter::Append(absl::string_view our_name,
     ZE_ASSIGN_OR_RETURN(
         converted,
         Tensor::Empty({values.numel()}, options_.dtype, Device::Cpu()));
-    Convert(values.data(), values.dtype(), values.numel(), converted.data(),
-            options_.dtype);
+    ConvertElements(values.data(), values.dtype(), converted.data(),
+                    options_.dtype, values.numel());
   }
   absl::Status appended = writer_->Append(hf_names_[current_], converted);
   if (!appended.ok()) {

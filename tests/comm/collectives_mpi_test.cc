@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_test_values.h"
 #include "comm/equal_slices.h"
 #include "comm/factory.h"
 #include "core/ops.h"
@@ -32,33 +33,11 @@ const DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin,
                          ReduceOp::kAverage};
 
-// Rank r's value at element i: an integer in [-5, 5].
-float Value(int r, int64_t i) {
-  return static_cast<float>((i * 7 + r * 3) % 11) - 5.0f;
-}
-
-float RoundTo(DType dtype, float value) {
-  uint32_t storage = 0;
-  StoreFromFloat(&storage, dtype, 0, value);
-  return LoadAsFloat(&storage, dtype, 0);
-}
+float Value(int r, int64_t i) { return CollectiveTestValue(r, i); }
 
 // The reduction of Value(r, i) over all ranks, rounded once.
 float Expected(ReduceOp op, DType dtype, int64_t i) {
-  const int n = g_comm->world_size();
-  float result = Value(0, i);
-  for (int r = 1; r < n; ++r) {
-    const float v = Value(r, i);
-    if (op == ReduceOp::kMax) {
-      result = std::max(result, v);
-    } else if (op == ReduceOp::kMin) {
-      result = std::min(result, v);
-    } else {
-      result += v;
-    }
-  }
-  if (op == ReduceOp::kAverage) result /= static_cast<float>(n);
-  return RoundTo(dtype, result);
+  return ExpectedReduction(op, dtype, g_comm->world_size(), i);
 }
 
 float Tolerance(ReduceOp op, float expected) {

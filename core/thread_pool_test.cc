@@ -1,4 +1,4 @@
-#include "offload/thread_pool.h"
+#include "core/thread_pool.h"
 
 #include <atomic>
 #include <chrono>
@@ -8,10 +8,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace ze {
-namespace offload {
 namespace {
 
 TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
@@ -26,6 +27,60 @@ TEST(ThreadPoolTest, RunsEveryTaskExactlyOnce) {
                                      << ", " << threads << " threads";
       }
     }
+  }
+}
+
+TEST(ThreadPoolTest, TryParallelForRunsEveryTaskAndGivesEachThreadItsIndex) {
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> runs(100);
+    std::vector<std::thread::id> owner(threads);
+    std::mutex mutex;
+    bool index_shared = false;
+    const absl::Status status =
+        pool.TryParallelFor(100, [&](int thread, int64_t i) {
+          runs[i].fetch_add(1);
+          std::lock_guard<std::mutex> lock(mutex);
+          if (owner[thread] == std::thread::id()) {
+            owner[thread] = std::this_thread::get_id();
+          }
+          // Per-thread scratch is only safe if an index is one thread's.
+          if (owner[thread] != std::this_thread::get_id()) index_shared = true;
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_FALSE(index_shared);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(runs[i].load(), 1) << i;
+  }
+  ThreadPool pool(2);
+  EXPECT_TRUE(
+      pool.TryParallelFor(
+              0, [](int, int64_t) { return absl::InternalError("never runs"); })
+          .ok());
+}
+
+TEST(ThreadPoolTest, TryParallelForReturnsTheLowestFailureAndStopsStarting) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    std::atomic<int> started{0};
+    const absl::Status status =
+        pool.TryParallelFor(1000, [&](int, int64_t i) -> absl::Status {
+          started.fetch_add(1);
+          if (i == 7) {
+            // Fails last, after task 9 has (with several threads): the
+            // lower index must still be the one reported.
+            if (threads > 1) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+            return absl::NotFoundError("task 7");
+          }
+          if (i == 9) return absl::NotFoundError("task 9");
+          return absl::OkStatus();
+        });
+    // A lost error would read OK; "task 9" is not what a serial loop says.
+    EXPECT_EQ(status, absl::NotFoundError("task 7")) << threads << " threads";
+    // No task starts after a failure: one thread stops at task 7.
+    if (threads == 1) EXPECT_EQ(started.load(), 8);
   }
 }
 
@@ -166,5 +221,4 @@ TEST(ThreadPoolTest, RunBatchesStartsTheNextBatchBeforeTheLastOneEnds) {
 }
 
 }  // namespace
-}  // namespace offload
 }  // namespace ze

@@ -1,11 +1,18 @@
 // A fixed pool of threads that runs one parallel loop at a time: the CPU
-// optimizer's tiles. The calling thread works too, so a pool of N threads
-// starts N - 1 workers; they sleep on a condition variable between loops.
-// A loop is either one batch of tasks (ParallelFor), one task per thread
-// (RunOnEachThread), or a stream of batches with no barrier between them
-// (RunBatches).
-#ifndef ZE_OFFLOAD_THREAD_POOL_H_
-#define ZE_OFFLOAD_THREAD_POOL_H_
+// optimizer's tiles, and every fan-out over independent work (checkpoint
+// reads and checksums, parameter initialisation), which makes a pool for the
+// call. The calling thread works too, so a pool of N threads starts N - 1
+// workers; they sleep on a condition variable between loops.
+// A loop is either one batch of tasks (ParallelFor, or TryParallelFor for
+// tasks that can fail), one task per thread (RunOnEachThread), or a stream
+// of batches with no barrier between them (RunBatches).
+//
+// Threads: the loop functions are called from one thread at a time (the
+// pool's owner); tasks run on that thread and on the workers. Nothing a task
+// captures is copied: it must stay alive until the loop returns, which it
+// does (every loop returns only after all its tasks have).
+#ifndef ZE_CORE_THREAD_POOL_H_
+#define ZE_CORE_THREAD_POOL_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -15,8 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace ze {
-namespace offload {
 
 // The CPUs of one host that one of its ranks gives its CPU threads.
 struct CpuShare {
@@ -66,6 +74,18 @@ class ThreadPool {
   // returns when all have finished. One loop at a time: not reentrant and
   // not to be called from two threads at once. `task` must not throw.
   void ParallelFor(int64_t num_tasks, const std::function<void(int64_t)>& task);
+
+  // ParallelFor for tasks that can fail: task(thread_index, i) for i in
+  // [0, num_tasks), indices taken in increasing order; thread_index in
+  // [0, num_threads()) says which thread runs it (the caller's is 0), for
+  // per-thread scratch that needs no lock. Once a task has failed no new
+  // one starts (those running finish). Returns OK when every task did, else
+  // the error of the lowest-indexed failed task: every lower index had
+  // started, so that is the error a serial loop would have returned first.
+  // Same restrictions as ParallelFor.
+  absl::Status TryParallelFor(
+      int64_t num_tasks,
+      const std::function<absl::Status(int thread_index, int64_t i)>& task);
 
   // Runs task(thread_index) once on each of the num_threads() threads; the
   // caller's thread is index 0 and worker w is always index w + 1, so the
@@ -130,7 +150,6 @@ class ThreadPool {
   std::atomic<int64_t> next_task_{0};
 };
 
-}  // namespace offload
 }  // namespace ze
 
-#endif  // ZE_OFFLOAD_THREAD_POOL_H_
+#endif  // ZE_CORE_THREAD_POOL_H_

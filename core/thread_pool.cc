@@ -1,4 +1,4 @@
-#include "offload/thread_pool.h"
+#include "core/thread_pool.h"
 
 #include <sched.h>
 
@@ -7,7 +7,6 @@
 #include <utility>
 
 namespace ze {
-namespace offload {
 
 namespace {
 
@@ -121,6 +120,37 @@ void ThreadPool::ParallelFor(int64_t num_tasks,
         next_task_.store(0, std::memory_order_relaxed);
       },
       [&] { RunTasks(task, num_tasks); });
+}
+
+absl::Status ThreadPool::TryParallelFor(
+    int64_t num_tasks, const std::function<absl::Status(int, int64_t)>& task) {
+  if (num_tasks <= 0) return absl::OkStatus();
+  std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  int64_t first_failed = num_tasks;  // guarded by `mutex`
+  absl::Status error;                // task first_failed's
+  auto run = [&](int thread_index) {
+    while (!failed.load(std::memory_order_relaxed)) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= num_tasks) return;
+      absl::Status status = task(thread_index, i);
+      if (status.ok()) continue;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (i < first_failed) {
+        first_failed = i;
+        error = std::move(status);
+      }
+      failed.store(true, std::memory_order_relaxed);
+    }
+  };
+  // One task or no workers: waking threads would cost more than it saves.
+  if (workers_.empty() || num_tasks == 1) {
+    run(0);
+  } else {
+    RunOnEachThread(run);
+  }
+  return error;
 }
 
 void ThreadPool::RunOnEachThread(const std::function<void(int)>& task) {
@@ -244,5 +274,4 @@ void ThreadPool::WorkerLoop(int thread_index) {
   }
 }
 
-}  // namespace offload
 }  // namespace ze
