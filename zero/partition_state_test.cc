@@ -5,7 +5,6 @@
 #include "zero/partition_state.h"
 
 #include <cstdlib>
-#include <deque>
 #include <string>
 #include <vector>
 
@@ -147,36 +146,6 @@ TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
           << "bucket_zero_read_first " << bucket_zero_read_first;
     }
   }
-}
-
-// The worker's choice, as a pure function: newest landed during an early
-// start, the oldest when none has landed or when not begun early, and the
-// forward's first once everything is handed over.
-TEST(ChooseBucketToUpdateTest, FollowsTheBackwardThenTheForward) {
-  // Stages 0-2: bucket b is read at forward position (5 - 1 - b).
-  auto position = [](int b) { return 4 - b; };
-  const std::deque<int> ready = {0, 1, 2, 3};  // handed over in this order
-  auto landed_up_to = [](int last) {
-    return [last](int b) { return b <= last; };
-  };
-  // Begun early, backward still going: the newest that has landed.
-  EXPECT_EQ(ChooseBucketToUpdate(ready, false, true, landed_up_to(2), position),
-            2u);
-  EXPECT_EQ(ChooseBucketToUpdate(ready, false, true, landed_up_to(3), position),
-            3u);
-  // None landed yet: the oldest, whose copy lands first.
-  EXPECT_EQ(
-      ChooseBucketToUpdate(ready, false, true, landed_up_to(-1), position), 0u);
-  // Not begun early: handed over in the forward's order, the oldest.
-  EXPECT_EQ(
-      ChooseBucketToUpdate({4, 3, 2}, false, false, landed_up_to(4), position),
-      0u);
-  // Everything handed over: the one the next forward reads first.
-  EXPECT_EQ(ChooseBucketToUpdate(ready, true, true, landed_up_to(3), position),
-            3u);
-  EXPECT_EQ(ChooseBucketToUpdate({2, 0, 3, 1}, true, false, landed_up_to(3),
-                                 [](int b) { return b; }),
-            1u);
 }
 
 }  // namespace
