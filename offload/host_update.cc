@@ -516,6 +516,13 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
   }
   HostUpdate& update = *owner_;
   const auto join_start = std::chrono::steady_clock::now();
+  {
+    // Closed already, unless Close failed halfway: the worker then updates
+    // what it was handed rather than wait for the rest forever.
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.closed_ = true;
+    update.progress_.notify_all();
+  }
   worker_.join();
   update.active_ = false;
   owner_ = nullptr;

@@ -296,7 +296,8 @@ class InFlightUpdate {
   // report. Errors only from the stream wait.
   absl::Status WaitForWeights(int slot, int64_t own_begin,
                               const Stream& stream);
-  // Waits for the worker to end, orders `stream` after every upload, and,
+  // Waits for the worker to end (after closing the hand-over, should Close
+  // have failed halfway), orders `stream` after every upload, and,
   // for a delayed update, copies each slot's `delayed` buffer over its
   // weights on `stream`. Afterwards the handle is empty, whatever the
   // result. Returns the proof, or the worker's error (then the state is

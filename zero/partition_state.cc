@@ -278,9 +278,9 @@ offload::NvmeStore::Counters PartitionState::nvme_counters() const {
   return swapped_->store().counters();
 }
 
-absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
-                                         const Tensor& values,
-                                         const Stream& stream) {
+absl::Status PartitionState::WriteMaster(
+    const offload::UpdateJoined& /*joined*/, int bucket,
+    int64_t partition_offset, const Tensor& values, const Stream& stream) {
   const int64_t begin =
       partition_offset - layout_.bucket(bucket).partition_offset;
   if (optimizer_placement_[bucket] != Placement::kNvme) {
@@ -377,7 +377,7 @@ bool PartitionState::CanBeginEarly() const {
 absl::Status PartitionState::BeginUpdate(const StepArgs& step_args,
                                          const Stream& stream) {
   if (!CanBeginEarly()) return absl::OkStatus();
-  ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+  ZE_RETURN_IF_ERROR(FinishUpdate(stream).status());
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
@@ -407,7 +407,7 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
           step_args.grad_scale));
     }
   } else {
-    ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+    ZE_RETURN_IF_ERROR(FinishUpdate(stream).status());
   }
   // Checked before anything changes, so a bad lr fails the whole step.
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
@@ -486,11 +486,16 @@ PartitionState::ChunkSpan PartitionState::chunk_span(int bucket,
   return span;
 }
 
-absl::Status PartitionState::FinishUpdate(const Stream& stream) {
+absl::StatusOr<offload::UpdateJoined> PartitionState::FinishUpdate(
+    const Stream& stream) {
+  return in_flight_.Join(stream);
+}
+
+absl::Status PartitionState::FinishPreviousUpdate(const Stream& stream) {
   // An update begun early is this step's, not a previous one: it runs on
   // until UpdateWeights has handed over every bucket.
   if (in_flight_.open()) return absl::OkStatus();
-  return in_flight_.Join(stream).status();
+  return FinishUpdate(stream).status();
 }
 
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
@@ -587,9 +592,9 @@ Tensor PartitionState::CheckpointWeights(int bucket,
   return OwnWeights(bucket);
 }
 
-absl::Status PartitionState::ReadOwnState(int bucket, int array,
-                                          int64_t own_begin, const Tensor& out,
-                                          const Stream& stream) const {
+absl::Status PartitionState::ReadOwnState(
+    const offload::UpdateJoined& /*joined*/, int bucket, int array,
+    int64_t own_begin, const Tensor& out, const Stream& stream) const {
   const int64_t count = out.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -632,10 +637,9 @@ absl::Status PartitionState::ReadOwnState(int bucket, int array,
   return stream.Synchronize();
 }
 
-absl::Status PartitionState::WriteOwnState(int bucket, int array,
-                                           int64_t own_begin,
-                                           const Tensor& values,
-                                           const Stream& stream) {
+absl::Status PartitionState::WriteOwnState(
+    const offload::UpdateJoined& /*joined*/, int bucket, int array,
+    int64_t own_begin, const Tensor& values, const Stream& stream) {
   const int64_t count = values.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -680,7 +684,8 @@ float* PartitionState::HostStateArray(int array) const {
   return host_optimizer_->exp_avg_sq();
 }
 
-Tensor PartitionState::MasterPiece(int index, int64_t* begin) const {
+Tensor PartitionState::MasterPiece(const offload::UpdateJoined& /*joined*/,
+                                   int index, int64_t* begin) const {
   const ParamPlacement& place = layout_.placement(index);
   if (updates_whole_buckets()) {
     *begin = 0;
@@ -699,7 +704,8 @@ Tensor PartitionState::MasterPiece(int index, int64_t* begin) const {
 }
 
 absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
-    int index, comm::Communicator& comm, const Stream& stream) const {
+    const offload::UpdateJoined& /*joined*/, int index,
+    comm::Communicator& comm, const Stream& stream) const {
   const ParamPlacement& place = layout_.placement(index);
   const BucketLayout& layout = layout_.bucket(place.bucket);
   ZE_ASSIGN_OR_RETURN(Tensor full, Tensor::Empty({layout.padded_elements},

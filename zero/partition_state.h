@@ -120,7 +120,8 @@ struct PartitionStateOptions {
   // ZeRO-Offload's delayed parameter update (offload_optimizer's
   // delayed_update; host optimizer with weights on the device): the worker
   // uploads updated weights into a second device buffer, and they replace
-  // the weights at the next FinishUpdate, so forwards and backwards until
+  // the weights when the update is next joined (FinishUpdate), so forwards
+  // and backwards until
   // then use the weights from before the update.
   bool delayed_update = false;
   // kNvme buckets: the swap file's directory, aio settings and host
@@ -186,9 +187,11 @@ class PartitionState {
   // Stage 3: writes `values` (any float dtype and device) over `bucket`'s
   // master elements from partition offset `partition_offset` on, wherever
   // they live (a read-modify-write of the swap file for kNvme). Synchronous
-  // for kNvme; queued on `stream` otherwise.
-  absl::Status WriteMaster(int bucket, int64_t partition_offset,
-                           const Tensor& values, const Stream& stream);
+  // for kNvme; queued on `stream` otherwise. `joined`: FinishUpdate's proof
+  // that no offloaded update writes the master meanwhile.
+  absl::Status WriteMaster(const offload::UpdateJoined& joined, int bucket,
+                           int64_t partition_offset, const Tensor& values,
+                           const Stream& stream);
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 
@@ -205,11 +208,11 @@ class PartitionState {
   // StepRanges; NVMe chunks one at a time), and copies each chunk's 16-bit
   // weights back while it works on the next. UpdateWeights
   // returns without waiting for the worker: whoever reads a host bucket's
-  // weights calls WaitForWeights first, and anything else that reads model
-  // state calls FinishUpdate. Runs FinishUpdate itself first (one update at a
-  // time). InvalidArgument for bad step_args (nothing updated), kernel or
-  // copy errors otherwise; an error of the worker is returned by the next
-  // FinishUpdate.
+  // weights calls WaitForWeights first; the master weights and optimizer
+  // state are read only with the UpdateJoined that FinishUpdate returns.
+  // Runs FinishUpdate itself first (one update at a time). InvalidArgument
+  // for bad step_args (nothing updated), kernel or copy errors otherwise;
+  // an error of the worker is returned when the update is next joined.
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
   // Makes `stream`'s later work see bucket b's updated weights: waits (on
   // the host) until the worker has written them, then orders `stream` after
@@ -217,8 +220,8 @@ class PartitionState {
   // optimizer is on the device, or the update is delayed (the weights in
   // use are the previous ones). When the worker failed before the chunk,
   // returns OK at once (the weights are then partly updated): the failure
-  // is FinishUpdate's to report, which the next boundary step does on every
-  // rank. Errors only from the stream wait.
+  // is the join's to report, which the next boundary step does on every
+  // rank (FinishPreviousUpdate). Errors only from the stream wait.
   // `own_begin`: wait only for the bucket's own elements from there on (the
   // worker writes a bucket from its end down, so a parameter needs the
   // chunk of its first element); 0: the whole bucket.
@@ -227,20 +230,30 @@ class PartitionState {
   // WaitForWeights for the part of parameter `index` (layout index) this
   // rank updates (stages 0-2's pre-forward hooks).
   absl::Status WaitForParameter(int index, const Stream& stream);
-  // Waits for the whole update in progress (if any) and orders `stream`
-  // after every upload; a delayed update is applied here (its weights
-  // copied into place on `stream`). The worker's error, if it failed.
-  absl::Status FinishUpdate(const Stream& stream);
+  // Joins the update in flight (if any): waits for the whole of it and
+  // orders `stream` after every upload; a delayed update is applied here
+  // (its weights copied into place on `stream`). Returns the proof the
+  // state readers below take (WriteMaster, ReadOwnState, WriteOwnState,
+  // MasterPiece, GatherMaster), so a reader cannot forget it. The worker's
+  // error, if it failed (the update is over either way). FailedPrecondition,
+  // with the update left running, between BeginUpdate and UpdateWeights:
+  // that update is this step's and still takes gradients.
+  absl::StatusOr<offload::UpdateJoined> FinishUpdate(const Stream& stream);
+  // The boundary step's first act: FinishUpdate for the previous step's
+  // update, while one begun during this step's backward (BeginUpdate) runs
+  // on. The worker's error, if it failed.
+  absl::Status FinishPreviousUpdate(const Stream& stream);
   // Early start (the boundary micro-step's backward, when the step's
   // arguments do not depend on the global gradient norm: no clipping, no
   // fp16 overflow check): BeginUpdate starts the worker with `step_args`;
   // GradientsFinal(b), called when bucket b's gradients for the step are
   // final on `stream`, sends them down and lets the worker update them
   // while backward goes on; UpdateWeights (with the same arguments, else
-  // Internal) hands over the rest. Until then FinishUpdate leaves the
-  // worker running and WaitForWeights does not wait (backward's recompute
-  // reads the weights before the update). BeginUpdate does nothing where
-  // an early start is not possible (NVMe, delayed update, host weights).
+  // Internal) hands over the rest. Until then FinishPreviousUpdate leaves
+  // the worker running (FinishUpdate refuses) and WaitForWeights does not wait
+  // (backward's recompute reads the weights before the update). BeginUpdate
+  // does nothing where an early start is not possible (NVMe, delayed update,
+  // host weights).
   bool CanBeginEarly() const;
   absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
   // Between BeginUpdate and UpdateWeights: the worker already applies this
@@ -266,8 +279,8 @@ class PartitionState {
   // Checkpoints: this rank's own optimizer state of a bucket (the elements
   // its optimizer updates: the whole bucket at stage 0, its slice from
   // stage 1 on), wherever it lives. Array 0 is the f32 master weights, then
-  // the optimizer's state tensors (StateArrayNames). Call FinishUpdate
-  // first. Both are synchronous on return.
+  // the optimizer's state tensors (StateArrayNames). Both take
+  // FinishUpdate's proof and are synchronous on return.
   //   "master", then "exp_avg", "exp_avg_sq" (Adam/AdamW) or
   //   "momentum_buffer" (SGD with momentum), or nothing more (plain SGD).
   std::vector<std::string> StateArrayNames() const;
@@ -275,13 +288,15 @@ class PartitionState {
   // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
   // reads its weights as master and zeros as state. OutOfRange when the
   // range leaves the bucket; copy or NVMe read errors otherwise.
-  absl::Status ReadOwnState(int bucket, int array, int64_t own_begin,
-                            const Tensor& out, const Stream& stream) const;
+  absl::Status ReadOwnState(const offload::UpdateJoined& joined, int bucket,
+                            int array, int64_t own_begin, const Tensor& out,
+                            const Stream& stream) const;
   // Writes `values` (a CPU f32 tensor) over own elements [own_begin, ...)
   // of `array` of `bucket`. With master_aliases_weights() array 0 is the
   // weights themselves. A frozen bucket ignores its state arrays.
-  absl::Status WriteOwnState(int bucket, int array, int64_t own_begin,
-                             const Tensor& values, const Stream& stream);
+  absl::Status WriteOwnState(const offload::UpdateJoined& joined, int bucket,
+                             int array, int64_t own_begin, const Tensor& values,
+                             const Stream& stream);
   // The weights a checkpoint saves and loads for `bucket`: at stages 0-2
   // the whole replicated bucket (padded), at stage 3 this rank's slice
   // (bucket elements [BucketSlice.begin, end)). `*bucket_begin`: the first
@@ -315,13 +330,15 @@ class PartitionState {
 
   // The part of parameter `index`'s f32 master this rank holds, as a view,
   // and through *begin its first element within the parameter. Undefined
-  // when this rank holds none of it.
-  Tensor MasterPiece(int index, int64_t* begin) const;
+  // when this rank holds none of it. `joined`: FinishUpdate's proof (the
+  // caller reads or writes the view).
+  Tensor MasterPiece(const offload::UpdateJoined& joined, int index,
+                     int64_t* begin) const;
   // Parameter `name`'s f32 master values, gathered from every rank (a
   // collective at stages 1-3 with more than one rank).
-  absl::StatusOr<std::vector<float>> GatherMaster(int index,
-                                                  comm::Communicator& comm,
-                                                  const Stream& stream) const;
+  absl::StatusOr<std::vector<float>> GatherMaster(
+      const offload::UpdateJoined& joined, int index, comm::Communicator& comm,
+      const Stream& stream) const;
 
   Placement weights_placement() const { return options_.weights_placement; }
   Placement gradients_placement() const { return Placement::kDevice; }

@@ -104,7 +104,7 @@ TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
   args.lr = 0.01;
   absl::Status updated = (*state)->UpdateWeights(args, stream);
   ASSERT_TRUE(updated.ok()) << updated;
-  absl::Status status = (*state)->FinishUpdate(stream);
+  absl::Status status = (*state)->FinishUpdate(stream).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_NE(status.message().find("zero_engine_rank0_optimizer_state.swp"),
             std::string::npos)
@@ -146,6 +146,67 @@ TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
           << "bucket_zero_read_first " << bucket_zero_read_first;
     }
   }
+}
+
+// Finishing before reading is a type: the state readers take FinishUpdate's
+// proof, which an update begun during backward cannot give until the step
+// hands over the rest (the boundary step's FinishPreviousUpdate leaves it
+// running); once joined, the early update's master equals one handed over
+// at the step.
+TEST(PartitionStateHostTest, EarlyUpdateIsJoinedOnlyAfterTheStep) {
+  std::vector<std::vector<float>> masters;
+  for (bool early : {false, true}) {
+    const PartitionedLayout layout = Layout();
+    PartitionStateOptions options;
+    options.stage = 2;
+    options.model_dtype = DType::kBF16;
+    options.optimizer.type = OptimizerType::kAdamW;
+    options.host_threads = 2;
+    options.chunk_elements = 512;
+    options.optimizer_placement =
+        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+    Stream stream;
+    absl::StatusOr<std::unique_ptr<PartitionState>> state =
+        PartitionState::Create(layout, options, stream);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_TRUE(Fill((*state)->weights(), 0.5f, stream).ok());
+    ASSERT_TRUE((*state)->AllocateTrainingState(stream).ok());
+    for (int b = 0; b < (*state)->num_buckets(); ++b) {
+      ASSERT_TRUE(Fill((*state)->OwnGradients(b), 0.25f, stream).ok());
+    }
+    ASSERT_TRUE((*state)->CanBeginEarly());
+    StepArgs args;
+    args.lr = 0.01;
+    if (early) {
+      ASSERT_TRUE((*state)->BeginUpdate(args, stream).ok());
+      EXPECT_TRUE((*state)->update_begun_early());
+      ASSERT_TRUE((*state)->GradientsFinal(0, stream).ok());
+      EXPECT_EQ((*state)->FinishUpdate(stream).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+      EXPECT_TRUE((*state)->FinishPreviousUpdate(stream).ok());
+      EXPECT_TRUE((*state)->update_begun_early());
+    }
+    ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+    EXPECT_FALSE((*state)->update_begun_early());
+    absl::StatusOr<offload::UpdateJoined> joined =
+        (*state)->FinishUpdate(stream);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    std::vector<float> master;
+    for (int b = 0; b < (*state)->num_buckets(); ++b) {
+      const int64_t own = (*state)->OwnRange(b).size();
+      absl::StatusOr<Tensor> out =
+          Tensor::Empty({own}, DType::kF32, Device::Cpu());
+      ASSERT_TRUE(out.ok());
+      ASSERT_TRUE((*state)
+                      ->ReadOwnState(*joined, b, /*array=*/0, 0, *out, stream)
+                      .ok());
+      const float* values = out->data_as<float>();
+      master.insert(master.end(), values, values + own);
+    }
+    EXPECT_NE(master.front(), 0.5f);  // updated
+    masters.push_back(master);
+  }
+  EXPECT_EQ(masters[0], masters[1]);
 }
 
 }  // namespace
