@@ -70,6 +70,8 @@ class SwappedState {
 
   int num_chunks() const { return static_cast<int>(elements_.size()); }
   int64_t chunk_elements(int chunk) const { return elements_[chunk]; }
+  // f32 arrays per element (options' `arrays`): master, then the moments.
+  int arrays() const { return options_.arrays; }
   int64_t file_bytes() const { return store_->size_bytes(); }
   // Host bytes of the pipeline's buffers.
   int64_t buffer_bytes() const;

@@ -140,7 +140,7 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   // The previous step's offloaded update (PartitionState::UpdateWeights)
   // ends here at the latest; whether it failed on some rank travels with
   // the statistics, so every rank stops, not only the one that failed.
-  const absl::Status previous = partition.FinishUpdate(stream);
+  const absl::Status previous = partition.FinishPreviousUpdate(stream);
   ZE_ASSIGN_OR_RETURN(
       Statistics statistics,
       ReduceStatistics(context, loss_sum, hooks, !previous.ok()));

@@ -1,10 +1,7 @@
 #include "zero/partition_state.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
-#include <limits>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +71,7 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
     packed += own_elements(b);
   }
   gradients_current_.assign(layout_.num_buckets(), false);
+  host_slot_.assign(layout_.num_buckets(), -1);
   options_.chunk_elements =
       std::max<int64_t>(1, std::min(options_.chunk_elements,
                                     PartitionStateOptions::kMaxChunkElements));
@@ -205,21 +203,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
                  : optimizer.status();
     }
     host_optimizer_ = std::move(optimizer).value();
-    if (options_.device.is_cuda()) {
-      ZE_ASSIGN_OR_RETURN(to_host_stream_, Stream::Create(options_.device));
-      ZE_ASSIGN_OR_RETURN(to_device_stream_, Stream::Create(options_.device));
-    }
-    gradients_on_host_.resize(layout_.num_buckets());
-    weights_uploaded_.resize(layout_.num_buckets());
-    for (int b = 0; b < layout_.num_buckets(); ++b) {
-      if (!offloaded(b)) continue;
-      for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
-        ZE_ASSIGN_OR_RETURN(Event down, Event::Create(options_.device));
-        ZE_ASSIGN_OR_RETURN(Event up, Event::Create(options_.device));
-        gradients_on_host_[b].push_back(std::move(down));
-        weights_uploaded_[b].push_back(std::move(up));
-      }
-    }
+    ZE_RETURN_IF_ERROR(CreateHostUpdate());
   }
   optimizers_.resize(layout_.num_buckets());
   for (int b = 0; b < layout_.num_buckets(); ++b) {
@@ -294,9 +278,9 @@ offload::NvmeStore::Counters PartitionState::nvme_counters() const {
   return swapped_->store().counters();
 }
 
-absl::Status PartitionState::WriteMaster(int bucket, int64_t partition_offset,
-                                         const Tensor& values,
-                                         const Stream& stream) {
+absl::Status PartitionState::WriteMaster(
+    const offload::UpdateJoined& /*joined*/, int bucket,
+    int64_t partition_offset, const Tensor& values, const Stream& stream) {
   const int64_t begin =
       partition_offset - layout_.bucket(bucket).partition_offset;
   if (optimizer_placement_[bucket] != Placement::kNvme) {
@@ -347,84 +331,66 @@ int64_t PartitionState::optimizer_step_count() const {
   return 0;
 }
 
-PartitionState::~PartitionState() {
-  {
-    // An update begun early whose step never came (a failed backward) is
-    // still waiting for buckets: release it.
-    std::lock_guard<std::mutex> lock(pending_.mutex);
-    pending_.closed = true;
-    pending_.progress.notify_all();
-  }
-  if (pending_.worker.joinable()) pending_.worker.join();
-}
+PartitionState::~PartitionState() = default;
 
-absl::Status PartitionState::SendGradientsDown(int bucket,
-                                               const Stream& stream) {
-  const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
-  ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
-  ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
-  ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
-  Tensor gradients = OwnGradients(bucket);
-  Tensor staging =
-      host_staging_.Slice(master_offsets_[bucket], own_elements(bucket));
-  // From the bucket's end: the order the worker takes the chunks in.
-  for (int64_t chunk = num_chunks(bucket) - 1; chunk >= 0; --chunk) {
-    const auto [begin, count] = chunk_span(bucket, chunk);
-    ZE_RETURN_IF_ERROR(
-        Copy(gradients.Slice(begin, count), staging.Slice(begin, count), down));
-    ZE_RETURN_IF_ERROR(gradients_on_host_[bucket][chunk].Record(down));
+absl::Status PartitionState::CreateHostUpdate() {
+  std::vector<offload::HostUpdateSlot> slots;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (!trainable_[b] || !offloaded(b)) continue;
+    host_slot_[b] = static_cast<int>(slots.size());
+    offload::HostUpdateSlot slot;
+    slot.gradients = OwnGradients(b);
+    slot.staging = host_staging_.Slice(master_offsets_[b], own_elements(b));
+    // NVMe buckets: the swap file holds the master.
+    slot.master = OwnMaster(b);
+    slot.state_offset = master_offsets_[b];
+    // Host weights that are the master themselves (f32) take no write.
+    if (options_.weights_placement == Placement::kDevice ||
+        !master_aliases_weights()) {
+      slot.weights = OwnWeights(b);
+    }
+    if (options_.delayed_update) {
+      slot.delayed =
+          delayed_weights_.Slice(master_offsets_[b], own_elements(b));
+    }
+    if (optimizer_placement_[b] == Placement::kNvme) {
+      slot.first_swapped_chunk = first_swapped_chunk_[b];
+    }
+    slot.forward_position = ForwardReadPosition(b);
+    slots.push_back(std::move(slot));
   }
-  handed_to_worker_[bucket] = true;
-  std::lock_guard<std::mutex> lock(pending_.mutex);
-  pending_.ready.push_back(bucket);
-  pending_.progress.notify_all();
+  offload::HostUpdateOptions options;
+  options.device = options_.device;
+  options.chunk_elements = options_.chunk_elements;
+  options.weights_on_host = options_.weights_placement == Placement::kHost;
+  options.delayed_update = options_.delayed_update;
+  ZE_ASSIGN_OR_RETURN(host_update_, offload::HostUpdate::Create(
+                                        options, std::move(slots),
+                                        host_optimizer_.get(), swapped_.get()));
   return absl::OkStatus();
 }
 
-void PartitionState::StartWorker(const StepArgs& step_args, bool begun_early) {
-  pending_.written_from.assign(layout_.num_buckets(),
-                               std::numeric_limits<int64_t>::max());
-  pending_.ready.clear();
-  pending_.taken.clear();
-  pending_.begun_early = begun_early;
-  pending_.closed = false;
-  pending_.failed = false;
-  pending_.status = absl::OkStatus();
-  handed_to_worker_.assign(layout_.num_buckets(), false);
-  pending_.worker = std::thread([this, step_args] {
-    absl::Status status = UpdateHostBuckets(step_args);
-    std::lock_guard<std::mutex> lock(pending_.mutex);
-    pending_.status = status;
-    pending_.failed = !status.ok();
-    pending_.progress.notify_all();
-  });
-}
-
 bool PartitionState::CanBeginEarly() const {
-  return host_optimizer_ != nullptr && swapped_ == nullptr &&
-         !options_.delayed_update &&
-         options_.weights_placement == Placement::kDevice;
+  return host_update_ != nullptr && host_update_->CanBeginEarly();
 }
 
 absl::Status PartitionState::BeginUpdate(const StepArgs& step_args,
                                          const Stream& stream) {
   if (!CanBeginEarly()) return absl::OkStatus();
-  ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+  ZE_RETURN_IF_ERROR(FinishUpdate(stream).status());
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
+  ZE_ASSIGN_OR_RETURN(in_flight_,
+                      host_update_->Start(step_args, /*begun_early=*/true));
   early_args_ = step_args;
-  StartWorker(step_args, /*begun_early=*/true);
   return absl::OkStatus();
 }
 
 absl::Status PartitionState::GradientsFinal(int bucket, const Stream& stream) {
-  if (!early_args_ || !trainable_[bucket] || !offloaded(bucket) ||
-      handed_to_worker_[bucket]) {
-    return absl::OkStatus();
-  }
-  return SendGradientsDown(bucket, stream);
+  if (!early_args_ || host_slot_[bucket] < 0) return absl::OkStatus();
+  return in_flight_.HandOver(host_slot_[bucket], stream);
 }
 
 absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
@@ -441,39 +407,23 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
           step_args.grad_scale));
     }
   } else {
-    ZE_RETURN_IF_ERROR(FinishUpdate(stream));
+    ZE_RETURN_IF_ERROR(FinishUpdate(stream).status());
   }
   // Checked before anything changes, so a bad lr fails the whole step.
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
-  if (host_optimizer_ != nullptr) {
-    if (!early_args_) StartWorker(step_args, /*begun_early=*/false);
+  if (host_update_ != nullptr) {
+    if (!early_args_) {
+      ZE_ASSIGN_OR_RETURN(
+          in_flight_, host_update_->Start(step_args, /*begun_early=*/false));
+    }
     // Buckets not handed over yet travel now, in the order the forward
     // reads them (the worker's order); the device buckets' kernels below
-    // run while they travel.
-    std::vector<int> forward_order(layout_.num_buckets());
-    std::iota(forward_order.begin(), forward_order.end(), 0);
-    std::sort(forward_order.begin(), forward_order.end(), [this](int a, int b) {
-      return ForwardReadPosition(a) < ForwardReadPosition(b);
-    });
-    for (int b : forward_order) {
-      if (!trainable_[b] || !offloaded(b) || handed_to_worker_[b]) continue;
-      ZE_RETURN_IF_ERROR(SendGradientsDown(b, stream));
-    }
-    {
-      std::lock_guard<std::mutex> lock(pending_.mutex);
-      pending_.closed = true;
-      pending_.progress.notify_all();
-    }
+    // run while they travel. `stream` waits for the copies down.
+    ZE_RETURN_IF_ERROR(in_flight_.Close(stream));
     early_args_.reset();
-    // Gradients are zeroed or overwritten on `stream` after the step: not
-    // before they are copied.
-    const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
-    ZE_ASSIGN_OR_RETURN(Event copied, Event::Create(options_.device));
-    ZE_RETURN_IF_ERROR(copied.Record(down));
-    ZE_RETURN_IF_ERROR(copied.StreamWait(stream));
   }
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kDevice) {
@@ -486,159 +436,19 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
   return absl::OkStatus();
 }
 
-namespace {
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-}  // namespace
-
 PartitionState::OffloadTimes PartitionState::offload_times() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(pending_.mutex));
-  return pending_.times;
+  return host_update_ != nullptr ? host_update_->times() : OffloadTimes();
 }
 
 std::vector<int> PartitionState::last_update_order() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(pending_.mutex));
-  return pending_.taken;
-}
-
-absl::Status PartitionState::UpdateHostBuckets(const StepArgs& step_args) {
-  const auto worker_start = std::chrono::steady_clock::now();
-  struct Record {
-    PendingUpdate& pending;
-    std::chrono::steady_clock::time_point start;
-    ~Record() {
-      std::lock_guard<std::mutex> lock(pending.mutex);
-      ++pending.times.updates;
-      pending.times.worker_seconds += SecondsSince(start);
-    }
-  } record{pending_, worker_start};
-  if (options_.device.is_cuda()) {
-    ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+  if (host_update_ == nullptr) return {};
+  std::vector<int> bucket_of(host_update_->num_slots());
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (host_slot_[b] >= 0) bucket_of[host_slot_[b]] = b;
   }
-  // Buckets as they are handed over (all at once in the forward's reading
-  // order, or, begun early, as backward finishes them), each from its end,
-  // chunk by chunk. Handed over all at once: in that order. Begun early,
-  // while more may come: the newest whose first chunk has landed (else the
-  // oldest, whose copy lands first), so that what is left
-  // when backward ends is, besides the first layers (final last), the
-  // layers the next forward reads last. Once every bucket is handed over:
-  // the one the next forward reads first. The next forward then follows the
-  // update and, when the update ends, has few layers left to run.
-  auto next_bucket = [this]() -> int {
-    std::unique_lock<std::mutex> lock(pending_.mutex);
-    pending_.progress.wait(
-        lock, [&] { return !pending_.ready.empty() || pending_.closed; });
-    if (pending_.ready.empty()) return -1;
-    const size_t chosen = ChooseBucketToUpdate(
-        pending_.ready, pending_.closed, pending_.begun_early,
-        [this](int b) {
-          return gradients_on_host_[b][num_chunks(b) - 1].Query();
-        },
-        [this](int b) { return ForwardReadPosition(b); });
-    const int bucket = pending_.ready[chosen];
-    pending_.ready.erase(pending_.ready.begin() + chosen);
-    pending_.taken.push_back(bucket);
-    return bucket;
-  };
-  if (swapped_ != nullptr) {
-    // NVMe is never begun early: every bucket is handed over at once.
-    std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
-    for (int b = next_bucket(); b >= 0; b = next_bucket()) {
-      for (int64_t chunk = num_chunks(b) - 1; chunk >= 0; --chunk) {
-        order.emplace_back(b, chunk);
-      }
-    }
-    // NVMe: each chunk's master and moments are read in ahead of the step
-    // and written back behind it.
-    std::vector<int> swapped_order;
-    for (const auto& [b, chunk] : order) {
-      swapped_order.push_back(first_swapped_chunk_[b] +
-                              static_cast<int>(chunk));
-    }
-    size_t next = 0;
-    ZE_RETURN_IF_ERROR(swapped_->Update(
-        swapped_order, [&](int, float* const* arrays) -> absl::Status {
-          const auto [b, chunk] = order[next++];
-          return UpdateSwappedChunk(b, chunk, step_args, arrays[0],
-                                    swapped_arrays() > 1 ? arrays[1] : nullptr,
-                                    swapped_arrays() > 2 ? arrays[2] : nullptr);
-        }));
-  } else {
-    // Host memory: the chunks as one stream of tiles over the CPU
-    // optimizer's threads, which go on to the next chunk while the last
-    // tiles of the one before still run (a chunk at a time would idle all
-    // but one thread at each chunk's end). Chunk k is range k.
-    std::mutex order_mutex;
-    std::vector<std::pair<int, int64_t>> order;  // (bucket, chunk)
-    int bucket = -1;
-    int64_t next_chunk = -1;
-    const auto stream_start = std::chrono::steady_clock::now();
-    const double waited_before = [this] {
-      std::lock_guard<std::mutex> lock(pending_.mutex);
-      return pending_.times.gradient_wait_seconds;
-    }();
-    const absl::Status status = host_optimizer_->StepRanges(
-        step_args,
-        [&](offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
-          // Any of the CPU optimizer's threads may ask; the events it
-          // queries and waits for are the device's.
-          if (options_.device.is_cuda()) {
-            ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
-          }
-          if (next_chunk < 0) {
-            bucket = next_bucket();
-            if (bucket < 0) return false;
-            next_chunk = num_chunks(bucket) - 1;
-          }
-          const int64_t chunk = next_chunk--;
-          ZE_RETURN_IF_ERROR(WaitForHostGradients(bucket, chunk));
-          *range = ChunkRange(bucket, chunk);
-          std::lock_guard<std::mutex> lock(order_mutex);
-          order.emplace_back(bucket, chunk);
-          return true;
-        },
-        [&](int64_t index) -> absl::Status {
-          std::pair<int, int64_t> chunk;
-          {
-            std::lock_guard<std::mutex> lock(order_mutex);
-            chunk = order[index];
-          }
-          return ChunkUpdated(chunk.first, chunk.second);
-        });
-    {
-      // The stream's span less its waits for gradients.
-      std::lock_guard<std::mutex> lock(pending_.mutex);
-      pending_.times.optimizer_seconds +=
-          SecondsSince(stream_start) -
-          (pending_.times.gradient_wait_seconds - waited_before);
-    }
-    ZE_RETURN_IF_ERROR(status);
-  }
-  host_optimizer_->AdvanceStep();
-  return absl::OkStatus();
-}
-
-size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
-                            bool begun_early,
-                            const std::function<bool(int)>& landed,
-                            const std::function<int(int)>& forward_position) {
-  if (handed_over_all) {
-    size_t first_read = 0;
-    for (size_t i = 1; i < ready.size(); ++i) {
-      if (forward_position(ready[i]) < forward_position(ready[first_read])) {
-        first_read = i;
-      }
-    }
-    return first_read;
-  }
-  if (begun_early) {
-    for (size_t i = ready.size(); i-- > 0;) {
-      if (landed(ready[i])) return i;
-    }
-  }
-  return 0;
+  std::vector<int> order;
+  for (int slot : host_update_->last_order()) order.push_back(bucket_of[slot]);
+  return order;
 }
 
 int PartitionState::ForwardReadPosition(int bucket) const {
@@ -646,110 +456,10 @@ int PartitionState::ForwardReadPosition(int bucket) const {
                                          : layout_.num_buckets() - 1 - bucket;
 }
 
-absl::Status PartitionState::WaitForHostGradients(int bucket, int64_t chunk) {
-  const auto wait_start = std::chrono::steady_clock::now();
-  ZE_RETURN_IF_ERROR(gradients_on_host_[bucket][chunk].Synchronize());
-  std::lock_guard<std::mutex> lock(pending_.mutex);
-  pending_.times.gradient_wait_seconds += SecondsSince(wait_start);
-  return absl::OkStatus();
-}
-
-offload::RangeToUpdate PartitionState::ChunkRange(int bucket,
-                                                  int64_t chunk) const {
-  const auto [begin, count] = chunk_span(bucket, chunk);
-  Tensor grads = host_staging_.Slice(master_offsets_[bucket] + begin, count);
-  offload::RangeToUpdate range;
-  range.state_offset = master_offsets_[bucket] + begin;
-  range.count = count;
-  // NVMe buckets: the caller's swap buffer instead.
-  if (optimizer_placement_[bucket] == Placement::kHost) {
-    range.master_weights = OwnMaster(bucket).data_as<float>() + begin;
-  }
-  range.grads = grads.data();
-  range.grad_dtype = grads.dtype();
-  // The 16-bit result goes straight into host weights, or over the
-  // gradients in the staging buffer (each element's gradient is read before
-  // its weight is written), from where it is uploaded.
-  if (options_.weights_placement != Placement::kHost) {
-    range.out = grads.data();
-  } else if (!master_aliases_weights()) {
-    range.out = OwnWeights(bucket).Slice(begin, count).data();
-  }
-  range.out_dtype = options_.model_dtype;
-  return range;
-}
-
-absl::Status PartitionState::ChunkUpdated(int bucket, int64_t chunk) {
-  const auto [begin, count] = chunk_span(bucket, chunk);
-  if (options_.weights_placement != Placement::kHost) {
-    // Any thread of the CPU optimizer's may run this.
-    if (options_.device.is_cuda()) {
-      ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
-    }
-    const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
-    Tensor destination =
-        options_.delayed_update
-            ? delayed_weights_.Slice(master_offsets_[bucket] + begin, count)
-            : OwnWeights(bucket).Slice(begin, count);
-    ZE_RETURN_IF_ERROR(
-        Copy(host_staging_.Slice(master_offsets_[bucket] + begin, count),
-             destination, up));
-    ZE_RETURN_IF_ERROR(weights_uploaded_[bucket][chunk].Record(up));
-  }
-  std::lock_guard<std::mutex> lock(pending_.mutex);
-  pending_.written_from[bucket] = begin;
-  pending_.progress.notify_all();
-  return absl::OkStatus();
-}
-
-absl::Status PartitionState::UpdateSwappedChunk(int bucket, int64_t chunk,
-                                                const StepArgs& step_args,
-                                                float* master, float* state0,
-                                                float* state1) {
-  ZE_RETURN_IF_ERROR(WaitForHostGradients(bucket, chunk));
-  const offload::RangeToUpdate range = ChunkRange(bucket, chunk);
-  const auto step_start = std::chrono::steady_clock::now();
-  ZE_RETURN_IF_ERROR(host_optimizer_->StepExternal(
-      range.count, master, state0, state1, range.grads, range.grad_dtype,
-      step_args, range.out, range.out_dtype));
-  {
-    std::lock_guard<std::mutex> lock(pending_.mutex);
-    pending_.times.optimizer_seconds += SecondsSince(step_start);
-  }
-  return ChunkUpdated(bucket, chunk);
-}
-
 absl::Status PartitionState::WaitForWeights(int bucket, const Stream& stream,
                                             int64_t own_begin) {
-  if (!pending_.worker.joinable() || !offloaded(bucket) ||
-      !trainable_[bucket] || options_.delayed_update || early_args_) {
-    return absl::OkStatus();
-  }
-  const int64_t chunk =
-      std::max<int64_t>(0, std::min(own_begin, own_elements(bucket) - 1) /
-                               options_.chunk_elements);
-  const int64_t chunk_begin = chunk_span(bucket, chunk).begin;
-  {
-    const auto wait_start = std::chrono::steady_clock::now();
-    std::unique_lock<std::mutex> lock(pending_.mutex);
-    pending_.progress.wait(lock, [&] {
-      return pending_.written_from[bucket] <= chunk_begin || pending_.failed;
-    });
-    pending_.times.engine_wait_seconds += SecondsSince(wait_start);
-    if (pending_.written_from[bucket] > chunk_begin) {
-      // The update failed before this chunk. Not an error here: a forward
-      // on one rank failing alone would leave the others waiting in a
-      // collective. The next boundary step's FinishUpdate reports it on
-      // every rank, before anything else is updated.
-      return absl::OkStatus();
-    }
-  }
-  if (options_.weights_placement == Placement::kDevice) {
-    // The upload stream runs in order: this chunk's event covers the
-    // chunks written before it too.
-    return weights_uploaded_[bucket][chunk].StreamWait(stream);
-  }
-  return absl::OkStatus();
+  if (host_slot_[bucket] < 0) return absl::OkStatus();
+  return in_flight_.WaitForWeights(host_slot_[bucket], own_begin, stream);
 }
 
 absl::Status PartitionState::WaitForParameter(int index, const Stream& stream) {
@@ -776,32 +486,16 @@ PartitionState::ChunkSpan PartitionState::chunk_span(int bucket,
   return span;
 }
 
-absl::Status PartitionState::FinishUpdate(const Stream& stream) {
+absl::StatusOr<offload::UpdateJoined> PartitionState::FinishUpdate(
+    const Stream& stream) {
+  return in_flight_.Join(stream);
+}
+
+absl::Status PartitionState::FinishPreviousUpdate(const Stream& stream) {
   // An update begun early is this step's, not a previous one: it runs on
   // until UpdateWeights has handed over every bucket.
-  if (!pending_.worker.joinable() || early_args_) return absl::OkStatus();
-  const auto join_start = std::chrono::steady_clock::now();
-  pending_.worker.join();
-  {
-    std::lock_guard<std::mutex> lock(pending_.mutex);
-    pending_.times.engine_wait_seconds += SecondsSince(join_start);
-  }
-  if (options_.weights_placement == Placement::kDevice && to_device_stream_) {
-    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(options_.device));
-    ZE_RETURN_IF_ERROR(uploaded.Record(*to_device_stream_));
-    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
-  }
-  ZE_RETURN_IF_ERROR(pending_.status);
-  if (options_.delayed_update) {
-    // The delayed update takes effect now.
-    for (int b = 0; b < layout_.num_buckets(); ++b) {
-      if (!trainable_[b] || !offloaded(b)) continue;
-      ZE_RETURN_IF_ERROR(
-          Copy(delayed_weights_.Slice(master_offsets_[b], own_elements(b)),
-               OwnWeights(b), stream));
-    }
-  }
-  return absl::OkStatus();
+  if (in_flight_.open()) return absl::OkStatus();
+  return FinishUpdate(stream).status();
 }
 
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
@@ -812,10 +506,10 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
       !options_.device.is_cuda()) {
     return own;
   }
-  if (!to_device_stream_) {
-    ZE_ASSIGN_OR_RETURN(to_device_stream_, Stream::Create(options_.device));
+  if (!gather_upload_stream_) {
+    ZE_ASSIGN_OR_RETURN(gather_upload_stream_, Stream::Create(options_.device));
   }
-  const Stream& up = *to_device_stream_;
+  const Stream& up = *gather_upload_stream_;
   // Allocated for `stream` (the gather's), written on `up`: recorded there
   // too, so the block is reused only after both.
   ZE_ASSIGN_OR_RETURN(Tensor uploaded,
@@ -898,9 +592,9 @@ Tensor PartitionState::CheckpointWeights(int bucket,
   return OwnWeights(bucket);
 }
 
-absl::Status PartitionState::ReadOwnState(int bucket, int array,
-                                          int64_t own_begin, const Tensor& out,
-                                          const Stream& stream) const {
+absl::Status PartitionState::ReadOwnState(
+    const offload::UpdateJoined& /*joined*/, int bucket, int array,
+    int64_t own_begin, const Tensor& out, const Stream& stream) const {
   const int64_t count = out.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -943,10 +637,9 @@ absl::Status PartitionState::ReadOwnState(int bucket, int array,
   return stream.Synchronize();
 }
 
-absl::Status PartitionState::WriteOwnState(int bucket, int array,
-                                           int64_t own_begin,
-                                           const Tensor& values,
-                                           const Stream& stream) {
+absl::Status PartitionState::WriteOwnState(
+    const offload::UpdateJoined& /*joined*/, int bucket, int array,
+    int64_t own_begin, const Tensor& values, const Stream& stream) {
   const int64_t count = values.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -991,7 +684,8 @@ float* PartitionState::HostStateArray(int array) const {
   return host_optimizer_->exp_avg_sq();
 }
 
-Tensor PartitionState::MasterPiece(int index, int64_t* begin) const {
+Tensor PartitionState::MasterPiece(const offload::UpdateJoined& /*joined*/,
+                                   int index, int64_t* begin) const {
   const ParamPlacement& place = layout_.placement(index);
   if (updates_whole_buckets()) {
     *begin = 0;
@@ -1010,7 +704,8 @@ Tensor PartitionState::MasterPiece(int index, int64_t* begin) const {
 }
 
 absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
-    int index, comm::Communicator& comm, const Stream& stream) const {
+    const offload::UpdateJoined& /*joined*/, int index,
+    comm::Communicator& comm, const Stream& stream) const {
   const ParamPlacement& place = layout_.placement(index);
   const BucketLayout& layout = layout_.bucket(place.bucket);
   ZE_ASSIGN_OR_RETURN(Tensor full, Tensor::Empty({layout.padded_elements},

@@ -20,27 +20,28 @@
 // Placement: where each kind of state lives (ZeRO-Offload). The gradients
 // are always on the model's device (the reductions write them there). With
 // offload_optimizer, a bucket's f32 master slice and optimizer state may live
-// in host memory, updated by offload::CpuOptimizer: its gradients go to a
-// host staging buffer, the CPU updates the master weights and writes the
-// 16-bit weights, which go back to the device (UpdateWeights). With
+// in host memory (or on NVMe), updated by offload::CpuOptimizer: its
+// gradients go to a host staging buffer, the CPU updates the master weights
+// and writes the 16-bit weights, which go back to the device
+// (UpdateWeights). That pipeline is offload::HostUpdate's
+// (offload/host_update.h): PartitionState hands it each offloaded bucket's
+// buffers as a slot and holds the step's offload::InFlightUpdate. With
 // offload_param (stage 3) the weights partition itself lives in host memory
 // and is uploaded before each all-gather (WeightsForGather). Buffers of one
 // placement are packed: bucket b's slice at its own offset in them.
 //
-// Not thread-safe; owned and driven by one strategy on the engine's thread
-// (which the offloaded update's worker thread synchronises with itself).
+// Not thread-safe: owned and driven by one strategy on the engine's thread,
+// which calls every method. It runs no thread of its own; the offloaded
+// update's worker and the CPU optimizer's threads are HostUpdate's and
+// touch only the buffers handed to it (see its Threading section).
 #ifndef ZE_ZERO_PARTITION_STATE_H_
 #define ZE_ZERO_PARTITION_STATE_H_
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,6 +52,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/host_update.h"
 #include "offload/swapped_state.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
@@ -118,7 +120,8 @@ struct PartitionStateOptions {
   // ZeRO-Offload's delayed parameter update (offload_optimizer's
   // delayed_update; host optimizer with weights on the device): the worker
   // uploads updated weights into a second device buffer, and they replace
-  // the weights at the next FinishUpdate, so forwards and backwards until
+  // the weights when the update is next joined (FinishUpdate), so forwards
+  // and backwards until
   // then use the weights from before the update.
   bool delayed_update = false;
   // kNvme buckets: the swap file's directory, aio settings and host
@@ -129,22 +132,6 @@ struct PartitionStateOptions {
   // states the bytes the plan needs). May be null.
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
 };
-
-// The offload worker's choice of the next bucket to update, from `ready`
-// (buckets handed over, oldest first; not empty). Pure. `handed_over_all`:
-// no more will come this step. `begun_early`: they are handed over as
-// backward finishes them. `landed(b)`: bucket b's first chunk of gradients
-// is on the host. `forward_position(b)`: 0 for the bucket the next forward
-// reads first.
-//   - all handed over: the one the forward reads first;
-//   - begun early, more to come: the newest that has landed, else the oldest
-//     (its copy lands first);
-//   - otherwise the oldest (handed over in the forward's order).
-// Returns an index into `ready`.
-size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
-                            bool begun_early,
-                            const std::function<bool(int)>& landed,
-                            const std::function<int(int)>& forward_position);
 
 class PartitionState {
  public:
@@ -158,7 +145,7 @@ class PartitionState {
       const Stream& stream);
   PartitionState(const PartitionState&) = delete;
   PartitionState& operator=(const PartitionState&) = delete;
-  // Waits for an update in progress.
+  // Waits for an update in progress (the InFlightUpdate's destructor).
   ~PartitionState();
 
   // Allocates the gradients (zeroed), the master weights (a copy of this
@@ -200,29 +187,32 @@ class PartitionState {
   // Stage 3: writes `values` (any float dtype and device) over `bucket`'s
   // master elements from partition offset `partition_offset` on, wherever
   // they live (a read-modify-write of the swap file for kNvme). Synchronous
-  // for kNvme; queued on `stream` otherwise.
-  absl::Status WriteMaster(int bucket, int64_t partition_offset,
-                           const Tensor& values, const Stream& stream);
+  // for kNvme; queued on `stream` otherwise. `joined`: FinishUpdate's proof
+  // that no offloaded update writes the master meanwhile.
+  absl::Status WriteMaster(const offload::UpdateJoined& joined, int bucket,
+                           int64_t partition_offset, const Tensor& values,
+                           const Stream& stream);
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 
   // The optimizer step of every trainable bucket with `step_args` (the
   // boundary step's clip and unscale factor in grad_scale): device buckets'
-  // FlatOptimizer kernels are queued on `stream`. Host buckets' gradients
-  // are copied to the host on a transfer stream (`stream`'s later work,
-  // which may overwrite the gradients, waits for those copies); then a
-  // worker thread updates them with the CPU optimizer bucket by bucket as
-  // they arrive, in the order ChooseBucketToUpdate picks (here, handed over
-  // at once: the order the next forward reads them), chunk by chunk as one
-  // stream of tiles over the optimizer's threads (CpuOptimizer::StepRanges;
-  // NVMe chunks one at a time), and copies each chunk's 16-bit weights back
-  // while it works on the next. UpdateWeights
+  // FlatOptimizer kernels are queued on `stream`. Offloaded buckets go to
+  // the HostUpdate (offload/host_update.h): their gradients are copied to
+  // the host on a transfer stream (`stream`'s later work, which may
+  // overwrite the gradients, waits for those copies); then its worker
+  // thread updates them with the CPU optimizer bucket by bucket as they
+  // arrive, in the order offload::ChooseBucketToUpdate picks (here, handed
+  // over at once: the order the next forward reads them), chunk by chunk as
+  // one stream of tiles over the optimizer's threads (CpuOptimizer::
+  // StepRanges; NVMe chunks one at a time), and copies each chunk's 16-bit
+  // weights back while it works on the next. UpdateWeights
   // returns without waiting for the worker: whoever reads a host bucket's
-  // weights calls WaitForWeights first, and anything else that reads model
-  // state calls FinishUpdate. Runs FinishUpdate itself first (one update at a
-  // time). InvalidArgument for bad step_args (nothing updated), kernel or
-  // copy errors otherwise; an error of the worker is returned by the next
-  // FinishUpdate.
+  // weights calls WaitForWeights first; the master weights and optimizer
+  // state are read only with the UpdateJoined that FinishUpdate returns.
+  // Runs FinishUpdate itself first (one update at a time). InvalidArgument
+  // for bad step_args (nothing updated), kernel or copy errors otherwise;
+  // an error of the worker is returned when the update is next joined.
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
   // Makes `stream`'s later work see bucket b's updated weights: waits (on
   // the host) until the worker has written them, then orders `stream` after
@@ -230,8 +220,8 @@ class PartitionState {
   // optimizer is on the device, or the update is delayed (the weights in
   // use are the previous ones). When the worker failed before the chunk,
   // returns OK at once (the weights are then partly updated): the failure
-  // is FinishUpdate's to report, which the next boundary step does on every
-  // rank. Errors only from the stream wait.
+  // is the join's to report, which the next boundary step does on every
+  // rank (FinishPreviousUpdate). Errors only from the stream wait.
   // `own_begin`: wait only for the bucket's own elements from there on (the
   // worker writes a bucket from its end down, so a parameter needs the
   // chunk of its first element); 0: the whole bucket.
@@ -240,20 +230,30 @@ class PartitionState {
   // WaitForWeights for the part of parameter `index` (layout index) this
   // rank updates (stages 0-2's pre-forward hooks).
   absl::Status WaitForParameter(int index, const Stream& stream);
-  // Waits for the whole update in progress (if any) and orders `stream`
-  // after every upload; a delayed update is applied here (its weights
-  // copied into place on `stream`). The worker's error, if it failed.
-  absl::Status FinishUpdate(const Stream& stream);
+  // Joins the update in flight (if any): waits for the whole of it and
+  // orders `stream` after every upload; a delayed update is applied here
+  // (its weights copied into place on `stream`). Returns the proof the
+  // state readers below take (WriteMaster, ReadOwnState, WriteOwnState,
+  // MasterPiece, GatherMaster), so a reader cannot forget it. The worker's
+  // error, if it failed (the update is over either way). FailedPrecondition,
+  // with the update left running, between BeginUpdate and UpdateWeights:
+  // that update is this step's and still takes gradients.
+  absl::StatusOr<offload::UpdateJoined> FinishUpdate(const Stream& stream);
+  // The boundary step's first act: FinishUpdate for the previous step's
+  // update, while one begun during this step's backward (BeginUpdate) runs
+  // on. The worker's error, if it failed.
+  absl::Status FinishPreviousUpdate(const Stream& stream);
   // Early start (the boundary micro-step's backward, when the step's
   // arguments do not depend on the global gradient norm: no clipping, no
   // fp16 overflow check): BeginUpdate starts the worker with `step_args`;
   // GradientsFinal(b), called when bucket b's gradients for the step are
   // final on `stream`, sends them down and lets the worker update them
   // while backward goes on; UpdateWeights (with the same arguments, else
-  // Internal) hands over the rest. Until then FinishUpdate leaves the
-  // worker running and WaitForWeights does not wait (backward's recompute
-  // reads the weights before the update). BeginUpdate does nothing where
-  // an early start is not possible (NVMe, delayed update, host weights).
+  // Internal) hands over the rest. Until then FinishPreviousUpdate leaves
+  // the worker running (FinishUpdate refuses) and WaitForWeights does not wait
+  // (backward's recompute reads the weights before the update). BeginUpdate
+  // does nothing where an early start is not possible (NVMe, delayed update,
+  // host weights).
   bool CanBeginEarly() const;
   absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
   // Between BeginUpdate and UpdateWeights: the worker already applies this
@@ -264,17 +264,7 @@ class PartitionState {
   // Where the offloaded update's worker spent its time, summed over every
   // update so far (zeros without host buckets): what bounds an offloaded
   // step, for benchmarks.
-  struct OffloadTimes {
-    int64_t updates = 0;
-    double worker_seconds = 0;  // from the worker's start to its end
-    // In the CPU optimizer: host buckets, the stream's span less its waits
-    // for gradients; NVMe, the sum of the chunks' steps.
-    double optimizer_seconds = 0;
-    double gradient_wait_seconds = 0;  // waiting for gradients to land
-    // The engine's thread blocked on the worker (FinishUpdate's join and
-    // WaitForWeights): the part of the update the GPU work did not hide.
-    double engine_wait_seconds = 0;
-  };
+  using OffloadTimes = offload::HostUpdateTimes;
   OffloadTimes offload_times() const;
   // The host buckets in the order the worker took them in the last finished
   // (or current) update.
@@ -289,8 +279,8 @@ class PartitionState {
   // Checkpoints: this rank's own optimizer state of a bucket (the elements
   // its optimizer updates: the whole bucket at stage 0, its slice from
   // stage 1 on), wherever it lives. Array 0 is the f32 master weights, then
-  // the optimizer's state tensors (StateArrayNames). Call FinishUpdate
-  // first. Both are synchronous on return.
+  // the optimizer's state tensors (StateArrayNames). Both take
+  // FinishUpdate's proof and are synchronous on return.
   //   "master", then "exp_avg", "exp_avg_sq" (Adam/AdamW) or
   //   "momentum_buffer" (SGD with momentum), or nothing more (plain SGD).
   std::vector<std::string> StateArrayNames() const;
@@ -298,13 +288,15 @@ class PartitionState {
   // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
   // reads its weights as master and zeros as state. OutOfRange when the
   // range leaves the bucket; copy or NVMe read errors otherwise.
-  absl::Status ReadOwnState(int bucket, int array, int64_t own_begin,
-                            const Tensor& out, const Stream& stream) const;
+  absl::Status ReadOwnState(const offload::UpdateJoined& joined, int bucket,
+                            int array, int64_t own_begin, const Tensor& out,
+                            const Stream& stream) const;
   // Writes `values` (a CPU f32 tensor) over own elements [own_begin, ...)
   // of `array` of `bucket`. With master_aliases_weights() array 0 is the
   // weights themselves. A frozen bucket ignores its state arrays.
-  absl::Status WriteOwnState(int bucket, int array, int64_t own_begin,
-                             const Tensor& values, const Stream& stream);
+  absl::Status WriteOwnState(const offload::UpdateJoined& joined, int bucket,
+                             int array, int64_t own_begin, const Tensor& values,
+                             const Stream& stream);
   // The weights a checkpoint saves and loads for `bucket`: at stages 0-2
   // the whole replicated bucket (padded), at stage 3 this rank's slice
   // (bucket elements [BucketSlice.begin, end)). `*bucket_begin`: the first
@@ -338,13 +330,15 @@ class PartitionState {
 
   // The part of parameter `index`'s f32 master this rank holds, as a view,
   // and through *begin its first element within the parameter. Undefined
-  // when this rank holds none of it.
-  Tensor MasterPiece(int index, int64_t* begin) const;
+  // when this rank holds none of it. `joined`: FinishUpdate's proof (the
+  // caller reads or writes the view).
+  Tensor MasterPiece(const offload::UpdateJoined& joined, int index,
+                     int64_t* begin) const;
   // Parameter `name`'s f32 master values, gathered from every rank (a
   // collective at stages 1-3 with more than one rank).
-  absl::StatusOr<std::vector<float>> GatherMaster(int index,
-                                                  comm::Communicator& comm,
-                                                  const Stream& stream) const;
+  absl::StatusOr<std::vector<float>> GatherMaster(
+      const offload::UpdateJoined& joined, int index, comm::Communicator& comm,
+      const Stream& stream) const;
 
   Placement weights_placement() const { return options_.weights_placement; }
   Placement gradients_placement() const { return Placement::kDevice; }
@@ -372,29 +366,14 @@ class PartitionState {
   absl::StatusOr<Tensor> Allocate(int64_t elements, DType dtype,
                                   Placement placement, const Stream& stream,
                                   bool transferred = false) const;
-  // The worker's loop over the host buckets.
-  absl::Status UpdateHostBuckets(const StepArgs& step_args);
   // Where bucket b comes in the order the forward reads the buckets: 0 for
   // the first read.
   int ForwardReadPosition(int bucket) const;
-  // One chunk of an offloaded bucket, in three parts, which the worker runs
-  // in this order: waits (blocking this thread) until the chunk's gradients
-  // are in host memory; the CPU optimizer's range for it (master and state
-  // in the optimizer's own memory; the 16-bit result into the host weights
-  // or over the gradients); once the range is written, uploads the result
-  // (weights on the GPU) and tells WaitForWeights. ChunkUpdated may run on
-  // any of the CPU optimizer's threads.
-  absl::Status WaitForHostGradients(int bucket, int64_t chunk);
-  offload::RangeToUpdate ChunkRange(int bucket, int64_t chunk) const;
-  absl::Status ChunkUpdated(int bucket, int64_t chunk);
-  // The NVMe path: one chunk, whole, with master and state in swap buffers.
-  absl::Status UpdateSwappedChunk(int bucket, int64_t chunk,
-                                  const StepArgs& step_args, float* master,
-                                  float* state0, float* state1);
+  // The HostUpdate's slots: every trainable offloaded bucket's buffers.
+  absl::Status CreateHostUpdate();
   bool offloaded(int bucket) const {
     return optimizer_placement_[bucket] != Placement::kDevice;
   }
-  int swapped_arrays() const { return options_.nvme.arrays; }
   absl::StatusOr<Tensor> ReadSwappedMaster(int bucket) const;
   // Elements [own_begin, own_begin + count) of `array` of NVMe bucket
   // `bucket`, read into or written from `data`, chunk by chunk.
@@ -409,11 +388,6 @@ class PartitionState {
     int64_t count = 0;
   };
   ChunkSpan chunk_span(int bucket, int64_t chunk) const;
-  // Queues bucket's gradients to the host after `stream`'s work so far and
-  // hands the bucket to the worker.
-  absl::Status SendGradientsDown(int bucket, const Stream& stream);
-  // `begun_early`: from BeginUpdate (buckets handed over during backward).
-  void StartWorker(const StepArgs& step_args, bool begun_early);
 
   PartitionedLayout layout_;
   PartitionStateOptions options_;
@@ -440,37 +414,21 @@ class PartitionState {
   std::vector<int> first_swapped_chunk_;
   Tensor host_staging_;
   // delayed_update: host_staging_'s packing on the device, in the model's
-  // dtype: the worker's uploads, applied by FinishUpdate.
+  // dtype: the worker's uploads, applied when the update is joined.
   Tensor delayed_weights_;
-  // Device <-> host copies of offloaded state (CUDA only): gradients down,
-  // weights up, each on its own stream so both directions overlap.
-  std::optional<Stream> to_host_stream_;
-  std::optional<Stream> to_device_stream_;
-  // Per host bucket, per chunk: its gradients copied down (to_host) and
-  // its weights copied up (to_device).
-  std::vector<std::vector<Event>> gradients_on_host_;
-  std::vector<std::vector<Event>> weights_uploaded_;
-  // The update in progress on the worker thread. `written_from[b]`: bucket
-  // b's own elements from there to its end are written (uploads queued).
-  // Guarded by `mutex`.
-  struct PendingUpdate {
-    std::thread worker;
-    std::mutex mutex;
-    std::condition_variable progress;
-    std::vector<int64_t> written_from;
-    std::deque<int> ready;     // buckets handed over, not yet taken
-    std::vector<int> taken;    // buckets taken, in order, this update
-    bool begun_early = false;  // handed over during backward
-    bool closed = false;       // every bucket of the step is handed over
-    bool failed = false;
-    absl::Status status;
-    OffloadTimes times;  // totals over finished updates
-  };
-  PendingUpdate pending_;
-  std::vector<bool> handed_to_worker_;  // per bucket, this step
+  // offload_param (CUDA): the stream WeightsForGather uploads host weights
+  // on, created at the first gather.
+  std::optional<Stream> gather_upload_stream_;
   std::optional<StepArgs> early_args_;  // set between BeginUpdate and
                                         // UpdateWeights
   std::vector<bool> gradients_current_;
+  // The offloaded update's pipeline (null without offloaded buckets) and,
+  // per bucket, its slot there (-1: not offloaded or frozen).
+  std::unique_ptr<offload::HostUpdate> host_update_;
+  std::vector<int> host_slot_;
+  // The update in flight (empty when none). Last: destroyed first, so the
+  // worker is joined while the buffers it writes are alive.
+  offload::InFlightUpdate in_flight_;
 };
 
 }  // namespace zero

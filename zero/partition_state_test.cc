@@ -5,7 +5,6 @@
 #include "zero/partition_state.h"
 
 #include <cstdlib>
-#include <deque>
 #include <string>
 #include <vector>
 
@@ -105,7 +104,7 @@ TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
   args.lr = 0.01;
   absl::Status updated = (*state)->UpdateWeights(args, stream);
   ASSERT_TRUE(updated.ok()) << updated;
-  absl::Status status = (*state)->FinishUpdate(stream);
+  absl::Status status = (*state)->FinishUpdate(stream).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
   EXPECT_NE(status.message().find("zero_engine_rank0_optimizer_state.swp"),
             std::string::npos)
@@ -149,34 +148,65 @@ TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
   }
 }
 
-// The worker's choice, as a pure function: newest landed during an early
-// start, the oldest when none has landed or when not begun early, and the
-// forward's first once everything is handed over.
-TEST(ChooseBucketToUpdateTest, FollowsTheBackwardThenTheForward) {
-  // Stages 0-2: bucket b is read at forward position (5 - 1 - b).
-  auto position = [](int b) { return 4 - b; };
-  const std::deque<int> ready = {0, 1, 2, 3};  // handed over in this order
-  auto landed_up_to = [](int last) {
-    return [last](int b) { return b <= last; };
-  };
-  // Begun early, backward still going: the newest that has landed.
-  EXPECT_EQ(ChooseBucketToUpdate(ready, false, true, landed_up_to(2), position),
-            2u);
-  EXPECT_EQ(ChooseBucketToUpdate(ready, false, true, landed_up_to(3), position),
-            3u);
-  // None landed yet: the oldest, whose copy lands first.
-  EXPECT_EQ(
-      ChooseBucketToUpdate(ready, false, true, landed_up_to(-1), position), 0u);
-  // Not begun early: handed over in the forward's order, the oldest.
-  EXPECT_EQ(
-      ChooseBucketToUpdate({4, 3, 2}, false, false, landed_up_to(4), position),
-      0u);
-  // Everything handed over: the one the next forward reads first.
-  EXPECT_EQ(ChooseBucketToUpdate(ready, true, true, landed_up_to(3), position),
-            3u);
-  EXPECT_EQ(ChooseBucketToUpdate({2, 0, 3, 1}, true, false, landed_up_to(3),
-                                 [](int b) { return b; }),
-            1u);
+// Finishing before reading is a type: the state readers take FinishUpdate's
+// proof, which an update begun during backward cannot give until the step
+// hands over the rest (the boundary step's FinishPreviousUpdate leaves it
+// running); once joined, the early update's master equals one handed over
+// at the step.
+TEST(PartitionStateHostTest, EarlyUpdateIsJoinedOnlyAfterTheStep) {
+  std::vector<std::vector<float>> masters;
+  for (bool early : {false, true}) {
+    const PartitionedLayout layout = Layout();
+    PartitionStateOptions options;
+    options.stage = 2;
+    options.model_dtype = DType::kBF16;
+    options.optimizer.type = OptimizerType::kAdamW;
+    options.host_threads = 2;
+    options.chunk_elements = 512;
+    options.optimizer_placement =
+        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+    Stream stream;
+    absl::StatusOr<std::unique_ptr<PartitionState>> state =
+        PartitionState::Create(layout, options, stream);
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_TRUE(Fill((*state)->weights(), 0.5f, stream).ok());
+    ASSERT_TRUE((*state)->AllocateTrainingState(stream).ok());
+    for (int b = 0; b < (*state)->num_buckets(); ++b) {
+      ASSERT_TRUE(Fill((*state)->OwnGradients(b), 0.25f, stream).ok());
+    }
+    ASSERT_TRUE((*state)->CanBeginEarly());
+    StepArgs args;
+    args.lr = 0.01;
+    if (early) {
+      ASSERT_TRUE((*state)->BeginUpdate(args, stream).ok());
+      EXPECT_TRUE((*state)->update_begun_early());
+      ASSERT_TRUE((*state)->GradientsFinal(0, stream).ok());
+      EXPECT_EQ((*state)->FinishUpdate(stream).status().code(),
+                absl::StatusCode::kFailedPrecondition);
+      EXPECT_TRUE((*state)->FinishPreviousUpdate(stream).ok());
+      EXPECT_TRUE((*state)->update_begun_early());
+    }
+    ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+    EXPECT_FALSE((*state)->update_begun_early());
+    absl::StatusOr<offload::UpdateJoined> joined =
+        (*state)->FinishUpdate(stream);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    std::vector<float> master;
+    for (int b = 0; b < (*state)->num_buckets(); ++b) {
+      const int64_t own = (*state)->OwnRange(b).size();
+      absl::StatusOr<Tensor> out =
+          Tensor::Empty({own}, DType::kF32, Device::Cpu());
+      ASSERT_TRUE(out.ok());
+      ASSERT_TRUE((*state)
+                      ->ReadOwnState(*joined, b, /*array=*/0, 0, *out, stream)
+                      .ok());
+      const float* values = out->data_as<float>();
+      master.insert(master.end(), values, values + own);
+    }
+    EXPECT_NE(master.front(), 0.5f);  // updated
+    masters.push_back(master);
+  }
+  EXPECT_EQ(masters[0], masters[1]);
 }
 
 }  // namespace

@@ -558,7 +558,8 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
   }
   if (modifier_rank >= 0) {
     NoteWeightsWritten();
-    ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+    ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                        partition_->FinishUpdate(stream()));
     // The modifier's full values to every rank, parameter by parameter (a
     // bucket's other parameters were not modified and need not travel).
     for (int index : indices) {
@@ -588,7 +589,7 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
                stream()));
       if (!partition_->master_aliases_weights()) {
         ZE_RETURN_IF_ERROR(partition_->WriteMaster(
-            place.bucket, shard.partition_offset, source, stream()));
+            joined, place.bucket, shard.partition_offset, source, stream()));
       }
     }
   }
@@ -613,7 +614,8 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
   }
   ZE_RETURN_IF_ERROR(CheckLoadable(reader, params_));
   NoteWeightsWritten();
-  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      partition_->FinishUpdate(stream()));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
   for (const ParamShard& shard : layout().RankShards(rank())) {
@@ -630,8 +632,8 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
         stream()));
     if (!partition_->master_aliases_weights()) {
       const int bucket = layout().placement(shard.param_index).bucket;
-      ZE_RETURN_IF_ERROR(partition_->WriteMaster(bucket, shard.partition_offset,
-                                                 host, stream()));
+      ZE_RETURN_IF_ERROR(partition_->WriteMaster(
+          joined, bucket, shard.partition_offset, host, stream()));
     }
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }

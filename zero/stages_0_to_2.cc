@@ -265,7 +265,7 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
   // A delayed update was applied at the start of this step's update (the
   // previous step's); the one just started is gathered next step.
   if (!partition_->delays_update()) {
-    ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+    ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()).status());
   }
   const int64_t group_limit =
       std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
@@ -297,7 +297,8 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
 absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
                                       int modifier_rank) {
   if (modifier_rank < 0) return absl::OkStatus();
-  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      partition_->FinishUpdate(stream()));
   for (const std::string& name : names) {
     ZE_ASSIGN_OR_RETURN(nn::Parameter * parameter,
                         context_.model->FindParameter(name));
@@ -312,7 +313,7 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
       continue;
     }
     int64_t begin = 0;
-    Tensor master = partition_->MasterPiece(found->second, &begin);
+    Tensor master = partition_->MasterPiece(joined, found->second, &begin);
     if (!master.defined()) continue;
     ZE_RETURN_IF_ERROR(CopyConverting(data.Flat().Slice(begin, master.numel()),
                                       master, stream()));
@@ -323,7 +324,8 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
 absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     const safetensors::TensorSource& reader) {
   ZE_RETURN_IF_ERROR(RequireIdle("LoadWeights"));
-  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      partition_->FinishUpdate(stream()));
   const std::vector<nn::Parameter*> parameters = context_.model->Parameters();
   ZE_RETURN_IF_ERROR(CheckLoadable(reader, parameters));
   LoadReport report;
@@ -342,7 +344,7 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
     // The master from the file's values, so an f32 file gives exact
     // masters under bf16.
     int64_t begin = 0;
-    Tensor master = partition_->MasterPiece(found->second, &begin);
+    Tensor master = partition_->MasterPiece(joined, found->second, &begin);
     if (master.defined()) {
       ZE_RETURN_IF_ERROR(CopyConverting(
           host.Flat().Slice(begin, master.numel()), master, stream()));

@@ -168,8 +168,9 @@ BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {
 absl::StatusOr<std::vector<float>> ZeroStrategy::GatherMasterWeights(
     const std::string& name) {
   ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
-  ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()));
-  return partition_->GatherMaster(index, comm(), stream());
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      partition_->FinishUpdate(stream()));
+  return partition_->GatherMaster(joined, index, comm(), stream());
 }
 
 std::vector<std::string> ZeroStrategy::ParameterNames() const {

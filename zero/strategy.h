@@ -39,6 +39,7 @@
 #include "core/stream.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
+#include "offload/host_update.h"
 #include "zero/boundary_step.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
@@ -300,8 +301,9 @@ class ZeroStrategy {
   absl::Status AnnotateAllocationError(const absl::Status& status) const;
   // FailedPrecondition naming `what` unless the phase is kIdle.
   absl::Status RequireIdle(const char* what) const;
-  // RequireIdle, no open scope, then FinishUpdate.
-  absl::Status RequireCheckpointable(const char* what);
+  // RequireIdle, no open scope, then FinishUpdate: its proof, which the
+  // partition's state readers take.
+  absl::StatusOr<offload::UpdateJoined> RequireCheckpointable(const char* what);
   // LoadWeights's check before writing anything: every one of `parameters`
   // is in `reader` with its shape and a float dtype. NotFound /
   // InvalidArgument naming the rank, the parameter and the file.

@@ -99,7 +99,8 @@ std::vector<ZeroStrategy::CheckpointKind> ZeroStrategy::CheckpointKinds()
   return kinds;
 }
 
-absl::Status ZeroStrategy::RequireCheckpointable(const char* what) {
+absl::StatusOr<offload::UpdateJoined> ZeroStrategy::RequireCheckpointable(
+    const char* what) {
   ZE_RETURN_IF_ERROR(RequireIdle(what));
   if (HasOpenScope()) {
     return absl::FailedPreconditionError(
@@ -111,7 +112,8 @@ absl::Status ZeroStrategy::RequireCheckpointable(const char* what) {
 
 absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
                                      SaveTimes* times) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("save_checkpoint"));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      RequireCheckpointable("save_checkpoint"));
   SaveTimes local_times;
   SaveTimes& spent = times != nullptr ? *times : local_times;
   spent = SaveTimes();
@@ -215,8 +217,9 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
           const Tensor host = view(chunk.buffer, count, kinds[k].dtype);
           const auto start = std::chrono::steady_clock::now();
           if (static_cast<int>(k) < arrays) {
-            ZE_RETURN_IF_ERROR(partition_->ReadOwnState(
-                b, static_cast<int>(k), own_begin + done, host, stream()));
+            ZE_RETURN_IF_ERROR(
+                partition_->ReadOwnState(joined, b, static_cast<int>(k),
+                                         own_begin + done, host, stream()));
           } else {
             ZE_RETURN_IF_ERROR(
                 Copy(weights.Slice(piece.bucket_offset - weights_begin + done,
@@ -249,7 +252,8 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
 absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
                                      bool load_optimizer_states,
                                      int64_t optimizer_step_count) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint"));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      RequireCheckpointable("load_checkpoint"));
   const PartitionedLayout& layout = partition_->layout();
   const std::vector<std::string> arrays = partition_->StateArrayNames();
   const bool aliased = partition_->master_aliases_weights();
@@ -293,7 +297,8 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
       ZE_ASSIGN_OR_RETURN(
           Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
       ZE_RETURN_IF_ERROR(gather(arrays[a], own.begin, host));
-      ZE_RETURN_IF_ERROR(partition_->WriteOwnState(b, a, 0, host, stream()));
+      ZE_RETURN_IF_ERROR(
+          partition_->WriteOwnState(joined, b, a, 0, host, stream()));
     }
     int64_t weights_begin = 0;
     const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
@@ -331,7 +336,7 @@ int64_t ZeroStrategy::StagedLoadBytes(bool load_optimizer_states) const {
 
 absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
     bool load_optimizer_states) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint"));
+  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint").status());
   const PartitionedLayout& layout = partition_->layout();
   const std::vector<std::string> arrays = partition_->StateArrayNames();
   const bool aliased = partition_->master_aliases_weights();
@@ -369,7 +374,8 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
 
 absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
                                       int64_t optimizer_step_count) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint"));
+  ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
+                      RequireCheckpointable("load_checkpoint"));
   const PartitionedLayout& layout = partition_->layout();
   if (staged.arrays.size() != static_cast<size_t>(layout.num_buckets()) ||
       staged.weights.size() != static_cast<size_t>(layout.num_buckets())) {
@@ -380,7 +386,7 @@ absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
     for (size_t a = 0; a < staged.arrays[b].size(); ++a) {
       if (!staged.arrays[b][a].defined()) continue;
       ZE_RETURN_IF_ERROR(partition_->WriteOwnState(
-          b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
+          joined, b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
     }
     int64_t weights_begin = 0;
     const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);

@@ -1,0 +1,551 @@
+#include "offload/host_update.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+
+namespace ze {
+namespace offload {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+}  // namespace
+
+size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
+                            bool begun_early,
+                            const std::function<bool(int)>& landed,
+                            const std::function<int(int)>& forward_position) {
+  if (handed_over_all) {
+    size_t first_read = 0;
+    for (size_t i = 1; i < ready.size(); ++i) {
+      if (forward_position(ready[i]) < forward_position(ready[first_read])) {
+        first_read = i;
+      }
+    }
+    return first_read;
+  }
+  if (begun_early) {
+    for (size_t i = ready.size(); i-- > 0;) {
+      if (landed(ready[i])) return i;
+    }
+  }
+  return 0;
+}
+
+HostUpdate::HostUpdate(const HostUpdateOptions& options,
+                       std::vector<HostUpdateSlot> slots,
+                       CpuOptimizer* optimizer, SwappedState* swapped)
+    : options_(options),
+      slots_(std::move(slots)),
+      optimizer_(optimizer),
+      swapped_(swapped) {}
+
+HostUpdate::~HostUpdate() = default;
+
+absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
+    const HostUpdateOptions& options, std::vector<HostUpdateSlot> slots,
+    CpuOptimizer* optimizer, SwappedState* swapped) {
+  if (optimizer == nullptr) {
+    return absl::InvalidArgumentError("HostUpdate: no CPU optimizer");
+  }
+  if (options.chunk_elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostUpdate: chunk_elements must be >= 1, not ",
+                     options.chunk_elements));
+  }
+  if (options.delayed_update && options.weights_on_host) {
+    return absl::InvalidArgumentError(
+        "HostUpdate: a delayed update needs the weights on the device");
+  }
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const HostUpdateSlot& slot = slots[s];
+    auto bad = [s](const char* what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HostUpdate: slot ", s, ": ", what));
+    };
+    const int64_t n = slot.gradients.numel();
+    if (!slot.gradients.defined() || !slot.staging.defined()) {
+      return bad("gradients and staging are required");
+    }
+    if (slot.staging.numel() != n ||
+        slot.staging.dtype() != slot.gradients.dtype() ||
+        !slot.staging.device().is_cpu()) {
+      return bad(
+          "staging must be a host tensor of the gradients' size and "
+          "dtype");
+    }
+    if (slot.first_swapped_chunk >= 0) {
+      if (swapped == nullptr) return bad("swapped, but no SwappedState");
+      if (slot.master.defined()) return bad("swapped, yet has a master");
+    } else if (!slot.master.defined() || slot.master.numel() != n ||
+               slot.master.dtype() != DType::kF32 ||
+               !slot.master.device().is_cpu()) {
+      return bad("master must be a host f32 tensor of the gradients' size");
+    } else if (slot.state_offset < 0 ||
+               slot.state_offset + n > optimizer->num_elements()) {
+      return bad("state_offset leaves the CPU optimizer's state");
+    }
+    const bool weights_needed =
+        !options.weights_on_host || slot.weights.defined();
+    if (weights_needed &&
+        (!slot.weights.defined() || slot.weights.numel() != n ||
+         slot.weights.dtype() != slot.gradients.dtype())) {
+      return bad("weights must be of the gradients' size and dtype");
+    }
+    if (options.weights_on_host && !slot.weights.device().is_cpu() &&
+        slot.weights.defined()) {
+      return bad("weights_on_host, but the weights are on a device");
+    }
+    if (options.delayed_update != slot.delayed.defined() ||
+        (slot.delayed.defined() && slot.delayed.numel() != n)) {
+      return bad("delayed is required with delayed_update, and only then");
+    }
+  }
+  std::unique_ptr<HostUpdate> update(
+      new HostUpdate(options, std::move(slots), optimizer, swapped));
+  if (options.device.is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
+                        Stream::Create(options.device));
+    if (!options.weights_on_host) {
+      ZE_ASSIGN_OR_RETURN(update->to_device_stream_,
+                          Stream::Create(options.device));
+    }
+  }
+  update->gradients_on_host_.resize(update->slots_.size());
+  update->weights_uploaded_.resize(update->slots_.size());
+  for (int s = 0; s < update->num_slots(); ++s) {
+    for (int64_t chunk = 0; chunk < update->num_chunks(s); ++chunk) {
+      ZE_ASSIGN_OR_RETURN(Event down, Event::Create(options.device));
+      ZE_ASSIGN_OR_RETURN(Event up, Event::Create(options.device));
+      update->gradients_on_host_[s].push_back(std::move(down));
+      update->weights_uploaded_[s].push_back(std::move(up));
+    }
+  }
+  return update;
+}
+
+bool HostUpdate::CanBeginEarly() const {
+  return swapped_ == nullptr && !options_.delayed_update &&
+         !options_.weights_on_host;
+}
+
+int64_t HostUpdate::num_chunks(int slot) const {
+  return std::max<int64_t>(1, (elements(slot) + options_.chunk_elements - 1) /
+                                  options_.chunk_elements);
+}
+
+HostUpdate::ChunkSpan HostUpdate::chunk_span(int slot, int64_t chunk) const {
+  ChunkSpan span;
+  span.begin = chunk * options_.chunk_elements;
+  span.count = std::min(options_.chunk_elements, elements(slot) - span.begin);
+  return span;
+}
+
+HostUpdateTimes HostUpdate::times() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return times_;
+}
+
+std::vector<int> HostUpdate::last_order() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return taken_;
+}
+
+absl::StatusOr<InFlightUpdate> HostUpdate::Start(const StepArgs& step_args,
+                                                 bool begun_early) {
+  if (active_) {
+    return absl::FailedPreconditionError(
+        "HostUpdate::Start: the previous update has not been joined");
+  }
+  if (begun_early && !CanBeginEarly()) {
+    return absl::FailedPreconditionError(
+        "HostUpdate::Start: an early start needs host slots (not NVMe), no "
+        "delayed update and the weights on the device");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    written_from_.assign(slots_.size(), std::numeric_limits<int64_t>::max());
+    ready_.clear();
+    taken_.clear();
+    begun_early_ = begun_early;
+    closed_ = false;
+    failed_ = false;
+    status_ = absl::OkStatus();
+  }
+  InFlightUpdate in_flight;
+  in_flight.owner_ = this;
+  in_flight.open_ = begun_early;
+  in_flight.handed_over_.assign(slots_.size(), false);
+  active_ = true;
+  in_flight.worker_ = std::thread([this, step_args] {
+    absl::Status status = Run(step_args);
+    std::lock_guard<std::mutex> lock(mutex_);
+    status_ = status;
+    failed_ = !status.ok();
+    progress_.notify_all();
+  });
+  return in_flight;
+}
+
+absl::Status HostUpdate::SendGradientsDown(int slot, const Stream& stream) {
+  const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
+  ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
+  ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
+  ZE_RETURN_IF_ERROR(gradients_final.StreamWait(down));
+  const Tensor& gradients = slots_[slot].gradients;
+  const Tensor& staging = slots_[slot].staging;
+  // From the slot's end: the order the worker takes the chunks in.
+  for (int64_t chunk = num_chunks(slot) - 1; chunk >= 0; --chunk) {
+    const auto [begin, count] = chunk_span(slot, chunk);
+    ZE_RETURN_IF_ERROR(
+        Copy(gradients.Slice(begin, count), staging.Slice(begin, count), down));
+    ZE_RETURN_IF_ERROR(gradients_on_host_[slot][chunk].Record(down));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  ready_.push_back(slot);
+  progress_.notify_all();
+  return absl::OkStatus();
+}
+
+int HostUpdate::NextSlot() {
+  // Slots as they are handed over (all at once in the forward's reading
+  // order, or, begun early, as backward finishes them), each from its end,
+  // chunk by chunk. Handed over all at once: in that order. Begun early,
+  // while more may come: the newest whose first chunk has landed (else the
+  // oldest, whose copy lands first), so that what is left when backward
+  // ends is, besides the first layers (final last), the layers the next
+  // forward reads last. Once every slot is handed over: the one the next
+  // forward reads first. The next forward then follows the update and,
+  // when the update ends, has few layers left to run.
+  std::unique_lock<std::mutex> lock(mutex_);
+  progress_.wait(lock, [&] { return !ready_.empty() || closed_; });
+  if (ready_.empty()) return -1;
+  const size_t chosen = ChooseBucketToUpdate(
+      ready_, closed_, begun_early_,
+      [this](int s) {
+        return gradients_on_host_[s][num_chunks(s) - 1].Query();
+      },
+      [this](int s) { return slots_[s].forward_position; });
+  const int slot = ready_[chosen];
+  ready_.erase(ready_.begin() + chosen);
+  taken_.push_back(slot);
+  return slot;
+}
+
+absl::Status HostUpdate::Run(const StepArgs& step_args) {
+  const auto worker_start = std::chrono::steady_clock::now();
+  struct Record {
+    HostUpdate& update;
+    std::chrono::steady_clock::time_point start;
+    ~Record() {
+      std::lock_guard<std::mutex> lock(update.mutex_);
+      ++update.times_.updates;
+      update.times_.worker_seconds += SecondsSince(start);
+    }
+  } record{*this, worker_start};
+  if (options_.device.is_cuda()) {
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+  }
+  if (swapped_ != nullptr) {
+    // NVMe is never begun early: every slot is handed over at once.
+    std::vector<std::pair<int, int64_t>> order;  // (slot, chunk)
+    for (int s = NextSlot(); s >= 0; s = NextSlot()) {
+      for (int64_t chunk = num_chunks(s) - 1; chunk >= 0; --chunk) {
+        order.emplace_back(s, chunk);
+      }
+    }
+    // NVMe: each chunk's master and moments are read in ahead of the step
+    // and written back behind it.
+    std::vector<int> swapped_order;
+    for (const auto& [s, chunk] : order) {
+      swapped_order.push_back(slots_[s].first_swapped_chunk +
+                              static_cast<int>(chunk));
+    }
+    const int arrays = swapped_->arrays();
+    size_t next = 0;
+    ZE_RETURN_IF_ERROR(swapped_->Update(
+        swapped_order, [&](int, float* const* state) -> absl::Status {
+          const auto [s, chunk] = order[next++];
+          return UpdateSwappedChunk(s, chunk, step_args, state[0],
+                                    arrays > 1 ? state[1] : nullptr,
+                                    arrays > 2 ? state[2] : nullptr);
+        }));
+  } else {
+    // Host memory: the chunks as one stream of tiles over the CPU
+    // optimizer's threads, which go on to the next chunk while the last
+    // tiles of the one before still run (a chunk at a time would idle all
+    // but one thread at each chunk's end). Chunk k is range k.
+    std::mutex order_mutex;
+    std::vector<std::pair<int, int64_t>> order;  // (slot, chunk)
+    int slot = -1;
+    int64_t next_chunk = -1;
+    const auto stream_start = std::chrono::steady_clock::now();
+    const double waited_before = [this] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return times_.gradient_wait_seconds;
+    }();
+    const absl::Status status = optimizer_->StepRanges(
+        step_args,
+        [&](RangeToUpdate* range) -> absl::StatusOr<bool> {
+          // Any of the CPU optimizer's threads may ask; the events it
+          // queries and waits for are the device's.
+          if (options_.device.is_cuda()) {
+            ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+          }
+          if (next_chunk < 0) {
+            slot = NextSlot();
+            if (slot < 0) return false;
+            next_chunk = num_chunks(slot) - 1;
+          }
+          const int64_t chunk = next_chunk--;
+          ZE_RETURN_IF_ERROR(WaitForHostGradients(slot, chunk));
+          *range = ChunkRange(slot, chunk);
+          std::lock_guard<std::mutex> lock(order_mutex);
+          order.emplace_back(slot, chunk);
+          return true;
+        },
+        [&](int64_t index) -> absl::Status {
+          std::pair<int, int64_t> chunk;
+          {
+            std::lock_guard<std::mutex> lock(order_mutex);
+            chunk = order[index];
+          }
+          return ChunkUpdated(chunk.first, chunk.second);
+        });
+    {
+      // The stream's span less its waits for gradients.
+      std::lock_guard<std::mutex> lock(mutex_);
+      times_.optimizer_seconds +=
+          SecondsSince(stream_start) -
+          (times_.gradient_wait_seconds - waited_before);
+    }
+    ZE_RETURN_IF_ERROR(status);
+  }
+  optimizer_->AdvanceStep();
+  return absl::OkStatus();
+}
+
+absl::Status HostUpdate::WaitForHostGradients(int slot, int64_t chunk) {
+  const auto wait_start = std::chrono::steady_clock::now();
+  ZE_RETURN_IF_ERROR(gradients_on_host_[slot][chunk].Synchronize());
+  std::lock_guard<std::mutex> lock(mutex_);
+  times_.gradient_wait_seconds += SecondsSince(wait_start);
+  return absl::OkStatus();
+}
+
+RangeToUpdate HostUpdate::ChunkRange(int slot, int64_t chunk) const {
+  const HostUpdateSlot& spec = slots_[slot];
+  const auto [begin, count] = chunk_span(slot, chunk);
+  Tensor grads = spec.staging.Slice(begin, count);
+  RangeToUpdate range;
+  range.state_offset = spec.state_offset + begin;
+  range.count = count;
+  // Swapped slots: the caller's swap buffer instead.
+  if (spec.master.defined()) {
+    range.master_weights = spec.master.data_as<float>() + begin;
+  }
+  range.grads = grads.data();
+  range.grad_dtype = grads.dtype();
+  // The 16-bit result goes straight into host weights, or over the
+  // gradients in the staging buffer (each element's gradient is read before
+  // its weight is written), from where it is uploaded.
+  if (!options_.weights_on_host) {
+    range.out = grads.data();
+  } else if (spec.weights.defined()) {
+    range.out = spec.weights.Slice(begin, count).data();
+  }
+  range.out_dtype = spec.staging.dtype();
+  return range;
+}
+
+absl::Status HostUpdate::ChunkUpdated(int slot, int64_t chunk) {
+  const HostUpdateSlot& spec = slots_[slot];
+  const auto [begin, count] = chunk_span(slot, chunk);
+  if (!options_.weights_on_host) {
+    // Any thread of the CPU optimizer's may run this.
+    if (options_.device.is_cuda()) {
+      ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+    }
+    const Stream up = to_device_stream_ ? *to_device_stream_ : Stream();
+    const Tensor& destination =
+        options_.delayed_update ? spec.delayed : spec.weights;
+    ZE_RETURN_IF_ERROR(Copy(spec.staging.Slice(begin, count),
+                            destination.Slice(begin, count), up));
+    ZE_RETURN_IF_ERROR(weights_uploaded_[slot][chunk].Record(up));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_from_[slot] = begin;
+  progress_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status HostUpdate::UpdateSwappedChunk(int slot, int64_t chunk,
+                                            const StepArgs& step_args,
+                                            float* master, float* state0,
+                                            float* state1) {
+  ZE_RETURN_IF_ERROR(WaitForHostGradients(slot, chunk));
+  const RangeToUpdate range = ChunkRange(slot, chunk);
+  const auto step_start = std::chrono::steady_clock::now();
+  ZE_RETURN_IF_ERROR(optimizer_->StepExternal(
+      range.count, master, state0, state1, range.grads, range.grad_dtype,
+      step_args, range.out, range.out_dtype));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    times_.optimizer_seconds += SecondsSince(step_start);
+  }
+  return ChunkUpdated(slot, chunk);
+}
+
+InFlightUpdate::InFlightUpdate(InFlightUpdate&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      worker_(std::move(other.worker_)),
+      open_(std::exchange(other.open_, false)),
+      handed_over_(std::move(other.handed_over_)) {}
+
+InFlightUpdate& InFlightUpdate::operator=(InFlightUpdate&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    owner_ = std::exchange(other.owner_, nullptr);
+    worker_ = std::move(other.worker_);
+    open_ = std::exchange(other.open_, false);
+    handed_over_ = std::move(other.handed_over_);
+  }
+  return *this;
+}
+
+InFlightUpdate::~InFlightUpdate() { Abandon(); }
+
+void InFlightUpdate::Abandon() {
+  if (owner_ == nullptr) return;
+  {
+    // An update begun early whose step never came (a failed backward) is
+    // still waiting for slots: release it.
+    std::lock_guard<std::mutex> lock(owner_->mutex_);
+    owner_->closed_ = true;
+    owner_->progress_.notify_all();
+  }
+  if (worker_.joinable()) worker_.join();
+  owner_->active_ = false;
+  owner_ = nullptr;
+  open_ = false;
+}
+
+absl::Status InFlightUpdate::HandOver(int slot, const Stream& stream) {
+  if (owner_ == nullptr || handed_over_[slot]) return absl::OkStatus();
+  handed_over_[slot] = true;
+  return owner_->SendGradientsDown(slot, stream);
+}
+
+absl::Status InFlightUpdate::Close(const Stream& stream) {
+  if (owner_ == nullptr) return absl::OkStatus();
+  // Slots not handed over yet travel now, in the order the forward reads
+  // them (the worker's order).
+  std::vector<int> forward_order(owner_->slots_.size());
+  std::iota(forward_order.begin(), forward_order.end(), 0);
+  std::stable_sort(forward_order.begin(), forward_order.end(),
+                   [this](int a, int b) {
+                     return owner_->slots_[a].forward_position <
+                            owner_->slots_[b].forward_position;
+                   });
+  for (int s : forward_order) ZE_RETURN_IF_ERROR(HandOver(s, stream));
+  {
+    std::lock_guard<std::mutex> lock(owner_->mutex_);
+    owner_->closed_ = true;
+    owner_->progress_.notify_all();
+  }
+  open_ = false;
+  // Gradients are zeroed or overwritten on `stream` after the step: not
+  // before they are copied.
+  const Stream& down =
+      owner_->to_host_stream_ ? *owner_->to_host_stream_ : stream;
+  ZE_ASSIGN_OR_RETURN(Event copied, Event::Create(owner_->options_.device));
+  ZE_RETURN_IF_ERROR(copied.Record(down));
+  return copied.StreamWait(stream);
+}
+
+absl::Status InFlightUpdate::WaitForWeights(int slot, int64_t own_begin,
+                                            const Stream& stream) {
+  if (owner_ == nullptr || owner_->options_.delayed_update || open_) {
+    return absl::OkStatus();
+  }
+  HostUpdate& update = *owner_;
+  const int64_t chunk =
+      std::max<int64_t>(0, std::min(own_begin, update.elements(slot) - 1) /
+                               update.options_.chunk_elements);
+  const int64_t chunk_begin = update.chunk_span(slot, chunk).begin;
+  {
+    const auto wait_start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(update.mutex_);
+    update.progress_.wait(lock, [&] {
+      return update.written_from_[slot] <= chunk_begin || update.failed_;
+    });
+    update.times_.engine_wait_seconds += SecondsSince(wait_start);
+    if (update.written_from_[slot] > chunk_begin) {
+      // The update failed before this chunk. Not an error here: a forward
+      // on one rank failing alone would leave the others waiting in a
+      // collective. Join reports it (the next boundary step, on every
+      // rank), before anything else is updated.
+      return absl::OkStatus();
+    }
+  }
+  if (!update.options_.weights_on_host) {
+    // The upload stream runs in order: this chunk's event covers the
+    // chunks written before it too.
+    return update.weights_uploaded_[slot][chunk].StreamWait(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
+  if (owner_ == nullptr) return UpdateJoined();
+  if (open_) {
+    return absl::FailedPreconditionError(
+        "an offloaded optimizer update begun during backward is still taking "
+        "gradients: the step (engine Step) must hand over the rest before "
+        "the model state is read");
+  }
+  HostUpdate& update = *owner_;
+  const auto join_start = std::chrono::steady_clock::now();
+  {
+    // Closed already, unless Close failed halfway: the worker then updates
+    // what it was handed rather than wait for the rest forever.
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.closed_ = true;
+    update.progress_.notify_all();
+  }
+  worker_.join();
+  update.active_ = false;
+  owner_ = nullptr;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.times_.engine_wait_seconds += SecondsSince(join_start);
+    status = update.status_;
+  }
+  if (update.to_device_stream_) {
+    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(update.options_.device));
+    ZE_RETURN_IF_ERROR(uploaded.Record(*update.to_device_stream_));
+    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  }
+  ZE_RETURN_IF_ERROR(status);
+  if (update.options_.delayed_update) {
+    // The delayed update takes effect now.
+    for (const HostUpdateSlot& slot : update.slots_) {
+      ZE_RETURN_IF_ERROR(Copy(slot.delayed, slot.weights, stream));
+    }
+  }
+  return UpdateJoined();
+}
+
+}  // namespace offload
+}  // namespace ze

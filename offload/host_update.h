@@ -1,0 +1,322 @@
+// HostUpdate: ZeRO-Offload's optimizer step on the CPU as a pipeline over
+// plain per-bucket tensors ("slots"): each slot's gradients go down from the
+// device to a host staging buffer chunk by chunk, a worker thread runs the
+// CPU optimizer over the chunks as their copies land (CpuOptimizer::
+// StepRanges for master weights in host memory; one chunk at a time through
+// SwappedState for master weights and moments on NVMe), and each chunk's
+// 16-bit weights go back up while the next is worked on. It knows no ZeRO
+// stage and no partition: the caller (zero::PartitionState) cuts its
+// buffers into slots and names them by index.
+//
+// One step's update is an InFlightUpdate, returned by Start: the caller
+// hands slots over as their gradients are final (HandOver, Close), waits
+// for single chunks' weights (WaitForWeights) and ends it with Join, which
+// is the only way to obtain an UpdateJoined: the proof that nothing is
+// writing the master weights, the optimizer state or the weights any more,
+// which the readers of that state (zero::PartitionState's master and
+// checkpoint accessors) take as an argument. So "finish the update before
+// reading the state" is a type, not a convention.
+//
+// The order of work and every arithmetic operation are those of the
+// pipeline as it ran inside PartitionState (bit for bit the same results):
+// slots handed over all at once are taken in the forward's reading order
+// (HostUpdateSlot::forward_position), slots handed over during backward as
+// ChooseBucketToUpdate picks, each slot's chunks from its end down.
+//
+// Threading:
+//   - The caller's thread (the engine's; "engine thread" below) calls
+//     everything public: Create, Start, and every InFlightUpdate method,
+//     one at a time. None of it is safe to call from two threads at once.
+//   - Start launches one worker thread per update; it lives until Join (or
+//     the handle's destruction) joins it. The worker picks slots, waits on
+//     the host for their gradient copies, and drives the CPU optimizer.
+//   - The CPU optimizer's pool threads (CpuOptimizer::StepRanges) ask the
+//     worker's chunk source for the next chunk and report finished chunks;
+//     a finished chunk's upload is queued from whichever pool thread
+//     finished it (in chunk order, under the optimizer's stream lock).
+//   - The engine thread and the worker meet under one mutex: the hand-over
+//     queue, per-slot progress ("written from"), the failure flag and the
+//     timing totals. WaitForWeights blocks the engine thread on a condition
+//     variable until a chunk is written; Join blocks it until the worker
+//     ends. times() and last_order() may be read from the engine thread at
+//     any time (under the mutex).
+//   - Streams: the gradients go down on a "to host" stream that first waits
+//     for the caller's stream (HandOver's); uploads run on a "to device"
+//     stream; WaitForWeights, Close and Join order the caller's stream after
+//     them with events. On the CPU (no CUDA device) all copies are
+//     immediate and every event is complete.
+#ifndef ZE_OFFLOAD_HOST_UPDATE_H_
+#define ZE_OFFLOAD_HOST_UPDATE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "offload/cpu_optimizer.h"
+#include "offload/swapped_state.h"
+
+namespace ze {
+namespace offload {
+
+// One bucket of the update. Every tensor is (elements) long, elements =
+// gradients.numel(), and stays alive, unmoved, for the HostUpdate's life.
+struct HostUpdateSlot {
+  // Model dtype, on the device: the slot's gradients (read once per update,
+  // after the work HandOver's stream has queued so far).
+  Tensor gradients;
+  // Model dtype, host memory (pinned for asynchronous copies): receives the
+  // gradients, then, in place, the updated weights that go up.
+  Tensor staging;
+  // f32, host memory: the master weights, updated in place, at
+  // `state_offset` in the CpuOptimizer's state. Undefined for a swapped
+  // slot (first_swapped_chunk >= 0): its master is on NVMe.
+  Tensor master;
+  int64_t state_offset = 0;
+  // Model dtype: the weights this update writes. With the weights on the
+  // device, the uploads' destination (or `delayed`'s, see below). With
+  // HostUpdateOptions::weights_on_host, written by the CPU directly, and
+  // undefined where `master` is the weights themselves (f32 training).
+  Tensor weights;
+  // HostUpdateOptions::delayed_update only: a device buffer the uploads go
+  // to instead of `weights`; Join copies it over `weights`.
+  Tensor delayed;
+  // Swapped slots: the SwappedState chunk that holds this slot's chunk 0
+  // (its chunks follow in order); -1 otherwise.
+  int first_swapped_chunk = -1;
+  // Where the next forward reads this slot: 0 for the first read.
+  int forward_position = 0;
+};
+
+struct HostUpdateOptions {
+  // The model's device: where gradients and (unless weights_on_host)
+  // weights live; CUDA gets transfer streams and events.
+  Device device = Device::Cpu();
+  // Slots travel and are updated in chunks of at most this many elements
+  // (>= 1). SwappedState's chunks must be the same.
+  int64_t chunk_elements = int64_t{1} << 24;
+  // The weights are in host memory (offload_param): nothing is uploaded.
+  bool weights_on_host = false;
+  // ZeRO-Offload's delayed parameter update: uploads go to each slot's
+  // `delayed` buffer and replace the weights at Join; WaitForWeights never
+  // waits (the weights in use are the previous ones).
+  bool delayed_update = false;
+};
+
+// Where the worker spent its time, summed over every update so far.
+struct HostUpdateTimes {
+  int64_t updates = 0;
+  double worker_seconds = 0;  // from the worker's start to its end
+  // In the CPU optimizer: host slots, the stream's span less its waits for
+  // gradients; swapped slots, the sum of the chunks' steps.
+  double optimizer_seconds = 0;
+  double gradient_wait_seconds = 0;  // waiting for gradients to land
+  // The engine thread blocked on the worker (Join's join and
+  // WaitForWeights): the part of the update the GPU work did not hide.
+  double engine_wait_seconds = 0;
+};
+
+// The worker's choice of the next slot to update, from `ready` (slots handed
+// over, oldest first; not empty). Pure. `handed_over_all`: no more will come
+// this step. `begun_early`: they are handed over as backward finishes them.
+// `landed(s)`: slot s's first chunk of gradients is on the host.
+// `forward_position(s)`: 0 for the slot the next forward reads first.
+//   - all handed over: the one the forward reads first;
+//   - begun early, more to come: the newest that has landed, else the oldest
+//     (its copy lands first);
+//   - otherwise the oldest (handed over in the forward's order).
+// Returns an index into `ready`.
+size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
+                            bool begun_early,
+                            const std::function<bool(int)>& landed,
+                            const std::function<int(int)>& forward_position);
+
+class InFlightUpdate;
+
+// Proof that no update is in flight: the master weights, optimizer state
+// and weights of every slot may be read and written. Only
+// InFlightUpdate::Join makes one. Not copyable, so that a reader cannot keep
+// one from an earlier step; take it by const reference.
+class UpdateJoined {
+ public:
+  UpdateJoined(UpdateJoined&&) = default;
+  UpdateJoined& operator=(UpdateJoined&&) = default;
+  UpdateJoined(const UpdateJoined&) = delete;
+  UpdateJoined& operator=(const UpdateJoined&) = delete;
+
+ private:
+  friend class InFlightUpdate;
+  UpdateJoined() = default;
+};
+
+class HostUpdate {
+ public:
+  // Checks the slots (matching sizes and dtypes, host staging, a master or
+  // a swapped chunk per slot, `delayed` iff delayed_update, weights on the
+  // device unless weights_on_host) and creates the per-chunk events and,
+  // on CUDA, the transfer streams. `optimizer` (required) and `swapped`
+  // (required iff some slot is swapped) are borrowed and must outlive the
+  // HostUpdate; the optimizer's state holds the host slots at their
+  // state_offset. InvalidArgument naming the slot and field otherwise;
+  // errors from creating streams and events.
+  static absl::StatusOr<std::unique_ptr<HostUpdate>> Create(
+      const HostUpdateOptions& options, std::vector<HostUpdateSlot> slots,
+      CpuOptimizer* optimizer, SwappedState* swapped);
+  HostUpdate(const HostUpdate&) = delete;
+  HostUpdate& operator=(const HostUpdate&) = delete;
+  // Every InFlightUpdate it started must be gone first.
+  ~HostUpdate();
+
+  int num_slots() const { return static_cast<int>(slots_.size()); }
+  // Whether slots may be handed over during backward (Start's
+  // begun_early): not with swapped slots (their reads are planned over the
+  // whole step), a delayed update or host weights.
+  bool CanBeginEarly() const;
+
+  // Starts one step's update on a new worker thread with `step_args`
+  // (valid ones: ComputeStepCoefficients' checks are the caller's) and
+  // returns its handle; nothing is handed over yet. `begun_early`: slots
+  // come as backward finishes them (CanBeginEarly must hold), and until
+  // Close WaitForWeights does not wait (backward's recompute reads the
+  // weights from before the update). FailedPrecondition while an earlier
+  // update's handle is still active, or for an early start that is not
+  // possible. Engine thread.
+  absl::StatusOr<InFlightUpdate> Start(const StepArgs& step_args,
+                                       bool begun_early);
+
+  HostUpdateTimes times() const;
+  // The slots in the order the worker took them in the last finished (or
+  // current) update.
+  std::vector<int> last_order() const;
+
+ private:
+  friend class InFlightUpdate;
+  HostUpdate(const HostUpdateOptions& options,
+             std::vector<HostUpdateSlot> slots, CpuOptimizer* optimizer,
+             SwappedState* swapped);
+  int64_t elements(int slot) const { return slots_[slot].gradients.numel(); }
+  int64_t num_chunks(int slot) const;
+  // The slot's elements [begin, begin + count) in chunk `chunk`.
+  struct ChunkSpan {
+    int64_t begin = 0;
+    int64_t count = 0;
+  };
+  ChunkSpan chunk_span(int slot, int64_t chunk) const;
+
+  // Engine thread: queues `slot`'s gradients to the host after `stream`'s
+  // work so far and puts the slot in the worker's queue.
+  absl::Status SendGradientsDown(int slot, const Stream& stream);
+  // Worker thread: the whole update; the next slot to take (-1: none left).
+  absl::Status Run(const StepArgs& step_args);
+  int NextSlot();
+  // One chunk, in three parts run in this order: waits (blocking this
+  // thread) until its gradients are on the host; the CPU optimizer's range
+  // for it; once the range is written, queues the upload and tells
+  // WaitForWeights. ChunkUpdated runs on any of the optimizer's threads.
+  absl::Status WaitForHostGradients(int slot, int64_t chunk);
+  RangeToUpdate ChunkRange(int slot, int64_t chunk) const;
+  absl::Status ChunkUpdated(int slot, int64_t chunk);
+  // A swapped chunk, whole, with master and state in swap buffers.
+  absl::Status UpdateSwappedChunk(int slot, int64_t chunk,
+                                  const StepArgs& step_args, float* master,
+                                  float* state0, float* state1);
+
+  HostUpdateOptions options_;
+  std::vector<HostUpdateSlot> slots_;
+  CpuOptimizer* optimizer_;
+  SwappedState* swapped_;
+  // Device <-> host copies (CUDA only): gradients down, weights up, each on
+  // its own stream so both directions overlap.
+  std::optional<Stream> to_host_stream_;
+  std::optional<Stream> to_device_stream_;
+  // Per slot, per chunk: its gradients copied down and its weights up.
+  std::vector<std::vector<Event>> gradients_on_host_;
+  std::vector<std::vector<Event>> weights_uploaded_;
+  bool active_ = false;  // an InFlightUpdate holds the worker (engine thread)
+
+  // Shared by the engine thread, the worker and the optimizer's threads.
+  mutable std::mutex mutex_;
+  std::condition_variable progress_;
+  // `written_from[s]`: slot s's elements from there to its end are written
+  // (uploads queued).
+  std::vector<int64_t> written_from_;
+  std::deque<int> ready_;     // slots handed over, not yet taken
+  std::vector<int> taken_;    // slots taken, in order, this update
+  bool begun_early_ = false;  // handed over during backward
+  bool closed_ = false;       // every slot of the step is handed over
+  bool failed_ = false;
+  absl::Status status_;
+  HostUpdateTimes times_;  // totals over finished updates
+};
+
+// One step's update in flight, from HostUpdate::Start to Join. Move-only; a
+// default-constructed handle holds nothing (Join returns the proof at once).
+// Engine thread only (see HostUpdate's Threading).
+class InFlightUpdate {
+ public:
+  InFlightUpdate() = default;
+  InFlightUpdate(InFlightUpdate&& other) noexcept;
+  InFlightUpdate& operator=(InFlightUpdate&& other) noexcept;
+  InFlightUpdate(const InFlightUpdate&) = delete;
+  InFlightUpdate& operator=(const InFlightUpdate&) = delete;
+  // An update never joined (a failed backward, an error before Join) is
+  // closed and waited for here; its status is dropped.
+  ~InFlightUpdate();
+
+  // Whether a worker runs for this handle (until Join).
+  bool active() const { return owner_ != nullptr; }
+  // Begun early and not yet closed: slots may still be handed over.
+  bool open() const { return active() && open_; }
+
+  // Sends `slot`'s gradients down after `stream`'s work so far and lets the
+  // worker take it. Does nothing when the slot was handed over already this
+  // update or nothing is active. Errors from the copies and events.
+  absl::Status HandOver(int slot, const Stream& stream);
+  // Hands over every slot not handed over yet, in the forward's reading
+  // order, tells the worker none will follow, and makes `stream`'s later
+  // work (which may overwrite the gradients) wait for the copies down.
+  absl::Status Close(const Stream& stream);
+  // Makes `stream`'s later work see the slot's updated weights from
+  // element `own_begin` on (the worker writes a slot from its end down, so
+  // that is the chunk of `own_begin`): waits on the host until the worker
+  // has written the chunk, then orders `stream` after its upload.
+  // Immediate when nothing is active, the update is delayed, or it is open
+  // (begun early). When the worker failed before the chunk, returns OK at
+  // once (the weights are then partly updated): the failure is Join's to
+  // report. Errors only from the stream wait.
+  absl::Status WaitForWeights(int slot, int64_t own_begin,
+                              const Stream& stream);
+  // Waits for the worker to end (after closing the hand-over, should Close
+  // have failed halfway), orders `stream` after every upload, and,
+  // for a delayed update, copies each slot's `delayed` buffer over its
+  // weights on `stream`. Afterwards the handle is empty, whatever the
+  // result. Returns the proof, or the worker's error (then the state is
+  // partly updated); FailedPrecondition, with nothing done, while the
+  // update is open (begun early, not closed: joining would wait forever).
+  absl::StatusOr<UpdateJoined> Join(const Stream& stream);
+
+ private:
+  friend class HostUpdate;
+  // Closes the queue and joins the worker, without streams.
+  void Abandon();
+
+  HostUpdate* owner_ = nullptr;
+  std::thread worker_;
+  bool open_ = false;
+  std::vector<bool> handed_over_;  // per slot, this update
+};
+
+}  // namespace offload
+}  // namespace ze
+
+#endif  // ZE_OFFLOAD_HOST_UPDATE_H_
