@@ -669,8 +669,9 @@ absl::StatusOr<std::vector<Json>> ModuleProfiler::Report(
   // the GPU waits for launches only where this approaches the GPU time.
   summary["root_forward_host_ms"] = top_level_host[kForward] / steps;
   summary["root_backward_host_ms"] = top_level_host[kBackward] / steps;
-  // Loss kernels, the loss read-back and its host round trip, and any gap
-  // between ForwardLoss and BackwardLoss: no module encloses them.
+  // The loss read-back and its host round trip, and any gap between
+  // ForwardLoss and BackwardLoss: no module encloses them (the loss kernels
+  // run inside lm_head, whose loss mode computes the cross-entropy).
   summary["outside_modules_ms"] =
       step_mean - (top_level[0] + top_level[1] + top_level[2]) / steps;
   summary["leaf_modules_ms"] = leaf_ms / steps;

@@ -28,13 +28,12 @@ DecoderModel::DecoderModel(const DecoderConfig &config,
       "norm", std::make_unique<RmsNorm>(config.hidden_size, config.rms_norm_eps,
                                         layer_options));
   if (config.tie_word_embeddings) {
-    lm_head_ = RegisterChild("lm_head", std::make_unique<TiedOutputHead>(
+    lm_head_ = RegisterChild("lm_head", std::make_unique<OutputHead>(
                                             embed_tokens_->shared_weight()));
   } else {
     lm_head_ = RegisterChild(
-        "lm_head",
-        std::make_unique<Linear>(config.hidden_size, config.vocab_size,
-                                 /*with_bias=*/false, layer_options));
+        "lm_head", std::make_unique<OutputHead>(
+                       config.hidden_size, config.vocab_size, layer_options));
   }
 }
 
@@ -89,9 +88,9 @@ absl::StatusOr<Tensor> DecoderModel::ForwardImpl(const Tensor &tokens,
   return lm_head_->Forward(x, stream);  // (B, T, V)
 }
 
-absl::StatusOr<Tensor> DecoderModel::BackwardImpl(const Tensor &grad_logits,
+absl::StatusOr<Tensor> DecoderModel::BackwardImpl(const Tensor &grad_output,
                                                   const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_logits, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_output, stream));
   ZE_ASSIGN_OR_RETURN(grad, norm_->Backward(grad, stream));
   ZE_ASSIGN_OR_RETURN(grad, layers_->Backward(grad, stream));
   return embed_tokens_->Backward(grad, stream);
@@ -102,16 +101,19 @@ absl::StatusOr<float> DecoderModel::ForwardLoss(const Tensor &tokens,
                                                 const Stream &stream) {
   ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
       "DecoderModel::ForwardLoss", tokens, targets));
-  ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream));  // (B, T, V)
-  return loss_.Forward(logits, targets, config_.vocab_size, stream);
+  loss_.Clear();
+  lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
+  absl::StatusOr<Tensor> losses = Forward(tokens, stream);  // (B, T) f32
+  lm_head_->ClearPendingLoss();  // the forward may have failed before it
+  ZE_RETURN_IF_ERROR(losses.status());
+  return loss_.Forward(*losses, targets, stream);
 }
 
 absl::Status DecoderModel::BackwardLoss(float loss_scale,
                                         const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(
-      Tensor grad_logits,
-      loss_.Backward("DecoderModel::BackwardLoss", loss_scale, stream));
-  return Backward(grad_logits, stream).status();
+  ZE_ASSIGN_OR_RETURN(Tensor grad_losses,
+                      loss_.Backward("DecoderModel::BackwardLoss", loss_scale));
+  return Backward(grad_losses, stream).status();
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(

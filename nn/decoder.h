@@ -1,11 +1,13 @@
 // DecoderModel: the Llama-family decoder (Llama, Mistral, Qwen2, Qwen3; see
 // nn/decoder_config.h) with its cross-entropy loss and incremental decoding:
 //   embed_tokens -> layers.0 .. layers.{L-1} (DecoderBlock) -> norm ->
-//   lm_head (untied: a Linear H -> V; tied: logits = x @ embed_tokens^T).
+//   lm_head (an OutputHead: untied, its own weight (V, H); tied, logits =
+//   x @ embed_tokens^T).
 // Parameter names are DecoderConfig::ParameterShapes()'s, in the same order
-// as Parameters(). The tied head ("lm_head", a TiedOutputHead) lists
-// embed_tokens.weight among its DirectParameters, so a ZeRO-3 hook on
-// lm_head gathers the table as it must.
+// as Parameters(). The tied head lists embed_tokens.weight among its
+// DirectParameters, so a ZeRO-3 hook on lm_head gathers the table as it
+// must. ForwardLoss runs the head in loss mode: the (B, T, V) logits are
+// formed a chunk of rows at a time and never kept whole (OutputHead).
 #ifndef ZE_NN_DECODER_H_
 #define ZE_NN_DECODER_H_
 
@@ -64,14 +66,16 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
     return static_cast<DecoderBlock *>(layers_->at(index));
   }
   RmsNorm *norm() const { return norm_; }
-  // A Linear (untied) or a TiedOutputHead (tied).
-  Module *lm_head() const { return lm_head_; }
+  // Untied (type "OutputHead", weight lm_head.weight) or tied (type
+  // "TiedOutputHead", weight embed_tokens.weight).
+  OutputHead *lm_head() const { return lm_head_; }
 
   // Forward through the public Module::Forward (hooks fire) plus the mean
   // cross-entropy over targets >= 0 (MeanCrossEntropy).
   //   tokens, targets (B, T) i32 on the model's device, T at most
-  //   max_positions(). One stream synchronisation per call. The logits stay
-  //   alive until BackwardLoss.
+  //   max_positions(). One stream synchronisation per call. Only one chunk
+  //   of logits is alive at a time (OutputHead's loss mode); the last stays
+  //   until BackwardLoss.
   // InvalidArgument for bad inputs or a sequence longer than
   // max_position_embeddings (or Mistral's sliding_window), naming the key.
   absl::StatusOr<float> ForwardLoss(const Tensor &tokens, const Tensor &targets,
@@ -97,7 +101,9 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
   // tokens (B, T) i32 -> logits (B, T, V) ((B, 1, V) in a cached forward).
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
                                      const Stream &stream) override;
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_logits,
+  // grad_output: the logits' gradient, or for a ForwardLoss's forward the
+  // per-row losses' (OutputHead's loss mode).
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override { loss_.Clear(); }
 
@@ -109,8 +115,8 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
   TokenEmbedding *embed_tokens_;
   Sequential *layers_;
   RmsNorm *norm_;
-  Module *lm_head_;
-  // Between ForwardLoss and BackwardLoss: the logits (B, T, V), targets.
+  OutputHead *lm_head_;
+  // Between ForwardLoss and BackwardLoss: the count of targets.
   MeanCrossEntropy loss_;
   // During ForwardCached: ForwardImpl applies the norm and the head to each
   // sequence's last position only.

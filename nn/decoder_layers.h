@@ -70,7 +70,7 @@ class TokenEmbedding : public Module {
   TokenEmbedding(int64_t vocab_size, int64_t hidden_size,
                  const LayerOptions &options, float init_std = 0.02f);
   Parameter *weight() const { return weight_; }
-  // For weight tying (TiedOutputHead).
+  // For weight tying (a tied OutputHead).
   std::shared_ptr<Parameter> shared_weight() const {
     return SharedParameter(weight_);
   }

@@ -5,6 +5,7 @@
 // LayerNorm and cross-entropy) are handed to the backends as 2-D views.
 #include "nn/functional.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <tuple>
@@ -930,6 +931,124 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   }
   return cpu_backend::CrossEntropyBackward(logits_2d, targets_1d, grad_scale,
                                            grad_logits_2d, classes);
+}
+
+namespace {
+
+// The checks both LinearCrossEntropy ops share; the per-chunk ops check
+// dtypes, devices and targets themselves. Returns (M, K, V, R).
+struct ChunkedHeadSizes {
+  int64_t rows = 0, in = 0, vocab = 0, chunk = 0;
+};
+
+absl::StatusOr<ChunkedHeadSizes> CheckLinearCrossEntropy(const char *op,
+                                                         const Tensor &input,
+                                                         const Tensor &weight,
+                                                         const Tensor &targets,
+                                                         const Tensor &logits) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "targets", targets));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logits", logits));
+  if (weight.dim() != 2) {
+    return Invalid(op, absl::StrCat("weight must be (V, K), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  ChunkedHeadSizes sizes;
+  sizes.vocab = weight.size(0);
+  sizes.in = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(sizes.rows, RowsOf(op, "input", input, sizes.in));
+  if (targets.numel() != sizes.rows) {
+    return Invalid(
+        op, absl::StrCat("targets ", ShapeToString(targets.shape()),
+                         " must hold one id per input row (", sizes.rows, ")"));
+  }
+  if (logits.dim() != 2 || logits.size(1) != sizes.vocab ||
+      (logits.size(0) < 1 && sizes.rows > 0)) {
+    return Invalid(
+        op, absl::StrCat("the logits workspace must be (R, ", sizes.vocab,
+                         ") with R >= 1, got ", ShapeToString(logits.shape())));
+  }
+  if (logits.dtype() != input.dtype()) {
+    return Invalid(op, absl::StrCat("the logits workspace must have input's "
+                                    "dtype ",
+                                    DTypeName(input.dtype()), ", got ",
+                                    DTypeName(logits.dtype())));
+  }
+  sizes.chunk = logits.size(0);
+  return sizes;
+}
+
+// Rows [begin, begin + count) of a tensor whose rows have `width` elements.
+Tensor Rows(const Tensor &tensor, int64_t width, int64_t begin, int64_t count) {
+  return tensor.Flat().Slice(begin * width, count * width).View({count, width});
+}
+
+}  // namespace
+
+absl::Status LinearCrossEntropyForward(const Tensor &input,
+                                       const Tensor &weight,
+                                       const Tensor &targets,
+                                       const Tensor &logits,
+                                       const Tensor &losses,
+                                       const Stream &stream, int64_t classes) {
+  const char *op = "LinearCrossEntropyForward";
+  ZE_ASSIGN_OR_RETURN(
+      const ChunkedHeadSizes sizes,
+      CheckLinearCrossEntropy(op, input, weight, targets, logits));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "losses", losses));
+  if (losses.numel() != sizes.rows) {
+    return Invalid(
+        op, absl::StrCat("losses ", ShapeToString(losses.shape()),
+                         " must hold one value per row (", sizes.rows, ")"));
+  }
+  for (int64_t begin = 0; begin < sizes.rows; begin += sizes.chunk) {
+    const int64_t count = std::min(sizes.chunk, sizes.rows - begin);
+    const Tensor chunk_logits = Rows(logits, sizes.vocab, 0, count);
+    ZE_RETURN_IF_ERROR(LinearForward(Rows(input, sizes.in, begin, count),
+                                     weight, Tensor(), chunk_logits, stream));
+    ZE_RETURN_IF_ERROR(CrossEntropyForward(
+        chunk_logits, targets.Flat().Slice(begin, count),
+        losses.Flat().Slice(begin, count), stream, classes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LinearCrossEntropyBackward(
+    const Tensor &input, const Tensor &weight, const Tensor &targets,
+    const Tensor &logits, float grad_scale, const Tensor &grad_input,
+    const Tensor &grad_weight, const Stream &stream, int64_t classes) {
+  const char *op = "LinearCrossEntropyBackward";
+  ZE_ASSIGN_OR_RETURN(
+      const ChunkedHeadSizes sizes,
+      CheckLinearCrossEntropy(op, input, weight, targets, logits));
+  if (grad_input.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_input", grad_input, input.shape()));
+  }
+  if (sizes.rows == 0) return absl::OkStatus();
+  // Last chunk first: its logits are still in the workspace.
+  const int64_t last = (sizes.rows - 1) / sizes.chunk * sizes.chunk;
+  for (int64_t begin = last; begin >= 0; begin -= sizes.chunk) {
+    const int64_t count = std::min(sizes.chunk, sizes.rows - begin);
+    const Tensor chunk_input = Rows(input, sizes.in, begin, count);
+    const Tensor chunk_logits = Rows(logits, sizes.vocab, 0, count);
+    if (begin != last) {
+      ZE_RETURN_IF_ERROR(
+          LinearForward(chunk_input, weight, Tensor(), chunk_logits, stream));
+    }
+    // In place: the chunk's logits are not needed once their gradient is
+    // formed.
+    ZE_RETURN_IF_ERROR(
+        CrossEntropyBackward(chunk_logits, targets.Flat().Slice(begin, count),
+                             grad_scale, chunk_logits, stream, classes));
+    ZE_RETURN_IF_ERROR(LinearBackward(
+        chunk_logits, chunk_input, weight,
+        grad_input.defined() ? Rows(grad_input, sizes.in, begin, count)
+                             : Tensor(),
+        grad_weight, Tensor(), stream));
+  }
+  return absl::OkStatus();
 }
 
 // ---- Decoder (Llama-family) ops.

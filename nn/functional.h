@@ -236,6 +236,36 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream, int64_t classes = 0);
 
+// An output head and its cross-entropy, a chunk of rows at a time, so that
+// the logits input @ weight^T (M, V) never exist as a whole: only R rows of
+// them, in `logits` (R, V), the caller's workspace in input's dtype
+// (1 <= R; R >= M is one chunk). Composed of LinearForward/Backward and
+// CrossEntropyForward/Backward on row slices, so every device runs it.
+//   input (M, K) (or (..., K)), weight (V, K), targets (M) i32 (any shape of
+//   M elements; < 0 ignored), classes as CrossEntropyForward's.
+// Forward: losses (M) f32 = CrossEntropyForward(input @ weight^T). On
+// return, `logits` holds the LAST chunk's logits (rows [M - r, M) of input,
+// r = M - R * ((M - 1) / R), in its first r rows), so that the backward,
+// which starts there, need not recompute them.
+// Backward (after a Forward with the same arguments and workspace, untouched
+// since): for each chunk, last first, the logits are (re)computed and turned
+// in place into their gradient g = CrossEntropyBackward(grad_scale), then
+//   grad_input (M, K)   = g @ weight            (overwritten; may be undefined)
+//   grad_weight (V, K) += g^T @ input           (accumulated; may be
+//                                                undefined)
+// Every chunk but the last costs a second logits product: the price of not
+// keeping (M, V) logits or forming the weight gradient in the forward (see
+// OutputHead in nn/layers.h for why). Gradients equal the whole-matrix
+// path's up to the order of the weight gradient's summation over chunks.
+absl::Status LinearCrossEntropyForward(
+    const Tensor& input, const Tensor& weight, const Tensor& targets,
+    const Tensor& logits, const Tensor& losses, const Stream& stream,
+    int64_t classes = 0);
+absl::Status LinearCrossEntropyBackward(
+    const Tensor& input, const Tensor& weight, const Tensor& targets,
+    const Tensor& logits, float grad_scale, const Tensor& grad_input,
+    const Tensor& grad_weight, const Stream& stream, int64_t classes = 0);
+
 // ---- Decoder (Llama / Mistral / Qwen) ops.
 // On CUDA (nn/cuda/decoder_kernels.h) every tensor of a call shares one
 // dtype (except the f32 rstd, logsumexp and inv_freq, the i32 starts and

@@ -99,8 +99,8 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
   }
   ln_f_ = RegisterChild(
       "ln_f", std::make_unique<LayerNorm>(config.channels, layer_options));
-  lm_head_ = RegisterChild("lm_head", std::make_unique<TiedOutputHead>(
-                                          embed_->shared_token_table()));
+  lm_head_ = RegisterChild(
+      "lm_head", std::make_unique<OutputHead>(embed_->shared_token_table()));
 }
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
@@ -194,9 +194,9 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
   return logits;
 }
 
-absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_logits,
+absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_output,
                                               const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_logits, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_output, stream));
   ZE_ASSIGN_OR_RETURN(grad, ln_f_->Backward(grad, stream));
   ZE_ASSIGN_OR_RETURN(grad, blocks_->Backward(grad, stream));
   return embed_->Backward(grad, stream);
@@ -209,17 +209,20 @@ absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
                                             const Stream &stream) {
   ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
       "GptModel::ForwardLoss", tokens, targets));
-  ZE_ASSIGN_OR_RETURN(Tensor logits, Forward(tokens, stream));  // (B, T, Vp)
+  loss_.Clear();
   // Only the real vocabulary's logits compete; a padded table's extra
   // columns are left out (GptConfig::padded_vocab_size).
-  return loss_.Forward(logits, targets, config_.vocab_size, stream);
+  lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
+  absl::StatusOr<Tensor> losses = Forward(tokens, stream);  // (B, T) f32
+  lm_head_->ClearPendingLoss();  // the forward may have failed before it
+  ZE_RETURN_IF_ERROR(losses.status());
+  return loss_.Forward(*losses, targets, stream);
 }
 
 absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(
-      Tensor grad_logits,
-      loss_.Backward("GptModel::BackwardLoss", loss_scale, stream));
-  return Backward(grad_logits, stream).status();
+  ZE_ASSIGN_OR_RETURN(Tensor grad_losses,
+                      loss_.Backward("GptModel::BackwardLoss", loss_scale));
+  return Backward(grad_losses, stream).status();
 }
 
 }  // namespace nn

@@ -8,8 +8,10 @@
 //   blocks.N.attn.proj.{weight,bias}, blocks.N.ln2.{weight,bias},
 //   blocks.N.mlp.fc.{weight,bias}, blocks.N.mlp.proj.{weight,bias},
 //   ln_f.{weight,bias}.
-// The head ("lm_head") lists embed.wte among its DirectParameters, so a
-// ZeRO-3 hook on lm_head gathers the tied table as it must.
+// The head ("lm_head", a tied OutputHead) lists embed.wte among its
+// DirectParameters, so a ZeRO-3 hook on lm_head gathers the tied table as it
+// must. ForwardLoss runs the head in loss mode: the (B, T, Vp) logits are
+// formed a chunk of rows at a time and never kept whole (OutputHead).
 #ifndef ZE_NN_GPT_H_
 #define ZE_NN_GPT_H_
 
@@ -98,19 +100,21 @@ class GptModel : public LossModel, public IncrementalDecoder {
   Embedding *embed() const { return embed_; }
   Sequential *blocks() const { return blocks_; }
   LayerNorm *ln_f() const { return ln_f_; }
-  TiedOutputHead *lm_head() const { return lm_head_; }
+  OutputHead *lm_head() const { return lm_head_; }
 
   // Forward through the public Module::Forward (hooks fire) plus the loss.
   //   tokens, targets (B, T) i32 on the model's device; a target < 0 is
   //   ignored. Returns the mean loss over counted targets. Reads the
   //   per-row losses (and the targets) back to the host: one stream
-  //   synchronisation per call. The logits stay alive until BackwardLoss.
+  //   synchronisation per call. Only one chunk of logits is alive at a time
+  //   (OutputHead's loss mode); the last stays until BackwardLoss.
   absl::StatusOr<float> ForwardLoss(const Tensor &tokens, const Tensor &targets,
                                     const Stream &stream) override;
   // Backpropagates loss_scale * (mean loss of the last ForwardLoss) through
   // the public Module::Backward, accumulating into the parameters' grads.
-  // The logits buffer is reused for their gradient. FailedPrecondition
-  // without a preceding ForwardLoss.
+  // The head recomputes each chunk's logits but the last and turns them into
+  // their gradient in place. FailedPrecondition without a preceding
+  // ForwardLoss.
   absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
   // Targets counted by the last ForwardLoss.
   int64_t counted_targets() const override { return loss_.counted(); }
@@ -128,7 +132,9 @@ class GptModel : public LossModel, public IncrementalDecoder {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
                                      const Stream &stream) override;
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_logits,
+  // grad_output: the logits' gradient, or for a ForwardLoss's forward the
+  // per-row losses' (OutputHead's loss mode).
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
   void ClearSavedStateImpl() override;
 
@@ -140,8 +146,9 @@ class GptModel : public LossModel, public IncrementalDecoder {
   Embedding *embed_;
   Sequential *blocks_;
   LayerNorm *ln_f_;
-  TiedOutputHead *lm_head_;
-  // Between ForwardLoss and BackwardLoss: the logits (B, T, Vp), targets.
+  OutputHead *lm_head_;
+  // Between ForwardLoss and BackwardLoss: the count of targets (the head
+  // keeps what its backward needs).
   MeanCrossEntropy loss_;
   // During ForwardCached: ForwardImpl applies ln_f and the head to each
   // sequence's last position only.

@@ -1,5 +1,7 @@
 #include "nn/layers.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -465,39 +467,112 @@ absl::StatusOr<Tensor> Block::BackwardImpl(const Tensor &grad_output,
   return grad_input;
 }
 
-// ---------------------------------------------------------------- Tied head
+// ---------------------------------------------------------------- Output head
 
-TiedOutputHead::TiedOutputHead(std::shared_ptr<Parameter> table)
-    : Module("TiedOutputHead"), table_(table.get()) {
-  ZE_CHECK(table_ != nullptr && table_->shape().size() == 2);
+OutputHead::OutputHead(int64_t channels, int64_t vocab,
+                       const LayerOptions &options,
+                       const Initializer &weight_init)
+    : Module("OutputHead") {
+  weight_ = RegisterParameter("weight", {vocab, channels}, options.dtype,
+                              options.device, weight_init);
+}
+
+OutputHead::OutputHead(std::shared_ptr<Parameter> table)
+    : Module("TiedOutputHead"), weight_(table.get()) {
+  ZE_CHECK(weight_ != nullptr && weight_->shape().size() == 2);
   UseSharedParameter(std::move(table));
 }
 
-absl::StatusOr<Tensor> TiedOutputHead::ForwardImpl(const Tensor &input,
-                                                   const Stream &stream) {
-  ZE_RETURN_IF_ERROR(
-      RequireLastDim(input, table_->shape()[1], "TiedOutputHead"));
-  ZE_ASSIGN_OR_RETURN(Tensor table, table_->data());
-  // (..., V)
-  ZE_ASSIGN_OR_RETURN(Tensor logits,
-                      Tensor::Empty(WithLastDim(input.shape(), table.size(0)),
-                                    input.dtype(), input.device()));
-  ZE_RETURN_IF_ERROR(LinearForward(input, table, Tensor(), logits, stream));
-  saved_inputs_.Save(input);
-  return logits;
+int64_t OutputHead::LossChunkRowsFor(int64_t vocab, DType dtype) {
+  const int64_t row_bytes =
+      std::max<int64_t>(1, vocab * static_cast<int64_t>(SizeOf(dtype)));
+  const int64_t rows = kLossChunkBytes / row_bytes;
+  if (rows < 128) return std::max<int64_t>(1, rows);
+  return rows / 128 * 128;
 }
 
-absl::StatusOr<Tensor> TiedOutputHead::BackwardImpl(const Tensor &grad_output,
-                                                    const Stream &stream) {
-  ZE_RETURN_IF_ERROR(RequireSaved(!saved_inputs_.empty()));
-  const Tensor input = saved_inputs_.Pop();
-  ZE_ASSIGN_OR_RETURN(Tensor table, table_->data());
-  ZE_ASSIGN_OR_RETURN(Tensor grad_table, table_->GradForAccumulation(stream));
-  ZE_ASSIGN_OR_RETURN(
-      Tensor grad_input,
-      Tensor::Empty(input.shape(), grad_output.dtype(), grad_output.device()));
-  ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, table, grad_input,
-                                    grad_table, Tensor(), stream));
+int64_t OutputHead::loss_chunk_rows(DType dtype) const {
+  return loss_chunk_rows_ > 0 ? loss_chunk_rows_
+                              : LossChunkRowsFor(weight_->shape()[0], dtype);
+}
+
+absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
+                                               const Stream &stream) {
+  const Tensor targets = std::move(pending_targets_);
+  pending_targets_ = Tensor();
+  ZE_RETURN_IF_ERROR(
+      RequireLastDim(input, weight_->shape()[1], type_name().c_str()));
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  const int64_t vocab = weight.size(0);
+  if (!targets.defined()) {
+    // (..., V)
+    ZE_ASSIGN_OR_RETURN(Tensor logits,
+                        Tensor::Empty(WithLastDim(input.shape(), vocab),
+                                      input.dtype(), input.device()));
+    ZE_RETURN_IF_ERROR(LinearForward(input, weight, Tensor(), logits, stream));
+    saved_.Save(Saved{input});
+    return logits;
+  }
+  for (const Module *module = this; module != nullptr;
+       module = module->parent()) {
+    if (module->activation_checkpointing()) {
+      // Its recomputation in backward would run this head without targets.
+      return absl::FailedPreconditionError(
+          absl::StrCat("the loss mode of ", DisplayName(),
+                       " does not support activation checkpointing of ",
+                       module->DisplayName()));
+    }
+  }
+  const int64_t rows = input.numel() / input.shape().back();
+  const int64_t chunk = std::min(rows, loss_chunk_rows(input.dtype()));
+  // (R, V): one chunk of logits, reused by every chunk.
+  ZE_ASSIGN_OR_RETURN(Tensor logits,
+                      Tensor::Empty({std::max<int64_t>(chunk, 1), vocab},
+                                    input.dtype(), input.device()));
+  ZE_ASSIGN_OR_RETURN(Tensor losses, Tensor::Empty(targets.shape(), DType::kF32,
+                                                   input.device()));
+  ZE_RETURN_IF_ERROR(LinearCrossEntropyForward(
+      input, weight, targets, logits, losses, stream, pending_classes_));
+  Saved saved;
+  saved.input = input;
+  saved.loss = true;
+  saved.targets = targets;
+  saved.logits = logits;
+  saved.classes = pending_classes_;
+  saved_.Save(std::move(saved));
+  return losses;
+}
+
+absl::StatusOr<Tensor> OutputHead::BackwardImpl(const Tensor &grad_output,
+                                                const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
+  Saved saved = saved_.Pop();
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor grad_weight, weight_->GradForAccumulation(stream));
+  if (!saved.loss) {
+    ZE_ASSIGN_OR_RETURN(Tensor grad_input,
+                        Tensor::Empty(saved.input.shape(), grad_output.dtype(),
+                                      grad_output.device()));
+    ZE_RETURN_IF_ERROR(LinearBackward(grad_output, saved.input, weight,
+                                      grad_input, grad_weight, Tensor(),
+                                      stream));
+    return grad_input;
+  }
+  if (!grad_output.defined() || grad_output.numel() != 1 ||
+      grad_output.dtype() != DType::kF32 || !grad_output.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        type_name(),
+        ": the backward of a loss-mode forward takes the gradient of each "
+        "counted row's loss as one f32 value on the host, got ",
+        grad_output.defined() ? grad_output.DebugString() : "undefined"));
+  }
+  const float grad_scale = *grad_output.data_as<const float>();
+  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
+                      Tensor::Empty(saved.input.shape(), saved.input.dtype(),
+                                    saved.input.device()));
+  ZE_RETURN_IF_ERROR(LinearCrossEntropyBackward(
+      saved.input, weight, saved.targets, saved.logits, grad_scale, grad_input,
+      grad_weight, stream, saved.classes));
   return grad_input;
 }
 

@@ -1,6 +1,7 @@
 // Built-in layers: Linear, Embedding (token + position), LayerNorm, GELU,
-// causal multi-head self-attention, MLP, the pre-LN transformer Block, a
-// tied output head and Repeat (one child run several times).
+// causal multi-head self-attention, MLP, the pre-LN transformer Block, an
+// output head (tied or not, with a chunked loss) and Repeat (one child run
+// several times).
 //
 // Every layer is built for one device and dtype (LayerOptions) with no
 // parameter storage; the root materialises parameters once the tree, and so
@@ -128,7 +129,7 @@ class Embedding : public Module {
             const LayerOptions &options, float init_std = 0.02f);
   Parameter *token_table() const { return token_table_; }
   Parameter *position_table() const { return position_table_; }
-  // For weight tying (e.g. TiedOutputHead).
+  // For weight tying (e.g. a tied OutputHead).
   std::shared_ptr<Parameter> shared_token_table() const {
     return SharedParameter(token_table_);
   }
@@ -310,24 +311,98 @@ class Block : public Module {
   Mlp *mlp_;
 };
 
-// logits (..., V) = input (..., C) @ table (V, C)^T, where `table` is a
-// parameter owned by another module (GPT's token embedding). The table keeps
-// its owner's name and its gradient accumulates both uses.
-class TiedOutputHead : public Module {
+// A language model's output head: logits (..., V) = input (..., C) @
+// weight (V, C)^T, no bias. The weight is the head's own ("weight",
+// `weight_init`; type "OutputHead") or, tied, another module's parameter
+// (GPT's token embedding; type "TiedOutputHead"), which keeps its owner's
+// name and whose gradient accumulates both uses.
+//
+// Loss mode. ComputeLossInNextForward(targets, classes) makes the next
+// Forward return, instead of the logits, each row's softmax cross-entropy
+// against `targets` (targets' shape, f32; 0 where a target is < 0; classes
+// as CrossEntropyForward's), computed loss_chunk_rows rows at a time
+// (LinearCrossEntropyForward): the (..., V) logits never exist, only one
+// chunk of them, so the memory does not grow with V beyond the weight's
+// own. The Backward of that call takes grad_output (1) f32 on the host: the
+// derivative of the objective w.r.t. each counted row's loss, one value for
+// all of them (for a mean over the counted rows times a loss scale,
+// loss_scale / counted), and returns the input's gradient, accumulating the
+// weight's (LinearCrossEntropyBackward). Both run between this module's
+// hooks and read the weight as the logits path does, so ZeRO's gathers and
+// gradient reduction see no difference. The setting is consumed by that
+// Forward (saving or not); ClearSavedState drops a pending one. A loss-mode
+// Forward fails (FailedPrecondition) when the head or a module above it is
+// checkpointed: the recomputation in backward would run without targets.
+//
+// Why the backward recomputes chunk logits instead of the forward forming
+// the gradients while it has them: the loss scale comes with the backward
+// (LossModel::BackwardLoss) and fp16 needs it inside the products (the
+// unscaled softmax gradients underflow); and ZeRO stages 2 and 3 install
+// the weight's gradient slot in its pre-backward hook, so a weight gradient
+// formed in the forward would need a private (V, C) buffer held through the
+// memory peak between forward and backward. The price is a second logits
+// product for every chunk but the last (whose logits the forward keeps for
+// the backward): nothing when all rows fit one chunk.
+class OutputHead : public Module {
  public:
-  explicit TiedOutputHead(std::shared_ptr<Parameter> table);
-  Parameter *table() const { return table_; }
+  // The bytes one chunk of logits may take (in the activations' dtype), the
+  // default for loss_chunk_rows: 256 MiB is 1024 rows of Llama 3's 128,256
+  // f16/bf16 logits, a (1024 x C) x (C x V) product big enough to keep a
+  // GPU's matrix units busy, and small next to the 4.2 GB whole logits of a
+  // 16 x 1024-token micro-batch. The forward keeps one chunk for the
+  // backward, so this is also what the loss holds across the memory peak.
+  static constexpr int64_t kLossChunkBytes = int64_t{256} << 20;
+
+  // Untied: registers "weight" (vocab, channels).
+  OutputHead(int64_t channels, int64_t vocab, const LayerOptions &options,
+             const Initializer &weight_init = Initializer::Normal(0.02f));
+  // Tied to `table` (V, C), a parameter of another module.
+  explicit OutputHead(std::shared_ptr<Parameter> table);
+  Parameter *weight() const { return weight_; }
+
+  // See the class comment. targets: as many i32 elements as the input of
+  // the next Forward has rows, on its device.
+  void ComputeLossInNextForward(Tensor targets, int64_t classes) {
+    pending_targets_ = std::move(targets);
+    pending_classes_ = classes;
+  }
+  // Drops a pending ComputeLossInNextForward (a caller's error path, when
+  // the forward failed before reaching this module).
+  void ClearPendingLoss() { pending_targets_ = Tensor(); }
+
+  // Rows per chunk in loss mode: `rows` >= 1, or 0 (the default) for the
+  // rows of `dtype` logits that fit kLossChunkBytes (LossChunkRowsFor).
+  void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+  int64_t loss_chunk_rows(DType dtype) const;
+  // kLossChunkBytes / (V * element size), at least 1, and a multiple of 128
+  // from 128 on (the GPU products' row tile).
+  static int64_t LossChunkRowsFor(int64_t vocab, DType dtype);
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
-  void ClearSavedStateImpl() override { saved_inputs_.Clear(); }
+  void ClearSavedStateImpl() override {
+    saved_.Clear();
+    ClearPendingLoss();
+  }
 
  private:
-  Parameter *table_;
-  SavedStack<Tensor> saved_inputs_;  // (..., C) per call
+  struct Saved {
+    Tensor input;  // (..., C)
+    bool loss = false;
+    // Loss mode only:
+    Tensor targets;  // input's rows, i32
+    Tensor logits;   // (R, V): the last chunk's logits (see
+                     // LinearCrossEntropyForward)
+    int64_t classes = 0;
+  };
+  Parameter *weight_;
+  SavedStack<Saved> saved_;  // per call
+  Tensor pending_targets_;   // loss mode for the next Forward when defined
+  int64_t pending_classes_ = 0;
+  int64_t loss_chunk_rows_ = 0;
 };
 
 // Runs its one child "layer" `times` times (weights shared across the

@@ -1,7 +1,7 @@
 // CUDA against CPU: every layer (forward and backward) and a small GPT's
-// loss and gradients. The CPU runs in f32 (the reference); CUDA runs in
-// bf16 (and f32), built from the same seed, so both start from the same
-// parameters up to bf16 rounding. Needs a GPU (tag "gpu").
+// loss and gradients (whole and chunked). The CPU runs in f32 (the reference);
+// CUDA runs in bf16 (and f32), built from the same seed, so both start from the
+// same parameters up to bf16 rounding. Needs a GPU (tag "gpu").
 //
 // The matrix-product epilogue fusions (nn/cuda/functional_cuda.h) are on by
 // default; EveryLayerMatchesCpuInBf16WithoutEpilogueFusion runs the layers
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
@@ -279,6 +280,62 @@ TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
                   grad_tol)
             << cpu_params[i]->name() << " checkpointing=" << checkpointing;
       }
+    }
+  }
+}
+
+// The chunked loss on CUDA (OutputHead's loss mode, 48-row chunks of 128
+// rows: 48 + 48 + 32) against the CPU's whole batch in one chunk, and the
+// device allocator's peak over the step: below the (N, Vp) logits alone.
+TEST_F(CudaTest, SmallGptChunkedLossMatchesCpuAndNeverHoldsTheLogits) {
+  GptConfig config;
+  config.num_layers = 2;
+  config.num_heads = 4;
+  config.channels = 128;
+  config.vocab_size = 8000;
+  config.padded_vocab_size = 8064;
+  config.max_seq_len = 64;
+  const Tensor tokens = RandomIds({2, 64}, 1, 8000);
+  const Tensor targets = RandomIds({2, 64}, 2, 8000);
+  GptOptions cpu_options;
+  cpu_options.seed = 3;
+  auto cpu = GptModel::Create(config, cpu_options).value();
+  const float cpu_loss = cpu->ForwardLoss(tokens, targets, Stream()).value();
+  ASSERT_TRUE(cpu->BackwardLoss(1.0f, Stream()).ok());
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    GptOptions gpu_options = cpu_options;
+    gpu_options.device = kCuda;
+    gpu_options.dtype = dtype;
+    auto gpu = GptModel::Create(config, gpu_options, stream_).value();
+    gpu->lm_head()->set_loss_chunk_rows(48);
+    const Tensor gpu_tokens = ToCuda(tokens, dtype, stream_);
+    const Tensor gpu_targets = ToCuda(targets, dtype, stream_);
+    // Gradients exist before the measured step, as in training.
+    ASSERT_TRUE(gpu->ForwardLoss(gpu_tokens, gpu_targets, stream_).ok());
+    ASSERT_TRUE(gpu->BackwardLoss(1.0f, stream_).ok());
+    ASSERT_TRUE(gpu->ZeroGrad(stream_).ok());
+    ASSERT_TRUE(stream_.Synchronize().ok());
+    Allocator *allocator = GetAllocator(kCuda);
+    const int64_t before = allocator->stats().bytes_in_use;
+    allocator->ResetPeak();
+    const float gpu_loss =
+        gpu->ForwardLoss(gpu_tokens, gpu_targets, stream_).value();
+    ASSERT_TRUE(gpu->BackwardLoss(1.0f, stream_).ok());
+    ASSERT_TRUE(stream_.Synchronize().ok());
+    const int64_t peak = allocator->stats().peak_bytes_in_use - before;
+    const int64_t logits_bytes =
+        int64_t{128} * config.padded_vocab_size * SizeOf(dtype);
+    EXPECT_LT(peak, logits_bytes) << "step peak above the model";
+    EXPECT_NEAR(gpu_loss, cpu_loss, dtype == DType::kF32 ? 1e-3 : 2e-2);
+    const double grad_tol = dtype == DType::kF32 ? 5e-3 : 5e-2;
+    const std::vector<Parameter *> cpu_params = cpu->Parameters();
+    const std::vector<Parameter *> gpu_params = gpu->Parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
+                                Values(cpu_params[i]->grad())),
+                grad_tol)
+          << cpu_params[i]->name();
     }
   }
 }

@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
-#include "nn/functional.h"
 
 namespace ze {
 namespace nn {
@@ -26,20 +25,23 @@ absl::Status MeanCrossEntropy::CheckTokensAndTargets(const char* op,
   return absl::OkStatus();
 }
 
-absl::StatusOr<float> MeanCrossEntropy::Forward(const Tensor& logits,
+absl::StatusOr<float> MeanCrossEntropy::Forward(const Tensor& losses,
                                                 const Tensor& targets,
-                                                int64_t classes,
                                                 const Stream& stream) {
   Clear();
-  ZE_ASSIGN_OR_RETURN(
-      Tensor losses,  // (B * T)
-      Tensor::Empty({targets.numel()}, DType::kF32, logits.device()));
-  ZE_RETURN_IF_ERROR(
-      CrossEntropyForward(logits, targets, losses, stream, classes));
+  if (!losses.defined() || losses.dtype() != DType::kF32 ||
+      losses.numel() != targets.numel() ||
+      losses.device() != targets.device()) {
+    return absl::InternalError(absl::StrCat(
+        "MeanCrossEntropy: per-row losses must be f32 with one value per "
+        "target on the targets' device, got ",
+        losses.defined() ? losses.DebugString() : "undefined", " for targets ",
+        targets.DebugString()));
+  }
   // One read back per step: the per-row losses and which rows count.
   Tensor host_losses = losses;
   Tensor host_targets = targets;
-  if (logits.device().is_cuda()) {
+  if (losses.device().is_cuda()) {
     ZE_ASSIGN_OR_RETURN(
         host_losses, Tensor::Empty(losses.shape(), DType::kF32, Device::Cpu()));
     ZE_ASSIGN_OR_RETURN(
@@ -58,29 +60,23 @@ absl::StatusOr<float> MeanCrossEntropy::Forward(const Tensor& logits,
     sum += loss_values[i];
     ++counted;
   }
-  logits_ = logits;
-  targets_ = targets;
-  classes_ = classes;
+  pending_ = true;
   counted_ = counted;
   return counted > 0 ? static_cast<float>(sum / counted) : 0.0f;
 }
 
 absl::StatusOr<Tensor> MeanCrossEntropy::Backward(const char* op,
-                                                  float loss_scale,
-                                                  const Stream& stream) {
-  if (!logits_.defined()) {
+                                                  float loss_scale) {
+  if (!pending_) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, " without a preceding ForwardLoss"));
   }
-  Tensor logits = std::move(logits_);
-  Tensor targets = std::move(targets_);
   Clear();
-  const float grad_scale =
+  ZE_ASSIGN_OR_RETURN(Tensor grad,
+                      Tensor::Empty({1}, DType::kF32, Device::Cpu()));
+  *grad.data_as<float>() =
       counted_ > 0 ? loss_scale / static_cast<float>(counted_) : 0.0f;
-  // In place: the logits are not needed once their gradient is formed.
-  ZE_RETURN_IF_ERROR(CrossEntropyBackward(logits, targets, grad_scale, logits,
-                                          stream, classes_));
-  return logits;
+  return grad;
 }
 
 }  // namespace nn

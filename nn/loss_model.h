@@ -53,10 +53,12 @@ class LossModel : public Module {
 };
 
 // The language-model loss GptModel and DecoderModel share: the mean
-// softmax cross-entropy of logits (B, T, V) against targets (B, T) i32, a
-// target < 0 ignored (not counted). Forward reads the per-row losses back
-// (one synchronisation) and keeps the logits and targets; Backward turns
-// the kept logits into their gradient in place. Not thread-safe.
+// softmax cross-entropy over the targets >= 0 of a batch, from the per-row
+// losses their OutputHead computes in loss mode (chunked: the (B, T, V)
+// logits never exist; see OutputHead in nn/layers.h). Forward reads the
+// per-row losses back (one synchronisation) and averages them on the host;
+// Backward gives the gradient the head's loss-mode Backward takes. Not
+// thread-safe.
 class MeanCrossEntropy {
  public:
   // InvalidArgument starting with `op` unless tokens is (B, T) i32 and
@@ -65,29 +67,23 @@ class MeanCrossEntropy {
                                             const Tensor& tokens,
                                             const Tensor& targets);
 
-  // The mean loss over the counted targets (0 when none count), softmax
-  // over the first `classes` columns (0: all; fewer leaves a padded
-  // vocabulary's columns out, see CrossEntropyForward). Keeps logits and
-  // targets until Backward or Clear.
-  absl::StatusOr<float> Forward(const Tensor& logits, const Tensor& targets,
-                                int64_t classes, const Stream& stream);
-  // d(loss_scale * mean loss)/d(logits), (B, T, V), written over the kept
-  // logits (which are released here). FailedPrecondition starting with `op`
-  // without a preceding Forward.
-  absl::StatusOr<Tensor> Backward(const char* op, float loss_scale,
-                                  const Stream& stream);
+  // losses: the per-row losses (B, T) f32 (0 where ignored), targets (B, T)
+  // i32, both on one device. Returns the mean loss over the counted targets
+  // (0 when none count) and remembers their count until Backward or Clear.
+  absl::StatusOr<float> Forward(const Tensor& losses, const Tensor& targets,
+                                const Stream& stream);
+  // d(loss_scale * mean loss)/d(each counted row's loss), loss_scale /
+  // counted (0 when none count), as the (1) f32 host tensor
+  // OutputHead::Backward takes in loss mode. Ends the pending state.
+  // FailedPrecondition starting with `op` without a preceding Forward.
+  absl::StatusOr<Tensor> Backward(const char* op, float loss_scale);
   // Targets counted by the last Forward.
   int64_t counted() const { return counted_; }
-  // Drops the kept logits and targets.
-  void Clear() {
-    logits_ = Tensor();
-    targets_ = Tensor();
-  }
+  // Forgets a pending Forward.
+  void Clear() { pending_ = false; }
 
  private:
-  Tensor logits_;   // (B, T, V)
-  Tensor targets_;  // (B, T) i32
-  int64_t classes_ = 0;
+  bool pending_ = false;
   int64_t counted_ = 0;
 };
 
