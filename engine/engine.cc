@@ -101,10 +101,12 @@ double EngineImpl::current_learning_rate() const {
   return training_->learning_rate();
 }
 
-double EngineImpl::current_loss_scale() const { return training_->loss_scale(); }
+double EngineImpl::current_loss_scale() const {
+  return training_->loss_scale();
+}
 
 absl::StatusOr<float> EngineImpl::Forward(const Tensor& inputs,
-                                      const Tensor& targets) {
+                                          const Tensor& targets) {
   // Device memory allocated here belongs to the compute stream
   // (core/allocator.h): freed, it is reused in that stream's order.
   StreamGuard guard(compute_stream_);
@@ -252,8 +254,9 @@ absl::Status EngineImpl::RequireNoPendingBackward(const char* what) const {
       "first (its saved activations would be lost)"));
 }
 
-absl::StatusOr<std::unique_ptr<GatheredParameters>> EngineImpl::GatherParameters(
-    const std::vector<std::string>& names, int modifier_rank) {
+absl::StatusOr<std::unique_ptr<GatheredParameters>>
+EngineImpl::GatherParameters(const std::vector<std::string>& names,
+                             int modifier_rank) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("GatherParameters"));
   const int world = communicator_->world_size();
@@ -340,8 +343,8 @@ absl::Status EngineImpl::SaveCheckpoint(const std::string& directory,
                                         const nlohmann::json& client_state) {
   last_save_report_ = CheckpointSaveReport();
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("save_checkpoint"));
-  return engine::SaveCheckpoint(CheckpointState(), directory, tag,
-                                client_state, &last_save_report_);
+  return engine::SaveCheckpoint(CheckpointState(), directory, tag, client_state,
+                                &last_save_report_);
 }
 
 absl::StatusOr<LoadedCheckpoint> EngineImpl::LoadCheckpoint(
@@ -627,9 +630,7 @@ const MemoryBreakdown& Engine::memory_breakdown() const {
   return impl_->memory_breakdown();
 }
 
-const Stream& Engine::compute_stream() const {
-  return impl_->compute_stream();
-}
+const Stream& Engine::compute_stream() const { return impl_->compute_stream(); }
 
 CommunicationCounters Engine::communication_counters() const {
   return impl_->communication_counters();

@@ -20,7 +20,7 @@ namespace ze {
 namespace engine {
 
 absl::StatusOr<float> EngineImpl::EvalForward(const Tensor& inputs,
-                                          const Tensor& targets) {
+                                              const Tensor& targets) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
   if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||

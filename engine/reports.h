@@ -38,13 +38,13 @@ struct CheckpointSaveReport {
   double crc_seconds = 0;    // writer thread: CRC-32C
   double writer_stall_seconds = 0;  // writer thread waiting for the disk
                                     // (direct I/O: for a free block)
-  double write_seconds = 0;   // writing: the I/O thread in pwrite (direct
-                              // I/O), else the write() calls
-  double finish_seconds = 0;  // the file's last writes, fsync, rename
-  double commit_seconds = 0;  // records gathered, manifest, `latest`
-  bool direct_io = false;     // the rank file was written with O_DIRECT
-  bool pinned = false;        // the staging buffers were page-locked
-  int64_t bytes = 0;          // this rank's file
+  double write_seconds = 0;         // writing: the I/O thread in pwrite (direct
+                                    // I/O), else the write() calls
+  double finish_seconds = 0;        // the file's last writes, fsync, rename
+  double commit_seconds = 0;        // records gathered, manifest, `latest`
+  bool direct_io = false;           // the rank file was written with O_DIRECT
+  bool pinned = false;              // the staging buffers were page-locked
+  int64_t bytes = 0;                // this rank's file
 };
 
 // What LoadCheckpoint loaded, how this rank loaded it (see

@@ -48,9 +48,9 @@ class StepMonitor {
   // One step's wall-clock breakdown (milliseconds; zeros without
   // wall_clock_breakdown): what the csv rows elapsed_time_ms_* say.
   struct StepTimes {
-    double forward_ms = 0;   // summed over the step's micro-steps
-    double backward_ms = 0;  // summed over the step's micro-steps
-    double step_ms = 0;      // the boundary step
+    double forward_ms = 0;        // summed over the step's micro-steps
+    double backward_ms = 0;       // summed over the step's micro-steps
+    double step_ms = 0;           // the boundary step
     double communication_ms = 0;  // the collectives' own time
   };
 

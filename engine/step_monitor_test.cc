@@ -137,8 +137,8 @@ TEST(StepMonitorTest, CsvRowsCarryTheStepAtTheSampleCount) {
   EXPECT_EQ(forward.rfind("step,elapsed_time_ms_forward\n8,", 0), 0u)
       << forward;
   // Not fp16: no loss scale row.
-  EXPECT_FALSE(std::filesystem::exists(directory +
-                                       "/job/Train_Samples_loss_scale.csv"));
+  EXPECT_FALSE(
+      std::filesystem::exists(directory + "/job/Train_Samples_loss_scale.csv"));
 }
 
 TEST(StepMonitorTest, FailedCsvWriteEndsCsvMonitoringNotTheStep) {

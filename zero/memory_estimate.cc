@@ -46,8 +46,9 @@ absl::Status Validate(int stage, int64_t optimizer_state_bytes_per_element) {
 }  // namespace
 
 std::string ModelStateBytes::ToString() const {
-  return absl::StrCat("params ", FormatGiB(params), ", grads ", FormatGiB(grads),
-                      ", optimizer states ", FormatGiB(optimizer_states), ", total ",
+  return absl::StrCat("params ", FormatGiB(params), ", grads ",
+                      FormatGiB(grads), ", optimizer states ",
+                      FormatGiB(optimizer_states), ", total ",
                       FormatGiB(total()));
 }
 

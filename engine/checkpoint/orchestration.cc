@@ -409,9 +409,10 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
   return absl::OkStatus();
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(
-    const CheckpointedState& engine, const std::string& directory,
-    const std::string& tag_argument, bool load_optimizer_states) {
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
+                                                const std::string& directory,
+                                                const std::string& tag_argument,
+                                                bool load_optimizer_states) {
   const char* what = "load_checkpoint";
   const Clock::time_point load_start = Clock::now();
   LoadedCheckpoint result;

@@ -61,9 +61,10 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
 // Engine::LoadCheckpoint after its own checks (no backward owed), as that
 // contract says. The caller restarts what is not checkpointed (the step's
 // summed loss, the throughput window).
-absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(
-    const CheckpointedState& engine, const std::string& directory,
-    const std::string& tag, bool load_optimizer_states);
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
+                                                const std::string& directory,
+                                                const std::string& tag,
+                                                bool load_optimizer_states);
 
 }  // namespace engine
 }  // namespace ze
