@@ -154,10 +154,10 @@ class ZeroStrategy {
   }
   Phase phase() const { return phase_; }
 
-  // Checkpoints (engine/checkpoint.cc speaks the file format; this speaks
-  // the state). Both need the strategy idle, between optimizer steps, with
-  // no GatherParameters scope open (FailedPrecondition otherwise); both
-  // finish an offloaded update in progress first.
+  // Checkpoints (engine/checkpoint/orchestration.cc speaks the file format;
+  // this speaks the state). Both need the strategy idle, between optimizer
+  // steps, with no GatherParameters scope open (FailedPrecondition otherwise);
+  // both finish an offloaded update in progress first.
   //
   // A rank saves the pieces of its slice of every bucket (the layout's
   // RankShards: parameter elements this rank owns under stage 1-3
