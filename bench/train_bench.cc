@@ -91,6 +91,7 @@
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "engine/engine.h"
+#include "engine/offload_report.h"
 #include "nn/decoder_config.h"
 #include "nn/loss_model.h"
 #include "offload/nvme_store.h"

@@ -15,6 +15,8 @@
 #include "core/safetensors/reader.h"
 #include "core/status.h"
 #include "engine/agreement.h"
+#include "engine/checkpoint/orchestration.h"
+#include "engine/engine_impl.h"
 #include "zero/create_strategy.h"
 
 namespace ze {
@@ -88,23 +90,23 @@ std::string StartupSummary(const config::Config& config,
 
 }  // namespace
 
-// ------------------------------------------------------------------ Engine
+// -------------------------------------------------------------- EngineImpl
 
-Engine::~Engine() = default;
-
-bool Engine::IsGradientAccumulationBoundary() const {
+bool EngineImpl::IsGradientAccumulationBoundary() const {
   const int64_t accumulation = config_.gradient_accumulation_steps.value();
   return (counters_.micro_steps + 1) % accumulation == 0;
 }
 
-double Engine::current_learning_rate() const {
+double EngineImpl::current_learning_rate() const {
   return training_->learning_rate();
 }
 
-double Engine::current_loss_scale() const { return training_->loss_scale(); }
+double EngineImpl::current_loss_scale() const {
+  return training_->loss_scale();
+}
 
-absl::StatusOr<float> Engine::Forward(const Tensor& inputs,
-                                      const Tensor& targets) {
+absl::StatusOr<float> EngineImpl::Forward(const Tensor& inputs,
+                                          const Tensor& targets) {
   // Device memory allocated here belongs to the compute stream
   // (core/allocator.h): freed, it is reused in that stream's order.
   StreamGuard guard(compute_stream_);
@@ -132,12 +134,14 @@ absl::StatusOr<float> Engine::Forward(const Tensor& inputs,
   ZE_ASSIGN_OR_RETURN(float loss, std::move(forward));
   loss_sum_ += loss;
   // Token ids count one token each; other inputs count samples.
-  last_tokens_ = inputs.dtype() == DType::kI32 ? inputs.numel() : micro;
-  ZE_RETURN_IF_ERROR(EndPhase(0, start));
+  monitor_->RecordMicroBatch(inputs.dtype() == DType::kI32 ? inputs.numel()
+                                                           : micro);
+  ZE_RETURN_IF_ERROR(
+      monitor_->EndPhase(StepMonitor::kForward, start, compute_stream_));
   return loss;
 }
 
-absl::Status Engine::Backward() {
+absl::Status EngineImpl::Backward() {
   StreamGuard guard(compute_stream_);
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(
@@ -149,17 +153,16 @@ absl::Status Engine::Backward() {
   absl::Status end = strategy_->EndBackward();
   ZE_RETURN_IF_ERROR(status);
   ZE_RETURN_IF_ERROR(end);
-  return EndPhase(1, start);
+  return monitor_->EndPhase(StepMonitor::kBackward, start, compute_stream_);
 }
 
-absl::StatusOr<StepReport> Engine::Step() {
+absl::StatusOr<StepReport> EngineImpl::Step() {
   StreamGuard guard(compute_stream_);
   const bool boundary = IsGradientAccumulationBoundary();
   const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
   counters_.micro_steps += 1;
   counters_.global_samples += micro * communicator_->world_size();
-  window_tokens_ += last_tokens_ * communicator_->world_size();
-  step_tokens_ += last_tokens_ * communicator_->world_size();
+  monitor_->CountMicroStep(communicator_->world_size());
   if (!boundary) return StepReport{};
   const Clock::time_point start = Clock::now();
   const double loss_sum = loss_sum_;
@@ -169,13 +172,19 @@ absl::StatusOr<StepReport> Engine::Step() {
   if (report.skipped) {
     counters_.skipped_steps += 1;
   }
-  ZE_RETURN_IF_ERROR(EndPhase(2, start));
-  ZE_RETURN_IF_ERROR(ReportStep(report));
+  ZE_RETURN_IF_ERROR(
+      monitor_->EndPhase(StepMonitor::kStep, start, compute_stream_));
+  // wall_clock_breakdown: this step's collective time (every rank takes it,
+  // so each rank's sum stays its own).
+  monitor_->ReportStep(report, counters_,
+                       monitor_->wall_clock_breakdown()
+                           ? communicator_->TakeCommunicationMilliseconds()
+                           : 0.0);
   ZE_RETURN_IF_ERROR(CheckFinite(report));
   return report;
 }
 
-absl::Status Engine::CheckFinite(const StepReport& report) {
+absl::Status EngineImpl::CheckFinite(const StepReport& report) {
   last_update_nonfinite_ = report.nonfinite && !report.skipped;
   last_nonfinite_loss_ = report.loss;
   if (!report.nonfinite) {
@@ -206,132 +215,7 @@ absl::Status Engine::CheckFinite(const StepReport& report) {
       "data"));
 }
 
-absl::Status Engine::EndPhase(int phase, Clock::time_point start) {
-  if (config_.wall_clock_breakdown) {
-    // The phase's queued work is part of its time.
-    ZE_RETURN_IF_ERROR(compute_stream_.Synchronize());
-    const double ms =
-        std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    window_phase_ms_[phase] += ms;
-    window_phase_count_[phase] += 1;
-    step_phase_ms_[phase] += ms;
-  }
-  if (config_.memory_breakdown) {
-    phase_memory_[phase] = GetAllocator(model_->device())->stats();
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::ReportStep(const StepReport& report) {
-  // This step's collective time (every rank takes it, so each rank's sum
-  // stays its own).
-  double step_communication_ms = 0;
-  if (config_.wall_clock_breakdown) {
-    step_communication_ms = communicator_->TakeCommunicationMilliseconds();
-    window_communication_ms_ += step_communication_ms;
-    window_steps_ += 1;
-  }
-  // A failed csv write (a full disk, a removed directory) must not fail the
-  // step: the update has been applied, and only rank 0 writes, so an error
-  // here would stop rank 0 alone and leave the others waiting in the next
-  // collective. It is logged once and monitoring stops; training goes on.
-  absl::Status monitor_status;
-  if (monitor_.enabled()) {
-    const int64_t samples = counters_.global_samples;
-    auto write = [&](const char* name, double value) {
-      if (monitor_status.ok()) {
-        monitor_status = monitor_.Write(name, value, samples);
-      }
-    };
-    write("Train/Samples/train_loss", report.loss);
-    write("Train/Samples/lr", report.learning_rate);
-    if (config::GetTrainingPrecision(config_) ==
-        config::TrainingPrecision::kFp16) {
-      write("Train/Samples/loss_scale", report.loss_scale);
-    }
-    // Throughput since the previous step's report (over every rank), and
-    // the model device's allocator: bytes in use now and the peak so far.
-    const Clock::time_point now = Clock::now();
-    const double seconds =
-        std::chrono::duration<double>(now - last_report_).count();
-    if (seconds > 0)
-      write("Train/Samples/tokens_per_second", step_tokens_ / seconds);
-    const AllocatorStats memory = GetAllocator(model_->device())->stats();
-    write("Train/Samples/memory_allocated_bytes",
-          static_cast<double>(memory.bytes_in_use));
-    write("Train/Samples/memory_peak_bytes",
-          static_cast<double>(memory.peak_bytes_in_use));
-    if (config_.wall_clock_breakdown) {
-      write("Train/Samples/elapsed_time_ms_forward", step_phase_ms_[0]);
-      write("Train/Samples/elapsed_time_ms_backward", step_phase_ms_[1]);
-      write("Train/Samples/elapsed_time_ms_step", step_phase_ms_[2]);
-      write("Train/Samples/elapsed_time_ms_communication",
-            step_communication_ms);
-    }
-    if (!monitor_status.ok()) {
-      ZE_LOG(WARNING) << monitor_status.message()
-                      << "; csv_monitor stops here, training goes on (rows "
-                         "written before stay in "
-                      << monitor_.directory() << ")";
-      monitor_ = CsvMonitor();
-    }
-  }
-  for (double& ms : step_phase_ms_) ms = 0;
-  step_tokens_ = 0;
-  last_report_ = Clock::now();
-  const int64_t every = config_.steps_per_print;
-  if (every <= 0 || counters_.global_steps % every != 0) {
-    return absl::OkStatus();
-  }
-  const double seconds =
-      std::chrono::duration<double>(Clock::now() - window_start_).count();
-  const double samples =
-      static_cast<double>(every) * config_.train_batch_size.value();
-  ZE_LOG_RANK0(INFO) << absl::StrFormat(
-      "step %d loss %.6f lr %.6g loss_scale %g skipped %d samples/s %.1f "
-      "tokens/s %.1f",
-      counters_.global_steps, report.loss, report.learning_rate,
-      report.loss_scale, counters_.skipped_steps, samples / seconds,
-      window_tokens_ / seconds);
-  window_start_ = Clock::now();
-  window_tokens_ = 0;
-  if (config_.wall_clock_breakdown) {
-    auto mean = [&](int phase) {
-      return window_phase_count_[phase] > 0
-                 ? window_phase_ms_[phase] / window_phase_count_[phase]
-                 : 0.0;
-    };
-    ZE_LOG_RANK0(INFO) << absl::StrFormat(
-        "time (ms) | forward: %.2f | backward: %.2f | step: %.2f | "
-        "communication: %.2f (means per micro-step, per step and, for "
-        "communication, the collectives' own time per step since the last "
-        "print; collectives on their own stream overlap compute)",
-        mean(0), mean(1), mean(2),
-        window_steps_ > 0 ? window_communication_ms_ / window_steps_ : 0.0);
-    for (int phase = 0; phase < 3; ++phase) {
-      window_phase_ms_[phase] = 0;
-      window_phase_count_[phase] = 0;
-    }
-    window_communication_ms_ = 0;
-    window_steps_ = 0;
-  }
-  if (config_.memory_breakdown) {
-    Allocator* allocator = GetAllocator(model_->device());
-    const AllocatorStats now = allocator->stats();
-    constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
-    ZE_LOG_RANK0(INFO) << absl::StrFormat(
-        "memory (GiB, %s) | after forward: %.3f | after backward: %.3f | "
-        "after step: %.3f | peak since last print: %.3f | reserved: %.3f",
-        allocator->name(), phase_memory_[0].bytes_in_use / kGib,
-        phase_memory_[1].bytes_in_use / kGib,
-        phase_memory_[2].bytes_in_use / kGib, now.peak_bytes_in_use / kGib,
-        now.bytes_reserved / kGib);
-    allocator->ResetPeak();
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<StepReport> Engine::TrainBatch(
+absl::StatusOr<StepReport> EngineImpl::TrainBatch(
     const std::vector<std::pair<Tensor, Tensor>>& micro_batches) {
   const int64_t accumulation = config_.gradient_accumulation_steps.value();
   if (static_cast<int64_t>(micro_batches.size()) != accumulation) {
@@ -348,13 +232,13 @@ absl::StatusOr<StepReport> Engine::TrainBatch(
   return report;
 }
 
-absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
+absl::StatusOr<std::vector<float>> EngineImpl::GatherMasterWeights(
     const std::string& name) {
   StreamGuard guard(compute_stream_);
   return strategy_->GatherMasterWeights(name);
 }
 
-absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
+absl::StatusOr<Tensor> EngineImpl::OnModelDevice(const Tensor& tensor) {
   if (tensor.device() == model_->device()) return tensor;
   ZE_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(tensor.shape(), tensor.dtype(),
                                                  model_->device()));
@@ -362,7 +246,7 @@ absl::StatusOr<Tensor> Engine::OnModelDevice(const Tensor& tensor) {
   return copy;
 }
 
-absl::Status Engine::RequireNoPendingBackward(const char* what) const {
+absl::Status EngineImpl::RequireNoPendingBackward(const char* what) const {
   if (model_->PendingBackwardCalls() == 0) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       what, " on rank ", communicator_->rank(),
@@ -370,8 +254,9 @@ absl::Status Engine::RequireNoPendingBackward(const char* what) const {
       "first (its saved activations would be lost)"));
 }
 
-absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
-    const std::vector<std::string>& names, int modifier_rank) {
+absl::StatusOr<std::unique_ptr<GatheredParameters>>
+EngineImpl::GatherParameters(const std::vector<std::string>& names,
+                             int modifier_rank) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("GatherParameters"));
   const int world = communicator_->world_size();
@@ -392,7 +277,13 @@ absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
       new GatheredParameters(this, names, modifier_rank));
 }
 
-absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
+absl::Status EngineImpl::ReleaseScope(const std::vector<std::string>& names,
+                                      int modifier_rank) {
+  StreamGuard guard(compute_stream_);
+  return strategy_->ReleaseScope(names, modifier_rank);
+}
+
+absl::StatusOr<LoadReport> EngineImpl::LoadWeights(const std::string& path) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("LoadWeights"));
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<safetensors::Reader> reader,
@@ -400,7 +291,7 @@ absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
   return strategy_->LoadWeights(*reader);
 }
 
-absl::StatusOr<LoadReport> Engine::LoadWeights(
+absl::StatusOr<LoadReport> EngineImpl::LoadWeights(
     const safetensors::TensorSource& source) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("LoadWeights"));
@@ -415,26 +306,65 @@ GatheredParameters::~GatheredParameters() {
 }
 
 absl::Status GatheredParameters::Release() {
-  StreamGuard guard(engine_->compute_stream_);
   if (released_) return status_;
   released_ = true;
-  status_ = engine_->strategy_->ReleaseScope(names_, modifier_rank_);
+  status_ = engine_->ReleaseScope(names_, modifier_rank_);
   return status_;
 }
 
-std::vector<std::string> Engine::ParameterNames() const {
+std::vector<std::string> EngineImpl::ParameterNames() const {
   return strategy_->ParameterNames();
 }
 
-offload::NvmeStore::Counters Engine::nvme_counters() const {
-  return strategy_->nvme_counters();
+NvmeCounters EngineImpl::nvme_counters() const {
+  return NvmeCounters{strategy_->nvme_counters()};
 }
 
-CommunicationCounters Engine::communication_counters() const {
+OffloadTimes EngineImpl::offload_times() const {
+  return OffloadTimes{strategy_->offload_times()};
+}
+
+CheckpointedState EngineImpl::CheckpointState() {
+  CheckpointedState state;
+  state.config = &config_;
+  state.comm = communicator_.get();
+  state.stream = &compute_stream_;
+  state.model = model_.get();
+  state.strategy = strategy_.get();
+  state.training = training_.get();
+  state.counters = &counters_;
+  state.last_update_nonfinite = last_update_nonfinite_;
+  state.last_nonfinite_loss = last_nonfinite_loss_;
+  return state;
+}
+
+absl::Status EngineImpl::SaveCheckpoint(const std::string& directory,
+                                        const std::string& tag,
+                                        const nlohmann::json& client_state) {
+  last_save_report_ = CheckpointSaveReport();
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("save_checkpoint"));
+  return engine::SaveCheckpoint(CheckpointState(), directory, tag, client_state,
+                                &last_save_report_);
+}
+
+absl::StatusOr<LoadedCheckpoint> EngineImpl::LoadCheckpoint(
+    const std::string& directory, const std::string& tag,
+    bool load_optimizer_states) {
+  ZE_RETURN_IF_ERROR(RequireNoPendingBackward("load_checkpoint"));
+  ZE_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                      engine::LoadCheckpoint(CheckpointState(), directory, tag,
+                                             load_optimizer_states));
+  // Not checkpointed: a window's summed loss and the throughput window.
+  loss_sum_ = 0;
+  monitor_->RestartWindow();
+  return loaded;
+}
+
+CommunicationCounters EngineImpl::communication_counters() const {
   return strategy_->communication_counters();
 }
 
-absl::Status Engine::Setup() {
+absl::Status EngineImpl::Setup() {
   const config::Config& cfg = config_;
   const config::OffloadOptimizerConfig& offload_optimizer =
       cfg.zero_optimization.offload_optimizer;
@@ -557,7 +487,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(*communicator, placement,
                                       Stream::Default(communicator->device()),
                                       "checking the model's device"));
-  std::unique_ptr<Engine> engine(new Engine());
+  std::unique_ptr<EngineImpl> engine(new EngineImpl());
   engine->config_ = config;
   engine->model_ = std::move(model);
   engine->communicator_ = std::move(communicator);
@@ -567,6 +497,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_ASSIGN_OR_RETURN(engine->compute_stream_,
                         Stream::Create(engine->model_->device()));
   }
+  CsvMonitor csv;
   if (config.csv_monitor.enabled) {
     // Only rank 0 writes; every rank learns whether it could (the config,
     // and so this branch, is the same on every rank).
@@ -575,14 +506,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_RETURN_IF_ERROR(AgreeAcrossRanks(
         *engine->communicator_, monitor.status(), engine->compute_stream_,
         absl::StrCat(config.source, ": csv_monitor")));
-    engine->monitor_ = std::move(monitor).value();
+    csv = std::move(monitor).value();
   }
   {
     StreamGuard guard(engine->compute_stream_);
     ZE_RETURN_IF_ERROR(engine->Setup());
   }
-  engine->window_start_ = Clock::now();
-  engine->last_report_ = engine->window_start_;
+  // The throughput windows start once the engine is ready.
+  engine->monitor_.emplace(config, std::move(csv), engine->model_->device());
   if (engine->communicator_->rank() == 0) {
     ZE_LOG_RANK0(DEBUG) << "config (" << config.source << "):\n"
                         << config::ToJson(config);
@@ -600,7 +531,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
           << config.source << ": " << warning.key << " " << warning.message;
     }
   }
-  return engine;
+  return std::unique_ptr<Engine>(new Engine(std::move(engine)));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
@@ -634,6 +565,117 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   ZE_ASSIGN_OR_RETURN(config::Config resolved,
                       config::Resolve(*loaded, context));
   return Initialize(std::move(model), resolved, std::move(communicator));
+}
+
+// ------------------------------------------------------------------ Engine
+// The public surface (engine/engine.h): every call goes to the EngineImpl.
+
+Engine::Engine(std::unique_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<float> Engine::Forward(const Tensor& inputs,
+                                      const Tensor& targets) {
+  return impl_->Forward(inputs, targets);
+}
+
+absl::Status Engine::Backward() { return impl_->Backward(); }
+
+absl::StatusOr<StepReport> Engine::Step() { return impl_->Step(); }
+
+absl::StatusOr<StepReport> Engine::TrainBatch(
+    const std::vector<std::pair<Tensor, Tensor>>& micro_batches) {
+  return impl_->TrainBatch(micro_batches);
+}
+
+bool Engine::IsGradientAccumulationBoundary() const {
+  return impl_->IsGradientAccumulationBoundary();
+}
+
+const Counters& Engine::counters() const { return impl_->counters(); }
+
+double Engine::current_learning_rate() const {
+  return impl_->current_learning_rate();
+}
+
+double Engine::current_loss_scale() const {
+  return impl_->current_loss_scale();
+}
+
+const config::Config& Engine::config() const { return impl_->config(); }
+
+comm::Communicator& Engine::communicator() const {
+  return impl_->communicator();
+}
+
+nn::LossModel& Engine::model() const { return impl_->model(); }
+
+const MemoryBreakdown& Engine::memory_breakdown() const {
+  return impl_->memory_breakdown();
+}
+
+const Stream& Engine::compute_stream() const { return impl_->compute_stream(); }
+
+CommunicationCounters Engine::communication_counters() const {
+  return impl_->communication_counters();
+}
+
+NvmeCounters Engine::nvme_counters() const { return impl_->nvme_counters(); }
+
+OffloadTimes Engine::offload_times() const { return impl_->offload_times(); }
+
+absl::StatusOr<std::vector<float>> Engine::GatherMasterWeights(
+    const std::string& name) {
+  return impl_->GatherMasterWeights(name);
+}
+
+std::vector<std::string> Engine::ParameterNames() const {
+  return impl_->ParameterNames();
+}
+
+absl::StatusOr<float> Engine::EvalForward(const Tensor& inputs,
+                                          const Tensor& targets) {
+  return impl_->EvalForward(inputs, targets);
+}
+
+absl::StatusOr<Tensor> Engine::EvalOutputs(const Tensor& inputs) {
+  return impl_->EvalOutputs(inputs);
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> Engine::Generate(
+    const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+    const GenerateOptions& options) {
+  return impl_->Generate(prompts, max_new_tokens, options);
+}
+
+absl::StatusOr<std::unique_ptr<GatheredParameters>> Engine::GatherParameters(
+    const std::vector<std::string>& names, int modifier_rank) {
+  return impl_->GatherParameters(names, modifier_rank);
+}
+
+absl::StatusOr<LoadReport> Engine::LoadWeights(const std::string& path) {
+  return impl_->LoadWeights(path);
+}
+
+absl::StatusOr<LoadReport> Engine::LoadWeights(
+    const safetensors::TensorSource& source) {
+  return impl_->LoadWeights(source);
+}
+
+absl::Status Engine::SaveCheckpoint(const std::string& directory,
+                                    const std::string& tag,
+                                    const nlohmann::json& client_state) {
+  return impl_->SaveCheckpoint(directory, tag, client_state);
+}
+
+const CheckpointSaveReport& Engine::last_save_report() const {
+  return impl_->last_save_report();
+}
+
+absl::StatusOr<LoadedCheckpoint> Engine::LoadCheckpoint(
+    const std::string& directory, const std::string& tag,
+    bool load_optimizer_states) {
+  return impl_->LoadCheckpoint(directory, tag, load_optimizer_states);
 }
 
 }  // namespace engine

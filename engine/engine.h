@@ -1,7 +1,11 @@
 // Engine: trains a model data-parallel across the ranks of an mpirun job,
-// the way a DeepSpeed config says. The ZeRO stages live in zero/ behind one
-// seam (zero/strategy.h): the Engine orchestrates a micro-step through it and
-// keeps the public surface, the counters and monitoring.
+// the way a DeepSpeed config says. This is the public interface: what a
+// program includes (Initialize, the Engine's methods, and through
+// engine/reports.h the reports they return). The implementation is private
+// to engine/: the Engine forwards to an EngineImpl (engine/engine_impl.h),
+// which orchestrates a micro-step through zero/'s one seam
+// (zero/strategy.h), times and logs it through a StepMonitor
+// (engine/step_monitor.h) and checkpoints through engine/checkpoint/.
 //
 //   ZE_ASSIGN_OR_RETURN(auto engine,
 //                       ze::engine::Initialize(model, "ds_config.json"));
@@ -50,7 +54,8 @@
 // memory_allocated_bytes and memory_peak_bytes (the model device's
 // allocator) and, with wall_clock_breakdown,
 // elapsed_time_ms_{forward,backward,step} at each step (engine/monitor.h); a
-// failed write is logged and ends csv monitoring, never the step.
+// failed write is logged and ends csv monitoring, never the step. All of
+// this is engine/step_monitor.h's.
 //
 // Threading: one thread drives an engine. Errors are Statuses naming the
 // config key, parameter or rank; a failed collective (timeout, mismatch)
@@ -58,9 +63,7 @@
 #ifndef ZE_ENGINE_ENGINE_H_
 #define ZE_ENGINE_ENGINE_H_
 
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,35 +74,15 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "config/config.h"
-#include "core/allocator.h"
 #include "core/safetensors/tensor_source.h"
 #include "core/stream.h"
 #include "core/tensor.h"
-#include "engine/monitor.h"
+#include "engine/reports.h"
 #include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
-#include "offload/nvme_store.h"
-#include "zero/boundary_step.h"
-#include "zero/memory_estimate.h"
-#include "zero/strategy.h"
-#include "zero/training_state.h"
 
 namespace ze {
 namespace engine {
-
-// The zero/ types the public API speaks in (zero/memory_estimate.h,
-// zero/strategy.h, zero/boundary_step.h).
-using MemoryBreakdown = zero::MemoryBreakdown;  // per-rank model state
-using CommunicationCounters = zero::CommunicationCounters;
-using LoadReport = zero::LoadReport;
-using StepReport = zero::StepReport;
-
-struct Counters {
-  int64_t global_steps = 0;    // optimizer steps taken or skipped
-  int64_t skipped_steps = 0;   // fp16 overflows; bf16/f32 non-finite steps
-  int64_t micro_steps = 0;     // Forward/Backward pairs
-  int64_t global_samples = 0;  // samples over all ranks
-};
 
 // Engine::Generate's options (Hugging Face generate's, where they exist).
 struct GenerateOptions {
@@ -133,6 +116,7 @@ struct GenerateOptions {
 };
 
 class Engine;
+class EngineImpl;  // engine/engine_impl.h, private to engine/
 
 // Engine::GatherParameters's scope (DeepSpeed's zero.GatheredParameters).
 // While alive, the named parameters' full data is readable (and writable)
@@ -152,13 +136,13 @@ class GatheredParameters {
   absl::Status Release();
 
  private:
-  friend class Engine;
-  GatheredParameters(Engine* engine, std::vector<std::string> names,
+  friend class EngineImpl;
+  GatheredParameters(EngineImpl* engine, std::vector<std::string> names,
                      int modifier_rank)
       : engine_(engine),
         names_(std::move(names)),
         modifier_rank_(modifier_rank) {}
-  Engine* engine_;
+  EngineImpl* engine_;
   std::vector<std::string> names_;
   int modifier_rank_;
   bool released_ = false;
@@ -206,26 +190,23 @@ class Engine {
       const std::vector<std::pair<Tensor, Tensor>>& micro_batches);
 
   bool IsGradientAccumulationBoundary() const;
-  const Counters& counters() const { return counters_; }
+  const Counters& counters() const;
   double current_learning_rate() const;
   double current_loss_scale() const;
-  const config::Config& config() const { return config_; }
-  comm::Communicator& communicator() const { return *communicator_; }
-  nn::LossModel& model() const { return *model_; }
-  const MemoryBreakdown& memory_breakdown() const {
-    return strategy_->memory();
-  }
-  const Stream& compute_stream() const { return compute_stream_; }
+  const config::Config& config() const;
+  comm::Communicator& communicator() const;
+  nn::LossModel& model() const;
+  const MemoryBreakdown& memory_breakdown() const;
+  const Stream& compute_stream() const;
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
   // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
-  // zeros otherwise).
-  offload::NvmeStore::Counters nvme_counters() const;
+  // zeros otherwise). Include engine/offload_report.h to call it.
+  NvmeCounters nvme_counters() const;
   // Where the offloaded update's worker spent its time, summed over every
-  // update so far (zeros without offload_optimizer).
-  zero::PartitionState::OffloadTimes offload_times() const {
-    return strategy_->offload_times();
-  }
+  // update so far (zeros without offload_optimizer). Include
+  // engine/offload_report.h to call it.
+  OffloadTimes offload_times() const;
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.
@@ -353,49 +334,12 @@ class Engine {
       const std::string& directory, const std::string& tag = "",
       const nlohmann::json& client_state = nlohmann::json::object());
 
-  // Where this rank's last SaveCheckpoint spent its time (seconds), for
-  // benchmarks. The copy and the writer run concurrently (a pipeline), so
-  // the phases overlap; `total` is the call's wall time.
-  struct CheckpointSaveReport {
-    double total_seconds = 0;
-    double agree_seconds = 0;  // tag agreement and the partial directory
-    double copy_seconds = 0;   // state copied to host staging (this thread)
-    double stall_seconds = 0;  // this thread waiting for a free buffer
-    double crc_seconds = 0;    // writer thread: CRC-32C
-    double writer_stall_seconds = 0;  // writer thread waiting for the disk
-                                      // (direct I/O: for a free block)
-    double write_seconds = 0;   // writing: the I/O thread in pwrite (direct
-                                // I/O), else the write() calls
-    double finish_seconds = 0;  // the file's last writes, fsync, rename
-    double commit_seconds = 0;  // records gathered, manifest, `latest`
-    bool direct_io = false;     // the rank file was written with O_DIRECT
-    bool pinned = false;        // the staging buffers were page-locked
-    int64_t bytes = 0;          // this rank's file
-  };
-  const CheckpointSaveReport& last_save_report() const {
-    return last_save_report_;
-  }
+  // Where this rank's last SaveCheckpoint spent its time (engine/reports.h;
+  // also spelled Engine::CheckpointSaveReport).
+  using CheckpointSaveReport = engine::CheckpointSaveReport;
+  const CheckpointSaveReport& last_save_report() const;
 
-  struct LoadedCheckpoint {
-    std::string tag;
-    nlohmann::json client_state;
-    int saved_world_size = 0;
-    int saved_stage = 0;
-    int64_t bytes_read = 0;  // by this rank
-    // How this rank loaded (see LoadCheckpoint) and where its time went
-    // (seconds).
-    bool one_pass = false;      // staged in host memory as read, then applied
-    int64_t bytes_staged = 0;   // host staging (one_pass)
-    int files_reread = 0;       // files this rank verified by reading them
-                                // again (a partial read: resharding)
-    double open_seconds = 0;    // tag agreement, manifest, headers, checks
-    double read_seconds = 0;    // one_pass: reading (with CRCs) into staging
-    double verify_seconds = 0;  // checksums checked (one_pass: from the
-                                // reads, plus any re-read); agreement
-    double apply_seconds = 0;   // writing the state into place (two-pass:
-                                // reading and writing, bucket by bucket)
-    double total_seconds = 0;
-  };
+  using LoadedCheckpoint = engine::LoadedCheckpoint;
   // Loads `directory`/`tag` (empty: the one `latest` names) saved at any
   // world size and ZeRO stage into this engine's layout: each rank reads
   // only the byte ranges of the parameters it holds. Restores the weights,
@@ -427,70 +371,11 @@ class Engine {
       bool load_optimizer_states = true);
 
  private:
-  friend class GatheredParameters;
   friend absl::StatusOr<std::unique_ptr<Engine>> Initialize(
       std::shared_ptr<nn::LossModel> model, const config::Config& config,
       std::shared_ptr<comm::Communicator> communicator);
-  Engine() = default;
-  // The part of Initialize after the checks: training state and strategy.
-  absl::Status Setup();
-  absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
-  absl::Status RequireNoPendingBackward(const char* what) const;
-  // The evaluation bracket of EvalForward, EvalOutputs and Generate: runs
-  // `forward` between the strategy's BeginEval and EndEval, then drops what
-  // the model kept for a backward (it must not be mistaken for a training
-  // forward's). Returns forward's error first, then EndEval's.
-  absl::Status RunEvaluation(const std::function<absl::Status()>& forward);
-  // wall_clock_breakdown / memory_breakdown: called at the end of a phase
-  // (0 forward, 1 backward, 2 step) that began at `start`.
-  absl::Status EndPhase(int phase, std::chrono::steady_clock::time_point start);
-  // At a boundary: the csv_monitor rows and, every steps_per_print steps,
-  // the log lines.
-  absl::Status ReportStep(const StepReport& report);
-  // After a boundary step: the non-finite warning, count and error (Step's
-  // comment).
-  absl::Status CheckFinite(const StepReport& report);
-  // SaveCheckpoint's and LoadCheckpoint's common checks, and the state the
-  // manifest's training_state holds (engine/checkpoint.cc).
-  absl::Status RequireCheckpointBoundary(const char* what) const;
-  nlohmann::json TrainingStateJson() const;
-  absl::Status RestoreTrainingState(const nlohmann::json& state,
-                                    const std::string& source);
-
-  config::Config config_;
-  std::shared_ptr<nn::LossModel> model_;
-  std::shared_ptr<comm::Communicator> communicator_;
-  Stream compute_stream_;
-  Counters counters_;
-  CheckpointSaveReport last_save_report_;
-  std::unique_ptr<zero::TrainingState> training_;
-  std::unique_ptr<zero::ZeroStrategy> strategy_;
-  // bf16/f32: consecutive non-finite steps so far, and whether the last
-  // step applied an update despite a non-finite loss or gradient norm.
-  int64_t nonfinite_streak_ = 0;
-  bool last_update_nonfinite_ = false;
-  double last_nonfinite_loss_ = 0;
-  // This window's summed micro-batch losses (for the step's mean loss).
-  double loss_sum_ = 0;
-  // For the steps_per_print throughput line.
-  int64_t last_tokens_ = 0;
-  double window_tokens_ = 0;
-  std::chrono::steady_clock::time_point window_start_;
-  // For csv_monitor's per-step tokens_per_second.
-  double step_tokens_ = 0;
-  std::chrono::steady_clock::time_point last_report_;
-  CsvMonitor monitor_;
-  // wall_clock_breakdown: milliseconds and counts per phase (forward,
-  // backward, step) since the last print, and within the current step.
-  double window_phase_ms_[3] = {0, 0, 0};
-  int64_t window_phase_count_[3] = {0, 0, 0};
-  double step_phase_ms_[3] = {0, 0, 0};
-  // wall_clock_breakdown: the communicator's collective time
-  // (Communicator::set_timing), summed over the steps since the last print.
-  double window_communication_ms_ = 0;
-  int64_t window_steps_ = 0;
-  // memory_breakdown: the allocator after each phase's latest run.
-  AllocatorStats phase_memory_[3];
+  explicit Engine(std::unique_ptr<EngineImpl> impl);
+  std::unique_ptr<EngineImpl> impl_;  // never null
 };
 
 // Wraps `model` for training with `config` (already loaded; its world size

@@ -12,15 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
-#include "engine/engine.h"
+#include "engine/engine_impl.h"
 #include "engine/sampling.h"
 #include "nn/kv_cache.h"
 
 namespace ze {
 namespace engine {
 
-absl::StatusOr<float> Engine::EvalForward(const Tensor& inputs,
-                                          const Tensor& targets) {
+absl::StatusOr<float> EngineImpl::EvalForward(const Tensor& inputs,
+                                              const Tensor& targets) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalForward"));
   if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||
@@ -44,7 +44,7 @@ absl::StatusOr<float> Engine::EvalForward(const Tensor& inputs,
   return loss;
 }
 
-absl::StatusOr<Tensor> Engine::EvalOutputs(const Tensor& inputs) {
+absl::StatusOr<Tensor> EngineImpl::EvalOutputs(const Tensor& inputs) {
   StreamGuard guard(compute_stream_);
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("EvalOutputs"));
   ZE_ASSIGN_OR_RETURN(Tensor device_inputs, OnModelDevice(inputs));
@@ -58,7 +58,7 @@ absl::StatusOr<Tensor> Engine::EvalOutputs(const Tensor& inputs) {
   return outputs;
 }
 
-absl::Status Engine::RunEvaluation(
+absl::Status EngineImpl::RunEvaluation(
     const std::function<absl::Status()>& forward) {
   ZE_RETURN_IF_ERROR(strategy_->BeginEval());
   const absl::Status status = forward();
@@ -361,7 +361,7 @@ class BatchGeneration {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::vector<int32_t>>> Engine::Generate(
+absl::StatusOr<std::vector<std::vector<int32_t>>> EngineImpl::Generate(
     const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
     const GenerateOptions& options) {
   StreamGuard guard(compute_stream_);

@@ -41,26 +41,11 @@
 #include "config/config.h"
 #include "core/stream.h"
 #include "zero/partition_state.h"
+#include "zero/reports.h"
 #include "zero/training_state.h"
 
 namespace ze {
 namespace zero {
-
-// What a boundary step did (for logs and tests).
-struct StepReport {
-  bool boundary = false;  // false: only accumulated
-  bool skipped = false;   // fp16 overflow, or nonfinite (see below)
-  // bf16/f32: the loss or the global gradient norm was inf or NaN. The
-  // update is then skipped (skipped is true), except when an offloaded
-  // update already began during backward (PartitionState::BeginUpdate: no
-  // clipping), which cannot be taken back. fp16 reports overflow through
-  // skipped alone.
-  bool nonfinite = false;
-  double loss = 0;           // mean over ranks and micro-batches
-  double grad_norm = 0;      // global norm before clipping (0 if unknown)
-  double learning_rate = 0;  // used for this update
-  double loss_scale = 1;     // in effect for this step's backward
-};
 
 // Where the step runs and what it updates; all outlive the call.
 struct BoundaryStepContext {

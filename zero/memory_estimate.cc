@@ -1,20 +1,11 @@
 #include "zero/memory_estimate.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace ze {
 namespace zero {
 namespace {
-
-std::string GiB(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.3f GiB",
-                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  return text;
-}
 
 // Bytes per replicated / partitioned element, by stage: which of params,
 // grads and optimizer states are partitioned.
@@ -55,9 +46,10 @@ absl::Status Validate(int stage, int64_t optimizer_state_bytes_per_element) {
 }  // namespace
 
 std::string ModelStateBytes::ToString() const {
-  return absl::StrCat("params ", GiB(params), ", grads ", GiB(grads),
-                      ", optimizer states ", GiB(optimizer_states), ", total ",
-                      GiB(total()));
+  return absl::StrCat("params ", FormatGiB(params), ", grads ",
+                      FormatGiB(grads), ", optimizer states ",
+                      FormatGiB(optimizer_states), ", total ",
+                      FormatGiB(total()));
 }
 
 absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
@@ -82,22 +74,6 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
   if (!status.ok()) return status;
   return Compute(layout.padded_total_elements(), layout.partition_elements(),
                  stage, precision, optimizer_state_bytes_per_element);
-}
-
-std::string MemoryBreakdown::ToString() const {
-  std::string text = absl::StrFormat(
-      "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
-      "%s, optimizer state %s, total %s (ZeRO paper: %s)",
-      parameter_elements, GiB(model_weight_bytes), GiB(gradient_bytes),
-      GiB(master_weight_bytes), GiB(optimizer_state_bytes), GiB(total_bytes()),
-      GiB(static_cast<int64_t>(paper_bytes)));
-  if (host_bytes > 0) {
-    absl::StrAppend(&text, "; device ", GiB(device_bytes), ", host ",
-                    GiB(host_bytes), " (pinned ", GiB(pinned_host_bytes),
-                    ", transfer staging ", GiB(staging_bytes), ")");
-    if (nvme_bytes > 0) absl::StrAppend(&text, ", NVMe ", GiB(nvme_bytes));
-  }
-  return text;
 }
 
 absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "config/config.h"
 #include "zero/flat_layout.h"
+#include "zero/reports.h"
 
 namespace ze {
 namespace zero {
@@ -67,35 +68,6 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
 absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
     int64_t optimizer_state_bytes_per_element);
-
-// The memory plan the engine reports and allocates by (per rank).
-struct MemoryBreakdown {
-  int64_t parameter_elements = 0;  // Psi: trainable parameter elements
-  int64_t model_weight_bytes = 0;  // 16-bit (or f32) weights held
-  int64_t gradient_bytes = 0;      // gradients held between steps
-  int64_t master_weight_bytes = 0;
-  int64_t optimizer_state_bytes = 0;  // moments, without the master weights
-  int64_t total_bytes() const {
-    return model_weight_bytes + gradient_bytes + master_weight_bytes +
-           optimizer_state_bytes;
-  }
-  // Where it lives (offload). staging_bytes: the host buffers offloaded
-  // buckets' gradients and updated weights travel through (not in
-  // total_bytes()). device_bytes + host_bytes + nvme_bytes = total_bytes()
-  // + staging_bytes (+ the swap buffers in host_bytes with NVMe);
-  // pinned_host_bytes is the part of host_bytes that is page-locked (what
-  // the device copies to and from, with pin_memory).
-  int64_t staging_bytes = 0;
-  int64_t device_bytes = 0;
-  int64_t host_bytes = 0;
-  int64_t pinned_host_bytes = 0;
-  int64_t nvme_bytes = 0;  // swap files (offload_optimizer nvme)
-  // The paper's figure for this stage, precision and world size (16 Psi,
-  // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
-  // Adam), exact (no rounding of Psi / N).
-  double paper_bytes = 0;
-  std::string ToString() const;
-};
 
 // Which state is offloaded to host memory (zero/partition_state.h).
 struct StatePlacement {

@@ -44,37 +44,11 @@
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
 #include "zero/plan.h"
+#include "zero/reports.h"
 #include "zero/training_state.h"
 
 namespace ze {
 namespace zero {
-
-// Collective volume, in elements (padded buckets, as sent), over one
-// optimizer step. Stage 3 counts its parameter all-gathers (output size) and
-// gradient reduce-scatters (input size); other stages report zeros.
-struct CommunicationCounters {
-  int64_t all_gathered_elements = 0;
-  int64_t reduce_scattered_elements = 0;
-  int64_t all_gathers = 0;
-  int64_t reduce_scatters = 0;
-  // Stage 3: time the compute stream (CUDA, timing events) or the host
-  // (CPU) waited for parameter all-gathers to complete; near zero when
-  // prefetching hides them.
-  double wait_ms = 0;
-  // Stage 3: buckets kept gathered for reuse (stage3_max_reuse_distance)
-  // and gathered buckets released early to stay within
-  // stage3_max_live_parameters.
-  int64_t kept_for_reuse = 0;
-  int64_t early_releases = 0;
-  // Stage 3: the most gathered elements alive at once during the step.
-  int64_t peak_gathered_elements = 0;
-};
-
-// Engine::LoadWeights's report.
-struct LoadReport {
-  int64_t tensors = 0;     // parameters loaded
-  int64_t bytes_read = 0;  // tensor bytes this rank read from the file
-};
 
 // What a strategy borrows from its Engine; everything outlives it.
 struct StrategyContext {
@@ -181,10 +155,10 @@ class ZeroStrategy {
   }
   Phase phase() const { return phase_; }
 
-  // Checkpoints (engine/checkpoint.cc speaks the file format; this speaks
-  // the state). Both need the strategy idle, between optimizer steps, with
-  // no GatherParameters scope open (FailedPrecondition otherwise); both
-  // finish an offloaded update in progress first.
+  // Checkpoints (engine/checkpoint/orchestration.cc speaks the file format;
+  // this speaks the state). Both need the strategy idle, between optimizer
+  // steps, with no GatherParameters scope open (FailedPrecondition otherwise);
+  // both finish an offloaded update in progress first.
   //
   // A rank saves the pieces of its slice of every bucket (the layout's
   // RankShards: parameter elements this rank owns under stage 1-3

@@ -1,9 +1,9 @@
 // The on-disk checkpoint format: a directory per tag, one safetensors file
 // per rank, a manifest that says where every parameter's elements are, and
 // the crash-safe protocol that writes them. Knows no engine and no ZeRO
-// stage: the engine (engine/checkpoint.cc) decides what goes in, and the
-// CLI (tools/ze_checkpoint) inspects, verifies and consolidates through the
-// same reader.
+// stage: the engine (engine/checkpoint/orchestration.cc) decides what goes in,
+// and the CLI (tools/ze_checkpoint) inspects, verifies and consolidates through
+// the same reader.
 //
 // Layout of a checkpoint directory `dir`:
 //
@@ -124,8 +124,8 @@ struct Manifest {
   // One per rank, in rank order.
   std::vector<FileRecord> files;
   // Opaque to this layer: the engine's counters, scheduler, loss scaler and
-  // optimizer step (engine/checkpoint.cc documents the keys), the resolved
-  // config, and the user's client_state. Each a JSON object.
+  // optimizer step (engine/checkpoint/orchestration.cc documents the keys), the
+  // resolved config, and the user's client_state. Each a JSON object.
   nlohmann::json training_state = nlohmann::json::object();
   nlohmann::json config = nlohmann::json::object();
   nlohmann::json client_state = nlohmann::json::object();

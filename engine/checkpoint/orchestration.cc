@@ -1,7 +1,3 @@
-// Engine::SaveCheckpoint / LoadCheckpoint: the collective choreography
-// around the checkpoint format (engine/checkpoint/checkpoint_format.h) and
-// the strategy's state (ZeroStrategy::SaveState / LoadState).
-//
 // The manifest's training_state object holds:
 //   global_steps, skipped_steps, micro_steps, global_samples  (Counters)
 //   schedule_step      applied optimizer steps (the LR schedule's position;
@@ -14,6 +10,8 @@
 // The engine keeps no random state of its own (initialisation is a pure
 // function of the seed and the parameter; no dropout): a trainer's data
 // order or sampling state belongs in client_state.
+#include "engine/checkpoint/orchestration.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -33,7 +31,6 @@
 #include "engine/agreement.h"
 #include "engine/checkpoint/checkpoint_format.h"
 #include "engine/checkpoint/consolidate.h"
-#include "engine/engine.h"
 
 namespace ze {
 namespace engine {
@@ -144,36 +141,43 @@ int64_t StagingLimit(int local_ranks) {
   return 0;  // unknown: the two-pass path
 }
 
-}  // namespace
-
-absl::Status Engine::RequireCheckpointBoundary(const char* what) const {
-  ZE_RETURN_IF_ERROR(RequireNoPendingBackward(what));
-  const int64_t accumulation = config_.gradient_accumulation_steps.value();
-  if (counters_.micro_steps % accumulation != 0) {
+// At an accumulation boundary (the engine checked that no backward is
+// owed): FailedPrecondition naming `what` otherwise.
+absl::Status RequireBoundary(const CheckpointedState& engine,
+                             const char* what) {
+  const int64_t accumulation =
+      engine.config->gradient_accumulation_steps.value();
+  const int64_t micro_steps = engine.counters->micro_steps;
+  if (micro_steps % accumulation != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " on rank ", communicator_->rank(),
+        absl::StrCat(what, " on rank ", engine.comm->rank(),
                      ": in the middle of an accumulation window (micro step ",
-                     counters_.micro_steps % accumulation, " of ", accumulation,
+                     micro_steps % accumulation, " of ", accumulation,
                      "); call it after the boundary Step"));
   }
   return absl::OkStatus();
 }
 
-nlohmann::json Engine::TrainingStateJson() const {
+// The manifest's training_state (the file comment lists its keys).
+nlohmann::json TrainingStateJson(const CheckpointedState& engine) {
+  const Counters& counters = *engine.counters;
+  const config::Config& cfg = *engine.config;
+  zero::TrainingState* training = engine.training;
+  const zero::ZeroStrategy* strategy = engine.strategy;
   nlohmann::json state = nlohmann::json::object();
-  state["global_steps"] = counters_.global_steps;
-  state["skipped_steps"] = counters_.skipped_steps;
-  state["micro_steps"] = counters_.micro_steps;
-  state["global_samples"] = counters_.global_samples;
-  state["schedule_step"] = training_->schedule_step();
-  state["optimizer_step_count"] = strategy_->optimizer_step_count();
+  state["global_steps"] = counters.global_steps;
+  state["skipped_steps"] = counters.skipped_steps;
+  state["micro_steps"] = counters.micro_steps;
+  state["global_samples"] = counters.global_samples;
+  state["schedule_step"] = training->schedule_step();
+  state["optimizer_step_count"] = strategy->optimizer_step_count();
   state["optimizer"] =
-      config_.optimizer.has_value()
-          ? nlohmann::json(config::OptimizerTypeName(config_.optimizer->type))
+      cfg.optimizer.has_value()
+          ? nlohmann::json(config::OptimizerTypeName(cfg.optimizer->type))
           : nlohmann::json(nullptr);
-  state["learning_rate"] = training_->learning_rate();
-  state["loss_scale"] = training_->loss_scale();
-  if (const zero::LossScaler* scaler = training_->scaler()) {
+  state["learning_rate"] = training->learning_rate();
+  state["loss_scale"] = training->loss_scale();
+  if (const zero::LossScaler* scaler = training->scaler()) {
     const zero::LossScalerState scaler_state = scaler->state();
     state["loss_scaler"] = {
         {"cur_scale", scaler_state.cur_scale},
@@ -186,23 +190,28 @@ nlohmann::json Engine::TrainingStateJson() const {
   return state;
 }
 
-absl::Status Engine::RestoreTrainingState(const nlohmann::json& state,
-                                          const std::string& source) {
+// Restores what TrainingStateJson saved. InvalidArgument naming `source`
+// for a missing or mistyped key.
+absl::Status RestoreTrainingState(const CheckpointedState& engine,
+                                  const nlohmann::json& state,
+                                  const std::string& source) {
+  Counters& counters = *engine.counters;
+  zero::TrainingState* training = engine.training;
   try {
-    counters_.global_steps = JsonInt(state, "global_steps");
-    counters_.skipped_steps = JsonInt(state, "skipped_steps");
-    counters_.micro_steps = JsonInt(state, "micro_steps");
-    counters_.global_samples = JsonInt(state, "global_samples");
-    training_->set_schedule_step(JsonInt(state, "schedule_step"));
+    counters.global_steps = JsonInt(state, "global_steps");
+    counters.skipped_steps = JsonInt(state, "skipped_steps");
+    counters.micro_steps = JsonInt(state, "micro_steps");
+    counters.global_samples = JsonInt(state, "global_samples");
+    training->set_schedule_step(JsonInt(state, "schedule_step"));
     const nlohmann::json& scaler = state.at("loss_scaler");
-    if (training_->scaler() != nullptr && scaler.is_object()) {
+    if (training->scaler() != nullptr && scaler.is_object()) {
       zero::LossScalerState restored;
       restored.cur_scale = scaler.at("cur_scale").get<double>();
       restored.cur_iter = scaler.at("cur_iter").get<int64_t>();
       restored.last_overflow_iter =
           scaler.at("last_overflow_iter").get<int64_t>();
       restored.cur_hysteresis = scaler.at("cur_hysteresis").get<int>();
-      ZE_RETURN_IF_ERROR(training_->scaler()->Restore(restored));
+      ZE_RETURN_IF_ERROR(training->scaler()->Restore(restored));
     }
   } catch (const nlohmann::json::exception& error) {
     return absl::InvalidArgumentError(
@@ -211,37 +220,45 @@ absl::Status Engine::RestoreTrainingState(const nlohmann::json& state,
   return absl::OkStatus();
 }
 
-absl::Status Engine::SaveCheckpoint(const std::string& directory,
-                                    const std::string& tag_argument,
-                                    const nlohmann::json& client_state) {
+}  // namespace
+
+absl::Status SaveCheckpoint(const CheckpointedState& engine,
+                            const std::string& directory,
+                            const std::string& tag_argument,
+                            const nlohmann::json& client_state,
+                            CheckpointSaveReport* save_report) {
   const char* what = "save_checkpoint";
   const Clock::time_point save_start = Clock::now();
-  last_save_report_ = CheckpointSaveReport();
-  CheckpointSaveReport& report = last_save_report_;
-  ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
+  *save_report = CheckpointSaveReport();
+  CheckpointSaveReport& report = *save_report;
+  const config::Config& cfg = *engine.config;
+  const Counters& counters = *engine.counters;
+  nn::LossModel* model = engine.model;
+  zero::ZeroStrategy* strategy = engine.strategy;
+  ZE_RETURN_IF_ERROR(RequireBoundary(engine, what));
   if (!client_state.is_object()) {
     return absl::InvalidArgumentError(
         "save_checkpoint: client_state must be a JSON object");
   }
   const std::string own_tag =
-      tag_argument.empty() ? absl::StrCat("global_step", counters_.global_steps)
+      tag_argument.empty() ? absl::StrCat("global_step", counters.global_steps)
                            : tag_argument;
-  comm::Communicator& comm = *communicator_;
-  const Stream& stream = compute_stream_;
+  comm::Communicator& comm = *engine.comm;
+  const Stream& stream = *engine.stream;
   StreamGuard guard(stream);
   ZE_RETURN_IF_ERROR(
       AgreeAcrossRanks(comm, checkpoint::ValidateTag(own_tag), stream, what));
   ZE_ASSIGN_OR_RETURN(
       const std::string tag,
       AgreeOnDirectoryAndTag(comm, what, directory, own_tag,
-                             config_.checkpoint.tag_validation, stream));
+                             cfg.checkpoint.tag_validation, stream));
 
   // A step that applied a non-finite update leaves state no run should
   // resume from (every rank knows it alike: the loss is all-reduced).
-  if (last_update_nonfinite_) {
+  if (engine.last_update_nonfinite) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " on rank ", comm.rank(), ": the last step's loss (",
-        last_nonfinite_loss_,
+        engine.last_nonfinite_loss,
         ") or gradient norm was not finite and its update was applied; not "
         "saved, so `latest` in ",
         directory, " still names the last good checkpoint"));
@@ -255,16 +272,16 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
 
   // 2. Every rank writes its file.
   const std::vector<zero::ZeroStrategy::CheckpointKind> kinds =
-      strategy_->CheckpointKinds();
+      strategy->CheckpointKinds();
   std::vector<std::string> kind_names;
   std::vector<DType> kind_dtypes;
   for (const auto& kind : kinds) {
     kind_names.push_back(kind.name);
     kind_dtypes.push_back(kind.dtype);
   }
-  const zero::PartitionedLayout& layout = strategy_->layout();
+  const zero::PartitionedLayout& layout = strategy->layout();
   std::vector<checkpoint::RankFileWriter::PieceSpec> pieces;
-  for (const zero::ParamShard& shard : strategy_->CheckpointPieces()) {
+  for (const zero::ParamShard& shard : strategy->CheckpointPieces()) {
     pieces.push_back({layout.param(shard.param_index).name, shard.count});
   }
   checkpoint::FileRecord mine;
@@ -295,7 +312,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
       }
       return HasInfOrNan(values, *flag, stream);
     };
-    absl::Status saved = strategy_->SaveState(
+    absl::Status saved = strategy->SaveState(
         [&](const zero::ZeroStrategy::CheckpointKind& kind,
             const zero::ParamShard& piece, const Tensor& values) {
           if (kind.name == checkpoint::kMaster) {
@@ -344,11 +361,11 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
       checkpoint::Manifest manifest;
       manifest.tag = tag;
       manifest.world_size = comm.world_size();
-      manifest.zero_stage = config_.zero_optimization.stage;
-      manifest.model_dtype = model_->dtype();
+      manifest.zero_stage = cfg.zero_optimization.stage;
+      manifest.model_dtype = model->dtype();
       manifest.kinds = kind_names;
       std::unordered_map<std::string, Shape> shapes;
-      for (nn::Parameter* parameter : model_->Parameters()) {
+      for (nn::Parameter* parameter : model->Parameters()) {
         shapes[parameter->name()] = parameter->shape();
       }
       for (int p = 0; p < layout.num_params(); ++p) {
@@ -363,11 +380,11 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
         manifest.parameters.push_back(std::move(record));
       }
       manifest.files = files;
-      manifest.training_state = TrainingStateJson();
-      manifest.config = nlohmann::json::parse(config::ToJson(config_));
+      manifest.training_state = TrainingStateJson(engine);
+      manifest.config = nlohmann::json::parse(config::ToJson(cfg));
       manifest.client_state = client_state;
       ZE_RETURN_IF_ERROR(checkpoint::CommitSave(directory, manifest));
-      if (config_.zero_optimization.stage3_gather_16bit_weights_on_model_save
+      if (cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
               .value()) {
         ZE_ASSIGN_OR_RETURN(auto reader,
                             checkpoint::CheckpointReader::Open(directory, tag));
@@ -375,7 +392,7 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
         options.output_path =
             absl::StrCat(checkpoint::TagDirectory(directory, tag),
                          "/model_16bit.safetensors");
-        options.dtype = model_->dtype();
+        options.dtype = model->dtype();
         options.verify_checksums = false;  // checksummed as they were written
         ZE_RETURN_IF_ERROR(checkpoint::Consolidate(*reader, options).status());
       }
@@ -392,15 +409,20 @@ absl::Status Engine::SaveCheckpoint(const std::string& directory,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
-    const std::string& directory, const std::string& tag_argument,
-    bool load_optimizer_states) {
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
+                                                const std::string& directory,
+                                                const std::string& tag_argument,
+                                                bool load_optimizer_states) {
   const char* what = "load_checkpoint";
   const Clock::time_point load_start = Clock::now();
   LoadedCheckpoint result;
-  ZE_RETURN_IF_ERROR(RequireCheckpointBoundary(what));
-  comm::Communicator& comm = *communicator_;
-  const Stream& stream = compute_stream_;
+  const config::Config& cfg = *engine.config;
+  const Counters& counters = *engine.counters;
+  nn::LossModel* model = engine.model;
+  zero::ZeroStrategy* strategy = engine.strategy;
+  ZE_RETURN_IF_ERROR(RequireBoundary(engine, what));
+  comm::Communicator& comm = *engine.comm;
+  const Stream& stream = *engine.stream;
   StreamGuard guard(stream);
   // Rank 0's tag is the one loaded (as tag_validation says), and rank 0
   // resolves `latest` once, so every rank loads the same tag even if a save
@@ -408,7 +430,7 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   ZE_ASSIGN_OR_RETURN(
       std::string tag,
       AgreeOnDirectoryAndTag(comm, what, directory, tag_argument,
-                             config_.checkpoint.tag_validation, stream));
+                             cfg.checkpoint.tag_validation, stream));
   if (tag.empty()) {
     absl::StatusOr<std::string> latest = std::string();
     if (comm.rank() == 0) latest = checkpoint::ReadLatestTag(directory);
@@ -442,7 +464,7 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
     const checkpoint::Manifest& manifest = reader->manifest();
     const std::string source = reader->tag_directory();
     std::vector<std::pair<std::string, Shape>> model_parameters;
-    for (nn::Parameter* parameter : model_->Parameters()) {
+    for (nn::Parameter* parameter : model->Parameters()) {
       model_parameters.emplace_back(parameter->name(), parameter->shape());
     }
     ZE_RETURN_IF_ERROR(
@@ -453,7 +475,7 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
     }
     if (load_optimizer_states) {
       std::vector<std::string> missing;
-      for (const auto& kind : strategy_->CheckpointKinds()) {
+      for (const auto& kind : strategy->CheckpointKinds()) {
         if (kind.name != checkpoint::kWeights && !manifest.HasKind(kind.name)) {
           missing.push_back(kind.name);
         }
@@ -470,16 +492,16 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
     }
     has_weights = manifest.HasKind(checkpoint::kWeights);
     master_from_weights =
-        has_weights && !config_.zero_optimization.load_from_fp32_weights;
+        has_weights && !cfg.zero_optimization.load_from_fp32_weights;
     result.open_seconds = SecondsSince(load_start);
     // read_seconds includes allocating the staging (its pages are touched
     // by the reads).
     const Clock::time_point read_start = Clock::now();
     const int64_t staging_bytes =
-        strategy_->StagedLoadBytes(load_optimizer_states);
+        strategy->StagedLoadBytes(load_optimizer_states);
     if (staging_bytes <= StagingLimit(comm.local_size())) {
       absl::StatusOr<zero::ZeroStrategy::StagedLoad> prepared =
-          strategy_->PrepareLoad(load_optimizer_states);
+          strategy->PrepareLoad(load_optimizer_states);
       // No memory after all: the two-pass path, which needs little.
       if (!absl::IsResourceExhausted(prepared.status())) {
         ZE_RETURN_IF_ERROR(prepared.status());
@@ -524,10 +546,10 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   if (staged.has_value()) {
     result.one_pass = true;
     result.bytes_staged = staged->bytes;
-    loaded = strategy_->CommitLoad(*staged, optimizer_step_count);
+    loaded = strategy->CommitLoad(*staged, optimizer_step_count);
     staged.reset();
   } else {
-    loaded = strategy_->LoadState(
+    loaded = strategy->LoadState(
         [&](const std::string& kind, const std::string& name,
             int64_t param_begin, const Tensor& destination) {
           return reader->ReadRange(taken_kind(kind), name, param_begin,
@@ -537,8 +559,8 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
   }
   result.apply_seconds = SecondsSince(apply_start);
   if (loaded.ok()) {
-    loaded =
-        RestoreTrainingState(manifest.training_state, reader->tag_directory());
+    loaded = RestoreTrainingState(engine, manifest.training_state,
+                                  reader->tag_directory());
   }
   if (!loaded.ok()) {
     loaded = absl::DataLossError(absl::StrCat(
@@ -547,13 +569,10 @@ absl::StatusOr<Engine::LoadedCheckpoint> Engine::LoadCheckpoint(
         loaded.message()));
   }
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, loaded, stream, what));
-  loss_sum_ = 0;
-  last_tokens_ = 0;
-  window_start_ = std::chrono::steady_clock::now();
   ZE_LOG_RANK0(INFO) << "loaded checkpoint " << reader->tag_directory()
                      << " (saved at world size " << manifest.world_size
                      << ", stage " << manifest.zero_stage << ") at step "
-                     << counters_.global_steps << " in "
+                     << counters.global_steps << " in "
                      << SecondsSince(load_start) << " s, rank 0 "
                      << (result.one_pass
                              ? absl::StrCat("in one pass, ",

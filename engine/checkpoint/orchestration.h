@@ -1,0 +1,72 @@
+// The engine's checkpointing: the collective choreography of
+// Engine::SaveCheckpoint and Engine::LoadCheckpoint (their contracts are in
+// engine/engine.h) around the on-disk format (checkpoint_format.h,
+// consolidate.h, beside this file) and the strategy's state
+// (zero::ZeroStrategy::SaveState / PrepareLoad / CommitLoad / LoadState).
+//
+// Layering: this is a separate target (//engine/checkpoint:orchestration)
+// above the format target, which knows no engine and no ZeRO stage; the
+// engine reaches it through CheckpointedState, a borrowed view of the state
+// a checkpoint holds, so neither depends on the Engine class.
+//
+// Threading: the engine's thread calls these (the writer and readers start
+// their own threads and join them before returning). Stream: everything is
+// queued on `stream` and synchronised before returning.
+#ifndef ZE_ENGINE_CHECKPOINT_ORCHESTRATION_H_
+#define ZE_ENGINE_CHECKPOINT_ORCHESTRATION_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "core/stream.h"
+#include "engine/reports.h"
+#include "nlohmann/json.hpp"
+#include "nn/loss_model.h"
+#include "zero/strategy.h"
+#include "zero/training_state.h"
+
+namespace ze {
+namespace engine {
+
+// What a checkpoint saves and a load restores, borrowed from the engine for
+// one call (every pointer non-null and outliving it). A load writes the
+// strategy's state, the training state and the counters.
+struct CheckpointedState {
+  const config::Config* config = nullptr;
+  comm::Communicator* comm = nullptr;
+  const Stream* stream = nullptr;  // the compute stream
+  nn::LossModel* model = nullptr;
+  zero::ZeroStrategy* strategy = nullptr;
+  zero::TrainingState* training = nullptr;
+  Counters* counters = nullptr;
+  // bf16/f32: the last step applied its update although its loss
+  // (last_nonfinite_loss) or gradient norm was not finite; such state is
+  // never saved.
+  bool last_update_nonfinite = false;
+  double last_nonfinite_loss = 0;
+};
+
+// Engine::SaveCheckpoint after its own checks (no backward owed): checks
+// the accumulation boundary and everything else that contract lists, then
+// saves. `report` (non-null) is reset, then filled as far as the call got.
+absl::Status SaveCheckpoint(const CheckpointedState& engine,
+                            const std::string& directory,
+                            const std::string& tag,
+                            const nlohmann::json& client_state,
+                            CheckpointSaveReport* report);
+
+// Engine::LoadCheckpoint after its own checks (no backward owed), as that
+// contract says. The caller restarts what is not checkpointed (the step's
+// summed loss, the throughput window).
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
+                                                const std::string& directory,
+                                                const std::string& tag,
+                                                bool load_optimizer_states);
+
+}  // namespace engine
+}  // namespace ze
+
+#endif  // ZE_ENGINE_CHECKPOINT_ORCHESTRATION_H_

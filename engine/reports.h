@@ -1,0 +1,82 @@
+// The values the Engine's public API reports (engine/engine.h includes this
+// header; programs need not). Plain structs with no dependency on how the
+// engine computes them, so the checkpoint orchestration
+// (engine/checkpoint/orchestration.h) can fill them without the Engine.
+#ifndef ZE_ENGINE_REPORTS_H_
+#define ZE_ENGINE_REPORTS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "zero/reports.h"
+
+namespace ze {
+namespace engine {
+
+// The zero/ reports the public API speaks in (zero/reports.h).
+using MemoryBreakdown = zero::MemoryBreakdown;  // per-rank model state
+using CommunicationCounters = zero::CommunicationCounters;
+using LoadReport = zero::LoadReport;
+using StepReport = zero::StepReport;
+
+struct Counters {
+  int64_t global_steps = 0;    // optimizer steps taken or skipped
+  int64_t skipped_steps = 0;   // fp16 overflows; bf16/f32 non-finite steps
+  int64_t micro_steps = 0;     // Forward/Backward pairs
+  int64_t global_samples = 0;  // samples over all ranks
+};
+
+// Where this rank's last SaveCheckpoint spent its time (seconds), for
+// benchmarks. The copy and the writer run concurrently (a pipeline), so
+// the phases overlap; `total` is the call's wall time.
+struct CheckpointSaveReport {
+  double total_seconds = 0;
+  double agree_seconds = 0;  // tag agreement and the partial directory
+  double copy_seconds = 0;   // state copied to host staging (this thread)
+  double stall_seconds = 0;  // this thread waiting for a free buffer
+  double crc_seconds = 0;    // writer thread: CRC-32C
+  double writer_stall_seconds = 0;  // writer thread waiting for the disk
+                                    // (direct I/O: for a free block)
+  double write_seconds = 0;         // writing: the I/O thread in pwrite (direct
+                                    // I/O), else the write() calls
+  double finish_seconds = 0;        // the file's last writes, fsync, rename
+  double commit_seconds = 0;        // records gathered, manifest, `latest`
+  bool direct_io = false;           // the rank file was written with O_DIRECT
+  bool pinned = false;              // the staging buffers were page-locked
+  int64_t bytes = 0;                // this rank's file
+};
+
+// What LoadCheckpoint loaded, how this rank loaded it (see
+// Engine::LoadCheckpoint) and where its time went (seconds).
+struct LoadedCheckpoint {
+  std::string tag;
+  nlohmann::json client_state;
+  int saved_world_size = 0;
+  int saved_stage = 0;
+  int64_t bytes_read = 0;     // by this rank
+  bool one_pass = false;      // staged in host memory as read, then applied
+  int64_t bytes_staged = 0;   // host staging (one_pass)
+  int files_reread = 0;       // files this rank verified by reading them
+                              // again (a partial read: resharding)
+  double open_seconds = 0;    // tag agreement, manifest, headers, checks
+  double read_seconds = 0;    // one_pass: reading (with CRCs) into staging
+  double verify_seconds = 0;  // checksums checked (one_pass: from the
+                              // reads, plus any re-read); agreement
+  double apply_seconds = 0;   // writing the state into place (two-pass:
+                              // reading and writing, bucket by bucket)
+  double total_seconds = 0;
+};
+
+// The offloaded update's diagnostics (Engine::nvme_counters,
+// Engine::offload_times), for benchmarks. Only declared here: their
+// definitions (engine/offload_report.h) name offload/'s and the partition
+// state's types, which a program that does not read them should not
+// include.
+struct NvmeCounters;
+struct OffloadTimes;
+
+}  // namespace engine
+}  // namespace ze
+
+#endif  // ZE_ENGINE_REPORTS_H_

@@ -1,0 +1,39 @@
+#include "zero/reports.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ze {
+namespace zero {
+
+std::string FormatGiB(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3f GiB",
+                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+std::string MemoryBreakdown::ToString() const {
+  std::string text = absl::StrFormat(
+      "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
+      "%s, optimizer state %s, total %s (ZeRO paper: %s)",
+      parameter_elements, FormatGiB(model_weight_bytes),
+      FormatGiB(gradient_bytes), FormatGiB(master_weight_bytes),
+      FormatGiB(optimizer_state_bytes), FormatGiB(total_bytes()),
+      FormatGiB(static_cast<int64_t>(paper_bytes)));
+  if (host_bytes > 0) {
+    absl::StrAppend(&text, "; device ", FormatGiB(device_bytes), ", host ",
+                    FormatGiB(host_bytes), " (pinned ",
+                    FormatGiB(pinned_host_bytes), ", transfer staging ",
+                    FormatGiB(staging_bytes), ")");
+    if (nvme_bytes > 0) {
+      absl::StrAppend(&text, ", NVMe ", FormatGiB(nvme_bytes));
+    }
+  }
+  return text;
+}
+
+}  // namespace zero
+}  // namespace ze

@@ -1,0 +1,93 @@
+// What zero/ reports to the layers above: the boundary step's outcome, the
+// collective volume of a step, a weight load, and the per-rank memory plan.
+// Plain values with no dependency, so the engine's public header
+// (engine/engine.h) can speak in them without pulling in the strategies,
+// the partition state or offload/ (which produce them).
+#ifndef ZE_ZERO_REPORTS_H_
+#define ZE_ZERO_REPORTS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace ze {
+namespace zero {
+
+// What a boundary step did (for logs and tests).
+struct StepReport {
+  bool boundary = false;  // false: only accumulated
+  bool skipped = false;   // fp16 overflow, or nonfinite (see below)
+  // bf16/f32: the loss or the global gradient norm was inf or NaN. The
+  // update is then skipped (skipped is true), except when an offloaded
+  // update already began during backward (PartitionState::BeginUpdate: no
+  // clipping), which cannot be taken back. fp16 reports overflow through
+  // skipped alone.
+  bool nonfinite = false;
+  double loss = 0;           // mean over ranks and micro-batches
+  double grad_norm = 0;      // global norm before clipping (0 if unknown)
+  double learning_rate = 0;  // used for this update
+  double loss_scale = 1;     // in effect for this step's backward
+};
+
+// Collective volume, in elements (padded buckets, as sent), over one
+// optimizer step. Stage 3 counts its parameter all-gathers (output size) and
+// gradient reduce-scatters (input size); other stages report zeros.
+struct CommunicationCounters {
+  int64_t all_gathered_elements = 0;
+  int64_t reduce_scattered_elements = 0;
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  // Stage 3: time the compute stream (CUDA, timing events) or the host
+  // (CPU) waited for parameter all-gathers to complete; near zero when
+  // prefetching hides them.
+  double wait_ms = 0;
+  // Stage 3: buckets kept gathered for reuse (stage3_max_reuse_distance)
+  // and gathered buckets released early to stay within
+  // stage3_max_live_parameters.
+  int64_t kept_for_reuse = 0;
+  int64_t early_releases = 0;
+  // Stage 3: the most gathered elements alive at once during the step.
+  int64_t peak_gathered_elements = 0;
+};
+
+// Engine::LoadWeights's report.
+struct LoadReport {
+  int64_t tensors = 0;     // parameters loaded
+  int64_t bytes_read = 0;  // tensor bytes this rank read from the file
+};
+
+// The memory plan the engine reports and allocates by (per rank).
+struct MemoryBreakdown {
+  int64_t parameter_elements = 0;  // Psi: trainable parameter elements
+  int64_t model_weight_bytes = 0;  // 16-bit (or f32) weights held
+  int64_t gradient_bytes = 0;      // gradients held between steps
+  int64_t master_weight_bytes = 0;
+  int64_t optimizer_state_bytes = 0;  // moments, without the master weights
+  int64_t total_bytes() const {
+    return model_weight_bytes + gradient_bytes + master_weight_bytes +
+           optimizer_state_bytes;
+  }
+  // Where it lives (offload). staging_bytes: the host buffers offloaded
+  // buckets' gradients and updated weights travel through (not in
+  // total_bytes()). device_bytes + host_bytes + nvme_bytes = total_bytes()
+  // + staging_bytes (+ the swap buffers in host_bytes with NVMe);
+  // pinned_host_bytes is the part of host_bytes that is page-locked (what
+  // the device copies to and from, with pin_memory).
+  int64_t staging_bytes = 0;
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  int64_t pinned_host_bytes = 0;
+  int64_t nvme_bytes = 0;  // swap files (offload_optimizer nvme)
+  // The paper's figure for this stage, precision and world size (16 Psi,
+  // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
+  // Adam), exact (no rounding of Psi / N).
+  double paper_bytes = 0;
+  std::string ToString() const;
+};
+
+// `bytes` as "1.234 GiB" (three decimals), for memory messages.
+std::string FormatGiB(int64_t bytes);
+
+}  // namespace zero
+}  // namespace ze
+
+#endif  // ZE_ZERO_REPORTS_H_
