@@ -201,6 +201,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     ZE_ASSIGN_OR_RETURN(
         std::unique_ptr<nn::DecoderModel> model,
         nn::DecoderModel::Create(*config.decoder, options, stream));
+    model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
     return std::shared_ptr<nn::LossModel>(std::move(model));
   }
   nn::GptOptions options;
@@ -210,6 +211,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
   options.materialize = materialize;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(config.gpt, options, stream));
+  model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
   return std::shared_ptr<nn::LossModel>(std::move(model));
 }
 

@@ -99,6 +99,10 @@ struct BenchModelConfig {
   void set_activation_checkpointing(bool on);
 
   std::string name;
+  // Rows of logits the loss forms at a time (nn::OutputHead); 0: the head's
+  // default (a 256 MiB chunk). A benchmark knob: the rows that are not in
+  // the last chunk pay one more head product in the backward.
+  int64_t loss_chunk_rows = 0;
   nn::GptConfig gpt;                         // when !is_decoder()
   std::optional<nn::DecoderConfig> decoder;  // decoder presets
 };

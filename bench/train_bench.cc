@@ -44,6 +44,9 @@
 //   --seq=1024 --iters=10 --warmup=3 --dtype=bf16 (bf16, f16 or f32; the
 //   config enables the matching mixed precision)
 //   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
+//   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
+//                            output head's 256 MiB default; batch x seq: the
+//                            whole logits in one pass, no recomputed chunk)
 //   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
 //   --seed=1234
 //   --accumulation=1         gradient_accumulation_steps; a timed step is
@@ -110,6 +113,7 @@ struct Options {
   DType dtype = DType::kBF16;
   bool overlap_comm = true;
   bool checkpointing = false;
+  int64_t loss_chunk_rows = 0;  // 0: the output head's default
   double lr = 6e-4;
   std::string backend = "auto";
   std::string device = "cuda";
@@ -174,6 +178,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       flags.GetBool("overlap_comm", true));
   ZE_ASSIGN_OR_RETURN(options.checkpointing,
                       flags.GetBool("checkpointing", false));
+  ZE_ASSIGN_OR_RETURN(options.loss_chunk_rows,
+                      flags.GetInt("loss_chunk_rows", 0, 0, 1 << 30));
   const std::string lr = flags.GetString("lr", "6e-4");
   if (!absl::SimpleAtod(lr, &options.lr) || !(options.lr > 0)) {
     return absl::InvalidArgumentError(
@@ -302,6 +308,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_ASSIGN_OR_RETURN(BenchModelConfig config,
                       BenchModelConfig::FromName(name, options.seq));
   config.set_activation_checkpointing(options.checkpointing);
+  config.loss_chunk_rows = options.loss_chunk_rows;
   const int64_t num_parameters = config.NumParameters();
   double flops_per_token = 0;
   line["model_config"] = config.ToJson();
@@ -520,6 +527,7 @@ int Main(int argc, char** argv) {
       line["warmup"] = options->warmup;
       line["optimizer"] = "AdamW (engine's fused kernel)";
       line["checkpointing"] = options->checkpointing;
+      line["loss_chunk_rows"] = options->loss_chunk_rows;
       line["accumulation"] = options->accumulation;
       line["offload"] = options->offload;
       // The engine, model and data are released when this returns.
