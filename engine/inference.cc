@@ -15,6 +15,7 @@
 #include "engine/engine_impl.h"
 #include "engine/sampling.h"
 #include "nn/kv_cache.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace engine {
@@ -371,8 +372,13 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> EngineImpl::Generate(
   BatchGeneration generation(
       *model_, dynamic_cast<nn::IncrementalDecoder*>(model_.get()),
       *communicator_, compute_stream_,
-      /*agree_on_stop=*/config_.zero_optimization.stage == 3, prompts,
-      max_new_tokens, options);
+      // Partitioned parameters are gathered collectively in every forward,
+      // so ranks must stop together.
+      /*agree_on_stop=*/
+      zero::StagePolicy::ForStage(
+          static_cast<int>(config_.zero_optimization.stage))
+          .partition_parameters,
+      prompts, max_new_tokens, options);
   ZE_RETURN_IF_ERROR(RunEvaluation([&] { return generation.Run(); }));
   return generation.TakeGenerated();
 }

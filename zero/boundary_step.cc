@@ -47,7 +47,7 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
       ZE_RETURN_IF_ERROR(HasInfOrNan(own, overflow, stream));
     }
   }
-  if (partition.stage() == 0) {
+  if (!partition.policy().partition_optimizer) {
     // Every rank holds all the gradients: each contributes 1/N of its sum.
     ZE_RETURN_IF_ERROR(Scale(sum_of_squares, 1.0f / comm.world_size(), stream));
   }

@@ -1,6 +1,7 @@
 #include "zero/create_strategy.h"
 
 #include "zero/stage3.h"
+#include "zero/stage_policy.h"
 #include "zero/stages_0_to_2.h"
 
 namespace ze {
@@ -8,7 +9,9 @@ namespace zero {
 
 absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
     const StrategyContext& context) {
-  if (context.config->zero_optimization.stage == 3) {
+  if (StagePolicy::ForStage(
+          static_cast<int>(context.config->zero_optimization.stage))
+          .partition_parameters) {
     return Stage3::Create(context);
   }
   return Stages0To2::Create(context);

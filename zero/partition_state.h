@@ -56,6 +56,7 @@
 #include "offload/swapped_state.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace zero {
@@ -159,6 +160,7 @@ class PartitionState {
   int num_buckets() const { return layout_.num_buckets(); }
   bool trainable(int bucket) const { return trainable_[bucket]; }
   int stage() const { return options_.stage; }
+  StagePolicy policy() const { return StagePolicy::ForStage(options_.stage); }
   DType model_dtype() const { return options_.model_dtype; }
   // The model's device (gradients, and state placed kDevice, live there).
   const Device& device() const { return options_.device; }
@@ -356,9 +358,9 @@ class PartitionState {
  private:
   PartitionState(const PartitionedLayout& layout,
                  const PartitionStateOptions& options);
-  bool weights_replicated() const { return options_.stage <= 2; }
-  bool gradients_replicated() const { return options_.stage <= 1; }
-  bool updates_whole_buckets() const { return options_.stage == 0; }
+  bool weights_replicated() const { return !policy().partition_parameters; }
+  bool gradients_replicated() const { return !policy().partition_gradients; }
+  bool updates_whole_buckets() const { return !policy().partition_optimizer; }
   // Elements bucket b's optimizer updates: padded bucket (stage 0) or slice.
   int64_t own_elements(int bucket) const;
   // Zero-filled. `transferred`: host memory the device copies from and to

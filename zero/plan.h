@@ -1,7 +1,8 @@
 // What a ZeRO strategy will build for a model and a config, computed
 // without allocating anything: the flat layout (which the strategies
 // themselves use, so there is one definition of it), where offloaded state
-// goes, and the per-rank memory plan. The engine's startup plan,
+// goes, and the per-rank memory plan; StagePolicy (zero/stage_policy.h)
+// says what each stage partitions. The engine's startup plan,
 // train_gpt --dry_run and tools/ze_estimate all come from here.
 #ifndef ZE_ZERO_PLAN_H_
 #define ZE_ZERO_PLAN_H_
@@ -16,6 +17,7 @@
 #include "zero/flat_layout.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace zero {

@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stages0To2::Create(
 
 absl::Status Stages0To2::Setup() {
   nn::LossModel& model = *context_.model;
-  const int stage = static_cast<int>(config().zero_optimization.stage);
+  const StagePolicy stage_policy =
+      StagePolicy::ForStage(static_cast<int>(config().zero_optimization.stage));
   // Materialise any absent parameter (shapes-only construction) first:
   // stages 0-2 keep full weights on every rank.
   for (nn::Parameter* parameter : model.Parameters()) {
@@ -59,7 +60,7 @@ absl::Status Stages0To2::Setup() {
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
-  if (stage <= 1) {
+  if (!stage_policy.partition_gradients) {
     // The parameters' grad slots are views of the replicated gradients.
     for (int i = 0; i < layout.num_params(); ++i) {
       const ParamPlacement& place = layout.placement(i);
@@ -78,9 +79,10 @@ absl::Status Stages0To2::Setup() {
                         Stream::Create(device(), /*high_priority=*/true));
   }
   GradientReducerOptions reducer;
-  reducer.kind = stage == 0   ? ReductionKind::kAllReduce
-                 : stage == 1 ? ReductionKind::kReduceScatterInPlace
-                              : ReductionKind::kReduceScatterToPartition;
+  reducer.kind = !stage_policy.partition_optimizer ? ReductionKind::kAllReduce
+                 : !stage_policy.partition_gradients
+                     ? ReductionKind::kReduceScatterInPlace
+                     : ReductionKind::kReduceScatterToPartition;
   reducer.communication_dtype = context_.communication_dtype;
   reducer.prescale = config().prescale_gradients;
   reducer.predivide_factor = config().gradient_predivide_factor;
@@ -120,7 +122,7 @@ absl::Status Stages0To2::InstallHooks() {
           for (int index : indices) ++pending_uses_[index];
           return absl::OkStatus();
         });
-    if (stage() == 2) {
+    if (policy().partition_gradients) {
       AddHook(module, nn::HookKind::kPreBackward,
               [this, indices](nn::Module&, const Stream&) -> absl::Status {
                 for (int index : indices) {
@@ -185,8 +187,9 @@ absl::Status Stages0To2::OnBeginForward() {
 }
 
 absl::Status Stages0To2::OnBeginBackward(bool boundary) {
-  if (stage() == 2 || boundary) window_ = WindowReduction::kReducing;
-  if (stage() == 2 && boundary && partition_->CanBeginEarly()) {
+  if (policy().partition_gradients || boundary)
+    window_ = WindowReduction::kReducing;
+  if (policy().partition_gradients && boundary && partition_->CanBeginEarly()) {
     // Without clipping or an overflow check the step's arguments are known
     // now, so offloaded buckets can be updated as backward finishes them.
     ZE_ASSIGN_OR_RETURN(
@@ -216,7 +219,7 @@ absl::Status Stages0To2::IssueReadyBuckets(bool flush) {
 }
 
 absl::Status Stages0To2::IssueBucket(int bucket) {
-  if (stage() == 2) {
+  if (policy().partition_gradients) {
     // A bucket no module touched this micro-step still contributes zeros,
     // so every rank issues the same collectives.
     ZE_RETURN_IF_ERROR(EnsureBucketGradients(bucket));
@@ -229,7 +232,7 @@ absl::Status Stages0To2::OnEndBackward() {
   std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
   if (window_ != WindowReduction::kReducing) return absl::OkStatus();
   ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
-  if (stage() == 2) {
+  if (policy().partition_gradients) {
     // Every bucket was reduced (untouched ones as zeros) into the partition.
     window_ = WindowReduction::kNotYet;
     return reducer_->FinishAll();
@@ -239,7 +242,7 @@ absl::Status Stages0To2::OnEndBackward() {
 }
 
 absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
-  if (stage() < 2 && window_ != WindowReduction::kReduced) {
+  if (!policy().partition_gradients && window_ != WindowReduction::kReduced) {
     // The boundary micro-step had no Backward, so nothing reduced the
     // window's gradients: without this each rank would step with its own.
     window_ = WindowReduction::kReducing;
@@ -252,7 +255,7 @@ absl::StatusOr<StepReport> Stages0To2::BoundaryStep(double loss_sum) {
   ZE_RETURN_IF_ERROR(partition_->ZeroStaleGradients(stream()));
 
   BoundaryStepHooks hooks;
-  if (stage() > 0 && world() > 1) {
+  if (policy().partition_optimizer && world() > 1) {
     hooks.after_update = [this] { return GatherUpdatedWeights(); };
   }
   return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);

@@ -42,6 +42,7 @@
 #include "zero/flat_layout.h"
 #include "zero/gradient_reducer.h"
 #include "zero/partition_state.h"
+#include "zero/stage_policy.h"
 #include "zero/strategy.h"
 
 namespace ze {
@@ -76,7 +77,7 @@ class Stages0To2 : public ZeroStrategy {
   };
 
   explicit Stages0To2(const StrategyContext& context) : ZeroStrategy(context) {}
-  int stage() const { return partition_->stage(); }
+  StagePolicy policy() const { return partition_->policy(); }
   absl::Status OnBeginBackward(bool boundary) override;
   absl::Status OnEndBackward() override;
   absl::Status Setup();
