@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <unordered_map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
@@ -424,6 +426,13 @@ absl::Status EngineImpl::Setup() {
   context.compute_stream = &compute_stream_;
   context.model = model_.get();
   context.global_steps = &counters_.global_steps;
+  // The environment is read here, once, and passed down.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
+    int requested = 0;
+    if (absl::SimpleAtoi(omp, &requested) && requested > 0) {
+      context.omp_num_threads = requested;
+    }
+  }
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =

@@ -1,11 +1,9 @@
 #include "zero/strategy.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -130,13 +128,9 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     options.host_threads =
         std::max(1, device().is_cuda() ? share.count - 1 : share.count);
     options.host_first_cpu = share.first_cpu;
-    // OMP_NUM_THREADS sets it instead, as it sets DeepSpeed's CPU Adam
-    // (an OpenMP loop): the user's way to leave cores to data loading.
-    if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
-      int requested = 0;
-      if (absl::SimpleAtoi(omp, &requested) && requested > 0) {
-        options.host_threads = requested;
-      }
+    // OMP_NUM_THREADS sets it instead (StrategyContext::omp_num_threads).
+    if (context_.omp_num_threads > 0) {
+      options.host_threads = context_.omp_num_threads;
     }
   }
   if (offload.state.weights_on_host) {

@@ -61,6 +61,11 @@ struct StrategyContext {
   const int64_t* global_steps = nullptr;
   // communication_data_type resolved (the model's dtype when unset).
   DType communication_dtype = DType::kF32;
+  // Host facts the caller read from the environment once, at setup, so no
+  // strategy reads it mid-stack. OMP_NUM_THREADS as a positive integer (it
+  // sets the CPU optimizer's threads, as it sets DeepSpeed's CPU Adam: the
+  // user's way to leave cores to data loading); 0 when unset or invalid.
+  int omp_num_threads = 0;
 };
 
 // Where a strategy is within a micro-step.
