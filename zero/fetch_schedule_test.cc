@@ -1,6 +1,7 @@
 #include "zero/fetch_schedule.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,205 +235,35 @@ TEST(FetchScheduleTest, TiedBucketRequestedTwicePrefetchesOnce) {
   EXPECT_EQ(schedule.PrefetchCandidates(), (std::vector<int>{1, 2}));
 }
 
-// The scheduling code of engine/stage3.cc before FetchSchedule existed
-// (ffdde73), transcribed with its tensors and collectives replaced by a
-// log: FetchSchedule, driven as zero/stage3.cc drives it, must match it
-// decision for decision.
-class LegacyStage3 {
- public:
-  LegacyStage3(const FetchScheduleOptions& options,
-               const std::vector<int64_t>& sizes,
-               const std::vector<bool>& persistent,
-               std::vector<std::string>* log)
-      : options_(options), buckets_(sizes.size()), log_(log) {
-    for (size_t b = 0; b < sizes.size(); ++b) {
-      buckets_[b].padded_elements = sizes[b];
-      buckets_[b].persistent = persistent[b];
-    }
-  }
-
-  void BeginMicroStep() {
-    position_ = 0;
-    observed_.clear();
-    order_changed_ = false;
-    following_ = trace_valid_;
-    prefetching_ = following_ && options_.prefetch_bucket_elements > 0;
-  }
-
-  void Acquire(const std::vector<int>& entry, bool evaluating) {
-    if (evaluating) {
-      for (int b : entry) {
-        if (!buckets_[b].gathered) {
-          MakeRoom(buckets_[b].padded_elements);
-          IssueGather(b);
-        }
-        ++buckets_[b].users;
-      }
-      return;
-    }
-    for (int b : entry) {
-      if (following_ &&
-          (position_ >= trace_.size() || trace_[position_] != b)) {
-        log_->push_back(absl::StrCat("diverged at ", position_));
-        following_ = false;
-        prefetching_ = false;
-        order_changed_ = true;
-      }
-      ++position_;
-      observed_.push_back(b);
-      if (!buckets_[b].gathered) {
-        MakeRoom(buckets_[b].padded_elements);
-        IssueGather(b);
-      }
-      ++buckets_[b].users;
-    }
-    if (prefetching_) Prefetch();
-  }
-
-  void Release(const std::vector<int>& entry, bool evaluating) {
-    for (int b : entry) {
-      Bucket& bucket = buckets_[b];
-      if (bucket.users > 0) --bucket.users;
-      if (bucket.users == 0 && !bucket.persistent) {
-        if (!evaluating && ShouldKeep(b)) {
-          log_->push_back(absl::StrCat("keep ", b));
-          continue;
-        }
-        FreeGathered(b);
-      }
-    }
-  }
-
-  void EndBackward() {
-    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-      if (buckets_[b].users == 0 && !buckets_[b].persistent) {
-        FreeGathered(b);
-      }
-    }
-    following_ = false;
-    prefetching_ = false;
-    if (!trace_valid_ || order_changed_ || observed_ != trace_) {
-      if (trace_valid_) {
-        log_->push_back(absl::StrCat("new record of ", observed_.size()));
-      }
-      trace_ = observed_;
-      trace_valid_ = true;
-    }
-  }
-
-  void EndEval() {
-    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-      buckets_[b].users = 0;
-      if (!buckets_[b].persistent) FreeGathered(b);
-    }
-  }
-
-  int64_t peak() const { return peak_live_elements_; }
-  int64_t live() const { return live_elements_; }
-
- private:
-  struct Bucket {
-    int64_t padded_elements = 0;
-    bool persistent = false;
-    bool gathered = false;
-    int users = 0;
-  };
-
-  void IssueGather(int b) {
-    buckets_[b].gathered = true;
-    log_->push_back(absl::StrCat("gather ", b));
-    live_elements_ += buckets_[b].padded_elements;
-    peak_live_elements_ = std::max(peak_live_elements_, live_elements_);
-  }
-  void FreeGathered(int b) {
-    if (!buckets_[b].gathered) return;
-    buckets_[b].gathered = false;
-    log_->push_back(absl::StrCat("free ", b));
-    live_elements_ -= buckets_[b].padded_elements;
-  }
-  size_t NextUse(int b) const {
-    if (!following_) return trace_.size();
-    for (size_t q = position_; q < trace_.size(); ++q) {
-      if (trace_[q] == b) return q;
-    }
-    return trace_.size();
-  }
-  bool ShouldKeep(int b) const {
-    const int64_t distance = options_.max_reuse_distance;
-    if (!following_ || distance <= 0) return false;
-    if (live_elements_ > options_.max_live_elements) return false;
-    const size_t next = NextUse(b);
-    return next < trace_.size() &&
-           static_cast<int64_t>(next - position_) < distance;
-  }
-  void MakeRoom(int64_t incoming) {
-    const int64_t max_live = options_.max_live_elements;
-    while (live_elements_ + incoming > max_live) {
-      int victim = -1;
-      size_t victim_next = 0;
-      for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
-        const Bucket& bucket = buckets_[b];
-        if (!bucket.gathered || bucket.persistent || bucket.users > 0) {
-          continue;
-        }
-        const size_t next = NextUse(b);
-        if (victim < 0 || next >= victim_next) {
-          victim = b;
-          victim_next = next;
-        }
-      }
-      if (victim < 0) break;
-      log_->push_back(absl::StrCat("evict ", victim));
-      FreeGathered(victim);
-    }
-  }
-  void Prefetch() {
-    int64_t budget = options_.prefetch_bucket_elements;
-    const int64_t max_live = options_.max_live_elements;
-    for (size_t q = position_; q < trace_.size(); ++q) {
-      const int b = trace_[q];
-      if (buckets_[b].gathered) continue;
-      const int64_t elements = buckets_[b].padded_elements;
-      if (elements > budget || live_elements_ + elements > max_live) break;
-      budget -= elements;
-      IssueGather(b);
-    }
-  }
-
-  FetchScheduleOptions options_;
-  std::vector<Bucket> buckets_;
-  std::vector<std::string>* log_;
-  std::vector<int> trace_;
-  std::vector<int> observed_;
-  bool trace_valid_ = false;
-  bool following_ = false;
-  bool prefetching_ = false;
-  bool order_changed_ = false;
-  size_t position_ = 0;
-  int64_t live_elements_ = 0;
-  int64_t peak_live_elements_ = 0;
-};
-
 // zero/stage3.cc's use of FetchSchedule (Acquire, Release, MakeRoom,
-// Prefetch, OnEndBackward, OnEndEval), with the same log.
+// Prefetch, OnEndBackward, OnEndEval), logging every decision and checking
+// the header's contract at each one (gtest failures name the trial).
 class ScheduledStage3 {
  public:
   ScheduledStage3(const FetchScheduleOptions& options,
                   const std::vector<int64_t>& sizes,
                   const std::vector<bool>& persistent,
                   std::vector<std::string>* log)
-      : schedule_(options, sizes, persistent),
+      : options_(options),
+        schedule_(options, sizes, persistent),
         sizes_(sizes),
         persistent_(persistent),
         users_(sizes.size(), 0),
         log_(log) {}
 
-  void BeginMicroStep() { schedule_.BeginMicroStep(); }
+  void BeginMicroStep() {
+    schedule_.BeginMicroStep();
+    requests_.clear();
+  }
 
   void Acquire(const std::vector<int>& entry, bool evaluating) {
     for (int b : entry) {
-      if (!evaluating && schedule_.OnRequest(b)) {
-        log_->push_back(absl::StrCat("diverged at ", schedule_.position() - 1));
+      if (!evaluating) {
+        requests_.push_back(b);
+        if (schedule_.OnRequest(b)) {
+          log_->push_back(
+              absl::StrCat("diverged at ", schedule_.position() - 1));
+        }
       }
       if (!schedule_.gathered(b)) {
         MakeRoom(sizes_[b]);
@@ -440,8 +271,12 @@ class ScheduledStage3 {
       }
       ++users_[b];
     }
+    // Every bucket is gathered before its module uses it.
+    for (int b : entry) EXPECT_TRUE(schedule_.gathered(b)) << "bucket " << b;
     if (evaluating) return;
-    for (int b : schedule_.PrefetchCandidates()) {
+    const std::vector<int> candidates = schedule_.PrefetchCandidates();
+    CheckPrefetch(candidates);
+    for (int b : candidates) {
       Gather(b);
       ++prefetches_;
     }
@@ -452,6 +287,7 @@ class ScheduledStage3 {
       if (users_[b] > 0) --users_[b];
       if (users_[b] == 0 && !persistent_[b]) {
         if (!evaluating && schedule_.ShouldKeep(b)) {
+          CheckKeep(b);
           log_->push_back(absl::StrCat("keep ", b));
           continue;
         }
@@ -464,9 +300,19 @@ class ScheduledStage3 {
     for (int b = 0; b < static_cast<int>(sizes_.size()); ++b) {
       if (users_[b] == 0 && !persistent_[b]) Free(b);
     }
+    const bool had_record = schedule_.has_record();
+    const std::vector<int> old_record = schedule_.record();
     if (schedule_.EndMicroStep()) {
       log_->push_back(
           absl::StrCat("new record of ", schedule_.record().size()));
+    }
+    // The record is the last micro-step's requests when it was adopted,
+    // else unchanged because the micro-step followed it exactly.
+    EXPECT_EQ(schedule_.phase(), Phase::kIdle);
+    EXPECT_TRUE(schedule_.has_record());
+    EXPECT_EQ(schedule_.record(), requests_);
+    if (had_record && old_record != requests_) {
+      EXPECT_EQ(log_->back().rfind("new record", 0), 0u);
     }
   }
 
@@ -482,29 +328,119 @@ class ScheduledStage3 {
   int prefetches() const { return prefetches_; }
 
  private:
+  // The record's next request of `b` from the current position, or -1.
+  int64_t NextUse(int b) const {
+    const std::vector<int>& record = schedule_.record();
+    for (size_t q = schedule_.position(); q < record.size(); ++q) {
+      if (record[q] == b) return static_cast<int64_t>(q);
+    }
+    return -1;
+  }
+
+  // Prefetch: only while following a record with a budget; never a gathered
+  // bucket or one twice; only buckets the record requests ahead; within the
+  // per-request budget and the live limit.
+  void CheckPrefetch(const std::vector<int>& candidates) const {
+    if (schedule_.phase() != Phase::kFollowing ||
+        options_.prefetch_bucket_elements <= 0) {
+      EXPECT_TRUE(candidates.empty());
+      return;
+    }
+    int64_t total = 0;
+    std::vector<bool> seen(sizes_.size(), false);
+    for (int b : candidates) {
+      EXPECT_FALSE(schedule_.gathered(b)) << "prefetch of gathered " << b;
+      EXPECT_FALSE(seen[b]) << "prefetch twice of " << b;
+      EXPECT_GE(NextUse(b), 0) << "prefetch of unneeded " << b;
+      seen[b] = true;
+      total += sizes_[b];
+    }
+    EXPECT_LE(total, options_.prefetch_bucket_elements);
+    // (Live may already be past the limit when a module needs more; then
+    // nothing is prefetched.)
+    if (!candidates.empty()) {
+      EXPECT_LE(schedule_.live_elements() + total, options_.max_live_elements);
+    }
+  }
+
+  // Reuse: only while following, within the live limit, and when the
+  // record requests the bucket again within max_reuse_distance requests.
+  void CheckKeep(int b) const {
+    EXPECT_EQ(schedule_.phase(), Phase::kFollowing);
+    EXPECT_LE(schedule_.live_elements(), options_.max_live_elements);
+    const int64_t next = NextUse(b);
+    EXPECT_GE(next, 0) << "kept " << b << " not needed again";
+    EXPECT_LT(next - static_cast<int64_t>(schedule_.position()),
+              options_.max_reuse_distance)
+        << "kept " << b;
+  }
+
   void MakeRoom(int64_t incoming) {
     while (schedule_.OverLiveLimit(incoming)) {
       const int victim =
           schedule_.EvictionVictim([this](int b) { return users_[b] > 0; });
       if (victim < 0) break;
+      // The victim is gathered, unused and not persistent, and no other
+      // such bucket is needed later than it (Belady; never-needed-again
+      // counts as farthest, ties to the highest index).
+      EXPECT_TRUE(schedule_.gathered(victim));
+      EXPECT_FALSE(persistent_[victim]) << "evicted persistent " << victim;
+      EXPECT_EQ(users_[victim], 0) << "evicted in-use " << victim;
+      const bool following = schedule_.phase() == Phase::kFollowing;
+      auto distance = [&](int b) {
+        const int64_t next = following ? NextUse(b) : -1;
+        return next < 0 ? INT64_MAX : next;
+      };
+      for (int b = 0; b < static_cast<int>(sizes_.size()); ++b) {
+        if (b == victim || !schedule_.gathered(b) || persistent_[b] ||
+            users_[b] > 0) {
+          continue;
+        }
+        EXPECT_TRUE(distance(b) < distance(victim) ||
+                    (distance(b) == distance(victim) && b < victim))
+            << "evicted " << victim << " before " << b;
+      }
       log_->push_back(absl::StrCat("evict ", victim));
       Free(victim);
+    }
+    // Past the live limit only when nothing more can be freed: the rest is
+    // in use or persistent (a module larger than the limit still runs).
+    if (schedule_.OverLiveLimit(incoming)) {
+      for (int b = 0; b < static_cast<int>(sizes_.size()); ++b) {
+        if (schedule_.gathered(b)) {
+          EXPECT_TRUE(persistent_[b] || users_[b] > 0)
+              << "over the live limit with " << b << " freeable";
+        }
+      }
     }
   }
   void Gather(int b) {
     log_->push_back(absl::StrCat("gather ", b));
     schedule_.OnGathered(b);
+    CheckResidency();
   }
   void Free(int b) {
     if (!schedule_.gathered(b)) return;
     log_->push_back(absl::StrCat("free ", b));
     schedule_.OnFreed(b);
+    CheckResidency();
+  }
+  // Live elements are the gathered buckets' sizes; the peak bounds them.
+  void CheckResidency() const {
+    int64_t live = 0;
+    for (size_t b = 0; b < sizes_.size(); ++b) {
+      if (schedule_.gathered(static_cast<int>(b))) live += sizes_[b];
+    }
+    EXPECT_EQ(schedule_.live_elements(), live);
+    EXPECT_GE(schedule_.peak_live_elements(), live);
   }
 
+  FetchScheduleOptions options_;
   FetchSchedule schedule_;
   std::vector<int64_t> sizes_;
   std::vector<bool> persistent_;
   std::vector<int> users_;
+  std::vector<int> requests_;  // this micro-step's training requests
   std::vector<std::string>* log_;
   int prefetches_ = 0;
 };
@@ -512,10 +448,11 @@ class ScheduledStage3 {
 // Random models (bucket sizes, persistence, modules reading one or two
 // buckets, tied ones), options and micro-steps (mostly repeating, sometimes
 // reordered, shortened or lengthened, with nested module calls;
-// evaluations before, between forward and backward, some failing midway):
-// both log the same gathers, frees, keeps, evictions, divergences and
-// records, and reach the same live and peak elements.
-TEST(FetchScheduleTest, DecidesExactlyAsTheStage3CodeItReplaced) {
+// evaluations before, between forward and backward, some failing midway),
+// driven as zero/stage3.cc drives the schedule: every decision keeps the
+// header's contract (checked in ScheduledStage3), persistent buckets stay
+// gathered once gathered, and two ranks fed the same events decide alike.
+TEST(FetchScheduleTest, RandomRunsKeepTheContract) {
   constexpr int64_t kUnlimited = 1'000'000'000;
   std::mt19937 rng(20261203);
   auto pick = [&](int n) {
@@ -546,26 +483,29 @@ TEST(FetchScheduleTest, DecidesExactlyAsTheStage3CodeItReplaced) {
     for (int n = 2 + pick(6); n > 0; --n) {
       program.push_back(pick(static_cast<int>(entries.size())));
     }
-    std::vector<std::string> legacy_log, new_log;
-    LegacyStage3 legacy(options, sizes, persistent, &legacy_log);
-    ScheduledStage3 scheduled(options, sizes, persistent, &new_log);
-    auto both_acquire = [&](int e, bool evaluating) {
-      legacy.Acquire(entries[e], evaluating);
-      scheduled.Acquire(entries[e], evaluating);
+    // Two ranks: the same events, so the same decisions.
+    std::vector<std::string> log, other_log;
+    ScheduledStage3 rank(options, sizes, persistent, &log);
+    ScheduledStage3 other(options, sizes, persistent, &other_log);
+    std::vector<bool> ever_gathered(num_buckets, false);
+    auto acquire = [&](int e, bool evaluating) {
+      rank.Acquire(entries[e], evaluating);
+      other.Acquire(entries[e], evaluating);
+      for (int b : entries[e]) ever_gathered[b] = true;
     };
-    auto both_release = [&](int e, bool evaluating) {
-      legacy.Release(entries[e], evaluating);
-      scheduled.Release(entries[e], evaluating);
+    auto release = [&](int e, bool evaluating) {
+      rank.Release(entries[e], evaluating);
+      other.Release(entries[e], evaluating);
     };
     auto evaluation = [&] {
       const int outer = pick(static_cast<int>(entries.size()));
       const int inner = pick(static_cast<int>(entries.size()));
-      both_acquire(outer, true);
-      both_acquire(inner, true);
-      both_release(inner, true);
-      if (pick(4) != 0) both_release(outer, true);  // else a failed one
-      legacy.EndEval();
-      scheduled.EndEval();
+      acquire(outer, true);
+      acquire(inner, true);
+      release(inner, true);
+      if (pick(4) != 0) release(outer, true);  // else a failed one
+      rank.EndEval();
+      other.EndEval();
     };
     for (int step = 0; step < 8; ++step) {
       switch (pick(6)) {  // change the module order now and then
@@ -583,37 +523,45 @@ TEST(FetchScheduleTest, DecidesExactlyAsTheStage3CodeItReplaced) {
           break;
       }
       if (pick(5) == 0) evaluation();
-      legacy.BeginMicroStep();
-      scheduled.BeginMicroStep();
+      rank.BeginMicroStep();
+      other.BeginMicroStep();
       for (size_t i = 0; i < program.size(); ++i) {
         if (i + 1 < program.size() && pick(4) == 0) {  // a nested call
-          both_acquire(program[i], false);
-          both_acquire(program[i + 1], false);
-          both_release(program[i + 1], false);
-          both_release(program[i], false);
+          acquire(program[i], false);
+          acquire(program[i + 1], false);
+          release(program[i + 1], false);
+          release(program[i], false);
           ++i;
           continue;
         }
-        both_acquire(program[i], false);
-        both_release(program[i], false);
+        acquire(program[i], false);
+        release(program[i], false);
       }
       if (pick(5) == 0) evaluation();
       for (size_t i = program.size(); i-- > 0;) {  // backward
-        both_acquire(program[i], false);
-        both_release(program[i], false);
+        acquire(program[i], false);
+        release(program[i], false);
       }
-      legacy.EndBackward();
-      scheduled.EndBackward();
-      ASSERT_EQ(new_log, legacy_log) << "step " << step;
-      ASSERT_EQ(scheduled.live(), legacy.live());
-      ASSERT_EQ(scheduled.peak(), legacy.peak());
+      rank.EndBackward();
+      other.EndBackward();
+      ASSERT_EQ(log, other_log) << "step " << step;
+      ASSERT_EQ(rank.live(), other.live());
+      ASSERT_EQ(rank.peak(), other.peak());
     }
-    for (const std::string& line : new_log) {
+    // Persistent buckets, once gathered, are never freed.
+    for (int b = 0; b < num_buckets; ++b) {
+      if (persistent[b] && ever_gathered[b]) {
+        for (const std::string& line : log) {
+          EXPECT_NE(line, absl::StrCat("free ", b)) << "persistent freed";
+        }
+      }
+    }
+    for (const std::string& line : log) {
       divergences += line.rfind("diverged", 0) == 0;
       keeps += line.rfind("keep", 0) == 0;
       evictions += line.rfind("evict", 0) == 0;
     }
-    prefetched += scheduled.prefetches();
+    prefetched += rank.prefetches();
   }
   // The random cases reached every kind of decision.
   EXPECT_GT(divergences, 50);
