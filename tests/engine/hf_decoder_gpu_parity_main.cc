@@ -8,7 +8,12 @@
 //     "bf16_cpu"),
 //   - the first 8 greedy tokens of each prompt (KV cache) equal to
 //     transformers' (f32 and bf16 agree on them: the fixture script chose
-//     seeds whose top-two logit gaps there are at least 0.05),
+//     seeds whose top-two logit gaps there are at least 0.05), up to a
+//     near tie: bf16 rounding alone moves these models' logits by up to
+//     reference.json's bf16_cpu.max_logit_deviation_first_8 (about 0.1), so
+//     at a position whose top-two gap is within twice that, our token may be
+//     transformers' runner-up; the rest of that prompt continues from a
+//     different token and is not compared. Any other difference fails.
 //   - 20 AdamW steps' losses within bf16 tolerance of transformers' f32
 //     losses (|ours - theirs| <= 0.02 + 0.05 |theirs|).
 // Prints one line per (fixture, setting); exits 1 on any failure.
@@ -86,18 +91,36 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
   }
   ZE_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> generated,
                       engine->Generate(prompts, 8));
+  const double near_tie =
+      2.0 *
+      reference["bf16_cpu"]["max_logit_deviation_first_8"].get<double>();
   int tokens_equal = 0;
+  std::string flips;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    std::vector<int32_t> want = reference["generate"]["prompts"][i]["tokens"]
-                                    .get<std::vector<int32_t>>();
-    want.resize(8);
-    if (generated[i] == want) {
-      ++tokens_equal;
-    } else {
-      ++failures;
+    const nlohmann::json& expected = reference["generate"]["prompts"][i];
+    const std::vector<int32_t> want =
+        expected["tokens"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> runner_up =
+        expected["runner_up_first_8"].get<std::vector<int32_t>>();
+    const std::vector<double> gaps =
+        expected["logit_gaps_first_8"].get<std::vector<double>>();
+    bool equal = true;
+    for (size_t position = 0; position < 8; ++position) {
+      const int32_t got = generated[i].at(position);
+      if (got == want[position]) continue;
+      equal = false;
+      const bool flip_at_near_tie =
+          got == runner_up[position] && gaps[position] <= near_tie;
+      absl::StrAppend(&flips, flips.empty() ? "" : "; ", "prompt ", i,
+                      " position ", position, ": ", got, " for ",
+                      want[position], " (gap ", gaps[position],
+                      flip_at_near_tie ? ", near tie: accepted)"
+                                       : ", not a near tie)");
+      failures += !flip_at_near_tie;
+      break;  // what follows continues from another token
     }
+    tokens_equal += equal;
   }
-
   const std::vector<double> want = train["losses"].get<std::vector<double>>();
   double worst = 0;
   int losses_off = 0;
@@ -115,12 +138,13 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
     std::printf(
         "%s, stage %d%s, %d ranks, bf16 on %s: eval loss %.5f (transformers "
         "f32 %.5f, bf16 %.5f; rel %.1e), first 8 tokens equal for %d/%zu "
-        "prompts, 20 losses: largest |difference| %.4f, %d outside 0.02 + "
-        "5%%%s\n",
+        "prompts%s%s%s, 20 losses: largest |difference| %.4f, %d outside "
+        "0.02 + 5%%%s\n",
         fixture.c_str(), stage, stage == 3 ? " + offload_optimizer" : "", world,
         comm->device().ToString().c_str(), eval_loss, want_eval,
         reference["bf16_cpu"]["eval_loss"].get<double>(), eval_difference,
-        tokens_equal, prompts.size(), worst, losses_off,
+        tokens_equal, prompts.size(), flips.empty() ? "" : " (",
+        flips.c_str(), flips.empty() ? "" : ")", worst, losses_off,
         failures ? "  FAILED" : "");
     std::fflush(stdout);
   }

@@ -24,11 +24,16 @@ the parity tests compare against:
              smallest gap between the two largest logits met on the way (a
              gap near 0 would make the token a coin flip between correct
              implementations, so the script refuses gaps below 1e-3, and
-             below 0.05 in the first 8 tokens)
+             below 0.05 in the first 8 tokens); and for the first 8 tokens
+             each position's runner-up token and top-1 / top-2 gap
   bf16_cpu   the same model cast to bf16 (torch's CPU kernels, eager
              attention): the eval loss (logits widened to f32 for the
              cross-entropy) and the first 8 greedy tokens of each prompt, a
-             stand-in for transformers in bf16 where there is none
+             stand-in for transformers in bf16 where there is none; and
+             the largest |bf16 logit - f32 logit| over the first 8 generated
+             positions (teacher-forced on the f32 tokens): how far bf16
+             rounding alone moves a logit in this model, the scale against
+             which the GPU test judges a greedy flip at a near tie
 
 The weights are rounded to the file's dtype (bf16 / f16) before anything is
 computed, so the f32 model the references come from is exactly the one the
@@ -209,9 +214,10 @@ def digests(directory):
 
 
 def greedy(model, prompt):
-    """generate()'s 24 greedy tokens after `prompt`, and the smallest top-1 /
-    top-2 logit gap over them, from a full (cache-free) forward that must
-    pick the same tokens."""
+    """generate()'s 24 greedy tokens after `prompt`, the smallest top-1 /
+    top-2 logit gap over them, and the first 8 positions' runner-up tokens
+    and gaps, from a full (cache-free) forward that must pick the same
+    tokens."""
     config = transformers.GenerationConfig(
         do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
         eos_token_id=None, pad_token_id=0, bos_token_id=None)
@@ -228,7 +234,8 @@ def greedy(model, prompt):
             sys.exit(f"generate() disagrees with a full forward: {new} vs "
                      f"{top.indices[:, 0].tolist()}")
         gaps = (top.values[:, 0] - top.values[:, 1]).tolist()
-    return new, min(gaps), min(gaps[:8])
+    return (new, min(gaps), min(gaps[:8]), top.indices[:8, 1].tolist(),
+            gaps[:8])
 
 
 def references(name, directory):
@@ -247,9 +254,11 @@ def references(name, directory):
         eval_loss = float(mean_loss(model, eval_tokens, eval_targets))
     generated = []
     for prompt in prompts:
-        new, gap, gap8 = greedy(model, prompt)
+        new, gap, gap8, runner_up8, gaps8 = greedy(model, prompt)
         generated.append(dict(prompt=prompt, tokens=new, min_logit_gap=gap,
-                              min_logit_gap_first_8=gap8))
+                              min_logit_gap_first_8=gap8,
+                              runner_up_first_8=runner_up8,
+                              logit_gaps_first_8=gaps8))
 
     bf16 = load(directory).to(torch.bfloat16).eval()
     with torch.no_grad():
@@ -258,7 +267,13 @@ def references(name, directory):
             logits.reshape(-1, logits.shape[-1]),
             torch.tensor(eval_targets).reshape(-1)))
         bf16_tokens = []
-        for prompt in prompts:
+        deviation = 0.0
+        for prompt, gen in zip(prompts, generated):
+            forced = torch.tensor([prompt + gen["tokens"][:7]])
+            f32_logits = model(input_ids=forced).logits[0, len(prompt) - 1:]
+            bf16_logits = bf16(input_ids=forced).logits[0, len(prompt) - 1:]
+            deviation = max(deviation, float(
+                (bf16_logits.float() - f32_logits).abs().max()))
             out = bf16.generate(
                 input_ids=torch.tensor([prompt]),
                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -302,7 +317,8 @@ def references(name, directory):
             losses=losses, loss_after=final),
         generate=dict(max_new_tokens=NEW_TOKENS, do_sample=False,
                       prompts=generated),
-        bf16_cpu=dict(eval_loss=bf16_loss, generate_first_8=bf16_tokens),
+        bf16_cpu=dict(eval_loss=bf16_loss, generate_first_8=bf16_tokens,
+                      max_logit_deviation_first_8=deviation),
     )
 
 
