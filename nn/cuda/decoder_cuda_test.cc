@@ -118,8 +118,8 @@ class DecoderCudaTest : public testing::TestWithParam<DType> {
   // terms, not to the result.
   void Check(const std::string& name, const Tensor& gpu, const Tensor& cpu,
              double tol_scale = 1.0, double scale = 1e-3) {
-    Check(name, Host(gpu), *ToHostFloats(cpu, Stream()), tol_scale,
-          gpu.dtype(), scale);
+    Check(name, Host(gpu), *ToHostFloats(cpu, Stream()), tol_scale, gpu.dtype(),
+          scale);
   }
   void Check(const std::string& name, const Vec& got, const Vec& ref,
              double tol_scale, DType dtype, double scale = 1e-3) {
@@ -134,7 +134,8 @@ class DecoderCudaTest : public testing::TestWithParam<DType> {
       }
       max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
     }
-    const double bound = Tolerance(dtype) * tol_scale * std::max(max_ref, scale);
+    const double bound =
+        Tolerance(dtype) * tol_scale * std::max(max_ref, scale);
     std::printf("%-48s %-4s max_abs_err %.3e max_ref %.3e %s\n", name.c_str(),
                 DTypeName(dtype), max_err, max_ref,
                 max_err <= bound ? "ok" : "FAIL");
@@ -370,7 +371,8 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
       // return rounding noise of that size, not of their own ~0 size.
       const Vec dv_ref = *ToHostFloats(dv.cpu, Stream());
       double dv_scale = 0.0;
-      for (float x : dv_ref) dv_scale = std::max(dv_scale, std::fabs(double{x}));
+      for (float x : dv_ref)
+        dv_scale = std::max(dv_scale, std::fabs(double{x}));
       Check(tag + " grad_q", dq.gpu, dq.cpu, grad_tol, dv_scale);
       Check(tag + " grad_k", dk.gpu, dk.cpu, grad_tol, dv_scale);
       Check(tag + " grad_v", dv.gpu, dv.cpu, grad_tol);

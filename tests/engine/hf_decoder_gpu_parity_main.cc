@@ -92,8 +92,7 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
   ZE_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> generated,
                       engine->Generate(prompts, 8));
   const double near_tie =
-      2.0 *
-      reference["bf16_cpu"]["max_logit_deviation_first_8"].get<double>();
+      2.0 * reference["bf16_cpu"]["max_logit_deviation_first_8"].get<double>();
   int tokens_equal = 0;
   std::string flips;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -111,11 +110,11 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
       equal = false;
       const bool flip_at_near_tie =
           got == runner_up[position] && gaps[position] <= near_tie;
-      absl::StrAppend(&flips, flips.empty() ? "" : "; ", "prompt ", i,
-                      " position ", position, ": ", got, " for ",
-                      want[position], " (gap ", gaps[position],
-                      flip_at_near_tie ? ", near tie: accepted)"
-                                       : ", not a near tie)");
+      absl::StrAppend(
+          &flips, flips.empty() ? "" : "; ", "prompt ", i, " position ",
+          position, ": ", got, " for ", want[position], " (gap ",
+          gaps[position],
+          flip_at_near_tie ? ", near tie: accepted)" : ", not a near tie)");
       failures += !flip_at_near_tie;
       break;  // what follows continues from another token
     }
@@ -143,8 +142,8 @@ absl::StatusOr<int> Check(std::shared_ptr<comm::Communicator> comm,
         fixture.c_str(), stage, stage == 3 ? " + offload_optimizer" : "", world,
         comm->device().ToString().c_str(), eval_loss, want_eval,
         reference["bf16_cpu"]["eval_loss"].get<double>(), eval_difference,
-        tokens_equal, prompts.size(), flips.empty() ? "" : " (",
-        flips.c_str(), flips.empty() ? "" : ")", worst, losses_off,
+        tokens_equal, prompts.size(), flips.empty() ? "" : " (", flips.c_str(),
+        flips.empty() ? "" : ")", worst, losses_off,
         failures ? "  FAILED" : "");
     std::fflush(stdout);
   }
