@@ -708,31 +708,44 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
     comm::Communicator& comm, const Stream& stream) const {
   const ParamPlacement& place = layout_.placement(index);
   const BucketLayout& layout = layout_.bucket(place.bucket);
-  ZE_ASSIGN_OR_RETURN(Tensor full, Tensor::Empty({layout.padded_elements},
-                                                 DType::kF32, options_.device));
   // The master slice is f32 in every mode (in f32 training it is the
-  // weights themselves), so it gathers as it is.
+  // weights themselves), so it is read as it is.
   Tensor own = OwnMaster(place.bucket);
   if (optimizer_placement_[place.bucket] == Placement::kNvme) {
     ZE_ASSIGN_OR_RETURN(own, ReadSwappedMaster(place.bucket));
   }
-  if (own.device() != options_.device) {
-    // An offloaded slice: collectives work on the model's device.
-    ZE_ASSIGN_OR_RETURN(
-        Tensor on_device,
-        Tensor::Empty(own.shape(), own.dtype(), options_.device));
-    ZE_RETURN_IF_ERROR(Copy(own, on_device, stream));
-    own = on_device;
-  }
+  const int64_t begin = place.offset;  // within the bucket
+  const int64_t end = place.offset + place.numel;
   if (updates_whole_buckets() || comm.world_size() == 1) {
-    ZE_RETURN_IF_ERROR(Copy(own, full, stream));
-  } else {
-    ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(own, full, stream));
-    ZE_RETURN_IF_ERROR(work.Wait());
+    // Every rank holds the whole bucket: no collective. A host slice is
+    // read directly, after what `stream` still has queued for it.
+    if (!own.device().is_cuda()) ZE_RETURN_IF_ERROR(stream.Synchronize());
+    return ToHostFloats(own.Slice(begin, place.numel), stream);
   }
-  ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(full, stream));
-  return std::vector<float>(values.begin() + place.offset,
-                            values.begin() + place.offset + place.numel);
+  // Rank r holds bucket elements [r * slice, (r + 1) * slice).
+  const int64_t slice = layout.slice_elements;
+  std::vector<float> values(place.numel);
+  for (int64_t root = begin / slice; root * slice < end; ++root) {
+    const int64_t piece_begin = std::max(begin, root * slice);
+    const int64_t piece_end = std::min(end, (root + 1) * slice);
+    // Collectives work on the model's device.
+    ZE_ASSIGN_OR_RETURN(
+        Tensor piece,
+        Tensor::Empty({piece_end - piece_begin}, DType::kF32, options_.device));
+    if (root == comm.rank()) {
+      ZE_RETURN_IF_ERROR(
+          Copy(own.Slice(piece_begin - root * slice, piece_end - piece_begin),
+               piece, stream));
+    }
+    ZE_ASSIGN_OR_RETURN(comm::Work work,
+                        comm.Broadcast(piece, static_cast<int>(root), stream));
+    ZE_RETURN_IF_ERROR(work.Wait());
+    ZE_ASSIGN_OR_RETURN(std::vector<float> received,
+                        ToHostFloats(piece, stream));
+    std::copy(received.begin(), received.end(),
+              values.begin() + (piece_begin - begin));
+  }
+  return values;
 }
 
 }  // namespace zero

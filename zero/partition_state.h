@@ -336,8 +336,12 @@ class PartitionState {
   // caller reads or writes the view).
   Tensor MasterPiece(const offload::UpdateJoined& joined, int index,
                      int64_t* begin) const;
-  // Parameter `name`'s f32 master values, gathered from every rank (a
-  // collective at stages 1-3 with more than one rank).
+  // Parameter `index`'s f32 master values, gathered from every rank (at
+  // stages 1-3 with more than one rank a collective: one broadcast from each
+  // rank holding part of it, in rank order, so every rank must call it for
+  // the same parameters in the same order). Moves only the parameter's own
+  // elements (one device buffer of at most its size), not its bucket's:
+  // an export gathers every parameter in turn.
   absl::StatusOr<std::vector<float>> GatherMaster(
       const offload::UpdateJoined& joined, int index, comm::Communicator& comm,
       const Stream& stream) const;
