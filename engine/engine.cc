@@ -7,11 +7,11 @@
 #include <unordered_map>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
 #include "core/file_cleanup.h"
+#include "core/host_facts.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/safetensors/reader.h"
@@ -337,6 +337,7 @@ CheckpointedState EngineImpl::CheckpointState() {
   state.counters = &counters_;
   state.last_update_nonfinite = last_update_nonfinite_;
   state.last_nonfinite_loss = last_nonfinite_loss_;
+  state.host = &host_facts_;
   return state;
 }
 
@@ -427,12 +428,9 @@ absl::Status EngineImpl::Setup() {
   context.model = model_.get();
   context.global_steps = &counters_.global_steps;
   // The environment is read here, once, and passed down.
-  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
-    int requested = 0;
-    if (absl::SimpleAtoi(omp, &requested) && requested > 0) {
-      context.omp_num_threads = requested;
-    }
-  }
+  host_facts_ =
+      ReadHostFacts([](const char* name) { return std::getenv(name); });
+  context.host = host_facts_;
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/host_facts.h"
 #include "core/safetensors/tensor_source.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -117,6 +118,9 @@ class EngineImpl {
   std::shared_ptr<comm::Communicator> communicator_;
   Stream compute_stream_;
   Counters counters_;
+  // Read from the environment once, by Setup; passed to the strategy and the
+  // checkpoint orchestration.
+  HostFacts host_facts_;
   CheckpointSaveReport last_save_report_;
   std::unique_ptr<zero::TrainingState> training_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;

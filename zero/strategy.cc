@@ -128,9 +128,9 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     options.host_threads =
         std::max(1, device().is_cuda() ? share.count - 1 : share.count);
     options.host_first_cpu = share.first_cpu;
-    // OMP_NUM_THREADS sets it instead (StrategyContext::omp_num_threads).
-    if (context_.omp_num_threads > 0) {
-      options.host_threads = context_.omp_num_threads;
+    // OMP_NUM_THREADS sets it instead (HostFacts::omp_num_threads).
+    if (context_.host.omp_num_threads > 0) {
+      options.host_threads = context_.host.omp_num_threads;
     }
   }
   if (offload.state.weights_on_host) {

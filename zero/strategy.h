@@ -34,6 +34,7 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "core/dtype.h"
+#include "core/host_facts.h"
 #include "core/safetensors/tensor_source.h"
 #include "core/status.h"
 #include "core/stream.h"
@@ -61,11 +62,9 @@ struct StrategyContext {
   const int64_t* global_steps = nullptr;
   // communication_data_type resolved (the model's dtype when unset).
   DType communication_dtype = DType::kF32;
-  // Host facts the caller read from the environment once, at setup, so no
-  // strategy reads it mid-stack. OMP_NUM_THREADS as a positive integer (it
-  // sets the CPU optimizer's threads, as it sets DeepSpeed's CPU Adam: the
-  // user's way to leave cores to data loading); 0 when unset or invalid.
-  int omp_num_threads = 0;
+  // What the environment says about this host, read once by the caller at
+  // setup (core/host_facts.h), so no strategy reads it mid-stack.
+  HostFacts host;
 };
 
 // Where a strategy is within a micro-step.
