@@ -20,6 +20,7 @@
 #include "engine/checkpoint/orchestration.h"
 #include "engine/engine_impl.h"
 #include "zero/create_strategy.h"
+#include "zero/plan.h"
 
 namespace ze {
 namespace engine {
@@ -48,17 +49,19 @@ std::string StartupSummary(const config::Config& config,
                            DType dtype) {
   const config::ZeroConfig& zero = config.zero_optimization;
   const int world_size = communicator.world_size();
-  const char* partitioned[] = {"nothing", "optimizer state",
-                               "optimizer state and gradients",
-                               "optimizer state, gradients and parameters"};
+  const zero::StagePolicy policy = zero::PolicyOf(config);
+  const char* partitioned =
+      policy.partition_parameters  ? "optimizer state, gradients and parameters"
+      : policy.partition_gradients ? "optimizer state and gradients"
+      : policy.partition_optimizer ? "optimizer state"
+                                   : "nothing";
   std::string text = absl::StrFormat(
       "%s: world size %d (%s backend, rank 0 on %s), ZeRO stage %d "
       "(partitioned: %s), %s, batch %d x %d x %d = %d (micro x accumulation x "
       "ranks), reduce_bucket_size %d, allgather_bucket_size %d, overlap_comm "
       "%s",
       config.source, world_size, communicator.backend_name(),
-      communicator.device().ToString(), zero.stage,
-      partitioned[std::min<int64_t>(std::max<int64_t>(zero.stage, 0), 3)],
+      communicator.device().ToString(), zero.stage, partitioned,
       DTypeName(dtype), config.train_micro_batch_size_per_gpu.value(),
       config.gradient_accumulation_steps.value(), world_size,
       config.train_batch_size.value(), zero.reduce_bucket_size.value(),
@@ -66,7 +69,7 @@ std::string StartupSummary(const config::Config& config,
       !zero.overlap_comm                ? "off"
       : communicator.device().is_cuda() ? "on (collectives on their own stream)"
                                         : "on (no effect on the CPU)");
-  if (zero.stage == 3) {
+  if (policy.partition_parameters) {
     absl::StrAppend(&text, ", stage3_prefetch_bucket_size ",
                     zero.stage3_prefetch_bucket_size.value(),
                     ", stage3_param_persistence_threshold ",

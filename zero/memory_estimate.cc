@@ -7,10 +7,10 @@ namespace ze {
 namespace zero {
 namespace {
 
-// Bytes per replicated / partitioned element, by stage: which of params,
-// grads and optimizer states are partitioned.
+// Bytes per replicated / partitioned element, by what `policy` partitions
+// of params, grads and optimizer states.
 ModelStateBytes Compute(int64_t replicated_elements, int64_t partition_elements,
-                        int stage, TrainingPrecision precision,
+                        const StagePolicy& policy, TrainingPrecision precision,
                         int64_t optimizer_state_bytes_per_element) {
   const bool mixed = precision != TrainingPrecision::kFp32;
   const int64_t weight_bytes = mixed ? 2 : 4;
@@ -19,21 +19,19 @@ ModelStateBytes Compute(int64_t replicated_elements, int64_t partition_elements,
       master_bytes + optimizer_state_bytes_per_element;
   ModelStateBytes bytes;
   bytes.params =
-      weight_bytes * (stage >= 3 ? partition_elements : replicated_elements);
+      weight_bytes *
+      (policy.partition_parameters ? partition_elements : replicated_elements);
   bytes.grads =
-      weight_bytes * (stage >= 2 ? partition_elements : replicated_elements);
+      weight_bytes *
+      (policy.partition_gradients ? partition_elements : replicated_elements);
   const int64_t optimizer_elements =
-      stage >= 1 ? partition_elements : replicated_elements;
+      policy.partition_optimizer ? partition_elements : replicated_elements;
   bytes.optimizer_states = optimizer_bytes * optimizer_elements;
   bytes.master_weights = master_bytes * optimizer_elements;
   return bytes;
 }
 
-absl::Status Validate(int stage, int64_t optimizer_state_bytes_per_element) {
-  if (stage < 0 || stage > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory estimate: stage must be 0-3, got ", stage));
-  }
+absl::Status ValidateStateBytes(int64_t optimizer_state_bytes_per_element) {
   if (optimizer_state_bytes_per_element < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory estimate: optimizer state bytes must be >= 0, "
@@ -41,6 +39,14 @@ absl::Status Validate(int stage, int64_t optimizer_state_bytes_per_element) {
                      optimizer_state_bytes_per_element));
   }
   return absl::OkStatus();
+}
+
+absl::Status Validate(int stage, int64_t optimizer_state_bytes_per_element) {
+  if (stage < 0 || stage > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory estimate: stage must be 0-3, got ", stage));
+  }
+  return ValidateStateBytes(optimizer_state_bytes_per_element);
 }
 
 }  // namespace
@@ -63,7 +69,7 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
                      world_size, " must be >= 0 and >= 1"));
   }
   const int64_t per_rank = (psi + world_size - 1) / world_size;
-  return Compute(psi, per_rank, stage, precision,
+  return Compute(psi, per_rank, StagePolicy::ForStage(stage), precision,
                  optimizer_state_bytes_per_element);
 }
 
@@ -73,23 +79,25 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
   absl::Status status = Validate(stage, optimizer_state_bytes_per_element);
   if (!status.ok()) return status;
   return Compute(layout.padded_total_elements(), layout.partition_elements(),
-                 stage, precision, optimizer_state_bytes_per_element);
+                 StagePolicy::ForStage(stage), precision,
+                 optimizer_state_bytes_per_element);
 }
 
 absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
-    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
-    const StatePlacement& placement) {
-  absl::StatusOr<ModelStateBytes> bytes = EstimateModelStateBytes(
-      layout, stage, precision, optimizer_state_bytes_per_element);
-  if (!bytes.ok()) return bytes.status();
+    const PartitionedLayout& layout, const StagePolicy& policy,
+    TrainingPrecision precision, int64_t optimizer_state_bytes_per_element,
+    int64_t trainable_elements, const StatePlacement& placement) {
+  absl::Status status = ValidateStateBytes(optimizer_state_bytes_per_element);
+  if (!status.ok()) return status;
+  const ModelStateBytes bytes =
+      Compute(layout.padded_total_elements(), layout.partition_elements(),
+              policy, precision, optimizer_state_bytes_per_element);
   MemoryBreakdown memory;
   memory.parameter_elements = trainable_elements;
-  memory.model_weight_bytes = bytes->params;
-  memory.gradient_bytes = bytes->grads;
-  memory.master_weight_bytes = bytes->master_weights;
-  memory.optimizer_state_bytes =
-      bytes->optimizer_states - bytes->master_weights;
+  memory.model_weight_bytes = bytes.params;
+  memory.gradient_bytes = bytes.grads;
+  memory.master_weight_bytes = bytes.master_weights;
+  memory.optimizer_state_bytes = bytes.optimizer_states - bytes.master_weights;
 
   // Offload: the host buckets' master weights and state, the staging
   // buffers their transfers use, and offloaded weights live on the host.
@@ -99,8 +107,9 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   int64_t all_elements = 0;
   bool aliased = !mixed;
   for (int b = 0; b < layout.num_buckets(); ++b) {
-    const int64_t own = stage == 0 ? layout.bucket(b).padded_elements
-                                   : layout.bucket(b).slice_elements;
+    const int64_t own = policy.partition_optimizer
+                            ? layout.bucket(b).slice_elements
+                            : layout.bucket(b).padded_elements;
     all_elements += own;
     const bool on_host = !placement.optimizer_on_host.empty() &&
                          placement.optimizer_on_host[static_cast<size_t>(b)];
@@ -140,9 +149,9 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   const double weight = mixed ? 2 : 4;
   const double optimizer =
       (mixed ? 4 : 0) + static_cast<double>(optimizer_state_bytes_per_element);
-  const double replicated = (stage >= 3 ? 0 : weight) +
-                            (stage >= 2 ? 0 : weight) +
-                            (stage >= 1 ? 0 : optimizer);
+  const double replicated = (policy.partition_parameters ? 0 : weight) +
+                            (policy.partition_gradients ? 0 : weight) +
+                            (policy.partition_optimizer ? 0 : optimizer);
   const double partitioned = weight + weight + optimizer - replicated;
   memory.paper_bytes = replicated * psi + partitioned * psi / n;
   return memory;

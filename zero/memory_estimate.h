@@ -35,6 +35,7 @@
 #include "config/config.h"
 #include "zero/flat_layout.h"
 #include "zero/reports.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace zero {
@@ -84,14 +85,15 @@ struct StatePlacement {
   int64_t chunk_elements = 1 << 22;
 };
 
-// The breakdown for `layout` at `stage` (model state as allocated, padding
+// The breakdown for `layout` under `policy` (model state as allocated, padding
 // included; stage 3's layout may hold frozen buckets, which count as
 // weights, gradients and optimizer slices like the others), where it lives
 // under `placement`, and the paper's figure for `trainable_elements`
-// parameters. Errors as above.
+// parameters. InvalidArgument for negative state bytes.
 absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
-    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
+    const PartitionedLayout& layout, const StagePolicy& policy,
+    TrainingPrecision precision, int64_t optimizer_state_bytes_per_element,
+    int64_t trainable_elements,
     const StatePlacement& placement = StatePlacement());
 
 }  // namespace zero

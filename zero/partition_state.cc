@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     const Stream& stream) {
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
   if (options.weights_placement == Placement::kHost) {
-    if (options.stage != 3) {
+    if (!state->policy().partition_parameters) {
       return absl::InvalidArgumentError(absl::StrCat(
           "PartitionState: weights in host memory need stage 3, not stage ",
           options.stage));

@@ -159,7 +159,6 @@ class PartitionState {
   const PartitionedLayout& layout() const { return layout_; }
   int num_buckets() const { return layout_.num_buckets(); }
   bool trainable(int bucket) const { return trainable_[bucket]; }
-  int stage() const { return options_.stage; }
   StagePolicy policy() const { return StagePolicy::ForStage(options_.stage); }
   DType model_dtype() const { return options_.model_dtype; }
   // The model's device (gradients, and state placed kDevice, live there).

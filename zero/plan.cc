@@ -11,13 +11,18 @@
 namespace ze {
 namespace zero {
 
+StagePolicy PolicyOf(const config::Config& config) {
+  return StagePolicy::ForStage(
+      static_cast<int>(config.zero_optimization.stage));
+}
+
 absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
                                              const config::Config& config,
                                              int world_size) {
   StageLayout result;
   LayoutOptions options;
   options.world_size = world_size;
-  if (config.zero_optimization.stage != 3) {
+  if (!PolicyOf(config).partition_parameters) {
     for (nn::Parameter* parameter : model.Parameters()) {
       if (parameter->requires_grad()) result.params.push_back(parameter);
     }
@@ -107,8 +112,7 @@ absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
                       TrainingState::Create(config, world_size));
   const OffloadPlan offload = PlanOffload(config, layout);
   return PlanModelStateMemory(
-      layout.layout, static_cast<int>(config.zero_optimization.stage),
-      config::GetTrainingPrecision(config),
+      layout.layout, PolicyOf(config), config::GetTrainingPrecision(config),
       StateBytesPerElement(training->optimizer_options()),
       layout.trainable_elements, offload.state);
 }

@@ -22,6 +22,10 @@
 namespace ze {
 namespace zero {
 
+// What zero_optimization.stage partitions: the one place the stage number
+// is read (strategies, the engine and the memory plan ask this).
+StagePolicy PolicyOf(const config::Config& config);
+
 struct StageLayout {
   PartitionedLayout layout;
   // The model's parameters in layout order (layout.param(i) is params[i]).

@@ -20,8 +20,6 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stages0To2::Create(
 
 absl::Status Stages0To2::Setup() {
   nn::LossModel& model = *context_.model;
-  const StagePolicy stage_policy =
-      StagePolicy::ForStage(static_cast<int>(config().zero_optimization.stage));
   // Materialise any absent parameter (shapes-only construction) first:
   // stages 0-2 keep full weights on every rank.
   for (nn::Parameter* parameter : model.Parameters()) {
@@ -60,6 +58,7 @@ absl::Status Stages0To2::Setup() {
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
+  const StagePolicy stage_policy = partition_->policy();
   if (!stage_policy.partition_gradients) {
     // The parameters' grad slots are views of the replicated gradients.
     for (int i = 0; i < layout.num_params(); ++i) {

@@ -137,11 +137,12 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
     options.weights_placement = Placement::kHost;
   }
   options.pin_memory = offload.state.pin_memory;
-  ZE_ASSIGN_OR_RETURN(memory_,
-                      PlanModelStateMemory(
-                          layout, stage, config::GetTrainingPrecision(config()),
-                          StateBytesPerElement(optimizer),
-                          stage_layout.trainable_elements, offload.state));
+  ZE_ASSIGN_OR_RETURN(
+      memory_,
+      PlanModelStateMemory(layout, PolicyOf(config()),
+                           config::GetTrainingPrecision(config()),
+                           StateBytesPerElement(optimizer),
+                           stage_layout.trainable_elements, offload.state));
   options.annotate_allocation_error = [this](const absl::Status& status) {
     return AnnotateAllocationError(status);
   };
