@@ -433,7 +433,6 @@ absl::Status EngineImpl::Setup() {
   // The environment is read here, once, and passed down.
   host_facts_ =
       ReadHostFacts([](const char* name) { return std::getenv(name); });
-  context.host = host_facts_;
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =
@@ -442,10 +441,17 @@ absl::Status EngineImpl::Setup() {
   ZE_ASSIGN_OR_RETURN(
       training_, zero::TrainingState::Create(cfg, communicator_->world_size()));
   context.training = training_.get();
-  // A rank that cannot create its state (no room for it, an NVMe directory
-  // it cannot write) stops every rank, not only itself.
+  // The plan is built once, here; the strategy allocates by it. A rank that
+  // cannot create its state (no room for it, an NVMe directory it cannot
+  // write) stops every rank, not only itself.
   absl::StatusOr<std::unique_ptr<zero::ZeroStrategy>> strategy =
-      zero::CreateZeroStrategy(context);
+      [&]() -> absl::StatusOr<std::unique_ptr<zero::ZeroStrategy>> {
+    ZE_ASSIGN_OR_RETURN(
+        plan_, zero::BuildPlan(*model_, cfg, communicator_->world_size(),
+                               host_facts_));
+    context.plan = &plan_;
+    return zero::CreateZeroStrategy(context);
+  }();
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(*communicator_, strategy.status(),
                                       compute_stream_,
                                       "creating the ZeRO partition state"));

@@ -33,6 +33,7 @@
 #include "engine/step_monitor.h"
 #include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
+#include "zero/plan.h"
 #include "zero/strategy.h"
 #include "zero/training_state.h"
 
@@ -123,6 +124,9 @@ class EngineImpl {
   HostFacts host_facts_;
   CheckpointSaveReport last_save_report_;
   std::unique_ptr<zero::TrainingState> training_;
+  // Built once by Setup (zero/plan.h); the strategy borrows it, so it is
+  // declared before (destroyed after) the strategy.
+  zero::Plan plan_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;
   // bf16/f32: consecutive non-finite steps so far, and whether the last
   // step applied an update despite a non-finite loss or gradient norm.

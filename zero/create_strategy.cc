@@ -10,7 +10,7 @@ namespace zero {
 
 absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
     const StrategyContext& context) {
-  if (PolicyOf(*context.config).partition_parameters) {
+  if (context.plan->policy.partition_parameters) {
     return Stage3::Create(context);
   }
   return Stages0To2::Create(context);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/status.h"
+#include "offload/nvme_store.h"
 #include "zero/optimizer.h"
 #include "zero/training_state.h"
 
@@ -16,6 +17,9 @@ StagePolicy PolicyOf(const config::Config& config) {
       static_cast<int>(config.zero_optimization.stage));
 }
 
+namespace {
+
+// StageLayout's comment (plan.h).
 absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
                                              const config::Config& config,
                                              int world_size) {
@@ -73,48 +77,73 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
   return result;
 }
 
-OffloadPlan PlanOffload(const config::Config& config,
-                        const StageLayout& layout) {
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
+                               const config::Config& config, int world_size,
+                               const HostFacts& host) {
+  Plan plan;
+  plan.policy = PolicyOf(config);
+  ZE_ASSIGN_OR_RETURN(plan.layout, BuildStageLayout(model, config, world_size));
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<TrainingState> training,
+                      TrainingState::Create(config, world_size));
   const config::ZeroConfig& zero = config.zero_optimization;
-  OffloadPlan plan;
+  PartitionStateOptions& state = plan.state;
+  StatePlacement& placement = plan.placement;
+  state.stage = static_cast<int>(zero.stage);
+  state.model_dtype = model.dtype();
+  state.optimizer = training->optimizer_options();
+  state.trainable = plan.layout.trainable;
+  state.bucket_zero_read_first = plan.layout.bucket_zero_read_first;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
+    plan.cpu_optimizer = true;
     const bool nvme =
         zero.offload_optimizer.device == config::OffloadDevice::kNvme;
-    plan.optimizer_placement = ChooseOptimizerPlacement(
-        layout.layout, layout.trainable, zero.offload_optimizer.ratio,
+    state.optimizer_placement = ChooseOptimizerPlacement(
+        plan.layout.layout, plan.layout.trainable, zero.offload_optimizer.ratio,
         nvme ? Placement::kNvme : Placement::kHost);
-    for (Placement where : plan.optimizer_placement) {
-      plan.state.optimizer_on_host.push_back(where != Placement::kDevice);
+    for (Placement where : state.optimizer_placement) {
+      placement.optimizer_on_host.push_back(where != Placement::kDevice);
     }
     if (nvme) {
-      plan.state.optimizer_on_nvme = true;
-      plan.state.nvme_buffer_count = static_cast<int>(
+      placement.optimizer_on_nvme = true;
+      placement.nvme_buffer_count = static_cast<int>(
           std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
+      state.nvme.nvme = offload::NvmeOptionsFromConfig(
+          config.aio, zero.offload_optimizer.nvme_path.value_or(""));
+      state.nvme.buffer_count = placement.nvme_buffer_count;
     }
-    plan.state.pin_memory = zero.offload_optimizer.pin_memory;
-    plan.state.chunk_elements =
+    placement.pin_memory = zero.offload_optimizer.pin_memory;
+    // One chunk size for the pipeline and the memory it is planned by.
+    placement.chunk_elements =
         std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
+    state.chunk_elements = placement.chunk_elements;
+    state.delayed_update = zero.offload_optimizer.delayed_update;
+    // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
+    // gives it this rank's share of the host's CPUs).
+    state.host_threads = host.omp_num_threads;
   }
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
-    plan.state.weights_on_host = true;
-    plan.state.pin_memory =
-        plan.state.pin_memory || zero.offload_param.pin_memory;
+    placement.weights_on_host = true;
+    placement.pin_memory =
+        placement.pin_memory || zero.offload_param.pin_memory;
+    state.weights_placement = Placement::kHost;
   }
+  state.pin_memory = placement.pin_memory;
+  ZE_ASSIGN_OR_RETURN(
+      plan.memory,
+      PlanModelStateMemory(plan.layout.layout, plan.policy,
+                           config::GetTrainingPrecision(config),
+                           StateBytesPerElement(state.optimizer),
+                           plan.layout.trainable_elements, placement));
   return plan;
 }
 
 absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
                                            const config::Config& config,
                                            int world_size) {
-  ZE_ASSIGN_OR_RETURN(StageLayout layout,
-                      BuildStageLayout(model, config, world_size));
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<TrainingState> training,
-                      TrainingState::Create(config, world_size));
-  const OffloadPlan offload = PlanOffload(config, layout);
-  return PlanModelStateMemory(
-      layout.layout, PolicyOf(config), config::GetTrainingPrecision(config),
-      StateBytesPerElement(training->optimizer_options()),
-      layout.trainable_elements, offload.state);
+  ZE_ASSIGN_OR_RETURN(Plan plan, BuildPlan(model, config, world_size));
+  return plan.memory;
 }
 
 }  // namespace zero

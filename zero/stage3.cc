@@ -33,11 +33,10 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stage3::Create(
 // parameters per module.
 absl::StatusOr<PartitionedLayout> Stage3::Layout() {
   nn::LossModel& model = *context_.model;
-  ZE_ASSIGN_OR_RETURN(stage_layout_,
-                      BuildStageLayout(model, config(), world()));
-  const PartitionedLayout& layout = stage_layout_.layout;
-  params_ = stage_layout_.params;
-  const std::vector<bool>& group_trainable = stage_layout_.trainable;
+  const StageLayout& stage_layout = context_.plan->layout;
+  const PartitionedLayout& layout = stage_layout.layout;
+  params_ = stage_layout.params;
+  const std::vector<bool>& group_trainable = stage_layout.trainable;
   buckets_.resize(layout.num_buckets());
   const int64_t threshold =
       zero_config().stage3_param_persistence_threshold.value();
@@ -91,10 +90,9 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
 }
 
 absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
-  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions options,
-                      PlanPartitionState(stage_layout_));
-  ZE_ASSIGN_OR_RETURN(partition_,
-                      PartitionState::Create(layout, options, stream()));
+  ZE_ASSIGN_OR_RETURN(
+      partition_,
+      PartitionState::Create(layout, RankPartitionStateOptions(), stream()));
 
   // This rank's pieces of every parameter: sliced from full data when the
   // model has it (then dropped), else generated for this range only.

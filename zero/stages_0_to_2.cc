@@ -28,20 +28,18 @@ absl::Status Stages0To2::Setup() {
           static_cast<uint64_t>(config().seed), stream()));
     }
   }
-  ZE_ASSIGN_OR_RETURN(const StageLayout stage_layout,
-                      BuildStageLayout(model, config(), world()));
+  const StageLayout& stage_layout = context_.plan->layout;
   const PartitionedLayout& layout = stage_layout.layout;
   params_ = stage_layout.params;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     index_of_[params_[i]] = i;
   }
 
-  // The memory this rank will hold, computed before allocating so a model
-  // that does not fit fails with the full figure.
-  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions state_options,
-                      PlanPartitionState(stage_layout));
-  ZE_ASSIGN_OR_RETURN(partition_,
-                      PartitionState::Create(layout, state_options, stream()));
+  // The plan's memory figure was computed before allocating, so a model
+  // that does not fit fails with it.
+  ZE_ASSIGN_OR_RETURN(
+      partition_,
+      PartitionState::Create(layout, RankPartitionStateOptions(), stream()));
   // Move the model's weights into the flat buffer and make each parameter a
   // view of it.
   for (int i = 0; i < layout.num_params(); ++i) {
@@ -58,7 +56,7 @@ absl::Status Stages0To2::Setup() {
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
-  const StagePolicy stage_policy = partition_->policy();
+  const StagePolicy& stage_policy = context_.plan->policy;
   if (!stage_policy.partition_gradients) {
     // The parameters' grad slots are views of the replicated gradients.
     for (int i = 0; i < layout.num_params(); ++i) {
