@@ -372,49 +372,9 @@ CommunicationCounters EngineImpl::communication_counters() const {
 
 absl::Status EngineImpl::Setup() {
   const config::Config& cfg = config_;
-  const config::OffloadOptimizerConfig& offload_optimizer =
-      cfg.zero_optimization.offload_optimizer;
-  const config::OffloadParamConfig& offload_param =
-      cfg.zero_optimization.offload_param;
-  if (offload_param.device == config::OffloadDevice::kNvme) {
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_param.device \"nvme\" is not available "
-        "in this build; use \"cpu\" (offload_optimizer may use \"nvme\")"));
-  }
-  if (cfg.checkpoint.load_universal) {
-    // DeepSpeed's universal checkpoints are its own offline conversion; our
-    // checkpoints load at any world size and stage without one.
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": checkpoint.load_universal is not available: zero-engine does not "
-        "read DeepSpeed's universal checkpoints (its own checkpoints load at "
-        "any world size and stage directly); remove the key"));
-  }
-  if (offload_optimizer.delayed_update &&
-      (offload_optimizer.device != config::OffloadDevice::kCpu ||
-       offload_optimizer.ratio != 1.0 ||
-       (cfg.zero_optimization.stage != 1 &&
-        cfg.zero_optimization.stage != 2))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_optimizer.delayed_update needs "
-        "offload_optimizer.device \"cpu\" with ratio 1 at "
-        "zero_optimization.stage 1 or 2 (stage is ",
-        cfg.zero_optimization.stage, ")"));
-  }
-  if (offload_param.device == config::OffloadDevice::kCpu &&
-      (offload_optimizer.device == config::OffloadDevice::kNone ||
-       offload_optimizer.ratio != 1.0)) {
-    // The CPU optimizer writes the offloaded weights in place; a device
-    // optimizer would need them on the device.
-    return absl::UnimplementedError(
-        absl::StrCat(cfg.source,
-                     ": zero_optimization.offload_param.device \"cpu\" needs "
-                     "zero_optimization.offload_optimizer.device \"cpu\" or "
-                     "\"nvme\" with ratio 1 "
-                     "(the whole optimizer step on the CPU)"));
-  }
+  // What this build cannot run (config/config.h); a loaded config passed
+  // the rest of the cross-key rules at load.
+  ZE_RETURN_IF_ERROR(config::CheckSupported(cfg));
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted = config::PrecisionDType(precision);
   const DType model_dtype = model_->dtype();
