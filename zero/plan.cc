@@ -130,6 +130,42 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
     state.weights_placement = Placement::kHost;
   }
   state.pin_memory = placement.pin_memory;
+
+  plan.reducer.kind = !plan.policy.partition_optimizer
+                          ? ReductionKind::kAllReduce
+                      : !plan.policy.partition_gradients
+                          ? ReductionKind::kReduceScatterInPlace
+                          : ReductionKind::kReduceScatterToPartition;
+  plan.reducer.prescale = config.prescale_gradients;
+  plan.reducer.predivide_factor = config.gradient_predivide_factor;
+  plan.overlap_comm = zero.overlap_comm;
+  plan.allgather_bucket_elements =
+      std::max<int64_t>(1, zero.allgather_bucket_size);
+  plan.seed = static_cast<uint64_t>(config.seed);
+  if (plan.policy.partition_parameters) {
+    // Small buckets stay gathered, in layout order, while their total stays
+    // within stage3_model_persistence_threshold (DeepSpeed's cap on what
+    // the per-parameter threshold may keep).
+    const PartitionedLayout& layout = plan.layout.layout;
+    const int64_t threshold = zero.stage3_param_persistence_threshold.value();
+    const int64_t model_threshold = zero.stage3_model_persistence_threshold;
+    int64_t persistent_elements = 0;
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      int64_t elements = 0;
+      for (int i = layout.bucket(b).first_param; i < layout.bucket(b).end_param;
+           ++i) {
+        elements += layout.param(i).numel;
+      }
+      const bool persistent = elements < threshold &&
+                              elements <= model_threshold - persistent_elements;
+      if (persistent) persistent_elements += elements;
+      plan.persistent.push_back(persistent);
+    }
+    plan.fetch.prefetch_bucket_elements =
+        zero.stage3_prefetch_bucket_size.value();
+    plan.fetch.max_live_elements = zero.stage3_max_live_parameters;
+    plan.fetch.max_reuse_distance = zero.stage3_max_reuse_distance;
+  }
   ZE_ASSIGN_OR_RETURN(
       plan.memory,
       PlanModelStateMemory(plan.layout.layout, plan.policy,

@@ -18,7 +18,9 @@
 #include "core/host_facts.h"
 #include "nn/loss_model.h"
 #include "nn/parameter.h"
+#include "zero/fetch_schedule.h"
 #include "zero/flat_layout.h"
+#include "zero/gradient_reducer.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
 #include "zero/reports.h"
@@ -71,6 +73,26 @@ struct Plan {
   StatePlacement placement;
   // This rank's model-state memory (every rank's is the same).
   MemoryBreakdown memory;
+
+  // How the strategy runs, from the config's keys, so that no strategy
+  // reads them itself. The gradient reduction: its kind by the policy
+  // (all-reduce, reduce-scatter in place, or into the partition),
+  // prescale_gradients and gradient_predivide_factor; the strategy adds
+  // the communication dtype (StrategyContext).
+  GradientReducerOptions reducer;
+  // overlap_comm: collectives on a stream of their own (on a GPU).
+  bool overlap_comm = false;
+  // Stages 0-2: at most this many elements per all-gather call that
+  // rebuilds the weights after a step (allgather_bucket_size, >= 1).
+  int64_t allgather_bucket_elements = 1;
+  // Parameters without data are generated from (seed, name).
+  uint64_t seed = 0;
+  // Stage 3 (empty otherwise): per bucket, kept gathered between uses
+  // (under stage3_param_persistence_threshold elements, in layout order
+  // while the total stays within stage3_model_persistence_threshold).
+  std::vector<bool> persistent;
+  // Stage 3: the fetch schedule's prefetch and eviction limits.
+  FetchScheduleOptions fetch;
 };
 
 // The plan for `model` under `config` (validated) at `world_size` (any:

@@ -28,6 +28,10 @@ constexpr int64_t kMomentBytes = 8;
 constexpr int64_t kMasterBytes = 4;
 constexpr int64_t kWeightBytes = 2;  // bf16
 constexpr int64_t kSubGroupSize = 1000;
+// Stage 3 keeps buckets under kPersistence elements gathered while their
+// total stays within kModelPersistence: small enough that the cap bites.
+constexpr int64_t kPersistence = 100;
+constexpr int64_t kModelPersistence = 80;
 
 struct Case {
   int stage = 0;
@@ -51,7 +55,12 @@ struct Case {
         R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)",
         R"("zero_optimization": {"stage": )", stage,
         R"(, "reduce_bucket_size": 900, "sub_group_size": )", kSubGroupSize,
-        offload, "}}");
+        R"(, "allgather_bucket_size": 700, "overlap_comm": true,)",
+        R"( "stage3_param_persistence_threshold": )", kPersistence,
+        R"(, "stage3_model_persistence_threshold": )", kModelPersistence,
+        R"(, "stage3_prefetch_bucket_size": 3000,)",
+        R"( "stage3_max_live_parameters": 5000,)",
+        R"( "stage3_max_reuse_distance": 7000)", offload, "}}");
   }
   // What config/ refuses at load: offload at stage 0, NVMe below stage 3.
   bool refused() const {
@@ -266,6 +275,46 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
       EXPECT_EQ(memory.device_bytes,
                 memory.gradient_bytes +
                     (c.offload_param ? 0 : memory.model_weight_bytes));
+    }
+
+    // How the strategy runs: the reduction by the policy, the keys it
+    // would otherwise read itself, and stage 3's persistence and fetch
+    // limits.
+    EXPECT_EQ(plan.reducer.kind,
+              c.stage == 0   ? ReductionKind::kAllReduce
+              : c.stage == 1 ? ReductionKind::kReduceScatterInPlace
+                             : ReductionKind::kReduceScatterToPartition);
+    EXPECT_TRUE(plan.overlap_comm);
+    EXPECT_EQ(plan.allgather_bucket_elements, 700);
+    if (c.stage == 3) {
+      ASSERT_EQ(static_cast<int>(plan.persistent.size()), layout.num_buckets());
+      int64_t kept = 0;
+      int kept_buckets = 0;
+      int capped_buckets = 0;
+      for (int b = 0; b < layout.num_buckets(); ++b) {
+        int64_t elements = 0;
+        for (int i = layout.bucket(b).first_param;
+             i < layout.bucket(b).end_param; ++i) {
+          elements += layout.param(i).numel;
+        }
+        if (plan.persistent[b]) {
+          EXPECT_LT(elements, kPersistence) << b;
+          kept += elements;
+          ++kept_buckets;
+        } else if (elements < kPersistence) {
+          // Small enough, but the model's cap was reached.
+          EXPECT_GT(kept + elements, kModelPersistence) << b;
+          ++capped_buckets;
+        }
+      }
+      EXPECT_LE(kept, kModelPersistence);
+      EXPECT_GT(kept_buckets, 0);
+      EXPECT_GT(capped_buckets, 0);
+      EXPECT_EQ(plan.fetch.prefetch_bucket_elements, 3000);
+      EXPECT_EQ(plan.fetch.max_live_elements, 5000);
+      EXPECT_EQ(plan.fetch.max_reuse_distance, 7000);
+    } else {
+      EXPECT_TRUE(plan.persistent.empty());
     }
 
     // The paper's figure: 16 Psi, 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N,

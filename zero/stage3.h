@@ -169,9 +169,6 @@ class Stage3 : public ZeroStrategy {
   };
 
   explicit Stage3(const StrategyContext& context) : ZeroStrategy(context) {}
-  const config::ZeroConfig& zero_config() const {
-    return config().zero_optimization;
-  }
   absl::Status OnBeginBackward(bool boundary) override {
     return absl::OkStatus();
   }

@@ -24,8 +24,7 @@ absl::Status Stages0To2::Setup() {
   // stages 0-2 keep full weights on every rank.
   for (nn::Parameter* parameter : model.Parameters()) {
     if (parameter->state() == nn::ParameterState::kAbsent) {
-      ZE_RETURN_IF_ERROR(parameter->Materialize(
-          static_cast<uint64_t>(config().seed), stream()));
+      ZE_RETURN_IF_ERROR(parameter->Materialize(context_.plan->seed, stream()));
     }
   }
   const StageLayout& stage_layout = context_.plan->layout;
@@ -71,18 +70,12 @@ absl::Status Stages0To2::Setup() {
   // With overlap_comm on a GPU, gradient collectives run on a separate
   // high-priority stream (so reduction overlaps the rest of backward).
   communication_stream_ = stream();
-  if (config().zero_optimization.overlap_comm && device().is_cuda()) {
+  if (context_.plan->overlap_comm && device().is_cuda()) {
     ZE_ASSIGN_OR_RETURN(communication_stream_,
                         Stream::Create(device(), /*high_priority=*/true));
   }
-  GradientReducerOptions reducer;
-  reducer.kind = !stage_policy.partition_optimizer ? ReductionKind::kAllReduce
-                 : !stage_policy.partition_gradients
-                     ? ReductionKind::kReduceScatterInPlace
-                     : ReductionKind::kReduceScatterToPartition;
+  GradientReducerOptions reducer = context_.plan->reducer;
   reducer.communication_dtype = context_.communication_dtype;
-  reducer.prescale = config().prescale_gradients;
-  reducer.predivide_factor = config().gradient_predivide_factor;
   reducer_ = std::make_unique<GradientReducer>(
       reducer, partition_.get(), context_.comm, context_.compute_stream,
       &communication_stream_, [this](int bucket) -> absl::Status {
@@ -267,8 +260,7 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
   if (!partition_->delays_update()) {
     ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()).status());
   }
-  const int64_t group_limit =
-      std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
+  const int64_t group_limit = context_.plan->allgather_bucket_elements;
   std::vector<comm::CollectiveOp> group;
   int64_t group_elements = 0;
   std::vector<comm::Work> works;

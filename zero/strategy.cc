@@ -43,8 +43,8 @@ absl::Status ZeroStrategy::AnnotateAllocationError(
       status.code(),
       absl::StrCat("model state does not fit on rank ", rank(), " (",
                    device().ToString(), "): ZeRO stage ",
-                   config().zero_optimization.stage, " needs ",
-                   memory().device_bytes, " bytes per rank",
+                   context_.plan->state.stage, " needs ", memory().device_bytes,
+                   " bytes per rank",
                    memory().host_bytes > 0
                        ? absl::StrCat(" on the device and ",
                                       memory().host_bytes, " in host memory")
