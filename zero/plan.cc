@@ -77,6 +77,89 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
   return result;
 }
 
+// The breakdown for `layout` under `state` (model state as allocated,
+// padding included; stage 3's layout may hold frozen buckets, which count
+// as weights, gradients and optimizer slices like the others), where it
+// lives by `state`'s placements (`nvme`: offload_optimizer's device is
+// "nvme", so the offloaded buckets' master weights and moments are in a
+// swap file, streamed through state.nvme.buffer_count host buffers of one
+// chunk each), and the paper's figure for `trainable_elements` parameters.
+// InvalidArgument for negative state bytes.
+absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
+    const PartitionedLayout& layout, const StagePolicy& policy,
+    const PartitionStateOptions& state, bool nvme, TrainingPrecision precision,
+    int64_t trainable_elements) {
+  const int64_t optimizer_state_bytes_per_element =
+      StateBytesPerElement(state.optimizer);
+  ZE_ASSIGN_OR_RETURN(
+      const ModelStateBytes bytes,
+      EstimateModelStateBytes(layout, state.stage, precision,
+                              optimizer_state_bytes_per_element));
+  MemoryBreakdown memory;
+  memory.parameter_elements = trainable_elements;
+  memory.model_weight_bytes = bytes.params;
+  memory.gradient_bytes = bytes.grads;
+  memory.master_weight_bytes = bytes.master_weights;
+  memory.optimizer_state_bytes = bytes.optimizer_states - bytes.master_weights;
+
+  // Offload: the host buckets' master weights and state, the staging
+  // buffers their transfers use, and offloaded weights live on the host.
+  const bool weights_on_host = state.weights_placement == Placement::kHost;
+  const bool mixed = precision != TrainingPrecision::kFp32;
+  const int64_t weight_element_bytes = mixed ? 2 : 4;
+  int64_t host_elements = 0;
+  int64_t all_elements = 0;
+  bool aliased = !mixed;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const int64_t own = policy.partition_optimizer
+                            ? layout.bucket(b).slice_elements
+                            : layout.bucket(b).padded_elements;
+    all_elements += own;
+    const bool on_host =
+        !state.optimizer_placement.empty() &&
+        state.optimizer_placement[static_cast<size_t>(b)] != Placement::kDevice;
+    if (on_host) host_elements += own;
+    if (on_host != weights_on_host) aliased = false;
+  }
+  if (!mixed && !aliased) {
+    // f32 training with the optimizer away from the weights keeps a copy.
+    memory.master_weight_bytes = 4 * all_elements;
+  }
+  const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
+  memory.staging_bytes = weight_element_bytes * host_elements;
+  const int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
+  const int64_t swapped_bytes =
+      (master_element_bytes + optimizer_state_bytes_per_element) *
+      host_elements;
+  int64_t swap_buffers = 0;
+  if (nvme) {
+    memory.nvme_bytes = swapped_bytes;
+    swap_buffers =
+        state.nvme.buffer_count *
+        (master_element_bytes + optimizer_state_bytes_per_element) *
+        std::min(state.chunk_elements, std::max<int64_t>(host_elements, 1));
+  }
+  memory.host_bytes = (nvme ? swap_buffers : swapped_bytes) +
+                      memory.staging_bytes + host_weights;
+  memory.pinned_host_bytes =
+      state.pin_memory ? memory.staging_bytes + host_weights : 0;
+  memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
+                        (swapped_bytes + memory.staging_bytes + host_weights);
+  // The paper's formula in exact arithmetic: each of params, grads and
+  // optimizer states is either replicated (Psi) or divided by N.
+  const double psi = static_cast<double>(trainable_elements);
+  const double n = layout.world_size();
+  const double weight = mixed ? 2 : 4;
+  const double optimizer =
+      (mixed ? 4 : 0) + static_cast<double>(optimizer_state_bytes_per_element);
+  const double replicated = (policy.partition_parameters ? 0 : weight) +
+                            (policy.partition_gradients ? 0 : weight) +
+                            (policy.partition_optimizer ? 0 : optimizer);
+  const double partitioned = weight + weight + optimizer - replicated;
+  memory.paper_bytes = replicated * psi + partitioned * psi / n;
+  return memory;
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
@@ -89,47 +172,42 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
                       TrainingState::Create(config, world_size));
   const config::ZeroConfig& zero = config.zero_optimization;
   PartitionStateOptions& state = plan.state;
-  StatePlacement& placement = plan.placement;
   state.stage = static_cast<int>(zero.stage);
   state.model_dtype = model.dtype();
   state.optimizer = training->optimizer_options();
   state.trainable = plan.layout.trainable;
   state.bucket_zero_read_first = plan.layout.bucket_zero_read_first;
+  const bool nvme =
+      zero.offload_optimizer.device == config::OffloadDevice::kNvme;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
     plan.cpu_optimizer = true;
-    const bool nvme =
-        zero.offload_optimizer.device == config::OffloadDevice::kNvme;
     state.optimizer_placement = ChooseOptimizerPlacement(
         plan.layout.layout, plan.layout.trainable, zero.offload_optimizer.ratio,
         nvme ? Placement::kNvme : Placement::kHost);
-    for (Placement where : state.optimizer_placement) {
-      placement.optimizer_on_host.push_back(where != Placement::kDevice);
-    }
     if (nvme) {
-      placement.optimizer_on_nvme = true;
-      placement.nvme_buffer_count = static_cast<int>(
-          std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
       state.nvme.nvme = offload::NvmeOptionsFromConfig(
           config.aio, zero.offload_optimizer.nvme_path.value_or(""));
-      state.nvme.buffer_count = placement.nvme_buffer_count;
+      state.nvme.buffer_count = static_cast<int>(
+          std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
     }
-    placement.pin_memory = zero.offload_optimizer.pin_memory;
+    state.pin_memory = zero.offload_optimizer.pin_memory;
     // One chunk size for the pipeline and the memory it is planned by.
-    placement.chunk_elements =
+    state.chunk_elements =
         std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
-    state.chunk_elements = placement.chunk_elements;
     state.delayed_update = zero.offload_optimizer.delayed_update;
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).
     state.host_threads = host.omp_num_threads;
   }
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
-    placement.weights_on_host = true;
-    placement.pin_memory =
-        placement.pin_memory || zero.offload_param.pin_memory;
     state.weights_placement = Placement::kHost;
+    state.pin_memory = state.pin_memory || zero.offload_param.pin_memory;
   }
-  state.pin_memory = placement.pin_memory;
+  ZE_ASSIGN_OR_RETURN(
+      plan.memory,
+      PlanModelStateMemory(plan.layout.layout, plan.policy, state, nvme,
+                           config::GetTrainingPrecision(config),
+                           plan.layout.trainable_elements));
 
   plan.reducer.kind = !plan.policy.partition_optimizer
                           ? ReductionKind::kAllReduce
@@ -166,12 +244,6 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
     plan.fetch.max_live_elements = zero.stage3_max_live_parameters;
     plan.fetch.max_reuse_distance = zero.stage3_max_reuse_distance;
   }
-  ZE_ASSIGN_OR_RETURN(
-      plan.memory,
-      PlanModelStateMemory(plan.layout.layout, plan.policy,
-                           config::GetTrainingPrecision(config),
-                           StateBytesPerElement(state.optimizer),
-                           plan.layout.trainable_elements, placement));
   return plan;
 }
 

@@ -69,8 +69,6 @@ struct Plan {
   // CPUs among its ranks). A strategy adds its rank, device, CPU share and
   // allocation-error annotation.
   PartitionStateOptions state;
-  // Where offloaded state lives, as the memory breakdown counts it.
-  StatePlacement placement;
   // This rank's model-state memory (every rank's is the same).
   MemoryBreakdown memory;
 

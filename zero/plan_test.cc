@@ -162,12 +162,9 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
     bool device_seen = false;
     if (!offloaded) {
       EXPECT_TRUE(plan.state.optimizer_placement.empty());
-      EXPECT_TRUE(plan.placement.optimizer_on_host.empty());
     } else {
       ASSERT_EQ(static_cast<int>(plan.state.optimizer_placement.size()),
                 layout.num_buckets());
-      ASSERT_EQ(plan.placement.optimizer_on_host.size(),
-                plan.state.optimizer_placement.size());
     }
     for (int b = 0; b < layout.num_buckets(); ++b) {
       const int64_t own = plan.policy.partition_optimizer
@@ -177,8 +174,6 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
       if (!offloaded) continue;
       const Placement where = plan.state.optimizer_placement[b];
       EXPECT_TRUE(where == Placement::kDevice || where == away) << b;
-      EXPECT_EQ(plan.placement.optimizer_on_host[b],
-                where != Placement::kDevice);
       if (where == away) {
         // The offloaded buckets come first (the last layers': their
         // gradients are final first in backward).
@@ -199,16 +194,12 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
         EXPECT_LT(own_away, own_total);
       }
       EXPECT_EQ(plan.state.chunk_elements, kSubGroupSize);
-      EXPECT_EQ(plan.placement.chunk_elements, kSubGroupSize);
       EXPECT_EQ(plan.state.host_threads, 3);  // the host facts' OMP threads
       EXPECT_TRUE(plan.state.pin_memory);
     } else {
       EXPECT_EQ(plan.state.host_threads, 0);
     }
-    EXPECT_EQ(plan.placement.optimizer_on_nvme,
-              c.device == OffloadDevice::kNvme);
     // The weights: on the host with offload_param, else on the device.
-    EXPECT_EQ(plan.placement.weights_on_host, c.offload_param);
     EXPECT_EQ(plan.state.weights_placement,
               c.offload_param ? Placement::kHost : Placement::kDevice);
 
@@ -260,8 +251,8 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
       // host: less than the swapped state itself.
       EXPECT_GT(memory.host_bytes, memory.staging_bytes + host_weights);
       EXPECT_LE(memory.host_bytes - memory.staging_bytes - host_weights,
-                (kMasterBytes + kMomentBytes) *
-                    plan.placement.nvme_buffer_count * kSubGroupSize);
+                (kMasterBytes + kMomentBytes) * plan.state.nvme.buffer_count *
+                    kSubGroupSize);
     } else {
       EXPECT_EQ(memory.nvme_bytes, 0);
       EXPECT_EQ(memory.host_bytes,
