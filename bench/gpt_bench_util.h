@@ -25,7 +25,7 @@
 #include "nn/gpt.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
-#include "zero/memory_estimate.h"
+#include "zero/reports.h"
 
 namespace ze {
 namespace bench {

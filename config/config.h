@@ -472,6 +472,19 @@ struct ResolutionContext {
   std::optional<TrainingPrecision> precision;
 };
 
+// The rules across keys that say what the engine can run, for
+// engine::Initialize, which calls it on every config (one changed or built
+// in code after loading included): Unimplemented for
+// zero_optimization.offload_param.device "nvme", for
+// checkpoint.load_universal, and for offload_param.device "cpu" without the
+// whole optimizer step on the CPU (offload_optimizer.device "cpu" or "nvme"
+// with ratio 1); InvalidArgument for offload_optimizer.delayed_update
+// outside device "cpu", ratio 1, stage 1 or 2. Each message starts with
+// config.source and names the keys. Loading keeps accepting these, so a
+// DeepSpeed config that asks for them is still read (check_config,
+// ConfigWarnings) and every key can still change alone.
+absl::Status CheckSupported(const Config& config);
+
 // Returns `config` with every "auto" replaced and the result validated again
 // (batch triple included). A config with no "auto" comes back unchanged.
 // Errors: InvalidArgument naming the source, each unresolvable JSON path and

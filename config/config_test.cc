@@ -1449,6 +1449,51 @@ TEST(ResolveTest, HuggingFaceZero3ConfigResolvesGivenAHiddenSize) {
   EXPECT_FALSE(c->HasUnresolvedAuto());
 }
 
+// What the engine cannot run is read at load (DeepSpeed configs stay
+// loadable) and refused by CheckSupported, naming the keys.
+TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {
+  EXPECT_TRUE(CheckSupported(LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "cpu"},
+          "offload_param": {"device": "cpu"}}})"))
+                  .ok());
+  const Config no_optimizer_offload = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
+  absl::Status status = CheckSupported(no_optimizer_offload);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(status.message().find("zero_optimization.offload_param.device "
+                                  "\"cpu\" needs "
+                                  "zero_optimization.offload_optimizer.device"),
+            absl::string_view::npos)
+      << status;
+  Config half = no_optimizer_offload;
+  half.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  half.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_EQ(CheckSupported(half).code(), absl::StatusCode::kUnimplemented);
+  half.zero_optimization.offload_optimizer.ratio = 1.0;
+  EXPECT_TRUE(CheckSupported(half).ok());
+
+  Config universal = LoadOrDie(R"({"train_batch_size": 8,
+      "checkpoint": {"load_universal": true}})");
+  status = CheckSupported(universal);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(status.message().find("checkpoint.load_universal"),
+            absl::string_view::npos)
+      << status;
+
+  Config delayed = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 2,
+          "offload_optimizer": {"device": "cpu", "delayed_update": true}}})");
+  EXPECT_TRUE(CheckSupported(delayed).ok());
+  delayed.zero_optimization.stage = 3;
+  status = CheckSupported(delayed);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find(
+                "zero_optimization.offload_optimizer.delayed_update needs"),
+            absl::string_view::npos)
+      << status;
+}
+
 }  // namespace
 }  // namespace config
 }  // namespace ze

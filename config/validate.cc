@@ -1,5 +1,6 @@
 // Validation after each key passed its own checks: the rules spanning
-// several keys, and the batch triple.
+// several keys, and the batch triple; and CheckSupported, the rules across
+// keys that say what the engine can run (config.h).
 #include "config/validate.h"
 
 #include <initializer_list>
@@ -260,5 +261,52 @@ absl::StatusOr<Config> ParseAndValidate(const Json& json, int world_size,
 }
 
 }  // namespace internal
+
+absl::Status CheckSupported(const Config& config) {
+  const ZeroConfig& zero = config.zero_optimization;
+  const OffloadOptimizerConfig& offload_optimizer = zero.offload_optimizer;
+  const OffloadParamConfig& offload_param = zero.offload_param;
+  if (offload_param.device == OffloadDevice::kNvme) {
+    return absl::UnimplementedError(absl::StrCat(
+        config.source,
+        ": zero_optimization.offload_param.device \"nvme\" is not available "
+        "in this build; use \"cpu\" (offload_optimizer may use \"nvme\")"));
+  }
+  if (config.checkpoint.load_universal) {
+    // DeepSpeed's universal checkpoints are its own offline conversion; our
+    // checkpoints load at any world size and stage without one.
+    return absl::UnimplementedError(absl::StrCat(
+        config.source,
+        ": checkpoint.load_universal is not available: zero-engine does not "
+        "read DeepSpeed's universal checkpoints (its own checkpoints load at "
+        "any world size and stage directly); remove the key"));
+  }
+  // ZeRO-Offload's stage 1-2 CPU mode only.
+  if (offload_optimizer.delayed_update &&
+      (offload_optimizer.device != OffloadDevice::kCpu ||
+       offload_optimizer.ratio != 1.0 ||
+       (zero.stage != 1 && zero.stage != 2))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source,
+        ": zero_optimization.offload_optimizer.delayed_update needs "
+        "offload_optimizer.device \"cpu\" with ratio 1 at "
+        "zero_optimization.stage 1 or 2 (stage is ",
+        zero.stage, ")"));
+  }
+  if (offload_param.device == OffloadDevice::kCpu &&
+      (offload_optimizer.device == OffloadDevice::kNone ||
+       offload_optimizer.ratio != 1.0)) {
+    // The CPU optimizer writes the offloaded weights in place; a device
+    // optimizer would need them on the device.
+    return absl::UnimplementedError(
+        absl::StrCat(config.source,
+                     ": zero_optimization.offload_param.device \"cpu\" needs "
+                     "zero_optimization.offload_optimizer.device \"cpu\" or "
+                     "\"nvme\" with ratio 1 "
+                     "(the whole optimizer step on the CPU)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace config
 }  // namespace ze

@@ -7,11 +7,11 @@
 #include <unordered_map>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "comm/factory.h"
 #include "core/file_cleanup.h"
+#include "core/host_facts.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/safetensors/reader.h"
@@ -20,6 +20,7 @@
 #include "engine/checkpoint/orchestration.h"
 #include "engine/engine_impl.h"
 #include "zero/create_strategy.h"
+#include "zero/plan.h"
 
 namespace ze {
 namespace engine {
@@ -48,17 +49,19 @@ std::string StartupSummary(const config::Config& config,
                            DType dtype) {
   const config::ZeroConfig& zero = config.zero_optimization;
   const int world_size = communicator.world_size();
-  const char* partitioned[] = {"nothing", "optimizer state",
-                               "optimizer state and gradients",
-                               "optimizer state, gradients and parameters"};
+  const zero::StagePolicy policy = zero::PolicyOf(config);
+  const char* partitioned =
+      policy.partition_parameters  ? "optimizer state, gradients and parameters"
+      : policy.partition_gradients ? "optimizer state and gradients"
+      : policy.partition_optimizer ? "optimizer state"
+                                   : "nothing";
   std::string text = absl::StrFormat(
       "%s: world size %d (%s backend, rank 0 on %s), ZeRO stage %d "
       "(partitioned: %s), %s, batch %d x %d x %d = %d (micro x accumulation x "
       "ranks), reduce_bucket_size %d, allgather_bucket_size %d, overlap_comm "
       "%s",
       config.source, world_size, communicator.backend_name(),
-      communicator.device().ToString(), zero.stage,
-      partitioned[std::min<int64_t>(std::max<int64_t>(zero.stage, 0), 3)],
+      communicator.device().ToString(), zero.stage, partitioned,
       DTypeName(dtype), config.train_micro_batch_size_per_gpu.value(),
       config.gradient_accumulation_steps.value(), world_size,
       config.train_batch_size.value(), zero.reduce_bucket_size.value(),
@@ -66,7 +69,7 @@ std::string StartupSummary(const config::Config& config,
       !zero.overlap_comm                ? "off"
       : communicator.device().is_cuda() ? "on (collectives on their own stream)"
                                         : "on (no effect on the CPU)");
-  if (zero.stage == 3) {
+  if (policy.partition_parameters) {
     absl::StrAppend(&text, ", stage3_prefetch_bucket_size ",
                     zero.stage3_prefetch_bucket_size.value(),
                     ", stage3_param_persistence_threshold ",
@@ -337,6 +340,7 @@ CheckpointedState EngineImpl::CheckpointState() {
   state.counters = &counters_;
   state.last_update_nonfinite = last_update_nonfinite_;
   state.last_nonfinite_loss = last_nonfinite_loss_;
+  state.host = &host_facts_;
   return state;
 }
 
@@ -368,49 +372,9 @@ CommunicationCounters EngineImpl::communication_counters() const {
 
 absl::Status EngineImpl::Setup() {
   const config::Config& cfg = config_;
-  const config::OffloadOptimizerConfig& offload_optimizer =
-      cfg.zero_optimization.offload_optimizer;
-  const config::OffloadParamConfig& offload_param =
-      cfg.zero_optimization.offload_param;
-  if (offload_param.device == config::OffloadDevice::kNvme) {
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_param.device \"nvme\" is not available "
-        "in this build; use \"cpu\" (offload_optimizer may use \"nvme\")"));
-  }
-  if (cfg.checkpoint.load_universal) {
-    // DeepSpeed's universal checkpoints are its own offline conversion; our
-    // checkpoints load at any world size and stage without one.
-    return absl::UnimplementedError(absl::StrCat(
-        cfg.source,
-        ": checkpoint.load_universal is not available: zero-engine does not "
-        "read DeepSpeed's universal checkpoints (its own checkpoints load at "
-        "any world size and stage directly); remove the key"));
-  }
-  if (offload_optimizer.delayed_update &&
-      (offload_optimizer.device != config::OffloadDevice::kCpu ||
-       offload_optimizer.ratio != 1.0 ||
-       (cfg.zero_optimization.stage != 1 &&
-        cfg.zero_optimization.stage != 2))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        cfg.source,
-        ": zero_optimization.offload_optimizer.delayed_update needs "
-        "offload_optimizer.device \"cpu\" with ratio 1 at "
-        "zero_optimization.stage 1 or 2 (stage is ",
-        cfg.zero_optimization.stage, ")"));
-  }
-  if (offload_param.device == config::OffloadDevice::kCpu &&
-      (offload_optimizer.device == config::OffloadDevice::kNone ||
-       offload_optimizer.ratio != 1.0)) {
-    // The CPU optimizer writes the offloaded weights in place; a device
-    // optimizer would need them on the device.
-    return absl::UnimplementedError(
-        absl::StrCat(cfg.source,
-                     ": zero_optimization.offload_param.device \"cpu\" needs "
-                     "zero_optimization.offload_optimizer.device \"cpu\" or "
-                     "\"nvme\" with ratio 1 "
-                     "(the whole optimizer step on the CPU)"));
-  }
+  // What this build cannot run (config/config.h); a loaded config passed
+  // the rest of the cross-key rules at load.
+  ZE_RETURN_IF_ERROR(config::CheckSupported(cfg));
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted = config::PrecisionDType(precision);
   const DType model_dtype = model_->dtype();
@@ -427,12 +391,8 @@ absl::Status EngineImpl::Setup() {
   context.model = model_.get();
   context.global_steps = &counters_.global_steps;
   // The environment is read here, once, and passed down.
-  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr) {
-    int requested = 0;
-    if (absl::SimpleAtoi(omp, &requested) && requested > 0) {
-      context.omp_num_threads = requested;
-    }
-  }
+  host_facts_ =
+      ReadHostFacts([](const char* name) { return std::getenv(name); });
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =
@@ -441,10 +401,17 @@ absl::Status EngineImpl::Setup() {
   ZE_ASSIGN_OR_RETURN(
       training_, zero::TrainingState::Create(cfg, communicator_->world_size()));
   context.training = training_.get();
-  // A rank that cannot create its state (no room for it, an NVMe directory
-  // it cannot write) stops every rank, not only itself.
+  // The plan is built once, here; the strategy allocates by it. A rank that
+  // cannot create its state (no room for it, an NVMe directory it cannot
+  // write) stops every rank, not only itself.
   absl::StatusOr<std::unique_ptr<zero::ZeroStrategy>> strategy =
-      zero::CreateZeroStrategy(context);
+      [&]() -> absl::StatusOr<std::unique_ptr<zero::ZeroStrategy>> {
+    ZE_ASSIGN_OR_RETURN(
+        plan_, zero::BuildPlan(*model_, cfg, communicator_->world_size(),
+                               host_facts_));
+    context.plan = &plan_;
+    return zero::CreateZeroStrategy(context);
+  }();
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(*communicator_, strategy.status(),
                                       compute_stream_,
                                       "creating the ZeRO partition state"));

@@ -355,11 +355,11 @@ class Engine {
   // with the same shapes. When this rank's state fits in host memory (the
   // one-pass path: at most 3/4 of MemAvailable divided among the ranks on
   // the host, or ZE_CHECKPOINT_STAGING_LIMIT bytes when that environment
-  // variable is set; 0 disables it) everything it needs is read once into
-  // host staging, the checksums computed as it is read, and applied after
-  // the check; a file it verifies but did not read whole (resharding) is
-  // read again for its checksum. Otherwise (the two-pass path) its files
-  // are verified first and the state then read and written bucket by
+  // variable was set when Initialize ran; 0 disables it) everything it needs is
+  // read once into host staging, the checksums computed as it is read, and
+  // applied after the check; a file it verifies but did not read whole
+  // (resharding) is read again for its checksum. Otherwise (the two-pass path)
+  // its files are verified first and the state then read and written bucket by
   // bucket. A failure there is an error naming the file or
   // parameter (NotFound for a missing tag or file, DataLoss for a corrupt
   // or truncated file, InvalidArgument for another model, FailedPrecondition

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/host_facts.h"
 #include "core/safetensors/tensor_source.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -32,6 +33,7 @@
 #include "engine/step_monitor.h"
 #include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
+#include "zero/plan.h"
 #include "zero/strategy.h"
 #include "zero/training_state.h"
 
@@ -117,8 +119,14 @@ class EngineImpl {
   std::shared_ptr<comm::Communicator> communicator_;
   Stream compute_stream_;
   Counters counters_;
+  // Read from the environment once, by Setup; passed to the strategy and the
+  // checkpoint orchestration.
+  HostFacts host_facts_;
   CheckpointSaveReport last_save_report_;
   std::unique_ptr<zero::TrainingState> training_;
+  // Built once by Setup (zero/plan.h); the strategy borrows it, so it is
+  // declared before (destroyed after) the strategy.
+  zero::Plan plan_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;
   // bf16/f32: consecutive non-finite steps so far, and whether the last
   // step applied an update despite a non-finite loss or gradient norm.

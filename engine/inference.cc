@@ -15,7 +15,7 @@
 #include "engine/engine_impl.h"
 #include "engine/sampling.h"
 #include "nn/kv_cache.h"
-#include "zero/stage_policy.h"
+#include "zero/plan.h"
 
 namespace ze {
 namespace engine {
@@ -375,10 +375,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> EngineImpl::Generate(
       // Partitioned parameters are gathered collectively in every forward,
       // so ranks must stop together.
       /*agree_on_stop=*/
-      zero::StagePolicy::ForStage(
-          static_cast<int>(config_.zero_optimization.stage))
-          .partition_parameters,
-      prompts, max_new_tokens, options);
+      zero::PolicyOf(config_).partition_parameters, prompts, max_new_tokens,
+      options);
   ZE_RETURN_IF_ERROR(RunEvaluation([&] { return generation.Run(); }));
   return generation.TakeGenerated();
 }

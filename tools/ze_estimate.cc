@@ -41,6 +41,7 @@
 #include "zero/memory_estimate.h"
 #include "zero/optimizer.h"
 #include "zero/plan.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace {
@@ -156,9 +157,10 @@ absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
   row.stage = choice.stage;
   row.offload = OffloadName(choice);
   row.paper = static_cast<double>(bytes.total());
-  const int64_t own = choice.stage == 0
-                          ? static_cast<int64_t>(psi)
-                          : static_cast<int64_t>(std::ceil(psi / setup.world));
+  const int64_t own =
+      zero::StagePolicy::ForStage(choice.stage).partition_optimizer
+          ? static_cast<int64_t>(std::ceil(psi / setup.world))
+          : static_cast<int64_t>(psi);
   const int64_t element_bytes =
       setup.precision == config::TrainingPrecision::kFp32 ? 4 : 2;
   row.device = bytes.total();
@@ -391,8 +393,9 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
   choice.stage = static_cast<int>(zero.stage);
   choice.optimizer = zero.offload_optimizer.device;
   // DeepSpeed uses offload_param at stage 3 only.
-  choice.param = choice.stage == 3 ? zero.offload_param.device
-                                   : config::OffloadDevice::kNone;
+  choice.param = zero::PolicyOf(loaded).partition_parameters
+                     ? zero.offload_param.device
+                     : config::OffloadDevice::kNone;
   setup.choices = {choice};
   setup.config = std::move(loaded);
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include "zero/create_strategy.h"
 
+#include "zero/plan.h"
 #include "zero/stage3.h"
 #include "zero/stage_policy.h"
 #include "zero/stages_0_to_2.h"
@@ -9,9 +10,7 @@ namespace zero {
 
 absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
     const StrategyContext& context) {
-  if (StagePolicy::ForStage(
-          static_cast<int>(context.config->zero_optimization.stage))
-          .partition_parameters) {
+  if (context.plan->policy.partition_parameters) {
     return Stage3::Create(context);
   }
   return Stages0To2::Create(context);

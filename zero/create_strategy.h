@@ -11,10 +11,10 @@
 namespace ze {
 namespace zero {
 
-// The strategy for config.zero_optimization.stage (already validated):
-// Stages0To2 or Stage3. Lays out, allocates and initialises the model state
-// and installs the hooks. ResourceExhausted naming the bytes per rank when
-// it does not fit; InvalidArgument for a model that cannot be laid out.
+// The strategy context.plan's policy asks for: Stages0To2 or Stage3.
+// Allocates the model state by the plan (context.plan, non-null),
+// initialises it and installs the hooks. ResourceExhausted naming the
+// plan's bytes per rank when it does not fit.
 absl::StatusOr<std::unique_ptr<ZeroStrategy>> CreateZeroStrategy(
     const StrategyContext& context);
 

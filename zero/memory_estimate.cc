@@ -2,15 +2,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "zero/reports.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Bytes per replicated / partitioned element, by stage: which of params,
-// grads and optimizer states are partitioned.
+// Bytes per replicated / partitioned element, by what `policy` partitions
+// of params, grads and optimizer states.
 ModelStateBytes Compute(int64_t replicated_elements, int64_t partition_elements,
-                        int stage, TrainingPrecision precision,
+                        const StagePolicy& policy, TrainingPrecision precision,
                         int64_t optimizer_state_bytes_per_element) {
   const bool mixed = precision != TrainingPrecision::kFp32;
   const int64_t weight_bytes = mixed ? 2 : 4;
@@ -19,11 +20,13 @@ ModelStateBytes Compute(int64_t replicated_elements, int64_t partition_elements,
       master_bytes + optimizer_state_bytes_per_element;
   ModelStateBytes bytes;
   bytes.params =
-      weight_bytes * (stage >= 3 ? partition_elements : replicated_elements);
+      weight_bytes *
+      (policy.partition_parameters ? partition_elements : replicated_elements);
   bytes.grads =
-      weight_bytes * (stage >= 2 ? partition_elements : replicated_elements);
+      weight_bytes *
+      (policy.partition_gradients ? partition_elements : replicated_elements);
   const int64_t optimizer_elements =
-      stage >= 1 ? partition_elements : replicated_elements;
+      policy.partition_optimizer ? partition_elements : replicated_elements;
   bytes.optimizer_states = optimizer_bytes * optimizer_elements;
   bytes.master_weights = master_bytes * optimizer_elements;
   return bytes;
@@ -63,7 +66,7 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
                      world_size, " must be >= 0 and >= 1"));
   }
   const int64_t per_rank = (psi + world_size - 1) / world_size;
-  return Compute(psi, per_rank, stage, precision,
+  return Compute(psi, per_rank, StagePolicy::ForStage(stage), precision,
                  optimizer_state_bytes_per_element);
 }
 
@@ -73,79 +76,8 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
   absl::Status status = Validate(stage, optimizer_state_bytes_per_element);
   if (!status.ok()) return status;
   return Compute(layout.padded_total_elements(), layout.partition_elements(),
-                 stage, precision, optimizer_state_bytes_per_element);
-}
-
-absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
-    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
-    const StatePlacement& placement) {
-  absl::StatusOr<ModelStateBytes> bytes = EstimateModelStateBytes(
-      layout, stage, precision, optimizer_state_bytes_per_element);
-  if (!bytes.ok()) return bytes.status();
-  MemoryBreakdown memory;
-  memory.parameter_elements = trainable_elements;
-  memory.model_weight_bytes = bytes->params;
-  memory.gradient_bytes = bytes->grads;
-  memory.master_weight_bytes = bytes->master_weights;
-  memory.optimizer_state_bytes =
-      bytes->optimizer_states - bytes->master_weights;
-
-  // Offload: the host buckets' master weights and state, the staging
-  // buffers their transfers use, and offloaded weights live on the host.
-  const bool mixed = precision != TrainingPrecision::kFp32;
-  const int64_t weight_element_bytes = mixed ? 2 : 4;
-  int64_t host_elements = 0;
-  int64_t all_elements = 0;
-  bool aliased = !mixed;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    const int64_t own = stage == 0 ? layout.bucket(b).padded_elements
-                                   : layout.bucket(b).slice_elements;
-    all_elements += own;
-    const bool on_host = !placement.optimizer_on_host.empty() &&
-                         placement.optimizer_on_host[static_cast<size_t>(b)];
-    if (on_host) host_elements += own;
-    if (on_host != placement.weights_on_host) aliased = false;
-  }
-  if (!mixed && !aliased) {
-    // f32 training with the optimizer away from the weights keeps a copy.
-    memory.master_weight_bytes = 4 * all_elements;
-  }
-  const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
-  memory.staging_bytes = weight_element_bytes * host_elements;
-  const int64_t host_weights =
-      placement.weights_on_host ? memory.model_weight_bytes : 0;
-  const int64_t swapped_bytes =
-      (master_element_bytes + optimizer_state_bytes_per_element) *
-      host_elements;
-  int64_t swap_buffers = 0;
-  if (placement.optimizer_on_nvme) {
-    memory.nvme_bytes = swapped_bytes;
-    swap_buffers =
-        placement.nvme_buffer_count *
-        (master_element_bytes + optimizer_state_bytes_per_element) *
-        std::min(placement.chunk_elements, std::max<int64_t>(host_elements, 1));
-  }
-  memory.host_bytes =
-      (placement.optimizer_on_nvme ? swap_buffers : swapped_bytes) +
-      memory.staging_bytes + host_weights;
-  memory.pinned_host_bytes =
-      placement.pin_memory ? memory.staging_bytes + host_weights : 0;
-  memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
-                        (swapped_bytes + memory.staging_bytes + host_weights);
-  // The paper's formula in exact arithmetic: each of params, grads and
-  // optimizer states is either replicated (Psi) or divided by N.
-  const double psi = static_cast<double>(trainable_elements);
-  const double n = layout.world_size();
-  const double weight = mixed ? 2 : 4;
-  const double optimizer =
-      (mixed ? 4 : 0) + static_cast<double>(optimizer_state_bytes_per_element);
-  const double replicated = (stage >= 3 ? 0 : weight) +
-                            (stage >= 2 ? 0 : weight) +
-                            (stage >= 1 ? 0 : optimizer);
-  const double partitioned = weight + weight + optimizer - replicated;
-  memory.paper_bytes = replicated * psi + partitioned * psi / n;
-  return memory;
+                 StagePolicy::ForStage(stage), precision,
+                 optimizer_state_bytes_per_element);
 }
 
 }  // namespace zero

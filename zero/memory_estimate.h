@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "config/config.h"
 #include "zero/flat_layout.h"
-#include "zero/reports.h"
+#include "zero/stage_policy.h"
 
 namespace ze {
 namespace zero {
@@ -68,31 +68,6 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
 absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
     int64_t optimizer_state_bytes_per_element);
-
-// Which state is offloaded to host memory (zero/partition_state.h).
-struct StatePlacement {
-  // Per bucket: its master weights and optimizer state on the host. Empty:
-  // none.
-  std::vector<bool> optimizer_on_host;
-  bool weights_on_host = false;  // offload_param (stage 3)
-  bool pin_memory = false;       // transfer buffers page-locked
-  // offload_optimizer nvme: the offloaded buckets' master weights and
-  // moments live in a swap file, streamed through nvme_buffer_count host
-  // buffers of one chunk (chunk_elements) each.
-  bool optimizer_on_nvme = false;
-  int nvme_buffer_count = 4;
-  int64_t chunk_elements = 1 << 22;
-};
-
-// The breakdown for `layout` at `stage` (model state as allocated, padding
-// included; stage 3's layout may hold frozen buckets, which count as
-// weights, gradients and optimizer slices like the others), where it lives
-// under `placement`, and the paper's figure for `trainable_elements`
-// parameters. Errors as above.
-absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
-    const PartitionedLayout& layout, int stage, TrainingPrecision precision,
-    int64_t optimizer_state_bytes_per_element, int64_t trainable_elements,
-    const StatePlacement& placement = StatePlacement());
 
 }  // namespace zero
 }  // namespace ze

@@ -108,21 +108,6 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     const PartitionedLayout& layout, const PartitionStateOptions& options,
     const Stream& stream) {
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
-  if (options.weights_placement == Placement::kHost) {
-    if (options.stage != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PartitionState: weights in host memory need stage 3, not stage ",
-          options.stage));
-    }
-    for (int b = 0; b < layout.num_buckets(); ++b) {
-      if (state->trainable_[b] && !state->offloaded(b)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PartitionState: weights in host memory need every trainable "
-            "bucket's optimizer on the host; bucket ",
-            b, "'s is on the device"));
-      }
-    }
-  }
   const int64_t elements = state->weights_replicated()
                                ? layout.padded_total_elements()
                                : layout.partition_elements();

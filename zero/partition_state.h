@@ -95,6 +95,10 @@ struct PartitionStateOptions {
   std::vector<Placement> optimizer_placement;
   // kHost (offload_param, stage 3 only): the weights partition in host
   // memory. Every trainable bucket's optimizer must then be on the host too.
+  // Both are rules of the config's keys, checked in config/ (offload_param
+  // needs stage 3 at load; the whole optimizer on the CPU in
+  // config::CheckSupported), so the plan (zero/plan.h) never asks otherwise
+  // and Create does not check again.
   Placement weights_placement = Placement::kDevice;
   // Host buffers the device copies to and from are page-locked (faster,
   // asynchronous copies); otherwise pageable.
@@ -159,7 +163,6 @@ class PartitionState {
   const PartitionedLayout& layout() const { return layout_; }
   int num_buckets() const { return layout_.num_buckets(); }
   bool trainable(int bucket) const { return trainable_[bucket]; }
-  int stage() const { return options_.stage; }
   StagePolicy policy() const { return StagePolicy::ForStage(options_.stage); }
   DType model_dtype() const { return options_.model_dtype; }
   // The model's device (gradients, and state placed kDevice, live there).

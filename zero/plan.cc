@@ -5,19 +5,28 @@
 #include <utility>
 
 #include "core/status.h"
+#include "offload/nvme_store.h"
 #include "zero/optimizer.h"
 #include "zero/training_state.h"
 
 namespace ze {
 namespace zero {
 
+StagePolicy PolicyOf(const config::Config& config) {
+  return StagePolicy::ForStage(
+      static_cast<int>(config.zero_optimization.stage));
+}
+
+namespace {
+
+// StageLayout's comment (plan.h).
 absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
                                              const config::Config& config,
                                              int world_size) {
   StageLayout result;
   LayoutOptions options;
   options.world_size = world_size;
-  if (config.zero_optimization.stage != 3) {
+  if (!PolicyOf(config).partition_parameters) {
     for (nn::Parameter* parameter : model.Parameters()) {
       if (parameter->requires_grad()) result.params.push_back(parameter);
     }
@@ -68,32 +77,172 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
   return result;
 }
 
-OffloadPlan PlanOffload(const config::Config& config,
-                        const StageLayout& layout) {
+// The breakdown for `layout` under `state` (model state as allocated,
+// padding included; stage 3's layout may hold frozen buckets, which count
+// as weights, gradients and optimizer slices like the others), where it
+// lives by `state`'s placements (`nvme`: offload_optimizer's device is
+// "nvme", so the offloaded buckets' master weights and moments are in a
+// swap file, streamed through state.nvme.buffer_count host buffers of one
+// chunk each), and the paper's figure for `trainable_elements` parameters.
+// InvalidArgument for negative state bytes.
+absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
+    const PartitionedLayout& layout, const StagePolicy& policy,
+    const PartitionStateOptions& state, bool nvme, TrainingPrecision precision,
+    int64_t trainable_elements) {
+  const int64_t optimizer_state_bytes_per_element =
+      StateBytesPerElement(state.optimizer);
+  ZE_ASSIGN_OR_RETURN(
+      const ModelStateBytes bytes,
+      EstimateModelStateBytes(layout, state.stage, precision,
+                              optimizer_state_bytes_per_element));
+  MemoryBreakdown memory;
+  memory.parameter_elements = trainable_elements;
+  memory.model_weight_bytes = bytes.params;
+  memory.gradient_bytes = bytes.grads;
+  memory.master_weight_bytes = bytes.master_weights;
+  memory.optimizer_state_bytes = bytes.optimizer_states - bytes.master_weights;
+
+  // Offload: the host buckets' master weights and state, the staging
+  // buffers their transfers use, and offloaded weights live on the host.
+  const bool weights_on_host = state.weights_placement == Placement::kHost;
+  const bool mixed = precision != TrainingPrecision::kFp32;
+  const int64_t weight_element_bytes = mixed ? 2 : 4;
+  int64_t host_elements = 0;
+  int64_t all_elements = 0;
+  bool aliased = !mixed;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const int64_t own = policy.partition_optimizer
+                            ? layout.bucket(b).slice_elements
+                            : layout.bucket(b).padded_elements;
+    all_elements += own;
+    const bool on_host =
+        !state.optimizer_placement.empty() &&
+        state.optimizer_placement[static_cast<size_t>(b)] != Placement::kDevice;
+    if (on_host) host_elements += own;
+    if (on_host != weights_on_host) aliased = false;
+  }
+  if (!mixed && !aliased) {
+    // f32 training with the optimizer away from the weights keeps a copy.
+    memory.master_weight_bytes = 4 * all_elements;
+  }
+  const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
+  memory.staging_bytes = weight_element_bytes * host_elements;
+  const int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
+  const int64_t swapped_bytes =
+      (master_element_bytes + optimizer_state_bytes_per_element) *
+      host_elements;
+  int64_t swap_buffers = 0;
+  if (nvme) {
+    memory.nvme_bytes = swapped_bytes;
+    swap_buffers =
+        state.nvme.buffer_count *
+        (master_element_bytes + optimizer_state_bytes_per_element) *
+        std::min(state.chunk_elements, std::max<int64_t>(host_elements, 1));
+  }
+  memory.host_bytes = (nvme ? swap_buffers : swapped_bytes) +
+                      memory.staging_bytes + host_weights;
+  memory.pinned_host_bytes =
+      state.pin_memory ? memory.staging_bytes + host_weights : 0;
+  memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
+                        (swapped_bytes + memory.staging_bytes + host_weights);
+  // The paper's formula in exact arithmetic: each of params, grads and
+  // optimizer states is either replicated (Psi) or divided by N.
+  const double psi = static_cast<double>(trainable_elements);
+  const double n = layout.world_size();
+  const double weight = mixed ? 2 : 4;
+  const double optimizer =
+      (mixed ? 4 : 0) + static_cast<double>(optimizer_state_bytes_per_element);
+  const double replicated = (policy.partition_parameters ? 0 : weight) +
+                            (policy.partition_gradients ? 0 : weight) +
+                            (policy.partition_optimizer ? 0 : optimizer);
+  const double partitioned = weight + weight + optimizer - replicated;
+  memory.paper_bytes = replicated * psi + partitioned * psi / n;
+  return memory;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
+                               const config::Config& config, int world_size,
+                               const HostFacts& host) {
+  Plan plan;
+  plan.policy = PolicyOf(config);
+  ZE_ASSIGN_OR_RETURN(plan.layout, BuildStageLayout(model, config, world_size));
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<TrainingState> training,
+                      TrainingState::Create(config, world_size));
   const config::ZeroConfig& zero = config.zero_optimization;
-  OffloadPlan plan;
+  PartitionStateOptions& state = plan.state;
+  state.stage = static_cast<int>(zero.stage);
+  state.model_dtype = model.dtype();
+  state.optimizer = training->optimizer_options();
+  state.trainable = plan.layout.trainable;
+  state.bucket_zero_read_first = plan.layout.bucket_zero_read_first;
+  const bool nvme =
+      zero.offload_optimizer.device == config::OffloadDevice::kNvme;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
-    const bool nvme =
-        zero.offload_optimizer.device == config::OffloadDevice::kNvme;
-    plan.optimizer_placement = ChooseOptimizerPlacement(
-        layout.layout, layout.trainable, zero.offload_optimizer.ratio,
+    plan.cpu_optimizer = true;
+    state.optimizer_placement = ChooseOptimizerPlacement(
+        plan.layout.layout, plan.layout.trainable, zero.offload_optimizer.ratio,
         nvme ? Placement::kNvme : Placement::kHost);
-    for (Placement where : plan.optimizer_placement) {
-      plan.state.optimizer_on_host.push_back(where != Placement::kDevice);
-    }
     if (nvme) {
-      plan.state.optimizer_on_nvme = true;
-      plan.state.nvme_buffer_count = static_cast<int>(
+      state.nvme.nvme = offload::NvmeOptionsFromConfig(
+          config.aio, zero.offload_optimizer.nvme_path.value_or(""));
+      state.nvme.buffer_count = static_cast<int>(
           std::max<int64_t>(2, zero.offload_optimizer.buffer_count));
     }
-    plan.state.pin_memory = zero.offload_optimizer.pin_memory;
-    plan.state.chunk_elements =
+    state.pin_memory = zero.offload_optimizer.pin_memory;
+    // One chunk size for the pipeline and the memory it is planned by.
+    state.chunk_elements =
         std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
+    state.delayed_update = zero.offload_optimizer.delayed_update;
+    // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
+    // gives it this rank's share of the host's CPUs).
+    state.host_threads = host.omp_num_threads;
   }
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
-    plan.state.weights_on_host = true;
-    plan.state.pin_memory =
-        plan.state.pin_memory || zero.offload_param.pin_memory;
+    state.weights_placement = Placement::kHost;
+    state.pin_memory = state.pin_memory || zero.offload_param.pin_memory;
+  }
+  ZE_ASSIGN_OR_RETURN(
+      plan.memory,
+      PlanModelStateMemory(plan.layout.layout, plan.policy, state, nvme,
+                           config::GetTrainingPrecision(config),
+                           plan.layout.trainable_elements));
+
+  plan.reducer.kind = !plan.policy.partition_optimizer
+                          ? ReductionKind::kAllReduce
+                      : !plan.policy.partition_gradients
+                          ? ReductionKind::kReduceScatterInPlace
+                          : ReductionKind::kReduceScatterToPartition;
+  plan.reducer.prescale = config.prescale_gradients;
+  plan.reducer.predivide_factor = config.gradient_predivide_factor;
+  plan.overlap_comm = zero.overlap_comm;
+  plan.allgather_bucket_elements =
+      std::max<int64_t>(1, zero.allgather_bucket_size);
+  plan.seed = static_cast<uint64_t>(config.seed);
+  if (plan.policy.partition_parameters) {
+    // Small buckets stay gathered, in layout order, while their total stays
+    // within stage3_model_persistence_threshold (DeepSpeed's cap on what
+    // the per-parameter threshold may keep).
+    const PartitionedLayout& layout = plan.layout.layout;
+    const int64_t threshold = zero.stage3_param_persistence_threshold.value();
+    const int64_t model_threshold = zero.stage3_model_persistence_threshold;
+    int64_t persistent_elements = 0;
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      int64_t elements = 0;
+      for (int i = layout.bucket(b).first_param; i < layout.bucket(b).end_param;
+           ++i) {
+        elements += layout.param(i).numel;
+      }
+      const bool persistent = elements < threshold &&
+                              elements <= model_threshold - persistent_elements;
+      if (persistent) persistent_elements += elements;
+      plan.persistent.push_back(persistent);
+    }
+    plan.fetch.prefetch_bucket_elements =
+        zero.stage3_prefetch_bucket_size.value();
+    plan.fetch.max_live_elements = zero.stage3_max_live_parameters;
+    plan.fetch.max_reuse_distance = zero.stage3_max_reuse_distance;
   }
   return plan;
 }
@@ -101,16 +250,8 @@ OffloadPlan PlanOffload(const config::Config& config,
 absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
                                            const config::Config& config,
                                            int world_size) {
-  ZE_ASSIGN_OR_RETURN(StageLayout layout,
-                      BuildStageLayout(model, config, world_size));
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<TrainingState> training,
-                      TrainingState::Create(config, world_size));
-  const OffloadPlan offload = PlanOffload(config, layout);
-  return PlanModelStateMemory(
-      layout.layout, static_cast<int>(config.zero_optimization.stage),
-      config::GetTrainingPrecision(config),
-      StateBytesPerElement(training->optimizer_options()),
-      layout.trainable_elements, offload.state);
+  ZE_ASSIGN_OR_RETURN(Plan plan, BuildPlan(model, config, world_size));
+  return plan.memory;
 }
 
 }  // namespace zero

@@ -1,9 +1,12 @@
-// What a ZeRO strategy will build for a model and a config, computed
-// without allocating anything: the flat layout (which the strategies
-// themselves use, so there is one definition of it), where offloaded state
-// goes, and the per-rank memory plan; StagePolicy (zero/stage_policy.h)
-// says what each stage partitions. The engine's startup plan,
-// train_gpt --dry_run and tools/ze_estimate all come from here.
+// The plan: everything a ZeRO strategy decides before it allocates, for a
+// model's shapes, a config, a world size and the host's facts, computed
+// once by BuildPlan without allocating anything. What each stage
+// partitions (StagePolicy, zero/stage_policy.h), the flat layout, where
+// every bucket's state lives, the PartitionState options every rank shares
+// and the per-rank memory breakdown. The engine builds it at setup and its
+// strategy allocates by it (StrategyContext::plan); train_gpt --dry_run
+// and tools/ze_estimate report it (PlanMemory), so what is reported is
+// what is allocated.
 #ifndef ZE_ZERO_PLAN_H_
 #define ZE_ZERO_PLAN_H_
 
@@ -12,16 +15,31 @@
 
 #include "absl/status/statusor.h"
 #include "config/config.h"
+#include "core/host_facts.h"
 #include "nn/loss_model.h"
 #include "nn/parameter.h"
+#include "zero/fetch_schedule.h"
 #include "zero/flat_layout.h"
+#include "zero/gradient_reducer.h"
 #include "zero/memory_estimate.h"
 #include "zero/partition_state.h"
+#include "zero/reports.h"
 #include "zero/stage_policy.h"
 
 namespace ze {
 namespace zero {
 
+// What zero_optimization.stage partitions: the one place the stage number
+// is read (strategies, the engine and the memory plan ask this).
+StagePolicy PolicyOf(const config::Config& config);
+
+// The flat layout of the model's parameters.
+//   Stages 0-2: the trainable parameters in reverse model order (the last
+//   layers' gradients are final first in backward), cut into buckets of
+//   reduce_bucket_size elements.
+//   Stage 3: one bucket of trainable and one of frozen parameters per
+//   module, in Modules() order; a parameter goes to the first module that
+//   lists it.
 struct StageLayout {
   PartitionedLayout layout;
   // The model's parameters in layout order (layout.param(i) is params[i]).
@@ -36,33 +54,56 @@ struct StageLayout {
   bool bucket_zero_read_first = false;
 };
 
-// The layout of zero_optimization.stage for `model` at `world_size`.
-//   Stages 0-2: the trainable parameters in reverse model order (the last
-//   layers' gradients are final first in backward), cut into buckets of
-//   reduce_bucket_size elements.
-//   Stage 3: one bucket of trainable and one of frozen parameters per
-//   module, in Modules() order; a parameter goes to the first module that
-//   lists it.
-// Needs only shapes (parameters may have no storage). InvalidArgument from
-// PartitionedLayout::Build.
-absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
-                                             const config::Config& config,
-                                             int world_size);
+struct Plan {
+  StagePolicy policy;
+  StageLayout layout;
+  // offload_optimizer is on: a CPU optimizer updates the offloaded buckets
+  // on this host's cores.
+  bool cpu_optimizer = false;
+  // The PartitionState options every rank shares: stage, optimizer, model
+  // dtype, trainable buckets and their order, per-bucket optimizer
+  // placement (offload_optimizer's device and ratio), the weights'
+  // placement (offload_param), pin_memory, the chunk size
+  // (sub_group_size, capped), delayed_update, the NVMe swap settings, and
+  // host_threads from OMP_NUM_THREADS (0: the strategy divides the host's
+  // CPUs among its ranks). A strategy adds its rank, device, CPU share and
+  // allocation-error annotation.
+  PartitionStateOptions state;
+  // This rank's model-state memory (every rank's is the same).
+  MemoryBreakdown memory;
 
-// Where offload_optimizer / offload_param put each bucket's state, for the
-// PartitionState (`optimizer_placement`, empty without offload) and for the
-// memory plan (`state`).
-struct OffloadPlan {
-  std::vector<Placement> optimizer_placement;
-  StatePlacement state;
+  // How the strategy runs, from the config's keys, so that no strategy
+  // reads them itself. The gradient reduction: its kind by the policy
+  // (all-reduce, reduce-scatter in place, or into the partition),
+  // prescale_gradients and gradient_predivide_factor; the strategy adds
+  // the communication dtype (StrategyContext).
+  GradientReducerOptions reducer;
+  // overlap_comm: collectives on a stream of their own (on a GPU).
+  bool overlap_comm = false;
+  // Stages 0-2: at most this many elements per all-gather call that
+  // rebuilds the weights after a step (allgather_bucket_size, >= 1).
+  int64_t allgather_bucket_elements = 1;
+  // Parameters without data are generated from (seed, name).
+  uint64_t seed = 0;
+  // Stage 3 (empty otherwise): per bucket, kept gathered between uses
+  // (under stage3_param_persistence_threshold elements, in layout order
+  // while the total stays within stage3_model_persistence_threshold).
+  std::vector<bool> persistent;
+  // Stage 3: the fetch schedule's prefetch and eviction limits.
+  FetchScheduleOptions fetch;
 };
-OffloadPlan PlanOffload(const config::Config& config,
-                        const StageLayout& layout);
 
-// The per-rank model-state plan the engine reports at startup and
-// allocates by, for `model` under `config` at `world_size` (any: no ranks
-// are needed). InvalidArgument for a config whose optimizer cannot be
-// built, or from the layout.
+// The plan for `model` under `config` (validated) at `world_size` (any:
+// no ranks are needed), with `host`'s facts. Needs only shapes (parameters
+// may have no storage); borrows `model`'s parameters (StageLayout::params),
+// so the plan must not outlive it. InvalidArgument for a config whose
+// optimizer cannot be built, or from PartitionedLayout::Build.
+absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
+                               const config::Config& config, int world_size,
+                               const HostFacts& host = HostFacts());
+
+// BuildPlan(model, config, world_size).memory: the per-rank model-state
+// plan the engine reports at startup and allocates by.
 absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
                                            const config::Config& config,
                                            int world_size);

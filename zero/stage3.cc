@@ -29,48 +29,23 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stage3::Create(
   return std::unique_ptr<ZeroStrategy>(std::move(stage3));
 }
 
-// zero/plan.h's stage-3 layout: a bucket of trainable and one of frozen
-// parameters per module.
+// The plan's stage-3 layout (a bucket of trainable and one of frozen
+// parameters per module), persistent buckets and fetch limits.
 absl::StatusOr<PartitionedLayout> Stage3::Layout() {
   nn::LossModel& model = *context_.model;
-  ZE_ASSIGN_OR_RETURN(stage_layout_,
-                      BuildStageLayout(model, config(), world()));
-  const PartitionedLayout& layout = stage_layout_.layout;
-  params_ = stage_layout_.params;
-  const std::vector<bool>& group_trainable = stage_layout_.trainable;
+  const Plan& plan = *context_.plan;
+  const PartitionedLayout& layout = plan.layout.layout;
+  params_ = plan.layout.params;
+  const std::vector<bool>& group_trainable = plan.layout.trainable;
   buckets_.resize(layout.num_buckets());
-  const int64_t threshold =
-      zero_config().stage3_param_persistence_threshold.value();
-  // Small buckets stay gathered, in layout order, while their total stays
-  // within stage3_model_persistence_threshold (DeepSpeed's cap on what the
-  // per-parameter threshold may keep).
-  const int64_t model_threshold =
-      zero_config().stage3_model_persistence_threshold;
-  int64_t persistent_elements = 0;
+  std::vector<int64_t> bucket_elements;
   for (int b = 0; b < layout.num_buckets(); ++b) {
     buckets_[b].trainable = group_trainable[b];
-    int64_t elements = 0;
-    for (int i = layout.bucket(b).first_param; i < layout.bucket(b).end_param;
-         ++i) {
-      elements += layout.param(i).numel;
-    }
-    buckets_[b].persistent = elements < threshold &&
-                             elements <= model_threshold - persistent_elements;
-    if (buckets_[b].persistent) persistent_elements += elements;
-  }
-  FetchScheduleOptions schedule;
-  schedule.prefetch_bucket_elements =
-      zero_config().stage3_prefetch_bucket_size.value();
-  schedule.max_live_elements = zero_config().stage3_max_live_parameters;
-  schedule.max_reuse_distance = zero_config().stage3_max_reuse_distance;
-  std::vector<int64_t> bucket_elements;
-  std::vector<bool> persistent;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
+    buckets_[b].persistent = plan.persistent[b];
     bucket_elements.push_back(layout.bucket(b).padded_elements);
-    persistent.push_back(buckets_[b].persistent);
   }
-  schedule_ =
-      std::make_unique<FetchSchedule>(schedule, bucket_elements, persistent);
+  schedule_ = std::make_unique<FetchSchedule>(plan.fetch, bucket_elements,
+                                              plan.persistent);
   std::unordered_map<const nn::Parameter*, int> bucket_of;
   for (int i = 0; i < layout.num_params(); ++i) {
     bucket_of[params_[i]] = layout.placement(i).bucket;
@@ -91,14 +66,13 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
 }
 
 absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
-  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions options,
-                      PlanPartitionState(stage_layout_));
-  ZE_ASSIGN_OR_RETURN(partition_,
-                      PartitionState::Create(layout, options, stream()));
+  ZE_ASSIGN_OR_RETURN(
+      partition_,
+      PartitionState::Create(layout, RankPartitionStateOptions(), stream()));
 
   // This rank's pieces of every parameter: sliced from full data when the
   // model has it (then dropped), else generated for this range only.
-  const uint64_t seed = static_cast<uint64_t>(config().seed);
+  const uint64_t seed = context_.plan->seed;
   for (const ParamShard& shard : layout.RankShards(rank())) {
     nn::Parameter* parameter = params_[shard.param_index];
     Tensor own =
@@ -119,15 +93,12 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
   for (nn::Parameter* parameter : params_) parameter->ReleaseData();
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
 
-  GradientReducerOptions reducer;
-  reducer.kind = ReductionKind::kReduceScatterToPartition;
+  GradientReducerOptions reducer = context_.plan->reducer;
   reducer.communication_dtype = context_.communication_dtype;
-  reducer.prescale = config().prescale_gradients;
-  reducer.predivide_factor = config().gradient_predivide_factor;
   // With overlap_comm on a GPU the collectives get a high-priority stream of
   // their own (see Streams in the header).
   communication_stream_ = stream();
-  if (zero_config().overlap_comm && device().is_cuda()) {
+  if (context_.plan->overlap_comm && device().is_cuda()) {
     ZE_ASSIGN_OR_RETURN(communication_stream_,
                         Stream::Create(device(), /*high_priority=*/true));
     overlaps_communication_ = true;

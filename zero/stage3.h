@@ -169,9 +169,6 @@ class Stage3 : public ZeroStrategy {
   };
 
   explicit Stage3(const StrategyContext& context) : ZeroStrategy(context) {}
-  const config::ZeroConfig& zero_config() const {
-    return config().zero_optimization;
-  }
   absl::Status OnBeginBackward(bool boundary) override {
     return absl::OkStatus();
   }
@@ -234,8 +231,7 @@ class Stage3 : public ZeroStrategy {
 
   // Recorded order, prefetch, reuse, live limit and eviction decisions.
   std::unique_ptr<FetchSchedule> schedule_;
-  int scopes_ = 0;            // GatherScope calls not yet released
-  StageLayout stage_layout_;  // zero/plan.h: the layout and its parameters
+  int scopes_ = 0;  // GatherScope calls not yet released
   // The schedule check: a running hash of this step's requests and
   // reductions, and the module order (for the mismatch error).
   uint64_t schedule_hash_ = 0;

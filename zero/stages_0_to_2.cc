@@ -20,30 +20,25 @@ absl::StatusOr<std::unique_ptr<ZeroStrategy>> Stages0To2::Create(
 
 absl::Status Stages0To2::Setup() {
   nn::LossModel& model = *context_.model;
-  const StagePolicy stage_policy =
-      StagePolicy::ForStage(static_cast<int>(config().zero_optimization.stage));
   // Materialise any absent parameter (shapes-only construction) first:
   // stages 0-2 keep full weights on every rank.
   for (nn::Parameter* parameter : model.Parameters()) {
     if (parameter->state() == nn::ParameterState::kAbsent) {
-      ZE_RETURN_IF_ERROR(parameter->Materialize(
-          static_cast<uint64_t>(config().seed), stream()));
+      ZE_RETURN_IF_ERROR(parameter->Materialize(context_.plan->seed, stream()));
     }
   }
-  ZE_ASSIGN_OR_RETURN(const StageLayout stage_layout,
-                      BuildStageLayout(model, config(), world()));
+  const StageLayout& stage_layout = context_.plan->layout;
   const PartitionedLayout& layout = stage_layout.layout;
   params_ = stage_layout.params;
   for (int i = 0; i < static_cast<int>(params_.size()); ++i) {
     index_of_[params_[i]] = i;
   }
 
-  // The memory this rank will hold, computed before allocating so a model
-  // that does not fit fails with the full figure.
-  ZE_ASSIGN_OR_RETURN(const PartitionStateOptions state_options,
-                      PlanPartitionState(stage_layout));
-  ZE_ASSIGN_OR_RETURN(partition_,
-                      PartitionState::Create(layout, state_options, stream()));
+  // The plan's memory figure was computed before allocating, so a model
+  // that does not fit fails with it.
+  ZE_ASSIGN_OR_RETURN(
+      partition_,
+      PartitionState::Create(layout, RankPartitionStateOptions(), stream()));
   // Move the model's weights into the flat buffer and make each parameter a
   // view of it.
   for (int i = 0; i < layout.num_params(); ++i) {
@@ -60,6 +55,7 @@ absl::Status Stages0To2::Setup() {
     ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
   }
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
+  const StagePolicy& stage_policy = context_.plan->policy;
   if (!stage_policy.partition_gradients) {
     // The parameters' grad slots are views of the replicated gradients.
     for (int i = 0; i < layout.num_params(); ++i) {
@@ -74,18 +70,12 @@ absl::Status Stages0To2::Setup() {
   // With overlap_comm on a GPU, gradient collectives run on a separate
   // high-priority stream (so reduction overlaps the rest of backward).
   communication_stream_ = stream();
-  if (config().zero_optimization.overlap_comm && device().is_cuda()) {
+  if (context_.plan->overlap_comm && device().is_cuda()) {
     ZE_ASSIGN_OR_RETURN(communication_stream_,
                         Stream::Create(device(), /*high_priority=*/true));
   }
-  GradientReducerOptions reducer;
-  reducer.kind = !stage_policy.partition_optimizer ? ReductionKind::kAllReduce
-                 : !stage_policy.partition_gradients
-                     ? ReductionKind::kReduceScatterInPlace
-                     : ReductionKind::kReduceScatterToPartition;
+  GradientReducerOptions reducer = context_.plan->reducer;
   reducer.communication_dtype = context_.communication_dtype;
-  reducer.prescale = config().prescale_gradients;
-  reducer.predivide_factor = config().gradient_predivide_factor;
   reducer_ = std::make_unique<GradientReducer>(
       reducer, partition_.get(), context_.comm, context_.compute_stream,
       &communication_stream_, [this](int bucket) -> absl::Status {
@@ -270,8 +260,7 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
   if (!partition_->delays_update()) {
     ZE_RETURN_IF_ERROR(partition_->FinishUpdate(stream()).status());
   }
-  const int64_t group_limit =
-      std::max<int64_t>(1, config().zero_optimization.allgather_bucket_size);
+  const int64_t group_limit = context_.plan->allgather_bucket_elements;
   std::vector<comm::CollectiveOp> group;
   int64_t group_elements = 0;
   std::vector<comm::Work> works;

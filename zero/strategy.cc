@@ -9,7 +9,6 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "offload/nvme_store.h"
 
 namespace ze {
 namespace zero {
@@ -44,13 +43,13 @@ absl::Status ZeroStrategy::AnnotateAllocationError(
       status.code(),
       absl::StrCat("model state does not fit on rank ", rank(), " (",
                    device().ToString(), "): ZeRO stage ",
-                   config().zero_optimization.stage, " needs ",
-                   memory_.device_bytes, " bytes per rank",
-                   memory_.host_bytes > 0
-                       ? absl::StrCat(" on the device and ", memory_.host_bytes,
-                                      " in host memory")
+                   context_.plan->state.stage, " needs ", memory().device_bytes,
+                   " bytes per rank",
+                   memory().host_bytes > 0
+                       ? absl::StrCat(" on the device and ",
+                                      memory().host_bytes, " in host memory")
                        : "",
-                   " (", memory_.ToString(), "): ", status.message()));
+                   " (", memory().ToString(), "): ", status.message()));
 }
 
 absl::Status ZeroStrategy::RequireIdle(const char* what) const {
@@ -85,30 +84,11 @@ absl::Status ZeroStrategy::CheckLoadable(
   return absl::OkStatus();
 }
 
-absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
-    const StageLayout& stage_layout) {
-  const config::ZeroConfig& zero = config().zero_optimization;
-  const PartitionedLayout& layout = stage_layout.layout;
-  const int stage = static_cast<int>(zero.stage);
-  const OptimizerOptions& optimizer = context_.training->optimizer_options();
-  PartitionStateOptions options;
-  options.stage = stage;
+PartitionStateOptions ZeroStrategy::RankPartitionStateOptions() const {
+  PartitionStateOptions options = context_.plan->state;
   options.rank = rank();
-  options.model_dtype = context_.model->dtype();
   options.device = device();
-  options.optimizer = optimizer;
-  options.trainable = stage_layout.trainable;
-  options.bucket_zero_read_first = stage_layout.bucket_zero_read_first;
-  const OffloadPlan offload = PlanOffload(config(), stage_layout);
-  options.optimizer_placement = offload.optimizer_placement;
-  if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
-    if (zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
-      options.nvme.nvme = offload::NvmeOptionsFromConfig(
-          config().aio, zero.offload_optimizer.nvme_path.value_or(""));
-      options.nvme.buffer_count = offload.state.nvme_buffer_count;
-    }
-    options.chunk_elements = zero.sub_group_size;
-    options.delayed_update = zero.offload_optimizer.delayed_update;
+  if (context_.plan->cpu_optimizer) {
     // This host's cores, shared by its ranks (each pins its workers into
     // its own share); on a GPU one per rank is left to the engine's thread,
     // which launches the next forward's kernels while the CPU step runs.
@@ -125,23 +105,13 @@ absl::StatusOr<PartitionStateOptions> ZeroStrategy::PlanPartitionState(
                       << "; mpirun --bind-to none lets it use "
                       << share.even_count;
     }
-    options.host_threads =
-        std::max(1, device().is_cuda() ? share.count - 1 : share.count);
-    options.host_first_cpu = share.first_cpu;
-    // OMP_NUM_THREADS sets it instead (StrategyContext::omp_num_threads).
-    if (context_.omp_num_threads > 0) {
-      options.host_threads = context_.omp_num_threads;
+    // OMP_NUM_THREADS, when set, already chose the threads (Plan::state).
+    if (options.host_threads == 0) {
+      options.host_threads =
+          std::max(1, device().is_cuda() ? share.count - 1 : share.count);
     }
+    options.host_first_cpu = share.first_cpu;
   }
-  if (offload.state.weights_on_host) {
-    options.weights_placement = Placement::kHost;
-  }
-  options.pin_memory = offload.state.pin_memory;
-  ZE_ASSIGN_OR_RETURN(memory_,
-                      PlanModelStateMemory(
-                          layout, stage, config::GetTrainingPrecision(config()),
-                          StateBytesPerElement(optimizer),
-                          stage_layout.trainable_elements, offload.state));
   options.annotate_allocation_error = [this](const absl::Status& status) {
     return AnnotateAllocationError(status);
   };

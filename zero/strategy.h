@@ -12,7 +12,7 @@
 //     module's parameters before it runs and release them after, in the
 //     order a FetchSchedule predicts.
 // Both share the GradientReducer, the boundary step (RunBoundaryStep), the
-// PartitionState and the memory plan (PlanModelStateMemory).
+// PartitionState and the plan (zero/plan.h), which the engine builds once.
 //
 // One micro-step, as the Engine calls it (all on the engine's thread):
 //   BeginForward; the model's ForwardLoss (module hooks fire); EndForward;
@@ -61,11 +61,10 @@ struct StrategyContext {
   const int64_t* global_steps = nullptr;
   // communication_data_type resolved (the model's dtype when unset).
   DType communication_dtype = DType::kF32;
-  // Host facts the caller read from the environment once, at setup, so no
-  // strategy reads it mid-stack. OMP_NUM_THREADS as a positive integer (it
-  // sets the CPU optimizer's threads, as it sets DeepSpeed's CPU Adam: the
-  // user's way to leave cores to data loading); 0 when unset or invalid.
-  int omp_num_threads = 0;
+  // The plan for this model, config and world size (zero/plan.h BuildPlan,
+  // with the host's facts): the strategy allocates by it instead of
+  // deciding layout, placement or memory itself.
+  const Plan* plan = nullptr;
 };
 
 // Where a strategy is within a micro-step.
@@ -150,7 +149,7 @@ class ZeroStrategy {
   virtual CommunicationCounters communication_counters() const {
     return CommunicationCounters();
   }
-  const MemoryBreakdown& memory() const { return memory_; }
+  const MemoryBreakdown& memory() const { return context_.plan->memory; }
   // Bytes moved to and from NVMe swap files so far (offload_optimizer nvme).
   offload::NvmeStore::Counters nvme_counters() const {
     return partition_->nvme_counters();
@@ -289,13 +288,11 @@ class ZeroStrategy {
   absl::Status CheckLoadable(
       const safetensors::TensorSource& reader,
       const std::vector<nn::Parameter*>& parameters) const;
-  // Plans memory_ for `layout` (zero/plan.h; the same plan PlanMemory
-  // reports) and returns the PartitionState options every strategy shares:
-  // rank, dtype, device, optimizer, and the offload placement from
-  // zero_optimization.offload_optimizer / offload_param (ratio, pin_memory;
-  // the CPU optimizer gets this host's cores divided by the ranks on it).
-  absl::StatusOr<PartitionStateOptions> PlanPartitionState(
-      const StageLayout& layout);
+  // The plan's PartitionState options (Plan::state) for this rank: its
+  // rank and device, the allocation-error annotation, and with a CPU
+  // optimizer this rank's share of the host's cores (unless
+  // OMP_NUM_THREADS set the threads).
+  PartitionStateOptions RankPartitionStateOptions() const;
   // The boundary step's context over this strategy's state.
   BoundaryStepContext MakeBoundaryStepContext() const;
   // Installs `hook` on `module`; the destructor removes it. Pre-forward and
@@ -308,7 +305,6 @@ class ZeroStrategy {
   StrategyContext context_;
   // This rank's model state; created by the strategy's Create.
   std::unique_ptr<PartitionState> partition_;
-  MemoryBreakdown memory_;
   Phase phase_ = Phase::kIdle;
 
  private:

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nn/gpt.h"
 #include "zero/create_strategy.h"
+#include "zero/plan.h"
 #include "zero/training_state.h"
 
 namespace ze {
@@ -93,6 +94,7 @@ absl::StatusOr<TrainedRun> Train(comm::Communicator& comm, int stage,
                       nn::GptModel::Create(gpt, options));
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<TrainingState> training,
                       TrainingState::Create(config, world));
+  ZE_ASSIGN_OR_RETURN(const Plan plan, BuildPlan(*model, config, world));
   int64_t global_steps = 0;
   StrategyContext context;
   context.config = &config;
@@ -102,6 +104,7 @@ absl::StatusOr<TrainedRun> Train(comm::Communicator& comm, int stage,
   context.training = training.get();
   context.global_steps = &global_steps;
   context.communication_dtype = DType::kF32;
+  context.plan = &plan;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<ZeroStrategy> strategy,
                       CreateZeroStrategy(context));
   TrainedRun run;

@@ -123,11 +123,12 @@ double SecondsSince(Clock::time_point start) {
 constexpr int kLoadReadThreads = 8;
 
 // The host memory one rank's one-pass load may stage:
-// ZE_CHECKPOINT_STAGING_LIMIT (bytes) when set, else 3/4 of MemAvailable
-// shared among the ranks on this host (they load at the same time).
-int64_t StagingLimit(int local_ranks) {
-  if (const char* text = std::getenv("ZE_CHECKPOINT_STAGING_LIMIT")) {
-    return std::strtoll(text, nullptr, 10);
+// ZE_CHECKPOINT_STAGING_LIMIT (bytes, read at engine setup into `host`) when
+// set, else 3/4 of MemAvailable now, shared among the ranks on this host
+// (they load at the same time).
+int64_t StagingLimit(const HostFacts& host, int local_ranks) {
+  if (host.checkpoint_staging_limit.has_value()) {
+    return *host.checkpoint_staging_limit;
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
@@ -499,7 +500,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
     const Clock::time_point read_start = Clock::now();
     const int64_t staging_bytes =
         strategy->StagedLoadBytes(load_optimizer_states);
-    if (staging_bytes <= StagingLimit(comm.local_size())) {
+    if (staging_bytes <= StagingLimit(*engine.host, comm.local_size())) {
       absl::StatusOr<zero::ZeroStrategy::StagedLoad> prepared =
           strategy->PrepareLoad(load_optimizer_states);
       // No memory after all: the two-pass path, which needs little.

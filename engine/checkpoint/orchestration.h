@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "config/config.h"
+#include "core/host_facts.h"
 #include "core/stream.h"
 #include "engine/reports.h"
 #include "nlohmann/json.hpp"
@@ -42,6 +43,8 @@ struct CheckpointedState {
   zero::ZeroStrategy* strategy = nullptr;
   zero::TrainingState* training = nullptr;
   Counters* counters = nullptr;
+  // What the engine read from the environment at setup (the staging limit).
+  const HostFacts* host = nullptr;
   // bf16/f32: the last step applied its update although its loss
   // (last_nonfinite_loss) or gradient norm was not finite; such state is
   // never saved.

@@ -1,0 +1,347 @@
+// The plan (zero/plan.h) as a table: over stage x offload_optimizer device
+// x ratio x world size (and offload_param where it is allowed), what is
+// partitioned, where the weights, gradients, master weights and moments
+// live, and that the bytes add up: a partitioned quantity's per-rank bytes
+// times the world cover the whole, a replicated one is whole on every rank,
+// offloaded bytes are counted on the host (or NVMe) and not on the device.
+// Shapes only: nothing is allocated, so every case runs in microseconds.
+#include "zero/plan.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "config/config.h"
+#include "gtest/gtest.h"
+#include "nn/gpt.h"
+
+namespace ze {
+namespace zero {
+namespace {
+
+using config::OffloadDevice;
+
+// Adam's moments, and the f32 master weights of bf16 training, per element.
+constexpr int64_t kMomentBytes = 8;
+constexpr int64_t kMasterBytes = 4;
+constexpr int64_t kWeightBytes = 2;  // bf16
+constexpr int64_t kSubGroupSize = 1000;
+// Stage 3 keeps buckets under kPersistence elements gathered while their
+// total stays within kModelPersistence: small enough that the cap bites.
+constexpr int64_t kPersistence = 100;
+constexpr int64_t kModelPersistence = 80;
+
+struct Case {
+  int stage = 0;
+  OffloadDevice device = OffloadDevice::kNone;
+  double ratio = 1.0;
+  int world = 1;
+  bool offload_param = false;
+
+  std::string Json() const {
+    std::string offload;
+    if (device != OffloadDevice::kNone) {
+      offload = absl::StrCat(
+          R"(, "offload_optimizer": {"device": ")",
+          device == OffloadDevice::kCpu ? "cpu" : "nvme",
+          R"(", "nvme_path": "/tmp/ze_plan_test", "pin_memory": true,)",
+          R"( "ratio": )", ratio, "}");
+    }
+    if (offload_param) offload += R"(, "offload_param": {"device": "cpu"})";
+    return absl::StrCat(
+        R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},)",
+        R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)",
+        R"("zero_optimization": {"stage": )", stage,
+        R"(, "reduce_bucket_size": 900, "sub_group_size": )", kSubGroupSize,
+        R"(, "allgather_bucket_size": 700, "overlap_comm": true,)",
+        R"( "stage3_param_persistence_threshold": )", kPersistence,
+        R"(, "stage3_model_persistence_threshold": )", kModelPersistence,
+        R"(, "stage3_prefetch_bucket_size": 3000,)",
+        R"( "stage3_max_live_parameters": 5000,)",
+        R"( "stage3_max_reuse_distance": 7000)", offload, "}}");
+  }
+  // What config/ refuses at load: offload at stage 0, NVMe below stage 3.
+  bool refused() const {
+    return (stage == 0 && device != OffloadDevice::kNone) ||
+           (device == OffloadDevice::kNvme && stage != 3);
+  }
+};
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OffloadDevice device :
+         {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+      for (double ratio : {1.0, 0.5}) {
+        for (int world = 1; world <= 3; ++world) {
+          Case c{stage, device, ratio, world, false};
+          cases.push_back(c);
+          // offload_param needs stage 3 and the whole optimizer on the CPU.
+          if (stage == 3 && device != OffloadDevice::kNone && ratio == 1.0) {
+            c.offload_param = true;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+std::unique_ptr<nn::GptModel> Shapes() {
+  nn::GptConfig gpt;
+  gpt.num_layers = 2;
+  gpt.num_heads = 2;
+  gpt.channels = 16;
+  gpt.vocab_size = 61;  // odd sizes, so slices need padding
+  gpt.max_seq_len = 8;
+  nn::GptOptions options;
+  options.dtype = DType::kBF16;
+  options.materialize = false;
+  absl::StatusOr<std::unique_ptr<nn::GptModel>> model =
+      nn::GptModel::Create(gpt, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(model).value() : nullptr;
+}
+
+TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  int64_t model_elements = 0;
+  for (nn::Parameter* parameter : model->Parameters()) {
+    model_elements += parameter->numel();
+  }
+  int planned = 0;
+  for (const Case& c : AllCases()) {
+    SCOPED_TRACE(absl::StrCat("world ", c.world, ": ", c.Json()));
+    absl::StatusOr<config::Config> config =
+        config::LoadConfigString(c.Json(), c.world, "table.json");
+    if (c.refused()) {
+      ASSERT_FALSE(config.ok());
+      EXPECT_NE(config.status().message().find(
+                    "zero_optimization.offload_optimizer.device"),
+                absl::string_view::npos)
+          << config.status();
+      continue;
+    }
+    ASSERT_TRUE(config.ok()) << config.status();
+    HostFacts host;
+    host.omp_num_threads = 3;
+    absl::StatusOr<Plan> built = BuildPlan(*model, *config, c.world, host);
+    ASSERT_TRUE(built.ok()) << built.status();
+    const Plan& plan = *built;
+    ++planned;
+
+    // What is partitioned.
+    EXPECT_EQ(plan.policy.partition_optimizer, c.stage >= 1);
+    EXPECT_EQ(plan.policy.partition_gradients, c.stage >= 2);
+    EXPECT_EQ(plan.policy.partition_parameters, c.stage == 3);
+    EXPECT_EQ(plan.state.stage, c.stage);
+
+    // The layout covers every trainable parameter once, at this world size.
+    const PartitionedLayout& layout = plan.layout.layout;
+    EXPECT_EQ(layout.world_size(), c.world);
+    EXPECT_EQ(plan.layout.trainable_elements, model_elements);
+    EXPECT_EQ(layout.total_param_elements(), model_elements);
+    EXPECT_EQ(static_cast<int>(plan.layout.params.size()), layout.num_params());
+    EXPECT_EQ(layout.padded_total_elements(),
+              c.world * layout.partition_elements());
+    EXPECT_EQ(plan.layout.bucket_zero_read_first, c.stage == 3);
+    EXPECT_EQ(plan.state.bucket_zero_read_first, c.stage == 3);
+    ASSERT_GT(layout.num_buckets(), 1);
+
+    // Where each bucket's master weights and moments live.
+    const bool offloaded = c.device != OffloadDevice::kNone;
+    EXPECT_EQ(plan.cpu_optimizer, offloaded);
+    const Placement away =
+        c.device == OffloadDevice::kNvme ? Placement::kNvme : Placement::kHost;
+    int64_t own_total = 0;
+    int64_t own_away = 0;
+    bool device_seen = false;
+    if (!offloaded) {
+      EXPECT_TRUE(plan.state.optimizer_placement.empty());
+    } else {
+      ASSERT_EQ(static_cast<int>(plan.state.optimizer_placement.size()),
+                layout.num_buckets());
+    }
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      const int64_t own = plan.policy.partition_optimizer
+                              ? layout.bucket(b).slice_elements
+                              : layout.bucket(b).padded_elements;
+      own_total += own;
+      if (!offloaded) continue;
+      const Placement where = plan.state.optimizer_placement[b];
+      EXPECT_TRUE(where == Placement::kDevice || where == away) << b;
+      if (where == away) {
+        // The offloaded buckets come first (the last layers': their
+        // gradients are final first in backward).
+        EXPECT_FALSE(device_seen) << "bucket " << b << " offloaded after one "
+                                  << "kept on the device";
+        own_away += own;
+      } else {
+        device_seen = true;
+      }
+    }
+    if (offloaded) {
+      // At least `ratio` of the state offloaded, and no bucket more than
+      // that needs.
+      EXPECT_GE(static_cast<double>(own_away), c.ratio * own_total);
+      if (c.ratio == 1.0) {
+        EXPECT_EQ(own_away, own_total);
+      } else {
+        EXPECT_LT(own_away, own_total);
+      }
+      EXPECT_EQ(plan.state.chunk_elements, kSubGroupSize);
+      EXPECT_EQ(plan.state.host_threads, 3);  // the host facts' OMP threads
+      EXPECT_TRUE(plan.state.pin_memory);
+    } else {
+      EXPECT_EQ(plan.state.host_threads, 0);
+    }
+    // The weights: on the host with offload_param, else on the device.
+    EXPECT_EQ(plan.state.weights_placement,
+              c.offload_param ? Placement::kHost : Placement::kDevice);
+
+    // Bytes per rank: partitioned quantities hold this rank's slices, and
+    // the world's slices cover the whole; replicated ones the whole.
+    const MemoryBreakdown& memory = plan.memory;
+    const int64_t slices = layout.partition_elements();
+    const int64_t whole = layout.padded_total_elements();
+    EXPECT_EQ(memory.parameter_elements, model_elements);
+    EXPECT_EQ(
+        memory.model_weight_bytes,
+        kWeightBytes * (plan.policy.partition_parameters ? slices : whole));
+    EXPECT_EQ(
+        memory.gradient_bytes,
+        kWeightBytes * (plan.policy.partition_gradients ? slices : whole));
+    EXPECT_EQ(memory.master_weight_bytes, kMasterBytes * own_total);
+    EXPECT_EQ(memory.optimizer_state_bytes, kMomentBytes * own_total);
+    EXPECT_EQ(own_total, plan.policy.partition_optimizer ? slices : whole);
+    const auto covers = [&](int64_t per_rank, int64_t element_bytes,
+                            bool partitioned, const char* what) {
+      if (partitioned) {
+        EXPECT_GE(per_rank * c.world, element_bytes * model_elements) << what;
+        EXPECT_LT(per_rank * (c.world - 1), element_bytes * model_elements)
+            << what << " is not divided among the ranks";
+      } else {
+        EXPECT_GE(per_rank, element_bytes * model_elements) << what;
+      }
+    };
+    covers(memory.model_weight_bytes, kWeightBytes,
+           plan.policy.partition_parameters, "weights");
+    covers(memory.gradient_bytes, kWeightBytes, plan.policy.partition_gradients,
+           "gradients");
+    covers(memory.master_weight_bytes, kMasterBytes,
+           plan.policy.partition_optimizer, "master weights");
+    covers(memory.optimizer_state_bytes, kMomentBytes,
+           plan.policy.partition_optimizer, "moments");
+
+    // Offloaded bytes are on the host (or NVMe), never on the device.
+    const int64_t swapped = (kMasterBytes + kMomentBytes) * own_away;
+    const int64_t host_weights =
+        c.offload_param ? memory.model_weight_bytes : 0;
+    EXPECT_EQ(memory.staging_bytes, kWeightBytes * own_away);
+    EXPECT_EQ(memory.device_bytes,
+              memory.total_bytes() - swapped - host_weights);
+    EXPECT_GE(memory.device_bytes, 0);
+    if (c.device == OffloadDevice::kNvme) {
+      EXPECT_EQ(memory.nvme_bytes, swapped);
+      // Only the swap buffers, the staging and offloaded weights on the
+      // host: less than the swapped state itself.
+      EXPECT_GT(memory.host_bytes, memory.staging_bytes + host_weights);
+      EXPECT_LE(memory.host_bytes - memory.staging_bytes - host_weights,
+                (kMasterBytes + kMomentBytes) * plan.state.nvme.buffer_count *
+                    kSubGroupSize);
+    } else {
+      EXPECT_EQ(memory.nvme_bytes, 0);
+      EXPECT_EQ(memory.host_bytes,
+                swapped + memory.staging_bytes + host_weights);
+    }
+    EXPECT_EQ(memory.pinned_host_bytes,
+              offloaded ? memory.staging_bytes + host_weights : 0);
+    if (offloaded && c.ratio == 1.0) {
+      // The whole optimizer step on the CPU: only weights (unless
+      // offloaded too) and gradients stay on the device.
+      EXPECT_EQ(memory.device_bytes,
+                memory.gradient_bytes +
+                    (c.offload_param ? 0 : memory.model_weight_bytes));
+    }
+
+    // How the strategy runs: the reduction by the policy, the keys it
+    // would otherwise read itself, and stage 3's persistence and fetch
+    // limits.
+    EXPECT_EQ(plan.reducer.kind,
+              c.stage == 0   ? ReductionKind::kAllReduce
+              : c.stage == 1 ? ReductionKind::kReduceScatterInPlace
+                             : ReductionKind::kReduceScatterToPartition);
+    EXPECT_TRUE(plan.overlap_comm);
+    EXPECT_EQ(plan.allgather_bucket_elements, 700);
+    if (c.stage == 3) {
+      ASSERT_EQ(static_cast<int>(plan.persistent.size()), layout.num_buckets());
+      int64_t kept = 0;
+      int kept_buckets = 0;
+      int capped_buckets = 0;
+      for (int b = 0; b < layout.num_buckets(); ++b) {
+        int64_t elements = 0;
+        for (int i = layout.bucket(b).first_param;
+             i < layout.bucket(b).end_param; ++i) {
+          elements += layout.param(i).numel;
+        }
+        if (plan.persistent[b]) {
+          EXPECT_LT(elements, kPersistence) << b;
+          kept += elements;
+          ++kept_buckets;
+        } else if (elements < kPersistence) {
+          // Small enough, but the model's cap was reached.
+          EXPECT_GT(kept + elements, kModelPersistence) << b;
+          ++capped_buckets;
+        }
+      }
+      EXPECT_LE(kept, kModelPersistence);
+      EXPECT_GT(kept_buckets, 0);
+      EXPECT_GT(capped_buckets, 0);
+      EXPECT_EQ(plan.fetch.prefetch_bucket_elements, 3000);
+      EXPECT_EQ(plan.fetch.max_live_elements, 5000);
+      EXPECT_EQ(plan.fetch.max_reuse_distance, 7000);
+    } else {
+      EXPECT_TRUE(plan.persistent.empty());
+    }
+
+    // The paper's figure: 16 Psi, 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N,
+    // 16 Psi / N for mixed-precision Adam.
+    const double psi = static_cast<double>(model_elements);
+    const double n = c.world;
+    const double paper[] = {16 * psi, 4 * psi + 12 * psi / n,
+                            2 * psi + 14 * psi / n, 16 * psi / n};
+    EXPECT_NEAR(memory.paper_bytes, paper[c.stage], 1e-9 * paper[c.stage]);
+    EXPECT_GE(static_cast<double>(memory.total_bytes()), memory.paper_bytes);
+  }
+  // Every combination config/ accepts was planned: stages 1-3 with cpu and
+  // stage 3 with nvme, both ratios, the no-offload rows, and offload_param.
+  EXPECT_EQ(planned, 4 * 2 * 3 + 3 * 2 * 3 + 1 * 2 * 3 + 2 * 3);
+}
+
+// PlanMemory is the plan's memory part: what ze_estimate and --dry_run
+// print is what the strategy allocates by.
+TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  const Case c{2, OffloadDevice::kCpu, 0.5, 3, false};
+  absl::StatusOr<config::Config> config =
+      config::LoadConfigString(c.Json(), c.world);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Plan> plan = BuildPlan(*model, *config, c.world);
+  absl::StatusOr<MemoryBreakdown> memory = PlanMemory(*model, *config, c.world);
+  ASSERT_TRUE(plan.ok() && memory.ok());
+  EXPECT_EQ(memory->ToString(), plan->memory.ToString());
+  EXPECT_EQ(memory->device_bytes, plan->memory.device_bytes);
+  EXPECT_EQ(memory->host_bytes, plan->memory.host_bytes);
+  // Without host facts the CPU optimizer's threads are left to the
+  // strategy (this rank's share of the host).
+  EXPECT_EQ(plan->state.host_threads, 0);
+}
+
+}  // namespace
+}  // namespace zero
+}  // namespace ze
