@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "zero/strategy_checkpoint.h"
 
 namespace ze {
 namespace zero {
@@ -60,6 +61,29 @@ absl::Status ZeroStrategy::RequireIdle(const char* what) const {
                    : phase_ == Phase::kForward ? "inside a forward"
                                                : "inside an evaluation",
                    ")"));
+}
+
+absl::StatusOr<offload::UpdateJoined> ZeroStrategy::RequireCheckpointable(
+    const char* what) {
+  ZE_RETURN_IF_ERROR(RequireIdle(what));
+  if (HasOpenScope()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " on rank ", rank(),
+                     ": a GatherParameters scope is open; release it first"));
+  }
+  return partition_->FinishUpdate(stream());
+}
+
+StateCheckpoint ZeroStrategy::checkpoint() {
+  StateCheckpoint::Access access;
+  access.partition = partition_.get();
+  access.stream = context_.compute_stream;
+  access.rank = rank();
+  access.require_checkpointable = [this](const char* what) {
+    return RequireCheckpointable(what);
+  };
+  access.on_state_loaded = [this] { return OnStateLoaded(); };
+  return StateCheckpoint(std::move(access));
 }
 
 absl::Status ZeroStrategy::CheckLoadable(

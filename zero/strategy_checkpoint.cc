@@ -1,5 +1,7 @@
-// ZeroStrategy's checkpoint side: what a rank saves and how it loads state
-// saved under any other layout (world size, stage, bucketing).
+// StateCheckpoint: what a rank saves and how it loads state saved under any
+// other layout (world size, stage, bucketing).
+#include "zero/strategy_checkpoint.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -14,7 +16,6 @@
 #include "core/ops.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
-#include "zero/strategy.h"
 
 namespace ze {
 namespace zero {
@@ -53,7 +54,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 absl::Status PlanBucketRange(const PartitionedLayout& layout, int bucket,
                              const std::string& kind, int64_t range_begin,
                              const Tensor& destination,
-                             std::vector<ZeroStrategy::LoadRead>* reads) {
+                             std::vector<LoadRead>* reads) {
   const BucketLayout& info = layout.bucket(bucket);
   const int64_t range_end = range_begin + destination.numel();
   std::vector<Overlap> overlaps;
@@ -87,39 +88,27 @@ absl::Status PlanBucketRange(const PartitionedLayout& layout, int bucket,
 
 }  // namespace
 
-std::vector<ZeroStrategy::CheckpointKind> ZeroStrategy::CheckpointKinds()
-    const {
+std::vector<CheckpointKind> StateCheckpoint::CheckpointKinds() const {
   std::vector<CheckpointKind> kinds;
-  for (const std::string& name : partition_->StateArrayNames()) {
+  for (const std::string& name : partition().StateArrayNames()) {
     kinds.push_back(CheckpointKind{name, DType::kF32});
   }
-  if (!partition_->master_aliases_weights()) {
-    kinds.push_back(CheckpointKind{"weights", partition_->model_dtype()});
+  if (!partition().master_aliases_weights()) {
+    kinds.push_back(CheckpointKind{"weights", partition().model_dtype()});
   }
   return kinds;
 }
 
-absl::StatusOr<offload::UpdateJoined> ZeroStrategy::RequireCheckpointable(
-    const char* what) {
-  ZE_RETURN_IF_ERROR(RequireIdle(what));
-  if (HasOpenScope()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " on rank ", rank(),
-                     ": a GatherParameters scope is open; release it first"));
-  }
-  return partition_->FinishUpdate(stream());
-}
-
-absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
-                                     SaveTimes* times) {
+absl::Status StateCheckpoint::SaveState(const CheckpointSink& sink,
+                                        SaveTimes* times) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("save_checkpoint"));
+                      access_.require_checkpointable("save_checkpoint"));
   SaveTimes local_times;
   SaveTimes& spent = times != nullptr ? *times : local_times;
   spent = SaveTimes();
   const std::vector<CheckpointKind> kinds = CheckpointKinds();
   const int arrays = static_cast<int>(kinds.size()) -
-                     (partition_->master_aliases_weights() ? 0 : 1);
+                     (partition().master_aliases_weights() ? 0 : 1);
   const std::vector<ParamShard> pieces = CheckpointPieces();
 
   // A pipeline: this thread copies the next chunk of state to the host
@@ -133,7 +122,8 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
   // ordinary host memory otherwise, or when pinning fails.
   const int buffer_count = static_cast<int>(kSaveChunksInFlight) + 1;
   std::vector<Tensor> buffers;
-  Allocator* allocator = device().is_cpu() ? HostMemory() : PinnedHostMemory();
+  Allocator* allocator =
+      partition().device().is_cpu() ? HostMemory() : PinnedHostMemory();
   for (int i = 0; i < buffer_count; ++i) {
     absl::StatusOr<Tensor> buffer = Tensor::Empty(
         {kSaveChunkElements}, DType::kF32, Device::Cpu(), allocator);
@@ -197,9 +187,9 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
       const int b = piece.bucket;
       // The piece within this rank's own state and within the saved weights.
       const int64_t own_begin =
-          piece.bucket_offset - partition_->OwnRange(b).begin;
+          piece.bucket_offset - partition().OwnRange(b).begin;
       int64_t weights_begin = 0;
-      const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+      const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
       for (size_t k = 0; k < kinds.size(); ++k) {
         for (int64_t done = 0; done < piece.count;) {
           const int64_t count =
@@ -218,7 +208,7 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
           const auto start = std::chrono::steady_clock::now();
           if (static_cast<int>(k) < arrays) {
             ZE_RETURN_IF_ERROR(
-                partition_->ReadOwnState(joined, b, static_cast<int>(k),
+                partition().ReadOwnState(joined, b, static_cast<int>(k),
                                          own_begin + done, host, stream()));
           } else {
             ZE_RETURN_IF_ERROR(
@@ -249,14 +239,14 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
   return written;
 }
 
-absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
-                                     bool load_optimizer_states,
-                                     int64_t optimizer_step_count) {
+absl::Status StateCheckpoint::LoadState(const CheckpointSource& source,
+                                        bool load_optimizer_states,
+                                        int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition_->layout();
-  const std::vector<std::string> arrays = partition_->StateArrayNames();
-  const bool aliased = partition_->master_aliases_weights();
+                      access_.require_checkpointable("load_checkpoint"));
+  const PartitionedLayout& layout = partition().layout();
+  const std::vector<std::string> arrays = partition().StateArrayNames();
+  const bool aliased = partition().master_aliases_weights();
   for (int b = 0; b < layout.num_buckets(); ++b) {
     const BucketLayout& bucket = layout.bucket(b);
     // Fills `destination` (bucket elements [range_begin, + numel)) from the
@@ -289,7 +279,7 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
                 destination.Slice(overlap.range_offset, overlap.count));
           });
     };
-    const PartitionSlice own = partition_->OwnRange(b);
+    const PartitionSlice own = partition().OwnRange(b);
     const int loaded_arrays =
         load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
     // With aliasing, array 0 is the weights, loaded below.
@@ -298,10 +288,10 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
           Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
       ZE_RETURN_IF_ERROR(gather(arrays[a], own.begin, host));
       ZE_RETURN_IF_ERROR(
-          partition_->WriteOwnState(joined, b, a, 0, host, stream()));
+          partition().WriteOwnState(joined, b, a, 0, host, stream()));
     }
     int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
     ZE_ASSIGN_OR_RETURN(
         Tensor host,
         Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
@@ -311,35 +301,36 @@ absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
   if (load_optimizer_states) {
-    partition_->set_optimizer_step_count(optimizer_step_count);
+    partition().set_optimizer_step_count(optimizer_step_count);
   }
-  ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));
-  ZE_RETURN_IF_ERROR(OnStateLoaded());
+  ZE_RETURN_IF_ERROR(partition().ResetGradients(stream()));
+  ZE_RETURN_IF_ERROR(access_.on_state_loaded());
   return stream().Synchronize();
 }
 
-int64_t ZeroStrategy::StagedLoadBytes(bool load_optimizer_states) const {
-  const PartitionedLayout& layout = partition_->layout();
-  const int arrays = static_cast<int>(partition_->StateArrayNames().size());
+int64_t StateCheckpoint::StagedLoadBytes(bool load_optimizer_states) const {
+  const PartitionedLayout& layout = partition().layout();
+  const int arrays = static_cast<int>(partition().StateArrayNames().size());
   const int loaded_arrays = load_optimizer_states ? arrays : 1;
-  const int first = partition_->master_aliases_weights() ? 1 : 0;
+  const int first = partition().master_aliases_weights() ? 1 : 0;
   int64_t bytes = 0;
   for (int b = 0; b < layout.num_buckets(); ++b) {
     bytes += std::max(0, loaded_arrays - first) *
-             partition_->OwnRange(b).size() * int64_t{4};
+             partition().OwnRange(b).size() * int64_t{4};
     int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
     bytes += weights.nbytes();
   }
   return bytes;
 }
 
-absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
+absl::StatusOr<StagedLoad> StateCheckpoint::PrepareLoad(
     bool load_optimizer_states) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint").status());
-  const PartitionedLayout& layout = partition_->layout();
-  const std::vector<std::string> arrays = partition_->StateArrayNames();
-  const bool aliased = partition_->master_aliases_weights();
+  ZE_RETURN_IF_ERROR(
+      access_.require_checkpointable("load_checkpoint").status());
+  const PartitionedLayout& layout = partition().layout();
+  const std::vector<std::string> arrays = partition().StateArrayNames();
+  const bool aliased = partition().master_aliases_weights();
   StagedLoad staged;
   staged.load_optimizer_states = load_optimizer_states;
   staged.arrays.resize(layout.num_buckets());
@@ -347,7 +338,7 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
   const int loaded_arrays =
       load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
   for (int b = 0; b < layout.num_buckets(); ++b) {
-    const PartitionSlice own = partition_->OwnRange(b);
+    const PartitionSlice own = partition().OwnRange(b);
     staged.arrays[b].resize(arrays.size());
     // With aliasing, array 0 is the weights, staged below.
     for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
@@ -359,7 +350,7 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
       staged.arrays[b][a] = host;
     }
     int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
     ZE_ASSIGN_OR_RETURN(
         Tensor host,
         Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
@@ -372,11 +363,11 @@ absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
   return staged;
 }
 
-absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
-                                      int64_t optimizer_step_count) {
+absl::Status StateCheckpoint::CommitLoad(const StagedLoad& staged,
+                                         int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition_->layout();
+                      access_.require_checkpointable("load_checkpoint"));
+  const PartitionedLayout& layout = partition().layout();
   if (staged.arrays.size() != static_cast<size_t>(layout.num_buckets()) ||
       staged.weights.size() != static_cast<size_t>(layout.num_buckets())) {
     return absl::InvalidArgumentError(
@@ -385,19 +376,19 @@ absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
   for (int b = 0; b < layout.num_buckets(); ++b) {
     for (size_t a = 0; a < staged.arrays[b].size(); ++a) {
       if (!staged.arrays[b][a].defined()) continue;
-      ZE_RETURN_IF_ERROR(partition_->WriteOwnState(
+      ZE_RETURN_IF_ERROR(partition().WriteOwnState(
           joined, b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
     }
     int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
     ZE_RETURN_IF_ERROR(Copy(staged.weights[b], weights, stream()));
     ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
   if (staged.load_optimizer_states) {
-    partition_->set_optimizer_step_count(optimizer_step_count);
+    partition().set_optimizer_step_count(optimizer_step_count);
   }
-  ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));
-  ZE_RETURN_IF_ERROR(OnStateLoaded());
+  ZE_RETURN_IF_ERROR(partition().ResetGradients(stream()));
+  ZE_RETURN_IF_ERROR(access_.on_state_loaded());
   return stream().Synchronize();
 }
 
