@@ -574,25 +574,14 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
                       partition_->FinishUpdate(stream()));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
+  // What this rank reads: its own pieces, in the file's dtype.
   for (const ParamShard& shard : layout().RankShards(rank())) {
     const std::string name = params_[shard.param_index]->name();
-    const safetensors::TensorInfo* info = reader.Find(name);
-    ZE_ASSIGN_OR_RETURN(DType file_dtype, safetensors::DTypeOf(info->dtype));
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host, Tensor::Empty({shard.count}, file_dtype, Device::Cpu()));
-    ZE_RETURN_IF_ERROR(
-        reader.ReadRange(name, shard.param_begin, shard.count, host));
+    ZE_ASSIGN_OR_RETURN(DType file_dtype,
+                        safetensors::DTypeOf(reader.Find(name)->dtype));
     report.bytes_read += shard.count * static_cast<int64_t>(SizeOf(file_dtype));
-    ZE_RETURN_IF_ERROR(CopyConverting(
-        host, partition_->weights().Slice(shard.partition_offset, shard.count),
-        stream()));
-    if (!partition_->master_aliases_weights()) {
-      const int bucket = layout().placement(shard.param_index).bucket;
-      ZE_RETURN_IF_ERROR(partition_->WriteMaster(
-          joined, bucket, shard.partition_offset, host, stream()));
-    }
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
+  ZE_RETURN_IF_ERROR(ImportWeights(reader, joined));
   ZE_RETURN_IF_ERROR(OnStateLoaded());
   return report;
 }

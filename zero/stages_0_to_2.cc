@@ -318,26 +318,16 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
   LoadReport report;
   for (nn::Parameter* parameter : parameters) {
     const std::string name = parameter->name();
-    ZE_ASSIGN_OR_RETURN(Tensor host, reader.ReadTensor(name));
     report.bytes_read += static_cast<int64_t>(reader.Find(name)->num_bytes());
     ++report.tensors;
+    if (index_of_.count(parameter) > 0) continue;  // in the partition
+    // A frozen parameter keeps its own tensor, outside the partition.
+    ZE_ASSIGN_OR_RETURN(Tensor host, reader.ReadTensor(name));
     ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
     ZE_RETURN_IF_ERROR(CopyConverting(host, data, stream()));
-    auto found = index_of_.find(parameter);
-    if (found == index_of_.end() || partition_->master_aliases_weights()) {
-      ZE_RETURN_IF_ERROR(stream().Synchronize());
-      continue;
-    }
-    // The master from the file's values, so an f32 file gives exact
-    // masters under bf16.
-    int64_t begin = 0;
-    Tensor master = partition_->MasterPiece(joined, found->second, &begin);
-    if (master.defined()) {
-      ZE_RETURN_IF_ERROR(CopyConverting(
-          host.Flat().Slice(begin, master.numel()), master, stream()));
-    }
     ZE_RETURN_IF_ERROR(stream().Synchronize());  // `host` dies here
   }
+  ZE_RETURN_IF_ERROR(ImportWeights(reader, joined));
   return report;
 }
 

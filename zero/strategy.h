@@ -201,6 +201,13 @@ class ZeroStrategy {
   absl::Status CheckLoadable(
       const safetensors::TensorSource& reader,
       const std::vector<nn::Parameter*>& parameters) const;
+  // LoadWeights's import (zero/partition_import.h) of every bucket's
+  // weights and f32 master weights from `reader`: each reads the file's
+  // values of the range, converted, so an f32 file gives exact masters
+  // under bf16. Call CheckLoadable first. `joined`: FinishUpdate's proof.
+  // Read or copy errors; synchronous on return.
+  absl::Status ImportWeights(const safetensors::TensorSource& reader,
+                             const offload::UpdateJoined& joined);
   // The plan's PartitionState options (Plan::state) for this rank: its
   // rank and device, the allocation-error annotation, and with a CPU
   // optimizer this rank's share of the host's cores (unless

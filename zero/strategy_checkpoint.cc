@@ -15,75 +15,19 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
-#include "core/thread_pool.h"
+#include "zero/partition_import.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Threads LoadState reads a bucket's parameters with.
-constexpr int kLoadThreads = 8;
 // SaveState's unit of work (64 MiB of f32) and how many wait for the writer.
 constexpr int64_t kSaveChunkElements = int64_t{1} << 24;
 constexpr size_t kSaveChunksInFlight = 3;
 
-// The parameter's elements [low, high) within bucket-buffer range
-// [range_begin, range_end), or an empty range.
-struct Overlap {
-  int64_t param_begin = 0;   // first element within the parameter
-  int64_t range_offset = 0;  // where it lands within the range
-  int64_t count = 0;
-};
-
-Overlap Intersect(const ParamPlacement& place, int64_t range_begin,
-                  int64_t range_end) {
-  const int64_t low = std::max(place.offset, range_begin);
-  const int64_t high = std::min(place.offset + place.numel, range_end);
-  if (high <= low) return Overlap();
-  return Overlap{low - place.offset, low - range_begin, high - low};
-}
-
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-// The reads that fill `destination` (bucket elements [range_begin,
-// + numel)) of bucket `bucket` from the parameters' `kind`; the padding
-// between parameters (which no read covers) is zeroed.
-absl::Status PlanBucketRange(const PartitionedLayout& layout, int bucket,
-                             const std::string& kind, int64_t range_begin,
-                             const Tensor& destination,
-                             std::vector<LoadRead>* reads) {
-  const BucketLayout& info = layout.bucket(bucket);
-  const int64_t range_end = range_begin + destination.numel();
-  std::vector<Overlap> overlaps;
-  for (int p = info.first_param; p < info.end_param; ++p) {
-    const Overlap overlap =
-        Intersect(layout.placement(p), range_begin, range_end);
-    if (overlap.count == 0) continue;
-    overlaps.push_back(overlap);
-    reads->push_back({kind, layout.param(p).name, overlap.param_begin,
-                      destination.Slice(overlap.range_offset, overlap.count)});
-  }
-  std::sort(overlaps.begin(), overlaps.end(),
-            [](const Overlap& a, const Overlap& b) {
-              return a.range_offset < b.range_offset;
-            });
-  const Stream& cpu = Stream::Default(Device::Cpu());
-  int64_t filled = 0;  // elements before this are covered or zeroed
-  for (const Overlap& overlap : overlaps) {
-    if (overlap.range_offset > filled) {
-      ZE_RETURN_IF_ERROR(Fill(
-          destination.Slice(filled, overlap.range_offset - filled), 0.0f, cpu));
-    }
-    filled = std::max(filled, overlap.range_offset + overlap.count);
-  }
-  if (destination.numel() > filled) {
-    ZE_RETURN_IF_ERROR(Fill(
-        destination.Slice(filled, destination.numel() - filled), 0.0f, cpu));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -244,62 +188,20 @@ absl::Status StateCheckpoint::LoadState(const CheckpointSource& source,
                                         int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
                       access_.require_checkpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition().layout();
-  const std::vector<std::string> arrays = partition().StateArrayNames();
-  const bool aliased = partition().master_aliases_weights();
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    const BucketLayout& bucket = layout.bucket(b);
-    // Fills `destination` (bucket elements [range_begin, + numel)) from the
-    // source, padding zero.
-    auto gather = [&](const std::string& kind, int64_t range_begin,
-                      const Tensor& destination) -> absl::Status {
-      ZE_RETURN_IF_ERROR(
-          Fill(destination, 0.0f, Stream::Default(Device::Cpu())));
-      // Parameters are independent ranges: several threads read them (a
-      // disk and the page cache both answer faster to several readers).
-      std::vector<int> wanted;
-      for (int p = bucket.first_param; p < bucket.end_param; ++p) {
-        if (Intersect(layout.placement(p), range_begin,
-                      range_begin + destination.numel())
-                .count > 0) {
-          wanted.push_back(p);
-        }
-      }
-      ThreadPool pool(
-          std::min<int>(kLoadThreads, static_cast<int>(wanted.size())));
-      return pool.TryParallelFor(
-          static_cast<int64_t>(wanted.size()),
-          [&](int, int64_t i) -> absl::Status {
-            const int p = wanted[i];
-            const Overlap overlap =
-                Intersect(layout.placement(p), range_begin,
-                          range_begin + destination.numel());
-            return source(
-                kind, layout.param(p).name, overlap.param_begin,
-                destination.Slice(overlap.range_offset, overlap.count));
-          });
-    };
-    const PartitionSlice own = partition().OwnRange(b);
-    const int loaded_arrays =
-        load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
-    // With aliasing, array 0 is the weights, loaded below.
-    for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
-      ZE_ASSIGN_OR_RETURN(
-          Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
-      ZE_RETURN_IF_ERROR(gather(arrays[a], own.begin, host));
-      ZE_RETURN_IF_ERROR(
-          partition().WriteOwnState(joined, b, a, 0, host, stream()));
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host,
-        Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(
-        gather(aliased ? "master" : "weights", weights_begin, host));
-    ZE_RETURN_IF_ERROR(Copy(host, weights, stream()));
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
-  }
+  ZE_RETURN_IF_ERROR(
+      ImportState(partition(), joined, 0, partition().num_buckets(),
+                  LoadedArrays(load_optimizer_states), source, stream()));
+  return FinishLoad(load_optimizer_states, optimizer_step_count);
+}
+
+int StateCheckpoint::LoadedArrays(bool load_optimizer_states) const {
+  return load_optimizer_states
+             ? static_cast<int>(partition().StateArrayNames().size())
+             : 1;
+}
+
+absl::Status StateCheckpoint::FinishLoad(bool load_optimizer_states,
+                                         int64_t optimizer_step_count) {
   if (load_optimizer_states) {
     partition().set_optimizer_step_count(optimizer_step_count);
   }
@@ -309,57 +211,18 @@ absl::Status StateCheckpoint::LoadState(const CheckpointSource& source,
 }
 
 int64_t StateCheckpoint::StagedLoadBytes(bool load_optimizer_states) const {
-  const PartitionedLayout& layout = partition().layout();
-  const int arrays = static_cast<int>(partition().StateArrayNames().size());
-  const int loaded_arrays = load_optimizer_states ? arrays : 1;
-  const int first = partition().master_aliases_weights() ? 1 : 0;
-  int64_t bytes = 0;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    bytes += std::max(0, loaded_arrays - first) *
-             partition().OwnRange(b).size() * int64_t{4};
-    int64_t weights_begin = 0;
-    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
-    bytes += weights.nbytes();
-  }
-  return bytes;
+  return ImportBytes(partition(), LoadedArrays(load_optimizer_states));
 }
 
 absl::StatusOr<StagedLoad> StateCheckpoint::PrepareLoad(
     bool load_optimizer_states) {
   ZE_RETURN_IF_ERROR(
       access_.require_checkpointable("load_checkpoint").status());
-  const PartitionedLayout& layout = partition().layout();
-  const std::vector<std::string> arrays = partition().StateArrayNames();
-  const bool aliased = partition().master_aliases_weights();
   StagedLoad staged;
+  ZE_ASSIGN_OR_RETURN(staged.window,
+                      PlanImport(partition(), 0, partition().num_buckets(),
+                                 LoadedArrays(load_optimizer_states)));
   staged.load_optimizer_states = load_optimizer_states;
-  staged.arrays.resize(layout.num_buckets());
-  staged.weights.resize(layout.num_buckets());
-  const int loaded_arrays =
-      load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    const PartitionSlice own = partition().OwnRange(b);
-    staged.arrays[b].resize(arrays.size());
-    // With aliasing, array 0 is the weights, staged below.
-    for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
-      ZE_ASSIGN_OR_RETURN(
-          Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
-      ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b, arrays[a], own.begin, host,
-                                         &staged.reads));
-      staged.bytes += host.nbytes();
-      staged.arrays[b][a] = host;
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host,
-        Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b,
-                                       aliased ? "master" : "weights",
-                                       weights_begin, host, &staged.reads));
-    staged.bytes += host.nbytes();
-    staged.weights[b] = host;
-  }
   return staged;
 }
 
@@ -367,29 +230,14 @@ absl::Status StateCheckpoint::CommitLoad(const StagedLoad& staged,
                                          int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
                       access_.require_checkpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition().layout();
-  if (staged.arrays.size() != static_cast<size_t>(layout.num_buckets()) ||
-      staged.weights.size() != static_cast<size_t>(layout.num_buckets())) {
+  if (staged.window.first_bucket != 0 ||
+      staged.window.end_bucket != partition().num_buckets()) {
     return absl::InvalidArgumentError(
         "CommitLoad: the staged state was prepared for another layout");
   }
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    for (size_t a = 0; a < staged.arrays[b].size(); ++a) {
-      if (!staged.arrays[b][a].defined()) continue;
-      ZE_RETURN_IF_ERROR(partition().WriteOwnState(
-          joined, b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
-    ZE_RETURN_IF_ERROR(Copy(staged.weights[b], weights, stream()));
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
-  }
-  if (staged.load_optimizer_states) {
-    partition().set_optimizer_step_count(optimizer_step_count);
-  }
-  ZE_RETURN_IF_ERROR(partition().ResetGradients(stream()));
-  ZE_RETURN_IF_ERROR(access_.on_state_loaded());
-  return stream().Synchronize();
+  ZE_RETURN_IF_ERROR(
+      CommitImport(partition(), joined, staged.window, stream()));
+  return FinishLoad(staged.load_optimizer_states, optimizer_step_count);
 }
 
 }  // namespace zero

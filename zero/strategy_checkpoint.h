@@ -33,6 +33,7 @@
 #include "core/tensor.h"
 #include "offload/host_update.h"
 #include "zero/flat_layout.h"
+#include "zero/partition_import.h"
 #include "zero/partition_state.h"
 
 namespace ze {
@@ -51,13 +52,9 @@ struct CheckpointKind {
 using CheckpointSink = std::function<absl::Status(
     const CheckpointKind& kind, const ParamShard& piece, const Tensor& values)>;
 
-// Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the
-// model's dtype for "weights") with parameter `name`'s `kind` elements
-// [param_begin, param_begin + destination.numel()). Called from several
-// threads at once (for different destinations): must be thread-safe.
-using CheckpointSource =
-    std::function<absl::Status(const std::string& kind, const std::string& name,
-                               int64_t param_begin, const Tensor& destination)>;
+// What a load reads from: "give me parameter P's `kind` elements [a, b)"
+// (zero/partition_import.h).
+using CheckpointSource = ImportSource;
 
 // Where SaveState's time went.
 struct SaveTimes {
@@ -69,21 +66,13 @@ struct SaveTimes {
 };
 
 // One read PrepareLoad asks its caller to perform.
-struct LoadRead {
-  std::string kind;  // asked for as CheckpointSource's `kind`
-  std::string name;
-  int64_t param_begin = 0;
-  Tensor destination;  // a view into the staging
-};
+using LoadRead = ImportRead;
 
-// Host staging for a whole load (PrepareLoad), written by CommitLoad.
+// Host staging for a whole load (PrepareLoad: every bucket's window),
+// written by CommitLoad.
 struct StagedLoad {
-  std::vector<LoadRead> reads;
+  ImportWindow window;  // every bucket: its reads and staging
   bool load_optimizer_states = true;
-  std::vector<std::vector<Tensor>> arrays;  // [bucket][array]; undefined:
-                                            // not loaded
-  std::vector<Tensor> weights;              // [bucket]
-  int64_t bytes = 0;
 };
 
 class StateCheckpoint {
@@ -126,7 +115,8 @@ class StateCheckpoint {
   absl::Status SaveState(const CheckpointSink& sink,
                          SaveTimes* times = nullptr);
 
-  // Loads this rank's state for the current layout from `source`: master
+  // Loads this rank's state for the current layout from `source` (an
+  // import, zero/partition_import.h, a bucket at a time): master
   // weights and weights always (with master_aliases_weights, the weights
   // from "master"), the optimizer's arrays and step count only with
   // `load_optimizer_states` (otherwise they keep their values). Gradients
@@ -155,6 +145,11 @@ class StateCheckpoint {
                           int64_t optimizer_step_count);
 
  private:
+  // State arrays a load imports: all, or the master weights only.
+  int LoadedArrays(bool load_optimizer_states) const;
+  // After the import: the step count, gradients reset, derived state.
+  absl::Status FinishLoad(bool load_optimizer_states,
+                          int64_t optimizer_step_count);
   PartitionState& partition() const { return *access_.partition; }
   const Stream& stream() const { return *access_.stream; }
 

@@ -521,8 +521,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
     // checksumming as it goes, then check this rank's share of the files
     // from those reads (re-reading only a file it did not read whole).
     std::vector<checkpoint::CheckpointReader::RangeRequest> requests;
-    requests.reserve(staged->reads.size());
-    for (const zero::LoadRead& read : staged->reads) {
+    requests.reserve(staged->window.reads.size());
+    for (const zero::LoadRead& read : staged->window.reads) {
       requests.push_back({taken_kind(read.kind), read.name, read.param_begin,
                           read.destination});
     }
@@ -546,7 +546,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   absl::Status loaded;
   if (staged.has_value()) {
     result.one_pass = true;
-    result.bytes_staged = staged->bytes;
+    result.bytes_staged = staged->window.bytes;
     loaded = zero_state.CommitLoad(*staged, optimizer_step_count);
     staged.reset();
   } else {
