@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "zero/bucket_binding.h"
 
 namespace ze {
 namespace zero {
@@ -311,14 +312,8 @@ absl::Status Stage3::WaitGather(int b) {
   if (overlaps_communication_) {
     ZE_RETURN_IF_ERROR(bucket.gathered.RecordStream(stream()));
   }
-  const BucketLayout& bucket_layout = layout().bucket(b);
-  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
-    const ParamPlacement& place = layout().placement(i);
-    ZE_RETURN_IF_ERROR(
-        params_[i]->SetData(bucket.gathered.Slice(place.offset, place.numel)
-                                .View(params_[i]->shape())));
-  }
-  return absl::OkStatus();
+  return BindBucket(layout(), b, params_, ParameterSlot::kData,
+                    bucket.gathered);
 }
 
 absl::Status Stage3::FreeGathered(int b) {
@@ -329,10 +324,8 @@ absl::Status Stage3::FreeGathered(int b) {
   bucket.gather_work = comm::Work();
   bucket.gather_source = Tensor();
   bucket.in_flight = false;
-  const BucketLayout& bucket_layout = layout().bucket(b);
-  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
-    params_[i]->ReleaseData();
-  }
+  ZE_RETURN_IF_ERROR(
+      BindBucket(layout(), b, params_, ParameterSlot::kData, Tensor()));
   bucket.gathered = Tensor();
   schedule_->OnFreed(b);
   return absl::OkStatus();
@@ -354,13 +347,7 @@ absl::Status Stage3::EnsureGrads(int b) {
                       Tensor::Empty({bucket_layout.padded_elements},
                                     partition_->model_dtype(), device()));
   ZE_RETURN_IF_ERROR(Fill(bucket.grads, 0.0f, stream()));
-  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
-    const ParamPlacement& place = layout().placement(i);
-    ZE_RETURN_IF_ERROR(
-        params_[i]->SetGrad(bucket.grads.Slice(place.offset, place.numel)
-                                .View(params_[i]->shape())));
-  }
-  return absl::OkStatus();
+  return BindBucket(layout(), b, params_, ParameterSlot::kGrad, bucket.grads);
 }
 
 // Hands a bucket whose forward uses are all backpropagated to the reducer.
@@ -375,10 +362,8 @@ absl::Status Stage3::IssueReduce(int b) {
 
 // The bucket's reduced slice is in the partition: free its full gradients.
 absl::Status Stage3::ReleaseBucketGradients(int b) {
-  const BucketLayout& bucket_layout = layout().bucket(b);
-  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
-    params_[i]->ReleaseGrad();
-  }
+  ZE_RETURN_IF_ERROR(
+      BindBucket(layout(), b, params_, ParameterSlot::kGrad, Tensor()));
   buckets_[b].grads = Tensor();
   return absl::OkStatus();
 }
@@ -589,25 +574,14 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
                       partition_->FinishUpdate(stream()));
   LoadReport report;
   report.tensors = static_cast<int64_t>(context_.model->Parameters().size());
+  // What this rank reads: its own pieces, in the file's dtype.
   for (const ParamShard& shard : layout().RankShards(rank())) {
     const std::string name = params_[shard.param_index]->name();
-    const safetensors::TensorInfo* info = reader.Find(name);
-    ZE_ASSIGN_OR_RETURN(DType file_dtype, safetensors::DTypeOf(info->dtype));
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host, Tensor::Empty({shard.count}, file_dtype, Device::Cpu()));
-    ZE_RETURN_IF_ERROR(
-        reader.ReadRange(name, shard.param_begin, shard.count, host));
+    ZE_ASSIGN_OR_RETURN(DType file_dtype,
+                        safetensors::DTypeOf(reader.Find(name)->dtype));
     report.bytes_read += shard.count * static_cast<int64_t>(SizeOf(file_dtype));
-    ZE_RETURN_IF_ERROR(CopyConverting(
-        host, partition_->weights().Slice(shard.partition_offset, shard.count),
-        stream()));
-    if (!partition_->master_aliases_weights()) {
-      const int bucket = layout().placement(shard.param_index).bucket;
-      ZE_RETURN_IF_ERROR(partition_->WriteMaster(
-          joined, bucket, shard.partition_offset, host, stream()));
-    }
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
   }
+  ZE_RETURN_IF_ERROR(ImportWeights(reader, joined));
   ZE_RETURN_IF_ERROR(OnStateLoaded());
   return report;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "zero/bucket_binding.h"
 
 namespace ze {
 namespace zero {
@@ -41,29 +42,30 @@ absl::Status Stages0To2::Setup() {
       PartitionState::Create(layout, RankPartitionStateOptions(), stream()));
   // Move the model's weights into the flat buffer and make each parameter a
   // view of it.
-  for (int i = 0; i < layout.num_params(); ++i) {
-    const ParamPlacement& place = layout.placement(i);
-    Tensor view = partition_->FullWeights(place.bucket)
-                      .Slice(place.offset, place.numel)
-                      .View(params_[i]->shape());
-    ZE_ASSIGN_OR_RETURN(Tensor current, params_[i]->data());
-    ZE_RETURN_IF_ERROR(Copy(current, view, stream()));
-    // The old storage goes back to the allocator with the copy out of it
-    // still queued: it is handed to another stream only after this one
-    // passes the copy.
-    ZE_RETURN_IF_ERROR(current.RecordStream(stream()));
-    ZE_RETURN_IF_ERROR(params_[i]->SetData(view));
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const BucketLayout& bucket = layout.bucket(b);
+    for (int i = bucket.first_param; i < bucket.end_param; ++i) {
+      ZE_ASSIGN_OR_RETURN(Tensor current, params_[i]->data());
+      ZE_RETURN_IF_ERROR(
+          Copy(current,
+               ParameterView(layout, i, partition_->FullWeights(b),
+                             params_[i]->shape()),
+               stream()));
+      // The old storage goes back to the allocator with the copy out of it
+      // still queued: it is handed to another stream only after this one
+      // passes the copy.
+      ZE_RETURN_IF_ERROR(current.RecordStream(stream()));
+    }
+    ZE_RETURN_IF_ERROR(BindBucket(layout, b, params_, ParameterSlot::kData,
+                                  partition_->FullWeights(b)));
   }
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
   const StagePolicy& stage_policy = context_.plan->policy;
   if (!stage_policy.partition_gradients) {
     // The parameters' grad slots are views of the replicated gradients.
-    for (int i = 0; i < layout.num_params(); ++i) {
-      const ParamPlacement& place = layout.placement(i);
-      ZE_RETURN_IF_ERROR(
-          params_[i]->SetGrad(partition_->FullGradients(place.bucket)
-                                  .Slice(place.offset, place.numel)
-                                  .View(params_[i]->shape())));
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      ZE_RETURN_IF_ERROR(BindBucket(layout, b, params_, ParameterSlot::kGrad,
+                                    partition_->FullGradients(b)));
     }
   }
 
@@ -151,20 +153,13 @@ absl::Status Stages0To2::EnsureBucketGradients(int bucket) {
   }
   // Zeroed on the compute stream, ordered before the layers accumulate.
   ZE_RETURN_IF_ERROR(Fill(bucket_gradients_[bucket], 0.0f, stream()));
-  for (int i = bucket_layout.first_param; i < bucket_layout.end_param; ++i) {
-    const ParamPlacement& place = layout.placement(i);
-    ZE_RETURN_IF_ERROR(params_[i]->SetGrad(bucket_gradients_[bucket]
-                                               .Slice(place.offset, place.numel)
-                                               .View(params_[i]->shape())));
-  }
-  return absl::OkStatus();
+  return BindBucket(layout, bucket, params_, ParameterSlot::kGrad,
+                    bucket_gradients_[bucket]);
 }
 
 absl::Status Stages0To2::ReleaseBucketGradients(int bucket) {
-  const BucketLayout& layout = partition_->layout().bucket(bucket);
-  for (int i = layout.first_param; i < layout.end_param; ++i) {
-    params_[i]->ReleaseGrad();
-  }
+  ZE_RETURN_IF_ERROR(BindBucket(partition_->layout(), bucket, params_,
+                                ParameterSlot::kGrad, Tensor()));
   bucket_gradients_[bucket] = Tensor();
   return absl::OkStatus();
 }
@@ -323,26 +318,16 @@ absl::StatusOr<LoadReport> Stages0To2::LoadWeights(
   LoadReport report;
   for (nn::Parameter* parameter : parameters) {
     const std::string name = parameter->name();
-    ZE_ASSIGN_OR_RETURN(Tensor host, reader.ReadTensor(name));
     report.bytes_read += static_cast<int64_t>(reader.Find(name)->num_bytes());
     ++report.tensors;
+    if (index_of_.count(parameter) > 0) continue;  // in the partition
+    // A frozen parameter keeps its own tensor, outside the partition.
+    ZE_ASSIGN_OR_RETURN(Tensor host, reader.ReadTensor(name));
     ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
     ZE_RETURN_IF_ERROR(CopyConverting(host, data, stream()));
-    auto found = index_of_.find(parameter);
-    if (found == index_of_.end() || partition_->master_aliases_weights()) {
-      ZE_RETURN_IF_ERROR(stream().Synchronize());
-      continue;
-    }
-    // The master from the file's values, so an f32 file gives exact
-    // masters under bf16.
-    int64_t begin = 0;
-    Tensor master = partition_->MasterPiece(joined, found->second, &begin);
-    if (master.defined()) {
-      ZE_RETURN_IF_ERROR(CopyConverting(
-          host.Flat().Slice(begin, master.numel()), master, stream()));
-    }
     ZE_RETURN_IF_ERROR(stream().Synchronize());  // `host` dies here
   }
+  ZE_RETURN_IF_ERROR(ImportWeights(reader, joined));
   return report;
 }
 

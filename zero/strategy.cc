@@ -6,9 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/ops.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "zero/partition_import.h"
+#include "zero/strategy_checkpoint.h"
 
 namespace ze {
 namespace zero {
@@ -62,6 +65,29 @@ absl::Status ZeroStrategy::RequireIdle(const char* what) const {
                    ")"));
 }
 
+absl::StatusOr<offload::UpdateJoined> ZeroStrategy::RequireCheckpointable(
+    const char* what) {
+  ZE_RETURN_IF_ERROR(RequireIdle(what));
+  if (HasOpenScope()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " on rank ", rank(),
+                     ": a GatherParameters scope is open; release it first"));
+  }
+  return partition_->FinishUpdate(stream());
+}
+
+StateCheckpoint ZeroStrategy::checkpoint() {
+  StateCheckpoint::Access access;
+  access.partition = partition_.get();
+  access.stream = context_.compute_stream;
+  access.rank = rank();
+  access.require_checkpointable = [this](const char* what) {
+    return RequireCheckpointable(what);
+  };
+  access.on_state_loaded = [this] { return OnStateLoaded(); };
+  return StateCheckpoint(std::move(access));
+}
+
 absl::Status ZeroStrategy::CheckLoadable(
     const safetensors::TensorSource& reader,
     const std::vector<nn::Parameter*>& parameters) const {
@@ -82,6 +108,30 @@ absl::Status ZeroStrategy::CheckLoadable(
     ZE_RETURN_IF_ERROR(safetensors::DTypeOf(info->dtype).status());
   }
   return absl::OkStatus();
+}
+
+absl::Status ZeroStrategy::ImportWeights(
+    const safetensors::TensorSource& reader,
+    const offload::UpdateJoined& joined) {
+  // Every kind ("weights", "master") is the file's values.
+  const ImportSource source = [&reader](
+                                  const std::string& /*kind*/,
+                                  const std::string& name, int64_t param_begin,
+                                  const Tensor& destination) -> absl::Status {
+    ZE_ASSIGN_OR_RETURN(const DType file_dtype,
+                        safetensors::DTypeOf(reader.Find(name)->dtype));
+    if (file_dtype == destination.dtype()) {
+      return reader.ReadRange(name, param_begin, destination.numel(),
+                              destination);
+    }
+    ZE_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({destination.numel()},
+                                                   file_dtype, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(
+        reader.ReadRange(name, param_begin, destination.numel(), host));
+    return CopyConverting(host, destination, Stream::Default(Device::Cpu()));
+  };
+  return ImportState(*partition_, joined, 0, partition_->num_buckets(),
+                     /*arrays=*/1, source, stream());
 }
 
 PartitionStateOptions ZeroStrategy::RankPartitionStateOptions() const {

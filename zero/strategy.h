@@ -19,6 +19,8 @@
 //   BeginBackward; the model's BackwardLoss (hooks fire); EndBackward;
 //   at the accumulation boundary, BoundaryStep.
 // Evaluation (EvalForward, Generate) is bracketed by BeginEval / EndEval.
+// Checkpoints are a second protocol over the same state, handed out by
+// checkpoint() and declared apart (zero/strategy_checkpoint.h).
 #ifndef ZE_ZERO_STRATEGY_H_
 #define ZE_ZERO_STRATEGY_H_
 
@@ -49,6 +51,8 @@
 
 namespace ze {
 namespace zero {
+
+class StateCheckpoint;  // zero/strategy_checkpoint.h
 
 // What a strategy borrows from its Engine; everything outlives it.
 struct StrategyContext {
@@ -159,103 +163,12 @@ class ZeroStrategy {
   }
   Phase phase() const { return phase_; }
 
-  // Checkpoints (engine/checkpoint/orchestration.cc speaks the file format;
-  // this speaks the state). Both need the strategy idle, between optimizer
-  // steps, with no GatherParameters scope open (FailedPrecondition otherwise);
-  // both finish an offloaded update in progress first.
-  //
-  // A rank saves the pieces of its slice of every bucket (the layout's
-  // RankShards: parameter elements this rank owns under stage 1-3
-  // partitioning, whatever the stage; at stage 0 every rank holds them all
-  // and saves only its slice), and for each piece every kind of
-  // CheckpointKinds in order.
-  struct CheckpointKind {
-    std::string name;  // "master", "exp_avg", ..., "weights"
-    DType dtype = DType::kF32;
-  };
-  // "master" and the optimizer's state arrays (f32), then "weights" in the
-  // model's dtype unless the model trains in f32 (then the master weights
-  // are the weights).
-  std::vector<CheckpointKind> CheckpointKinds() const;
-  // This rank's pieces, in the order SaveState emits them.
-  std::vector<ParamShard> CheckpointPieces() const {
-    return partition_->layout().RankShards(rank());
-  }
   const PartitionedLayout& layout() const { return partition_->layout(); }
-  // Receives the next elements of one piece of one kind: `values` is a CPU
-  // tensor of the kind's dtype holding the next run of parameter
-  // `piece.param_index`'s elements (a piece may arrive in several chunks,
-  // in order; all of one kind before the next kind). Valid only during the
-  // call.
-  using CheckpointSink = std::function<absl::Status(const CheckpointKind& kind,
-                                                    const ParamShard& piece,
-                                                    const Tensor& values)>;
-  // Emits every piece of CheckpointPieces, each with every kind, in that
-  // order, reading offloaded state back from host memory or the swap file.
-  // The sink runs on a writer thread of SaveState's (one call at a time, in
-  // order) while the caller's thread copies the next bucket to the host.
-  // The sink's error stops it and is returned.
-  // `times`, if given, receives where the time went.
-  struct SaveTimes {
-    double copy_seconds = 0;   // caller's thread: state copied to the host
-    double stall_seconds = 0;  // caller's thread: waiting for a free
-                               // buffer (the sink, i.e. the disk, is behind)
-    double sink_seconds = 0;   // writer thread: inside the sink
-    bool pinned = false;       // staging buffers are page-locked
-  };
-  absl::Status SaveState(const CheckpointSink& sink,
-                         SaveTimes* times = nullptr);
-  // Fills `destination` (a CPU tensor, f32 for the optimizer kinds, the
-  // model's dtype for "weights") with parameter `name`'s `kind` elements
-  // [param_begin, param_begin + destination.numel()). Called from several
-  // threads at once (for different destinations): must be thread-safe.
-  using CheckpointSource = std::function<absl::Status(
-      const std::string& kind, const std::string& name, int64_t param_begin,
-      const Tensor& destination)>;
-  // Loads this rank's state for the current layout from `source`: master
-  // weights and weights always (with master_aliases_weights, the weights
-  // from "master"), the optimizer's arrays and step count only with
-  // `load_optimizer_states` (otherwise they keep their values). Gradients
-  // are reset. Asks `source` for every range before writing, bucket by
-  // bucket: an error from `source` in bucket b leaves buckets before b
-  // loaded (the caller validates the checkpoint before calling).
-  absl::Status LoadState(const CheckpointSource& source,
-                         bool load_optimizer_states,
-                         int64_t optimizer_step_count);
-  int64_t optimizer_step_count() const {
-    return partition_->optimizer_step_count();
-  }
 
-  // The same load in two phases, so that a checkpoint can be read once and
-  // verified before anything changes (Engine::LoadCheckpoint's one-pass
-  // path). PrepareLoad allocates host staging for everything LoadState
-  // writes (per bucket: this rank's own optimizer arrays, and the weights
-  // CheckpointWeights returns; the padding between parameters zeroed) and
-  // lists the reads that fill it; the caller performs them, in any order
-  // and on any threads, and checks them; CommitLoad then writes the staged
-  // state into place as LoadState does (and resets gradients, refreshes
-  // derived state, restores the optimizer step count with the optimizer
-  // states). Nothing of the strategy's state changes before CommitLoad.
-  // PrepareLoad fails with ResourceExhausted when the host memory cannot
-  // be allocated; StagedLoadBytes says beforehand how much it takes.
-  struct LoadRead {
-    std::string kind;  // asked for as CheckpointSource's `kind`
-    std::string name;
-    int64_t param_begin = 0;
-    Tensor destination;  // a view into the staging
-  };
-  struct StagedLoad {
-    std::vector<LoadRead> reads;
-    bool load_optimizer_states = true;
-    std::vector<std::vector<Tensor>> arrays;  // [bucket][array]; undefined:
-                                              // not loaded
-    std::vector<Tensor> weights;              // [bucket]
-    int64_t bytes = 0;
-  };
-  int64_t StagedLoadBytes(bool load_optimizer_states) const;
-  absl::StatusOr<StagedLoad> PrepareLoad(bool load_optimizer_states);
-  absl::Status CommitLoad(const StagedLoad& staged,
-                          int64_t optimizer_step_count);
+  // The checkpoint protocol over this strategy's state
+  // (zero/strategy_checkpoint.h: save, and load from any layout). A handle
+  // borrowing the strategy; valid while the strategy lives.
+  StateCheckpoint checkpoint();
 
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
@@ -280,7 +193,7 @@ class ZeroStrategy {
   // FailedPrecondition naming `what` unless the phase is kIdle.
   absl::Status RequireIdle(const char* what) const;
   // RequireIdle, no open scope, then FinishUpdate: its proof, which the
-  // partition's state readers take.
+  // partition's state readers take (StateCheckpoint::Access).
   absl::StatusOr<offload::UpdateJoined> RequireCheckpointable(const char* what);
   // LoadWeights's check before writing anything: every one of `parameters`
   // is in `reader` with its shape and a float dtype. NotFound /
@@ -288,6 +201,13 @@ class ZeroStrategy {
   absl::Status CheckLoadable(
       const safetensors::TensorSource& reader,
       const std::vector<nn::Parameter*>& parameters) const;
+  // LoadWeights's import (zero/partition_import.h) of every bucket's
+  // weights and f32 master weights from `reader`: each reads the file's
+  // values of the range, converted, so an f32 file gives exact masters
+  // under bf16. Call CheckLoadable first. `joined`: FinishUpdate's proof.
+  // Read or copy errors; synchronous on return.
+  absl::Status ImportWeights(const safetensors::TensorSource& reader,
+                             const offload::UpdateJoined& joined);
   // The plan's PartitionState options (Plan::state) for this rank: its
   // rank and device, the allocation-error annotation, and with a CPU
   // optimizer this rank's share of the host's cores (unless

@@ -1,5 +1,7 @@
-// ZeroStrategy's checkpoint side: what a rank saves and how it loads state
-// saved under any other layout (world size, stage, bucketing).
+// StateCheckpoint: what a rank saves and how it loads state saved under any
+// other layout (world size, stage, bucketing).
+#include "zero/strategy_checkpoint.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -13,113 +15,44 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
-#include "core/thread_pool.h"
-#include "zero/strategy.h"
+#include "zero/partition_import.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Threads LoadState reads a bucket's parameters with.
-constexpr int kLoadThreads = 8;
 // SaveState's unit of work (64 MiB of f32) and how many wait for the writer.
 constexpr int64_t kSaveChunkElements = int64_t{1} << 24;
 constexpr size_t kSaveChunksInFlight = 3;
-
-// The parameter's elements [low, high) within bucket-buffer range
-// [range_begin, range_end), or an empty range.
-struct Overlap {
-  int64_t param_begin = 0;   // first element within the parameter
-  int64_t range_offset = 0;  // where it lands within the range
-  int64_t count = 0;
-};
-
-Overlap Intersect(const ParamPlacement& place, int64_t range_begin,
-                  int64_t range_end) {
-  const int64_t low = std::max(place.offset, range_begin);
-  const int64_t high = std::min(place.offset + place.numel, range_end);
-  if (high <= low) return Overlap();
-  return Overlap{low - place.offset, low - range_begin, high - low};
-}
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
 }
 
-// The reads that fill `destination` (bucket elements [range_begin,
-// + numel)) of bucket `bucket` from the parameters' `kind`; the padding
-// between parameters (which no read covers) is zeroed.
-absl::Status PlanBucketRange(const PartitionedLayout& layout, int bucket,
-                             const std::string& kind, int64_t range_begin,
-                             const Tensor& destination,
-                             std::vector<ZeroStrategy::LoadRead>* reads) {
-  const BucketLayout& info = layout.bucket(bucket);
-  const int64_t range_end = range_begin + destination.numel();
-  std::vector<Overlap> overlaps;
-  for (int p = info.first_param; p < info.end_param; ++p) {
-    const Overlap overlap =
-        Intersect(layout.placement(p), range_begin, range_end);
-    if (overlap.count == 0) continue;
-    overlaps.push_back(overlap);
-    reads->push_back({kind, layout.param(p).name, overlap.param_begin,
-                      destination.Slice(overlap.range_offset, overlap.count)});
-  }
-  std::sort(overlaps.begin(), overlaps.end(),
-            [](const Overlap& a, const Overlap& b) {
-              return a.range_offset < b.range_offset;
-            });
-  const Stream& cpu = Stream::Default(Device::Cpu());
-  int64_t filled = 0;  // elements before this are covered or zeroed
-  for (const Overlap& overlap : overlaps) {
-    if (overlap.range_offset > filled) {
-      ZE_RETURN_IF_ERROR(Fill(
-          destination.Slice(filled, overlap.range_offset - filled), 0.0f, cpu));
-    }
-    filled = std::max(filled, overlap.range_offset + overlap.count);
-  }
-  if (destination.numel() > filled) {
-    ZE_RETURN_IF_ERROR(Fill(
-        destination.Slice(filled, destination.numel() - filled), 0.0f, cpu));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-std::vector<ZeroStrategy::CheckpointKind> ZeroStrategy::CheckpointKinds()
-    const {
+std::vector<CheckpointKind> StateCheckpoint::CheckpointKinds() const {
   std::vector<CheckpointKind> kinds;
-  for (const std::string& name : partition_->StateArrayNames()) {
+  for (const std::string& name : partition().StateArrayNames()) {
     kinds.push_back(CheckpointKind{name, DType::kF32});
   }
-  if (!partition_->master_aliases_weights()) {
-    kinds.push_back(CheckpointKind{"weights", partition_->model_dtype()});
+  if (!partition().master_aliases_weights()) {
+    kinds.push_back(CheckpointKind{"weights", partition().model_dtype()});
   }
   return kinds;
 }
 
-absl::StatusOr<offload::UpdateJoined> ZeroStrategy::RequireCheckpointable(
-    const char* what) {
-  ZE_RETURN_IF_ERROR(RequireIdle(what));
-  if (HasOpenScope()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " on rank ", rank(),
-                     ": a GatherParameters scope is open; release it first"));
-  }
-  return partition_->FinishUpdate(stream());
-}
-
-absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
-                                     SaveTimes* times) {
+absl::Status StateCheckpoint::SaveState(const CheckpointSink& sink,
+                                        SaveTimes* times) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("save_checkpoint"));
+                      access_.require_checkpointable("save_checkpoint"));
   SaveTimes local_times;
   SaveTimes& spent = times != nullptr ? *times : local_times;
   spent = SaveTimes();
   const std::vector<CheckpointKind> kinds = CheckpointKinds();
   const int arrays = static_cast<int>(kinds.size()) -
-                     (partition_->master_aliases_weights() ? 0 : 1);
+                     (partition().master_aliases_weights() ? 0 : 1);
   const std::vector<ParamShard> pieces = CheckpointPieces();
 
   // A pipeline: this thread copies the next chunk of state to the host
@@ -133,7 +66,8 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
   // ordinary host memory otherwise, or when pinning fails.
   const int buffer_count = static_cast<int>(kSaveChunksInFlight) + 1;
   std::vector<Tensor> buffers;
-  Allocator* allocator = device().is_cpu() ? HostMemory() : PinnedHostMemory();
+  Allocator* allocator =
+      partition().device().is_cpu() ? HostMemory() : PinnedHostMemory();
   for (int i = 0; i < buffer_count; ++i) {
     absl::StatusOr<Tensor> buffer = Tensor::Empty(
         {kSaveChunkElements}, DType::kF32, Device::Cpu(), allocator);
@@ -197,9 +131,9 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
       const int b = piece.bucket;
       // The piece within this rank's own state and within the saved weights.
       const int64_t own_begin =
-          piece.bucket_offset - partition_->OwnRange(b).begin;
+          piece.bucket_offset - partition().OwnRange(b).begin;
       int64_t weights_begin = 0;
-      const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
+      const Tensor weights = partition().CheckpointWeights(b, &weights_begin);
       for (size_t k = 0; k < kinds.size(); ++k) {
         for (int64_t done = 0; done < piece.count;) {
           const int64_t count =
@@ -218,7 +152,7 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
           const auto start = std::chrono::steady_clock::now();
           if (static_cast<int>(k) < arrays) {
             ZE_RETURN_IF_ERROR(
-                partition_->ReadOwnState(joined, b, static_cast<int>(k),
+                partition().ReadOwnState(joined, b, static_cast<int>(k),
                                          own_begin + done, host, stream()));
           } else {
             ZE_RETURN_IF_ERROR(
@@ -249,156 +183,61 @@ absl::Status ZeroStrategy::SaveState(const CheckpointSink& sink,
   return written;
 }
 
-absl::Status ZeroStrategy::LoadState(const CheckpointSource& source,
-                                     bool load_optimizer_states,
-                                     int64_t optimizer_step_count) {
+absl::Status StateCheckpoint::LoadState(const CheckpointSource& source,
+                                        bool load_optimizer_states,
+                                        int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition_->layout();
-  const std::vector<std::string> arrays = partition_->StateArrayNames();
-  const bool aliased = partition_->master_aliases_weights();
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    const BucketLayout& bucket = layout.bucket(b);
-    // Fills `destination` (bucket elements [range_begin, + numel)) from the
-    // source, padding zero.
-    auto gather = [&](const std::string& kind, int64_t range_begin,
-                      const Tensor& destination) -> absl::Status {
-      ZE_RETURN_IF_ERROR(
-          Fill(destination, 0.0f, Stream::Default(Device::Cpu())));
-      // Parameters are independent ranges: several threads read them (a
-      // disk and the page cache both answer faster to several readers).
-      std::vector<int> wanted;
-      for (int p = bucket.first_param; p < bucket.end_param; ++p) {
-        if (Intersect(layout.placement(p), range_begin,
-                      range_begin + destination.numel())
-                .count > 0) {
-          wanted.push_back(p);
-        }
-      }
-      ThreadPool pool(
-          std::min<int>(kLoadThreads, static_cast<int>(wanted.size())));
-      return pool.TryParallelFor(
-          static_cast<int64_t>(wanted.size()),
-          [&](int, int64_t i) -> absl::Status {
-            const int p = wanted[i];
-            const Overlap overlap =
-                Intersect(layout.placement(p), range_begin,
-                          range_begin + destination.numel());
-            return source(
-                kind, layout.param(p).name, overlap.param_begin,
-                destination.Slice(overlap.range_offset, overlap.count));
-          });
-    };
-    const PartitionSlice own = partition_->OwnRange(b);
-    const int loaded_arrays =
-        load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
-    // With aliasing, array 0 is the weights, loaded below.
-    for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
-      ZE_ASSIGN_OR_RETURN(
-          Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
-      ZE_RETURN_IF_ERROR(gather(arrays[a], own.begin, host));
-      ZE_RETURN_IF_ERROR(
-          partition_->WriteOwnState(joined, b, a, 0, host, stream()));
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host,
-        Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(
-        gather(aliased ? "master" : "weights", weights_begin, host));
-    ZE_RETURN_IF_ERROR(Copy(host, weights, stream()));
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
-  }
+                      access_.require_checkpointable("load_checkpoint"));
+  ZE_RETURN_IF_ERROR(
+      ImportState(partition(), joined, 0, partition().num_buckets(),
+                  LoadedArrays(load_optimizer_states), source, stream()));
+  return FinishLoad(load_optimizer_states, optimizer_step_count);
+}
+
+int StateCheckpoint::LoadedArrays(bool load_optimizer_states) const {
+  return load_optimizer_states
+             ? static_cast<int>(partition().StateArrayNames().size())
+             : 1;
+}
+
+absl::Status StateCheckpoint::FinishLoad(bool load_optimizer_states,
+                                         int64_t optimizer_step_count) {
   if (load_optimizer_states) {
-    partition_->set_optimizer_step_count(optimizer_step_count);
+    partition().set_optimizer_step_count(optimizer_step_count);
   }
-  ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));
-  ZE_RETURN_IF_ERROR(OnStateLoaded());
+  ZE_RETURN_IF_ERROR(partition().ResetGradients(stream()));
+  ZE_RETURN_IF_ERROR(access_.on_state_loaded());
   return stream().Synchronize();
 }
 
-int64_t ZeroStrategy::StagedLoadBytes(bool load_optimizer_states) const {
-  const PartitionedLayout& layout = partition_->layout();
-  const int arrays = static_cast<int>(partition_->StateArrayNames().size());
-  const int loaded_arrays = load_optimizer_states ? arrays : 1;
-  const int first = partition_->master_aliases_weights() ? 1 : 0;
-  int64_t bytes = 0;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    bytes += std::max(0, loaded_arrays - first) *
-             partition_->OwnRange(b).size() * int64_t{4};
-    int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
-    bytes += weights.nbytes();
-  }
-  return bytes;
+int64_t StateCheckpoint::StagedLoadBytes(bool load_optimizer_states) const {
+  return ImportBytes(partition(), LoadedArrays(load_optimizer_states));
 }
 
-absl::StatusOr<ZeroStrategy::StagedLoad> ZeroStrategy::PrepareLoad(
+absl::StatusOr<StagedLoad> StateCheckpoint::PrepareLoad(
     bool load_optimizer_states) {
-  ZE_RETURN_IF_ERROR(RequireCheckpointable("load_checkpoint").status());
-  const PartitionedLayout& layout = partition_->layout();
-  const std::vector<std::string> arrays = partition_->StateArrayNames();
-  const bool aliased = partition_->master_aliases_weights();
+  ZE_RETURN_IF_ERROR(
+      access_.require_checkpointable("load_checkpoint").status());
   StagedLoad staged;
+  ZE_ASSIGN_OR_RETURN(staged.window,
+                      PlanImport(partition(), 0, partition().num_buckets(),
+                                 LoadedArrays(load_optimizer_states)));
   staged.load_optimizer_states = load_optimizer_states;
-  staged.arrays.resize(layout.num_buckets());
-  staged.weights.resize(layout.num_buckets());
-  const int loaded_arrays =
-      load_optimizer_states ? static_cast<int>(arrays.size()) : 1;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    const PartitionSlice own = partition_->OwnRange(b);
-    staged.arrays[b].resize(arrays.size());
-    // With aliasing, array 0 is the weights, staged below.
-    for (int a = aliased ? 1 : 0; a < loaded_arrays; ++a) {
-      ZE_ASSIGN_OR_RETURN(
-          Tensor host, Tensor::Empty({own.size()}, DType::kF32, Device::Cpu()));
-      ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b, arrays[a], own.begin, host,
-                                         &staged.reads));
-      staged.bytes += host.nbytes();
-      staged.arrays[b][a] = host;
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor host,
-        Tensor::Empty({weights.numel()}, weights.dtype(), Device::Cpu()));
-    ZE_RETURN_IF_ERROR(PlanBucketRange(layout, b,
-                                       aliased ? "master" : "weights",
-                                       weights_begin, host, &staged.reads));
-    staged.bytes += host.nbytes();
-    staged.weights[b] = host;
-  }
   return staged;
 }
 
-absl::Status ZeroStrategy::CommitLoad(const StagedLoad& staged,
-                                      int64_t optimizer_step_count) {
+absl::Status StateCheckpoint::CommitLoad(const StagedLoad& staged,
+                                         int64_t optimizer_step_count) {
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
-                      RequireCheckpointable("load_checkpoint"));
-  const PartitionedLayout& layout = partition_->layout();
-  if (staged.arrays.size() != static_cast<size_t>(layout.num_buckets()) ||
-      staged.weights.size() != static_cast<size_t>(layout.num_buckets())) {
+                      access_.require_checkpointable("load_checkpoint"));
+  if (staged.window.first_bucket != 0 ||
+      staged.window.end_bucket != partition().num_buckets()) {
     return absl::InvalidArgumentError(
         "CommitLoad: the staged state was prepared for another layout");
   }
-  for (int b = 0; b < layout.num_buckets(); ++b) {
-    for (size_t a = 0; a < staged.arrays[b].size(); ++a) {
-      if (!staged.arrays[b][a].defined()) continue;
-      ZE_RETURN_IF_ERROR(partition_->WriteOwnState(
-          joined, b, static_cast<int>(a), 0, staged.arrays[b][a], stream()));
-    }
-    int64_t weights_begin = 0;
-    const Tensor weights = partition_->CheckpointWeights(b, &weights_begin);
-    ZE_RETURN_IF_ERROR(Copy(staged.weights[b], weights, stream()));
-    ZE_RETURN_IF_ERROR(stream().Synchronize());
-  }
-  if (staged.load_optimizer_states) {
-    partition_->set_optimizer_step_count(optimizer_step_count);
-  }
-  ZE_RETURN_IF_ERROR(partition_->ResetGradients(stream()));
-  ZE_RETURN_IF_ERROR(OnStateLoaded());
-  return stream().Synchronize();
+  ZE_RETURN_IF_ERROR(
+      CommitImport(partition(), joined, staged.window, stream()));
+  return FinishLoad(staged.load_optimizer_states, optimizer_step_count);
 }
 
 }  // namespace zero

@@ -31,6 +31,7 @@
 #include "engine/agreement.h"
 #include "engine/checkpoint/checkpoint_format.h"
 #include "engine/checkpoint/consolidate.h"
+#include "zero/strategy_checkpoint.h"
 
 namespace ze {
 namespace engine {
@@ -164,14 +165,14 @@ nlohmann::json TrainingStateJson(const CheckpointedState& engine) {
   const Counters& counters = *engine.counters;
   const config::Config& cfg = *engine.config;
   zero::TrainingState* training = engine.training;
-  const zero::ZeroStrategy* strategy = engine.strategy;
+  zero::StateCheckpoint zero_state = engine.strategy->checkpoint();
   nlohmann::json state = nlohmann::json::object();
   state["global_steps"] = counters.global_steps;
   state["skipped_steps"] = counters.skipped_steps;
   state["micro_steps"] = counters.micro_steps;
   state["global_samples"] = counters.global_samples;
   state["schedule_step"] = training->schedule_step();
-  state["optimizer_step_count"] = strategy->optimizer_step_count();
+  state["optimizer_step_count"] = zero_state.optimizer_step_count();
   state["optimizer"] =
       cfg.optimizer.has_value()
           ? nlohmann::json(config::OptimizerTypeName(cfg.optimizer->type))
@@ -235,7 +236,7 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
   const config::Config& cfg = *engine.config;
   const Counters& counters = *engine.counters;
   nn::LossModel* model = engine.model;
-  zero::ZeroStrategy* strategy = engine.strategy;
+  zero::StateCheckpoint zero_state = engine.strategy->checkpoint();
   ZE_RETURN_IF_ERROR(RequireBoundary(engine, what));
   if (!client_state.is_object()) {
     return absl::InvalidArgumentError(
@@ -272,17 +273,16 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
   report.agree_seconds = SecondsSince(save_start);
 
   // 2. Every rank writes its file.
-  const std::vector<zero::ZeroStrategy::CheckpointKind> kinds =
-      strategy->CheckpointKinds();
+  const std::vector<zero::CheckpointKind> kinds = zero_state.CheckpointKinds();
   std::vector<std::string> kind_names;
   std::vector<DType> kind_dtypes;
   for (const auto& kind : kinds) {
     kind_names.push_back(kind.name);
     kind_dtypes.push_back(kind.dtype);
   }
-  const zero::PartitionedLayout& layout = strategy->layout();
+  const zero::PartitionedLayout& layout = zero_state.layout();
   std::vector<checkpoint::RankFileWriter::PieceSpec> pieces;
-  for (const zero::ParamShard& shard : strategy->CheckpointPieces()) {
+  for (const zero::ParamShard& shard : zero_state.CheckpointPieces()) {
     pieces.push_back({layout.param(shard.param_index).name, shard.count});
   }
   checkpoint::FileRecord mine;
@@ -291,7 +291,7 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
                         checkpoint::RankFileWriter::Create(
                             checkpoint::PartialDirectory(directory, tag),
                             comm.rank(), kind_names, kind_dtypes, pieces));
-    zero::ZeroStrategy::SaveTimes times;
+    zero::SaveTimes times;
     // Whether the master weights hold an inf or NaN, one flag per device,
     // set as the values go by and read once after the last. Only the master
     // weights: the 16-bit weights are rounded from them, and an optimizer
@@ -313,9 +313,9 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
       }
       return HasInfOrNan(values, *flag, stream);
     };
-    absl::Status saved = strategy->SaveState(
-        [&](const zero::ZeroStrategy::CheckpointKind& kind,
-            const zero::ParamShard& piece, const Tensor& values) {
+    absl::Status saved = zero_state.SaveState(
+        [&](const zero::CheckpointKind& kind, const zero::ParamShard& piece,
+            const Tensor& values) {
           if (kind.name == checkpoint::kMaster) {
             ZE_RETURN_IF_ERROR(check_master_finite(values));
           }
@@ -420,7 +420,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   const config::Config& cfg = *engine.config;
   const Counters& counters = *engine.counters;
   nn::LossModel* model = engine.model;
-  zero::ZeroStrategy* strategy = engine.strategy;
+  zero::StateCheckpoint zero_state = engine.strategy->checkpoint();
   ZE_RETURN_IF_ERROR(RequireBoundary(engine, what));
   comm::Communicator& comm = *engine.comm;
   const Stream& stream = *engine.stream;
@@ -444,7 +444,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   std::unique_ptr<checkpoint::CheckpointReader> reader;
   // The one-pass path's host staging, filled and verified before the
   // agreement below, applied after it.
-  std::optional<zero::ZeroStrategy::StagedLoad> staged;
+  std::optional<zero::StagedLoad> staged;
   bool master_from_weights = false;
   bool has_weights = false;
   // The kind of the checkpoint a load's request for `kind` reads.
@@ -476,7 +476,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
     }
     if (load_optimizer_states) {
       std::vector<std::string> missing;
-      for (const auto& kind : strategy->CheckpointKinds()) {
+      for (const auto& kind : zero_state.CheckpointKinds()) {
         if (kind.name != checkpoint::kWeights && !manifest.HasKind(kind.name)) {
           missing.push_back(kind.name);
         }
@@ -499,10 +499,10 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
     // by the reads).
     const Clock::time_point read_start = Clock::now();
     const int64_t staging_bytes =
-        strategy->StagedLoadBytes(load_optimizer_states);
+        zero_state.StagedLoadBytes(load_optimizer_states);
     if (staging_bytes <= StagingLimit(*engine.host, comm.local_size())) {
-      absl::StatusOr<zero::ZeroStrategy::StagedLoad> prepared =
-          strategy->PrepareLoad(load_optimizer_states);
+      absl::StatusOr<zero::StagedLoad> prepared =
+          zero_state.PrepareLoad(load_optimizer_states);
       // No memory after all: the two-pass path, which needs little.
       if (!absl::IsResourceExhausted(prepared.status())) {
         ZE_RETURN_IF_ERROR(prepared.status());
@@ -521,8 +521,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
     // checksumming as it goes, then check this rank's share of the files
     // from those reads (re-reading only a file it did not read whole).
     std::vector<checkpoint::CheckpointReader::RangeRequest> requests;
-    requests.reserve(staged->reads.size());
-    for (const zero::ZeroStrategy::LoadRead& read : staged->reads) {
+    requests.reserve(staged->window.reads.size());
+    for (const zero::LoadRead& read : staged->window.reads) {
       requests.push_back({taken_kind(read.kind), read.name, read.param_begin,
                           read.destination});
     }
@@ -546,11 +546,11 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   absl::Status loaded;
   if (staged.has_value()) {
     result.one_pass = true;
-    result.bytes_staged = staged->bytes;
-    loaded = strategy->CommitLoad(*staged, optimizer_step_count);
+    result.bytes_staged = staged->window.bytes;
+    loaded = zero_state.CommitLoad(*staged, optimizer_step_count);
     staged.reset();
   } else {
-    loaded = strategy->LoadState(
+    loaded = zero_state.LoadState(
         [&](const std::string& kind, const std::string& name,
             int64_t param_begin, const Tensor& destination) {
           return reader->ReadRange(taken_kind(kind), name, param_begin,

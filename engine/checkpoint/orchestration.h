@@ -2,7 +2,8 @@
 // Engine::SaveCheckpoint and Engine::LoadCheckpoint (their contracts are in
 // engine/engine.h) around the on-disk format (checkpoint_format.h,
 // consolidate.h, beside this file) and the strategy's state
-// (zero::ZeroStrategy::SaveState / PrepareLoad / CommitLoad / LoadState).
+// (zero::StateCheckpoint::SaveState / PrepareLoad / CommitLoad / LoadState,
+// zero/strategy_checkpoint.h).
 //
 // Layering: this is a separate target (//engine/checkpoint:orchestration)
 // above the format target, which knows no engine and no ZeRO stage; the

@@ -1,0 +1,179 @@
+// The import on the CPU, over a PartitionState without an engine: what
+// lands where (weights, master, optimizer arrays; padding zero), which
+// arrays a window leaves alone, frozen buckets' master copies, and what an
+// error leaves behind.
+#include "zero/partition_import.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace zero {
+namespace {
+
+// Two buckets (a, then b and c) at world 1, bf16 weights, AdamW: arrays
+// "master", "exp_avg", "exp_avg_sq".
+std::unique_ptr<PartitionState> Make(int stage, std::vector<bool> trainable) {
+  LayoutOptions layout_options;
+  layout_options.bucket_max_elements = 40;
+  absl::StatusOr<PartitionedLayout> layout = PartitionedLayout::Build(
+      {{"a", 30}, {"b", 11}, {"c", 7}}, layout_options);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->num_buckets(), 2);
+  PartitionStateOptions options;
+  options.stage = stage;
+  options.model_dtype = DType::kBF16;
+  options.optimizer.type = OptimizerType::kAdamW;
+  options.trainable = std::move(trainable);
+  const Stream& stream = Stream::Default(Device::Cpu());
+  absl::StatusOr<std::unique_ptr<PartitionState>> state =
+      PartitionState::Create(*layout, options, stream);
+  EXPECT_TRUE(state.ok()) << state.status();
+  EXPECT_TRUE((*state)->AllocateTrainingState(stream).ok());
+  return std::move(state).value();
+}
+
+// Kind k of parameter "x" element i: small integers, exact in bf16.
+float Value(const std::string& kind, const std::string& name, int64_t i) {
+  const float base = kind == "weights" ? 0 : kind == "master" ? 100 : 200;
+  return base + static_cast<float>(name[0] - 'a') * 40 + static_cast<float>(i);
+}
+
+absl::Status FillFrom(const std::string& kind, const std::string& name,
+                      int64_t begin, const Tensor& destination) {
+  ZE_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty({destination.numel()},
+                                                   DType::kF32, Device::Cpu()));
+  for (int64_t i = 0; i < destination.numel(); ++i) {
+    values.data_as<float>()[i] = Value(kind, name, begin + i);
+  }
+  return CopyConverting(values, destination, Stream::Default(Device::Cpu()));
+}
+
+std::vector<float> Floats(const Tensor& tensor) {
+  return ToHostFloats(tensor, Stream::Default(Device::Cpu())).value();
+}
+
+// Bucket b's own elements of array `array`, as the partition holds them.
+std::vector<float> OwnArray(PartitionState& state,
+                            const offload::UpdateJoined& joined, int b,
+                            int array) {
+  Tensor out =
+      Tensor::Empty({state.OwnRange(b).size()}, DType::kF32, Device::Cpu())
+          .value();
+  EXPECT_TRUE(state
+                  .ReadOwnState(joined, b, array, 0, out,
+                                Stream::Default(Device::Cpu()))
+                  .ok());
+  return Floats(out);
+}
+
+// What bucket b's range holds when kind `kind` of every parameter was
+// imported: the values at each parameter's offsets, zero in the padding.
+std::vector<float> Expected(const PartitionedLayout& layout, int b,
+                            const std::string& kind) {
+  std::vector<float> expected(layout.bucket(b).padded_elements, 0.0f);
+  for (int p = layout.bucket(b).first_param; p < layout.bucket(b).end_param;
+       ++p) {
+    for (int64_t i = 0; i < layout.placement(p).numel; ++i) {
+      expected[layout.placement(p).offset + i] =
+          Value(kind, layout.param(p).name, i);
+    }
+  }
+  return expected;
+}
+
+TEST(PartitionImportTest, EveryKindLandsAtItsOffsetsWithZeroPadding) {
+  std::unique_ptr<PartitionState> state = Make(1, {});
+  const Stream& stream = Stream::Default(Device::Cpu());
+  const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+  ASSERT_TRUE(ImportState(*state, joined, 0, 2, 3, FillFrom, stream).ok());
+  for (int b = 0; b < 2; ++b) {
+    int64_t begin = 0;
+    EXPECT_EQ(Floats(state->CheckpointWeights(b, &begin)),
+              Expected(state->layout(), b, "weights"))
+        << b;
+    EXPECT_EQ(OwnArray(*state, joined, b, 0),
+              Expected(state->layout(), b, "master"));
+    EXPECT_EQ(OwnArray(*state, joined, b, 1),
+              Expected(state->layout(), b, "exp_avg"));
+  }
+}
+
+TEST(PartitionImportTest, MasterOnlyLeavesTheOptimizerArrays) {
+  std::unique_ptr<PartitionState> state = Make(1, {});
+  const Stream& stream = Stream::Default(Device::Cpu());
+  const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+  ASSERT_TRUE(ImportState(*state, joined, 0, 2, 1, FillFrom, stream).ok());
+  const std::vector<float> zeros(state->OwnRange(1).size(), 0.0f);
+  EXPECT_EQ(OwnArray(*state, joined, 1, 0),
+            Expected(state->layout(), 1, "master"));
+  EXPECT_EQ(OwnArray(*state, joined, 1, 1), zeros);
+  EXPECT_EQ(OwnArray(*state, joined, 1, 2), zeros);
+}
+
+TEST(PartitionImportTest, PlanListsEachParameterOncePerKindAndCountsBytes) {
+  std::unique_ptr<PartitionState> state = Make(1, {});
+  absl::StatusOr<ImportWindow> window = PlanImport(*state, 0, 2, 3);
+  ASSERT_TRUE(window.ok()) << window.status();
+  std::map<std::string, int64_t> elements;  // kind:name -> elements asked
+  for (const ImportRead& read : window->reads) {
+    elements[absl::StrCat(read.kind, ":", read.name)] +=
+        read.destination.numel();
+  }
+  for (const std::string kind :
+       {"weights", "master", "exp_avg", "exp_avg_sq"}) {
+    EXPECT_EQ(elements[kind + ":a"], 30) << kind;
+    EXPECT_EQ(elements[kind + ":b"], 11) << kind;
+    EXPECT_EQ(elements[kind + ":c"], 7) << kind;
+  }
+  EXPECT_EQ(window->bytes, ImportBytes(*state, 3));
+  // Staging, not the state: planning writes nothing.
+  const Stream& stream = Stream::Default(Device::Cpu());
+  const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+  EXPECT_EQ(OwnArray(*state, joined, 0, 1),
+            std::vector<float>(state->OwnRange(0).size(), 0.0f));
+}
+
+TEST(PartitionImportTest, SourceErrorLeavesLaterBucketsUntouched) {
+  std::unique_ptr<PartitionState> state = Make(1, {});
+  const Stream& stream = Stream::Default(Device::Cpu());
+  const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+  int64_t begin = 0;
+  const std::vector<float> before = Floats(state->CheckpointWeights(1, &begin));
+  const ImportSource failing_on_c =
+      [](const std::string& kind, const std::string& name, int64_t begin,
+         const Tensor& destination) -> absl::Status {
+    if (name == "c") return absl::DataLossError("c is unreadable");
+    return FillFrom(kind, name, begin, destination);
+  };
+  const absl::Status status =
+      ImportState(*state, joined, 0, 2, 1, failing_on_c, stream);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_EQ(Floats(state->CheckpointWeights(0, &begin)),
+            Expected(state->layout(), 0, "weights"));
+  // A read of bucket 1 failed, so nothing of it was written.
+  EXPECT_EQ(Floats(state->CheckpointWeights(1, &begin)), before);
+}
+
+TEST(PartitionImportTest, FrozenBucketGetsItsMasterCopyButNoState) {
+  std::unique_ptr<PartitionState> state = Make(3, {true, false});
+  const Stream& stream = Stream::Default(Device::Cpu());
+  const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+  ASSERT_TRUE(ImportState(*state, joined, 0, 2, 3, FillFrom, stream).ok());
+  EXPECT_EQ(Floats(state->OwnMaster(1)),
+            Expected(state->layout(), 1, "master"));
+  int64_t begin = 0;
+  EXPECT_EQ(Floats(state->CheckpointWeights(1, &begin)),
+            Expected(state->layout(), 1, "weights"));
+}
+
+}  // namespace
+}  // namespace zero
+}  // namespace ze
