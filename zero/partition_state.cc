@@ -10,6 +10,26 @@
 
 namespace ze {
 namespace zero {
+namespace {
+
+// Bucket elements [low, high); empty when high <= low.
+struct BucketSpan {
+  int64_t low = 0;
+  int64_t high = 0;
+  bool empty() const { return high <= low; }
+  int64_t size() const { return high - low; }
+};
+
+// The elements of the parameter at `place` that rank `rank` holds when each
+// rank holds bucket elements [rank * slice, (rank + 1) * slice): MasterPiece
+// asks for its own rank's share, GatherMaster for every holder's.
+BucketSpan RankShare(const ParamPlacement& place, int64_t slice, int64_t rank) {
+  return BucketSpan{
+      std::max<int64_t>(place.offset, rank * slice),
+      std::min<int64_t>(place.offset + place.numel, (rank + 1) * slice)};
+}
+
+}  // namespace
 
 const char* PlacementName(Placement placement) {
   switch (placement) {
@@ -676,16 +696,12 @@ Tensor PartitionState::MasterPiece(const offload::UpdateJoined& /*joined*/,
     *begin = 0;
     return OwnMaster(place.bucket).Slice(place.offset, place.numel);
   }
-  // This rank owns [rank * slice, (rank + 1) * slice) of the bucket; the
-  // parameter lies at [offset, offset + numel).
   const int64_t slice = layout_.bucket(place.bucket).slice_elements;
-  const int64_t rank = options_.rank;
-  const int64_t low = std::max<int64_t>(place.offset, rank * slice);
-  const int64_t high =
-      std::min<int64_t>(place.offset + place.numel, (rank + 1) * slice);
-  if (high <= low) return Tensor();
-  *begin = low - place.offset;
-  return OwnMaster(place.bucket).Slice(low - rank * slice, high - low);
+  const BucketSpan share = RankShare(place, slice, options_.rank);
+  if (share.empty()) return Tensor();
+  *begin = share.low - place.offset;
+  return OwnMaster(place.bucket)
+      .Slice(share.low - options_.rank * slice, share.size());
 }
 
 absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
@@ -699,28 +715,24 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
   if (optimizer_placement_[place.bucket] == Placement::kNvme) {
     ZE_ASSIGN_OR_RETURN(own, ReadSwappedMaster(place.bucket));
   }
-  const int64_t begin = place.offset;  // within the bucket
-  const int64_t end = place.offset + place.numel;
   if (updates_whole_buckets() || comm.world_size() == 1) {
     // Every rank holds the whole bucket: no collective. A host slice is
     // read directly, after what `stream` still has queued for it.
     if (!own.device().is_cuda()) ZE_RETURN_IF_ERROR(stream.Synchronize());
-    return ToHostFloats(own.Slice(begin, place.numel), stream);
+    return ToHostFloats(own.Slice(place.offset, place.numel), stream);
   }
-  // Rank r holds bucket elements [r * slice, (r + 1) * slice).
   const int64_t slice = layout.slice_elements;
   std::vector<float> values(place.numel);
-  for (int64_t root = begin / slice; root * slice < end; ++root) {
-    const int64_t piece_begin = std::max(begin, root * slice);
-    const int64_t piece_end = std::min(end, (root + 1) * slice);
+  // The ranks holding a share of the parameter, in rank order.
+  for (int64_t root = place.offset / slice;
+       root * slice < place.offset + place.numel; ++root) {
+    const BucketSpan share = RankShare(place, slice, root);
     // Collectives work on the model's device.
-    ZE_ASSIGN_OR_RETURN(
-        Tensor piece,
-        Tensor::Empty({piece_end - piece_begin}, DType::kF32, options_.device));
+    ZE_ASSIGN_OR_RETURN(Tensor piece, Tensor::Empty({share.size()}, DType::kF32,
+                                                    options_.device));
     if (root == comm.rank()) {
-      ZE_RETURN_IF_ERROR(
-          Copy(own.Slice(piece_begin - root * slice, piece_end - piece_begin),
-               piece, stream));
+      ZE_RETURN_IF_ERROR(Copy(own.Slice(share.low - root * slice, share.size()),
+                              piece, stream));
     }
     ZE_ASSIGN_OR_RETURN(comm::Work work,
                         comm.Broadcast(piece, static_cast<int>(root), stream));
@@ -728,7 +740,7 @@ absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
     ZE_ASSIGN_OR_RETURN(std::vector<float> received,
                         ToHostFloats(piece, stream));
     std::copy(received.begin(), received.end(),
-              values.begin() + (piece_begin - begin));
+              values.begin() + (share.low - place.offset));
   }
   return values;
 }
