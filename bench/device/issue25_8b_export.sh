@@ -1,16 +1,9 @@
 #!/bin/bash
-# Device call B (issue 25): the four gpu tests fixed this session, then the
+# Issue 25: three of the gpu tests corrected in 9a5b06c, then the
 # 8B through the trainer: transformers-written dir -> train 5 steps -> export
 # -> transformers loads it back. Timestamps to price load, steps and export.
-set -u; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p /tmp/b && tar xJf gpu_pack/bundle.tar.xz -C /tmp/b; B=/tmp/b/gpu_bundle
-export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
-L=$OUT/logs; mkdir -p $L
-for f in decoder_cuda_test layers_cuda_test hf_decoder_gpu_parity_np1; do
-  OUT=$L timeout 60 $B/run_gpu_tests.sh $f >> $L/summary.txt 2>&1; el "test $f rc=$?"; done
-grep -h "tests:" $L/summary.txt; grep -h "FAILED\|near tie" -r $L | head -20
+source bench/device/setup.sh
+run_fixed_tests decoder_cuda_test layers_cuda_test hf_decoder_gpu_parity_np1
 el "8B write"
 timeout 120 python3 bench/hf_decoder_tools.py write /tmp/l8 --shape=8B --device=cuda > $OUT/write.txt 2>&1; el "write rc=$?"
 python3 bench/hf_decoder_tools.py tokens /tmp/t32.bin --vocab=128256 --count=2000000 > /dev/null; el tokens

@@ -1,13 +1,9 @@
 #!/bin/bash
-# Device call C (issue 25): generation at the Llama-3.1-8B shape, batch 1 and
+# Issue 25: generation at the Llama-3.1-8B shape, batch 1 and
 # 16, ours (stage 0, KV cache) and transformers' generate in the same call;
 # then a per-kernel profile of one llama-1B training step (ncu) to see where
 # the 13% to torch.compile goes.
-set -u; T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
-B=/tmp/b/gpu_bundle
-[[ -d $B ]] || { mkdir -p /tmp/b && tar xJf gpu_pack/bundle.tar.xz -C /tmp/b; }
-export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
+source bench/device/setup.sh
 rm -rf /tmp/l8 /tmp/l8_out /tmp/t32.bin
 timeout 200 $B/bin/generate_bench --model=llama-8B --batch=1,16 --stage=0 --cache=1 --prompt=128 --new_tokens=128 --iters=3 --warmup=1 > $OUT/gen8b_ze.jsonl 2> $OUT/gen8b_ze.err; el "ze rc=$?"
 timeout 200 python3 bench/hf_generate_reference.py --model=llama-8B --batch=1,16 --cache=1 --prompt=128 --new_tokens=128 --iters=3 --warmup=1 > $OUT/gen8b_hf.jsonl 2> $OUT/gen8b_hf.err; el "hf rc=$?"

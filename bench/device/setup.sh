@@ -1,0 +1,26 @@
+# Sourced by the scripts beside it, on the device, in the repository root:
+# the pack from tools/gpu_bundle.sh unpacked once into $B, its libraries and
+# mpirun's root permission in the environment, the card named in
+# $OUT/gpu.txt, `el` printing seconds since the start, and
+# run_fixed_tests TEST... (run_gpu_tests.sh per test, 60 s each, logs under
+# $OUT/logs, stopping once 170 s have gone).
+set -u
+T0=$(date +%s)
+el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
+B=/tmp/b/gpu_bundle
+[[ -d $B ]] || { mkdir -p /tmp/b && tar xJf gpu_pack/bundle.tar.xz -C /tmp/b; }
+export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
+
+run_fixed_tests() {
+  local logs=$OUT/logs
+  mkdir -p "$logs"
+  for test in "$@"; do
+    (( $(date +%s) - T0 < 170 )) || break
+    OUT=$logs timeout 60 $B/run_gpu_tests.sh "$test" >> "$logs/summary.txt" 2>&1
+    el "test $test rc=$?"
+  done
+  grep -h "tests:" "$logs/summary.txt"
+  grep -rh "FAILED\|near tie\|bf16 on" "$logs" | cut -c1-300 | head -30
+}
