@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
 
 #include "nn/cuda/cuda_common.cuh"
@@ -156,34 +157,49 @@ __device__ __forceinline__ float Sigmoid(float v) {
   return 1.0f / (1.0f + expf(-v));
 }
 
-template <typename T>
+// Thread per VEC consecutive elements (one 16-byte access per operand when
+// VEC > 1: the launcher picks VEC = 1 for misaligned or ragged tensors),
+// grid-striding over count / VEC groups.
+template <typename T, int VEC>
 __global__ void SwiGluForwardKernel(const T* __restrict__ gate,
                                     const T* __restrict__ up, T* __restrict__ y,
-                                    int64_t count) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float a = ToFloat(gate[i]);
-    y[i] = FromFloat<T>((a * Sigmoid(a)) * ToFloat(up[i]));
+                                    int64_t groups) {
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < groups; g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = g * VEC;
+    float a[VEC], u[VEC], out[VEC];
+    LoadFloats<T, VEC>(gate + i, a);
+    LoadFloats<T, VEC>(up + i, u);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = (a[j] * Sigmoid(a[j])) * u[j];
+    StoreFloats<T, VEC>(y + i, out);
   }
 }
 
-template <typename T>
+template <typename T, int VEC>
 __global__ void SwiGluBackwardKernel(const T* __restrict__ dy,
                                      const T* __restrict__ gate,
                                      const T* __restrict__ up,
                                      T* __restrict__ dgate, T* __restrict__ dup,
-                                     int64_t count) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < count; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float a = ToFloat(gate[i]);
-    const float s = Sigmoid(a);
-    const float d = ToFloat(dy[i]);
-    // silu(a) = a s; silu'(a) = s (1 + a (1 - s)).
-    if (dgate != nullptr) {
-      dgate[i] =
-          FromFloat<T>(d * ToFloat(up[i]) * (s * (1.0f + a * (1.0f - s))));
+                                     int64_t groups) {
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       g < groups; g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = g * VEC;
+    float a[VEC], d[VEC], u[VEC], out_gate[VEC], out_up[VEC];
+    LoadFloats<T, VEC>(gate + i, a);
+    LoadFloats<T, VEC>(dy + i, d);
+    if (dgate != nullptr) LoadFloats<T, VEC>(up + i, u);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float s = Sigmoid(a[j]);
+      // silu(a) = a s; silu'(a) = s (1 + a (1 - s)).
+      if (dgate != nullptr) {
+        out_gate[j] = d[j] * u[j] * (s * (1.0f + a[j] * (1.0f - s)));
+      }
+      out_up[j] = d[j] * (a[j] * s);
     }
-    if (dup != nullptr) dup[i] = FromFloat<T>(d * (a * s));
+    if (dgate != nullptr) StoreFloats<T, VEC>(dgate + i, out_gate);
+    if (dup != nullptr) StoreFloats<T, VEC>(dup + i, out_up);
   }
 }
 
@@ -193,64 +209,83 @@ int ElementwiseGrid(int64_t count) {
 }
 
 // ----------------------------------------------- Packed-layout adapters
-// Thread per element of the packed (tokens, 3, Hq, D).
-template <typename T>
+// Thread per VEC consecutive elements of the packed (tokens, 3, Hq, D)
+// (VEC divides D, so a group lies inside one head; the launcher picks
+// VEC = 1 when it does not or a pointer is misaligned). One 64-bit division
+// per group, the rest in 32 bits: the packing is a copy and must run at
+// memory speed.
+template <typename T, int VEC>
 __global__ void PackGroupedQkvKernel(const T* __restrict__ q,
                                      const T* __restrict__ k,
                                      const T* __restrict__ v,
                                      T* __restrict__ qkv, int64_t tokens,
                                      int q_heads, int kv_heads, int head_dim) {
-  const int64_t channels = static_cast<int64_t>(q_heads) * head_dim;
+  const int channels = q_heads * head_dim;
+  const int groups_per_token = 3 * channels / VEC;
   const int64_t idx =
       static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= tokens * 3 * channels) return;
-  const int64_t token = idx / (3 * channels);
-  const int64_t within = idx % (3 * channels);
-  const int part = static_cast<int>(within / channels);
-  const int64_t c = within % channels;
+  if (idx >= tokens * groups_per_token) return;
+  const int64_t token = idx / groups_per_token;
+  const int within = static_cast<int>(idx - token * groups_per_token) * VEC;
+  const int part = within / channels;
+  const int c = within - part * channels;
+  const T* source;
   if (part == 0) {
-    qkv[idx] = q[token * channels + c];
-    return;
+    source = q + token * channels + c;
+  } else {
+    const int h = c / head_dim, d = c - h * head_dim;
+    const int kv = h / (q_heads / kv_heads);
+    source = (part == 1 ? k : v) +
+             (token * kv_heads + kv) * static_cast<int64_t>(head_dim) + d;
   }
-  const int64_t h = c / head_dim, d = c % head_dim;
-  const int64_t kv = h / (q_heads / kv_heads);
-  const int64_t source = (token * kv_heads + kv) * head_dim + d;
-  qkv[idx] = part == 1 ? k[source] : v[source];
+  *reinterpret_cast<Pack<T, VEC>*>(qkv + idx * VEC) =
+      *reinterpret_cast<const Pack<T, VEC>*>(source);
 }
 
-// Thread per element of dq (tokens, Hq, D) and of dk (tokens, Hkv, D) (dv
-// alongside dk).
-template <typename T>
+// Thread per VEC consecutive elements of dq (tokens, Hq, D) and of dk
+// (tokens, Hkv, D) (dv alongside dk), as PackGroupedQkvKernel's groups; dk
+// and dv sum the group's query heads in head order.
+template <typename T, int VEC>
 __global__ void UnpackGroupedQkvGradKernel(const T* __restrict__ dqkv,
                                            T* __restrict__ dq,
                                            T* __restrict__ dk,
                                            T* __restrict__ dv, int64_t tokens,
                                            int q_heads, int kv_heads,
                                            int head_dim) {
-  const int64_t channels = static_cast<int64_t>(q_heads) * head_dim;
-  const int64_t kv_channels = static_cast<int64_t>(kv_heads) * head_dim;
+  const int channels = q_heads * head_dim;
+  const int kv_channels = kv_heads * head_dim;
   const int64_t idx =
       static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t q_count = tokens * channels;
-  if (idx < q_count) {
-    const int64_t token = idx / channels, c = idx % channels;
-    dq[idx] = dqkv[token * 3 * channels + c];
+  const int64_t q_groups = tokens * (channels / VEC);
+  if (idx < q_groups) {
+    const int64_t token = idx / (channels / VEC);
+    const int c = static_cast<int>(idx - token * (channels / VEC)) * VEC;
+    *reinterpret_cast<Pack<T, VEC>*>(dq + idx * VEC) =
+        *reinterpret_cast<const Pack<T, VEC>*>(dqkv + token * 3 * channels +
+                                               c);
     return;
   }
-  const int64_t i = idx - q_count;
-  if (i >= tokens * kv_channels) return;
-  const int64_t token = i / kv_channels, c = i % kv_channels;
-  const int64_t kv = c / head_dim, d = c % head_dim;
+  const int64_t i = idx - q_groups;
+  if (i >= tokens * (kv_channels / VEC)) return;
+  const int64_t token = i / (kv_channels / VEC);
+  const int c = static_cast<int>(i - token * (kv_channels / VEC)) * VEC;
+  const int kv = c / head_dim, d = c - kv * head_dim;
   const int group = q_heads / kv_heads;
   const T* row = dqkv + token * 3 * channels;
-  float key_sum = 0.0f, value_sum = 0.0f;
+  float key_sum[VEC] = {}, value_sum[VEC] = {};
   for (int g = 0; g < group; ++g) {
-    const int64_t c_q = (kv * group + g) * head_dim + d;
-    key_sum += ToFloat(row[channels + c_q]);
-    value_sum += ToFloat(row[2 * channels + c_q]);
+    const int c_q = (kv * group + g) * head_dim + d;
+    float key[VEC], value[VEC];
+    LoadFloats<T, VEC>(row + channels + c_q, key);
+    LoadFloats<T, VEC>(row + 2 * channels + c_q, value);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      key_sum[j] += key[j];
+      value_sum[j] += value[j];
+    }
   }
-  dk[i] = FromFloat<T>(key_sum);
-  dv[i] = FromFloat<T>(value_sum);
+  StoreFloats<T, VEC>(dk + i * VEC, key_sum);
+  StoreFloats<T, VEC>(dv + i * VEC, value_sum);
 }
 
 // ---------------------------------------------------------------- KV cache
@@ -483,15 +518,34 @@ int LaunchRotaryEmbedding(const void* x, const float* inv_freq,
   });
 }
 
+// The widest group (16 bytes of T) every pointer's alignment and `count`
+// allow, else 1.
+template <typename T>
+bool Vectorizable(int64_t count, std::initializer_list<const void*> pointers) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (count % kVec != 0) return false;
+  for (const void* p : pointers) {
+    if (p != nullptr && !Aligned(p, 16)) return false;
+  }
+  return true;
+}
+
 int LaunchSwiGluForward(const void* gate, const void* up, void* y,
                         int64_t count, int dtype, void* stream) {
   if (count == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluForwardKernel<T>
-        <<<ElementwiseGrid(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(gate), static_cast<const T*>(up),
-            static_cast<T*>(y), count);
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (Vectorizable<T>(count, {gate, up, y})) {
+      SwiGluForwardKernel<T, kVec><<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up),
+          static_cast<T*>(y), count / kVec);
+    } else {
+      SwiGluForwardKernel<T, 1><<<ElementwiseGrid(count), 256, 0, s>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up),
+          static_cast<T*>(y), count);
+    }
     return LastError();
   });
 }
@@ -502,11 +556,20 @@ int LaunchSwiGluBackward(const void* dy, const void* gate, const void* up,
   if (count == 0 || (dgate == nullptr && dup == nullptr)) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    SwiGluBackwardKernel<T>
-        <<<ElementwiseGrid(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(gate),
-            static_cast<const T*>(up), static_cast<T*>(dgate),
-            static_cast<T*>(dup), count);
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (Vectorizable<T>(count, {dy, gate, up, dgate, dup})) {
+      SwiGluBackwardKernel<T, kVec>
+          <<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
+              static_cast<const T*>(dy), static_cast<const T*>(gate),
+              static_cast<const T*>(up), static_cast<T*>(dgate),
+              static_cast<T*>(dup), count / kVec);
+    } else {
+      SwiGluBackwardKernel<T, 1><<<ElementwiseGrid(count), 256, 0, s>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(gate),
+          static_cast<const T*>(up), static_cast<T*>(dgate),
+          static_cast<T*>(dup), count);
+    }
     return LastError();
   });
 }
@@ -521,11 +584,19 @@ int LaunchPackGroupedQkv(const void* q, const void* k, const void* v, void* qkv,
   }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    PackGroupedQkvKernel<T>
-        <<<GridFor(count, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(q), static_cast<const T*>(k),
-            static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
-            kv_heads, head_dim);
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (Vectorizable<T>(head_dim, {q, k, v, qkv})) {
+      PackGroupedQkvKernel<T, kVec><<<GridFor(count / kVec, 256), 256, 0, s>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k),
+          static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
+          kv_heads, head_dim);
+    } else {
+      PackGroupedQkvKernel<T, 1><<<GridFor(count, 256), 256, 0, s>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k),
+          static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
+          kv_heads, head_dim);
+    }
     return LastError();
   });
 }
@@ -541,11 +612,20 @@ int LaunchUnpackGroupedQkvGrad(const void* dqkv, void* dq, void* dk, void* dv,
   }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    UnpackGroupedQkvGradKernel<T>
-        <<<GridFor(count, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(dqkv), static_cast<T*>(dq),
-            static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads, kv_heads,
-            head_dim);
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (Vectorizable<T>(head_dim, {dqkv, dq, dk, dv})) {
+      UnpackGroupedQkvGradKernel<T, kVec>
+          <<<GridFor(count / kVec, 256), 256, 0, s>>>(
+              static_cast<const T*>(dqkv), static_cast<T*>(dq),
+              static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads,
+              kv_heads, head_dim);
+    } else {
+      UnpackGroupedQkvGradKernel<T, 1><<<GridFor(count, 256), 256, 0, s>>>(
+          static_cast<const T*>(dqkv), static_cast<T*>(dq),
+          static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads, kv_heads,
+          head_dim);
+    }
     return LastError();
   });
 }
