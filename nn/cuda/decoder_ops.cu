@@ -261,8 +261,7 @@ __global__ void UnpackGroupedQkvGradKernel(const T* __restrict__ dqkv,
     const int64_t token = idx / (channels / VEC);
     const int c = static_cast<int>(idx - token * (channels / VEC)) * VEC;
     *reinterpret_cast<Pack<T, VEC>*>(dq + idx * VEC) =
-        *reinterpret_cast<const Pack<T, VEC>*>(dqkv + token * 3 * channels +
-                                               c);
+        *reinterpret_cast<const Pack<T, VEC>*>(dqkv + token * 3 * channels + c);
     return;
   }
   const int64_t i = idx - q_groups;
@@ -538,9 +537,10 @@ int LaunchSwiGluForward(const void* gate, const void* up, void* y,
     constexpr int kVec = 16 / sizeof(T);
     auto s = static_cast<cudaStream_t>(stream);
     if (Vectorizable<T>(count, {gate, up, y})) {
-      SwiGluForwardKernel<T, kVec><<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
-          static_cast<const T*>(gate), static_cast<const T*>(up),
-          static_cast<T*>(y), count / kVec);
+      SwiGluForwardKernel<T, kVec>
+          <<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
+              static_cast<const T*>(gate), static_cast<const T*>(up),
+              static_cast<T*>(y), count / kVec);
     } else {
       SwiGluForwardKernel<T, 1><<<ElementwiseGrid(count), 256, 0, s>>>(
           static_cast<const T*>(gate), static_cast<const T*>(up),
@@ -622,9 +622,8 @@ int LaunchUnpackGroupedQkvGrad(const void* dqkv, void* dq, void* dk, void* dv,
               kv_heads, head_dim);
     } else {
       UnpackGroupedQkvGradKernel<T, 1><<<GridFor(count, 256), 256, 0, s>>>(
-          static_cast<const T*>(dqkv), static_cast<T*>(dq),
-          static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads, kv_heads,
-          head_dim);
+          static_cast<const T*>(dqkv), static_cast<T*>(dq), static_cast<T*>(dk),
+          static_cast<T*>(dv), tokens, q_heads, kv_heads, head_dim);
     }
     return LastError();
   });
