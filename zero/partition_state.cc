@@ -21,8 +21,8 @@ struct BucketSpan {
 };
 
 // The elements of the parameter at `place` that rank `rank` holds when each
-// rank holds bucket elements [rank * slice, (rank + 1) * slice): MasterPiece
-// asks for its own rank's share, GatherMaster for every holder's.
+// rank holds bucket elements [rank * slice, (rank + 1) * slice): GatherMaster
+// asks for every holder's.
 BucketSpan RankShare(const ParamPlacement& place, int64_t slice, int64_t rank) {
   return BucketSpan{
       std::max<int64_t>(place.offset, rank * slice),
@@ -281,23 +281,6 @@ Tensor PartitionState::OwnMaster(int bucket) const {
 offload::NvmeStore::Counters PartitionState::nvme_counters() const {
   if (swapped_ == nullptr) return offload::NvmeStore::Counters();
   return swapped_->store().counters();
-}
-
-absl::Status PartitionState::WriteMaster(
-    const offload::UpdateJoined& /*joined*/, int bucket,
-    int64_t partition_offset, const Tensor& values, const Stream& stream) {
-  const int64_t begin =
-      partition_offset - layout_.bucket(bucket).partition_offset;
-  if (optimizer_placement_[bucket] != Placement::kNvme) {
-    return CopyConverting(
-        values, OwnMaster(bucket).Slice(begin, values.numel()), stream);
-  }
-  ZE_ASSIGN_OR_RETURN(
-      Tensor host, Tensor::Empty({values.numel()}, DType::kF32, Device::Cpu()));
-  ZE_RETURN_IF_ERROR(CopyConverting(values, host, stream));
-  ZE_RETURN_IF_ERROR(stream.Synchronize());
-  return SwappedRange(bucket, /*array=*/0, begin, values.numel(),
-                      host.data_as<float>(), /*write=*/true);
 }
 
 absl::Status PartitionState::SwappedRange(int bucket, int array,
@@ -687,21 +670,6 @@ float* PartitionState::HostStateArray(int array) const {
                : host_optimizer_->momentum_buffer();
   }
   return host_optimizer_->exp_avg_sq();
-}
-
-Tensor PartitionState::MasterPiece(const offload::UpdateJoined& /*joined*/,
-                                   int index, int64_t* begin) const {
-  const ParamPlacement& place = layout_.placement(index);
-  if (updates_whole_buckets()) {
-    *begin = 0;
-    return OwnMaster(place.bucket).Slice(place.offset, place.numel);
-  }
-  const int64_t slice = layout_.bucket(place.bucket).slice_elements;
-  const BucketSpan share = RankShare(place, slice, options_.rank);
-  if (share.empty()) return Tensor();
-  *begin = share.low - place.offset;
-  return OwnMaster(place.bucket)
-      .Slice(share.low - options_.rank * slice, share.size());
 }
 
 absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(

@@ -186,17 +186,9 @@ class PartitionState {
   // bucket at stage 0, this rank's (slice) from stage 1 on.
   Tensor OwnWeights(int bucket) const;
   // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased;
-  // undefined for kNvme (see WriteMaster and GatherMaster).
+  // undefined for kNvme (see ReadOwnState and WriteOwnState).
   Tensor OwnMaster(int bucket) const;
   Tensor OwnGradients(int bucket) const;
-  // Stage 3: writes `values` (any float dtype and device) over `bucket`'s
-  // master elements from partition offset `partition_offset` on, wherever
-  // they live (a read-modify-write of the swap file for kNvme). Synchronous
-  // for kNvme; queued on `stream` otherwise. `joined`: FinishUpdate's proof
-  // that no offloaded update writes the master meanwhile.
-  absl::Status WriteMaster(const offload::UpdateJoined& joined, int bucket,
-                           int64_t partition_offset, const Tensor& values,
-                           const Stream& stream);
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 
@@ -238,8 +230,8 @@ class PartitionState {
   // Joins the update in flight (if any): waits for the whole of it and
   // orders `stream` after every upload; a delayed update is applied here
   // (its weights copied into place on `stream`). Returns the proof the
-  // state readers below take (WriteMaster, ReadOwnState, WriteOwnState,
-  // MasterPiece, GatherMaster), so a reader cannot forget it. The worker's
+  // state readers below take (ReadOwnState, WriteOwnState, GatherMaster),
+  // so a reader cannot forget it. The worker's
   // error, if it failed (the update is over either way). FailedPrecondition,
   // with the update left running, between BeginUpdate and UpdateWeights:
   // that update is this step's and still takes gradients.
@@ -333,12 +325,6 @@ class PartitionState {
   // this window has zero gradients; fill them (on `stream`).
   absl::Status ZeroStaleGradients(const Stream& stream);
 
-  // The part of parameter `index`'s f32 master this rank holds, as a view,
-  // and through *begin its first element within the parameter. Undefined
-  // when this rank holds none of it. `joined`: FinishUpdate's proof (the
-  // caller reads or writes the view).
-  Tensor MasterPiece(const offload::UpdateJoined& joined, int index,
-                     int64_t* begin) const;
   // Parameter `index`'s f32 master values, gathered from every rank (at
   // stages 1-3 with more than one rank a collective: one broadcast from each
   // rank holding part of it, in rank order, so every rank must call it for
