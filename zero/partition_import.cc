@@ -34,10 +34,10 @@ Overlap Intersect(const ParamPlacement& place, int64_t range_begin,
 // range_begin) and lists the reads that fill them from the parameters'
 // `kind`. Unfiltered: one target over the whole range, its padding (no
 // read covers it) zeroed. Filtered: a target per selected parameter.
-absl::Status StageRange(const PartitionedLayout& layout, int bucket,
-                        int array, const std::string& kind,
-                        int64_t range_begin, int64_t count, DType dtype,
-                        const ImportFilter& filter, ImportWindow* window) {
+absl::Status StageRange(const PartitionedLayout& layout, int bucket, int array,
+                        const std::string& kind, int64_t range_begin,
+                        int64_t count, DType dtype, const ImportFilter& filter,
+                        ImportWindow* window) {
   const BucketLayout& info = layout.bucket(bucket);
   const int64_t range_end = range_begin + count;
   if (filter) {
@@ -46,10 +46,9 @@ absl::Status StageRange(const PartitionedLayout& layout, int bucket,
       const Overlap overlap =
           Intersect(layout.placement(p), range_begin, range_end);
       if (overlap.count == 0) continue;
-      ZE_ASSIGN_OR_RETURN(Tensor staging, Tensor::Empty({overlap.count}, dtype,
-                                                        Device::Cpu()));
-      window->targets.push_back(
-          {bucket, array, overlap.range_offset, staging});
+      ZE_ASSIGN_OR_RETURN(Tensor staging,
+                          Tensor::Empty({overlap.count}, dtype, Device::Cpu()));
+      window->targets.push_back({bucket, array, overlap.range_offset, staging});
       window->reads.push_back(
           {kind, layout.param(p).name, overlap.param_begin, staging});
       window->bytes += staging.nbytes();
@@ -121,8 +120,7 @@ absl::StatusOr<ImportWindow> PlanImport(const PartitionState& state,
     const PartitionSlice own = state.OwnRange(b);
     for (int a = FirstStagedArray(state); a < arrays; ++a) {
       ZE_RETURN_IF_ERROR(StageRange(layout, b, a, names[a], own.begin,
-                                    own.size(), DType::kF32, filter,
-                                    &window));
+                                    own.size(), DType::kF32, filter, &window));
     }
     int64_t weights_begin = 0;
     const Tensor weights = state.CheckpointWeights(b, &weights_begin);

@@ -190,11 +190,9 @@ TEST(PartitionImportTest, FilterWritesOnlyTheSelectedParameters) {
                                        const Tensor& destination) {
       return FillFrom("exp_avg", name, begin, destination);
     };
-    ASSERT_TRUE(
-        ImportState(*state, joined, 0, 2, 1, as_exp_avg, stream).ok());
+    ASSERT_TRUE(ImportState(*state, joined, 0, 2, 1, as_exp_avg, stream).ok());
     int64_t begin = 0;
-    std::vector<float> weights =
-        Floats(state->CheckpointWeights(1, &begin));
+    std::vector<float> weights = Floats(state->CheckpointWeights(1, &begin));
     std::vector<float> master = OwnArray(*state, joined, 1, 0);
     const std::vector<float> bucket0 =
         Floats(state->CheckpointWeights(0, &begin));
@@ -202,14 +200,13 @@ TEST(PartitionImportTest, FilterWritesOnlyTheSelectedParameters) {
     const PartitionedLayout& layout = state->layout();
     const int b_index = layout.FindParam("b").value();
     std::atomic<int> reads{0};
-    const ImportSource counting = [&reads](const std::string& kind,
-                                           const std::string& name,
-                                           int64_t begin,
-                                           const Tensor& destination) {
-      ++reads;
-      EXPECT_EQ(name, "b");
-      return FillFrom(kind, name, begin, destination);
-    };
+    const ImportSource counting =
+        [&reads](const std::string& kind, const std::string& name,
+                 int64_t begin, const Tensor& destination) {
+          ++reads;
+          EXPECT_EQ(name, "b");
+          return FillFrom(kind, name, begin, destination);
+        };
     absl::StatusOr<ImportWindow> window = PlanImport(
         *state, 0, 2, 1, [b_index](int index) { return index == b_index; });
     ASSERT_TRUE(window.ok()) << window.status();

@@ -10,26 +10,6 @@
 
 namespace ze {
 namespace zero {
-namespace {
-
-// Bucket elements [low, high); empty when high <= low.
-struct BucketSpan {
-  int64_t low = 0;
-  int64_t high = 0;
-  bool empty() const { return high <= low; }
-  int64_t size() const { return high - low; }
-};
-
-// The elements of the parameter at `place` that rank `rank` holds when each
-// rank holds bucket elements [rank * slice, (rank + 1) * slice): GatherMaster
-// asks for every holder's.
-BucketSpan RankShare(const ParamPlacement& place, int64_t slice, int64_t rank) {
-  return BucketSpan{
-      std::max<int64_t>(place.offset, rank * slice),
-      std::min<int64_t>(place.offset + place.numel, (rank + 1) * slice)};
-}
-
-}  // namespace
 
 const char* PlacementName(Placement placement) {
   switch (placement) {
@@ -212,8 +192,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   }
   optimizers_.resize(layout_.num_buckets());
   for (int b = 0; b < layout_.num_buckets(); ++b) {
-    if (!trainable_[b]) continue;
-    if (optimizer_placement_[b] == Placement::kDevice) {
+    if (trainable_[b] && optimizer_placement_[b] == Placement::kDevice) {
       absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
           FlatOptimizer::Create(options_.optimizer, own_elements(b),
                                 options_.device);
@@ -224,7 +203,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       }
       optimizers_[b] = std::move(optimizer).value();
     }
-    if (optimizer_placement_[b] == Placement::kNvme) {
+    if (trainable_[b] && optimizer_placement_[b] == Placement::kNvme) {
       // The initial master weights go to the swap file chunk by chunk (the
       // moments start at zero).
       Tensor weights = OwnWeights(b);
@@ -240,7 +219,9 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
             master.data_as<float>()));
       }
     } else if (!master_aliases_weights()) {
-      // Onto the host (offload) this converts on the device first.
+      // Onto the host (offload) this converts on the device first. A frozen
+      // bucket's copy too: it is what its "master" exports (imports may
+      // then give it values finer than its 16-bit weights).
       ZE_RETURN_IF_ERROR(CopyConverting(OwnWeights(b), OwnMaster(b), stream));
     }
   }
@@ -301,14 +282,6 @@ absl::Status PartitionState::SwappedRange(int bucket, int array,
     done += piece;
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<Tensor> PartitionState::ReadSwappedMaster(int bucket) const {
-  ZE_ASSIGN_OR_RETURN(Tensor master, Tensor::Empty({own_elements(bucket)},
-                                                   DType::kF32, Device::Cpu()));
-  ZE_RETURN_IF_ERROR(SwappedRange(bucket, /*array=*/0, 0, own_elements(bucket),
-                                  master.data_as<float>(), /*write=*/false));
-  return master;
 }
 
 int64_t PartitionState::optimizer_step_count() const {
@@ -591,12 +564,7 @@ absl::Status PartitionState::ReadOwnState(
                      ", ", own_begin + count, ") of bucket ", bucket, " (",
                      own_elements(bucket), " own elements)"));
   }
-  if (!trainable_[bucket]) {
-    if (array == 0) {
-      ZE_RETURN_IF_ERROR(CopyConverting(
-          OwnWeights(bucket).Slice(own_begin, count), out, stream));
-      return stream.Synchronize();
-    }
+  if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
   }
   switch (optimizer_placement_[bucket]) {
@@ -670,47 +638,6 @@ float* PartitionState::HostStateArray(int array) const {
                : host_optimizer_->momentum_buffer();
   }
   return host_optimizer_->exp_avg_sq();
-}
-
-absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
-    const offload::UpdateJoined& /*joined*/, int index,
-    comm::Communicator& comm, const Stream& stream) const {
-  const ParamPlacement& place = layout_.placement(index);
-  const BucketLayout& layout = layout_.bucket(place.bucket);
-  // The master slice is f32 in every mode (in f32 training it is the
-  // weights themselves), so it is read as it is.
-  Tensor own = OwnMaster(place.bucket);
-  if (optimizer_placement_[place.bucket] == Placement::kNvme) {
-    ZE_ASSIGN_OR_RETURN(own, ReadSwappedMaster(place.bucket));
-  }
-  if (updates_whole_buckets() || comm.world_size() == 1) {
-    // Every rank holds the whole bucket: no collective. A host slice is
-    // read directly, after what `stream` still has queued for it.
-    if (!own.device().is_cuda()) ZE_RETURN_IF_ERROR(stream.Synchronize());
-    return ToHostFloats(own.Slice(place.offset, place.numel), stream);
-  }
-  const int64_t slice = layout.slice_elements;
-  std::vector<float> values(place.numel);
-  // The ranks holding a share of the parameter, in rank order.
-  for (int64_t root = place.offset / slice;
-       root * slice < place.offset + place.numel; ++root) {
-    const BucketSpan share = RankShare(place, slice, root);
-    // Collectives work on the model's device.
-    ZE_ASSIGN_OR_RETURN(Tensor piece, Tensor::Empty({share.size()}, DType::kF32,
-                                                    options_.device));
-    if (root == comm.rank()) {
-      ZE_RETURN_IF_ERROR(Copy(own.Slice(share.low - root * slice, share.size()),
-                              piece, stream));
-    }
-    ZE_ASSIGN_OR_RETURN(comm::Work work,
-                        comm.Broadcast(piece, static_cast<int>(root), stream));
-    ZE_RETURN_IF_ERROR(work.Wait());
-    ZE_ASSIGN_OR_RETURN(std::vector<float> received,
-                        ToHostFloats(piece, stream));
-    std::copy(received.begin(), received.end(),
-              values.begin() + (share.low - place.offset));
-  }
-  return values;
 }
 
 }  // namespace zero

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "zero/partition_export.h"
 #include "zero/partition_import.h"
 #include "zero/strategy_checkpoint.h"
 
@@ -156,9 +157,8 @@ absl::Status ZeroStrategy::ImportScope(const std::vector<int>& indices,
                                       const std::string& name,
                                       int64_t param_begin,
                                       const Tensor& destination) {
-    return CopyConverting(
-        host.at(name).Slice(param_begin, destination.numel()), destination,
-        Stream::Default(Device::Cpu()));
+    return CopyConverting(host.at(name).Slice(param_begin, destination.numel()),
+                          destination, Stream::Default(Device::Cpu()));
   };
   return ImportState(*partition_, joined, 0, partition_->num_buckets(),
                      /*arrays=*/1, source, stream(),
@@ -215,7 +215,7 @@ absl::StatusOr<std::vector<float>> ZeroStrategy::GatherMasterWeights(
   ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
                       partition_->FinishUpdate(stream()));
-  return partition_->GatherMaster(joined, index, comm(), stream());
+  return GatherMaster(*partition_, joined, index, comm(), stream());
 }
 
 std::vector<std::string> ZeroStrategy::ParameterNames() const {
