@@ -89,7 +89,12 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
       ZE_RETURN_IF_ERROR(
           parameter->InitializeSlice(seed, shard.param_begin, own, stream()));
     }
-    ZE_RETURN_IF_ERROR(parameter->SetShard(own, shard.param_begin));
+  }
+  // Each parameter's piece of this rank's slice becomes its shard.
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    ZE_RETURN_IF_ERROR(BindBucket(layout, b, params_, ParameterSlot::kShard,
+                                  partition_->OwnWeights(b),
+                                  layout.BucketSlice(b, rank()).begin));
   }
   for (nn::Parameter* parameter : params_) parameter->ReleaseData();
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
