@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/in_process.h"
+#include "comm/in_process_worlds.h"
 #include "config/config.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -165,10 +166,7 @@ std::vector<Result> RunWorld(int world, const StepSetup& setup) {
 
 class BoundaryStepTest : public testing::TestWithParam<int> {};
 
-INSTANTIATE_TEST_SUITE_P(Worlds, BoundaryStepTest, testing::Values(1, 2, 3, 4),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("w", info.param);
-                         });
+ZE_IN_PROCESS_WORLDS(BoundaryStepTest);
 
 TEST_P(BoundaryStepTest, EveryStageUpdatesItsPartWithTheGlobalClipFactor) {
   const int world = GetParam();

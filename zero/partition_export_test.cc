@@ -16,53 +16,15 @@
 #include "core/status.h"
 #include "gtest/gtest.h"
 #include "zero/partition_import.h"
+#include "zero/partition_test_values.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Three parameters in two buckets (a; b and c), bf16 weights, AdamW
-// (arrays "master", "exp_avg", "exp_avg_sq").
-absl::StatusOr<std::unique_ptr<PartitionState>> Make(
-    int stage, int world, int rank, std::vector<bool> trainable = {}) {
-  LayoutOptions layout_options;
-  layout_options.bucket_max_elements = 40;
-  layout_options.world_size = world;
-  ZE_ASSIGN_OR_RETURN(PartitionedLayout layout,
-                      PartitionedLayout::Build({{"a", 30}, {"b", 11}, {"c", 7}},
-                                               layout_options));
-  PartitionStateOptions options;
-  options.stage = stage;
-  options.rank = rank;
-  options.model_dtype = DType::kBF16;
-  options.optimizer.type = OptimizerType::kAdamW;
-  options.trainable = std::move(trainable);
-  const Stream& stream = Stream::Default(Device::Cpu());
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> state,
-                      PartitionState::Create(layout, options, stream));
-  ZE_RETURN_IF_ERROR(state->AllocateTrainingState(stream));
-  return state;
-}
-
-// Kind `kind` of parameter `name` at element i: small integers, exact in
-// bf16, distinct per kind.
-float Value(const std::string& kind, const std::string& name, int64_t i) {
-  const float base = kind == "weights"   ? 0
-                     : kind == "master"  ? 50
-                     : kind == "exp_avg" ? 100
-                                         : 150;
-  return base + static_cast<float>(name[0] - 'a') * 31 + static_cast<float>(i);
-}
-
-absl::Status FillFrom(const std::string& kind, const std::string& name,
-                      int64_t begin, const Tensor& destination) {
-  ZE_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty({destination.numel()},
-                                                   DType::kF32, Device::Cpu()));
-  for (int64_t i = 0; i < destination.numel(); ++i) {
-    values.data_as<float>()[i] = Value(kind, name, begin + i);
-  }
-  return CopyConverting(values, destination, Stream::Default(Device::Cpu()));
-}
+using testing_values::FillFrom;
+using testing_values::MakeState;
+using testing_values::Value;
 
 // Imports every kind of FillFrom's values into this rank's ranges.
 absl::Status ImportAll(PartitionState& state) {
@@ -75,7 +37,7 @@ absl::Status ImportAll(PartitionState& state) {
 }
 
 TEST(PartitionExportTest, SinkGetsEveryKindOfEveryPieceInOrder) {
-  std::unique_ptr<PartitionState> state = Make(1, 1, 0).value();
+  std::unique_ptr<PartitionState> state = MakeState(1, 1, 0).value();
   ASSERT_TRUE(ImportAll(*state).ok());
   const Stream& stream = Stream::Default(Device::Cpu());
   const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
@@ -121,7 +83,7 @@ TEST(PartitionExportTest, SinkGetsEveryKindOfEveryPieceInOrder) {
 }
 
 TEST(PartitionExportTest, SinkErrorStopsTheExportAndIsReturned) {
-  std::unique_ptr<PartitionState> state = Make(0, 1, 0).value();
+  std::unique_ptr<PartitionState> state = MakeState(0, 1, 0).value();
   const Stream& stream = Stream::Default(Device::Cpu());
   const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
   int calls = 0;
@@ -137,7 +99,7 @@ TEST(PartitionExportTest, SinkErrorStopsTheExportAndIsReturned) {
 }
 
 TEST(PartitionExportTest, UnknownKindIsNamed) {
-  std::unique_ptr<PartitionState> state = Make(0, 1, 0).value();
+  std::unique_ptr<PartitionState> state = MakeState(0, 1, 0).value();
   const Stream& stream = Stream::Default(Device::Cpu());
   const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
   const absl::Status status = ExportState(
@@ -153,7 +115,8 @@ TEST(PartitionExportTest, UnknownKindIsNamed) {
 // A frozen bucket's "master" is its f32 copy: its weights' values at
 // first, then what an import gave it, finer than its bf16 weights.
 TEST(PartitionExportTest, FrozenBucketExportsItsF32MasterCopy) {
-  std::unique_ptr<PartitionState> state = Make(3, 1, 0, {true, false}).value();
+  std::unique_ptr<PartitionState> state =
+      MakeState(3, 1, 0, {true, false}).value();
   const Stream& stream = Stream::Default(Device::Cpu());
   comm::RunInProcess(1, [&](comm::Communicator& comm) -> absl::Status {
     const int b = state->layout().FindParam("b").value();
@@ -191,7 +154,7 @@ TEST(PartitionExportTest, GatherMasterConsolidatesEveryRanksShare) {
       const std::vector<absl::Status> statuses = comm::RunInProcess(
           world, [&](comm::Communicator& comm) -> absl::Status {
             ZE_ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> state,
-                                Make(stage, world, comm.rank()));
+                                MakeState(stage, world, comm.rank()));
             ZE_RETURN_IF_ERROR(ImportAll(*state));
             const Stream& stream = Stream::Default(Device::Cpu());
             ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,

@@ -14,51 +14,19 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
+#include "zero/partition_test_values.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Two buckets (a, then b and c) at world 1, bf16 weights, AdamW: arrays
-// "master", "exp_avg", "exp_avg_sq".
+using testing_values::FillFrom;
+using testing_values::Floats;
+using testing_values::Value;
+
+// Two buckets (a, then b and c) at world 1.
 std::unique_ptr<PartitionState> Make(int stage, std::vector<bool> trainable) {
-  LayoutOptions layout_options;
-  layout_options.bucket_max_elements = 40;
-  absl::StatusOr<PartitionedLayout> layout = PartitionedLayout::Build(
-      {{"a", 30}, {"b", 11}, {"c", 7}}, layout_options);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  EXPECT_EQ(layout->num_buckets(), 2);
-  PartitionStateOptions options;
-  options.stage = stage;
-  options.model_dtype = DType::kBF16;
-  options.optimizer.type = OptimizerType::kAdamW;
-  options.trainable = std::move(trainable);
-  const Stream& stream = Stream::Default(Device::Cpu());
-  absl::StatusOr<std::unique_ptr<PartitionState>> state =
-      PartitionState::Create(*layout, options, stream);
-  EXPECT_TRUE(state.ok()) << state.status();
-  EXPECT_TRUE((*state)->AllocateTrainingState(stream).ok());
-  return std::move(state).value();
-}
-
-// Kind k of parameter "x" element i: small integers, exact in bf16.
-float Value(const std::string& kind, const std::string& name, int64_t i) {
-  const float base = kind == "weights" ? 0 : kind == "master" ? 100 : 200;
-  return base + static_cast<float>(name[0] - 'a') * 40 + static_cast<float>(i);
-}
-
-absl::Status FillFrom(const std::string& kind, const std::string& name,
-                      int64_t begin, const Tensor& destination) {
-  ZE_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty({destination.numel()},
-                                                   DType::kF32, Device::Cpu()));
-  for (int64_t i = 0; i < destination.numel(); ++i) {
-    values.data_as<float>()[i] = Value(kind, name, begin + i);
-  }
-  return CopyConverting(values, destination, Stream::Default(Device::Cpu()));
-}
-
-std::vector<float> Floats(const Tensor& tensor) {
-  return ToHostFloats(tensor, Stream::Default(Device::Cpu())).value();
+  return testing_values::MakeState(stage, 1, 0, std::move(trainable)).value();
 }
 
 // Bucket b's own elements of array `array`, as the partition holds them.
