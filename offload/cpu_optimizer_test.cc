@@ -157,6 +157,14 @@ CpuExecutionOptions Execution(SimdPath path, int threads,
 // Every supported vector path against the scalar reference, bit for bit:
 // every path evaluates the same f32 operations and sqrt/division are
 // correctly rounded in all of them, so no ulp tolerance is needed.
+// AdamW with decoupled weight decay `weight_decay`.
+OptimizerOptions AdamW(double weight_decay) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.weight_decay = weight_decay;
+  return options;
+}
+
 TEST(CpuOptimizerTest, EveryPathMatchesScalarBitForBit) {
   for (SimdPath path : kAllPaths) {
     if (!SimdPathSupported(path)) {
@@ -323,9 +331,7 @@ TEST(CpuOptimizerTest, StepRangeByRangeEqualsStep) {
 // grads) gives the same as a separate output buffer.
 TEST(CpuOptimizerTest, ExternalStateAndOutputOverGradientsMatchStep) {
   constexpr int64_t kCount = 10007;
-  OptimizerOptions options;
-  options.type = OptimizerType::kAdamW;
-  options.weight_decay = 0.1;
+  const OptimizerOptions options = AdamW(0.1);
   const Problem problem = MakeProblem(kCount, DType::kBF16, 3, 9);
   const Result expected = RunSteps(options, problem, DType::kBF16, true,
                                    DType::kBF16, CpuExecutionOptions());
@@ -635,9 +641,7 @@ TEST(CpuOptimizerTest, StepExternalRejectsMissingStateNamingIt) {
 // reported done in order, with its output already written then.
 TEST(CpuOptimizerTest, StepRangesEqualsStepAndReportsRangesInOrder) {
   constexpr int64_t kCount = 100003;
-  OptimizerOptions options;
-  options.type = OptimizerType::kAdamW;
-  options.weight_decay = 0.1;
+  const OptimizerOptions options = AdamW(0.1);
   const Problem problem = MakeProblem(kCount, DType::kBF16, 3, 21);
   const Result expected = RunSteps(options, problem, DType::kBF16, true,
                                    DType::kBF16, CpuExecutionOptions());

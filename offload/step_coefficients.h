@@ -11,7 +11,8 @@ namespace offload {
 // The per-step f32 coefficients every element of an optimizer step uses,
 // whichever kernel evaluates them: the CPU optimizer's
 // (offload/cpu_optimizer.h) and the CUDA one (zero/optimizer_kernels.h),
-// which both take this struct as it is.
+// which both take this struct as it is. (Its field list is declared
+// boilerplate: one line a coefficient.)
 struct StepCoefficients {
   bool is_sgd = false;
   float grad_scale = 1.0f;

@@ -4,7 +4,6 @@
 // file allows it.
 #include "zero/partition_state.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -14,11 +13,6 @@
 namespace ze {
 namespace zero {
 namespace {
-
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
 
 PartitionedLayout Layout() {
   LayoutOptions options;
@@ -76,7 +70,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> Make(
 
 TEST(PartitionStateNvmeTest, UnwritableAndMissingDirectoriesAreNamed) {
   for (const std::string& directory :
-       {std::string("/proc"), TempDir() + "/missing"}) {
+       {std::string("/proc"), ::testing::TempDir() + "/missing"}) {
     absl::Status status = Make(NvmeOptions(directory)).status();
     EXPECT_FALSE(status.ok());
     EXPECT_NE(status.message().find(directory), std::string::npos) << status;
@@ -84,19 +78,20 @@ TEST(PartitionStateNvmeTest, UnwritableAndMissingDirectoriesAreNamed) {
 }
 
 TEST(PartitionStateNvmeTest, TooLittleSpaceStatesBytesNeededAndFree) {
-  PartitionStateOptions options = NvmeOptions(TempDir());
+  PartitionStateOptions options = NvmeOptions(::testing::TempDir());
   options.nvme.nvme.pretend_free_bytes = 4096;
   absl::Status status = Make(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("4096 free"), std::string::npos) << status;
-  EXPECT_NE(status.message().find(TempDir()), std::string::npos) << status;
+  EXPECT_NE(status.message().find(::testing::TempDir()), std::string::npos)
+      << status;
 }
 
 // A write that fails in the middle of a step: the step's error names the
 // file and the operation (through FinishUpdate, as the next boundary step
 // sees it), and a step after it works again.
 TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
-  PartitionStateOptions options = NvmeOptions(TempDir());
+  PartitionStateOptions options = NvmeOptions(::testing::TempDir());
   // Initialisation writes one request per chunk first; fail the step's
   // third write-back.
   const PartitionedLayout layout = Layout();
