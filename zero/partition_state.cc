@@ -239,15 +239,22 @@ Tensor PartitionState::FullGradients(int bucket) const {
                           layout_.bucket(bucket).padded_elements);
 }
 
-Tensor PartitionState::OwnWeights(int bucket) const {
+Tensor PartitionState::OwnSlice(const Tensor& buffer, bool replicated,
+                                int bucket) const {
   const BucketLayout& layout = layout_.bucket(bucket);
-  if (updates_whole_buckets()) return FullWeights(bucket);
-  if (weights_replicated()) {
-    return weights_.Slice(
+  if (updates_whole_buckets()) {
+    return buffer.Slice(bucket_offsets_[bucket], layout.padded_elements);
+  }
+  if (replicated) {
+    return buffer.Slice(
         bucket_offsets_[bucket] + options_.rank * layout.slice_elements,
         layout.slice_elements);
   }
-  return weights_.Slice(layout.partition_offset, layout.slice_elements);
+  return buffer.Slice(layout.partition_offset, layout.slice_elements);
+}
+
+Tensor PartitionState::OwnWeights(int bucket) const {
+  return OwnSlice(weights_, weights_replicated(), bucket);
 }
 
 Tensor PartitionState::OwnMaster(int bucket) const {
@@ -487,14 +494,7 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
 }
 
 Tensor PartitionState::OwnGradients(int bucket) const {
-  const BucketLayout& layout = layout_.bucket(bucket);
-  if (updates_whole_buckets()) return FullGradients(bucket);
-  if (gradients_replicated()) {
-    return gradients_.Slice(
-        bucket_offsets_[bucket] + options_.rank * layout.slice_elements,
-        layout.slice_elements);
-  }
-  return gradients_.Slice(layout.partition_offset, layout.slice_elements);
+  return OwnSlice(gradients_, gradients_replicated(), bucket);
 }
 
 absl::Status PartitionState::ResetGradients(const Stream& stream) {

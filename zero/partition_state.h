@@ -348,6 +348,10 @@ class PartitionState {
   bool updates_whole_buckets() const { return !policy().partition_optimizer; }
   // Elements bucket b's optimizer updates: padded bucket (stage 0) or slice.
   int64_t own_elements(int bucket) const;
+  // What this rank's optimizer of bucket b reads and writes of `buffer`
+  // (the weights or the gradients; `replicated`: (padded_total) elements,
+  // else (partition)): the whole bucket at stage 0, else its slice.
+  Tensor OwnSlice(const Tensor& buffer, bool replicated, int bucket) const;
   // Zero-filled. `transferred`: host memory the device copies from and to
   // (pinned with pin_memory on a GPU).
   absl::StatusOr<Tensor> Allocate(int64_t elements, DType dtype,
