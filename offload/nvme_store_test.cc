@@ -203,12 +203,12 @@ TEST_P(NvmeStoreTest, InjectedWriteErrorNamesPathAndLaterRequestsWork) {
 TEST_P(NvmeStoreTest, ShortReadIsDataLossNamingPathAndLaterReadsWork) {
   NvmeOptions options = SmallOptions(GetParam());
   options.short_read_request = 1;
+  const int64_t bytes = 3 * options.block_size;
   std::string path;
   {
     CREATE_OR_SKIP(store, options, "short_read", 1 << 20);
     NvmeStore& s = **store;
     path = s.path();
-    const int64_t bytes = 3 * options.block_size;
     auto out = RandomBuffer(bytes, 5);
     auto in = AlignedBuffer::Allocate(bytes);
     ASSERT_TRUE(s.Wait(*s.Write(0, out->data(), bytes)).ok());

@@ -117,13 +117,9 @@ absl::StatusOr<Result> RunStep(const StepSetup& setup,
     ZE_RETURN_IF_ERROR(Copy(values, own, stream));
     state->set_gradients_current(b);
   }
-  BoundaryStepContext context;
-  context.config = &config;
-  context.comm = &comm;
-  context.stream = &stream;
-  context.training = training.get();
-  context.partition = state.get();
-  context.step_number = 1;
+  // config, comm, compute stream, training state, partition, step 1.
+  const BoundaryStepContext context{&config,        &comm,       &stream,
+                                    training.get(), state.get(), 1};
   BoundaryStepHooks hooks;
   int after_update_calls = 0;
   hooks.after_update = [&] {
