@@ -65,16 +65,38 @@ absl::StatusOr<std::vector<int>> ResolveKinds(
   return resolved;
 }
 
-// Reused host buffers of `elements` f32 each: page-locked when the state is
-// on a GPU (device-to-pageable copies go through the driver's own staging
-// at a fraction of the speed, and a fresh allocation per chunk would pay
-// its page faults every time), in ordinary host memory otherwise or when
+// Whether the export copies from device memory: the weights (unless they
+// live in host memory) or a state array of a bucket whose optimizer is on
+// a GPU. Host-resident state (offload) is read by memcpy, which pinning
+// would only slow down by its page locking.
+bool ReadsDeviceMemory(const PartitionState& state,
+                       const std::vector<ParamShard>& pieces,
+                       const std::vector<int>& sources) {
+  if (state.device().is_cpu()) return false;
+  for (int source : sources) {
+    if (source == kWeightsKind &&
+        state.weights_placement() == Placement::kDevice) {
+      return true;
+    }
+  }
+  for (const ParamShard& piece : pieces) {
+    if (state.optimizer_placement(piece.bucket) == Placement::kDevice) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Reused host buffers of `elements` f32 each: page-locked when `pin`
+// (device-to-pageable copies go through the driver's own staging at a
+// fraction of the speed, and a fresh allocation per chunk would pay its
+// page faults every time), in ordinary host memory otherwise or when
 // pinning fails.
-absl::StatusOr<std::vector<Tensor>> StagingBuffers(const Device& device,
-                                                   int count, int64_t elements,
+absl::StatusOr<std::vector<Tensor>> StagingBuffers(bool pin, int count,
+                                                   int64_t elements,
                                                    bool* pinned) {
   std::vector<Tensor> buffers;
-  Allocator* allocator = device.is_cpu() ? HostMemory() : PinnedHostMemory();
+  Allocator* allocator = pin ? PinnedHostMemory() : HostMemory();
   for (int i = 0; i < count; ++i) {
     absl::StatusOr<Tensor> buffer =
         Tensor::Empty({elements}, DType::kF32, Device::Cpu(), allocator);
@@ -134,7 +156,7 @@ absl::Status ExportState(const PartitionState& state,
       static_cast<int>(std::min<int64_t>(kExportChunksInFlight + 1, chunks));
   ZE_ASSIGN_OR_RETURN(
       const std::vector<Tensor> buffers,
-      StagingBuffers(state.device(), buffer_count,
+      StagingBuffers(ReadsDeviceMemory(state, pieces, sources), buffer_count,
                      std::min(kExportChunkElements, largest), &spent.pinned));
 
   struct Chunk {

@@ -75,9 +75,9 @@ struct ExportTimes {
 // range of its bucket) with each of `kinds`, in that order, to `sink`. The
 // caller's thread copies the next chunk (at most 2^24 elements) to the
 // host while the writer thread hands earlier ones to the sink, through a
-// bounded set of reused staging buffers (page-locked when the state is on
-// a GPU and pinning succeeds). `joined`: FinishUpdate's proof that no
-// offloaded update writes the state meanwhile. Success: every chunk
+// bounded set of reused staging buffers (page-locked when some of what it
+// reads is in GPU memory and pinning succeeds). `joined`: FinishUpdate's proof
+// that no offloaded update writes the state meanwhile. Success: every chunk
 // reached the sink. Failure: the sink's first error (nothing more is
 // emitted), InvalidArgument for a kind the state does not hold, or a copy,
 // NVMe read or allocation error. `times`, if given, receives where the
