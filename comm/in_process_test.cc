@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/collective_test_values.h"
 #include "comm/equal_slices.h"
+#include "comm/in_process_worlds.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -64,10 +65,7 @@ void ExpectAllOk(const std::vector<absl::Status>& statuses) {
 
 class InProcessTest : public testing::TestWithParam<int> {};
 
-INSTANTIATE_TEST_SUITE_P(Worlds, InProcessTest, testing::Values(1, 2, 3, 4),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("w", info.param);
-                         });
+ZE_IN_PROCESS_WORLDS(InProcessTest);
 
 TEST_P(InProcessTest, AllReduceEveryOpAndDType) {
   const int world = GetParam();

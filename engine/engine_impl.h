@@ -46,7 +46,9 @@ class EngineImpl {
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
 
-  // The Engine's methods (engine/engine.h), one for one.
+  // The Engine's methods (engine/engine.h), one for one. Declared
+  // boilerplate: the pimpl's mirror of the public declarations, which is
+  // what keeps engine.h free of the implementation's headers.
   absl::StatusOr<float> Forward(const Tensor& inputs, const Tensor& targets);
   absl::Status Backward();
   absl::StatusOr<StepReport> Step();

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "offload/step_coefficients.h"
 
 namespace ze {
 namespace offload {
@@ -127,29 +128,6 @@ struct CpuExecutionOptions {
   // Software prefetch this many bytes ahead in each f32 stream (AVX-512
   // path); 0: none (the hardware prefetchers alone).
   int64_t prefetch_bytes = 0;
-};
-
-// The per-step f32 coefficients every element uses (the same fields and
-// derivation as zero::OptimizerCoefficients).
-struct StepCoefficients {
-  bool is_sgd = false;
-  float grad_scale = 1.0f;
-  float l2 = 0.0f;
-  float decay_factor = 1.0f;
-  float neg_step_size = 0.0f;
-  // Adam, AdamW
-  float beta1 = 0.0f;
-  float one_minus_beta1 = 1.0f;
-  float beta2 = 0.0f;
-  float one_minus_beta2 = 1.0f;
-  float eps = 0.0f;
-  float inv_sqrt_bias_correction2 = 1.0f;
-  // SGD
-  float momentum = 0.0f;
-  float one_minus_dampening = 1.0f;
-  bool has_momentum_buffer = false;
-  bool nesterov = false;
-  bool first_step = false;
 };
 
 // The pointers of one update of `count` elements. None may overlap another,

@@ -22,8 +22,10 @@
 // NaN payloads agree; bf16 rounds to nearest even as core's
 // FloatToBf16Bits does.
 //
-// The AVX-512 functions carry a function-level target attribute (the build
-// targets x86-64-v3); they run only after SimdPathSupported(kAvx512).
+// The AVX-512 operations carry a target pragma, Avx512::Step the target
+// attribute (the build targets x86-64-v3); they run only after
+// SimdPathSupported(kAvx512). The one vector loop and the conversions are
+// templates over the width, flattened into each path's Step.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -32,8 +34,6 @@
 
 #include "core/dtype.h"
 #include "offload/cpu_optimizer.h"
-
-#define ZE_TARGET_AVX512 __attribute__((target("avx512f")))
 
 namespace ze {
 namespace offload {
@@ -102,197 +102,97 @@ inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
   Store1<kOut>(b.out, i, p);
 }
 
-// Every path's Adam and Sgd take the tuning and a non-temporal flag; only
-// AVX-512 acts on them.
+// Element i of either optimizer: the scalar path, and every vector path's
+// tail.
+template <int kGrad, int kOut, bool kSgd>
+inline void StepElement(const StepCoefficients& c, const StepBuffers& b,
+                        int64_t i) {
+  if constexpr (kSgd) {
+    SgdElement<kGrad, kOut>(c, b, i);
+  } else {
+    AdamElement<kGrad, kOut>(c, b, i);
+  }
+}
+
+// Every path's Step takes the tuning and a non-temporal flag; only AVX-512
+// acts on them.
 struct Scalar {
-  template <int kGrad, int kOut, bool kNontemporal>
-  static void Adam(const StepCoefficients& c, const StepBuffers& b,
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  static void Step(const StepCoefficients& c, const StepBuffers& b,
                    const KernelTuning&) {
-    for (int64_t i = 0; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
-  }
-  template <int kGrad, int kOut, bool kNontemporal>
-  static void Sgd(const StepCoefficients& c, const StepBuffers& b,
-                  const KernelTuning&) {
-    for (int64_t i = 0; i < b.count; ++i) SgdElement<kGrad, kOut>(c, b, i);
+    for (int64_t i = 0; i < b.count; ++i)
+      StepElement<kGrad, kOut, kSgd>(c, b, i);
   }
 };
 
-// ---- AVX2 / FMA: 8 elements ---------------------------------------------
+// ---- the vector operations of each width ---------------------------------
+//
+// Declared boilerplate: one line per operation per instruction set, the
+// table the one vector loop below (VectorStep) is written against. The
+// conversions and the loop are written once, over these.
 
-template <int kDType>
-inline __m256 Load8(const void* data, int64_t i) {
-  if constexpr (kDType == kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(data) + i);
-  } else {
-    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
-        static_cast<const uint16_t*>(data) + i));
-    if constexpr (kDType == kBF16) {
-      // bf16 is the top half of an f32: widen and shift, exact.
-      return _mm256_castsi256_ps(
-          _mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-    } else {
-      return _mm256_cvtph_ps(bits);
-    }
+// AVX2 / FMA: 8 elements. AVX2 neither prefetches nor streams: kNontemporal
+// and the tuning are ignored.
+struct Avx2Ops {
+  using Vec = __m256;    // 8 f32
+  using Int = __m256i;   // 8 32-bit lanes
+  using Bits = __m128i;  // 8 16-bit values
+  static constexpr int kWidth = 8;
+  static Vec Set1(float x) { return _mm256_set1_ps(x); }
+  static Vec Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  template <bool kNontemporal>
+  static void StoreOut(float* p, Vec v) {
+    _mm256_storeu_ps(p, v);
   }
-}
-
-template <int kDType>
-inline void Store8(void* data, int64_t i, __m256 value) {
-  if constexpr (kDType == kF32) {
-    _mm256_storeu_ps(static_cast<float*>(data) + i, value);
-  } else if constexpr (kDType == kBF16) {
-    // FloatToBf16Bits 8 at a time: add 0x7fff plus the lowest kept bit and
-    // keep the top half; NaN becomes a quiet NaN with its sign.
-    const __m256i bits = _mm256_castps_si256(value);
-    const __m256i high = _mm256_srli_epi32(bits, 16);
-    const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(bits,
-                         _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)),
-        16);
-    const __m256i quiet_nan = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-    const __m256i is_nan =
-        _mm256_castps_si256(_mm256_cmp_ps(value, value, _CMP_UNORD_Q));
-    const __m256i result = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-    // All lanes < 2^16, so unsigned saturation is exact; packus works per
-    // 128-bit lane, so gather 64-bit pieces 0 and 2 afterwards.
-    const __m256i packed =
-        _mm256_permute4x64_epi64(_mm256_packus_epi32(result, result), 0x08);
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(static_cast<uint16_t*>(data) + i),
-        _mm256_castsi256_si128(packed));
-  } else if constexpr (kDType == kF16) {
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(static_cast<uint16_t*>(data) + i),
-        _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  static Vec Mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec Div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+  static Vec Fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec Sqrt(Vec a) { return _mm256_sqrt_ps(a); }
+  static Bits LoadBits(const uint16_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   }
-}
-
-struct Avx2 {
-  template <int kGrad, int kOut, bool kNontemporal>
-  static void Adam(const StepCoefficients& c, const StepBuffers& b,
-                   const KernelTuning&) {
-    const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
-    const __m256 l2 = _mm256_set1_ps(c.l2);
-    const __m256 beta1 = _mm256_set1_ps(c.beta1);
-    const __m256 one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
-    const __m256 beta2 = _mm256_set1_ps(c.beta2);
-    const __m256 one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
-    const __m256 eps = _mm256_set1_ps(c.eps);
-    const __m256 inv_sqrt_bc2 = _mm256_set1_ps(c.inv_sqrt_bias_correction2);
-    const __m256 decay = _mm256_set1_ps(c.decay_factor);
-    const __m256 neg_step = _mm256_set1_ps(c.neg_step_size);
-    int64_t i = 0;
-    for (; i + 8 <= b.count; i += 8) {
-      __m256 p = _mm256_loadu_ps(b.master + i);
-      __m256 g = _mm256_mul_ps(Load8<kGrad>(b.grads, i), grad_scale);
-      g = _mm256_fmadd_ps(l2, p, g);
-      __m256 m = _mm256_loadu_ps(b.state0 + i);
-      __m256 v = _mm256_loadu_ps(b.state1 + i);
-      m = _mm256_fmadd_ps(beta1, m, _mm256_mul_ps(one_minus_beta1, g));
-      v = _mm256_fmadd_ps(beta2, v,
-                          _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
-      const __m256 denom =
-          _mm256_fmadd_ps(_mm256_sqrt_ps(v), inv_sqrt_bc2, eps);
-      p = _mm256_mul_ps(p, decay);
-      p = _mm256_fmadd_ps(neg_step, _mm256_div_ps(m, denom), p);
-      _mm256_storeu_ps(b.state0 + i, m);
-      _mm256_storeu_ps(b.state1 + i, v);
-      _mm256_storeu_ps(b.master + i, p);
-      Store8<kOut>(b.out, i, p);
-    }
-    for (; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
+  template <bool kNontemporal>
+  static void StoreBits(uint16_t* p, Bits bits) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits);
   }
-
-  template <int kGrad, int kOut, bool kNontemporal>
-  static void Sgd(const StepCoefficients& c, const StepBuffers& b,
-                  const KernelTuning&) {
-    const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
-    const __m256 l2 = _mm256_set1_ps(c.l2);
-    const __m256 momentum = _mm256_set1_ps(c.momentum);
-    const __m256 one_minus_dampening = _mm256_set1_ps(c.one_minus_dampening);
-    const __m256 neg_step = _mm256_set1_ps(c.neg_step_size);
-    int64_t i = 0;
-    for (; i + 8 <= b.count; i += 8) {
-      __m256 p = _mm256_loadu_ps(b.master + i);
-      __m256 g = _mm256_mul_ps(Load8<kGrad>(b.grads, i), grad_scale);
-      g = _mm256_fmadd_ps(l2, p, g);
-      if (c.has_momentum_buffer) {
-        const __m256 buf =
-            c.first_step
-                ? g
-                : _mm256_fmadd_ps(momentum, _mm256_loadu_ps(b.state0 + i),
-                                  _mm256_mul_ps(one_minus_dampening, g));
-        _mm256_storeu_ps(b.state0 + i, buf);
-        g = c.nesterov ? _mm256_fmadd_ps(momentum, buf, g) : buf;
-      }
-      p = _mm256_fmadd_ps(neg_step, g, p);
-      _mm256_storeu_ps(b.master + i, p);
-      Store8<kOut>(b.out, i, p);
-    }
-    for (; i < b.count; ++i) SgdElement<kGrad, kOut>(c, b, i);
+  static Vec WidenF16(Bits bits) { return _mm256_cvtph_ps(bits); }
+  static Bits NarrowF16(Vec v) {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
+  static Int AsInt(Vec v) { return _mm256_castps_si256(v); }
+  static Vec AsFloat(Int a) { return _mm256_castsi256_ps(a); }
+  static Int Splat(int x) { return _mm256_set1_epi32(x); }
+  static Int Add(Int a, Int b) { return _mm256_add_epi32(a, b); }
+  static Int And(Int a, Int b) { return _mm256_and_si256(a, b); }
+  static Int Or(Int a, Int b) { return _mm256_or_si256(a, b); }
+  static Int ShiftLeft16(Int a) { return _mm256_slli_epi32(a, 16); }
+  static Int ShiftRight16(Int a) { return _mm256_srli_epi32(a, 16); }
+  static Int Widen16(Bits bits) { return _mm256_cvtepu16_epi32(bits); }
+  // Each lane's low 16 bits (every lane < 2^16, so unsigned saturation is
+  // exact); packus works per 128-bit lane, so gather 64-bit pieces 0 and 2
+  // afterwards.
+  static Bits Narrow16(Int a) {
+    return _mm256_castsi256_si128(
+        _mm256_permute4x64_epi64(_mm256_packus_epi32(a, a), 0x08));
+  }
+  // Lanes where `value` is NaN take `nan`, the others `other`.
+  static Int SelectNan(Vec value, Int other, Int nan) {
+    return _mm256_blendv_epi8(
+        other, nan,
+        _mm256_castps_si256(_mm256_cmp_ps(value, value, _CMP_UNORD_Q)));
+  }
+  template <int kGrad>
+  static void Prefetch(const StepBuffers&, int64_t, int64_t) {}
+  template <bool kNontemporal>
+  static void Fence() {}
 };
 
-// ---- AVX-512: 16 elements ------------------------------------------------
-
-template <int kDType>
-ZE_TARGET_AVX512 inline __m512 Load16(const void* data, int64_t i) {
-  if constexpr (kDType == kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(data) + i);
-  } else {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-        static_cast<const uint16_t*>(data) + i));
-    if constexpr (kDType == kBF16) {
-      return _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    } else {
-      return _mm512_cvtph_ps(bits);
-    }
-  }
-}
-
-// 16 bits per lane to `dst`: non-temporal (`dst` 32-byte aligned) or not.
-template <bool kNontemporal>
-ZE_TARGET_AVX512 inline void Put256(uint16_t* dst, __m256i bits) {
-  if constexpr (kNontemporal) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), bits);
-  } else {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bits);
-  }
-}
-
-// kNontemporal: stream past the caches; the address must then be aligned to
-// the store's width (32 bytes for 16-bit, 64 for f32).
-template <int kDType, bool kNontemporal = false>
-ZE_TARGET_AVX512 inline void Store16(void* data, int64_t i, __m512 value) {
-  if constexpr (kDType == kF32) {
-    if constexpr (kNontemporal) {
-      _mm512_stream_ps(static_cast<float*>(data) + i, value);
-    } else {
-      _mm512_storeu_ps(static_cast<float*>(data) + i, value);
-    }
-  } else if constexpr (kDType == kBF16) {
-    // As Store8<kBF16>, with a mask for NaN and a narrowing move (exact:
-    // every lane < 2^16).
-    const __m512i bits = _mm512_castps_si512(value);
-    const __m512i high = _mm512_srli_epi32(bits, 16);
-    const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(bits,
-                         _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)),
-        16);
-    const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-    const __mmask16 is_nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
-    const __m512i result = _mm512_mask_blend_epi32(is_nan, rounded, quiet_nan);
-    Put256<kNontemporal>(static_cast<uint16_t*>(data) + i,
-                         _mm512_cvtepi32_epi16(result));
-  } else if constexpr (kDType == kF16) {
-    Put256<kNontemporal>(
-        static_cast<uint16_t*>(data) + i,
-        _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  }
-}
+// AVX-512: 16 elements. Everything from here to the matching pop carries
+// the AVX-512 target (the build targets x86-64-v3); it runs only after
+// SimdPathSupported(kAvx512).
+#pragma GCC push_options
+#pragma GCC target("avx512f")
 
 // Software prefetch of the streams `ahead` elements past element i (no-op
 // for ahead == 0; a prefetch past the end of a buffer cannot fault).
@@ -311,75 +211,189 @@ inline void PrefetchAhead(const StepBuffers& b, int64_t i, int64_t ahead) {
   _mm_prefetch(static_cast<const char*>(b.grads) + j * kGradBytes, _MM_HINT_T0);
 }
 
-struct Avx512 {
-  template <int kGrad, int kOut, bool kNontemporal>
-  ZE_TARGET_AVX512 static void Adam(const StepCoefficients& c,
-                                    const StepBuffers& b,
-                                    const KernelTuning& t) {
-    const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
-    const __m512 l2 = _mm512_set1_ps(c.l2);
-    const __m512 beta1 = _mm512_set1_ps(c.beta1);
-    const __m512 one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
-    const __m512 beta2 = _mm512_set1_ps(c.beta2);
-    const __m512 one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
-    const __m512 eps = _mm512_set1_ps(c.eps);
-    const __m512 inv_sqrt_bc2 = _mm512_set1_ps(c.inv_sqrt_bias_correction2);
-    const __m512 decay = _mm512_set1_ps(c.decay_factor);
-    const __m512 neg_step = _mm512_set1_ps(c.neg_step_size);
-    int64_t i = 0;
-    for (; i + 16 <= b.count; i += 16) {
-      PrefetchAhead<kGrad>(b, i, t.prefetch_elements);
-      __m512 p = _mm512_loadu_ps(b.master + i);
-      __m512 g = _mm512_mul_ps(Load16<kGrad>(b.grads, i), grad_scale);
-      g = _mm512_fmadd_ps(l2, p, g);
-      __m512 m = _mm512_loadu_ps(b.state0 + i);
-      __m512 v = _mm512_loadu_ps(b.state1 + i);
-      m = _mm512_fmadd_ps(beta1, m, _mm512_mul_ps(one_minus_beta1, g));
-      v = _mm512_fmadd_ps(beta2, v,
-                          _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, g), g));
-      const __m512 denom =
-          _mm512_fmadd_ps(_mm512_sqrt_ps(v), inv_sqrt_bc2, eps);
-      p = _mm512_mul_ps(p, decay);
-      p = _mm512_fmadd_ps(neg_step, _mm512_div_ps(m, denom), p);
-      _mm512_storeu_ps(b.state0 + i, m);
-      _mm512_storeu_ps(b.state1 + i, v);
-      _mm512_storeu_ps(b.master + i, p);
-      Store16<kOut, kNontemporal>(b.out, i, p);
+// kNontemporal stores stream past the caches; the address must then be
+// aligned to the store's width (32 bytes for 16-bit, 64 for f32).
+struct Avx512Ops {
+  using Vec = __m512;    // 16 f32
+  using Int = __m512i;   // 16 32-bit lanes
+  using Bits = __m256i;  // 16 16-bit values
+  static constexpr int kWidth = 16;
+  static Vec Set1(float x) { return _mm512_set1_ps(x); }
+  static Vec Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  template <bool kNontemporal>
+  static void StoreOut(float* p, Vec v) {
+    if constexpr (kNontemporal) {
+      _mm512_stream_ps(p, v);
+    } else {
+      _mm512_storeu_ps(p, v);
     }
-    for (; i < b.count; ++i) AdamElement<kGrad, kOut>(c, b, i);
+  }
+  static Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec Div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+  static Vec Fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec Sqrt(Vec a) { return _mm512_sqrt_ps(a); }
+  static Bits LoadBits(const uint16_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  template <bool kNontemporal>
+  static void StoreBits(uint16_t* p, Bits bits) {
+    if constexpr (kNontemporal) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bits);
+    }
+  }
+  static Vec WidenF16(Bits bits) { return _mm512_cvtph_ps(bits); }
+  static Bits NarrowF16(Vec v) {
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Int AsInt(Vec v) { return _mm512_castps_si512(v); }
+  static Vec AsFloat(Int a) { return _mm512_castsi512_ps(a); }
+  static Int Splat(int x) { return _mm512_set1_epi32(x); }
+  static Int Add(Int a, Int b) { return _mm512_add_epi32(a, b); }
+  static Int And(Int a, Int b) { return _mm512_and_si512(a, b); }
+  static Int Or(Int a, Int b) { return _mm512_or_si512(a, b); }
+  static Int ShiftLeft16(Int a) { return _mm512_slli_epi32(a, 16); }
+  static Int ShiftRight16(Int a) { return _mm512_srli_epi32(a, 16); }
+  static Int Widen16(Bits bits) { return _mm512_cvtepu16_epi32(bits); }
+  // A narrowing move: exact, every lane < 2^16.
+  static Bits Narrow16(Int a) { return _mm512_cvtepi32_epi16(a); }
+  static Int SelectNan(Vec value, Int other, Int nan) {
+    return _mm512_mask_blend_epi32(
+        _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q), other, nan);
+  }
+  template <int kGrad>
+  static void Prefetch(const StepBuffers& b, int64_t i, int64_t ahead) {
+    PrefetchAhead<kGrad>(b, i, ahead);
+  }
+  template <bool kNontemporal>
+  static void Fence() {
     if constexpr (kNontemporal) _mm_sfence();
   }
+};
 
-  template <int kGrad, int kOut, bool kNontemporal>
-  ZE_TARGET_AVX512 static void Sgd(const StepCoefficients& c,
-                                   const StepBuffers& b,
-                                   const KernelTuning& t) {
-    const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
-    const __m512 l2 = _mm512_set1_ps(c.l2);
-    const __m512 momentum = _mm512_set1_ps(c.momentum);
-    const __m512 one_minus_dampening = _mm512_set1_ps(c.one_minus_dampening);
-    const __m512 neg_step = _mm512_set1_ps(c.neg_step_size);
-    int64_t i = 0;
-    for (; i + 16 <= b.count; i += 16) {
-      PrefetchAhead<kGrad>(b, i, t.prefetch_elements);
-      __m512 p = _mm512_loadu_ps(b.master + i);
-      __m512 g = _mm512_mul_ps(Load16<kGrad>(b.grads, i), grad_scale);
-      g = _mm512_fmadd_ps(l2, p, g);
-      if (c.has_momentum_buffer) {
-        const __m512 buf =
-            c.first_step
-                ? g
-                : _mm512_fmadd_ps(momentum, _mm512_loadu_ps(b.state0 + i),
-                                  _mm512_mul_ps(one_minus_dampening, g));
-        _mm512_storeu_ps(b.state0 + i, buf);
-        g = c.nesterov ? _mm512_fmadd_ps(momentum, buf, g) : buf;
-      }
-      p = _mm512_fmadd_ps(neg_step, g, p);
-      _mm512_storeu_ps(b.master + i, p);
-      Store16<kOut, kNontemporal>(b.out, i, p);
+#pragma GCC pop_options
+
+// ---- conversions, once for every width -----------------------------------
+
+// V::kWidth elements of a kDType buffer from element i, as f32.
+template <class V, int kDType>
+inline typename V::Vec LoadAs(const void* data, int64_t i) {
+  if constexpr (kDType == kF32) {
+    return V::Load(static_cast<const float*>(data) + i);
+  } else {
+    const typename V::Bits bits =
+        V::LoadBits(static_cast<const uint16_t*>(data) + i);
+    if constexpr (kDType == kBF16) {
+      // bf16 is the top half of an f32: widen and shift, exact.
+      return V::AsFloat(V::ShiftLeft16(V::Widen16(bits)));
+    } else {
+      return V::WidenF16(bits);
     }
-    for (; i < b.count; ++i) SgdElement<kGrad, kOut>(c, b, i);
-    if constexpr (kNontemporal) _mm_sfence();
+  }
+}
+
+// FloatToBf16Bits V::kWidth at a time: add 0x7fff plus the lowest kept bit
+// and keep the top half; NaN becomes a quiet NaN with its sign.
+template <class V>
+inline typename V::Bits ToBf16Bits(typename V::Vec value) {
+  using Int = typename V::Int;
+  const Int bits = V::AsInt(value);
+  const Int high = V::ShiftRight16(bits);
+  const Int lsb = V::And(high, V::Splat(1));
+  const Int rounded =
+      V::ShiftRight16(V::Add(bits, V::Add(V::Splat(0x7fff), lsb)));
+  const Int quiet_nan = V::Or(high, V::Splat(0x40));
+  return V::Narrow16(V::SelectNan(value, rounded, quiet_nan));
+}
+
+// V::kWidth elements into a kDType buffer from element i (nothing for
+// kNoOutput).
+template <class V, int kDType, bool kNontemporal>
+inline void StoreAs(void* data, int64_t i, typename V::Vec value) {
+  if constexpr (kDType == kF32) {
+    V::template StoreOut<kNontemporal>(static_cast<float*>(data) + i, value);
+  } else if constexpr (kDType == kBF16) {
+    V::template StoreBits<kNontemporal>(static_cast<uint16_t*>(data) + i,
+                                        ToBf16Bits<V>(value));
+  } else if constexpr (kDType == kF16) {
+    V::template StoreBits<kNontemporal>(static_cast<uint16_t*>(data) + i,
+                                        V::NarrowF16(value));
+  }
+}
+
+// ---- the vector loop, once for every width -------------------------------
+
+// One optimizer step over b.count elements, V::kWidth at a time with V's
+// operations, the rest element by element. Adam's and SGD's element
+// updates are the header comment's sequences, in that order of fused
+// operations; the broadcasts the other optimizer would need are dead code
+// the compiler drops. Not compiled on its own (its vectors need V's
+// target): each path's Step flattens it into itself.
+template <class V, int kGrad, int kOut, bool kNontemporal, bool kSgd>
+inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
+                       const KernelTuning& t) {
+  using Vec = typename V::Vec;
+  const Vec grad_scale = V::Set1(c.grad_scale);
+  const Vec l2 = V::Set1(c.l2);
+  const Vec beta1 = V::Set1(c.beta1);
+  const Vec one_minus_beta1 = V::Set1(c.one_minus_beta1);
+  const Vec beta2 = V::Set1(c.beta2);
+  const Vec one_minus_beta2 = V::Set1(c.one_minus_beta2);
+  const Vec eps = V::Set1(c.eps);
+  const Vec inv_sqrt_bc2 = V::Set1(c.inv_sqrt_bias_correction2);
+  const Vec decay = V::Set1(c.decay_factor);
+  const Vec momentum = V::Set1(c.momentum);
+  const Vec one_minus_dampening = V::Set1(c.one_minus_dampening);
+  const Vec neg_step = V::Set1(c.neg_step_size);
+  int64_t i = 0;
+  for (; i + V::kWidth <= b.count; i += V::kWidth) {
+    V::template Prefetch<kGrad>(b, i, t.prefetch_elements);
+    Vec p = V::Load(b.master + i);
+    Vec g = V::Mul(LoadAs<V, kGrad>(b.grads, i), grad_scale);
+    g = V::Fmadd(l2, p, g);
+    if constexpr (kSgd) {
+      if (c.has_momentum_buffer) {
+        const Vec buf = c.first_step ? g
+                                     : V::Fmadd(momentum, V::Load(b.state0 + i),
+                                                V::Mul(one_minus_dampening, g));
+        V::Store(b.state0 + i, buf);
+        g = c.nesterov ? V::Fmadd(momentum, buf, g) : buf;
+      }
+      p = V::Fmadd(neg_step, g, p);
+    } else {
+      Vec m = V::Load(b.state0 + i);
+      Vec v = V::Load(b.state1 + i);
+      m = V::Fmadd(beta1, m, V::Mul(one_minus_beta1, g));
+      v = V::Fmadd(beta2, v, V::Mul(V::Mul(one_minus_beta2, g), g));
+      const Vec denom = V::Fmadd(V::Sqrt(v), inv_sqrt_bc2, eps);
+      p = V::Mul(p, decay);
+      p = V::Fmadd(neg_step, V::Div(m, denom), p);
+      V::Store(b.state0 + i, m);
+      V::Store(b.state1 + i, v);
+    }
+    V::Store(b.master + i, p);
+    StoreAs<V, kOut, kNontemporal>(b.out, i, p);
+  }
+  for (; i < b.count; ++i) StepElement<kGrad, kOut, kSgd>(c, b, i);
+  V::template Fence<kNontemporal>();
+}
+
+struct Avx2 {
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  __attribute__((flatten)) static void Step(const StepCoefficients& c,
+                                            const StepBuffers& b,
+                                            const KernelTuning& t) {
+    VectorStep<Avx2Ops, kGrad, kOut, kNontemporal, kSgd>(c, b, t);
+  }
+};
+
+struct Avx512 {
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  __attribute__((target("avx512f"), flatten)) static void Step(
+      const StepCoefficients& c, const StepBuffers& b, const KernelTuning& t) {
+    VectorStep<Avx512Ops, kGrad, kOut, kNontemporal, kSgd>(c, b, t);
   }
 };
 
@@ -389,9 +403,9 @@ template <class Isa, int kGrad, int kOut, bool kNontemporal>
 void RunKind(const StepCoefficients& c, const StepBuffers& b,
              const KernelTuning& t) {
   if (c.is_sgd) {
-    Isa::template Sgd<kGrad, kOut, kNontemporal>(c, b, t);
+    Isa::template Step<kGrad, kOut, kNontemporal, true>(c, b, t);
   } else {
-    Isa::template Adam<kGrad, kOut, kNontemporal>(c, b, t);
+    Isa::template Step<kGrad, kOut, kNontemporal, false>(c, b, t);
   }
 }
 

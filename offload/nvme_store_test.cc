@@ -21,11 +21,6 @@ namespace {
 
 using Backend = NvmeOptions::Backend;
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
 bool Exists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
@@ -33,7 +28,7 @@ bool Exists(const std::string& path) {
 
 NvmeOptions SmallOptions(Backend backend) {
   NvmeOptions options;
-  options.directory = TempDir();
+  options.directory = ::testing::TempDir();
   options.block_size = 3 * NvmeStore::kAlignment;  // odd number of pages
   options.queue_depth = 4;
   options.thread_count = 3;
@@ -44,6 +39,14 @@ NvmeOptions SmallOptions(Backend backend) {
 void FillRandom(char* data, int64_t bytes, uint32_t seed) {
   std::mt19937 rng(seed);
   for (int64_t i = 0; i < bytes; ++i) data[i] = static_cast<char>(rng());
+}
+
+// An aligned buffer of `bytes` random bytes (from `seed`): what a test
+// writes.
+absl::StatusOr<AlignedBuffer> RandomBuffer(int64_t bytes, uint32_t seed) {
+  absl::StatusOr<AlignedBuffer> buffer = AlignedBuffer::Allocate(bytes);
+  if (buffer.ok()) FillRandom(buffer->data(), bytes, seed);
+  return buffer;
 }
 
 class NvmeStoreTest : public ::testing::TestWithParam<Backend> {};
@@ -74,10 +77,9 @@ TEST_P(NvmeStoreTest, RoundTripsOddSizesAndOffsets) {
   uint32_t seed = 1;
   for (int64_t size : sizes) {
     for (int64_t offset : offsets) {
-      auto out = AlignedBuffer::Allocate(size);
+      auto out = RandomBuffer(size, seed++);
       auto in = AlignedBuffer::Allocate(size);
       ASSERT_TRUE(out.ok() && in.ok());
-      FillRandom(out->data(), size, seed++);
       auto write = s.Write(offset, out->data(), size);
       ASSERT_TRUE(write.ok()) << write.status();
       ASSERT_TRUE(s.Wait(*write).ok());
@@ -99,10 +101,9 @@ TEST_P(NvmeStoreTest, ManyTicketsInFlight) {
   constexpr int64_t kStride = 6 * NvmeStore::kAlignment;
   CREATE_OR_SKIP(store, SmallOptions(GetParam()), "many", kChunks * kStride);
   NvmeStore& s = **store;
-  auto out = AlignedBuffer::Allocate(kChunks * kStride);
+  auto out = RandomBuffer(kChunks * kStride, 7);
   auto in = AlignedBuffer::Allocate(kChunks * kStride);
   ASSERT_TRUE(out.ok() && in.ok());
-  FillRandom(out->data(), out->size(), 7);
   std::vector<IoTicket> tickets;
   for (int i = 0; i < kChunks; ++i) {
     auto t = s.Write(i * kStride, out->data() + i * kStride, kChunk);
@@ -137,9 +138,8 @@ TEST_P(NvmeStoreTest, SingleSubmitWithoutOverlap) {
   constexpr int64_t kBytes = 29 * NvmeStore::kAlignment + 7;
   CREATE_OR_SKIP(store, options, "single", 4 * kBytes);
   NvmeStore& s = **store;
-  auto out = AlignedBuffer::Allocate(4 * kBytes);
+  auto out = RandomBuffer(4 * kBytes, 11);
   auto in = AlignedBuffer::Allocate(4 * kBytes);
-  FillRandom(out->data(), out->size(), 11);
   const int64_t stride = (kBytes + 4095) / 4096 * 4096;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(s.Write(i * stride, out->data() + i * stride, kBytes).ok());
@@ -178,9 +178,8 @@ TEST_P(NvmeStoreTest, InjectedWriteErrorNamesPathAndLaterRequestsWork) {
     NvmeStore& s = **store;
     path = s.path();
     const int64_t bytes = 5 * options.block_size;
-    auto out = AlignedBuffer::Allocate(bytes);
+    auto out = RandomBuffer(bytes, 3);
     auto in = AlignedBuffer::Allocate(bytes);
-    FillRandom(out->data(), bytes, 3);
     auto failing = s.Write(0, out->data(), bytes);
     ASSERT_TRUE(failing.ok());
     absl::Status status = s.Wait(*failing);
@@ -204,15 +203,14 @@ TEST_P(NvmeStoreTest, InjectedWriteErrorNamesPathAndLaterRequestsWork) {
 TEST_P(NvmeStoreTest, ShortReadIsDataLossNamingPathAndLaterReadsWork) {
   NvmeOptions options = SmallOptions(GetParam());
   options.short_read_request = 1;
+  const int64_t bytes = 3 * options.block_size;
   std::string path;
   {
     CREATE_OR_SKIP(store, options, "short_read", 1 << 20);
     NvmeStore& s = **store;
     path = s.path();
-    const int64_t bytes = 3 * options.block_size;
-    auto out = AlignedBuffer::Allocate(bytes);
+    auto out = RandomBuffer(bytes, 5);
     auto in = AlignedBuffer::Allocate(bytes);
-    FillRandom(out->data(), bytes, 5);
     ASSERT_TRUE(s.Wait(*s.Write(0, out->data(), bytes)).ok());
     absl::Status status = s.Wait(*s.Read(0, in->data(), bytes));
     EXPECT_TRUE(absl::IsDataLoss(status)) << status;
@@ -338,7 +336,7 @@ TEST(NvmeStoreCreateTest, FileOfAKilledProcessIsReplacedWithAWarning) {
 
 TEST(NvmeStoreCreateTest, MissingDirectory) {
   NvmeOptions options = SmallOptions(Backend::kThreads);
-  options.directory = TempDir() + "/does/not/exist";
+  options.directory = ::testing::TempDir() + "/does/not/exist";
   auto store = NvmeStore::Create(options, "f", 4096);
   EXPECT_TRUE(absl::IsFailedPrecondition(store.status())) << store.status();
   EXPECT_NE(store.status().message().find(options.directory),
@@ -347,7 +345,7 @@ TEST(NvmeStoreCreateTest, MissingDirectory) {
 
 TEST(NvmeStoreCreateTest, DirectoryIsARegularFile) {
   NvmeOptions options = SmallOptions(Backend::kThreads);
-  options.directory = TempDir() + "/plain_file";
+  options.directory = ::testing::TempDir() + "/plain_file";
   FILE* file = std::fopen(options.directory.c_str(), "w");
   ASSERT_NE(file, nullptr);
   std::fclose(file);
@@ -388,7 +386,7 @@ TEST(NvmeStoreCreateTest, TooLittleSpacePretended) {
 }
 
 TEST(NvmeStoreCreateTest, TooLittleSpaceOnRealTmpfs) {
-  const std::string mount_point = TempDir() + "/small_tmpfs";
+  const std::string mount_point = ::testing::TempDir() + "/small_tmpfs";
   ASSERT_EQ(mkdir(mount_point.c_str(), 0700), 0);
   if (mount("tmpfs", mount_point.c_str(), "tmpfs", 0, "size=1m") != 0) {
     rmdir(mount_point.c_str());
@@ -436,7 +434,7 @@ TEST(NvmeStoreCreateTest, OptionsFromConfig) {
 // A process returning from main with a leaked store leaves no file: run a
 // child that leaks one and exits normally.
 TEST(NvmeStoreCreateTest, ExitRemovesLeakedFile) {
-  const std::string path = TempDir() + "/leaked";
+  const std::string path = ::testing::TempDir() + "/leaked";
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {

@@ -1,6 +1,5 @@
 #include "offload/swapped_state.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -10,14 +9,9 @@ namespace ze {
 namespace offload {
 namespace {
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
 SwappedStateOptions Options(const std::string& name, int buffers) {
   SwappedStateOptions options;
-  options.nvme.directory = TempDir();
+  options.nvme.directory = ::testing::TempDir();
   options.nvme.block_size = 8192;
   options.file_name = name;
   options.arrays = 3;
@@ -103,7 +97,7 @@ TEST(SwappedStateTest, BadOptionsAreRefused) {
   EXPECT_EQ(SwappedState::Create(options, {10}).status().code(),
             absl::StatusCode::kInvalidArgument);
   options = Options("bad2.swp", 2);
-  options.nvme.directory = TempDir() + "/does/not/exist";
+  options.nvme.directory = ::testing::TempDir() + "/does/not/exist";
   absl::Status status = SwappedState::Create(options, {10}).status();
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("does/not/exist"), std::string::npos)

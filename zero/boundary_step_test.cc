@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/in_process.h"
+#include "comm/in_process_worlds.h"
 #include "config/config.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -116,13 +117,9 @@ absl::StatusOr<Result> RunStep(const StepSetup& setup,
     ZE_RETURN_IF_ERROR(Copy(values, own, stream));
     state->set_gradients_current(b);
   }
-  BoundaryStepContext context;
-  context.config = &config;
-  context.comm = &comm;
-  context.stream = &stream;
-  context.training = training.get();
-  context.partition = state.get();
-  context.step_number = 1;
+  // config, comm, compute stream, training state, partition, step 1.
+  const BoundaryStepContext context{&config,        &comm,       &stream,
+                                    training.get(), state.get(), 1};
   BoundaryStepHooks hooks;
   int after_update_calls = 0;
   hooks.after_update = [&] {
@@ -165,10 +162,7 @@ std::vector<Result> RunWorld(int world, const StepSetup& setup) {
 
 class BoundaryStepTest : public testing::TestWithParam<int> {};
 
-INSTANTIATE_TEST_SUITE_P(Worlds, BoundaryStepTest, testing::Values(1, 2, 3, 4),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("w", info.param);
-                         });
+ZE_IN_PROCESS_WORLDS(BoundaryStepTest);
 
 TEST_P(BoundaryStepTest, EveryStageUpdatesItsPartWithTheGlobalClipFactor) {
   const int world = GetParam();

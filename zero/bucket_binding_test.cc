@@ -99,6 +99,34 @@ TEST_F(BucketBindingTest, WrongDtypeFailsFromTheParameter) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A rank's slice [8, 20) of bucket 0 (p0 at [0, 6), p1 at [16, 21)): p1's
+// elements 0-3 are in it, p0 has none there.
+TEST_F(BucketBindingTest, ShardSlotsAreThePiecesInTheSlice) {
+  const Tensor slice = Tensor::Zeros({12}, DType::kF32, Device::Cpu()).value();
+  ASSERT_TRUE(params_[0]->SetShard(Buffer(1).Slice(0, 2), 0).ok());
+  ASSERT_TRUE(BindBucket(layout_, 0, params_, ParameterSlot::kShard, slice,
+                         /*buffer_begin=*/8)
+                  .ok());
+  EXPECT_FALSE(params_[0]->shard().ok());  // emptied: nothing in the slice
+  absl::StatusOr<Tensor> shard = params_[1]->shard();
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(shard->numel(), 4);
+  EXPECT_EQ(params_[1]->shard_offset(), 0);
+  EXPECT_EQ(shard->data(), slice.data_as<float>() + 8);  // a view
+  EXPECT_FALSE(params_[1]->data().ok());  // only the shard slot was bound
+
+  ASSERT_TRUE(
+      BindBucket(layout_, 0, params_, ParameterSlot::kShard, Tensor()).ok());
+  EXPECT_FALSE(params_[1]->shard().ok());
+}
+
+TEST_F(BucketBindingTest, WholeBucketSlotRefusesAnOffsetBuffer) {
+  const absl::Status status = BindBucket(
+      layout_, 0, params_, ParameterSlot::kData, Buffer(0), /*buffer_begin=*/4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("bucket 0"), std::string::npos) << status;
+}
+
 TEST(ParameterViewTest, SlicesThePlacementAndReshapes) {
   absl::StatusOr<PartitionedLayout> layout =
       PartitionedLayout::Build({{"a", 3}, {"b", 6}}, LayoutOptions());

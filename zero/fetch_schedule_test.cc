@@ -36,6 +36,15 @@ void PlayOnDemand(FetchSchedule& schedule, const std::vector<int>& requests) {
   schedule.EndMicroStep();
 }
 
+// Records `record` (a micro-step on demand), then begins the next one and
+// requests `requests` of it.
+void RecordThenRequest(FetchSchedule& schedule, const std::vector<int>& record,
+                       const std::vector<int>& requests) {
+  PlayOnDemand(schedule, record);
+  schedule.BeginMicroStep();
+  for (int bucket : requests) schedule.OnRequest(bucket);
+}
+
 TEST(FetchScheduleTest, FirstMicroStepRecords) {
   FetchSchedule schedule(Options(100, 1000, 0), {10, 10, 10}, {});
   EXPECT_EQ(schedule.phase(), Phase::kIdle);
@@ -108,11 +117,7 @@ TEST(FetchScheduleTest, ZeroBudgetPrefetchesNothing) {
 TEST(FetchScheduleTest, ReuseDistanceKeepsOnlyBucketsNeededSoon) {
   // Record: 0 1 2 2 1 0 (forward then backward).
   FetchSchedule schedule(Options(0, 1000, 3), {10, 10, 10}, {});
-  PlayOnDemand(schedule, {0, 1, 2, 2, 1, 0});
-  schedule.BeginMicroStep();
-  schedule.OnRequest(0);
-  schedule.OnRequest(1);
-  schedule.OnRequest(2);
+  RecordThenRequest(schedule, {0, 1, 2, 2, 1, 0}, {0, 1, 2});
   // Position 3: bucket 2 is next requested at 3 (distance 0), bucket 1 at
   // 4 (distance 1), bucket 0 at 5 (distance 2): all within 3.
   EXPECT_TRUE(schedule.ShouldKeep(2));
@@ -120,11 +125,7 @@ TEST(FetchScheduleTest, ReuseDistanceKeepsOnlyBucketsNeededSoon) {
   EXPECT_TRUE(schedule.ShouldKeep(0));
 
   FetchSchedule near(Options(0, 1000, 2), {10, 10, 10}, {});
-  PlayOnDemand(near, {0, 1, 2, 2, 1, 0});
-  near.BeginMicroStep();
-  near.OnRequest(0);
-  near.OnRequest(1);
-  near.OnRequest(2);
+  RecordThenRequest(near, {0, 1, 2, 2, 1, 0}, {0, 1, 2});
   EXPECT_TRUE(near.ShouldKeep(2));
   EXPECT_TRUE(near.ShouldKeep(1));
   EXPECT_FALSE(near.ShouldKeep(0));  // distance 2 is not below 2

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/in_process.h"
+#include "comm/in_process_worlds.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -133,11 +134,7 @@ absl::Status RunCase(const Case& test, comm::Communicator& comm) {
 
 class GradientReducerTest : public testing::TestWithParam<int> {};
 
-INSTANTIATE_TEST_SUITE_P(Worlds, GradientReducerTest,
-                         testing::Values(1, 2, 3, 4),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("w", info.param);
-                         });
+ZE_IN_PROCESS_WORLDS(GradientReducerTest);
 
 TEST_P(GradientReducerTest, ReducedGradientsAreTheSumOverRanks) {
   const std::vector<Case> cases = {

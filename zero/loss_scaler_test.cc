@@ -1,3 +1,5 @@
+// The loss scaler's static and dynamic sequences. Declared boilerplate: each
+// test sets its options field by field, as a config would.
 #include "zero/loss_scaler.h"
 
 #include <vector>

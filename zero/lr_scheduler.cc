@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,14 +15,27 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-absl::Status RequireAtLeast(const char* schedule, const char* key, double value,
-                            double minimum) {
-  if (!(value >= minimum)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        schedule, ": ", key, " must be >= ", minimum, ", got ", value));
+// A key's lower bound: `value` must be >= `minimum`.
+struct Bound {
+  const char* key;
+  double value;
+  double minimum;
+};
+
+// InvalidArgument naming the schedule and the first key below its bound.
+absl::Status RequireAtLeast(const char* schedule,
+                            std::initializer_list<Bound> bounds) {
+  for (const Bound& bound : bounds) {
+    if (!(bound.value >= bound.minimum)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(schedule, ": ", bound.key, " must be >= ", bound.minimum,
+                       ", got ", bound.value));
+    }
   }
   return absl::OkStatus();
 }
+
+double Steps(int64_t steps) { return static_cast<double>(steps); }
 
 // The warmup fraction gamma(i) for 0 <= i < warmup_steps (already max(2,.)).
 double WarmupGamma(WarmupType type, int64_t iteration, int64_t warmup_steps) {
@@ -206,71 +220,53 @@ absl::StatusOr<WarmupType> ParseWarmupType(const std::string& text) {
 
 absl::StatusOr<std::unique_ptr<LrSchedule>> MakeWarmupLR(
     const WarmupLRParams& params) {
-  constexpr const char* kName = "WarmupLR";
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_num_steps", params.warmup_num_steps, 1));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_min_lr", params.warmup_min_lr, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_max_lr", params.warmup_max_lr, 0));
+  ZE_RETURN_IF_ERROR(RequireAtLeast(
+      "WarmupLR", {{"warmup_num_steps", Steps(params.warmup_num_steps), 1},
+                   {"warmup_min_lr", params.warmup_min_lr, 0},
+                   {"warmup_max_lr", params.warmup_max_lr, 0}}));
   return std::unique_ptr<LrSchedule>(new WarmupDecaySchedule(params, -1));
 }
 
 absl::StatusOr<std::unique_ptr<LrSchedule>> MakeWarmupDecayLR(
     const WarmupDecayLRParams& params) {
-  constexpr const char* kName = "WarmupDecayLR";
-  ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "warmup_num_steps",
-                                    params.warmup.warmup_num_steps, 1));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "total_num_steps", params.total_num_steps, 1));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_min_lr", params.warmup.warmup_min_lr, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_max_lr", params.warmup.warmup_max_lr, 0));
+  const WarmupLRParams& warmup = params.warmup;
+  ZE_RETURN_IF_ERROR(RequireAtLeast(
+      "WarmupDecayLR", {{"warmup_num_steps", Steps(warmup.warmup_num_steps), 1},
+                        {"total_num_steps", Steps(params.total_num_steps), 1},
+                        {"warmup_min_lr", warmup.warmup_min_lr, 0},
+                        {"warmup_max_lr", warmup.warmup_max_lr, 0}}));
   return std::unique_ptr<LrSchedule>(
-      new WarmupDecaySchedule(params.warmup, params.total_num_steps));
+      new WarmupDecaySchedule(warmup, params.total_num_steps));
 }
 
 absl::StatusOr<std::unique_ptr<LrSchedule>> MakeWarmupCosineLR(
     const WarmupCosineLRParams& params) {
-  constexpr const char* kName = "WarmupCosineLR";
   ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_num_steps", params.warmup_num_steps, 1));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "total_num_steps", params.total_num_steps, 1));
-  ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "lr", params.base_lr, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "warmup_min_ratio", params.warmup_min_ratio, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "cos_min_ratio", params.cos_min_ratio, 0));
+      RequireAtLeast("WarmupCosineLR",
+                     {{"warmup_num_steps", Steps(params.warmup_num_steps), 1},
+                      {"total_num_steps", Steps(params.total_num_steps), 1},
+                      {"lr", params.base_lr, 0},
+                      {"warmup_min_ratio", params.warmup_min_ratio, 0},
+                      {"cos_min_ratio", params.cos_min_ratio, 0}}));
   return std::unique_ptr<LrSchedule>(new WarmupCosineSchedule(params));
 }
 
 absl::StatusOr<std::unique_ptr<LrSchedule>> MakeOneCycle(
     const OneCycleParams& params) {
-  constexpr const char* kName = "OneCycle";
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "cycle_min_lr", params.cycle_min_lr, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "cycle_max_lr", params.cycle_max_lr, 0));
-  ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "cycle_first_step_size",
-                                    params.cycle_first_step_size, 1));
-  if (params.cycle_second_step_size.has_value()) {
-    ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "cycle_second_step_size",
-                                      *params.cycle_second_step_size, 1));
-  }
-  ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "cycle_first_stair_count",
-                                    params.cycle_first_stair_count, 0));
-  if (params.cycle_second_stair_count.has_value()) {
-    ZE_RETURN_IF_ERROR(RequireAtLeast(kName, "cycle_second_stair_count",
-                                      *params.cycle_second_stair_count, 0));
-  }
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "decay_step_size", params.decay_step_size, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "decay_lr_rate", params.decay_lr_rate, 0));
-  ZE_RETURN_IF_ERROR(
-      RequireAtLeast(kName, "decay_mom_rate", params.decay_mom_rate, 0));
+  // An absent second phase takes the first's size (and passes).
+  ZE_RETURN_IF_ERROR(RequireAtLeast(
+      "OneCycle",
+      {{"cycle_min_lr", params.cycle_min_lr, 0},
+       {"cycle_max_lr", params.cycle_max_lr, 0},
+       {"cycle_first_step_size", Steps(params.cycle_first_step_size), 1},
+       {"cycle_second_step_size",
+        Steps(params.cycle_second_step_size.value_or(1)), 1},
+       {"cycle_first_stair_count", Steps(params.cycle_first_stair_count), 0},
+       {"cycle_second_stair_count",
+        Steps(params.cycle_second_stair_count.value_or(0)), 0},
+       {"decay_step_size", Steps(params.decay_step_size), 0},
+       {"decay_lr_rate", params.decay_lr_rate, 0},
+       {"decay_mom_rate", params.decay_mom_rate, 0}}));
   return std::unique_ptr<LrSchedule>(new OneCycleSchedule(params));
 }
 

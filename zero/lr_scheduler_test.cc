@@ -1,3 +1,5 @@
+// The LR schedules against hand-computed values. Declared boilerplate: each
+// test sets its schedule's parameters field by field, as a config would.
 #include "zero/lr_scheduler.h"
 
 #include <cmath>

@@ -41,28 +41,6 @@ absl::Status CheckTensor(const Tensor& tensor, const char* what,
   return absl::OkStatus();
 }
 
-// The CUDA kernel's plain-old-data copy of the coefficients.
-OptimizerCoefficients KernelCoefficients(const offload::StepCoefficients& c) {
-  OptimizerCoefficients k;
-  k.kind = c.is_sgd ? kKernelSgd : kKernelAdam;
-  k.grad_scale = c.grad_scale;
-  k.l2 = c.l2;
-  k.decay_factor = c.decay_factor;
-  k.neg_step_size = c.neg_step_size;
-  k.beta1 = c.beta1;
-  k.one_minus_beta1 = c.one_minus_beta1;
-  k.beta2 = c.beta2;
-  k.one_minus_beta2 = c.one_minus_beta2;
-  k.eps = c.eps;
-  k.inv_sqrt_bias_correction2 = c.inv_sqrt_bias_correction2;
-  k.momentum = c.momentum;
-  k.one_minus_dampening = c.one_minus_dampening;
-  k.has_momentum_buffer = c.has_momentum_buffer ? 1 : 0;
-  k.nesterov = c.nesterov ? 1 : 0;
-  k.first_step = c.first_step ? 1 : 0;
-  return k;
-}
-
 }  // namespace
 
 int64_t StateBytesPerElement(const OptimizerOptions& options) {
@@ -176,10 +154,9 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       }
       ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
       ZE_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchOptimizerStep(KernelCoefficients(coefficients),
-                                    master_weights.data_as<float>(), state0,
-                                    state1, grads.data(), grad_dtype, out,
-                                    out_dtype, count, stream.native()),
+          cuda::LaunchOptimizerStep(
+              coefficients, master_weights.data_as<float>(), state0, state1,
+              grads.data(), grad_dtype, out, out_dtype, count, stream.native()),
           absl::StrCat(OptimizerTypeName(options_.type), " step kernel on ",
                        device_.ToString())));
     }

@@ -76,7 +76,7 @@ __device__ __forceinline__ void Store4(void* data, int64_t i, const float* v) {
   }
 }
 
-__device__ __forceinline__ void AdamElement(const OptimizerCoefficients& c,
+__device__ __forceinline__ void AdamElement(const offload::StepCoefficients& c,
                                             float grad, float& p, float& m,
                                             float& v) {
   float g = __fmul_rn(grad, c.grad_scale);
@@ -89,7 +89,7 @@ __device__ __forceinline__ void AdamElement(const OptimizerCoefficients& c,
   p = __fmaf_rn(c.neg_step_size, __fdiv_rn(m, denom), p);
 }
 
-__device__ __forceinline__ void SgdElement(const OptimizerCoefficients& c,
+__device__ __forceinline__ void SgdElement(const offload::StepCoefficients& c,
                                            float grad, float& p, float* buf) {
   float g = __fmul_rn(grad, c.grad_scale);
   g = __fmaf_rn(c.l2, p, g);
@@ -104,10 +104,28 @@ __device__ __forceinline__ void SgdElement(const OptimizerCoefficients& c,
   p = __fmaf_rn(c.neg_step_size, g, p);
 }
 
+// Element i alone: the unvectorised loop's body and the vectorised one's
+// tail.
+template <int kGrad, int kOut>
+__device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
+                                          float* master, float* state0,
+                                          float* state1, const void* grads,
+                                          void* out, int64_t i) {
+  float p = master[i];
+  const float g = LoadOne<kGrad>(grads, i);
+  if (!c.is_sgd) {
+    AdamElement(c, g, p, state0[i], state1[i]);
+  } else {
+    SgdElement(c, g, p, c.has_momentum_buffer ? state0 + i : nullptr);
+  }
+  master[i] = p;
+  StoreOne<kOut>(out, i, p);
+}
+
 // Elements [4 * group, 4 * group + 4) per iteration when kVectorised;
 // otherwise one element per iteration. The grid strides over the slice.
 template <int kGrad, int kOut, bool kVectorised>
-__global__ void OptimizerKernel(OptimizerCoefficients c, float* master,
+__global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
                                 float* state0, float* state1, const void* grads,
                                 void* out, int64_t count) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -119,7 +137,7 @@ __global__ void OptimizerKernel(OptimizerCoefficients c, float* master,
       float p[kVector], g[kVector];
       Load4<kF32>(master, i, p);
       Load4<kGrad>(grads, i, g);
-      if (c.kind == kKernelAdam) {
+      if (!c.is_sgd) {
         float m[kVector], v[kVector];
         Load4<kF32>(state0, i, m);
         Load4<kF32>(state1, i, v);
@@ -141,27 +159,11 @@ __global__ void OptimizerKernel(OptimizerCoefficients c, float* master,
     // The tail (count % 4 elements) goes to the first threads.
     const int64_t tail = groups * kVector + first;
     if (tail < count) {
-      float p = master[tail];
-      const float g = LoadOne<kGrad>(grads, tail);
-      if (c.kind == kKernelAdam) {
-        AdamElement(c, g, p, state0[tail], state1[tail]);
-      } else {
-        SgdElement(c, g, p, c.has_momentum_buffer ? state0 + tail : nullptr);
-      }
-      master[tail] = p;
-      StoreOne<kOut>(out, tail, p);
+      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, tail);
     }
   } else {
     for (int64_t i = first; i < count; i += stride) {
-      float p = master[i];
-      const float g = LoadOne<kGrad>(grads, i);
-      if (c.kind == kKernelAdam) {
-        AdamElement(c, g, p, state0[i], state1[i]);
-      } else {
-        SgdElement(c, g, p, c.has_momentum_buffer ? state0 + i : nullptr);
-      }
-      master[i] = p;
-      StoreOne<kOut>(out, i, p);
+      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, i);
     }
   }
 }
@@ -171,7 +173,7 @@ bool Aligned(const void* pointer, uintptr_t bytes) {
 }
 
 template <int kGrad, int kOut>
-int Launch(const OptimizerCoefficients& c, float* master, float* state0,
+int Launch(const offload::StepCoefficients& c, float* master, float* state0,
            float* state1, const void* grads, void* out, int64_t count,
            cudaStream_t stream) {
   const uintptr_t grad_bytes = kGrad == kF32 ? 16 : 8;
@@ -197,9 +199,9 @@ int Launch(const OptimizerCoefficients& c, float* master, float* state0,
 }
 
 template <int kGrad>
-int LaunchForOut(const OptimizerCoefficients& c, float* master, float* state0,
-                 float* state1, const void* grads, void* out, int out_dtype,
-                 int64_t count, cudaStream_t stream) {
+int LaunchForOut(const offload::StepCoefficients& c, float* master,
+                 float* state0, float* state1, const void* grads, void* out,
+                 int out_dtype, int64_t count, cudaStream_t stream) {
   switch (out_dtype) {
     case kF32:
       return Launch<kGrad, kF32>(c, master, state0, state1, grads, out, count,
@@ -218,7 +220,7 @@ int LaunchForOut(const OptimizerCoefficients& c, float* master, float* state0,
 
 }  // namespace
 
-int LaunchOptimizerStep(const OptimizerCoefficients& coefficients,
+int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
                         float* master, float* state0, float* state1,
                         const void* grads, int grad_dtype, void* out,
                         int out_dtype, int64_t count, void* stream) {

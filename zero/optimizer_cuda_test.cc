@@ -8,6 +8,7 @@
 #include "core/stream.h"
 #include "gtest/gtest.h"
 #include "zero/optimizer.h"
+#include "zero/optimizer_test_options.h"
 
 namespace ze {
 namespace zero {
@@ -63,20 +64,12 @@ TEST(OptimizerCudaTest, MatchesCpuOverManySteps) {
   const Stream stream = *stream_or;
   const Stream cpu_stream;
 
-  OptimizerOptions adam;
-  adam.type = OptimizerType::kAdam;
-  adam.weight_decay = 0.01;
-  OptimizerOptions adamw = adam;
-  adamw.type = OptimizerType::kAdamW;
-  adamw.weight_decay = 0.1;
-  OptimizerOptions sgd;
-  sgd.type = OptimizerType::kSgd;
-  sgd.momentum = 0.9;
-  sgd.weight_decay = 0.01;
-  OptimizerOptions nesterov = sgd;
-  nesterov.nesterov = true;
-  OptimizerOptions plain;
-  plain.type = OptimizerType::kSgd;
+  const OptimizerVariants variants = TestOptimizers();
+  const OptimizerOptions& adam = variants.adam;
+  const OptimizerOptions& adamw = variants.adamw;
+  const OptimizerOptions& sgd = variants.sgd;
+  const OptimizerOptions& nesterov = variants.nesterov;
+  const OptimizerOptions& plain = variants.plain;
   std::vector<Case> cases;
   for (DType grad : {DType::kF32, DType::kBF16, DType::kF16}) {
     cases.push_back({"adam", adam, grad, DType::kBF16, false});

@@ -3,8 +3,9 @@
 // Host-only header (plain C++; the .cu file includes it too).
 //
 // FlatOptimizer (optimizer.h) turns its options and StepArgs into the
-// per-step coefficients below once on the host, in double precision, so the
-// kernels only evaluate, for every element i, in f32:
+// per-step coefficients (offload::StepCoefficients, the struct the CPU
+// kernels take too) once on the host, in double precision, so the kernels
+// only evaluate, for every element i, in f32:
 //
 //   g = grad[i] * grad_scale
 //   Adam/AdamW:
@@ -30,31 +31,10 @@
 
 #include <cstdint>
 
+#include "offload/step_coefficients.h"
+
 namespace ze {
 namespace zero {
-
-enum : int { kKernelAdam = 0, kKernelSgd = 1 };
-
-struct OptimizerCoefficients {
-  int kind = kKernelAdam;  // kKernelAdam (Adam and AdamW) or kKernelSgd
-  float grad_scale = 1.0f;
-  float l2 = 0.0f;
-  float decay_factor = 1.0f;
-  float neg_step_size = 0.0f;
-  // Adam
-  float beta1 = 0.0f;
-  float one_minus_beta1 = 1.0f;
-  float beta2 = 0.0f;
-  float one_minus_beta2 = 1.0f;
-  float eps = 0.0f;
-  float inv_sqrt_bias_correction2 = 1.0f;
-  // SGD
-  float momentum = 0.0f;
-  float one_minus_dampening = 1.0f;
-  int has_momentum_buffer = 0;
-  int nesterov = 0;
-  int first_step = 0;
-};
 
 // Sentinel for "no model-weight output".
 constexpr int kNoOutput = -1;
@@ -69,7 +49,7 @@ namespace cuda {
 
 // CUDA: the same update queued on `stream` (a cudaStream_t as void*); all
 // pointers device memory. Returns the cudaError_t of the launch as int.
-int LaunchOptimizerStep(const OptimizerCoefficients& coefficients,
+int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
                         float* master, float* state0, float* state1,
                         const void* grads, int grad_dtype, void* out,
                         int out_dtype, int64_t count, void* stream);

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
+#include "zero/optimizer_test_options.h"
 
 namespace ze {
 namespace zero {
@@ -144,22 +145,7 @@ struct Case {
 
 std::vector<Case> Cases() {
   std::vector<Case> cases;
-  OptimizerOptions adam;
-  adam.type = OptimizerType::kAdam;
-  adam.weight_decay = 0.01f;
-  OptimizerOptions adamw = adam;
-  adamw.type = OptimizerType::kAdamW;
-  adamw.weight_decay = 0.1f;
-  OptimizerOptions sgd;
-  sgd.type = OptimizerType::kSgd;
-  sgd.momentum = 0.9f;
-  sgd.weight_decay = 0.01f;
-  OptimizerOptions nesterov = sgd;
-  nesterov.nesterov = true;
-  OptimizerOptions dampened = sgd;
-  dampened.dampening = 0.3f;
-  OptimizerOptions plain;
-  plain.type = OptimizerType::kSgd;
+  const auto [adam, adamw, sgd, nesterov, dampened, plain] = TestOptimizers();
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     cases.push_back({"adam", adam, dtype, false});
     cases.push_back({"adamw", adamw, dtype, false});

@@ -29,25 +29,43 @@ Overlap Intersect(const ParamPlacement& place, int64_t range_begin,
   return Overlap{low - place.offset, low - range_begin, high - low};
 }
 
-// Allocates staging for bucket elements [range_begin, + count) of `bucket`
-// in `dtype`, lists the reads that fill it from the parameters' `kind`, and
-// zeroes the padding no read covers.
-absl::StatusOr<Tensor> StageRange(const PartitionedLayout& layout, int bucket,
-                                  const std::string& kind, int64_t range_begin,
-                                  int64_t count, DType dtype,
-                                  std::vector<ImportRead>* reads) {
-  ZE_ASSIGN_OR_RETURN(Tensor staging,
-                      Tensor::Empty({count}, dtype, Device::Cpu()));
+// Stages bucket elements [range_begin, + count) of `bucket` in `dtype` as
+// `array`'s targets of `window` (ImportTarget::begin relative to
+// range_begin) and lists the reads that fill them from the parameters'
+// `kind`. Unfiltered: one target over the whole range, its padding (no
+// read covers it) zeroed. Filtered: a target per selected parameter.
+absl::Status StageRange(const PartitionedLayout& layout, int bucket, int array,
+                        const std::string& kind, int64_t range_begin,
+                        int64_t count, DType dtype, const ImportFilter& filter,
+                        ImportWindow* window) {
   const BucketLayout& info = layout.bucket(bucket);
   const int64_t range_end = range_begin + count;
+  if (filter) {
+    for (int p = info.first_param; p < info.end_param; ++p) {
+      if (!filter(p)) continue;
+      const Overlap overlap =
+          Intersect(layout.placement(p), range_begin, range_end);
+      if (overlap.count == 0) continue;
+      ZE_ASSIGN_OR_RETURN(Tensor staging,
+                          Tensor::Empty({overlap.count}, dtype, Device::Cpu()));
+      window->targets.push_back({bucket, array, overlap.range_offset, staging});
+      window->reads.push_back(
+          {kind, layout.param(p).name, overlap.param_begin, staging});
+      window->bytes += staging.nbytes();
+    }
+    return absl::OkStatus();
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor staging,
+                      Tensor::Empty({count}, dtype, Device::Cpu()));
   std::vector<Overlap> overlaps;
   for (int p = info.first_param; p < info.end_param; ++p) {
     const Overlap overlap =
         Intersect(layout.placement(p), range_begin, range_end);
     if (overlap.count == 0) continue;
     overlaps.push_back(overlap);
-    reads->push_back({kind, layout.param(p).name, overlap.param_begin,
-                      staging.Slice(overlap.range_offset, overlap.count)});
+    window->reads.push_back(
+        {kind, layout.param(p).name, overlap.param_begin,
+         staging.Slice(overlap.range_offset, overlap.count)});
   }
   std::sort(overlaps.begin(), overlaps.end(),
             [](const Overlap& a, const Overlap& b) {
@@ -65,7 +83,9 @@ absl::StatusOr<Tensor> StageRange(const PartitionedLayout& layout, int bucket,
   if (count > filled) {
     ZE_RETURN_IF_ERROR(Fill(staging.Slice(filled, count - filled), 0.0f, cpu));
   }
-  return staging;
+  window->targets.push_back({bucket, array, 0, staging});
+  window->bytes += staging.nbytes();
+  return absl::OkStatus();
 }
 
 // The first state array a window stages: with aliasing, array 0 (the
@@ -89,7 +109,8 @@ int64_t ImportBytes(const PartitionState& state, int arrays) {
 
 absl::StatusOr<ImportWindow> PlanImport(const PartitionState& state,
                                         int first_bucket, int end_bucket,
-                                        int arrays) {
+                                        int arrays,
+                                        const ImportFilter& filter) {
   const PartitionedLayout& layout = state.layout();
   const std::vector<std::string> names = state.StateArrayNames();
   ImportWindow window;
@@ -97,22 +118,16 @@ absl::StatusOr<ImportWindow> PlanImport(const PartitionState& state,
   window.end_bucket = end_bucket;
   for (int b = first_bucket; b < end_bucket; ++b) {
     const PartitionSlice own = state.OwnRange(b);
-    std::vector<Tensor>& staged = window.arrays.emplace_back(names.size());
     for (int a = FirstStagedArray(state); a < arrays; ++a) {
-      ZE_ASSIGN_OR_RETURN(staged[a],
-                          StageRange(layout, b, names[a], own.begin, own.size(),
-                                     DType::kF32, &window.reads));
-      window.bytes += staged[a].nbytes();
+      ZE_RETURN_IF_ERROR(StageRange(layout, b, a, names[a], own.begin,
+                                    own.size(), DType::kF32, filter, &window));
     }
     int64_t weights_begin = 0;
     const Tensor weights = state.CheckpointWeights(b, &weights_begin);
-    ZE_ASSIGN_OR_RETURN(
-        Tensor staging,
-        StageRange(
-            layout, b, state.master_aliases_weights() ? "master" : "weights",
-            weights_begin, weights.numel(), weights.dtype(), &window.reads));
-    window.bytes += staging.nbytes();
-    window.weights.push_back(staging);
+    ZE_RETURN_IF_ERROR(StageRange(
+        layout, b, ImportTarget::kWeights,
+        state.master_aliases_weights() ? "master" : "weights", weights_begin,
+        weights.numel(), weights.dtype(), filter, &window));
   }
   return window;
 }
@@ -120,6 +135,7 @@ absl::StatusOr<ImportWindow> PlanImport(const PartitionState& state,
 absl::Status FillImport(const ImportSource& source,
                         const ImportWindow& window) {
   const int64_t count = static_cast<int64_t>(window.reads.size());
+  if (count == 0) return absl::OkStatus();
   ThreadPool pool(static_cast<int>(std::min<int64_t>(kImportThreads, count)));
   return pool.TryParallelFor(count, [&](int, int64_t i) -> absl::Status {
     const ImportRead& read = window.reads[i];
@@ -130,26 +146,33 @@ absl::Status FillImport(const ImportSource& source,
 absl::Status CommitImport(PartitionState& state,
                           const offload::UpdateJoined& joined,
                           const ImportWindow& window, const Stream& stream) {
-  for (int b = window.first_bucket; b < window.end_bucket; ++b) {
-    const int i = b - window.first_bucket;
-    for (size_t a = 0; a < window.arrays[i].size(); ++a) {
-      const Tensor& values = window.arrays[i][a];
-      if (!values.defined()) continue;
-      ZE_RETURN_IF_ERROR(state.WriteOwnState(joined, b, static_cast<int>(a), 0,
-                                             values, stream));
-      if (a == 0 && !state.trainable(b)) {
+  const std::vector<ImportTarget>& targets = window.targets;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const ImportTarget& target = targets[t];
+    const int b = target.bucket;
+    const Tensor& values = target.staging;
+    if (target.array == ImportTarget::kWeights) {
+      int64_t weights_begin = 0;
+      const Tensor weights = state.CheckpointWeights(b, &weights_begin);
+      ZE_RETURN_IF_ERROR(
+          Copy(values, weights.Slice(target.begin, values.numel()), stream));
+    } else {
+      ZE_RETURN_IF_ERROR(state.WriteOwnState(joined, b, target.array,
+                                             target.begin, values, stream));
+      if (target.array == 0 && !state.trainable(b)) {
         // WriteOwnState leaves a frozen bucket's state alone, but its f32
-        // master copy is what GatherMaster reads.
+        // master copy is what the export of "master" reads.
         const Tensor master = state.OwnMaster(b);
         if (master.defined()) {
-          ZE_RETURN_IF_ERROR(CopyConverting(values, master, stream));
+          ZE_RETURN_IF_ERROR(CopyConverting(
+              values, master.Slice(target.begin, values.numel()), stream));
         }
       }
     }
-    int64_t weights_begin = 0;
-    const Tensor weights = state.CheckpointWeights(b, &weights_begin);
-    ZE_RETURN_IF_ERROR(Copy(window.weights[i], weights, stream));
-    ZE_RETURN_IF_ERROR(stream.Synchronize());
+    // A bucket is complete (its staging may go) before the next begins.
+    if (t + 1 == targets.size() || targets[t + 1].bucket != b) {
+      ZE_RETURN_IF_ERROR(stream.Synchronize());
+    }
   }
   return absl::OkStatus();
 }
@@ -157,10 +180,11 @@ absl::Status CommitImport(PartitionState& state,
 absl::Status ImportState(PartitionState& state,
                          const offload::UpdateJoined& joined, int first_bucket,
                          int end_bucket, int arrays, const ImportSource& source,
-                         const Stream& stream) {
+                         const Stream& stream, const ImportFilter& filter) {
   for (int b = first_bucket; b < end_bucket; ++b) {
     ZE_ASSIGN_OR_RETURN(const ImportWindow window,
-                        PlanImport(state, b, b + 1, arrays));
+                        PlanImport(state, b, b + 1, arrays, filter));
+    if (window.targets.empty()) continue;
     ZE_RETURN_IF_ERROR(FillImport(source, window));
     ZE_RETURN_IF_ERROR(CommitImport(state, joined, window, stream));
   }

@@ -1,7 +1,8 @@
 // The import on the CPU, over a PartitionState without an engine: what
 // lands where (weights, master, optimizer arrays; padding zero), which
-// arrays a window leaves alone, frozen buckets' master copies, and what an
-// error leaves behind.
+// arrays a window leaves alone, frozen buckets' master copies, what an
+// error leaves behind, and a filtered (scope release) import writing only
+// the parameters it selects.
 #include "zero/partition_import.h"
 
 #include <atomic>
@@ -13,51 +14,19 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
+#include "zero/partition_test_values.h"
 
 namespace ze {
 namespace zero {
 namespace {
 
-// Two buckets (a, then b and c) at world 1, bf16 weights, AdamW: arrays
-// "master", "exp_avg", "exp_avg_sq".
+using testing_values::FillFrom;
+using testing_values::Floats;
+using testing_values::Value;
+
+// Two buckets (a, then b and c) at world 1.
 std::unique_ptr<PartitionState> Make(int stage, std::vector<bool> trainable) {
-  LayoutOptions layout_options;
-  layout_options.bucket_max_elements = 40;
-  absl::StatusOr<PartitionedLayout> layout = PartitionedLayout::Build(
-      {{"a", 30}, {"b", 11}, {"c", 7}}, layout_options);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  EXPECT_EQ(layout->num_buckets(), 2);
-  PartitionStateOptions options;
-  options.stage = stage;
-  options.model_dtype = DType::kBF16;
-  options.optimizer.type = OptimizerType::kAdamW;
-  options.trainable = std::move(trainable);
-  const Stream& stream = Stream::Default(Device::Cpu());
-  absl::StatusOr<std::unique_ptr<PartitionState>> state =
-      PartitionState::Create(*layout, options, stream);
-  EXPECT_TRUE(state.ok()) << state.status();
-  EXPECT_TRUE((*state)->AllocateTrainingState(stream).ok());
-  return std::move(state).value();
-}
-
-// Kind k of parameter "x" element i: small integers, exact in bf16.
-float Value(const std::string& kind, const std::string& name, int64_t i) {
-  const float base = kind == "weights" ? 0 : kind == "master" ? 100 : 200;
-  return base + static_cast<float>(name[0] - 'a') * 40 + static_cast<float>(i);
-}
-
-absl::Status FillFrom(const std::string& kind, const std::string& name,
-                      int64_t begin, const Tensor& destination) {
-  ZE_ASSIGN_OR_RETURN(Tensor values, Tensor::Empty({destination.numel()},
-                                                   DType::kF32, Device::Cpu()));
-  for (int64_t i = 0; i < destination.numel(); ++i) {
-    values.data_as<float>()[i] = Value(kind, name, begin + i);
-  }
-  return CopyConverting(values, destination, Stream::Default(Device::Cpu()));
-}
-
-std::vector<float> Floats(const Tensor& tensor) {
-  return ToHostFloats(tensor, Stream::Default(Device::Cpu())).value();
+  return testing_values::MakeState(stage, 1, 0, std::move(trainable)).value();
 }
 
 // Bucket b's own elements of array `array`, as the partition holds them.
@@ -172,6 +141,57 @@ TEST(PartitionImportTest, FrozenBucketGetsItsMasterCopyButNoState) {
   int64_t begin = 0;
   EXPECT_EQ(Floats(state->CheckpointWeights(1, &begin)),
             Expected(state->layout(), 1, "weights"));
+}
+
+// A scope release names parameter "b" (bucket 1, beside "c"): only b's
+// elements of the weights and master change; c's and the padding keep
+// what they held, and the optimizer arrays beyond `arrays` stay.
+TEST(PartitionImportTest, FilterWritesOnlyTheSelectedParameters) {
+  for (const int stage : {1, 3}) {
+    std::unique_ptr<PartitionState> state = Make(stage, {});
+    const Stream& stream = Stream::Default(Device::Cpu());
+    const offload::UpdateJoined joined = state->FinishUpdate(stream).value();
+    // Everything first holds the "exp_avg" pattern (distinct from both the
+    // weights and the master values the filtered import brings).
+    const ImportSource as_exp_avg = [](const std::string& kind,
+                                       const std::string& name, int64_t begin,
+                                       const Tensor& destination) {
+      return FillFrom("exp_avg", name, begin, destination);
+    };
+    ASSERT_TRUE(ImportState(*state, joined, 0, 2, 1, as_exp_avg, stream).ok());
+    int64_t begin = 0;
+    std::vector<float> weights = Floats(state->CheckpointWeights(1, &begin));
+    std::vector<float> master = OwnArray(*state, joined, 1, 0);
+    const std::vector<float> bucket0 =
+        Floats(state->CheckpointWeights(0, &begin));
+
+    const PartitionedLayout& layout = state->layout();
+    const int b_index = layout.FindParam("b").value();
+    std::atomic<int> reads{0};
+    const ImportSource counting =
+        [&reads](const std::string& kind, const std::string& name,
+                 int64_t begin, const Tensor& destination) {
+          ++reads;
+          EXPECT_EQ(name, "b");
+          return FillFrom(kind, name, begin, destination);
+        };
+    absl::StatusOr<ImportWindow> window = PlanImport(
+        *state, 0, 2, 1, [b_index](int index) { return index == b_index; });
+    ASSERT_TRUE(window.ok()) << window.status();
+    EXPECT_EQ(window->bytes, 11 * 4 + 11 * 2);  // b's master and weights
+    ASSERT_TRUE(ImportState(*state, joined, 0, 2, 1, counting, stream,
+                            [b_index](int index) { return index == b_index; })
+                    .ok());
+    EXPECT_EQ(reads.load(), 2);  // "master" and "weights" of b, once each
+    const ParamPlacement& b = layout.placement(b_index);
+    for (int64_t i = 0; i < b.numel; ++i) {
+      weights[b.offset + i] = Value("weights", "b", i);
+      master[b.offset + i] = Value("master", "b", i);
+    }
+    EXPECT_EQ(Floats(state->CheckpointWeights(1, &begin)), weights) << stage;
+    EXPECT_EQ(OwnArray(*state, joined, 1, 0), master) << stage;
+    EXPECT_EQ(Floats(state->CheckpointWeights(0, &begin)), bucket0) << stage;
+  }
 }
 
 }  // namespace

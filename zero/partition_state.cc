@@ -10,26 +10,6 @@
 
 namespace ze {
 namespace zero {
-namespace {
-
-// Bucket elements [low, high); empty when high <= low.
-struct BucketSpan {
-  int64_t low = 0;
-  int64_t high = 0;
-  bool empty() const { return high <= low; }
-  int64_t size() const { return high - low; }
-};
-
-// The elements of the parameter at `place` that rank `rank` holds when each
-// rank holds bucket elements [rank * slice, (rank + 1) * slice): MasterPiece
-// asks for its own rank's share, GatherMaster for every holder's.
-BucketSpan RankShare(const ParamPlacement& place, int64_t slice, int64_t rank) {
-  return BucketSpan{
-      std::max<int64_t>(place.offset, rank * slice),
-      std::min<int64_t>(place.offset + place.numel, (rank + 1) * slice)};
-}
-
-}  // namespace
 
 const char* PlacementName(Placement placement) {
   switch (placement) {
@@ -212,8 +192,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   }
   optimizers_.resize(layout_.num_buckets());
   for (int b = 0; b < layout_.num_buckets(); ++b) {
-    if (!trainable_[b]) continue;
-    if (optimizer_placement_[b] == Placement::kDevice) {
+    if (trainable_[b] && optimizer_placement_[b] == Placement::kDevice) {
       absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
           FlatOptimizer::Create(options_.optimizer, own_elements(b),
                                 options_.device);
@@ -224,7 +203,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       }
       optimizers_[b] = std::move(optimizer).value();
     }
-    if (optimizer_placement_[b] == Placement::kNvme) {
+    if (trainable_[b] && optimizer_placement_[b] == Placement::kNvme) {
       // The initial master weights go to the swap file chunk by chunk (the
       // moments start at zero).
       Tensor weights = OwnWeights(b);
@@ -240,7 +219,9 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
             master.data_as<float>()));
       }
     } else if (!master_aliases_weights()) {
-      // Onto the host (offload) this converts on the device first.
+      // Onto the host (offload) this converts on the device first. A frozen
+      // bucket's copy too: it is what its "master" exports (imports may
+      // then give it values finer than its 16-bit weights).
       ZE_RETURN_IF_ERROR(CopyConverting(OwnWeights(b), OwnMaster(b), stream));
     }
   }
@@ -258,15 +239,22 @@ Tensor PartitionState::FullGradients(int bucket) const {
                           layout_.bucket(bucket).padded_elements);
 }
 
-Tensor PartitionState::OwnWeights(int bucket) const {
+Tensor PartitionState::OwnSlice(const Tensor& buffer, bool replicated,
+                                int bucket) const {
   const BucketLayout& layout = layout_.bucket(bucket);
-  if (updates_whole_buckets()) return FullWeights(bucket);
-  if (weights_replicated()) {
-    return weights_.Slice(
+  if (updates_whole_buckets()) {
+    return buffer.Slice(bucket_offsets_[bucket], layout.padded_elements);
+  }
+  if (replicated) {
+    return buffer.Slice(
         bucket_offsets_[bucket] + options_.rank * layout.slice_elements,
         layout.slice_elements);
   }
-  return weights_.Slice(layout.partition_offset, layout.slice_elements);
+  return buffer.Slice(layout.partition_offset, layout.slice_elements);
+}
+
+Tensor PartitionState::OwnWeights(int bucket) const {
+  return OwnSlice(weights_, weights_replicated(), bucket);
 }
 
 Tensor PartitionState::OwnMaster(int bucket) const {
@@ -281,23 +269,6 @@ Tensor PartitionState::OwnMaster(int bucket) const {
 offload::NvmeStore::Counters PartitionState::nvme_counters() const {
   if (swapped_ == nullptr) return offload::NvmeStore::Counters();
   return swapped_->store().counters();
-}
-
-absl::Status PartitionState::WriteMaster(
-    const offload::UpdateJoined& /*joined*/, int bucket,
-    int64_t partition_offset, const Tensor& values, const Stream& stream) {
-  const int64_t begin =
-      partition_offset - layout_.bucket(bucket).partition_offset;
-  if (optimizer_placement_[bucket] != Placement::kNvme) {
-    return CopyConverting(
-        values, OwnMaster(bucket).Slice(begin, values.numel()), stream);
-  }
-  ZE_ASSIGN_OR_RETURN(
-      Tensor host, Tensor::Empty({values.numel()}, DType::kF32, Device::Cpu()));
-  ZE_RETURN_IF_ERROR(CopyConverting(values, host, stream));
-  ZE_RETURN_IF_ERROR(stream.Synchronize());
-  return SwappedRange(bucket, /*array=*/0, begin, values.numel(),
-                      host.data_as<float>(), /*write=*/true);
 }
 
 absl::Status PartitionState::SwappedRange(int bucket, int array,
@@ -318,14 +289,6 @@ absl::Status PartitionState::SwappedRange(int bucket, int array,
     done += piece;
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<Tensor> PartitionState::ReadSwappedMaster(int bucket) const {
-  ZE_ASSIGN_OR_RETURN(Tensor master, Tensor::Empty({own_elements(bucket)},
-                                                   DType::kF32, Device::Cpu()));
-  ZE_RETURN_IF_ERROR(SwappedRange(bucket, /*array=*/0, 0, own_elements(bucket),
-                                  master.data_as<float>(), /*write=*/false));
-  return master;
 }
 
 int64_t PartitionState::optimizer_step_count() const {
@@ -531,14 +494,7 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
 }
 
 Tensor PartitionState::OwnGradients(int bucket) const {
-  const BucketLayout& layout = layout_.bucket(bucket);
-  if (updates_whole_buckets()) return FullGradients(bucket);
-  if (gradients_replicated()) {
-    return gradients_.Slice(
-        bucket_offsets_[bucket] + options_.rank * layout.slice_elements,
-        layout.slice_elements);
-  }
-  return gradients_.Slice(layout.partition_offset, layout.slice_elements);
+  return OwnSlice(gradients_, gradients_replicated(), bucket);
 }
 
 absl::Status PartitionState::ResetGradients(const Stream& stream) {
@@ -608,12 +564,7 @@ absl::Status PartitionState::ReadOwnState(
                      ", ", own_begin + count, ") of bucket ", bucket, " (",
                      own_elements(bucket), " own elements)"));
   }
-  if (!trainable_[bucket]) {
-    if (array == 0) {
-      ZE_RETURN_IF_ERROR(CopyConverting(
-          OwnWeights(bucket).Slice(own_begin, count), out, stream));
-      return stream.Synchronize();
-    }
+  if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
   }
   switch (optimizer_placement_[bucket]) {
@@ -687,62 +638,6 @@ float* PartitionState::HostStateArray(int array) const {
                : host_optimizer_->momentum_buffer();
   }
   return host_optimizer_->exp_avg_sq();
-}
-
-Tensor PartitionState::MasterPiece(const offload::UpdateJoined& /*joined*/,
-                                   int index, int64_t* begin) const {
-  const ParamPlacement& place = layout_.placement(index);
-  if (updates_whole_buckets()) {
-    *begin = 0;
-    return OwnMaster(place.bucket).Slice(place.offset, place.numel);
-  }
-  const int64_t slice = layout_.bucket(place.bucket).slice_elements;
-  const BucketSpan share = RankShare(place, slice, options_.rank);
-  if (share.empty()) return Tensor();
-  *begin = share.low - place.offset;
-  return OwnMaster(place.bucket)
-      .Slice(share.low - options_.rank * slice, share.size());
-}
-
-absl::StatusOr<std::vector<float>> PartitionState::GatherMaster(
-    const offload::UpdateJoined& /*joined*/, int index,
-    comm::Communicator& comm, const Stream& stream) const {
-  const ParamPlacement& place = layout_.placement(index);
-  const BucketLayout& layout = layout_.bucket(place.bucket);
-  // The master slice is f32 in every mode (in f32 training it is the
-  // weights themselves), so it is read as it is.
-  Tensor own = OwnMaster(place.bucket);
-  if (optimizer_placement_[place.bucket] == Placement::kNvme) {
-    ZE_ASSIGN_OR_RETURN(own, ReadSwappedMaster(place.bucket));
-  }
-  if (updates_whole_buckets() || comm.world_size() == 1) {
-    // Every rank holds the whole bucket: no collective. A host slice is
-    // read directly, after what `stream` still has queued for it.
-    if (!own.device().is_cuda()) ZE_RETURN_IF_ERROR(stream.Synchronize());
-    return ToHostFloats(own.Slice(place.offset, place.numel), stream);
-  }
-  const int64_t slice = layout.slice_elements;
-  std::vector<float> values(place.numel);
-  // The ranks holding a share of the parameter, in rank order.
-  for (int64_t root = place.offset / slice;
-       root * slice < place.offset + place.numel; ++root) {
-    const BucketSpan share = RankShare(place, slice, root);
-    // Collectives work on the model's device.
-    ZE_ASSIGN_OR_RETURN(Tensor piece, Tensor::Empty({share.size()}, DType::kF32,
-                                                    options_.device));
-    if (root == comm.rank()) {
-      ZE_RETURN_IF_ERROR(Copy(own.Slice(share.low - root * slice, share.size()),
-                              piece, stream));
-    }
-    ZE_ASSIGN_OR_RETURN(comm::Work work,
-                        comm.Broadcast(piece, static_cast<int>(root), stream));
-    ZE_RETURN_IF_ERROR(work.Wait());
-    ZE_ASSIGN_OR_RETURN(std::vector<float> received,
-                        ToHostFloats(piece, stream));
-    std::copy(received.begin(), received.end(),
-              values.begin() + (share.low - place.offset));
-  }
-  return values;
 }
 
 }  // namespace zero

@@ -46,7 +46,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "comm/communicator.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/stream.h"
@@ -186,17 +185,10 @@ class PartitionState {
   // bucket at stage 0, this rank's (slice) from stage 1 on.
   Tensor OwnWeights(int bucket) const;
   // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased;
-  // undefined for kNvme (see WriteMaster and GatherMaster).
+  // undefined for kNvme (see ReadOwnState and WriteOwnState). A frozen
+  // bucket has one too (its weights' values, or what an import gave it).
   Tensor OwnMaster(int bucket) const;
   Tensor OwnGradients(int bucket) const;
-  // Stage 3: writes `values` (any float dtype and device) over `bucket`'s
-  // master elements from partition offset `partition_offset` on, wherever
-  // they live (a read-modify-write of the swap file for kNvme). Synchronous
-  // for kNvme; queued on `stream` otherwise. `joined`: FinishUpdate's proof
-  // that no offloaded update writes the master meanwhile.
-  absl::Status WriteMaster(const offload::UpdateJoined& joined, int bucket,
-                           int64_t partition_offset, const Tensor& values,
-                           const Stream& stream);
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 
@@ -238,8 +230,9 @@ class PartitionState {
   // Joins the update in flight (if any): waits for the whole of it and
   // orders `stream` after every upload; a delayed update is applied here
   // (its weights copied into place on `stream`). Returns the proof the
-  // state readers below take (WriteMaster, ReadOwnState, WriteOwnState,
-  // MasterPiece, GatherMaster), so a reader cannot forget it. The worker's
+  // state readers take (ReadOwnState, WriteOwnState; the import and export
+  // doors, zero/partition_import.h and zero/partition_export.h), so a
+  // reader cannot forget it. The worker's
   // error, if it failed (the update is over either way). FailedPrecondition,
   // with the update left running, between BeginUpdate and UpdateWeights:
   // that update is this step's and still takes gradients.
@@ -291,8 +284,9 @@ class PartitionState {
   std::vector<std::string> StateArrayNames() const;
   // Copies own elements [own_begin, own_begin + out.numel()) of `array` of
   // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
-  // reads its weights as master and zeros as state. OutOfRange when the
-  // range leaves the bucket; copy or NVMe read errors otherwise.
+  // reads its f32 master copy (OwnMaster) as master and zeros as state.
+  // OutOfRange when the range leaves the bucket; copy or NVMe read errors
+  // otherwise.
   absl::Status ReadOwnState(const offload::UpdateJoined& joined, int bucket,
                             int array, int64_t own_begin, const Tensor& out,
                             const Stream& stream) const;
@@ -333,22 +327,6 @@ class PartitionState {
   // this window has zero gradients; fill them (on `stream`).
   absl::Status ZeroStaleGradients(const Stream& stream);
 
-  // The part of parameter `index`'s f32 master this rank holds, as a view,
-  // and through *begin its first element within the parameter. Undefined
-  // when this rank holds none of it. `joined`: FinishUpdate's proof (the
-  // caller reads or writes the view).
-  Tensor MasterPiece(const offload::UpdateJoined& joined, int index,
-                     int64_t* begin) const;
-  // Parameter `index`'s f32 master values, gathered from every rank (at
-  // stages 1-3 with more than one rank a collective: one broadcast from each
-  // rank holding part of it, in rank order, so every rank must call it for
-  // the same parameters in the same order). Moves only the parameter's own
-  // elements (one device buffer of at most its size), not its bucket's:
-  // an export gathers every parameter in turn.
-  absl::StatusOr<std::vector<float>> GatherMaster(
-      const offload::UpdateJoined& joined, int index, comm::Communicator& comm,
-      const Stream& stream) const;
-
   Placement weights_placement() const { return options_.weights_placement; }
   Placement gradients_placement() const { return Placement::kDevice; }
   // Master weights and optimizer state of `bucket`.
@@ -370,6 +348,10 @@ class PartitionState {
   bool updates_whole_buckets() const { return !policy().partition_optimizer; }
   // Elements bucket b's optimizer updates: padded bucket (stage 0) or slice.
   int64_t own_elements(int bucket) const;
+  // What this rank's optimizer of bucket b reads and writes of `buffer`
+  // (the weights or the gradients; `replicated`: (padded_total) elements,
+  // else (partition)): the whole bucket at stage 0, else its slice.
+  Tensor OwnSlice(const Tensor& buffer, bool replicated, int bucket) const;
   // Zero-filled. `transferred`: host memory the device copies from and to
   // (pinned with pin_memory on a GPU).
   absl::StatusOr<Tensor> Allocate(int64_t elements, DType dtype,
@@ -383,7 +365,6 @@ class PartitionState {
   bool offloaded(int bucket) const {
     return optimizer_placement_[bucket] != Placement::kDevice;
   }
-  absl::StatusOr<Tensor> ReadSwappedMaster(int bucket) const;
   // Elements [own_begin, own_begin + count) of `array` of NVMe bucket
   // `bucket`, read into or written from `data`, chunk by chunk.
   absl::Status SwappedRange(int bucket, int array, int64_t own_begin,

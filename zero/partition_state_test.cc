@@ -4,7 +4,6 @@
 // file allows it.
 #include "zero/partition_state.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -14,11 +13,6 @@
 namespace ze {
 namespace zero {
 namespace {
-
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
 
 PartitionedLayout Layout() {
   LayoutOptions options;
@@ -30,25 +24,33 @@ PartitionedLayout Layout() {
   return *layout;
 }
 
-PartitionStateOptions NvmeOptions(const std::string& directory) {
+// bf16 AdamW at `stage` with every bucket's optimizer at `placement`: a CPU
+// optimizer of 2 threads and chunks of 512 elements (the layout's buckets
+// take several).
+PartitionStateOptions OffloadOptions(int stage, Placement placement) {
   PartitionStateOptions options;
-  options.stage = 3;
+  options.stage = stage;
+  options.optimizer_placement =
+      ChooseOptimizerPlacement(Layout(), {}, 1.0, placement);
   options.model_dtype = DType::kBF16;
   options.optimizer.type = OptimizerType::kAdamW;
   options.host_threads = 2;
   options.chunk_elements = 512;
+  return options;
+}
+
+PartitionStateOptions NvmeOptions(const std::string& directory) {
+  PartitionStateOptions options = OffloadOptions(3, Placement::kNvme);
   options.nvme.nvme.directory = directory;
   options.nvme.nvme.block_size = 1 << 20;  // one request per chunk record
   options.nvme.buffer_count = 2;
   return options;
 }
 
+// Weights 0.5 and gradients `gradient` in every bucket.
 absl::StatusOr<std::unique_ptr<PartitionState>> Make(
-    const PartitionStateOptions& base) {
+    const PartitionStateOptions& options, float gradient = 1.0f) {
   const PartitionedLayout layout = Layout();
-  PartitionStateOptions options = base;
-  options.optimizer_placement =
-      ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kNvme);
   Stream stream;
   absl::StatusOr<std::unique_ptr<PartitionState>> state =
       PartitionState::Create(layout, options, stream);
@@ -60,7 +62,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> Make(
   absl::Status allocated = (*state)->AllocateTrainingState(stream);
   if (!allocated.ok()) return allocated;
   for (int b = 0; b < (*state)->num_buckets(); ++b) {
-    absl::Status filled = Fill((*state)->OwnGradients(b), 1.0f, stream);
+    absl::Status filled = Fill((*state)->OwnGradients(b), gradient, stream);
     if (!filled.ok()) return filled;
   }
   return state;
@@ -68,7 +70,7 @@ absl::StatusOr<std::unique_ptr<PartitionState>> Make(
 
 TEST(PartitionStateNvmeTest, UnwritableAndMissingDirectoriesAreNamed) {
   for (const std::string& directory :
-       {std::string("/proc"), TempDir() + "/missing"}) {
+       {std::string("/proc"), ::testing::TempDir() + "/missing"}) {
     absl::Status status = Make(NvmeOptions(directory)).status();
     EXPECT_FALSE(status.ok());
     EXPECT_NE(status.message().find(directory), std::string::npos) << status;
@@ -76,19 +78,20 @@ TEST(PartitionStateNvmeTest, UnwritableAndMissingDirectoriesAreNamed) {
 }
 
 TEST(PartitionStateNvmeTest, TooLittleSpaceStatesBytesNeededAndFree) {
-  PartitionStateOptions options = NvmeOptions(TempDir());
+  PartitionStateOptions options = NvmeOptions(::testing::TempDir());
   options.nvme.nvme.pretend_free_bytes = 4096;
   absl::Status status = Make(options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_NE(status.message().find("4096 free"), std::string::npos) << status;
-  EXPECT_NE(status.message().find(TempDir()), std::string::npos) << status;
+  EXPECT_NE(status.message().find(::testing::TempDir()), std::string::npos)
+      << status;
 }
 
 // A write that fails in the middle of a step: the step's error names the
 // file and the operation (through FinishUpdate, as the next boundary step
 // sees it), and a step after it works again.
 TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
-  PartitionStateOptions options = NvmeOptions(TempDir());
+  PartitionStateOptions options = NvmeOptions(::testing::TempDir());
   // Initialisation writes one request per chunk first; fail the step's
   // third write-back.
   const PartitionedLayout layout = Layout();
@@ -119,21 +122,12 @@ TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
 // backward order (bucket 0 read last), stage 3 in model order.
 TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
   for (bool bucket_zero_read_first : {false, true}) {
-    const PartitionedLayout layout = Layout();
-    PartitionStateOptions options;
-    options.stage = bucket_zero_read_first ? 3 : 2;
-    options.model_dtype = DType::kBF16;
-    options.optimizer.type = OptimizerType::kAdamW;
-    options.host_threads = 2;
-    options.chunk_elements = 512;
+    PartitionStateOptions options =
+        OffloadOptions(bucket_zero_read_first ? 3 : 2, Placement::kHost);
     options.bucket_zero_read_first = bucket_zero_read_first;
-    options.optimizer_placement =
-        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
-    Stream stream;
-    absl::StatusOr<std::unique_ptr<PartitionState>> state =
-        PartitionState::Create(layout, options, stream);
+    absl::StatusOr<std::unique_ptr<PartitionState>> state = Make(options);
     ASSERT_TRUE(state.ok()) << state.status();
-    ASSERT_TRUE((*state)->AllocateTrainingState(stream).ok());
+    Stream stream;
     StepArgs args;
     args.lr = 0.01;
     for (int step = 0; step < 2; ++step) {
@@ -156,24 +150,10 @@ TEST(PartitionStateHostTest, BucketsAreUpdatedInTheForwardsReadingOrder) {
 TEST(PartitionStateHostTest, EarlyUpdateIsJoinedOnlyAfterTheStep) {
   std::vector<std::vector<float>> masters;
   for (bool early : {false, true}) {
-    const PartitionedLayout layout = Layout();
-    PartitionStateOptions options;
-    options.stage = 2;
-    options.model_dtype = DType::kBF16;
-    options.optimizer.type = OptimizerType::kAdamW;
-    options.host_threads = 2;
-    options.chunk_elements = 512;
-    options.optimizer_placement =
-        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
-    Stream stream;
     absl::StatusOr<std::unique_ptr<PartitionState>> state =
-        PartitionState::Create(layout, options, stream);
+        Make(OffloadOptions(2, Placement::kHost), /*gradient=*/0.25f);
     ASSERT_TRUE(state.ok()) << state.status();
-    ASSERT_TRUE(Fill((*state)->weights(), 0.5f, stream).ok());
-    ASSERT_TRUE((*state)->AllocateTrainingState(stream).ok());
-    for (int b = 0; b < (*state)->num_buckets(); ++b) {
-      ASSERT_TRUE(Fill((*state)->OwnGradients(b), 0.25f, stream).ok());
-    }
+    Stream stream;
     ASSERT_TRUE((*state)->CanBeginEarly());
     StepArgs args;
     args.lr = 0.01;

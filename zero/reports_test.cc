@@ -14,13 +14,17 @@ TEST(FormatGiBTest, ThreeDecimals) {
 }
 
 TEST(MemoryBreakdownTest, TotalExcludesStagingAndPlacement) {
+  // A bit of its own per field, so the total shows which ones count: the
+  // first four (1 + 2 + 4 + 8), not staging (16) or host (32).
   MemoryBreakdown memory;
-  memory.model_weight_bytes = 1;
-  memory.gradient_bytes = 2;
-  memory.master_weight_bytes = 4;
-  memory.optimizer_state_bytes = 8;
-  memory.staging_bytes = 16;
-  memory.host_bytes = 32;
+  int64_t bit = 1;
+  for (int64_t* field :
+       {&memory.model_weight_bytes, &memory.gradient_bytes,
+        &memory.master_weight_bytes, &memory.optimizer_state_bytes,
+        &memory.staging_bytes, &memory.host_bytes}) {
+    *field = bit;
+    bit *= 2;
+  }
   EXPECT_EQ(memory.total_bytes(), 15);
 }
 

@@ -89,7 +89,12 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
       ZE_RETURN_IF_ERROR(
           parameter->InitializeSlice(seed, shard.param_begin, own, stream()));
     }
-    ZE_RETURN_IF_ERROR(parameter->SetShard(own, shard.param_begin));
+  }
+  // Each parameter's piece of this rank's slice becomes its shard.
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    ZE_RETURN_IF_ERROR(BindBucket(layout, b, params_, ParameterSlot::kShard,
+                                  partition_->OwnWeights(b),
+                                  layout.BucketSlice(b, rank()).begin));
   }
   for (nn::Parameter* parameter : params_) parameter->ReleaseData();
   ZE_RETURN_IF_ERROR(partition_->AllocateTrainingState(stream()));
@@ -518,6 +523,7 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
                         partition_->FinishUpdate(stream()));
     // The modifier's full values to every rank, parameter by parameter (a
     // bucket's other parameters were not modified and need not travel).
+    std::vector<Tensor> values;
     for (int index : indices) {
       const ParamPlacement& place = layout().placement(index);
       Tensor full =
@@ -527,27 +533,12 @@ absl::Status Stage3::ReleaseScope(const std::vector<std::string>& names,
                             comm().Broadcast(full, modifier_rank, stream()));
         ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
       }
+      values.push_back(full);
     }
-    // Re-partition: this rank's pieces into its shard and master. Only the
-    // named parameters' pieces: a bf16 copy of the others would round their
-    // f32 masters.
-    for (const ParamShard& shard : layout().RankShards(rank())) {
-      if (std::find(indices.begin(), indices.end(), shard.param_index) ==
-          indices.end()) {
-        continue;
-      }
-      const ParamPlacement& place = layout().placement(shard.param_index);
-      Tensor source = buckets_[place.bucket].gathered.Slice(
-          place.offset + shard.param_begin, shard.count);
-      ZE_RETURN_IF_ERROR(
-          Copy(source,
-               partition_->weights().Slice(shard.partition_offset, shard.count),
-               stream()));
-      if (!partition_->master_aliases_weights()) {
-        ZE_RETURN_IF_ERROR(partition_->WriteMaster(
-            joined, place.bucket, shard.partition_offset, source, stream()));
-      }
-    }
+    // Re-partition through the import: this rank's pieces into its shard
+    // and master. Only the named parameters' pieces: a bf16 copy of the
+    // others would round their f32 masters.
+    ZE_RETURN_IF_ERROR(ImportScope(indices, values, joined));
   }
   for (int b : buckets) {
     Bucket& bucket = buckets_[b];

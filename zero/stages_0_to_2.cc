@@ -286,6 +286,9 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
   if (modifier_rank < 0) return absl::OkStatus();
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
                       partition_->FinishUpdate(stream()));
+  // The partition's parameters among `names`, and their broadcast values.
+  std::vector<int> indices;
+  std::vector<Tensor> values;
   for (const std::string& name : names) {
     ZE_ASSIGN_OR_RETURN(nn::Parameter * parameter,
                         context_.model->FindParameter(name));
@@ -295,16 +298,17 @@ absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
                           comm().Broadcast(data, modifier_rank, stream()));
       ZE_RETURN_IF_ERROR(work.StreamWait(stream()));
     }
+    // A frozen parameter keeps its own tensor, outside the partition: the
+    // broadcast wrote it.
     auto found = index_of_.find(parameter);
-    if (found == index_of_.end() || partition_->master_aliases_weights()) {
-      continue;
-    }
-    int64_t begin = 0;
-    Tensor master = partition_->MasterPiece(joined, found->second, &begin);
-    if (!master.defined()) continue;
-    ZE_RETURN_IF_ERROR(CopyConverting(data.Flat().Slice(begin, master.numel()),
-                                      master, stream()));
+    if (found == index_of_.end()) continue;
+    indices.push_back(found->second);
+    values.push_back(data);
   }
+  // The weights are the parameters' data, written by the broadcast; the
+  // import brings the f32 master along (rewriting the weights with the
+  // values they hold).
+  ZE_RETURN_IF_ERROR(ImportScope(indices, values, joined));
   return stream().Synchronize();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "zero/partition_export.h"
 #include "zero/partition_import.h"
 #include "zero/strategy_checkpoint.h"
 
@@ -134,6 +136,35 @@ absl::Status ZeroStrategy::ImportWeights(
                      /*arrays=*/1, source, stream());
 }
 
+absl::Status ZeroStrategy::ImportScope(const std::vector<int>& indices,
+                                       const std::vector<Tensor>& values,
+                                       const offload::UpdateJoined& joined) {
+  if (indices.empty()) return absl::OkStatus();
+  // Host copies by name (what the source is asked for), and the filter.
+  std::unordered_map<std::string, Tensor> host;
+  std::vector<bool> selected(layout().num_params(), false);
+  for (size_t i = 0; i < indices.size(); ++i) {
+    Tensor& copy = host[layout().param(indices[i]).name];
+    if (copy.defined()) continue;
+    ZE_ASSIGN_OR_RETURN(copy, Tensor::Empty({values[i].numel()},
+                                            values[i].dtype(), Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Copy(values[i].Flat(), copy, stream()));
+    selected[indices[i]] = true;
+  }
+  ZE_RETURN_IF_ERROR(stream().Synchronize());
+  // Every kind ("weights", "master") is the modifier's values, converted.
+  const ImportSource source = [&host](const std::string& /*kind*/,
+                                      const std::string& name,
+                                      int64_t param_begin,
+                                      const Tensor& destination) {
+    return CopyConverting(host.at(name).Slice(param_begin, destination.numel()),
+                          destination, Stream::Default(Device::Cpu()));
+  };
+  return ImportState(*partition_, joined, 0, partition_->num_buckets(),
+                     /*arrays=*/1, source, stream(),
+                     [&selected](int index) { return selected[index]; });
+}
+
 PartitionStateOptions ZeroStrategy::RankPartitionStateOptions() const {
   PartitionStateOptions options = context_.plan->state;
   options.rank = rank();
@@ -184,7 +215,7 @@ absl::StatusOr<std::vector<float>> ZeroStrategy::GatherMasterWeights(
   ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));
   ZE_ASSIGN_OR_RETURN(const offload::UpdateJoined joined,
                       partition_->FinishUpdate(stream()));
-  return partition_->GatherMaster(joined, index, comm(), stream());
+  return GatherMaster(*partition_, joined, index, comm(), stream());
 }
 
 std::vector<std::string> ZeroStrategy::ParameterNames() const {

@@ -208,6 +208,17 @@ class ZeroStrategy {
   // Read or copy errors; synchronous on return.
   absl::Status ImportWeights(const safetensors::TensorSource& reader,
                              const offload::UpdateJoined& joined);
+  // A GatherParameters scope release's write, through the same import
+  // filtered to the parameters named: parameter indices[i] (layout index)
+  // takes values[i] (its full elements, model dtype, any device, complete
+  // on stream()) into this rank's weights (CheckpointWeights' range) and
+  // f32 master; every other parameter's elements, and the padding, keep
+  // theirs. Copies the named parameters to the host first (the import's
+  // sources run on its reader threads). `joined`: FinishUpdate's proof.
+  // Copy errors; synchronous on return.
+  absl::Status ImportScope(const std::vector<int>& indices,
+                           const std::vector<Tensor>& values,
+                           const offload::UpdateJoined& joined);
   // The plan's PartitionState options (Plan::state) for this rank: its
   // rank and device, the allocation-error annotation, and with a CPU
   // optimizer this rank's share of the host's cores (unless

@@ -15,9 +15,9 @@
 // layout from ranges of the saved parameters, whatever layout saved them.
 //
 // Threading: the engine's thread calls every method; SaveState runs the
-// sink on a writer thread of its own and LoadState calls the source from
-// several threads, joining them before returning. Stream: work is queued on
-// the strategy's compute stream and synchronised before returning.
+// sink on the export's writer thread and LoadState calls the source from
+// the import's reader threads, joining them before returning. Stream: work is
+// queued on the strategy's compute stream and synchronised before returning.
 #ifndef ZE_ZERO_STRATEGY_CHECKPOINT_H_
 #define ZE_ZERO_STRATEGY_CHECKPOINT_H_
 
@@ -33,37 +33,24 @@
 #include "core/tensor.h"
 #include "offload/host_update.h"
 #include "zero/flat_layout.h"
+#include "zero/partition_export.h"
 #include "zero/partition_import.h"
 #include "zero/partition_state.h"
 
 namespace ze {
 namespace zero {
 
-struct CheckpointKind {
-  std::string name;  // "master", "exp_avg", ..., "weights"
-  DType dtype = DType::kF32;
-};
-
-// Receives the next elements of one piece of one kind: `values` is a CPU
-// tensor of the kind's dtype holding the next run of parameter
-// `piece.param_index`'s elements (a piece may arrive in several chunks,
-// in order; all of one kind before the next kind). Valid only during the
-// call.
-using CheckpointSink = std::function<absl::Status(
-    const CheckpointKind& kind, const ParamShard& piece, const Tensor& values)>;
+// The kinds a checkpoint holds and what receives them: the export's
+// (zero/partition_export.h).
+using CheckpointKind = ExportKind;
+using CheckpointSink = ExportSink;
 
 // What a load reads from: "give me parameter P's `kind` elements [a, b)"
 // (zero/partition_import.h).
 using CheckpointSource = ImportSource;
 
 // Where SaveState's time went.
-struct SaveTimes {
-  double copy_seconds = 0;   // caller's thread: state copied to the host
-  double stall_seconds = 0;  // caller's thread: waiting for a free
-                             // buffer (the sink, i.e. the disk, is behind)
-  double sink_seconds = 0;   // writer thread: inside the sink
-  bool pinned = false;       // staging buffers are page-locked
-};
+using SaveTimes = ExportTimes;
 
 // One read PrepareLoad asks its caller to perform.
 using LoadRead = ImportRead;
@@ -107,10 +94,11 @@ class StateCheckpoint {
   }
 
   // Emits every piece of CheckpointPieces, each with every kind, in that
-  // order, reading offloaded state back from host memory or the swap file.
-  // The sink runs on a writer thread of SaveState's (one call at a time, in
-  // order) while the caller's thread copies the next bucket to the host.
-  // The sink's error stops it and is returned.
+  // order, reading offloaded state back from host memory or the swap file:
+  // the export (zero/partition_export.h, ExportState), whose sink runs on
+  // a writer thread (one call at a time, in order) while the caller's
+  // thread copies the next chunk to the host. The sink's error stops it
+  // and is returned.
   // `times`, if given, receives where the time went.
   absl::Status SaveState(const CheckpointSink& sink,
                          SaveTimes* times = nullptr);

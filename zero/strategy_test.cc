@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/in_process.h"
+#include "comm/in_process_worlds.h"
 #include "config/config.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -166,10 +167,7 @@ double RelativeError(double got, double want) {
 
 class StrategyTest : public testing::TestWithParam<int> {};
 
-INSTANTIATE_TEST_SUITE_P(Worlds, StrategyTest, testing::Values(1, 2, 3, 4),
-                         [](const testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("w", info.param);
-                         });
+ZE_IN_PROCESS_WORLDS(StrategyTest);
 
 TEST_P(StrategyTest, EveryStageMatchesOneRankAccumulatingTheSameSamples) {
   const int world = GetParam();

@@ -26,7 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using testing::AwkwardModel;
-using testing::ExpectedParameter;
 using ::testing::HasSubstr;
 using testing::NamesAndShapes;
 using testing::StoredTestValue;
@@ -53,13 +52,29 @@ std::set<std::string> Entries(const std::string& directory) {
   return names;
 }
 
+// A save of global_step2 (generation 1) that writes two of its three rank
+// files, then dies.
+TestCheckpointOptions DyingSave() {
+  TestCheckpointOptions dying;
+  dying.tag = "global_step2";
+  dying.generation = 1;
+  dying.ranks_to_write = 2;
+  dying.commit = false;
+  return dying;
+}
+
 class CheckpointFormatTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    directory_ = absl::StrCat(::testing::TempDir(), "/",
-                              info->test_suite_name(), ".", info->name());
-    fs::remove_all(directory_);
+  void SetUp() override { directory_ = testing::FreshTestDirectory(); }
+
+  // The awkward model's test checkpoint, written and opened; null (with a
+  // failure) when either fails.
+  std::unique_ptr<CheckpointReader> WriteAndOpenAwkward() {
+    EXPECT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Open(directory_);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    return reader.ok() ? std::move(reader).value() : nullptr;
   }
 
   std::string RankPath(const std::string& tag, int rank) const {
@@ -356,11 +371,9 @@ TEST_F(CheckpointFormatTest, ReadsBackEveryKindAtEveryWorldSize) {
 }
 
 TEST_F(CheckpointFormatTest, ReadRangeAcrossPiecesInEveryDType) {
-  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> opened =
-      CheckpointReader::Open(directory_, "global_step1");
-  ASSERT_TRUE(opened.ok()) << opened.status();
-  const CheckpointReader& reader = **opened;
+  const std::unique_ptr<CheckpointReader> opened = WriteAndOpenAwkward();
+  ASSERT_NE(opened, nullptr);
+  const CheckpointReader& reader = *opened;
   // layer.big (index 1) has pieces [0, 93) [93, 221) [221, 240); every
   // range with ends on a grid of 3 crosses zero, one or two boundaries.
   const int64_t numel = 240;
@@ -397,16 +410,14 @@ TEST_F(CheckpointFormatTest, ReadRangeAcrossPiecesInEveryDType) {
 }
 
 TEST_F(CheckpointFormatTest, WeightsReadInTheirStoredDType) {
-  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(directory_);
-  ASSERT_TRUE(reader.ok());
+  const std::unique_ptr<CheckpointReader> reader = WriteAndOpenAwkward();
+  ASSERT_NE(reader, nullptr);
   // "weights" is stored in bf16: a read costs 2 bytes an element whatever
   // the destination, and gives the bf16 value exactly.
   absl::StatusOr<Tensor> got = Tensor::Empty({50}, DType::kF32, Device::Cpu());
   ASSERT_TRUE(got.ok());
-  ASSERT_TRUE((*reader)->ReadRange(kWeights, "layer.big", 80, *got).ok());
-  EXPECT_EQ((*reader)->bytes_read(), 50 * 2);
+  ASSERT_TRUE(reader->ReadRange(kWeights, "layer.big", 80, *got).ok());
+  EXPECT_EQ(reader->bytes_read(), 50 * 2);
   for (int64_t i = 0; i < 50; ++i) {
     EXPECT_EQ(got->data_as<float>()[i],
               StoredTestValue(kWeights, 1, 80 + i, DType::kBF16));
@@ -414,27 +425,25 @@ TEST_F(CheckpointFormatTest, WeightsReadInTheirStoredDType) {
   absl::StatusOr<Tensor> bf16 =
       Tensor::Empty({6, 9}, DType::kBF16, Device::Cpu());
   ASSERT_TRUE(bf16.ok());
-  ASSERT_TRUE((*reader)->ReadRange(kWeights, "layer.matrix", 0, *bf16).ok());
-  absl::StatusOr<Tensor> expected =
-      ExpectedParameter(kWeights, 5, {6, 9}, DType::kBF16, DType::kBF16);
+  ASSERT_TRUE(reader->ReadRange(kWeights, "layer.matrix", 0, *bf16).ok());
+  absl::StatusOr<Tensor> expected = testing::ExpectedParameter(
+      kWeights, 5, {6, 9}, DType::kBF16, DType::kBF16);
   ASSERT_TRUE(expected.ok());
   EXPECT_EQ(std::memcmp(bf16->data(), expected->data(), bf16->nbytes()), 0);
 }
 
 TEST_F(CheckpointFormatTest, ReadRangeErrorsNameWhatIsMissing) {
-  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(directory_);
-  ASSERT_TRUE(reader.ok());
+  const std::unique_ptr<CheckpointReader> reader = WriteAndOpenAwkward();
+  ASSERT_NE(reader, nullptr);
   absl::StatusOr<Tensor> ten = Tensor::Empty({10}, DType::kF32, Device::Cpu());
   ASSERT_TRUE(ten.ok());
-  absl::Status status = (*reader)->ReadRange(kMaster, "layer.nothing", 0, *ten);
+  absl::Status status = reader->ReadRange(kMaster, "layer.nothing", 0, *ten);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(status.message()), HasSubstr("layer.nothing"));
-  status = (*reader)->ReadRange(kMomentumBuffer, "layer.big", 0, *ten);
+  status = reader->ReadRange(kMomentumBuffer, "layer.big", 0, *ten);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(status.message()), HasSubstr("momentum_buffer"));
-  status = (*reader)->ReadRange(kMaster, "layer.vector", 44, *ten);
+  status = reader->ReadRange(kMaster, "layer.vector", 44, *ten);
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("layer.vector"), HasSubstr("[44, 54)")));
@@ -442,8 +451,8 @@ TEST_F(CheckpointFormatTest, ReadRangeErrorsNameWhatIsMissing) {
   absl::StatusOr<Tensor> none =
       Tensor::Empty({0, 4}, DType::kF32, Device::Cpu());
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE((*reader)->ReadRange(kMaster, "layer.empty", 0, *none).ok());
-  EXPECT_EQ((*reader)->bytes_read(), 0);
+  EXPECT_TRUE(reader->ReadRange(kMaster, "layer.empty", 0, *none).ok());
+  EXPECT_EQ(reader->bytes_read(), 0);
 }
 
 TEST_F(CheckpointFormatTest, TruncatedRankFileIsDataLossAtOpen) {
@@ -559,14 +568,12 @@ TEST_F(CheckpointFormatTest, ManifestProblemsAreRefusedAtOpen) {
 }
 
 TEST_F(CheckpointFormatTest, ManifestFromAnotherModelIsRefusedByTheCheck) {
-  ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::Open(directory_);
-  ASSERT_TRUE(reader.ok());
+  const std::unique_ptr<CheckpointReader> reader = WriteAndOpenAwkward();
+  ASSERT_NE(reader, nullptr);
   NamesAndShapes model = AwkwardModel();
   model[1].second = {15, 16};
   model.push_back({"layer.extra", {3}});
-  absl::Status status = CheckMatchesModel((*reader)->manifest(), model);
+  absl::Status status = CheckMatchesModel(reader->manifest(), model);
   ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("layer.big has shape [16, 15]"),
@@ -575,12 +582,8 @@ TEST_F(CheckpointFormatTest, ManifestFromAnotherModelIsRefusedByTheCheck) {
 
 TEST_F(CheckpointFormatTest, SaveThatDiesLeavesLatestAndPreviousTagIntact) {
   ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  // The next save writes two of its three rank files, then dies.
-  TestCheckpointOptions dying;
-  dying.tag = "global_step2";
-  dying.generation = 1;
-  dying.ranks_to_write = 2;
-  dying.commit = false;
+  // The next save dies after two of its three rank files.
+  TestCheckpointOptions dying = DyingSave();
   ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel(), dying).ok());
   EXPECT_TRUE(fs::exists(PartialDirectory(directory_, "global_step2")));
   EXPECT_EQ(*ReadLatestTag(directory_), "global_step1");
@@ -619,11 +622,7 @@ TEST_F(CheckpointFormatTest, SaveThatDiesLeavesLatestAndPreviousTagIntact) {
 // size, and the next save, of whatever tag, removes it.
 TEST_F(CheckpointFormatTest, TheNextSaveRemovesEveryPartialSave) {
   ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel()).ok());
-  TestCheckpointOptions dying;
-  dying.tag = "global_step2";
-  dying.generation = 1;
-  dying.ranks_to_write = 2;
-  dying.commit = false;
+  TestCheckpointOptions dying = DyingSave();
   ASSERT_TRUE(WriteTestCheckpoint(directory_, AwkwardModel(), dying).ok());
   const std::string partial = PartialDirectory(directory_, "global_step2");
   uint64_t bytes = 0;

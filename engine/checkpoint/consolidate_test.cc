@@ -27,16 +27,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
-using testing::AwkwardModel;
-using testing::ExpectedParameter;
 using ::testing::HasSubstr;
-using testing::NamesAndShapes;
-using testing::TestCheckpointOptions;
-using testing::WriteTestCheckpoint;
 
 // Many equal parameters: the model is 12 times its largest parameter.
-NamesAndShapes WideModel() {
-  NamesAndShapes model;
+testing::NamesAndShapes WideModel() {
+  testing::NamesAndShapes model;
   for (int i = 0; i < 12; ++i) {
     model.push_back({absl::StrCat("layers.", i, ".weight"), {40, 50}});
   }
@@ -55,17 +50,15 @@ nn::Gpt2Dims TinyGptDims() {
 class ConsolidateTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    directory_ = absl::StrCat(::testing::TempDir(), "/",
-                              info->test_suite_name(), ".", info->name());
-    fs::remove_all(directory_);
+    directory_ = testing::FreshTestDirectory();
     output_ = directory_ + "/consolidated.safetensors";
   }
 
   std::unique_ptr<CheckpointReader> WriteAndOpen(
-      const NamesAndShapes& model, const TestCheckpointOptions& options = {}) {
+      const testing::NamesAndShapes& model,
+      const testing::TestCheckpointOptions& options = {}) {
     absl::StatusOr<Manifest> written =
-        WriteTestCheckpoint(directory_, model, options);
+        testing::WriteTestCheckpoint(directory_, model, options);
     EXPECT_TRUE(written.ok()) << written.status();
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
         CheckpointReader::Open(directory_);
@@ -76,8 +69,8 @@ class ConsolidateTest : public ::testing::Test {
   // Every tensor of the consolidated file equals the parameter's `kind`
   // values as stored (in `stored`) converted to `dtype`, bit for bit, in
   // the model's order.
-  void ExpectNativeFile(const NamesAndShapes& model, const std::string& kind,
-                        DType stored, DType dtype) {
+  void ExpectNativeFile(const testing::NamesAndShapes& model,
+                        const std::string& kind, DType stored, DType dtype) {
     absl::StatusOr<std::unique_ptr<safetensors::Reader>> file =
         safetensors::Reader::Open(output_);
     ASSERT_TRUE(file.ok()) << file.status();
@@ -90,7 +83,7 @@ class ConsolidateTest : public ::testing::Test {
       EXPECT_EQ(info.dtype, safetensors::ElementTypeOf(dtype)) << name;
       absl::StatusOr<Tensor> got = (*file)->ReadTensor(name);
       ASSERT_TRUE(got.ok()) << got.status();
-      absl::StatusOr<Tensor> expected = ExpectedParameter(
+      absl::StatusOr<Tensor> expected = testing::ExpectedParameter(
           kind, static_cast<int>(index), shape, stored, dtype);
       ASSERT_TRUE(expected.ok());
       EXPECT_EQ(std::memcmp(got->data(), expected->data(), got->nbytes()), 0)
@@ -98,20 +91,27 @@ class ConsolidateTest : public ::testing::Test {
     }
   }
 
+  // Options that write the consolidated file to output_.
+  ConsolidateOptions ToOutput() const {
+    ConsolidateOptions options;
+    options.output_path = output_;
+    return options;
+  }
+
   std::string directory_;
   std::string output_;
 };
 
 TEST_F(ConsolidateTest, NativeF32EqualsTheConcatenatedPieces) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->parameters, 6);
   EXPECT_EQ(report->bytes_written, 383 * 4);
-  ExpectNativeFile(AwkwardModel(), kMaster, DType::kF32, DType::kF32);
+  ExpectNativeFile(testing::AwkwardModel(), kMaster, DType::kF32, DType::kF32);
   absl::StatusOr<std::unique_ptr<safetensors::Reader>> file =
       safetensors::Reader::Open(output_);
   ASSERT_TRUE(file.ok());
@@ -121,25 +121,24 @@ TEST_F(ConsolidateTest, NativeF32EqualsTheConcatenatedPieces) {
 }
 
 TEST_F(ConsolidateTest, Bf16AndF16RoundToNearestEven) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    ConsolidateOptions options;
-    options.output_path = output_;
+    ConsolidateOptions options = ToOutput();
     options.dtype = dtype;
     absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->bytes_written, 383 * 2);
-    ExpectNativeFile(AwkwardModel(), kMaster, DType::kF32, dtype);
+    ExpectNativeFile(testing::AwkwardModel(), kMaster, DType::kF32, dtype);
   }
   // Rounding, not truncation: some layer.big master values differ between
   // the two, and the file holds the rounded ones.
   absl::StatusOr<std::unique_ptr<safetensors::Reader>> file =
       safetensors::Reader::Open(output_);
   ASSERT_TRUE(file.ok());
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   options.dtype = DType::kBF16;
   ASSERT_TRUE(Consolidate(*reader, options).ok());
   file = safetensors::Reader::Open(output_);
@@ -158,15 +157,15 @@ TEST_F(ConsolidateTest, Bf16AndF16RoundToNearestEven) {
 }
 
 TEST_F(ConsolidateTest, KindDefaultsToMasterElseWeights) {
-  TestCheckpointOptions weights_only;
+  testing::TestCheckpointOptions weights_only;
   weights_only.kinds = {kWeights};
   std::unique_ptr<CheckpointReader> reader =
-      WriteAndOpen(AwkwardModel(), weights_only);
+      WriteAndOpen(testing::AwkwardModel(), weights_only);
   ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   ASSERT_TRUE(Consolidate(*reader, options).ok());
-  ExpectNativeFile(AwkwardModel(), kWeights, DType::kBF16, DType::kF32);
+  ExpectNativeFile(testing::AwkwardModel(), kWeights, DType::kBF16,
+                   DType::kF32);
   options.kind = kExpAvg;
   absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kNotFound);
@@ -174,17 +173,19 @@ TEST_F(ConsolidateTest, KindDefaultsToMasterElseWeights) {
 }
 
 TEST_F(ConsolidateTest, AnyKindCanBeTaken) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   options.kind = kExpAvgSq;
   ASSERT_TRUE(Consolidate(*reader, options).ok());
-  ExpectNativeFile(AwkwardModel(), kExpAvgSq, DType::kF32, DType::kF32);
+  ExpectNativeFile(testing::AwkwardModel(), kExpAvgSq, DType::kF32,
+                   DType::kF32);
   options.kind = kWeights;
   options.dtype = DType::kBF16;
   ASSERT_TRUE(Consolidate(*reader, options).ok());
-  ExpectNativeFile(AwkwardModel(), kWeights, DType::kBF16, DType::kBF16);
+  ExpectNativeFile(testing::AwkwardModel(), kWeights, DType::kBF16,
+                   DType::kBF16);
 }
 
 // Host memory allocated during `consolidate`, measured by the host
@@ -211,8 +212,7 @@ TEST_F(ConsolidateTest, MemoryIsBoundedByTheLargestParameter) {
        {Case{DType::kF32, ConsolidateFormat::kNative, 8000},
         Case{DType::kBF16, ConsolidateFormat::kNative, 4000 + 2000 * 4}}) {
     SCOPED_TRACE(DTypeName(test.dtype));
-    ConsolidateOptions options;
-    options.output_path = output_;
+    ConsolidateOptions options = ToOutput();
     options.dtype = test.dtype;
     absl::StatusOr<ConsolidateReport> report;
     const int64_t measured =
@@ -227,10 +227,10 @@ TEST_F(ConsolidateTest, MemoryIsBoundedByTheLargestParameter) {
 }
 
 TEST_F(ConsolidateTest, MemoryLimitBelowTheLargestParameterIsRefused) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   options.memory_limit_bytes = 240 * 4 - 1;  // layer.big in f32
   absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
   ASSERT_EQ(report.status().code(), absl::StatusCode::kResourceExhausted);
@@ -241,15 +241,15 @@ TEST_F(ConsolidateTest, MemoryLimitBelowTheLargestParameterIsRefused) {
   options.memory_limit_bytes = 240 * 4;  // less than the model's 1532
   report = Consolidate(*reader, options);
   ASSERT_TRUE(report.ok()) << report.status();
-  ExpectNativeFile(AwkwardModel(), kMaster, DType::kF32, DType::kF32);
+  ExpectNativeFile(testing::AwkwardModel(), kMaster, DType::kF32, DType::kF32);
 }
 
 TEST_F(ConsolidateTest, UnsupportedDTypeIsRefused) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
-  ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   options.dtype = DType::kI32;
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
+  ASSERT_NE(reader, nullptr);
   EXPECT_EQ(Consolidate(*reader, options).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(output_));
@@ -259,7 +259,8 @@ TEST_F(ConsolidateTest, UnsupportedDTypeIsRefused) {
 // written, as a load refuses it; without the check (the engine's own
 // consolidation of files it has just written) it would go through.
 TEST_F(ConsolidateTest, CorruptRankFileIsRefusedByNameBeforeWriting) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
   const std::string path =
       reader->tag_directory() + "/" + reader->manifest().files[1].name;
@@ -270,8 +271,7 @@ TEST_F(ConsolidateTest, CorruptRankFileIsRefusedByNameBeforeWriting) {
     file.seekp(-5, std::ios::end);
     file.put(byte);
   }
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
   ASSERT_EQ(report.status().code(), absl::StatusCode::kDataLoss)
       << report.status();
@@ -289,7 +289,7 @@ TEST_F(ConsolidateTest, CorruptRankFileIsRefusedByNameBeforeWriting) {
 
 TEST_F(ConsolidateTest, HfGpt2LoadsBackToTheSameValues) {
   const nn::Gpt2Dims dims = TinyGptDims();
-  const NamesAndShapes model = nn::Gpt2ParameterShapes(dims);
+  const testing::NamesAndShapes model = nn::Gpt2ParameterShapes(dims);
   std::unique_ptr<CheckpointReader> reader = WriteAndOpen(model);
   ASSERT_NE(reader, nullptr);
   std::map<std::string, int> index_of;
@@ -297,8 +297,7 @@ TEST_F(ConsolidateTest, HfGpt2LoadsBackToTheSameValues) {
 
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    ConsolidateOptions options;
-    options.output_path = output_;
+    ConsolidateOptions options = ToOutput();
     options.format = ConsolidateFormat::kHfGpt2;
     options.dtype = dtype;
     absl::StatusOr<ConsolidateReport> report;
@@ -324,7 +323,7 @@ TEST_F(ConsolidateTest, HfGpt2LoadsBackToTheSameValues) {
           if (found == index_of.end()) {
             return absl::NotFoundError(absl::StrCat("unexpected ", name));
           }
-          absl::StatusOr<Tensor> expected = ExpectedParameter(
+          absl::StatusOr<Tensor> expected = testing::ExpectedParameter(
               kMaster, found->second, model[found->second].second, DType::kF32,
               dtype);
           if (!expected.ok()) return expected.status();
@@ -346,10 +345,10 @@ TEST_F(ConsolidateTest, HfGpt2LoadsBackToTheSameValues) {
 }
 
 TEST_F(ConsolidateTest, HfGpt2RefusesACheckpointThatIsNotAGpt) {
-  std::unique_ptr<CheckpointReader> reader = WriteAndOpen(AwkwardModel());
+  std::unique_ptr<CheckpointReader> reader =
+      WriteAndOpen(testing::AwkwardModel());
   ASSERT_NE(reader, nullptr);
-  ConsolidateOptions options;
-  options.output_path = output_;
+  ConsolidateOptions options = ToOutput();
   options.format = ConsolidateFormat::kHfGpt2;
   absl::StatusOr<ConsolidateReport> report = Consolidate(*reader, options);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kInvalidArgument);

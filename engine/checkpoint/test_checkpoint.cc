@@ -1,8 +1,11 @@
 #include "engine/checkpoint/test_checkpoint.h"
 
 #include <algorithm>
+#include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "gtest/gtest.h"
 
 namespace ze {
 namespace checkpoint {
@@ -154,6 +157,14 @@ absl::StatusOr<Manifest> WriteTestCheckpoint(
   }
   if (options.commit) ZE_RETURN_IF_ERROR(CommitSave(directory, manifest));
   return manifest;
+}
+
+std::string FreshTestDirectory() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string directory = absl::StrCat(
+      ::testing::TempDir(), "/", info->test_suite_name(), ".", info->name());
+  std::filesystem::remove_all(directory);
+  return directory;
 }
 
 }  // namespace testing

@@ -73,6 +73,10 @@ absl::StatusOr<Tensor> ExpectedParameter(const std::string& kind, int parameter,
                                          const Shape& shape, DType stored,
                                          DType dtype, int generation = 0);
 
+// A directory for the running gtest test alone (under TempDir, named after
+// the suite and the test), emptied: what each checkpoint test writes into.
+std::string FreshTestDirectory();
+
 }  // namespace testing
 }  // namespace checkpoint
 }  // namespace ze
