@@ -46,7 +46,7 @@
 //   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
 //   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
 //                            output head's 256 MiB default; batch x seq: the
-//                            whole logits in one pass, no recomputed chunk)
+//                            whole logits in one chunk)
 //   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
 //   --seed=1234
 //   --accumulation=1         gradient_accumulation_steps; a timed step is

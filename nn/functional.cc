@@ -986,12 +986,10 @@ Tensor Rows(const Tensor &tensor, int64_t width, int64_t begin, int64_t count) {
 
 }  // namespace
 
-absl::Status LinearCrossEntropyForward(const Tensor &input,
-                                       const Tensor &weight,
-                                       const Tensor &targets,
-                                       const Tensor &logits,
-                                       const Tensor &losses,
-                                       const Stream &stream, int64_t classes) {
+absl::Status LinearCrossEntropyForward(
+    const Tensor &input, const Tensor &weight, const Tensor &targets,
+    const Tensor &logits, const Tensor &losses, const Stream &stream,
+    int64_t classes, const Tensor &grad_input, const Tensor &grad_weight) {
   const char *op = "LinearCrossEntropyForward";
   ZE_ASSIGN_OR_RETURN(
       const ChunkedHeadSizes sizes,
@@ -1002,46 +1000,30 @@ absl::Status LinearCrossEntropyForward(const Tensor &input,
         op, absl::StrCat("losses ", ShapeToString(losses.shape()),
                          " must hold one value per row (", sizes.rows, ")"));
   }
-  for (int64_t begin = 0; begin < sizes.rows; begin += sizes.chunk) {
-    const int64_t count = std::min(sizes.chunk, sizes.rows - begin);
-    const Tensor chunk_logits = Rows(logits, sizes.vocab, 0, count);
-    ZE_RETURN_IF_ERROR(LinearForward(Rows(input, sizes.in, begin, count),
-                                     weight, Tensor(), chunk_logits, stream));
-    ZE_RETURN_IF_ERROR(CrossEntropyForward(
-        chunk_logits, targets.Flat().Slice(begin, count),
-        losses.Flat().Slice(begin, count), stream, classes));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status LinearCrossEntropyBackward(
-    const Tensor &input, const Tensor &weight, const Tensor &targets,
-    const Tensor &logits, float grad_scale, const Tensor &grad_input,
-    const Tensor &grad_weight, const Stream &stream, int64_t classes) {
-  const char *op = "LinearCrossEntropyBackward";
-  ZE_ASSIGN_OR_RETURN(
-      const ChunkedHeadSizes sizes,
-      CheckLinearCrossEntropy(op, input, weight, targets, logits));
   if (grad_input.defined()) {
     ZE_RETURN_IF_ERROR(
         RequireShape(op, "grad_input", grad_input, input.shape()));
   }
-  if (sizes.rows == 0) return absl::OkStatus();
-  // Last chunk first: its logits are still in the workspace.
-  const int64_t last = (sizes.rows - 1) / sizes.chunk * sizes.chunk;
-  for (int64_t begin = last; begin >= 0; begin -= sizes.chunk) {
+  if (grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireShape(op, "grad_weight", grad_weight, weight.shape()));
+  }
+  const bool gradients = grad_input.defined() || grad_weight.defined();
+  for (int64_t begin = 0; begin < sizes.rows; begin += sizes.chunk) {
     const int64_t count = std::min(sizes.chunk, sizes.rows - begin);
     const Tensor chunk_input = Rows(input, sizes.in, begin, count);
     const Tensor chunk_logits = Rows(logits, sizes.vocab, 0, count);
-    if (begin != last) {
-      ZE_RETURN_IF_ERROR(
-          LinearForward(chunk_input, weight, Tensor(), chunk_logits, stream));
-    }
+    const Tensor chunk_targets = targets.Flat().Slice(begin, count);
+    ZE_RETURN_IF_ERROR(
+        LinearForward(chunk_input, weight, Tensor(), chunk_logits, stream));
+    ZE_RETURN_IF_ERROR(CrossEntropyForward(chunk_logits, chunk_targets,
+                                           losses.Flat().Slice(begin, count),
+                                           stream, classes));
+    if (!gradients) continue;
     // In place: the chunk's logits are not needed once their gradient is
     // formed.
-    ZE_RETURN_IF_ERROR(
-        CrossEntropyBackward(chunk_logits, targets.Flat().Slice(begin, count),
-                             grad_scale, chunk_logits, stream, classes));
+    ZE_RETURN_IF_ERROR(CrossEntropyBackward(chunk_logits, chunk_targets, 1.0f,
+                                            chunk_logits, stream, classes));
     ZE_RETURN_IF_ERROR(LinearBackward(
         chunk_logits, chunk_input, weight,
         grad_input.defined() ? Rows(grad_input, sizes.in, begin, count)

@@ -243,28 +243,25 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
 // CrossEntropyForward/Backward on row slices, so every device runs it.
 //   input (M, K) (or (..., K)), weight (V, K), targets (M) i32 (any shape of
 //   M elements; < 0 ignored), classes as CrossEntropyForward's.
-// Forward: losses (M) f32 = CrossEntropyForward(input @ weight^T). On
-// return, `logits` holds the LAST chunk's logits (rows [M - r, M) of input,
-// r = M - R * ((M - 1) / R), in its first r rows), so that the backward,
-// which starts there, need not recompute them.
-// Backward (after a Forward with the same arguments and workspace, untouched
-// since): for each chunk, last first, the logits are (re)computed and turned
-// in place into their gradient g = CrossEntropyBackward(grad_scale), then
+// losses (M) f32 = CrossEntropyForward(input @ weight^T), a chunk of R rows
+// at a time; with grad_input or grad_weight defined, the gradients of the
+// SUM of the rows' losses are formed while each chunk's logits exist: the
+// chunk's logits are turned in place into g = CrossEntropyBackward(scale 1),
+// then
 //   grad_input (M, K)   = g @ weight            (overwritten; may be undefined)
 //   grad_weight (V, K) += g^T @ input           (accumulated; may be
-//                                                undefined)
-// Every chunk but the last costs a second logits product: the price of not
-// keeping (M, V) logits or forming the weight gradient in the forward (see
-// OutputHead in nn/layers.h for why). Gradients equal the whole-matrix
-// path's up to the order of the weight gradient's summation over chunks.
+//                                                undefined; any float dtype)
+// so that no logits are ever formed twice and none outlive the call. A
+// caller scales both by the objective's derivative w.r.t. each row's loss
+// when it is known (OutputHead's backward; see nn/layers.h for why that
+// costs no precision: g is in [-1, 1] and f32 keeps the weight's sum).
+// Gradients equal the whole-matrix path's up to the order of the weight
+// gradient's summation over chunks and that final scaling's rounding.
 absl::Status LinearCrossEntropyForward(
     const Tensor& input, const Tensor& weight, const Tensor& targets,
     const Tensor& logits, const Tensor& losses, const Stream& stream,
-    int64_t classes = 0);
-absl::Status LinearCrossEntropyBackward(
-    const Tensor& input, const Tensor& weight, const Tensor& targets,
-    const Tensor& logits, float grad_scale, const Tensor& grad_input,
-    const Tensor& grad_weight, const Stream& stream, int64_t classes = 0);
+    int64_t classes = 0, const Tensor& grad_input = Tensor(),
+    const Tensor& grad_weight = Tensor());
 
 // ---- Decoder (Llama / Mistral / Qwen) ops.
 // On CUDA (nn/cuda/decoder_kernels.h) every tensor of a call shares one

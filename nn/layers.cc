@@ -525,20 +525,28 @@ absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
   }
   const int64_t rows = input.numel() / input.shape().back();
   const int64_t chunk = std::min(rows, loss_chunk_rows(input.dtype()));
-  // (R, V): one chunk of logits, reused by every chunk.
-  ZE_ASSIGN_OR_RETURN(Tensor logits,
+  // (R, V): one chunk of logits, reused by every chunk; freed on return.
+  ZE_ASSIGN_OR_RETURN(const Tensor logits,
                       Tensor::Empty({std::max<int64_t>(chunk, 1), vocab},
                                     input.dtype(), input.device()));
   ZE_ASSIGN_OR_RETURN(Tensor losses, Tensor::Empty(targets.shape(), DType::kF32,
                                                    input.device()));
-  ZE_RETURN_IF_ERROR(LinearCrossEntropyForward(
-      input, weight, targets, logits, losses, stream, pending_classes_));
   Saved saved;
-  saved.input = input;
   saved.loss = true;
-  saved.targets = targets;
-  saved.logits = logits;
-  saved.classes = pending_classes_;
+  if (SavingEnabled()) {
+    ZE_ASSIGN_OR_RETURN(
+        saved.grad_input,
+        Tensor::Empty(input.shape(), input.dtype(), input.device()));
+    if (weight_->requires_grad()) {
+      ZE_ASSIGN_OR_RETURN(
+          saved.grad_weight,
+          Tensor::Empty(weight.shape(), DType::kF32, input.device()));
+      ZE_RETURN_IF_ERROR(Fill(saved.grad_weight, 0.0f, stream));
+    }
+  }
+  ZE_RETURN_IF_ERROR(LinearCrossEntropyForward(
+      input, weight, targets, logits, losses, stream, pending_classes_,
+      saved.grad_input, saved.grad_weight));
   saved_.Save(std::move(saved));
   return losses;
 }
@@ -547,9 +555,9 @@ absl::StatusOr<Tensor> OutputHead::BackwardImpl(const Tensor &grad_output,
                                                 const Stream &stream) {
   ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
   Saved saved = saved_.Pop();
-  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
   ZE_ASSIGN_OR_RETURN(Tensor grad_weight, weight_->GradForAccumulation(stream));
   if (!saved.loss) {
+    ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
     ZE_ASSIGN_OR_RETURN(Tensor grad_input,
                         Tensor::Empty(saved.input.shape(), grad_output.dtype(),
                                       grad_output.device()));
@@ -567,13 +575,12 @@ absl::StatusOr<Tensor> OutputHead::BackwardImpl(const Tensor &grad_output,
         grad_output.defined() ? grad_output.DebugString() : "undefined"));
   }
   const float grad_scale = *grad_output.data_as<const float>();
-  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
-                      Tensor::Empty(saved.input.shape(), saved.input.dtype(),
-                                    saved.input.device()));
-  ZE_RETURN_IF_ERROR(LinearCrossEntropyBackward(
-      saved.input, weight, saved.targets, saved.logits, grad_scale, grad_input,
-      grad_weight, stream, saved.classes));
-  return grad_input;
+  if (grad_weight.defined() && saved.grad_weight.defined()) {
+    ZE_RETURN_IF_ERROR(Axpby(grad_scale, saved.grad_weight, 1.0f, grad_weight,
+                             grad_weight, stream));
+  }
+  ZE_RETURN_IF_ERROR(Scale(saved.grad_input, grad_scale, stream));
+  return saved.grad_input;
 }
 
 // ---------------------------------------------------------------- Repeat

@@ -323,34 +323,44 @@ class Block : public Module {
 // as CrossEntropyForward's), computed loss_chunk_rows rows at a time
 // (LinearCrossEntropyForward): the (..., V) logits never exist, only one
 // chunk of them, so the memory does not grow with V beyond the weight's
-// own. The Backward of that call takes grad_output (1) f32 on the host: the
-// derivative of the objective w.r.t. each counted row's loss, one value for
-// all of them (for a mean over the counted rows times a loss scale,
-// loss_scale / counted), and returns the input's gradient, accumulating the
-// weight's (LinearCrossEntropyBackward). Both run between this module's
-// hooks and read the weight as the logits path does, so ZeRO's gathers and
-// gradient reduction see no difference. The setting is consumed by that
-// Forward (saving or not); ClearSavedState drops a pending one. A loss-mode
-// Forward fails (FailedPrecondition) when the head or a module above it is
-// checkpointed: the recomputation in backward would run without targets.
+// own. A saving Forward (nn/module.h's SavingEnabled) also forms, while
+// each chunk's logits exist, the gradients of the sum of the rows' losses:
+// w.r.t. the input, (..., C) in the input's dtype, and w.r.t. the weight,
+// a private (V, C) f32 sum over the chunks (none when the weight is
+// frozen), both kept until the Backward. The Backward of that call takes
+// grad_output (1) f32 on the host: the derivative of the objective w.r.t.
+// each counted row's loss, one value for all of them (for a mean over the
+// counted rows times a loss scale, loss_scale / counted), scales the kept
+// input gradient by it and returns it, and adds grad_output times the
+// private sum into the weight's gradient. Both run between this module's
+// hooks, so ZeRO's gathers and gradient reduction see no difference. The
+// setting is consumed by that Forward (saving or not); ClearSavedState
+// drops a pending one. A loss-mode Forward fails (FailedPrecondition) when
+// the head or a module above it is checkpointed: the recomputation in
+// backward would run without targets.
 //
-// Why the backward recomputes chunk logits instead of the forward forming
-// the gradients while it has them: the loss scale comes with the backward
-// (LossModel::BackwardLoss) and fp16 needs it inside the products (the
-// unscaled softmax gradients underflow); and ZeRO stages 2 and 3 install
-// the weight's gradient slot in its pre-backward hook, so a weight gradient
-// formed in the forward would need a private (V, C) buffer held through the
-// memory peak between forward and backward. The price is a second logits
-// product for every chunk but the last (whose logits the forward keeps for
-// the backward): nothing when all rows fit one chunk.
+// Why the gradients are formed in the forward: a backward that starts from
+// the loss needs each chunk's logits again, and recomputing them costs a
+// second (rows x C) x (C x V) product, 6% of a Llama-3.2-1B step at a 128k
+// vocabulary (bench/RESULTS.md, run 55). The price is the private (V, C)
+// f32 sum held from the forward to the backward (1 GiB at that shape, less
+// the chunk of logits no longer kept), which also keeps the chunks' sum of
+// the weight gradient in f32 rather than rounding it into a 16-bit gradient
+// chunk by chunk. The scale arrives only with the backward (LossModel::
+// BackwardLoss), so the forward forms the unscaled gradient: its softmax
+// terms lie in [-1, 1], representable in every float dtype as well as
+// scaled ones (fp16's loss scale guards the rest of the network's smaller
+// gradients, which are formed after the scaling), and the scaling then
+// costs one rounding of the input gradient.
 class OutputHead : public Module {
  public:
   // The bytes one chunk of logits may take (in the activations' dtype), the
   // default for loss_chunk_rows: 256 MiB is 1024 rows of Llama 3's 128,256
   // f16/bf16 logits, a (1024 x C) x (C x V) product big enough to keep a
   // GPU's matrix units busy, and small next to the 4.2 GB whole logits of a
-  // 16 x 1024-token micro-batch. The forward keeps one chunk for the
-  // backward, so this is also what the loss holds across the memory peak.
+  // 16 x 1024-token micro-batch. The workspace lives only inside the
+  // forward; what the loss holds across the memory peak is the gradients
+  // (see the class comment).
   static constexpr int64_t kLossChunkBytes = int64_t{256} << 20;
 
   // Untied: registers "weight" (vocab, channels).
@@ -390,13 +400,11 @@ class OutputHead : public Module {
 
  private:
   struct Saved {
-    Tensor input;  // (..., C)
+    Tensor input;  // (..., C); logits mode only
     bool loss = false;
-    // Loss mode only:
-    Tensor targets;  // input's rows, i32
-    Tensor logits;   // (R, V): the last chunk's logits (see
-                     // LinearCrossEntropyForward)
-    int64_t classes = 0;
+    // Loss mode only: the gradients of the sum of the rows' losses.
+    Tensor grad_input;   // (..., C), the input's dtype
+    Tensor grad_weight;  // (V, C) f32; undefined for a frozen weight
   };
   Parameter *weight_;
   SavedStack<Saved> saved_;  // per call
