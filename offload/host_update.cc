@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -111,8 +113,18 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
       return bad("delayed is required with delayed_update, and only then");
     }
   }
+  if (options.speculation_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostUpdate: speculation_elements must be >= 0, not ",
+                     options.speculation_elements));
+  }
   std::unique_ptr<HostUpdate> update(
       new HostUpdate(options, std::move(slots), optimizer, swapped));
+  if (update->CanSpeculate()) {
+    update->backup_.resize(
+        static_cast<size_t>(options.speculation_elements *
+                            (BackupBytesPerElement(optimizer->options()) / 4)));
+  }
   if (options.device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
                         Stream::Create(options.device));
@@ -139,6 +151,31 @@ bool HostUpdate::CanBeginEarly() const {
          !options_.weights_on_host;
 }
 
+int64_t HostUpdate::BackupBytesPerElement(const OptimizerOptions& optimizer) {
+  int arrays = 1;  // the master weights
+  if (optimizer.type != OptimizerType::kSgd) {
+    arrays += 2;  // exp_avg, exp_avg_sq
+  } else if (optimizer.momentum > 0) {
+    arrays += 1;  // momentum_buffer
+  }
+  return 4 * arrays;
+}
+
+SpeculationReport HostUpdate::last_speculation() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return speculation_report_;
+}
+
+std::vector<float*> HostUpdate::StateArrays(int slot, int64_t begin) const {
+  const int64_t at = slots_[slot].state_offset + begin;
+  std::vector<float*> arrays = {slots_[slot].master.data_as<float>() + begin};
+  for (float* state : {optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
+                       optimizer_->momentum_buffer()}) {
+    if (state != nullptr) arrays.push_back(state + at);
+  }
+  return arrays;
+}
+
 int64_t HostUpdate::num_chunks(int slot) const {
   return std::max<int64_t>(1, (elements(slot) + options_.chunk_elements - 1) /
                                   options_.chunk_elements);
@@ -161,8 +198,14 @@ std::vector<int> HostUpdate::last_order() const {
   return taken_;
 }
 
-absl::StatusOr<InFlightUpdate> HostUpdate::Start(const StepArgs& step_args,
-                                                 bool begun_early) {
+absl::StatusOr<InFlightUpdate> HostUpdate::Start(
+    const StepArgs& step_args, bool begun_early,
+    std::optional<Speculation> speculation) {
+  if (speculation.has_value() && (!begun_early || !CanSpeculate())) {
+    return absl::FailedPreconditionError(
+        "HostUpdate::Start: speculation needs an early start and a backup "
+        "(speculation_elements > 0)");
+  }
   if (active_) {
     return absl::FailedPreconditionError(
         "HostUpdate::Start: the previous update has not been joined");
@@ -181,6 +224,13 @@ absl::StatusOr<InFlightUpdate> HostUpdate::Start(const StepArgs& step_args,
     closed_ = false;
     failed_ = false;
     status_ = absl::OkStatus();
+    decision_ = speculation ? Decision::kPending : Decision::kNone;
+    speculation_ = speculation.value_or(Speculation());
+    running_sum_of_squares_ = 0;
+    speculation_stopped_ = false;
+    backups_.clear();
+    backup_used_ = 0;
+    speculation_report_ = SpeculationReport();
   }
   InFlightUpdate in_flight;
   in_flight.owner_ = this;
@@ -229,7 +279,7 @@ int HostUpdate::NextSlot() {
   // when the update ends, has few layers left to run.
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [&] { return !ready_.empty() || closed_; });
-  if (ready_.empty()) return -1;
+  if (ready_.empty() || decision_ == Decision::kRolledBack) return -1;
   const size_t chosen = ChooseBucketToUpdate(
       ready_, closed_, begun_early_,
       [this](int s) {
@@ -309,6 +359,8 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
           }
           const int64_t chunk = next_chunk--;
           ZE_RETURN_IF_ERROR(WaitForHostGradients(slot, chunk));
+          ZE_ASSIGN_OR_RETURN(const bool update_now, Speculate(slot, chunk));
+          if (!update_now) return false;  // rolled back
           *range = ChunkRange(slot, chunk);
           std::lock_guard<std::mutex> lock(order_mutex);
           order.emplace_back(slot, chunk);
@@ -331,8 +383,77 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
     }
     ZE_RETURN_IF_ERROR(status);
   }
+  {
+    // A rolled-back update is undone: its step never happened.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (decision_ == Decision::kRolledBack) return absl::OkStatus();
+  }
   optimizer_->AdvanceStep();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk) {
+  bool stopped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (decision_ == Decision::kNone || decision_ == Decision::kCommitted) {
+      return true;
+    }
+    if (decision_ == Decision::kRolledBack) return false;
+    stopped = speculation_stopped_;
+  }
+  const auto [begin, count] = chunk_span(slot, chunk);
+  if (!stopped) {
+    // This thread alone writes the running sum and the backup (the
+    // optimizer asks for one range at a time); the lock guards the report
+    // the engine thread reads.
+    const Tensor grads = slots_[slot].staging.Slice(begin, count);
+    double sum = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const double value = LoadAsFloat(grads.data(), grads.dtype(), i);
+      sum += value * value;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_sum_of_squares_ += sum;
+    if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
+      speculation_stopped_ = stopped = true;
+      speculation_report_.stopped_by_norm = true;
+    } else if (backup_used_ + count > options_.speculation_elements) {
+      speculation_stopped_ = stopped = true;
+      speculation_report_.stopped_by_budget = true;
+    } else {
+      backups_.push_back({slot, begin, count, backup_used_});
+      backup_used_ += count;
+      ++speculation_report_.chunks;
+      speculation_report_.elements += count;
+    }
+  }
+  if (stopped) {
+    // Nothing more is updated before the boundary decides.
+    std::unique_lock<std::mutex> lock(mutex_);
+    progress_.wait(lock, [&] { return decision_ != Decision::kPending; });
+    return decision_ == Decision::kCommitted;
+  }
+  const Backup& backup = backups_.back();
+  const std::vector<float*> arrays = StateArrays(slot, begin);
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    std::memcpy(
+        backup_.data() + (a * options_.speculation_elements) + backup.at,
+        arrays[a], count * sizeof(float));
+  }
+  return true;
+}
+
+void HostUpdate::RestoreBackups() {
+  for (const Backup& backup : backups_) {
+    const std::vector<float*> arrays = StateArrays(backup.slot, backup.begin);
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      std::memcpy(
+          arrays[a],
+          backup_.data() + (a * options_.speculation_elements) + backup.at,
+          backup.count * sizeof(float));
+    }
+  }
 }
 
 absl::Status HostUpdate::WaitForHostGradients(int slot, int64_t chunk) {
@@ -432,9 +553,15 @@ void InFlightUpdate::Abandon() {
     // still waiting for slots: release it.
     std::lock_guard<std::mutex> lock(owner_->mutex_);
     owner_->closed_ = true;
+    if (owner_->decision_ == HostUpdate::Decision::kPending) {
+      owner_->decision_ = HostUpdate::Decision::kRolledBack;
+    }
     owner_->progress_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  if (owner_->decision_ == HostUpdate::Decision::kRolledBack) {
+    owner_->RestoreBackups();
+  }
   owner_->active_ = false;
   owner_ = nullptr;
   open_ = false;
@@ -544,6 +671,78 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
       ZE_RETURN_IF_ERROR(Copy(slot.delayed, slot.weights, stream));
     }
   }
+  return UpdateJoined();
+}
+
+bool InFlightUpdate::speculating() const {
+  if (owner_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  return owner_->decision_ == HostUpdate::Decision::kPending;
+}
+
+absl::Status InFlightUpdate::Commit() {
+  if (!speculating()) {
+    return absl::FailedPreconditionError(
+        "InFlightUpdate::Commit: no speculative update awaits a decision");
+  }
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  owner_->decision_ = HostUpdate::Decision::kCommitted;
+  owner_->speculation_report_.committed = true;
+  owner_->progress_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream) {
+  if (!speculating()) {
+    return absl::FailedPreconditionError(
+        "InFlightUpdate::Rollback: no speculative update awaits a decision");
+  }
+  HostUpdate& update = *owner_;
+  const auto wait_start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.decision_ = HostUpdate::Decision::kRolledBack;
+    update.speculation_report_.rolled_back = true;
+    update.closed_ = true;
+    update.progress_.notify_all();
+  }
+  worker_.join();
+  update.active_ = false;
+  owner_ = nullptr;
+  open_ = false;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.times_.engine_wait_seconds += SecondsSince(wait_start);
+    status = update.status_;
+  }
+  update.RestoreBackups();
+  // The speculated chunks' weights went up already: send the restored
+  // ones. Staging is rewritten only after the uploads that read it.
+  if (update.to_device_stream_) {
+    ZE_RETURN_IF_ERROR(update.to_device_stream_->Synchronize());
+  }
+  const Stream up =
+      update.to_device_stream_ ? *update.to_device_stream_ : Stream();
+  for (const HostUpdate::Backup& backup : update.backups_) {
+    const HostUpdateSlot& slot = update.slots_[backup.slot];
+    Tensor staging = slot.staging.Slice(backup.begin, backup.count);
+    // Rounded to nearest even, as the optimizer's fused write: the weights
+    // the synchronous path leaves.
+    ZE_RETURN_IF_ERROR(CopyConverting(
+        slot.master.Slice(backup.begin, backup.count), staging, Stream()));
+    if (update.options_.weights_on_host) continue;  // not speculated
+    const Tensor& destination =
+        update.options_.delayed_update ? slot.delayed : slot.weights;
+    ZE_RETURN_IF_ERROR(
+        Copy(staging, destination.Slice(backup.begin, backup.count), up));
+  }
+  if (update.to_device_stream_) {
+    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(update.options_.device));
+    ZE_RETURN_IF_ERROR(uploaded.Record(*update.to_device_stream_));
+    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  }
+  ZE_RETURN_IF_ERROR(status);
   return UpdateJoined();
 }
 
