@@ -121,9 +121,11 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
   std::unique_ptr<HostUpdate> update(
       new HostUpdate(options, std::move(slots), optimizer, swapped));
   if (update->CanSpeculate()) {
-    update->backup_.resize(
-        static_cast<size_t>(options.speculation_elements *
-                            (BackupBytesPerElement(optimizer->options()) / 4)));
+    ZE_ASSIGN_OR_RETURN(
+        update->backup_,
+        Tensor::Empty({options.speculation_elements *
+                       (BackupBytesPerElement(optimizer->options()) / 4)},
+                      DType::kF32, Device::Cpu()));
   }
   if (options.device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
@@ -414,6 +416,10 @@ absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk) {
       sum += value * value;
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    // Decided meanwhile: no backup needed, or nothing more to update.
+    if (decision_ != Decision::kPending) {
+      return decision_ == Decision::kCommitted;
+    }
     running_sum_of_squares_ += sum;
     if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
       speculation_stopped_ = stopped = true;
@@ -437,9 +443,9 @@ absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk) {
   const Backup& backup = backups_.back();
   const std::vector<float*> arrays = StateArrays(slot, begin);
   for (size_t a = 0; a < arrays.size(); ++a) {
-    std::memcpy(
-        backup_.data() + (a * options_.speculation_elements) + backup.at,
-        arrays[a], count * sizeof(float));
+    std::memcpy(backup_.data_as<float>() + (a * options_.speculation_elements) +
+                    backup.at,
+                arrays[a], count * sizeof(float));
   }
   return true;
 }
@@ -448,10 +454,10 @@ void HostUpdate::RestoreBackups() {
   for (const Backup& backup : backups_) {
     const std::vector<float*> arrays = StateArrays(backup.slot, backup.begin);
     for (size_t a = 0; a < arrays.size(); ++a) {
-      std::memcpy(
-          arrays[a],
-          backup_.data() + (a * options_.speculation_elements) + backup.at,
-          backup.count * sizeof(float));
+      std::memcpy(arrays[a],
+                  backup_.data_as<float>() +
+                      (a * options_.speculation_elements) + backup.at,
+                  backup.count * sizeof(float));
     }
   }
 }

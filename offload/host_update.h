@@ -346,8 +346,8 @@ class HostUpdate {
   std::vector<Backup> backups_;
   int64_t backup_used_ = 0;  // elements
   SpeculationReport speculation_report_;
-  // f32, speculation_elements x the arrays (host memory).
-  std::vector<float> backup_;
+  // f32, (arrays x speculation_elements), from the host allocator.
+  Tensor backup_;
 };
 
 // One step's update in flight, from HostUpdate::Start to Join. Move-only; a

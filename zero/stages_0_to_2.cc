@@ -175,12 +175,14 @@ absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   if (policy().partition_gradients || boundary)
     window_ = WindowReduction::kReducing;
   if (policy().partition_gradients && boundary && partition_->CanBeginEarly()) {
-    // Without clipping or an overflow check the step's arguments are known
-    // now, so offloaded buckets can be updated as backward finishes them.
+    // Offloaded buckets are updated as backward finishes them: exactly
+    // without clipping or an overflow check, else speculatively (as if
+    // nothing clips), validated at the boundary.
     ZE_ASSIGN_OR_RETURN(
-        const std::optional<StepArgs> args,
+        const EarlyStepArgs early,
         ArgsBeforeStatistics(config(), *context_.training, world()));
-    if (args) ZE_RETURN_IF_ERROR(partition_->BeginUpdate(*args, stream()));
+    ZE_RETURN_IF_ERROR(
+        partition_->BeginUpdate(early.args, stream(), early.speculation));
   }
   next_bucket_ = 0;
   const PartitionedLayout& layout = partition_->layout();
