@@ -177,6 +177,8 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
     report.skipped = true;
     ZE_RETURN_IF_ERROR(partition.DropSpeculation(stream));
     report.speculation = partition.speculation_outcome();
+    report.speculation_stopped_by_norm =
+        partition.last_speculation().stopped_by_norm;
     ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
     return report;
   }
@@ -189,6 +191,8 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
     if (!partition.update_begun_early()) {
       report.skipped = true;
       report.speculation = partition.speculation_outcome();
+      report.speculation_stopped_by_norm =
+          partition.last_speculation().stopped_by_norm;
       ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
       return report;
     }
@@ -207,6 +211,8 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   }
   ZE_RETURN_IF_ERROR(partition.UpdateWeights(args, stream));
   report.speculation = partition.speculation_outcome();
+  report.speculation_stopped_by_norm =
+      partition.last_speculation().stopped_by_norm;
   if (hooks.after_update) ZE_RETURN_IF_ERROR(hooks.after_update());
   ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
   training.AdvanceSchedule();

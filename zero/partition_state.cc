@@ -399,13 +399,8 @@ absl::Status PartitionState::BeginUpdate(
   return absl::OkStatus();
 }
 
-offload::SpeculationReport PartitionState::last_speculation() const {
-  return host_update_ != nullptr ? host_update_->last_speculation()
-                                 : offload::SpeculationReport();
-}
-
 SpeculationOutcome PartitionState::SpeculatedOutcome(bool committed) const {
-  if (host_update_->last_speculation().chunks == 0) {
+  if (decided_.chunks == 0) {
     return SpeculationOutcome::kNotSpeculated;
   }
   return committed ? SpeculationOutcome::kCommitted
@@ -415,10 +410,13 @@ SpeculationOutcome PartitionState::SpeculatedOutcome(bool committed) const {
 absl::Status PartitionState::DropSpeculation(const Stream& stream) {
   outcome_ = host_update_ != nullptr ? SpeculationOutcome::kNotSpeculated
                                      : SpeculationOutcome::kNone;
+  decided_ = offload::SpeculationReport();
   if (!in_flight_.speculating()) return absl::OkStatus();
   early_args_.reset();
+  const absl::Status status = in_flight_.Rollback(stream).status();
+  decided_ = host_update_->last_speculation();
   outcome_ = SpeculatedOutcome(/*committed=*/false);
-  return in_flight_.Rollback(stream).status();
+  return status;
 }
 
 absl::Status PartitionState::GradientsFinal(int bucket, const Stream& stream) {
@@ -430,6 +428,7 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                                            const Stream& stream) {
   outcome_ = host_update_ != nullptr ? SpeculationOutcome::kNotSpeculated
                                      : SpeculationOutcome::kNone;
+  decided_ = offload::SpeculationReport();
   if (early_args_ && in_flight_.speculating()) {
     // The worker started during backward with the arguments of a step that
     // clips nothing: kept when they are the step's, bit for bit (the same
@@ -438,13 +437,15 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                       early_args_->grad_scale == step_args.grad_scale &&
                       early_args_->beta1 == step_args.beta1 &&
                       early_args_->beta2 == step_args.beta2;
-    outcome_ = SpeculatedOutcome(same);
     if (same) {
       ZE_RETURN_IF_ERROR(in_flight_.Commit());
     } else {
       early_args_.reset();
       ZE_RETURN_IF_ERROR(in_flight_.Rollback(stream).status());
     }
+    // Decided: nothing more is backed up.
+    decided_ = host_update_->last_speculation();
+    outcome_ = SpeculatedOutcome(same);
   } else if (early_args_) {
     // An exact early start (no clipping, no overflow check): always kept.
     outcome_ = SpeculationOutcome::kCommitted;

@@ -284,9 +284,11 @@ class PartitionState {
   // What became of this step's update begun early: set by UpdateWeights and
   // DropSpeculation.
   SpeculationOutcome speculation_outcome() const { return outcome_; }
-  // The last update's speculation, in offload/'s terms (zeros without
-  // host buckets).
-  offload::SpeculationReport last_speculation() const;
+  // This step's speculation as decided, in offload/'s terms (zeros when
+  // none began): set with speculation_outcome().
+  const offload::SpeculationReport& last_speculation() const {
+    return decided_;
+  }
   // Between BeginUpdate and UpdateWeights: the worker already applies this
   // step's gradients.
   bool update_begun_early() const { return early_args_.has_value(); }
@@ -457,6 +459,7 @@ class PartitionState {
   std::optional<StepArgs> early_args_;  // set between BeginUpdate and
                                         // UpdateWeights
   SpeculationOutcome outcome_ = SpeculationOutcome::kNone;
+  offload::SpeculationReport decided_;
   // What became of the speculation in flight now that it is decided.
   SpeculationOutcome SpeculatedOutcome(bool committed) const;
   std::vector<bool> gradients_current_;

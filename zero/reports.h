@@ -38,6 +38,9 @@ struct StepReport {
   double learning_rate = 0;  // used for this update
   double loss_scale = 1;     // in effect for this step's backward
   SpeculationOutcome speculation = SpeculationOutcome::kNone;
+  // This rank stopped speculating before the norm was known: its own
+  // gradients already exceeded gradient_clipping (or were not finite).
+  bool speculation_stopped_by_norm = false;
 };
 
 // Collective volume, in elements (padded buckets, as sent), over one
