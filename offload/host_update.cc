@@ -361,9 +361,10 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
           }
           const int64_t chunk = next_chunk--;
           ZE_RETURN_IF_ERROR(WaitForHostGradients(slot, chunk));
-          ZE_ASSIGN_OR_RETURN(const bool update_now, Speculate(slot, chunk));
-          if (!update_now) return false;  // rolled back
           *range = ChunkRange(slot, chunk);
+          ZE_ASSIGN_OR_RETURN(const bool update_now,
+                              Speculate(slot, chunk, range));
+          if (!update_now) return false;  // rolled back
           std::lock_guard<std::mutex> lock(order_mutex);
           order.emplace_back(slot, chunk);
           return true;
@@ -394,60 +395,58 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk) {
-  bool stopped;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (decision_ == Decision::kNone || decision_ == Decision::kCommitted) {
-      return true;
-    }
-    if (decision_ == Decision::kRolledBack) return false;
-    stopped = speculation_stopped_;
+absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
+                                           RangeToUpdate* range) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (decision_ == Decision::kNone || decision_ == Decision::kCommitted) {
+    return true;
   }
-  const auto [begin, count] = chunk_span(slot, chunk);
-  if (!stopped) {
-    // This thread alone writes the running sum and the backup (the
-    // optimizer asks for one range at a time); the lock guards the report
-    // the engine thread reads.
-    const Tensor grads = slots_[slot].staging.Slice(begin, count);
-    double sum = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      const double value = LoadAsFloat(grads.data(), grads.dtype(), i);
-      sum += value * value;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Decided meanwhile: no backup needed, or nothing more to update.
-    if (decision_ != Decision::kPending) {
-      return decision_ == Decision::kCommitted;
-    }
-    running_sum_of_squares_ += sum;
+  if (decision_ == Decision::kRolledBack) return false;
+  if (!speculation_stopped_) {
+    const auto [begin, count] = chunk_span(slot, chunk);
+    // The running sum holds the tiles backed up so far (those of the
+    // chunks before may still be running): a stop may come a chunk late,
+    // which costs a restore, never a wrong result.
     if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
-      speculation_stopped_ = stopped = true;
+      speculation_stopped_ = true;
       speculation_report_.stopped_by_norm = true;
     } else if (backup_used_ + count > options_.speculation_elements) {
-      speculation_stopped_ = stopped = true;
+      speculation_stopped_ = true;
       speculation_report_.stopped_by_budget = true;
     } else {
-      backups_.push_back({slot, begin, count, backup_used_});
+      const int64_t at = backup_used_;
+      backups_.push_back({slot, begin, count, at});
       backup_used_ += count;
       ++speculation_report_.chunks;
       speculation_report_.elements += count;
+      // Each tile, on its own thread, before the kernel changes it.
+      range->before_update = [this, slot, begin = begin, at](
+                                 int64_t tile_begin, int64_t tile_count) {
+        BackUp(slot, begin + tile_begin, at + tile_begin, tile_count);
+      };
+      return true;
     }
   }
-  if (stopped) {
-    // Nothing more is updated before the boundary decides.
-    std::unique_lock<std::mutex> lock(mutex_);
-    progress_.wait(lock, [&] { return decision_ != Decision::kPending; });
-    return decision_ == Decision::kCommitted;
-  }
-  const Backup& backup = backups_.back();
+  // Nothing more is updated before the boundary decides.
+  progress_.wait(lock, [&] { return decision_ != Decision::kPending; });
+  return decision_ == Decision::kCommitted;
+}
+
+void HostUpdate::BackUp(int slot, int64_t begin, int64_t at, int64_t count) {
   const std::vector<float*> arrays = StateArrays(slot, begin);
+  float* backup = backup_.data_as<float>();
   for (size_t a = 0; a < arrays.size(); ++a) {
-    std::memcpy(backup_.data_as<float>() + (a * options_.speculation_elements) +
-                    backup.at,
-                arrays[a], count * sizeof(float));
+    std::memcpy(backup + (a * options_.speculation_elements) + at, arrays[a],
+                count * sizeof(float));
   }
-  return true;
+  const Tensor grads = slots_[slot].staging.Slice(begin, count);
+  double sum = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double value = LoadAsFloat(grads.data(), grads.dtype(), i);
+    sum += value * value;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_sum_of_squares_ += sum;
 }
 
 void HostUpdate::RestoreBackups() {

@@ -26,10 +26,11 @@
 // Speculation (issue 27): an update begun early may be speculative, its
 // arguments those of a step that clips nothing (the global gradient norm,
 // hence the clip factor and, in fp16, whether the step is skipped at all,
-// is known only at the boundary). Before the worker updates a chunk
-// speculatively it adds the chunk's sum of squares to a running sum and
-// copies the chunk's master weights and optimizer state into a backup of
-// HostUpdateOptions::speculation_elements elements. At the boundary the
+// is known only at the boundary). Each tile of a chunk updated
+// speculatively first has its master weights and optimizer state copied
+// into a backup of HostUpdateOptions::speculation_elements elements and its
+// gradients' squares added to a running sum, on the optimizer's threads in
+// parallel (RangeToUpdate::before_update). At the boundary the
 // caller either commits (Commit: the speculative arguments are the step's,
 // bit for bit, and the update goes on as an early start) or rolls back
 // (Rollback: the worker stops, every speculated chunk gets its master and
@@ -37,7 +38,8 @@
 // the optimizer's step count is not advanced; the caller then starts the
 // exact update, or skips the step). Speculation stops (the worker waits for
 // the decision before its next chunk) once the backup is full or the
-// running sum exceeds Speculation::sum_of_squares_limit (this rank's
+// running sum (of the tiles backed up so far) exceeds
+// Speculation::sum_of_squares_limit (this rank's
 // gradients alone already clip the step, or are not finite); what it has
 // not taken by then is updated after the decision, with the step's
 // arguments. The running sum only decides when to stop: the step's norm is
@@ -290,11 +292,16 @@ class HostUpdate {
   absl::Status UpdateSwappedChunk(int slot, int64_t chunk,
                                   const StepArgs& step_args, float* master,
                                   float* state0, float* state1);
-  // Worker thread, before a chunk is given to the optimizer (its gradients
-  // on the host): true to update it now. Speculating: adds its sum of
-  // squares, backs it up, or (stopped) waits for the decision, and returns
-  // false once rolled back.
-  absl::StatusOr<bool> Speculate(int slot, int64_t chunk);
+  // Worker thread, before a chunk is given to the optimizer as `range`
+  // (its gradients on the host): true to update it now. Speculating:
+  // reserves its backup and sets range->before_update to fill it (BackUp),
+  // or (stopped) waits for the decision, and returns false once rolled back.
+  absl::StatusOr<bool> Speculate(int slot, int64_t chunk, RangeToUpdate* range);
+  // Any optimizer thread, before a tile of a speculated chunk is updated:
+  // copies `slot`'s elements [begin, begin + count) of every state array to
+  // the backup at `at`, and adds their gradients' squares to the running
+  // sum.
+  void BackUp(int slot, int64_t begin, int64_t at, int64_t count);
   // The optimizer's state arrays (master first) of `slot`'s elements from
   // `begin` on: where a backup's arrays go back to.
   std::vector<float*> StateArrays(int slot, int64_t begin) const;
