@@ -128,7 +128,7 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "kept when nothing does (bit for bit the exact update) "
                    "or restored and redone with the clip factor; null: "
                    "every offloaded element; 0: off (the update waits for "
-                   "the norm). Stages 2-3, device cpu, weights on the "
+                   "the norm). Device cpu, weights on the "
                    "device. Not a DeepSpeed key."))
         .WithoutEffect("fast_init",
                        "the NVMe swap files are preallocated at start anyway")

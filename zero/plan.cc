@@ -201,10 +201,9 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
         std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
     state.delayed_update = zero.offload_optimizer.delayed_update;
     // Speculation's backup (issue 27): where an update begins during
-    // backward (stages 2-3, whose reductions report each bucket final;
-    // offload::HostUpdate::CanBeginEarly: host buckets, no delayed update,
-    // the weights on the device), up to every host element.
-    if (plan.policy.partition_gradients && !nvme && !state.delayed_update &&
+    // backward (offload::HostUpdate::CanBeginEarly: host buckets, no
+    // delayed update, the weights on the device), up to every host element.
+    if (!nvme && !state.delayed_update &&
         zero.offload_param.device == config::OffloadDevice::kNone) {
       int64_t host_elements = 0;
       for (int b = 0; b < plan.layout.layout.num_buckets(); ++b) {
