@@ -697,7 +697,8 @@ absl::Status InFlightUpdate::Commit() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream) {
+absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
+                                                      bool resend_weights) {
   if (!speculating()) {
     return absl::FailedPreconditionError(
         "InFlightUpdate::Rollback: no speculative update awaits a decision");
@@ -722,6 +723,10 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream) {
     status = update.status_;
   }
   update.RestoreBackups();
+  if (!resend_weights) {
+    ZE_RETURN_IF_ERROR(status);
+    return UpdateJoined();
+  }
   // The speculated chunks' weights went up already: send the restored
   // ones. Staging is rewritten only after the uploads that read it.
   if (update.to_device_stream_) {

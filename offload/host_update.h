@@ -413,14 +413,18 @@ class InFlightUpdate {
   absl::Status Commit();
   // Rollback: stops the worker after the chunks it has begun, waits for
   // it, restores every speculated chunk's master weights and optimizer
-  // state, writes their 16-bit weights from the restored master into
-  // staging and uploads them again (`stream`'s later work waits for those
-  // uploads); the optimizer's step count is unchanged. Afterwards the
-  // handle is empty and the state is as before Start: the caller starts
+  // state and, with `resend_weights`, writes their 16-bit weights from the
+  // restored master into staging and uploads them again (`stream`'s later
+  // work waits for those uploads); the optimizer's step count is unchanged.
+  // Afterwards the handle is empty and the state is as before Start (the
+  // weights too only with resend_weights: without, the caller's next
+  // update must write every slot, as the exact update that redoes the step
+  // does, saving an upload of the speculated weights); the caller starts
   // the exact update or skips the step. The worker's error, if it failed
   // (the backups are restored all the same); FailedPrecondition, with
   // nothing done, when the update is not speculative or already decided.
-  absl::StatusOr<UpdateJoined> Rollback(const Stream& stream);
+  absl::StatusOr<UpdateJoined> Rollback(const Stream& stream,
+                                        bool resend_weights = true);
   // A speculative update not yet committed or rolled back.
   bool speculating() const;
 

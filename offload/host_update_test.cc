@@ -443,40 +443,48 @@ TEST(HostUpdateTest, CommittedSpeculationEqualsTheExactUpdate) {
 // Speculated, then the step clips: rolled back, the master, state and
 // weights are those from before, the step count too, and the exact update
 // with the clip factor equals the synchronous one bit for bit.
+// Without re-sending the weights (the redo writes them all): the same.
 TEST(HostUpdateTest, RolledBackSpeculationIsRedoneExactly) {
-  std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal);
-  const Stream stream = TestStream();
-  const std::vector<float> master = Master(*rig);
-  const std::vector<float> weights = Values(rig->weights);
-  absl::StatusOr<InFlightUpdate> in_flight =
-      rig->update->Start(Args(), /*begun_early=*/true, Speculation());
-  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
-  ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
-  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
-    return r.chunks == kAllChunks;
-  });
-  absl::StatusOr<UpdateJoined> rolled_back = in_flight->Rollback(stream);
-  ASSERT_TRUE(rolled_back.ok()) << rolled_back.status();
-  EXPECT_FALSE(in_flight->active());
-  EXPECT_TRUE(rig->update->last_speculation().rolled_back);
-  EXPECT_EQ(rig->optimizer->step_count(), 0);
-  ExpectSameBits(Master(*rig), master, "master restored");
-  ExpectSameBits(Values(rig->weights), weights, "weights re-sent");
-  for (float* state :
-       {rig->optimizer->exp_avg(), rig->optimizer->exp_avg_sq()}) {
-    for (int64_t i = 0; i < kTotal; ++i) ASSERT_EQ(state[i], 0.0f) << i;
+  for (bool resend_weights : {true, false}) {
+    SCOPED_TRACE(resend_weights ? "weights re-sent"
+                                : "weights left to the redo");
+    std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal);
+    const Stream stream = TestStream();
+    const std::vector<float> master = Master(*rig);
+    const std::vector<float> weights = Values(rig->weights);
+    absl::StatusOr<InFlightUpdate> in_flight =
+        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+    AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+      return r.chunks == kAllChunks;
+    });
+    absl::StatusOr<UpdateJoined> rolled_back =
+        in_flight->Rollback(stream, resend_weights);
+    ASSERT_TRUE(rolled_back.ok()) << rolled_back.status();
+    EXPECT_FALSE(in_flight->active());
+    EXPECT_TRUE(rig->update->last_speculation().rolled_back);
+    EXPECT_EQ(rig->optimizer->step_count(), 0);
+    ExpectSameBits(Master(*rig), master, "master restored");
+    if (resend_weights) {
+      ExpectSameBits(Values(rig->weights), weights, "weights re-sent");
+    }
+    for (float* state :
+         {rig->optimizer->exp_avg(), rig->optimizer->exp_avg_sq()}) {
+      for (int64_t i = 0; i < kTotal; ++i) ASSERT_EQ(state[i], 0.0f) << i;
+    }
+    // The exact update: clipped to half.
+    absl::StatusOr<InFlightUpdate> exact =
+        rig->update->Start(Args(0.01, 0.25f), /*begun_early=*/false);
+    ASSERT_TRUE(exact.ok()) << exact.status();
+    ASSERT_TRUE(exact->Close(stream).ok());
+    ASSERT_TRUE(exact->Join(stream).ok());
+    const Expected expected = Reference(1, 0.25f);
+    ExpectSameBits(Master(*rig), expected.master, "master");
+    ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+    EXPECT_FALSE(rig->update->last_speculation().rolled_back);  // a new update
   }
-  // The exact update: clipped to half.
-  absl::StatusOr<InFlightUpdate> exact =
-      rig->update->Start(Args(0.01, 0.25f), /*begun_early=*/false);
-  ASSERT_TRUE(exact.ok()) << exact.status();
-  ASSERT_TRUE(exact->Close(stream).ok());
-  ASSERT_TRUE(exact->Join(stream).ok());
-  const Expected expected = Reference(1, 0.25f);
-  ExpectSameBits(Master(*rig), expected.master, "master");
-  ExpectSameBits(Values(rig->weights), expected.weights, "weights");
-  EXPECT_FALSE(rig->update->last_speculation().rolled_back);  // a new update
 }
 
 // This rank's own gradients exceed the limit: nothing more is speculated

@@ -437,11 +437,21 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                       early_args_->grad_scale == step_args.grad_scale &&
                       early_args_->beta1 == step_args.beta1 &&
                       early_args_->beta2 == step_args.beta2;
-    if (same) {
+    const absl::Status valid =
+        offload::ComputeStepCoefficients(options_.optimizer,
+                                         optimizer_step_count(), step_args,
+                                         /*has_momentum_buffer=*/false)
+            .status();
+    if (same && valid.ok()) {
       ZE_RETURN_IF_ERROR(in_flight_.Commit());
     } else {
       early_args_.reset();
-      ZE_RETURN_IF_ERROR(in_flight_.Rollback(stream).status());
+      // The exact update below writes every host bucket's weights again,
+      // so the speculated ones need not be re-sent; a step refused for bad
+      // arguments leaves them as they were.
+      ZE_RETURN_IF_ERROR(
+          in_flight_.Rollback(stream, /*resend_weights=*/!valid.ok()).status());
+      ZE_RETURN_IF_ERROR(valid);
     }
     // Decided: nothing more is backed up.
     decided_ = host_update_->last_speculation();
