@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace ze {
 namespace offload {
@@ -449,16 +450,36 @@ void HostUpdate::BackUp(int slot, int64_t begin, int64_t at, int64_t count) {
   running_sum_of_squares_ += sum;
 }
 
-void HostUpdate::RestoreBackups() {
+std::vector<HostUpdate::Backup> HostUpdate::BackupPieces() const {
+  // 1M elements: many pieces per thread even for a few large chunks.
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<Backup> pieces;
   for (const Backup& backup : backups_) {
-    const std::vector<float*> arrays = StateArrays(backup.slot, backup.begin);
+    for (int64_t done = 0; done < backup.count; done += kPiece) {
+      pieces.push_back({backup.slot, backup.begin + done,
+                        std::min(kPiece, backup.count - done),
+                        backup.at + done});
+    }
+  }
+  return pieces;
+}
+
+void HostUpdate::RestoreBackups() {
+  const std::vector<Backup> pieces = BackupPieces();
+  if (pieces.empty()) return;
+  // Up to the whole host state: one thread would copy it at a fraction of
+  // the memory bandwidth the optimizer's threads reach.
+  ThreadPool pool(optimizer_->num_threads());
+  pool.ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Backup& piece = pieces[i];
+    const std::vector<float*> arrays = StateArrays(piece.slot, piece.begin);
     for (size_t a = 0; a < arrays.size(); ++a) {
       std::memcpy(arrays[a],
                   backup_.data_as<float>() +
-                      (a * options_.speculation_elements) + backup.at,
-                  backup.count * sizeof(float));
+                      (a * options_.speculation_elements) + piece.at,
+                  piece.count * sizeof(float));
     }
-  }
+  });
 }
 
 absl::Status HostUpdate::WaitForHostGradients(int slot, int64_t chunk) {
@@ -734,18 +755,25 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
   }
   const Stream up =
       update.to_device_stream_ ? *update.to_device_stream_ : Stream();
+  // Rounded to nearest even, as the optimizer's fused write: the weights
+  // the synchronous path leaves. On the optimizer's thread count, as the
+  // restore.
+  const std::vector<HostUpdate::Backup> pieces = update.BackupPieces();
+  ThreadPool pool(update.optimizer_->num_threads());
+  ZE_RETURN_IF_ERROR(pool.TryParallelFor(
+      static_cast<int64_t>(pieces.size()), [&](int, int64_t i) -> absl::Status {
+        const HostUpdate::Backup& piece = pieces[i];
+        const HostUpdateSlot& slot = update.slots_[piece.slot];
+        return CopyConverting(slot.master.Slice(piece.begin, piece.count),
+                              slot.staging.Slice(piece.begin, piece.count),
+                              Stream());
+      }));
   for (const HostUpdate::Backup& backup : update.backups_) {
     const HostUpdateSlot& slot = update.slots_[backup.slot];
-    Tensor staging = slot.staging.Slice(backup.begin, backup.count);
-    // Rounded to nearest even, as the optimizer's fused write: the weights
-    // the synchronous path leaves.
-    ZE_RETURN_IF_ERROR(CopyConverting(
-        slot.master.Slice(backup.begin, backup.count), staging, Stream()));
-    if (update.options_.weights_on_host) continue;  // not speculated
     const Tensor& destination =
         update.options_.delayed_update ? slot.delayed : slot.weights;
-    ZE_RETURN_IF_ERROR(
-        Copy(staging, destination.Slice(backup.begin, backup.count), up));
+    ZE_RETURN_IF_ERROR(Copy(slot.staging.Slice(backup.begin, backup.count),
+                            destination.Slice(backup.begin, backup.count), up));
   }
   if (update.to_device_stream_) {
     ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(update.options_.device));

@@ -263,6 +263,14 @@ class HostUpdate {
 
  private:
   friend class InFlightUpdate;
+  // A speculated range: `slot`'s elements [begin, begin + count), backed up
+  // at element `at` of each of the backup's arrays.
+  struct Backup {
+    int slot = 0;
+    int64_t begin = 0;
+    int64_t count = 0;
+    int64_t at = 0;
+  };
   HostUpdate(const HostUpdateOptions& options,
              std::vector<HostUpdateSlot> slots, CpuOptimizer* optimizer,
              SwappedState* swapped);
@@ -306,8 +314,11 @@ class HostUpdate {
   // `begin` on: where a backup's arrays go back to.
   std::vector<float*> StateArrays(int slot, int64_t begin) const;
   // Engine thread, the worker joined: puts every backed-up chunk's arrays
-  // back. The weights are the caller's (Rollback re-sends them).
+  // back, on the optimizer's thread count. The weights are the caller's
+  // (Rollback re-sends them).
   void RestoreBackups();
+  // The backed-up chunks cut into pieces for a parallel loop.
+  std::vector<Backup> BackupPieces() const;
 
   HostUpdateOptions options_;
   std::vector<HostUpdateSlot> slots_;
@@ -337,19 +348,12 @@ class HostUpdate {
   HostUpdateTimes times_;  // totals over finished updates
   // Speculation, this update: the decision (kNone: not speculative), the
   // limit, the running sum, whether it stopped, the chunks backed up (in
-  // order, each at `at` in backup_, BackupBytesPerElement() / 4 arrays of
-  // `count` floats) and the report.
+  // order) and the report.
   enum class Decision { kNone, kPending, kCommitted, kRolledBack };
   Decision decision_ = Decision::kNone;
   Speculation speculation_;
   double running_sum_of_squares_ = 0;
   bool speculation_stopped_ = false;
-  struct Backup {
-    int slot = 0;
-    int64_t begin = 0;
-    int64_t count = 0;
-    int64_t at = 0;
-  };
   std::vector<Backup> backups_;
   int64_t backup_used_ = 0;  // elements
   SpeculationReport speculation_report_;
