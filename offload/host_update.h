@@ -34,7 +34,8 @@
 // caller either commits (Commit: the speculative arguments are the step's,
 // bit for bit, and the update goes on as an early start) or rolls back
 // (Rollback: the worker stops, every speculated chunk gets its master and
-// state back and its 16-bit weights re-sent from the restored master, and
+// state back and its 16-bit weights re-sent from the restored master
+// (unless the redo will write them anyway), and
 // the optimizer's step count is not advanced; the caller then starts the
 // exact update, or skips the step). Speculation stops (the worker waits for
 // the decision before its next chunk) once the backup is full or the
@@ -62,6 +63,11 @@
 //     variable until a chunk is written; Join blocks it until the worker
 //     ends. times() and last_order() may be read from the engine thread at
 //     any time (under the mutex).
+//   - Speculation: the optimizer's threads back up and sum tiles
+//     (BackUp, the running sum under the mutex); the worker's chunk source
+//     waits on the condition variable for Commit or Rollback once stopped;
+//     Rollback, after joining the worker, restores and re-sends on a pool
+//     of the optimizer's thread count made for the call.
 //   - Streams: the gradients go down on a "to host" stream that first waits
 //     for the caller's stream (HandOver's); uploads run on a "to device"
 //     stream; WaitForWeights, Close and Join order the caller's stream after
