@@ -394,6 +394,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const offload::NvmeStore::Counters io_before = engine->nvme_counters();
   const zero::PartitionState::OffloadTimes times_before =
       engine->offload_times();
+  const engine::Counters counters_before = engine->counters();
   const auto wall_start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < options.iters; ++i) {
     ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
@@ -453,6 +454,17 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
         (times.engine_wait_seconds - times_before.engine_wait_seconds) * 1e3 /
         updates;
     line["offload_worker"] = worker;
+    // Issue 27: the timed steps whose CPU update ran during backward and
+    // was kept, was undone and redone (or restored), or waited for the norm.
+    const engine::Counters counters = engine->counters();
+    Json speculation;
+    speculation["committed"] =
+        counters.speculation_committed - counters_before.speculation_committed;
+    speculation["redone"] =
+        counters.speculation_redone - counters_before.speculation_redone;
+    speculation["not_speculated"] = counters.speculation_not_speculated -
+                                    counters_before.speculation_not_speculated;
+    line["speculation"] = speculation;
   }
   line["tokens_per_s"] = per_gpu * comm->world_size();
   line["tokens_per_s_per_gpu"] = per_gpu;

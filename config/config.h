@@ -222,6 +222,11 @@ struct OffloadOptimizerConfig {
   // ZeRO-Offload's one-step delayed parameter update (this project's key;
   // DeepSpeed has none): stages 1-2, device cpu, ratio 1.
   bool delayed_update = false;
+  // Issue 27's speculative update (this project's key): how many of the
+  // rank's offloaded elements an update begun during backward may back up
+  // (master weights and optimizer state, in host memory) to start before
+  // the gradient norm is known; unset: all of them; 0: off.
+  std::optional<int64_t> speculation_buffer_size;
   bool operator==(const OffloadOptimizerConfig& other) const;
 };
 

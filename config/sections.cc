@@ -118,6 +118,18 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "runs during step t+1's forward and backward, which use "
                    "the weights from before it, so every gradient is one "
                    "step stale. Not a DeepSpeed key."))
+        .Add(Value("speculation_buffer_size", &O::speculation_buffer_size,
+                   Nullable(Integer(AtLeast(0))),
+                   "Elements of this rank's offloaded optimizer state (f32 "
+                   "master weights and moments, host memory) that an update "
+                   "begun during backward may back up: with gradient "
+                   "clipping or fp16 the CPU update starts before the "
+                   "gradient norm is known, as if nothing clips, and is "
+                   "kept when nothing does (bit for bit the exact update) "
+                   "or restored and redone with the clip factor; null: "
+                   "every offloaded element; 0: off (the update waits for "
+                   "the norm). Device cpu, weights on the "
+                   "device. Not a DeepSpeed key."))
         .WithoutEffect("fast_init",
                        "the NVMe swap files are preallocated at start anyway")
         .Ignored("super_offload", Boolean(), std::optional<bool>(false),

@@ -177,6 +177,19 @@ absl::StatusOr<StepReport> EngineImpl::Step() {
   if (report.skipped) {
     counters_.skipped_steps += 1;
   }
+  switch (report.speculation) {
+    case zero::SpeculationOutcome::kCommitted:
+      counters_.speculation_committed += 1;
+      break;
+    case zero::SpeculationOutcome::kRedone:
+      counters_.speculation_redone += 1;
+      break;
+    case zero::SpeculationOutcome::kNotSpeculated:
+      counters_.speculation_not_speculated += 1;
+      break;
+    case zero::SpeculationOutcome::kNone:
+      break;
+  }
   ZE_RETURN_IF_ERROR(
       monitor_->EndPhase(StepMonitor::kStep, start, compute_stream_));
   // wall_clock_breakdown: this step's collective time (every rank takes it,

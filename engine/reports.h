@@ -25,6 +25,11 @@ struct Counters {
   int64_t skipped_steps = 0;   // fp16 overflows; bf16/f32 non-finite steps
   int64_t micro_steps = 0;     // Forward/Backward pairs
   int64_t global_samples = 0;  // samples over all ranks
+  // Steps with an offloaded update, by what became of its speculation
+  // (zero::SpeculationOutcome; issue 27). Diagnostics: not checkpointed.
+  int64_t speculation_committed = 0;
+  int64_t speculation_redone = 0;
+  int64_t speculation_not_speculated = 0;
 };
 
 // Where this rank's last SaveCheckpoint spent its time (seconds), for

@@ -490,6 +490,7 @@ absl::Status CpuOptimizer::StepRanges(
   // and `status`.
   std::mutex mutex;
   std::deque<StepBuffers> ranges;
+  std::deque<std::function<void(int64_t, int64_t)>> before_update;
   absl::Status status;
   auto fail = [&](const absl::Status& error) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -515,15 +516,23 @@ absl::Status CpuOptimizer::StepRanges(
         }
         std::lock_guard<std::mutex> lock(mutex);
         ranges.push_back(*buffers);
+        before_update.push_back(std::move(range.before_update));
         // An empty range is one task that writes nothing, so that it is
         // still reported done in its place.
         return std::max<int64_t>(1, NumTiles(range.count));
       },
       [&](int64_t index, int64_t tile) {
         StepBuffers range;
+        const std::function<void(int64_t, int64_t)>* before = nullptr;
         {
           std::lock_guard<std::mutex> lock(mutex);
           range = ranges[index];
+          // deque elements stay where they are while others are appended.
+          if (before_update[index]) before = &before_update[index];
+        }
+        const int64_t begin = tile * tile_elements_;
+        if (before != nullptr && begin < range.count) {
+          (*before)(begin, std::min(tile_elements_, range.count - begin));
         }
         RunTile(coefficients, range, tile, tuning);
       },

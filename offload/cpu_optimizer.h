@@ -192,6 +192,12 @@ struct RangeToUpdate {
   DType grad_dtype = DType::kF32;
   void* out = nullptr;  // may equal grads, as StepRange allows
   DType out_dtype = DType::kBF16;
+  // Optional: called on the tile's thread just before the kernel updates
+  // the range's elements [begin, begin + count) (relative to the range), so
+  // a caller can read what it needs of them first (a backup of the state, a
+  // sum over the gradients) in parallel over the tiles. Must be thread-safe
+  // and must not call the optimizer.
+  std::function<void(int64_t begin, int64_t count)> before_update;
 };
 
 // Owns the optimizer state for one flat range of f32 master weights in host

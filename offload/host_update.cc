@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace ze {
 namespace offload {
@@ -17,6 +20,54 @@ namespace {
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
+}
+
+// The sum of squares of `count` values load(i): eight independent f32 lanes
+// (vectorisable without reassociating) per block of 4096, blocks summed in
+// double. For speculation's stop only, where its rounding never reaches a
+// result; the per-element LoadAsFloat switch would cost as much as the
+// optimizer's tile itself.
+template <typename Load>
+double SumOfSquaresOf(int64_t count, const Load& load) {
+  constexpr int kLanes = 8;
+  constexpr int64_t kBlock = 4096;
+  double total = 0;
+  for (int64_t block = 0; block < count; block += kBlock) {
+    const int64_t end = std::min(count, block + kBlock);
+    float lanes[kLanes] = {};
+    int64_t i = block;
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int lane = 0; lane < kLanes; ++lane) {
+        const float value = load(i + lane);
+        lanes[lane] += value * value;
+      }
+    }
+    for (; i < end; ++i) {
+      const float value = load(i);
+      lanes[0] += value * value;
+    }
+    for (float lane : lanes) total += lane;
+  }
+  return total;
+}
+
+double GradientSumOfSquares(const void* data, DType dtype, int64_t count) {
+  switch (dtype) {
+    case DType::kBF16: {
+      const uint16_t* bits = static_cast<const uint16_t*>(data);
+      return SumOfSquaresOf(
+          count, [bits](int64_t i) { return Bf16BitsToFloat(bits[i]); });
+    }
+    case DType::kF16: {
+      const uint16_t* bits = static_cast<const uint16_t*>(data);
+      return SumOfSquaresOf(
+          count, [bits](int64_t i) { return F16BitsToFloat(bits[i]); });
+    }
+    default: {
+      const float* values = static_cast<const float*>(data);
+      return SumOfSquaresOf(count, [values](int64_t i) { return values[i]; });
+    }
+  }
 }
 
 }  // namespace
@@ -111,8 +162,20 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
       return bad("delayed is required with delayed_update, and only then");
     }
   }
+  if (options.speculation_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HostUpdate: speculation_elements must be >= 0, not ",
+                     options.speculation_elements));
+  }
   std::unique_ptr<HostUpdate> update(
       new HostUpdate(options, std::move(slots), optimizer, swapped));
+  if (update->CanSpeculate()) {
+    ZE_ASSIGN_OR_RETURN(
+        update->backup_,
+        Tensor::Empty({options.speculation_elements *
+                       (BackupBytesPerElement(optimizer->options()) / 4)},
+                      DType::kF32, Device::Cpu()));
+  }
   if (options.device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
                         Stream::Create(options.device));
@@ -139,6 +202,31 @@ bool HostUpdate::CanBeginEarly() const {
          !options_.weights_on_host;
 }
 
+int64_t HostUpdate::BackupBytesPerElement(const OptimizerOptions& optimizer) {
+  int arrays = 1;  // the master weights
+  if (optimizer.type != OptimizerType::kSgd) {
+    arrays += 2;  // exp_avg, exp_avg_sq
+  } else if (optimizer.momentum > 0) {
+    arrays += 1;  // momentum_buffer
+  }
+  return 4 * arrays;
+}
+
+SpeculationReport HostUpdate::last_speculation() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return speculation_report_;
+}
+
+std::vector<float*> HostUpdate::StateArrays(int slot, int64_t begin) const {
+  const int64_t at = slots_[slot].state_offset + begin;
+  std::vector<float*> arrays = {slots_[slot].master.data_as<float>() + begin};
+  for (float* state : {optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
+                       optimizer_->momentum_buffer()}) {
+    if (state != nullptr) arrays.push_back(state + at);
+  }
+  return arrays;
+}
+
 int64_t HostUpdate::num_chunks(int slot) const {
   return std::max<int64_t>(1, (elements(slot) + options_.chunk_elements - 1) /
                                   options_.chunk_elements);
@@ -161,8 +249,14 @@ std::vector<int> HostUpdate::last_order() const {
   return taken_;
 }
 
-absl::StatusOr<InFlightUpdate> HostUpdate::Start(const StepArgs& step_args,
-                                                 bool begun_early) {
+absl::StatusOr<InFlightUpdate> HostUpdate::Start(
+    const StepArgs& step_args, bool begun_early,
+    std::optional<Speculation> speculation) {
+  if (speculation.has_value() && (!begun_early || !CanSpeculate())) {
+    return absl::FailedPreconditionError(
+        "HostUpdate::Start: speculation needs an early start and a backup "
+        "(speculation_elements > 0)");
+  }
   if (active_) {
     return absl::FailedPreconditionError(
         "HostUpdate::Start: the previous update has not been joined");
@@ -181,6 +275,13 @@ absl::StatusOr<InFlightUpdate> HostUpdate::Start(const StepArgs& step_args,
     closed_ = false;
     failed_ = false;
     status_ = absl::OkStatus();
+    decision_ = speculation ? Decision::kPending : Decision::kNone;
+    speculation_ = speculation.value_or(Speculation());
+    running_sum_of_squares_ = 0;
+    speculation_stopped_ = false;
+    backups_.clear();
+    backup_used_ = 0;
+    speculation_report_ = SpeculationReport();
   }
   InFlightUpdate in_flight;
   in_flight.owner_ = this;
@@ -229,7 +330,7 @@ int HostUpdate::NextSlot() {
   // when the update ends, has few layers left to run.
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [&] { return !ready_.empty() || closed_; });
-  if (ready_.empty()) return -1;
+  if (ready_.empty() || decision_ == Decision::kRolledBack) return -1;
   const size_t chosen = ChooseBucketToUpdate(
       ready_, closed_, begun_early_,
       [this](int s) {
@@ -310,6 +411,9 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
           const int64_t chunk = next_chunk--;
           ZE_RETURN_IF_ERROR(WaitForHostGradients(slot, chunk));
           *range = ChunkRange(slot, chunk);
+          ZE_ASSIGN_OR_RETURN(const bool update_now,
+                              Speculate(slot, chunk, range));
+          if (!update_now) return false;  // rolled back
           std::lock_guard<std::mutex> lock(order_mutex);
           order.emplace_back(slot, chunk);
           return true;
@@ -331,8 +435,95 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
     }
     ZE_RETURN_IF_ERROR(status);
   }
+  {
+    // A rolled-back update is undone: its step never happened.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (decision_ == Decision::kRolledBack) return absl::OkStatus();
+  }
   optimizer_->AdvanceStep();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
+                                           RangeToUpdate* range) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (decision_ == Decision::kNone || decision_ == Decision::kCommitted) {
+    return true;
+  }
+  if (decision_ == Decision::kRolledBack) return false;
+  if (!speculation_stopped_) {
+    const auto [begin, count] = chunk_span(slot, chunk);
+    // The running sum holds the tiles backed up so far (those of the
+    // chunks before may still be running): a stop may come a chunk late,
+    // which costs a restore, never a wrong result.
+    if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
+      speculation_stopped_ = true;
+      speculation_report_.stopped_by_norm = true;
+    } else if (backup_used_ + count > options_.speculation_elements) {
+      speculation_stopped_ = true;
+      speculation_report_.stopped_by_budget = true;
+    } else {
+      const int64_t at = backup_used_;
+      backups_.push_back({slot, begin, count, at});
+      backup_used_ += count;
+      ++speculation_report_.chunks;
+      speculation_report_.elements += count;
+      // Each tile, on its own thread, before the kernel changes it.
+      range->before_update = [this, slot, begin = begin, at](
+                                 int64_t tile_begin, int64_t tile_count) {
+        BackUp(slot, begin + tile_begin, at + tile_begin, tile_count);
+      };
+      return true;
+    }
+  }
+  // Nothing more is updated before the boundary decides.
+  progress_.wait(lock, [&] { return decision_ != Decision::kPending; });
+  return decision_ == Decision::kCommitted;
+}
+
+void HostUpdate::BackUp(int slot, int64_t begin, int64_t at, int64_t count) {
+  const std::vector<float*> arrays = StateArrays(slot, begin);
+  float* backup = backup_.data_as<float>();
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    std::memcpy(backup + (a * options_.speculation_elements) + at, arrays[a],
+                count * sizeof(float));
+  }
+  const Tensor grads = slots_[slot].staging.Slice(begin, count);
+  const double sum = GradientSumOfSquares(grads.data(), grads.dtype(), count);
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_sum_of_squares_ += sum;
+}
+
+std::vector<HostUpdate::Backup> HostUpdate::BackupPieces() const {
+  // 1M elements: many pieces per thread even for a few large chunks.
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<Backup> pieces;
+  for (const Backup& backup : backups_) {
+    for (int64_t done = 0; done < backup.count; done += kPiece) {
+      pieces.push_back({backup.slot, backup.begin + done,
+                        std::min(kPiece, backup.count - done),
+                        backup.at + done});
+    }
+  }
+  return pieces;
+}
+
+void HostUpdate::RestoreBackups() {
+  const std::vector<Backup> pieces = BackupPieces();
+  if (pieces.empty()) return;
+  // Up to the whole host state: one thread would copy it at a fraction of
+  // the memory bandwidth the optimizer's threads reach.
+  ThreadPool pool(optimizer_->num_threads());
+  pool.ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Backup& piece = pieces[i];
+    const std::vector<float*> arrays = StateArrays(piece.slot, piece.begin);
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      std::memcpy(arrays[a],
+                  backup_.data_as<float>() +
+                      (a * options_.speculation_elements) + piece.at,
+                  piece.count * sizeof(float));
+    }
+  });
 }
 
 absl::Status HostUpdate::WaitForHostGradients(int slot, int64_t chunk) {
@@ -432,9 +623,15 @@ void InFlightUpdate::Abandon() {
     // still waiting for slots: release it.
     std::lock_guard<std::mutex> lock(owner_->mutex_);
     owner_->closed_ = true;
+    if (owner_->decision_ == HostUpdate::Decision::kPending) {
+      owner_->decision_ = HostUpdate::Decision::kRolledBack;
+    }
     owner_->progress_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  if (owner_->decision_ == HostUpdate::Decision::kRolledBack) {
+    owner_->RestoreBackups();
+  }
   owner_->active_ = false;
   owner_ = nullptr;
   open_ = false;
@@ -544,6 +741,90 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
       ZE_RETURN_IF_ERROR(Copy(slot.delayed, slot.weights, stream));
     }
   }
+  return UpdateJoined();
+}
+
+bool InFlightUpdate::speculating() const {
+  if (owner_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  return owner_->decision_ == HostUpdate::Decision::kPending;
+}
+
+absl::Status InFlightUpdate::Commit() {
+  if (!speculating()) {
+    return absl::FailedPreconditionError(
+        "InFlightUpdate::Commit: no speculative update awaits a decision");
+  }
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  owner_->decision_ = HostUpdate::Decision::kCommitted;
+  owner_->speculation_report_.committed = true;
+  owner_->progress_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
+                                                      bool resend_weights) {
+  if (!speculating()) {
+    return absl::FailedPreconditionError(
+        "InFlightUpdate::Rollback: no speculative update awaits a decision");
+  }
+  HostUpdate& update = *owner_;
+  const auto wait_start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.decision_ = HostUpdate::Decision::kRolledBack;
+    update.speculation_report_.rolled_back = true;
+    update.closed_ = true;
+    update.progress_.notify_all();
+  }
+  worker_.join();
+  update.active_ = false;
+  owner_ = nullptr;
+  open_ = false;
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    update.times_.engine_wait_seconds += SecondsSince(wait_start);
+    status = update.status_;
+  }
+  update.RestoreBackups();
+  if (!resend_weights) {
+    ZE_RETURN_IF_ERROR(status);
+    return UpdateJoined();
+  }
+  // The speculated chunks' weights went up already: send the restored
+  // ones. Staging is rewritten only after the uploads that read it.
+  if (update.to_device_stream_) {
+    ZE_RETURN_IF_ERROR(update.to_device_stream_->Synchronize());
+  }
+  const Stream up =
+      update.to_device_stream_ ? *update.to_device_stream_ : Stream();
+  // Rounded to nearest even, as the optimizer's fused write: the weights
+  // the synchronous path leaves. On the optimizer's thread count, as the
+  // restore.
+  const std::vector<HostUpdate::Backup> pieces = update.BackupPieces();
+  ThreadPool pool(update.optimizer_->num_threads());
+  ZE_RETURN_IF_ERROR(pool.TryParallelFor(
+      static_cast<int64_t>(pieces.size()), [&](int, int64_t i) -> absl::Status {
+        const HostUpdate::Backup& piece = pieces[i];
+        const HostUpdateSlot& slot = update.slots_[piece.slot];
+        return CopyConverting(slot.master.Slice(piece.begin, piece.count),
+                              slot.staging.Slice(piece.begin, piece.count),
+                              Stream());
+      }));
+  for (const HostUpdate::Backup& backup : update.backups_) {
+    const HostUpdateSlot& slot = update.slots_[backup.slot];
+    const Tensor& destination =
+        update.options_.delayed_update ? slot.delayed : slot.weights;
+    ZE_RETURN_IF_ERROR(Copy(slot.staging.Slice(backup.begin, backup.count),
+                            destination.Slice(backup.begin, backup.count), up));
+  }
+  if (update.to_device_stream_) {
+    ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(update.options_.device));
+    ZE_RETURN_IF_ERROR(uploaded.Record(*update.to_device_stream_));
+    ZE_RETURN_IF_ERROR(uploaded.StreamWait(stream));
+  }
+  ZE_RETURN_IF_ERROR(status);
   return UpdateJoined();
 }
 

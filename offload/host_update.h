@@ -23,6 +23,29 @@
 // (HostUpdateSlot::forward_position), slots handed over during backward as
 // ChooseBucketToUpdate picks, each slot's chunks from its end down.
 //
+// Speculation (issue 27): an update begun early may be speculative, its
+// arguments those of a step that clips nothing (the global gradient norm,
+// hence the clip factor and, in fp16, whether the step is skipped at all,
+// is known only at the boundary). Each tile of a chunk updated
+// speculatively first has its master weights and optimizer state copied
+// into a backup of HostUpdateOptions::speculation_elements elements and its
+// gradients' squares added to a running sum, on the optimizer's threads in
+// parallel (RangeToUpdate::before_update). At the boundary the
+// caller either commits (Commit: the speculative arguments are the step's,
+// bit for bit, and the update goes on as an early start) or rolls back
+// (Rollback: the worker stops, every speculated chunk gets its master and
+// state back and its 16-bit weights re-sent from the restored master
+// (unless the redo will write them anyway), and
+// the optimizer's step count is not advanced; the caller then starts the
+// exact update, or skips the step). Speculation stops (the worker waits for
+// the decision before its next chunk) once the backup is full or the
+// running sum (of the tiles backed up so far) exceeds
+// Speculation::sum_of_squares_limit (this rank's
+// gradients alone already clip the step, or are not finite); what it has
+// not taken by then is updated after the decision, with the step's
+// arguments. The running sum only decides when to stop: the step's norm is
+// the caller's, so no summation order changes a result.
+//
 // Threading:
 //   - The caller's thread (the engine's; "engine thread" below) calls
 //     everything public: Create, Start, and every InFlightUpdate method,
@@ -40,6 +63,11 @@
 //     variable until a chunk is written; Join blocks it until the worker
 //     ends. times() and last_order() may be read from the engine thread at
 //     any time (under the mutex).
+//   - Speculation: the optimizer's threads back up and sum tiles
+//     (BackUp, the running sum under the mutex); the worker's chunk source
+//     waits on the condition variable for Commit or Rollback once stopped;
+//     Rollback, after joining the worker, restores and re-sends on a pool
+//     of the optimizer's thread count made for the call.
 //   - Streams: the gradients go down on a "to host" stream that first waits
 //     for the caller's stream (HandOver's); uploads run on a "to device"
 //     stream; WaitForWeights, Close and Join order the caller's stream after
@@ -52,6 +80,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -111,6 +140,32 @@ struct HostUpdateOptions {
   // `delayed` buffer and replace the weights at Join; WaitForWeights never
   // waits (the weights in use are the previous ones).
   bool delayed_update = false;
+  // Speculation's backup (see the header comment): how many elements'
+  // master weights and optimizer state it holds (host memory of
+  // BackupBytesPerElement() each, allocated by Create). 0: no speculation.
+  int64_t speculation_elements = 0;
+};
+
+// A speculative start's limit (Start's `speculation`).
+struct Speculation {
+  // Speculation stops once this rank's running sum of squares of its
+  // gradients, as they are stored (loss scale and all), exceeds this (or is
+  // not finite): the step will clip (or be skipped) whatever the other
+  // ranks hold. Infinity: never on the norm (no clipping; fp16 stops on a
+  // non-finite sum only).
+  double sum_of_squares_limit = std::numeric_limits<double>::infinity();
+};
+
+// What the last speculative update did (zeros for one that was not).
+struct SpeculationReport {
+  int64_t chunks = 0;    // chunks updated speculatively (backed up)
+  int64_t elements = 0;  // their elements
+  // Why speculation stopped before the decision, if it did.
+  bool stopped_by_norm = false;
+  bool stopped_by_budget = false;
+  // The caller's decision: committed, or rolled back (Rollback).
+  bool committed = false;
+  bool rolled_back = false;
 };
 
 // Where the worker spent its time, summed over every update so far.
@@ -191,8 +246,21 @@ class HostUpdate {
   // weights from before the update). FailedPrecondition while an earlier
   // update's handle is still active, or for an early start that is not
   // possible. Engine thread.
-  absl::StatusOr<InFlightUpdate> Start(const StepArgs& step_args,
-                                       bool begun_early);
+  // `speculation` (needs begun_early and speculation_elements > 0): the
+  // arguments are those of a step that clips nothing, to be confirmed by
+  // InFlightUpdate::Commit or undone by Rollback (header comment).
+  absl::StatusOr<InFlightUpdate> Start(
+      const StepArgs& step_args, bool begun_early,
+      std::optional<Speculation> speculation = std::nullopt);
+  // Whether Start may speculate: an early start is possible and there is a
+  // backup.
+  bool CanSpeculate() const {
+    return CanBeginEarly() && options_.speculation_elements > 0;
+  }
+  // Host bytes one element of speculation's backup takes: the f32 master
+  // weights and each f32 optimizer state array.
+  static int64_t BackupBytesPerElement(const OptimizerOptions& optimizer);
+  SpeculationReport last_speculation() const;
 
   HostUpdateTimes times() const;
   // The slots in the order the worker took them in the last finished (or
@@ -201,6 +269,14 @@ class HostUpdate {
 
  private:
   friend class InFlightUpdate;
+  // A speculated range: `slot`'s elements [begin, begin + count), backed up
+  // at element `at` of each of the backup's arrays.
+  struct Backup {
+    int slot = 0;
+    int64_t begin = 0;
+    int64_t count = 0;
+    int64_t at = 0;
+  };
   HostUpdate(const HostUpdateOptions& options,
              std::vector<HostUpdateSlot> slots, CpuOptimizer* optimizer,
              SwappedState* swapped);
@@ -230,6 +306,25 @@ class HostUpdate {
   absl::Status UpdateSwappedChunk(int slot, int64_t chunk,
                                   const StepArgs& step_args, float* master,
                                   float* state0, float* state1);
+  // Worker thread, before a chunk is given to the optimizer as `range`
+  // (its gradients on the host): true to update it now. Speculating:
+  // reserves its backup and sets range->before_update to fill it (BackUp),
+  // or (stopped) waits for the decision, and returns false once rolled back.
+  absl::StatusOr<bool> Speculate(int slot, int64_t chunk, RangeToUpdate* range);
+  // Any optimizer thread, before a tile of a speculated chunk is updated:
+  // copies `slot`'s elements [begin, begin + count) of every state array to
+  // the backup at `at`, and adds their gradients' squares to the running
+  // sum.
+  void BackUp(int slot, int64_t begin, int64_t at, int64_t count);
+  // The optimizer's state arrays (master first) of `slot`'s elements from
+  // `begin` on: where a backup's arrays go back to.
+  std::vector<float*> StateArrays(int slot, int64_t begin) const;
+  // Engine thread, the worker joined: puts every backed-up chunk's arrays
+  // back, on the optimizer's thread count. The weights are the caller's
+  // (Rollback re-sends them).
+  void RestoreBackups();
+  // The backed-up chunks cut into pieces for a parallel loop.
+  std::vector<Backup> BackupPieces() const;
 
   HostUpdateOptions options_;
   std::vector<HostUpdateSlot> slots_;
@@ -257,6 +352,19 @@ class HostUpdate {
   bool failed_ = false;
   absl::Status status_;
   HostUpdateTimes times_;  // totals over finished updates
+  // Speculation, this update: the decision (kNone: not speculative), the
+  // limit, the running sum, whether it stopped, the chunks backed up (in
+  // order) and the report.
+  enum class Decision { kNone, kPending, kCommitted, kRolledBack };
+  Decision decision_ = Decision::kNone;
+  Speculation speculation_;
+  double running_sum_of_squares_ = 0;
+  bool speculation_stopped_ = false;
+  std::vector<Backup> backups_;
+  int64_t backup_used_ = 0;  // elements
+  SpeculationReport speculation_report_;
+  // f32, (arrays x speculation_elements), from the host allocator.
+  Tensor backup_;
 };
 
 // One step's update in flight, from HostUpdate::Start to Join. Move-only; a
@@ -270,7 +378,9 @@ class InFlightUpdate {
   InFlightUpdate(const InFlightUpdate&) = delete;
   InFlightUpdate& operator=(const InFlightUpdate&) = delete;
   // An update never joined (a failed backward, an error before Join) is
-  // closed and waited for here; its status is dropped.
+  // closed and waited for here; its status is dropped. A speculative one
+  // not committed is rolled back (master and state; the weights on the
+  // device are then not re-sent: only error paths drop a handle).
   ~InFlightUpdate();
 
   // Whether a worker runs for this handle (until Join).
@@ -304,6 +414,29 @@ class InFlightUpdate {
   // partly updated); FailedPrecondition, with nothing done, while the
   // update is open (begun early, not closed: joining would wait forever).
   absl::StatusOr<UpdateJoined> Join(const Stream& stream);
+
+  // Speculative updates (Start's `speculation`) only; engine thread.
+  // Commit: the step's arguments are the speculative ones, bit for bit; the
+  // update goes on as an early start (Close, Join as usual).
+  // FailedPrecondition when the update is not speculative or already
+  // decided.
+  absl::Status Commit();
+  // Rollback: stops the worker after the chunks it has begun, waits for
+  // it, restores every speculated chunk's master weights and optimizer
+  // state and, with `resend_weights`, writes their 16-bit weights from the
+  // restored master into staging and uploads them again (`stream`'s later
+  // work waits for those uploads); the optimizer's step count is unchanged.
+  // Afterwards the handle is empty and the state is as before Start (the
+  // weights too only with resend_weights: without, the caller's next
+  // update must write every slot, as the exact update that redoes the step
+  // does, saving an upload of the speculated weights); the caller starts
+  // the exact update or skips the step. The worker's error, if it failed
+  // (the backups are restored all the same); FailedPrecondition, with
+  // nothing done, when the update is not speculative or already decided.
+  absl::StatusOr<UpdateJoined> Rollback(const Stream& stream,
+                                        bool resend_weights = true);
+  // A speculative update not yet committed or rolled back.
+  bool speculating() const;
 
  private:
   friend class HostUpdate;

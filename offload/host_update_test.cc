@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -47,10 +48,10 @@ CpuExecutionOptions TwoThreads() {
   return execution;
 }
 
-StepArgs Args(double lr = 0.01) {
+StepArgs Args(double lr = 0.01, float grad_scale = 0.5f) {
   StepArgs args;
   args.lr = lr;
-  args.grad_scale = 0.5f;
+  args.grad_scale = grad_scale;
   return args;
 }
 
@@ -113,7 +114,7 @@ struct Expected {
   std::vector<float> master;
   std::vector<float> weights;
 };
-Expected Reference(int steps) {
+Expected Reference(int steps, float grad_scale = 0.5f) {
   absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
       CpuOptimizer::Create(Adam(), kTotal, TwoThreads());
   EXPECT_TRUE(optimizer.ok()) << optimizer.status();
@@ -123,7 +124,8 @@ Expected Reference(int steps) {
   for (int step = 0; step < steps; ++step) {
     EXPECT_TRUE((*optimizer)
                     ->Step(master.data_as<float>(), gradients.data(),
-                           DType::kBF16, Args(), weights.data(), DType::kBF16)
+                           DType::kBF16, Args(0.01, grad_scale), weights.data(),
+                           DType::kBF16)
                     .ok());
   }
   return Expected{Values(master), Values(weights)};
@@ -141,14 +143,21 @@ struct Rig {
 };
 
 std::unique_ptr<Rig> MakeRig(bool delayed, bool nvme,
-                             int64_t fail_write_request = -1) {
+                             int64_t fail_write_request = -1,
+                             int64_t speculation_elements = 0,
+                             int threads = 2) {
   auto rig = std::make_unique<Rig>();
   rig->options.device = ModelDevice();
   rig->options.chunk_elements = kChunk;
+  rig->options.speculation_elements = speculation_elements;
   rig->options.delayed_update = delayed;
   const std::vector<float> initial = Ramp(kTotal, 0.25f, 0.01f);
   absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
-      CpuOptimizer::Create(Adam(), nvme ? 0 : kTotal, TwoThreads());
+      CpuOptimizer::Create(Adam(), nvme ? 0 : kTotal, [threads] {
+        CpuExecutionOptions execution = TwoThreads();
+        execution.num_threads = threads;
+        return execution;
+      }());
   EXPECT_TRUE(optimizer.ok()) << optimizer.status();
   rig->optimizer = std::move(optimizer).value();
   rig->gradients =
@@ -384,6 +393,179 @@ TEST(HostUpdateTest, NvmeWriteFailureIsJoinsToReport) {
       << joined.status();
   EXPECT_NE(joined.status().message().find("write"), std::string::npos)
       << joined.status();
+}
+
+// Waits (at most 30 s) until the worker's speculation report says `done`.
+void AwaitSpeculation(
+    const HostUpdate& update,
+    const std::function<bool(const SpeculationReport&)>& done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done(update.last_speculation()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(done(update.last_speculation()));
+}
+
+constexpr int64_t kAllChunks = 8;  // 1000 and 777 in chunks of 256
+
+// Speculated during backward, then committed: bit for bit the update
+// handed over at once (the speculative arguments were the step's).
+TEST(HostUpdateTest, CommittedSpeculationEqualsTheExactUpdate) {
+  std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal);
+  ASSERT_TRUE(rig->update->CanSpeculate());
+  const Stream stream = TestStream();
+  for (int step = 1; step <= 2; ++step) {
+    absl::StatusOr<InFlightUpdate> in_flight =
+        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+    EXPECT_TRUE(in_flight->speculating());
+    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+    AwaitSpeculation(*rig->update,
+                     [](const SpeculationReport& r) { return r.chunks == 4; });
+    ASSERT_TRUE(in_flight->Commit().ok());
+    EXPECT_FALSE(in_flight->speculating());
+    EXPECT_FALSE(in_flight->Commit().ok());  // decided once
+    ASSERT_TRUE(in_flight->Close(stream).ok());
+    ASSERT_TRUE(in_flight->Join(stream).ok());
+    const SpeculationReport report = rig->update->last_speculation();
+    EXPECT_TRUE(report.committed);
+    EXPECT_EQ(report.chunks, 4);  // slot 0; slot 1 came after the decision
+    EXPECT_EQ(report.elements, 1000);
+    const Expected expected = Reference(step);
+    ExpectSameBits(Master(*rig), expected.master, "master");
+    ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+  }
+  EXPECT_EQ(rig->optimizer->step_count(), 2);
+}
+
+// Speculated, then the step clips: rolled back, the master, state and
+// weights are those from before, the step count too, and the exact update
+// with the clip factor equals the synchronous one bit for bit.
+// Without re-sending the weights (the redo writes them all): the same.
+TEST(HostUpdateTest, RolledBackSpeculationIsRedoneExactly) {
+  for (bool resend_weights : {true, false}) {
+    SCOPED_TRACE(resend_weights ? "weights re-sent"
+                                : "weights left to the redo");
+    std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal);
+    const Stream stream = TestStream();
+    const std::vector<float> master = Master(*rig);
+    const std::vector<float> weights = Values(rig->weights);
+    absl::StatusOr<InFlightUpdate> in_flight =
+        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+    AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+      return r.chunks == kAllChunks;
+    });
+    absl::StatusOr<UpdateJoined> rolled_back =
+        in_flight->Rollback(stream, resend_weights);
+    ASSERT_TRUE(rolled_back.ok()) << rolled_back.status();
+    EXPECT_FALSE(in_flight->active());
+    EXPECT_TRUE(rig->update->last_speculation().rolled_back);
+    EXPECT_EQ(rig->optimizer->step_count(), 0);
+    ExpectSameBits(Master(*rig), master, "master restored");
+    if (resend_weights) {
+      ExpectSameBits(Values(rig->weights), weights, "weights re-sent");
+    }
+    for (float* state :
+         {rig->optimizer->exp_avg(), rig->optimizer->exp_avg_sq()}) {
+      for (int64_t i = 0; i < kTotal; ++i) ASSERT_EQ(state[i], 0.0f) << i;
+    }
+    // The exact update: clipped to half.
+    absl::StatusOr<InFlightUpdate> exact =
+        rig->update->Start(Args(0.01, 0.25f), /*begun_early=*/false);
+    ASSERT_TRUE(exact.ok()) << exact.status();
+    ASSERT_TRUE(exact->Close(stream).ok());
+    ASSERT_TRUE(exact->Join(stream).ok());
+    const Expected expected = Reference(1, 0.25f);
+    ExpectSameBits(Master(*rig), expected.master, "master");
+    ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+    EXPECT_FALSE(rig->update->last_speculation().rolled_back);  // a new update
+  }
+}
+
+// This rank's own gradients exceed the limit: nothing more is speculated
+// once the chunks backed up so far show it. One optimizer thread, so the
+// first chunk's tile has been summed when the second is asked for: the
+// first goes (nothing is summed before it), the second stops. Committed
+// anyway (the norm said no clip after all), the update is the exact one.
+TEST(HostUpdateTest, SpeculationStopsWhenTheOwnNormExceedsTheLimit) {
+  std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal, /*threads=*/1);
+  const Stream stream = TestStream();
+  Speculation tight;
+  tight.sum_of_squares_limit = 1e-12;
+  absl::StatusOr<InFlightUpdate> in_flight =
+      rig->update->Start(Args(), /*begun_early=*/true, tight);
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+    return r.stopped_by_norm;
+  });
+  EXPECT_EQ(rig->update->last_speculation().chunks, 1);
+  ASSERT_TRUE(in_flight->Commit().ok());
+  ASSERT_TRUE(in_flight->Close(stream).ok());
+  ASSERT_TRUE(in_flight->Join(stream).ok());
+  const Expected expected = Reference(1);
+  ExpectSameBits(Master(*rig), expected.master, "master");
+  ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+}
+
+// The backup holds one chunk: speculation stops at the second; rolled
+// back, only the first is restored and the state is as before.
+TEST(HostUpdateTest, SpeculationStopsAtTheBackupBudget) {
+  std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kChunk + 10);
+  const Stream stream = TestStream();
+  const std::vector<float> master = Master(*rig);
+  absl::StatusOr<InFlightUpdate> in_flight =
+      rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+    return r.stopped_by_budget;
+  });
+  EXPECT_EQ(rig->update->last_speculation().chunks, 1);
+  EXPECT_FALSE(rig->update->last_speculation().stopped_by_norm);
+  ASSERT_TRUE(in_flight->Rollback(stream).ok());
+  ExpectSameBits(Master(*rig), master, "master restored");
+  Step(*rig);
+  ExpectSameBits(Master(*rig), Reference(1).master, "master");
+}
+
+// A speculative handle dropped undecided (a failed step) is rolled back.
+TEST(HostUpdateTest, ADroppedSpeculationIsRolledBack) {
+  std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kTotal);
+  const Stream stream = TestStream();
+  const std::vector<float> master = Master(*rig);
+  {
+    absl::StatusOr<InFlightUpdate> in_flight =
+        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+    AwaitSpeculation(*rig->update,
+                     [](const SpeculationReport& r) { return r.chunks == 4; });
+  }
+  ExpectSameBits(Master(*rig), master, "master restored");
+  EXPECT_EQ(rig->optimizer->step_count(), 0);
+}
+
+TEST(HostUpdateTest, SpeculationNeedsAnEarlyStartAndABackup) {
+  std::unique_ptr<Rig> rig = MakeRig(false, false);  // no backup
+  EXPECT_FALSE(rig->update->CanSpeculate());
+  EXPECT_EQ(rig->update->Start(Args(), true, Speculation()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::unique_ptr<Rig> backed = MakeRig(false, false, -1, kTotal);
+  EXPECT_EQ(backed->update->Start(Args(), false, Speculation()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Not speculative: nothing to commit or roll back.
+  absl::StatusOr<InFlightUpdate> plain = backed->update->Start(Args(), true);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->Commit().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(plain->Rollback(TestStream()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(HostUpdate::BackupBytesPerElement(Adam()), 12);
 }
 
 TEST(HostUpdateTest, NothingInFlightJoinsAtOnce) {

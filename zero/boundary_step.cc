@@ -110,19 +110,26 @@ double GradientScale(const config::Config& config,
 
 }  // namespace
 
-absl::StatusOr<std::optional<StepArgs>> ArgsBeforeStatistics(
+absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
     const config::Config& config, const TrainingState& training, int world) {
-  if (config.gradient_clipping.value() > 0 || training.checks_overflow()) {
-    return std::optional<StepArgs>();
+  const double gradient_scale = GradientScale(config, training, world);
+  ZE_ASSIGN_OR_RETURN(GradClip clip, ComputeGradClip(0.0, gradient_scale, 0.0));
+  EarlyStepArgs early;
+  early.args.lr = training.learning_rate();
+  early.args.grad_scale = clip.grad_scale;
+  training.FillMomentum(&early.args);
+  const double max_norm = config.gradient_clipping.value();
+  if (max_norm > 0 || training.checks_overflow()) {
+    early.speculation.emplace();
+    if (max_norm > 0) {
+      // The norm divides the stored gradients' root sum of squares by the
+      // gradient scale (ComputeGradClip); a rank's own sum is part of the
+      // global one, so beyond this the step clips.
+      const double limit = max_norm * gradient_scale;
+      early.speculation->sum_of_squares_limit = limit * limit;
+    }
   }
-  ZE_ASSIGN_OR_RETURN(
-      GradClip clip,
-      ComputeGradClip(0.0, GradientScale(config, training, world), 0.0));
-  StepArgs args;
-  args.lr = training.learning_rate();
-  args.grad_scale = clip.grad_scale;
-  training.FillMomentum(&args);
-  return std::optional<StepArgs>(args);
+  return early;
 }
 
 absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
@@ -168,15 +175,24 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   if (hooks.after_statistics) ZE_RETURN_IF_ERROR(hooks.after_statistics());
   if (statistics.overflow && training.checks_overflow()) {
     report.skipped = true;
+    ZE_RETURN_IF_ERROR(partition.DropSpeculation(stream));
+    report.speculation = partition.speculation_outcome();
+    report.speculation_stopped_by_norm =
+        partition.last_speculation().stopped_by_norm;
     ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
     return report;
   }
   if (!training.checks_overflow() &&
       (statistics.overflow || !std::isfinite(report.loss))) {
     report.nonfinite = true;
-    // An update begun during backward has already used these gradients.
+    // A speculative update begun during backward is undone; an exact one
+    // has already used these gradients.
+    ZE_RETURN_IF_ERROR(partition.DropSpeculation(stream));
     if (!partition.update_begun_early()) {
       report.skipped = true;
+      report.speculation = partition.speculation_outcome();
+      report.speculation_stopped_by_norm =
+          partition.last_speculation().stopped_by_norm;
       ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
       return report;
     }
@@ -189,11 +205,14 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
   if (report.nonfinite) {
     // Only an update begun during backward gets here: it finishes with the
     // arguments it began with (a non-finite norm has no clip factor).
-    ZE_ASSIGN_OR_RETURN(const std::optional<StepArgs> begun,
+    ZE_ASSIGN_OR_RETURN(const EarlyStepArgs begun,
                         ArgsBeforeStatistics(config, training, world));
-    if (begun.has_value()) args = *begun;
+    args = begun.args;
   }
   ZE_RETURN_IF_ERROR(partition.UpdateWeights(args, stream));
+  report.speculation = partition.speculation_outcome();
+  report.speculation_stopped_by_norm =
+      partition.last_speculation().stopped_by_norm;
   if (hooks.after_update) ZE_RETURN_IF_ERROR(hooks.after_update());
   ZE_RETURN_IF_ERROR(partition.ResetGradients(stream));
   training.AdvanceSchedule();

@@ -15,13 +15,18 @@
 //   2. differing hashes fail every rank with the strategy's Aborted error;
 //   3. the loss scaler updates (fp16); an overflow skips the step; in bf16
 //      and f32 a non-finite loss or gradient norm skips it too (unless an
-//      offloaded update already began), so the weights stay finite;
+//      exact offloaded update already began), so the weights stay finite;
+//      a skipped step rolls back a speculative update begun during backward
+//      (PartitionState::DropSpeculation);
 //   4. zero::ComputeGradClip turns the global norm into the one factor that
 //      unscales (loss scale, world size, predivide factor) and clips;
 //   5. each trainable bucket's optimizer updates its master slice and writes
 //      the 16-bit weights in the same pass (PartitionState::UpdateWeights: on
 //      the device, or on the CPU for offloaded buckets, finished by the next
-//      step's step 0 or by whoever reads the weights first);
+//      step's step 0 or by whoever reads the weights first; a speculative
+//      update begun during backward is committed when its arguments are
+//      these, else rolled back and redone; StepReport::speculation says
+//      which);
 //   6. the strategy's after-update work (stages 1-2 all-gather the updated
 //      weights; stage 3 refreshes persistent buckets);
 //   7. gradients are reset (zeroed or marked stale) and the schedule advances.
@@ -71,12 +76,21 @@ struct BoundaryStepHooks {
   std::function<absl::Status()> after_update;
 };
 
-// The optimizer's arguments of the step about to be taken when they do not
-// depend on step 1's all-reduce (no gradient clipping, no fp16 overflow
-// check): then an offloaded update may start while backward still runs
-// (PartitionState::BeginUpdate); RunBoundaryStep computes the same values.
-// nullopt otherwise.
-absl::StatusOr<std::optional<StepArgs>> ArgsBeforeStatistics(
+// The optimizer's arguments of the step about to be taken as far as they
+// are known before step 1's all-reduce, so that an offloaded update may
+// start while backward still runs (PartitionState::BeginUpdate).
+struct EarlyStepArgs {
+  // Those of a step that clips nothing (RunBoundaryStep computes the same
+  // values when it does not clip).
+  StepArgs args;
+  // Set when the step's arguments depend on the statistics (gradient
+  // clipping, fp16's overflow check): the update is then speculative, and
+  // stops speculating once this rank's own gradients' sum of squares (as
+  // stored) exceeds the clip limit (gradient_clipping times the gradient
+  // scale, squared; infinity without clipping).
+  std::optional<offload::Speculation> speculation;
+};
+absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
     const config::Config& config, const TrainingState& training, int world);
 
 // Runs steps 1-7 above. `loss_sum`: this rank's summed micro-batch losses

@@ -136,7 +136,7 @@ absl::Status GradientReducer::Finish(InFlight& flight) {
                            : flight.wire.Slice(comm_->rank() * slice, slice);
       ZE_RETURN_IF_ERROR(Copy(reduced, own, compute));
     }
-    return absl::OkStatus();
+    return on_finished_ ? on_finished_(bucket) : absl::OkStatus();
   }
   if (!flight.overwrite) {
     ZE_RETURN_IF_ERROR(Add(own, flight.reduced, own, compute));

@@ -63,8 +63,9 @@ struct GradientReducerOptions {
 class GradientReducer {
  public:
   // `state`, `comm` and the streams must outlive the reducer.
-  // `on_finished(bucket)` runs once a kReduceScatterToPartition bucket's
-  // slice is in the partition: the strategy frees its full gradients there.
+  // `on_finished(bucket)` runs once a bucket's reduced slice is in place
+  // (for kReduceScatterToPartition in the partition: the strategy frees its
+  // full gradients there; an offloaded update begun early takes it).
   GradientReducer(const GradientReducerOptions& options, PartitionState* state,
                   comm::Communicator* comm, const Stream* compute_stream,
                   const Stream* communication_stream,
@@ -85,7 +86,7 @@ class GradientReducer {
   absl::Status Issue(int bucket, const Tensor& gradients);
   // Waits (on the compute stream) for every issued reduction and puts its
   // result in place: for in-place kinds rounds communication_dtype sums
-  // back; for the partition kind writes or adds and calls on_finished.
+  // back; for the partition kind writes or adds; then calls on_finished.
   absl::Status FinishAll();
   // Whether any bucket's reduction is issued and not finished.
   bool idle() const { return in_flight_.empty(); }

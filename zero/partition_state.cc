@@ -332,6 +332,7 @@ absl::Status PartitionState::CreateHostUpdate() {
   options.chunk_elements = options_.chunk_elements;
   options.weights_on_host = options_.weights_placement == Placement::kHost;
   options.delayed_update = options_.delayed_update;
+  options.speculation_elements = options_.speculation_elements;
   ZE_ASSIGN_OR_RETURN(host_update_, offload::HostUpdate::Create(
                                         options, std::move(slots),
                                         host_optimizer_.get(), swapped_.get()));
@@ -342,18 +343,43 @@ bool PartitionState::CanBeginEarly() const {
   return host_update_ != nullptr && host_update_->CanBeginEarly();
 }
 
-absl::Status PartitionState::BeginUpdate(const StepArgs& step_args,
-                                         const Stream& stream) {
+absl::Status PartitionState::BeginUpdate(
+    const StepArgs& step_args, const Stream& stream,
+    std::optional<offload::Speculation> speculation) {
   if (!CanBeginEarly()) return absl::OkStatus();
+  if (speculation.has_value() && !host_update_->CanSpeculate()) {
+    return absl::OkStatus();
+  }
   ZE_RETURN_IF_ERROR(FinishUpdate(stream).status());
   ZE_RETURN_IF_ERROR(offload::ComputeStepCoefficients(
                          options_.optimizer, optimizer_step_count(), step_args,
                          /*has_momentum_buffer=*/false)
                          .status());
   ZE_ASSIGN_OR_RETURN(in_flight_,
-                      host_update_->Start(step_args, /*begun_early=*/true));
+                      host_update_->Start(step_args,
+                                          /*begun_early=*/true, speculation));
   early_args_ = step_args;
   return absl::OkStatus();
+}
+
+SpeculationOutcome PartitionState::SpeculatedOutcome(bool committed) const {
+  if (decided_.chunks == 0) {
+    return SpeculationOutcome::kNotSpeculated;
+  }
+  return committed ? SpeculationOutcome::kCommitted
+                   : SpeculationOutcome::kRedone;
+}
+
+absl::Status PartitionState::DropSpeculation(const Stream& stream) {
+  outcome_ = host_update_ != nullptr ? SpeculationOutcome::kNotSpeculated
+                                     : SpeculationOutcome::kNone;
+  decided_ = offload::SpeculationReport();
+  if (!in_flight_.speculating()) return absl::OkStatus();
+  early_args_.reset();
+  const absl::Status status = in_flight_.Rollback(stream).status();
+  decided_ = host_update_->last_speculation();
+  outcome_ = SpeculatedOutcome(/*committed=*/false);
+  return status;
 }
 
 absl::Status PartitionState::GradientsFinal(int bucket, const Stream& stream) {
@@ -363,6 +389,40 @@ absl::Status PartitionState::GradientsFinal(int bucket, const Stream& stream) {
 
 absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
                                            const Stream& stream) {
+  outcome_ = host_update_ != nullptr ? SpeculationOutcome::kNotSpeculated
+                                     : SpeculationOutcome::kNone;
+  decided_ = offload::SpeculationReport();
+  if (early_args_ && in_flight_.speculating()) {
+    // The worker started during backward with the arguments of a step that
+    // clips nothing: kept when they are the step's, bit for bit (the same
+    // update), else undone before the exact update below.
+    const bool same = early_args_->lr == step_args.lr &&
+                      early_args_->grad_scale == step_args.grad_scale &&
+                      early_args_->beta1 == step_args.beta1 &&
+                      early_args_->beta2 == step_args.beta2;
+    const absl::Status valid =
+        offload::ComputeStepCoefficients(options_.optimizer,
+                                         optimizer_step_count(), step_args,
+                                         /*has_momentum_buffer=*/false)
+            .status();
+    if (same && valid.ok()) {
+      ZE_RETURN_IF_ERROR(in_flight_.Commit());
+    } else {
+      early_args_.reset();
+      // The exact update below writes every host bucket's weights again,
+      // so the speculated ones need not be re-sent; a step refused for bad
+      // arguments leaves them as they were.
+      ZE_RETURN_IF_ERROR(
+          in_flight_.Rollback(stream, /*resend_weights=*/!valid.ok()).status());
+      ZE_RETURN_IF_ERROR(valid);
+    }
+    // Decided: nothing more is backed up.
+    decided_ = host_update_->last_speculation();
+    outcome_ = SpeculatedOutcome(same);
+  } else if (early_args_) {
+    // An exact early start (no clipping, no overflow check): always kept.
+    outcome_ = SpeculationOutcome::kCommitted;
+  }
   if (early_args_) {
     // The worker started during backward with the arguments known then;
     // the boundary step must have computed the same ones.

@@ -55,6 +55,7 @@
 #include "offload/swapped_state.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
+#include "zero/reports.h"
 #include "zero/stage_policy.h"
 
 namespace ze {
@@ -128,6 +129,11 @@ struct PartitionStateOptions {
   // and backwards until
   // then use the weights from before the update.
   bool delayed_update = false;
+  // Speculation's backup (offload::HostUpdateOptions::speculation_elements):
+  // how many host elements' master weights and optimizer state an update
+  // begun during backward may back up (zero/plan.h sizes it). 0: an update
+  // whose arguments depend on the global norm is not begun early.
+  int64_t speculation_elements = 0;
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
   offload::SwappedStateOptions nvme;
@@ -252,8 +258,30 @@ class PartitionState {
   // (backward's recompute reads the weights before the update). BeginUpdate
   // does nothing where an early start is not possible (NVMe, delayed update,
   // host weights).
+  //
+  // Speculation (issue 27): with `speculation`, step_args are those of a
+  // step that clips nothing and the worker backs up what it updates
+  // (offload::HostUpdate's header comment). UpdateWeights then commits when
+  // the boundary's arguments are the same, bit for bit, and otherwise rolls
+  // back and runs the exact update; a skipped step rolls back
+  // (DropSpeculation). Without a backup (speculation_elements 0) a
+  // speculative BeginUpdate does nothing.
   bool CanBeginEarly() const;
-  absl::Status BeginUpdate(const StepArgs& step_args, const Stream& stream);
+  absl::Status BeginUpdate(
+      const StepArgs& step_args, const Stream& stream,
+      std::optional<offload::Speculation> speculation = std::nullopt);
+  // A skipped step: a speculative update begun early is rolled back (the
+  // weights on `stream` are those from before). Nothing otherwise. Errors
+  // from the worker or the copies.
+  absl::Status DropSpeculation(const Stream& stream);
+  // What became of this step's update begun early: set by UpdateWeights and
+  // DropSpeculation.
+  SpeculationOutcome speculation_outcome() const { return outcome_; }
+  // This step's speculation as decided, in offload/'s terms (zeros when
+  // none began): set with speculation_outcome().
+  const offload::SpeculationReport& last_speculation() const {
+    return decided_;
+  }
   // Between BeginUpdate and UpdateWeights: the worker already applies this
   // step's gradients.
   bool update_begun_early() const { return early_args_.has_value(); }
@@ -411,6 +439,10 @@ class PartitionState {
   std::optional<Stream> gather_upload_stream_;
   std::optional<StepArgs> early_args_;  // set between BeginUpdate and
                                         // UpdateWeights
+  SpeculationOutcome outcome_ = SpeculationOutcome::kNone;
+  offload::SpeculationReport decided_;
+  // What became of the speculation in flight now that it is decided.
+  SpeculationOutcome SpeculatedOutcome(bool committed) const;
   std::vector<bool> gradients_current_;
   // The offloaded update's pipeline (null without offloaded buckets) and,
   // per bucket, its slot there (-1: not offloaded or frozen).

@@ -4,7 +4,10 @@
 // file allows it.
 #include "zero/partition_state.h"
 
+#include <chrono>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/ops.h"
@@ -187,6 +190,101 @@ TEST(PartitionStateHostTest, EarlyUpdateIsJoinedOnlyAfterTheStep) {
     masters.push_back(master);
   }
   EXPECT_EQ(masters[0], masters[1]);
+}
+
+// Speculation through PartitionState: begun with the arguments of a step
+// that clips nothing, then the boundary's arguments decide. Equal: committed,
+// the update handed over at the step. Different (clipped): rolled back and
+// redone, the update with the clipped arguments alone. A skipped step
+// (DropSpeculation): the master as before. Outcomes are reported.
+TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
+  struct Run {
+    std::vector<float> master;
+    SpeculationOutcome outcome = SpeculationOutcome::kNone;
+  };
+  // `speculative`: begun during backward with grad_scale 1; `grad_scale`:
+  // the boundary's; `skip`: the step is skipped instead.
+  auto run = [](bool speculative, float grad_scale, bool skip) -> Run {
+    const PartitionedLayout layout = Layout();
+    PartitionStateOptions options;
+    options.stage = 2;
+    options.model_dtype = DType::kBF16;
+    // SGD with momentum: a clipped step moves the weights less (Adam's
+    // first step would not see the scale) and there is a state array.
+    options.optimizer.type = OptimizerType::kSgd;
+    options.optimizer.momentum = 0.9;
+    options.host_threads = 2;
+    options.chunk_elements = 512;
+    options.speculation_elements = 1 << 20;
+    options.optimizer_placement =
+        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+    Stream stream;
+    Run result;
+    absl::StatusOr<std::unique_ptr<PartitionState>> state =
+        PartitionState::Create(layout, options, stream);
+    EXPECT_TRUE(state.ok()) << state.status();
+    if (!state.ok()) return result;
+    PartitionState& partition = **state;
+    EXPECT_TRUE(Fill(partition.weights(), 0.5f, stream).ok());
+    EXPECT_TRUE(partition.AllocateTrainingState(stream).ok());
+    for (int b = 0; b < partition.num_buckets(); ++b) {
+      EXPECT_TRUE(Fill(partition.OwnGradients(b), 0.25f, stream).ok());
+    }
+    StepArgs begun;
+    begun.lr = 0.01;
+    if (speculative) {
+      EXPECT_TRUE(
+          partition.BeginUpdate(begun, stream, offload::Speculation()).ok());
+      EXPECT_TRUE(partition.update_begun_early());
+      // Both buckets final during backward: the worker may speculate both.
+      EXPECT_TRUE(partition.GradientsFinal(0, stream).ok());
+      EXPECT_TRUE(partition.GradientsFinal(1, stream).ok());
+      // Give the worker the buckets before the boundary decides (how much
+      // it took changes nothing but the outcome's name).
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (skip) {
+      EXPECT_TRUE(partition.DropSpeculation(stream).ok());
+      EXPECT_FALSE(partition.update_begun_early());
+    } else {
+      StepArgs args = begun;
+      args.grad_scale = grad_scale;
+      EXPECT_TRUE(partition.UpdateWeights(args, stream).ok());
+    }
+    result.outcome = partition.speculation_outcome();
+    absl::StatusOr<offload::UpdateJoined> joined =
+        partition.FinishUpdate(stream);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    if (!joined.ok()) return result;
+    for (int b = 0; b < partition.num_buckets(); ++b) {
+      const int64_t own = partition.OwnRange(b).size();
+      absl::StatusOr<Tensor> out =
+          Tensor::Empty({own}, DType::kF32, Device::Cpu());
+      EXPECT_TRUE(out.ok());
+      EXPECT_TRUE(
+          partition.ReadOwnState(*joined, b, /*array=*/0, 0, *out, stream)
+              .ok());
+      const float* values = out->data_as<float>();
+      result.master.insert(result.master.end(), values, values + own);
+    }
+    return result;
+  };
+  const Run exact = run(false, 1.0f, false);
+  const Run committed = run(true, 1.0f, false);
+  EXPECT_EQ(committed.master, exact.master);
+  EXPECT_NE(committed.outcome, SpeculationOutcome::kRedone);
+  EXPECT_NE(committed.outcome, SpeculationOutcome::kNone);
+
+  const Run clipped = run(false, 0.5f, false);
+  const Run redone = run(true, 0.5f, false);
+  EXPECT_EQ(redone.master, clipped.master);
+  EXPECT_NE(redone.master, exact.master);
+  EXPECT_NE(redone.outcome, SpeculationOutcome::kCommitted);
+
+  const Run skipped = run(true, 1.0f, true);
+  EXPECT_EQ(skipped.master,
+            std::vector<float>(exact.master.size(), 0.5f));  // untouched
+  EXPECT_NE(skipped.outcome, SpeculationOutcome::kCommitted);
 }
 
 }  // namespace

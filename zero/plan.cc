@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/status.h"
+#include "offload/host_update.h"
 #include "offload/nvme_store.h"
 #include "zero/optimizer.h"
 #include "zero/training_state.h"
@@ -139,8 +140,12 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
         (master_element_bytes + optimizer_state_bytes_per_element) *
         std::min(state.chunk_elements, std::max<int64_t>(host_elements, 1));
   }
+  memory.speculation_bytes =
+      state.speculation_elements *
+      offload::HostUpdate::BackupBytesPerElement(state.optimizer);
   memory.host_bytes = (nvme ? swap_buffers : swapped_bytes) +
-                      memory.staging_bytes + host_weights;
+                      memory.staging_bytes + host_weights +
+                      memory.speculation_bytes;
   memory.pinned_host_bytes =
       state.pin_memory ? memory.staging_bytes + host_weights : 0;
   memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
@@ -195,6 +200,23 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
     state.chunk_elements =
         std::min(zero.sub_group_size, PartitionStateOptions::kMaxChunkElements);
     state.delayed_update = zero.offload_optimizer.delayed_update;
+    // Speculation's backup (issue 27): where an update begins during
+    // backward (offload::HostUpdate::CanBeginEarly: host buckets, no
+    // delayed update, the weights on the device), up to every host element.
+    if (!nvme && !state.delayed_update &&
+        zero.offload_param.device == config::OffloadDevice::kNone) {
+      int64_t host_elements = 0;
+      for (int b = 0; b < plan.layout.layout.num_buckets(); ++b) {
+        if (state.optimizer_placement[static_cast<size_t>(b)] !=
+            Placement::kDevice) {
+          host_elements += plan.layout.layout.bucket(b).slice_elements;
+        }
+      }
+      state.speculation_elements =
+          std::min(host_elements,
+                   zero.offload_optimizer.speculation_buffer_size.value_or(
+                       host_elements));
+    }
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).
     state.host_threads = host.omp_num_threads;

@@ -255,9 +255,15 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
                     kSubGroupSize);
     } else {
       EXPECT_EQ(memory.nvme_bytes, 0);
-      EXPECT_EQ(memory.host_bytes,
-                swapped + memory.staging_bytes + host_weights);
+      EXPECT_EQ(memory.host_bytes, swapped + memory.staging_bytes +
+                                       host_weights + memory.speculation_bytes);
     }
+    // Speculation's backup: every host element's master and moments where
+    // an update can begin during backward (cpu, weights on the device),
+    // none elsewhere.
+    const bool speculates = c.device == OffloadDevice::kCpu && !c.offload_param;
+    EXPECT_EQ(plan.state.speculation_elements, speculates ? own_away : 0);
+    EXPECT_EQ(memory.speculation_bytes, speculates ? swapped : 0);
     EXPECT_EQ(memory.pinned_host_bytes,
               offloaded ? memory.staging_bytes + host_weights : 0);
     if (offloaded && c.ratio == 1.0) {

@@ -15,6 +15,20 @@ std::string FormatGiB(int64_t bytes) {
   return text;
 }
 
+const char* SpeculationOutcomeName(SpeculationOutcome outcome) {
+  switch (outcome) {
+    case SpeculationOutcome::kNone:
+      return "none";
+    case SpeculationOutcome::kNotSpeculated:
+      return "not_speculated";
+    case SpeculationOutcome::kCommitted:
+      return "committed";
+    case SpeculationOutcome::kRedone:
+      return "redone";
+  }
+  return "unknown";
+}
+
 std::string MemoryBreakdown::ToString() const {
   std::string text = absl::StrFormat(
       "Psi=%d parameters; per rank: weights %s, gradients %s, master weights "
@@ -28,6 +42,10 @@ std::string MemoryBreakdown::ToString() const {
                     FormatGiB(host_bytes), " (pinned ",
                     FormatGiB(pinned_host_bytes), ", transfer staging ",
                     FormatGiB(staging_bytes), ")");
+    if (speculation_bytes > 0) {
+      absl::StrAppend(&text, ", speculation backup ",
+                      FormatGiB(speculation_bytes));
+    }
     if (nvme_bytes > 0) {
       absl::StrAppend(&text, ", NVMe ", FormatGiB(nvme_bytes));
     }

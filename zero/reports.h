@@ -12,6 +12,17 @@
 namespace ze {
 namespace zero {
 
+// What became of a step's offloaded update begun during backward (issue 27:
+// zero/boundary_step.h).
+enum class SpeculationOutcome {
+  kNone,           // no offloaded bucket this step (or the step failed)
+  kNotSpeculated,  // offloaded, nothing updated before the norm was known
+  kCommitted,      // updated during backward and kept: the exact update
+  kRedone,         // speculated, then undone: redone with the clip factor,
+                   // or restored on a skipped step
+};
+const char* SpeculationOutcomeName(SpeculationOutcome outcome);
+
 // What a boundary step did (for logs and tests).
 struct StepReport {
   bool boundary = false;  // false: only accumulated
@@ -26,6 +37,10 @@ struct StepReport {
   double grad_norm = 0;      // global norm before clipping (0 if unknown)
   double learning_rate = 0;  // used for this update
   double loss_scale = 1;     // in effect for this step's backward
+  SpeculationOutcome speculation = SpeculationOutcome::kNone;
+  // This rank stopped speculating before the norm was known: its own
+  // gradients already exceeded gradient_clipping (or were not finite).
+  bool speculation_stopped_by_norm = false;
 };
 
 // Collective volume, in elements (padded buckets, as sent), over one
@@ -69,7 +84,8 @@ struct MemoryBreakdown {
   // Where it lives (offload). staging_bytes: the host buffers offloaded
   // buckets' gradients and updated weights travel through (not in
   // total_bytes()). device_bytes + host_bytes + nvme_bytes = total_bytes()
-  // + staging_bytes (+ the swap buffers in host_bytes with NVMe);
+  // + staging_bytes + speculation_bytes (+ the swap buffers in host_bytes
+  // with NVMe);
   // pinned_host_bytes is the part of host_bytes that is page-locked (what
   // the device copies to and from, with pin_memory).
   int64_t staging_bytes = 0;
@@ -77,6 +93,10 @@ struct MemoryBreakdown {
   int64_t host_bytes = 0;
   int64_t pinned_host_bytes = 0;
   int64_t nvme_bytes = 0;  // swap files (offload_optimizer nvme)
+  // Part of host_bytes (not of total_bytes()): the speculative update's
+  // backup of master weights and optimizer state
+  // (offload_optimizer.speculation_buffer_size; issue 27).
+  int64_t speculation_bytes = 0;
   // The paper's figure for this stage, precision and world size (16 Psi,
   // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
   // Adam), exact (no rounding of Psi / N).

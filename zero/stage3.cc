@@ -111,9 +111,21 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
   }
   reducer_ = std::make_unique<GradientReducer>(
       reducer, partition_.get(), context_.comm, context_.compute_stream,
-      &communication_stream_,
-      [this](int bucket) { return ReleaseBucketGradients(bucket); });
+      &communication_stream_, [this](int bucket) -> absl::Status {
+        // Final for the step at the boundary: an offloaded update begun
+        // early takes the bucket now.
+        ZE_RETURN_IF_ERROR(partition_->GradientsFinal(bucket, stream()));
+        return ReleaseBucketGradients(bucket);
+      });
   return absl::OkStatus();
+}
+
+absl::Status Stage3::OnBeginBackward(bool boundary) {
+  if (!boundary || !partition_->CanBeginEarly()) return absl::OkStatus();
+  ZE_ASSIGN_OR_RETURN(
+      const EarlyStepArgs early,
+      ArgsBeforeStatistics(config(), *context_.training, world()));
+  return partition_->BeginUpdate(early.args, stream(), early.speculation);
 }
 
 absl::Status Stage3::InstallHooks() {

@@ -169,9 +169,10 @@ class Stage3 : public ZeroStrategy {
   };
 
   explicit Stage3(const StrategyContext& context) : ZeroStrategy(context) {}
-  absl::Status OnBeginBackward(bool boundary) override {
-    return absl::OkStatus();
-  }
+  // The boundary micro-step's backward begins an offloaded update
+  // (exactly, or speculatively under clipping or fp16: zero/boundary_step.h)
+  // that takes each bucket as its reduction finishes.
+  absl::Status OnBeginBackward(bool boundary) override;
   // Reduces what the loss did not reach, frees unused gathered buckets and
   // adopts the micro-step's request order as the record when it changed.
   absl::Status OnEndBackward() override;

@@ -84,6 +84,8 @@ absl::Status Stages0To2::Setup() {
         // Final for the step at the boundary: an offloaded update begun
         // early takes the bucket now.
         ZE_RETURN_IF_ERROR(partition_->GradientsFinal(bucket, stream()));
+        // Stage 2 frees the full gradients; stages 0-1 keep them bound.
+        if (!policy().partition_gradients) return absl::OkStatus();
         return ReleaseBucketGradients(bucket);
       });
   bucket_gradients_.resize(layout.num_buckets());
@@ -174,13 +176,15 @@ absl::Status Stages0To2::OnBeginForward() {
 absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   if (policy().partition_gradients || boundary)
     window_ = WindowReduction::kReducing;
-  if (policy().partition_gradients && boundary && partition_->CanBeginEarly()) {
-    // Without clipping or an overflow check the step's arguments are known
-    // now, so offloaded buckets can be updated as backward finishes them.
+  if (policy().partition_optimizer && boundary && partition_->CanBeginEarly()) {
+    // Offloaded buckets are updated as backward finishes them: exactly
+    // without clipping or an overflow check, else speculatively (as if
+    // nothing clips), validated at the boundary.
     ZE_ASSIGN_OR_RETURN(
-        const std::optional<StepArgs> args,
+        const EarlyStepArgs early,
         ArgsBeforeStatistics(config(), *context_.training, world()));
-    if (args) ZE_RETURN_IF_ERROR(partition_->BeginUpdate(*args, stream()));
+    ZE_RETURN_IF_ERROR(
+        partition_->BeginUpdate(early.args, stream(), early.speculation));
   }
   next_bucket_ = 0;
   const PartitionedLayout& layout = partition_->layout();
