@@ -1,6 +1,8 @@
 #include "core/host_facts.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include "absl/strings/numbers.h"
 
@@ -18,6 +20,16 @@ HostFacts ReadHostFacts(const std::function<const char*(const char*)>& getenv) {
     facts.checkpoint_staging_limit = std::strtoll(text, nullptr, 10);
   }
   return facts;
+}
+
+std::optional<int64_t> ReadMemAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kilobytes = 0;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") return kilobytes * 1024;
+  }
+  return std::nullopt;
 }
 
 }  // namespace ze

@@ -23,12 +23,22 @@ struct HostFacts {
   // strtoll does (leading digits, 0 for none), so "0" forces the two-pass
   // load.
   std::optional<int64_t> checkpoint_staging_limit;
+  // Not from the environment: the engine fills these at setup (the plan
+  // sizes host-side buffers by them). MemAvailable from /proc/meminfo, in
+  // bytes (ReadMemAvailableBytes; unset where unknown), and the processes
+  // of this run on this host, which share it.
+  std::optional<int64_t> memory_available_bytes;
+  int local_ranks = 1;
 };
 
 // The facts from the variables `getenv` returns (a lookup returning null
 // for an unset name; std::getenv in production, a map in tests). Pure
 // otherwise; never fails (an invalid value reads as unset, above).
 HostFacts ReadHostFacts(const std::function<const char*(const char*)>& getenv);
+
+// MemAvailable of /proc/meminfo in bytes now; nullopt where it cannot be
+// read (not Linux).
+std::optional<int64_t> ReadMemAvailableBytes();
 
 }  // namespace ze
 

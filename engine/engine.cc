@@ -406,6 +406,8 @@ absl::Status EngineImpl::Setup() {
   // The environment is read here, once, and passed down.
   host_facts_ =
       ReadHostFacts([](const char* name) { return std::getenv(name); });
+  host_facts_.memory_available_bytes = ReadMemAvailableBytes();
+  host_facts_.local_ranks = communicator_->local_size();
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =

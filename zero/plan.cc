@@ -184,6 +184,8 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   state.bucket_zero_read_first = plan.layout.bucket_zero_read_first;
   const bool nvme =
       zero.offload_optimizer.device == config::OffloadDevice::kNvme;
+  // Speculation's backup at its unset default (bounded by the host below).
+  bool speculation_unbounded = false;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
     plan.cpu_optimizer = true;
     state.optimizer_placement = ChooseOptimizerPlacement(
@@ -216,6 +218,8 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
           std::min(host_elements,
                    zero.offload_optimizer.speculation_buffer_size.value_or(
                        host_elements));
+      speculation_unbounded =
+          !zero.offload_optimizer.speculation_buffer_size.has_value();
     }
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).
@@ -224,6 +228,26 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
     state.weights_placement = Placement::kHost;
     state.pin_memory = state.pin_memory || zero.offload_param.pin_memory;
+  }
+  if (speculation_unbounded && host.memory_available_bytes.has_value()) {
+    // Unset, the backup is bounded by the host: at most half of this rank's
+    // share of MemAvailable left after the rest of its planned host memory
+    // (the rest of the process, data loading and the page cache need room
+    // too), so the default never turns a run that fits into one the kernel
+    // kills. A smaller backup only stops speculating earlier in a step.
+    PartitionStateOptions without = state;
+    without.speculation_elements = 0;
+    ZE_ASSIGN_OR_RETURN(
+        const MemoryBreakdown rest,
+        PlanModelStateMemory(plan.layout.layout, plan.policy, without, nvme,
+                             config::GetTrainingPrecision(config),
+                             plan.layout.trainable_elements));
+    const int64_t share =
+        *host.memory_available_bytes / std::max(1, host.local_ranks);
+    const int64_t room = std::max<int64_t>(0, share - rest.host_bytes) / 2;
+    state.speculation_elements = std::min(
+        state.speculation_elements,
+        room / offload::HostUpdate::BackupBytesPerElement(state.optimizer));
   }
   ZE_ASSIGN_OR_RETURN(
       plan.memory,

@@ -348,6 +348,60 @@ TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
   EXPECT_EQ(plan->state.host_threads, 0);
 }
 
+// Speculation's backup, unset, is every host element's where the host has
+// room, and shrinks to half of this rank's share of MemAvailable left after
+// the rest of its planned host memory where it has not; an explicit
+// speculation_buffer_size is taken as given.
+TEST(PlanTableTest, SpeculationBackupDefaultFitsTheHost) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  const Case c{2, OffloadDevice::kCpu, 1.0, 1, false};
+  absl::StatusOr<config::Config> config =
+      config::LoadConfigString(c.Json(), c.world);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Plan> unbounded = BuildPlan(*model, *config, c.world);
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  const int64_t all = unbounded->state.speculation_elements;
+  ASSERT_GT(all, 0);
+  const int64_t per_element = unbounded->memory.speculation_bytes / all;
+  const int64_t rest =
+      unbounded->memory.host_bytes - unbounded->memory.speculation_bytes;
+
+  HostFacts roomy;
+  roomy.memory_available_bytes = int64_t{1} << 40;
+  roomy.local_ranks = 2;
+  absl::StatusOr<Plan> plan = BuildPlan(*model, *config, c.world, roomy);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state.speculation_elements, all);
+
+  // Room for 10 elements' backup in this rank's share of two.
+  HostFacts tight;
+  tight.local_ranks = 2;
+  tight.memory_available_bytes = 2 * (rest + 2 * 10 * per_element);
+  plan = BuildPlan(*model, *config, c.world, tight);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state.speculation_elements, 10);
+  EXPECT_EQ(plan->memory.speculation_bytes, 10 * per_element);
+
+  // No room at all: no speculation, not a negative backup.
+  tight.memory_available_bytes = rest / 2;
+  plan = BuildPlan(*model, *config, c.world, tight);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state.speculation_elements, 0);
+
+  // Explicit: as given, whatever the host.
+  std::string json = c.Json();
+  const std::string key = R"("offload_optimizer": {)";
+  ASSERT_NE(json.find(key), std::string::npos) << json;
+  json.replace(json.find(key), key.size(),
+               key + R"( "speculation_buffer_size": 7,)");
+  config = config::LoadConfigString(json, c.world);
+  ASSERT_TRUE(config.ok()) << config.status() << json;
+  plan = BuildPlan(*model, *config, c.world, tight);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->state.speculation_elements, 7);
+}
+
 }  // namespace
 }  // namespace zero
 }  // namespace ze

@@ -131,16 +131,10 @@ int64_t StagingLimit(const HostFacts& host, int local_ranks) {
   if (host.checkpoint_staging_limit.has_value()) {
     return *host.checkpoint_staging_limit;
   }
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kilobytes = 0;
-  std::string unit;
-  while (meminfo >> key >> kilobytes >> unit) {
-    if (key == "MemAvailable:") {
-      return kilobytes * 1024 / 4 * 3 / std::max(1, local_ranks);
-    }
-  }
-  return 0;  // unknown: the two-pass path
+  const std::optional<int64_t> available = ReadMemAvailableBytes();
+  // Unknown: the two-pass path.
+  return available.has_value() ? *available / 4 * 3 / std::max(1, local_ranks)
+                               : 0;
 }
 
 // At an accumulation boundary (the engine checked that no backward is
