@@ -225,7 +225,8 @@ struct OffloadOptimizerConfig {
   // Issue 27's speculative update (this project's key): how many of the
   // rank's offloaded elements an update begun during backward may back up
   // (master weights and optimizer state, in host memory) to start before
-  // the gradient norm is known; unset: all of them; 0: off.
+  // the gradient norm is known; unset: all of them that fit the host
+  // (zero::BuildPlan bounds it by MemAvailable); 0: off.
   std::optional<int64_t> speculation_buffer_size;
   bool operator==(const OffloadOptimizerConfig& other) const;
 };
