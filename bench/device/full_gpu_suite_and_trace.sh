@@ -1,25 +1,40 @@
 #!/bin/bash
-# Every gpu test of the pack (about 150 s), then llama-1B through train_bench
-# at stages 0 and 3 (the same command as run 59), then, if the machine has
-# nsys anywhere, a trace of 3 steps and bench/gpu_gap_summary.py's account of
-# the GPU's idle time inside a step. Capped to fit one short call.
+# One short call after a batch of changes: every gpu test of the pack (about
+# 150 s); llama-1B through train_bench at stages 0 and 3 and PyTorch's
+# torch_llama_anchor.py (eager, torch.compile) in the same call; the 1.3B GPT
+# at stage 2 without and with offload_optimizer (speculation's counts in its
+# JSON); then, if the machine has nsys anywhere, a trace of 3 llama-1B steps
+# and bench/gpu_gap_summary.py's account of the GPU's idle time. Each part
+# runs only while the call's time allows (LIMIT seconds, default 330).
 source bench/device/setup.sh
+LIMIT=${LIMIT:-330}
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 timeout 240 $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; el "gpu tests rc=$?"
 grep -h "^PASSED\|^FAILED\|^SKIPPED\|gpu tests:" $OUT/gpu_tests.txt | cut -c1-200
 grep -A12 "^FAILED" $OUT/gpu_tests.txt | grep "Failure\|Expected\|Which is\|actual\|FAILED  \]" | head -20
-for stage in 0 3; do
-  timeout 60 $B/bin/train_bench --models=llama-1B --stages=$stage --batch=16 --seq=1024 \
-    --iters=5 --warmup=2 --dtype=bf16 >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
-  el "train_bench stage $stage rc=$?"
-done
+bench() {  # tag, then train_bench flags
+  local tag=$1; shift
+  (( $(left) > 40 )) || { el "skip $tag"; return; }
+  timeout 60 $B/bin/train_bench --batch=16 --seq=1024 --iters=5 --warmup=2 --dtype=bf16 "$@" \
+    >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
+  el "$tag rc=$?"
+}
+bench llama0 --models=llama-1B --stages=0
+bench llama3 --models=llama-1B --stages=3
+if (( $(left) > 80 )); then
+  timeout $(( $(left) - 10 )) python3 exp/anchors/torch_llama_anchor.py llama1b_eager llama1b_compile \
+    > $OUT/anchor.jsonl 2> $OUT/anchor.err; el "anchor rc=$?"; cut -c1-300 $OUT/anchor.jsonl
+fi
+bench gpt2 --models=1.3B --stages=2 --offload=none
+bench gpt2off --models=1.3B --stages=2 --offload=optimizer
 python3 -c "
 import json
 for l in open('$OUT/train_bench.jsonl'):
-  d=json.loads(l); print({k:d.get(k) for k in ['model','stage','tokens_per_s','mfu','step_ms','device','error']})"
+  d=json.loads(l); print({k:d.get(k) for k in ['model','stage','offload','tokens_per_s','mfu','step_ms','speculation','device','error']})"
 NSYS=$(command -v nsys || find /usr/local /opt -name nsys -type f -perm -u+x 2>/dev/null | head -1)
-left=$(( 330 - ($(date +%s) - T0) )); el "nsys=${NSYS:-none} with ${left}s"
-if [[ -n "$NSYS" ]] && (( left > 45 )); then
-  timeout $left $NSYS profile -t cuda --force-overwrite true -o /tmp/step $B/bin/train_bench --models=llama-1B \
+el "nsys=${NSYS:-none} with $(left)s"
+if [[ -n "$NSYS" ]] && (( $(left) > 45 )); then
+  timeout $(left) $NSYS profile -t cuda --force-overwrite true -o /tmp/step $B/bin/train_bench --models=llama-1B \
     --stages=0 --batch=16 --seq=1024 --iters=3 --warmup=1 --dtype=bf16 > $OUT/nsys_run.txt 2>&1; el "nsys rc=$?"
   $NSYS stats -q -r cuda_gpu_trace -f csv -o /tmp/trace /tmp/step.nsys-rep > /dev/null 2>&1
   python3 bench/gpu_gap_summary.py /tmp/trace*.csv > $OUT/gaps.txt 2>&1; cut -c1-1500 $OUT/gaps.txt
