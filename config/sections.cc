@@ -127,8 +127,10 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "gradient norm is known, as if nothing clips, and is "
                    "kept when nothing does (bit for bit the exact update) "
                    "or restored and redone with the clip factor; null: "
-                   "every offloaded element; 0: off (the update waits for "
-                   "the norm). Device cpu, weights on the "
+                   "every offloaded element, bounded by the host (at most "
+                   "half of this rank's share of MemAvailable left after "
+                   "the rest of its planned host memory); 0: off (the "
+                   "update waits for the norm). Device cpu, weights on the "
                    "device. Not a DeepSpeed key."))
         .WithoutEffect("fast_init",
                        "the NVMe swap files are preallocated at start anyway")
