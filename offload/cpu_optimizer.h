@@ -151,6 +151,10 @@ struct StepBuffers {
   // both halves are rewritten with the updated value's split, so the values
   // are those of an f32 master whose weights round ties away from zero.
   uint16_t* master_lo = nullptr;
+  // With an f32 master and a bf16 `out`: out rounds ties away from zero
+  // (SplitForBf16(p).hi) instead of to even: the weights of a 16+16 master
+  // run whose f32 master lives here (offload: f32 is hi and lo's bits).
+  bool bf16_ties_away = false;
 };
 
 // Checks the hyperparameters every optimizer of the project requires (this
@@ -199,6 +203,7 @@ struct RangeToUpdate {
   DType grad_dtype = DType::kF32;
   void* out = nullptr;  // may equal grads, as StepRange allows
   DType out_dtype = DType::kBF16;
+  bool bf16_ties_away = false;  // as StepBuffers::bf16_ties_away
   // Optional: called on the tile's thread just before the kernel updates
   // the range's elements [begin, begin + count) (relative to the range), so
   // a caller can read what it needs of them first (a backup of the state, a

@@ -41,7 +41,15 @@ namespace {
 
 // kSplit: `out` is the bf16 high half of a split master, master_lo its low
 // half (StepBuffers::master_lo); not a DType.
-enum : int { kF32 = 0, kBF16 = 1, kF16 = 2, kSplit = 3, kNoOutput = -1 };
+// kBF16Away: bf16 rounded ties away from zero (StepBuffers::bf16_ties_away).
+enum : int {
+  kF32 = 0,
+  kBF16 = 1,
+  kF16 = 2,
+  kSplit = 3,
+  kBF16Away = 4,
+  kNoOutput = -1
+};
 
 // ---- scalar ---------------------------------------------------------------
 
@@ -62,6 +70,8 @@ inline void Store1(void* data, int64_t i, float value) {
     static_cast<float*>(data)[i] = value;
   } else if constexpr (kDType == kBF16) {
     static_cast<uint16_t*>(data)[i] = FloatToBf16Bits(value);
+  } else if constexpr (kDType == kBF16Away) {
+    static_cast<uint16_t*>(data)[i] = SplitForBf16(value).hi;
   } else if constexpr (kDType == kF16) {
     static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(
         _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -347,6 +357,11 @@ inline void StoreAs(void* data, int64_t i, typename V::Vec value) {
   } else if constexpr (kDType == kF16) {
     V::template StoreBits<kNontemporal>(static_cast<uint16_t*>(data) + i,
                                         V::NarrowF16(value));
+  } else if constexpr (kDType == kBF16Away) {
+    V::template StoreBits<kNontemporal>(
+        static_cast<uint16_t*>(data) + i,
+        V::Narrow16(
+            V::ShiftRight16(V::Add(V::AsInt(value), V::Splat(0x8000)))));
   }
 }
 
@@ -478,6 +493,9 @@ void RunOut(const StepCoefficients& c, const StepBuffers& b,
   if (b.out == nullptr) return RunKind<Isa, kGrad, kNoOutput, false>(c, b, t);
   switch (b.out_dtype) {
     case DType::kBF16:
+      if (b.bf16_ties_away) {
+        return RunKind<Isa, kGrad, kBF16Away, kNontemporal>(c, b, t);
+      }
       return RunKind<Isa, kGrad, kBF16, kNontemporal>(c, b, t);
     case DType::kF16:
       return RunKind<Isa, kGrad, kF16, kNontemporal>(c, b, t);

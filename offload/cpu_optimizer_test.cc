@@ -210,8 +210,9 @@ TEST(CpuOptimizerTest, EveryPathMatchesScalarBitForBit) {
 
 // The exact 16+16 master (StepBuffers::master_lo) through RunStepKernel on
 // every path: after every step, JoinBf16Split(hi, lo) is the f32 master of
-// the plain scalar kernel bit for bit, hi its SplitForBf16 (the bf16 weights
-// with ties away from zero), and the moments are identical. Weights are
+// the kernel's f32 path bit for bit, hi its SplitForBf16 (the bf16 weights
+// with ties away from zero; also what the f32 path's bf16_ties_away output
+// writes), and the moments are identical. Weights are
 // started at exact ties too, so both tie directions are exercised.
 TEST(CpuOptimizerTest, SplitMasterEqualsF32MasterOnEveryPath) {
   for (SimdPath path : kAllPaths) {
@@ -254,8 +255,14 @@ TEST(CpuOptimizerTest, SplitMasterEqualsF32MasterOnEveryPath) {
             f32.grads = problem.grads[step].data();
             f32.grad_dtype = grad_dtype;
             f32.count = count;
-            RunStepKernel(SimdPath::kScalar, *coefficients, f32);
+            // The f32 master's own path, its bf16 weights rounded as hi.
+            std::vector<uint16_t> away(count);
+            f32.out = away.data();
+            f32.out_dtype = DType::kBF16;
+            f32.bf16_ties_away = true;
+            RunStepKernel(path, *coefficients, f32);
             StepBuffers split = f32;
+            split.bf16_ties_away = false;
             split.master = nullptr;
             split.state0 = sgd && !has_buffer ? nullptr : split_state0.data();
             split.state1 = sgd ? nullptr : split_state1.data();
@@ -269,6 +276,7 @@ TEST(CpuOptimizerTest, SplitMasterEqualsF32MasterOnEveryPath) {
                         FloatBits(master[i]))
                   << "step " << step << " element " << i;
               ASSERT_EQ(hi[i], expected.hi) << "element " << i;
+              ASSERT_EQ(away[i], expected.hi) << "ties-away out " << i;
             }
             ExpectBitwiseEqual(f32_state0, split_state0, "state0");
             ExpectBitwiseEqual(f32_state1, split_state1, "state1");
