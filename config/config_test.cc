@@ -1487,10 +1487,13 @@ TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {
   EXPECT_TRUE(split.bf16.master_weights_16_plus_16);
   EXPECT_TRUE(CheckSupported(split).ok());
   split.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  EXPECT_TRUE(CheckSupported(split).ok());
+  split.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
   status = CheckSupported(split);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("bf16.master_weights_16_plus_16 with "
-                                  "zero_optimization's offload_optimizer"),
+                                  "zero_optimization's "
+                                  "offload_optimizer.device \"nvme\""),
             absl::string_view::npos)
       << status;
 

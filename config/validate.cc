@@ -282,13 +282,14 @@ absl::Status CheckSupported(const Config& config) {
         "any world size and stage directly); remove the key"));
   }
   if (config.bf16.master_weights_16_plus_16 &&
-      (offload_optimizer.device != OffloadDevice::kNone ||
+      (offload_optimizer.device == OffloadDevice::kNvme ||
        offload_param.device != OffloadDevice::kNone)) {
     return absl::UnimplementedError(absl::StrCat(
         config.source,
         ": bf16.master_weights_16_plus_16 with zero_optimization's "
-        "offload_optimizer or offload_param is not available yet (the master "
-        "must live on the device with the weights); remove one of them"));
+        "offload_optimizer.device \"nvme\" or offload_param is not "
+        "available yet (offload_optimizer.device \"cpu\" is); remove one of "
+        "them"));
   }
   // ZeRO-Offload's stage 1-2 CPU mode only.
   if (offload_optimizer.delayed_update &&

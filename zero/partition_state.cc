@@ -108,16 +108,16 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     const PartitionedLayout& layout, const PartitionStateOptions& options,
     const Stream& stream) {
   if (options.split_master) {
-    bool on_device = options.weights_placement == Placement::kDevice;
+    bool supported = options.weights_placement == Placement::kDevice;
     for (Placement placement : options.optimizer_placement) {
-      on_device = on_device && placement == Placement::kDevice;
+      supported = supported && placement != Placement::kNvme;
     }
-    if (options.model_dtype != DType::kBF16 || !on_device) {
+    if (options.model_dtype != DType::kBF16 || !supported) {
       return absl::InvalidArgumentError(absl::StrCat(
           "PartitionState: a 16+16 master (bf16.master_weights_16_plus_16) "
           "needs bf16 weights (have ",
           DTypeName(options.model_dtype),
-          ") with the optimizer and weights on the device"));
+          ") on the device, and no NVMe optimizer placement"));
     }
   }
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
@@ -160,7 +160,9 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   if (!master_aliases_weights()) {
     // A 16+16 master's device part is the remainders alone (2 bytes, raw
     // bits: bf16 is only their container). Zero is exact for the initial
-    // bf16 weights: JoinBf16Split(w, 0) == w.
+    // bf16 weights: JoinBf16Split(w, 0) == w. Its host part stays f32: with
+    // the weights on the device, f32 holds hi's and lo's bits in the same
+    // 4 bytes; only the uploaded weights round as hi does.
     ZE_ASSIGN_OR_RETURN(
         device_master_,
         Allocate(device_elements,
@@ -237,7 +239,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
             first_swapped_chunk_[b] + static_cast<int>(chunk),
             master.data_as<float>()));
       }
-    } else if (!master_aliases_weights() && !options_.split_master) {
+    } else if (!master_aliases_weights() && !split_on_device(b)) {
       // Onto the host (offload) this converts on the device first. A frozen
       // bucket's copy too: it is what its "master" exports (imports may
       // then give it values finer than its 16-bit weights).
@@ -277,13 +279,13 @@ Tensor PartitionState::OwnWeights(int bucket) const {
 }
 
 Tensor PartitionState::OwnMasterLow(int bucket) const {
-  if (!options_.split_master) return Tensor();
+  if (!split_on_device(bucket)) return Tensor();
   return device_master_.Slice(master_offsets_[bucket], own_elements(bucket));
 }
 
 Tensor PartitionState::OwnMaster(int bucket) const {
   if (master_aliases_weights()) return OwnWeights(bucket);
-  if (options_.split_master) return Tensor();
+  if (split_on_device(bucket)) return Tensor();
   if (optimizer_placement_[bucket] == Placement::kNvme) return Tensor();
   const Tensor& master = optimizer_placement_[bucket] == Placement::kHost
                              ? host_master_
@@ -358,6 +360,7 @@ absl::Status PartitionState::CreateHostUpdate() {
   options.weights_on_host = options_.weights_placement == Placement::kHost;
   options.delayed_update = options_.delayed_update;
   options.speculation_elements = options_.speculation_elements;
+  options.bf16_ties_away = options_.split_master;
   ZE_ASSIGN_OR_RETURN(host_update_, offload::HostUpdate::Create(
                                         options, std::move(slots),
                                         host_optimizer_.get(), swapped_.get()));
@@ -659,7 +662,7 @@ absl::Status PartitionState::ReadOwnState(
   if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
   }
-  if (array == 0 && options_.split_master) {
+  if (array == 0 && split_on_device(bucket)) {
     return ReadSplitMaster(bucket, own_begin, out, stream);
   }
   switch (optimizer_placement_[bucket]) {
@@ -701,7 +704,7 @@ absl::Status PartitionState::WriteOwnState(
   }
   // A frozen bucket's split master is written too: it is its weights and
   // the remainders, what its "master" exports.
-  if (array == 0 && options_.split_master) {
+  if (array == 0 && split_on_device(bucket)) {
     return WriteSplitMaster(bucket, own_begin, values, stream);
   }
   if (!trainable_[bucket]) return absl::OkStatus();
@@ -714,6 +717,18 @@ absl::Status PartitionState::WriteOwnState(
       if (array == 0) {
         ZE_RETURN_IF_ERROR(CopyConverting(
             values, OwnMaster(bucket).Slice(own_begin, count), stream));
+        if (options_.split_master) {
+          // The weights are the master's high halves, as the update leaves
+          // them (the file's may round ties to even).
+          ZE_ASSIGN_OR_RETURN(
+              Tensor hi, Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+          for (int64_t i = 0; i < count; ++i) {
+            hi.data_as<uint16_t>()[i] =
+                SplitForBf16(values.data_as<float>()[i]).hi;
+          }
+          ZE_RETURN_IF_ERROR(
+              Copy(hi, OwnWeights(bucket).Slice(own_begin, count), stream));
+        }
         return stream.Synchronize();
       }
       std::memcpy(HostStateArray(array) + master_offsets_[bucket] + own_begin,

@@ -134,12 +134,14 @@ struct PartitionStateOptions {
   // begun during backward may back up (zero/plan.h sizes it). 0: an update
   // whose arguments depend on the global norm is not begun early.
   int64_t speculation_elements = 0;
-  // bf16.master_weights_16_plus_16: the master weights are the bf16
-  // weights plus a 16-bit remainder each (core/dtype.h's Bf16Split), so the
-  // master costs 2 bytes an element; values equal an f32 master's bit for
-  // bit, the weights rounding ties away from zero. Needs model_dtype bf16
-  // and every bucket's optimizer on the device with the weights
-  // (InvalidArgument from Create otherwise; config/ refuses offload).
+  // bf16.master_weights_16_plus_16: the master weights of device buckets
+  // are the bf16 weights plus a 16-bit remainder each (core/dtype.h's
+  // Bf16Split), so the master costs 2 bytes an element; host buckets keep
+  // f32 (the same bits in the same 4 bytes) and upload weights rounded as
+  // hi. Values equal an f32 master's bit for bit, the weights rounding ties
+  // away from zero. Needs model_dtype bf16, the weights on the device and
+  // no kNvme placement (InvalidArgument from Create otherwise; config/
+  // refuses those).
   bool split_master = false;
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
@@ -201,12 +203,17 @@ class PartitionState {
   // undefined for kNvme (see ReadOwnState and WriteOwnState). A frozen
   // bucket has one too (its weights' values, or what an import gave it).
   Tensor OwnMaster(int bucket) const;
-  // With split_master(): the f32 master is JoinBf16Split(OwnWeights,
+  // With split_on_device(b): the f32 master is JoinBf16Split(OwnWeights,
   // OwnMasterLow) element by element, and OwnMaster is undefined; this is
   // the remainders ((own elements), 2-byte raw bits in a bf16-typed
   // tensor, on the device). Undefined otherwise.
   Tensor OwnMasterLow(int bucket) const;
   bool split_master() const { return options_.split_master; }
+  // split_master() and bucket b's master on the device: hi and lo.
+  bool split_on_device(int bucket) const {
+    return options_.split_master &&
+           optimizer_placement_[bucket] == Placement::kDevice;
+  }
   Tensor OwnGradients(int bucket) const;
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }

@@ -127,8 +127,10 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
     memory.master_weight_bytes = 4 * all_elements;
   }
   if (state.split_master) {
-    // The 16+16 master: the bf16 weights plus 2 bytes of remainder.
-    memory.master_weight_bytes = 2 * all_elements;
+    // The 16+16 master: on the device the bf16 weights plus 2 bytes of
+    // remainder; offloaded buckets keep f32 (the same bits, 4 bytes).
+    memory.master_weight_bytes =
+        2 * (all_elements - host_elements) + 4 * host_elements;
   }
   const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
   memory.staging_bytes = weight_element_bytes * host_elements;

@@ -7,8 +7,9 @@
 //     an f32-master run, and an f32-master checkpoint in a 16+16 run, both
 //     bit for bit as an uninterrupted run;
 //   - the plan reports 2 bytes a parameter of master, half the f32 master's;
+//   - the same with offload_optimizer "cpu" (all or half of the buckets);
 //   - it is refused, naming the key, for an fp16 or f32 model and with
-//     offload.
+//     offload_param (or NVMe).
 //
 // Why bit for bit: the master values are those of the f32 master (the code
 // is exact, core/dtype.h), and the bf16 weights the forward uses differ only
@@ -95,10 +96,21 @@ void ExpectIdentical(const Training& actual, const Training& expected,
   EXPECT_EQ(differing, 0u) << what << ": master weights differ";
 }
 
-Training TrainRun(int stage, bool split, const std::string& optimizer) {
+// offload_optimizer "cpu" with many chunks (sub_group_size 100), all of
+// the optimizer on the host, or half of it (ratio 0.5: device and host
+// buckets in one run).
+std::string OffloadJson(const std::string& offload) {
+  if (offload.empty()) return "";
+  return absl::StrCat(
+      R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu")",
+      offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "", "}");
+}
+
+Training TrainRun(int stage, bool split, const std::string& optimizer,
+                  const std::string& offload = "") {
   Training run;
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
-      MakeEngine(ConfigJson(stage, split, optimizer));
+      MakeEngine(ConfigJson(stage, split, optimizer, OffloadJson(offload)));
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (engine.ok()) Train(**engine, 0, kSteps, run);
   return run;
@@ -121,6 +133,22 @@ TEST(Master16Test, SplitMasterTrainsLikeTheF32MasterAtEveryStage) {
         off_grid += (bits & 0xffffu) != 0;
       }
       EXPECT_GT(off_grid, split.master.size() / 2) << what;
+    }
+  }
+}
+
+// The same with offload_optimizer "cpu" at stages 1-3 (the offloaded
+// master stays f32 on the host; its uploaded weights round as hi).
+TEST(Master16Test, SplitMasterWithOffloadTrainsLikeTheF32Master) {
+  for (const std::string offload : {"cpu", "cpuhalf"}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      const std::string what = absl::StrCat(
+          "adamw offload ", offload, " stage ", stage, " world ", World());
+      const Training f32 = TrainRun(stage, false, "adamw", offload);
+      const Training split = TrainRun(stage, true, "adamw", offload);
+      ExpectIdentical(split, f32, what);
+      // And the same as without offload.
+      ExpectIdentical(split, TrainRun(stage, true, "adamw"), what);
     }
   }
 }
@@ -197,7 +225,8 @@ TEST(Master16Test, RefusedWhereItCannotApplyNamingTheKey) {
         << engine.status();
   }
   auto offload = MakeEngine(ConfigJson(
-      2, true, "adamw", R"(, "offload_optimizer": {"device": "cpu"})"));
+      3, true, "adamw",
+      R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"));
   ASSERT_FALSE(offload.ok());
   EXPECT_NE(offload.status().message().find("bf16.master_weights_16_plus_16"),
             std::string::npos)
