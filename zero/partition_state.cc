@@ -720,6 +720,12 @@ absl::Status PartitionState::WriteOwnState(
         if (options_.split_master) {
           // The weights are the master's high halves, as the update leaves
           // them (the file's may round ties to even).
+          if (!values.device().is_cpu() || values.dtype() != DType::kF32) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "WriteOwnState: a 16+16 master is written from host f32, "
+                "not ",
+                values.DebugString()));
+          }
           ZE_ASSIGN_OR_RETURN(
               Tensor hi, Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
           for (int64_t i = 0; i < count; ++i) {
