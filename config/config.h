@@ -200,6 +200,11 @@ struct Fp16Config {
 // "bf16" (legacy alias "bfloat16").
 struct Bf16Config {
   Autoable<bool> enabled = false;
+  // zero-engine extension (not a DeepSpeed key): the exact 16+16 master
+  // (core/dtype.h's Bf16Split): each f32 master weight is the bf16 weight
+  // plus a 16-bit remainder, 2 bytes instead of 4, the same values bit for
+  // bit; the weights then round ties away from zero. bf16 training only.
+  bool master_weights_16_plus_16 = false;
   bool operator==(const Bf16Config& other) const;
 };
 

@@ -980,7 +980,7 @@ constexpr char kEveryKeyNonDefault[] = R"({
   "fp16": {"enabled": true, "auto_cast": true, "loss_scale": 128.0,
       "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3,
       "consecutive_hysteresis": true, "min_loss_scale": 2},
-  "bf16": {"enabled": false},
+  "bf16": {"enabled": false, "master_weights_16_plus_16": true},
   "zero_optimization": {"stage": 3, "contiguous_gradients": false,
       "overlap_comm": false, "reduce_scatter": false,
       "reduce_bucket_size": 1000, "allgather_partitions": false,
@@ -1478,6 +1478,22 @@ TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {
   status = CheckSupported(universal);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("checkpoint.load_universal"),
+            absl::string_view::npos)
+      << status;
+
+  Config split = LoadOrDie(R"({"train_batch_size": 8,
+      "bf16": {"enabled": true, "master_weights_16_plus_16": true},
+      "zero_optimization": {"stage": 2}})");
+  EXPECT_TRUE(split.bf16.master_weights_16_plus_16);
+  EXPECT_TRUE(CheckSupported(split).ok());
+  split.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  EXPECT_TRUE(CheckSupported(split).ok());
+  split.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+  status = CheckSupported(split);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(status.message().find("bf16.master_weights_16_plus_16 with "
+                                  "zero_optimization's "
+                                  "offload_optimizer.device \"nvme\""),
             absl::string_view::npos)
       << status;
 

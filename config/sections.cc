@@ -71,7 +71,20 @@ const Schema<Bf16Config>& Bf16Schema() {
   static const auto* schema = [] {
     auto* s = new Schema<Bf16Config>();
     s->Add(Value("enabled", &Bf16Config::enabled, AutoOr(Boolean()),
-                 "Train in bf16 with fp32 master weights."));
+                 "Train in bf16 with fp32 master weights."))
+        .Add(Value(
+            "master_weights_16_plus_16", &Bf16Config::master_weights_16_plus_16,
+            Boolean(),
+            "zero-engine extension: keep each fp32 master weight as the "
+            "bf16 weight plus a 16-bit remainder (2 bytes instead of 4), "
+            "exact: the same master values bit for bit. The bf16 weights "
+            "then round ties away from zero instead of to even (an exact "
+            "16-bit remainder cannot recover round-to-nearest-even; they "
+            "differ only when the dropped half is exactly 0x8000). bf16 "
+            "training only (refused for an fp16 or fp32 model). With "
+            "offload_optimizer \"cpu\" the offloaded master stays fp32 on "
+            "the host (the same 4 bytes); not yet with \"nvme\" or "
+            "offload_param."));
     const std::string fp32_master =
         "master weights, their gradients and the optimizer state are always "
         "fp32 here";

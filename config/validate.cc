@@ -281,6 +281,16 @@ absl::Status CheckSupported(const Config& config) {
         "read DeepSpeed's universal checkpoints (its own checkpoints load at "
         "any world size and stage directly); remove the key"));
   }
+  if (config.bf16.master_weights_16_plus_16 &&
+      (offload_optimizer.device == OffloadDevice::kNvme ||
+       offload_param.device != OffloadDevice::kNone)) {
+    return absl::UnimplementedError(absl::StrCat(
+        config.source,
+        ": bf16.master_weights_16_plus_16 with zero_optimization's "
+        "offload_optimizer.device \"nvme\" or offload_param is not "
+        "available yet (offload_optimizer.device \"cpu\" is); remove one of "
+        "them"));
+  }
   // ZeRO-Offload's stage 1-2 CPU mode only.
   if (offload_optimizer.delayed_update &&
       (offload_optimizer.device != OffloadDevice::kCpu ||

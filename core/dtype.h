@@ -60,6 +60,51 @@ inline float Bf16BitsToFloat(uint16_t bits) {
   return BitsToFloat(static_cast<uint32_t>(bits) << 16);
 }
 
+// The exact 16+16 master (bf16.master_weights_16_plus_16): an f32 master
+// weight stored as `hi`, the bf16 weight the forward uses, and a 16-bit
+// remainder `lo`, so that f32 = JoinBf16Split(hi, lo) bit for bit.
+//
+// hi cannot be the round-to-nearest-even bf16 of the value. Proof
+// (pigeonhole): (hi, lo) has 2^32 patterns, as many as f32, so a lossless
+// code must give every hi exactly 2^16 preimages. Under round-to-nearest-
+// even an even hi h (finite) is the rounding of the values with high half h
+// and low half in [0, 0x8000] (0x8001 of them: the tie 0x8000 rounds down to
+// the even h) and of those with high half h - 1 and low half in [0x8000,
+// 0xffff] (0x8000: h - 1 is odd, so its tie rounds up): 0x10001 preimages,
+// one too many; an odd hi gets 0xffff. No 16-bit remainder, signed or not,
+// can tell the two ties apart.
+//
+// So hi rounds ties away from zero instead: hi = the top half of
+// (bits + 0x8000) mod 2^32, lo = the low half of bits. Every hi then has
+// exactly 2^16 preimages, and decoding subtracts the carry: bits = (hi << 16
+// | lo) - (lo >= 0x8000 ? 0x10000 : 0) mod 2^32, the inverse for all 2^32
+// patterns (core/dtype_test checks every one). hi equals FloatToBf16Bits
+// except (a) at an exact tie (lo == 0x8000) whose high half is even, where
+// hi is one bf16 step larger in magnitude (round-to-nearest-even keeps the
+// even half; the value is exactly halfway, so both are nearest), and (b) for
+// NaN, where hi is the carried pattern: a NaN, or ±inf or ±0 for the NaNs
+// whose carry leaves the NaN range (the bf16 NaNs are too few to take every
+// f32 NaN's 2^16 patterns). Subnormals, zeros, infinities and the overflow
+// to infinity (above the largest bf16 by half a step or more) behave as in
+// FloatToBf16Bits.
+struct Bf16Split {
+  uint16_t hi = 0;  // bf16 bits: the value rounded, ties away from zero
+  uint16_t lo = 0;  // the value's low 16 bits
+};
+
+inline Bf16Split SplitForBf16(float value) {
+  const uint32_t bits = FloatBits(value);
+  Bf16Split split;
+  split.hi = static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  split.lo = static_cast<uint16_t>(bits);
+  return split;
+}
+
+inline float JoinBf16Split(uint16_t hi, uint16_t lo) {
+  const uint32_t carry = (static_cast<uint32_t>(lo) & 0x8000u) << 1;
+  return BitsToFloat(((static_cast<uint32_t>(hi) << 16) | lo) - carry);
+}
+
 // f32 -> IEEE binary16, round to nearest even, with subnormals, overflow to
 // infinity, and NaN kept NaN (quiet, sign kept).
 uint16_t FloatToF16Bits(float value);

@@ -27,6 +27,75 @@ TEST(DTypeTest, Bf16RoundTripsEveryPattern) {
   }
 }
 
+// The 16+16 master's code over every one of the 2^32 f32 patterns: Join
+// inverts Split (so, the sets being equal in size, every (hi, lo) pair is
+// some f32's code), and hi is FloatToBf16Bits except at the exact ties whose
+// high half is even (one step up in magnitude) and for NaN.
+TEST(DTypeTest, Bf16SplitIsExactForEveryF32Pattern) {
+  uint64_t not_inverted = 0, unexpected_hi = 0, ties_moved = 0;
+  uint32_t first_bad = 0;
+  uint32_t bits = 0;
+  do {
+    const float value = BitsToFloat(bits);
+    const Bf16Split split = SplitForBf16(value);
+    if (FloatBits(JoinBf16Split(split.hi, split.lo)) != bits) {
+      if (not_inverted++ == 0) first_bad = bits;
+    }
+    if (!IsNan(value)) {
+      const bool even_tie =
+          (bits & 0xffffu) == 0x8000u && (bits & 0x10000u) == 0;
+      const uint16_t nearest = FloatToBf16Bits(value);
+      const uint16_t expected = even_tie ? nearest + 1 : nearest;
+      if (even_tie) ++ties_moved;
+      if (split.hi != expected) {
+        if (unexpected_hi++ == 0 && not_inverted == 0) first_bad = bits;
+      }
+    }
+  } while (++bits != 0);
+  EXPECT_EQ(not_inverted, 0u) << "first pattern " << first_bad;
+  EXPECT_EQ(unexpected_hi, 0u) << "first pattern " << first_bad;
+  // Half of the 2^16 high halves are even: 2^15 ties move, less the even
+  // high halves in [0x7f80, 0x7fff] and [0xff80, 0xffff], whose ties are NaN
+  // (64 of each sign).
+  EXPECT_EQ(ties_moved, (1u << 15) - 128u);
+}
+
+TEST(DTypeTest, Bf16SplitEdgeCases) {
+  struct Case {
+    uint32_t bits;
+    uint16_t hi;
+  };
+  const Case cases[] = {
+      {0x00000000u, 0x0000},  // +0
+      {0x80000000u, 0x8000},  // -0
+      {0x3f808000u, 0x3f81},  // tie, even high half: away from zero (RNE 3f80)
+      {0x3f818000u, 0x3f82},  // tie, odd high half: as RNE
+      {0xbf808000u, 0xbf81},  // negative tie: away from zero too
+      {0x3f807fffu, 0x3f80},  // below half: down
+      {0x3fffffffu, 0x4000},  // carry across the exponent boundary
+      {0x7f7f8000u, 0x7f80},  // half a step above the largest bf16: inf
+      {0x7f7f7fffu, 0x7f7f},  // just below: the largest bf16
+      {0x7f800000u, 0x7f80},  // +inf
+      {0xff800000u, 0xff80},  // -inf
+      {0x00008000u, 0x0001},  // smallest f32 subnormals round as RNE's up
+      {0x007fffffu,
+       0x0080},  // largest subnormal carries to the smallest normal
+      {0x00000001u, 0x0000},  // tiny subnormal: down to zero
+  };
+  for (const Case& c : cases) {
+    const Bf16Split split = SplitForBf16(BitsToFloat(c.bits));
+    EXPECT_EQ(split.hi, c.hi) << std::hex << c.bits;
+    EXPECT_EQ(split.lo, c.bits & 0xffffu) << std::hex << c.bits;
+    EXPECT_EQ(FloatBits(JoinBf16Split(split.hi, split.lo)), c.bits)
+        << std::hex << c.bits;
+  }
+  // A NaN whose carry leaves the NaN range keeps its exact code even though
+  // hi reads as a zero (the documented exception).
+  const Bf16Split nan = SplitForBf16(BitsToFloat(0x7fffffffu));
+  EXPECT_EQ(nan.hi, 0x8000);
+  EXPECT_EQ(FloatBits(JoinBf16Split(nan.hi, nan.lo)), 0x7fffffffu);
+}
+
 TEST(DTypeTest, F16RoundTripsEveryPattern) {
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const float value = F16BitsToFloat(static_cast<uint16_t>(bits));

@@ -406,9 +406,12 @@ absl::StatusOr<StepBuffers> CpuOptimizer::OwnStateBuffers(
     state0 = exp_avg_.get() + state_offset;
     state1 = exp_avg_sq_.get() + state_offset;
   }
-  return ExternalBuffers(count, range.master_weights, state0, state1,
-                         range.grads, range.grad_dtype, range.out,
-                         range.out_dtype);
+  ZE_ASSIGN_OR_RETURN(
+      StepBuffers buffers,
+      ExternalBuffers(count, range.master_weights, state0, state1, range.grads,
+                      range.grad_dtype, range.out, range.out_dtype));
+  buffers.bf16_ties_away = range.bf16_ties_away;
+  return buffers;
 }
 
 absl::StatusOr<StepBuffers> CpuOptimizer::ExternalBuffers(

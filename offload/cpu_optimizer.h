@@ -136,7 +136,8 @@ struct CpuExecutionOptions {
 // the new weights: every element's gradient is read before its output is
 // written.
 struct StepBuffers {
-  float* master = nullptr;         // f32, updated in place
+  // f32, updated in place; null for a split master (master_lo set).
+  float* master = nullptr;
   float* state0 = nullptr;         // exp_avg (Adam) or momentum buffer (SGD)
   float* state1 = nullptr;         // exp_avg_sq (Adam); null for SGD
   const void* grads = nullptr;     // grad_dtype
@@ -144,6 +145,16 @@ struct StepBuffers {
   void* out = nullptr;             // null, or receives p rounded to out_dtype
   DType out_dtype = DType::kBF16;  // f32, bf16 or f16 (ignored when out null)
   int64_t count = 0;
+  // The exact 16+16 master (core/dtype.h's Bf16Split): when set, `master`
+  // is null and the master weight i is JoinBf16Split(out[i], master_lo[i]),
+  // `out` being the bf16 weights (out_dtype bf16, never equal to grads);
+  // both halves are rewritten with the updated value's split, so the values
+  // are those of an f32 master whose weights round ties away from zero.
+  uint16_t* master_lo = nullptr;
+  // With an f32 master and a bf16 `out`: out rounds ties away from zero
+  // (SplitForBf16(p).hi) instead of to even: the weights of a 16+16 master
+  // run whose f32 master lives here (offload: f32 is hi and lo's bits).
+  bool bf16_ties_away = false;
 };
 
 // Checks the hyperparameters every optimizer of the project requires (this
@@ -192,6 +203,7 @@ struct RangeToUpdate {
   DType grad_dtype = DType::kF32;
   void* out = nullptr;  // may equal grads, as StepRange allows
   DType out_dtype = DType::kBF16;
+  bool bf16_ties_away = false;  // as StepBuffers::bf16_ties_away
   // Optional: called on the tile's thread just before the kernel updates
   // the range's elements [begin, begin + count) (relative to the range), so
   // a caller can read what it needs of them first (a backup of the state, a

@@ -39,7 +39,17 @@ namespace ze {
 namespace offload {
 namespace {
 
-enum : int { kF32 = 0, kBF16 = 1, kF16 = 2, kNoOutput = -1 };
+// kSplit: `out` is the bf16 high half of a split master, master_lo its low
+// half (StepBuffers::master_lo); not a DType.
+// kBF16Away: bf16 rounded ties away from zero (StepBuffers::bf16_ties_away).
+enum : int {
+  kF32 = 0,
+  kBF16 = 1,
+  kF16 = 2,
+  kSplit = 3,
+  kBF16Away = 4,
+  kNoOutput = -1
+};
 
 // ---- scalar ---------------------------------------------------------------
 
@@ -60,16 +70,41 @@ inline void Store1(void* data, int64_t i, float value) {
     static_cast<float*>(data)[i] = value;
   } else if constexpr (kDType == kBF16) {
     static_cast<uint16_t*>(data)[i] = FloatToBf16Bits(value);
+  } else if constexpr (kDType == kBF16Away) {
+    static_cast<uint16_t*>(data)[i] = SplitForBf16(value).hi;
   } else if constexpr (kDType == kF16) {
     static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(
         _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
 
+// The master weight i, and its update written back with the model weight.
+template <int kOut>
+inline float LoadMaster1(const StepBuffers& b, int64_t i) {
+  if constexpr (kOut == kSplit) {
+    return JoinBf16Split(static_cast<const uint16_t*>(b.out)[i],
+                         b.master_lo[i]);
+  } else {
+    return b.master[i];
+  }
+}
+
+template <int kOut>
+inline void StoreMaster1(const StepBuffers& b, int64_t i, float p) {
+  if constexpr (kOut == kSplit) {
+    const Bf16Split split = SplitForBf16(p);
+    static_cast<uint16_t*>(b.out)[i] = split.hi;
+    b.master_lo[i] = split.lo;
+  } else {
+    b.master[i] = p;
+    Store1<kOut>(b.out, i, p);
+  }
+}
+
 template <int kGrad, int kOut>
 inline void AdamElement(const StepCoefficients& c, const StepBuffers& b,
                         int64_t i) {
-  float p = b.master[i];
+  float p = LoadMaster1<kOut>(b, i);
   float g = Load1<kGrad>(b.grads, i) * c.grad_scale;
   g = std::fma(c.l2, p, g);
   const float m = std::fma(c.beta1, b.state0[i], c.one_minus_beta1 * g);
@@ -80,14 +115,13 @@ inline void AdamElement(const StepCoefficients& c, const StepBuffers& b,
   p = std::fma(c.neg_step_size, m / denom, p);
   b.state0[i] = m;
   b.state1[i] = v;
-  b.master[i] = p;
-  Store1<kOut>(b.out, i, p);
+  StoreMaster1<kOut>(b, i, p);
 }
 
 template <int kGrad, int kOut>
 inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
                        int64_t i) {
-  float p = b.master[i];
+  float p = LoadMaster1<kOut>(b, i);
   float g = Load1<kGrad>(b.grads, i) * c.grad_scale;
   g = std::fma(c.l2, p, g);
   if (c.has_momentum_buffer) {
@@ -98,8 +132,7 @@ inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
     g = c.nesterov ? std::fma(c.momentum, buf, g) : buf;
   }
   p = std::fma(c.neg_step_size, g, p);
-  b.master[i] = p;
-  Store1<kOut>(b.out, i, p);
+  StoreMaster1<kOut>(b, i, p);
 }
 
 // Element i of either optimizer: the scalar path, and every vector path's
@@ -164,6 +197,7 @@ struct Avx2Ops {
   static Vec AsFloat(Int a) { return _mm256_castsi256_ps(a); }
   static Int Splat(int x) { return _mm256_set1_epi32(x); }
   static Int Add(Int a, Int b) { return _mm256_add_epi32(a, b); }
+  static Int Sub(Int a, Int b) { return _mm256_sub_epi32(a, b); }
   static Int And(Int a, Int b) { return _mm256_and_si256(a, b); }
   static Int Or(Int a, Int b) { return _mm256_or_si256(a, b); }
   static Int ShiftLeft16(Int a) { return _mm256_slli_epi32(a, 16); }
@@ -200,7 +234,9 @@ template <int kGrad>
 inline void PrefetchAhead(const StepBuffers& b, int64_t i, int64_t ahead) {
   if (ahead == 0) return;
   const int64_t j = i + ahead;
-  _mm_prefetch(reinterpret_cast<const char*>(b.master + j), _MM_HINT_T0);
+  if (b.master != nullptr) {
+    _mm_prefetch(reinterpret_cast<const char*>(b.master + j), _MM_HINT_T0);
+  }
   if (b.state0 != nullptr) {
     _mm_prefetch(reinterpret_cast<const char*>(b.state0 + j), _MM_HINT_T0);
   }
@@ -252,6 +288,7 @@ struct Avx512Ops {
   static Vec AsFloat(Int a) { return _mm512_castsi512_ps(a); }
   static Int Splat(int x) { return _mm512_set1_epi32(x); }
   static Int Add(Int a, Int b) { return _mm512_add_epi32(a, b); }
+  static Int Sub(Int a, Int b) { return _mm512_sub_epi32(a, b); }
   static Int And(Int a, Int b) { return _mm512_and_si512(a, b); }
   static Int Or(Int a, Int b) { return _mm512_or_si512(a, b); }
   static Int ShiftLeft16(Int a) { return _mm512_slli_epi32(a, 16); }
@@ -320,6 +357,46 @@ inline void StoreAs(void* data, int64_t i, typename V::Vec value) {
   } else if constexpr (kDType == kF16) {
     V::template StoreBits<kNontemporal>(static_cast<uint16_t*>(data) + i,
                                         V::NarrowF16(value));
+  } else if constexpr (kDType == kBF16Away) {
+    V::template StoreBits<kNontemporal>(
+        static_cast<uint16_t*>(data) + i,
+        V::Narrow16(
+            V::ShiftRight16(V::Add(V::AsInt(value), V::Splat(0x8000)))));
+  }
+}
+
+// The master weights [i, i + V::kWidth): f32, or JoinBf16Split of the split
+// master's halves, V::kWidth at a time.
+template <class V, int kOut>
+inline typename V::Vec LoadMasterAs(const StepBuffers& b, int64_t i) {
+  if constexpr (kOut == kSplit) {
+    using Int = typename V::Int;
+    const Int hi =
+        V::Widen16(V::LoadBits(static_cast<const uint16_t*>(b.out) + i));
+    const Int lo = V::Widen16(V::LoadBits(b.master_lo + i));
+    const Int carry = V::And(lo, V::Splat(0x8000));
+    return V::AsFloat(
+        V::Sub(V::Or(V::ShiftLeft16(hi), lo), V::Add(carry, carry)));
+  } else {
+    return V::Load(b.master + i);
+  }
+}
+
+// The updated master weights [i, i + V::kWidth) and the model weights: f32
+// and `out` rounded to kOut, or the split's two halves.
+template <class V, int kOut, bool kNontemporal>
+inline void StoreMasterAs(const StepBuffers& b, int64_t i,
+                          typename V::Vec value) {
+  if constexpr (kOut == kSplit) {
+    const typename V::Int bits = V::AsInt(value);
+    V::template StoreBits<false>(
+        static_cast<uint16_t*>(b.out) + i,
+        V::Narrow16(V::ShiftRight16(V::Add(bits, V::Splat(0x8000)))));
+    V::template StoreBits<false>(b.master_lo + i,
+                                 V::Narrow16(V::And(bits, V::Splat(0xffff))));
+  } else {
+    V::Store(b.master + i, value);
+    StoreAs<V, kOut, kNontemporal>(b.out, i, value);
   }
 }
 
@@ -350,7 +427,7 @@ inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
   int64_t i = 0;
   for (; i + V::kWidth <= b.count; i += V::kWidth) {
     V::template Prefetch<kGrad>(b, i, t.prefetch_elements);
-    Vec p = V::Load(b.master + i);
+    Vec p = LoadMasterAs<V, kOut>(b, i);
     Vec g = V::Mul(LoadAs<V, kGrad>(b.grads, i), grad_scale);
     g = V::Fmadd(l2, p, g);
     if constexpr (kSgd) {
@@ -373,8 +450,7 @@ inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
       V::Store(b.state0 + i, m);
       V::Store(b.state1 + i, v);
     }
-    V::Store(b.master + i, p);
-    StoreAs<V, kOut, kNontemporal>(b.out, i, p);
+    StoreMasterAs<V, kOut, kNontemporal>(b, i, p);
   }
   for (; i < b.count; ++i) StepElement<kGrad, kOut, kSgd>(c, b, i);
   V::template Fence<kNontemporal>();
@@ -412,9 +488,14 @@ void RunKind(const StepCoefficients& c, const StepBuffers& b,
 template <class Isa, int kGrad, bool kNontemporal>
 void RunOut(const StepCoefficients& c, const StepBuffers& b,
             const KernelTuning& t) {
+  if (b.master_lo != nullptr)
+    return RunKind<Isa, kGrad, kSplit, false>(c, b, t);
   if (b.out == nullptr) return RunKind<Isa, kGrad, kNoOutput, false>(c, b, t);
   switch (b.out_dtype) {
     case DType::kBF16:
+      if (b.bf16_ties_away) {
+        return RunKind<Isa, kGrad, kBF16Away, kNontemporal>(c, b, t);
+      }
       return RunKind<Isa, kGrad, kBF16, kNontemporal>(c, b, t);
     case DType::kF16:
       return RunKind<Isa, kGrad, kF16, kNontemporal>(c, b, t);
@@ -474,7 +555,9 @@ void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
                    const StepBuffers& buffers, const KernelTuning& tuning) {
   switch (path) {
     case SimdPath::kAvx512:
-      if (tuning.nontemporal_out && buffers.out != nullptr) {
+      // A split master's hi is read as well as written: never streamed.
+      if (tuning.nontemporal_out && buffers.out != nullptr &&
+          buffers.master_lo == nullptr) {
         return RunAvx512Nontemporal(coefficients, buffers, tuning);
       }
       return RunGrad<Avx512, false>(coefficients, buffers, tuning);

@@ -208,6 +208,85 @@ TEST(CpuOptimizerTest, EveryPathMatchesScalarBitForBit) {
   }
 }
 
+// The exact 16+16 master (StepBuffers::master_lo) through RunStepKernel on
+// every path: after every step, JoinBf16Split(hi, lo) is the f32 master of
+// the kernel's f32 path bit for bit, hi its SplitForBf16 (the bf16 weights
+// with ties away from zero; also what the f32 path's bf16_ties_away output
+// writes), and the moments are identical. Weights are
+// started at exact ties too, so both tie directions are exercised.
+TEST(CpuOptimizerTest, SplitMasterEqualsF32MasterOnEveryPath) {
+  for (SimdPath path : kAllPaths) {
+    if (!SimdPathSupported(path)) continue;
+    for (const NamedOptions& optimizer : AllOptimizers()) {
+      for (DType grad_dtype : kFloatTypes) {
+        for (int64_t count : {1, 7, 53, 1000}) {
+          SCOPED_TRACE(::testing::Message()
+                       << SimdPathName(path) << " " << optimizer.name
+                       << " grads " << DTypeName(grad_dtype) << " count "
+                       << count);
+          Problem problem = MakeProblem(count, grad_dtype, 3, count + 11);
+          for (int64_t i = 0; i < count; i += 5) {  // exact ties, both parities
+            problem.master[i] = BitsToFloat(
+                (FloatBits(problem.master[i]) & 0xffff0000u) | 0x8000u);
+          }
+          std::vector<float> master = problem.master;
+          std::vector<uint16_t> hi(count), lo(count);
+          for (int64_t i = 0; i < count; ++i) {
+            const Bf16Split split = SplitForBf16(master[i]);
+            hi[i] = split.hi;
+            lo[i] = split.lo;
+          }
+          const bool sgd = optimizer.options.type == OptimizerType::kSgd;
+          const bool has_buffer = sgd && optimizer.options.momentum != 0.0;
+          std::vector<float> f32_state0(count, 0.0f), f32_state1(count, 0.0f);
+          std::vector<float> split_state0 = f32_state0,
+                             split_state1 = f32_state1;
+          StepArgs args;
+          args.grad_scale = 0.5f;
+          for (int step = 0; step < 3; ++step) {
+            args.lr = 1e-3 * (step + 1);
+            auto coefficients = ComputeStepCoefficients(optimizer.options, step,
+                                                        args, has_buffer);
+            ASSERT_TRUE(coefficients.ok()) << coefficients.status();
+            StepBuffers f32;
+            f32.master = master.data();
+            f32.state0 = sgd && !has_buffer ? nullptr : f32_state0.data();
+            f32.state1 = sgd ? nullptr : f32_state1.data();
+            f32.grads = problem.grads[step].data();
+            f32.grad_dtype = grad_dtype;
+            f32.count = count;
+            // The f32 master's own path, its bf16 weights rounded as hi.
+            std::vector<uint16_t> away(count);
+            f32.out = away.data();
+            f32.out_dtype = DType::kBF16;
+            f32.bf16_ties_away = true;
+            RunStepKernel(path, *coefficients, f32);
+            StepBuffers split = f32;
+            split.bf16_ties_away = false;
+            split.master = nullptr;
+            split.state0 = sgd && !has_buffer ? nullptr : split_state0.data();
+            split.state1 = sgd ? nullptr : split_state1.data();
+            split.out = hi.data();
+            split.out_dtype = DType::kBF16;
+            split.master_lo = lo.data();
+            RunStepKernel(path, *coefficients, split);
+            for (int64_t i = 0; i < count; ++i) {
+              const Bf16Split expected = SplitForBf16(master[i]);
+              ASSERT_EQ(FloatBits(JoinBf16Split(hi[i], lo[i])),
+                        FloatBits(master[i]))
+                  << "step " << step << " element " << i;
+              ASSERT_EQ(hi[i], expected.hi) << "element " << i;
+              ASSERT_EQ(away[i], expected.hi) << "ties-away out " << i;
+            }
+            ExpectBitwiseEqual(f32_state0, split_state0, "state0");
+            ExpectBitwiseEqual(f32_state1, split_state1, "state1");
+          }
+        }
+      }
+    }
+  }
+}
+
 // A size far from any vector width or tile, over several tiles and threads.
 TEST(CpuOptimizerTest, LargeOddSizeMatchesScalarAcrossThreads) {
   constexpr int64_t kCount = 1000003;

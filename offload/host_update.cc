@@ -556,6 +556,7 @@ RangeToUpdate HostUpdate::ChunkRange(int slot, int64_t chunk) const {
     range.out = spec.weights.Slice(begin, count).data();
   }
   range.out_dtype = spec.staging.dtype();
+  range.bf16_ties_away = options_.bf16_ties_away;
   return range;
 }
 
@@ -799,15 +800,24 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
   }
   const Stream up =
       update.to_device_stream_ ? *update.to_device_stream_ : Stream();
-  // Rounded to nearest even, as the optimizer's fused write: the weights
-  // the synchronous path leaves. On the optimizer's thread count, as the
-  // restore.
+  // Rounded as the optimizer's fused write (to nearest even, or ties away
+  // for a 16+16 master): the weights the synchronous path leaves. On the
+  // optimizer's thread count, as the restore.
   const std::vector<HostUpdate::Backup> pieces = update.BackupPieces();
   ThreadPool pool(update.optimizer_->num_threads());
   ZE_RETURN_IF_ERROR(pool.TryParallelFor(
       static_cast<int64_t>(pieces.size()), [&](int, int64_t i) -> absl::Status {
         const HostUpdate::Backup& piece = pieces[i];
         const HostUpdateSlot& slot = update.slots_[piece.slot];
+        if (update.options_.bf16_ties_away &&
+            slot.staging.dtype() == DType::kBF16) {
+          const float* master = slot.master.data_as<float>() + piece.begin;
+          uint16_t* weights = slot.staging.data_as<uint16_t>() + piece.begin;
+          for (int64_t k = 0; k < piece.count; ++k) {
+            weights[k] = SplitForBf16(master[k]).hi;
+          }
+          return absl::OkStatus();
+        }
         return CopyConverting(slot.master.Slice(piece.begin, piece.count),
                               slot.staging.Slice(piece.begin, piece.count),
                               Stream());

@@ -144,6 +144,10 @@ struct HostUpdateOptions {
   // master weights and optimizer state it holds (host memory of
   // BackupBytesPerElement() each, allocated by Create). 0: no speculation.
   int64_t speculation_elements = 0;
+  // bf16 weights round ties away from zero (the 16+16 master's high half,
+  // bf16.master_weights_16_plus_16), in the update and in a rollback's
+  // re-sent weights alike.
+  bool bf16_ties_away = false;
 };
 
 // A speculative start's limit (Start's `speculation`).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "gtest/gtest.h"
 
@@ -144,10 +145,11 @@ struct Rig {
 
 std::unique_ptr<Rig> MakeRig(bool delayed, bool nvme,
                              int64_t fail_write_request = -1,
-                             int64_t speculation_elements = 0,
-                             int threads = 2) {
+                             int64_t speculation_elements = 0, int threads = 2,
+                             bool bf16_ties_away = false) {
   auto rig = std::make_unique<Rig>();
   rig->options.device = ModelDevice();
+  rig->options.bf16_ties_away = bf16_ties_away;
   rig->options.chunk_elements = kChunk;
   rig->options.speculation_elements = speculation_elements;
   rig->options.delayed_update = delayed;
@@ -485,6 +487,47 @@ TEST(HostUpdateTest, RolledBackSpeculationIsRedoneExactly) {
     ExpectSameBits(Values(rig->weights), expected.weights, "weights");
     EXPECT_FALSE(rig->update->last_speculation().rolled_back);  // a new update
   }
+}
+
+// A 16+16 master's offloaded bucket (bf16_ties_away): the weights the
+// update uploads and those a rollback re-sends are the master's high halves
+// (ties away from zero), not round-to-nearest-even, from masters sitting
+// exactly on ties above even bf16 values, where the two differ.
+TEST(HostUpdateTest, TiesAwayWeightsInTheUpdateAndTheRollback) {
+  std::unique_ptr<Rig> rig =
+      MakeRig(false, false, -1, kTotal, 2, /*bf16_ties_away=*/true);
+  float* master = rig->master.data_as<float>();
+  for (int64_t i = 0; i < kTotal; ++i) {
+    master[i] = BitsToFloat((FloatBits(master[i]) & 0xfffe0000u) | 0x8000u);
+  }
+  const std::vector<float> tied = Values(rig->master);
+  auto expect_high_halves = [&](const std::vector<float>& of,
+                                const char* what) {
+    const std::vector<float> weights = Values(rig->weights);
+    for (int64_t i = 0; i < kTotal; ++i) {
+      ASSERT_EQ(FloatBits(weights[i]),
+                FloatBits(Bf16BitsToFloat(SplitForBf16(of[i]).hi)))
+          << what << " element " << i;
+    }
+  };
+  const Stream stream = TestStream();
+  absl::StatusOr<InFlightUpdate> in_flight =
+      rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+  ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+    return r.chunks == kAllChunks;
+  });
+  ASSERT_TRUE(in_flight->Rollback(stream, /*resend_weights=*/true).ok());
+  ExpectSameBits(Master(*rig), tied, "master restored");
+  expect_high_halves(tied, "re-sent");
+  // Not what round-to-nearest-even gives: every tie sits above an even
+  // bf16, which it would keep.
+  EXPECT_NE(Bf16BitsToFloat(FloatToBf16Bits(tied[0])),
+            Bf16BitsToFloat(SplitForBf16(tied[0]).hi));
+  Step(*rig);
+  expect_high_halves(Master(*rig), "updated");
 }
 
 // This rank's own gradients exceed the limit: nothing more is speculated

@@ -510,11 +510,15 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
   }
   Print(rows, json,
         absl::StrFormat("engine plan (zero/plan.h): GPT %s, %d parameters, "
-                        "%d %s, %s, %s%s",
+                        "%d %s, %s%s, %s%s",
                         name, gpt.NumParameters(), setup.world,
                         setup.world == 1 ? "rank" : "ranks",
-                        DTypeName(options.dtype), setup.optimizer,
-                        ConfigNote(flags, setup)),
+                        DTypeName(options.dtype),
+                        setup.config.has_value() &&
+                                setup.config->bf16.master_weights_16_plus_16
+                            ? " with the 16+16 master (2 bytes)"
+                            : "",
+                        setup.optimizer, ConfigNote(flags, setup)),
         setup.world);
   return absl::OkStatus();
 }

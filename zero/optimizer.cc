@@ -164,6 +164,74 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
   return absl::OkStatus();
 }
 
+absl::Status FlatOptimizer::StepSplitRange(
+    int64_t state_offset, const Tensor& master_hi, const Tensor& master_lo,
+    const Tensor& grads, const StepArgs& step_args, const Stream& stream) {
+  if (!master_hi.defined()) {
+    return absl::InvalidArgumentError("optimizer step: master_hi is undefined");
+  }
+  const int64_t count = master_hi.numel();
+  if (state_offset < 0 || state_offset + count > num_elements_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: range [", state_offset, ", ", state_offset + count,
+        ") leaves the optimizer state of ", num_elements_, " elements"));
+  }
+  ZE_RETURN_IF_ERROR(
+      CheckTensor(master_hi, "master_hi", count, device_, false));
+  ZE_RETURN_IF_ERROR(
+      CheckTensor(master_lo, "master_lo", count, device_, false));
+  if (master_hi.dtype() != DType::kBF16 || SizeOf(master_lo.dtype()) != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: a 16+16 master needs bf16 master_hi and 2-byte "
+        "master_lo, got ",
+        master_hi.DebugString(), " and ", master_lo.DebugString()));
+  }
+  ZE_RETURN_IF_ERROR(CheckTensor(grads, "grads", count, device_, false));
+  ZE_ASSIGN_OR_RETURN(
+      const offload::StepCoefficients coefficients,
+      offload::ComputeStepCoefficients(options_, step_count_, step_args,
+                                       momentum_buffer_.defined()));
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+  if (options_.type == OptimizerType::kSgd) {
+    if (momentum_buffer_.defined()) {
+      state0 = momentum_buffer_.data_as<float>() + state_offset;
+    }
+  } else {
+    state0 = exp_avg_.data_as<float>() + state_offset;
+    state1 = exp_avg_sq_.data_as<float>() + state_offset;
+  }
+  if (count == 0) return absl::OkStatus();
+  uint16_t* hi = static_cast<uint16_t*>(master_hi.data());
+  uint16_t* lo = static_cast<uint16_t*>(master_lo.data());
+  if (device_.is_cpu()) {
+    static const offload::SimdPath path = offload::BestSimdPath();
+    offload::StepBuffers buffers;
+    buffers.state0 = state0;
+    buffers.state1 = state1;
+    buffers.grads = grads.data();
+    buffers.grad_dtype = grads.dtype();
+    buffers.out = hi;
+    buffers.out_dtype = DType::kBF16;
+    buffers.master_lo = lo;
+    buffers.count = count;
+    offload::RunStepKernel(path, coefficients, buffers);
+    return absl::OkStatus();
+  }
+  if (stream.device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: stream on ", stream.device().ToString(),
+                     ", optimizer on ", device_.ToString()));
+  }
+  ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
+  return CudaStatus(
+      cuda::LaunchSplitMasterStep(coefficients, hi, lo, state0, state1,
+                                  grads.data(), static_cast<int>(grads.dtype()),
+                                  count, stream.native()),
+      absl::StrCat(OptimizerTypeName(options_.type),
+                   " 16+16 master step kernel on ", device_.ToString()));
+}
+
 std::vector<NamedStateTensor> FlatOptimizer::StateTensors() const {
   std::vector<NamedStateTensor> state;
   if (exp_avg_.defined()) state.push_back({"exp_avg", exp_avg_});

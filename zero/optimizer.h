@@ -109,6 +109,21 @@ class FlatOptimizer {
                          const Tensor& model_weights = Tensor());
   void AdvanceStep() { ++step_count_; }
 
+  // StepRange over an exact 16+16 master (bf16.master_weights_16_plus_16,
+  // core/dtype.h's Bf16Split): the master weight i is
+  // JoinBf16Split(master_hi[i], master_lo[i]). master_hi is the bf16 model
+  // weights themselves (bf16, [count]); master_lo the low halves ([count],
+  // any 2-byte dtype: raw bits, never read as numbers). Both are rewritten
+  // with the updated value's split, so master, state and weights equal an
+  // f32 master's StepRange bit for bit, except that the weights round ties
+  // away from zero (not to even). Does not advance step_count(). Fails as
+  // StepRange (InvalidArgument naming the tensor), also when master_hi is
+  // not bf16 or master_lo not 2 bytes an element. Nothing modified on
+  // failure. Stream and lifetime as Step.
+  absl::Status StepSplitRange(int64_t state_offset, const Tensor& master_hi,
+                              const Tensor& master_lo, const Tensor& grads,
+                              const StepArgs& step_args, const Stream& stream);
+
   // The state for checkpoints, in a fixed order; the tensors share storage
   // with the optimizer (writing into them restores state).
   std::vector<NamedStateTensor> StateTensors() const;

@@ -19,7 +19,9 @@ namespace zero {
 namespace cuda {
 namespace {
 
-enum : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+// kSplit: `out` is the bf16 high half of an exact 16+16 master whose low
+// half is `lo` (core/dtype.h's Bf16Split); not a DType.
+enum : int { kF32 = 0, kBF16 = 1, kF16 = 2, kSplit = 3 };
 constexpr int kThreads = 256;
 constexpr int kVector = 4;
 
@@ -76,6 +78,43 @@ __device__ __forceinline__ void Store4(void* data, int64_t i, const float* v) {
   }
 }
 
+// core/dtype.h's JoinBf16Split and SplitForBf16, on the device.
+__device__ __forceinline__ float JoinSplit(uint16_t hi, uint16_t lo) {
+  const uint32_t carry = (static_cast<uint32_t>(lo) & 0x8000u) << 1;
+  return __uint_as_float(((static_cast<uint32_t>(hi) << 16) | lo) - carry);
+}
+
+__device__ __forceinline__ void SplitInto(float value, uint16_t* hi,
+                                          uint16_t* lo) {
+  const uint32_t bits = __float_as_uint(value);
+  *hi = static_cast<uint16_t>((bits + 0x8000u) >> 16);
+  *lo = static_cast<uint16_t>(bits);
+}
+
+// The master weight i: f32, or the split master's two halves joined.
+template <int kOut>
+__device__ __forceinline__ float LoadMaster(const float* master,
+                                            const void* out, const uint16_t* lo,
+                                            int64_t i) {
+  if (kOut == kSplit) {
+    return JoinSplit(static_cast<const uint16_t*>(out)[i], lo[i]);
+  } else {
+    return master[i];
+  }
+}
+
+// Writes the updated master weight i and the model weight.
+template <int kOut>
+__device__ __forceinline__ void StoreMaster(float* master, void* out,
+                                            uint16_t* lo, int64_t i, float p) {
+  if (kOut == kSplit) {
+    SplitInto(p, static_cast<uint16_t*>(out) + i, lo + i);
+  } else {
+    master[i] = p;
+    StoreOne<kOut>(out, i, p);
+  }
+}
+
 __device__ __forceinline__ void AdamElement(const offload::StepCoefficients& c,
                                             float grad, float& p, float& m,
                                             float& v) {
@@ -110,16 +149,15 @@ template <int kGrad, int kOut>
 __device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
                                           float* master, float* state0,
                                           float* state1, const void* grads,
-                                          void* out, int64_t i) {
-  float p = master[i];
+                                          void* out, uint16_t* lo, int64_t i) {
+  float p = LoadMaster<kOut>(master, out, lo, i);
   const float g = LoadOne<kGrad>(grads, i);
   if (!c.is_sgd) {
     AdamElement(c, g, p, state0[i], state1[i]);
   } else {
     SgdElement(c, g, p, c.has_momentum_buffer ? state0 + i : nullptr);
   }
-  master[i] = p;
-  StoreOne<kOut>(out, i, p);
+  StoreMaster<kOut>(master, out, lo, i, p);
 }
 
 // Elements [4 * group, 4 * group + 4) per iteration when kVectorised;
@@ -127,7 +165,7 @@ __device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
 template <int kGrad, int kOut, bool kVectorised>
 __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
                                 float* state0, float* state1, const void* grads,
-                                void* out, int64_t count) {
+                                void* out, uint16_t* lo, int64_t count) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (kVectorised) {
@@ -135,7 +173,16 @@ __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
     for (int64_t group = first; group < groups; group += stride) {
       const int64_t i = group * kVector;
       float p[kVector], g[kVector];
-      Load4<kF32>(master, i, p);
+      if (kOut == kSplit) {
+        const uint2 hi_raw = *reinterpret_cast<const uint2*>(
+            static_cast<const uint16_t*>(out) + i);
+        const uint2 lo_raw = *reinterpret_cast<const uint2*>(lo + i);
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(&hi_raw);
+        const uint16_t* l = reinterpret_cast<const uint16_t*>(&lo_raw);
+        for (int k = 0; k < kVector; ++k) p[k] = JoinSplit(h[k], l[k]);
+      } else {
+        Load4<kF32>(master, i, p);
+      }
       Load4<kGrad>(grads, i, g);
       if (!c.is_sgd) {
         float m[kVector], v[kVector];
@@ -153,17 +200,26 @@ __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
       } else {
         for (int k = 0; k < kVector; ++k) SgdElement(c, g[k], p[k], nullptr);
       }
-      Store4<kF32>(master, i, p);
-      Store4<kOut>(out, i, p);
+      if (kOut == kSplit) {
+        uint2 hi_raw, lo_raw;
+        uint16_t* h = reinterpret_cast<uint16_t*>(&hi_raw);
+        uint16_t* l = reinterpret_cast<uint16_t*>(&lo_raw);
+        for (int k = 0; k < kVector; ++k) SplitInto(p[k], h + k, l + k);
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + i) = hi_raw;
+        *reinterpret_cast<uint2*>(lo + i) = lo_raw;
+      } else {
+        Store4<kF32>(master, i, p);
+        Store4<kOut>(out, i, p);
+      }
     }
     // The tail (count % 4 elements) goes to the first threads.
     const int64_t tail = groups * kVector + first;
     if (tail < count) {
-      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, tail);
+      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, lo, tail);
     }
   } else {
     for (int64_t i = first; i < count; i += stride) {
-      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, i);
+      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, lo, i);
     }
   }
 }
@@ -175,11 +231,12 @@ bool Aligned(const void* pointer, uintptr_t bytes) {
 template <int kGrad, int kOut>
 int Launch(const offload::StepCoefficients& c, float* master, float* state0,
            float* state1, const void* grads, void* out, int64_t count,
-           cudaStream_t stream) {
+           cudaStream_t stream, uint16_t* lo = nullptr) {
   const uintptr_t grad_bytes = kGrad == kF32 ? 16 : 8;
   const uintptr_t out_bytes = kOut == kF32 ? 16 : 8;
   const bool vectorised =
-      Aligned(master, 16) && (state0 == nullptr || Aligned(state0, 16)) &&
+      (kOut == kSplit ? Aligned(lo, 8) : Aligned(master, 16)) &&
+      (state0 == nullptr || Aligned(state0, 16)) &&
       (state1 == nullptr || Aligned(state1, 16)) &&
       Aligned(grads, grad_bytes) && (out == nullptr || Aligned(out, out_bytes));
   const int64_t work = vectorised ? (count + kVector - 1) / kVector : count;
@@ -189,11 +246,11 @@ int Launch(const offload::StepCoefficients& c, float* master, float* state0,
   if (vectorised) {
     OptimizerKernel<kGrad, kOut, true>
         <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-            c, master, state0, state1, grads, out, count);
+            c, master, state0, state1, grads, out, lo, count);
   } else {
     OptimizerKernel<kGrad, kOut, false>
         <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-            c, master, state0, state1, grads, out, count);
+            c, master, state0, state1, grads, out, lo, count);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -219,6 +276,24 @@ int LaunchForOut(const offload::StepCoefficients& c, float* master,
 }
 
 }  // namespace
+
+int LaunchSplitMasterStep(const offload::StepCoefficients& coefficients,
+                          uint16_t* master_hi, uint16_t* master_lo,
+                          float* state0, float* state1, const void* grads,
+                          int grad_dtype, int64_t count, void* stream) {
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (grad_dtype) {
+    case kBF16:
+      return Launch<kBF16, kSplit>(coefficients, nullptr, state0, state1, grads,
+                                   master_hi, count, cuda_stream, master_lo);
+    case kF16:
+      return Launch<kF16, kSplit>(coefficients, nullptr, state0, state1, grads,
+                                  master_hi, count, cuda_stream, master_lo);
+    default:
+      return Launch<kF32, kSplit>(coefficients, nullptr, state0, state1, grads,
+                                  master_hi, count, cuda_stream, master_lo);
+  }
+}
 
 int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
                         float* master, float* state0, float* state1,

@@ -54,6 +54,16 @@ int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
                         const void* grads, int grad_dtype, void* out,
                         int out_dtype, int64_t count, void* stream);
 
+// CUDA: the same update of an exact 16+16 master (core/dtype.h's
+// Bf16Split): the master weight i is JoinBf16Split(master_hi[i],
+// master_lo[i]); both halves are rewritten with the updated value's split,
+// master_hi being the bf16 model weights. Equals the f32-master update bit
+// for bit (offload::StepBuffers::master_lo is the CPU form).
+int LaunchSplitMasterStep(const offload::StepCoefficients& coefficients,
+                          uint16_t* master_hi, uint16_t* master_lo,
+                          float* state0, float* state1, const void* grads,
+                          int grad_dtype, int64_t count, void* stream);
+
 }  // namespace cuda
 }  // namespace zero
 }  // namespace ze

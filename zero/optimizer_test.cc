@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -423,6 +424,77 @@ TEST(OptimizerTest, StepRangeByRangeEqualsOneStep) {
                             args, Stream())
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The exact 16+16 master (StepSplitRange) against StepRange's f32 master
+// over every optimizer: the joined halves are the f32 master bit for bit
+// after each step, hi its ties-away bf16, and the state identical. Starts
+// with exact ties of both parities.
+TEST(OptimizerTest, SplitMasterStepEqualsF32MasterStep) {
+  std::vector<OptimizerOptions> all(4);
+  all[0].type = OptimizerType::kAdam;
+  all[0].weight_decay = 0.01;
+  all[1].type = OptimizerType::kAdamW;
+  all[1].weight_decay = 0.1;
+  all[2].type = OptimizerType::kSgd;
+  all[2].momentum = 0.9;
+  all[3].type = OptimizerType::kSgd;
+  const int64_t n = 37;
+  for (const OptimizerOptions& options : all) {
+    SCOPED_TRACE(OptimizerTypeName(options.type));
+    std::vector<float> weights(n), grads(n);
+    for (int64_t i = 0; i < n; ++i) {
+      weights[i] = 0.1f * i - 2;
+      if (i % 4 == 0) {  // exact ties, both parities of the high half
+        weights[i] = BitsToFloat((FloatBits(weights[i]) & 0xfffe0000u) |
+                                 0x8000u | static_cast<uint32_t>(i % 8) << 14);
+      }
+      grads[i] = 0.03f * (i % 7) - 0.1f;
+    }
+    auto f32 = MakeOptimizer(options, n);
+    auto split = MakeOptimizer(options, n);
+    Tensor master = HostTensor(weights, DType::kF32);
+    auto hi = Tensor::Empty({n}, DType::kBF16, Device::Cpu());
+    auto lo = Tensor::Empty({n}, DType::kBF16, Device::Cpu());
+    ASSERT_TRUE(hi.ok() && lo.ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const Bf16Split halves = SplitForBf16(weights[i]);
+      hi->data_as<uint16_t>()[i] = halves.hi;
+      lo->data_as<uint16_t>()[i] = halves.lo;
+    }
+    const Tensor g = HostTensor(grads, DType::kBF16);
+    StepArgs args;
+    args.lr = 0.02;
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE(f32->StepRange(0, master, g, args, Stream()).ok());
+      ASSERT_TRUE(split->StepSplitRange(0, *hi, *lo, g, args, Stream()).ok());
+      f32->AdvanceStep();
+      split->AdvanceStep();
+      for (int64_t i = 0; i < n; ++i) {
+        const float p = master.data_as<float>()[i];
+        ASSERT_EQ(FloatBits(JoinBf16Split(hi->data_as<uint16_t>()[i],
+                                          lo->data_as<uint16_t>()[i])),
+                  FloatBits(p))
+            << "step " << step << " element " << i;
+        ASSERT_EQ(hi->data_as<uint16_t>()[i], SplitForBf16(p).hi);
+      }
+      const auto f32_state = f32->StateTensors();
+      const auto split_state = split->StateTensors();
+      ASSERT_EQ(f32_state.size(), split_state.size());
+      for (size_t k = 0; k < f32_state.size(); ++k) {
+        EXPECT_EQ(Read(f32_state[k].tensor), Read(split_state[k].tensor));
+      }
+    }
+  }
+  // The halves must be a bf16 weight and a 2-byte remainder.
+  auto split = MakeOptimizer(all[0], n);
+  const Tensor f32_hi = HostTensor(std::vector<float>(n, 1.0f), DType::kF32);
+  const Tensor bf16 = HostTensor(std::vector<float>(n, 1.0f), DType::kBF16);
+  const absl::Status status = split->StepSplitRange(
+      0, f32_hi, bf16, HostTensor(std::vector<float>(n, 0.0f), DType::kF32),
+      StepArgs(), Stream());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("16+16"), std::string::npos) << status;
 }
 
 TEST(OptimizerTest, StateBytesPerElement) {

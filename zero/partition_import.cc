@@ -147,8 +147,32 @@ absl::Status CommitImport(PartitionState& state,
                           const offload::UpdateJoined& joined,
                           const ImportWindow& window, const Stream& stream) {
   const std::vector<ImportTarget>& targets = window.targets;
+  // A 16+16 master's high halves are the weights: a bucket's weights go in
+  // first and its master after, so the master's exact split is what stays
+  // (the file's weights may be rounded to even where hi rounds ties away).
+  std::vector<size_t> order(targets.size());
+  for (size_t t = 0; t < targets.size(); ++t) order[t] = t;
+  if (state.split_master()) {
+    // Targets come grouped by bucket: within each group, weights first.
+    size_t next = 0;
+    for (size_t begin = 0; begin < targets.size();) {
+      size_t end = begin;
+      while (end < targets.size() &&
+             targets[end].bucket == targets[begin].bucket) {
+        ++end;
+      }
+      for (int weights_pass = 1; weights_pass >= 0; --weights_pass) {
+        for (size_t t = begin; t < end; ++t) {
+          if ((targets[t].array == ImportTarget::kWeights) == weights_pass) {
+            order[next++] = t;
+          }
+        }
+      }
+      begin = end;
+    }
+  }
   for (size_t t = 0; t < targets.size(); ++t) {
-    const ImportTarget& target = targets[t];
+    const ImportTarget& target = targets[order[t]];
     const int b = target.bucket;
     const Tensor& values = target.staging;
     if (target.array == ImportTarget::kWeights) {
@@ -170,7 +194,7 @@ absl::Status CommitImport(PartitionState& state,
       }
     }
     // A bucket is complete (its staging may go) before the next begins.
-    if (t + 1 == targets.size() || targets[t + 1].bucket != b) {
+    if (t + 1 == targets.size() || targets[order[t + 1]].bucket != b) {
       ZE_RETURN_IF_ERROR(stream.Synchronize());
     }
   }

@@ -107,6 +107,19 @@ absl::StatusOr<Tensor> PartitionState::Allocate(int64_t elements, DType dtype,
 absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     const PartitionedLayout& layout, const PartitionStateOptions& options,
     const Stream& stream) {
+  if (options.split_master) {
+    bool supported = options.weights_placement == Placement::kDevice;
+    for (Placement placement : options.optimizer_placement) {
+      supported = supported && placement != Placement::kNvme;
+    }
+    if (options.model_dtype != DType::kBF16 || !supported) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PartitionState: a 16+16 master (bf16.master_weights_16_plus_16) "
+          "needs bf16 weights (have ",
+          DTypeName(options.model_dtype),
+          ") on the device, and no NVMe optimizer placement"));
+    }
+  }
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
   const int64_t elements = state->weights_replicated()
                                ? layout.padded_total_elements()
@@ -145,8 +158,16 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     }
   }
   if (!master_aliases_weights()) {
-    ZE_ASSIGN_OR_RETURN(device_master_, Allocate(device_elements, DType::kF32,
-                                                 Placement::kDevice, stream));
+    // A 16+16 master's device part is the remainders alone (2 bytes, raw
+    // bits: bf16 is only their container). Zero is exact for the initial
+    // bf16 weights: JoinBf16Split(w, 0) == w. Its host part stays f32: with
+    // the weights on the device, f32 holds hi's and lo's bits in the same
+    // 4 bytes; only the uploaded weights round as hi does.
+    ZE_ASSIGN_OR_RETURN(
+        device_master_,
+        Allocate(device_elements,
+                 options_.split_master ? DType::kBF16 : DType::kF32,
+                 Placement::kDevice, stream));
     ZE_ASSIGN_OR_RETURN(host_master_, Allocate(host_elements, DType::kF32,
                                                Placement::kHost, stream));
   }
@@ -218,7 +239,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
             first_swapped_chunk_[b] + static_cast<int>(chunk),
             master.data_as<float>()));
       }
-    } else if (!master_aliases_weights()) {
+    } else if (!master_aliases_weights() && !split_on_device(b)) {
       // Onto the host (offload) this converts on the device first. A frozen
       // bucket's copy too: it is what its "master" exports (imports may
       // then give it values finer than its 16-bit weights).
@@ -257,8 +278,14 @@ Tensor PartitionState::OwnWeights(int bucket) const {
   return OwnSlice(weights_, weights_replicated(), bucket);
 }
 
+Tensor PartitionState::OwnMasterLow(int bucket) const {
+  if (!split_on_device(bucket)) return Tensor();
+  return device_master_.Slice(master_offsets_[bucket], own_elements(bucket));
+}
+
 Tensor PartitionState::OwnMaster(int bucket) const {
   if (master_aliases_weights()) return OwnWeights(bucket);
+  if (split_on_device(bucket)) return Tensor();
   if (optimizer_placement_[bucket] == Placement::kNvme) return Tensor();
   const Tensor& master = optimizer_placement_[bucket] == Placement::kHost
                              ? host_master_
@@ -333,6 +360,7 @@ absl::Status PartitionState::CreateHostUpdate() {
   options.weights_on_host = options_.weights_placement == Placement::kHost;
   options.delayed_update = options_.delayed_update;
   options.speculation_elements = options_.speculation_elements;
+  options.bf16_ties_away = options_.split_master;
   ZE_ASSIGN_OR_RETURN(host_update_, offload::HostUpdate::Create(
                                         options, std::move(slots),
                                         host_optimizer_.get(), swapped_.get()));
@@ -455,6 +483,13 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
   }
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kDevice) {
+      continue;
+    }
+    if (options_.split_master) {
+      ZE_RETURN_IF_ERROR(
+          optimizers_[b]->StepSplitRange(0, OwnWeights(b), OwnMasterLow(b),
+                                         OwnGradients(b), step_args, stream));
+      optimizers_[b]->AdvanceStep();
       continue;
     }
     ZE_RETURN_IF_ERROR(optimizers_[b]->Step(
@@ -627,6 +662,9 @@ absl::Status PartitionState::ReadOwnState(
   if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
   }
+  if (array == 0 && split_on_device(bucket)) {
+    return ReadSplitMaster(bucket, own_begin, out, stream);
+  }
   switch (optimizer_placement_[bucket]) {
     case Placement::kNvme:
       return SwappedRange(bucket, array, own_begin, count, out.data_as<float>(),
@@ -664,6 +702,11 @@ absl::Status PartitionState::WriteOwnState(
                      ", ", own_begin + count, ") of bucket ", bucket, " (",
                      own_elements(bucket), " own elements)"));
   }
+  // A frozen bucket's split master is written too: it is its weights and
+  // the remainders, what its "master" exports.
+  if (array == 0 && split_on_device(bucket)) {
+    return WriteSplitMaster(bucket, own_begin, values, stream);
+  }
   if (!trainable_[bucket]) return absl::OkStatus();
   switch (optimizer_placement_[bucket]) {
     case Placement::kNvme:
@@ -674,6 +717,24 @@ absl::Status PartitionState::WriteOwnState(
       if (array == 0) {
         ZE_RETURN_IF_ERROR(CopyConverting(
             values, OwnMaster(bucket).Slice(own_begin, count), stream));
+        if (options_.split_master) {
+          // The weights are the master's high halves, as the update leaves
+          // them (the file's may round ties to even).
+          if (!values.device().is_cpu() || values.dtype() != DType::kF32) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "WriteOwnState: a 16+16 master is written from host f32, "
+                "not ",
+                values.DebugString()));
+          }
+          ZE_ASSIGN_OR_RETURN(
+              Tensor hi, Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+          for (int64_t i = 0; i < count; ++i) {
+            hi.data_as<uint16_t>()[i] =
+                SplitForBf16(values.data_as<float>()[i]).hi;
+          }
+          ZE_RETURN_IF_ERROR(
+              Copy(hi, OwnWeights(bucket).Slice(own_begin, count), stream));
+        }
         return stream.Synchronize();
       }
       std::memcpy(HostStateArray(array) + master_offsets_[bucket] + own_begin,
@@ -688,6 +749,59 @@ absl::Status PartitionState::WriteOwnState(
   ZE_RETURN_IF_ERROR(
       CopyConverting(values, target.Slice(own_begin, count), stream));
   return stream.Synchronize();
+}
+
+absl::Status PartitionState::ReadSplitMaster(int bucket, int64_t own_begin,
+                                             const Tensor& out,
+                                             const Stream& stream) const {
+  const int64_t count = out.numel();
+  if (!out.device().is_cpu() || out.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadOwnState: a 16+16 master is read into host f32, not ",
+                     out.DebugString()));
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor hi,
+                      Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(Tensor lo,
+                      Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+  ZE_RETURN_IF_ERROR(
+      Copy(OwnWeights(bucket).Slice(own_begin, count), hi, stream));
+  ZE_RETURN_IF_ERROR(
+      Copy(OwnMasterLow(bucket).Slice(own_begin, count), lo, stream));
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  const uint16_t* hi_bits = hi.data_as<uint16_t>();
+  const uint16_t* lo_bits = lo.data_as<uint16_t>();
+  float* values = out.data_as<float>();
+  for (int64_t i = 0; i < count; ++i) {
+    values[i] = JoinBf16Split(hi_bits[i], lo_bits[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PartitionState::WriteSplitMaster(int bucket, int64_t own_begin,
+                                              const Tensor& values,
+                                              const Stream& stream) {
+  const int64_t count = values.numel();
+  if (!values.device().is_cpu() || values.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WriteOwnState: a 16+16 master is written from host f32, not ",
+        values.DebugString()));
+  }
+  ZE_ASSIGN_OR_RETURN(Tensor hi,
+                      Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(Tensor lo,
+                      Tensor::Empty({count}, DType::kBF16, Device::Cpu()));
+  const float* source = values.data_as<float>();
+  for (int64_t i = 0; i < count; ++i) {
+    const Bf16Split split = SplitForBf16(source[i]);
+    hi.data_as<uint16_t>()[i] = split.hi;
+    lo.data_as<uint16_t>()[i] = split.lo;
+  }
+  ZE_RETURN_IF_ERROR(
+      Copy(hi, OwnWeights(bucket).Slice(own_begin, count), stream));
+  ZE_RETURN_IF_ERROR(
+      Copy(lo, OwnMasterLow(bucket).Slice(own_begin, count), stream));
+  return stream.Synchronize();  // hi and lo are freed on return
 }
 
 float* PartitionState::HostStateArray(int array) const {

@@ -134,6 +134,15 @@ struct PartitionStateOptions {
   // begun during backward may back up (zero/plan.h sizes it). 0: an update
   // whose arguments depend on the global norm is not begun early.
   int64_t speculation_elements = 0;
+  // bf16.master_weights_16_plus_16: the master weights of device buckets
+  // are the bf16 weights plus a 16-bit remainder each (core/dtype.h's
+  // Bf16Split), so the master costs 2 bytes an element; host buckets keep
+  // f32 (the same bits in the same 4 bytes) and upload weights rounded as
+  // hi. Values equal an f32 master's bit for bit, the weights rounding ties
+  // away from zero. Needs model_dtype bf16, the weights on the device and
+  // no kNvme placement (InvalidArgument from Create otherwise; config/
+  // refuses those).
+  bool split_master = false;
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
   offload::SwappedStateOptions nvme;
@@ -194,6 +203,17 @@ class PartitionState {
   // undefined for kNvme (see ReadOwnState and WriteOwnState). A frozen
   // bucket has one too (its weights' values, or what an import gave it).
   Tensor OwnMaster(int bucket) const;
+  // With split_on_device(b): the f32 master is JoinBf16Split(OwnWeights,
+  // OwnMasterLow) element by element, and OwnMaster is undefined; this is
+  // the remainders ((own elements), 2-byte raw bits in a bf16-typed
+  // tensor, on the device). Undefined otherwise.
+  Tensor OwnMasterLow(int bucket) const;
+  bool split_master() const { return options_.split_master; }
+  // split_master() and bucket b's master on the device: hi and lo.
+  bool split_on_device(int bucket) const {
+    return options_.split_master &&
+           optimizer_placement_[bucket] == Placement::kDevice;
+  }
   Tensor OwnGradients(int bucket) const;
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
@@ -399,6 +419,13 @@ class PartitionState {
                             int64_t count, float* data, bool write) const;
   // The CPU optimizer's state array `array` (1 or 2, StateArrayNames).
   float* HostStateArray(int array) const;
+  // ReadOwnState / WriteOwnState of a 16+16 master (split_master): joins
+  // the weights and remainders into host f32 `out`, or splits host f32
+  // `values` into both. InvalidArgument for a tensor not host f32.
+  absl::Status ReadSplitMaster(int bucket, int64_t own_begin, const Tensor& out,
+                               const Stream& stream) const;
+  absl::Status WriteSplitMaster(int bucket, int64_t own_begin,
+                                const Tensor& values, const Stream& stream);
   int64_t num_chunks(int bucket) const;
   // The bucket's own elements [begin, begin + count) in chunk `chunk`.
   struct ChunkSpan {

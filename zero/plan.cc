@@ -126,6 +126,12 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
     // f32 training with the optimizer away from the weights keeps a copy.
     memory.master_weight_bytes = 4 * all_elements;
   }
+  if (state.split_master) {
+    // The 16+16 master: on the device the bf16 weights plus 2 bytes of
+    // remainder; offloaded buckets keep f32 (the same bits, 4 bytes).
+    memory.master_weight_bytes =
+        2 * (all_elements - host_elements) + 4 * host_elements;
+  }
   const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
   memory.staging_bytes = weight_element_bytes * host_elements;
   const int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
@@ -179,6 +185,13 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   PartitionStateOptions& state = plan.state;
   state.stage = static_cast<int>(zero.stage);
   state.model_dtype = model.dtype();
+  state.split_master = config.bf16.master_weights_16_plus_16;
+  if (state.split_master && model.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bf16.master_weights_16_plus_16 needs bf16 training; this model "
+        "trains in ",
+        DTypeName(model.dtype()), " (set bf16.enabled, or remove the key)"));
+  }
   state.optimizer = training->optimizer_options();
   state.trainable = plan.layout.trainable;
   state.bucket_zero_read_first = plan.layout.bucket_zero_read_first;

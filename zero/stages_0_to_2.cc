@@ -285,6 +285,14 @@ absl::Status Stages0To2::GatherUpdatedWeights() {
   return absl::OkStatus();
 }
 
+absl::Status Stages0To2::OnStateLoaded() {
+  if (!partition_->split_master() || !policy().partition_optimizer ||
+      world() == 1) {
+    return absl::OkStatus();
+  }
+  return GatherUpdatedWeights();
+}
+
 absl::Status Stages0To2::ReleaseScope(const std::vector<std::string>& names,
                                       int modifier_rank) {
   if (modifier_rank < 0) return absl::OkStatus();

@@ -91,6 +91,11 @@ class Stages0To2 : public ZeroStrategy {
   // Stage 2, once a bucket's slice is in the partition.
   absl::Status ReleaseBucketGradients(int bucket);
   absl::Status GatherUpdatedWeights();
+  // A 16+16 master at stages 1-2 over several ranks: a checkpoint load
+  // wrote each rank's own slice of the weights from its master's split, the
+  // other slices from the file (which may round ties differently), so the
+  // owners' slices are gathered again.
+  absl::Status OnStateLoaded() override;
 
   std::unique_ptr<GradientReducer> reducer_;
   Stream communication_stream_;

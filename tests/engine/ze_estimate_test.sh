@@ -100,6 +100,27 @@ for key in ("device_bytes", "paper_bytes"):
     assert rows[0][key] == same[key], (rows[0], same)
 print("ze_estimate --config:", rows[0]["paper_bytes"], "bytes per rank")
 PY
+# The exact 16+16 master (bf16.master_weights_16_plus_16): the engine's plan
+# (--model) counts 2 bytes of master per parameter instead of 4, so a
+# stage-2 config at 8 ranks needs 2 Psi / 8 bytes less (plus padding).
+cat > "$tmp/f32master.json" <<'JSON'
+{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+ "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}
+JSON
+sed 's/"enabled": true}/"enabled": true, "master_weights_16_plus_16": true}/' \
+  "$tmp/f32master.json" > "$tmp/split.json"
+"$tool" --model=124M --world_size=8 --config="$tmp/f32master.json" --json > "$tmp/rows"
+"$tool" --model=124M --world_size=8 --config="$tmp/split.json" --json > "$tmp/split_rows"
+"$tool" --model=124M --world_size=8 --config="$tmp/split.json" | grep -q "16+16 master"
+python3 - "$tmp/rows" "$tmp/split_rows" <<'PY'
+import json, sys
+f32 = json.loads(open(sys.argv[1]).readline())
+split = json.loads(open(sys.argv[2]).readline())
+saved = f32["device_bytes"] - split["device_bytes"]
+psi = 124475904
+assert 2 * psi / 8 <= saved <= 1.01 * 2 * psi / 8, (saved, f32, split)
+print("ze_estimate: the 16+16 master saves", saved, "bytes per rank")
+PY
 # "auto" precision: --dtype fills it; a config that sets it refuses --dtype.
 "$tool" --model=124M --world_size=2 --config="$auto_config" --dtype=fp16 | grep -q "f16"
 expect_bad "--dtype" --params=7B --config="$tmp/sgd.json" --dtype=bf16
