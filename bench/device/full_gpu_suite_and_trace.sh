@@ -3,8 +3,9 @@
 # 150 s); llama-1B through train_bench at stages 0 and 3 and PyTorch's
 # torch_llama_anchor.py (eager, torch.compile) in the same call; the 1.3B GPT
 # at stage 2 without and with offload_optimizer (speculation's counts in its
-# JSON); then, if the machine has nsys anywhere, a trace of 3 llama-1B steps
-# and bench/gpu_gap_summary.py's account of the GPU's idle time. Each part
+# JSON); then a trace of 3 llama-1B steps (nsys, or bench/cupti_trace.cc
+# where nsys is missing) and bench/gpu_gap_summary.py's account of the
+# GPU's idle time. Each part
 # runs only while the call's time allows (LIMIT seconds, default 330).
 source bench/device/setup.sh
 LIMIT=${LIMIT:-330}
@@ -31,11 +32,21 @@ python3 -c "
 import json
 for l in open('$OUT/train_bench.jsonl'):
   d=json.loads(l); print({k:d.get(k) for k in ['model','stage','offload','tokens_per_s','mfu','step_ms','speculation','device','error']})"
+# The trace: nsys where the machine has it, else bench/cupti_trace.cc's
+# injection library (same CSV columns).
 NSYS=$(command -v nsys || find /usr/local /opt -name nsys -type f -perm -u+x 2>/dev/null | head -1)
 el "nsys=${NSYS:-none} with $(left)s"
-if [[ -n "$NSYS" ]] && (( $(left) > 45 )); then
-  timeout $(left) $NSYS profile -t cuda --force-overwrite true -o /tmp/step $B/bin/train_bench --models=llama-1B \
-    --stages=0 --batch=16 --seq=1024 --iters=3 --warmup=1 --dtype=bf16 > $OUT/nsys_run.txt 2>&1; el "nsys rc=$?"
-  $NSYS stats -q -r cuda_gpu_trace -f csv -o /tmp/trace /tmp/step.nsys-rep > /dev/null 2>&1
+TRACE_RUN="$B/bin/train_bench --models=llama-1B --stages=0 --batch=16 --seq=1024 --iters=3 --warmup=1 --dtype=bf16"
+if (( $(left) > 45 )); then
+  if [[ -n "$NSYS" ]]; then
+    timeout $(left) $NSYS profile -t cuda --force-overwrite true -o /tmp/step $TRACE_RUN > $OUT/trace_run.txt 2>&1
+    el "nsys rc=$?"
+    $NSYS stats -q -r cuda_gpu_trace -f csv -o /tmp/trace /tmp/step.nsys-rep > /dev/null 2>&1
+  else
+    CUDA_INJECTION64_PATH=$B/bin/libze_cupti_trace.so ZE_CUPTI_TRACE=/tmp/trace_cupti.csv \
+      timeout $(left) $TRACE_RUN > $OUT/trace_run.txt 2>&1
+    el "cupti trace rc=$?"; tail -2 $OUT/trace_run.txt
+  fi
   python3 bench/gpu_gap_summary.py /tmp/trace*.csv > $OUT/gaps.txt 2>&1; cut -c1-1500 $OUT/gaps.txt
+  gzip -c /tmp/trace*.csv > $OUT/trace.csv.gz 2>/dev/null
 fi
