@@ -59,8 +59,8 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size,
   *max_records = 0;
 }
 
-void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer,
-                              size_t, size_t valid_size) {
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t,
+                              size_t valid_size) {
   std::vector<Row> rows;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid_size, &record) ==
@@ -75,12 +75,14 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer,
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
-        const auto* copy = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        const auto* copy =
+            reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         rows.push_back({copy->start, copy->end, "[CUDA memcpy]"});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
-        const auto* fill = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        const auto* fill =
+            reinterpret_cast<const CUpti_ActivityMemset4*>(record);
         rows.push_back({fill->start, fill->end, "[CUDA memset]"});
         break;
       }
