@@ -88,6 +88,38 @@ absl::Status FlatOptimizer::Step(const Tensor& master_weights,
   return absl::OkStatus();
 }
 
+absl::Status FlatOptimizer::CheckRange(int64_t state_offset,
+                                       int64_t count) const {
+  if (state_offset < 0 || state_offset + count > num_elements_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step: range [", state_offset, ", ", state_offset + count,
+        ") leaves the optimizer state of ", num_elements_, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+FlatOptimizer::StateAt FlatOptimizer::StateFrom(int64_t state_offset) const {
+  StateAt at;
+  if (options_.type == OptimizerType::kSgd) {
+    if (momentum_buffer_.defined()) {
+      at.state0 = momentum_buffer_.data_as<float>() + state_offset;
+    }
+  } else {
+    at.state0 = exp_avg_.data_as<float>() + state_offset;
+    at.state1 = exp_avg_sq_.data_as<float>() + state_offset;
+  }
+  return at;
+}
+
+absl::Status FlatOptimizer::EnterDevice(const Stream& stream) const {
+  if (stream.device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: stream on ", stream.device().ToString(),
+                     ", optimizer on ", device_.ToString()));
+  }
+  return SetCurrentDevice(device_);
+}
+
 absl::Status FlatOptimizer::StepRange(int64_t state_offset,
                                       const Tensor& master_weights,
                                       const Tensor& grads,
@@ -99,11 +131,7 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
         "optimizer step: master_weights is undefined");
   }
   const int64_t count = master_weights.numel();
-  if (state_offset < 0 || state_offset + count > num_elements_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: range [", state_offset, ", ", state_offset + count,
-        ") leaves the optimizer state of ", num_elements_, " elements"));
-  }
+  ZE_RETURN_IF_ERROR(CheckRange(state_offset, count));
   ZE_RETURN_IF_ERROR(
       CheckTensor(master_weights, "master_weights", count, device_, true));
   ZE_RETURN_IF_ERROR(CheckTensor(grads, "grads", count, device_, false));
@@ -115,16 +143,7 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       const offload::StepCoefficients coefficients,
       offload::ComputeStepCoefficients(options_, step_count_, step_args,
                                        momentum_buffer_.defined()));
-  float* state0 = nullptr;
-  float* state1 = nullptr;
-  if (options_.type == OptimizerType::kSgd) {
-    if (momentum_buffer_.defined()) {
-      state0 = momentum_buffer_.data_as<float>() + state_offset;
-    }
-  } else {
-    state0 = exp_avg_.data_as<float>() + state_offset;
-    state1 = exp_avg_sq_.data_as<float>() + state_offset;
-  }
+  const auto [state0, state1] = StateFrom(state_offset);
 
   const int grad_dtype = static_cast<int>(grads.dtype());
   void* out = model_weights.defined() ? model_weights.data() : nullptr;
@@ -147,12 +166,7 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       buffers.count = count;
       offload::RunStepKernel(path, coefficients, buffers);
     } else {
-      if (stream.device() != device_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "optimizer step: stream on ", stream.device().ToString(),
-            ", optimizer on ", device_.ToString()));
-      }
-      ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
+      ZE_RETURN_IF_ERROR(EnterDevice(stream));
       ZE_RETURN_IF_ERROR(CudaStatus(
           cuda::LaunchOptimizerStep(
               coefficients, master_weights.data_as<float>(), state0, state1,
@@ -171,11 +185,7 @@ absl::Status FlatOptimizer::StepSplitRange(
     return absl::InvalidArgumentError("optimizer step: master_hi is undefined");
   }
   const int64_t count = master_hi.numel();
-  if (state_offset < 0 || state_offset + count > num_elements_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: range [", state_offset, ", ", state_offset + count,
-        ") leaves the optimizer state of ", num_elements_, " elements"));
-  }
+  ZE_RETURN_IF_ERROR(CheckRange(state_offset, count));
   ZE_RETURN_IF_ERROR(
       CheckTensor(master_hi, "master_hi", count, device_, false));
   ZE_RETURN_IF_ERROR(
@@ -191,16 +201,7 @@ absl::Status FlatOptimizer::StepSplitRange(
       const offload::StepCoefficients coefficients,
       offload::ComputeStepCoefficients(options_, step_count_, step_args,
                                        momentum_buffer_.defined()));
-  float* state0 = nullptr;
-  float* state1 = nullptr;
-  if (options_.type == OptimizerType::kSgd) {
-    if (momentum_buffer_.defined()) {
-      state0 = momentum_buffer_.data_as<float>() + state_offset;
-    }
-  } else {
-    state0 = exp_avg_.data_as<float>() + state_offset;
-    state1 = exp_avg_sq_.data_as<float>() + state_offset;
-  }
+  const auto [state0, state1] = StateFrom(state_offset);
   if (count == 0) return absl::OkStatus();
   uint16_t* hi = static_cast<uint16_t*>(master_hi.data());
   uint16_t* lo = static_cast<uint16_t*>(master_lo.data());
@@ -218,12 +219,7 @@ absl::Status FlatOptimizer::StepSplitRange(
     offload::RunStepKernel(path, coefficients, buffers);
     return absl::OkStatus();
   }
-  if (stream.device() != device_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer step: stream on ", stream.device().ToString(),
-                     ", optimizer on ", device_.ToString()));
-  }
-  ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
+  ZE_RETURN_IF_ERROR(EnterDevice(stream));
   return CudaStatus(
       cuda::LaunchSplitMasterStep(coefficients, hi, lo, state0, state1,
                                   grads.data(), static_cast<int>(grads.dtype()),

@@ -141,6 +141,20 @@ class FlatOptimizer {
   FlatOptimizer(const OptimizerOptions& options, int64_t num_elements,
                 const Device& device);
 
+  // What StepRange and StepSplitRange share. InvalidArgument unless
+  // [state_offset, state_offset + count) lies inside the state.
+  absl::Status CheckRange(int64_t state_offset, int64_t count) const;
+  // The optimizer state from `state_offset` on: Adam's moments, SGD's
+  // momentum buffer (null without momentum), null where a kind has none.
+  struct StateAt {
+    float* state0 = nullptr;
+    float* state1 = nullptr;
+  };
+  StateAt StateFrom(int64_t state_offset) const;
+  // InvalidArgument unless `stream` is on this optimizer's (CUDA) device,
+  // which it makes current.
+  absl::Status EnterDevice(const Stream& stream) const;
+
   OptimizerOptions options_;
   int64_t num_elements_;
   Device device_;
