@@ -529,23 +529,30 @@ bool Vectorizable(int64_t count, std::initializer_list<const void*> pointers) {
   return true;
 }
 
+// Calls launch(std::integral_constant<int, VEC>()) with VEC = 16 bytes of
+// T when `wide`, else 1, so one launch statement serves both of a kernel's
+// instantiations.
+template <typename T, typename Launch>
+void WithGroupWidth(bool wide, Launch&& launch) {
+  if (wide) {
+    launch(std::integral_constant<int, 16 / sizeof(T)>());
+  } else {
+    launch(std::integral_constant<int, 1>());
+  }
+}
+
 int LaunchSwiGluForward(const void* gate, const void* up, void* y,
                         int64_t count, int dtype, void* stream) {
   if (count == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int kVec = 16 / sizeof(T);
-    auto s = static_cast<cudaStream_t>(stream);
-    if (Vectorizable<T>(count, {gate, up, y})) {
-      SwiGluForwardKernel<T, kVec>
-          <<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
-              static_cast<const T*>(gate), static_cast<const T*>(up),
-              static_cast<T*>(y), count / kVec);
-    } else {
-      SwiGluForwardKernel<T, 1><<<ElementwiseGrid(count), 256, 0, s>>>(
+    WithGroupWidth<T>(Vectorizable<T>(count, {gate, up, y}), [&](auto vec) {
+      constexpr int kVec = decltype(vec)::value;
+      SwiGluForwardKernel<T, kVec><<<ElementwiseGrid(count / kVec), 256, 0,
+                                     static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(gate), static_cast<const T*>(up),
-          static_cast<T*>(y), count);
-    }
+          static_cast<T*>(y), count / kVec);
+    });
     return LastError();
   });
 }
@@ -556,20 +563,15 @@ int LaunchSwiGluBackward(const void* dy, const void* gate, const void* up,
   if (count == 0 || (dgate == nullptr && dup == nullptr)) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int kVec = 16 / sizeof(T);
-    auto s = static_cast<cudaStream_t>(stream);
-    if (Vectorizable<T>(count, {dy, gate, up, dgate, dup})) {
-      SwiGluBackwardKernel<T, kVec>
-          <<<ElementwiseGrid(count / kVec), 256, 0, s>>>(
+    WithGroupWidth<T>(
+        Vectorizable<T>(count, {dy, gate, up, dgate, dup}), [&](auto vec) {
+          constexpr int kVec = decltype(vec)::value;
+          SwiGluBackwardKernel<T, kVec><<<ElementwiseGrid(count / kVec), 256, 0,
+                                          static_cast<cudaStream_t>(stream)>>>(
               static_cast<const T*>(dy), static_cast<const T*>(gate),
               static_cast<const T*>(up), static_cast<T*>(dgate),
               static_cast<T*>(dup), count / kVec);
-    } else {
-      SwiGluBackwardKernel<T, 1><<<ElementwiseGrid(count), 256, 0, s>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(gate),
-          static_cast<const T*>(up), static_cast<T*>(dgate),
-          static_cast<T*>(dup), count);
-    }
+        });
     return LastError();
   });
 }
@@ -584,19 +586,14 @@ int LaunchPackGroupedQkv(const void* q, const void* k, const void* v, void* qkv,
   }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int kVec = 16 / sizeof(T);
-    auto s = static_cast<cudaStream_t>(stream);
-    if (Vectorizable<T>(head_dim, {q, k, v, qkv})) {
-      PackGroupedQkvKernel<T, kVec><<<GridFor(count / kVec, 256), 256, 0, s>>>(
+    WithGroupWidth<T>(Vectorizable<T>(head_dim, {q, k, v, qkv}), [&](auto vec) {
+      constexpr int kVec = decltype(vec)::value;
+      PackGroupedQkvKernel<T, kVec><<<GridFor(count / kVec, 256), 256, 0,
+                                      static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(q), static_cast<const T*>(k),
           static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
           kv_heads, head_dim);
-    } else {
-      PackGroupedQkvKernel<T, 1><<<GridFor(count, 256), 256, 0, s>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k),
-          static_cast<const T*>(v), static_cast<T*>(qkv), tokens, q_heads,
-          kv_heads, head_dim);
-    }
+    });
     return LastError();
   });
 }
@@ -612,19 +609,16 @@ int LaunchUnpackGroupedQkvGrad(const void* dqkv, void* dq, void* dk, void* dv,
   }
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int kVec = 16 / sizeof(T);
-    auto s = static_cast<cudaStream_t>(stream);
-    if (Vectorizable<T>(head_dim, {dqkv, dq, dk, dv})) {
-      UnpackGroupedQkvGradKernel<T, kVec>
-          <<<GridFor(count / kVec, 256), 256, 0, s>>>(
-              static_cast<const T*>(dqkv), static_cast<T*>(dq),
-              static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads,
-              kv_heads, head_dim);
-    } else {
-      UnpackGroupedQkvGradKernel<T, 1><<<GridFor(count, 256), 256, 0, s>>>(
-          static_cast<const T*>(dqkv), static_cast<T*>(dq), static_cast<T*>(dk),
-          static_cast<T*>(dv), tokens, q_heads, kv_heads, head_dim);
-    }
+    WithGroupWidth<T>(
+        Vectorizable<T>(head_dim, {dqkv, dq, dk, dv}), [&](auto vec) {
+          constexpr int kVec = decltype(vec)::value;
+          UnpackGroupedQkvGradKernel<T, kVec>
+              <<<GridFor(count / kVec, 256), 256, 0,
+                 static_cast<cudaStream_t>(stream)>>>(
+                  static_cast<const T*>(dqkv), static_cast<T*>(dq),
+                  static_cast<T*>(dk), static_cast<T*>(dv), tokens, q_heads,
+                  kv_heads, head_dim);
+        });
     return LastError();
   });
 }
