@@ -935,7 +935,7 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
 
 namespace {
 
-// The checks both LinearCrossEntropy ops share; the per-chunk ops check
+// LinearCrossEntropyForward's shape checks; the per-chunk ops check
 // dtypes, devices and targets themselves. Returns (M, K, V, R).
 struct ChunkedHeadSizes {
   int64_t rows = 0, in = 0, vocab = 0, chunk = 0;
