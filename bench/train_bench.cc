@@ -453,6 +453,11 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     worker["engine_wait_ms"] =
         (times.engine_wait_seconds - times_before.engine_wait_seconds) * 1e3 /
         updates;
+    worker["device_ms"] =
+        (times.device_seconds - times_before.device_seconds) * 1e3 / updates;
+    // Issue 27's CPU/GPU split: the host elements each side updates.
+    worker["cpu_elements"] = times.cpu_elements;
+    worker["device_elements"] = times.device_elements;
     line["offload_worker"] = worker;
     // Issue 27: the timed steps whose CPU update ran during backward and
     // was kept, was undone and redone (or restored), or waited for the norm.

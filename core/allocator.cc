@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -141,6 +142,36 @@ absl::StatusOr<void*> PinnedHostAllocator::RawAllocate(size_t bytes) {
 void PinnedHostAllocator::RawDeallocate(void* ptr, size_t bytes) {
   cudaFreeHost(ptr);
   AddReserved(-static_cast<int64_t>(bytes));
+}
+
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* data,
+                                                          size_t bytes) {
+  HostRegistration registration;
+  if (CudaDeviceCount() == 0 || bytes == 0) return registration;
+  ZE_RETURN_IF_ERROR(
+      CudaStatus(cudaHostRegister(data, bytes, cudaHostRegisterDefault),
+                 absl::StrCat("cudaHostRegister(", bytes, " bytes)")));
+  registration.data_ = data;
+  return registration;
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)) {}
+
+HostRegistration& HostRegistration::operator=(
+    HostRegistration&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() { Release(); }
+
+void HostRegistration::Release() {
+  if (data_ != nullptr) cudaHostUnregister(data_);
+  data_ = nullptr;
 }
 
 namespace {

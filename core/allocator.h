@@ -123,6 +123,34 @@ class PinnedHostAllocator : public Allocator {
   void RawDeallocate(void* ptr, size_t bytes) override;
 };
 
+// Page-locks host memory allocated elsewhere (cudaHostRegister) for as long
+// as the object lives, so that device copies to and from it run
+// asynchronously at the link's full speed, as from PinnedHostMemory: for
+// large host arrays whose owner allocates them (the CPU optimizer's state)
+// and of which only a part travels. Move-only; the destructor unregisters.
+// A span must not share a page with another registration (the runtime
+// locks whole pages): register one span per allocation. On a machine with no
+// CUDA device nothing is registered and Create succeeds (host copies need no
+// locking).
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  // Errors: the runtime's (the host cannot lock that much, or the span
+  // overlaps a registration), naming the span's size.
+  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes);
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+
+  bool registered() const { return data_ != nullptr; }
+
+ private:
+  void Release();
+  void* data_ = nullptr;
+};
+
 // Device memory with a cache of freed blocks, stream-ordered the way
 // PyTorch's c10 CUDACachingAllocator is. Requests are rounded to 512 bytes
 // (small) or 2 MiB (over 1 MiB); only a block of the same rounded size is

@@ -513,6 +513,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
+    const zero::UpdateSplit& split = engine->strategy_->update_split();
+    if (split.device_elements > 0 || split.link_bytes_per_second > 0) {
+      ZE_LOG_RANK0(INFO) << "offload_optimizer: the update split between "
+                            "CPU and GPU by a model: "
+                         << split.ToString();
+    }
     // A DeepSpeed user must not believe a setting took effect when it did
     // not (ZeRO++ quantization, activation_checkpointing, ignored keys, ...),
     // nor miss that a spelling is deprecated.

@@ -297,6 +297,15 @@ class CpuOptimizer {
 
   void AdvanceStep() { ++step_count_; }
 
+  // Seconds this optimizer takes per element of an update on its own
+  // threads (Adam/AdamW/SGD as configured, bf16 gradients and weights): the
+  // fastest of a few StepExternal calls over `elements` of scratch memory
+  // (allocated and first-touched here, freed on return; its state is not
+  // touched, nor step_count()). For the CPU/GPU split's model
+  // (zero::ChooseUpdateSplit). ResourceExhausted when the scratch cannot
+  // be allocated; InvalidArgument for elements < 1.
+  absl::StatusOr<double> MeasureSecondsPerElement(int64_t elements);
+
   // Zeroes `count` elements of `element_bytes` each at `data` from the pool's
   // threads in the static split StepRange(0, count, ...) uses, so that with
   // first-touch NUMA placement each thread's piece lands on its node. For

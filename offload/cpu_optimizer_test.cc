@@ -864,6 +864,28 @@ TEST(CpuOptimizerTest, StepRangesStopsAtTheFirstError) {
   EXPECT_EQ(asked, 0);
 }
 
+// The CPU/GPU split's measure: a positive, finite time per element from
+// scratch memory; the optimizer's own state and step count untouched.
+TEST(CpuOptimizerTest, MeasureSecondsPerElementLeavesTheStateAlone) {
+  CpuExecutionOptions execution;
+  execution.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
+      CpuOptimizer::Create(OptimizerOptions(), 1000, execution);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  absl::StatusOr<double> seconds =
+      (*optimizer)->MeasureSecondsPerElement(1 << 16);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  EXPECT_GT(*seconds, 0.0);
+  EXPECT_LT(*seconds, 1e-3);  // a millisecond an element: surely wrong
+  EXPECT_EQ((*optimizer)->step_count(), 0);
+  for (int64_t i = 0; i < 1000; ++i) {
+    ASSERT_EQ((*optimizer)->exp_avg()[i], 0.0f) << i;
+    ASSERT_EQ((*optimizer)->exp_avg_sq()[i], 0.0f) << i;
+  }
+  EXPECT_EQ((*optimizer)->MeasureSecondsPerElement(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace offload
 }  // namespace ze

@@ -72,6 +72,40 @@ double GradientSumOfSquares(const void* data, DType dtype, int64_t count) {
 
 }  // namespace
 
+absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
+                                                 int64_t bytes) {
+  if (!device.is_cuda()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MeasureLinkBytesPerSecond: ", device.ToString(), " is not CUDA"));
+  }
+  ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+  ZE_ASSIGN_OR_RETURN(Stream up, Stream::Create(device));
+  ZE_ASSIGN_OR_RETURN(Stream down, Stream::Create(device));
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  ZE_ASSIGN_OR_RETURN(Tensor host_up,
+                      Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
+                                    PinnedHostMemory()));
+  ZE_ASSIGN_OR_RETURN(Tensor host_down,
+                      Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
+                                    PinnedHostMemory()));
+  ZE_ASSIGN_OR_RETURN(Tensor device_up,
+                      Tensor::Zeros({elements}, DType::kF32, device, up));
+  ZE_ASSIGN_OR_RETURN(Tensor device_down,
+                      Tensor::Zeros({elements}, DType::kF32, device, down));
+  ZE_RETURN_IF_ERROR(up.Synchronize());
+  double best = std::numeric_limits<double>::infinity();
+  for (int round = 0; round < 4; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    ZE_RETURN_IF_ERROR(Copy(host_up, device_up, up));
+    ZE_RETURN_IF_ERROR(Copy(device_down, host_down, down));
+    ZE_RETURN_IF_ERROR(up.Synchronize());
+    ZE_RETURN_IF_ERROR(down.Synchronize());
+    // The first round pays the copies' setup.
+    if (round > 0) best = std::min(best, SecondsSince(start));
+  }
+  return static_cast<double>(elements * 4) / best;
+}
+
 size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
                             bool begun_early,
                             const std::function<bool(int)>& landed,
@@ -161,6 +195,14 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
         (slot.delayed.defined() && slot.delayed.numel() != n)) {
       return bad("delayed is required with delayed_update, and only then");
     }
+    if (slot.update_on_device &&
+        (slot.first_swapped_chunk >= 0 || options.weights_on_host ||
+         options.delayed_update || options.bf16_ties_away ||
+         !options.device_step || slot.weights.device() != options.device)) {
+      return bad(
+          "update_on_device needs a host master, the weights on the device, "
+          "no delayed update, no ties-away rounding and a device_step");
+    }
   }
   if (options.speculation_elements < 0) {
     return absl::InvalidArgumentError(
@@ -184,6 +226,7 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
                           Stream::Create(options.device));
     }
   }
+  ZE_RETURN_IF_ERROR(update->PrepareDeviceSlots());
   update->gradients_on_host_.resize(update->slots_.size());
   update->weights_uploaded_.resize(update->slots_.size());
   for (int s = 0; s < update->num_slots(); ++s) {
@@ -195,6 +238,56 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
     }
   }
   return update;
+}
+
+absl::Status HostUpdate::PrepareDeviceSlots() {
+  gradients_final_.resize(slots_.size());
+  for (const HostUpdateSlot& slot : slots_) {
+    num_device_slots_ += slot.update_on_device ? 1 : 0;
+    (slot.update_on_device ? times_.device_elements : times_.cpu_elements) +=
+        slot.gradients.numel();
+  }
+  if (num_device_slots_ == 0) return absl::OkStatus();
+  if (options_.device.is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(state_up_stream_, Stream::Create(options_.device));
+    ZE_ASSIGN_OR_RETURN(state_down_stream_, Stream::Create(options_.device));
+  }
+  const Stream up = state_up_stream_ ? *state_up_stream_ : Stream();
+  const int64_t arrays = BackupBytesPerElement(optimizer_->options()) / 4;
+  for (int buffer = 0; buffer < 2; ++buffer) {
+    ZE_ASSIGN_OR_RETURN(Tensor device_buffer,
+                        Tensor::Zeros({arrays * options_.chunk_elements},
+                                      DType::kF32, options_.device, up));
+    device_buffers_.push_back(std::move(device_buffer));
+    ZE_ASSIGN_OR_RETURN(Event updated, Event::Create(options_.device));
+    ZE_ASSIGN_OR_RETURN(Event down, Event::Create(options_.device));
+    buffer_updated_.push_back(std::move(updated));
+    buffer_down_.push_back(std::move(down));
+  }
+  for (int s = 0; s < num_slots(); ++s) {
+    if (!slots_[s].update_on_device) continue;
+    ZE_ASSIGN_OR_RETURN(gradients_final_[s], Event::Create(options_.device));
+  }
+  if (!options_.device.is_cuda()) return absl::OkStatus();
+  // Page-lock what travels: per host array, one span from the first
+  // device-updated element to the last (each array is one allocation, so
+  // the spans overlap no other registration; the CPU-updated slots between
+  // them are locked too, which costs them nothing).
+  for (size_t a = 0; a < static_cast<size_t>(arrays); ++a) {
+    char* first = nullptr;
+    char* end = nullptr;
+    for (int s = 0; s < num_slots(); ++s) {
+      if (!slots_[s].update_on_device) continue;
+      char* begin = reinterpret_cast<char*>(StateArrays(s, 0)[a]);
+      char* stop = begin + elements(s) * sizeof(float);
+      first = first == nullptr ? begin : std::min(first, begin);
+      end = std::max(end, stop);
+    }
+    ZE_ASSIGN_OR_RETURN(HostRegistration registration,
+                        HostRegistration::Create(first, end - first));
+    registrations_.push_back(std::move(registration));
+  }
+  return absl::OkStatus();
 }
 
 bool HostUpdate::CanBeginEarly() const {
@@ -283,22 +376,46 @@ absl::StatusOr<InFlightUpdate> HostUpdate::Start(
     backup_used_ = 0;
     speculation_report_ = SpeculationReport();
   }
+  // Before the CPU worker can advance the step count.
+  StepCoefficients coefficients;
+  if (num_device_slots_ > 0) {
+    ZE_ASSIGN_OR_RETURN(coefficients, optimizer_->Coefficients(step_args));
+  }
   InFlightUpdate in_flight;
   in_flight.owner_ = this;
   in_flight.open_ = begun_early;
   in_flight.handed_over_.assign(slots_.size(), false);
   active_ = true;
   in_flight.worker_ = std::thread([this, step_args] {
-    absl::Status status = Run(step_args);
-    std::lock_guard<std::mutex> lock(mutex_);
-    status_ = status;
-    failed_ = !status.ok();
-    progress_.notify_all();
+    const absl::Status status = Run(step_args);
+    if (!status.ok()) Fail(status);
   });
+  if (num_device_slots_ > 0) {
+    in_flight.device_worker_ = std::thread([this, coefficients] {
+      const absl::Status status = RunOnDevice(coefficients);
+      if (!status.ok()) Fail(status);
+    });
+  }
   return in_flight;
 }
 
+void HostUpdate::Fail(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failed_) status_ = status;
+  failed_ = true;
+  progress_.notify_all();
+}
+
 absl::Status HostUpdate::SendGradientsDown(int slot, const Stream& stream) {
+  if (slots_[slot].update_on_device) {
+    // Nothing goes down: the kernel reads the gradients where they are,
+    // after this event.
+    ZE_RETURN_IF_ERROR(gradients_final_[slot].Record(stream));
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_ready_.push_back(slot);
+    progress_.notify_all();
+    return absl::OkStatus();
+  }
   const Stream& down = to_host_stream_ ? *to_host_stream_ : stream;
   ZE_ASSIGN_OR_RETURN(Event gradients_final, Event::Create(options_.device));
   ZE_RETURN_IF_ERROR(gradients_final.Record(stream));
@@ -442,6 +559,114 @@ absl::Status HostUpdate::Run(const StepArgs& step_args) {
   }
   optimizer_->AdvanceStep();
   return absl::OkStatus();
+}
+
+int HostUpdate::NextDeviceSlot() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  progress_.wait(lock, [&] {
+    return !device_ready_.empty() || closed_ || failed_ ||
+           decision_ == Decision::kRolledBack;
+  });
+  if (device_ready_.empty() || failed_ || decision_ == Decision::kRolledBack) {
+    return -1;
+  }
+  // As the CPU worker chooses (ChooseBucketToUpdate); nothing travels down,
+  // so every slot handed over has "landed".
+  const size_t chosen = ChooseBucketToUpdate(
+      device_ready_, closed_, begun_early_, [](int) { return true; },
+      [this](int s) { return slots_[s].forward_position; });
+  const int slot = device_ready_[chosen];
+  device_ready_.erase(device_ready_.begin() + chosen);
+  taken_.push_back(slot);
+  return slot;
+}
+
+absl::Status HostUpdate::RunOnDevice(const StepCoefficients& coefficients) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options_.device.is_cuda()) {
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(options_.device));
+  }
+  absl::Status status;
+  int buffer = 0;
+  for (int slot = NextDeviceSlot(); slot >= 0 && status.ok();
+       slot = NextDeviceSlot()) {
+    for (int64_t chunk = num_chunks(slot) - 1; chunk >= 0; --chunk) {
+      absl::StatusOr<bool> queued =
+          UpdateChunkOnDevice(slot, chunk, buffer, coefficients);
+      if (!queued.ok()) status = queued.status();
+      if (!queued.ok() || !*queued) break;
+      buffer = 1 - buffer;
+    }
+  }
+  // Every chunk's state back in host memory (and nothing left reading the
+  // device buffers) before the update can be joined.
+  for (const Event& down : buffer_down_) {
+    const absl::Status synced = down.Synchronize();
+    if (status.ok()) status = synced;
+  }
+  if (state_up_stream_) {
+    const absl::Status synced = state_up_stream_->Synchronize();
+    if (status.ok()) status = synced;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  times_.device_seconds += SecondsSince(start);
+  return status;
+}
+
+absl::StatusOr<bool> HostUpdate::UpdateChunkOnDevice(
+    int slot, int64_t chunk, int buffer, const StepCoefficients& coefficients) {
+  const HostUpdateSlot& spec = slots_[slot];
+  const auto [begin, count] = chunk_span(slot, chunk);
+  const Stream up = state_up_stream_ ? *state_up_stream_ : Stream();
+  const Stream down = state_down_stream_ ? *state_down_stream_ : Stream();
+  // The buffer's previous chunk must be down before this one goes up.
+  ZE_RETURN_IF_ERROR(buffer_down_[buffer].Synchronize());
+  const std::vector<float*> host = StateArrays(slot, begin);
+  std::vector<Tensor> host_arrays;
+  std::vector<Tensor> device_arrays;
+  for (size_t a = 0; a < host.size(); ++a) {
+    host_arrays.push_back(
+        Tensor::Wrap(host[a], {count}, DType::kF32, Device::Cpu()));
+    device_arrays.push_back(device_buffers_[buffer].Slice(
+        static_cast<int64_t>(a) * options_.chunk_elements, count));
+    ZE_RETURN_IF_ERROR(Copy(host_arrays[a], device_arrays[a], up));
+  }
+  {
+    // The kernel's arguments are the step's only once the speculation is
+    // decided (the copies up go on meanwhile).
+    const auto wait_start = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mutex_);
+    progress_.wait(lock,
+                   [&] { return decision_ != Decision::kPending || failed_; });
+    times_.device_decision_wait_seconds += SecondsSince(wait_start);
+    if (decision_ == Decision::kRolledBack || failed_) return false;
+  }
+  ZE_RETURN_IF_ERROR(gradients_final_[slot].StreamWait(up));
+  StepBuffers buffers;
+  buffers.master = device_arrays[0].data_as<float>();
+  buffers.state0 =
+      device_arrays.size() > 1 ? device_arrays[1].data_as<float>() : nullptr;
+  buffers.state1 =
+      device_arrays.size() > 2 ? device_arrays[2].data_as<float>() : nullptr;
+  const Tensor gradients = spec.gradients.Slice(begin, count);
+  const Tensor weights = spec.weights.Slice(begin, count);
+  buffers.grads = gradients.data();
+  buffers.grad_dtype = gradients.dtype();
+  buffers.out = weights.data();
+  buffers.out_dtype = weights.dtype();
+  buffers.count = count;
+  ZE_RETURN_IF_ERROR(options_.device_step(coefficients, buffers, up));
+  ZE_RETURN_IF_ERROR(weights_uploaded_[slot][chunk].Record(up));
+  ZE_RETURN_IF_ERROR(buffer_updated_[buffer].Record(up));
+  ZE_RETURN_IF_ERROR(buffer_updated_[buffer].StreamWait(down));
+  for (size_t a = 0; a < host.size(); ++a) {
+    ZE_RETURN_IF_ERROR(Copy(device_arrays[a], host_arrays[a], down));
+  }
+  ZE_RETURN_IF_ERROR(buffer_down_[buffer].Record(down));
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_from_[slot] = begin;
+  progress_.notify_all();
+  return true;
 }
 
 absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
@@ -601,6 +826,7 @@ absl::Status HostUpdate::UpdateSwappedChunk(int slot, int64_t chunk,
 InFlightUpdate::InFlightUpdate(InFlightUpdate&& other) noexcept
     : owner_(std::exchange(other.owner_, nullptr)),
       worker_(std::move(other.worker_)),
+      device_worker_(std::move(other.device_worker_)),
       open_(std::exchange(other.open_, false)),
       handed_over_(std::move(other.handed_over_)) {}
 
@@ -609,6 +835,7 @@ InFlightUpdate& InFlightUpdate::operator=(InFlightUpdate&& other) noexcept {
     Abandon();
     owner_ = std::exchange(other.owner_, nullptr);
     worker_ = std::move(other.worker_);
+    device_worker_ = std::move(other.device_worker_);
     open_ = std::exchange(other.open_, false);
     handed_over_ = std::move(other.handed_over_);
   }
@@ -630,6 +857,7 @@ void InFlightUpdate::Abandon() {
     owner_->progress_.notify_all();
   }
   if (worker_.joinable()) worker_.join();
+  if (device_worker_.joinable()) device_worker_.join();
   if (owner_->decision_ == HostUpdate::Decision::kRolledBack) {
     owner_->RestoreBackups();
   }
@@ -722,6 +950,7 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
     update.progress_.notify_all();
   }
   worker_.join();
+  if (device_worker_.joinable()) device_worker_.join();
   update.active_ = false;
   owner_ = nullptr;
   absl::Status status;
@@ -743,6 +972,27 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
     }
   }
   return UpdateJoined();
+}
+
+absl::Status InFlightUpdate::WaitForGradientsRead(const Stream& stream) {
+  if (owner_ == nullptr || owner_->num_device_slots_ == 0) {
+    return absl::OkStatus();
+  }
+  HostUpdate& update = *owner_;
+  for (int s = 0; s < update.num_slots(); ++s) {
+    if (!update.slots_[s].update_on_device || !handed_over_[s]) continue;
+    {
+      const auto wait_start = std::chrono::steady_clock::now();
+      std::unique_lock<std::mutex> lock(update.mutex_);
+      update.progress_.wait(
+          lock, [&] { return update.written_from_[s] == 0 || update.failed_; });
+      update.times_.engine_wait_seconds += SecondsSince(wait_start);
+      if (update.written_from_[s] != 0) return absl::OkStatus();
+    }
+    // Chunk 0 is the slot's last kernel (the state-up stream runs in order).
+    ZE_RETURN_IF_ERROR(update.weights_uploaded_[s][0].StreamWait(stream));
+  }
+  return absl::OkStatus();
 }
 
 bool InFlightUpdate::speculating() const {
@@ -779,6 +1029,7 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
     update.progress_.notify_all();
   }
   worker_.join();
+  if (device_worker_.joinable()) device_worker_.join();
   update.active_ = false;
   owner_ = nullptr;
   open_ = false;

@@ -46,6 +46,19 @@
 // arguments. The running sum only decides when to stop: the step's norm is
 // the caller's, so no summation order changes a result.
 //
+// The CPU/GPU split (issue 27): a slot may be updated on the device instead
+// (HostUpdateSlot::update_on_device; zero/plan.h chooses which by a model
+// of the two costs). Its master weights and optimizer state stay in host
+// memory (page-locked for the update's life) and travel up a chunk at a
+// time into one of two device buffers, HostUpdateOptions::device_step
+// updates them with the gradients where they lie on the device and writes
+// the weights in place, and the state goes back down while the next chunk
+// goes up: the link's traffic instead of the CPU's, with the same
+// arithmetic bit for bit (zero::RunStepKernelOn). A device-updated slot is
+// never speculated: its chunks go up as soon as it is handed over, and
+// their kernels wait for the decision (so a rollback has nothing of it to
+// restore) or, not speculating, run at once.
+//
 // Threading:
 //   - The caller's thread (the engine's; "engine thread" below) calls
 //     everything public: Create, Start, and every InFlightUpdate method,
@@ -63,6 +76,13 @@
 //     variable until a chunk is written; Join blocks it until the worker
 //     ends. times() and last_order() may be read from the engine thread at
 //     any time (under the mutex).
+//   - Device-updated slots: Start launches a second thread, the device
+//     worker, when there are any. It takes them as they are handed over,
+//     queues each chunk's copies and kernel on the update's own "state up"
+//     stream (copies up, then the kernel after the gradients' event) and the
+//     copies down on a "state down" stream, and waits on the host only for
+//     a buffer's previous chunk to be down. It ends after every chunk's
+//     state is back in host memory.
 //   - Speculation: the optimizer's threads back up and sum tiles
 //     (BackUp, the running sum under the mutex); the worker's chunk source
 //     waits on the condition variable for Commit or Rollback once stopped;
@@ -89,6 +109,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/allocator.h"
 #include "core/device.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -125,6 +146,10 @@ struct HostUpdateSlot {
   int first_swapped_chunk = -1;
   // Where the next forward reads this slot: 0 for the first read.
   int forward_position = 0;
+  // Updated on the device (the header's CPU/GPU split): `staging` is then
+  // unused. Needs a host master, the weights on the device, no delayed
+  // update and no ties-away rounding (the CUDA kernel rounds to even).
+  bool update_on_device = false;
 };
 
 struct HostUpdateOptions {
@@ -148,6 +173,13 @@ struct HostUpdateOptions {
   // bf16.master_weights_16_plus_16), in the update and in a rollback's
   // re-sent weights alike.
   bool bf16_ties_away = false;
+  // Device-updated slots' element update: `buffers` (master and state in a
+  // device buffer, gradients and weights on the device) queued on `stream`,
+  // the device current. zero::RunStepKernelOn bound to the device; required
+  // iff a slot is update_on_device. Called on the device worker.
+  std::function<absl::Status(const StepCoefficients& coefficients,
+                             const StepBuffers& buffers, const Stream& stream)>
+      device_step;
 };
 
 // A speculative start's limit (Start's `speculation`).
@@ -183,6 +215,13 @@ struct HostUpdateTimes {
   // The engine thread blocked on the worker (Join's join and
   // WaitForWeights): the part of the update the GPU work did not hide.
   double engine_wait_seconds = 0;
+  // The device worker (device-updated slots): from its start to its end,
+  // and the part spent waiting for the speculation's decision.
+  double device_seconds = 0;
+  double device_decision_wait_seconds = 0;
+  // Elements of every slot, by where they are updated (fixed at Create).
+  int64_t cpu_elements = 0;
+  int64_t device_elements = 0;
 };
 
 // The worker's choice of the next slot to update, from `ready` (slots handed
@@ -199,6 +238,15 @@ size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
                             bool begun_early,
                             const std::function<bool(int)>& landed,
                             const std::function<int(int)>& forward_position);
+
+// Bytes per second the link between the host and `device` moves in each
+// direction while both directions run at once (page-locked host memory,
+// `bytes` each way on two streams, the fastest of a few rounds): what a
+// device-updated slot's state going up and coming down shares, for the
+// CPU/GPU split's model (zero::ChooseUpdateSplit). FailedPrecondition for a
+// device that is not CUDA; errors from allocating and copying.
+absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
+                                                 int64_t bytes);
 
 class InFlightUpdate;
 
@@ -315,6 +363,18 @@ class HostUpdate {
   // reserves its backup and sets range->before_update to fill it (BackUp),
   // or (stopped) waits for the decision, and returns false once rolled back.
   absl::StatusOr<bool> Speculate(int slot, int64_t chunk, RangeToUpdate* range);
+  // The device worker's whole update (device-updated slots), and its next
+  // slot (-1: none left, or rolled back).
+  absl::Status RunOnDevice(const StepCoefficients& coefficients);
+  int NextDeviceSlot();
+  // Queues one chunk through device buffer `buffer`: state up, (the
+  // decision,) the kernel, state down. false: rolled back, nothing queued
+  // after the copies up.
+  absl::StatusOr<bool> UpdateChunkOnDevice(
+      int slot, int64_t chunk, int buffer,
+      const StepCoefficients& coefficients);
+  // Records the worker's first error and wakes the waiters.
+  void Fail(const absl::Status& status);
   // Any optimizer thread, before a tile of a speculated chunk is updated:
   // copies `slot`'s elements [begin, begin + count) of every state array to
   // the backup at `at`, and adds their gradients' squares to the running
@@ -323,6 +383,9 @@ class HostUpdate {
   // The optimizer's state arrays (master first) of `slot`'s elements from
   // `begin` on: where a backup's arrays go back to.
   std::vector<float*> StateArrays(int slot, int64_t begin) const;
+  // Create: the device-updated slots' streams, buffers, events and
+  // page-locks (nothing without such slots).
+  absl::Status PrepareDeviceSlots();
   // Engine thread, the worker joined: puts every backed-up chunk's arrays
   // back, on the optimizer's thread count. The weights are the caller's
   // (Rollback re-sends them).
@@ -338,6 +401,19 @@ class HostUpdate {
   // its own stream so both directions overlap.
   std::optional<Stream> to_host_stream_;
   std::optional<Stream> to_device_stream_;
+  // Device-updated slots: the state's streams, the two device buffers
+  // (f32, (arrays x chunk_elements) each), per buffer "updated" (on state
+  // up) and "back down" (on state down) events, per slot the event after
+  // its gradients were final (HandOver's stream), and the page-locks of
+  // their host state.
+  std::optional<Stream> state_up_stream_;
+  std::optional<Stream> state_down_stream_;
+  std::vector<Tensor> device_buffers_;
+  std::vector<Event> buffer_updated_;
+  std::vector<Event> buffer_down_;
+  std::vector<Event> gradients_final_;
+  std::vector<HostRegistration> registrations_;
+  int num_device_slots_ = 0;
   // Per slot, per chunk: its gradients copied down and its weights up.
   std::vector<std::vector<Event>> gradients_on_host_;
   std::vector<std::vector<Event>> weights_uploaded_;
@@ -349,10 +425,11 @@ class HostUpdate {
   // `written_from[s]`: slot s's elements from there to its end are written
   // (uploads queued).
   std::vector<int64_t> written_from_;
-  std::deque<int> ready_;     // slots handed over, not yet taken
-  std::vector<int> taken_;    // slots taken, in order, this update
-  bool begun_early_ = false;  // handed over during backward
-  bool closed_ = false;       // every slot of the step is handed over
+  std::deque<int> ready_;         // slots handed over, not yet taken
+  std::deque<int> device_ready_;  // the same, device-updated slots
+  std::vector<int> taken_;        // slots taken, in order, this update
+  bool begun_early_ = false;      // handed over during backward
+  bool closed_ = false;           // every slot of the step is handed over
   bool failed_ = false;
   absl::Status status_;
   HostUpdateTimes times_;  // totals over finished updates
@@ -381,6 +458,15 @@ class InFlightUpdate {
   InFlightUpdate& operator=(InFlightUpdate&& other) noexcept;
   InFlightUpdate(const InFlightUpdate&) = delete;
   InFlightUpdate& operator=(const InFlightUpdate&) = delete;
+  // (Device-updated slots only.) Makes `stream`'s later work wait until the
+  // device kernels of every slot handed over so far have read their
+  // gradients: before the gradients are zeroed or overwritten outside a
+  // forward (a forward waits for the weights, hence the kernels, anyway).
+  // Blocks the engine thread until the device worker has queued them.
+  // Immediate when nothing is active or no device slot was handed over; OK
+  // at once when the worker failed (Join reports it).
+  absl::Status WaitForGradientsRead(const Stream& stream);
+
   // An update never joined (a failed backward, an error before Join) is
   // closed and waited for here; its status is dropped. A speculative one
   // not committed is rolled back (master and state; the weights on the
@@ -449,6 +535,7 @@ class InFlightUpdate {
 
   HostUpdate* owner_ = nullptr;
   std::thread worker_;
+  std::thread device_worker_;  // only with device-updated slots
   bool open_ = false;
   std::vector<bool> handed_over_;  // per slot, this update
 };

@@ -6,6 +6,7 @@
 // and weights on CUDA device 0, pinned staging and the transfer streams.
 #include "offload/host_update.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -146,13 +147,23 @@ struct Rig {
 std::unique_ptr<Rig> MakeRig(bool delayed, bool nvme,
                              int64_t fail_write_request = -1,
                              int64_t speculation_elements = 0, int threads = 2,
-                             bool bf16_ties_away = false) {
+                             bool bf16_ties_away = false,
+                             std::vector<int> device_slots = {}) {
   auto rig = std::make_unique<Rig>();
   rig->options.device = ModelDevice();
   rig->options.bf16_ties_away = bf16_ties_away;
   rig->options.chunk_elements = kChunk;
   rig->options.speculation_elements = speculation_elements;
   rig->options.delayed_update = delayed;
+  if (!device_slots.empty()) {
+    // The CPU's kernel stands in for the device's here (the same
+    // arithmetic: zero::RunStepKernelOn); the CUDA pair is zero/'s to test.
+    rig->options.device_step = [](const StepCoefficients& coefficients,
+                                  const StepBuffers& buffers, const Stream&) {
+      RunStepKernel(BestSimdPath(), coefficients, buffers);
+      return absl::OkStatus();
+    };
+  }
   const std::vector<float> initial = Ramp(kTotal, 0.25f, 0.01f);
   absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
       CpuOptimizer::Create(Adam(), nvme ? 0 : kTotal, [threads] {
@@ -207,6 +218,8 @@ std::unique_ptr<Rig> MakeRig(bool delayed, bool nvme,
     if (delayed) slot.delayed = rig->delayed.Slice(offset, kSizes[s]);
     slot.first_swapped_chunk = first_chunk[s];
     slot.forward_position = 1 - static_cast<int>(s);
+    slot.update_on_device = std::find(device_slots.begin(), device_slots.end(),
+                                      s) != device_slots.end();
     slots.push_back(slot);
     offset += kSizes[s];
   }
@@ -611,6 +624,75 @@ TEST(HostUpdateTest, SpeculationNeedsAnEarlyStartAndABackup) {
   EXPECT_EQ(HostUpdate::BackupBytesPerElement(Adam()), 12);
 }
 
+#ifndef ZE_HOST_UPDATE_TEST_CUDA
+// The CPU/GPU split: slots updated through the device buffers (here with
+// the CPU's kernel as the device's) give the CPU update's master, state and
+// weights bit for bit, alone or beside CPU-updated slots, over two steps
+// (the second reads the state the first sent back down).
+TEST(HostUpdateTest, DeviceUpdatedSlotsEqualTheCpuUpdate) {
+  for (const std::vector<int>& device_slots :
+       {std::vector<int>{1}, std::vector<int>{0, 1}}) {
+    SCOPED_TRACE(device_slots.size() == 1 ? "slot 1" : "both slots");
+    std::unique_ptr<Rig> rig =
+        MakeRig(false, false, -1, 0, 2, false, device_slots);
+    for (int step = 1; step <= 2; ++step) {
+      Step(*rig);
+      const Expected expected = Reference(step);
+      ExpectSameBits(Master(*rig), expected.master, "master");
+      ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+    }
+    EXPECT_EQ(rig->optimizer->step_count(), 2);
+    EXPECT_GT(rig->update->times().device_seconds, 0.0);
+  }
+}
+
+// Speculating, a device-updated slot waits for the decision: nothing of it
+// changes before, so a rollback restores only the CPU's chunks, and the
+// redo (clipped) and a commit both equal the synchronous update.
+TEST(HostUpdateTest, DeviceUpdatedSlotsWaitForTheDecision) {
+  for (bool commit : {true, false}) {
+    SCOPED_TRACE(commit ? "committed" : "rolled back");
+    std::unique_ptr<Rig> rig =
+        MakeRig(false, false, -1, kTotal, 2, false, /*device_slots=*/{1});
+    const Stream stream = TestStream();
+    const std::vector<float> initial = Master(*rig);
+    absl::StatusOr<InFlightUpdate> in_flight =
+        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+    AwaitSpeculation(*rig->update,
+                     [](const SpeculationReport& r) { return r.chunks == 4; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::vector<float> before_decision = Master(*rig);
+    for (int64_t i = kSizes[0]; i < kTotal; ++i) {
+      ASSERT_EQ(before_decision[i], initial[i]) << "device slot, element " << i;
+    }
+    float grad_scale = 0.5f;
+    if (commit) {
+      ASSERT_TRUE(in_flight->Commit().ok());
+      ASSERT_TRUE(in_flight->Close(stream).ok());
+      ASSERT_TRUE(in_flight->WaitForGradientsRead(stream).ok());
+      ASSERT_TRUE(in_flight->Join(stream).ok());
+    } else {
+      ASSERT_TRUE(in_flight->Rollback(stream, false).ok());
+      ExpectSameBits(Master(*rig), initial, "master restored");
+      EXPECT_EQ(rig->optimizer->step_count(), 0);
+      grad_scale = 0.25f;
+      absl::StatusOr<InFlightUpdate> exact =
+          rig->update->Start(Args(0.01, grad_scale), /*begun_early=*/false);
+      ASSERT_TRUE(exact.ok()) << exact.status();
+      ASSERT_TRUE(exact->Close(stream).ok());
+      ASSERT_TRUE(exact->Join(stream).ok());
+    }
+    const Expected expected = Reference(1, grad_scale);
+    ExpectSameBits(Master(*rig), expected.master, "master");
+    ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+    EXPECT_EQ(rig->optimizer->step_count(), 1);
+  }
+}
+#endif  // ZE_HOST_UPDATE_TEST_CUDA
+
 TEST(HostUpdateTest, NothingInFlightJoinsAtOnce) {
   InFlightUpdate none;
   EXPECT_FALSE(none.active());
@@ -641,6 +723,14 @@ TEST(HostUpdateTest, BadSlotsAreNamed) {
       HostUpdate::Create(HostUpdateOptions(), {slot}, optimizer->get(), nullptr)
           .status();
   EXPECT_NE(status.message().find("SwappedState"), std::string::npos) << status;
+  slot.first_swapped_chunk = -1;
+  slot.master = Make(std::vector<float>(10, 0.0f), DType::kF32);
+  slot.update_on_device = true;  // but no device_step
+  status =
+      HostUpdate::Create(HostUpdateOptions(), {slot}, optimizer->get(), nullptr)
+          .status();
+  EXPECT_NE(status.message().find("update_on_device"), std::string::npos)
+      << status;
 }
 
 // The worker's choice, as a pure function: newest landed during an early

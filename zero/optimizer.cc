@@ -145,37 +145,48 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
                                        momentum_buffer_.defined()));
   const auto [state0, state1] = StateFrom(state_offset);
 
-  const int grad_dtype = static_cast<int>(grads.dtype());
-  void* out = model_weights.defined() ? model_weights.data() : nullptr;
-  const int out_dtype = model_weights.defined()
-                            ? static_cast<int>(model_weights.dtype())
-                            : kNoOutput;
-  if (count > 0) {
-    if (device_.is_cpu()) {
-      // offload/'s kernel, the one CPU implementation (AVX-512, AVX2 or
-      // scalar by the CPU; one thread: the engine steps bucket by bucket).
-      static const offload::SimdPath path = offload::BestSimdPath();
-      offload::StepBuffers buffers;
-      buffers.master = master_weights.data_as<float>();
-      buffers.state0 = state0;
-      buffers.state1 = state1;
-      buffers.grads = grads.data();
-      buffers.grad_dtype = grads.dtype();
-      buffers.out = out;
-      if (out != nullptr) buffers.out_dtype = model_weights.dtype();
-      buffers.count = count;
-      offload::RunStepKernel(path, coefficients, buffers);
-    } else {
-      ZE_RETURN_IF_ERROR(EnterDevice(stream));
-      ZE_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchOptimizerStep(
-              coefficients, master_weights.data_as<float>(), state0, state1,
-              grads.data(), grad_dtype, out, out_dtype, count, stream.native()),
-          absl::StrCat(OptimizerTypeName(options_.type), " step kernel on ",
-                       device_.ToString())));
-    }
+  offload::StepBuffers buffers;
+  buffers.master = master_weights.data_as<float>();
+  buffers.state0 = state0;
+  buffers.state1 = state1;
+  buffers.grads = grads.data();
+  buffers.grad_dtype = grads.dtype();
+  if (model_weights.defined()) {
+    buffers.out = model_weights.data();
+    buffers.out_dtype = model_weights.dtype();
   }
-  return absl::OkStatus();
+  buffers.count = count;
+  if (count > 0 && !device_.is_cpu()) ZE_RETURN_IF_ERROR(EnterDevice(stream));
+  return RunStepKernelOn(device_, options_.type, coefficients, buffers, stream);
+}
+
+absl::Status RunStepKernelOn(const Device& device, OptimizerType type,
+                             const offload::StepCoefficients& coefficients,
+                             const offload::StepBuffers& buffers,
+                             const Stream& stream) {
+  if (buffers.count == 0) return absl::OkStatus();
+  if (buffers.master == nullptr || buffers.master_lo != nullptr ||
+      buffers.bf16_ties_away) {
+    return absl::InvalidArgumentError(
+        "optimizer step kernel: an f32 master is required (the 16+16 forms "
+        "are StepSplitRange's)");
+  }
+  if (device.is_cpu()) {
+    // offload/'s kernel, the one CPU implementation (AVX-512, AVX2 or
+    // scalar by the CPU; one thread: the engine steps bucket by bucket).
+    static const offload::SimdPath path = offload::BestSimdPath();
+    offload::RunStepKernel(path, coefficients, buffers);
+    return absl::OkStatus();
+  }
+  return CudaStatus(
+      cuda::LaunchOptimizerStep(
+          coefficients, buffers.master, buffers.state0, buffers.state1,
+          buffers.grads, static_cast<int>(buffers.grad_dtype), buffers.out,
+          buffers.out != nullptr ? static_cast<int>(buffers.out_dtype)
+                                 : kNoOutput,
+          buffers.count, stream.native()),
+      absl::StrCat(OptimizerTypeName(type), " step kernel on ",
+                   device.ToString()));
 }
 
 absl::Status FlatOptimizer::StepSplitRange(

@@ -66,6 +66,19 @@ struct NamedStateTensor {
   Tensor tensor;     // f32, [num_elements], on the optimizer's device
 };
 
+// One optimizer step over `buffers` (pointers in `device`'s memory; an f32
+// master, not the 16+16 forms), queued on `stream`: the CPU kernel
+// (offload::RunStepKernel) on the calling thread for the CPU, else the CUDA
+// kernel (the current device must be `device`). The one dispatch of the
+// element update: FlatOptimizer's ranges and offload::HostUpdate's
+// device-updated slots (HostUpdateOptions::device_step) both call it, so the
+// two are the same arithmetic, bit for bit. `type` names the optimizer in
+// errors. InvalidArgument for a 16+16 form; the launch's error.
+absl::Status RunStepKernelOn(const Device& device, OptimizerType type,
+                             const offload::StepCoefficients& coefficients,
+                             const offload::StepBuffers& buffers,
+                             const Stream& stream);
+
 class FlatOptimizer {
  public:
   // Allocates zeroed f32 state for `num_elements` master weights on

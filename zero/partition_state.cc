@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -42,6 +44,65 @@ std::vector<Placement> ChooseOptimizerPlacement(
     on_host += layout.bucket(b).padded_elements;
   }
   return placement;
+}
+
+double UpdateSplit::cpu_seconds() const {
+  return static_cast<double>(host_elements - device_elements) *
+         cpu_seconds_per_element;
+}
+
+double UpdateSplit::device_seconds() const {
+  return link_bytes_per_second > 0
+             ? static_cast<double>(device_elements * state_bytes_per_element) /
+                   link_bytes_per_second
+             : 0;
+}
+
+std::string UpdateSplit::ToString() const {
+  const double share = host_elements > 0
+                           ? 100.0 * static_cast<double>(device_elements) /
+                                 static_cast<double>(host_elements)
+                           : 0;
+  return absl::StrFormat(
+      "device updates %d of %d host elements (%.1f%%): CPU %.1f ms, link "
+      "%.1f ms (CPU %.3f ns/element, link %.1f GB/s each way, %d bytes of "
+      "state per element; measured)",
+      device_elements, host_elements, share, cpu_seconds() * 1e3,
+      device_seconds() * 1e3, cpu_seconds_per_element * 1e9,
+      link_bytes_per_second / 1e9, state_bytes_per_element);
+}
+
+UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
+                              const std::vector<int>& forward_position,
+                              int64_t state_bytes_per_element,
+                              double cpu_seconds_per_element,
+                              double link_bytes_per_second) {
+  UpdateSplit split;
+  split.on_device.assign(host_elements.size(), false);
+  split.state_bytes_per_element = state_bytes_per_element;
+  split.cpu_seconds_per_element = cpu_seconds_per_element;
+  split.link_bytes_per_second = link_bytes_per_second;
+  for (int64_t elements : host_elements) split.host_elements += elements;
+  if (!(cpu_seconds_per_element > 0) || !(link_bytes_per_second > 0)) {
+    return split;
+  }
+  std::vector<size_t> order(host_elements.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return forward_position[a] < forward_position[b];
+  });
+  for (size_t b : order) {
+    if (host_elements[b] == 0) continue;
+    UpdateSplit moved = split;
+    moved.device_elements += host_elements[b];
+    if (std::max(moved.cpu_seconds(), moved.device_seconds()) >=
+        std::max(split.cpu_seconds(), split.device_seconds())) {
+      break;
+    }
+    split.device_elements = moved.device_elements;
+    split.on_device[b] = true;
+  }
+  return split;
 }
 
 PartitionState::PartitionState(const PartitionedLayout& layout,
@@ -209,6 +270,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
                  : optimizer.status();
     }
     host_optimizer_ = std::move(optimizer).value();
+    ZE_RETURN_IF_ERROR(ChooseSplit());
     ZE_RETURN_IF_ERROR(CreateHostUpdate());
   }
   optimizers_.resize(layout_.num_buckets());
@@ -328,6 +390,53 @@ int64_t PartitionState::optimizer_step_count() const {
 
 PartitionState::~PartitionState() = default;
 
+absl::Status PartitionState::ChooseSplit() {
+  std::vector<int64_t> host_elements(layout_.num_buckets(), 0);
+  std::vector<int> forward_position(layout_.num_buckets(), 0);
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (trainable_[b] && optimizer_placement_[b] == Placement::kHost) {
+      host_elements[b] = own_elements(b);
+    }
+    forward_position[b] = ForwardReadPosition(b);
+  }
+  const int64_t state_bytes =
+      offload::HostUpdate::BackupBytesPerElement(options_.optimizer);
+  if (!options_.update_on_device.empty()) {
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (options_.update_on_device.size() !=
+              static_cast<size_t>(layout_.num_buckets()) ||
+          (options_.update_on_device[b] && host_elements[b] == 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PartitionState: update_on_device must have one entry per bucket (",
+            layout_.num_buckets(), "), true only for host buckets"));
+      }
+    }
+    update_split_ =
+        ChooseUpdateSplit(host_elements, forward_position, state_bytes, 0, 0);
+    update_split_.on_device = options_.update_on_device;
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (update_split_.on_device[b]) {
+        update_split_.device_elements += host_elements[b];
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (!options_.split_update || !options_.device.is_cuda()) {
+    return absl::OkStatus();
+  }
+  // A few milliseconds each: 16 M elements of CPU update on the
+  // optimizer's own threads, 64 MiB each way over the link.
+  ZE_ASSIGN_OR_RETURN(
+      const double cpu_seconds,
+      host_optimizer_->MeasureSecondsPerElement(int64_t{1} << 24));
+  ZE_ASSIGN_OR_RETURN(
+      const double link,
+      offload::MeasureLinkBytesPerSecond(options_.device, int64_t{64} << 20));
+  update_split_ = ChooseUpdateSplit(host_elements, forward_position,
+                                    state_bytes, cpu_seconds, link);
+  return absl::OkStatus();
+}
+
 absl::Status PartitionState::CreateHostUpdate() {
   std::vector<offload::HostUpdateSlot> slots;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
@@ -352,6 +461,8 @@ absl::Status PartitionState::CreateHostUpdate() {
       slot.first_swapped_chunk = first_swapped_chunk_[b];
     }
     slot.forward_position = ForwardReadPosition(b);
+    slot.update_on_device =
+        !update_split_.on_device.empty() && update_split_.on_device[b];
     slots.push_back(std::move(slot));
   }
   offload::HostUpdateOptions options;
@@ -361,6 +472,12 @@ absl::Status PartitionState::CreateHostUpdate() {
   options.delayed_update = options_.delayed_update;
   options.speculation_elements = options_.speculation_elements;
   options.bf16_ties_away = options_.split_master;
+  options.device_step =
+      [device = options_.device, type = options_.optimizer.type](
+          const offload::StepCoefficients& coefficients,
+          const offload::StepBuffers& buffers, const Stream& stream) {
+        return RunStepKernelOn(device, type, coefficients, buffers, stream);
+      };
   ZE_ASSIGN_OR_RETURN(host_update_, offload::HostUpdate::Create(
                                         options, std::move(slots),
                                         host_optimizer_.get(), swapped_.get()));
@@ -594,12 +711,20 @@ Tensor PartitionState::OwnGradients(int bucket) const {
 
 absl::Status PartitionState::ResetGradients(const Stream& stream) {
   std::fill(gradients_current_.begin(), gradients_current_.end(), false);
-  if (gradients_replicated()) return Fill(gradients_, 0.0f, stream);
+  if (gradients_replicated()) {
+    // Device-updated buckets' kernels read the gradients: not before
+    // (partitioned gradients are next written by a backward, after a
+    // forward that waited for those kernels' weights).
+    ZE_RETURN_IF_ERROR(in_flight_.WaitForGradientsRead(stream));
+    return Fill(gradients_, 0.0f, stream);
+  }
   return absl::OkStatus();
 }
 
 absl::Status PartitionState::ZeroStaleGradients(const Stream& stream) {
   if (gradients_replicated()) return absl::OkStatus();
+  // Only buckets no backward reached, hence never handed over to the
+  // update: no device kernel reads what is zeroed here.
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (!trainable_[b] || gradients_current_[b]) continue;
     // No backward in this window reached the bucket: its gradient is 0.

@@ -81,6 +81,39 @@ std::vector<Placement> ChooseOptimizerPlacement(
     const PartitionedLayout& layout, const std::vector<bool>& trainable,
     double ratio, Placement offloaded = Placement::kHost);
 
+// The CPU/GPU split of the offloaded update (issue 27; offload::HostUpdate's
+// header): which host buckets the device updates, their state streamed up
+// and down through it, while the CPU updates the rest. The CPU's part costs
+// cpu_seconds_per_element an element; the device's costs the link's
+// traffic, state_bytes_per_element each way at link_bytes_per_second (the
+// kernel itself is negligible beside it). Buckets are taken in the next
+// forward's reading order (the device's part runs once the step's
+// arguments are known, at the boundary, and the forward reads those first),
+// each while moving it to the device makes the later of the two finish
+// earlier: the two sides finish together, to a bucket. The CPU's head start
+// during backward is not counted, which errs toward the device.
+struct UpdateSplit {
+  std::vector<bool> on_device;  // per bucket
+  int64_t host_elements = 0;    // every host bucket's own elements
+  int64_t device_elements = 0;  // of them, updated on the device
+  double cpu_seconds_per_element = 0;
+  double link_bytes_per_second = 0;  // each way
+  int64_t state_bytes_per_element = 0;
+  double cpu_seconds() const;     // the CPU's part
+  double device_seconds() const;  // the link's part
+  // "device updates X of Y host elements (Z%): CPU A ms, link B ms (C
+  // ns/element measured, D GB/s each way)".
+  std::string ToString() const;
+};
+// `host_elements[b]`: bucket b's own elements if its state is on the host
+// (0 otherwise); `forward_position[b]`: 0 for the bucket the next forward
+// reads first. Pure.
+UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
+                              const std::vector<int>& forward_position,
+                              int64_t state_bytes_per_element,
+                              double cpu_seconds_per_element,
+                              double link_bytes_per_second);
+
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
   int rank = 0;
@@ -143,6 +176,17 @@ struct PartitionStateOptions {
   // no kNvme placement (InvalidArgument from Create otherwise; config/
   // refuses those).
   bool split_master = false;
+  // The CPU/GPU split of the host buckets' update: measure the CPU
+  // optimizer and the link once the state is allocated and split by
+  // ChooseUpdateSplit (on a CUDA device; nothing on the CPU). The plan sets
+  // it where a device-updated bucket is possible: host (not NVMe) buckets,
+  // stages 2-3 (gradients partitioned, so only a forward, which waits for
+  // the weights anyway, follows the update before they are written
+  // again), no delayed update, the weights on the device, an f32 master.
+  bool split_update = false;
+  // Per bucket, the split chosen already (tests; empty: split_update
+  // decides). Only host buckets may be true.
+  std::vector<bool> update_on_device;
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
   offload::SwappedStateOptions nvme;
@@ -209,6 +253,9 @@ class PartitionState {
   // tensor, on the device). Undefined otherwise.
   Tensor OwnMasterLow(int bucket) const;
   bool split_master() const { return options_.split_master; }
+  // The CPU/GPU split chosen at AllocateTrainingState (empty on_device: no
+  // host buckets, or none split).
+  const UpdateSplit& update_split() const { return update_split_; }
   // split_master() and bucket b's master on the device: hi and lo.
   bool split_on_device(int bucket) const {
     return options_.split_master &&
@@ -410,6 +457,9 @@ class PartitionState {
   int ForwardReadPosition(int bucket) const;
   // The HostUpdate's slots: every trainable offloaded bucket's buffers.
   absl::Status CreateHostUpdate();
+  // update_split_: options_.update_on_device, or measured and modelled
+  // (split_update on CUDA), or none.
+  absl::Status ChooseSplit();
   bool offloaded(int bucket) const {
     return optimizer_placement_[bucket] != Placement::kDevice;
   }
@@ -474,6 +524,7 @@ class PartitionState {
   // The offloaded update's pipeline (null without offloaded buckets) and,
   // per bucket, its slot there (-1: not offloaded or frozen).
   std::unique_ptr<offload::HostUpdate> host_update_;
+  UpdateSplit update_split_;
   std::vector<int> host_slot_;
   // The update in flight (empty when none). Last: destroyed first, so the
   // worker is joined while the buffers it writes are alive.

@@ -204,7 +204,10 @@ TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
   };
   // `speculative`: begun during backward with grad_scale 1; `grad_scale`:
   // the boundary's; `skip`: the step is skipped instead.
-  auto run = [](bool speculative, float grad_scale, bool skip) -> Run {
+  // `split`: bucket 1 (the forward's first) updated on the device
+  // (offload::HostUpdate's CPU/GPU split; the CPU's kernel stands in).
+  auto run = [](bool speculative, float grad_scale, bool skip,
+                bool split) -> Run {
     const PartitionedLayout layout = Layout();
     PartitionStateOptions options;
     options.stage = 2;
@@ -218,6 +221,7 @@ TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
     options.speculation_elements = 1 << 20;
     options.optimizer_placement =
         ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+    if (split) options.update_on_device = {false, true};
     Stream stream;
     Run result;
     absl::StatusOr<std::unique_ptr<PartitionState>> state =
@@ -269,22 +273,70 @@ TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
     }
     return result;
   };
-  const Run exact = run(false, 1.0f, false);
-  const Run committed = run(true, 1.0f, false);
-  EXPECT_EQ(committed.master, exact.master);
-  EXPECT_NE(committed.outcome, SpeculationOutcome::kRedone);
-  EXPECT_NE(committed.outcome, SpeculationOutcome::kNone);
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "bucket 1 updated on the device" : "CPU only");
+    const Run exact = run(false, 1.0f, false, split);
+    const Run committed = run(true, 1.0f, false, split);
+    EXPECT_EQ(committed.master, exact.master);
+    EXPECT_NE(committed.outcome, SpeculationOutcome::kRedone);
+    EXPECT_NE(committed.outcome, SpeculationOutcome::kNone);
 
-  const Run clipped = run(false, 0.5f, false);
-  const Run redone = run(true, 0.5f, false);
-  EXPECT_EQ(redone.master, clipped.master);
-  EXPECT_NE(redone.master, exact.master);
-  EXPECT_NE(redone.outcome, SpeculationOutcome::kCommitted);
+    const Run clipped = run(false, 0.5f, false, split);
+    const Run redone = run(true, 0.5f, false, split);
+    EXPECT_EQ(redone.master, clipped.master);
+    EXPECT_NE(redone.master, exact.master);
+    EXPECT_NE(redone.outcome, SpeculationOutcome::kCommitted);
 
-  const Run skipped = run(true, 1.0f, true);
-  EXPECT_EQ(skipped.master,
-            std::vector<float>(exact.master.size(), 0.5f));  // untouched
-  EXPECT_NE(skipped.outcome, SpeculationOutcome::kCommitted);
+    const Run skipped = run(true, 1.0f, true, split);
+    EXPECT_EQ(skipped.master,
+              std::vector<float>(exact.master.size(), 0.5f));  // untouched
+    EXPECT_NE(skipped.outcome, SpeculationOutcome::kCommitted);
+    if (split) {
+      // The same values as the CPU alone.
+      EXPECT_EQ(exact.master, run(false, 1.0f, false, false).master);
+      EXPECT_EQ(clipped.master, run(false, 0.5f, false, false).master);
+    }
+  }
+}
+
+// The split's model: buckets go to the device in the forward's reading
+// order while that shortens the later side; the two sides end near equal.
+TEST(ChooseUpdateSplitTest, BalancesTheCpuAgainstTheLink) {
+  // Four host buckets of 100 elements and one device bucket (0); the
+  // forward reads bucket 4 first (stages 0-2).
+  const std::vector<int64_t> host = {100, 100, 0, 100, 100};
+  const std::vector<int> forward = {4, 3, 2, 1, 0};
+  // CPU 1 s an element; link 12 bytes an element at 12 B/s: 1 s an element
+  // too: half each, the forward's first two buckets (4 and 3) on the device.
+  UpdateSplit even = ChooseUpdateSplit(host, forward, 12, 1.0, 12.0);
+  EXPECT_EQ(even.on_device,
+            (std::vector<bool>{false, false, false, true, true}));
+  EXPECT_EQ(even.host_elements, 400);
+  EXPECT_EQ(even.device_elements, 200);
+  EXPECT_DOUBLE_EQ(even.cpu_seconds(), 200.0);
+  EXPECT_DOUBLE_EQ(even.device_seconds(), 200.0);
+  // A link three times slower: one bucket (CPU 300 s, link 300 s).
+  UpdateSplit slow = ChooseUpdateSplit(host, forward, 12, 1.0, 4.0);
+  EXPECT_EQ(slow.device_elements, 100);
+  EXPECT_TRUE(slow.on_device[4]);
+  // A link so slow that one bucket would outlast the CPU alone: none.
+  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, 1.0, 0.01).device_elements, 0);
+  // Nothing measured (the CPU, or no device): none.
+  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, 0.0, 0.0).device_elements, 0);
+  EXPECT_NE(even.ToString().find("device updates 200 of 400 host elements"),
+            std::string::npos)
+      << even.ToString();
+}
+
+// A split given per bucket must name only host buckets, one per bucket.
+TEST(PartitionStateHostTest, AnUpdateSplitOfTheWrongShapeIsRefused) {
+  PartitionStateOptions options = OffloadOptions(2, Placement::kHost);
+  options.update_on_device = {true};  // two buckets
+  absl::StatusOr<std::unique_ptr<PartitionState>> state = Make(options);
+  ASSERT_FALSE(state.ok());
+  EXPECT_NE(state.status().message().find("update_on_device"),
+            std::string::npos)
+      << state.status();
 }
 
 }  // namespace

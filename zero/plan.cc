@@ -233,6 +233,10 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
                        host_elements));
       speculation_unbounded =
           !zero.offload_optimizer.speculation_buffer_size.has_value();
+      // The CPU/GPU split where a device-updated bucket can be: gradients
+      // partitioned and an f32 master (PartitionStateOptions::split_update).
+      state.split_update =
+          plan.policy.partition_gradients && !state.split_master;
     }
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).

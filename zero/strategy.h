@@ -161,6 +161,8 @@ class ZeroStrategy {
   PartitionState::OffloadTimes offload_times() const {
     return partition_->offload_times();
   }
+  // The offloaded update's CPU/GPU split (PartitionState::update_split).
+  const UpdateSplit& update_split() const { return partition_->update_split(); }
   Phase phase() const { return phase_; }
 
   const PartitionedLayout& layout() const { return partition_->layout(); }
