@@ -388,6 +388,14 @@ absl::Status EngineImpl::Setup() {
   // What this build cannot run (config/config.h); a loaded config passed
   // the rest of the cross-key rules at load.
   ZE_RETURN_IF_ERROR(config::CheckSupported(cfg));
+  if (cfg.pipeline.stages > 1) {
+    // The pieces exist (pipeline/: schedules, layout, partition); the
+    // engine does not drive them yet, and training the stages as
+    // data-parallel replicas would be silently wrong.
+    return absl::UnimplementedError(absl::StrCat(
+        cfg.source, ": pipeline.stages ", cfg.pipeline.stages,
+        ": the engine does not run pipelines yet (docs/pipeline.md)"));
+  }
   const config::TrainingPrecision precision = config::GetTrainingPrecision(cfg);
   const DType wanted = config::PrecisionDType(precision);
   const DType model_dtype = model_->dtype();

@@ -79,6 +79,30 @@ TEST(ConfigErrorsTest, BatchTripleInconsistentWithWorldSize) {
               {path, "train_batch_size", "33", "17", absl::StrCat(World())});
 }
 
+// A pipeline whose stages do not divide the world is refused at load,
+// naming the key; one that does is refused by the engine, which does not
+// run pipelines yet (docs/pipeline.md), instead of training the stages as
+// data-parallel replicas.
+TEST(ConfigErrorsTest, PipelineStagesNamedWhenTheyCannotRun) {
+  const std::string uneven = WriteConfig(
+      "pipeline_uneven", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "pipeline": {"stages": )",
+                                      World() + 1, "}}"));
+  ExpectError(
+      InitializeWith(uneven), absl::StatusCode::kInvalidArgument,
+      {uneven, absl::StrCat("pipeline.stages = ", World() + 1,
+                            " does not divide the world size ", World())});
+  if (World() < 2) return;
+  const std::string even = WriteConfig(
+      "pipeline_even", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "pipeline": {"stages": )",
+                                    World(), "}}"));
+  ExpectError(InitializeWith(even), absl::StatusCode::kUnimplemented,
+              {even, "the engine does not run pipelines yet"});
+}
+
 TEST(ConfigErrorsTest, ModelDtypeDoesNotMatchPrecision) {
   const std::string bf16 = WriteConfig("bf16", kGood);
   ExpectError(InitializeWith(bf16, DType::kF32),
