@@ -1,0 +1,79 @@
+// PipelineStage: a model built as one stage of a pipeline (docs/pipeline.md):
+// a contiguous range [first_layer, last_layer) of the model's top-level
+// layer sequence, in which layer i's output is layer i + 1's input, with
+// only that range's parameters (GPT: the embedding, each block, the final
+// LayerNorm and the head; GptOptions::first_layer/last_layer).
+//
+// The pipeline executor (pipeline/executor.h) runs a stage as the engine
+// runs a LossModel: ForwardStage and BackwardStage go through the public
+// Module::Forward/Backward, so the ZeRO strategy's hooks fire. Each
+// ForwardStage saves its state and BackwardStage consumes the most recent
+// one (LIFO, as Module does); the executor recomputes a forward under a
+// NoSaveScope when a schedule's order is not LIFO.
+//
+// Not thread-safe (one thread drives a stage).
+#ifndef ZE_NN_PIPELINE_STAGE_H_
+#define ZE_NN_PIPELINE_STAGE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "nn/module.h"
+#include "nn/parameter.h"
+
+namespace ze {
+namespace nn {
+
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+
+  // This stage's layers, [first_layer, last_layer) of the whole model's
+  // num_pipeline_layers().
+  virtual int first_layer() const = 0;
+  virtual int last_layer() const = 0;
+  virtual int num_pipeline_layers() const = 0;
+  bool is_first_stage() const { return first_layer() == 0; }
+  bool is_last_stage() const { return last_layer() == num_pipeline_layers(); }
+
+  // The activation passed between stages for a micro-batch whose model
+  // inputs (what the first stage reads) are `inputs`: its shape (GPT:
+  // (B, T, C) for (B, T) tokens) and dtype. Every rank of a pipeline is
+  // given the micro-batches' inputs, so a middle stage sizes its receive
+  // buffers from them.
+  virtual Shape BoundaryShape(const Tensor &inputs) const = 0;
+  virtual DType boundary_dtype() const = 0;
+
+  // The modules of this stage's layers, in order (the executor turns on
+  // per-layer activation checkpointing through them).
+  virtual std::vector<Module *> StageLayers() = 0;
+
+  // Runs this stage's layers. input: the model's inputs on the first stage,
+  // else the previous stage's output. targets: read by the last stage
+  // only, which returns the per-row losses (B, T) f32 that MeanCrossEntropy
+  // (nn/loss_model.h) averages; other stages return their output
+  // activation. Errors from any layer, annotated with its name.
+  virtual absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
+                                              const Tensor &targets,
+                                              const Stream &stream) = 0;
+  // Backpropagates the most recent saved ForwardStage: grad_output is the
+  // next stage's input gradient, or on the last stage MeanCrossEntropy's
+  // Backward. Returns the gradient of this stage's input (undefined on the
+  // first stage, whose inputs are token ids). Accumulates into the
+  // parameters' grad slots. FailedPrecondition without a saved forward.
+  virtual absl::StatusOr<Tensor> BackwardStage(const Tensor &grad_output,
+                                               const Stream &stream) = 0;
+
+  // Parameters this stage holds that another stage holds too, whose
+  // gradients the pipeline sums across the two before the update (GPT's
+  // token table, used by the embedding on the first stage and the tied head
+  // on the last). Empty when the stage holds every user of its parameters.
+  virtual std::vector<Parameter *> TiedParameters() = 0;
+};
+
+}  // namespace nn
+}  // namespace ze
+
+#endif  // ZE_NN_PIPELINE_STAGE_H_
