@@ -45,6 +45,17 @@ absl::StatusOr<PipelineGroups> CreatePipelineGroups(
   ZE_ASSIGN_OR_RETURN(
       groups.data_parallel,
       world.Split(layout.StageOf(rank), layout.DataParallelIndexOf(rank)));
+  if (layout.stages > 1) {
+    // Every rank takes part in the split; the middle stages each get a
+    // group of their own (a color no one else uses) and drop it.
+    const int stage = layout.StageOf(rank);
+    const bool end = stage == 0 || stage == layout.stages - 1;
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> tied,
+                        world.Split(end ? layout.DataParallelIndexOf(rank)
+                                        : layout.data_parallel + rank,
+                                    stage));
+    if (end) groups.tied = std::move(tied);
+  }
   return groups;
 }
 

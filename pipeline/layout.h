@@ -58,9 +58,13 @@ struct PipelineGroups {
   std::unique_ptr<comm::Communicator> pipeline;
   // The ranks holding this rank's stage; rank() is the dp_index.
   std::unique_ptr<comm::Communicator> data_parallel;
+  // With 2 or more stages, on the first and the last stage: those two
+  // stages of this replica (rank() 0 is the first stage), which sum the
+  // tied parameters' gradients (GPT's token table). Null elsewhere.
+  std::unique_ptr<comm::Communicator> tied;
 };
 
-// Splits `world` into the layout's groups (two Communicator::Split calls,
+// Splits `world` into the layout's groups (two or three Split calls,
 // collective over `world`: every rank calls it, in the same order relative
 // to its other collectives). InvalidArgument when `layout` is not for
 // world's size; the backend's error otherwise (Unimplemented where it

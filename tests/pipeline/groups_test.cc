@@ -61,6 +61,23 @@ TEST(PipelineGroups, EveryDivisorOfTheWorld) {
     EXPECT_EQ(Read(a), pipe_sum);
     EXPECT_EQ(Read(b), data_sum);
 
+    // The tied pair: first and last stage of this replica.
+    const int stage = layout->StageOf(me);
+    if (stages > 1 && (stage == 0 || stage == stages - 1)) {
+      ASSERT_NE(groups->tied, nullptr);
+      ASSERT_EQ(groups->tied->world_size(), 2);
+      EXPECT_EQ(groups->tied->rank(), stage == 0 ? 0 : 1);
+      Tensor c = Scalar(me);
+      ASSERT_TRUE(groups->tied->AllReduce(c, c, comm::ReduceOp::kSum, Stream())
+                      ->Wait()
+                      .ok());
+      const int dp = layout->DataParallelIndexOf(me);
+      EXPECT_EQ(Read(c),
+                layout->RankAt(0, dp) + layout->RankAt(stages - 1, dp));
+    } else {
+      EXPECT_EQ(groups->tied, nullptr);
+    }
+
     // An activation down the pipeline: stage s receives s - 1's world rank.
     if (stages > 1) {
       std::vector<comm::Work> sends;
