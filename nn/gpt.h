@@ -129,6 +129,9 @@ class GptModel : public LossModel,
   int first_layer() const override { return first_layer_; }
   int last_layer() const override { return last_layer_; }
   int num_pipeline_layers() const override { return config_.pipeline_layers(); }
+  std::vector<int64_t> PipelineLayerWeights() const override {
+    return config_.PipelineLayerWeights();
+  }
   Shape BoundaryShape(const Tensor &inputs) const override;
   DType boundary_dtype() const override { return options_.dtype; }
   std::vector<Module *> StageLayers() override;

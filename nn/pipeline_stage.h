@@ -15,6 +15,7 @@
 #ifndef ZE_NN_PIPELINE_STAGE_H_
 #define ZE_NN_PIPELINE_STAGE_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,9 @@ class PipelineStage {
   virtual int first_layer() const = 0;
   virtual int last_layer() const = 0;
   virtual int num_pipeline_layers() const = 0;
+  // Each of the whole model's pipeline layers' weight for partitioning by
+  // parameters (pipeline/partition.h), so every rank computes the same cut.
+  virtual std::vector<int64_t> PipelineLayerWeights() const = 0;
   bool is_first_stage() const { return first_layer() == 0; }
   bool is_last_stage() const { return last_layer() == num_pipeline_layers(); }
 

@@ -80,9 +80,9 @@ TEST(ConfigErrorsTest, BatchTripleInconsistentWithWorldSize) {
 }
 
 // A pipeline whose stages do not divide the world is refused at load,
-// naming the key; one that does is refused by the engine, which does not
-// run pipelines yet (docs/pipeline.md), instead of training the stages as
-// data-parallel replicas.
+// naming the key; a whole model given to a pipeline is refused naming the
+// stage's layers the partition wants (every rank builds its own stage,
+// docs/pipeline.md).
 TEST(ConfigErrorsTest, PipelineStagesNamedWhenTheyCannotRun) {
   const std::string uneven = WriteConfig(
       "pipeline_uneven", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
@@ -99,8 +99,9 @@ TEST(ConfigErrorsTest, PipelineStagesNamedWhenTheyCannotRun) {
           "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
           "pipeline": {"stages": )",
                                     World(), "}}"));
-  ExpectError(InitializeWith(even), absl::StatusCode::kUnimplemented,
-              {even, "the engine does not run pipelines yet"});
+  ExpectError(InitializeWith(even), absl::StatusCode::kInvalidArgument,
+              {even, "pipeline.partition \"parameters\" gives stage",
+               "but the model holds [0, "});
 }
 
 TEST(ConfigErrorsTest, ModelDtypeDoesNotMatchPrecision) {
