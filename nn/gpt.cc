@@ -27,37 +27,6 @@ constexpr PresetShape kPresets[] = {
     {"13B", 40, 40, 5120},
 };
 
-// A last pipeline stage's copy of the tied token table, registered as
-// "embed" so the table keeps its name "embed.wte" (and, initialised from
-// (seed, name), the first stage's values). Only the head reads it; the
-// module itself never runs.
-class TiedTokenTable : public Module {
- public:
-  TiedTokenTable(int64_t rows, int64_t channels, const LayerOptions &options)
-      : Module("TiedTokenTable") {
-    // Embedding's initialiser for its token table.
-    table_ = RegisterParameter("wte", {rows, channels}, options.dtype,
-                               options.device, Initializer::Normal(0.02f));
-  }
-  Parameter *table() const { return table_; }
-  std::shared_ptr<Parameter> shared_table() const {
-    return SharedParameter(table_);
-  }
-
- protected:
-  absl::StatusOr<Tensor> ForwardImpl(const Tensor &, const Stream &) override {
-    return absl::FailedPreconditionError(
-        "the last pipeline stage's copy of the tied table is read by the "
-        "head only");
-  }
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor &, const Stream &) override {
-    return ForwardImpl(Tensor(), Stream());
-  }
-
- private:
-  Parameter *table_;
-};
-
 }  // namespace
 
 absl::Status GptConfig::Validate() const {
@@ -146,9 +115,11 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
                                         config.table_rows(), config.max_seq_len,
                                         config.channels, layer_options));
   } else if (holds(n + 2)) {
+    // Embedding's initialiser for its token table.
     tied_table_ = RegisterChild(
-        "embed", std::make_unique<TiedTokenTable>(
-                     config.table_rows(), config.channels, layer_options));
+        "embed", std::make_unique<TiedTableCopy>(
+                     "wte", config.table_rows(), config.channels, options.dtype,
+                     options.device, Initializer::Normal(0.02f)));
   }
   for (int layer = 0; layer < n; ++layer) {
     if (!holds(layer + 1)) continue;
@@ -168,11 +139,9 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
   }
   if (holds(n + 2)) {
     lm_head_ = RegisterChild(
-        "lm_head",
-        std::make_unique<OutputHead>(
-            embed_ != nullptr
-                ? embed_->shared_token_table()
-                : static_cast<TiedTokenTable *>(tied_table_)->shared_table()));
+        "lm_head", std::make_unique<OutputHead>(
+                       embed_ != nullptr ? embed_->shared_token_table()
+                                         : tied_table_->shared_table()));
   }
 }
 
@@ -182,15 +151,11 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
   if (options.dtype == DType::kI32) {
     return absl::InvalidArgumentError("GptOptions: dtype must be a float type");
   }
-  const int layers = config.pipeline_layers();
-  const int last = options.last_layer < 0 ? layers : options.last_layer;
-  if (options.first_layer < 0 || options.first_layer >= last || last > layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GptOptions: pipeline layers [first_layer, last_layer) = [",
-        options.first_layer, ", ", options.last_layer,
-        ") must be a non-empty range within the model's ", layers,
-        " (the embedding, ", config.num_layers, " blocks, ln_f, the head)"));
-  }
+  ZE_RETURN_IF_ERROR(
+      CheckPipelineLayers("GptOptions", options.first_layer, options.last_layer,
+                          config.pipeline_layers(),
+                          absl::StrCat("the embedding, ", config.num_layers,
+                                       " blocks, ln_f, the head")));
   std::unique_ptr<GptModel> model(new GptModel(config, options));
   if (options.materialize) {
     ZE_RETURN_IF_ERROR(model->MaterializeParameters(options.seed, stream));
@@ -223,10 +188,7 @@ absl::StatusOr<Tensor> GptModel::ForwardImpl(const Tensor &tokens,
 
 absl::Status GptModel::RequireWhole(const char *op) const {
   if (whole()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      op, ": this GptModel is a pipeline stage (layers [", first_layer_, ", ",
-      last_layer_, ") of ", config_.pipeline_layers(),
-      "); the pipeline runs it through ForwardStage/BackwardStage"));
+  return NotWholeModelError(op, *this);
 }
 
 Shape GptModel::BoundaryShape(const Tensor &inputs) const {
@@ -274,7 +236,7 @@ std::vector<Parameter *> GptModel::TiedParameters() {
   if (whole()) return {};
   if (embed_ != nullptr && lm_head_ == nullptr) return {embed_->token_table()};
   if (tied_table_ != nullptr) {
-    return {static_cast<TiedTokenTable *>(tied_table_)->table()};
+    return {tied_table_->table()};
   }
   return {};
 }

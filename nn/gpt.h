@@ -197,7 +197,7 @@ class GptModel : public LossModel,
   OutputHead *lm_head_ = nullptr;
   // A last stage without the embedding: the module holding its copy of the
   // tied table ("embed.wte").
-  Module *tied_table_ = nullptr;
+  TiedTableCopy *tied_table_ = nullptr;
   // Between ForwardLoss and BackwardLoss: the count of targets (the head
   // keeps what its backward needs).
   MeanCrossEntropy loss_;

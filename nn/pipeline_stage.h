@@ -16,6 +16,8 @@
 #define ZE_NN_PIPELINE_STAGE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -76,6 +78,43 @@ class PipelineStage {
   // on the last). Empty when the stage holds every user of its parameters.
   virtual std::vector<Parameter *> TiedParameters() = 0;
 };
+
+// A last stage's copy of a table tied to the head (GPT's "embed.wte",
+// Llama's "embed_tokens.weight"), registered under the embedding's name so
+// the copy keeps the table's name (and, initialised from (seed, name), the
+// first stage's values; `initializer` must be the embedding's). Only the
+// head reads it; the module itself never runs (FailedPrecondition).
+class TiedTableCopy : public Module {
+ public:
+  TiedTableCopy(const std::string &parameter_name, int64_t rows,
+                int64_t columns, DType dtype, const Device &device,
+                const Initializer &initializer);
+  Parameter *table() const { return table_; }
+  std::shared_ptr<Parameter> shared_table() const {
+    return SharedParameter(table_);
+  }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+
+ private:
+  Parameter *table_;
+};
+
+// A model's constructor checks: InvalidArgument, naming `options`
+// ("GptOptions") and the layer sequence `layers` describes, unless
+// [first_layer, last_layer) is a non-empty range within `count` layers
+// (last_layer -1: through the end).
+absl::Status CheckPipelineLayers(const char *options, int first_layer,
+                                 int last_layer, int count,
+                                 const std::string &layers);
+
+// The error of whole-model calls (ForwardLoss, ForwardCached, ...) on a
+// stage: FailedPrecondition naming `op` and the stage's layers.
+absl::Status NotWholeModelError(const char *op, const PipelineStage &stage);
 
 }  // namespace nn
 }  // namespace ze

@@ -1,5 +1,5 @@
-// Pipeline parity under mpirun: a pipeline of GPT stages (pipeline x
-// data-parallel layouts 2x1 at 2 ranks, 3x1 at 3, 2x2 and 4x1 at 4), GPipe
+// Pipeline parity under mpirun: a pipeline of GPT (and Llama) stages (pipeline
+// x data-parallel layouts 2x1 at 2 ranks, 3x1 at 3, 2x2 and 4x1 at 4), GPipe
 // and 1F1B, ZeRO stages 0 and 1, trains to the losses and f32 master
 // weights of the single-rank run over the same samples (every rank runs
 // that reference itself, over a world of one split from the job's).
@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "nn/decoder.h"
 #include "nn/gpt.h"
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
@@ -32,6 +33,29 @@ constexpr int kMicro = 2;
 
 nn::GptConfig Model() { return SmallGpt(/*channels=*/16, /*layers=*/3); }
 
+// The model family under test: GPT, or a tiny Llama (tied or untied head).
+enum class Family { kGpt, kLlamaTied, kLlamaUntied };
+Family g_family = Family::kGpt;
+
+nn::DecoderConfig Llama(bool tied) {
+  nn::DecoderConfig config = nn::DecoderConfig::Preset("llama-tiny").value();
+  config.num_layers = 3;
+  config.hidden_size = 16;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  config.head_dim = 4;
+  config.intermediate_size = 24;
+  config.vocab_size = kVocab;
+  config.max_position_embeddings = 16;
+  config.tie_word_embeddings = tied;
+  return config;
+}
+
+std::vector<int64_t> LayerWeights() {
+  if (g_family == Family::kGpt) return Model().PipelineLayerWeights();
+  return Llama(g_family == Family::kLlamaTied).PipelineLayerWeights();
+}
+
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                        int accumulation, const std::string &optimizer) {
   return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", kMicro,
@@ -42,14 +66,24 @@ std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                       R"(, "schedule": ")", schedule, R"("}})");
 }
 
-absl::StatusOr<std::shared_ptr<nn::GptModel>> Build(int first, int last) {
+absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
+  if (g_family != Family::kGpt) {
+    nn::DecoderOptions options;
+    options.seed = 1234;
+    options.first_layer = first;
+    options.last_layer = last;
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::DecoderModel> model,
+                        nn::DecoderModel::Create(
+                            Llama(g_family == Family::kLlamaTied), options));
+    return std::shared_ptr<nn::LossModel>(std::move(model));
+  }
   nn::GptOptions options;
   options.seed = 1234;
   options.first_layer = first;
   options.last_layer = last;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(Model(), options));
-  return std::shared_ptr<nn::GptModel>(std::move(model));
+  return std::shared_ptr<nn::LossModel>(std::move(model));
 }
 
 struct Run {
@@ -61,7 +95,7 @@ struct Run {
 absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
                               const std::string &optimizer,
                               std::shared_ptr<comm::Communicator> alone) {
-  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> model, Build(0, -1));
+  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model, Build(0, -1));
   ZE_ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Engine> engine,
       engine::Initialize(model,
@@ -86,11 +120,11 @@ absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
   ZE_ASSIGN_OR_RETURN(
       pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages"));
-  ZE_ASSIGN_OR_RETURN(std::vector<pipeline::LayerRange> ranges,
-                      pipeline::PartitionLayers(Model().PipelineLayerWeights(),
-                                                stages, "parameters"));
+  ZE_ASSIGN_OR_RETURN(
+      std::vector<pipeline::LayerRange> ranges,
+      pipeline::PartitionLayers(LayerWeights(), stages, "parameters"));
   const pipeline::LayerRange mine = ranges[layout.StageOf(Rank())];
-  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> model,
+  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
                       Build(mine.first, mine.last));
   ZE_ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Engine> engine,
@@ -140,8 +174,9 @@ struct Case {
 void ExpectParity(const Case &c) {
   SCOPED_TRACE(testing::Message()
                << c.stages << " stages x " << World() / c.stages
-               << " replicas, " << c.schedule << ", ZeRO " << c.zero_stage
-               << ", " << c.optimizer << ", rank " << Rank());
+               << " replicas, family " << static_cast<int>(g_family) << ", "
+               << c.schedule << ", ZeRO " << c.zero_stage << ", " << c.optimizer
+               << ", rank " << Rank());
   // Every rank splits off its own world of one for the reference.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> alone =
       Comm()->Split(Rank(), 0);
@@ -184,6 +219,18 @@ TEST(PipelineParity, EveryLayoutScheduleAndZeroStageWithSgd) {
       }
     }
   }
+}
+
+// The Llama family through the same engine path, tied and untied heads.
+TEST(PipelineParity, LlamaTiedAndUntiedOneFOneB) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  for (Family family : {Family::kLlamaTied, Family::kLlamaUntied}) {
+    g_family = family;
+    for (int stages : StageCounts()) {
+      ExpectParity({stages, 1, "1f1b", kSgd, 1e-5});
+    }
+  }
+  g_family = Family::kGpt;
 }
 
 TEST(PipelineParity, OneFOneBWithAdamW) {
