@@ -10,6 +10,45 @@
 
 namespace ze {
 namespace pipeline {
+namespace {
+
+// 48 bits of a digest of the schedule's lists, as two floats that carry 24
+// bits each exactly (the communicator moves floating-point tensors).
+absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
+                             const Schedule &schedule) {
+  const std::string text = DescribeSchedule(schedule);
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : text) {
+    digest = (digest ^ c) * 1099511628211ull;
+  }
+  const int n = pipeline.world_size();
+  ZE_ASSIGN_OR_RETURN(Tensor mine,
+                      Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
+  mine.data_as<float>()[0] = static_cast<float>(digest & 0xFFFFFF);
+  mine.data_as<float>()[1] = static_cast<float>((digest >> 24) & 0xFFFFFF);
+  ZE_ASSIGN_OR_RETURN(Tensor all,
+                      Tensor::Zeros({2 * n}, DType::kF32, Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(comm::Work work, pipeline.AllGather(mine, all, Stream()));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  const float *values = all.data_as<float>();
+  std::string differing;
+  for (int r = 0; r < n; ++r) {
+    if (values[2 * r] != values[0] || values[2 * r + 1] != values[1]) {
+      absl::StrAppend(&differing, differing.empty() ? "" : ", ", r);
+    }
+  }
+  if (differing.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pipeline rank ", pipeline.rank(), ": pipeline ranks ", differing,
+      " built another schedule than pipeline rank 0 (check that every rank "
+      "has the same gradient_accumulation_steps and pipeline.schedule); "
+      "this rank's is ",
+      ScheduleName(schedule.kind), " over ", schedule.micro_batches,
+      " micro-batches"));
+}
+
+}  // namespace
+
 PipelineExecutor::PipelineExecutor(const ExecutorContext &context,
                                    Schedule schedule)
     : context_(context), schedule_(std::move(schedule)) {}
@@ -50,6 +89,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
         context.stage->TiedParameters()[0]->name(),
         ") but no 2-rank communicator with the other stage holding them"));
   }
+  ZE_RETURN_IF_ERROR(AgreeOnSchedule(*context.pipeline, schedule));
   std::unique_ptr<PipelineExecutor> executor(
       new PipelineExecutor(context, std::move(schedule)));
   executor->rank_ = rank;

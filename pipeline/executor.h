@@ -75,6 +75,12 @@ class PipelineExecutor {
   // ranks as the pipeline communicator, this rank's stage is the stage's
   // (first/last agree with the rank), a stage with tied parameters has a
   // `tied` communicator of 2 ranks. InvalidArgument naming what differs.
+  // Then agrees with the pipeline's other ranks on the schedule (an
+  // all-gather of a digest of every rank's action lists and micro-batch
+  // count: collective over `pipeline`), so ranks that built different
+  // schedules (another gradient_accumulation_steps or pipeline.schedule)
+  // fail here, on every rank, with FailedPrecondition naming the ranks and
+  // their schedules, instead of hanging in a mismatched send or receive.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
       const ExecutorContext &context, Schedule schedule);
 

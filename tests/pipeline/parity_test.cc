@@ -240,6 +240,30 @@ TEST(PipelineParity, OneFOneBWithAdamW) {
   }
 }
 
+// Ranks that would run different schedules (the last stage configured with
+// fewer micro-batches) fail at Initialize on every rank, naming the cause,
+// instead of hanging in a send no one receives.
+TEST(PipelineErrors, RanksWithDifferentSchedulesFailByName) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const int stages = World();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  absl::StatusOr<std::shared_ptr<nn::LossModel>> model =
+      Build((*ranges)[Rank()].first, (*ranges)[Rank()].last);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int accumulation = Rank() == World() - 1 ? 2 : kAccumulation;
+  const absl::Status status =
+      engine::Initialize(
+          *model, ConfigJson(stages, 0, "1f1b", accumulation, kSgd), Comm())
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("pipeline ranks ", World() - 1,
+                                               " built another schedule")),
+            std::string::npos)
+      << status;
+}
+
 }  // namespace
 }  // namespace enginetest
 }  // namespace ze
