@@ -545,6 +545,23 @@ TEST_F(LocalCommTest, RejectsMismatchedArgumentsNamingThem) {
   EXPECT_EQ(comm_->next_sequence_number(), 1u);
 }
 
+// A world of one splits into a world of one and has no peer to send to.
+TEST_F(LocalCommTest, SplitsIntoItselfAndHasNoPointToPoint) {
+  absl::StatusOr<std::unique_ptr<Communicator>> group = comm_->Split(3, 0);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->world_size(), 1);
+  EXPECT_STREQ((*group)->backend_name(), "local");
+  Tensor t = Make({1, 2});
+  ASSERT_TRUE((*group)->AllReduce(t, t, ReduceOp::kSum, stream_)->Wait().ok());
+  EXPECT_EQ(comm_->Split(-2, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<Work> send = comm_->Send(t, 0, stream_);
+  EXPECT_EQ(send.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(send.status().message().find("no point-to-point"),
+            std::string::npos)
+      << send.status();
+}
+
 TEST(FactoryTest, RejectsUnknownChoices) {
   CommOptions options;
   options.backend = "gloo";

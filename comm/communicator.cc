@@ -59,6 +59,18 @@ CollectiveOp CollectiveOp::Broadcast(const Tensor &tensor, int root) {
   return result;
 }
 
+CollectiveOp CollectiveOp::Send(const Tensor &tensor, int peer) {
+  CollectiveOp result = Broadcast(tensor, peer);
+  result.kind = CollectiveKind::kSend;
+  return result;
+}
+
+CollectiveOp CollectiveOp::Recv(const Tensor &tensor, int peer) {
+  CollectiveOp result = Broadcast(tensor, peer);
+  result.kind = CollectiveKind::kRecv;
+  return result;
+}
+
 Communicator::Communicator(int rank, int world_size, int local_rank,
                            Device device, double timeout_seconds,
                            int local_size)
@@ -155,6 +167,25 @@ absl::Status Communicator::Validate(const CollectiveOp &op) const {
     case CollectiveKind::kBarrier:
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": use Communicator::Barrier()"));
+    case CollectiveKind::kSend:
+    case CollectiveKind::kRecv:
+      if (!supports_point_to_point()) {
+        return absl::UnimplementedError(absl::StrCat(
+            where, ": the ", backend_name(),
+            " backend has no point-to-point operations (use mpi)"));
+      }
+      if (!same) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": point-to-point is in place (input == "
+                         "output)"));
+      }
+      if (op.root < 0 || op.root >= world_size_ || op.root == rank_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": peer ", op.root,
+                         " is not another rank of [0, ", world_size_, ")"));
+      }
+      break;
   }
   return absl::OkStatus();
 }
@@ -181,6 +212,37 @@ absl::StatusOr<Work> Communicator::AllGather(const Tensor &input,
 absl::StatusOr<Work> Communicator::Broadcast(const Tensor &tensor, int root,
                                              const Stream &stream) {
   return Coalesced({CollectiveOp::Broadcast(tensor, root)}, stream);
+}
+
+absl::StatusOr<Work> Communicator::Send(const Tensor &tensor, int peer,
+                                        const Stream &stream) {
+  return Coalesced({CollectiveOp::Send(tensor, peer)}, stream);
+}
+
+absl::StatusOr<Work> Communicator::Recv(const Tensor &tensor, int peer,
+                                        const Stream &stream) {
+  return Coalesced({CollectiveOp::Recv(tensor, peer)}, stream);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color,
+                                                                  int key) {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "communicator on rank ", rank_,
+        " is unusable after an earlier error: ", broken_.message()));
+  }
+  if (color < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Split on rank ", rank_, ": color must be >= 0, got ", color));
+  }
+  return SplitImpl(color, key);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitImpl(int,
+                                                                      int) {
+  return absl::UnimplementedError(
+      absl::StrCat("Split on rank ", rank_, ": the ", backend_name(),
+                   " backend cannot make sub-communicators yet (use mpi)"));
 }
 
 absl::StatusOr<Work> Communicator::Coalesced(
@@ -211,7 +273,11 @@ absl::StatusOr<Work> Communicator::Coalesced(
     CollectiveRecord record;
     record.kind = op.kind;
     record.reduce_op = op.reduce_op;
-    record.root = op.kind == CollectiveKind::kBroadcast ? op.root : -1;
+    record.root = op.kind == CollectiveKind::kBroadcast ||
+                          op.kind == CollectiveKind::kSend ||
+                          op.kind == CollectiveKind::kRecv
+                      ? op.root
+                      : -1;
     record.count = op.input.numel();
     record.dtype = op.input.dtype();
     sequence_numbers.push_back(recorder_->Issue(record));

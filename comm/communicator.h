@@ -113,7 +113,7 @@ struct CollectiveOp {
   Tensor input;
   Tensor output;  // Broadcast: same as input
   ReduceOp reduce_op = ReduceOp::kSum;
-  int root = 0;
+  int root = 0;  // Broadcast: the root; Send/Recv: the peer rank
 
   static CollectiveOp AllReduce(const Tensor &input, const Tensor &output,
                                 ReduceOp op = ReduceOp::kSum);
@@ -121,6 +121,8 @@ struct CollectiveOp {
                                     ReduceOp op = ReduceOp::kSum);
   static CollectiveOp AllGather(const Tensor &input, const Tensor &output);
   static CollectiveOp Broadcast(const Tensor &tensor, int root);
+  static CollectiveOp Send(const Tensor &tensor, int peer);
+  static CollectiveOp Recv(const Tensor &tensor, int peer);
 };
 
 class Communicator {
@@ -176,6 +178,44 @@ class Communicator {
   absl::StatusOr<Work> Broadcast(const Tensor &tensor, int root,
                                  const Stream &stream);
 
+  // Point-to-point: sends `tensor` to rank `peer`, which must issue a Recv
+  // from this rank with the same element count and dtype. Messages between
+  // two ranks match in issue order (the first Send to `peer` with the first
+  // Recv from this rank on `peer`), whatever else either issues in between;
+  // only the two ranks take part, so other ranks' collectives do not wait
+  // for it and it does not count among the collectives every rank must
+  // issue alike. The sender must not write `tensor` until the Work
+  // completes. Completion: the data has left `tensor` (MPI: the send
+  // request completed; the receiver may not have it yet). Work::Wait on a
+  // send or receive waits for that operation alone, not for earlier
+  // point-to-point operations (collectives still complete in issue order),
+  // so a rank may issue a send, then wait for a later receive: that is how
+  // a pipeline keeps a send in flight while it waits for its next input.
+  // Errors: InvalidArgument for a peer outside [0, world_size) or equal to
+  // rank(); Unimplemented on backends without point-to-point
+  // (supports_point_to_point()).
+  absl::StatusOr<Work> Send(const Tensor &tensor, int peer,
+                            const Stream &stream);
+  // Receives into `tensor` (written) what rank `peer` sends, as above. The
+  // output is defined once the Work completes.
+  absl::StatusOr<Work> Recv(const Tensor &tensor, int peer,
+                            const Stream &stream);
+  // Whether Send, Recv and Send/Recv ops in Coalesced work here: the mpi
+  // backend (and the local one, whose world has no peer to name).
+  virtual bool supports_point_to_point() const { return false; }
+
+  // A communicator over the ranks that pass the same `color` (>= 0), ranked
+  // by `key` (ties by this communicator's rank): how a pipeline group and a
+  // data-parallel group are made from the world. Collective: every rank of
+  // this communicator calls it, in the same order relative to its other
+  // collectives. The new communicator has its own sequence numbers and
+  // timeout (this one's); this one stays usable. Its device, backend and
+  // local rank/size are this one's (local rank and size still describe the
+  // host). Errors: InvalidArgument for a negative color; FailedPrecondition
+  // when this communicator is broken; Unimplemented on backends that cannot
+  // split (in_process, nccl for now); the backend's translated error.
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key);
+
   // Issues several operations as one group: a backend may fuse them (NCCL
   // group) and every rank must pass the same list. Each operation obeys its
   // own contract above and gets its own sequence number; operations within
@@ -224,6 +264,9 @@ class Communicator {
   virtual absl::Status BarrierImpl(uint64_t sequence_number) = 0;
   // Whether this backend accepts tensors on `device`.
   virtual bool AcceptsDevice(const Device &device) const = 0;
+  // Split's backend part (arguments checked, communicator not broken).
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int color,
+                                                                  int key);
 
   // The DeadlineExceeded status for the operations `first`..`last` after
   // `seconds`; logs the recent collectives at ERROR.

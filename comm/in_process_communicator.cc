@@ -252,7 +252,9 @@ class World {
           break;
         }
         case CollectiveKind::kBarrier:
-          break;  // Communicator::Validate refuses it as an op
+        case CollectiveKind::kSend:  // Validate refuses these as ops
+        case CollectiveKind::kRecv:
+          break;
       }
     }
   }

@@ -332,6 +332,27 @@ TEST(InProcessFailureTest, RunInProcessForReturnsEachRanksValueOrError) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Not yet implemented here: named errors, not hangs.
+TEST(InProcessFailureTest, SplitAndPointToPointAreRefusedByName) {
+  const std::vector<absl::Status> statuses =
+      RunInProcess(2, [](Communicator& comm) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<Communicator>> group =
+            comm.Split(0, comm.rank());
+        if (group.status().code() != absl::StatusCode::kUnimplemented) {
+          return absl::InternalError("Split was not refused");
+        }
+        ZE_ASSIGN_OR_RETURN(Tensor t,
+                            Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
+        absl::StatusOr<Work> send = comm.Send(t, 1 - comm.rank(), Stream());
+        if (send.status().code() != absl::StatusCode::kUnimplemented) {
+          return absl::InternalError("Send was not refused");
+        }
+        return absl::OkStatus();
+      });
+  for (const absl::Status& status : statuses)
+    EXPECT_TRUE(status.ok()) << status;
+}
+
 TEST(InProcessFailureTest, RefusesBadWorlds) {
   EXPECT_EQ(CreateInProcessWorld(0).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -7,7 +7,9 @@
 // rounded once at the end. Device tensors are staged: the input is copied to
 // pinned host memory on the caller's stream (the host waits for that copy
 // before starting MPI), and the result is copied back on the same stream when
-// the Work is waited on.
+// the Work is waited on. Point-to-point groups (Send/Recv) complete on their
+// own: waiting on one does not complete earlier ones, which lets a pipeline
+// keep sends in flight while it waits for a receive.
 #include <mpi.h>
 
 #include <algorithm>
@@ -32,6 +34,8 @@ namespace comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr int kPointToPointTag = 7;
 
 // Reuses pinned staging blocks: cudaMallocHost is slow and would otherwise
 // run for every collective on device tensors.
@@ -115,7 +119,8 @@ struct Group {
   Event copied_back;  // recorded after the copies back to the device
   std::vector<PinnedPool::Block> blocks;
   bool mpi_done = false;
-  bool finished = false;  // results written (and copies back queued)
+  bool finished = false;        // results written (and copies back queued)
+  bool point_to_point = false;  // every op a send or a receive
   absl::Status status;
   uint64_t first_sequence() const { return ops.front().sequence_number; }
   uint64_t last_sequence() const { return ops.back().sequence_number; }
@@ -170,6 +175,7 @@ class MpiCommunicator : public Communicator {
   }
 
   const char *backend_name() const override { return "mpi"; }
+  bool supports_point_to_point() const override { return true; }
 
   absl::Status WaitGroup(const std::shared_ptr<Group> &target, bool host_sync);
   absl::StatusOr<bool> PollGroup(const std::shared_ptr<Group> &target);
@@ -183,6 +189,8 @@ class MpiCommunicator : public Communicator {
                              const std::vector<uint64_t> &sequence_numbers,
                              const Stream &stream) override;
   absl::Status BarrierImpl(uint64_t sequence_number) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int color,
+                                                          int key) override;
 
  private:
   absl::Status Stage(Group *group);
@@ -250,8 +258,9 @@ absl::Status MpiCommunicator::Stage(Group *group) {
       pending.host_input = HostView(in_block.data, op.input.numel(), dtype);
       pending.host_output = HostView(out_block.data, op.output.numel(), dtype);
     }
-    const bool needs_input =
-        op.kind != CollectiveKind::kBroadcast || op.root == rank();
+    const bool needs_input = op.kind == CollectiveKind::kBroadcast
+                                 ? op.root == rank()
+                                 : op.kind != CollectiveKind::kRecv;
     if (needs_input) {
       ZE_RETURN_IF_ERROR(Copy(op.input, pending.host_input, group->stream));
     }
@@ -328,6 +337,17 @@ absl::Status MpiCommunicator::Start(PendingOp *pending) {
     case CollectiveKind::kBarrier:
       error = MPI_Ibarrier(comm_, &pending->request);
       break;
+    // One tag for every message: MPI keeps messages between two ranks in
+    // order per tag, which is the matching order the contract promises.
+    case CollectiveKind::kSend:
+      error = MPI_Isend(in.data(), static_cast<int>(in.numel()), RawType(dtype),
+                        op.root, kPointToPointTag, comm_, &pending->request);
+      break;
+    case CollectiveKind::kRecv:
+      error =
+          MPI_Irecv(out.data(), static_cast<int>(out.numel()), RawType(dtype),
+                    op.root, kPointToPointTag, comm_, &pending->request);
+      break;
   }
   return MpiStatus(error, what);
 }
@@ -347,6 +367,11 @@ absl::StatusOr<Work> MpiCommunicator::Issue(
   auto group = std::make_shared<Group>();
   group->stream = stream;
   group->on_device = stream.device().is_cuda();
+  group->point_to_point =
+      std::all_of(ops.begin(), ops.end(), [](const CollectiveOp &op) {
+        return op.kind == CollectiveKind::kSend ||
+               op.kind == CollectiveKind::kRecv;
+      });
   for (size_t i = 0; i < ops.size(); ++i) {
     PendingOp pending;
     pending.op = ops[i];
@@ -431,7 +456,7 @@ absl::Status MpiCommunicator::Finish(Group *group) {
     if (group->on_device) {
       const bool root_of_broadcast =
           op.kind == CollectiveKind::kBroadcast && op.root == rank();
-      if (!root_of_broadcast) {
+      if (!root_of_broadcast && op.kind != CollectiveKind::kSend) {
         // Queued on the caller's stream, which need not be the one the
         // output was allocated on.
         ZE_RETURN_IF_ERROR(op.output.RecordStream(group->stream));
@@ -495,9 +520,14 @@ absl::Status MpiCommunicator::WaitGroup(const std::shared_ptr<Group> &target,
     const Clock::time_point deadline =
         started + std::chrono::duration_cast<Clock::duration>(
                       std::chrono::duration<double>(timeout_seconds()));
-    // Earlier groups first: MPI completes them in order anyway, and their
-    // results must be written before later ones overwrite shared outputs.
+    // Earlier collective groups first: MPI completes them in order anyway,
+    // and their results must be written before later ones overwrite shared
+    // outputs. Point-to-point groups complete on their own.
     for (const std::shared_ptr<Group> &group : in_flight_) {
+      if (group != target &&
+          (group->point_to_point || target->point_to_point)) {
+        continue;
+      }
       absl::Status status = Complete(group.get(), deadline, started);
       if (!status.ok()) {
         if (group != target) {
@@ -523,6 +553,10 @@ absl::StatusOr<bool> MpiCommunicator::PollGroup(
   if (!target->status.ok()) return target->status;
   if (!target->finished) {
     for (const std::shared_ptr<Group> &group : in_flight_) {
+      if (group != target &&
+          (group->point_to_point || target->point_to_point)) {
+        continue;
+      }
       if (!group->finished) {
         ZE_RETURN_IF_ERROR(Test(group.get()));
         if (!group->mpi_done) return false;
@@ -579,6 +613,30 @@ absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::SplitImpl(
+    int color, int key) {
+  MPI_Comm split = MPI_COMM_NULL;
+  int rank = -1, size = 0;
+  {
+    std::lock_guard<std::mutex> lock(MpiMutex());
+    ZE_RETURN_IF_ERROR(
+        MpiStatus(MPI_Comm_split(comm_, color, key, &split),
+                  absl::StrCat("MPI_Comm_split(color ", color, ", key ", key,
+                               ") on rank ", this->rank())));
+    MPI_Comm_set_errhandler(split, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(split, &rank);
+    MPI_Comm_size(split, &size);
+  }
+  LaunchInfo info;
+  info.rank = rank;
+  info.world_size = size;
+  info.local_rank = local_rank();
+  info.local_size = local_size();
+  info.launched = true;
+  return std::unique_ptr<Communicator>(
+      new MpiCommunicator(info, device(), timeout_seconds(), split));
 }
 
 }  // namespace

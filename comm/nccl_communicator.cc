@@ -253,6 +253,8 @@ class NcclCommunicator : public Communicator {
                             type, op.root, comm_, cuda_stream);
           break;
         case CollectiveKind::kBarrier:
+        case CollectiveKind::kSend:  // refused by Validate: no point-to-point
+        case CollectiveKind::kRecv:  // here yet (supports_point_to_point)
           break;
       }
       status = NcclStatus(result, what, comm_);

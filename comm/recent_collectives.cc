@@ -18,6 +18,10 @@ const char *CollectiveKindName(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kSend:
+      return "send";
+    case CollectiveKind::kRecv:
+      return "recv";
   }
   return "unknown";
 }
@@ -43,6 +47,10 @@ std::string CollectiveRecord::Describe() const {
     absl::StrAppend(&name, "(", ReduceOpName(reduce_op), ")");
   } else if (kind == CollectiveKind::kBroadcast) {
     absl::StrAppend(&name, "(root ", root, ")");
+  } else if (kind == CollectiveKind::kSend) {
+    absl::StrAppend(&name, "(to ", root, ")");
+  } else if (kind == CollectiveKind::kRecv) {
+    absl::StrAppend(&name, "(from ", root, ")");
   }
   if (kind == CollectiveKind::kBarrier) {
     return absl::StrCat(name, " #", sequence_number);

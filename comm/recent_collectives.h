@@ -25,11 +25,17 @@ enum class CollectiveKind {
   kAllGather,
   kBroadcast,
   kBarrier,
+  // Point-to-point (comm/communicator.h's Send and Recv): only the two ranks
+  // involved issue them, so sequence numbers stop lining up across ranks
+  // once a rank has sent or received.
+  kSend,
+  kRecv,
 };
 
 enum class ReduceOp { kSum, kMax, kMin, kAverage };
 
-// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier".
+// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
+// "send", "recv".
 const char *CollectiveKindName(CollectiveKind kind);
 // "sum", "max", "min", "avg".
 const char *ReduceOpName(ReduceOp op);
@@ -41,7 +47,7 @@ struct CollectiveRecord {
   uint64_t sequence_number = 0;
   CollectiveKind kind = CollectiveKind::kAllReduce;
   ReduceOp reduce_op = ReduceOp::kSum;  // reductions only
-  int root = -1;                        // broadcast only
+  int root = -1;                        // broadcast: root; send/recv: peer
   int64_t count = 0;                    // elements of the input
   DType dtype = DType::kF32;
   State state = State::kIssued;

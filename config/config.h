@@ -309,6 +309,29 @@ struct ActivationCheckpointingConfig {
   bool operator==(const ActivationCheckpointingConfig& other) const;
 };
 
+// "pipeline.schedule" (zero-engine's key): the order of a pipeline
+// stage's forwards and backwards (docs/pipeline.md).
+enum class PipelineSchedule { kGPipe, kOneFOneB, kInterleavedOneFOneB };
+
+// "pipeline": DeepSpeed's pipeline-parallel keys, plus the schedule.
+// The world is `stages` pipeline stages times world_size / stages
+// data-parallel replicas (pipeline/layout.h); the batch triple counts the
+// replicas: train = micro x accumulation x (world_size / stages), and the
+// accumulation steps are the pipeline's micro-batches, as in DeepSpeed.
+struct PipelineConfig {
+  int64_t stages = 1;
+  // "parameters" (or DeepSpeed's "best"), "uniform", or explicit layer
+  // boundaries "0,4,8,12" (pipeline/partition.h).
+  std::string partition = "parameters";
+  // 0: no activation checkpointing; 1: every pipeline layer checkpointed.
+  int64_t activation_checkpoint_interval = 0;
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  bool seed_layers = false;
+  bool pipe_partitioned = true;
+  bool grad_partitioned = true;
+  bool operator==(const PipelineConfig& other) const;
+};
+
 // DeepSpeed matches tag_validation case-insensitively.
 enum class TagValidation { kIgnore, kWarn, kFail };
 
@@ -386,6 +409,16 @@ struct Config {
   ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
   CsvMonitorConfig csv_monitor;
+  PipelineConfig pipeline;
+
+  // The ranks that hold one copy of a pipeline stage: world_size /
+  // pipeline.stages (world_size without a pipeline). What the batch triple
+  // counts.
+  int64_t data_parallel_size() const {
+    return pipeline.stages > 0 && world_size % pipeline.stages == 0
+               ? world_size / pipeline.stages
+               : world_size;
+  }
 
   // Not JSON keys. world_size is the one the batch triple was checked
   // against; source names the file (or "<json string>") for error messages;

@@ -854,6 +854,59 @@ TEST(BatchTripleTest, SameFileFailsAtAWorldSizeThatDoesNotDivide) {
       << at_three.status();
 }
 
+// A pipeline's replicas take the batch: train = micro x accumulation x
+// (world / pipeline.stages), as DeepSpeed's data-parallel world does.
+TEST(PipelineConfigTest, BatchTripleCountsDataParallelReplicas) {
+  const Config config = LoadOrDie(
+      R"({"train_batch_size": 16, "gradient_accumulation_steps": 4,
+          "pipeline": {"stages": 2, "partition": "uniform",
+                       "schedule": "gpipe",
+                       "activation_checkpoint_interval": 1}})",
+      4);
+  EXPECT_EQ(config.data_parallel_size(), 2);
+  EXPECT_EQ(config.train_micro_batch_size_per_gpu.value(), 2);
+  EXPECT_EQ(config.pipeline.stages, 2);
+  EXPECT_EQ(config.pipeline.partition, "uniform");
+  EXPECT_EQ(config.pipeline.schedule, PipelineSchedule::kGPipe);
+  EXPECT_EQ(config.pipeline.activation_checkpoint_interval, 1);
+  EXPECT_EQ(LoadOrDie(R"({"train_batch_size": 8})", 4).pipeline.schedule,
+            PipelineSchedule::kOneFOneB);
+}
+
+TEST(PipelineConfigTest, BadLayoutsAndValuesNameTheKey) {
+  absl::StatusOr<Config> uneven = LoadConfigString(
+      R"({"train_batch_size": 8, "pipeline": {"stages": 3}})", 4);
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_NE(uneven.status().message().find(
+                "pipeline.stages = 3 does not divide the world size 4"),
+            absl::string_view::npos)
+      << uneven.status();
+  absl::StatusOr<Config> schedule = LoadConfigString(
+      R"({"train_batch_size": 8, "pipeline": {"schedule": "1F1B"}})", 1);
+  ASSERT_FALSE(schedule.ok());
+  EXPECT_NE(schedule.status().message().find("pipeline.schedule"),
+            absl::string_view::npos)
+      << schedule.status();
+  absl::StatusOr<Config> interval = LoadConfigString(
+      R"({"train_batch_size": 8,
+          "pipeline": {"activation_checkpoint_interval": 2}})",
+      1);
+  ASSERT_FALSE(interval.ok());
+  EXPECT_NE(interval.status().message().find(
+                "pipeline.activation_checkpoint_interval"),
+            absl::string_view::npos)
+      << interval.status();
+  absl::StatusOr<Config> batch = LoadConfigString(
+      R"({"train_batch_size": 6, "gradient_accumulation_steps": 2,
+          "pipeline": {"stages": 2}})",
+      4);
+  ASSERT_FALSE(batch.ok());
+  EXPECT_NE(batch.status().message().find(
+                "data-parallel size 2 = world size 4 / pipeline.stages 2"),
+            absl::string_view::npos)
+      << batch.status();
+}
+
 // ------------------------------------------------------------ auto
 
 TEST(ResolveTest, HiddenSizeRulesFollowHuggingFace) {
@@ -956,7 +1009,7 @@ TEST(ResolveTest, HintsAreValidatedAndWorldSizeMustMatch) {
 // Every key, each set to a value other than its default, so a key ToJson()
 // forgot to write, or the parser forgot to read, changes the round trip.
 constexpr char kEveryKeyNonDefault[] = R"({
-  "train_batch_size": 96,
+  "train_batch_size": 48,
   "train_micro_batch_size_per_gpu": 3,
   "gradient_accumulation_steps": 8,
   "steps_per_print": 7,
@@ -1009,7 +1062,11 @@ constexpr char kEveryKeyNonDefault[] = R"({
       "profile": true},
   "checkpoint": {"tag_validation": "Ignore", "load_universal": true,
       "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true}},
-  "csv_monitor": {"enabled": true, "output_path": "out/", "job_name": "job"}
+  "csv_monitor": {"enabled": true, "output_path": "out/", "job_name": "job"},
+  "pipeline": {"stages": 2, "partition": "uniform",
+               "activation_checkpoint_interval": 1, "schedule": "gpipe",
+               "seed_layers": true, "pipe_partitioned": false,
+               "grad_partitioned": false}
 })";
 
 TEST(ToJsonTest, EveryKeySurvivesTheRoundTrip) {
@@ -1043,15 +1100,26 @@ TEST(ToJsonTest, FillsEveryDefaultInAStableOrder) {
       nlohmann::ordered_json::parse(ToJson(c));
   std::vector<std::string> keys;
   for (const auto& item : printed.items()) keys.push_back(item.key());
-  EXPECT_EQ(keys, (std::vector<std::string>{
-                      "train_batch_size", "train_micro_batch_size_per_gpu",
-                      "gradient_accumulation_steps", "steps_per_print",
-                      "gradient_clipping", "prescale_gradients",
-                      "gradient_predivide_factor", "communication_data_type",
-                      "wall_clock_breakdown", "memory_breakdown", "seed",
-                      "max_consecutive_nonfinite_steps", "fp16", "bf16",
-                      "zero_optimization", "aio", "activation_checkpointing",
-                      "checkpoint", "csv_monitor"}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"train_batch_size",
+                                            "train_micro_batch_size_per_gpu",
+                                            "gradient_accumulation_steps",
+                                            "steps_per_print",
+                                            "gradient_clipping",
+                                            "prescale_gradients",
+                                            "gradient_predivide_factor",
+                                            "communication_data_type",
+                                            "wall_clock_breakdown",
+                                            "memory_breakdown",
+                                            "seed",
+                                            "max_consecutive_nonfinite_steps",
+                                            "fp16",
+                                            "bf16",
+                                            "zero_optimization",
+                                            "aio",
+                                            "activation_checkpointing",
+                                            "checkpoint",
+                                            "csv_monitor",
+                                            "pipeline"}));
   EXPECT_EQ(printed["gradient_accumulation_steps"], 1);
   EXPECT_EQ(printed["zero_optimization"]["stage3_max_live_parameters"],
             1'000'000'000);
@@ -1196,11 +1264,11 @@ std::vector<nlohmann::json> Alternatives(const nlohmann::json& original) {
   }
   // Strings (enum spellings, paths, "auto") and null (unset optionals).
   for (const char* c :
-       {"AdamW", "Ignore", "linear", "cpu", "fp32", "/tmp/swap"}) {
+       {"AdamW", "Ignore", "linear", "cpu", "fp32", "/tmp/swap", "gpipe"}) {
     out.push_back(c);
   }
   if (original.is_string()) out.push_back(original.get<std::string>() + "x");
-  for (double c : {6.0, 1.0, 1e-4}) out.push_back(c);
+  for (double c : {12.0, 6.0, 1.0, 1e-4}) out.push_back(c);
   return out;
 }
 
@@ -1258,7 +1326,7 @@ TEST(EqualityTest, ChangingAnyKeyAloneMakesConfigsUnequal) {
   std::set<std::string> covered;
   for (const std::string& base_keys : bases) {
     const Config base =
-        LoadOrDie(absl::StrCat("{", batch, ",", base_keys, "}"));
+        LoadOrDie(absl::StrCat("{", batch, ",", base_keys, "}"), 2);
     const nlohmann::json base_json = nlohmann::json::parse(ToJson(base));
     const nlohmann::json leaves = base_json.flatten();
     for (const auto& [pointer, original] : leaves.items()) {
@@ -1270,7 +1338,8 @@ TEST(EqualityTest, ChangingAnyKeyAloneMakesConfigsUnequal) {
         if (value == original) continue;
         nlohmann::json json = base_json;
         json[nlohmann::json::json_pointer(pointer)] = value;
-        absl::StatusOr<Config> other = LoadConfigJson(json, 1);
+        // World size 2, so pipeline.stages can change alone (to 2).
+        absl::StatusOr<Config> other = LoadConfigJson(json, 2);
         if (!other.ok()) continue;
         EXPECT_FALSE(*other == base) << pointer << " = " << value.dump();
         EXPECT_TRUE(*other != base) << pointer << " = " << value.dump();
@@ -1451,6 +1520,22 @@ TEST(ResolveTest, HuggingFaceZero3ConfigResolvesGivenAHiddenSize) {
 
 // What the engine cannot run is read at load (DeepSpeed configs stay
 // loadable) and refused by CheckSupported, naming the keys.
+TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
+  const char* base = R"({"train_batch_size": 8, "pipeline": {"stages": 2},
+      "zero_optimization": {"stage": 1}})";
+  EXPECT_TRUE(CheckSupported(LoadOrDie(base, 2)).ok());
+  Config refused = LoadOrDie(base, 2);
+  refused.zero_optimization.stage = 3;
+  refused.gradient_clipping = 1.0;
+  const absl::Status status = CheckSupported(refused);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
+                                  "with zero_optimization.stage 3 (0-1 "
+                                  "work), gradient_clipping"),
+            absl::string_view::npos)
+      << status;
+}
+
 TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {
   EXPECT_TRUE(CheckSupported(LoadOrDie(R"({"train_batch_size": 8,
       "zero_optimization": {"stage": 3,

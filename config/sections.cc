@@ -488,6 +488,48 @@ const Schema<CsvMonitorConfig>& CsvMonitorSchema() {
   return *schema;
 }
 
+const Schema<PipelineConfig>& PipelineSchema() {
+  static const auto* schema = [] {
+    using P = PipelineConfig;
+    auto* s = new Schema<P>();
+    s->Add(Value("stages", &P::stages, Integer(AtLeast(1)),
+                 "Pipeline stages; the world is stages x data-parallel "
+                 "replicas (stage = rank / (world / stages))."))
+        .Add(Value("partition", &P::partition, String(false),
+                   "How the model's layer sequence is cut into stages: "
+                   "\"parameters\" (or \"best\"), \"uniform\", or "
+                   "boundaries such as \"0,4,8,12\"."))
+        .Add(Value("activation_checkpoint_interval",
+                   &P::activation_checkpoint_interval, Integer(Between(0, 1)),
+                   "1: checkpoint every pipeline layer (recompute in "
+                   "backward); 0: off."))
+        .Add(Value(
+            "schedule", &P::schedule,
+            Enum<PipelineSchedule>(
+                {{"gpipe", PipelineSchedule::kGPipe},
+                 {"1f1b", PipelineSchedule::kOneFOneB},
+                 {"interleaved_1f1b", PipelineSchedule::kInterleavedOneFOneB}},
+                /*case_insensitive=*/false),
+            "zero-engine: the schedule, gpipe, 1f1b or "
+            "interleaved_1f1b."))
+        .Add(Value("seed_layers", &P::seed_layers, Boolean(),
+                   "Seed each layer's initialisation by its index."))
+        .Add(Value("pipe_partitioned", &P::pipe_partitioned, Boolean(),
+                   "Partition activations sent between stages over the "
+                   "tensor-parallel group."))
+        .Add(Value("grad_partitioned", &P::grad_partitioned, Boolean(),
+                   "Partition gradients sent between stages over the "
+                   "tensor-parallel group."))
+        .WithoutEffect("seed_layers",
+                       "parameters are initialised from (seed, name) "
+                       "whatever the stage")
+        .WithoutEffect("pipe_partitioned", "there is no tensor parallelism")
+        .WithoutEffect("grad_partitioned", "there is no tensor parallelism");
+    return s;
+  }();
+  return *schema;
+}
+
 }  // namespace
 
 const Schema<Config>& TopSchema() {
@@ -567,6 +609,8 @@ const Schema<Config>& TopSchema() {
                      "Checkpoints."))
         .Add(Section("csv_monitor", &C::csv_monitor, &CsvMonitorSchema(),
                      "CSV metrics."))
+        .Add(Section("pipeline", &C::pipeline, &PipelineSchema(),
+                     "Pipeline parallelism (docs/pipeline.md)."))
         .Alias("bfloat16", "bf16");
     // DeepSpeed reads these top-level keys; zero-engine checks and ignores
     // them, warning when they would have done something.
@@ -605,8 +649,6 @@ const Schema<Config>& TopSchema() {
         .Ignored("hybrid_engine", SectionEnabled(false),
                  std::optional<bool>(false),
                  "the hybrid (RLHF) engine is not implemented")
-        .Ignored("pipeline", Present(), std::optional<bool>(),
-                 "pipeline parallelism is not implemented")
         .Ignored("tensor_parallel", Present(), std::optional<bool>(),
                  "tensor parallelism is not implemented")
         .Ignored("data_types", Present(), std::optional<bool>(),
@@ -695,6 +737,10 @@ bool ParallelWriteConfig::operator==(const ParallelWriteConfig& other) const {
 
 bool CheckpointConfig::operator==(const CheckpointConfig& other) const {
   return internal::CheckpointSchema().Equal(*this, other);
+}
+
+bool PipelineConfig::operator==(const PipelineConfig& other) const {
+  return internal::PipelineSchema().Equal(*this, other);
 }
 
 bool CsvMonitorConfig::operator==(const CsvMonitorConfig& other) const {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "config/sections.h"
 
 namespace ze {
@@ -18,7 +19,9 @@ namespace {
 // given values determine the third, one given value sets accumulation to 1,
 // and the three must satisfy train = micro x accumulation x world size.
 void InferBatchTriple(Config* config, Problems& problems) {
-  const int64_t world = config->world_size;
+  // With a pipeline, the replicas of a stage (DeepSpeed's data-parallel
+  // world) take the batch.
+  const int64_t world = config->data_parallel_size();
   int64_t train = config->train_batch_size.raw_value();
   int64_t micro = config->train_micro_batch_size_per_gpu.raw_value();
   int64_t accum = config->gradient_accumulation_steps.raw_value();
@@ -28,7 +31,12 @@ void InferBatchTriple(Config* config, Problems& problems) {
   const std::string given = absl::StrCat(
       " (train_batch_size ", shown(train), ", train_micro_batch_size_per_gpu ",
       shown(micro), ", gradient_accumulation_steps ", shown(accum),
-      ", world size ", world, ")");
+      config->pipeline.stages > 1
+          ? absl::StrCat(", data-parallel size ", world, " = world size ",
+                         config->world_size, " / pipeline.stages ",
+                         config->pipeline.stages)
+          : absl::StrCat(", world size ", world),
+      ")");
 
   auto divide = [&](int64_t dividend, int64_t divisor, const std::string& what,
                     const std::string& divisor_text, int64_t* quotient) {
@@ -231,6 +239,15 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     }
   }
 
+  const int64_t stages = config->pipeline.stages;
+  if (config->world_size % stages != 0) {
+    problems.Add(absl::StrCat(
+        "pipeline.stages = ", stages, " does not divide the world size ",
+        config->world_size,
+        ": every stage needs the same number of data-parallel ranks"));
+    return;
+  }
+
   if (!any_bad({"train_batch_size", "train_micro_batch_size_per_gpu",
                 "gradient_accumulation_steps"}) &&
       !config->train_batch_size.is_auto() &&
@@ -314,6 +331,34 @@ absl::Status CheckSupported(const Config& config) {
                      "zero_optimization.offload_optimizer.device \"cpu\" or "
                      "\"nvme\" with ratio 1 "
                      "(the whole optimizer step on the CPU)"));
+  }
+  if (config.pipeline.stages > 1) {
+    // What a pipeline composes with so far (docs/pipeline.md): the stage's
+    // gradients must stay whole until the step, where the tied embedding's
+    // are summed across stages before the data-parallel reduction (stage 2
+    // reduces each micro-step, stage 3 partitions the weights); the
+    // gradient norm and the fp16 overflow check would have to span the
+    // stages.
+    std::vector<std::string> refused;
+    if (zero.stage > 1) {
+      refused.push_back(
+          absl::StrCat("zero_optimization.stage ", zero.stage, " (0-1 work)"));
+    }
+    if (offload_optimizer.device != OffloadDevice::kNone) {
+      refused.push_back("zero_optimization.offload_optimizer");
+    }
+    if (config.gradient_clipping.is_auto() ||
+        config.gradient_clipping.value() > 0) {
+      refused.push_back("gradient_clipping");
+    }
+    if (config.fp16.enabled.is_auto() || config.fp16.enabled.value()) {
+      refused.push_back("fp16.enabled (bf16 and fp32 work)");
+    }
+    if (!refused.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          config.source, ": pipeline.stages ", config.pipeline.stages,
+          " does not compose yet with ", absl::StrJoin(refused, ", ")));
+    }
   }
   return absl::OkStatus();
 }

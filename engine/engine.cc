@@ -19,6 +19,8 @@
 #include "engine/agreement.h"
 #include "engine/checkpoint/orchestration.h"
 #include "engine/engine_impl.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 #include "zero/create_strategy.h"
 #include "zero/plan.h"
 
@@ -118,6 +120,7 @@ absl::StatusOr<float> EngineImpl::Forward(const Tensor& inputs,
   // Its saved activations would be overwritten and the gradient-readiness
   // counts of the owed backward lost.
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("Forward"));
+  ZE_RETURN_IF_ERROR(RequireNoPipeline("Forward"));
   const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
   if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||
       targets.dim() < 1 || inputs.size(0) != micro ||
@@ -148,6 +151,7 @@ absl::StatusOr<float> EngineImpl::Forward(const Tensor& inputs,
 
 absl::Status EngineImpl::Backward() {
   StreamGuard guard(compute_stream_);
+  ZE_RETURN_IF_ERROR(RequireNoPipeline("Backward"));
   const Clock::time_point start = Clock::now();
   ZE_RETURN_IF_ERROR(
       strategy_->BeginBackward(IsGradientAccumulationBoundary()));
@@ -241,6 +245,7 @@ absl::StatusOr<StepReport> EngineImpl::TrainBatch(
         "TrainBatch takes gradient_accumulation_steps=", accumulation,
         " micro-batches, got ", micro_batches.size()));
   }
+  if (pipeline_ != nullptr) return TrainPipelineBatch(micro_batches);
   StepReport report;
   for (const auto& [tokens, targets] : micro_batches) {
     ZE_RETURN_IF_ERROR(Forward(tokens, targets).status());
@@ -362,6 +367,11 @@ absl::Status EngineImpl::SaveCheckpoint(const std::string& directory,
                                         const nlohmann::json& client_state) {
   last_save_report_ = CheckpointSaveReport();
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("save_checkpoint"));
+  // Each stage's ranks would write the same per-rank file names.
+  if (pipeline_ != nullptr) {
+    return absl::UnimplementedError(
+        "save_checkpoint: checkpoints of a pipeline are not implemented yet");
+  }
   return engine::SaveCheckpoint(CheckpointState(), directory, tag, client_state,
                                 &last_save_report_);
 }
@@ -370,6 +380,10 @@ absl::StatusOr<LoadedCheckpoint> EngineImpl::LoadCheckpoint(
     const std::string& directory, const std::string& tag,
     bool load_optimizer_states) {
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("load_checkpoint"));
+  if (pipeline_ != nullptr) {
+    return absl::UnimplementedError(
+        "load_checkpoint: checkpoints of a pipeline are not implemented yet");
+  }
   ZE_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
                       engine::LoadCheckpoint(CheckpointState(), directory, tag,
                                              load_optimizer_states));
@@ -431,7 +445,145 @@ absl::Status EngineImpl::Setup() {
                                       compute_stream_,
                                       "creating the ZeRO partition state"));
   strategy_ = std::move(strategy).value();
+  if (pipeline_layout_.has_value()) ZE_RETURN_IF_ERROR(SetUpPipeline());
   return absl::OkStatus();
+}
+
+absl::Status EngineImpl::SetUpPipelineGroups(
+    std::shared_ptr<comm::Communicator> world) {
+  ZE_ASSIGN_OR_RETURN(
+      pipeline::PipelineLayout layout,
+      pipeline::PipelineLayout::Create(
+          world->world_size(), config_.pipeline.stages, "pipeline.stages"));
+  ZE_ASSIGN_OR_RETURN(pipeline_groups_,
+                      pipeline::CreatePipelineGroups(*world, layout));
+  pipeline_layout_ = layout;
+  world_ = std::move(world);
+  // The strategy, the batch and the engine's collectives are the stage's
+  // data-parallel group's.
+  communicator_ = std::shared_ptr<comm::Communicator>(
+      std::move(pipeline_groups_.data_parallel));
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::SetUpPipeline() {
+  const config::PipelineConfig& pipe = config_.pipeline;
+  const pipeline::PipelineLayout& layout = *pipeline_layout_;
+  const int stage_index = pipeline_groups_.pipeline->rank();
+  auto* stage = dynamic_cast<nn::PipelineStage*>(model_.get());
+  if (stage == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_.source, ": pipeline.stages ", pipe.stages, ": the model (",
+        model_->type_name(),
+        ") is not a pipeline stage (nn::PipelineStage; GptModel built with "
+        "GptOptions::first_layer/last_layer is)"));
+  }
+  ZE_ASSIGN_OR_RETURN(const std::vector<pipeline::LayerRange> ranges,
+                      pipeline::PartitionLayers(stage->PipelineLayerWeights(),
+                                                pipe.stages, pipe.partition));
+  const pipeline::LayerRange& mine = ranges[stage_index];
+  if (stage->first_layer() != mine.first || stage->last_layer() != mine.last) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_.source, ": pipeline.partition \"", pipe.partition,
+        "\" gives stage ", stage_index, " (world rank ", world_->rank(),
+        ") pipeline layers [", mine.first, ", ", mine.last,
+        ") but the model holds [", stage->first_layer(), ", ",
+        stage->last_layer(),
+        "); build each rank's stage from pipeline::PartitionLayers"));
+  }
+  if (pipe.activation_checkpoint_interval == 1) {
+    for (nn::Module* layer : stage->StageLayers()) {
+      layer->set_activation_checkpointing(true);
+    }
+  }
+  pipeline::ScheduleKind kind = pipeline::ScheduleKind::kOneFOneB;
+  switch (pipe.schedule) {
+    case config::PipelineSchedule::kGPipe:
+      kind = pipeline::ScheduleKind::kGPipe;
+      break;
+    case config::PipelineSchedule::kOneFOneB:
+      kind = pipeline::ScheduleKind::kOneFOneB;
+      break;
+    case config::PipelineSchedule::kInterleavedOneFOneB:
+      return absl::UnimplementedError(absl::StrCat(
+          config_.source,
+          ": pipeline.schedule \"interleaved_1f1b\" needs several stages "
+          "per rank, which the engine does not build yet (its schedule "
+          "exists: pipeline/schedule.h); use \"1f1b\" or \"gpipe\""));
+  }
+  ZE_ASSIGN_OR_RETURN(
+      pipeline::Schedule schedule,
+      pipeline::BuildSchedule(
+          kind, pipe.stages,
+          static_cast<int>(config_.gradient_accumulation_steps.value())));
+  const double bubble = pipeline::ExpectedBubbleFraction(schedule);
+  pipeline::ExecutorContext context;
+  context.stage = stage;
+  context.strategy = strategy_.get();
+  context.pipeline = pipeline_groups_.pipeline.get();
+  context.tied = pipeline_groups_.tied.get();
+  context.stream = &compute_stream_;
+  ZE_ASSIGN_OR_RETURN(pipeline_, pipeline::PipelineExecutor::Create(
+                                     context, std::move(schedule)));
+  if (world_->rank() == 0) {
+    std::string stages;
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      absl::StrAppend(&stages, s == 0 ? "" : ", ", "[", ranges[s].first, ", ",
+                      ranges[s].last, ")");
+    }
+    ZE_LOG_RANK0(INFO) << "pipeline: " << layout.ToString() << ", schedule "
+                       << pipeline::ScheduleName(kind) << " over "
+                       << config_.gradient_accumulation_steps.value()
+                       << " micro-batches (bubble "
+                       << absl::StrFormat("%.3f", bubble)
+                       << "), layers per stage " << stages;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::RequireNoPipeline(const char* what) const {
+  if (pipeline_ == nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " on world rank ", world_->rank(),
+      ": a pipeline engine (pipeline.stages ", config_.pipeline.stages,
+      ") trains through TrainBatch, one step of all its micro-batches"));
+}
+
+absl::StatusOr<StepReport> EngineImpl::TrainPipelineBatch(
+    const std::vector<std::pair<Tensor, Tensor>>& micro_batches) {
+  StreamGuard guard(compute_stream_);
+  const int64_t micro = config_.train_micro_batch_size_per_gpu.value();
+  std::vector<pipeline::MicroBatch> batches;
+  for (const auto& [inputs, targets] : micro_batches) {
+    if (!inputs.defined() || !targets.defined() || inputs.dim() < 1 ||
+        targets.dim() < 1 || inputs.size(0) != micro ||
+        targets.size(0) != micro) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Engine::TrainBatch on world rank ", world_->rank(),
+                       ": inputs and targets must both have "
+                       "train_micro_batch_size_per_gpu=",
+                       micro, " rows"));
+    }
+    pipeline::MicroBatch batch;
+    ZE_ASSIGN_OR_RETURN(batch.inputs, OnModelDevice(inputs));
+    ZE_ASSIGN_OR_RETURN(batch.targets, OnModelDevice(targets));
+    batches.push_back(std::move(batch));
+  }
+  const double scale =
+      training_->loss_scale() / config_.gradient_accumulation_steps.value();
+  const Clock::time_point start = Clock::now();
+  ZE_ASSIGN_OR_RETURN(const double loss_sum,
+                      pipeline_->RunStep(batches, static_cast<float>(scale)));
+  ZE_RETURN_IF_ERROR(
+      monitor_->EndPhase(StepMonitor::kForward, start, compute_stream_));
+  loss_sum_ = loss_sum;
+  StepReport report;
+  for (const pipeline::MicroBatch& batch : batches) {
+    monitor_->RecordMicroBatch(
+        batch.inputs.dtype() == DType::kI32 ? batch.inputs.numel() : micro);
+    ZE_ASSIGN_OR_RETURN(report, Step());
+  }
+  return report;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
@@ -481,7 +633,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   std::unique_ptr<EngineImpl> engine(new EngineImpl());
   engine->config_ = config;
   engine->model_ = std::move(model);
-  engine->communicator_ = std::move(communicator);
+  if (config.pipeline.stages > 1) {
+    ZE_RETURN_IF_ERROR(engine->SetUpPipelineGroups(std::move(communicator)));
+  } else {
+    engine->communicator_ = std::move(communicator);
+  }
   // wall_clock_breakdown reports the collectives' time too.
   if (config.wall_clock_breakdown) engine->communicator_->set_timing(true);
   if (engine->model_->device().is_cuda()) {

@@ -33,6 +33,8 @@
 #include "engine/step_monitor.h"
 #include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
+#include "pipeline/executor.h"
+#include "pipeline/layout.h"
 #include "zero/plan.h"
 #include "zero/strategy.h"
 #include "zero/training_state.h"
@@ -102,6 +104,21 @@ class EngineImpl {
       std::shared_ptr<comm::Communicator> communicator);
   // The part of Initialize after the checks: training state and strategy.
   absl::Status Setup();
+  // With pipeline.stages > 1, before Setup: the layout and its groups over
+  // `world` (collective); communicator_ becomes this stage's data-parallel
+  // group.
+  absl::Status SetUpPipelineGroups(std::shared_ptr<comm::Communicator> world);
+  // Setup's pipeline part (after the strategy): checks the model is this
+  // rank's stage of the partition, turns on per-layer checkpointing, builds
+  // the schedule and the executor. InvalidArgument/Unimplemented naming the
+  // pipeline key.
+  absl::Status SetUpPipeline();
+  // TrainBatch on a pipeline: the executor's step, then Step's bookkeeping
+  // for each micro-batch (the last one the boundary).
+  absl::StatusOr<StepReport> TrainPipelineBatch(
+      const std::vector<std::pair<Tensor, Tensor>>& micro_batches);
+  // FailedPrecondition naming `what` on a pipeline engine.
+  absl::Status RequireNoPipeline(const char* what) const;
   absl::StatusOr<Tensor> OnModelDevice(const Tensor& tensor);
   absl::Status RequireNoPendingBackward(const char* what) const;
   // The evaluation bracket of EvalForward, EvalOutputs and Generate: runs
@@ -140,6 +157,13 @@ class EngineImpl {
   // Timing, throughput, memory and csv_monitor (engine/step_monitor.h);
   // set by Initialize.
   std::optional<StepMonitor> monitor_;
+  // Pipeline parallelism (docs/pipeline.md); unset without one. The
+  // executor borrows the groups and the strategy, so it is declared last
+  // (destroyed first).
+  std::shared_ptr<comm::Communicator> world_;
+  std::optional<pipeline::PipelineLayout> pipeline_layout_;
+  pipeline::PipelineGroups pipeline_groups_;
+  std::unique_ptr<pipeline::PipelineExecutor> pipeline_;
 };
 
 }  // namespace engine

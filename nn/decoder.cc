@@ -12,24 +12,52 @@ namespace nn {
 
 DecoderModel::DecoderModel(const DecoderConfig &config,
                            const DecoderOptions &options)
-    : LossModel("DecoderModel"), config_(config), options_(options) {
+    : LossModel("DecoderModel"),
+      config_(config),
+      options_(options),
+      first_layer_(options.first_layer),
+      last_layer_(options.last_layer < 0 ? config.pipeline_layers()
+                                         : options.last_layer) {
   const LayerOptions layer_options{options.device, options.dtype};
-  embed_tokens_ =
-      RegisterChild("embed_tokens",
-                    std::make_unique<TokenEmbedding>(
-                        config.vocab_size, config.hidden_size, layer_options));
-  layers_ = RegisterChild("layers", std::make_unique<Sequential>());
-  for (int layer = 0; layer < config.num_layers; ++layer) {
+  const int n = config.num_layers;
+  auto holds = [&](int layer) {
+    return first_layer_ <= layer && layer < last_layer_;
+  };
+  if (holds(0)) {
+    embed_tokens_ = RegisterChild(
+        "embed_tokens",
+        std::make_unique<TokenEmbedding>(config.vocab_size, config.hidden_size,
+                                         layer_options));
+  } else if (holds(n + 2) && config.tie_word_embeddings) {
+    // TokenEmbedding's initialiser for its table.
+    tied_table_ = RegisterChild(
+        "embed_tokens",
+        std::make_unique<TiedTableCopy>(
+            "weight", config.vocab_size, config.hidden_size, options.dtype,
+            options.device, Initializer::Normal(0.02f)));
+  }
+  for (int layer = 0; layer < n; ++layer) {
+    if (!holds(layer + 1)) continue;
+    if (layers_ == nullptr) {
+      layers_ = RegisterChild("layers", std::make_unique<Sequential>());
+    }
+    // Named by its index in the whole model, whatever the stage.
     DecoderBlock *block =
-        layers_->Append(std::make_unique<DecoderBlock>(config, layer_options));
+        layers_->Append(std::to_string(layer),
+                        std::make_unique<DecoderBlock>(config, layer_options));
     block->set_activation_checkpointing(config.activation_checkpointing);
   }
-  norm_ = RegisterChild(
-      "norm", std::make_unique<RmsNorm>(config.hidden_size, config.rms_norm_eps,
-                                        layer_options));
+  if (holds(n + 1)) {
+    norm_ = RegisterChild(
+        "norm", std::make_unique<RmsNorm>(config.hidden_size,
+                                          config.rms_norm_eps, layer_options));
+  }
+  if (!holds(n + 2)) return;
   if (config.tie_word_embeddings) {
-    lm_head_ = RegisterChild("lm_head", std::make_unique<OutputHead>(
-                                            embed_tokens_->shared_weight()));
+    lm_head_ = RegisterChild(
+        "lm_head", std::make_unique<OutputHead>(
+                       embed_tokens_ != nullptr ? embed_tokens_->shared_weight()
+                                                : tied_table_->shared_table()));
   } else {
     lm_head_ = RegisterChild(
         "lm_head", std::make_unique<OutputHead>(
@@ -45,6 +73,11 @@ absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(
     return absl::InvalidArgumentError(
         "DecoderOptions: dtype must be a float type");
   }
+  ZE_RETURN_IF_ERROR(
+      CheckPipelineLayers("DecoderOptions", options.first_layer,
+                          options.last_layer, config.pipeline_layers(),
+                          absl::StrCat("embed_tokens, ", config.num_layers,
+                                       " blocks, norm, the head")));
   std::unique_ptr<DecoderModel> model(new DecoderModel(config, options));
   if (options.materialize) {
     ZE_RETURN_IF_ERROR(model->MaterializeParameters(options.seed, stream));
@@ -61,10 +94,15 @@ int64_t DecoderModel::max_positions() const {
 
 absl::StatusOr<Tensor> DecoderModel::ForwardImpl(const Tensor &tokens,
                                                  const Stream &stream) {
-  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DecoderModel expects tokens (B, T) i32, got ",
-                     tokens.defined() ? tokens.DebugString() : "undefined"));
+  // A pipeline stage without embed_tokens takes the activation (B, T, H).
+  const bool takes_tokens = embed_tokens_ != nullptr;
+  if (!tokens.defined() ||
+      (takes_tokens && (tokens.dim() != 2 || tokens.dtype() != DType::kI32)) ||
+      (!takes_tokens && tokens.dim() != 3)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderModel expects ",
+        takes_tokens ? "tokens (B, T) i32" : "the activation (B, T, H)",
+        ", got ", tokens.defined() ? tokens.DebugString() : "undefined"));
   }
   // A cached forward checked start + T against max_positions() already.
   const int64_t seq = tokens.size(1);
@@ -79,26 +117,85 @@ absl::StatusOr<Tensor> DecoderModel::ForwardImpl(const Tensor &tokens,
                : absl::StrCat("max_position_embeddings = ",
                               config_.max_position_embeddings)));
   }
-  ZE_ASSIGN_OR_RETURN(Tensor x, embed_tokens_->Forward(tokens, stream));
-  ZE_ASSIGN_OR_RETURN(x, layers_->Forward(x, stream));  // (B, T, H)
+  Tensor x = tokens;
+  if (embed_tokens_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, embed_tokens_->Forward(tokens, stream));
+  }
+  if (layers_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, layers_->Forward(x, stream));  // (B, T, H)
+  }
   if (last_position_only_ && x.size(1) > 1) {
     ZE_ASSIGN_OR_RETURN(x, LastPositions(x, stream));  // (B, 1, H)
   }
-  ZE_ASSIGN_OR_RETURN(x, norm_->Forward(x, stream));
-  return lm_head_->Forward(x, stream);  // (B, T, V)
+  if (norm_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, norm_->Forward(x, stream));
+  }
+  if (lm_head_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, lm_head_->Forward(x, stream));  // (B, T, V)
+  }
+  return x;
+}
+
+std::vector<Module *> DecoderModel::StageLayers() {
+  std::vector<Module *> layers;
+  if (embed_tokens_ != nullptr) layers.push_back(embed_tokens_);
+  if (layers_ != nullptr) {
+    for (int i = 0; i < layers_->size(); ++i) layers.push_back(layers_->at(i));
+  }
+  if (norm_ != nullptr) layers.push_back(norm_);
+  if (lm_head_ != nullptr) layers.push_back(lm_head_);
+  return layers;
+}
+
+absl::StatusOr<Tensor> DecoderModel::ForwardStage(const Tensor &input,
+                                                  const Tensor &targets,
+                                                  const Stream &stream) {
+  if (lm_head_ != nullptr) {
+    if (!targets.defined() || targets.dtype() != DType::kI32 ||
+        targets.dim() != 2 || input.dim() < 2 ||
+        targets.size(0) != input.size(0) || targets.size(1) != input.size(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecoderModel::ForwardStage: the last stage needs targets (B, T) "
+          "i32 matching its input ",
+          input.DebugString(), ", got ",
+          targets.defined() ? targets.DebugString() : "undefined"));
+    }
+    lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
+  }
+  absl::StatusOr<Tensor> output = Forward(input, stream);
+  if (lm_head_ != nullptr) lm_head_->ClearPendingLoss();
+  return output;
+}
+
+std::vector<Parameter *> DecoderModel::TiedParameters() {
+  if (whole() || !config_.tie_word_embeddings) return {};
+  if (embed_tokens_ != nullptr && lm_head_ == nullptr) {
+    return {embed_tokens_->weight()};
+  }
+  if (tied_table_ != nullptr) return {tied_table_->table()};
+  return {};
 }
 
 absl::StatusOr<Tensor> DecoderModel::BackwardImpl(const Tensor &grad_output,
                                                   const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_output, stream));
-  ZE_ASSIGN_OR_RETURN(grad, norm_->Backward(grad, stream));
-  ZE_ASSIGN_OR_RETURN(grad, layers_->Backward(grad, stream));
-  return embed_tokens_->Backward(grad, stream);
+  Tensor grad = grad_output;
+  if (lm_head_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, lm_head_->Backward(grad, stream));
+  }
+  if (norm_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, norm_->Backward(grad, stream));
+  }
+  if (layers_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, layers_->Backward(grad, stream));
+  }
+  if (embed_tokens_ != nullptr) return embed_tokens_->Backward(grad, stream);
+  return grad;  // (B, T, H): the previous stage's output gradient
 }
 
 absl::StatusOr<float> DecoderModel::ForwardLoss(const Tensor &tokens,
                                                 const Tensor &targets,
                                                 const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireWhole("DecoderModel::ForwardLoss"));
   ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
       "DecoderModel::ForwardLoss", tokens, targets));
   loss_.Clear();
@@ -111,6 +208,7 @@ absl::StatusOr<float> DecoderModel::ForwardLoss(const Tensor &tokens,
 
 absl::Status DecoderModel::BackwardLoss(float loss_scale,
                                         const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireWhole("DecoderModel::BackwardLoss"));
   ZE_ASSIGN_OR_RETURN(Tensor grad_losses,
                       loss_.Backward("DecoderModel::BackwardLoss", loss_scale));
   return Backward(grad_losses, stream).status();
@@ -118,6 +216,7 @@ absl::Status DecoderModel::BackwardLoss(float loss_scale,
 
 absl::StatusOr<std::unique_ptr<KvCache>> DecoderModel::NewKvCache(
     int64_t batch, int64_t capacity, const Stream &stream) const {
+  ZE_RETURN_IF_ERROR(RequireWhole("DecoderModel::NewKvCache"));
   if (capacity > max_positions()) {
     return absl::InvalidArgumentError(
         absl::StrCat("DecoderModel::NewKvCache: capacity = ", capacity,
@@ -136,6 +235,7 @@ absl::StatusOr<Tensor> DecoderModel::ForwardCached(
     const Tensor &tokens, const std::vector<int64_t> &rows, KvCache &cache,
     const Stream &stream) {
   const char *op = "DecoderModel::ForwardCached";
+  ZE_RETURN_IF_ERROR(RequireWhole(op));
   if (cache.num_layers() != config_.num_layers ||
       cache.num_heads() != config_.num_kv_heads ||
       cache.head_dim() != config_.head_dim || cache.dtype() != options_.dtype ||

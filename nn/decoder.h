@@ -24,6 +24,7 @@
 #include "nn/layers.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
+#include "nn/pipeline_stage.h"
 
 namespace ze {
 namespace nn {
@@ -36,6 +37,13 @@ struct DecoderOptions {
   // False: shapes only, no parameter storage (partitioned construction);
   // call MaterializeParameters (or set data/shards) later.
   bool materialize = true;
+  // A pipeline stage (nn/pipeline_stage.h): only pipeline layers
+  // [first_layer, last_layer) are built, under their whole-model names
+  // ("layers.5.attn..."); last_layer -1: through the end. A tied stage
+  // holding the head but not embed_tokens holds its own copy,
+  // "embed_tokens.weight" (TiedParameters()).
+  int first_layer = 0;
+  int last_layer = -1;
 };
 
 // Incremental decoding (nn/kv_cache.h): the cache holds, per block, the
@@ -44,7 +52,9 @@ struct DecoderOptions {
 // placing its row's tokens at the cached length (RoPE), appending to and
 // reading its cache; the final norm and the head then run on each
 // sequence's last position only.
-class DecoderModel : public LossModel, public IncrementalDecoder {
+class DecoderModel : public LossModel,
+                     public IncrementalDecoder,
+                     public PipelineStage {
  public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, full name): normal(0.02) for embeddings and
@@ -60,6 +70,8 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
   Device device() const override { return options_.device; }
   DType dtype() const override { return options_.dtype; }
   int64_t hidden_size() const override { return config_.hidden_size; }
+  // Null on a pipeline stage without that layer; layer(i) is the stage's
+  // i-th block.
   TokenEmbedding *embed_tokens() const { return embed_tokens_; }
   Sequential *layers() const { return layers_; }
   DecoderBlock *layer(int index) const {
@@ -70,8 +82,34 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
   // "TiedOutputHead", weight embed_tokens.weight).
   OutputHead *lm_head() const { return lm_head_; }
 
+  // Whether this model holds every layer (not a pipeline stage).
+  bool whole() const { return is_first_stage() && is_last_stage(); }
+
+  // PipelineStage (nn/pipeline_stage.h).
+  int first_layer() const override { return first_layer_; }
+  int last_layer() const override { return last_layer_; }
+  int num_pipeline_layers() const override { return config_.pipeline_layers(); }
+  std::vector<int64_t> PipelineLayerWeights() const override {
+    return config_.PipelineLayerWeights();
+  }
+  Shape BoundaryShape(const Tensor &inputs) const override {
+    return {inputs.size(0), inputs.size(1), config_.hidden_size};
+  }
+  DType boundary_dtype() const override { return options_.dtype; }
+  std::vector<Module *> StageLayers() override;
+  absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
+                                      const Tensor &targets,
+                                      const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardStage(const Tensor &grad_output,
+                                       const Stream &stream) override {
+    return Backward(grad_output, stream);
+  }
+  std::vector<Parameter *> TiedParameters() override;
+
   // Forward through the public Module::Forward (hooks fire) plus the mean
-  // cross-entropy over targets >= 0 (MeanCrossEntropy).
+  // cross-entropy over targets >= 0 (MeanCrossEntropy). A pipeline stage
+  // that is not the whole model refuses (FailedPrecondition), as do
+  // BackwardLoss, NewKvCache and ForwardCached.
   //   tokens, targets (B, T) i32 on the model's device, T at most
   //   max_positions(). One stream synchronisation per call. Only one chunk
   //   of logits is alive at a time (OutputHead's loss mode); the last stays
@@ -110,12 +148,20 @@ class DecoderModel : public LossModel, public IncrementalDecoder {
  private:
   DecoderModel(const DecoderConfig &config, const DecoderOptions &options);
 
+  absl::Status RequireWhole(const char *op) const {
+    return whole() ? absl::OkStatus() : NotWholeModelError(op, *this);
+  }
+
   DecoderConfig config_;
   DecoderOptions options_;
-  TokenEmbedding *embed_tokens_;
-  Sequential *layers_;
-  RmsNorm *norm_;
-  OutputHead *lm_head_;
+  int first_layer_ = 0;
+  int last_layer_ = 0;
+  TokenEmbedding *embed_tokens_ = nullptr;
+  Sequential *layers_ = nullptr;
+  RmsNorm *norm_ = nullptr;
+  OutputHead *lm_head_ = nullptr;
+  // A tied last stage without embed_tokens: its copy of the table.
+  TiedTableCopy *tied_table_ = nullptr;
   // Between ForwardLoss and BackwardLoss: the count of targets.
   MeanCrossEntropy loss_;
   // During ForwardCached: ForwardImpl applies the norm and the head to each

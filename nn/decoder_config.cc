@@ -385,6 +385,25 @@ DecoderConfig::ParameterShapes() const {
   return shapes;
 }
 
+std::vector<int64_t> DecoderConfig::PipelineLayerWeights() const {
+  std::vector<int64_t> weights(pipeline_layers(), 0);
+  for (const auto &[name, shape] : ParameterShapes()) {
+    int64_t count = 1;
+    for (int64_t extent : shape) count *= extent;
+    int layer = 0;  // embed_tokens
+    if (name.rfind("layers.", 0) == 0) {
+      layer = 1 + std::stoi(name.substr(7, name.find('.', 7) - 7));
+    } else if (name.rfind("norm.", 0) == 0) {
+      layer = num_layers + 1;
+    } else if (name.rfind("lm_head.", 0) == 0) {
+      layer = num_layers + 2;
+    }
+    weights[layer] += count;
+  }
+  if (tie_word_embeddings) weights[num_layers + 2] = vocab_size * hidden_size;
+  return weights;
+}
+
 int64_t DecoderConfig::NumParameters() const {
   // Closed form (what ParameterShapes lists, summed; the test checks both).
   const int64_t h = hidden_size;

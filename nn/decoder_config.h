@@ -110,6 +110,13 @@ struct DecoderConfig {
   // norm, then lm_head when untied. Names as in the file comment.
   std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes()
       const;
+  // The pipeline layer sequence (nn/pipeline_stage.h): 0 embed_tokens,
+  // 1 .. num_layers the blocks, num_layers + 1 the final norm,
+  // num_layers + 2 the head.
+  int pipeline_layers() const { return num_layers + 3; }
+  // Each pipeline layer's parameter count (ParameterShapes() grouped by
+  // layer); a tied head counts the table it multiplies by.
+  std::vector<int64_t> PipelineLayerWeights() const;
 
   // Reads a Hugging Face config.json. The family comes from `architectures`
   // (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,

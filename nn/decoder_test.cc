@@ -413,3 +413,90 @@ TEST(DecoderTest, Errors) {
 }  // namespace
 }  // namespace nn
 }  // namespace ze
+
+namespace ze {
+namespace nn {
+namespace {
+
+// Stages built apart (embed_tokens + block 0 | block 1 + norm | head)
+// compute the whole model's loss and gradients, tied and untied: bit for
+// bit except a tied table's, whose halves are summed in another order.
+TEST(DecoderPipelineStageTest, StagesChainedEqualTheWholeModel) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const DecoderConfig config = Tiny(DecoderFamily::kQwen2, tied);
+    ASSERT_EQ(config.pipeline_layers(), 5);
+    const std::vector<int64_t> weights = config.PipelineLayerWeights();
+    int64_t total = 0;
+    for (int64_t w : weights) total += w;
+    EXPECT_EQ(total, config.NumParameters() + (tied ? 37 * 16 : 0));
+    const Batch batch = MakeBatch(2, 8, 37, 11);
+    auto whole = MakeModel(config);
+    float whole_loss = 0;
+    const auto whole_grads = Gradients(*whole, batch, &whole_loss);
+
+    const int bounds[] = {0, 2, 4, 5};
+    std::vector<std::unique_ptr<DecoderModel>> stages;
+    for (int s = 0; s < 3; ++s) {
+      DecoderOptions options;
+      options.seed = 42;
+      options.first_layer = bounds[s];
+      options.last_layer = bounds[s + 1];
+      absl::StatusOr<std::unique_ptr<DecoderModel>> stage =
+          DecoderModel::Create(config, options);
+      ASSERT_TRUE(stage.ok()) << stage.status();
+      stages.push_back(std::move(*stage));
+    }
+    EXPECT_EQ(stages[0]->TiedParameters().size(), tied ? 1u : 0u);
+    EXPECT_EQ(stages[2]->TiedParameters().size(), tied ? 1u : 0u);
+    EXPECT_EQ(stages[1]->layers()->at(0)->FullName(), "layers.1");
+
+    const Stream stream;
+    Tensor x = batch.tokens;
+    for (auto &stage : stages) {
+      absl::StatusOr<Tensor> out =
+          stage->ForwardStage(x, batch.targets, stream);
+      ASSERT_TRUE(out.ok()) << out.status();
+      x = *out;
+    }
+    MeanCrossEntropy loss;
+    EXPECT_EQ(loss.Forward(x, batch.targets, stream).value(), whole_loss);
+    Tensor grad = loss.Backward("test", 1.0f).value();
+    for (int s = 2; s >= 0; --s) {
+      absl::StatusOr<Tensor> back = stages[s]->BackwardStage(grad, stream);
+      ASSERT_TRUE(back.ok()) << back.status();
+      grad = *back;
+    }
+    const std::vector<Parameter *> whole_params = whole->Parameters();
+    for (size_t i = 0; i < whole_params.size(); ++i) {
+      const std::string &name = whole_params[i]->name();
+      std::vector<float> summed;
+      for (auto &stage : stages) {
+        absl::StatusOr<Parameter *> p = stage->FindParameter(name);
+        if (!p.ok()) continue;
+        const std::vector<float> g = Values((*p)->grad());
+        if (summed.empty()) summed.assign(g.size(), 0.0f);
+        for (size_t k = 0; k < g.size(); ++k) summed[k] += g[k];
+      }
+      ASSERT_EQ(summed.size(), whole_grads[i].size()) << name;
+      for (size_t k = 0; k < summed.size(); ++k) {
+        if (tied && name == "embed_tokens.weight") {
+          ASSERT_NEAR(summed[k], whole_grads[i][k],
+                      1e-6f * (1 + std::fabs(whole_grads[i][k])))
+              << name << "[" << k << "]";
+        } else {
+          ASSERT_EQ(summed[k], whole_grads[i][k]) << name << "[" << k << "]";
+        }
+      }
+    }
+    EXPECT_EQ(stages[1]
+                  ->ForwardLoss(batch.tokens, batch.targets, stream)
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace ze

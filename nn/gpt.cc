@@ -60,6 +60,19 @@ int64_t GptConfig::NumParameters() const {
   return table_rows() * c + max_seq_len * c + num_layers * per_block + 2 * c;
 }
 
+std::vector<int64_t> GptConfig::PipelineLayerWeights() const {
+  const int64_t c = channels;
+  const int64_t per_block = 12 * c * c + 13 * c;  // as in NumParameters
+  std::vector<int64_t> weights;
+  weights.push_back(table_rows() * c + max_seq_len * c);  // embedding
+  for (int layer = 0; layer < num_layers; ++layer) {
+    weights.push_back(per_block);
+  }
+  weights.push_back(2 * c);             // ln_f
+  weights.push_back(table_rows() * c);  // the head's product
+  return weights;
+}
+
 absl::StatusOr<GptConfig> GptConfig::Preset(const std::string &name,
                                             bool pad_vocab) {
   for (const PresetShape &preset : kPresets) {
@@ -86,21 +99,50 @@ std::vector<std::string> GptConfig::PresetNames() {
 }
 
 GptModel::GptModel(const GptConfig &config, const GptOptions &options)
-    : LossModel("GptModel"), config_(config), options_(options) {
+    : LossModel("GptModel"),
+      config_(config),
+      options_(options),
+      first_layer_(options.first_layer),
+      last_layer_(options.last_layer < 0 ? config.pipeline_layers()
+                                         : options.last_layer) {
   const LayerOptions layer_options{options.device, options.dtype};
-  embed_ = RegisterChild("embed", std::make_unique<Embedding>(
-                                      config.table_rows(), config.max_seq_len,
-                                      config.channels, layer_options));
-  blocks_ = RegisterChild("blocks", std::make_unique<Sequential>());
-  for (int layer = 0; layer < config.num_layers; ++layer) {
-    Block *block = blocks_->Append(std::make_unique<Block>(
-        config.channels, config.num_heads, config.num_layers, layer_options));
+  const int n = config.num_layers;
+  auto holds = [&](int layer) {
+    return first_layer_ <= layer && layer < last_layer_;
+  };
+  if (holds(0)) {
+    embed_ = RegisterChild("embed", std::make_unique<Embedding>(
+                                        config.table_rows(), config.max_seq_len,
+                                        config.channels, layer_options));
+  } else if (holds(n + 2)) {
+    // Embedding's initialiser for its token table.
+    tied_table_ = RegisterChild(
+        "embed", std::make_unique<TiedTableCopy>(
+                     "wte", config.table_rows(), config.channels, options.dtype,
+                     options.device, Initializer::Normal(0.02f)));
+  }
+  for (int layer = 0; layer < n; ++layer) {
+    if (!holds(layer + 1)) continue;
+    if (blocks_ == nullptr) {
+      blocks_ = RegisterChild("blocks", std::make_unique<Sequential>());
+    }
+    // Named by its index in the whole model, whatever the stage.
+    Block *block = blocks_->Append(
+        std::to_string(layer),
+        std::make_unique<Block>(config.channels, config.num_heads,
+                                config.num_layers, layer_options));
     block->set_activation_checkpointing(config.activation_checkpointing);
   }
-  ln_f_ = RegisterChild(
-      "ln_f", std::make_unique<LayerNorm>(config.channels, layer_options));
-  lm_head_ = RegisterChild(
-      "lm_head", std::make_unique<OutputHead>(embed_->shared_token_table()));
+  if (holds(n + 1)) {
+    ln_f_ = RegisterChild(
+        "ln_f", std::make_unique<LayerNorm>(config.channels, layer_options));
+  }
+  if (holds(n + 2)) {
+    lm_head_ = RegisterChild(
+        "lm_head", std::make_unique<OutputHead>(
+                       embed_ != nullptr ? embed_->shared_token_table()
+                                         : tied_table_->shared_table()));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
@@ -109,6 +151,11 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
   if (options.dtype == DType::kI32) {
     return absl::InvalidArgumentError("GptOptions: dtype must be a float type");
   }
+  ZE_RETURN_IF_ERROR(
+      CheckPipelineLayers("GptOptions", options.first_layer, options.last_layer,
+                          config.pipeline_layers(),
+                          absl::StrCat("the embedding, ", config.num_layers,
+                                       " blocks, ln_f, the head")));
   std::unique_ptr<GptModel> model(new GptModel(config, options));
   if (options.materialize) {
     ZE_RETURN_IF_ERROR(model->MaterializeParameters(options.seed, stream));
@@ -118,17 +165,85 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
 
 absl::StatusOr<Tensor> GptModel::ForwardImpl(const Tensor &tokens,
                                              const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor x, embed_->Forward(tokens, stream));  // (B,T,C)
-  ZE_ASSIGN_OR_RETURN(x, blocks_->Forward(x, stream));
+  // A pipeline stage runs the layers it holds: tokens (B, T) i32 in on the
+  // first stage, else the activation (B, T, C).
+  Tensor x = tokens;
+  if (embed_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, embed_->Forward(tokens, stream));  // (B, T, C)
+  }
+  if (blocks_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, blocks_->Forward(x, stream));
+  }
   if (last_position_only_ && x.size(1) > 1) {
     ZE_ASSIGN_OR_RETURN(x, LastPositions(x, stream));  // (B, 1, C)
   }
-  ZE_ASSIGN_OR_RETURN(x, ln_f_->Forward(x, stream));
-  return lm_head_->Forward(x, stream);  // (B, T, Vp)
+  if (ln_f_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, ln_f_->Forward(x, stream));
+  }
+  if (lm_head_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(x, lm_head_->Forward(x, stream));  // (B, T, Vp)
+  }
+  return x;
+}
+
+absl::Status GptModel::RequireWhole(const char *op) const {
+  if (whole()) return absl::OkStatus();
+  return NotWholeModelError(op, *this);
+}
+
+Shape GptModel::BoundaryShape(const Tensor &inputs) const {
+  return {inputs.size(0), inputs.size(1), config_.channels};
+}
+
+std::vector<Module *> GptModel::StageLayers() {
+  std::vector<Module *> layers;
+  if (embed_ != nullptr) layers.push_back(embed_);
+  if (blocks_ != nullptr) {
+    for (int i = 0; i < blocks_->size(); ++i) layers.push_back(blocks_->at(i));
+  }
+  if (ln_f_ != nullptr) layers.push_back(ln_f_);
+  if (lm_head_ != nullptr) layers.push_back(lm_head_);
+  return layers;
+}
+
+absl::StatusOr<Tensor> GptModel::ForwardStage(const Tensor &input,
+                                              const Tensor &targets,
+                                              const Stream &stream) {
+  if (lm_head_ != nullptr) {
+    if (!targets.defined() || targets.dtype() != DType::kI32 ||
+        targets.dim() != 2 || input.dim() < 2 ||
+        targets.size(0) != input.size(0) || targets.size(1) != input.size(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GptModel::ForwardStage: the last stage needs targets (B, T) i32 "
+          "matching its input ",
+          input.DebugString(), ", got ",
+          targets.defined() ? targets.DebugString() : "undefined"));
+    }
+    // Only the real vocabulary's logits compete (as in ForwardLoss).
+    lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
+  }
+  absl::StatusOr<Tensor> output = Forward(input, stream);
+  if (lm_head_ != nullptr) lm_head_->ClearPendingLoss();
+  return output;
+}
+
+absl::StatusOr<Tensor> GptModel::BackwardStage(const Tensor &grad_output,
+                                               const Stream &stream) {
+  return Backward(grad_output, stream);
+}
+
+std::vector<Parameter *> GptModel::TiedParameters() {
+  if (whole()) return {};
+  if (embed_ != nullptr && lm_head_ == nullptr) return {embed_->token_table()};
+  if (tied_table_ != nullptr) {
+    return {tied_table_->table()};
+  }
+  return {};
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> GptModel::NewKvCache(
     int64_t batch, int64_t capacity, const Stream &stream) const {
+  ZE_RETURN_IF_ERROR(RequireWhole("GptModel::NewKvCache"));
   if (capacity > config_.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GptModel::NewKvCache: capacity = ", capacity,
@@ -144,6 +259,7 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
                                                KvCache &cache,
                                                const Stream &stream) {
   const char *op = "GptModel::ForwardCached";
+  ZE_RETURN_IF_ERROR(RequireWhole(op));
   if (cache.num_layers() != config_.num_layers ||
       cache.num_heads() != config_.num_heads ||
       cache.head_dim() != config_.channels / config_.num_heads ||
@@ -196,10 +312,18 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
 
 absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_output,
                                               const Stream &stream) {
-  ZE_ASSIGN_OR_RETURN(Tensor grad, lm_head_->Backward(grad_output, stream));
-  ZE_ASSIGN_OR_RETURN(grad, ln_f_->Backward(grad, stream));
-  ZE_ASSIGN_OR_RETURN(grad, blocks_->Backward(grad, stream));
-  return embed_->Backward(grad, stream);
+  Tensor grad = grad_output;
+  if (lm_head_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, lm_head_->Backward(grad, stream));
+  }
+  if (ln_f_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, ln_f_->Backward(grad, stream));
+  }
+  if (blocks_ != nullptr) {
+    ZE_ASSIGN_OR_RETURN(grad, blocks_->Backward(grad, stream));
+  }
+  if (embed_ != nullptr) return embed_->Backward(grad, stream);
+  return grad;  // (B, T, C): the previous stage's output gradient
 }
 
 void GptModel::ClearSavedStateImpl() { loss_.Clear(); }
@@ -207,6 +331,7 @@ void GptModel::ClearSavedStateImpl() { loss_.Clear(); }
 absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
                                             const Tensor &targets,
                                             const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireWhole("GptModel::ForwardLoss"));
   ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
       "GptModel::ForwardLoss", tokens, targets));
   loss_.Clear();
@@ -220,6 +345,7 @@ absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
 }
 
 absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
+  ZE_RETURN_IF_ERROR(RequireWhole("GptModel::BackwardLoss"));
   ZE_ASSIGN_OR_RETURN(Tensor grad_losses,
                       loss_.Backward("GptModel::BackwardLoss", loss_scale));
   return Backward(grad_losses, stream).status();

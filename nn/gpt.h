@@ -27,6 +27,7 @@
 #include "nn/layers.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
+#include "nn/pipeline_stage.h"
 
 namespace ze {
 namespace nn {
@@ -56,6 +57,15 @@ struct GptConfig {
   // head counts once).
   int64_t NumParameters() const;
 
+  // The pipeline layer sequence (nn/pipeline_stage.h): 0 the embedding,
+  // 1 .. num_layers the blocks, num_layers + 1 the final LayerNorm,
+  // num_layers + 2 the head.
+  int pipeline_layers() const { return num_layers + 3; }
+  // Each pipeline layer's weight for partitioning by parameters: its
+  // parameter count, the head counting the tied table it multiplies by
+  // (its work is the embedding table's size, not zero).
+  std::vector<int64_t> PipelineLayerWeights() const;
+
   // GPT-2 / GPT-3 sizes: "124M" (12 layers, 12 heads, 768), "350M" (24, 16,
   // 1024), "760M" (24, 16, 1536), "1.3B" (24, 32, 2048), "2.7B" (32, 32,
   // 2560), "6.7B" (32, 32, 4096), "13B" (40, 40, 5120); vocabulary 50257,
@@ -74,6 +84,14 @@ struct GptOptions {
   // False: shapes only, no parameter storage (partitioned construction);
   // call MaterializeParameters (or set data/shards) later.
   bool materialize = true;
+  // A pipeline stage (nn/pipeline_stage.h): only pipeline layers
+  // [first_layer, last_layer) are built, under their whole-model names
+  // (blocks keep their index: "blocks.5.attn..."), so initialisation and
+  // checkpoints match the whole model's. last_layer -1: through the end.
+  // A stage holding the head but not the embedding holds its own copy of
+  // the tied table, "embed.wte" (TiedParameters()).
+  int first_layer = 0;
+  int last_layer = -1;
 };
 
 // Incremental decoding (nn/kv_cache.h): the cache holds, per block, the
@@ -82,7 +100,9 @@ struct GptOptions {
 // the embedding placing each row's tokens at its cached length and every
 // attention layer appending to and reading its cache; the final LayerNorm
 // and the head then run on each sequence's last position only.
-class GptModel : public LossModel, public IncrementalDecoder {
+class GptModel : public LossModel,
+                 public IncrementalDecoder,
+                 public PipelineStage {
  public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, name). InvalidArgument for a bad config;
@@ -97,12 +117,35 @@ class GptModel : public LossModel, public IncrementalDecoder {
   DType dtype() const override { return options_.dtype; }
   // The embedding width (config().channels, GPT-2's n_embd).
   int64_t hidden_size() const override { return config_.channels; }
+  // Null on a pipeline stage without that layer (blocks: without blocks).
   Embedding *embed() const { return embed_; }
   Sequential *blocks() const { return blocks_; }
   LayerNorm *ln_f() const { return ln_f_; }
   OutputHead *lm_head() const { return lm_head_; }
+  // Whether this model holds every layer (not a pipeline stage).
+  bool whole() const { return is_first_stage() && is_last_stage(); }
+
+  // PipelineStage (nn/pipeline_stage.h).
+  int first_layer() const override { return first_layer_; }
+  int last_layer() const override { return last_layer_; }
+  int num_pipeline_layers() const override { return config_.pipeline_layers(); }
+  std::vector<int64_t> PipelineLayerWeights() const override {
+    return config_.PipelineLayerWeights();
+  }
+  Shape BoundaryShape(const Tensor &inputs) const override;
+  DType boundary_dtype() const override { return options_.dtype; }
+  std::vector<Module *> StageLayers() override;
+  absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
+                                      const Tensor &targets,
+                                      const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardStage(const Tensor &grad_output,
+                                       const Stream &stream) override;
+  std::vector<Parameter *> TiedParameters() override;
 
   // Forward through the public Module::Forward (hooks fire) plus the loss.
+  // A pipeline stage that is not the whole model refuses (FailedPrecondition;
+  // the pipeline runs it through ForwardStage), as do BackwardLoss,
+  // NewKvCache and ForwardCached.
   //   tokens, targets (B, T) i32 on the model's device; a target < 0 is
   //   ignored. Returns the mean loss over counted targets. Reads the
   //   per-row losses (and the targets) back to the host: one stream
@@ -141,12 +184,20 @@ class GptModel : public LossModel, public IncrementalDecoder {
  private:
   GptModel(const GptConfig &config, const GptOptions &options);
 
+  // FailedPrecondition naming `op` unless whole().
+  absl::Status RequireWhole(const char *op) const;
+
   GptConfig config_;
   GptOptions options_;
-  Embedding *embed_;
-  Sequential *blocks_;
-  LayerNorm *ln_f_;
-  OutputHead *lm_head_;
+  int first_layer_ = 0;
+  int last_layer_ = 0;
+  Embedding *embed_ = nullptr;
+  Sequential *blocks_ = nullptr;
+  LayerNorm *ln_f_ = nullptr;
+  OutputHead *lm_head_ = nullptr;
+  // A last stage without the embedding: the module holding its copy of the
+  // tied table ("embed.wte").
+  TiedTableCopy *tied_table_ = nullptr;
   // Between ForwardLoss and BackwardLoss: the count of targets (the head
   // keeps what its backward needs).
   MeanCrossEntropy loss_;

@@ -269,3 +269,121 @@ TEST(GptTest, BackwardLossWithoutForwardLossIsFailedPrecondition) {
 }  // namespace
 }  // namespace nn
 }  // namespace ze
+
+namespace ze {
+namespace nn {
+namespace {
+
+// A pipeline of stages built apart (embedding + block 0 | block 1 + ln_f |
+// head) computes the whole model's loss and gradients: bit for bit except
+// the tied table's, whose two halves (embedding, head) are summed in
+// another order.
+TEST(GptPipelineStageTest, StagesChainedEqualTheWholeModel) {
+  const GptConfig config = TinyConfig();
+  ASSERT_EQ(config.pipeline_layers(), 5);
+  const Batch batch = MakeBatch(2, 8, 37, 11);
+  auto whole = MakeModel(config);
+  float whole_loss = 0;
+  const auto whole_grads = Gradients(*whole, batch, &whole_loss);
+
+  const int bounds[] = {0, 2, 4, 5};
+  std::vector<std::unique_ptr<GptModel>> stages;
+  for (int s = 0; s < 3; ++s) {
+    GptOptions options;
+    options.seed = 42;
+    options.first_layer = bounds[s];
+    options.last_layer = bounds[s + 1];
+    absl::StatusOr<std::unique_ptr<GptModel>> stage =
+        GptModel::Create(config, options);
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    stages.push_back(std::move(*stage));
+  }
+  EXPECT_TRUE(stages[0]->is_first_stage());
+  EXPECT_TRUE(stages[2]->is_last_stage());
+  EXPECT_FALSE(stages[1]->is_first_stage() || stages[1]->is_last_stage());
+  EXPECT_EQ(stages[1]->StageLayers().size(), 2u);
+  EXPECT_EQ(stages[1]->blocks()->at(0)->FullName(), "blocks.1");
+  ASSERT_EQ(stages[0]->TiedParameters().size(), 1u);
+  ASSERT_EQ(stages[2]->TiedParameters().size(), 1u);
+  EXPECT_EQ(stages[2]->TiedParameters()[0]->name(), "embed.wte");
+  EXPECT_TRUE(stages[1]->TiedParameters().empty());
+  EXPECT_TRUE(whole->TiedParameters().empty());
+
+  const Stream stream;
+  Tensor x = batch.tokens;
+  for (auto &stage : stages) {
+    absl::StatusOr<Tensor> out = stage->ForwardStage(x, batch.targets, stream);
+    ASSERT_TRUE(out.ok()) << out.status();
+    x = *out;
+  }
+  MeanCrossEntropy loss;
+  const float staged_loss = loss.Forward(x, batch.targets, stream).value();
+  EXPECT_EQ(staged_loss, whole_loss);
+  Tensor grad = loss.Backward("test", 1.0f).value();
+  for (int s = 2; s >= 0; --s) {
+    absl::StatusOr<Tensor> back = stages[s]->BackwardStage(grad, stream);
+    ASSERT_TRUE(back.ok()) << back.status();
+    grad = *back;
+  }
+
+  const std::vector<Parameter *> whole_params = whole->Parameters();
+  int compared = 0;
+  for (size_t i = 0; i < whole_params.size(); ++i) {
+    const std::string &name = whole_params[i]->name();
+    std::vector<float> summed;
+    for (auto &stage : stages) {
+      absl::StatusOr<Parameter *> p = stage->FindParameter(name);
+      if (!p.ok()) continue;
+      const std::vector<float> g = testing::Values((*p)->grad());
+      if (summed.empty()) summed.assign(g.size(), 0.0f);
+      for (size_t k = 0; k < g.size(); ++k) summed[k] += g[k];
+    }
+    ASSERT_EQ(summed.size(), whole_grads[i].size()) << name;
+    for (size_t k = 0; k < summed.size(); ++k) {
+      if (name == "embed.wte") {
+        ASSERT_NEAR(summed[k], whole_grads[i][k],
+                    1e-6f * (1 + std::fabs(whole_grads[i][k])))
+            << name << "[" << k << "]";
+      } else {
+        ASSERT_EQ(summed[k], whole_grads[i][k]) << name << "[" << k << "]";
+      }
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(whole_params.size()));
+}
+
+TEST(GptPipelineStageTest, BadRangesAndWholeModelCallsAreRefused) {
+  GptOptions options;
+  options.first_layer = 3;
+  options.last_layer = 3;
+  absl::StatusOr<std::unique_ptr<GptModel>> empty =
+      GptModel::Create(TinyConfig(), options);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("non-empty range within the "
+                                          "model's 5"),
+            std::string::npos)
+      << empty.status();
+  options.first_layer = 1;
+  options.last_layer = 3;
+  auto middle = GptModel::Create(TinyConfig(), options).value();
+  const Batch batch = MakeBatch(1, 4, 37, 1);
+  const absl::Status status =
+      middle->ForwardLoss(batch.tokens, batch.targets, Stream()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("GptModel::ForwardLoss: this model is a "
+                                  "pipeline stage (layers [1, 3) of 5)"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(middle->BoundaryShape(batch.tokens), (Shape{1, 4, 16}));
+  const std::vector<int64_t> weights = TinyConfig().PipelineLayerWeights();
+  ASSERT_EQ(weights.size(), 5u);
+  int64_t total = 0;
+  for (int64_t w : weights) total += w;
+  // The head's weight is the tied table counted again.
+  EXPECT_EQ(total, TinyConfig().NumParameters() + 37 * 16);
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace ze

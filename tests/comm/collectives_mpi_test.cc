@@ -291,6 +291,110 @@ TEST(Collectives, EveryRankAgreesOnSequenceNumbersAfterBarrier) {
       << g_comm->DumpRecentCollectives();
 }
 
+// Point-to-point around a ring: each rank sends two messages of every dtype
+// to the next rank and receives from the previous one; messages between two
+// ranks arrive in issue order. The receive is waited on before the send, as
+// a pipeline does (sends stay in flight while it waits for its input).
+TEST(PointToPoint, RingInIssueOrderEveryDType) {
+  if (!g_comm->supports_point_to_point()) {
+    absl::StatusOr<Work> refused = g_comm->Send(
+        Make({1}, DType::kF32), (g_comm->rank() + 1) % 2, *g_stream);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+    GTEST_SKIP() << g_comm->backend_name() << " has no point-to-point";
+  }
+  const int n = g_comm->world_size();
+  const int next = (g_comm->rank() + 1) % n;
+  const int previous = (g_comm->rank() + n - 1) % n;
+  for (DType dtype : kDTypes) {
+    std::vector<Tensor> sent, received;
+    std::vector<Work> sends, receives;
+    for (int k = 0; k < 2; ++k) {
+      sent.push_back(Make(RankValues(g_comm->rank(), 10 * k, 37), dtype));
+      received.push_back(Make(std::vector<float>(37, -1), dtype));
+      absl::StatusOr<Work> send = g_comm->Send(sent.back(), next, *g_stream);
+      ASSERT_TRUE(send.ok()) << send.status();
+      sends.push_back(*send);
+    }
+    for (int k = 0; k < 2; ++k) {
+      absl::StatusOr<Work> receive =
+          g_comm->Recv(received[k], previous, *g_stream);
+      ASSERT_TRUE(receive.ok()) << receive.status();
+      receives.push_back(*receive);
+    }
+    for (int k = 1; k >= 0; --k) {
+      ASSERT_TRUE(receives[k].Wait().ok());
+      EXPECT_EQ(Read(received[k]),
+                Read(Make(RankValues(previous, 10 * k, 37), dtype)))
+          << DTypeName(dtype) << " message " << k;
+    }
+    for (Work &send : sends) ASSERT_TRUE(send.Wait().ok());
+  }
+  // A send and a receive issued as one group (a pipeline's "send my output,
+  // receive the next input").
+  Tensor out = Make(RankValues(g_comm->rank(), 5, 3), DType::kF32);
+  Tensor in = Make({0, 0, 0}, DType::kF32);
+  absl::StatusOr<Work> both = g_comm->Coalesced(
+      {CollectiveOp::Send(out, next), CollectiveOp::Recv(in, previous)},
+      *g_stream);
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_TRUE(both->Wait().ok());
+  EXPECT_EQ(Read(in), RankValues(previous, 5, 3));
+  EXPECT_NE(g_comm->DumpRecentCollectives().find("recv(from "),
+            std::string::npos);
+}
+
+TEST(PointToPoint, BadPeersAreRefused) {
+  if (!g_comm->supports_point_to_point()) GTEST_SKIP();
+  Tensor t = Make({1}, DType::kF32);
+  EXPECT_EQ(g_comm->Send(t, g_comm->rank(), *g_stream).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g_comm->Recv(t, g_comm->world_size(), *g_stream).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Two groups by rank parity, ranked by descending world rank: each group's
+// collectives and point-to-point stay within it.
+TEST(Split, GroupsByColorRankedByKey) {
+  absl::StatusOr<std::unique_ptr<Communicator>> group =
+      g_comm->Split(g_comm->rank() % 2, -g_comm->rank());
+  if (!group.ok() &&
+      group.status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << group.status();
+  }
+  ASSERT_TRUE(group.ok()) << group.status();
+  const int n = g_comm->world_size();
+  std::vector<int> members;  // world ranks of my group, by descending rank
+  for (int r = n - 1; r >= 0; --r) {
+    if (r % 2 == g_comm->rank() % 2) members.push_back(r);
+  }
+  ASSERT_EQ((*group)->world_size(), static_cast<int>(members.size()));
+  ASSERT_EQ(members[(*group)->rank()], g_comm->rank());
+  // Sum of the members' world ranks.
+  float expected = 0;
+  for (int r : members) expected += static_cast<float>(r);
+  Tensor sum = Make({static_cast<float>(g_comm->rank())}, DType::kF32);
+  ASSERT_TRUE(
+      (*group)->AllReduce(sum, sum, ReduceOp::kSum, *g_stream)->Wait().ok());
+  EXPECT_EQ(Read(sum)[0], expected);
+  if ((*group)->world_size() > 1) {
+    const int size = (*group)->world_size();
+    const int next = ((*group)->rank() + 1) % size;
+    const int previous = ((*group)->rank() + size - 1) % size;
+    Tensor out = Make({static_cast<float>(g_comm->rank())}, DType::kF32);
+    Tensor in = Make({-1}, DType::kF32);
+    absl::StatusOr<Work> send = (*group)->Send(out, next, *g_stream);
+    absl::StatusOr<Work> receive = (*group)->Recv(in, previous, *g_stream);
+    ASSERT_TRUE(send.ok() && receive.ok());
+    ASSERT_TRUE(receive->Wait().ok());
+    ASSERT_TRUE(send->Wait().ok());
+    EXPECT_EQ(Read(in)[0], static_cast<float>(members[previous]));
+  }
+  // The parent still works, with its own sequence numbers.
+  ASSERT_TRUE(g_comm->Barrier().ok());
+  EXPECT_EQ(g_comm->Split(-1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace comm
 }  // namespace ze

@@ -79,6 +79,31 @@ TEST(ConfigErrorsTest, BatchTripleInconsistentWithWorldSize) {
               {path, "train_batch_size", "33", "17", absl::StrCat(World())});
 }
 
+// A pipeline whose stages do not divide the world is refused at load,
+// naming the key; a whole model given to a pipeline is refused naming the
+// stage's layers the partition wants (every rank builds its own stage,
+// docs/pipeline.md).
+TEST(ConfigErrorsTest, PipelineStagesNamedWhenTheyCannotRun) {
+  const std::string uneven = WriteConfig(
+      "pipeline_uneven", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "pipeline": {"stages": )",
+                                      World() + 1, "}}"));
+  ExpectError(
+      InitializeWith(uneven), absl::StatusCode::kInvalidArgument,
+      {uneven, absl::StrCat("pipeline.stages = ", World() + 1,
+                            " does not divide the world size ", World())});
+  if (World() < 2) return;
+  const std::string even = WriteConfig(
+      "pipeline_even", absl::StrCat(R"({"train_micro_batch_size_per_gpu": 2,
+          "optimizer": {"type": "AdamW"}, "bf16": {"enabled": true},
+          "pipeline": {"stages": )",
+                                    World(), "}}"));
+  ExpectError(InitializeWith(even), absl::StatusCode::kInvalidArgument,
+              {even, "pipeline.partition \"parameters\" gives stage",
+               "but the model holds [0, "});
+}
+
 TEST(ConfigErrorsTest, ModelDtypeDoesNotMatchPrecision) {
   const std::string bf16 = WriteConfig("bf16", kGood);
   ExpectError(InitializeWith(bf16, DType::kF32),

@@ -1,0 +1,302 @@
+#include "pipeline/executor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+#include "core/status.h"
+#include "nn/loss_model.h"
+#include "nn/module.h"
+
+namespace ze {
+namespace pipeline {
+namespace {
+
+// 48 bits of a digest of the schedule's lists, as two floats that carry 24
+// bits each exactly (the communicator moves floating-point tensors).
+absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
+                             const Schedule &schedule) {
+  const std::string text = DescribeSchedule(schedule);
+  uint64_t digest = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : text) {
+    digest = (digest ^ c) * 1099511628211ull;
+  }
+  const int n = pipeline.world_size();
+  ZE_ASSIGN_OR_RETURN(Tensor mine,
+                      Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
+  mine.data_as<float>()[0] = static_cast<float>(digest & 0xFFFFFF);
+  mine.data_as<float>()[1] = static_cast<float>((digest >> 24) & 0xFFFFFF);
+  ZE_ASSIGN_OR_RETURN(Tensor all,
+                      Tensor::Zeros({2 * n}, DType::kF32, Device::Cpu()));
+  ZE_ASSIGN_OR_RETURN(comm::Work work, pipeline.AllGather(mine, all, Stream()));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  const float *values = all.data_as<float>();
+  std::string differing;
+  for (int r = 0; r < n; ++r) {
+    if (values[2 * r] != values[0] || values[2 * r + 1] != values[1]) {
+      absl::StrAppend(&differing, differing.empty() ? "" : ", ", r);
+    }
+  }
+  if (differing.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pipeline rank ", pipeline.rank(), ": pipeline ranks ", differing,
+      " built another schedule than pipeline rank 0 (check that every rank "
+      "has the same gradient_accumulation_steps and pipeline.schedule); "
+      "this rank's is ",
+      ScheduleName(schedule.kind), " over ", schedule.micro_batches,
+      " micro-batches"));
+}
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(const ExecutorContext &context,
+                                   Schedule schedule)
+    : context_(context), schedule_(std::move(schedule)) {}
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    const ExecutorContext &context, Schedule schedule) {
+  if (context.stage == nullptr || context.strategy == nullptr ||
+      context.pipeline == nullptr || context.stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "PipelineExecutor: stage, strategy, pipeline and stream are needed");
+  }
+  if (schedule.stages_per_rank != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.schedule ", ScheduleName(schedule.kind),
+        ": the executor runs one stage per rank; ", schedule.stages_per_rank,
+        " per rank (interleaved) is not implemented yet"));
+  }
+  const comm::Communicator &pipe = *context.pipeline;
+  if (schedule.ranks != pipe.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PipelineExecutor: the schedule has ", schedule.ranks,
+        " stages but the pipeline communicator ", pipe.world_size(), " ranks"));
+  }
+  const int rank = pipe.rank();
+  const nn::PipelineStage &stage = *context.stage;
+  if (stage.is_first_stage() != (rank == 0) ||
+      stage.is_last_stage() != (rank == schedule.ranks - 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PipelineExecutor: pipeline rank ", rank, " of ", schedule.ranks,
+        " holds layers [", stage.first_layer(), ", ", stage.last_layer(),
+        ") of ", stage.num_pipeline_layers(),
+        ", which is not that stage's place in the layer sequence"));
+  }
+  if (!context.stage->TiedParameters().empty() &&
+      (context.tied == nullptr || context.tied->world_size() != 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PipelineExecutor: pipeline rank ", rank, " holds tied parameters (",
+        context.stage->TiedParameters()[0]->name(),
+        ") but no 2-rank communicator with the other stage holding them"));
+  }
+  ZE_RETURN_IF_ERROR(AgreeOnSchedule(*context.pipeline, schedule));
+  std::unique_ptr<PipelineExecutor> executor(
+      new PipelineExecutor(context, std::move(schedule)));
+  executor->rank_ = rank;
+  // F(m) saves when the stage's next forward or backward is B(m): its
+  // record is then the most recent when B(m) pops it.
+  const std::vector<Action> &list = executor->schedule_.actions[rank];
+  executor->saved_.assign(executor->schedule_.micro_batches, false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].kind != ActionKind::kForward) continue;
+    for (size_t j = i + 1; j < list.size(); ++j) {
+      const ActionKind kind = list[j].kind;
+      if (kind == ActionKind::kForward) break;
+      if (kind == ActionKind::kBackward) {
+        executor->saved_[list[i].micro_batch] =
+            list[j].micro_batch == list[i].micro_batch;
+        break;
+      }
+    }
+  }
+  return executor;
+}
+
+int PipelineExecutor::recomputed_per_step() const {
+  int count = 0;
+  for (bool saved : saved_) count += saved ? 0 : 1;
+  return count;
+}
+
+absl::StatusOr<double> PipelineExecutor::RunStep(
+    const std::vector<MicroBatch> &micro_batches, float backward_scale) {
+  const int m = schedule_.micro_batches;
+  if (static_cast<int>(micro_batches.size()) != m) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline step: the schedule runs ", m,
+                     " micro-batches, got ", micro_batches.size()));
+  }
+  nn::PipelineStage &stage = *context_.stage;
+  zero::ZeroStrategy &strategy = *context_.strategy;
+  comm::Communicator &pipe = *context_.pipeline;
+  const Stream &stream = *context_.stream;
+  const bool last = stage.is_last_stage();
+
+  // Per micro-batch: the stage's input (kept for a recompute), its output
+  // (until sent), the gradient received for the output and the one
+  // computed for the input (until sent), the mean-loss bookkeeping.
+  std::vector<Tensor> input(m), output(m), output_grad(m), input_grad(m);
+  std::vector<nn::MeanCrossEntropy> losses(m);
+  double loss_sum = 0;
+  // Sends in flight, with their tensors (the sender must keep them).
+  std::vector<std::pair<comm::Work, std::vector<Tensor>>> sends;
+
+  auto boundary_buffer = [&](int mb) -> absl::StatusOr<Tensor> {
+    return Tensor::Empty(stage.BoundaryShape(micro_batches[mb].inputs),
+                         stage.boundary_dtype(), stream.device());
+  };
+  auto wait_sends = [&]() -> absl::Status {
+    for (auto &[work, tensors] : sends) ZE_RETURN_IF_ERROR(work.Wait());
+    sends.clear();
+    return absl::OkStatus();
+  };
+
+  const std::vector<Action> &list = schedule_.actions[rank_];
+  for (size_t i = 0; i < list.size();) {
+    const Action &a = list[i];
+    const int mb = a.micro_batch;
+    if (IsCommunication(a.kind)) {
+      // One group: its receives issued and waited for now, its sends
+      // issued and waited for at the step's end (schedule.h).
+      std::vector<comm::CollectiveOp> receive_ops, send_ops;
+      std::vector<Tensor> sent;
+      size_t end = i;
+      while (true) {
+        const Action &message = list[end++];
+        const int k = message.micro_batch;
+        switch (message.kind) {
+          case ActionKind::kSendActivation:
+            send_ops.push_back(
+                comm::CollectiveOp::Send(output[k], message.peer));
+            sent.push_back(output[k]);
+            output[k] = Tensor();
+            break;
+          case ActionKind::kSendGradient:
+            send_ops.push_back(
+                comm::CollectiveOp::Send(input_grad[k], message.peer));
+            sent.push_back(input_grad[k]);
+            input_grad[k] = Tensor();
+            break;
+          case ActionKind::kRecvActivation: {
+            ZE_ASSIGN_OR_RETURN(input[k], boundary_buffer(k));
+            receive_ops.push_back(
+                comm::CollectiveOp::Recv(input[k], message.peer));
+            break;
+          }
+          case ActionKind::kRecvGradient: {
+            ZE_ASSIGN_OR_RETURN(output_grad[k], boundary_buffer(k));
+            receive_ops.push_back(
+                comm::CollectiveOp::Recv(output_grad[k], message.peer));
+            break;
+          }
+          default:
+            break;
+        }
+        if (!message.with_next) break;
+      }
+      comm::Work received;
+      if (!receive_ops.empty()) {
+        ZE_ASSIGN_OR_RETURN(received, pipe.Coalesced(receive_ops, stream));
+      }
+      if (!send_ops.empty()) {
+        ZE_ASSIGN_OR_RETURN(comm::Work work, pipe.Coalesced(send_ops, stream));
+        sends.emplace_back(work, std::move(sent));
+      }
+      ZE_RETURN_IF_ERROR(received.Wait());
+      i = end;
+      continue;
+    }
+    switch (a.kind) {
+      case ActionKind::kForward: {
+        if (stage.is_first_stage()) input[mb] = micro_batches[mb].inputs;
+        ZE_RETURN_IF_ERROR(strategy.BeginForward());
+        absl::StatusOr<Tensor> out;
+        if (saved_[mb]) {
+          out =
+              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream);
+        } else {
+          nn::NoSaveScope no_save;  // B(m) recomputes it
+          out =
+              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream);
+        }
+        strategy.EndForward();
+        ZE_RETURN_IF_ERROR(out.status());
+        if (last) {
+          ZE_ASSIGN_OR_RETURN(
+              const float loss,
+              losses[mb].Forward(*out, micro_batches[mb].targets, stream));
+          loss_sum += loss;
+        } else {
+          output[mb] = *out;
+        }
+        if (saved_[mb] && !stage.is_first_stage()) input[mb] = Tensor();
+        break;
+      }
+      case ActionKind::kBackward: {
+        Tensor grad = output_grad[mb];
+        if (last) {
+          ZE_ASSIGN_OR_RETURN(
+              grad, losses[mb].Backward("pipeline backward", backward_scale));
+        }
+        ZE_RETURN_IF_ERROR(strategy.BeginBackward(/*boundary=*/false));
+        absl::Status status = absl::OkStatus();
+        if (!saved_[mb]) {
+          status =
+              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream)
+                  .status();
+        }
+        absl::StatusOr<Tensor> grad_input = absl::UnknownError("not run");
+        if (status.ok()) grad_input = stage.BackwardStage(grad, stream);
+        const absl::Status end = strategy.EndBackward();
+        ZE_RETURN_IF_ERROR(status);
+        ZE_RETURN_IF_ERROR(grad_input.status());
+        ZE_RETURN_IF_ERROR(end);
+        input_grad[mb] = *grad_input;
+        input[mb] = Tensor();
+        output_grad[mb] = Tensor();
+        break;
+      }
+      case ActionKind::kReduceGradients: {
+        ZE_RETURN_IF_ERROR(wait_sends());
+        // The tied parameters' two halves (first and last stage) summed on
+        // both before either reduces over its data-parallel group: the
+        // reduction is linear, so both then update alike.
+        for (nn::Parameter *parameter : stage.TiedParameters()) {
+          const Tensor &grad = parameter->grad();
+          if (!grad.defined()) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("pipeline step: tied parameter ",
+                             parameter->name(), " has no gradient"));
+          }
+          ZE_ASSIGN_OR_RETURN(comm::Work work,
+                              context_.tied->AllReduce(
+                                  grad, grad, comm::ReduceOp::kSum, stream));
+          ZE_RETURN_IF_ERROR(work.Wait());
+        }
+        break;
+      }
+      default:
+        return absl::UnimplementedError(
+            absl::StrCat("pipeline step: action ", a.ToString(),
+                         " (split backward) is not implemented yet"));
+    }
+    ++i;
+  }
+  ZE_RETURN_IF_ERROR(wait_sends());
+
+  // Every stage reports the step's loss: the last stage's, broadcast as
+  // two floats (high and low parts) so the double arrives whole.
+  ZE_ASSIGN_OR_RETURN(Tensor total,
+                      Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
+  const float high = static_cast<float>(loss_sum);
+  total.data_as<float>()[0] = high;
+  total.data_as<float>()[1] = static_cast<float>(loss_sum - high);
+  ZE_ASSIGN_OR_RETURN(comm::Work broadcast,
+                      pipe.Broadcast(total, schedule_.ranks - 1, Stream()));
+  ZE_RETURN_IF_ERROR(broadcast.Wait());
+  return static_cast<double>(total.data_as<float>()[0]) +
+         static_cast<double>(total.data_as<float>()[1]);
+}
+
+}  // namespace pipeline
+}  // namespace ze

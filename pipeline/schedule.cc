@@ -1,0 +1,620 @@
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ze {
+namespace pipeline {
+namespace {
+
+Action Compute(ActionKind kind, int stage, int micro_batch) {
+  Action action;
+  action.kind = kind;
+  action.stage = stage;
+  action.micro_batch = micro_batch;
+  return action;
+}
+
+Action Message(ActionKind kind, int stage, int micro_batch, int peer) {
+  Action action = Compute(kind, stage, micro_batch);
+  action.peer = peer;
+  return action;
+}
+
+bool IsBackwardStart(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput;
+}
+
+// The compute actions of rank `rank` in order, before communication is
+// added: this is what distinguishes one schedule from another.
+std::vector<Action> ComputeOrder(const Schedule &s, int rank) {
+  const int p = s.ranks;
+  const int m = s.micro_batches;
+  std::vector<Action> order;
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:
+      for (int mb = 0; mb < m; ++mb) {
+        order.push_back(Compute(ActionKind::kForward, rank, mb));
+      }
+      // Ascending, as gradient accumulation on one rank sums them, so the
+      // stage's gradient sums round alike.
+      for (int mb = 0; mb < m; ++mb) {
+        order.push_back(Compute(ActionKind::kBackward, rank, mb));
+      }
+      break;
+    case ScheduleKind::kOneFOneB: {
+      const int warmup = std::min(p - rank - 1, m);
+      for (int mb = 0; mb < warmup; ++mb) {
+        order.push_back(Compute(ActionKind::kForward, rank, mb));
+      }
+      for (int i = 0; i < m - warmup; ++i) {
+        order.push_back(Compute(ActionKind::kForward, rank, warmup + i));
+        order.push_back(Compute(ActionKind::kBackward, rank, i));
+      }
+      for (int mb = m - warmup; mb < m; ++mb) {
+        order.push_back(Compute(ActionKind::kBackward, rank, mb));
+      }
+      break;
+    }
+    case ScheduleKind::kInterleavedOneFOneB: {
+      // Megatron's order: micro-batches in groups of p, each group through
+      // all of the rank's stages (chunks) before the next group; backward
+      // visits the chunks in reverse.
+      const int v = s.stages_per_rank;
+      const int total = m * v;
+      auto forward = [&](int k) {
+        const int chunk = (k / p) % v;
+        const int mb = (k / (p * v)) * p + k % p;
+        return Compute(ActionKind::kForward, chunk * p + rank, mb);
+      };
+      auto backward = [&](int k) {
+        const int chunk = v - 1 - (k / p) % v;
+        const int mb = (k / (p * v)) * p + k % p;
+        return Compute(ActionKind::kBackward, chunk * p + rank, mb);
+      };
+      const int warmup = std::min((p - rank - 1) * 2 + (v - 1) * p, total);
+      for (int k = 0; k < warmup; ++k) order.push_back(forward(k));
+      for (int i = 0; i < total - warmup; ++i) {
+        order.push_back(forward(warmup + i));
+        order.push_back(backward(i));
+      }
+      for (int k = total - warmup; k < total; ++k) {
+        order.push_back(backward(k));
+      }
+      break;
+    }
+  }
+  return order;
+}
+
+// Adds the receives before and sends after each compute action, groups
+// each run of consecutive messages, and ends with the gradient reductions.
+std::vector<Action> WithCommunication(const Schedule &s,
+                                      const std::vector<Action> &order,
+                                      int rank) {
+  const int last = s.stages() - 1;
+  std::vector<Action> out;
+  auto add_message = [&](Action message) {
+    if (!out.empty() && IsCommunication(out.back().kind)) {
+      out.back().with_next = true;
+    }
+    out.push_back(message);
+  };
+  for (const Action &a : order) {
+    if (a.kind == ActionKind::kForward && a.stage > 0) {
+      add_message(Message(ActionKind::kRecvActivation, a.stage, a.micro_batch,
+                          s.RankOfStage(a.stage - 1)));
+    }
+    if (IsBackwardStart(a.kind) && a.stage < last) {
+      add_message(Message(ActionKind::kRecvGradient, a.stage, a.micro_batch,
+                          s.RankOfStage(a.stage + 1)));
+    }
+    out.push_back(a);
+    if (a.kind == ActionKind::kForward && a.stage < last) {
+      add_message(Message(ActionKind::kSendActivation, a.stage, a.micro_batch,
+                          s.RankOfStage(a.stage + 1)));
+    }
+    if (IsBackwardStart(a.kind) && a.stage > 0) {
+      add_message(Message(ActionKind::kSendGradient, a.stage, a.micro_batch,
+                          s.RankOfStage(a.stage - 1)));
+    }
+  }
+  std::vector<int> stages = s.StagesOfRank(rank);
+  std::reverse(stages.begin(), stages.end());  // last finished first
+  for (int stage : stages) {
+    out.push_back(Compute(ActionKind::kReduceGradients, stage, -1));
+  }
+  return out;
+}
+
+// One message posted on a channel (sender -> receiver).
+struct Posted {
+  Action action;
+  double time = 0;
+};
+
+// The simulation's view of one rank.
+struct RankState {
+  size_t next = 0;       // index of the next action
+  double clock = 0;      // when the previous action ended
+  double busy = 0;       // compute time so far
+  bool posted = false;   // the current group's messages are posted
+  size_t group_end = 0;  // one past the current group's last action
+  // (index on the channel) of each message of the posted group.
+  std::vector<size_t> slots;
+  int stashed = 0;
+  int deferred = 0;
+};
+
+using StageMb = std::pair<int, int>;
+
+}  // namespace
+
+const char *ScheduleName(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleavedOneFOneB:
+      return "interleaved_1f1b";
+  }
+  return "?";
+}
+
+absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string &name) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kInterleavedOneFOneB}) {
+    if (name == ScheduleName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown pipeline schedule \"", name,
+                   "\"; expected one of gpipe, 1f1b, interleaved_1f1b"));
+}
+
+const char *ActionKindName(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kForward:
+      return "F";
+    case ActionKind::kBackward:
+      return "B";
+    case ActionKind::kBackwardInput:
+      return "Bi";
+    case ActionKind::kBackwardWeight:
+      return "Bw";
+    case ActionKind::kSendActivation:
+      return "sendA";
+    case ActionKind::kRecvActivation:
+      return "recvA";
+    case ActionKind::kSendGradient:
+      return "sendG";
+    case ActionKind::kRecvGradient:
+      return "recvG";
+    case ActionKind::kReduceGradients:
+      return "reduce";
+  }
+  return "?";
+}
+
+bool IsCommunication(ActionKind kind) {
+  return kind == ActionKind::kSendActivation ||
+         kind == ActionKind::kRecvActivation ||
+         kind == ActionKind::kSendGradient || kind == ActionKind::kRecvGradient;
+}
+
+std::string Action::ToString() const {
+  if (kind == ActionKind::kReduceGradients) {
+    return absl::StrCat(ActionKindName(kind), "(s", stage, ")");
+  }
+  std::string text =
+      absl::StrCat(ActionKindName(kind), "(s", stage, ",m", micro_batch, ")");
+  if (IsCommunication(kind)) {
+    const bool send = kind == ActionKind::kSendActivation ||
+                      kind == ActionKind::kSendGradient;
+    absl::StrAppend(&text, send ? "->" : "<-", peer, with_next ? "+" : "");
+  }
+  return text;
+}
+
+bool Action::operator==(const Action &other) const {
+  return std::tie(kind, stage, micro_batch, peer, with_next) ==
+         std::tie(other.kind, other.stage, other.micro_batch, other.peer,
+                  other.with_next);
+}
+
+std::vector<int> Schedule::StagesOfRank(int rank) const {
+  std::vector<int> stages;
+  for (int chunk = 0; chunk < stages_per_rank; ++chunk) {
+    stages.push_back(chunk * ranks + rank);
+  }
+  return stages;
+}
+
+absl::StatusOr<Schedule> BuildSchedule(ScheduleKind kind, int ranks,
+                                       int micro_batches, int stages_per_rank) {
+  const std::string what =
+      absl::StrCat("pipeline schedule ", ScheduleName(kind));
+  if (ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": pipeline ranks must be >= 1, got ", ranks));
+  }
+  if (micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": micro-batches must be >= 1, got ", micro_batches));
+  }
+  if (kind == ScheduleKind::kInterleavedOneFOneB) {
+    if (stages_per_rank < 2 || ranks < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " needs at least 2 ranks and 2 stages per rank, got ", ranks,
+          " ranks and ", stages_per_rank, " stages per rank"));
+    }
+    if (micro_batches % ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " needs micro-batches (", micro_batches,
+          ") to be a multiple of the pipeline ranks (", ranks, ")"));
+    }
+  } else if (stages_per_rank != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " holds one stage per rank; got ", stages_per_rank,
+                     " (use interleaved_1f1b for several)"));
+  }
+  Schedule schedule;
+  schedule.kind = kind;
+  schedule.ranks = ranks;
+  schedule.stages_per_rank = stages_per_rank;
+  schedule.micro_batches = micro_batches;
+  for (int rank = 0; rank < ranks; ++rank) {
+    schedule.actions.push_back(
+        WithCommunication(schedule, ComputeOrder(schedule, rank), rank));
+  }
+  return schedule;
+}
+
+absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
+                                               const ActionCosts &costs) {
+  const int p = s.ranks;
+  const int last = s.stages() - 1;
+  if (static_cast<int>(s.actions.size()) != p) {
+    return absl::InternalError(absl::StrCat("schedule has ", s.actions.size(),
+                                            " action lists for ", p, " ranks"));
+  }
+  std::vector<RankState> state(p);
+  ScheduleStats stats;
+  stats.peak_activations.assign(p, 0);
+  stats.peak_deferred_weight_gradients.assign(p, 0);
+  // (sender, receiver) -> messages in posting order, sends and receives.
+  std::map<std::pair<int, int>, std::vector<Posted>> sends, receives;
+  std::set<StageMb> forwarded, input_graded, weight_graded, received_act,
+      received_grad;
+  std::set<int> reduced;
+
+  auto fail = [&](int rank, const Action &a, const std::string &rule) {
+    return absl::InternalError(
+        absl::StrCat(ScheduleName(s.kind), " p=", p, " v=", s.stages_per_rank,
+                     " m=", s.micro_batches, ": rank ", rank, " action ",
+                     a.ToString(), ": ", rule));
+  };
+  auto is_send = [](ActionKind k) {
+    return k == ActionKind::kSendActivation || k == ActionKind::kSendGradient;
+  };
+
+  // Checks what a message may only do once its data exists, and its peer.
+  auto check_message = [&](int rank, const Action &a) -> absl::Status {
+    const StageMb key{a.stage, a.micro_batch};
+    int want_peer = -1;
+    switch (a.kind) {
+      case ActionKind::kSendActivation:
+        if (a.stage >= last || !forwarded.count(key)) {
+          return fail(rank, a, "sends an activation it has not computed");
+        }
+        want_peer = s.RankOfStage(a.stage + 1);
+        break;
+      case ActionKind::kSendGradient:
+        if (a.stage <= 0 || !input_graded.count(key)) {
+          return fail(rank, a, "sends a gradient it has not computed");
+        }
+        want_peer = s.RankOfStage(a.stage - 1);
+        break;
+      case ActionKind::kRecvActivation:
+        if (a.stage <= 0) return fail(rank, a, "stage 0 receives no input");
+        want_peer = s.RankOfStage(a.stage - 1);
+        break;
+      case ActionKind::kRecvGradient:
+        if (a.stage >= last) {
+          return fail(rank, a, "the last stage receives no gradient");
+        }
+        want_peer = s.RankOfStage(a.stage + 1);
+        break;
+      default:
+        break;
+    }
+    if (a.peer != want_peer) {
+      return fail(rank, a, absl::StrCat("peer should be rank ", want_peer));
+    }
+    if (s.RankOfStage(a.stage) != rank) {
+      return fail(rank, a, "stage is not held by this rank");
+    }
+    return absl::OkStatus();
+  };
+
+  // Runs one compute action (checked) on `rank`.
+  auto run_compute = [&](int rank, const Action &a) -> absl::Status {
+    RankState &r = state[rank];
+    const StageMb key{a.stage, a.micro_batch};
+    if (s.RankOfStage(a.stage) != rank || a.stage < 0 || a.stage > last) {
+      return fail(rank, a, "stage is not held by this rank");
+    }
+    if (a.kind != ActionKind::kReduceGradients &&
+        (a.micro_batch < 0 || a.micro_batch >= s.micro_batches)) {
+      return fail(rank, a, "micro-batch out of range");
+    }
+    double cost = 0;
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (forwarded.count(key)) return fail(rank, a, "second forward");
+        if (a.stage > 0 && !received_act.count(key)) {
+          return fail(rank, a, "forward before its input was received");
+        }
+        forwarded.insert(key);
+        ++r.stashed;
+        cost = costs.forward;
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        if (!forwarded.count(key)) {
+          return fail(rank, a, "backward before its forward");
+        }
+        if (input_graded.count(key)) return fail(rank, a, "second backward");
+        if (a.stage < last && !received_grad.count(key)) {
+          return fail(rank, a, "backward before its gradient was received");
+        }
+        input_graded.insert(key);
+        --r.stashed;
+        if (a.kind == ActionKind::kBackward) {
+          weight_graded.insert(key);
+          cost = costs.backward_input + costs.backward_weight;
+        } else {
+          ++r.deferred;
+          cost = costs.backward_input;
+        }
+        break;
+      case ActionKind::kBackwardWeight:
+        if (!input_graded.count(key) || weight_graded.count(key)) {
+          return fail(rank, a,
+                      "weight gradient not right after one input gradient");
+        }
+        weight_graded.insert(key);
+        --r.deferred;
+        cost = costs.backward_weight;
+        break;
+      case ActionKind::kReduceGradients:
+        if (reduced.count(a.stage)) return fail(rank, a, "second reduction");
+        for (int mb = 0; mb < s.micro_batches; ++mb) {
+          if (!weight_graded.count({a.stage, mb})) {
+            return fail(rank, a,
+                        absl::StrCat("reduction before micro-batch ", mb,
+                                     "'s backward"));
+          }
+        }
+        reduced.insert(a.stage);
+        break;
+      default:
+        return fail(rank, a, "not a compute action");
+    }
+    r.clock += cost;
+    r.busy += cost;
+    stats.peak_activations[rank] =
+        std::max(stats.peak_activations[rank], r.stashed);
+    stats.peak_deferred_weight_gradients[rank] =
+        std::max(stats.peak_deferred_weight_gradients[rank], r.deferred);
+    return absl::OkStatus();
+  };
+
+  // Tries to advance `rank` by one action or group; sets *progressed.
+  auto step = [&](int rank, bool *progressed) -> absl::Status {
+    RankState &r = state[rank];
+    const std::vector<Action> &list = s.actions[rank];
+    const Action &a = list[r.next];
+    if (!IsCommunication(a.kind)) {
+      absl::Status status = run_compute(rank, a);
+      if (!status.ok()) return status;
+      ++r.next;
+      *progressed = true;
+      return absl::OkStatus();
+    }
+    if (!r.posted) {
+      size_t end = r.next;
+      while (true) {
+        const Action &m = list[end];
+        if (!IsCommunication(m.kind)) {
+          return fail(rank, list[r.next],
+                      "a group continues into a compute action");
+        }
+        absl::Status status = check_message(rank, m);
+        if (!status.ok()) return status;
+        ++end;
+        if (!m.with_next) break;
+        if (end == list.size()) {
+          return fail(rank, m, "the list ends inside a group");
+        }
+      }
+      r.group_end = end;
+      r.slots.clear();
+      for (size_t i = r.next; i < end; ++i) {
+        const Action &m = list[i];
+        if (is_send(m.kind)) {
+          auto &channel = sends[{rank, m.peer}];
+          r.slots.push_back(channel.size());
+          channel.push_back({m, r.clock});
+        } else {
+          auto &channel = receives[{m.peer, rank}];
+          r.slots.push_back(channel.size());
+          channel.push_back({m, r.clock});
+        }
+      }
+      r.posted = true;
+      *progressed = true;
+    }
+    // Complete when every message has its partner posted.
+    double done_at = r.clock;
+    for (size_t i = r.next; i < r.group_end; ++i) {
+      const Action &m = list[i];
+      const size_t slot = r.slots[i - r.next];
+      const bool send = is_send(m.kind);
+      const auto &other =
+          send ? receives[{rank, m.peer}] : sends[{m.peer, rank}];
+      if (other.size() <= slot) {
+        if (send) continue;       // eager: matched (and checked) by the receive
+        return absl::OkStatus();  // not yet
+      }
+      const Action &partner = other[slot].action;
+      const Action &sent = send ? m : partner;
+      const Action &got = send ? partner : m;
+      const bool activation = sent.kind == ActionKind::kSendActivation;
+      const bool kinds_match = activation
+                                   ? got.kind == ActionKind::kRecvActivation
+                                   : got.kind == ActionKind::kRecvGradient;
+      const int want_stage = activation ? sent.stage + 1 : sent.stage - 1;
+      if (!kinds_match || got.stage != want_stage ||
+          got.micro_batch != sent.micro_batch) {
+        return fail(rank, m,
+                    absl::StrCat("matched in order with rank ", m.peer, "'s ",
+                                 partner.ToString(), ", not its counterpart"));
+      }
+      if (!send) done_at = std::max(done_at, other[slot].time);
+    }
+    for (size_t i = r.next; i < r.group_end; ++i) {
+      const Action &m = list[i];
+      if (m.kind == ActionKind::kRecvActivation) {
+        received_act.insert({m.stage, m.micro_batch});
+      } else if (m.kind == ActionKind::kRecvGradient) {
+        received_grad.insert({m.stage, m.micro_batch});
+      }
+    }
+    r.clock = done_at;
+    r.next = r.group_end;
+    r.posted = false;
+    *progressed = true;
+    return absl::OkStatus();
+  };
+
+  while (true) {
+    bool all_done = true;
+    bool progressed = false;
+    for (int rank = 0; rank < p; ++rank) {
+      // Each rank runs as far as it can before the next rank's turn; the
+      // times are event times, so the interleaving does not change them.
+      while (state[rank].next < s.actions[rank].size()) {
+        bool moved = false;
+        absl::Status status = step(rank, &moved);
+        if (!status.ok()) return status;
+        if (!moved) break;
+        progressed = true;
+      }
+      if (state[rank].next < s.actions[rank].size()) all_done = false;
+    }
+    if (all_done) break;
+    if (!progressed) {
+      std::vector<std::string> blocked;
+      for (int rank = 0; rank < p; ++rank) {
+        if (state[rank].next < s.actions[rank].size()) {
+          blocked.push_back(
+              absl::StrCat("rank ", rank, " at ",
+                           s.actions[rank][state[rank].next].ToString()));
+        }
+      }
+      return absl::InternalError(absl::StrCat(
+          ScheduleName(s.kind), " p=", p, " v=", s.stages_per_rank, " m=",
+          s.micro_batches, ": deadlock: ", absl::StrJoin(blocked, "; ")));
+    }
+  }
+
+  // Everything ran and every message found its partner.
+  for (int stage = 0; stage <= last; ++stage) {
+    for (int mb = 0; mb < s.micro_batches; ++mb) {
+      if (!weight_graded.count({stage, mb})) {
+        return absl::InternalError(
+            absl::StrCat(ScheduleName(s.kind), ": stage ", stage,
+                         " never finished micro-batch ", mb, "'s backward"));
+      }
+    }
+    if (!reduced.count(stage)) {
+      return absl::InternalError(absl::StrCat(ScheduleName(s.kind), ": stage ",
+                                              stage, " never reduced"));
+    }
+  }
+  for (const auto &[channel, posted] : sends) {
+    if (receives[channel].size() != posted.size()) {
+      return absl::InternalError(absl::StrCat(
+          ScheduleName(s.kind), ": rank ", channel.first, " sends ",
+          posted.size(), " messages to rank ", channel.second,
+          ", which receives ", receives[channel].size()));
+    }
+  }
+  for (const auto &[channel, posted] : receives) {
+    if (sends[channel].size() != posted.size()) {
+      return absl::InternalError(
+          absl::StrCat(ScheduleName(s.kind), ": rank ", channel.second,
+                       " receives ", posted.size(), " messages from rank ",
+                       channel.first, ", which sends ", sends[channel].size()));
+    }
+  }
+  double busy = 0;
+  for (const RankState &r : state) {
+    stats.makespan = std::max(stats.makespan, r.clock);
+    busy += r.busy;
+  }
+  stats.bubble_fraction =
+      stats.makespan > 0 ? 1.0 - busy / (p * stats.makespan) : 0;
+  return stats;
+}
+
+double ExpectedBubbleFraction(const Schedule &s) {
+  const double p = s.ranks;
+  const double m = s.micro_batches;
+  const double v = s.stages_per_rank;
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB:
+      return (p - 1) / (m + p - 1);
+    case ScheduleKind::kInterleavedOneFOneB:
+      return (p - 1) / (v * m + p - 1);
+  }
+  return 0;
+}
+
+int ActivationBound(const Schedule &s, int rank) {
+  const int p = s.ranks;
+  const int m = s.micro_batches;
+  const int v = s.stages_per_rank;
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:
+      return m * v;
+    case ScheduleKind::kOneFOneB:
+      return std::min(m, p - rank);
+    case ScheduleKind::kInterleavedOneFOneB:
+      return std::min(v * m, 2 * (p - rank - 1) + (v - 1) * p + 1);
+  }
+  return 0;
+}
+
+std::string DescribeSchedule(const Schedule &s) {
+  std::string text;
+  for (int rank = 0; rank < s.ranks; ++rank) {
+    absl::StrAppend(&text, "rank ", rank, ":");
+    for (const Action &a : s.actions[rank]) {
+      absl::StrAppend(&text, " ", a.ToString());
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+}  // namespace pipeline
+}  // namespace ze

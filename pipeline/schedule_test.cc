@@ -1,0 +1,265 @@
+#include "pipeline/schedule.h"
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ze {
+namespace pipeline {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Every schedule over a grid of sizes: the simulation's checks pass (each
+// micro-batch's forward before its backward on every stage, sends matched
+// in order by the peer's receives, no deadlock, one reduction per stage
+// after its last backward), activations in flight stay within the
+// schedule's bound, and the bubble measured from the lists is the
+// literature's formula.
+struct GridCase {
+  ScheduleKind kind;
+  int ranks;
+  int stages_per_rank;
+  int micro_batches;
+};
+
+int Find(const std::vector<Action> &list, ActionKind kind, int mb) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].kind == kind && list[i].micro_batch == mb) return i;
+  }
+  return -1;
+}
+
+std::vector<GridCase> Grid() {
+  std::vector<GridCase> cases;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 12; ++m) cases.push_back({kind, p, 1, m});
+    }
+  }
+  for (int p = 2; p <= 5; ++p) {
+    for (int v = 2; v <= 3; ++v) {
+      for (int m = p; m <= 4 * p; m += p) {
+        cases.push_back({ScheduleKind::kInterleavedOneFOneB, p, v, m});
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(ScheduleTest, EveryScheduleOverAGridOfSizes) {
+  for (const GridCase &c : Grid()) {
+    SCOPED_TRACE(testing::Message()
+                 << ScheduleName(c.kind) << " p=" << c.ranks
+                 << " v=" << c.stages_per_rank << " m=" << c.micro_batches);
+    absl::StatusOr<Schedule> schedule =
+        BuildSchedule(c.kind, c.ranks, c.micro_batches, c.stages_per_rank);
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    // Equal forward and backward halves, so the formulas hold exactly.
+    ActionCosts costs;
+    costs.forward = 1;
+    costs.backward_input = 1;
+    costs.backward_weight = 1;
+    absl::StatusOr<ScheduleStats> stats = SimulateSchedule(*schedule, costs);
+    ASSERT_TRUE(stats.ok()) << stats.status() << "\n"
+                            << DescribeSchedule(*schedule);
+    for (int rank = 0; rank < c.ranks; ++rank) {
+      EXPECT_LE(stats->peak_activations[rank], ActivationBound(*schedule, rank))
+          << "rank " << rank << "\n"
+          << DescribeSchedule(*schedule);
+      if (c.kind != ScheduleKind::kInterleavedOneFOneB) {
+        // The bound is reached: it is the schedule's, not a loose one.
+        EXPECT_EQ(stats->peak_activations[rank],
+                  ActivationBound(*schedule, rank));
+      }
+      EXPECT_EQ(stats->peak_deferred_weight_gradients[rank], 0);
+    }
+    EXPECT_NEAR(stats->bubble_fraction, ExpectedBubbleFraction(*schedule),
+                1e-12)
+        << DescribeSchedule(*schedule);
+  }
+}
+
+// GPipe and 1F1B have the same bubble whatever the forward/backward ratio.
+TEST(ScheduleTest, BubbleOfGPipeAndOneFOneBWithBackwardTwiceForward) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int p = 1; p <= 5; ++p) {
+      for (int m = 1; m <= 9; ++m) {
+        absl::StatusOr<Schedule> schedule = BuildSchedule(kind, p, m);
+        ASSERT_TRUE(schedule.ok());
+        ActionCosts costs;
+        costs.forward = 1;
+        costs.backward_input = 1.25;
+        costs.backward_weight = 0.75;
+        absl::StatusOr<ScheduleStats> stats =
+            SimulateSchedule(*schedule, costs);
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        EXPECT_NEAR(stats->bubble_fraction, (p - 1.0) / (m + p - 1.0), 1e-12)
+            << ScheduleName(kind) << " p=" << p << " m=" << m;
+        EXPECT_NEAR(stats->makespan, 3.0 * (m + p - 1), 1e-12);
+      }
+    }
+  }
+}
+
+// The exact lists of a small 1F1B: warm-up, steady state with each
+// send grouped with the following receive, cool-down, reduction.
+TEST(ScheduleTest, OneFOneBTwoRanksThreeMicroBatchesExactly) {
+  absl::StatusOr<Schedule> schedule =
+      BuildSchedule(ScheduleKind::kOneFOneB, 2, 3);
+  ASSERT_TRUE(schedule.ok());
+  EXPECT_EQ(DescribeSchedule(*schedule),
+            "rank 0: F(s0,m0) sendA(s0,m0)->1 F(s0,m1) sendA(s0,m1)->1+ "
+            "recvG(s0,m0)<-1 B(s0,m0) F(s0,m2) sendA(s0,m2)->1+ "
+            "recvG(s0,m1)<-1 B(s0,m1) recvG(s0,m2)<-1 B(s0,m2) reduce(s0)\n"
+            "rank 1: recvA(s1,m0)<-0 F(s1,m0) B(s1,m0) sendG(s1,m0)->0+ "
+            "recvA(s1,m1)<-0 F(s1,m1) B(s1,m1) sendG(s1,m1)->0+ "
+            "recvA(s1,m2)<-0 F(s1,m2) B(s1,m2) sendG(s1,m2)->0 "
+            "reduce(s1)\n");
+}
+
+TEST(ScheduleTest, InterleavedPlacesStagesLooping) {
+  absl::StatusOr<Schedule> schedule =
+      BuildSchedule(ScheduleKind::kInterleavedOneFOneB, 2, 4, 2);
+  ASSERT_TRUE(schedule.ok());
+  EXPECT_EQ(schedule->stages(), 4);
+  EXPECT_EQ(schedule->StagesOfRank(1), (std::vector<int>{1, 3}));
+  EXPECT_EQ(schedule->RankOfStage(2), 0);
+}
+
+// The split backward's halves are accepted in place of a backward, and a
+// deferred weight gradient is counted.
+TEST(ScheduleTest, SplitBackwardHalvesAreChecked) {
+  absl::StatusOr<Schedule> s = BuildSchedule(ScheduleKind::kOneFOneB, 3, 4);
+  ASSERT_TRUE(s.ok());
+  for (std::vector<Action> &list : s->actions) {
+    std::vector<Action> split;
+    std::vector<Action> weights;
+    for (const Action &a : list) {
+      if (a.kind == ActionKind::kBackward) {
+        Action input = a;
+        input.kind = ActionKind::kBackwardInput;
+        split.push_back(input);
+        Action weight = a;
+        weight.kind = ActionKind::kBackwardWeight;
+        weights.push_back(weight);  // all deferred to the end
+      } else if (a.kind == ActionKind::kReduceGradients) {
+        split.insert(split.end(), weights.begin(), weights.end());
+        weights.clear();
+        split.push_back(a);
+      } else {
+        split.push_back(a);
+      }
+    }
+    list = split;
+  }
+  absl::StatusOr<ScheduleStats> stats = SimulateSchedule(*s);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->peak_deferred_weight_gradients, (std::vector<int>{4, 4, 4}));
+  // A weight gradient before its input gradient is refused.
+  std::vector<Action> &rank2 = s->actions[2];
+  const int weight = Find(rank2, ActionKind::kBackwardWeight, 0);
+  ASSERT_GE(weight, 0);
+  rank2.insert(rank2.begin() + 1, rank2[weight]);
+  rank2.erase(rank2.begin() + weight + 1);
+  EXPECT_THAT(SimulateSchedule(*s).status().message(),
+              HasSubstr("weight gradient not right after"));
+}
+
+// The checker itself: schedules broken by hand fail with the rule named.
+Schedule OneFOneB(int p, int m) {
+  absl::StatusOr<Schedule> schedule =
+      BuildSchedule(ScheduleKind::kOneFOneB, p, m);
+  EXPECT_TRUE(schedule.ok());
+  return *schedule;
+}
+
+TEST(ScheduleCheckTest, BackwardBeforeForwardFails) {
+  Schedule s = OneFOneB(1, 2);
+  std::swap(s.actions[0][0], s.actions[0][1]);  // B(m0) before F(m0)
+  EXPECT_THAT(SimulateSchedule(s).status().message(),
+              HasSubstr("backward before its forward"));
+}
+
+TEST(ScheduleCheckTest, SendsOutOfOrderFail) {
+  // Rank 0 sends m1's activation before m0's; rank 1 receives m0 first.
+  absl::StatusOr<Schedule> s = BuildSchedule(ScheduleKind::kGPipe, 2, 2);
+  ASSERT_TRUE(s.ok());
+  std::vector<Action> &rank0 = s->actions[0];
+  const int first = Find(rank0, ActionKind::kSendActivation, 0);
+  const int second = Find(rank0, ActionKind::kSendActivation, 1);
+  std::swap(rank0[first].micro_batch, rank0[second].micro_batch);
+  EXPECT_FALSE(SimulateSchedule(*s).ok());
+}
+
+TEST(ScheduleCheckTest, MissingReceiveDeadlocksOrIsUnmatched) {
+  Schedule s = OneFOneB(2, 2);
+  std::vector<Action> &rank1 = s.actions[1];
+  const int recv = Find(rank1, ActionKind::kRecvActivation, 1);
+  ASSERT_GE(recv, 0);
+  if (recv > 0 && rank1[recv - 1].with_next) rank1[recv - 1].with_next = false;
+  rank1.erase(rank1.begin() + recv);
+  EXPECT_FALSE(SimulateSchedule(s).ok());
+}
+
+TEST(ScheduleCheckTest, DeadlockIsNamed) {
+  // Both ranks receive first: each waits for the other forever.
+  Schedule s = OneFOneB(2, 1);
+  Action recv_grad = s.actions[0][2];  // recvG(s0,m0)<-1
+  ASSERT_EQ(recv_grad.kind, ActionKind::kRecvGradient);
+  s.actions[0].erase(s.actions[0].begin() + 2);
+  s.actions[0].insert(s.actions[0].begin(), recv_grad);
+  s.actions[0][1].with_next = false;
+  absl::Status status = SimulateSchedule(s).status();
+  EXPECT_THAT(status.message(), HasSubstr("deadlock"));
+  EXPECT_THAT(status.message(), HasSubstr("rank 0 at recvG(s0,m0)<-1"));
+}
+
+TEST(ScheduleCheckTest, MismatchedMicroBatchesFail) {
+  Schedule s = OneFOneB(2, 2);
+  for (Action &a : s.actions[1]) {
+    if (a.kind == ActionKind::kRecvActivation)
+      a.micro_batch = 1 - a.micro_batch;
+  }
+  EXPECT_THAT(SimulateSchedule(s).status().message(),
+              HasSubstr("not its counterpart"));
+}
+
+TEST(ScheduleCheckTest, MissingReductionFails) {
+  Schedule s = OneFOneB(2, 2);
+  s.actions[1].pop_back();
+  EXPECT_THAT(SimulateSchedule(s).status().message(),
+              HasSubstr("never reduced"));
+}
+
+TEST(ScheduleBuildTest, BadSizesAreNamed) {
+  EXPECT_THAT(BuildSchedule(ScheduleKind::kOneFOneB, 0, 4).status().message(),
+              HasSubstr("pipeline ranks must be >= 1"));
+  EXPECT_THAT(BuildSchedule(ScheduleKind::kGPipe, 2, 0).status().message(),
+              HasSubstr("micro-batches must be >= 1"));
+  EXPECT_THAT(BuildSchedule(ScheduleKind::kInterleavedOneFOneB, 2, 3, 2)
+                  .status()
+                  .message(),
+              HasSubstr("multiple of the pipeline ranks"));
+  EXPECT_THAT(
+      BuildSchedule(ScheduleKind::kOneFOneB, 2, 4, 2).status().message(),
+      HasSubstr("use interleaved_1f1b"));
+}
+
+TEST(ScheduleBuildTest, NamesRoundTrip) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kInterleavedOneFOneB}) {
+    absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleName(kind));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, kind);
+  }
+  EXPECT_THAT(ParseScheduleKind("pipedream").status().message(),
+              HasSubstr("expected one of gpipe, 1f1b"));
+}
+
+}  // namespace
+}  // namespace pipeline
+}  // namespace ze
