@@ -431,6 +431,22 @@ absl::Status EngineImpl::Setup() {
                                       compute_stream_,
                                       "creating the ZeRO partition state"));
   strategy_ = std::move(strategy).value();
+  // cpu_checkpointing: checkpointed modules keep their inputs in host
+  // memory (nn/activation_offload.h). Set on every module, null included,
+  // so a model reused by an engine without the key keeps them on the GPU
+  // again.
+  activation_offload_ = nullptr;
+  if (plan_.activation_ring_slots > 0) {
+    nn::ActivationOffloadOptions options;
+    options.ring_slots = plan_.activation_ring_slots;
+    ZE_ASSIGN_OR_RETURN(activation_offload_, nn::ActivationOffload::Create(
+                                                 model_->device(), options));
+  }
+  checkpointed_modules_ = 0;
+  for (nn::Module* module : model_->Modules()) {
+    module->set_activation_offload(activation_offload_);
+    if (module->activation_checkpointing()) ++checkpointed_modules_;
+  }
   return absl::OkStatus();
 }
 
@@ -513,6 +529,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
+    if (engine->activation_offload_ != nullptr) {
+      if (engine->checkpointed_modules_ > 0) {
+        ZE_LOG_RANK0(INFO)
+            << "activation_checkpointing.cpu_checkpointing: the inputs of "
+            << engine->checkpointed_modules_
+            << " checkpointed modules go to pinned host memory after their "
+               "forward and come back through a ring of "
+            << engine->plan_.activation_ring_slots
+            << " device buffers, one module ahead";
+      } else {
+        ZE_LOG_RANK0(WARNING)
+            << config.source
+            << ": activation_checkpointing.cpu_checkpointing is set but no "
+               "module of the model is checkpointed, so nothing is "
+               "offloaded; checkpoint the blocks (GptConfig / DecoderConfig "
+               "activation_checkpointing, train_gpt "
+               "--activation_checkpointing, "
+               "Module::set_activation_checkpointing)";
+      }
+    }
     // A DeepSpeed user must not believe a setting took effect when it did
     // not (ZeRO++ quantization, activation_checkpointing, ignored keys, ...),
     // nor miss that a spelling is deprecated.
