@@ -534,8 +534,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
         ZE_LOG_RANK0(INFO)
             << "activation_checkpointing.cpu_checkpointing: the inputs of "
             << engine->checkpointed_modules_
-            << " checkpointed modules go to pinned host memory after their "
-               "forward and come back through a ring of "
+            << " checkpointed modules go to host memory (pinned on a GPU) "
+               "after their forward and come back through a ring of "
             << engine->plan_.activation_ring_slots
             << " device buffers, one module ahead";
       } else {

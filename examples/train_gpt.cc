@@ -1263,15 +1263,15 @@ absl::Status Train(Options options, int* exit_code) {
           static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
           activations.device / kGiB);
-      if (plan.activation_ring_slots > 0) {
+      if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
         std::printf(
-            "  cpu_checkpointing: %s, saved inputs in pinned host memory "
-            "%.3f GiB, %d device ring buffers of one input\n",
-            options.activation_checkpointing
-                ? "on"
-                : "set, but no block is checkpointed "
-                  "(--activation_checkpointing): nothing to offload",
+            "  cpu_checkpointing: saved inputs in pinned host memory %.3f "
+            "GiB, %d device ring buffers of one input (included above)\n",
             activations.pinned_host / kGiB, plan.activation_ring_slots);
+      } else if (plan.activation_ring_slots > 0) {
+        std::printf(
+            "  cpu_checkpointing: set, but no block is checkpointed "
+            "(--activation_checkpointing): nothing to offload\n");
       }
     }
     *exit_code = 0;

@@ -177,7 +177,7 @@ TEST(ActivationOffloadEngineTest, InstalledFromTheConfigAndLogged) {
     if (Rank() == 0) {
       EXPECT_TRUE(absl::StrContains(
           log, absl::StrCat("the inputs of ", kLayers, " checkpointed modules",
-                            " go to pinned host memory")))
+                            " go to host memory")))
           << log;
     }
   }
