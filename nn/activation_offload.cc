@@ -97,6 +97,16 @@ absl::StatusOr<int64_t> ActivationOffload::Save(const Tensor& input,
     }
     ++stats_.offloaded;
     stats_.offloaded_bytes += static_cast<int64_t>(input.nbytes());
+    // Only the newest input stays on the device (file comment).
+    if (!entries_.empty()) {
+      Entry& previous = entries_.rbegin()->second;
+      if (previous.newest) {
+        previous.device = Tensor();
+        previous.newest = false;
+      }
+    }
+    entry.device = input;
+    entry.newest = true;
   }
   ++stats_.saved;
   const int64_t ticket = next_ticket_++;
@@ -177,11 +187,16 @@ absl::StatusOr<Tensor> ActivationOffload::Restore(int64_t ticket,
   in_backward_ = true;
   ++stats_.restored;
   const bool offloaded = entry.host.defined();
-  if (offloaded && entry.device.defined()) ++stats_.prefetched;
+  if (entry.newest) {
+    ++stats_.kept_newest;
+  } else if (offloaded && entry.device.defined()) {
+    ++stats_.prefetched;
+  }
   absl::Status status = absl::OkStatus();
   if (offloaded && !entry.device.defined()) {
     status = FetchToDevice(entry, stream, /*must=*/true);
   }
+  // (A kept newest input has no copy back: `ready` is a CPU event, a no-op.)
   if (status.ok() && offloaded) status = entry.ready.StreamWait(stream);
   // The copy back is queued on copy_stream_, so the host buffer may go
   // back to the pool at once (see ReturnHostBuffer).
@@ -189,7 +204,7 @@ absl::StatusOr<Tensor> ActivationOffload::Restore(int64_t ticket,
   if (status.ok() && !entries_.empty()) {
     // The next restore in LIFO order: the previous layer's input.
     Entry& next = entries_.rbegin()->second;
-    if (next.host.defined() && !next.device.defined()) {
+    if (!next.device.defined()) {
       status = FetchToDevice(next, stream, /*must=*/false);
     }
   }

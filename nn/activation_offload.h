@@ -7,10 +7,15 @@
 //
 //   Forward, after the module's forward was queued on `stream`:
 //     Save(input) copies it into a host buffer (pinned on CUDA) on the
-//     offload's own copy stream, after an event on `stream`, and drops its
-//     reference to the device tensor. The device bytes go back to the
-//     allocator once the copy is done (Tensor::RecordStream orders their
-//     reuse after it), so the device holds no saved inputs at all.
+//     offload's own copy stream, after an event on `stream`, and keeps the
+//     device tensor only until the next Save: the newest input is the
+//     first backward asks for (after the head and the loss, which run
+//     between), so it need not come back at all; keeping it costs one
+//     input during the next layer's forward, whose peak (nothing saved) is
+//     below the backward's. Dropped, the device bytes go
+//     back to the allocator once the copy is done (Tensor::RecordStream
+//     orders their reuse after it), so the device holds one saved input at
+//     most.
 //   Backward, before the module's pre-backward hooks:
 //     Restore(ticket) returns the input on the device, in a buffer of a
 //     ring of `ring_slots` device buffers, and starts copying back the next
@@ -80,6 +85,8 @@ struct ActivationOffloadStats {
   // Restores whose copy back had already been started by an earlier
   // Restore (the prefetch worked).
   int64_t prefetched = 0;
+  // Restores of the newest input, still on the device (see Save).
+  int64_t kept_newest = 0;
   // Restores that found no free ring slot and used a fresh device buffer.
   int64_t ring_misses = 0;
   int ring_slots_allocated = 0;
@@ -128,9 +135,10 @@ class ActivationOffload {
 
  private:
   struct Entry {
-    Tensor host;    // the host copy; undefined when the input stayed
-    Tensor device;  // the input on the device: kept, or copied back
-    Event ready;    // recorded on the copy stream after the copy back
+    Tensor host;          // the host copy; undefined when the input stayed
+    Tensor device;        // the input on the device: kept, or copied back
+    bool newest = false;  // `device` is the input itself, kept until a Save
+    Event ready;          // recorded on the copy stream after the copy back
   };
 
   ActivationOffload(const Device& device,

@@ -6,9 +6,10 @@
 //     two runs of either differ in the last bits);
 //   - the device allocator's peak over the step, above what was in use
 //     before it, drops by at least the saved inputs beyond the ring's two
-//     (and the third the first restore may take: (L - 3) inputs);
-//   - the pinned host pool holds the L inputs of one forward, and every
-//     restore but the first of each backward was prefetched.
+//     and the newest, kept on the device: (L - 3) inputs;
+//   - the pinned host pool holds the L inputs of one forward; in each
+//     backward the last block's input was still on the device and every
+//     other had been prefetched.
 // Prints one JSON line with both peaks and step times (informative; the
 // step-time target is measured by bench/train_bench --cpu_checkpointing).
 #include <algorithm>
@@ -150,6 +151,7 @@ TEST(ActivationOffloadCudaTest, OffloadCutsThePeakAndKeepsTheLoss) {
   EXPECT_EQ(stats.ring_bytes, 2 * input_bytes);
   EXPECT_EQ(stats.restored, 7 * kLayers);  // warm-up, peak, 5 timed steps
   EXPECT_EQ(stats.prefetched, 7 * (kLayers - 1));
+  EXPECT_EQ(stats.kept_newest, 7);
   EXPECT_EQ(stats.ring_misses, 0);
   EXPECT_EQ(offload->held(), 0);
 }

@@ -38,9 +38,10 @@ bool SameBytes(const Tensor &a, const Tensor &b) {
          std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-// Four layers' inputs saved in forward, restored in reverse: each restore
-// starts the copy back of the one before it into the other ring slot, as
-// long as that slot is free (the layer that used it has dropped it).
+// Four layers' inputs saved in forward, restored in reverse. The newest
+// stays on the device (backward wants it first); each restore starts the
+// copy back of the one before it into a free ring slot, as long as one is
+// free (the layer that used it has dropped it).
 TEST(ActivationOffloadTest, RestoresPrefetchOneAheadThroughTheRing) {
   std::shared_ptr<ActivationOffload> offload = MakeOffload(2);
   const Stream stream;
@@ -52,24 +53,26 @@ TEST(ActivationOffloadTest, RestoresPrefetchOneAheadThroughTheRing) {
   }
   EXPECT_EQ(offload->stats().offloaded, 4);
   EXPECT_EQ(offload->held(), 4);
-  for (int i = 0; i < 4; ++i) EXPECT_FALSE(offload->OnDevice(tickets[i]));
-  // The input buffer is not the saved copy: changing it after Save does not
-  // change what comes back.
-  const Tensor original3 = testing::CopyToCpuF32(inputs[3]);
-  ASSERT_TRUE(Fill(inputs[3], 0.0f, stream).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(offload->OnDevice(tickets[i]));
+  EXPECT_TRUE(offload->OnDevice(tickets[3]));
+  // What comes back is the host copy, not the caller's buffer: changing it
+  // after Save changes nothing.
+  const Tensor original2 = testing::CopyToCpuF32(inputs[2]);
+  ASSERT_TRUE(Fill(inputs[2], 0.0f, stream).ok());
 
-  // Layer 3: fetched on demand; layer 2's input starts coming back.
+  // Layer 3: the kept input itself; layer 2's starts coming back.
   Tensor restored3 = offload->Restore(tickets[3], stream).value();
-  EXPECT_TRUE(SameBytes(restored3, original3));
-  EXPECT_NE(restored3.data(), inputs[3].data());
+  EXPECT_EQ(restored3.data(), inputs[3].data());
+  EXPECT_EQ(offload->stats().kept_newest, 1);
   EXPECT_EQ(offload->stats().prefetched, 0);
   EXPECT_TRUE(offload->OnDevice(tickets[2]));
   EXPECT_FALSE(offload->OnDevice(tickets[1]));
   restored3 = Tensor();  // layer 3's backward is done
 
-  // Layer 2: prefetched; layer 1 goes into the slot layer 3 freed.
+  // Layer 2: prefetched; layer 1 goes into the other slot.
   const Tensor restored2 = offload->Restore(tickets[2], stream).value();
-  EXPECT_TRUE(SameBytes(restored2, inputs[2]));
+  EXPECT_TRUE(SameBytes(restored2, original2));
+  EXPECT_NE(restored2.data(), inputs[2].data());
   EXPECT_EQ(offload->stats().prefetched, 1);
   EXPECT_TRUE(offload->OnDevice(tickets[1]));
 
@@ -92,20 +95,40 @@ TEST(ActivationOffloadTest, RestoresPrefetchOneAheadThroughTheRing) {
   EXPECT_EQ(offload->held(), 0);
 }
 
-// One slot: nothing is ever prefetched, every restore copies on demand.
-TEST(ActivationOffloadTest, OneSlotRestoresOnDemand) {
+// One slot: a prefetch goes only into a free slot; when it was skipped,
+// the restore copies on demand into the slot once its reader freed it.
+TEST(ActivationOffloadTest, OneSlotPrefetchesOnlyIntoAFreeSlot) {
   std::shared_ptr<ActivationOffload> offload = MakeOffload(1);
   const Stream stream;
-  const Tensor a = RandomTensor({5}, 1), b = RandomTensor({5}, 2);
+  const Tensor a = RandomTensor({5}, 1), b = RandomTensor({5}, 2),
+               c = RandomTensor({5}, 3);
   const int64_t ta = offload->Save(a, stream).value();
   const int64_t tb = offload->Save(b, stream).value();
+  const int64_t tc = offload->Save(c, stream).value();
+  EXPECT_EQ(offload->Restore(tc, stream).value().data(), c.data());
+  EXPECT_TRUE(offload->OnDevice(tb));  // into the one slot
   Tensor rb = offload->Restore(tb, stream).value();
-  EXPECT_FALSE(offload->OnDevice(ta));
   EXPECT_TRUE(SameBytes(rb, b));
+  EXPECT_FALSE(offload->OnDevice(ta));  // the slot is rb's
   rb = Tensor();
   EXPECT_TRUE(SameBytes(offload->Restore(ta, stream).value(), a));
-  EXPECT_EQ(offload->stats().prefetched, 0);
+  EXPECT_EQ(offload->stats().prefetched, 1);
   EXPECT_EQ(offload->stats().ring_misses, 0);
+  EXPECT_EQ(offload->stats().ring_slots_allocated, 1);
+}
+
+// The newest input is kept only until the next Save.
+TEST(ActivationOffloadTest, OnlyTheNewestInputStaysOnTheDevice) {
+  std::shared_ptr<ActivationOffload> offload = MakeOffload();
+  const Stream stream;
+  std::vector<int64_t> tickets;
+  for (int i = 0; i < 3; ++i) {
+    const Tensor input = RandomTensor({4}, i);
+    tickets.push_back(offload->Save(input, stream).value());
+    for (int j = 0; j <= i; ++j) {
+      EXPECT_EQ(offload->OnDevice(tickets[j]), j == i) << i << " " << j;
+    }
+  }
 }
 
 // A save between the first restore and the last (a checkpointed module
@@ -227,10 +250,11 @@ TEST(ActivationOffloadModelTest, GptGradientsAreBitIdentical) {
   std::shared_ptr<ActivationOffload> offload = MakeOffload();
   InstallOffload(*offloaded, offload);
   ExpectIdentical(Train(*offloaded, batch), Train(*plain, batch));
-  // Every block's input went out and came back, twice; all but the first
-  // restore of each pass were prefetched.
+  // Every block's input went out, twice; the last block's was still on the
+  // device when backward began, the others' had been prefetched.
   EXPECT_EQ(offload->stats().offloaded, 2 * 3);
   EXPECT_EQ(offload->stats().restored, 2 * 3);
+  EXPECT_EQ(offload->stats().kept_newest, 2);
   EXPECT_EQ(offload->stats().prefetched, 2 * 2);
   EXPECT_EQ(offload->stats().ring_misses, 0);
   EXPECT_EQ(offload->held(), 0);

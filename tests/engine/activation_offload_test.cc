@@ -146,13 +146,15 @@ TEST(ActivationOffloadEngineTest, CpuCheckpointingTrainsBitForBit) {
       const Training offloaded = TrainRun(family, stage, true, true);
       ExpectIdentical(recomputed, plain, what + " recompute");
       ExpectIdentical(offloaded, recomputed, what + " cpu_checkpointing");
-      // Every block's input of every micro-batch went out and came back;
-      // all but the first of each backward had been prefetched.
+      // Every block's input of every micro-batch went out; in each
+      // backward the last block's was still on the device and the others'
+      // had been prefetched.
       const int64_t micro_batches = kSteps * 2;
       EXPECT_EQ(offloaded.offload.offloaded, micro_batches * kLayers) << what;
       EXPECT_EQ(offloaded.offload.restored, micro_batches * kLayers) << what;
       EXPECT_EQ(offloaded.offload.prefetched, micro_batches * (kLayers - 1))
           << what;
+      EXPECT_EQ(offloaded.offload.kept_newest, micro_batches) << what;
       EXPECT_EQ(offloaded.offload.ring_misses, 0) << what;
       EXPECT_EQ(offloaded.held, 0) << what;
       EXPECT_EQ(recomputed.offload.saved, 0) << what;
