@@ -383,6 +383,15 @@ CommunicationCounters EngineImpl::communication_counters() const {
   return strategy_->communication_counters();
 }
 
+EngineImpl::~EngineImpl() {
+  if (activation_offload_ == nullptr || model_ == nullptr) return;
+  for (nn::Module* module : model_->Modules()) {
+    if (module->activation_offload() == activation_offload_) {
+      module->set_activation_offload(nullptr);
+    }
+  }
+}
+
 absl::Status EngineImpl::Setup() {
   const config::Config& cfg = config_;
   // What this build cannot run (config/config.h); a loaded config passed

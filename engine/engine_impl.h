@@ -44,6 +44,10 @@ namespace engine {
 class EngineImpl {
  public:
   EngineImpl() = default;
+  // Takes this engine's activation offload (and with it the pinned memory
+  // of one forward's inputs) off the model's modules: the model may outlive
+  // the engine.
+  ~EngineImpl();
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
 

@@ -183,6 +183,10 @@ TEST(ActivationOffloadEngineTest, InstalledFromTheConfigAndLogged) {
           << log;
     }
   }
+  // The engine gone, the model no longer holds its offload.
+  for (nn::Module* module : (*model)->Modules()) {
+    EXPECT_EQ(module->activation_offload(), nullptr) << module->DisplayName();
+  }
   // The same model under a config without the key: back on the device.
   auto engine = engine::Initialize(*model, ConfigJson(1, false), Comm());
   ASSERT_TRUE(engine.ok()) << engine.status();
