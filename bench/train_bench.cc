@@ -51,9 +51,10 @@
 //                            offloaded, prefetch hits, ring misses; pinned
 //                            host and device ring bytes). With either,
 //                            "peak_bytes_above_initialize" is the CUDA
-//                            allocator's peak minus what Initialize left in
-//                            use: the activations' (and step temporaries')
-//                            peak, to compare runs with and without
+//                            allocator's peak over the steps minus what
+//                            Initialize left in use: the activations' (and
+//                            step temporaries') peak, to compare runs with
+//                            and without
 //   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
 //                            output head's 256 MiB default; batch x seq: the
 //                            whole logits in one chunk)
@@ -376,12 +377,17 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
+  int64_t peak_before_steps = 0;
   line["memory_breakdown"] = MemoryBreakdownJson(engine->memory_breakdown());
   if (device.is_cuda()) {
     // Model state plus the model's own buffers, before any activation: to
     // compare with memory_breakdown.
     line["bytes_in_use_after_initialize"] =
         CudaMemory(device.index)->stats().bytes_in_use;
+    // The steps' own peak (peak_bytes_above_initialize) starts here; the
+    // run's (memory.peak_bytes_in_use) is the larger of the two.
+    peak_before_steps = CudaMemory(device.index)->stats().peak_bytes_in_use;
+    CudaMemory(device.index)->ResetPeak();
   }
 
   const Stream& compute = engine->compute_stream();
@@ -499,11 +505,13 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   line["skipped_steps"] = engine->counters().skipped_steps;
   line["loss_scale"] = engine->current_loss_scale();
   if (device.is_cuda()) {
-    const AllocatorStats stats = CudaMemory(device.index)->stats();
-    line["memory"] = MemoryJson(stats);
+    AllocatorStats stats = CudaMemory(device.index)->stats();
     line["peak_bytes_above_initialize"] =
         stats.peak_bytes_in_use -
         line["bytes_in_use_after_initialize"].get<int64_t>();
+    stats.peak_bytes_in_use =
+        std::max(stats.peak_bytes_in_use, peak_before_steps);
+    line["memory"] = MemoryJson(stats);
   }
   if (const std::shared_ptr<nn::ActivationOffload>& offload =
           model->activation_offload();
