@@ -44,6 +44,17 @@
 //   --seq=1024 --iters=10 --warmup=3 --dtype=bf16 (bf16, f16 or f32; the
 //   config enables the matching mixed precision)
 //   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
+//   --cpu_checkpointing=0    activation_checkpointing.cpu_checkpointing
+//                            (needs --checkpointing=1): saved block inputs
+//                            in pinned host memory; adds
+//                            "activation_offload" (per timed step: bytes
+//                            offloaded, prefetch hits, ring misses; pinned
+//                            host and device ring bytes). With either,
+//                            "peak_bytes_above_initialize" is the CUDA
+//                            allocator's peak over the steps minus what
+//                            Initialize left in use: the activations' (and
+//                            step temporaries') peak, to compare runs with
+//                            and without
 //   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
 //                            output head's 256 MiB default; batch x seq: the
 //                            whole logits in one chunk)
@@ -95,6 +106,7 @@
 #include "core/tensor.h"
 #include "engine/engine.h"
 #include "engine/offload_report.h"
+#include "nn/activation_offload.h"
 #include "nn/decoder_config.h"
 #include "nn/loss_model.h"
 #include "offload/nvme_store.h"
@@ -113,6 +125,7 @@ struct Options {
   DType dtype = DType::kBF16;
   bool overlap_comm = true;
   bool checkpointing = false;
+  bool cpu_checkpointing = false;
   int64_t loss_chunk_rows = 0;  // 0: the output head's default
   double lr = 6e-4;
   std::string backend = "auto";
@@ -178,6 +191,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       flags.GetBool("overlap_comm", true));
   ZE_ASSIGN_OR_RETURN(options.checkpointing,
                       flags.GetBool("checkpointing", false));
+  ZE_ASSIGN_OR_RETURN(options.cpu_checkpointing,
+                      flags.GetBool("cpu_checkpointing", false));
+  if (options.cpu_checkpointing && !options.checkpointing) {
+    return absl::InvalidArgumentError(
+        "--cpu_checkpointing=1 offloads the inputs of checkpointed blocks: "
+        "add --checkpointing=1");
+  }
   ZE_ASSIGN_OR_RETURN(options.loss_chunk_rows,
                       flags.GetInt("loss_chunk_rows", 0, 0, 1 << 30));
   const std::string lr = flags.GetString("lr", "6e-4");
@@ -259,6 +279,9 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                            {"eps", 1e-8},
                            {"weight_decay", 0.1}}}};
   SetPrecisionSections(options.dtype, config);
+  if (options.cpu_checkpointing) {
+    config["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  }
   config["zero_optimization"] = {
       {"stage", stage},
       {"contiguous_gradients", true},
@@ -354,12 +377,17 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
+  int64_t peak_before_steps = 0;
   line["memory_breakdown"] = MemoryBreakdownJson(engine->memory_breakdown());
   if (device.is_cuda()) {
     // Model state plus the model's own buffers, before any activation: to
     // compare with memory_breakdown.
     line["bytes_in_use_after_initialize"] =
         CudaMemory(device.index)->stats().bytes_in_use;
+    // The steps' own peak (peak_bytes_above_initialize) starts here; the
+    // run's (memory.peak_bytes_in_use) is the larger of the two.
+    peak_before_steps = CudaMemory(device.index)->stats().peak_bytes_in_use;
+    CudaMemory(device.index)->ResetPeak();
   }
 
   const Stream& compute = engine->compute_stream();
@@ -482,7 +510,27 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   line["skipped_steps"] = engine->counters().skipped_steps;
   line["loss_scale"] = engine->current_loss_scale();
   if (device.is_cuda()) {
-    line["memory"] = MemoryJson(CudaMemory(device.index)->stats());
+    AllocatorStats stats = CudaMemory(device.index)->stats();
+    line["peak_bytes_above_initialize"] =
+        stats.peak_bytes_in_use -
+        line["bytes_in_use_after_initialize"].get<int64_t>();
+    stats.peak_bytes_in_use =
+        std::max(stats.peak_bytes_in_use, peak_before_steps);
+    line["memory"] = MemoryJson(stats);
+  }
+  if (const std::shared_ptr<nn::ActivationOffload>& offload =
+          model->activation_offload();
+      offload != nullptr) {
+    const nn::ActivationOffloadStats& a = offload->stats();
+    const double steps = static_cast<double>(options.warmup + options.iters);
+    Json activation_offload;
+    activation_offload["offloaded_bytes_per_step"] = a.offloaded_bytes / steps;
+    activation_offload["restores_per_step"] = a.restored / steps;
+    activation_offload["prefetched_per_step"] = a.prefetched / steps;
+    activation_offload["ring_misses"] = a.ring_misses;
+    activation_offload["pinned_host_bytes"] = a.host_bytes;
+    activation_offload["device_ring_bytes"] = a.ring_bytes;
+    line["activation_offload"] = activation_offload;
   }
   if (stage == 3) {
     const engine::CommunicationCounters k = engine->communication_counters();
@@ -544,6 +592,7 @@ int Main(int argc, char** argv) {
       line["warmup"] = options->warmup;
       line["optimizer"] = "AdamW (engine's fused kernel)";
       line["checkpointing"] = options->checkpointing;
+      line["cpu_checkpointing"] = options->cpu_checkpointing;
       line["loss_chunk_rows"] = options->loss_chunk_rows;
       line["accumulation"] = options->accumulation;
       line["offload"] = options->offload;

@@ -299,6 +299,10 @@ struct AioConfig {
 
 // ------------------------------------------------------- other sections
 
+// Checkpointing itself is chosen on the model (nn::Module::
+// set_activation_checkpointing). cpu_checkpointing acts: the engine keeps
+// checkpointed inputs in host memory (nn/activation_offload.h); the other
+// keys are accepted without effect, sections.cc says why.
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool cpu_checkpointing = false;

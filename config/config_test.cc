@@ -1175,7 +1175,8 @@ TEST(ConfigWarningsTest, NamesOnlyKeysSetAwayFromTheirDefaults) {
                             "zero_quantized_gradients": true,
                             "offload_param": {"device": "cpu",
                                               "max_in_cpu": 5}},
-      "activation_checkpointing": {"cpu_checkpointing": true},
+      "activation_checkpointing": {"cpu_checkpointing": true,
+                                   "partition_activations": true},
       "checkpoint": {"parallel_write": {"pipeline_stage": true}}})"));
   std::vector<std::string> keys;
   for (const ConfigWarning& setting : settings) {
@@ -1189,8 +1190,12 @@ TEST(ConfigWarningsTest, NamesOnlyKeysSetAwayFromTheirDefaults) {
                 "fp16.auto_cast", "zero_optimization.offload_param.max_in_cpu",
                 "zero_optimization.zero_quantized_weights",
                 "zero_optimization.zero_quantized_gradients",
-                "activation_checkpointing.cpu_checkpointing",
+                "activation_checkpointing.partition_activations",
                 "checkpoint.parallel_write.pipeline_stage"}));
+  // cpu_checkpointing acts (nn/activation_offload.h); partition_activations
+  // says why it cannot without tensor parallelism.
+  EXPECT_TRUE(absl::StrContains(settings[4].message, "tensor parallelism"))
+      << settings[4].message;
   EXPECT_TRUE(absl::StrContains(settings[2].message, "not implemented"))
       << settings[2].message;
 }

@@ -407,9 +407,25 @@ const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
     using A = ActivationCheckpointingConfig;
     auto* s = new Schema<A>();
     s->Add(Value("partition_activations", &A::partition_activations, Boolean(),
-                 "Partition saved activations across ranks."))
+                 "Partition saved activations across the model-parallel "
+                 "ranks (DeepSpeed's meaning: the ranks of a tensor-parallel "
+                 "group hold identical copies of a layer's input, so each "
+                 "keeps 1/N and all-gathers it before the recompute)."))
         .Add(Value("cpu_checkpointing", &A::cpu_checkpointing, Boolean(),
-                   "Keep saved activations in CPU memory."))
+                   "Keep each checkpointed module's saved input in pinned "
+                   "host memory instead of on the GPU: copied out on a copy "
+                   "stream after the module's forward (the device buffer is "
+                   "reused once the copy is done) and brought back one "
+                   "module ahead in backward (the previous layer's input "
+                   "travels while this one recomputes) through a ring of 2 "
+                   "device buffers the startup plan reports "
+                   "(nn/activation_offload.h). Acts on the modules the model "
+                   "checkpoints (nn::GptConfig / nn::DecoderConfig "
+                   "activation_checkpointing, train_gpt "
+                   "--activation_checkpointing, "
+                   "nn::Module::set_activation_checkpointing); Initialize "
+                   "warns when there are none. Losses and weights are bit "
+                   "for bit those without it."))
         .Add(Value("contiguous_memory_optimization",
                    &A::contiguous_memory_optimization, Boolean(),
                    "Copy saved activations into one contiguous buffer."))
@@ -423,14 +439,25 @@ const Schema<ActivationCheckpointingConfig>& ActivationCheckpointingSchema() {
                    "Time the checkpointed forward and recompute."));
     // DeepSpeed's block configures its checkpointing API, which models call;
     // here a model turns checkpointing on itself.
-    const std::string on_the_model =
-        "activation checkpointing is chosen on the model "
-        "(nn::Module::set_activation_checkpointing, "
-        "nn::GptConfig::activation_checkpointing), and saved activations "
-        "stay on the device, unpartitioned";
-    for (const std::string& key : s->Keys()) {
-      s->WithoutEffect(key, on_the_model);
-    }
+    s->WithoutEffect(
+        "partition_activations",
+        "it splits saved inputs across tensor-parallel ranks, which hold "
+        "identical copies of them; zero-engine has no tensor parallelism, "
+        "and across data-parallel ranks each rank's saved inputs are its own "
+        "micro-batch's (nothing is duplicated, so there is nothing to split: "
+        "use cpu_checkpointing to take them off the GPU)");
+    s->WithoutEffect(
+        "contiguous_memory_optimization",
+        "saved inputs come from the caching allocator, or with "
+        "cpu_checkpointing from a pooled host buffer and a ring of device "
+        "buffers, which do not fragment");
+    s->WithoutEffect("number_checkpoints",
+                     "it only sizes DeepSpeed's contiguous buffer");
+    s->WithoutEffect("synchronize_checkpoint_boundary",
+                     "the engine never synchronises the device per layer");
+    s->WithoutEffect("profile",
+                     "checkpointed forwards and recomputations are not timed "
+                     "separately");
     s->WarnOnUnknownKeys(UnknownInDictSection("activation_checkpointing"));
     return s;
   }();

@@ -397,6 +397,15 @@ CommunicationCounters EngineImpl::communication_counters() const {
   return strategy_->communication_counters();
 }
 
+EngineImpl::~EngineImpl() {
+  if (activation_offload_ == nullptr || model_ == nullptr) return;
+  for (nn::Module* module : model_->Modules()) {
+    if (module->activation_offload() == activation_offload_) {
+      module->set_activation_offload(nullptr);
+    }
+  }
+}
+
 absl::Status EngineImpl::Setup() {
   const config::Config& cfg = config_;
   // What this build cannot run (config/config.h); a loaded config passed
@@ -445,6 +454,22 @@ absl::Status EngineImpl::Setup() {
                                       compute_stream_,
                                       "creating the ZeRO partition state"));
   strategy_ = std::move(strategy).value();
+  // cpu_checkpointing: checkpointed modules keep their inputs in host
+  // memory (nn/activation_offload.h). Set on every module, null included,
+  // so a model reused by an engine without the key keeps them on the GPU
+  // again.
+  activation_offload_ = nullptr;
+  if (plan_.activation_ring_slots > 0) {
+    nn::ActivationOffloadOptions options;
+    options.ring_slots = plan_.activation_ring_slots;
+    ZE_ASSIGN_OR_RETURN(activation_offload_, nn::ActivationOffload::Create(
+                                                 model_->device(), options));
+  }
+  checkpointed_modules_ = 0;
+  for (nn::Module* module : model_->Modules()) {
+    module->set_activation_offload(activation_offload_);
+    if (module->activation_checkpointing()) ++checkpointed_modules_;
+  }
   if (pipeline_layout_.has_value()) ZE_RETURN_IF_ERROR(SetUpPipeline());
   return absl::OkStatus();
 }
@@ -674,6 +699,26 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
       ZE_LOG_RANK0(INFO) << "offload_optimizer: the update split between "
                             "CPU and GPU by a model: "
                          << split.ToString();
+    }
+    if (engine->activation_offload_ != nullptr) {
+      if (engine->checkpointed_modules_ > 0) {
+        ZE_LOG_RANK0(INFO)
+            << "activation_checkpointing.cpu_checkpointing: the inputs of "
+            << engine->checkpointed_modules_
+            << " checkpointed modules go to host memory (pinned on a GPU) "
+               "after their forward and come back through a ring of "
+            << engine->plan_.activation_ring_slots
+            << " device buffers, one module ahead";
+      } else {
+        ZE_LOG_RANK0(WARNING)
+            << config.source
+            << ": activation_checkpointing.cpu_checkpointing is set but no "
+               "module of the model is checkpointed, so nothing is "
+               "offloaded; checkpoint the blocks (GptConfig / DecoderConfig "
+               "activation_checkpointing, train_gpt "
+               "--activation_checkpointing, "
+               "Module::set_activation_checkpointing)";
+      }
     }
     // A DeepSpeed user must not believe a setting took effect when it did
     // not (ZeRO++ quantization, activation_checkpointing, ignored keys, ...),

@@ -32,6 +32,7 @@
 #include "engine/reports.h"
 #include "engine/step_monitor.h"
 #include "nlohmann/json.hpp"
+#include "nn/activation_offload.h"
 #include "nn/loss_model.h"
 #include "pipeline/executor.h"
 #include "pipeline/layout.h"
@@ -45,6 +46,10 @@ namespace engine {
 class EngineImpl {
  public:
   EngineImpl() = default;
+  // Takes this engine's activation offload (and with it the pinned memory
+  // of one forward's inputs) off the model's modules: the model may outlive
+  // the engine.
+  ~EngineImpl();
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
 
@@ -147,6 +152,11 @@ class EngineImpl {
   // declared before (destroyed after) the strategy.
   zero::Plan plan_;
   std::unique_ptr<zero::ZeroStrategy> strategy_;
+  // activation_checkpointing.cpu_checkpointing: installed on every module
+  // of the model by Setup (null when off); the modules share it.
+  std::shared_ptr<nn::ActivationOffload> activation_offload_;
+  // Modules of the model that are checkpointed (what the offload acts on).
+  int checkpointed_modules_ = 0;
   // bf16/f32: consecutive non-finite steps so far, and whether the last
   // step applied an update despite a non-finite loss or gradient norm.
   int64_t nonfinite_streak_ = 0;

@@ -149,6 +149,7 @@
 #include "nn/gpt.h"
 #include "nn/pretrained/hf_decoder_source.h"
 #include "nn/pretrained/hf_gpt2.h"
+#include "zero/memory_estimate.h"
 #include "zero/plan.h"
 
 ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
@@ -1235,31 +1236,43 @@ absl::Status Train(Options options, int* exit_code) {
         "checking --export_hf"));
   }
   if (options.dry_run) {
-    ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
-                        zero::PlanMemory(*model, config, world));
-    // Activations of one micro-batch, 16-bit (Korthikanti et al. 2022:
-    // 34 B T C + 5 B H T^2 bytes per layer without recomputation; with it,
-    // each layer keeps its 2 B T C input and one layer's are live at a
-    // time): an estimate, not the engine's allocator.
-    const double micro =
-        static_cast<double>(config.train_micro_batch_size_per_gpu.value());
-    const double per_layer = 34.0 * micro * seq * facts.hidden +
-                             5.0 * micro * facts.num_heads * seq * seq;
-    const double activations =
-        options.activation_checkpointing
-            ? facts.num_layers * 2.0 * micro * seq * facts.hidden + per_layer
-            : facts.num_layers * per_layer;
+    // Activations of one micro-batch (zero/memory_estimate.h): an estimate,
+    // not the engine's allocator. With cpu_checkpointing the saved inputs
+    // move to pinned host memory and the plan's ring stays on the GPU.
+    ZE_ASSIGN_OR_RETURN(zero::Plan plan,
+                        zero::BuildPlan(*model, config, world));
+    zero::ActivationShape shape;
+    shape.layers = facts.num_layers;
+    shape.hidden = facts.hidden;
+    shape.heads = facts.num_heads;
+    shape.micro_batch = config.train_micro_batch_size_per_gpu.value();
+    shape.seq = seq;
+    const zero::ActivationBytes activations = zero::EstimateActivationBytes(
+        shape, options.activation_checkpointing, plan.activation_ring_slots);
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %.0f x %lld%s): %.3f GiB\n",
+          "(estimate, micro-batch %lld x %lld%s): %.3f GiB\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
-          plan.ToString().c_str(), micro, static_cast<long long>(seq),
+          plan.memory.ToString().c_str(),
+          static_cast<long long>(shape.micro_batch),
+          static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
-          activations / (1024.0 * 1024.0 * 1024.0));
+          activations.device / kGiB);
+      if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
+        std::printf(
+            "  cpu_checkpointing: saved inputs in pinned host memory %.3f "
+            "GiB, %d device ring buffers of one input (included above)\n",
+            activations.pinned_host / kGiB, plan.activation_ring_slots);
+      } else if (plan.activation_ring_slots > 0) {
+        std::printf(
+            "  cpu_checkpointing: set, but no block is checkpointed "
+            "(--activation_checkpointing): nothing to offload\n");
+      }
     }
     *exit_code = 0;
     return absl::OkStatus();

@@ -92,8 +92,23 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
     output = ForwardWithHooks(input, stream);
   }
   if (!output.ok()) return output;
+  if (checkpointed) {
+    CheckpointInput saved;
+    if (activation_offload_ != nullptr) {
+      absl::StatusOr<int64_t> ticket = activation_offload_->Save(input, stream);
+      if (!ticket.ok()) {
+        return Annotate(ticket.status(),
+                        absl::StrCat("offloading the input of ", DisplayName(),
+                                     " (cpu_checkpointing)"));
+      }
+      saved.offload = activation_offload_;
+      saved.ticket = *ticket;
+    } else {
+      saved.tensor = input;
+    }
+    checkpoint_inputs_.push_back(std::move(saved));
+  }
   call_checkpointed_.push_back(checkpointed);
-  if (checkpointed) checkpoint_inputs_.push_back(input);
   return output;
 }
 
@@ -109,8 +124,22 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
   call_checkpointed_.pop_back();
   Tensor checkpoint_input;
   if (checkpointed) {
-    checkpoint_input = std::move(checkpoint_inputs_.back());
+    CheckpointInput saved = std::move(checkpoint_inputs_.back());
     checkpoint_inputs_.pop_back();
+    if (saved.offload != nullptr) {
+      // Before the pre-backward hooks, so that bringing the input back (and
+      // prefetching the previous call's) overlaps a stage-3 gather.
+      absl::StatusOr<Tensor> restored =
+          saved.offload->Restore(saved.ticket, stream);
+      if (!restored.ok()) {
+        return Annotate(restored.status(),
+                        absl::StrCat("bringing back the input of ",
+                                     DisplayName(), " (cpu_checkpointing)"));
+      }
+      checkpoint_input = std::move(restored).value();
+    } else {
+      checkpoint_input = std::move(saved.tensor);
+    }
   }
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
   if (checkpointed) {
@@ -222,6 +251,9 @@ absl::Status Module::ZeroGrad(const Stream &stream) {
 void Module::ClearSavedState() {
   for (Module *module : Modules()) {
     module->call_checkpointed_.clear();
+    for (const CheckpointInput &saved : module->checkpoint_inputs_) {
+      if (saved.offload != nullptr) saved.offload->Discard(saved.ticket);
+    }
     module->checkpoint_inputs_.clear();
     module->ClearSavedStateImpl();
   }

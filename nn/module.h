@@ -37,6 +37,13 @@
 // BackwardImpl. Gradients are bit-identical with and without checkpointing
 // because the recomputation is the same deterministic computation.
 //
+// Where the kept input lives: on the device, unless an ActivationOffload
+// is installed (set_activation_offload; activation_checkpointing.
+// cpu_checkpointing): then it goes to host memory after the forward and
+// comes back, prefetched one checkpointed call ahead, when the backward
+// pops it (nn/activation_offload.h). The values are the same bytes either
+// way, so gradients are bit-identical with and without the offload.
+//
 // Memory: activations are allocated per call from the tensor's device
 // allocator (the CUDA caching allocator makes that cheap) and freed when the
 // last Tensor referring to them goes away. All work of one call is queued
@@ -57,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/activation_offload.h"
 #include "nn/init.h"
 #include "nn/parameter.h"
 
@@ -124,6 +132,15 @@ class Module {
   // Activation checkpointing of this module (see the file comment).
   void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
   bool activation_checkpointing() const { return checkpointing_; }
+  // Where this module keeps its checkpointed inputs from the next Forward
+  // on (null: on the device). A call already saved stays with the offload
+  // it was saved in.
+  void set_activation_offload(std::shared_ptr<ActivationOffload> offload) {
+    activation_offload_ = std::move(offload);
+  }
+  const std::shared_ptr<ActivationOffload> &activation_offload() const {
+    return activation_offload_;
+  }
 
   const std::string &type_name() const { return type_name_; }
   // Name within the parent ("attn", "3"); "" for a root.
@@ -218,9 +235,17 @@ class Module {
   std::vector<Parameter *> direct_parameters_;
   std::vector<HookEntry> hooks_[4];
   bool checkpointing_ = false;
+  std::shared_ptr<ActivationOffload> activation_offload_;
+  // A checkpointed call's input: the tensor itself, or the offload holding
+  // it and its ticket.
+  struct CheckpointInput {
+    Tensor tensor;
+    std::shared_ptr<ActivationOffload> offload;
+    int64_t ticket = 0;
+  };
   // Per saved Forward call: whether it was checkpointed, and its input.
   std::vector<bool> call_checkpointed_;
-  std::vector<Tensor> checkpoint_inputs_;
+  std::vector<CheckpointInput> checkpoint_inputs_;
 };
 
 // Runs children in order; Backward runs them in reverse. Children are named

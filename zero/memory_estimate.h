@@ -69,6 +69,28 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
     int64_t optimizer_state_bytes_per_element);
 
+// Activations of one micro-batch of a transformer on one rank, 16-bit
+// (Korthikanti et al. 2022: 34 B T C + 5 B H T^2 bytes per layer without
+// recomputation). An estimate for --dry_run, not the engine's allocator.
+struct ActivationShape {
+  int64_t layers = 0;
+  int64_t hidden = 0;       // C
+  int64_t heads = 0;        // H
+  int64_t micro_batch = 0;  // B
+  int64_t seq = 0;          // T
+};
+struct ActivationBytes {
+  double device = 0;       // on the GPU at the peak
+  double pinned_host = 0;  // saved inputs in pinned host memory
+};
+// Without checkpointing every layer's activations are live at the peak.
+// With it, each layer keeps its 2 B T C input and one layer's full set is
+// live at a time; with `ring_slots` > 0 (cpu_checkpointing, Plan::
+// activation_ring_slots) the inputs sit in pinned host memory and the
+// device holds ring_slots of them plus the running layer's.
+ActivationBytes EstimateActivationBytes(const ActivationShape& shape,
+                                        bool checkpointing, int ring_slots);
+
 }  // namespace zero
 }  // namespace ze
 

@@ -283,6 +283,9 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   plan.allgather_bucket_elements =
       std::max<int64_t>(1, zero.allgather_bucket_size);
   plan.seed = static_cast<uint64_t>(config.seed);
+  // Two: one input in use, the next on its way (nn/activation_offload.h).
+  plan.activation_ring_slots =
+      config.activation_checkpointing.cpu_checkpointing ? 2 : 0;
   if (plan.policy.partition_parameters) {
     // Small buckets stay gathered, in layout order, while their total stays
     // within stage3_model_persistence_threshold (DeepSpeed's cap on what

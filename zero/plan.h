@@ -91,6 +91,14 @@ struct Plan {
   std::vector<bool> persistent;
   // Stage 3: the fetch schedule's prefetch and eviction limits.
   FetchScheduleOptions fetch;
+  // activation_checkpointing.cpu_checkpointing: checkpointed modules keep
+  // their inputs in pinned host memory and bring them back through this
+  // many device buffers, each one input (B, T, C) in size
+  // (nn::ActivationOffloadOptions::ring_slots): the one the running layer
+  // reads and the one the previous layer's input is prefetched into. 0 when
+  // off. EstimateActivationBytes (zero/memory_estimate.h) turns it into
+  // bytes for a micro-batch shape.
+  int activation_ring_slots = 0;
 };
 
 // The plan for `model` under `config` (validated) at `world_size` (any:

@@ -78,7 +78,8 @@ TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
       R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,)",
       R"( "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},)",
       R"( "zero_optimization": {"stage": 3, "zero_quantized_weights": true},)",
-      R"( "activation_checkpointing": {"cpu_checkpointing": true},)",
+      R"( "activation_checkpointing": {"cpu_checkpointing": true,)",
+      R"(                              "partition_activations": true},)",
       R"( "zero_allow_untested_optimizer": true, "log": {"level": 1}})");
   ::testing::internal::CaptureStderr();
   absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
@@ -89,11 +90,17 @@ TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
       log,
       "zero_optimization.zero_quantized_weights is set but has no effect in "
       "zero-engine: ZeRO++ weight quantization is not implemented");
-  const bool checkpointing = absl::StrContains(
+  const bool partitioning = absl::StrContains(
       log,
-      "activation_checkpointing.cpu_checkpointing is set but has no "
-      "effect in zero-engine: activation checkpointing is chosen on the "
-      "model");
+      "activation_checkpointing.partition_activations is set but has no "
+      "effect in zero-engine: it splits saved inputs across tensor-parallel "
+      "ranks");
+  // cpu_checkpointing acts, but on checkpointed modules only, and SmallGpt
+  // checkpoints none.
+  const bool nothing_to_offload = absl::StrContains(
+      log,
+      "activation_checkpointing.cpu_checkpointing is set but no module of "
+      "the model is checkpointed");
   const bool ignored = absl::StrContains(
       log,
       "zero_allow_untested_optimizer is ignored: every optimizer "
@@ -101,7 +108,8 @@ TEST(EngineStartupTest, WarnsOfSettingsWithoutEffect) {
   const bool unknown = absl::StrContains(
       log, "log is ignored: not a key zero-engine or DeepSpeed reads");
   EXPECT_EQ(quantized, Rank() == 0) << log;
-  EXPECT_EQ(checkpointing, Rank() == 0) << log;
+  EXPECT_EQ(partitioning, Rank() == 0) << log;
+  EXPECT_EQ(nothing_to_offload, Rank() == 0) << log;
   EXPECT_EQ(ignored, Rank() == 0) << log;
   EXPECT_EQ(unknown, Rank() == 0) << log;
 }
