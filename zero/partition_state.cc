@@ -75,6 +75,11 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
   options_.chunk_elements =
       std::max<int64_t>(1, std::min(options_.chunk_elements,
                                     PartitionStateOptions::kMaxChunkElements));
+  // 8-bit moments are updated whole blocks at a time: chunks (and, through
+  // the layout's slice alignment, every bucket's state) start on blocks.
+  const int64_t granule = offload::MomentGranule(options_.optimizer.moments);
+  options_.chunk_elements =
+      std::max(granule, options_.chunk_elements / granule * granule);
 }
 
 int64_t PartitionState::own_elements(int bucket) const {
@@ -118,6 +123,17 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
           "needs bf16 weights (have ",
           DTypeName(options.model_dtype),
           ") on the device, and no NVMe optimizer placement"));
+    }
+  }
+  if (options.optimizer.moments != offload::MomentFormat::kF32) {
+    for (Placement placement : options.optimizer_placement) {
+      if (placement == Placement::kNvme) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PartitionState: ", offload::MomentFormatName(options.optimizer.moments),
+            " moments (bf16.bf16_optimizer_states or optimizer.params."
+            "blockwise_8bit_moments) are not on NVMe yet: the swap file "
+            "holds f32 state"));
+      }
     }
   }
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
@@ -675,19 +691,21 @@ absl::Status PartitionState::ReadOwnState(
                     OwnMaster(bucket).data_as<float>() + own_begin,
                     count * sizeof(float));
       } else {
-        std::memcpy(out.data_as<float>(),
-                    HostStateArray(array) + master_offsets_[bucket] + own_begin,
-                    count * sizeof(float));
+        ZE_RETURN_IF_ERROR(CheckHostF32(out, "ReadOwnState"));
+        host_optimizer_->ReadState(array - 1,
+                                   master_offsets_[bucket] + own_begin, count,
+                                   out.data_as<float>());
       }
       return absl::OkStatus();
     case Placement::kDevice:
       break;
   }
-  const Tensor source =
-      array == 0 ? OwnMaster(bucket)
-                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
+  if (array > 0) {
+    // Decoded from the optimizer's moment format (exact).
+    return optimizers_[bucket]->ReadState(array - 1, own_begin, out, stream);
+  }
   ZE_RETURN_IF_ERROR(
-      CopyConverting(source.Slice(own_begin, count), out, stream));
+      CopyConverting(OwnMaster(bucket).Slice(own_begin, count), out, stream));
   return stream.Synchronize();
 }
 
@@ -737,17 +755,21 @@ absl::Status PartitionState::WriteOwnState(
         }
         return stream.Synchronize();
       }
-      std::memcpy(HostStateArray(array) + master_offsets_[bucket] + own_begin,
-                  values.data_as<float>(), count * sizeof(float));
+      ZE_RETURN_IF_ERROR(CheckHostF32(values, "WriteOwnState"));
+      host_optimizer_->WriteState(array - 1,
+                                  master_offsets_[bucket] + own_begin, count,
+                                  values.data_as<float>());
       return absl::OkStatus();
     case Placement::kDevice:
       break;
   }
-  const Tensor target =
-      array == 0 ? OwnMaster(bucket)
-                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
-  ZE_RETURN_IF_ERROR(
-      CopyConverting(values, target.Slice(own_begin, count), stream));
+  if (array > 0) {
+    // Encoded in the optimizer's moment format (rounded to it).
+    return optimizers_[bucket]->WriteState(array - 1, own_begin, values,
+                                           stream);
+  }
+  ZE_RETURN_IF_ERROR(CopyConverting(
+      values, OwnMaster(bucket).Slice(own_begin, count), stream));
   return stream.Synchronize();
 }
 
@@ -804,14 +826,14 @@ absl::Status PartitionState::WriteSplitMaster(int bucket, int64_t own_begin,
   return stream.Synchronize();  // hi and lo are freed on return
 }
 
-float* PartitionState::HostStateArray(int array) const {
-  // The CPU optimizer's arrays in StateArrayNames order after "master".
-  if (array == 1) {
-    return host_optimizer_->exp_avg() != nullptr
-               ? host_optimizer_->exp_avg()
-               : host_optimizer_->momentum_buffer();
+absl::Status PartitionState::CheckHostF32(const Tensor& tensor,
+                                          const char* what) {
+  if (!tensor.device().is_cpu() || tensor.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": optimizer state goes through host f32, not ",
+                     tensor.DebugString()));
   }
-  return host_optimizer_->exp_avg_sq();
+  return absl::OkStatus();
 }
 
 }  // namespace zero

@@ -417,8 +417,9 @@ class PartitionState {
   // `bucket`, read into or written from `data`, chunk by chunk.
   absl::Status SwappedRange(int bucket, int array, int64_t own_begin,
                             int64_t count, float* data, bool write) const;
-  // The CPU optimizer's state array `array` (1 or 2, StateArrayNames).
-  float* HostStateArray(int array) const;
+  // InvalidArgument (naming `what`) unless `tensor` is host f32: the
+  // optimizer state's conversions read and write through it.
+  static absl::Status CheckHostF32(const Tensor& tensor, const char* what);
   // ReadOwnState / WriteOwnState of a 16+16 master (split_master): joins
   // the weights and remainders into host f32 `out`, or splits host f32
   // `values` into both. InvalidArgument for a tensor not host f32.
