@@ -651,12 +651,18 @@ inline void EncodeBlock8As(float* m, const float* v, int64_t n, int8_t* m_codes,
   *m_step = MStep(LargestLane<V>(absmax));
   const Vec inverse_m = V::Set1(InverseStep(*m_step));
   const Vec m_top = V::Set1(kMCodeMax);
-  const Vec m_bottom = V::Set1(-kMCodeMax);
+  const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
   for (int64_t j = 0; j < n; j += V::kWidth) {
-    V::StoreCodes(m_codes + j,
-                  V::Rint(V::Min(V::Max(V::Mul(V::Load(m + j), inverse_m),
-                                        m_bottom),
-                                 m_top)));
+    const Vec value = V::Load(m + j);
+    const Vec root = V::Rint(V::Min(
+        V::Max(V::Mul(V::Sqrt(V::AsFloat(V::And(V::AsInt(value), sign_off))),
+                      inverse_m),
+               zero),
+        m_top));
+    // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
+    V::StoreCodes(m_codes + j, V::AsFloat(V::Or(V::AsInt(root),
+                                                V::And(V::AsInt(value),
+                                                       sign_on))));
   }
 }
 
@@ -726,11 +732,13 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
       using Vec = typename V::Vec;
       const Coefficients<V> k(c);
       const Vec m_scale = V::Set1(m_step);
+      const typename V::Int sign_off = V::Splat(0x7fffffff);
       const Vec v_scale = V::Set1(v_step);
       for (; j + V::kWidth <= n; j += V::kWidth) {
         const int64_t i = start + j;
         Vec p = LoadMasterAs<V, kOut>(b, i);
-        Vec m = V::Mul(V::LoadI8(m_codes + i), m_scale);
+        const Vec m_root = V::Mul(V::LoadI8(m_codes + i), m_scale);
+        Vec m = V::Mul(m_root, V::AsFloat(V::And(V::AsInt(m_root), sign_off)));
         const Vec root = V::Mul(V::LoadU8(v_codes + i), v_scale);
         const Vec square = V::Mul(root, root);
         Vec v = V::Mul(square, square);

@@ -18,15 +18,18 @@
 // 8-bit block-wise moments: the state is cut into blocks of kMomentBlock
 // elements (from the optimizer's element 0; the last block may be short).
 // Per block and moment one f32 step d:
-//   m: signed codes q in [-127, 127], m = q * d_m,  d_m >= absmax(m) / 127
+//   m: signed codes q in [-127, 127] of sign(m) sqrt|m|,
+//      m = sign(q) (|q| d_m)^2,  d_m >= sqrt(absmax |m|) / 127
 //   v: unsigned codes c in [0, 255] of v^(1/4), v = (c * d_v)^4,
 //      d_v >= (max v)^(1/4) / 255
-// v is coded through its fourth root (two IEEE square roots): v holds
-// squared gradients, whose spread within a block (an embedding's rare
-// rows beside its frequent ones) a linear code would flatten to 0 for all
-// but the largest; the fourth root spans 255^4 (4e9):1 of v, i.e. 65025:1
-// of the denominator sqrt(v), with a relative error of sqrt(v) at most
-// 1/c at code c (0.4% at the top of a block).
+// Both are coded through roots (IEEE square roots) because a block's
+// gradients spread over decades (an embedding's rare rows beside its
+// frequent ones, a layer's quiet and busy units): a linear code of 127
+// levels would flatten every m below 1/254 of the block's largest to 0.
+// The square root spans 127^2 (16129):1 of |m| and the fourth root 255^4
+// (4e9):1 of v, i.e. 65025:1 of the denominator sqrt(v); both codes are
+// then linear in sqrt|gradient|. The relative error is at most 1/|q| for
+// m and 1/c for sqrt(v) at a code (under 1% at the top of a block).
 // Where v's code is 0 the element's m is stored as 0 too (encoded v
 // first, and m's absmax taken after): read back, its step
 // m / (sqrt(v) + eps) would otherwise be m / eps, a jump no f32 state
@@ -157,7 +160,7 @@ ZE_MOMENT_HD float RoundUpSignificand(float value, uint32_t drop_mask) {
 
 // A block's steps from its largest |m| and largest v.
 ZE_MOMENT_HD float MStep(float absmax_m) {
-  return RoundUpSignificand(absmax_m / kMCodeMax, 0x7fu);
+  return RoundUpSignificand(sqrtf(absmax_m) / kMCodeMax, 0x7fu);
 }
 ZE_MOMENT_HD float VStep(float max_v) {
   return RoundUpSignificand(sqrtf(sqrtf(max_v)) / kVCodeMax, 0xffu);
@@ -167,26 +170,28 @@ ZE_MOMENT_HD float InverseStep(float step) {
   return step > 0.0f ? 1.0f / step : 0.0f;
 }
 
+ZE_MOMENT_HD float AbsMoment(float value) {
+  return MomentBitsFloat(MomentFloatBits(value) & 0x7fffffffu);
+}
+
 ZE_MOMENT_HD int8_t EncodeM(float m, float inverse_step) {
-  return static_cast<int8_t>(MomentRint(
-      MomentMin(MomentMax(m * inverse_step, -kMCodeMax), kMCodeMax)));
+  const float root = MomentRint(MomentMin(
+      MomentMax(sqrtf(AbsMoment(m)) * inverse_step, 0.0f), kMCodeMax));
+  return static_cast<int8_t>(m < 0.0f ? -root : root);
 }
 ZE_MOMENT_HD uint8_t EncodeV(float v, float inverse_step) {
   return static_cast<uint8_t>(MomentRint(
       MomentMin(MomentMax(sqrtf(sqrtf(v)) * inverse_step, 0.0f), kVCodeMax)));
 }
 ZE_MOMENT_HD float DecodeM(int8_t q, float step) {
-  return static_cast<float>(q) * step;
+  const float root = static_cast<float>(q) * step;
+  return root * AbsMoment(root);
 }
 ZE_MOMENT_HD float DecodeV(uint8_t c, float step) {
   const float root = static_cast<float>(c) * step;
   const float square = root * root;
   return square * square;
 }
-ZE_MOMENT_HD float AbsMoment(float value) {
-  return MomentBitsFloat(MomentFloatBits(value) & 0x7fffffffu);
-}
-
 // Encodes `n` (<= kMomentBlock) f32 values of one block of v, or of m.
 ZE_MOMENT_HD void EncodeVBlock(const float* v, int64_t n, uint8_t* codes,
                                float* step) {
