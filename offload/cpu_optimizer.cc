@@ -172,11 +172,12 @@ MomentFormat EffectiveMomentFormat(const OptimizerOptions& options,
 }
 
 int64_t OptimizerStateBytes(const OptimizerOptions& options,
-                            int64_t num_elements) {
+                            int64_t num_elements, int64_t format_elements) {
   if (options.type == OptimizerType::kSgd) {
     return options.momentum != 0.0 ? 4 * num_elements : 0;
   }
-  const MomentFormat format = EffectiveMomentFormat(options, num_elements);
+  const MomentFormat format = EffectiveMomentFormat(
+      options, format_elements >= 0 ? format_elements : num_elements);
   int64_t bytes = 2 * MomentBytes(format) * num_elements;
   if (format == MomentFormat::kBlockwise8) {
     bytes += 2 * int64_t{sizeof(float)} * NumBlocks(num_elements);

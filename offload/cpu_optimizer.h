@@ -100,8 +100,10 @@ MomentFormat EffectiveMomentFormat(const OptimizerOptions& options,
 // `options` over `num_elements` elements holds: Adam 8 (f32), 4 (bf16) or
 // 2 a element plus 8 per block of kMomentBlock (8-bit); SGD 4 with
 // momentum, else 0.
+// `format_elements` (default num_elements) decides the format, as
+// zero::FlatOptimizer::Create's.
 int64_t OptimizerStateBytes(const OptimizerOptions& options,
-                            int64_t num_elements);
+                            int64_t num_elements, int64_t format_elements = -1);
 
 // Element ranges an optimizer of `format` updates must start at a multiple
 // of this (and end at one, or at the end of the state): kMomentBlock for

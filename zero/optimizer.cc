@@ -66,7 +66,7 @@ FlatOptimizer::FlatOptimizer(const OptimizerOptions& options,
 
 absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
     const OptimizerOptions& options, int64_t num_elements, const Device& device,
-    Allocator* allocator) {
+    Allocator* allocator, int64_t format_elements) {
   ZE_RETURN_IF_ERROR(offload::ValidateOptimizerOptions(options, num_elements));
 
   std::unique_ptr<FlatOptimizer> optimizer(
@@ -80,8 +80,8 @@ absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
   } else {
     // f32 or bf16 moments as themselves; 8-bit codes as bytes in a 2-byte
     // container, and one f32 step per block of each.
-    const MomentFormat format =
-        offload::EffectiveMomentFormat(options, num_elements);
+    const MomentFormat format = offload::EffectiveMomentFormat(
+        options, format_elements >= 0 ? format_elements : num_elements);
     optimizer->moment_format_ = format;
     const Shape moments =
         format == MomentFormat::kBlockwise8 ? Shape{(num_elements + 1) / 2}

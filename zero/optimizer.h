@@ -84,9 +84,14 @@ class FlatOptimizer {
   // (betas outside [0, 1), eps <= 0, negative weight decay or momentum,
   // nesterov without momentum or with dampening) and with the allocator's
   // ResourceExhausted when the state does not fit.
+  // `format_elements` (default num_elements): the size that decides
+  // whether 8-bit moments apply (offload::EffectiveMomentFormat): a rank's
+  // slice of a bucket passes the whole bucket's, so the format does not
+  // change with the world size.
   static absl::StatusOr<std::unique_ptr<FlatOptimizer>> Create(
       const OptimizerOptions& options, int64_t num_elements,
-      const Device& device, Allocator* allocator = nullptr);
+      const Device& device, Allocator* allocator = nullptr,
+      int64_t format_elements = -1);
 
   FlatOptimizer(const FlatOptimizer&) = delete;
   FlatOptimizer& operator=(const FlatOptimizer&) = delete;

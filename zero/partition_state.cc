@@ -232,7 +232,8 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     if (trainable_[b] && optimizer_placement_[b] == Placement::kDevice) {
       absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
           FlatOptimizer::Create(options_.optimizer, own_elements(b),
-                                options_.device);
+                                options_.device, nullptr,
+                                layout_.bucket(b).padded_elements);
       if (!optimizer.ok()) {
         return options_.annotate_allocation_error
                    ? options_.annotate_allocation_error(optimizer.status())

@@ -140,10 +140,12 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
         state.optimizer_placement[static_cast<size_t>(b)] != Placement::kDevice;
     // Frozen buckets count as the others (the estimate's rule above).
     if (on_host) continue;
+    // The bucket's size decides the format (FlatOptimizer::Create).
+    const int64_t own = policy.partition_optimizer
+                            ? layout.bucket(b).slice_elements
+                            : layout.bucket(b).padded_elements;
     device_state_bytes += offload::OptimizerStateBytes(
-        state.optimizer, policy.partition_optimizer
-                             ? layout.bucket(b).slice_elements
-                             : layout.bucket(b).padded_elements);
+        state.optimizer, own, layout.bucket(b).padded_elements);
   }
   const int64_t host_state_bytes =
       offload::OptimizerStateBytes(state.optimizer, host_elements);
