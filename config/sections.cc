@@ -97,8 +97,7 @@ const Schema<Bf16Config>& Bf16Schema() {
             "the moments' exact values (fp32) and load into any moment "
             "format, the conversion named in the log."))
         .Add(Value("optimizer_states_stochastic_rounding",
-                   &Bf16Config::optimizer_states_stochastic_rounding,
-                   Boolean(),
+                   &Bf16Config::optimizer_states_stochastic_rounding, Boolean(),
                    "zero-engine extension: with bf16_optimizer_states, round "
                    "the moments stochastically (unbiased: a value rounds up "
                    "with probability its distance from the lower bf16) "

@@ -292,11 +292,11 @@ absl::Status CheckSupported(const Config& config) {
         "them"));
   }
   // Compressed moments (Adam's m and v in bf16 or 8 bits).
-  const bool eight_bit =
-      config.optimizer.has_value() &&
-      config.optimizer->params.blockwise_8bit_moments;
-  const char* moments_key = eight_bit ? "optimizer.params.blockwise_8bit_moments"
-                                      : "bf16.bf16_optimizer_states";
+  const bool eight_bit = config.optimizer.has_value() &&
+                         config.optimizer->params.blockwise_8bit_moments;
+  const char* moments_key = eight_bit
+                                ? "optimizer.params.blockwise_8bit_moments"
+                                : "bf16.bf16_optimizer_states";
   if (eight_bit && config.bf16.bf16_optimizer_states) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source,

@@ -389,8 +389,7 @@ absl::StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(
       std::max(granule, execution.tile_bytes / 4 / granule * granule);
 
   std::unique_ptr<CpuOptimizer> optimizer(new CpuOptimizer(
-      options, num_elements, moment_format, simd_path, tile_elements,
-      execution,
+      options, num_elements, moment_format, simd_path, tile_elements, execution,
       std::make_unique<ThreadPool>(num_threads, execution.pin_threads,
                                    execution.first_cpu)));
   // 64-byte aligned (a cache line, one AVX-512 vector); with huge_pages and
@@ -460,29 +459,28 @@ std::vector<CpuOptimizer::RawArray> CpuOptimizer::RawStateArrays() const {
 
 void CpuOptimizer::ReadState(int array, int64_t begin, int64_t count,
                              float* out) const {
-  DecodeMoments(options_.type == OptimizerType::kSgd ? MomentFormat::kF32
-                                                     : moment_format_,
-                array == 1, (array == 0 ? state0_ : state1_).get(),
-                reinterpret_cast<const float*>(
-                    (array == 0 ? step0_ : step1_).get()),
-                begin, count, out);
+  DecodeMoments(
+      options_.type == OptimizerType::kSgd ? MomentFormat::kF32
+                                           : moment_format_,
+      array == 1, (array == 0 ? state0_ : state1_).get(),
+      reinterpret_cast<const float*>((array == 0 ? step0_ : step1_).get()),
+      begin, count, out);
 }
 
 void CpuOptimizer::WriteState(int array, int64_t begin, int64_t count,
                               const float* values) {
-  EncodeMoments(
-      options_.type == OptimizerType::kSgd ? MomentFormat::kF32
-                                           : moment_format_,
-      array == 1, (array == 0 ? state0_ : state1_).get(),
-      reinterpret_cast<float*>((array == 0 ? step0_ : step1_).get()),
-      num_elements_, begin, count, values);
+  EncodeMoments(options_.type == OptimizerType::kSgd ? MomentFormat::kF32
+                                                     : moment_format_,
+                array == 1, (array == 0 ? state0_ : state1_).get(),
+                reinterpret_cast<float*>((array == 0 ? step0_ : step1_).get()),
+                num_elements_, begin, count, values);
 }
 
 absl::StatusOr<StepCoefficients> CpuOptimizer::Coefficients(
     const StepArgs& step_args) const {
-  return ComputeStepCoefficients(options_, step_count_, step_args,
-                                 options_.type == OptimizerType::kSgd &&
-                                     state0_ != nullptr);
+  return ComputeStepCoefficients(
+      options_, step_count_, step_args,
+      options_.type == OptimizerType::kSgd && state0_ != nullptr);
 }
 
 absl::Status CpuOptimizer::Step(float* master_weights, const void* grads,
@@ -568,8 +566,8 @@ void CpuOptimizer::RunTile(const StepCoefficients& coefficients,
   const int64_t begin = tile * tile_elements_;
   const int64_t count = std::min(tile_elements_, buffers.count - begin);
   if (count > 0) {
-    RunStepKernel(simd_path_, coefficients, SliceStepBuffers(buffers, begin, count),
-                  tuning);
+    RunStepKernel(simd_path_, coefficients,
+                  SliceStepBuffers(buffers, begin, count), tuning);
   }
 }
 
@@ -585,10 +583,10 @@ absl::StatusOr<StepBuffers> CpuOptimizer::OwnStateBuffers(
   const int64_t granule = MomentGranule(moment_format_);
   if (state_offset % granule != 0 ||
       (count % granule != 0 && state_offset + count != num_elements_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: range [", state_offset, ", ", state_offset + count,
-        ") does not cover whole blocks of ", granule,
-        " elements, as 8-bit moments need"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: range [", state_offset, ", ",
+                     state_offset + count, ") does not cover whole blocks of ",
+                     granule, " elements, as 8-bit moments need"));
   }
   // Checked as f32 (the pointers only need to be there), then the storage.
   float* const placeholder = reinterpret_cast<float*>(state0_.get());

@@ -390,8 +390,7 @@ class CpuOptimizer {
   // to nearest even; 8-bit re-encodes each block the range touches (its
   // other elements decoded and kept). A state read by ReadState and
   // written back is unchanged, bit for bit.
-  void WriteState(int array, int64_t begin, int64_t count,
-                  const float* values);
+  void WriteState(int array, int64_t begin, int64_t count, const float* values);
   // The state's storage as raw bytes, for byte-exact copies (speculation's
   // backup): each array's base and bytes per element, or, for 8-bit steps,
   // per kMomentBlock elements (per_block).
@@ -427,8 +426,7 @@ class CpuOptimizer {
 
   CpuOptimizer(const OptimizerOptions& options, int64_t num_elements,
                MomentFormat moment_format, SimdPath simd_path,
-               int64_t tile_elements,
-               const CpuExecutionOptions& execution,
+               int64_t tile_elements, const CpuExecutionOptions& execution,
                std::unique_ptr<ThreadPool> pool);
 
   OptimizerOptions options_;

@@ -309,8 +309,8 @@ struct Avx2Ops {
   }
   // m where `code` is not 0, else 0.
   static Vec ZeroWhereZero(Vec m, Vec code) {
-    return _mm256_and_ps(
-        m, _mm256_cmp_ps(code, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+    return _mm256_and_ps(m,
+                         _mm256_cmp_ps(code, _mm256_setzero_ps(), _CMP_NEQ_OQ));
   }
 };
 
@@ -416,7 +416,8 @@ struct Avx512Ops {
   static Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
   static Vec Min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
   static Vec Rint(Vec a) {
-    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_roundscale_ps(a,
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   }
   static Vec LoadI8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -542,9 +543,10 @@ inline typename V::Vec LoadMomentAs(const void* state, int64_t i) {
 template <class V>
 inline typename V::Int RoundingNoiseAs(uint32_t key, int64_t first) {
   using Int = typename V::Int;
-  Int x = V::Xor(V::Add(V::Splat(static_cast<int>(static_cast<uint32_t>(first))),
-                        V::Iota()),
-                 V::Splat(static_cast<int>(key)));
+  Int x =
+      V::Xor(V::Add(V::Splat(static_cast<int>(static_cast<uint32_t>(first))),
+                    V::Iota()),
+             V::Splat(static_cast<int>(key)));
   x = V::Xor(x, V::template ShiftRight<16>(x));
   x = V::MulLo(x, V::Splat(0x7feb352d));
   x = V::Xor(x, V::template ShiftRight<15>(x));
@@ -558,8 +560,7 @@ inline typename V::Bits ToBf16Stochastic(typename V::Vec value,
                                          typename V::Int noise) {
   using Int = typename V::Int;
   const Int bits = V::AsInt(value);
-  const Int rounded =
-      V::ShiftRight16(V::Add(bits, V::ShiftRight16(noise)));
+  const Int rounded = V::ShiftRight16(V::Add(bits, V::ShiftRight16(noise)));
   const Int quiet_nan = V::Or(V::ShiftRight16(bits), V::Splat(0x40));
   return V::Narrow16(V::SelectNan(value, rounded, quiet_nan));
 }
@@ -575,8 +576,7 @@ inline void StoreMomentAs(void* state, int64_t i, typename V::Vec value,
   } else {
     V::template StoreBits<false>(
         static_cast<uint16_t*>(state) + i,
-        ToBf16Stochastic<V>(value,
-                            RoundingNoiseAs<V>(key, first_index + i)));
+        ToBf16Stochastic<V>(value, RoundingNoiseAs<V>(key, first_index + i)));
   }
 }
 
@@ -660,9 +660,9 @@ inline void EncodeBlock8As(float* m, const float* v, int64_t n, int8_t* m_codes,
                zero),
         m_top));
     // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
-    V::StoreCodes(m_codes + j, V::AsFloat(V::Or(V::AsInt(root),
-                                                V::And(V::AsInt(value),
-                                                       sign_on))));
+    V::StoreCodes(
+        m_codes + j,
+        V::AsFloat(V::Or(V::AsInt(root), V::And(V::AsInt(value), sign_on))));
   }
 }
 
@@ -690,10 +690,10 @@ inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
       g = V::Fmadd(k.l2, p, g);
       if (c.has_momentum_buffer) {
         float* state = static_cast<float*>(b.state0);
-        const Vec buf =
-            c.first_step ? g
-                         : V::Fmadd(k.momentum, V::Load(state + i),
-                                    V::Mul(k.one_minus_dampening, g));
+        const Vec buf = c.first_step
+                            ? g
+                            : V::Fmadd(k.momentum, V::Load(state + i),
+                                       V::Mul(k.one_minus_dampening, g));
         V::Store(state + i, buf);
         g = c.nesterov ? V::Fmadd(k.momentum, buf, g) : buf;
       }

@@ -182,9 +182,9 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
                    ? (elements + kMomentBlock - 1) / kMomentBlock * array.bytes
                    : elements * array.bytes;
     }
-    ZE_ASSIGN_OR_RETURN(update->backup_,
-                        Tensor::Empty({(bytes + 3) / 4}, DType::kF32,
-                                      Device::Cpu()));
+    ZE_ASSIGN_OR_RETURN(
+        update->backup_,
+        Tensor::Empty({(bytes + 3) / 4}, DType::kF32, Device::Cpu()));
   }
   if (options.device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
@@ -245,13 +245,12 @@ std::vector<HostUpdate::StateSpan> HostUpdate::StateSpans(int slot,
     const int64_t region = backup_regions_[a + 1];
     if (array.per_block) {
       // 8-bit ranges (and `at`) start on a block.
-      spans.push_back(
-          {array.data + state_at / kMomentBlock * array.bytes,
-           (count + kMomentBlock - 1) / kMomentBlock * array.bytes,
-           region + at / kMomentBlock * array.bytes});
+      spans.push_back({array.data + state_at / kMomentBlock * array.bytes,
+                       (count + kMomentBlock - 1) / kMomentBlock * array.bytes,
+                       region + at / kMomentBlock * array.bytes});
     } else {
-      spans.push_back({array.data + state_at * array.bytes,
-                       count * array.bytes, region + at * array.bytes});
+      spans.push_back({array.data + state_at * array.bytes, count * array.bytes,
+                       region + at * array.bytes});
     }
   }
   return spans;
@@ -489,8 +488,7 @@ absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
     if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
       speculation_stopped_ = true;
       speculation_report_.stopped_by_norm = true;
-    } else if (backup_used_ + Reserved(count) >
-               options_.speculation_elements) {
+    } else if (backup_used_ + Reserved(count) > options_.speculation_elements) {
       speculation_stopped_ = true;
       speculation_report_.stopped_by_budget = true;
     } else {

@@ -36,9 +36,9 @@
 // makes (an embedding row absent from a batch has g = 0 but m != 0); the
 // element restarts from zero moments instead.
 // Steps keep 17 (m) and 16 (v) significant bits (RoundUpSignificand), so
-// q * d is exact, and sqrt(RN(x * x)) == x for every float: a state decoded to f32 and encoded again (a checkpoint
-// saved as f32 and loaded) gives back the same codes and steps, bit for
-// bit (moment_codec_test checks it).
+// q * d is exact, and sqrt(RN(x * x)) == x for every float: a state decoded to
+// f32 and encoded again (a checkpoint saved as f32 and loaded) gives back the
+// same codes and steps, bit for bit (moment_codec_test checks it).
 //
 // Non-finite moments (a run already diverged) give codes no test pins.
 #ifndef ZE_OFFLOAD_MOMENT_CODEC_H_
@@ -213,8 +213,8 @@ ZE_MOMENT_HD void EncodeMBlock(const float* m, int64_t n, int8_t* codes,
 // The update's encoding of one block's new moments: v first, then m
 // zeroed where v's code is 0 (in `m`, which the caller gives up), then m.
 ZE_MOMENT_HD void EncodeBlock8(float* m, const float* v, int64_t n,
-                               int8_t* m_codes, uint8_t* v_codes,
-                               float* m_step, float* v_step) {
+                               int8_t* m_codes, uint8_t* v_codes, float* m_step,
+                               float* v_step) {
   EncodeVBlock(v, n, v_codes, v_step);
   for (int64_t i = 0; i < n; ++i) {
     if (v_codes[i] == 0) m[i] = 0.0f;

@@ -137,8 +137,8 @@ TEST(MomentCodecTest, AllZeroBlockStaysZero) {
   std::vector<int8_t> m_codes(256, 5);
   std::vector<uint8_t> v_codes(256, 5);
   float m_step = 1.0f, v_step = 1.0f;
-  EncodeBlock8(m.data(), v.data(), 256, m_codes.data(), v_codes.data(),
-               &m_step, &v_step);
+  EncodeBlock8(m.data(), v.data(), 256, m_codes.data(), v_codes.data(), &m_step,
+               &v_step);
   EXPECT_EQ(m_step, 0.0f);
   EXPECT_EQ(v_step, 0.0f);
   for (int i = 0; i < 256; ++i) {
@@ -159,8 +159,7 @@ struct KernelRun {
 };
 
 KernelRun RunKernel(SimdPath path, MomentFormat format, bool stochastic,
-                    DType grad_dtype, bool with_out, int64_t count,
-                    int steps) {
+                    DType grad_dtype, bool with_out, int64_t count, int steps) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t bytes = format == MomentFormat::kF32    ? 4
@@ -189,9 +188,9 @@ KernelRun RunKernel(SimdPath path, MomentFormat format, bool stochastic,
       const float g =
           (i % 53 == 7 && s > 0)
               ? 0.0f
-              : normal(rng) * std::ldexp(1.0f, static_cast<int>(
-                                                   (i / 256) % 13 + i % 3) -
-                                                   7);
+              : normal(rng) *
+                    std::ldexp(1.0f,
+                               static_cast<int>((i / 256) % 13 + i % 3) - 7);
       StoreFromFloat(grads.data(), grad_dtype, i, g);
     }
     StepArgs args;
@@ -239,15 +238,15 @@ TEST(CompressedMomentsKernelTest, EveryPathMatchesScalarBitForBit) {
     MomentFormat format;
     bool stochastic;
   };
-  for (const Format& f : {Format{MomentFormat::kBf16, false},
-                          Format{MomentFormat::kBf16, true},
-                          Format{MomentFormat::kBlockwise8, false}}) {
+  for (const Format& f :
+       {Format{MomentFormat::kBf16, false}, Format{MomentFormat::kBf16, true},
+        Format{MomentFormat::kBlockwise8, false}}) {
     for (DType grad_dtype : {DType::kF32, DType::kBF16}) {
       for (bool with_out : {false, true}) {
         // 1000: three whole blocks and a short one, vector tails included.
-        const KernelRun reference = RunKernel(SimdPath::kScalar, f.format,
-                                              f.stochastic, grad_dtype,
-                                              with_out, 1000, 4);
+        const KernelRun reference =
+            RunKernel(SimdPath::kScalar, f.format, f.stochastic, grad_dtype,
+                      with_out, 1000, 4);
         for (SimdPath path : kAllPaths) {
           if (!SimdPathSupported(path)) continue;
           ExpectSameRun(reference,
@@ -315,10 +314,10 @@ TEST(CompressedMomentsKernelTest, OptimizerThreadsAndReadWriteState) {
       for (float& g : grads) g = normal(rng);
       StepArgs args;
       args.lr = 1e-3;
-      ASSERT_TRUE((*a)->Step(master_a.data(), grads.data(), DType::kF32, args)
-                      .ok());
-      ASSERT_TRUE((*b)->Step(master_b.data(), grads.data(), DType::kF32, args)
-                      .ok());
+      ASSERT_TRUE(
+          (*a)->Step(master_a.data(), grads.data(), DType::kF32, args).ok());
+      ASSERT_TRUE(
+          (*b)->Step(master_b.data(), grads.data(), DType::kF32, args).ok());
     }
     EXPECT_EQ(0, std::memcmp(master_a.data(), master_b.data(), count * 4));
     for (int array = 0; array < 2; ++array) {
@@ -374,14 +373,15 @@ TEST(CompressedMomentsKernelTest, BytesRangesAndRefusals) {
   std::vector<float> master(5000), grads(5000);
   StepArgs args;
   args.lr = 1e-3;
-  absl::Status bad = (*optimizer)->StepRange(100, 256, master.data(),
-                                             grads.data(), DType::kF32, args);
+  absl::Status bad =
+      (*optimizer)
+          ->StepRange(100, 256, master.data(), grads.data(), DType::kF32, args);
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
   EXPECT_NE(bad.message().find("whole blocks of 256"), std::string::npos);
-  EXPECT_TRUE((*optimizer)
-                  ->StepRange(4864, 136, master.data(), grads.data(),
-                              DType::kF32, args)
-                  .ok());  // the short last block
+  EXPECT_TRUE(
+      (*optimizer)
+          ->StepRange(4864, 136, master.data(), grads.data(), DType::kF32, args)
+          .ok());  // the short last block
   OptimizerOptions sgd;
   sgd.type = OptimizerType::kSgd;
   sgd.moments = MomentFormat::kBf16;

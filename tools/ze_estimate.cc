@@ -54,12 +54,12 @@ std::string MasterAndMomentsNote(const std::optional<config::Config>& config) {
   if (config->bf16.master_weights_16_plus_16) {
     note += " with the 16+16 master (2 bytes)";
   }
-  const char* moments =
-      config->optimizer.has_value() &&
-              config->optimizer->params.blockwise_8bit_moments
-          ? "8-bit block-wise moments (2 bytes + 8 per 256)"
-      : config->bf16.bf16_optimizer_states ? "bf16 moments (4 bytes)"
-                                           : nullptr;
+  const char* moments = config->optimizer.has_value() &&
+                                config->optimizer->params.blockwise_8bit_moments
+                            ? "8-bit block-wise moments (2 bytes + 8 per 256)"
+                        : config->bf16.bf16_optimizer_states
+                            ? "bf16 moments (4 bytes)"
+                            : nullptr;
   if (moments != nullptr) {
     note += note.empty() ? " with " : " and ";
     note += moments;
@@ -545,8 +545,8 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
                         name, gpt.NumParameters(), setup.world,
                         setup.world == 1 ? "rank" : "ranks",
                         DTypeName(options.dtype),
-                        MasterAndMomentsNote(setup.config),
-                        setup.optimizer, ConfigNote(flags, setup)),
+                        MasterAndMomentsNote(setup.config), setup.optimizer,
+                        ConfigNote(flags, setup)),
         setup.world);
   return absl::OkStatus();
 }

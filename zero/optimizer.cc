@@ -83,11 +83,11 @@ absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
     const MomentFormat format = offload::EffectiveMomentFormat(
         options, format_elements >= 0 ? format_elements : num_elements);
     optimizer->moment_format_ = format;
-    const Shape moments =
-        format == MomentFormat::kBlockwise8 ? Shape{(num_elements + 1) / 2}
-                                            : shape;
-    const DType dtype = format == MomentFormat::kF32 ? DType::kF32
-                                                     : DType::kBF16;
+    const Shape moments = format == MomentFormat::kBlockwise8
+                              ? Shape{(num_elements + 1) / 2}
+                              : shape;
+    const DType dtype =
+        format == MomentFormat::kF32 ? DType::kF32 : DType::kBF16;
     ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_,
                         Tensor::Zeros(moments, dtype, device, allocator));
     ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_sq_,
@@ -126,10 +126,10 @@ absl::Status FlatOptimizer::CheckRange(int64_t state_offset,
   const int64_t granule = offload::MomentGranule(moment_format_);
   if (state_offset % granule != 0 ||
       (count % granule != 0 && state_offset + count != num_elements_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer step: range [", state_offset, ", ", state_offset + count,
-        ") does not cover whole blocks of ", granule,
-        " elements, as 8-bit moments need"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: range [", state_offset, ", ",
+                     state_offset + count, ") does not cover whole blocks of ",
+                     granule, " elements, as 8-bit moments need"));
   }
   return absl::OkStatus();
 }
@@ -233,13 +233,13 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       offload::RunStepKernel(path, coefficients, buffers);
     } else {
       ZE_RETURN_IF_ERROR(EnterDevice(stream));
-      ZE_RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchOptimizerStep(
-              coefficients, master_weights.data_as<float>(),
-              MomentsOf(state, state_offset), grads.data(), grad_dtype, out,
-              out_dtype, count, stream.native()),
-          absl::StrCat(OptimizerTypeName(options_.type), " step kernel on ",
-                       device_.ToString())));
+      ZE_RETURN_IF_ERROR(
+          CudaStatus(cuda::LaunchOptimizerStep(
+                         coefficients, master_weights.data_as<float>(),
+                         MomentsOf(state, state_offset), grads.data(),
+                         grad_dtype, out, out_dtype, count, stream.native()),
+                     absl::StrCat(OptimizerTypeName(options_.type),
+                                  " step kernel on ", device_.ToString())));
     }
   }
   return absl::OkStatus();
@@ -287,10 +287,9 @@ absl::Status FlatOptimizer::StepSplitRange(
   }
   ZE_RETURN_IF_ERROR(EnterDevice(stream));
   return CudaStatus(
-      cuda::LaunchSplitMasterStep(coefficients, hi, lo,
-                                  MomentsOf(state, state_offset), grads.data(),
-                                  static_cast<int>(grads.dtype()), count,
-                                  stream.native()),
+      cuda::LaunchSplitMasterStep(
+          coefficients, hi, lo, MomentsOf(state, state_offset), grads.data(),
+          static_cast<int>(grads.dtype()), count, stream.native()),
       absl::StrCat(OptimizerTypeName(options_.type),
                    " 16+16 master step kernel on ", device_.ToString()));
 }
@@ -311,10 +310,10 @@ absl::Status FlatOptimizer::CheckStateRange(int array, int64_t begin,
   if (array < 0 || array >= static_cast<int>(state.size()) || begin < 0 ||
       begin + values.numel() > num_elements_ || !values.device().is_cpu() ||
       values.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer state: array ", array, " elements [", begin, ", ",
-        begin + values.numel(), ") of ", num_elements_, " through ",
-        values.DebugString(), " (host f32 needed)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state: array ", array, " elements [", begin,
+                     ", ", begin + values.numel(), ") of ", num_elements_,
+                     " through ", values.DebugString(), " (host f32 needed)"));
   }
   return absl::OkStatus();
 }
@@ -330,8 +329,8 @@ absl::StatusOr<FlatOptimizer::HostState> FlatOptimizer::StateToHost(
   if (blocks) {
     constexpr int64_t kBlock = offload::kMomentBlock;
     host.low = begin / kBlock * kBlock;
-    host.high = std::min(num_elements_, (begin + count + kBlock - 1) / kBlock *
-                                            kBlock);
+    host.high =
+        std::min(num_elements_, (begin + count + kBlock - 1) / kBlock * kBlock);
     // Bytes [low, high) in 2-byte units (low is even; the last unit may
     // hold the state's last byte alone).
     const Tensor source =
@@ -340,9 +339,8 @@ absl::StatusOr<FlatOptimizer::HostState> FlatOptimizer::StateToHost(
                                                  Device::Cpu()));
     ZE_RETURN_IF_ERROR(Copy(source, host.data, stream));
     const Tensor& steps = array == 0 ? exp_avg_steps_ : exp_avg_sq_steps_;
-    const Tensor step_source =
-        steps.Slice(host.low / kBlock, (host.high - host.low + kBlock - 1) /
-                                           kBlock);
+    const Tensor step_source = steps.Slice(
+        host.low / kBlock, (host.high - host.low + kBlock - 1) / kBlock);
     ZE_ASSIGN_OR_RETURN(host.steps, Tensor::Empty(step_source.shape(),
                                                   DType::kF32, Device::Cpu()));
     ZE_RETURN_IF_ERROR(Copy(step_source, host.steps, stream));
@@ -360,16 +358,16 @@ absl::Status FlatOptimizer::StateFromHost(int array, const HostState& host,
                                           const Stream& stream) {
   const Tensor& tensor = StateTensors()[array].tensor;
   if (host.steps.defined()) {
-    ZE_RETURN_IF_ERROR(Copy(
-        host.data, tensor.Slice(host.low / 2, host.data.numel()), stream));
+    ZE_RETURN_IF_ERROR(
+        Copy(host.data, tensor.Slice(host.low / 2, host.data.numel()), stream));
     const Tensor& steps = array == 0 ? exp_avg_steps_ : exp_avg_sq_steps_;
-    ZE_RETURN_IF_ERROR(Copy(
-        host.steps,
-        steps.Slice(host.low / offload::kMomentBlock, host.steps.numel()),
-        stream));
+    ZE_RETURN_IF_ERROR(
+        Copy(host.steps,
+             steps.Slice(host.low / offload::kMomentBlock, host.steps.numel()),
+             stream));
   } else {
-    ZE_RETURN_IF_ERROR(Copy(
-        host.data, tensor.Slice(host.low, host.data.numel()), stream));
+    ZE_RETURN_IF_ERROR(
+        Copy(host.data, tensor.Slice(host.low, host.data.numel()), stream));
   }
   return stream.Synchronize();  // the host copies are freed on return
 }
@@ -384,10 +382,10 @@ absl::Status FlatOptimizer::ReadState(int array, int64_t begin,
   const MomentFormat format = options_.type == OptimizerType::kSgd
                                   ? MomentFormat::kF32
                                   : moment_format_;
-  offload::DecodeMoments(format, array == 1, host.data.data(),
-                         host.steps.defined() ? host.steps.data_as<float>()
-                                              : nullptr,
-                         begin - host.low, out.numel(), out.data_as<float>());
+  offload::DecodeMoments(
+      format, array == 1, host.data.data(),
+      host.steps.defined() ? host.steps.data_as<float>() : nullptr,
+      begin - host.low, out.numel(), out.data_as<float>());
   return absl::OkStatus();
 }
 

@@ -210,8 +210,7 @@ class FlatOptimizer {
     Tensor data;
     Tensor steps;
   };
-  absl::StatusOr<HostState> StateToHost(int array, int64_t begin,
-                                        int64_t count,
+  absl::StatusOr<HostState> StateToHost(int array, int64_t begin, int64_t count,
                                         const Stream& stream) const;
   absl::Status StateFromHost(int array, const HostState& host,
                              const Stream& stream);

@@ -139,8 +139,8 @@ __device__ __forceinline__ void StoreMoment(void* state, int64_t i, float value,
     static_cast<uint16_t*>(state)[i] = offload::NearestBf16(value);
   } else {
     static_cast<uint16_t*>(state)[i] = offload::StochasticBf16(
-        value, offload::RoundingNoise(
-                   key, static_cast<uint32_t>(first_index + i)));
+        value,
+        offload::RoundingNoise(key, static_cast<uint32_t>(first_index + i)));
   }
 }
 
@@ -176,8 +176,7 @@ __device__ __forceinline__ void SgdElement(const offload::StepCoefficients& c,
 // tail.
 template <int kGrad, int kOut, int kMoments>
 __device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
-                                          float* master,
-                                          const Moments& moments,
+                                          float* master, const Moments& moments,
                                           const void* grads, void* out,
                                           uint16_t* lo, int64_t i) {
   float p = LoadMaster<kOut>(master, out, lo, i);
@@ -192,9 +191,8 @@ __device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
                           moments.first_index);
   } else {
     SgdElement(c, g, p,
-               c.has_momentum_buffer
-                   ? static_cast<float*>(moments.state0) + i
-                   : nullptr);
+               c.has_momentum_buffer ? static_cast<float*>(moments.state0) + i
+                                     : nullptr);
   }
   StoreMaster<kOut>(master, out, lo, i, p);
 }
@@ -288,8 +286,8 @@ __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
 // not matter, so it equals the CPU's running MomentMax.
 __device__ __forceinline__ float BlockMax(float value, float* shared) {
   for (int offset = 16; offset > 0; offset /= 2) {
-    value = offload::MomentMax(__shfl_xor_sync(0xffffffffu, value, offset),
-                               value);
+    value =
+        offload::MomentMax(__shfl_xor_sync(0xffffffffu, value, offset), value);
   }
   if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
   __syncthreads();
@@ -389,8 +387,8 @@ int Launch(const offload::StepCoefficients& c, float* master,
       return LaunchMoments<kGrad, kOut, kMomBf16Stochastic>(
           c, master, moments, grads, out, count, stream, lo);
     }
-    return LaunchMoments<kGrad, kOut, kMomBf16>(c, master, moments, grads,
-                                                out, count, stream, lo);
+    return LaunchMoments<kGrad, kOut, kMomBf16>(c, master, moments, grads, out,
+                                                count, stream, lo);
   }
   // 8-bit: a thread block of kThreads (= kMomentBlock) per state block.
   static_assert(kThreads == offload::kMomentBlock, "one thread an element");
@@ -408,17 +406,15 @@ int LaunchForOut(const offload::StepCoefficients& c, float* master,
                  int out_dtype, int64_t count, cudaStream_t stream) {
   switch (out_dtype) {
     case kF32:
-      return Launch<kGrad, kF32>(c, master, moments, grads, out, count,
-                                 stream);
+      return Launch<kGrad, kF32>(c, master, moments, grads, out, count, stream);
     case kBF16:
       return Launch<kGrad, kBF16>(c, master, moments, grads, out, count,
                                   stream);
     case kF16:
-      return Launch<kGrad, kF16>(c, master, moments, grads, out, count,
-                                 stream);
+      return Launch<kGrad, kF16>(c, master, moments, grads, out, count, stream);
     default:
-      return Launch<kGrad, kNoOutput>(c, master, moments, grads, nullptr,
-                                      count, stream);
+      return Launch<kGrad, kNoOutput>(c, master, moments, grads, nullptr, count,
+                                      stream);
   }
 }
 

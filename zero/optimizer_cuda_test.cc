@@ -255,21 +255,21 @@ TEST(OptimizerCudaTest, CompressedMomentsMatchCpuBitForBit) {
       for (DType grad : {DType::kF32, DType::kBF16}) {
         // 8-bit: 40 blocks and a short one; bf16: vector body and tail.
         const int64_t count = 40 * 256 + 77;
-        const MomentsRun cpu = RunFlatOptimizer(Device::Cpu(), options, count,
-                                                20, grad, split);
-        const MomentsRun cuda = RunFlatOptimizer(Device::Cuda(0), options,
-                                                 count, 20, grad, split);
+        const MomentsRun cpu =
+            RunFlatOptimizer(Device::Cpu(), options, count, 20, grad, split);
+        const MomentsRun cuda =
+            RunFlatOptimizer(Device::Cuda(0), options, count, 20, grad, split);
         const std::string what =
             std::string(offload::MomentFormatName(options.moments)) +
             (options.stochastic_rounding ? " stochastic" : "") +
-            (split ? " split" : " f32 master") + " grads " +
-            DTypeName(grad);
+            (split ? " split" : " f32 master") + " grads " + DTypeName(grad);
         ASSERT_EQ(cpu.decoded.size(), 2u) << what;
         ASSERT_EQ(cuda.decoded.size(), 2u) << what;
         EXPECT_TRUE(same(cpu.master, cuda.master)) << what;
         EXPECT_TRUE(same(cpu.weights, cuda.weights)) << what;
         for (int a = 0; a < 2; ++a) {
-          EXPECT_TRUE(same(cpu.decoded[a], cuda.decoded[a])) << what << " " << a;
+          EXPECT_TRUE(same(cpu.decoded[a], cuda.decoded[a]))
+              << what << " " << a;
           EXPECT_TRUE(same(cpu.raw[a], cuda.raw[a])) << what << " raw " << a;
         }
       }

@@ -534,11 +534,11 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(OptimizerTest, CompressedMomentsMatchTheCpuOptimizer) {
   const int64_t count = 4096 + 300;  // 8-bit: 17 blocks, the last short
   for (const OptimizerOptions& options : CompressedAdams()) {
-    const MomentsRun flat = RunFlatOptimizer(Device::Cpu(), options, count, 5,
-                                             DType::kBF16, false);
+    const MomentsRun flat =
+        RunFlatOptimizer(Device::Cpu(), options, count, 5, DType::kBF16, false);
     ASSERT_EQ(flat.decoded.size(), 2u);
-    const MomentsRun split = RunFlatOptimizer(Device::Cpu(), options, count, 5,
-                                              DType::kBF16, true);
+    const MomentsRun split =
+        RunFlatOptimizer(Device::Cpu(), options, count, 5, DType::kBF16, true);
     // The 16+16 master: the same master and moments (weights tie away).
     EXPECT_TRUE(SameBits(flat.master, split.master));
     EXPECT_TRUE(SameBits(flat.decoded[0], split.decoded[0]));
@@ -556,9 +556,9 @@ TEST(OptimizerTest, CompressedMomentsMatchTheCpuOptimizer) {
       for (int64_t i = 0; i < count; ++i) {
         g[i] = (i % 61 == 9 && s > 0)
                    ? 0.0f
-                   : normal(rng) * std::ldexp(1.0f, static_cast<int>(
-                                                        (i / 256) % 9 + i % 3) -
-                                                        6);
+                   : normal(rng) *
+                         std::ldexp(
+                             1.0f, static_cast<int>((i / 256) % 9 + i % 3) - 6);
       }
       std::vector<uint16_t> bf16(count);
       for (int64_t i = 0; i < count; ++i) bf16[i] = FloatToBf16Bits(g[i]);

@@ -70,26 +70,26 @@ inline MomentsRun RunFlatOptimizer(const Device& device,
   if (!optimizer.ok()) return run;
   const Shape shape = {count};
   Tensor master = *FromHostFloats(initial, shape, DType::kF32, device, stream);
-  Tensor weights = *FromHostFloats(initial, shape, DType::kBF16, device, stream);
+  Tensor weights =
+      *FromHostFloats(initial, shape, DType::kBF16, device, stream);
   Tensor low = *Tensor::Zeros(shape, DType::kBF16, device, stream);
   for (int s = 0; s < steps; ++s) {
     std::vector<float> g(count);
     for (int64_t i = 0; i < count; ++i) {
       g[i] = (i % 61 == 9 && s > 0)
                  ? 0.0f
-                 : normal(rng) * std::ldexp(1.0f, static_cast<int>(
-                                                      (i / 256) % 9 + i % 3) -
-                                                      6);
+                 : normal(rng) *
+                       std::ldexp(1.0f,
+                                  static_cast<int>((i / 256) % 9 + i % 3) - 6);
     }
     Tensor grads = *FromHostFloats(g, shape, grad_dtype, device, stream);
     StepArgs args;
     args.lr = 1e-2;
     args.grad_scale = 0.5f;
     absl::Status status =
-        split ? (*optimizer)->StepSplitRange(0, weights, low, grads, args,
-                                             stream)
-              : (*optimizer)->StepRange(0, master, grads, args, stream,
-                                        weights);
+        split
+            ? (*optimizer)->StepSplitRange(0, weights, low, grads, args, stream)
+            : (*optimizer)->StepRange(0, master, grads, args, stream, weights);
     if (!status.ok()) return MomentsRun();
     (*optimizer)->AdvanceStep();
   }
@@ -113,7 +113,8 @@ inline MomentsRun RunFlatOptimizer(const Device& device,
     if (!(*optimizer)->ReadState(static_cast<int>(a), 0, out, stream).ok()) {
       return MomentsRun();
     }
-    run.decoded.emplace_back(out.data_as<float>(), out.data_as<float>() + count);
+    run.decoded.emplace_back(out.data_as<float>(),
+                             out.data_as<float>() + count);
     // bf16 containers of 8-bit codes read as numbers are still their bits'
     // function: equal bits give equal floats (NaN payloads aside).
     run.raw.push_back(*ToHostFloats(state[a].tensor, stream));

@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     for (Placement placement : options.optimizer_placement) {
       if (placement == Placement::kNvme) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "PartitionState: ", offload::MomentFormatName(options.optimizer.moments),
+            "PartitionState: ",
+            offload::MomentFormatName(options.optimizer.moments),
             " moments (bf16.bf16_optimizer_states or optimizer.params."
             "blockwise_8bit_moments) are not on NVMe yet: the swap file "
             "holds f32 state"));

@@ -44,8 +44,9 @@ std::string MomentFormatOfConfig(const nlohmann::json& config) {
   const nlohmann::json optimizer =
       config.value("optimizer", nlohmann::json::object());
   const nlohmann::json params =
-      optimizer.is_object() ? optimizer.value("params", nlohmann::json::object())
-                            : nlohmann::json::object();
+      optimizer.is_object()
+          ? optimizer.value("params", nlohmann::json::object())
+          : nlohmann::json::object();
   if (params.is_object() && params.value("blockwise_8bit_moments", false)) {
     return "8-bit block-wise";
   }

@@ -41,9 +41,9 @@ constexpr int kSteps = 6;
 
 struct Format {
   const char* name;
-  const char* json;   // inside "bf16": {...}
-  const char* params; // inside the optimizer's params
-  double tolerance;   // of the f32 moments' losses
+  const char* json;    // inside "bf16": {...}
+  const char* params;  // inside the optimizer's params
+  double tolerance;    // of the f32 moments' losses
 };
 
 const Format kF32 = {"f32", "", "", 0.0};
@@ -117,8 +117,9 @@ void ExpectLossesClose(const Training& run, const Training& reference,
   ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
   double largest = 0.0;
   for (size_t i = 0; i < run.losses.size(); ++i) {
-    largest = std::max(largest, std::fabs(run.losses[i] - reference.losses[i]) /
-                                    std::max(1.0, std::fabs(reference.losses[i])));
+    largest =
+        std::max(largest, std::fabs(run.losses[i] - reference.losses[i]) /
+                              std::max(1.0, std::fabs(reference.losses[i])));
   }
   std::printf("rank %d %s: largest relative loss difference %.3g\n", Rank(),
               what.c_str(), largest);
@@ -149,8 +150,8 @@ TEST(MomentsTest, EachFormatTrainsAtEveryStage) {
     const int64_t f32_bytes =
         (*f32_engine)->memory_breakdown().optimizer_state_bytes;
     for (const Format& format : kFormats) {
-      const std::string what = absl::StrCat(format.name, " stage ", stage,
-                                            " world ", World());
+      const std::string what =
+          absl::StrCat(format.name, " stage ", stage, " world ", World());
       const Training run = TrainRun(ConfigJson(format, stage, 2));
       ExpectFiniteAndFalling(run, what);
       ExpectLossesClose(run, f32, format.tolerance, what);
@@ -229,10 +230,9 @@ TEST(MomentsTest, OffloadedFormatsTrainAndSpeculationRestoresExactly) {
         // backup) and redone; bit for bit the run that never speculates.
         const Training speculated = TrainRun(
             ConfigJson(format, stage, 2, OffloadJson("1.0", ""), "0.01"));
-        const Training plain = TrainRun(
-            ConfigJson(format, stage, 2,
-                       OffloadJson("1.0", R"(, "speculation_buffer_size": 0)"),
-                       "0.01"));
+        const Training plain = TrainRun(ConfigJson(
+            format, stage, 2,
+            OffloadJson("1.0", R"(, "speculation_buffer_size": 0)"), "0.01"));
         ExpectIdentical(speculated, plain, what + " speculation");
       }
     }
@@ -241,8 +241,8 @@ TEST(MomentsTest, OffloadedFormatsTrainAndSpeculationRestoresExactly) {
 
 std::string CheckpointDirectory(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/moments_w", World(),
-                      "_", name);
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/moments_w", World(), "_",
+                      name);
 }
 
 // Trains 2 steps in `first`, saves; loads into `second` (optionally
@@ -300,15 +300,14 @@ TEST(MomentsTest, CheckpointsRoundTripBetweenFormats) {
       // Into the other formats: converted, training goes on.
       for (const Format* into : {&kF32, &bf16, &eight}) {
         if (into == saved) continue;
-        const Training run = Resumed(
-            *saved, nullptr, *into, stage,
-            absl::StrCat(saved->name, "_", into->name, "_s", stage));
+        const Training run =
+            Resumed(*saved, nullptr, *into, stage,
+                    absl::StrCat(saved->name, "_", into->name, "_s", stage));
         ASSERT_EQ(run.losses.size(), 4u) << what << " -> " << into->name;
         for (double loss : run.losses) {
           EXPECT_TRUE(std::isfinite(loss)) << what << " -> " << into->name;
         }
-        ExpectLossesClose(run, reference, 0.01,
-                          what + " -> " + into->name);
+        ExpectLossesClose(run, reference, 0.01, what + " -> " + into->name);
       }
     }
   }
