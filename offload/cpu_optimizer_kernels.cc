@@ -624,24 +624,28 @@ inline float LargestLane(typename V::Vec lanes) {
 }
 
 // EncodeBlock8 over n (a multiple of V::kWidth) elements, V::kWidth at a
-// time: the same operations in the same order per element.
+// time: the same operations in the same order per element, from
+// root_v = sqrt(v) (the update's own square root, so the fourth root
+// costs one more instead of two; the same values, sqrt being correctly
+// rounded).
 template <class V>
-inline void EncodeBlock8As(float* m, const float* v, int64_t n, int8_t* m_codes,
-                           uint8_t* v_codes, float* m_step, float* v_step) {
+inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
+                           int8_t* m_codes, uint8_t* v_codes, float* m_step,
+                           float* v_step) {
   using Vec = typename V::Vec;
   const Vec zero = V::Set1(0.0f);
-  Vec max_v = zero;
+  Vec max_root = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
-    max_v = V::Max(V::Load(v + j), max_v);
+    max_root = V::Max(V::Load(root_v + j), max_root);
   }
-  *v_step = VStep(LargestLane<V>(max_v));
+  *v_step = VStepOfRoot(LargestLane<V>(max_root));
   const Vec inverse_v = V::Set1(InverseStep(*v_step));
   const Vec v_top = V::Set1(kVCodeMax);
   const typename V::Int sign_off = V::Splat(0x7fffffff);
   Vec absmax = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
     const Vec code = V::Rint(V::Min(
-        V::Max(V::Mul(V::Sqrt(V::Sqrt(V::Load(v + j))), inverse_v), zero),
+        V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero),
         v_top));
     V::StoreCodes(v_codes + j, code);
     const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
@@ -728,6 +732,7 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
     const float m_step = b.step0[block];
     const float v_step = b.step1[block];
     int64_t j = 0;
+    const bool roots = n % V::kWidth == 0;
     if constexpr (V::kWidth > 1) {
       using Vec = typename V::Vec;
       const Coefficients<V> k(c);
@@ -744,7 +749,9 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
         Vec v = V::Mul(square, square);
         k.Adam(LoadAs<V, kGrad>(b.grads, i), p, m, v);
         V::Store(m_new + j, m);
-        V::Store(v_new + j, v);
+        // Whole-vector blocks encode from sqrt(v) (EncodeBlock8As; the
+        // compiler shares it with the update's), a short one from v.
+        V::Store(v_new + j, roots ? V::Sqrt(v) : v);
         StoreMasterAs<V, kOut, false>(b, i, p);
       }
     }
@@ -753,7 +760,7 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
                                  v_new + j);
     }
     if constexpr (V::kWidth > 1) {
-      if (n % V::kWidth == 0) {
+      if (roots) {
         EncodeBlock8As<V>(m_new, v_new, n, m_codes + start, v_codes + start,
                           b.step0 + block, b.step1 + block);
         continue;

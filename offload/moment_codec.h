@@ -162,9 +162,13 @@ ZE_MOMENT_HD float RoundUpSignificand(float value, uint32_t drop_mask) {
 ZE_MOMENT_HD float MStep(float absmax_m) {
   return RoundUpSignificand(sqrtf(absmax_m) / kMCodeMax, 0x7fu);
 }
-ZE_MOMENT_HD float VStep(float max_v) {
-  return RoundUpSignificand(sqrtf(sqrtf(max_v)) / kVCodeMax, 0xffu);
+// The same from the block's largest sqrt(v) (sqrt is monotone and
+// correctly rounded, so sqrtf(max v) is the largest root): for kernels that
+// have the roots at hand from the update's denominator.
+ZE_MOMENT_HD float VStepOfRoot(float max_root) {
+  return RoundUpSignificand(sqrtf(max_root) / kVCodeMax, 0xffu);
 }
+ZE_MOMENT_HD float VStep(float max_v) { return VStepOfRoot(sqrtf(max_v)); }
 // 1 / step, or 0 for an all-zero block (every code then 0).
 ZE_MOMENT_HD float InverseStep(float step) {
   return step > 0.0f ? 1.0f / step : 0.0f;
