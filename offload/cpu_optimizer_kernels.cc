@@ -645,8 +645,7 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
   Vec absmax = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
     const Vec code = V::Rint(V::Min(
-        V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero),
-        v_top));
+        V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero), v_top));
     V::StoreCodes(v_codes + j, code);
     const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
     V::Store(m + j, kept);
