@@ -93,9 +93,10 @@ const Schema<Bf16Config>& Bf16Schema() {
             "decodes them, updates in fp32 and rounds the new moments to "
             "bf16 (to nearest even; see "
             "optimizer_states_stochastic_rounding). Any training dtype; not "
-            "with offload_optimizer nvme (refused) nor SGD. Checkpoints hold "
-            "the moments' exact values (fp32) and load into any moment "
-            "format, the conversion named in the log."))
+            "with offload_optimizer nvme (refused) nor SGD. Checkpoints "
+            "store the moments in bf16 (the manifest's moments_dtype) and "
+            "load into any moment format, the conversion named in the "
+            "log."))
         .Add(Value("optimizer_states_stochastic_rounding",
                    &Bf16Config::optimizer_states_stochastic_rounding, Boolean(),
                    "zero-engine extension: with bf16_optimizer_states, round "

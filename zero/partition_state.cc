@@ -666,9 +666,10 @@ Tensor PartitionState::CheckpointWeights(int bucket,
   return OwnWeights(bucket);
 }
 
-absl::Status PartitionState::ReadOwnState(
-    const offload::UpdateJoined& /*joined*/, int bucket, int array,
-    int64_t own_begin, const Tensor& out, const Stream& stream) const {
+absl::Status PartitionState::ReadOwnState(const offload::UpdateJoined& joined,
+                                          int bucket, int array,
+                                          int64_t own_begin, const Tensor& out,
+                                          const Stream& stream) const {
   const int64_t count = out.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -679,6 +680,19 @@ absl::Status PartitionState::ReadOwnState(
   }
   if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
+  }
+  if (array > 0 && out.device().is_cpu() && out.dtype() == DType::kBF16) {
+    // bf16 moments saved as they are: read as f32 (exact), then narrowed
+    // (exact too: every value is a bf16).
+    ZE_ASSIGN_OR_RETURN(Tensor values,
+                        Tensor::Empty({count}, DType::kF32, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(
+        ReadOwnState(joined, bucket, array, own_begin, values, stream));
+    for (int64_t i = 0; i < count; ++i) {
+      out.data_as<uint16_t>()[i] =
+          offload::NearestBf16(values.data_as<float>()[i]);
+    }
+    return absl::OkStatus();
   }
   if (array == 0 && split_on_device(bucket)) {
     return ReadSplitMaster(bucket, own_begin, out, stream);

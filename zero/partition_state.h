@@ -209,6 +209,9 @@ class PartitionState {
   // tensor, on the device). Undefined otherwise.
   Tensor OwnMasterLow(int bucket) const;
   bool split_master() const { return options_.split_master; }
+  const OptimizerOptions& optimizer_options() const {
+    return options_.optimizer;
+  }
   // split_master() and bucket b's master on the device: hi and lo.
   bool split_on_device(int bucket) const {
     return options_.split_master &&
@@ -331,7 +334,8 @@ class PartitionState {
   //   "momentum_buffer" (SGD with momentum), or nothing more (plain SGD).
   std::vector<std::string> StateArrayNames() const;
   // Copies own elements [own_begin, own_begin + out.numel()) of `array` of
-  // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
+  // `bucket` into `out` (a CPU f32 tensor; bf16 for a moment array whose
+  // values are bf16, bf16 moments: exact). A frozen bucket (no optimizer)
   // reads its f32 master copy (OwnMaster) as master and zeros as state.
   // OutOfRange when the range leaves the bucket; copy or NVMe read errors
   // otherwise.

@@ -401,6 +401,11 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
       manifest.zero_stage = cfg.zero_optimization.stage;
       manifest.model_dtype = model->dtype();
       manifest.kinds = kind_names;
+      for (const auto& kind : kinds) {
+        if (kind.name == checkpoint::kExpAvg) {
+          manifest.moments_dtype = kind.dtype;
+        }
+      }
       std::unordered_map<std::string, Shape> shapes;
       for (nn::Parameter* parameter : model->Parameters()) {
         shapes[parameter->name()] = parameter->shape();
