@@ -12,6 +12,10 @@
 //     backup and restore of the compressed arrays is exact (a tiny clip
 //     rolls every speculated update back: bit for bit the run without
 //     speculation);
+//   - fp16 and f32 models train with each format too, and stage 3 with
+//     the parameters on the host (offload_param);
+//   - bf16 moments are saved as bf16 (the checkpoint is 4 bytes a
+//     parameter smaller);
 //   - checkpoints: saved in one moment format and loaded into another
 //     (bf16 -> f32, bf16 -> 8-bit, 8-bit -> f32, ...) continue to finite
 //     losses; through f32 and back (bf16 -> f32 -> bf16, 8-bit -> f32 ->
@@ -75,9 +79,10 @@ std::string ConfigJson(const Format& format, int stage, int accumulation,
 
 absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
     const std::string& config,
-    std::shared_ptr<comm::Communicator> communicator = nullptr) {
+    std::shared_ptr<comm::Communicator> communicator = nullptr,
+    DType dtype = DType::kBF16) {
   ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> model,
-                      MakeGpt(SmallGpt(64, 1, 2), DType::kBF16));
+                      MakeGpt(SmallGpt(64, 1, 2), dtype));
   return engine::Initialize(model, config,
                             communicator ? communicator : Comm());
 }
@@ -321,6 +326,37 @@ TEST(MomentsTest, CheckpointsRoundTripBetweenFormats) {
         ExpectLossesClose(run, reference, 0.01, what + " -> " + into->name);
       }
     }
+  }
+}
+
+// The moment formats do not depend on the training dtype: fp16 (with its
+// loss scaling) and f32 models train with each too, and stage 3 with the
+// parameters on the host (offload_param) as well.
+TEST(MomentsTest, AnyTrainingDtypeAndParameterOffload) {
+  for (const Format& format : kFormats) {
+    for (DType dtype : {DType::kF16, DType::kF32}) {
+      std::string config = ConfigJson(format, 2, 2);
+      const std::string bf16_on = R"("bf16": {"enabled": true)";
+      config.replace(
+          config.find(bf16_on), bf16_on.size(),
+          dtype == DType::kF16
+              ? R"("fp16": {"enabled": true, "initial_scale_power": 8}, "bf16": {"enabled": false)"
+              : R"("bf16": {"enabled": false)");
+      const std::string what =
+          absl::StrCat(format.name, " ", DTypeName(dtype), " world ", World());
+      auto engine = MakeEngine(config, nullptr, dtype);
+      ASSERT_TRUE(engine.ok()) << what << ": " << engine.status();
+      Training run;
+      Train(**engine, 0, kSteps, run);
+      ExpectFiniteAndFalling(run, what);
+    }
+    const std::string what =
+        absl::StrCat(format.name, " offload_param world ", World());
+    ExpectFiniteAndFalling(
+        TrainRun(ConfigJson(format, 3, 2,
+                            OffloadJson("1.0", "") +
+                                R"(, "offload_param": {"device": "cpu"})")),
+        what);
   }
 }
 
