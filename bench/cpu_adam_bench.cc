@@ -12,6 +12,17 @@
 //    "fraction_of_best_triad":1.03,"step_traffic_GBps":190.1,
 //    "step_traffic_mean_s":0.0298,"fraction_of_step_traffic":0.98}
 //
+// After each thread count's cpu_adam line, one "cpu_adam_formats" line per
+// optimizer-state format (issue 28): f32 moments, bf16 moments (nearest and
+// stochastic), 8-bit block-wise moments, the exact 16+16 master with f32
+// moments and with 8-bit ones, each with the bytes a parameter's step moves
+// and the bound the same thread count's triad puts on it:
+//
+//   {"bench":"cpu_adam_formats","format":"8bit","moments":"8bit",
+//    "master":"f32","threads":16,"bytes_per_param":16.06,
+//    "params_per_s":..,"GBps":..,"triad_GBps":..,"bound_params_per_s":..,
+//    "fraction_of_bound":..,...}
+//
 // With --chunk_elements=N the cpu_adam line also times the same step made
 // of N-element ranges, as the engine's offloaded update runs it: one
 // StepRange call per range ("per_chunk_best_s", "per_chunk_mean_s": each
@@ -318,6 +329,131 @@ const char* ScheduleName(ze::offload::CpuSchedule schedule) {
                                                             : "dynamic";
 }
 
+// One optimizer-state format of the "formats" lines: how the moments are
+// stored, whether the master is the exact 16+16 split (bf16 weights + 16-bit
+// remainders), and the bytes a parameter's step moves (read and write of
+// master and moments, read of the bf16 gradient, write of the bf16 weights;
+// the split master's weights are its high half, read and written).
+struct StateFormat {
+  const char* name;
+  ze::offload::MomentFormat moments;
+  bool stochastic;
+  bool split_master;
+  double bytes;
+};
+
+constexpr double k8BitSteps = 2.0 * 2 * 4 / ze::offload::kMomentBlock;
+const StateFormat kStateFormats[] = {
+    {"f32", ze::offload::MomentFormat::kF32, false, false, 28.0},
+    {"bf16", ze::offload::MomentFormat::kBf16, false, false, 20.0},
+    {"bf16_stochastic", ze::offload::MomentFormat::kBf16, true, false, 20.0},
+    {"8bit", ze::offload::MomentFormat::kBlockwise8, false, false,
+     16.0 + k8BitSteps},
+    {"master16", ze::offload::MomentFormat::kF32, false, true, 26.0},
+    {"master16_8bit", ze::offload::MomentFormat::kBlockwise8, false, true,
+     14.0 + k8BitSteps},
+};
+
+// The "formats" lines: AdamW's step per parameter in each state format at
+// `threads` threads, against the memory bound the same thread count's
+// triad gives that format's bytes (bound_params_per_s = triad / bytes).
+// CpuOptimizer runs the f32-master formats (its threads and tiles); the
+// 16+16 master formats run the same kernel (RunStepKernel with master_lo)
+// over the optimizer's tiles on an equal pool, as zero::FlatOptimizer's CPU
+// path and the tests do.
+absl::Status RunStateFormats(const Flags& flags,
+                             const ze::offload::CpuExecutionOptions& base,
+                             int threads, double triad, double best_triad) {
+  using ze::offload::CpuOptimizer;
+  const int64_t n = flags.params;
+  for (const StateFormat& format : kStateFormats) {
+    ze::offload::OptimizerOptions options;
+    options.type = ze::offload::OptimizerType::kAdamW;
+    options.weight_decay = 0.1;
+    options.moments = format.moments;
+    options.stochastic_rounding = format.stochastic;
+    ze::offload::CpuExecutionOptions execution = base;
+    execution.num_threads = threads;
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<CpuOptimizer> optimizer,
+                        CpuOptimizer::Create(options, n, execution));
+    auto master = AlignedArray<float>(n, execution.huge_pages);
+    auto grads = AlignedArray<uint16_t>(n, execution.huge_pages);
+    auto out = AlignedArray<uint16_t>(n, execution.huge_pages);
+    optimizer->FirstTouch(master.get(), n, sizeof(float));
+    optimizer->FirstTouch(grads.get(), n, sizeof(uint16_t));
+    optimizer->FirstTouch(out.get(), n, sizeof(uint16_t));
+    uint16_t* lo = reinterpret_cast<uint16_t*>(master.get());  // split
+    ze::ThreadPool pool(threads, execution.pin_threads);
+    pool.ParallelFor(64, [&](int64_t part) {
+      for (int64_t i = n * part / 64; i < n * (part + 1) / 64; ++i) {
+        const float value = 0.01f * static_cast<float>(i % 1000 - 500);
+        if (format.split_master) {
+          const ze::Bf16Split split = ze::SplitForBf16(value);
+          out[i] = split.hi;
+          lo[i] = split.lo;
+        } else {
+          master[i] = value;
+        }
+        grads[i] = ze::FloatToBf16Bits(1e-3f * static_cast<float>(i % 77 - 38));
+      }
+    });
+    ze::offload::StepArgs args;
+    args.lr = 1e-4;
+    const std::vector<CpuOptimizer::RawArray> state =
+        optimizer->RawStateArrays();
+    const int64_t tile = optimizer->tile_elements();
+    ZE_ASSIGN_OR_RETURN(
+        const Timing timing, TimeSteps(flags.steps, [&]() -> absl::Status {
+          if (!format.split_master) {
+            return optimizer->Step(master.get(), grads.get(), ze::DType::kBF16,
+                                   args, out.get(), ze::DType::kBF16);
+          }
+          ZE_ASSIGN_OR_RETURN(const ze::offload::StepCoefficients c,
+                              optimizer->Coefficients(args));
+          optimizer->AdvanceStep();
+          ze::offload::StepBuffers whole;
+          whole.state0 = state[0].data;
+          whole.state1 = state[1].data;
+          if (state.size() > 2) {
+            whole.step0 = reinterpret_cast<float*>(state[2].data);
+            whole.step1 = reinterpret_cast<float*>(state[3].data);
+          }
+          whole.moment_format = optimizer->moment_format();
+          whole.grads = grads.get();
+          whole.grad_dtype = ze::DType::kBF16;
+          whole.out = out.get();
+          whole.out_dtype = ze::DType::kBF16;
+          whole.master_lo = lo;
+          whole.count = n;
+          pool.ParallelFor((n + tile - 1) / tile, [&](int64_t t) {
+            ze::offload::RunStepKernel(
+                optimizer->simd_path(), c,
+                ze::offload::SliceStepBuffers(whole, t * tile,
+                                              std::min(tile, n - t * tile)));
+          });
+          return absl::OkStatus();
+        }));
+    const double params_per_s = n / timing.best_s;
+    const double gbps = format.bytes * params_per_s / 1e9;
+    std::printf(
+        "{\"bench\":\"cpu_adam_formats\",\"optimizer\":\"adamw\","
+        "\"format\":\"%s\",\"moments\":\"%s\",\"master\":\"%s\","
+        "\"simd\":\"%s\",\"threads\":%d,\"params\":%lld,\"steps\":%d,"
+        "\"bytes_per_param\":%.4g,\"best_s\":%.5f,\"mean_s\":%.5f,"
+        "\"params_per_s\":%.4g,\"GBps\":%.1f,\"triad_GBps\":%.1f,"
+        "\"bound_params_per_s\":%.4g,\"fraction_of_bound\":%.3f,"
+        "\"best_triad_GBps\":%.1f,\"fraction_of_best_triad\":%.3f}\n",
+        format.name, ze::offload::MomentFormatName(optimizer->moment_format()),
+        format.split_master ? "16+16" : "f32",
+        ze::offload::SimdPathName(optimizer->simd_path()), threads,
+        static_cast<long long>(n), flags.steps, format.bytes, timing.best_s,
+        timing.mean_s, params_per_s, gbps, triad, triad * 1e9 / format.bytes,
+        gbps / triad, best_triad, gbps / best_triad);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Flags& flags) {
   using ze::offload::CpuOptimizer;
   ze::offload::OptimizerOptions options;
@@ -455,6 +591,8 @@ absl::Status Run(const Flags& flags) {
         static_cast<long long>(chunk), per_chunk.best_s, per_chunk.mean_s,
         stream.best_s, stream.mean_s);
     std::fflush(stdout);
+    ZE_RETURN_IF_ERROR(
+        RunStateFormats(flags, execution, threads, triad, best_triad));
   }
   return absl::OkStatus();
 }

@@ -104,6 +104,9 @@ struct OptimizerParams {
   // unless adam_w_mode is false, in which case decay is added to the
   // gradient (L2). Type "AdamW" is always decoupled.
   bool adam_w_mode = true;
+  // zero-engine extension (Adam, AdamW): m and v in 8-bit codes with an f32
+  // step per block of 256 (offload/moment_codec.h).
+  bool blockwise_8bit_moments = false;
 
   bool operator==(const OptimizerParams& other) const;
 };
@@ -205,6 +208,12 @@ struct Bf16Config {
   // plus a 16-bit remainder, 2 bytes instead of 4, the same values bit for
   // bit; the weights then round ties away from zero. bf16 training only.
   bool master_weights_16_plus_16 = false;
+  // DeepSpeed's key: Adam's moments m and v stored in bf16 (4 bytes an
+  // element instead of 8), rounded to nearest even, or stochastically with
+  // optimizer_states_stochastic_rounding (a zero-engine key; noise keyed
+  // by the config's seed, the step and the element).
+  bool bf16_optimizer_states = false;
+  bool optimizer_states_stochastic_rounding = false;
   bool operator==(const Bf16Config& other) const;
 };
 

@@ -84,7 +84,28 @@ const Schema<Bf16Config>& Bf16Schema() {
             "training only (refused for an fp16 or fp32 model). With "
             "offload_optimizer \"cpu\" the offloaded master stays fp32 on "
             "the host (the same 4 bytes); not yet with \"nvme\" or "
-            "offload_param."));
+            "offload_param."))
+        .Add(Value(
+            "bf16_optimizer_states", &Bf16Config::bf16_optimizer_states,
+            Boolean(),
+            "Adam's moments (exp_avg, exp_avg_sq) stored in bf16: 4 bytes an "
+            "element instead of 8, on the GPU and in CPU offload. Each step "
+            "decodes them, updates in fp32 and rounds the new moments to "
+            "bf16 (to nearest even; see "
+            "optimizer_states_stochastic_rounding). Any training dtype; not "
+            "with offload_optimizer nvme (refused) nor SGD. Checkpoints "
+            "store the moments in bf16 (the manifest's moments_dtype) and "
+            "load into any moment format, the conversion named in the "
+            "log."))
+        .Add(Value("optimizer_states_stochastic_rounding",
+                   &Bf16Config::optimizer_states_stochastic_rounding, Boolean(),
+                   "zero-engine extension: with bf16_optimizer_states, round "
+                   "the moments stochastically (unbiased: a value rounds up "
+                   "with probability its distance from the lower bf16) "
+                   "instead of to nearest even. The noise is a counter-based "
+                   "hash of the config's seed, the step and the element's "
+                   "index in its optimizer, so ranks and reruns agree bit for "
+                   "bit."));
     const std::string fp32_master =
         "master weights, their gradients and the optimizer state are always "
         "fp32 here";
@@ -95,9 +116,11 @@ const Schema<Bf16Config>& Bf16Schema() {
                  "zero-engine handles a step with non-finite gradients by "
                  "its own rule, whatever this says")
         .Ignored("bf16_master_weights_and_grads", Boolean(),
-                 std::optional<bool>(false), fp32_master)
-        .Ignored("bf16_optimizer_states", Boolean(), std::optional<bool>(false),
-                 fp32_master);
+                 std::optional<bool>(false),
+                 "DeepSpeed's bf16 master weights (lossy) are not built: "
+                 "the master stays fp32 (exact); "
+                 "bf16.master_weights_16_plus_16 keeps it in 2 bytes, "
+                 "exactly");
     return s;
   }();
   return *schema;

@@ -62,6 +62,19 @@ const Schema<OptimizerParams>& AdamParamsSchema() {
                   "Type Adam: true applies decoupled weight decay (DeepSpeed's "
                   "default), false adds it to the gradient (L2). Must not be "
                   "false for AdamW."))
+        .Add(Value("blockwise_8bit_moments",
+                   &OptimizerParams::blockwise_8bit_moments, Boolean(),
+                   "zero-engine extension: Adam's moments in 8 bits, in "
+                   "blocks of 256 elements with one fp32 step per block and "
+                   "moment (about 2.03 bytes an element instead of 8): m "
+                   "signed (127 levels of its block's absmax), v through its "
+                   "fourth root (255 levels). Each step decodes, updates in "
+                   "fp32 and re-encodes (to nearest) in one pass, on the GPU "
+                   "and the CPU. An optimizer over fewer than 4096 elements "
+                   "(a small bucket) keeps fp32 moments. Not with "
+                   "bf16.bf16_optimizer_states, offload_optimizer nvme "
+                   "(refused) nor SGD. Checkpoints hold the exact decoded "
+                   "values and load into any moment format."))
         .Ignored("max_grad_norm", Number(NonNegative()),
                  std::optional<double>(0.0), kMaxGradNorm);
     return s;

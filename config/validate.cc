@@ -308,6 +308,41 @@ absl::Status CheckSupported(const Config& config) {
         "available yet (offload_optimizer.device \"cpu\" is); remove one of "
         "them"));
   }
+  // Compressed moments (Adam's m and v in bf16 or 8 bits).
+  const bool eight_bit = config.optimizer.has_value() &&
+                         config.optimizer->params.blockwise_8bit_moments;
+  const char* moments_key = eight_bit
+                                ? "optimizer.params.blockwise_8bit_moments"
+                                : "bf16.bf16_optimizer_states";
+  if (eight_bit && config.bf16.bf16_optimizer_states) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source,
+        ": bf16.bf16_optimizer_states and "
+        "optimizer.params.blockwise_8bit_moments each choose how Adam's "
+        "moments are stored; keep one"));
+  }
+  if (config.bf16.optimizer_states_stochastic_rounding &&
+      !config.bf16.bf16_optimizer_states) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source,
+        ": bf16.optimizer_states_stochastic_rounding rounds bf16 moments; "
+        "it needs bf16.bf16_optimizer_states"));
+  }
+  if (eight_bit || config.bf16.bf16_optimizer_states) {
+    if (config.optimizer.has_value() &&
+        config.optimizer->type == OptimizerType::kSgd) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config.source, ": ", moments_key,
+          " compresses Adam's moments; SGD's momentum buffer stays fp32 "
+          "(remove the key or use Adam/AdamW)"));
+    }
+    if (offload_optimizer.device == OffloadDevice::kNvme) {
+      return absl::UnimplementedError(absl::StrCat(
+          config.source, ": ", moments_key,
+          " with zero_optimization.offload_optimizer.device \"nvme\" is not "
+          "available yet (the swap file holds fp32 state; \"cpu\" works)"));
+    }
+  }
   // ZeRO-Offload's stage 1-2 CPU mode only.
   if (offload_optimizer.delayed_update &&
       (offload_optimizer.device != OffloadDevice::kCpu ||

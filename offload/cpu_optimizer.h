@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "offload/moment_codec.h"
 #include "offload/step_coefficients.h"
 
 namespace ze {
@@ -76,7 +77,38 @@ struct OptimizerOptions {
   double momentum = 0.0;
   double dampening = 0.0;
   bool nesterov = false;
+  // Adam and AdamW: how m and v are stored (MomentFormat; the default f32
+  // is exact). bf16 rounds to nearest even, or stochastically with
+  // stochastic_rounding, seeded by rounding_seed (moment_codec.h). 8-bit
+  // block-wise moments apply to optimizers of at least kMin8BitElements
+  // elements (EffectiveMomentFormat). SGD keeps f32 (InvalidArgument
+  // otherwise).
+  MomentFormat moments = MomentFormat::kF32;
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;
 };
+
+// "f32", "bf16", "8bit".
+const char* MomentFormatName(MomentFormat format);
+
+// The moment format an optimizer over `num_elements` elements stores:
+// options.moments, except f32 for 8-bit below kMin8BitElements.
+MomentFormat EffectiveMomentFormat(const OptimizerOptions& options,
+                                   int64_t num_elements);
+
+// Bytes of optimizer state (beyond the master weights) an optimizer of
+// `options` over `num_elements` elements holds: Adam 8 (f32), 4 (bf16) or
+// 2 a element plus 8 per block of kMomentBlock (8-bit); SGD 4 with
+// momentum, else 0.
+// `format_elements` (default num_elements) decides the format, as
+// zero::FlatOptimizer::Create's.
+int64_t OptimizerStateBytes(const OptimizerOptions& options,
+                            int64_t num_elements, int64_t format_elements = -1);
+
+// Element ranges an optimizer of `format` updates must start at a multiple
+// of this (and end at one, or at the end of the state): kMomentBlock for
+// 8-bit (a block is requantised whole), 1 otherwise.
+int64_t MomentGranule(MomentFormat format);
 
 // What changes from step to step (zero::StepArgs' fields and meanings).
 struct StepArgs {
@@ -138,8 +170,20 @@ struct CpuExecutionOptions {
 struct StepBuffers {
   // f32, updated in place; null for a split master (master_lo set).
   float* master = nullptr;
-  float* state0 = nullptr;         // exp_avg (Adam) or momentum buffer (SGD)
-  float* state1 = nullptr;         // exp_avg_sq (Adam); null for SGD
+  // exp_avg (Adam) or the momentum buffer (SGD, f32), and exp_avg_sq
+  // (Adam; null for SGD), stored as moment_format says: f32, bf16 bits
+  // (uint16_t) or 8-bit codes (int8_t m, uint8_t v) with one f32 step per
+  // block of each in step0 / step1.
+  void* state0 = nullptr;
+  void* state1 = nullptr;
+  float* step0 = nullptr;
+  float* step1 = nullptr;
+  MomentFormat moment_format = MomentFormat::kF32;
+  // The index of element 0 in the optimizer's state: the stochastic
+  // rounding's counter; with 8-bit moments a multiple of kMomentBlock, and
+  // `count` a multiple too unless the range ends the state (step0 and
+  // step1 then point at element 0's block).
+  int64_t first_index = 0;
   const void* grads = nullptr;     // grad_dtype
   DType grad_dtype = DType::kF32;  // f32, bf16 or f16
   void* out = nullptr;             // null, or receives p rounded to out_dtype
@@ -173,6 +217,25 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& options,
 absl::StatusOr<StepCoefficients> ComputeStepCoefficients(
     const OptimizerOptions& options, int64_t step_count,
     const StepArgs& step_args, bool has_momentum_buffer);
+
+// Elements [begin, begin + count) of a moment array stored in `format`
+// (`data` and, for 8-bit, `steps` at the state's element 0; `second`:
+// exp_avg_sq, else exp_avg or SGD's f32 buffer) as f32 into `out`: exact.
+void DecodeMoments(MomentFormat format, bool second, const void* data,
+                   const float* steps, int64_t begin, int64_t count,
+                   float* out);
+// Writes `values` over those elements of a state of `num_elements`: f32
+// as is, bf16 to nearest even, 8-bit re-encoding every block the range
+// touches (its other elements decoded and kept), so writing back what
+// DecodeMoments read changes no bit.
+void EncodeMoments(MomentFormat format, bool second, void* data, float* steps,
+                   int64_t num_elements, int64_t begin, int64_t count,
+                   const float* values);
+
+// `buffers` advanced by `begin` elements and cut to `count` (with 8-bit
+// moments `begin` must be a multiple of kMomentBlock).
+StepBuffers SliceStepBuffers(const StepBuffers& buffers, int64_t begin,
+                             int64_t count);
 
 // One single-threaded pass of `path` over `buffers` (the kernel itself; no
 // checks: the path must be supported, dtypes valid, state pointers present
@@ -317,11 +380,35 @@ class CpuOptimizer {
   absl::StatusOr<StepCoefficients> Coefficients(
       const StepArgs& step_args) const;
 
-  // State (null when the optimizer has none), num_elements() floats each;
+  // The f32 state arrays (null when the optimizer has none, and for
+  // compressed moments: see ReadState), num_elements() floats each;
   // writing into them restores state.
-  float* exp_avg() const { return exp_avg_.get(); }
-  float* exp_avg_sq() const { return exp_avg_sq_.get(); }
-  float* momentum_buffer() const { return momentum_buffer_.get(); }
+  float* exp_avg() const { return F32State(state0_, false); }
+  float* exp_avg_sq() const { return F32State(state1_, false); }
+  float* momentum_buffer() const { return F32State(state0_, true); }
+  // How the moments are stored (EffectiveMomentFormat).
+  MomentFormat moment_format() const { return moment_format_; }
+  // Number of state arrays: 2 (Adam), 1 (SGD with momentum) or 0.
+  int num_state_arrays() const;
+  // Elements [begin, begin + count) of state array `array` (0: exp_avg or
+  // the momentum buffer, 1: exp_avg_sq) as f32 into `out` (exact from
+  // every format). The caller keeps the range inside the state and the
+  // optimizer idle.
+  void ReadState(int array, int64_t begin, int64_t count, float* out) const;
+  // Writes `values` over those elements, encoded in moment_format(): bf16
+  // to nearest even; 8-bit re-encodes each block the range touches (its
+  // other elements decoded and kept). A state read by ReadState and
+  // written back is unchanged, bit for bit.
+  void WriteState(int array, int64_t begin, int64_t count, const float* values);
+  // The state's storage as raw bytes, for byte-exact copies (speculation's
+  // backup): each array's base and bytes per element, or, for 8-bit steps,
+  // per kMomentBlock elements (per_block).
+  struct RawArray {
+    char* data = nullptr;
+    int64_t bytes = 0;
+    bool per_block = false;
+  };
+  std::vector<RawArray> RawStateArrays() const;
 
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t count) { step_count_ = count; }
@@ -333,13 +420,22 @@ class CpuOptimizer {
 
  private:
   struct FreeDeleter {
-    void operator()(float* data) const;
+    void operator()(void* data) const;
   };
-  using StateBuffer = std::unique_ptr<float[], FreeDeleter>;
+  using StateBuffer = std::unique_ptr<char[], FreeDeleter>;
+  // `buffer` as f32 when it holds f32 of this optimizer's kind (`sgd`:
+  // the momentum buffer), else null.
+  float* F32State(const StateBuffer& buffer, bool sgd) const {
+    const bool is_sgd = options_.type == OptimizerType::kSgd;
+    if (is_sgd != sgd || (!is_sgd && moment_format_ != MomentFormat::kF32)) {
+      return nullptr;
+    }
+    return reinterpret_cast<float*>(buffer.get());
+  }
 
   CpuOptimizer(const OptimizerOptions& options, int64_t num_elements,
-               SimdPath simd_path, int64_t tile_elements,
-               const CpuExecutionOptions& execution,
+               MomentFormat moment_format, SimdPath simd_path,
+               int64_t tile_elements, const CpuExecutionOptions& execution,
                std::unique_ptr<ThreadPool> pool);
 
   OptimizerOptions options_;
@@ -370,9 +466,13 @@ class CpuOptimizer {
   CpuExecutionOptions execution_;
   std::unique_ptr<ThreadPool> pool_;
   int64_t step_count_ = 0;
-  StateBuffer exp_avg_;
-  StateBuffer exp_avg_sq_;
-  StateBuffer momentum_buffer_;
+  MomentFormat moment_format_ = MomentFormat::kF32;
+  // Adam's moments (or SGD's momentum buffer in state0_), and with 8-bit
+  // moments their per-block steps.
+  StateBuffer state0_;
+  StateBuffer state1_;
+  StateBuffer step0_;
+  StateBuffer step1_;
 };
 
 }  // namespace offload

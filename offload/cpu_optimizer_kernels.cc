@@ -34,6 +34,7 @@
 
 #include "core/dtype.h"
 #include "offload/cpu_optimizer.h"
+#include "offload/moment_codec.h"
 
 namespace ze {
 namespace offload {
@@ -50,6 +51,10 @@ enum : int {
   kBF16Away = 4,
   kNoOutput = -1
 };
+
+// How a pass stores Adam's moments: f32, bf16 rounded to nearest even or
+// stochastically (8-bit moments have their own block loop, Block8Step).
+enum : int { kMomF32 = 0, kMomBf16 = 1, kMomBf16Stochastic = 2 };
 
 // ---- scalar ---------------------------------------------------------------
 
@@ -101,20 +106,52 @@ inline void StoreMaster1(const StepBuffers& b, int64_t i, float p) {
   }
 }
 
-template <int kGrad, int kOut>
-inline void AdamElement(const StepCoefficients& c, const StepBuffers& b,
-                        int64_t i) {
-  float p = LoadMaster1<kOut>(b, i);
-  float g = Load1<kGrad>(b.grads, i) * c.grad_scale;
+template <int kMoments>
+inline float LoadMoment1(const void* state, int64_t i) {
+  if constexpr (kMoments == kMomF32) {
+    return static_cast<const float*>(state)[i];
+  } else {
+    return Bf16ToFloat(static_cast<const uint16_t*>(state)[i]);
+  }
+}
+
+// `key`: the moment's rounding key; i + b.first_index the noise counter.
+template <int kMoments>
+inline void StoreMoment1(void* state, int64_t i, float value, uint32_t key,
+                         int64_t first_index) {
+  if constexpr (kMoments == kMomF32) {
+    static_cast<float*>(state)[i] = value;
+  } else if constexpr (kMoments == kMomBf16) {
+    static_cast<uint16_t*>(state)[i] = NearestBf16(value);
+  } else {
+    static_cast<uint16_t*>(state)[i] = StochasticBf16(
+        value, RoundingNoise(key, static_cast<uint32_t>(first_index + i)));
+  }
+}
+
+// The Adam update of one element from its old moments: p, m and v in
+// place (the header comment's sequence).
+inline void AdamCore(const StepCoefficients& c, float grad, float& p, float& m,
+                     float& v) {
+  float g = grad * c.grad_scale;
   g = std::fma(c.l2, p, g);
-  const float m = std::fma(c.beta1, b.state0[i], c.one_minus_beta1 * g);
-  const float v = std::fma(c.beta2, b.state1[i], (c.one_minus_beta2 * g) * g);
+  m = std::fma(c.beta1, m, c.one_minus_beta1 * g);
+  v = std::fma(c.beta2, v, (c.one_minus_beta2 * g) * g);
   const float denom =
       std::fma(std::sqrt(v), c.inv_sqrt_bias_correction2, c.eps);
   p = p * c.decay_factor;
   p = std::fma(c.neg_step_size, m / denom, p);
-  b.state0[i] = m;
-  b.state1[i] = v;
+}
+
+template <int kGrad, int kOut, int kMoments>
+inline void AdamElement(const StepCoefficients& c, const StepBuffers& b,
+                        int64_t i) {
+  float p = LoadMaster1<kOut>(b, i);
+  float m = LoadMoment1<kMoments>(b.state0, i);
+  float v = LoadMoment1<kMoments>(b.state1, i);
+  AdamCore(c, Load1<kGrad>(b.grads, i), p, m, v);
+  StoreMoment1<kMoments>(b.state0, i, m, c.round_key_m, b.first_index);
+  StoreMoment1<kMoments>(b.state1, i, v, c.round_key_v, b.first_index);
   StoreMaster1<kOut>(b, i, p);
 }
 
@@ -125,10 +162,11 @@ inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
   float g = Load1<kGrad>(b.grads, i) * c.grad_scale;
   g = std::fma(c.l2, p, g);
   if (c.has_momentum_buffer) {
+    float* state = static_cast<float*>(b.state0);
     const float buf = c.first_step ? g
-                                   : std::fma(c.momentum, b.state0[i],
+                                   : std::fma(c.momentum, state[i],
                                               c.one_minus_dampening * g);
-    b.state0[i] = buf;
+    state[i] = buf;
     g = c.nesterov ? std::fma(c.momentum, buf, g) : buf;
   }
   p = std::fma(c.neg_step_size, g, p);
@@ -137,25 +175,44 @@ inline void SgdElement(const StepCoefficients& c, const StepBuffers& b,
 
 // Element i of either optimizer: the scalar path, and every vector path's
 // tail.
-template <int kGrad, int kOut, bool kSgd>
+template <int kGrad, int kOut, bool kSgd, int kMoments>
 inline void StepElement(const StepCoefficients& c, const StepBuffers& b,
                         int64_t i) {
   if constexpr (kSgd) {
     SgdElement<kGrad, kOut>(c, b, i);
   } else {
-    AdamElement<kGrad, kOut>(c, b, i);
+    AdamElement<kGrad, kOut, kMoments>(c, b, i);
   }
+}
+
+// The Adam update of element i of an 8-bit pass (Block8Step): old moments
+// decoded with the block's steps, new ones (f32) into m_new[j] / v_new[j].
+template <int kGrad, int kOut>
+inline void Block8Element(const StepCoefficients& c, const StepBuffers& b,
+                          int64_t i, float m_step, float v_step, float* m_new,
+                          float* v_new) {
+  float p = LoadMaster1<kOut>(b, i);
+  float m = DecodeM(static_cast<const int8_t*>(b.state0)[i], m_step);
+  float v = DecodeV(static_cast<const uint8_t*>(b.state1)[i], v_step);
+  AdamCore(c, Load1<kGrad>(b.grads, i), p, m, v);
+  *m_new = m;
+  *v_new = v;
+  StoreMaster1<kOut>(b, i, p);
 }
 
 // Every path's Step takes the tuning and a non-temporal flag; only AVX-512
 // acts on them.
 struct Scalar {
-  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  static constexpr int kWidth = 1;
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd, int kMoments>
   static void Step(const StepCoefficients& c, const StepBuffers& b,
                    const KernelTuning&) {
     for (int64_t i = 0; i < b.count; ++i)
-      StepElement<kGrad, kOut, kSgd>(c, b, i);
+      StepElement<kGrad, kOut, kSgd, kMoments>(c, b, i);
   }
+  template <int kGrad, int kOut>
+  static void Step8(const StepCoefficients& c, const StepBuffers& b,
+                    const KernelTuning&);
 };
 
 // ---- the vector operations of each width ---------------------------------
@@ -220,6 +277,41 @@ struct Avx2Ops {
   static void Prefetch(const StepBuffers&, int64_t, int64_t) {}
   template <bool kNontemporal>
   static void Fence() {}
+  // Compressed moments: the rounding noise's integer hash, 8-bit codes.
+  static Int Iota() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  static Int Xor(Int a, Int b) { return _mm256_xor_si256(a, b); }
+  static Int MulLo(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
+  template <int kBits>
+  static Int ShiftRight(Int a) {
+    return _mm256_srli_epi32(a, kBits);
+  }
+  static Vec Max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  static Vec Min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+  static Vec Rint(Vec a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Vec LoadI8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Vec LoadU8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  // Integral codes in [-127, 255] as bytes (the low byte of each lane).
+  static void StoreCodes(void* p, Vec codes) {
+    alignas(32) int32_t lanes[kWidth];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                       _mm256_cvttps_epi32(codes));
+    for (int k = 0; k < kWidth; ++k) {
+      static_cast<uint8_t*>(p)[k] = static_cast<uint8_t>(lanes[k]);
+    }
+  }
+  // m where `code` is not 0, else 0.
+  static Vec ZeroWhereZero(Vec m, Vec code) {
+    return _mm256_and_ps(m,
+                         _mm256_cmp_ps(code, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+  }
 };
 
 // AVX-512: 16 elements. Everything from here to the matching pop carries
@@ -237,11 +329,14 @@ inline void PrefetchAhead(const StepBuffers& b, int64_t i, int64_t ahead) {
   if (b.master != nullptr) {
     _mm_prefetch(reinterpret_cast<const char*>(b.master + j), _MM_HINT_T0);
   }
+  const int64_t state_bytes = b.moment_format == MomentFormat::kBf16 ? 2 : 4;
   if (b.state0 != nullptr) {
-    _mm_prefetch(reinterpret_cast<const char*>(b.state0 + j), _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(b.state0) + j * state_bytes,
+                 _MM_HINT_T0);
   }
   if (b.state1 != nullptr) {
-    _mm_prefetch(reinterpret_cast<const char*>(b.state1 + j), _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(b.state1) + j * state_bytes,
+                 _MM_HINT_T0);
   }
   constexpr int kGradBytes = kGrad == kF32 ? 4 : 2;
   _mm_prefetch(static_cast<const char*>(b.grads) + j * kGradBytes, _MM_HINT_T0);
@@ -307,6 +402,38 @@ struct Avx512Ops {
   template <bool kNontemporal>
   static void Fence() {
     if constexpr (kNontemporal) _mm_sfence();
+  }
+  static Int Iota() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                             15);
+  }
+  static Int Xor(Int a, Int b) { return _mm512_xor_si512(a, b); }
+  static Int MulLo(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
+  template <int kBits>
+  static Int ShiftRight(Int a) {
+    return _mm512_srli_epi32(a, kBits);
+  }
+  static Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Vec Min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+  static Vec Rint(Vec a) {
+    return _mm512_roundscale_ps(a,
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static Vec LoadI8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static Vec LoadU8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void StoreCodes(void* p, Vec codes) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(codes)));
+  }
+  static Vec ZeroWhereZero(Vec m, Vec code) {
+    return _mm512_maskz_mov_ps(
+        _mm512_cmp_ps_mask(code, _mm512_setzero_ps(), _CMP_NEQ_OQ), m);
   }
 };
 
@@ -400,6 +527,148 @@ inline void StoreMasterAs(const StepBuffers& b, int64_t i,
   }
 }
 
+// ---- compressed moments, once for every width ----------------------------
+
+// Moments [i, i + V::kWidth) as f32 (f32 or bf16 storage).
+template <class V, int kMoments>
+inline typename V::Vec LoadMomentAs(const void* state, int64_t i) {
+  if constexpr (kMoments == kMomF32) {
+    return V::Load(static_cast<const float*>(state) + i);
+  } else {
+    return LoadAs<V, kBF16>(state, i);
+  }
+}
+
+// RoundingNoise(key, first + lane) for every lane (32-bit wrap-around).
+template <class V>
+inline typename V::Int RoundingNoiseAs(uint32_t key, int64_t first) {
+  using Int = typename V::Int;
+  Int x =
+      V::Xor(V::Add(V::Splat(static_cast<int>(static_cast<uint32_t>(first))),
+                    V::Iota()),
+             V::Splat(static_cast<int>(key)));
+  x = V::Xor(x, V::template ShiftRight<16>(x));
+  x = V::MulLo(x, V::Splat(0x7feb352d));
+  x = V::Xor(x, V::template ShiftRight<15>(x));
+  x = V::MulLo(x, V::Splat(static_cast<int>(0x846ca68bu)));
+  return V::Xor(x, V::template ShiftRight<16>(x));
+}
+
+// StochasticBf16 V::kWidth at a time.
+template <class V>
+inline typename V::Bits ToBf16Stochastic(typename V::Vec value,
+                                         typename V::Int noise) {
+  using Int = typename V::Int;
+  const Int bits = V::AsInt(value);
+  const Int rounded = V::ShiftRight16(V::Add(bits, V::ShiftRight16(noise)));
+  const Int quiet_nan = V::Or(V::ShiftRight16(bits), V::Splat(0x40));
+  return V::Narrow16(V::SelectNan(value, rounded, quiet_nan));
+}
+
+template <class V, int kMoments>
+inline void StoreMomentAs(void* state, int64_t i, typename V::Vec value,
+                          uint32_t key, int64_t first_index) {
+  if constexpr (kMoments == kMomF32) {
+    V::Store(static_cast<float*>(state) + i, value);
+  } else if constexpr (kMoments == kMomBf16) {
+    V::template StoreBits<false>(static_cast<uint16_t*>(state) + i,
+                                 ToBf16Bits<V>(value));
+  } else {
+    V::template StoreBits<false>(
+        static_cast<uint16_t*>(state) + i,
+        ToBf16Stochastic<V>(value, RoundingNoiseAs<V>(key, first_index + i)));
+  }
+}
+
+// The per-step coefficients broadcast, and the Adam and SGD updates of
+// V::kWidth elements in the header comment's order of fused operations.
+template <class V>
+struct Coefficients {
+  using Vec = typename V::Vec;
+  explicit Coefficients(const StepCoefficients& c)
+      : grad_scale(V::Set1(c.grad_scale)),
+        l2(V::Set1(c.l2)),
+        beta1(V::Set1(c.beta1)),
+        one_minus_beta1(V::Set1(c.one_minus_beta1)),
+        beta2(V::Set1(c.beta2)),
+        one_minus_beta2(V::Set1(c.one_minus_beta2)),
+        eps(V::Set1(c.eps)),
+        inv_sqrt_bc2(V::Set1(c.inv_sqrt_bias_correction2)),
+        decay(V::Set1(c.decay_factor)),
+        momentum(V::Set1(c.momentum)),
+        one_minus_dampening(V::Set1(c.one_minus_dampening)),
+        neg_step(V::Set1(c.neg_step_size)) {}
+  // p, m and v updated from the unscaled gradient.
+  void Adam(Vec grad, Vec& p, Vec& m, Vec& v) const {
+    Vec g = V::Mul(grad, grad_scale);
+    g = V::Fmadd(l2, p, g);
+    m = V::Fmadd(beta1, m, V::Mul(one_minus_beta1, g));
+    v = V::Fmadd(beta2, v, V::Mul(V::Mul(one_minus_beta2, g), g));
+    const Vec denom = V::Fmadd(V::Sqrt(v), inv_sqrt_bc2, eps);
+    p = V::Mul(p, decay);
+    p = V::Fmadd(neg_step, V::Div(m, denom), p);
+  }
+  Vec grad_scale, l2, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
+      inv_sqrt_bc2, decay, momentum, one_minus_dampening, neg_step;
+};
+
+// The largest lane of `lanes` (order-free for the finite values it is
+// given, so it equals the scalar running MomentMax).
+template <class V>
+inline float LargestLane(typename V::Vec lanes) {
+  alignas(64) float values[V::kWidth];
+  V::Store(values, lanes);
+  float largest = 0.0f;
+  for (int k = 0; k < V::kWidth; ++k) largest = MomentMax(values[k], largest);
+  return largest;
+}
+
+// EncodeBlock8 over n (a multiple of V::kWidth) elements, V::kWidth at a
+// time: the same operations in the same order per element, from
+// root_v = sqrt(v) (the update's own square root, so the fourth root
+// costs one more instead of two; the same values, sqrt being correctly
+// rounded).
+template <class V>
+inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
+                           int8_t* m_codes, uint8_t* v_codes, float* m_step,
+                           float* v_step) {
+  using Vec = typename V::Vec;
+  const Vec zero = V::Set1(0.0f);
+  Vec max_root = zero;
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    max_root = V::Max(V::Load(root_v + j), max_root);
+  }
+  *v_step = VStepOfRoot(LargestLane<V>(max_root));
+  const Vec inverse_v = V::Set1(InverseStep(*v_step));
+  const Vec v_top = V::Set1(kVCodeMax);
+  const typename V::Int sign_off = V::Splat(0x7fffffff);
+  Vec absmax = zero;
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    const Vec code = V::Rint(V::Min(
+        V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero), v_top));
+    V::StoreCodes(v_codes + j, code);
+    const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
+    V::Store(m + j, kept);
+    absmax = V::Max(V::AsFloat(V::And(V::AsInt(kept), sign_off)), absmax);
+  }
+  *m_step = MStep(LargestLane<V>(absmax));
+  const Vec inverse_m = V::Set1(InverseStep(*m_step));
+  const Vec m_top = V::Set1(kMCodeMax);
+  const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    const Vec value = V::Load(m + j);
+    const Vec root = V::Rint(V::Min(
+        V::Max(V::Mul(V::Sqrt(V::AsFloat(V::And(V::AsInt(value), sign_off))),
+                      inverse_m),
+               zero),
+        m_top));
+    // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
+    V::StoreCodes(
+        m_codes + j,
+        V::AsFloat(V::Or(V::AsInt(root), V::And(V::AsInt(value), sign_on))));
+  }
+}
+
 // ---- the vector loop, once for every width -------------------------------
 
 // One optimizer step over b.count elements, V::kWidth at a time with V's
@@ -408,68 +677,130 @@ inline void StoreMasterAs(const StepBuffers& b, int64_t i,
 // operations; the broadcasts the other optimizer would need are dead code
 // the compiler drops. Not compiled on its own (its vectors need V's
 // target): each path's Step flattens it into itself.
-template <class V, int kGrad, int kOut, bool kNontemporal, bool kSgd>
+template <class V, int kGrad, int kOut, bool kNontemporal, bool kSgd,
+          int kMoments>
 inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
                        const KernelTuning& t) {
   using Vec = typename V::Vec;
-  const Vec grad_scale = V::Set1(c.grad_scale);
-  const Vec l2 = V::Set1(c.l2);
-  const Vec beta1 = V::Set1(c.beta1);
-  const Vec one_minus_beta1 = V::Set1(c.one_minus_beta1);
-  const Vec beta2 = V::Set1(c.beta2);
-  const Vec one_minus_beta2 = V::Set1(c.one_minus_beta2);
-  const Vec eps = V::Set1(c.eps);
-  const Vec inv_sqrt_bc2 = V::Set1(c.inv_sqrt_bias_correction2);
-  const Vec decay = V::Set1(c.decay_factor);
-  const Vec momentum = V::Set1(c.momentum);
-  const Vec one_minus_dampening = V::Set1(c.one_minus_dampening);
-  const Vec neg_step = V::Set1(c.neg_step_size);
+  const Coefficients<V> k(c);
   int64_t i = 0;
   for (; i + V::kWidth <= b.count; i += V::kWidth) {
     V::template Prefetch<kGrad>(b, i, t.prefetch_elements);
     Vec p = LoadMasterAs<V, kOut>(b, i);
-    Vec g = V::Mul(LoadAs<V, kGrad>(b.grads, i), grad_scale);
-    g = V::Fmadd(l2, p, g);
+    const Vec grad = LoadAs<V, kGrad>(b.grads, i);
     if constexpr (kSgd) {
+      Vec g = V::Mul(grad, k.grad_scale);
+      g = V::Fmadd(k.l2, p, g);
       if (c.has_momentum_buffer) {
-        const Vec buf = c.first_step ? g
-                                     : V::Fmadd(momentum, V::Load(b.state0 + i),
-                                                V::Mul(one_minus_dampening, g));
-        V::Store(b.state0 + i, buf);
-        g = c.nesterov ? V::Fmadd(momentum, buf, g) : buf;
+        float* state = static_cast<float*>(b.state0);
+        const Vec buf = c.first_step
+                            ? g
+                            : V::Fmadd(k.momentum, V::Load(state + i),
+                                       V::Mul(k.one_minus_dampening, g));
+        V::Store(state + i, buf);
+        g = c.nesterov ? V::Fmadd(k.momentum, buf, g) : buf;
       }
-      p = V::Fmadd(neg_step, g, p);
+      p = V::Fmadd(k.neg_step, g, p);
     } else {
-      Vec m = V::Load(b.state0 + i);
-      Vec v = V::Load(b.state1 + i);
-      m = V::Fmadd(beta1, m, V::Mul(one_minus_beta1, g));
-      v = V::Fmadd(beta2, v, V::Mul(V::Mul(one_minus_beta2, g), g));
-      const Vec denom = V::Fmadd(V::Sqrt(v), inv_sqrt_bc2, eps);
-      p = V::Mul(p, decay);
-      p = V::Fmadd(neg_step, V::Div(m, denom), p);
-      V::Store(b.state0 + i, m);
-      V::Store(b.state1 + i, v);
+      Vec m = LoadMomentAs<V, kMoments>(b.state0, i);
+      Vec v = LoadMomentAs<V, kMoments>(b.state1, i);
+      k.Adam(grad, p, m, v);
+      StoreMomentAs<V, kMoments>(b.state0, i, m, c.round_key_m, b.first_index);
+      StoreMomentAs<V, kMoments>(b.state1, i, v, c.round_key_v, b.first_index);
     }
     StoreMasterAs<V, kOut, kNontemporal>(b, i, p);
   }
-  for (; i < b.count; ++i) StepElement<kGrad, kOut, kSgd>(c, b, i);
+  for (; i < b.count; ++i) StepElement<kGrad, kOut, kSgd, kMoments>(c, b, i);
   V::template Fence<kNontemporal>();
 }
 
+// Adam over 8-bit moments (b.first_index a multiple of kMomentBlock), block
+// by block: decode, update and keep the new f32 moments of the block
+// (V::kWidth at a time, the rest element by element), then encode them
+// (EncodeBlock8; its vector form for whole vectors). V is Scalar (no
+// vectors) or an Ops table.
+template <class V, int kGrad, int kOut>
+inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
+  alignas(64) float m_new[kMomentBlock];
+  alignas(64) float v_new[kMomentBlock];
+  int8_t* m_codes = static_cast<int8_t*>(b.state0);
+  uint8_t* v_codes = static_cast<uint8_t*>(b.state1);
+  for (int64_t start = 0; start < b.count; start += kMomentBlock) {
+    const int64_t n = std::min<int64_t>(kMomentBlock, b.count - start);
+    const int64_t block = start / kMomentBlock;
+    const float m_step = b.step0[block];
+    const float v_step = b.step1[block];
+    int64_t j = 0;
+    const bool roots = n % V::kWidth == 0;
+    if constexpr (V::kWidth > 1) {
+      using Vec = typename V::Vec;
+      const Coefficients<V> k(c);
+      const Vec m_scale = V::Set1(m_step);
+      const typename V::Int sign_off = V::Splat(0x7fffffff);
+      const Vec v_scale = V::Set1(v_step);
+      for (; j + V::kWidth <= n; j += V::kWidth) {
+        const int64_t i = start + j;
+        Vec p = LoadMasterAs<V, kOut>(b, i);
+        const Vec m_root = V::Mul(V::LoadI8(m_codes + i), m_scale);
+        Vec m = V::Mul(m_root, V::AsFloat(V::And(V::AsInt(m_root), sign_off)));
+        const Vec root = V::Mul(V::LoadU8(v_codes + i), v_scale);
+        const Vec square = V::Mul(root, root);
+        Vec v = V::Mul(square, square);
+        k.Adam(LoadAs<V, kGrad>(b.grads, i), p, m, v);
+        V::Store(m_new + j, m);
+        // Whole-vector blocks encode from sqrt(v) (EncodeBlock8As; the
+        // compiler shares it with the update's), a short one from v.
+        V::Store(v_new + j, roots ? V::Sqrt(v) : v);
+        StoreMasterAs<V, kOut, false>(b, i, p);
+      }
+    }
+    for (; j < n; ++j) {
+      Block8Element<kGrad, kOut>(c, b, start + j, m_step, v_step, m_new + j,
+                                 v_new + j);
+    }
+    if constexpr (V::kWidth > 1) {
+      if (roots) {
+        EncodeBlock8As<V>(m_new, v_new, n, m_codes + start, v_codes + start,
+                          b.step0 + block, b.step1 + block);
+        continue;
+      }
+    }
+    EncodeBlock8(m_new, v_new, n, m_codes + start, v_codes + start,
+                 b.step0 + block, b.step1 + block);
+  }
+}
+
+template <int kGrad, int kOut>
+void Scalar::Step8(const StepCoefficients& c, const StepBuffers& b,
+                   const KernelTuning&) {
+  Block8Step<Scalar, kGrad, kOut>(c, b);
+}
+
 struct Avx2 {
-  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd, int kMoments>
   __attribute__((flatten)) static void Step(const StepCoefficients& c,
                                             const StepBuffers& b,
                                             const KernelTuning& t) {
-    VectorStep<Avx2Ops, kGrad, kOut, kNontemporal, kSgd>(c, b, t);
+    VectorStep<Avx2Ops, kGrad, kOut, kNontemporal, kSgd, kMoments>(c, b, t);
+  }
+  template <int kGrad, int kOut>
+  __attribute__((flatten)) static void Step8(const StepCoefficients& c,
+                                             const StepBuffers& b,
+                                             const KernelTuning&) {
+    Block8Step<Avx2Ops, kGrad, kOut>(c, b);
   }
 };
 
 struct Avx512 {
-  template <int kGrad, int kOut, bool kNontemporal, bool kSgd>
+  template <int kGrad, int kOut, bool kNontemporal, bool kSgd, int kMoments>
   __attribute__((target("avx512f"), flatten)) static void Step(
       const StepCoefficients& c, const StepBuffers& b, const KernelTuning& t) {
-    VectorStep<Avx512Ops, kGrad, kOut, kNontemporal, kSgd>(c, b, t);
+    VectorStep<Avx512Ops, kGrad, kOut, kNontemporal, kSgd, kMoments>(c, b, t);
+  }
+  template <int kGrad, int kOut>
+  __attribute__((target("avx512f"), flatten)) static void Step8(
+      const StepCoefficients& c, const StepBuffers& b, const KernelTuning&) {
+    Block8Step<Avx512Ops, kGrad, kOut>(c, b);
   }
 };
 
@@ -479,10 +810,23 @@ template <class Isa, int kGrad, int kOut, bool kNontemporal>
 void RunKind(const StepCoefficients& c, const StepBuffers& b,
              const KernelTuning& t) {
   if (c.is_sgd) {
-    Isa::template Step<kGrad, kOut, kNontemporal, true>(c, b, t);
-  } else {
-    Isa::template Step<kGrad, kOut, kNontemporal, false>(c, b, t);
+    return Isa::template Step<kGrad, kOut, kNontemporal, true, kMomF32>(c, b,
+                                                                        t);
   }
+  switch (b.moment_format) {
+    case MomentFormat::kBlockwise8:
+      return Isa::template Step8<kGrad, kOut>(c, b, t);
+    case MomentFormat::kBf16:
+      if (c.stochastic_rounding) {
+        return Isa::template Step<kGrad, kOut, kNontemporal, false,
+                                  kMomBf16Stochastic>(c, b, t);
+      }
+      return Isa::template Step<kGrad, kOut, kNontemporal, false, kMomBf16>(
+          c, b, t);
+    case MomentFormat::kF32:
+      break;
+  }
+  Isa::template Step<kGrad, kOut, kNontemporal, false, kMomF32>(c, b, t);
 }
 
 template <class Isa, int kGrad, bool kNontemporal>
@@ -534,14 +878,7 @@ void RunAvx512Nontemporal(const StepCoefficients& c, const StepBuffers& b,
     RunGrad<Avx512, false>(c, head, t);
   }
   if (peel == b.count) return;
-  StepBuffers body = b;
-  body.master += peel;
-  if (body.state0 != nullptr) body.state0 += peel;
-  if (body.state1 != nullptr) body.state1 += peel;
-  body.grads = static_cast<const char*>(b.grads) + peel * SizeOf(b.grad_dtype);
-  body.out = static_cast<char*>(b.out) + peel * out_bytes;
-  body.count = b.count - peel;
-  RunGrad<Avx512, true>(c, body, t);
+  RunGrad<Avx512, true>(c, SliceStepBuffers(b, peel, b.count - peel), t);
 }
 
 }  // namespace
@@ -555,9 +892,11 @@ void RunStepKernel(SimdPath path, const StepCoefficients& coefficients,
                    const StepBuffers& buffers, const KernelTuning& tuning) {
   switch (path) {
     case SimdPath::kAvx512:
-      // A split master's hi is read as well as written: never streamed.
+      // A split master's hi is read as well as written: never streamed;
+      // 8-bit blocks must not be cut by the peel.
       if (tuning.nontemporal_out && buffers.out != nullptr &&
-          buffers.master_lo == nullptr) {
+          buffers.master_lo == nullptr &&
+          buffers.moment_format != MomentFormat::kBlockwise8) {
         return RunAvx512Nontemporal(coefficients, buffers, tuning);
       }
       return RunGrad<Avx512, false>(coefficients, buffers, tuning);

@@ -197,11 +197,13 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
     }
     if (slot.update_on_device &&
         (slot.first_swapped_chunk >= 0 || options.weights_on_host ||
+         optimizer->moment_format() != MomentFormat::kF32 ||
          options.delayed_update || options.bf16_ties_away ||
          !options.device_step || slot.weights.device() != options.device)) {
       return bad(
-          "update_on_device needs a host master, the weights on the device, "
-          "no delayed update, no ties-away rounding and a device_step");
+          "update_on_device needs a host master, f32 moments, the weights on "
+          "the device, no delayed update, no ties-away rounding and a "
+          "device_step");
     }
   }
   if (options.speculation_elements < 0) {
@@ -212,11 +214,21 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
   std::unique_ptr<HostUpdate> update(
       new HostUpdate(options, std::move(slots), optimizer, swapped));
   if (update->CanSpeculate()) {
+    // One region per array: the f32 master, then the optimizer's raw
+    // arrays (8-bit steps: a float per block; backups start on blocks).
+    const int64_t elements = options.speculation_elements;
+    int64_t bytes = 0;
+    update->backup_regions_.push_back(bytes);
+    bytes += elements * int64_t{sizeof(float)};
+    for (const CpuOptimizer::RawArray& array : optimizer->RawStateArrays()) {
+      update->backup_regions_.push_back(bytes);
+      bytes += array.per_block
+                   ? (elements + kMomentBlock - 1) / kMomentBlock * array.bytes
+                   : elements * array.bytes;
+    }
     ZE_ASSIGN_OR_RETURN(
         update->backup_,
-        Tensor::Empty({options.speculation_elements *
-                       (BackupBytesPerElement(optimizer->options()) / 4)},
-                      DType::kF32, Device::Cpu()));
+        Tensor::Empty({(bytes + 3) / 4}, DType::kF32, Device::Cpu()));
   }
   if (options.device.is_cuda()) {
     ZE_ASSIGN_OR_RETURN(update->to_host_stream_,
@@ -278,7 +290,7 @@ absl::Status HostUpdate::PrepareDeviceSlots() {
     char* end = nullptr;
     for (int s = 0; s < num_slots(); ++s) {
       if (!slots_[s].update_on_device) continue;
-      char* begin = reinterpret_cast<char*>(StateArrays(s, 0)[a]);
+      char* begin = StateSpans(s, 0, elements(s), 0)[a].data;
       char* stop = begin + elements(s) * sizeof(float);
       first = first == nullptr ? begin : std::min(first, begin);
       end = std::max(end, stop);
@@ -296,13 +308,16 @@ bool HostUpdate::CanBeginEarly() const {
 }
 
 int64_t HostUpdate::BackupBytesPerElement(const OptimizerOptions& optimizer) {
-  int arrays = 1;  // the master weights
+  int64_t bytes = 4;  // the master weights
   if (optimizer.type != OptimizerType::kSgd) {
-    arrays += 2;  // exp_avg, exp_avg_sq
+    // exp_avg, exp_avg_sq; 8-bit steps rounded up to a byte an element.
+    bytes += optimizer.moments == MomentFormat::kBlockwise8 ? 3
+             : optimizer.moments == MomentFormat::kBf16     ? 4
+                                                            : 8;
   } else if (optimizer.momentum > 0) {
-    arrays += 1;  // momentum_buffer
+    bytes += 4;  // momentum_buffer
   }
-  return 4 * arrays;
+  return bytes;
 }
 
 SpeculationReport HostUpdate::last_speculation() const {
@@ -310,14 +325,32 @@ SpeculationReport HostUpdate::last_speculation() const {
   return speculation_report_;
 }
 
-std::vector<float*> HostUpdate::StateArrays(int slot, int64_t begin) const {
-  const int64_t at = slots_[slot].state_offset + begin;
-  std::vector<float*> arrays = {slots_[slot].master.data_as<float>() + begin};
-  for (float* state : {optimizer_->exp_avg(), optimizer_->exp_avg_sq(),
-                       optimizer_->momentum_buffer()}) {
-    if (state != nullptr) arrays.push_back(state + at);
+std::vector<HostUpdate::StateSpan> HostUpdate::StateSpans(int slot,
+                                                          int64_t begin,
+                                                          int64_t count,
+                                                          int64_t at) const {
+  const int64_t state_at = slots_[slot].state_offset + begin;
+  std::vector<StateSpan> spans = {
+      {reinterpret_cast<char*>(slots_[slot].master.data_as<float>() + begin),
+       count * int64_t{sizeof(float)},
+       backup_regions_.empty() ? 0 : backup_regions_[0] + at * 4}};
+  const std::vector<CpuOptimizer::RawArray> arrays =
+      optimizer_->RawStateArrays();
+  for (size_t a = 0; a < arrays.size(); ++a) {
+    const CpuOptimizer::RawArray& array = arrays[a];
+    // No backup (no speculation): offsets unused.
+    const int64_t region = backup_regions_.empty() ? 0 : backup_regions_[a + 1];
+    if (array.per_block) {
+      // 8-bit ranges (and `at`) start on a block.
+      spans.push_back({array.data + state_at / kMomentBlock * array.bytes,
+                       (count + kMomentBlock - 1) / kMomentBlock * array.bytes,
+                       region + at / kMomentBlock * array.bytes});
+    } else {
+      spans.push_back({array.data + state_at * array.bytes, count * array.bytes,
+                       region + at * array.bytes});
+    }
   }
-  return arrays;
+  return spans;
 }
 
 int64_t HostUpdate::num_chunks(int slot) const {
@@ -621,12 +654,13 @@ absl::StatusOr<bool> HostUpdate::UpdateChunkOnDevice(
   const Stream down = state_down_stream_ ? *state_down_stream_ : Stream();
   // The buffer's previous chunk must be down before this one goes up.
   ZE_RETURN_IF_ERROR(buffer_down_[buffer].Synchronize());
-  const std::vector<float*> host = StateArrays(slot, begin);
+  // f32 master and moments (Create refuses compressed ones here).
+  const std::vector<StateSpan> host = StateSpans(slot, begin, count, 0);
   std::vector<Tensor> host_arrays;
   std::vector<Tensor> device_arrays;
   for (size_t a = 0; a < host.size(); ++a) {
     host_arrays.push_back(
-        Tensor::Wrap(host[a], {count}, DType::kF32, Device::Cpu()));
+        Tensor::Wrap(host[a].data, {count}, DType::kF32, Device::Cpu()));
     device_arrays.push_back(device_buffers_[buffer].Slice(
         static_cast<int64_t>(a) * options_.chunk_elements, count));
     ZE_RETURN_IF_ERROR(Copy(host_arrays[a], device_arrays[a], up));
@@ -648,6 +682,8 @@ absl::StatusOr<bool> HostUpdate::UpdateChunkOnDevice(
       device_arrays.size() > 1 ? device_arrays[1].data_as<float>() : nullptr;
   buffers.state1 =
       device_arrays.size() > 2 ? device_arrays[2].data_as<float>() : nullptr;
+  buffers.moment_format = MomentFormat::kF32;
+  buffers.first_index = spec.state_offset + begin;
   const Tensor gradients = spec.gradients.Slice(begin, count);
   const Tensor weights = spec.weights.Slice(begin, count);
   buffers.grads = gradients.data();
@@ -684,13 +720,13 @@ absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
     if (!(running_sum_of_squares_ <= speculation_.sum_of_squares_limit)) {
       speculation_stopped_ = true;
       speculation_report_.stopped_by_norm = true;
-    } else if (backup_used_ + count > options_.speculation_elements) {
+    } else if (backup_used_ + Reserved(count) > options_.speculation_elements) {
       speculation_stopped_ = true;
       speculation_report_.stopped_by_budget = true;
     } else {
       const int64_t at = backup_used_;
       backups_.push_back({slot, begin, count, at});
-      backup_used_ += count;
+      backup_used_ += Reserved(count);
       ++speculation_report_.chunks;
       speculation_report_.elements += count;
       // Each tile, on its own thread, before the kernel changes it.
@@ -706,12 +742,15 @@ absl::StatusOr<bool> HostUpdate::Speculate(int slot, int64_t chunk,
   return decision_ == Decision::kCommitted;
 }
 
+int64_t HostUpdate::Reserved(int64_t count) const {
+  const int64_t granule = MomentGranule(optimizer_->moment_format());
+  return (count + granule - 1) / granule * granule;
+}
+
 void HostUpdate::BackUp(int slot, int64_t begin, int64_t at, int64_t count) {
-  const std::vector<float*> arrays = StateArrays(slot, begin);
-  float* backup = backup_.data_as<float>();
-  for (size_t a = 0; a < arrays.size(); ++a) {
-    std::memcpy(backup + (a * options_.speculation_elements) + at, arrays[a],
-                count * sizeof(float));
+  char* backup = static_cast<char*>(backup_.data());
+  for (const StateSpan& span : StateSpans(slot, begin, count, at)) {
+    std::memcpy(backup + span.backup_offset, span.data, span.bytes);
   }
   const Tensor grads = slots_[slot].staging.Slice(begin, count);
   const double sum = GradientSumOfSquares(grads.data(), grads.dtype(), count);
@@ -741,12 +780,10 @@ void HostUpdate::RestoreBackups() {
   ThreadPool pool(optimizer_->num_threads());
   pool.ParallelFor(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Backup& piece = pieces[i];
-    const std::vector<float*> arrays = StateArrays(piece.slot, piece.begin);
-    for (size_t a = 0; a < arrays.size(); ++a) {
-      std::memcpy(arrays[a],
-                  backup_.data_as<float>() +
-                      (a * options_.speculation_elements) + piece.at,
-                  piece.count * sizeof(float));
+    const char* backup = static_cast<const char*>(backup_.data());
+    for (const StateSpan& span :
+         StateSpans(piece.slot, piece.begin, piece.count, piece.at)) {
+      std::memcpy(span.data, backup + span.backup_offset, span.bytes);
     }
   });
 }

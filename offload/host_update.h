@@ -147,7 +147,8 @@ struct HostUpdateSlot {
   // Where the next forward reads this slot: 0 for the first read.
   int forward_position = 0;
   // Updated on the device (the header's CPU/GPU split): `staging` is then
-  // unused. Needs a host master, the weights on the device, no delayed
+  // unused. Needs a host master, f32 moments (the compressed formats stay
+  // on the CPU), the weights on the device, no delayed
   // update and no ties-away rounding (the CUDA kernel rounds to even).
   bool update_on_device = false;
 };
@@ -310,7 +311,8 @@ class HostUpdate {
     return CanBeginEarly() && options_.speculation_elements > 0;
   }
   // Host bytes one element of speculation's backup takes: the f32 master
-  // weights and each f32 optimizer state array.
+  // weights and each optimizer state array in its format (8-bit moments'
+  // per-block steps rounded up to a byte an element).
   static int64_t BackupBytesPerElement(const OptimizerOptions& optimizer);
   SpeculationReport last_speculation() const;
 
@@ -382,7 +384,17 @@ class HostUpdate {
   void BackUp(int slot, int64_t begin, int64_t at, int64_t count);
   // The optimizer's state arrays (master first) of `slot`'s elements from
   // `begin` on: where a backup's arrays go back to.
-  std::vector<float*> StateArrays(int slot, int64_t begin) const;
+  // The bytes of `count` state elements of slot `slot` from its element
+  // `begin`: the master weights, then each of the optimizer's raw arrays
+  // (CpuOptimizer::RawStateArrays: moments, and 8-bit steps whole blocks
+  // at a time), with where each sits in backup_ for backup element `at`.
+  struct StateSpan {
+    char* data = nullptr;
+    int64_t bytes = 0;
+    int64_t backup_offset = 0;
+  };
+  std::vector<StateSpan> StateSpans(int slot, int64_t begin, int64_t count,
+                                    int64_t at) const;
   // Create: the device-updated slots' streams, buffers, events and
   // page-locks (nothing without such slots).
   absl::Status PrepareDeviceSlots();
@@ -390,6 +402,9 @@ class HostUpdate {
   // back, on the optimizer's thread count. The weights are the caller's
   // (Rollback re-sends them).
   void RestoreBackups();
+  // Backup elements a range of `count` takes: whole blocks for 8-bit
+  // moments, so every backup starts on one.
+  int64_t Reserved(int64_t count) const;
   // The backed-up chunks cut into pieces for a parallel loop.
   std::vector<Backup> BackupPieces() const;
 
@@ -446,6 +461,8 @@ class HostUpdate {
   SpeculationReport speculation_report_;
   // f32, (arrays x speculation_elements), from the host allocator.
   Tensor backup_;
+  // Where each array of StateSpans' order starts in backup_ (bytes).
+  std::vector<int64_t> backup_regions_;
 };
 
 // One step's update in flight, from HostUpdate::Start to Join. Move-only; a

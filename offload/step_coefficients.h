@@ -5,8 +5,17 @@
 #ifndef ZE_OFFLOAD_STEP_COEFFICIENTS_H_
 #define ZE_OFFLOAD_STEP_COEFFICIENTS_H_
 
+#include <cstdint>
+
 namespace ze {
 namespace offload {
+
+// How Adam's moments m and v are stored (offload/moment_codec.h has the
+// encodings): f32 (exact, 8 bytes an element), bf16 (4 bytes), or 8-bit
+// codes in blocks of kMomentBlock elements with one f32 step per block per
+// moment (2 + 8/256 bytes). Every kernel dequantises, updates in f32 and
+// requantises in the one element pass.
+enum class MomentFormat : int { kF32 = 0, kBf16 = 1, kBlockwise8 = 2 };
 
 // The per-step f32 coefficients every element of an optimizer step uses,
 // whichever kernel evaluates them: the CPU optimizer's
@@ -32,6 +41,14 @@ struct StepCoefficients {
   bool has_momentum_buffer = false;
   bool nesterov = false;
   bool first_step = false;
+  // bf16 moments (the storage itself is the kernel's argument): with
+  // stochastic_rounding they round with moment_codec.h's StochasticBf16,
+  // its noise keyed by round_key_m / round_key_v (RoundingKey of the seed,
+  // this step and the moment) and the element's index in the optimizer's
+  // state; otherwise to nearest even.
+  bool stochastic_rounding = false;
+  uint32_t round_key_m = 0;
+  uint32_t round_key_v = 0;
 };
 
 }  // namespace offload

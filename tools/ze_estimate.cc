@@ -46,6 +46,27 @@
 namespace ze {
 namespace {
 
+// " with the 16+16 master (2 bytes)", " with bf16 moments (4 bytes)", ...:
+// the state formats a config chooses, for the engine plan's title.
+std::string MasterAndMomentsNote(const std::optional<config::Config>& config) {
+  if (!config.has_value()) return "";
+  std::string note;
+  if (config->bf16.master_weights_16_plus_16) {
+    note += " with the 16+16 master (2 bytes)";
+  }
+  const char* moments = config->optimizer.has_value() &&
+                                config->optimizer->params.blockwise_8bit_moments
+                            ? "8-bit block-wise moments (2 bytes + 8 per 256)"
+                        : config->bf16.bf16_optimizer_states
+                            ? "bf16 moments (4 bytes)"
+                            : nullptr;
+  if (moments != nullptr) {
+    note += note.empty() ? " with " : " and ";
+    note += moments;
+  }
+  return note;
+}
+
 constexpr char kUsage[] =
     "usage: ze_estimate --params=N --world_size=W [--dtype=bf16|fp16|f32] "
     "[--optimizer=adamw|sgd] [--json]\n"
@@ -368,6 +389,16 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
                        ? zero::OptimizerType::kSgd
                        : zero::OptimizerType::kAdamW;
     options.momentum = loaded.optimizer->params.momentum;
+    // Compressed moments (bf16.bf16_optimizer_states,
+    // optimizer.params.blockwise_8bit_moments): their bytes an element
+    // (8-bit: the codes; the per-block steps are in the engine plan).
+    if (options.type != zero::OptimizerType::kSgd) {
+      if (loaded.optimizer->params.blockwise_8bit_moments) {
+        options.moments = offload::MomentFormat::kBlockwise8;
+      } else if (loaded.bf16.bf16_optimizer_states) {
+        options.moments = offload::MomentFormat::kBf16;
+      }
+    }
     setup.state_bytes = zero::StateBytesPerElement(options);
     setup.optimizer =
         options.type == zero::OptimizerType::kSgd ? "sgd" : "adam";
@@ -514,11 +545,8 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
                         name, gpt.NumParameters(), setup.world,
                         setup.world == 1 ? "rank" : "ranks",
                         DTypeName(options.dtype),
-                        setup.config.has_value() &&
-                                setup.config->bf16.master_weights_16_plus_16
-                            ? " with the 16+16 master (2 bytes)"
-                            : "",
-                        setup.optimizer, ConfigNote(flags, setup)),
+                        MasterAndMomentsNote(setup.config), setup.optimizer,
+                        ConfigNote(flags, setup)),
         setup.world);
   return absl::OkStatus();
 }

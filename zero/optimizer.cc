@@ -1,9 +1,11 @@
 #include "zero/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops.h"
 #include "core/status.h"
 #include "zero/optimizer_kernels.h"
 
@@ -47,6 +49,14 @@ int64_t StateBytesPerElement(const OptimizerOptions& options) {
   if (options.type == OptimizerType::kSgd) {
     return options.momentum != 0.0 ? 4 : 0;
   }
+  switch (options.moments) {
+    case MomentFormat::kBf16:
+      return 4;
+    case MomentFormat::kBlockwise8:
+      return 2;
+    case MomentFormat::kF32:
+      break;
+  }
   return 8;
 }
 
@@ -56,7 +66,7 @@ FlatOptimizer::FlatOptimizer(const OptimizerOptions& options,
 
 absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
     const OptimizerOptions& options, int64_t num_elements, const Device& device,
-    Allocator* allocator) {
+    Allocator* allocator, int64_t format_elements) {
   ZE_RETURN_IF_ERROR(offload::ValidateOptimizerOptions(options, num_elements));
 
   std::unique_ptr<FlatOptimizer> optimizer(
@@ -68,10 +78,28 @@ absl::StatusOr<std::unique_ptr<FlatOptimizer>> FlatOptimizer::Create(
                           Tensor::Zeros(shape, DType::kF32, device, allocator));
     }
   } else {
+    // f32 or bf16 moments as themselves; 8-bit codes as bytes in a 2-byte
+    // container, and one f32 step per block of each.
+    const MomentFormat format = offload::EffectiveMomentFormat(
+        options, format_elements >= 0 ? format_elements : num_elements);
+    optimizer->moment_format_ = format;
+    const Shape moments = format == MomentFormat::kBlockwise8
+                              ? Shape{(num_elements + 1) / 2}
+                              : shape;
+    const DType dtype =
+        format == MomentFormat::kF32 ? DType::kF32 : DType::kBF16;
     ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_,
-                        Tensor::Zeros(shape, DType::kF32, device, allocator));
+                        Tensor::Zeros(moments, dtype, device, allocator));
     ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_sq_,
-                        Tensor::Zeros(shape, DType::kF32, device, allocator));
+                        Tensor::Zeros(moments, dtype, device, allocator));
+    if (format == MomentFormat::kBlockwise8) {
+      const Shape steps = {(num_elements + offload::kMomentBlock - 1) /
+                           offload::kMomentBlock};
+      ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_steps_,
+                          Tensor::Zeros(steps, DType::kF32, device, allocator));
+      ZE_ASSIGN_OR_RETURN(optimizer->exp_avg_sq_steps_,
+                          Tensor::Zeros(steps, DType::kF32, device, allocator));
+    }
   }
   return optimizer;
 }
@@ -95,6 +123,14 @@ absl::Status FlatOptimizer::CheckRange(int64_t state_offset,
         "optimizer step: range [", state_offset, ", ", state_offset + count,
         ") leaves the optimizer state of ", num_elements_, " elements"));
   }
+  const int64_t granule = offload::MomentGranule(moment_format_);
+  if (state_offset % granule != 0 ||
+      (count % granule != 0 && state_offset + count != num_elements_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer step: range [", state_offset, ", ",
+                     state_offset + count, ") does not cover whole blocks of ",
+                     granule, " elements, as 8-bit moments need"));
+  }
   return absl::OkStatus();
 }
 
@@ -105,10 +141,41 @@ FlatOptimizer::StateAt FlatOptimizer::StateFrom(int64_t state_offset) const {
       at.state0 = momentum_buffer_.data_as<float>() + state_offset;
     }
   } else {
-    at.state0 = exp_avg_.data_as<float>() + state_offset;
-    at.state1 = exp_avg_sq_.data_as<float>() + state_offset;
+    const int64_t bytes = moment_format_ == MomentFormat::kF32    ? 4
+                          : moment_format_ == MomentFormat::kBf16 ? 2
+                                                                  : 1;
+    at.state0 = static_cast<char*>(exp_avg_.data()) + state_offset * bytes;
+    at.state1 = static_cast<char*>(exp_avg_sq_.data()) + state_offset * bytes;
+    if (moment_format_ == MomentFormat::kBlockwise8) {
+      at.step0 = exp_avg_steps_.data_as<float>() +
+                 state_offset / offload::kMomentBlock;
+      at.step1 = exp_avg_sq_steps_.data_as<float>() +
+                 state_offset / offload::kMomentBlock;
+    }
   }
   return at;
+}
+
+void FlatOptimizer::SetState(const StateAt& state, int64_t state_offset,
+                             offload::StepBuffers* buffers) const {
+  buffers->state0 = state.state0;
+  buffers->state1 = state.state1;
+  buffers->step0 = state.step0;
+  buffers->step1 = state.step1;
+  buffers->moment_format = moment_format_;
+  buffers->first_index = state_offset;
+}
+
+cuda::Moments FlatOptimizer::MomentsOf(const StateAt& state,
+                                       int64_t state_offset) const {
+  cuda::Moments moments;
+  moments.state0 = state.state0;
+  moments.state1 = state.state1;
+  moments.step0 = state.step0;
+  moments.step1 = state.step1;
+  moments.format = static_cast<int>(moment_format_);
+  moments.first_index = state_offset;
+  return moments;
 }
 
 absl::Status FlatOptimizer::EnterDevice(const Stream& stream) const {
@@ -143,12 +210,11 @@ absl::Status FlatOptimizer::StepRange(int64_t state_offset,
       const offload::StepCoefficients coefficients,
       offload::ComputeStepCoefficients(options_, step_count_, step_args,
                                        momentum_buffer_.defined()));
-  const auto [state0, state1] = StateFrom(state_offset);
+  const StateAt state = StateFrom(state_offset);
 
   offload::StepBuffers buffers;
   buffers.master = master_weights.data_as<float>();
-  buffers.state0 = state0;
-  buffers.state1 = state1;
+  SetState(state, state_offset, &buffers);
   buffers.grads = grads.data();
   buffers.grad_dtype = grads.dtype();
   if (model_weights.defined()) {
@@ -180,7 +246,10 @@ absl::Status RunStepKernelOn(const Device& device, OptimizerType type,
   }
   return CudaStatus(
       cuda::LaunchOptimizerStep(
-          coefficients, buffers.master, buffers.state0, buffers.state1,
+          coefficients, buffers.master,
+          cuda::Moments{buffers.state0, buffers.state1, buffers.step0,
+                        buffers.step1, static_cast<int>(buffers.moment_format),
+                        buffers.first_index},
           buffers.grads, static_cast<int>(buffers.grad_dtype), buffers.out,
           buffers.out != nullptr ? static_cast<int>(buffers.out_dtype)
                                  : kNoOutput,
@@ -212,15 +281,14 @@ absl::Status FlatOptimizer::StepSplitRange(
       const offload::StepCoefficients coefficients,
       offload::ComputeStepCoefficients(options_, step_count_, step_args,
                                        momentum_buffer_.defined()));
-  const auto [state0, state1] = StateFrom(state_offset);
+  const StateAt state = StateFrom(state_offset);
   if (count == 0) return absl::OkStatus();
   uint16_t* hi = static_cast<uint16_t*>(master_hi.data());
   uint16_t* lo = static_cast<uint16_t*>(master_lo.data());
   if (device_.is_cpu()) {
     static const offload::SimdPath path = offload::BestSimdPath();
     offload::StepBuffers buffers;
-    buffers.state0 = state0;
-    buffers.state1 = state1;
+    SetState(state, state_offset, &buffers);
     buffers.grads = grads.data();
     buffers.grad_dtype = grads.dtype();
     buffers.out = hi;
@@ -232,9 +300,9 @@ absl::Status FlatOptimizer::StepSplitRange(
   }
   ZE_RETURN_IF_ERROR(EnterDevice(stream));
   return CudaStatus(
-      cuda::LaunchSplitMasterStep(coefficients, hi, lo, state0, state1,
-                                  grads.data(), static_cast<int>(grads.dtype()),
-                                  count, stream.native()),
+      cuda::LaunchSplitMasterStep(
+          coefficients, hi, lo, MomentsOf(state, state_offset), grads.data(),
+          static_cast<int>(grads.dtype()), count, stream.native()),
       absl::StrCat(OptimizerTypeName(options_.type),
                    " 16+16 master step kernel on ", device_.ToString()));
 }
@@ -247,6 +315,109 @@ std::vector<NamedStateTensor> FlatOptimizer::StateTensors() const {
     state.push_back({"momentum_buffer", momentum_buffer_});
   }
   return state;
+}
+
+absl::Status FlatOptimizer::CheckStateRange(int array, int64_t begin,
+                                            const Tensor& values) const {
+  const std::vector<NamedStateTensor> state = StateTensors();
+  if (array < 0 || array >= static_cast<int>(state.size()) || begin < 0 ||
+      begin + values.numel() > num_elements_ || !values.device().is_cpu() ||
+      values.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state: array ", array, " elements [", begin,
+                     ", ", begin + values.numel(), ") of ", num_elements_,
+                     " through ", values.DebugString(), " (host f32 needed)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FlatOptimizer::HostState> FlatOptimizer::StateToHost(
+    int array, int64_t begin, int64_t count, const Stream& stream) const {
+  const Tensor& tensor = StateTensors()[array].tensor;
+  HostState host;
+  host.low = begin;
+  host.high = begin + count;
+  const bool blocks = moment_format_ == MomentFormat::kBlockwise8 &&
+                      options_.type != OptimizerType::kSgd;
+  if (blocks) {
+    constexpr int64_t kBlock = offload::kMomentBlock;
+    host.low = begin / kBlock * kBlock;
+    host.high =
+        std::min(num_elements_, (begin + count + kBlock - 1) / kBlock * kBlock);
+    // Bytes [low, high) in 2-byte units (low is even; the last unit may
+    // hold the state's last byte alone).
+    const Tensor source =
+        tensor.Slice(host.low / 2, (host.high + 1) / 2 - host.low / 2);
+    ZE_ASSIGN_OR_RETURN(host.data, Tensor::Empty(source.shape(), source.dtype(),
+                                                 Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Copy(source, host.data, stream));
+    const Tensor& steps = array == 0 ? exp_avg_steps_ : exp_avg_sq_steps_;
+    const Tensor step_source = steps.Slice(
+        host.low / kBlock, (host.high - host.low + kBlock - 1) / kBlock);
+    ZE_ASSIGN_OR_RETURN(host.steps, Tensor::Empty(step_source.shape(),
+                                                  DType::kF32, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Copy(step_source, host.steps, stream));
+  } else {
+    const Tensor source = tensor.Slice(begin, count);
+    ZE_ASSIGN_OR_RETURN(host.data, Tensor::Empty(source.shape(), source.dtype(),
+                                                 Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Copy(source, host.data, stream));
+  }
+  ZE_RETURN_IF_ERROR(stream.Synchronize());
+  return host;
+}
+
+absl::Status FlatOptimizer::StateFromHost(int array, const HostState& host,
+                                          const Stream& stream) {
+  const Tensor& tensor = StateTensors()[array].tensor;
+  if (host.steps.defined()) {
+    ZE_RETURN_IF_ERROR(
+        Copy(host.data, tensor.Slice(host.low / 2, host.data.numel()), stream));
+    const Tensor& steps = array == 0 ? exp_avg_steps_ : exp_avg_sq_steps_;
+    ZE_RETURN_IF_ERROR(
+        Copy(host.steps,
+             steps.Slice(host.low / offload::kMomentBlock, host.steps.numel()),
+             stream));
+  } else {
+    ZE_RETURN_IF_ERROR(
+        Copy(host.data, tensor.Slice(host.low, host.data.numel()), stream));
+  }
+  return stream.Synchronize();  // the host copies are freed on return
+}
+
+absl::Status FlatOptimizer::ReadState(int array, int64_t begin,
+                                      const Tensor& out,
+                                      const Stream& stream) const {
+  ZE_RETURN_IF_ERROR(CheckStateRange(array, begin, out));
+  if (out.numel() == 0) return absl::OkStatus();
+  ZE_ASSIGN_OR_RETURN(const HostState host,
+                      StateToHost(array, begin, out.numel(), stream));
+  const MomentFormat format = options_.type == OptimizerType::kSgd
+                                  ? MomentFormat::kF32
+                                  : moment_format_;
+  offload::DecodeMoments(
+      format, array == 1, host.data.data(),
+      host.steps.defined() ? host.steps.data_as<float>() : nullptr,
+      begin - host.low, out.numel(), out.data_as<float>());
+  return absl::OkStatus();
+}
+
+absl::Status FlatOptimizer::WriteState(int array, int64_t begin,
+                                       const Tensor& values,
+                                       const Stream& stream) {
+  ZE_RETURN_IF_ERROR(CheckStateRange(array, begin, values));
+  if (values.numel() == 0) return absl::OkStatus();
+  ZE_ASSIGN_OR_RETURN(const HostState host,
+                      StateToHost(array, begin, values.numel(), stream));
+  const MomentFormat format = options_.type == OptimizerType::kSgd
+                                  ? MomentFormat::kF32
+                                  : moment_format_;
+  offload::EncodeMoments(
+      format, array == 1, host.data.data(),
+      host.steps.defined() ? host.steps.data_as<float>() : nullptr,
+      host.high - host.low, begin - host.low, values.numel(),
+      values.data_as<float>());
+  return StateFromHost(array, host, stream);
 }
 
 }  // namespace zero

@@ -48,6 +48,9 @@
 
 namespace ze {
 namespace zero {
+namespace cuda {
+struct Moments;  // optimizer_kernels.h
+}  // namespace cuda
 
 // The optimizer's hyperparameters (OptimizerOptions: type, betas, eps,
 // weight decay, SGD's momentum, dampening, nesterov; fixed for the run) and
@@ -60,10 +63,16 @@ using offload::OptimizerType;
 using offload::OptimizerTypeName;
 using offload::StepArgs;
 
+using offload::MomentFormat;
+
 // A state tensor with its checkpoint name.
 struct NamedStateTensor {
   std::string name;  // "exp_avg", "exp_avg_sq" or "momentum_buffer"
-  Tensor tensor;     // f32, [num_elements], on the optimizer's device
+  // On the optimizer's device, in moment_format()'s storage: f32
+  // [num_elements]; bf16 [num_elements]; 8-bit: the codes' bytes in a
+  // 2-byte container [ceil(num_elements / 2)] (raw, never read as
+  // numbers). ReadState / WriteState convert.
+  Tensor tensor;
 };
 
 // One optimizer step over `buffers` (pointers in `device`'s memory; an f32
@@ -88,9 +97,14 @@ class FlatOptimizer {
   // (betas outside [0, 1), eps <= 0, negative weight decay or momentum,
   // nesterov without momentum or with dampening) and with the allocator's
   // ResourceExhausted when the state does not fit.
+  // `format_elements` (default num_elements): the size that decides
+  // whether 8-bit moments apply (offload::EffectiveMomentFormat): a rank's
+  // slice of a bucket passes the whole bucket's, so the format does not
+  // change with the world size.
   static absl::StatusOr<std::unique_ptr<FlatOptimizer>> Create(
       const OptimizerOptions& options, int64_t num_elements,
-      const Device& device, Allocator* allocator = nullptr);
+      const Device& device, Allocator* allocator = nullptr,
+      int64_t format_elements = -1);
 
   FlatOptimizer(const FlatOptimizer&) = delete;
   FlatOptimizer& operator=(const FlatOptimizer&) = delete;
@@ -140,6 +154,19 @@ class FlatOptimizer {
   // The state for checkpoints, in a fixed order; the tensors share storage
   // with the optimizer (writing into them restores state).
   std::vector<NamedStateTensor> StateTensors() const;
+  // How the moments are stored (offload::EffectiveMomentFormat).
+  MomentFormat moment_format() const { return moment_format_; }
+  // Elements [begin, begin + out.numel()) of state array `array` (the
+  // StateTensors index) into `out` (host f32): exact from every format.
+  // Synchronous. InvalidArgument for another `out` or a range outside the
+  // state; copy errors otherwise.
+  absl::Status ReadState(int array, int64_t begin, const Tensor& out,
+                         const Stream& stream) const;
+  // Writes host f32 `values` over those elements (offload::EncodeMoments'
+  // rounding: a state read and written back is unchanged). Synchronous.
+  // Errors as ReadState.
+  absl::Status WriteState(int array, int64_t begin, const Tensor& values,
+                          const Stream& stream);
 
   // Steps taken (Adam's bias correction uses step_count() + 1 next; SGD
   // initialises its buffer when it is 0). Restore with set_step_count.
@@ -155,15 +182,23 @@ class FlatOptimizer {
                 const Device& device);
 
   // What StepRange and StepSplitRange share. InvalidArgument unless
-  // [state_offset, state_offset + count) lies inside the state.
+  // [state_offset, state_offset + count) lies inside the state (and covers
+  // whole blocks of 8-bit moments).
   absl::Status CheckRange(int64_t state_offset, int64_t count) const;
   // The optimizer state from `state_offset` on: Adam's moments, SGD's
   // momentum buffer (null without momentum), null where a kind has none.
   struct StateAt {
-    float* state0 = nullptr;
-    float* state1 = nullptr;
+    void* state0 = nullptr;
+    void* state1 = nullptr;
+    float* step0 = nullptr;  // 8-bit: the range's first block's steps
+    float* step1 = nullptr;
   };
   StateAt StateFrom(int64_t state_offset) const;
+  // The state from state_offset on into the CPU kernel's buffers, or as
+  // the CUDA kernel's argument.
+  void SetState(const StateAt& state, int64_t state_offset,
+                offload::StepBuffers* buffers) const;
+  cuda::Moments MomentsOf(const StateAt& state, int64_t state_offset) const;
   // InvalidArgument unless `stream` is on this optimizer's (CUDA) device,
   // which it makes current.
   absl::Status EnterDevice(const Stream& stream) const;
@@ -175,10 +210,33 @@ class FlatOptimizer {
   Tensor exp_avg_;          // Adam, AdamW
   Tensor exp_avg_sq_;       // Adam, AdamW
   Tensor momentum_buffer_;  // SGD with momentum
+  MomentFormat moment_format_ = MomentFormat::kF32;
+  Tensor exp_avg_steps_;  // 8-bit: f32 [ceil(num_elements / 256)]
+  Tensor exp_avg_sq_steps_;
+  // A host copy of the raw storage of state array `array` that covers
+  // elements [begin, begin + count): from element `low` (a block's start
+  // for 8-bit, else begin), `data` in the state tensor's dtype and, for
+  // 8-bit, the covered blocks' steps.
+  struct HostState {
+    int64_t low = 0;
+    int64_t high = 0;
+    Tensor data;
+    Tensor steps;
+  };
+  absl::StatusOr<HostState> StateToHost(int array, int64_t begin, int64_t count,
+                                        const Stream& stream) const;
+  absl::Status StateFromHost(int array, const HostState& host,
+                             const Stream& stream);
+  // InvalidArgument unless `values` is host f32 and its range lies inside
+  // the state.
+  absl::Status CheckStateRange(int array, int64_t begin,
+                               const Tensor& values) const;
 };
 
 // Bytes of optimizer state per parameter element held on top of the master
-// weights: 8 (Adam, AdamW), 4 (SGD with momentum), 0 (plain SGD).
+// weights: Adam and AdamW 8 (f32 moments), 4 (bf16) or 2 (8-bit: codes;
+// the per-block steps add 8 bytes per 256 elements, which
+// offload::OptimizerStateBytes counts), SGD 4 with momentum, else 0.
 int64_t StateBytesPerElement(const OptimizerOptions& options);
 
 }  // namespace zero

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "offload/moment_codec.h"
 #include "zero/optimizer_kernels.h"
 
 namespace ze {
@@ -22,6 +23,8 @@ namespace {
 // kSplit: `out` is the bf16 high half of an exact 16+16 master whose low
 // half is `lo` (core/dtype.h's Bf16Split); not a DType.
 enum : int { kF32 = 0, kBF16 = 1, kF16 = 2, kSplit = 3 };
+// How a launch stores Adam's moments (8-bit ones have Block8Kernel).
+enum : int { kMomF32 = 0, kMomBf16 = 1, kMomBf16Stochastic = 2 };
 constexpr int kThreads = 256;
 constexpr int kVector = 4;
 
@@ -115,6 +118,32 @@ __device__ __forceinline__ void StoreMaster(float* master, void* out,
   }
 }
 
+// Moment i as f32 (f32 or bf16 storage).
+template <int kMoments>
+__device__ __forceinline__ float LoadMoment(const void* state, int64_t i) {
+  if (kMoments == kMomF32) {
+    return static_cast<const float*>(state)[i];
+  } else {
+    return offload::Bf16ToFloat(static_cast<const uint16_t*>(state)[i]);
+  }
+}
+
+// Stores moment i: bf16 with offload/moment_codec.h's roundings (the CPU
+// kernels' bits, NaNs included); `first_index` + i is the noise counter.
+template <int kMoments>
+__device__ __forceinline__ void StoreMoment(void* state, int64_t i, float value,
+                                            uint32_t key, int64_t first_index) {
+  if (kMoments == kMomF32) {
+    static_cast<float*>(state)[i] = value;
+  } else if (kMoments == kMomBf16) {
+    static_cast<uint16_t*>(state)[i] = offload::NearestBf16(value);
+  } else {
+    static_cast<uint16_t*>(state)[i] = offload::StochasticBf16(
+        value,
+        offload::RoundingNoise(key, static_cast<uint32_t>(first_index + i)));
+  }
+}
+
 __device__ __forceinline__ void AdamElement(const offload::StepCoefficients& c,
                                             float grad, float& p, float& m,
                                             float& v) {
@@ -145,27 +174,35 @@ __device__ __forceinline__ void SgdElement(const offload::StepCoefficients& c,
 
 // Element i alone: the unvectorised loop's body and the vectorised one's
 // tail.
-template <int kGrad, int kOut>
+template <int kGrad, int kOut, int kMoments>
 __device__ __forceinline__ void UpdateOne(const offload::StepCoefficients& c,
-                                          float* master, float* state0,
-                                          float* state1, const void* grads,
-                                          void* out, uint16_t* lo, int64_t i) {
+                                          float* master, const Moments& moments,
+                                          const void* grads, void* out,
+                                          uint16_t* lo, int64_t i) {
   float p = LoadMaster<kOut>(master, out, lo, i);
   const float g = LoadOne<kGrad>(grads, i);
   if (!c.is_sgd) {
-    AdamElement(c, g, p, state0[i], state1[i]);
+    float m = LoadMoment<kMoments>(moments.state0, i);
+    float v = LoadMoment<kMoments>(moments.state1, i);
+    AdamElement(c, g, p, m, v);
+    StoreMoment<kMoments>(moments.state0, i, m, c.round_key_m,
+                          moments.first_index);
+    StoreMoment<kMoments>(moments.state1, i, v, c.round_key_v,
+                          moments.first_index);
   } else {
-    SgdElement(c, g, p, c.has_momentum_buffer ? state0 + i : nullptr);
+    SgdElement(c, g, p,
+               c.has_momentum_buffer ? static_cast<float*>(moments.state0) + i
+                                     : nullptr);
   }
   StoreMaster<kOut>(master, out, lo, i, p);
 }
 
 // Elements [4 * group, 4 * group + 4) per iteration when kVectorised;
 // otherwise one element per iteration. The grid strides over the slice.
-template <int kGrad, int kOut, bool kVectorised>
+template <int kGrad, int kOut, int kMoments, bool kVectorised>
 __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
-                                float* state0, float* state1, const void* grads,
-                                void* out, uint16_t* lo, int64_t count) {
+                                Moments moments, const void* grads, void* out,
+                                uint16_t* lo, int64_t count) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (kVectorised) {
@@ -186,17 +223,36 @@ __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
       Load4<kGrad>(grads, i, g);
       if (!c.is_sgd) {
         float m[kVector], v[kVector];
-        Load4<kF32>(state0, i, m);
-        Load4<kF32>(state1, i, v);
+        if (kMoments == kMomF32) {
+          Load4<kF32>(moments.state0, i, m);
+          Load4<kF32>(moments.state1, i, v);
+        } else {
+          Load4<kBF16>(moments.state0, i, m);
+          Load4<kBF16>(moments.state1, i, v);
+        }
         for (int k = 0; k < kVector; ++k)
           AdamElement(c, g[k], p[k], m[k], v[k]);
-        Store4<kF32>(state0, i, m);
-        Store4<kF32>(state1, i, v);
+        if (kMoments == kMomF32) {
+          Store4<kF32>(moments.state0, i, m);
+          Store4<kF32>(moments.state1, i, v);
+        } else {
+          uint2 m_raw, v_raw;
+          for (int k = 0; k < kVector; ++k) {
+            StoreMoment<kMoments>(&m_raw, k, m[k], c.round_key_m,
+                                  moments.first_index + i);
+            StoreMoment<kMoments>(&v_raw, k, v[k], c.round_key_v,
+                                  moments.first_index + i);
+          }
+          *reinterpret_cast<uint2*>(static_cast<uint16_t*>(moments.state0) +
+                                    i) = m_raw;
+          *reinterpret_cast<uint2*>(static_cast<uint16_t*>(moments.state1) +
+                                    i) = v_raw;
+        }
       } else if (c.has_momentum_buffer) {
         float b[kVector] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (!c.first_step) Load4<kF32>(state0, i, b);
+        if (!c.first_step) Load4<kF32>(moments.state0, i, b);
         for (int k = 0; k < kVector; ++k) SgdElement(c, g[k], p[k], &b[k]);
-        Store4<kF32>(state0, i, b);
+        Store4<kF32>(moments.state0, i, b);
       } else {
         for (int k = 0; k < kVector; ++k) SgdElement(c, g[k], p[k], nullptr);
       }
@@ -215,11 +271,72 @@ __global__ void OptimizerKernel(offload::StepCoefficients c, float* master,
     // The tail (count % 4 elements) goes to the first threads.
     const int64_t tail = groups * kVector + first;
     if (tail < count) {
-      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, lo, tail);
+      UpdateOne<kGrad, kOut, kMoments>(c, master, moments, grads, out, lo,
+                                       tail);
     }
   } else {
     for (int64_t i = first; i < count; i += stride) {
-      UpdateOne<kGrad, kOut>(c, master, state0, state1, grads, out, lo, i);
+      UpdateOne<kGrad, kOut, kMoments>(c, master, moments, grads, out, lo, i);
+    }
+  }
+}
+
+// The largest of every thread's `value` in the thread block (kThreads
+// threads), on every thread. Finite values: the order of the maxima does
+// not matter, so it equals the CPU's running MomentMax.
+__device__ __forceinline__ float BlockMax(float value, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    value =
+        offload::MomentMax(__shfl_xor_sync(0xffffffffu, value, offset), value);
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
+  __syncthreads();
+  float largest = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    largest = offload::MomentMax(shared[w], largest);
+  }
+  __syncthreads();  // `shared` is free again
+  return largest;
+}
+
+// Adam over 8-bit moments: thread block b (grid-strided) updates state
+// block b, thread t its element t: decode with the block's steps, update,
+// then offload::EncodeBlock8's steps, in its order (v's step, v's codes,
+// m zeroed where v's code is 0, m's step, m's codes).
+template <int kGrad, int kOut>
+__global__ void Block8Kernel(offload::StepCoefficients c, float* master,
+                             Moments moments, const void* grads, void* out,
+                             uint16_t* lo, int64_t count) {
+  __shared__ float shared[kThreads / 32];
+  const int64_t blocks =
+      (count + offload::kMomentBlock - 1) / offload::kMomentBlock;
+  int8_t* m_codes = static_cast<int8_t*>(moments.state0);
+  uint8_t* v_codes = static_cast<uint8_t*>(moments.state1);
+  for (int64_t block = blockIdx.x; block < blocks; block += gridDim.x) {
+    const int64_t i = block * offload::kMomentBlock + threadIdx.x;
+    const bool active = i < count;
+    float m = 0.0f;
+    float v = 0.0f;
+    if (active) {
+      float p = LoadMaster<kOut>(master, out, lo, i);
+      m = offload::DecodeM(m_codes[i], moments.step0[block]);
+      v = offload::DecodeV(v_codes[i], moments.step1[block]);
+      AdamElement(c, LoadOne<kGrad>(grads, i), p, m, v);
+      StoreMaster<kOut>(master, out, lo, i, p);
+    }
+    const float v_step = offload::VStep(BlockMax(v, shared));
+    const uint8_t v_code = offload::EncodeV(v, offload::InverseStep(v_step));
+    if (v_code == 0) m = 0.0f;
+    const float m_step =
+        offload::MStep(BlockMax(offload::AbsMoment(m), shared));
+    if (active) {
+      v_codes[i] = v_code;
+      m_codes[i] = offload::EncodeM(m, offload::InverseStep(m_step));
+    }
+    // Every thread read the old steps before BlockMax's barriers.
+    if (threadIdx.x == 0) {
+      moments.step0[block] = m_step;
+      moments.step1[block] = v_step;
     }
   }
 }
@@ -228,50 +345,76 @@ bool Aligned(const void* pointer, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
 
-template <int kGrad, int kOut>
-int Launch(const offload::StepCoefficients& c, float* master, float* state0,
-           float* state1, const void* grads, void* out, int64_t count,
-           cudaStream_t stream, uint16_t* lo = nullptr) {
+template <int kGrad, int kOut, int kMoments>
+int LaunchMoments(const offload::StepCoefficients& c, float* master,
+                  const Moments& moments, const void* grads, void* out,
+                  int64_t count, cudaStream_t stream, uint16_t* lo) {
   const uintptr_t grad_bytes = kGrad == kF32 ? 16 : 8;
   const uintptr_t out_bytes = kOut == kF32 ? 16 : 8;
+  const uintptr_t state_bytes = kMoments == kMomF32 ? 16 : 8;
   const bool vectorised =
       (kOut == kSplit ? Aligned(lo, 8) : Aligned(master, 16)) &&
-      (state0 == nullptr || Aligned(state0, 16)) &&
-      (state1 == nullptr || Aligned(state1, 16)) &&
+      (moments.state0 == nullptr || Aligned(moments.state0, state_bytes)) &&
+      (moments.state1 == nullptr || Aligned(moments.state1, state_bytes)) &&
       Aligned(grads, grad_bytes) && (out == nullptr || Aligned(out, out_bytes));
   const int64_t work = vectorised ? (count + kVector - 1) / kVector : count;
   int64_t blocks = (work + kThreads - 1) / kThreads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;  // grid-stride beyond this
   if (blocks < 1) blocks = 1;
   if (vectorised) {
-    OptimizerKernel<kGrad, kOut, true>
+    OptimizerKernel<kGrad, kOut, kMoments, true>
         <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-            c, master, state0, state1, grads, out, lo, count);
+            c, master, moments, grads, out, lo, count);
   } else {
-    OptimizerKernel<kGrad, kOut, false>
+    OptimizerKernel<kGrad, kOut, kMoments, false>
         <<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-            c, master, state0, state1, grads, out, lo, count);
+            c, master, moments, grads, out, lo, count);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kGrad, int kOut>
+int Launch(const offload::StepCoefficients& c, float* master,
+           const Moments& moments, const void* grads, void* out, int64_t count,
+           cudaStream_t stream, uint16_t* lo = nullptr) {
+  if (c.is_sgd ||
+      moments.format == static_cast<int>(offload::MomentFormat::kF32)) {
+    return LaunchMoments<kGrad, kOut, kMomF32>(c, master, moments, grads, out,
+                                               count, stream, lo);
+  }
+  if (moments.format == static_cast<int>(offload::MomentFormat::kBf16)) {
+    if (c.stochastic_rounding) {
+      return LaunchMoments<kGrad, kOut, kMomBf16Stochastic>(
+          c, master, moments, grads, out, count, stream, lo);
+    }
+    return LaunchMoments<kGrad, kOut, kMomBf16>(c, master, moments, grads, out,
+                                                count, stream, lo);
+  }
+  // 8-bit: a thread block of kThreads (= kMomentBlock) per state block.
+  static_assert(kThreads == offload::kMomentBlock, "one thread an element");
+  int64_t blocks = (count + kThreads - 1) / kThreads;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  if (blocks < 1) blocks = 1;
+  Block8Kernel<kGrad, kOut><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+      c, master, moments, grads, out, lo, count);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <int kGrad>
 int LaunchForOut(const offload::StepCoefficients& c, float* master,
-                 float* state0, float* state1, const void* grads, void* out,
+                 const Moments& moments, const void* grads, void* out,
                  int out_dtype, int64_t count, cudaStream_t stream) {
   switch (out_dtype) {
     case kF32:
-      return Launch<kGrad, kF32>(c, master, state0, state1, grads, out, count,
-                                 stream);
+      return Launch<kGrad, kF32>(c, master, moments, grads, out, count, stream);
     case kBF16:
-      return Launch<kGrad, kBF16>(c, master, state0, state1, grads, out, count,
+      return Launch<kGrad, kBF16>(c, master, moments, grads, out, count,
                                   stream);
     case kF16:
-      return Launch<kGrad, kF16>(c, master, state0, state1, grads, out, count,
-                                 stream);
+      return Launch<kGrad, kF16>(c, master, moments, grads, out, count, stream);
     default:
-      return Launch<kGrad, kNoOutput>(c, master, state0, state1, grads, nullptr,
-                                      count, stream);
+      return Launch<kGrad, kNoOutput>(c, master, moments, grads, nullptr, count,
+                                      stream);
   }
 }
 
@@ -279,37 +422,37 @@ int LaunchForOut(const offload::StepCoefficients& c, float* master,
 
 int LaunchSplitMasterStep(const offload::StepCoefficients& coefficients,
                           uint16_t* master_hi, uint16_t* master_lo,
-                          float* state0, float* state1, const void* grads,
+                          const Moments& moments, const void* grads,
                           int grad_dtype, int64_t count, void* stream) {
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
     case kBF16:
-      return Launch<kBF16, kSplit>(coefficients, nullptr, state0, state1, grads,
+      return Launch<kBF16, kSplit>(coefficients, nullptr, moments, grads,
                                    master_hi, count, cuda_stream, master_lo);
     case kF16:
-      return Launch<kF16, kSplit>(coefficients, nullptr, state0, state1, grads,
+      return Launch<kF16, kSplit>(coefficients, nullptr, moments, grads,
                                   master_hi, count, cuda_stream, master_lo);
     default:
-      return Launch<kF32, kSplit>(coefficients, nullptr, state0, state1, grads,
+      return Launch<kF32, kSplit>(coefficients, nullptr, moments, grads,
                                   master_hi, count, cuda_stream, master_lo);
   }
 }
 
 int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
-                        float* master, float* state0, float* state1,
+                        float* master, const Moments& moments,
                         const void* grads, int grad_dtype, void* out,
                         int out_dtype, int64_t count, void* stream) {
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   switch (grad_dtype) {
     case kBF16:
-      return LaunchForOut<kBF16>(coefficients, master, state0, state1, grads,
-                                 out, out_dtype, count, cuda_stream);
+      return LaunchForOut<kBF16>(coefficients, master, moments, grads, out,
+                                 out_dtype, count, cuda_stream);
     case kF16:
-      return LaunchForOut<kF16>(coefficients, master, state0, state1, grads,
-                                out, out_dtype, count, cuda_stream);
+      return LaunchForOut<kF16>(coefficients, master, moments, grads, out,
+                                out_dtype, count, cuda_stream);
     default:
-      return LaunchForOut<kF32>(coefficients, master, state0, state1, grads,
-                                out, out_dtype, count, cuda_stream);
+      return LaunchForOut<kF32>(coefficients, master, moments, grads, out,
+                                out_dtype, count, cuda_stream);
   }
 }
 

@@ -1,7 +1,9 @@
 // CUDA optimizer kernel against the CPU kernel (gpu-tagged).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/device.h"
@@ -224,6 +226,52 @@ TEST(OptimizerCudaTest, SplitMasterEqualsF32MasterBitForBit) {
       for (size_t k = 0; k < f32_state.size(); ++k) {
         EXPECT_EQ(Read(f32_state[k].tensor, stream),
                   Read(split_state[k].tensor, stream));
+      }
+    }
+  }
+}
+
+// Compressed moments (bf16 nearest and stochastic, 8-bit) on CUDA against
+// the CPU: master, weights, decoded moments and their raw storage (codes
+// and steps) bit for bit, with an f32 and a 16+16 master.
+TEST(OptimizerCudaTest, CompressedMomentsMatchCpuBitForBit) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  OptimizerOptions adamw = TestOptimizers().adamw;
+  std::vector<OptimizerOptions> formats;
+  adamw.moments = MomentFormat::kBf16;
+  formats.push_back(adamw);
+  adamw.stochastic_rounding = true;
+  adamw.rounding_seed = 5;
+  formats.push_back(adamw);
+  adamw.stochastic_rounding = false;
+  adamw.moments = MomentFormat::kBlockwise8;
+  formats.push_back(adamw);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() &&
+           std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const OptimizerOptions& options : formats) {
+    for (bool split : {false, true}) {
+      for (DType grad : {DType::kF32, DType::kBF16}) {
+        // 8-bit: 40 blocks and a short one; bf16: vector body and tail.
+        const int64_t count = 40 * 256 + 77;
+        const MomentsRun cpu =
+            RunFlatOptimizer(Device::Cpu(), options, count, 20, grad, split);
+        const MomentsRun cuda =
+            RunFlatOptimizer(Device::Cuda(0), options, count, 20, grad, split);
+        const std::string what =
+            std::string(offload::MomentFormatName(options.moments)) +
+            (options.stochastic_rounding ? " stochastic" : "") +
+            (split ? " split" : " f32 master") + " grads " + DTypeName(grad);
+        ASSERT_EQ(cpu.decoded.size(), 2u) << what;
+        ASSERT_EQ(cuda.decoded.size(), 2u) << what;
+        EXPECT_TRUE(same(cpu.master, cuda.master)) << what;
+        EXPECT_TRUE(same(cpu.weights, cuda.weights)) << what;
+        for (int a = 0; a < 2; ++a) {
+          EXPECT_TRUE(same(cpu.decoded[a], cuda.decoded[a]))
+              << what << " " << a;
+          EXPECT_TRUE(same(cpu.raw[a], cuda.raw[a])) << what << " raw " << a;
+        }
       }
     }
   }

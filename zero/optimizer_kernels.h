@@ -47,10 +47,30 @@ constexpr int kNoOutput = -1;
 
 namespace cuda {
 
+// The optimizer state of one launch (device memory): exp_avg / the
+// momentum buffer and exp_avg_sq from the range's first element, stored as
+// `format` says (an offload::MomentFormat value: f32; bf16; 8-bit codes,
+// int8 m and uint8 v, with one f32 step per block of each in step0 /
+// step1 from the range's first block). `first_index`: the range's first
+// element in the optimizer's state (the stochastic rounding's counter; a
+// multiple of offload::kMomentBlock for 8-bit, whose ranges cover whole
+// blocks or end the state).
+struct Moments {
+  void* state0 = nullptr;
+  void* state1 = nullptr;
+  float* step0 = nullptr;
+  float* step1 = nullptr;
+  int format = 0;
+  int64_t first_index = 0;
+};
+
 // CUDA: the same update queued on `stream` (a cudaStream_t as void*); all
-// pointers device memory. Returns the cudaError_t of the launch as int.
+// pointers device memory. Compressed moments are decoded, updated in f32
+// and encoded in the same pass as offload/moment_codec.h says (8-bit: one
+// thread block per block of 256). Returns the cudaError_t of the launch as
+// int.
 int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
-                        float* master, float* state0, float* state1,
+                        float* master, const Moments& moments,
                         const void* grads, int grad_dtype, void* out,
                         int out_dtype, int64_t count, void* stream);
 
@@ -61,7 +81,7 @@ int LaunchOptimizerStep(const offload::StepCoefficients& coefficients,
 // for bit (offload::StepBuffers::master_lo is the CPU form).
 int LaunchSplitMasterStep(const offload::StepCoefficients& coefficients,
                           uint16_t* master_hi, uint16_t* master_lo,
-                          float* state0, float* state1, const void* grads,
+                          const Moments& moments, const void* grads,
                           int grad_dtype, int64_t count, void* stream);
 
 }  // namespace cuda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -504,6 +505,125 @@ TEST(OptimizerTest, StateBytesPerElement) {
   EXPECT_EQ(StateBytesPerElement(options), 0);
   options.momentum = 0.9f;
   EXPECT_EQ(StateBytesPerElement(options), 4);
+}
+
+// The compressed formats the optimizer tests run (bf16.bf16_optimizer_states
+// with either rounding, optimizer.params.blockwise_8bit_moments).
+std::vector<OptimizerOptions> CompressedAdams() {
+  std::vector<OptimizerOptions> all;
+  OptimizerOptions adamw = TestOptimizers().adamw;
+  adamw.moments = MomentFormat::kBf16;
+  all.push_back(adamw);
+  adamw.stochastic_rounding = true;
+  adamw.rounding_seed = 5;
+  all.push_back(adamw);
+  adamw.stochastic_rounding = false;
+  adamw.moments = MomentFormat::kBlockwise8;
+  all.push_back(adamw);
+  return all;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The device optimizer's CPU path is offload's kernel: the same bits as
+// CpuOptimizer::Step from the same inputs, and its 16+16 master the same
+// as its f32 master; the state reads and writes back unchanged.
+TEST(OptimizerTest, CompressedMomentsMatchTheCpuOptimizer) {
+  const int64_t count = 4096 + 300;  // 8-bit: 17 blocks, the last short
+  for (const OptimizerOptions& options : CompressedAdams()) {
+    const MomentsRun flat =
+        RunFlatOptimizer(Device::Cpu(), options, count, 5, DType::kBF16, false);
+    ASSERT_EQ(flat.decoded.size(), 2u);
+    const MomentsRun split =
+        RunFlatOptimizer(Device::Cpu(), options, count, 5, DType::kBF16, true);
+    // The 16+16 master: the same master and moments (weights tie away).
+    EXPECT_TRUE(SameBits(flat.master, split.master));
+    EXPECT_TRUE(SameBits(flat.decoded[0], split.decoded[0]));
+    EXPECT_TRUE(SameBits(flat.decoded[1], split.decoded[1]));
+
+    // CpuOptimizer from the same inputs (RunFlatOptimizer's generator).
+    std::mt19937 rng(17);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> master(count);
+    for (float& p : master) p = Bf16BitsToFloat(FloatToBf16Bits(normal(rng)));
+    auto cpu = offload::CpuOptimizer::Create(options, count);
+    ASSERT_TRUE(cpu.ok());
+    for (int s = 0; s < 5; ++s) {
+      std::vector<float> g(count);
+      for (int64_t i = 0; i < count; ++i) {
+        g[i] = (i % 61 == 9 && s > 0)
+                   ? 0.0f
+                   : normal(rng) *
+                         std::ldexp(
+                             1.0f, static_cast<int>((i / 256) % 9 + i % 3) - 6);
+      }
+      std::vector<uint16_t> bf16(count);
+      for (int64_t i = 0; i < count; ++i) bf16[i] = FloatToBf16Bits(g[i]);
+      StepArgs args;
+      args.lr = 1e-2;
+      args.grad_scale = 0.5f;
+      ASSERT_TRUE(
+          (*cpu)->Step(master.data(), bf16.data(), DType::kBF16, args).ok());
+    }
+    EXPECT_TRUE(SameBits(flat.master, master));
+    for (int a = 0; a < 2; ++a) {
+      std::vector<float> state(count);
+      (*cpu)->ReadState(a, 0, count, state.data());
+      EXPECT_TRUE(SameBits(flat.decoded[a], state)) << "array " << a;
+    }
+  }
+}
+
+TEST(OptimizerTest, CompressedStateReadsAndWritesBackUnchanged) {
+  for (const OptimizerOptions& options : CompressedAdams()) {
+    auto optimizer = FlatOptimizer::Create(options, 5000, Device::Cpu());
+    ASSERT_TRUE(optimizer.ok());
+    // Give the state values: a few steps.
+    Tensor master = *Tensor::Zeros({5000}, DType::kF32, Device::Cpu());
+    std::vector<float> g(5000);
+    for (int i = 0; i < 5000; ++i) g[i] = std::sin(0.37f * i) * (1 + i % 5);
+    Tensor grads =
+        *FromHostFloats(g, {5000}, DType::kF32, Device::Cpu(), Stream());
+    StepArgs args;
+    args.lr = 1e-3;
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE((*optimizer)->Step(master, grads, args, Stream()).ok());
+    }
+    const std::vector<NamedStateTensor> state = (*optimizer)->StateTensors();
+    for (int a = 0; a < 2; ++a) {
+      const std::vector<float> raw = *ToHostFloats(state[a].tensor, Stream());
+      Tensor values = *Tensor::Empty({1000}, DType::kF32, Device::Cpu());
+      ASSERT_TRUE((*optimizer)->ReadState(a, 700, values, Stream()).ok());
+      ASSERT_TRUE((*optimizer)->WriteState(a, 700, values, Stream()).ok());
+      EXPECT_TRUE(SameBits(raw, *ToHostFloats(state[a].tensor, Stream())));
+    }
+    // A range the state does not hold, or not host f32, is refused.
+    Tensor wrong = *Tensor::Empty({10}, DType::kBF16, Device::Cpu());
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        (*optimizer)->ReadState(0, 0, wrong, Stream())));
+    Tensor past = *Tensor::Empty({10}, DType::kF32, Device::Cpu());
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        (*optimizer)->WriteState(1, 4995, past, Stream())));
+  }
+  // 8-bit ranges start on blocks.
+  OptimizerOptions eight = TestOptimizers().adamw;
+  eight.moments = MomentFormat::kBlockwise8;
+  auto optimizer = FlatOptimizer::Create(eight, 5000, Device::Cpu());
+  ASSERT_TRUE(optimizer.ok());
+  Tensor master = *Tensor::Zeros({100}, DType::kF32, Device::Cpu());
+  StepArgs args;
+  args.lr = 1e-3;
+  const absl::Status bad =
+      (*optimizer)->StepRange(10, master, master, args, Stream());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  // Below 4096 elements 8-bit falls back to f32.
+  auto small = FlatOptimizer::Create(eight, 1000, Device::Cpu());
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ((*small)->moment_format(), MomentFormat::kF32);
+  EXPECT_EQ(StateBytesPerElement(eight), 2);
 }
 
 }  // namespace

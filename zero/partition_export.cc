@@ -117,8 +117,15 @@ absl::StatusOr<std::vector<Tensor>> StagingBuffers(bool pin, int count,
 
 std::vector<ExportKind> ExportKinds(const PartitionState& state) {
   std::vector<ExportKind> kinds;
+  // bf16 moments are saved as they are (half the bytes; exact); every
+  // other state array as f32 (8-bit moments as their exact decoded values).
+  const OptimizerOptions& optimizer = state.optimizer_options();
+  const bool bf16_moments = optimizer.type != OptimizerType::kSgd &&
+                            optimizer.moments == MomentFormat::kBf16;
   for (const std::string& name : state.StateArrayNames()) {
-    kinds.push_back(ExportKind{name, DType::kF32});
+    const bool moment = name == "exp_avg" || name == "exp_avg_sq";
+    kinds.push_back(
+        ExportKind{name, moment && bf16_moments ? DType::kBF16 : DType::kF32});
   }
   if (!state.master_aliases_weights()) {
     kinds.push_back(ExportKind{"weights", state.model_dtype()});

@@ -136,6 +136,11 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
   options_.chunk_elements =
       std::max<int64_t>(1, std::min(options_.chunk_elements,
                                     PartitionStateOptions::kMaxChunkElements));
+  // 8-bit moments are updated whole blocks at a time: chunks (and, through
+  // the layout's slice alignment, every bucket's state) start on blocks.
+  const int64_t granule = offload::MomentGranule(options_.optimizer.moments);
+  options_.chunk_elements =
+      std::max(granule, options_.chunk_elements / granule * granule);
 }
 
 int64_t PartitionState::own_elements(int bucket) const {
@@ -179,6 +184,18 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
           "needs bf16 weights (have ",
           DTypeName(options.model_dtype),
           ") on the device, and no NVMe optimizer placement"));
+    }
+  }
+  if (options.optimizer.moments != offload::MomentFormat::kF32) {
+    for (Placement placement : options.optimizer_placement) {
+      if (placement == Placement::kNvme) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PartitionState: ",
+            offload::MomentFormatName(options.optimizer.moments),
+            " moments (bf16.bf16_optimizer_states or optimizer.params."
+            "blockwise_8bit_moments) are not on NVMe yet: the swap file "
+            "holds f32 state"));
+      }
     }
   }
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
@@ -278,7 +295,8 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     if (trainable_[b] && optimizer_placement_[b] == Placement::kDevice) {
       absl::StatusOr<std::unique_ptr<FlatOptimizer>> optimizer =
           FlatOptimizer::Create(options_.optimizer, own_elements(b),
-                                options_.device);
+                                options_.device, nullptr,
+                                layout_.bucket(b).padded_elements);
       if (!optimizer.ok()) {
         return options_.annotate_allocation_error
                    ? options_.annotate_allocation_error(optimizer.status())
@@ -773,9 +791,10 @@ Tensor PartitionState::CheckpointWeights(int bucket,
   return OwnWeights(bucket);
 }
 
-absl::Status PartitionState::ReadOwnState(
-    const offload::UpdateJoined& /*joined*/, int bucket, int array,
-    int64_t own_begin, const Tensor& out, const Stream& stream) const {
+absl::Status PartitionState::ReadOwnState(const offload::UpdateJoined& joined,
+                                          int bucket, int array,
+                                          int64_t own_begin, const Tensor& out,
+                                          const Stream& stream) const {
   const int64_t count = out.numel();
   if (own_begin < 0 || own_begin + count > own_elements(bucket) || array < 0 ||
       array >= static_cast<int>(StateArrayNames().size())) {
@@ -786,6 +805,19 @@ absl::Status PartitionState::ReadOwnState(
   }
   if (!trainable_[bucket] && array > 0) {
     return Fill(out, 0.0f, Stream::Default(Device::Cpu()));
+  }
+  if (array > 0 && out.device().is_cpu() && out.dtype() == DType::kBF16) {
+    // bf16 moments saved as they are: read as f32 (exact), then narrowed
+    // (exact too: every value is a bf16).
+    ZE_ASSIGN_OR_RETURN(Tensor values,
+                        Tensor::Empty({count}, DType::kF32, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(
+        ReadOwnState(joined, bucket, array, own_begin, values, stream));
+    for (int64_t i = 0; i < count; ++i) {
+      out.data_as<uint16_t>()[i] =
+          offload::NearestBf16(values.data_as<float>()[i]);
+    }
+    return absl::OkStatus();
   }
   if (array == 0 && split_on_device(bucket)) {
     return ReadSplitMaster(bucket, own_begin, out, stream);
@@ -800,19 +832,21 @@ absl::Status PartitionState::ReadOwnState(
                     OwnMaster(bucket).data_as<float>() + own_begin,
                     count * sizeof(float));
       } else {
-        std::memcpy(out.data_as<float>(),
-                    HostStateArray(array) + master_offsets_[bucket] + own_begin,
-                    count * sizeof(float));
+        ZE_RETURN_IF_ERROR(CheckHostF32(out, "ReadOwnState"));
+        host_optimizer_->ReadState(array - 1,
+                                   master_offsets_[bucket] + own_begin, count,
+                                   out.data_as<float>());
       }
       return absl::OkStatus();
     case Placement::kDevice:
       break;
   }
-  const Tensor source =
-      array == 0 ? OwnMaster(bucket)
-                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
+  if (array > 0) {
+    // Decoded from the optimizer's moment format (exact).
+    return optimizers_[bucket]->ReadState(array - 1, own_begin, out, stream);
+  }
   ZE_RETURN_IF_ERROR(
-      CopyConverting(source.Slice(own_begin, count), out, stream));
+      CopyConverting(OwnMaster(bucket).Slice(own_begin, count), out, stream));
   return stream.Synchronize();
 }
 
@@ -862,17 +896,21 @@ absl::Status PartitionState::WriteOwnState(
         }
         return stream.Synchronize();
       }
-      std::memcpy(HostStateArray(array) + master_offsets_[bucket] + own_begin,
-                  values.data_as<float>(), count * sizeof(float));
+      ZE_RETURN_IF_ERROR(CheckHostF32(values, "WriteOwnState"));
+      host_optimizer_->WriteState(array - 1,
+                                  master_offsets_[bucket] + own_begin, count,
+                                  values.data_as<float>());
       return absl::OkStatus();
     case Placement::kDevice:
       break;
   }
-  const Tensor target =
-      array == 0 ? OwnMaster(bucket)
-                 : optimizers_[bucket]->StateTensors()[array - 1].tensor;
-  ZE_RETURN_IF_ERROR(
-      CopyConverting(values, target.Slice(own_begin, count), stream));
+  if (array > 0) {
+    // Encoded in the optimizer's moment format (rounded to it).
+    return optimizers_[bucket]->WriteState(array - 1, own_begin, values,
+                                           stream);
+  }
+  ZE_RETURN_IF_ERROR(CopyConverting(
+      values, OwnMaster(bucket).Slice(own_begin, count), stream));
   return stream.Synchronize();
 }
 
@@ -929,14 +967,14 @@ absl::Status PartitionState::WriteSplitMaster(int bucket, int64_t own_begin,
   return stream.Synchronize();  // hi and lo are freed on return
 }
 
-float* PartitionState::HostStateArray(int array) const {
-  // The CPU optimizer's arrays in StateArrayNames order after "master".
-  if (array == 1) {
-    return host_optimizer_->exp_avg() != nullptr
-               ? host_optimizer_->exp_avg()
-               : host_optimizer_->momentum_buffer();
+absl::Status PartitionState::CheckHostF32(const Tensor& tensor,
+                                          const char* what) {
+  if (!tensor.device().is_cpu() || tensor.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": optimizer state goes through host f32, not ",
+                     tensor.DebugString()));
   }
-  return host_optimizer_->exp_avg_sq();
+  return absl::OkStatus();
 }
 
 }  // namespace zero

@@ -182,7 +182,8 @@ struct PartitionStateOptions {
   // it where a device-updated bucket is possible: host (not NVMe) buckets,
   // stages 2-3 (gradients partitioned, so only a forward, which waits for
   // the weights anyway, follows the update before they are written
-  // again), no delayed update, the weights on the device, an f32 master.
+  // again), no delayed update, the weights on the device, an f32 master
+  // and f32 moments.
   bool split_update = false;
   // Per bucket, the split chosen already (tests; empty: split_update
   // decides). Only host buckets may be true.
@@ -253,6 +254,9 @@ class PartitionState {
   // tensor, on the device). Undefined otherwise.
   Tensor OwnMasterLow(int bucket) const;
   bool split_master() const { return options_.split_master; }
+  const OptimizerOptions& optimizer_options() const {
+    return options_.optimizer;
+  }
   // The CPU/GPU split chosen at AllocateTrainingState (empty on_device: no
   // host buckets, or none split).
   const UpdateSplit& update_split() const { return update_split_; }
@@ -378,7 +382,8 @@ class PartitionState {
   //   "momentum_buffer" (SGD with momentum), or nothing more (plain SGD).
   std::vector<std::string> StateArrayNames() const;
   // Copies own elements [own_begin, own_begin + out.numel()) of `array` of
-  // `bucket` into `out` (a CPU f32 tensor). A frozen bucket (no optimizer)
+  // `bucket` into `out` (a CPU f32 tensor; bf16 for a moment array whose
+  // values are bf16, bf16 moments: exact). A frozen bucket (no optimizer)
   // reads its f32 master copy (OwnMaster) as master and zeros as state.
   // OutOfRange when the range leaves the bucket; copy or NVMe read errors
   // otherwise.
@@ -467,8 +472,9 @@ class PartitionState {
   // `bucket`, read into or written from `data`, chunk by chunk.
   absl::Status SwappedRange(int bucket, int array, int64_t own_begin,
                             int64_t count, float* data, bool write) const;
-  // The CPU optimizer's state array `array` (1 or 2, StateArrayNames).
-  float* HostStateArray(int array) const;
+  // InvalidArgument (naming `what`) unless `tensor` is host f32: the
+  // optimizer state's conversions read and write through it.
+  static absl::Status CheckHostF32(const Tensor& tensor, const char* what);
   // ReadOwnState / WriteOwnState of a 16+16 master (split_master): joins
   // the weights and remainders into host f32 `out`, or splits host f32
   // `values` into both. InvalidArgument for a tensor not host f32.

@@ -27,6 +27,13 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
   StageLayout result;
   LayoutOptions options;
   options.world_size = world_size;
+  if (config.optimizer.has_value() &&
+      config.optimizer->params.blockwise_8bit_moments) {
+    // Every rank's slice (and so every optimizer range) starts on an 8-bit
+    // block: a block is re-encoded whole.
+    options.slice_alignment =
+        std::max(options.slice_alignment, offload::kMomentBlock);
+  }
   if (!PolicyOf(config).partition_parameters) {
     for (nn::Parameter* parameter : model.Parameters()) {
       if (parameter->requires_grad()) result.params.push_back(parameter);
@@ -122,6 +129,27 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
     if (on_host) host_elements += own;
     if (on_host != weights_on_host) aliased = false;
   }
+  // The moments as allocated: one device optimizer per device bucket and
+  // one CPU optimizer over the host buckets, each in its
+  // own format (8-bit adds its per-block steps; a small optimizer keeps
+  // f32: offload::OptimizerStateBytes).
+  int64_t device_state_bytes = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const bool on_host =
+        !state.optimizer_placement.empty() &&
+        state.optimizer_placement[static_cast<size_t>(b)] != Placement::kDevice;
+    // Frozen buckets count as the others (the estimate's rule above).
+    if (on_host) continue;
+    // The bucket's size decides the format (FlatOptimizer::Create).
+    const int64_t own = policy.partition_optimizer
+                            ? layout.bucket(b).slice_elements
+                            : layout.bucket(b).padded_elements;
+    device_state_bytes += offload::OptimizerStateBytes(
+        state.optimizer, own, layout.bucket(b).padded_elements);
+  }
+  const int64_t host_state_bytes =
+      offload::OptimizerStateBytes(state.optimizer, host_elements);
+  memory.optimizer_state_bytes = device_state_bytes + host_state_bytes;
   if (!mixed && !aliased) {
     // f32 training with the optimizer away from the weights keeps a copy.
     memory.master_weight_bytes = 4 * all_elements;
@@ -136,8 +164,7 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   memory.staging_bytes = weight_element_bytes * host_elements;
   const int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
   const int64_t swapped_bytes =
-      (master_element_bytes + optimizer_state_bytes_per_element) *
-      host_elements;
+      master_element_bytes * host_elements + host_state_bytes;
   int64_t swap_buffers = 0;
   if (nvme) {
     memory.nvme_bytes = swapped_bytes;
@@ -234,9 +261,11 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
       speculation_unbounded =
           !zero.offload_optimizer.speculation_buffer_size.has_value();
       // The CPU/GPU split where a device-updated bucket can be: gradients
-      // partitioned and an f32 master (PartitionStateOptions::split_update).
+      // partitioned, an f32 master and f32 moments
+      // (PartitionStateOptions::split_update).
       state.split_update =
-          plan.policy.partition_gradients && !state.split_master;
+          plan.policy.partition_gradients && !state.split_master &&
+          state.optimizer.moments == offload::MomentFormat::kF32;
     }
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).

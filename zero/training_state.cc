@@ -45,6 +45,14 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
       options.beta1 = optimizer.params.betas.value()[0];
       options.beta2 = optimizer.params.betas.value()[1];
       options.eps = optimizer.params.eps.value();
+      if (optimizer.params.blockwise_8bit_moments) {
+        options.moments = offload::MomentFormat::kBlockwise8;
+      } else if (config.bf16.bf16_optimizer_states) {
+        options.moments = offload::MomentFormat::kBf16;
+        options.stochastic_rounding =
+            config.bf16.optimizer_states_stochastic_rounding;
+        options.rounding_seed = static_cast<uint64_t>(config.seed);
+      }
       break;
   }
   options.weight_decay = optimizer.params.weight_decay.value();

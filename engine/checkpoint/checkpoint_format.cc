@@ -65,6 +65,9 @@ bool IsKnownKind(const std::string& kind) {
 // The element type a kind is stored in.
 safetensors::ElementType KindElementType(const Manifest& manifest,
                                          const std::string& kind) {
+  if (kind == kExpAvg || kind == kExpAvgSq) {
+    return safetensors::ElementTypeOf(manifest.moments_dtype);
+  }
   return safetensors::ElementTypeOf(kind == kWeights ? manifest.model_dtype
                                                      : DType::kF32);
 }
@@ -148,6 +151,9 @@ std::string SerializeManifest(const Manifest& manifest) {
   json["world_size"] = manifest.world_size;
   json["zero_stage"] = manifest.zero_stage;
   json["model_dtype"] = DTypeName(manifest.model_dtype);
+  if (manifest.moments_dtype != DType::kF32) {
+    json["moments_dtype"] = DTypeName(manifest.moments_dtype);
+  }
   json["kinds"] = manifest.kinds;
   json["training_state"] = manifest.training_state;
   json["client_state"] = manifest.client_state;
@@ -226,6 +232,15 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text,
         ParseDTypeKey(json.at(key).get<std::string>());
     if (!dtype.ok()) return invalid(std::string(dtype.status().message()));
     manifest.model_dtype = *dtype;
+    if (json.contains("moments_dtype")) {
+      key = "moments_dtype";
+      absl::StatusOr<DType> moments =
+          ParseDTypeKey(json.at(key).get<std::string>());
+      if (!moments.ok() || *moments == DType::kF16) {
+        return invalid("moments_dtype must be \"f32\" or \"bf16\"");
+      }
+      manifest.moments_dtype = *moments;
+    }
     key = "kinds";
     manifest.kinds = json.at(key).get<std::vector<std::string>>();
     std::set<std::string> seen_kinds;

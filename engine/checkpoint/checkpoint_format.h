@@ -23,9 +23,10 @@
 // per-element state ("master", "exp_avg", "exp_avg_sq", "momentum_buffer",
 // "weights") the rank file has one 1-D tensor per piece, named
 // "<kind>/<parameter name>" (at most one piece of a parameter per rank), of
-// `count` elements: f32 for the optimizer's kinds, the model's dtype for
-// "weights". Which kinds exist is in the manifest; "weights" is absent when
-// the model trains in f32 (the master weights are the weights).
+// `count` elements: f32 for the optimizer's kinds (the moments in bf16 when
+// the manifest's moments_dtype says so), the model's dtype for "weights". Which
+// kinds exist is in the manifest; "weights" is absent when the model trains in
+// f32 (the master weights are the weights).
 //
 // Because the manifest records every piece, a reader can fetch any element
 // range of any parameter from the files that hold it, reading only those
@@ -116,6 +117,10 @@ struct Manifest {
   int world_size = 1;               // ranks of the saving job (one file each)
   int zero_stage = 0;               // informational: any stage can load it
   DType model_dtype = DType::kF32;  // dtype of the "weights" kind
+  // dtype of "exp_avg" and "exp_avg_sq": f32, or bf16 when the saving run
+  // kept bf16 moments (bf16.bf16_optimizer_states: stored as they are).
+  // The manifest key "moments_dtype" is written only when not f32.
+  DType moments_dtype = DType::kF32;
   // Every per-element kind present in every rank file, in file order per
   // piece (e.g. {"master", "exp_avg", "exp_avg_sq", "weights"}).
   std::vector<std::string> kinds;

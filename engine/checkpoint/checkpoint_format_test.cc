@@ -165,6 +165,26 @@ TEST(ManifestTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(SerializeManifest(*parsed), text);
 }
 
+// moments_dtype: absent for f32 moments (older manifests read as f32),
+// "bf16" for bf16 moments; anything else refused naming the key.
+TEST(ManifestTest, MomentsDtypeRoundTripsAndIsOptional) {
+  Manifest manifest = SampleManifest();
+  EXPECT_EQ(SerializeManifest(manifest).find("moments_dtype"),
+            std::string::npos);
+  manifest.moments_dtype = DType::kBF16;
+  const std::string text = SerializeManifest(manifest);
+  absl::StatusOr<Manifest> parsed = ParseManifest(text, "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->moments_dtype, DType::kBF16);
+  EXPECT_EQ(SerializeManifest(*parsed), text);
+  nlohmann::json bad = nlohmann::json::parse(text);
+  bad["moments_dtype"] = "f16";
+  absl::StatusOr<Manifest> refused = ParseManifest(bad.dump(), "m.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("moments_dtype"), std::string::npos)
+      << refused.status();
+}
+
 TEST(ManifestTest, ZeroPartitionSplitsLikeZero) {
   const std::vector<ParameterRecord> records =
       testing::PartitionLikeZero(AwkwardModel(), 3);

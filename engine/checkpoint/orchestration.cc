@@ -37,6 +37,48 @@ namespace ze {
 namespace engine {
 namespace {
 
+// How a config stores Adam's moments: "f32", "bf16", "bf16 (stochastic
+// rounding)" or "8-bit block-wise" (the keys' meanings, config/sections.cc).
+std::string MomentFormatOfConfig(const nlohmann::json& config) {
+  const nlohmann::json& bf16 = config.value("bf16", nlohmann::json::object());
+  const nlohmann::json optimizer =
+      config.value("optimizer", nlohmann::json::object());
+  const nlohmann::json params =
+      optimizer.is_object()
+          ? optimizer.value("params", nlohmann::json::object())
+          : nlohmann::json::object();
+  if (params.is_object() && params.value("blockwise_8bit_moments", false)) {
+    return "8-bit block-wise";
+  }
+  if (bf16.is_object() && bf16.value("bf16_optimizer_states", false)) {
+    return bf16.value("optimizer_states_stochastic_rounding", false)
+               ? "bf16 (stochastic rounding)"
+               : "bf16";
+  }
+  return "f32";
+}
+std::string MomentFormatOfConfig(const config::Config& config) {
+  if (config.optimizer.has_value() &&
+      config.optimizer->params.blockwise_8bit_moments) {
+    return "8-bit block-wise";
+  }
+  if (config.bf16.bf16_optimizer_states) {
+    return config.bf16.optimizer_states_stochastic_rounding
+               ? "bf16 (stochastic rounding)"
+               : "bf16";
+  }
+  return "f32";
+}
+// What loading exact f32 moment values into `format` does to them.
+const char* MomentConversion(const std::string& format) {
+  if (format == "f32") return "exact";
+  if (format == "8-bit block-wise") {
+    return "each block of 256 re-encoded from the values: exact for values "
+           "saved from 8-bit moments";
+  }
+  return "rounded to nearest even: exact for values saved from bf16 moments";
+}
+
 // Each rank's file record travels as six 16-bit words in f32 (exact; the
 // communicator's collectives carry float types): the size's four, then the
 // CRC's two.
@@ -359,6 +401,11 @@ absl::Status SaveCheckpoint(const CheckpointedState& engine,
       manifest.zero_stage = cfg.zero_optimization.stage;
       manifest.model_dtype = model->dtype();
       manifest.kinds = kind_names;
+      for (const auto& kind : kinds) {
+        if (kind.name == checkpoint::kExpAvg) {
+          manifest.moments_dtype = kind.dtype;
+        }
+      }
       std::unordered_map<std::string, Shape> shapes;
       for (nn::Parameter* parameter : model->Parameters()) {
         shapes[parameter->name()] = parameter->shape();
@@ -483,6 +530,17 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
                 .dump(),
             "); load with load_optimizer_states = false to take only the "
             "weights"));
+      }
+    }
+    if (load_optimizer_states) {
+      // The moments travel as their exact f32 values; name how the saving
+      // run stored them and how this one encodes them.
+      const std::string saved = MomentFormatOfConfig(manifest.config);
+      const std::string here = MomentFormatOfConfig(cfg);
+      if (saved != here) {
+        ZE_LOG_RANK0(INFO) << source << ": Adam moments saved as " << saved
+                           << ", loaded as " << here << " ("
+                           << MomentConversion(here) << ")";
       }
     }
     has_weights = manifest.HasKind(checkpoint::kWeights);

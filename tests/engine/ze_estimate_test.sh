@@ -121,6 +121,30 @@ psi = 124475904
 assert 2 * psi / 8 <= saved <= 1.01 * 2 * psi / 8, (saved, f32, split)
 print("ze_estimate: the 16+16 master saves", saved, "bytes per rank")
 PY
+# Compressed moments: bf16 (bf16.bf16_optimizer_states) holds 4 bytes of
+# moments per parameter instead of 8, 8-bit (optimizer.params.
+# blockwise_8bit_moments) 2 plus 8 per block of 256: at stage 2 over 8
+# ranks the plan needs 4 Psi / 8 (bf16) and about 5.97 Psi / 8 (8-bit)
+# bytes less per rank (plus padding and small f32 buckets).
+sed 's/"enabled": true}/"enabled": true, "bf16_optimizer_states": true}/' \
+  "$tmp/f32master.json" > "$tmp/bf16moments.json"
+sed 's/"bf16": {"enabled": true}/"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"blockwise_8bit_moments": true}}/' \
+  "$tmp/f32master.json" > "$tmp/8bitmoments.json"
+"$tool" --model=124M --world_size=8 --config="$tmp/bf16moments.json" --json > "$tmp/bf16_rows"
+"$tool" --model=124M --world_size=8 --config="$tmp/8bitmoments.json" --json > "$tmp/8bit_rows"
+"$tool" --model=124M --world_size=8 --config="$tmp/bf16moments.json" | grep -q "bf16 moments"
+"$tool" --model=124M --world_size=8 --config="$tmp/8bitmoments.json" | grep -q "8-bit block-wise moments"
+python3 - "$tmp/rows" "$tmp/bf16_rows" "$tmp/8bit_rows" <<'PY'
+import json, sys
+f32, bf16, eight = (json.loads(open(p).readline()) for p in sys.argv[1:4])
+psi = 124475904
+saved = f32["device_bytes"] - bf16["device_bytes"]
+assert 4 * psi / 8 <= saved <= 1.01 * 4 * psi / 8, (saved, f32, bf16)
+saved8 = f32["device_bytes"] - eight["device_bytes"]
+assert 0.98 * 5.9375 * psi / 8 <= saved8 <= 6 * psi / 8, (saved8, f32, eight)
+print("ze_estimate: bf16 moments save", saved, "and 8-bit", saved8,
+      "bytes per rank")
+PY
 # "auto" precision: --dtype fills it; a config that sets it refuses --dtype.
 "$tool" --model=124M --world_size=2 --config="$auto_config" --dtype=fp16 | grep -q "f16"
 expect_bad "--dtype" --params=7B --config="$tmp/sgd.json" --dtype=bf16

@@ -1,0 +1,396 @@
+// The compressed moments (moment_codec.h) and the CPU kernels over them:
+// the encodings' promises (exact round trips, error bounds, unbiased and
+// reproducible stochastic rounding) and the kernels' (every SIMD path
+// equals the scalar reference bit for bit; threads and tiles change
+// nothing).
+#include "offload/moment_codec.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+#include "offload/cpu_optimizer.h"
+
+namespace ze {
+namespace offload {
+namespace {
+
+constexpr SimdPath kAllPaths[] = {SimdPath::kScalar, SimdPath::kAvx2,
+                                  SimdPath::kAvx512};
+
+TEST(MomentCodecTest, NearestBf16IsCoresRounding) {
+  std::mt19937 rng(1);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t bits = rng();
+    float value;
+    std::memcpy(&value, &bits, 4);
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(NearestBf16(value), FloatToBf16Bits(value)) << value;
+  }
+}
+
+TEST(MomentCodecTest, StochasticBf16IsUnbiasedAndReproducible) {
+  // A value a quarter of the way between two bf16 neighbours rounds up a
+  // quarter of the time; the mean over many elements is the value.
+  const float low = Bf16BitsToFloat(0x3f80);  // 1.0
+  const float high = Bf16BitsToFloat(0x3f81);
+  const float value = low + (high - low) * 0.25f;
+  const uint32_t key = RoundingKey(42, 7, 0);
+  double sum = 0.0;
+  int ups = 0;
+  constexpr int kSamples = 200000;
+  for (int i = 0; i < kSamples; ++i) {
+    const uint16_t rounded = StochasticBf16(value, RoundingNoise(key, i));
+    ASSERT_TRUE(rounded == 0x3f80 || rounded == 0x3f81);
+    ups += rounded == 0x3f81;
+    sum += Bf16BitsToFloat(rounded);
+    // Reproducible: the same seed, step and element round alike.
+    ASSERT_EQ(rounded, StochasticBf16(value, RoundingNoise(key, i)));
+  }
+  // Binomial(200000, 1/4): sigma ~ 194; 5 sigma.
+  EXPECT_NEAR(ups, kSamples / 4, 1000);
+  EXPECT_NEAR(sum / kSamples, value, 5e-5 * (high - low) * 200);
+  // Exact values never move; negatives round symmetrically.
+  EXPECT_EQ(StochasticBf16(low, 0xffffffffu), 0x3f80);
+  EXPECT_EQ(StochasticBf16(-value, 0xffffffffu), 0xbf81);
+  EXPECT_EQ(StochasticBf16(-value, 0), 0xbf80);
+  // Another step or moment draws other noise.
+  int differ = 0;
+  for (int i = 0; i < 1000; ++i) {
+    differ += RoundingNoise(RoundingKey(42, 7, 0), i) !=
+              RoundingNoise(RoundingKey(42, 8, 0), i);
+    differ += RoundingNoise(RoundingKey(42, 7, 0), i) !=
+              RoundingNoise(RoundingKey(42, 7, 1), i);
+  }
+  EXPECT_EQ(differ, 2000);
+}
+
+// A block of moments like Adam's: m of both signs over several decades,
+// v = m^2-like and larger, some exact zeros.
+void MakeBlock(std::mt19937& rng, int64_t n, std::vector<float>* m,
+               std::vector<float>* v) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  m->resize(n);
+  v->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(i % 11) - 14);
+    (*m)[i] = i % 37 == 3 ? 0.0f : normal(rng) * scale;
+    (*v)[i] = i % 41 == 5 ? 0.0f : (*m)[i] * (*m)[i] * 3.0f + 1e-12f * i;
+  }
+}
+
+TEST(MomentCodecTest, EightBitRoundTripIsExactAndWithinHalfAStep) {
+  std::mt19937 rng(2);
+  for (int64_t n : {int64_t{256}, int64_t{200}, int64_t{1}}) {
+    std::vector<float> m, v;
+    MakeBlock(rng, n, &m, &v);
+    std::vector<float> m_in = m;
+    std::vector<int8_t> m_codes(n);
+    std::vector<uint8_t> v_codes(n);
+    float m_step = 0.0f, v_step = 0.0f;
+    EncodeBlock8(m_in.data(), v.data(), n, m_codes.data(), v_codes.data(),
+                 &m_step, &v_step);
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      absmax = std::max(absmax, std::fabs(m_in[i]));
+    }
+    // The step keeps the largest |m| at code 127 within 2^-16.
+    EXPECT_GE(m_step * 127.0f, std::sqrt(absmax));
+    EXPECT_LE(m_step * 127.0f, std::sqrt(absmax) * (1.0f + 1.0f / 32768));
+    std::vector<float> m_out(n), v_out(n);
+    for (int64_t i = 0; i < n; ++i) {
+      m_out[i] = DecodeM(m_codes[i], m_step);
+      v_out[i] = DecodeV(v_codes[i], v_step);
+      // Error bounds: half a step of m, and of v's fourth root.
+      EXPECT_LE(std::fabs(std::sqrt(std::fabs(m_out[i])) -
+                          std::sqrt(std::fabs(m_in[i]))),
+                m_step * 0.5f * 1.0001f)
+          << i;
+      EXPECT_EQ(m_out[i] < 0, m_codes[i] < 0) << i;
+      EXPECT_LE(std::fabs(std::sqrt(std::sqrt(v_out[i])) -
+                          std::sqrt(std::sqrt(v[i]))),
+                v_step * 0.5f * 1.0001f)
+          << i;
+      if (v_codes[i] == 0) EXPECT_EQ(m_codes[i], 0) << i;
+    }
+    // Decoded values encode to the same codes and steps, bit for bit (a
+    // checkpoint saved as f32 reloads to the same state).
+    std::vector<int8_t> m_again(n);
+    std::vector<uint8_t> v_again(n);
+    float m_step_again = 0.0f, v_step_again = 0.0f;
+    EncodeMBlock(m_out.data(), n, m_again.data(), &m_step_again);
+    EncodeVBlock(v_out.data(), n, v_again.data(), &v_step_again);
+    EXPECT_EQ(m_again, m_codes);
+    EXPECT_EQ(v_again, v_codes);
+    EXPECT_EQ(FloatBits(m_step_again), FloatBits(m_step));
+    EXPECT_EQ(FloatBits(v_step_again), FloatBits(v_step));
+  }
+}
+
+TEST(MomentCodecTest, AllZeroBlockStaysZero) {
+  std::vector<float> m(256, 0.0f), v(256, 0.0f);
+  std::vector<int8_t> m_codes(256, 5);
+  std::vector<uint8_t> v_codes(256, 5);
+  float m_step = 1.0f, v_step = 1.0f;
+  EncodeBlock8(m.data(), v.data(), 256, m_codes.data(), v_codes.data(), &m_step,
+               &v_step);
+  EXPECT_EQ(m_step, 0.0f);
+  EXPECT_EQ(v_step, 0.0f);
+  for (int i = 0; i < 256; ++i) {
+    EXPECT_EQ(m_codes[i], 0);
+    EXPECT_EQ(v_codes[i], 0);
+  }
+}
+
+// ---- the kernels -----------------------------------------------------------
+
+// One optimizer state in `format` over `count` elements, and a few steps'
+// inputs, run through RunStepKernel on one path.
+struct KernelRun {
+  std::vector<float> master;
+  std::vector<uint8_t> state0, state1;
+  std::vector<float> step0, step1;
+  std::vector<uint16_t> out;
+};
+
+KernelRun RunKernel(SimdPath path, MomentFormat format, bool stochastic,
+                    DType grad_dtype, bool with_out, int64_t count, int steps) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t bytes = format == MomentFormat::kF32    ? 4
+                        : format == MomentFormat::kBf16 ? 2
+                                                        : 1;
+  const int64_t blocks = (count + kMomentBlock - 1) / kMomentBlock;
+  KernelRun run;
+  run.master.resize(count);
+  for (float& p : run.master) p = normal(rng);
+  run.state0.assign(count * bytes, 0);
+  run.state1.assign(count * bytes, 0);
+  run.step0.assign(blocks, 0.0f);
+  run.step1.assign(blocks, 0.0f);
+  run.out.assign(count, 0);
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.weight_decay = 0.1;
+  options.moments = format;
+  options.stochastic_rounding = stochastic;
+  options.rounding_seed = 9;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<uint8_t> grads(count * SizeOf(grad_dtype));
+    for (int64_t i = 0; i < count; ++i) {
+      // Scales change from block to block (tensors) and within one by
+      // 4x; some gradients are 0 (unused rows).
+      const float g =
+          (i % 53 == 7 && s > 0)
+              ? 0.0f
+              : normal(rng) *
+                    std::ldexp(1.0f,
+                               static_cast<int>((i / 256) % 13 + i % 3) - 7);
+      StoreFromFloat(grads.data(), grad_dtype, i, g);
+    }
+    StepArgs args;
+    args.lr = 1e-2;
+    args.grad_scale = 0.5f;
+    auto coefficients = ComputeStepCoefficients(options, s, args, false);
+    EXPECT_TRUE(coefficients.ok());
+    StepBuffers buffers;
+    buffers.master = run.master.data();
+    buffers.state0 = run.state0.data();
+    buffers.state1 = run.state1.data();
+    buffers.step0 = run.step0.data();
+    buffers.step1 = run.step1.data();
+    buffers.moment_format = format;
+    buffers.first_index = 0;
+    buffers.grads = grads.data();
+    buffers.grad_dtype = grad_dtype;
+    buffers.out = with_out ? run.out.data() : nullptr;
+    buffers.out_dtype = DType::kBF16;
+    buffers.count = count;
+    RunStepKernel(path, *coefficients, buffers);
+  }
+  return run;
+}
+
+void ExpectSameRun(const KernelRun& expected, const KernelRun& actual,
+                   const std::string& what) {
+  ASSERT_EQ(expected.master.size(), actual.master.size());
+  EXPECT_EQ(0, std::memcmp(expected.master.data(), actual.master.data(),
+                           expected.master.size() * 4))
+      << what << ": master";
+  EXPECT_EQ(expected.state0, actual.state0) << what << ": exp_avg";
+  EXPECT_EQ(expected.state1, actual.state1) << what << ": exp_avg_sq";
+  EXPECT_EQ(0, std::memcmp(expected.step0.data(), actual.step0.data(),
+                           expected.step0.size() * 4))
+      << what << ": exp_avg steps";
+  EXPECT_EQ(0, std::memcmp(expected.step1.data(), actual.step1.data(),
+                           expected.step1.size() * 4))
+      << what << ": exp_avg_sq steps";
+  EXPECT_EQ(expected.out, actual.out) << what << ": out";
+}
+
+TEST(CompressedMomentsKernelTest, EveryPathMatchesScalarBitForBit) {
+  struct Format {
+    MomentFormat format;
+    bool stochastic;
+  };
+  for (const Format& f :
+       {Format{MomentFormat::kBf16, false}, Format{MomentFormat::kBf16, true},
+        Format{MomentFormat::kBlockwise8, false}}) {
+    for (DType grad_dtype : {DType::kF32, DType::kBF16}) {
+      for (bool with_out : {false, true}) {
+        // 1000: three whole blocks and a short one, vector tails included.
+        const KernelRun reference =
+            RunKernel(SimdPath::kScalar, f.format, f.stochastic, grad_dtype,
+                      with_out, 1000, 4);
+        for (SimdPath path : kAllPaths) {
+          if (!SimdPathSupported(path)) continue;
+          ExpectSameRun(reference,
+                        RunKernel(path, f.format, f.stochastic, grad_dtype,
+                                  with_out, 1000, 4),
+                        std::string(MomentFormatName(f.format)) +
+                            (f.stochastic ? " stochastic " : " ") +
+                            SimdPathName(path));
+        }
+      }
+    }
+  }
+}
+
+// The master weights after `steps` steps of each format, against f32.
+TEST(CompressedMomentsKernelTest, CompressedMomentsTrackTheF32Update) {
+  const int64_t count = 4096;
+  const KernelRun exact = RunKernel(SimdPath::kScalar, MomentFormat::kF32,
+                                    false, DType::kF32, false, count, 20);
+  const KernelRun start = RunKernel(SimdPath::kScalar, MomentFormat::kF32,
+                                    false, DType::kF32, false, count, 0);
+  struct Case {
+    MomentFormat format;
+    bool stochastic;
+    double tolerance;  // of the f32 run's mean |update|
+  };
+  for (const Case& c : {Case{MomentFormat::kBf16, false, 0.02},
+                        Case{MomentFormat::kBf16, true, 0.02},
+                        Case{MomentFormat::kBlockwise8, false, 0.1}}) {
+    const KernelRun run = RunKernel(BestSimdPath(), c.format, c.stochastic,
+                                    DType::kF32, false, count, 20);
+    double moved = 0.0, error = 0.0;
+    for (int64_t i = 0; i < count; ++i) {
+      moved += std::fabs(exact.master[i] - start.master[i]);
+      error += std::fabs(run.master[i] - exact.master[i]);
+      ASSERT_TRUE(std::isfinite(run.master[i]));
+    }
+    EXPECT_LT(error, c.tolerance * moved)
+        << MomentFormatName(c.format) << (c.stochastic ? " stochastic" : "");
+  }
+}
+
+TEST(CompressedMomentsKernelTest, OptimizerThreadsAndReadWriteState) {
+  const int64_t count = 5000;  // 19 blocks and a short one
+  for (MomentFormat format : {MomentFormat::kBf16, MomentFormat::kBlockwise8}) {
+    OptimizerOptions options;
+    options.type = OptimizerType::kAdam;
+    options.moments = format;
+    CpuExecutionOptions one;
+    one.num_threads = 1;
+    one.simd_path = SimdPath::kScalar;
+    CpuExecutionOptions many;
+    many.num_threads = 2;
+    many.tile_bytes = 256;  // 64 f32: rounded up to one block a tile
+    auto a = CpuOptimizer::Create(options, count, one);
+    auto b = CpuOptimizer::Create(options, count, many);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ((*a)->moment_format(), format);
+    EXPECT_EQ((*b)->tile_elements() % MomentGranule(format), 0);
+    std::vector<float> master_a(count), master_b(count), grads(count);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < count; ++i) master_a[i] = master_b[i] = normal(rng);
+    for (int s = 0; s < 3; ++s) {
+      for (float& g : grads) g = normal(rng);
+      StepArgs args;
+      args.lr = 1e-3;
+      ASSERT_TRUE(
+          (*a)->Step(master_a.data(), grads.data(), DType::kF32, args).ok());
+      ASSERT_TRUE(
+          (*b)->Step(master_b.data(), grads.data(), DType::kF32, args).ok());
+    }
+    EXPECT_EQ(0, std::memcmp(master_a.data(), master_b.data(), count * 4));
+    for (int array = 0; array < 2; ++array) {
+      std::vector<float> va(count), vb(count);
+      (*a)->ReadState(array, 0, count, va.data());
+      (*b)->ReadState(array, 0, count, vb.data());
+      EXPECT_EQ(0, std::memcmp(va.data(), vb.data(), count * 4));
+    }
+    // Read and written back, piece by piece across blocks: no bit moves.
+    std::vector<CpuOptimizer::RawArray> raw = (*a)->RawStateArrays();
+    std::vector<std::vector<char>> before;
+    for (const auto& array : raw) {
+      const int64_t n =
+          array.per_block ? (count + kMomentBlock - 1) / kMomentBlock : count;
+      before.emplace_back(array.data, array.data + n * array.bytes);
+    }
+    for (int array = 0; array < 2; ++array) {
+      std::vector<float> values(count);
+      (*a)->ReadState(array, 0, count, values.data());
+      (*a)->WriteState(array, 100, 700, values.data() + 100);
+      (*a)->WriteState(array, 0, 100, values.data());
+      (*a)->WriteState(array, 800, count - 800, values.data() + 800);
+    }
+    for (size_t r = 0; r < raw.size(); ++r) {
+      EXPECT_EQ(0, std::memcmp(before[r].data(), raw[r].data, before[r].size()))
+          << MomentFormatName(format) << " raw array " << r;
+    }
+    // A new value reads back to within its rounding: bf16's half ulp, or
+    // half a step of its root (the block's largest m is about 0.3 here:
+    // d ~ sqrt(0.3) / 127, so |got - wanted| < sqrt(wanted) d ~ 2e-3).
+    const float wanted = 0.25f;
+    (*a)->WriteState(0, 300, 1, &wanted);
+    float got = 0.0f;
+    (*a)->ReadState(0, 300, 1, &got);
+    EXPECT_NEAR(got, wanted, format == MomentFormat::kBf16 ? 1e-3 : 5e-3);
+  }
+}
+
+TEST(CompressedMomentsKernelTest, BytesRangesAndRefusals) {
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdamW;
+  EXPECT_EQ(OptimizerStateBytes(adam, 1000), 8000);
+  adam.moments = MomentFormat::kBf16;
+  EXPECT_EQ(OptimizerStateBytes(adam, 1000), 4000);
+  adam.moments = MomentFormat::kBlockwise8;
+  // Below kMin8BitElements: f32.
+  EXPECT_EQ(OptimizerStateBytes(adam, 1000), 8000);
+  EXPECT_EQ(EffectiveMomentFormat(adam, 1000), MomentFormat::kF32);
+  EXPECT_EQ(OptimizerStateBytes(adam, 5000), 2 * 5000 + 2 * 4 * 20);
+  // 8-bit ranges cover whole blocks.
+  auto optimizer = CpuOptimizer::Create(adam, 5000);
+  ASSERT_TRUE(optimizer.ok());
+  std::vector<float> master(5000), grads(5000);
+  StepArgs args;
+  args.lr = 1e-3;
+  absl::Status bad =
+      (*optimizer)
+          ->StepRange(100, 256, master.data(), grads.data(), DType::kF32, args);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_NE(bad.message().find("whole blocks of 256"), std::string::npos);
+  EXPECT_TRUE(
+      (*optimizer)
+          ->StepRange(4864, 136, master.data(), grads.data(), DType::kF32, args)
+          .ok());  // the short last block
+  OptimizerOptions sgd;
+  sgd.type = OptimizerType::kSgd;
+  sgd.moments = MomentFormat::kBf16;
+  absl::Status refused = ValidateOptimizerOptions(sgd, 10);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused));
+  EXPECT_NE(refused.message().find("SGD's momentum buffer stays f32"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace offload
+}  // namespace ze
