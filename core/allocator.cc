@@ -1,8 +1,10 @@
 #include "core/allocator.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <utility>
@@ -144,34 +146,72 @@ void PinnedHostAllocator::RawDeallocate(void* ptr, size_t bytes) {
   AddReserved(-static_cast<int64_t>(bytes));
 }
 
-absl::StatusOr<HostRegistration> HostRegistration::Create(void* data,
-                                                          size_t bytes) {
+absl::StatusOr<HostRegistration> HostRegistration::Create(
+    std::vector<Span> spans) {
   HostRegistration registration;
-  if (CudaDeviceCount() == 0 || bytes == 0) return registration;
-  ZE_RETURN_IF_ERROR(
-      CudaStatus(cudaHostRegister(data, bytes, cudaHostRegisterDefault),
-                 absl::StrCat("cudaHostRegister(", bytes, " bytes)")));
-  registration.data_ = data;
+  if (CudaDeviceCount() == 0) return registration;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // [begin, end) page-aligned, sorted, then merged where they touch a
+  // common page.
+  std::vector<std::pair<uintptr_t, uintptr_t>> pages;
+  for (const Span& span : spans) {
+    if (span.bytes == 0) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(span.data);
+    pages.emplace_back(begin / page * page,
+                       (begin + span.bytes + page - 1) / page * page);
+  }
+  std::sort(pages.begin(), pages.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& range : pages) {
+    if (!merged.empty() && range.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, range.second);
+    } else {
+      merged.push_back(range);
+    }
+  }
+  for (const auto& [begin, end] : merged) {
+    void* data = reinterpret_cast<void*>(begin);
+    const size_t bytes = end - begin;
+    const cudaError_t error =
+        cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+    if (error == cudaErrorHostMemoryAlreadyRegistered) {
+      // Some page is another registration's (see the header): leave the
+      // range pageable, and clear the error so that no later check of the
+      // runtime's last error reports it.
+      cudaGetLastError();
+      continue;
+    }
+    // On failure `registration` unregisters what it holds so far.
+    ZE_RETURN_IF_ERROR(
+        CudaStatus(error, absl::StrCat("cudaHostRegister(", bytes, " bytes)")));
+    registration.ranges_.push_back({data, bytes});
+  }
   return registration;
 }
 
 HostRegistration::HostRegistration(HostRegistration&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)) {}
+    : ranges_(std::exchange(other.ranges_, {})) {}
 
 HostRegistration& HostRegistration::operator=(
     HostRegistration&& other) noexcept {
   if (this != &other) {
     Release();
-    data_ = std::exchange(other.data_, nullptr);
+    ranges_ = std::exchange(other.ranges_, {});
   }
   return *this;
 }
 
 HostRegistration::~HostRegistration() { Release(); }
 
+size_t HostRegistration::locked_bytes() const {
+  size_t bytes = 0;
+  for (const Span& range : ranges_) bytes += range.bytes;
+  return bytes;
+}
+
 void HostRegistration::Release() {
-  if (data_ != nullptr) cudaHostUnregister(data_);
-  data_ = nullptr;
+  for (const Span& range : ranges_) cudaHostUnregister(range.data);
+  ranges_.clear();
 }
 
 namespace {

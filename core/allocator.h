@@ -128,27 +128,38 @@ class PinnedHostAllocator : public Allocator {
 // asynchronously at the link's full speed, as from PinnedHostMemory: for
 // large host arrays whose owner allocates them (the CPU optimizer's state)
 // and of which only a part travels. Move-only; the destructor unregisters.
-// A span must not share a page with another registration (the runtime
-// locks whole pages): register one span per allocation. On a machine with no
-// CUDA device nothing is registered and Create succeeds (host copies need no
-// locking).
+//
+// The runtime locks whole pages, and small host arrays share pages with
+// their neighbours (HostMemory is aligned_alloc): Create rounds every span
+// out to its pages and merges spans that overlap or share a page, so that
+// no page is registered twice. A range of which some page is already
+// registered elsewhere in the process (another object's registration of a
+// shared page) is left as it is: locking only speeds copies up, and copies
+// from pageable memory are as correct, only synchronous. On a machine with
+// no CUDA device nothing is registered and Create succeeds.
 class HostRegistration {
  public:
+  struct Span {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
   HostRegistration() = default;
-  // Errors: the runtime's (the host cannot lock that much, or the span
-  // overlaps a registration), naming the span's size.
-  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes);
+  // Errors: the runtime's (the host cannot lock that much), naming the
+  // range's size; nothing stays registered then.
+  static absl::StatusOr<HostRegistration> Create(std::vector<Span> spans);
   HostRegistration(HostRegistration&& other) noexcept;
   HostRegistration& operator=(HostRegistration&& other) noexcept;
   HostRegistration(const HostRegistration&) = delete;
   HostRegistration& operator=(const HostRegistration&) = delete;
   ~HostRegistration();
 
-  bool registered() const { return data_ != nullptr; }
+  // Bytes this object locked (whole pages; 0 without a CUDA device).
+  size_t locked_bytes() const;
 
  private:
   void Release();
-  void* data_ = nullptr;
+  std::vector<Span> ranges_;  // page-aligned, registered by this object
 };
 
 // Device memory with a cache of freed blocks, stream-ordered the way

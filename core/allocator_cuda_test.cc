@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -192,6 +193,35 @@ TEST(CudaCachingAllocatorTest, ZerosOnAStreamFillsInStreamOrder) {
   }
   for (float value : Values(copy, stream)) ASSERT_EQ(value, 3.0f);
   for (float value : Values(zeros, stream)) ASSERT_EQ(value, 0.0f);
+}
+
+// The CPU/GPU split's registration of the CPU optimizer's small arrays:
+// neighbours from aligned_alloc share a page, and a second object may
+// register a page the first holds. Neither may fail, nor leave an error for
+// a later launch check to find; both unregister cleanly.
+TEST(HostRegistrationTest, SpansSharingPagesRegisterOnce) {
+  void* memory = std::aligned_alloc(64, 3 * 4096);
+  ASSERT_NE(memory, nullptr);
+  char* bytes = static_cast<char*>(memory);
+  {
+    absl::StatusOr<HostRegistration> first = HostRegistration::Create(
+        {{bytes + 64, 1000}, {bytes + 1100, 200}, {bytes + 5000, 4000}});
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_GT(first->locked_bytes(), 0u);
+    // A page of `first`'s again: left to `first`.
+    absl::StatusOr<HostRegistration> second =
+        HostRegistration::Create({{bytes + 2000, 100}});
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->locked_bytes(), 0u);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  // Unregistered: the same pages register again.
+  absl::StatusOr<HostRegistration> again =
+      HostRegistration::Create({{bytes, 3 * 4096}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GE(again->locked_bytes(), 3u * 4096);
+  again = HostRegistration();
+  std::free(memory);
 }
 
 }  // namespace

@@ -282,9 +282,10 @@ absl::Status HostUpdate::PrepareDeviceSlots() {
   }
   if (!options_.device.is_cuda()) return absl::OkStatus();
   // Page-lock what travels: per host array, one span from the first
-  // device-updated element to the last (each array is one allocation, so
-  // the spans overlap no other registration; the CPU-updated slots between
-  // them are locked too, which costs them nothing).
+  // device-updated element to the last (the CPU-updated slots between them
+  // are locked too, which costs them nothing). Small arrays share pages:
+  // HostRegistration merges what overlaps.
+  std::vector<HostRegistration::Span> spans;
   for (size_t a = 0; a < static_cast<size_t>(arrays); ++a) {
     char* first = nullptr;
     char* end = nullptr;
@@ -295,10 +296,9 @@ absl::Status HostUpdate::PrepareDeviceSlots() {
       first = first == nullptr ? begin : std::min(first, begin);
       end = std::max(end, stop);
     }
-    ZE_ASSIGN_OR_RETURN(HostRegistration registration,
-                        HostRegistration::Create(first, end - first));
-    registrations_.push_back(std::move(registration));
+    spans.push_back({first, static_cast<size_t>(end - first)});
   }
+  ZE_ASSIGN_OR_RETURN(registration_, HostRegistration::Create(spans));
   return absl::OkStatus();
 }
 
@@ -395,7 +395,10 @@ absl::StatusOr<InFlightUpdate> HostUpdate::Start(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_from_.assign(slots_.size(), std::numeric_limits<int64_t>::max());
+    // A rolled-back update may leave slots no worker took: the redo hands
+    // them over again.
     ready_.clear();
+    device_ready_.clear();
     taken_.clear();
     begun_early_ = begun_early;
     closed_ = false;

@@ -427,7 +427,7 @@ class HostUpdate {
   std::vector<Event> buffer_updated_;
   std::vector<Event> buffer_down_;
   std::vector<Event> gradients_final_;
-  std::vector<HostRegistration> registrations_;
+  HostRegistration registration_;
   int num_device_slots_ = 0;
   // Per slot, per chunk: its gradients copied down and its weights up.
   std::vector<std::vector<Event>> gradients_on_host_;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/ops.h"
@@ -648,47 +649,60 @@ TEST(HostUpdateTest, DeviceUpdatedSlotsEqualTheCpuUpdate) {
 
 // Speculating, a device-updated slot waits for the decision: nothing of it
 // changes before, so a rollback restores only the CPU's chunks, and the
-// redo (clipped) and a commit both equal the synchronous update.
+// redo (clipped) and a commit both equal the synchronous update. With both
+// slots on the device, the device worker holds one at the decision and the
+// other is still queued: the redo must update each exactly once (a queue
+// left from the rolled-back update once updated it twice).
 TEST(HostUpdateTest, DeviceUpdatedSlotsWaitForTheDecision) {
-  for (bool commit : {true, false}) {
-    SCOPED_TRACE(commit ? "committed" : "rolled back");
-    std::unique_ptr<Rig> rig =
-        MakeRig(false, false, -1, kTotal, 2, false, /*device_slots=*/{1});
-    const Stream stream = TestStream();
-    const std::vector<float> initial = Master(*rig);
-    absl::StatusOr<InFlightUpdate> in_flight =
-        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
-    ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
-    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
-    AwaitSpeculation(*rig->update,
-                     [](const SpeculationReport& r) { return r.chunks == 4; });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const std::vector<float> before_decision = Master(*rig);
-    for (int64_t i = kSizes[0]; i < kTotal; ++i) {
-      ASSERT_EQ(before_decision[i], initial[i]) << "device slot, element " << i;
+  for (const std::vector<int>& device_slots :
+       {std::vector<int>{1}, std::vector<int>{0, 1}}) {
+    for (bool commit : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(device_slots.size(), " device slot(s), ",
+                                commit ? "committed" : "rolled back"));
+      std::unique_ptr<Rig> rig =
+          MakeRig(false, false, -1, kTotal, 2, false, device_slots);
+      const Stream stream = TestStream();
+      const std::vector<float> initial = Master(*rig);
+      absl::StatusOr<InFlightUpdate> in_flight =
+          rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+      ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+      ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
+      ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
+      const int64_t first_device_element =
+          device_slots.size() == 2 ? 0 : kSizes[0];
+      if (device_slots.size() == 1) {
+        AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
+          return r.chunks == 4;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const std::vector<float> before_decision = Master(*rig);
+      for (int64_t i = first_device_element; i < kTotal; ++i) {
+        ASSERT_EQ(before_decision[i], initial[i])
+            << "device slot, element " << i;
+      }
+      float grad_scale = 0.5f;
+      if (commit) {
+        ASSERT_TRUE(in_flight->Commit().ok());
+        ASSERT_TRUE(in_flight->Close(stream).ok());
+        ASSERT_TRUE(in_flight->WaitForGradientsRead(stream).ok());
+        ASSERT_TRUE(in_flight->Join(stream).ok());
+      } else {
+        ASSERT_TRUE(in_flight->Rollback(stream, false).ok());
+        ExpectSameBits(Master(*rig), initial, "master restored");
+        EXPECT_EQ(rig->optimizer->step_count(), 0);
+        grad_scale = 0.25f;
+        absl::StatusOr<InFlightUpdate> exact =
+            rig->update->Start(Args(0.01, grad_scale), /*begun_early=*/false);
+        ASSERT_TRUE(exact.ok()) << exact.status();
+        ASSERT_TRUE(exact->Close(stream).ok());
+        ASSERT_TRUE(exact->Join(stream).ok());
+      }
+      const Expected expected = Reference(1, grad_scale);
+      ExpectSameBits(Master(*rig), expected.master, "master");
+      ExpectSameBits(Values(rig->weights), expected.weights, "weights");
+      EXPECT_EQ(rig->optimizer->step_count(), 1);
     }
-    float grad_scale = 0.5f;
-    if (commit) {
-      ASSERT_TRUE(in_flight->Commit().ok());
-      ASSERT_TRUE(in_flight->Close(stream).ok());
-      ASSERT_TRUE(in_flight->WaitForGradientsRead(stream).ok());
-      ASSERT_TRUE(in_flight->Join(stream).ok());
-    } else {
-      ASSERT_TRUE(in_flight->Rollback(stream, false).ok());
-      ExpectSameBits(Master(*rig), initial, "master restored");
-      EXPECT_EQ(rig->optimizer->step_count(), 0);
-      grad_scale = 0.25f;
-      absl::StatusOr<InFlightUpdate> exact =
-          rig->update->Start(Args(0.01, grad_scale), /*begun_early=*/false);
-      ASSERT_TRUE(exact.ok()) << exact.status();
-      ASSERT_TRUE(exact->Close(stream).ok());
-      ASSERT_TRUE(exact->Join(stream).ok());
-    }
-    const Expected expected = Reference(1, grad_scale);
-    ExpectSameBits(Master(*rig), expected.master, "master");
-    ExpectSameBits(Values(rig->weights), expected.weights, "weights");
-    EXPECT_EQ(rig->optimizer->step_count(), 1);
   }
 }
 #endif  // ZE_HOST_UPDATE_TEST_CUDA
