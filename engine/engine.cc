@@ -695,7 +695,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
     const zero::UpdateSplit& split = engine->strategy_->update_split();
-    if (split.device_elements > 0 || split.link_bytes_per_second > 0) {
+    if (split.device_elements > 0 || split.rates.link_bytes_per_second > 0) {
       ZE_LOG_RANK0(INFO) << "offload_optimizer: the update split between "
                             "CPU and GPU by a model: "
                          << split.ToString();

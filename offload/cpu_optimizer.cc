@@ -673,36 +673,65 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
 
 absl::StatusOr<double> CpuOptimizer::MeasureSecondsPerElement(
     int64_t elements) {
-  if (elements < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CpuOptimizer::MeasureSecondsPerElement: elements must be >= 1, not ",
-        elements));
+  ZE_ASSIGN_OR_RETURN(UpdateTimer timer, UpdateTimer::Create(this, elements));
+  // The first round pays the pages' first use.
+  ZE_RETURN_IF_ERROR(timer.Round().status());
+  double best = std::numeric_limits<double>::infinity();
+  for (int run = 0; run < 2; ++run) {
+    ZE_ASSIGN_OR_RETURN(const double seconds, timer.Round());
+    best = std::min(best, seconds);
   }
-  // Zero-filled by the vectors (on this thread: the pages' placement does
-  // not matter for a rate).
-  std::vector<std::vector<float>> floats(
-      3, std::vector<float>(static_cast<size_t>(elements)));
-  std::vector<uint16_t> grads(static_cast<size_t>(elements), 0x3c00);
-  std::vector<uint16_t> out(static_cast<size_t>(elements));
+  return best;
+}
+
+UpdateTimer::UpdateTimer(CpuOptimizer* optimizer, int64_t elements)
+    : optimizer_(optimizer), elements_(elements) {}
+
+absl::StatusOr<UpdateTimer> UpdateTimer::Create(CpuOptimizer* optimizer,
+                                                int64_t elements) {
+  if (elements < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UpdateTimer: elements must be >= 1, not ", elements));
+  }
+  if (optimizer->moment_format() != MomentFormat::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UpdateTimer: times f32 moments; this optimizer stores ",
+                     MomentFormatName(optimizer->moment_format())));
+  }
+  UpdateTimer timer(optimizer, elements);
+  const auto size = static_cast<size_t>(elements);
+  try {
+    // Zero-filled by the vectors (on this thread: the pages' placement does
+    // not matter for a rate).
+    timer.master_.assign(size, 0.0f);
+    timer.state0_.assign(size, 0.0f);
+    timer.state1_.assign(size, 0.0f);
+    timer.grads_.assign(size, 0x3c00);
+    timer.out_.assign(size, 0);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("UpdateTimer: cannot allocate ", elements * 18,
+                     " bytes of scratch to time the CPU optimizer"));
+  }
+  return timer;
+}
+
+absl::StatusOr<double> UpdateTimer::Round() {
+  const OptimizerOptions& options = optimizer_->options();
   StepArgs args;
   args.lr = 1e-4;
-  double best = std::numeric_limits<double>::infinity();
-  for (int run = 0; run < 3; ++run) {
-    const auto start = std::chrono::steady_clock::now();
-    ZE_RETURN_IF_ERROR(StepExternal(
-        elements, floats[0].data(),
-        options_.type != OptimizerType::kSgd || options_.momentum > 0
-            ? floats[1].data()
-            : nullptr,
-        options_.type == OptimizerType::kSgd ? nullptr : floats[2].data(),
-        grads.data(), DType::kBF16, args, out.data(), DType::kBF16));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    // The first run pays the pages' first use.
-    if (run > 0) best = std::min(best, seconds);
-  }
-  return best / static_cast<double>(elements);
+  const auto start = std::chrono::steady_clock::now();
+  ZE_RETURN_IF_ERROR(optimizer_->StepExternal(
+      elements_, master_.data(),
+      options.type != OptimizerType::kSgd || options.momentum > 0
+          ? state0_.data()
+          : nullptr,
+      options.type == OptimizerType::kSgd ? nullptr : state1_.data(),
+      grads_.data(), DType::kBF16, args, out_.data(), DType::kBF16));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  return seconds / static_cast<double>(elements_);
 }
 
 absl::Status CpuOptimizer::StepExternal(int64_t count, float* master_weights,

@@ -1,6 +1,7 @@
 #include "offload/host_update.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -72,38 +73,145 @@ double GradientSumOfSquares(const void* data, DType dtype, int64_t count) {
 
 }  // namespace
 
+namespace {
+
+// `bytes` up and `bytes` down at once, on two streams, page-locked host
+// memory, timed, as often as asked (MeasureLinkBytesPerSecond and
+// MeasureUpdateRates). Round runs on the thread that calls it, which it
+// makes `device` current on.
+class LinkTimer {
+ public:
+  static absl::StatusOr<LinkTimer> Create(const Device& device, int64_t bytes) {
+    if (!device.is_cuda()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "MeasureLinkBytesPerSecond: ", device.ToString(), " is not CUDA"));
+    }
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+    ZE_ASSIGN_OR_RETURN(Stream up, Stream::Create(device));
+    ZE_ASSIGN_OR_RETURN(Stream down, Stream::Create(device));
+    const int64_t elements = std::max<int64_t>(1, bytes / 4);
+    ZE_ASSIGN_OR_RETURN(Tensor host_up,
+                        Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
+                                      PinnedHostMemory()));
+    ZE_ASSIGN_OR_RETURN(Tensor host_down,
+                        Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
+                                      PinnedHostMemory()));
+    ZE_ASSIGN_OR_RETURN(Tensor device_up,
+                        Tensor::Zeros({elements}, DType::kF32, device, up));
+    ZE_ASSIGN_OR_RETURN(Tensor device_down,
+                        Tensor::Zeros({elements}, DType::kF32, device, down));
+    ZE_RETURN_IF_ERROR(up.Synchronize());
+    return LinkTimer(device, std::move(up), std::move(down), std::move(host_up),
+                     std::move(host_down), std::move(device_up),
+                     std::move(device_down));
+  }
+
+  // Bytes per second each way of one round.
+  absl::StatusOr<double> Round() {
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(device_));
+    const auto start = std::chrono::steady_clock::now();
+    ZE_RETURN_IF_ERROR(Copy(host_up_, device_up_, up_));
+    ZE_RETURN_IF_ERROR(Copy(device_down_, host_down_, down_));
+    ZE_RETURN_IF_ERROR(up_.Synchronize());
+    ZE_RETURN_IF_ERROR(down_.Synchronize());
+    return static_cast<double>(host_up_.numel() * 4) / SecondsSince(start);
+  }
+
+ private:
+  LinkTimer(const Device& device, Stream up, Stream down, Tensor host_up,
+            Tensor host_down, Tensor device_up, Tensor device_down)
+      : device_(device),
+        up_(std::move(up)),
+        down_(std::move(down)),
+        host_up_(std::move(host_up)),
+        host_down_(std::move(host_down)),
+        device_up_(std::move(device_up)),
+        device_down_(std::move(device_down)) {}
+
+  Device device_;
+  Stream up_;
+  Stream down_;
+  Tensor host_up_;
+  Tensor host_down_;
+  Tensor device_up_;
+  Tensor device_down_;
+};
+
+// The best (largest) of `rounds` values of `round`, after one that pays the
+// first use.
+absl::StatusOr<double> BestRound(
+    int rounds, const std::function<absl::StatusOr<double>()>& round) {
+  ZE_RETURN_IF_ERROR(round().status());
+  double best = 0;
+  for (int i = 0; i < rounds; ++i) {
+    ZE_ASSIGN_OR_RETURN(const double value, round());
+    best = std::max(best, value);
+  }
+  return best;
+}
+
+// `measure` while `load` runs round after round on another thread (begun
+// before, stopped after); the load's first error wins over measure's
+// result.
+absl::StatusOr<double> MeasureUnderLoad(
+    const std::function<absl::StatusOr<double>()>& measure,
+    const std::function<absl::StatusOr<double>()>& load) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> rounds{0};
+  absl::Status load_status;
+  std::thread loader([&] {
+    while (!stop.load()) {
+      absl::StatusOr<double> round = load();
+      if (!round.ok()) {
+        load_status = round.status();
+        break;
+      }
+      rounds.fetch_add(1);
+    }
+    rounds.store(1 << 30);  // never leave the measure waiting
+  });
+  // Once the load has run a round it is in its steady state.
+  while (rounds.load() == 0) std::this_thread::yield();
+  absl::StatusOr<double> measured = measure();
+  stop.store(true);
+  loader.join();
+  ZE_RETURN_IF_ERROR(load_status);
+  return measured;
+}
+
+}  // namespace
+
 absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
                                                  int64_t bytes) {
-  if (!device.is_cuda()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MeasureLinkBytesPerSecond: ", device.ToString(), " is not CUDA"));
-  }
-  ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
-  ZE_ASSIGN_OR_RETURN(Stream up, Stream::Create(device));
-  ZE_ASSIGN_OR_RETURN(Stream down, Stream::Create(device));
-  const int64_t elements = std::max<int64_t>(1, bytes / 4);
-  ZE_ASSIGN_OR_RETURN(Tensor host_up,
-                      Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
-                                    PinnedHostMemory()));
-  ZE_ASSIGN_OR_RETURN(Tensor host_down,
-                      Tensor::Zeros({elements}, DType::kF32, Device::Cpu(),
-                                    PinnedHostMemory()));
-  ZE_ASSIGN_OR_RETURN(Tensor device_up,
-                      Tensor::Zeros({elements}, DType::kF32, device, up));
-  ZE_ASSIGN_OR_RETURN(Tensor device_down,
-                      Tensor::Zeros({elements}, DType::kF32, device, down));
-  ZE_RETURN_IF_ERROR(up.Synchronize());
-  double best = std::numeric_limits<double>::infinity();
-  for (int round = 0; round < 4; ++round) {
-    const auto start = std::chrono::steady_clock::now();
-    ZE_RETURN_IF_ERROR(Copy(host_up, device_up, up));
-    ZE_RETURN_IF_ERROR(Copy(device_down, host_down, down));
-    ZE_RETURN_IF_ERROR(up.Synchronize());
-    ZE_RETURN_IF_ERROR(down.Synchronize());
-    // The first round pays the copies' setup.
-    if (round > 0) best = std::min(best, SecondsSince(start));
-  }
-  return static_cast<double>(elements * 4) / best;
+  ZE_ASSIGN_OR_RETURN(LinkTimer link, LinkTimer::Create(device, bytes));
+  return BestRound(3, [&link] { return link.Round(); });
+}
+
+absl::StatusOr<UpdateRates> MeasureUpdateRates(const Device& device,
+                                               CpuOptimizer* optimizer,
+                                               int64_t cpu_elements,
+                                               int64_t link_bytes) {
+  ZE_ASSIGN_OR_RETURN(LinkTimer link, LinkTimer::Create(device, link_bytes));
+  ZE_ASSIGN_OR_RETURN(UpdateTimer cpu,
+                      UpdateTimer::Create(optimizer, cpu_elements));
+  // Elements per second, so that BestRound's largest is the fastest.
+  const auto cpu_round = [&cpu]() -> absl::StatusOr<double> {
+    ZE_ASSIGN_OR_RETURN(const double seconds, cpu.Round());
+    return 1.0 / seconds;
+  };
+  const auto link_round = [&link] { return link.Round(); };
+  UpdateRates rates;
+  ZE_ASSIGN_OR_RETURN(const double cpu_alone, BestRound(2, cpu_round));
+  ZE_ASSIGN_OR_RETURN(rates.link_bytes_per_second, BestRound(3, link_round));
+  ZE_ASSIGN_OR_RETURN(
+      const double cpu_shared,
+      MeasureUnderLoad([&] { return BestRound(2, cpu_round); }, link_round));
+  ZE_ASSIGN_OR_RETURN(
+      rates.link_bytes_per_second_shared,
+      MeasureUnderLoad([&] { return BestRound(3, link_round); }, cpu_round));
+  rates.cpu_seconds_per_element = 1.0 / cpu_alone;
+  rates.cpu_seconds_per_element_shared = 1.0 / cpu_shared;
+  return rates;
 }
 
 size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,

@@ -249,6 +249,29 @@ size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
 absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
                                                  int64_t bytes);
 
+// What the CPU/GPU split's model needs, each side alone and while the other
+// runs (zero::ChooseUpdateSplit). The CPU update and the link both move host
+// memory: where the CPU update alone already fills the host's memory
+// bandwidth, streaming state over the link slows it, so the split gains
+// less than the two rates alone promise, or nothing.
+struct UpdateRates {
+  double cpu_seconds_per_element = 0;         // the CPU update alone
+  double cpu_seconds_per_element_shared = 0;  // while the link streams
+  double link_bytes_per_second = 0;           // each way, alone
+  double link_bytes_per_second_shared = 0;    // while the CPU updates
+};
+// Measures them: the CPU update over `cpu_elements` of scratch
+// (UpdateTimer: `optimizer`'s threads, its state untouched; it must be
+// idle) and the link over `link_bytes` each way (MeasureLinkBytesPerSecond),
+// each alone, then each while the other runs on a second thread. Blocks
+// the caller for a few tenths of a second at 16 M elements and 64 MiB.
+// Errors: those of UpdateTimer::Create (f32 moments only) and of
+// MeasureLinkBytesPerSecond (FailedPrecondition off CUDA).
+absl::StatusOr<UpdateRates> MeasureUpdateRates(const Device& device,
+                                               CpuOptimizer* optimizer,
+                                               int64_t cpu_elements,
+                                               int64_t link_bytes);
+
 class InFlightUpdate;
 
 // Proof that no update is in flight: the master weights, optimizer state

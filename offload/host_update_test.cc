@@ -707,6 +707,34 @@ TEST(HostUpdateTest, DeviceUpdatedSlotsWaitForTheDecision) {
 }
 #endif  // ZE_HOST_UPDATE_TEST_CUDA
 
+// The split's rates: each side alone and while the other runs. On a CUDA
+// device four positive, finite rates (their sizes are the machine's); on
+// the CPU there is no link to measure.
+TEST(MeasureUpdateRatesTest, MeasuresEachSideAloneAndShared) {
+  absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
+      CpuOptimizer::Create(Adam(), 10, TwoThreads());
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  absl::StatusOr<UpdateRates> rates = MeasureUpdateRates(
+      ModelDevice(), optimizer->get(), int64_t{1} << 16, int64_t{1} << 20);
+  if (!ModelDevice().is_cuda()) {
+    EXPECT_EQ(rates.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(rates.status().message().find("not CUDA"), std::string::npos)
+        << rates.status();
+    return;
+  }
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  for (double rate :
+       {rates->cpu_seconds_per_element, rates->cpu_seconds_per_element_shared,
+        rates->link_bytes_per_second, rates->link_bytes_per_second_shared}) {
+    EXPECT_GT(rate, 0.0);
+    EXPECT_TRUE(std::isfinite(rate));
+  }
+  // A millisecond an element, or a link under 10 MB/s: surely wrong.
+  EXPECT_LT(rates->cpu_seconds_per_element_shared, 1e-3);
+  EXPECT_GT(rates->link_bytes_per_second_shared, 1e7);
+  EXPECT_EQ((*optimizer)->step_count(), 0);
+}
+
 TEST(HostUpdateTest, NothingInFlightJoinsAtOnce) {
   InFlightUpdate none;
   EXPECT_FALSE(none.active());

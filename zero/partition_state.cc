@@ -48,13 +48,17 @@ std::vector<Placement> ChooseOptimizerPlacement(
 
 double UpdateSplit::cpu_seconds() const {
   return static_cast<double>(host_elements - device_elements) *
-         cpu_seconds_per_element;
+         (device_elements > 0 ? rates.cpu_seconds_per_element_shared
+                              : rates.cpu_seconds_per_element);
 }
 
 double UpdateSplit::device_seconds() const {
-  return link_bytes_per_second > 0
+  const double link = device_elements < host_elements
+                          ? rates.link_bytes_per_second_shared
+                          : rates.link_bytes_per_second;
+  return link > 0
              ? static_cast<double>(device_elements * state_bytes_per_element) /
-                   link_bytes_per_second
+                   link
              : 0;
 }
 
@@ -65,25 +69,29 @@ std::string UpdateSplit::ToString() const {
                            : 0;
   return absl::StrFormat(
       "device updates %d of %d host elements (%.1f%%): CPU %.1f ms, link "
-      "%.1f ms (CPU %.3f ns/element, link %.1f GB/s each way, %d bytes of "
-      "state per element; measured)",
+      "%.1f ms (CPU %.3f ns/element alone, %.3f while the link streams; "
+      "link %.1f GB/s each way alone, %.1f while the CPU updates; %d bytes "
+      "of state per element; measured)",
       device_elements, host_elements, share, cpu_seconds() * 1e3,
-      device_seconds() * 1e3, cpu_seconds_per_element * 1e9,
-      link_bytes_per_second / 1e9, state_bytes_per_element);
+      device_seconds() * 1e3, rates.cpu_seconds_per_element * 1e9,
+      rates.cpu_seconds_per_element_shared * 1e9,
+      rates.link_bytes_per_second / 1e9,
+      rates.link_bytes_per_second_shared / 1e9, state_bytes_per_element);
 }
 
 UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
                               const std::vector<int>& forward_position,
                               int64_t state_bytes_per_element,
-                              double cpu_seconds_per_element,
-                              double link_bytes_per_second) {
+                              const offload::UpdateRates& rates) {
   UpdateSplit split;
   split.on_device.assign(host_elements.size(), false);
   split.state_bytes_per_element = state_bytes_per_element;
-  split.cpu_seconds_per_element = cpu_seconds_per_element;
-  split.link_bytes_per_second = link_bytes_per_second;
+  split.rates = rates;
   for (int64_t elements : host_elements) split.host_elements += elements;
-  if (!(cpu_seconds_per_element > 0) || !(link_bytes_per_second > 0)) {
+  if (!(rates.cpu_seconds_per_element > 0) ||
+      !(rates.cpu_seconds_per_element_shared > 0) ||
+      !(rates.link_bytes_per_second > 0) ||
+      !(rates.link_bytes_per_second_shared > 0)) {
     return split;
   }
   std::vector<size_t> order(host_elements.size());
@@ -91,18 +99,20 @@ UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return forward_position[a] < forward_position[b];
   });
+  // Every prefix of that order, not a greedy walk: the first bucket moved
+  // also slows the CPU's whole part to its shared rate, so it may lose
+  // where two or three win.
+  const auto later_side = [](const UpdateSplit& candidate) {
+    return std::max(candidate.cpu_seconds(), candidate.device_seconds());
+  };
+  UpdateSplit best = split;
   for (size_t b : order) {
     if (host_elements[b] == 0) continue;
-    UpdateSplit moved = split;
-    moved.device_elements += host_elements[b];
-    if (std::max(moved.cpu_seconds(), moved.device_seconds()) >=
-        std::max(split.cpu_seconds(), split.device_seconds())) {
-      break;
-    }
-    split.device_elements = moved.device_elements;
+    split.device_elements += host_elements[b];
     split.on_device[b] = true;
+    if (later_side(split) < later_side(best)) best = split;
   }
-  return split;
+  return best;
 }
 
 PartitionState::PartitionState(const PartitionedLayout& layout,
@@ -430,7 +440,7 @@ absl::Status PartitionState::ChooseSplit() {
       }
     }
     update_split_ =
-        ChooseUpdateSplit(host_elements, forward_position, state_bytes, 0, 0);
+        ChooseUpdateSplit(host_elements, forward_position, state_bytes, {});
     update_split_.on_device = options_.update_on_device;
     for (int b = 0; b < layout_.num_buckets(); ++b) {
       if (update_split_.on_device[b]) {
@@ -442,16 +452,15 @@ absl::Status PartitionState::ChooseSplit() {
   if (!options_.split_update || !options_.device.is_cuda()) {
     return absl::OkStatus();
   }
-  // A few milliseconds each: 16 M elements of CPU update on the
-  // optimizer's own threads, 64 MiB each way over the link.
+  // A few tenths of a second: 16 M elements of CPU update on the
+  // optimizer's own threads and 64 MiB each way over the link, each alone
+  // and each while the other runs.
   ZE_ASSIGN_OR_RETURN(
-      const double cpu_seconds,
-      host_optimizer_->MeasureSecondsPerElement(int64_t{1} << 24));
-  ZE_ASSIGN_OR_RETURN(
-      const double link,
-      offload::MeasureLinkBytesPerSecond(options_.device, int64_t{64} << 20));
-  update_split_ = ChooseUpdateSplit(host_elements, forward_position,
-                                    state_bytes, cpu_seconds, link);
+      const offload::UpdateRates rates,
+      offload::MeasureUpdateRates(options_.device, host_optimizer_.get(),
+                                  int64_t{1} << 24, int64_t{64} << 20));
+  update_split_ =
+      ChooseUpdateSplit(host_elements, forward_position, state_bytes, rates);
   return absl::OkStatus();
 }
 

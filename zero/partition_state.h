@@ -84,35 +84,39 @@ std::vector<Placement> ChooseOptimizerPlacement(
 // The CPU/GPU split of the offloaded update (issue 27; offload::HostUpdate's
 // header): which host buckets the device updates, their state streamed up
 // and down through it, while the CPU updates the rest. The CPU's part costs
-// cpu_seconds_per_element an element; the device's costs the link's
-// traffic, state_bytes_per_element each way at link_bytes_per_second (the
-// kernel itself is negligible beside it). Buckets are taken in the next
-// forward's reading order (the device's part runs once the step's
-// arguments are known, at the boundary, and the forward reads those first),
-// each while moving it to the device makes the later of the two finish
-// earlier: the two sides finish together, to a bucket. The CPU's head start
-// during backward is not counted, which errs toward the device.
+// an element what the CPU update takes (alone with nothing on the device;
+// while the link streams otherwise); the device's costs the link's
+// traffic, state_bytes_per_element each way at the link's rate while the
+// CPU updates (the kernel itself is negligible beside it). Both sides move
+// host memory, so the rates measured while the other side runs are what
+// a split gets: on a host whose memory bandwidth the CPU update already
+// fills, the first bucket moved slows the CPU as much as it relieves it
+// and nothing is split. Buckets are taken in the next forward's reading
+// order (the device's part runs once the step's arguments are known, at
+// the boundary, and the forward reads those first), each while moving it
+// to the device makes the later of the two finish earlier: the two sides
+// finish together, to a bucket. The CPU's head start during backward is
+// not counted, which errs toward the device.
 struct UpdateSplit {
   std::vector<bool> on_device;  // per bucket
   int64_t host_elements = 0;    // every host bucket's own elements
   int64_t device_elements = 0;  // of them, updated on the device
-  double cpu_seconds_per_element = 0;
-  double link_bytes_per_second = 0;  // each way
+  offload::UpdateRates rates;   // measured (all 0: none, nothing split)
   int64_t state_bytes_per_element = 0;
   double cpu_seconds() const;     // the CPU's part
   double device_seconds() const;  // the link's part
-  // "device updates X of Y host elements (Z%): CPU A ms, link B ms (C
-  // ns/element measured, D GB/s each way)".
+  // "device updates X of Y host elements (Z%): CPU A ms, link B ms (CPU
+  // C ns/element alone, C' while the link streams; link D GB/s each way
+  // alone, D' while the CPU updates; ...)".
   std::string ToString() const;
 };
 // `host_elements[b]`: bucket b's own elements if its state is on the host
 // (0 otherwise); `forward_position[b]`: 0 for the bucket the next forward
-// reads first. Pure.
+// reads first. Nothing is split unless every rate is positive. Pure.
 UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
                               const std::vector<int>& forward_position,
                               int64_t state_bytes_per_element,
-                              double cpu_seconds_per_element,
-                              double link_bytes_per_second);
+                              const offload::UpdateRates& rates);
 
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)

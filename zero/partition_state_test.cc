@@ -299,16 +299,29 @@ TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
   }
 }
 
+offload::UpdateRates Rates(double cpu, double cpu_shared, double link,
+                           double link_shared) {
+  offload::UpdateRates rates;
+  rates.cpu_seconds_per_element = cpu;
+  rates.cpu_seconds_per_element_shared = cpu_shared;
+  rates.link_bytes_per_second = link;
+  rates.link_bytes_per_second_shared = link_shared;
+  return rates;
+}
+
 // The split's model: buckets go to the device in the forward's reading
-// order while that shortens the later side; the two sides end near equal.
+// order, as many as make the later side earliest; the two sides end near
+// equal.
 TEST(ChooseUpdateSplitTest, BalancesTheCpuAgainstTheLink) {
   // Four host buckets of 100 elements and one device bucket (0); the
   // forward reads bucket 4 first (stages 0-2).
   const std::vector<int64_t> host = {100, 100, 0, 100, 100};
   const std::vector<int> forward = {4, 3, 2, 1, 0};
   // CPU 1 s an element; link 12 bytes an element at 12 B/s: 1 s an element
-  // too: half each, the forward's first two buckets (4 and 3) on the device.
-  UpdateSplit even = ChooseUpdateSplit(host, forward, 12, 1.0, 12.0);
+  // too, neither slowed by the other: half each, the forward's first two
+  // buckets (4 and 3) on the device.
+  UpdateSplit even =
+      ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.0, 12.0, 12.0));
   EXPECT_EQ(even.on_device,
             (std::vector<bool>{false, false, false, true, true}));
   EXPECT_EQ(even.host_elements, 400);
@@ -316,16 +329,50 @@ TEST(ChooseUpdateSplitTest, BalancesTheCpuAgainstTheLink) {
   EXPECT_DOUBLE_EQ(even.cpu_seconds(), 200.0);
   EXPECT_DOUBLE_EQ(even.device_seconds(), 200.0);
   // A link three times slower: one bucket (CPU 300 s, link 300 s).
-  UpdateSplit slow = ChooseUpdateSplit(host, forward, 12, 1.0, 4.0);
+  UpdateSplit slow =
+      ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.0, 4.0, 4.0));
   EXPECT_EQ(slow.device_elements, 100);
   EXPECT_TRUE(slow.on_device[4]);
   // A link so slow that one bucket would outlast the CPU alone: none.
-  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, 1.0, 0.01).device_elements, 0);
+  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.0, 0.01, 0.01))
+                .device_elements,
+            0);
   // Nothing measured (the CPU, or no device): none.
-  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, 0.0, 0.0).device_elements, 0);
+  EXPECT_EQ(ChooseUpdateSplit(host, forward, 12, {}).device_elements, 0);
   EXPECT_NE(even.ToString().find("device updates 200 of 400 host elements"),
             std::string::npos)
       << even.ToString();
+}
+
+// Both sides move host memory. Where the CPU alone fills it, each slows
+// while the other runs, and the split that the rates alone promise is a
+// loss: nothing is split.
+TEST(ChooseUpdateSplitTest, SharedHostMemoryCanMakeAnySplitALoss) {
+  const std::vector<int64_t> host = {100, 100, 100, 100};
+  const std::vector<int> forward = {0, 1, 2, 3};
+  // Alone: 1 s an element each way (half each would take 200 s). Shared:
+  // the CPU 1.5 s an element, the link 2 s: one bucket 450 s, two 400 s,
+  // three 600 s, none 400 s.
+  UpdateSplit split =
+      ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.5, 12.0, 6.0));
+  EXPECT_EQ(split.device_elements, 0);
+  EXPECT_DOUBLE_EQ(split.cpu_seconds(), 400.0);
+  EXPECT_EQ(split.on_device, std::vector<bool>(4, false));
+}
+
+// The first bucket moved slows the CPU's whole part; a walk that stopped
+// at the first loss would keep everything on the CPU where two buckets win.
+TEST(ChooseUpdateSplitTest, LooksPastAFirstBucketThatLoses) {
+  const std::vector<int64_t> host = {100, 100, 100, 100};
+  const std::vector<int> forward = {0, 1, 2, 3};
+  // CPU 1 s alone, 1.4 s shared; link 1 s an element: one bucket 420 s
+  // (worse than 400 s), two 280 s, three 300 s.
+  UpdateSplit split =
+      ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.4, 12.0, 12.0));
+  EXPECT_EQ(split.device_elements, 200);
+  EXPECT_EQ(split.on_device, (std::vector<bool>{true, true, false, false}));
+  EXPECT_DOUBLE_EQ(split.cpu_seconds(), 280.0);
+  EXPECT_DOUBLE_EQ(split.device_seconds(), 200.0);
 }
 
 // A split given per bucket must name only host buckets, one per bucket.
