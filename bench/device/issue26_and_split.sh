@@ -1,0 +1,58 @@
+#!/bin/bash
+# Issue 26's "within 1% of d9c2e76" beside the split model that counts
+# shared host memory. Needs gpu_pack (tools/gpu_bundle.sh) and gpu_base
+# (tools/baseline_bundle.sh d9c2e76) carried. PART=1: the gpu suite, the
+# 1.3B stage-2 offload run with the new split model (its choice in
+# train_bench.err), and the 124M pairs; PART=2: the 1.3B pairs. Each pair
+# runs d9c2e76's train_bench, then this commit's, with the same flags
+# (bf16, micro-batch 16, sequence 1024, clipping 1.0), into
+# base.jsonl / head.jsonl. LIMIT seconds (default 540).
+source bench/device/setup.sh
+LIMIT=${LIMIT:-540}
+PART=${PART:-1}
+left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
+[[ -d /tmp/baseline ]] || tar xJf gpu_base/baseline.tar.xz -C /tmp
+cat /tmp/baseline/COMMIT | tee $OUT/baseline_commit.txt
+HEAD_LD=$LD_LIBRARY_PATH
+BASE_LD=/tmp/baseline/lib:/usr/local/cuda/lib64
+one() {  # which(base|head) tag flags...
+  local which=$1 tag=$2; shift 2
+  (( $(left) > 45 )) || { el "skip $which $tag"; return; }
+  if [[ $which == base ]]; then
+    LD_LIBRARY_PATH=$BASE_LD timeout 120 /tmp/baseline/bin/train_bench "$@" \
+      >> $OUT/base.jsonl 2>> $OUT/base.err
+  else
+    LD_LIBRARY_PATH=$HEAD_LD timeout 120 $B/bin/train_bench "$@" \
+      >> $OUT/head.jsonl 2>> $OUT/head.err
+  fi
+  el "$which $tag rc=$?"
+}
+pair() {  # tag flags...: base, then head
+  one base "$@"; one head "$@"
+}
+common="--batch=16 --seq=1024 --dtype=bf16 --warmup=2"
+if [[ $PART == 1 ]]; then
+  timeout 250 $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; el "gpu tests rc=$?"
+  grep -h "^PASSED\|^FAILED\|^SKIPPED\|gpu tests:" $OUT/gpu_tests.txt | cut -c1-200
+  grep -A12 "^FAILED" $OUT/gpu_tests.txt | grep "Failure\|Expected\|Which is\|actual\|FAILED  \]" | head -20
+  tar czf $OUT/gpu_test_logs.tgz -C $OUT gpu_test_logs 2>/dev/null && rm -rf $OUT/gpu_test_logs
+  one head split1.3B --models=1.3B --stages=2 --offload=optimizer --reduce_bucket_size=5e7 $common --iters=5
+  grep -h "split between" $OUT/head.err | cut -c1-500
+  pair 124M-none --models=124M --stages=0,2,3 --offload=none $common --iters=10
+  pair 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
+  pair 124M-both --models=124M --stages=3 --offload=both $common --iters=10
+else
+  pair 1.3B-none --models=1.3B --stages=0,2,3 --offload=none $common --iters=6
+  pair 1.3B-opt --models=1.3B --stages=2,3 --offload=optimizer $common --iters=6
+  pair 1.3B-both --models=1.3B --stages=3 --offload=both $common --iters=6
+fi
+python3 - <<PY
+import json
+for name in ['base','head']:
+  try: lines=open('$OUT/'+name+'.jsonl').read().splitlines()
+  except OSError: continue
+  for l in lines:
+    try: d=json.loads(l)
+    except ValueError: continue
+    print(name, {k:d.get(k) for k in ['model','stage','offload','tokens_per_s','step_ms','error']})
+PY
