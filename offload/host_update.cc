@@ -592,14 +592,18 @@ int HostUpdate::NextSlot() {
   std::unique_lock<std::mutex> lock(mutex_);
   progress_.wait(lock, [&] { return !ready_.empty() || closed_; });
   if (ready_.empty() || decision_ == Decision::kRolledBack) return -1;
+  return TakeChosen(&ready_, [this](int s) {
+    return gradients_on_host_[s][num_chunks(s) - 1].Query();
+  });
+}
+
+int HostUpdate::TakeChosen(std::deque<int>* queue,
+                           const std::function<bool(int)>& landed) {
   const size_t chosen = ChooseBucketToUpdate(
-      ready_, closed_, begun_early_,
-      [this](int s) {
-        return gradients_on_host_[s][num_chunks(s) - 1].Query();
-      },
+      *queue, closed_, begun_early_, landed,
       [this](int s) { return slots_[s].forward_position; });
-  const int slot = ready_[chosen];
-  ready_.erase(ready_.begin() + chosen);
+  const int slot = (*queue)[chosen];
+  queue->erase(queue->begin() + static_cast<std::ptrdiff_t>(chosen));
   taken_.push_back(slot);
   return slot;
 }
@@ -716,13 +720,7 @@ int HostUpdate::NextDeviceSlot() {
   }
   // As the CPU worker chooses (ChooseBucketToUpdate); nothing travels down,
   // so every slot handed over has "landed".
-  const size_t chosen = ChooseBucketToUpdate(
-      device_ready_, closed_, begun_early_, [](int) { return true; },
-      [this](int s) { return slots_[s].forward_position; });
-  const int slot = device_ready_[chosen];
-  device_ready_.erase(device_ready_.begin() + chosen);
-  taken_.push_back(slot);
-  return slot;
+  return TakeChosen(&device_ready_, [](int) { return true; });
 }
 
 absl::Status HostUpdate::RunOnDevice(const StepCoefficients& coefficients) {
@@ -1014,6 +1012,28 @@ void InFlightUpdate::Abandon() {
   open_ = false;
 }
 
+absl::Status InFlightUpdate::CloseAndJoin(bool roll_back) {
+  HostUpdate& update = *owner_;
+  const auto wait_start = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(update.mutex_);
+    if (roll_back) {
+      update.decision_ = HostUpdate::Decision::kRolledBack;
+      update.speculation_report_.rolled_back = true;
+    }
+    update.closed_ = true;
+    update.progress_.notify_all();
+  }
+  worker_.join();
+  if (device_worker_.joinable()) device_worker_.join();
+  update.active_ = false;
+  owner_ = nullptr;
+  open_ = false;
+  std::lock_guard<std::mutex> lock(update.mutex_);
+  update.times_.engine_wait_seconds += SecondsSince(wait_start);
+  return update.status_;
+}
+
 absl::Status InFlightUpdate::HandOver(int slot, const Stream& stream) {
   if (owner_ == nullptr || handed_over_[slot]) return absl::OkStatus();
   handed_over_[slot] = true;
@@ -1089,24 +1109,9 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Join(const Stream& stream) {
         "the model state is read");
   }
   HostUpdate& update = *owner_;
-  const auto join_start = std::chrono::steady_clock::now();
-  {
-    // Closed already, unless Close failed halfway: the worker then updates
-    // what it was handed rather than wait for the rest forever.
-    std::lock_guard<std::mutex> lock(update.mutex_);
-    update.closed_ = true;
-    update.progress_.notify_all();
-  }
-  worker_.join();
-  if (device_worker_.joinable()) device_worker_.join();
-  update.active_ = false;
-  owner_ = nullptr;
-  absl::Status status;
-  {
-    std::lock_guard<std::mutex> lock(update.mutex_);
-    update.times_.engine_wait_seconds += SecondsSince(join_start);
-    status = update.status_;
-  }
+  // Closed already, unless Close failed halfway: the worker then updates
+  // what it was handed rather than wait for the rest forever.
+  const absl::Status status = CloseAndJoin(/*roll_back=*/false);
   if (update.to_device_stream_) {
     ZE_ASSIGN_OR_RETURN(Event uploaded, Event::Create(update.options_.device));
     ZE_RETURN_IF_ERROR(uploaded.Record(*update.to_device_stream_));
@@ -1168,25 +1173,7 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
         "InFlightUpdate::Rollback: no speculative update awaits a decision");
   }
   HostUpdate& update = *owner_;
-  const auto wait_start = std::chrono::steady_clock::now();
-  {
-    std::lock_guard<std::mutex> lock(update.mutex_);
-    update.decision_ = HostUpdate::Decision::kRolledBack;
-    update.speculation_report_.rolled_back = true;
-    update.closed_ = true;
-    update.progress_.notify_all();
-  }
-  worker_.join();
-  if (device_worker_.joinable()) device_worker_.join();
-  update.active_ = false;
-  owner_ = nullptr;
-  open_ = false;
-  absl::Status status;
-  {
-    std::lock_guard<std::mutex> lock(update.mutex_);
-    update.times_.engine_wait_seconds += SecondsSince(wait_start);
-    status = update.status_;
-  }
+  const absl::Status status = CloseAndJoin(/*roll_back=*/true);
   update.RestoreBackups();
   if (!resend_weights) {
     ZE_RETURN_IF_ERROR(status);

@@ -392,6 +392,11 @@ class HostUpdate {
   // slot (-1: none left, or rolled back).
   absl::Status RunOnDevice(const StepCoefficients& coefficients);
   int NextDeviceSlot();
+  // Removes from `queue` (ready_ or device_ready_) the slot
+  // ChooseBucketToUpdate picks with `landed`, records it in taken_ and
+  // returns it. Under mutex_; `queue` not empty.
+  int TakeChosen(std::deque<int>* queue,
+                 const std::function<bool(int)>& landed);
   // Queues one chunk through device buffer `buffer`: state up, (the
   // decision,) the kernel, state down. false: rolled back, nothing queued
   // after the copies up.
@@ -572,6 +577,11 @@ class InFlightUpdate {
   friend class HostUpdate;
   // Closes the queue and joins the worker, without streams.
   void Abandon();
+  // Join and Rollback: closes the queue (with roll_back, decided rolled
+  // back first), joins both workers, detaches from the update (owner_
+  // null) and returns the workers' status, the wait counted as the
+  // engine's. Engine thread; owner_ set.
+  absl::Status CloseAndJoin(bool roll_back);
 
   HostUpdate* owner_ = nullptr;
   std::thread worker_;

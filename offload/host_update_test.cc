@@ -426,6 +426,23 @@ void AwaitSpeculation(
 
 constexpr int64_t kAllChunks = 8;  // 1000 and 777 in chunks of 256
 
+// A speculative update begun early on `rig`, `slots` handed over, once
+// `until` holds of its report (AwaitSpeculation).
+absl::StatusOr<InFlightUpdate> StartSpeculating(
+    Rig& rig, const std::vector<int>& slots,
+    const std::function<bool(const SpeculationReport&)>& until) {
+  const Stream stream = TestStream();
+  absl::StatusOr<InFlightUpdate> in_flight =
+      rig.update->Start(Args(), /*begun_early=*/true, Speculation());
+  if (!in_flight.ok()) return in_flight.status();
+  for (int slot : slots) {
+    absl::Status handed = in_flight->HandOver(slot, stream);
+    if (!handed.ok()) return handed;
+  }
+  AwaitSpeculation(*rig.update, until);
+  return in_flight;
+}
+
 // Speculated during backward, then committed: bit for bit the update
 // handed over at once (the speculative arguments were the step's).
 TEST(HostUpdateTest, CommittedSpeculationEqualsTheExactUpdate) {
@@ -468,14 +485,10 @@ TEST(HostUpdateTest, RolledBackSpeculationIsRedoneExactly) {
     const Stream stream = TestStream();
     const std::vector<float> master = Master(*rig);
     const std::vector<float> weights = Values(rig->weights);
-    absl::StatusOr<InFlightUpdate> in_flight =
-        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    absl::StatusOr<InFlightUpdate> in_flight = StartSpeculating(
+        *rig, {0, 1},
+        [](const SpeculationReport& r) { return r.chunks == kAllChunks; });
     ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-    ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
-    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
-    AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
-      return r.chunks == kAllChunks;
-    });
     absl::StatusOr<UpdateJoined> rolled_back =
         in_flight->Rollback(stream, resend_weights);
     ASSERT_TRUE(rolled_back.ok()) << rolled_back.status();
@@ -525,14 +538,10 @@ TEST(HostUpdateTest, TiesAwayWeightsInTheUpdateAndTheRollback) {
     }
   };
   const Stream stream = TestStream();
-  absl::StatusOr<InFlightUpdate> in_flight =
-      rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+  absl::StatusOr<InFlightUpdate> in_flight = StartSpeculating(
+      *rig, {0, 1},
+      [](const SpeculationReport& r) { return r.chunks == kAllChunks; });
   ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
-  ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
-  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
-    return r.chunks == kAllChunks;
-  });
   ASSERT_TRUE(in_flight->Rollback(stream, /*resend_weights=*/true).ok());
   ExpectSameBits(Master(*rig), tied, "master restored");
   expect_high_halves(tied, "re-sent");
@@ -576,13 +585,10 @@ TEST(HostUpdateTest, SpeculationStopsAtTheBackupBudget) {
   std::unique_ptr<Rig> rig = MakeRig(false, false, -1, kChunk + 10);
   const Stream stream = TestStream();
   const std::vector<float> master = Master(*rig);
-  absl::StatusOr<InFlightUpdate> in_flight =
-      rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+  absl::StatusOr<InFlightUpdate> in_flight = StartSpeculating(
+      *rig, {0},
+      [](const SpeculationReport& r) { return r.stopped_by_budget; });
   ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-  ASSERT_TRUE(in_flight->HandOver(0, stream).ok());
-  AwaitSpeculation(*rig->update, [](const SpeculationReport& r) {
-    return r.stopped_by_budget;
-  });
   EXPECT_EQ(rig->update->last_speculation().chunks, 1);
   EXPECT_FALSE(rig->update->last_speculation().stopped_by_norm);
   ASSERT_TRUE(in_flight->Rollback(stream).ok());
@@ -597,12 +603,9 @@ TEST(HostUpdateTest, ADroppedSpeculationIsRolledBack) {
   const Stream stream = TestStream();
   const std::vector<float> master = Master(*rig);
   {
-    absl::StatusOr<InFlightUpdate> in_flight =
-        rig->update->Start(Args(), /*begun_early=*/true, Speculation());
+    absl::StatusOr<InFlightUpdate> in_flight = StartSpeculating(
+        *rig, {1}, [](const SpeculationReport& r) { return r.chunks == 4; });
     ASSERT_TRUE(in_flight.ok()) << in_flight.status();
-    ASSERT_TRUE(in_flight->HandOver(1, stream).ok());
-    AwaitSpeculation(*rig->update,
-                     [](const SpeculationReport& r) { return r.chunks == 4; });
   }
   ExpectSameBits(Master(*rig), master, "master restored");
   EXPECT_EQ(rig->optimizer->step_count(), 0);

@@ -66,24 +66,20 @@ constexpr int64_t kMin8BitElements = 4096;
 constexpr float kMCodeMax = 127.0f;
 constexpr float kVCodeMax = 255.0f;
 
-ZE_MOMENT_HD uint32_t MomentFloatBits(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
+// The bits of a float as uint32_t and back (memcpy: device code has it
+// too, and it compiles to a register move on either side).
+template <typename To, typename From>
+ZE_MOMENT_HD To MomentBitCast(From value) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+  To out;
+  memcpy(&out, &value, sizeof(out));
+  return out;
 }
-
+ZE_MOMENT_HD uint32_t MomentFloatBits(float value) {
+  return MomentBitCast<uint32_t>(value);
+}
 ZE_MOMENT_HD float MomentBitsFloat(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-#endif
+  return MomentBitCast<float>(bits);
 }
 
 // Round to nearest, ties to even (IEEE rint in the default mode).

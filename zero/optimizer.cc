@@ -317,26 +317,26 @@ std::vector<NamedStateTensor> FlatOptimizer::StateTensors() const {
   return state;
 }
 
-absl::Status FlatOptimizer::CheckStateRange(int array, int64_t begin,
-                                            const Tensor& values) const {
+absl::StatusOr<FlatOptimizer::HostState> FlatOptimizer::StateToHost(
+    int array, int64_t begin, const Tensor& values,
+    const Stream& stream) const {
   const std::vector<NamedStateTensor> state = StateTensors();
+  const int64_t count = values.numel();
   if (array < 0 || array >= static_cast<int>(state.size()) || begin < 0 ||
-      begin + values.numel() > num_elements_ || !values.device().is_cpu() ||
+      begin + count > num_elements_ || !values.device().is_cpu() ||
       values.dtype() != DType::kF32) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer state: array ", array, " elements [", begin,
-                     ", ", begin + values.numel(), ") of ", num_elements_,
-                     " through ", values.DebugString(), " (host f32 needed)"));
+                     ", ", begin + count, ") of ", num_elements_, " through ",
+                     values.DebugString(), " (host f32 needed)"));
   }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<FlatOptimizer::HostState> FlatOptimizer::StateToHost(
-    int array, int64_t begin, int64_t count, const Stream& stream) const {
-  const Tensor& tensor = StateTensors()[array].tensor;
+  const Tensor& tensor = state[array].tensor;
   HostState host;
   host.low = begin;
   host.high = begin + count;
+  host.format = options_.type == OptimizerType::kSgd ? MomentFormat::kF32
+                                                     : moment_format_;
+  if (count == 0) return host;
   const bool blocks = moment_format_ == MomentFormat::kBlockwise8 &&
                       options_.type != OptimizerType::kSgd;
   if (blocks) {
@@ -388,35 +388,25 @@ absl::Status FlatOptimizer::StateFromHost(int array, const HostState& host,
 absl::Status FlatOptimizer::ReadState(int array, int64_t begin,
                                       const Tensor& out,
                                       const Stream& stream) const {
-  ZE_RETURN_IF_ERROR(CheckStateRange(array, begin, out));
-  if (out.numel() == 0) return absl::OkStatus();
   ZE_ASSIGN_OR_RETURN(const HostState host,
-                      StateToHost(array, begin, out.numel(), stream));
-  const MomentFormat format = options_.type == OptimizerType::kSgd
-                                  ? MomentFormat::kF32
-                                  : moment_format_;
-  offload::DecodeMoments(
-      format, array == 1, host.data.data(),
-      host.steps.defined() ? host.steps.data_as<float>() : nullptr,
-      begin - host.low, out.numel(), out.data_as<float>());
+                      StateToHost(array, begin, out, stream));
+  if (out.numel() == 0) return absl::OkStatus();
+  offload::DecodeMoments(host.format, array == 1, host.data.data(),
+                         host.steps_data(), begin - host.low, out.numel(),
+                         out.data_as<float>());
   return absl::OkStatus();
 }
 
 absl::Status FlatOptimizer::WriteState(int array, int64_t begin,
                                        const Tensor& values,
                                        const Stream& stream) {
-  ZE_RETURN_IF_ERROR(CheckStateRange(array, begin, values));
-  if (values.numel() == 0) return absl::OkStatus();
   ZE_ASSIGN_OR_RETURN(const HostState host,
-                      StateToHost(array, begin, values.numel(), stream));
-  const MomentFormat format = options_.type == OptimizerType::kSgd
-                                  ? MomentFormat::kF32
-                                  : moment_format_;
-  offload::EncodeMoments(
-      format, array == 1, host.data.data(),
-      host.steps.defined() ? host.steps.data_as<float>() : nullptr,
-      host.high - host.low, begin - host.low, values.numel(),
-      values.data_as<float>());
+                      StateToHost(array, begin, values, stream));
+  if (values.numel() == 0) return absl::OkStatus();
+  offload::EncodeMoments(host.format, array == 1, host.data.data(),
+                         host.steps_data(), host.high - host.low,
+                         begin - host.low, values.numel(),
+                         values.data_as<float>());
   return StateFromHost(array, host, stream);
 }
 

@@ -214,23 +214,27 @@ class FlatOptimizer {
   Tensor exp_avg_steps_;  // 8-bit: f32 [ceil(num_elements / 256)]
   Tensor exp_avg_sq_steps_;
   // A host copy of the raw storage of state array `array` that covers
-  // elements [begin, begin + count): from element `low` (a block's start
-  // for 8-bit, else begin), `data` in the state tensor's dtype and, for
-  // 8-bit, the covered blocks' steps.
+  // elements [begin, begin + values.numel()): from element `low` (a block's
+  // start for 8-bit, else begin), `data` in the state tensor's dtype and,
+  // for 8-bit, the covered blocks' steps (`steps_data`, else null);
+  // `format` says how the data is coded. InvalidArgument unless `values`
+  // (what the caller reads into or writes from) is host f32 and its range
+  // lies inside the state; nothing copied for an empty range.
   struct HostState {
     int64_t low = 0;
     int64_t high = 0;
+    MomentFormat format = MomentFormat::kF32;
     Tensor data;
     Tensor steps;
+    float* steps_data() const {
+      return steps.defined() ? steps.data_as<float>() : nullptr;
+    }
   };
-  absl::StatusOr<HostState> StateToHost(int array, int64_t begin, int64_t count,
+  absl::StatusOr<HostState> StateToHost(int array, int64_t begin,
+                                        const Tensor& values,
                                         const Stream& stream) const;
   absl::Status StateFromHost(int array, const HostState& host,
                              const Stream& stream);
-  // InvalidArgument unless `values` is host f32 and its range lies inside
-  // the state.
-  absl::Status CheckStateRange(int array, int64_t begin,
-                               const Tensor& values) const;
 };
 
 // Bytes of optimizer state per parameter element held on top of the master

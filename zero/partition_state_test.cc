@@ -344,35 +344,29 @@ TEST(ChooseUpdateSplitTest, BalancesTheCpuAgainstTheLink) {
       << even.ToString();
 }
 
-// Both sides move host memory. Where the CPU alone fills it, each slows
-// while the other runs, and the split that the rates alone promise is a
-// loss: nothing is split.
-TEST(ChooseUpdateSplitTest, SharedHostMemoryCanMakeAnySplitALoss) {
+// Both sides move host memory, so a split is costed at the rates each
+// side keeps while the other runs. Where the CPU alone fills the host's
+// memory, the split the rates alone promise is a loss: nothing is split.
+// Where the first bucket moved loses (it slows the CPU's whole part) but
+// two win, a walk that stopped at the first loss would split nothing.
+TEST(ChooseUpdateSplitTest, CostsASplitAtTheSharedRates) {
   const std::vector<int64_t> host = {100, 100, 100, 100};
   const std::vector<int> forward = {0, 1, 2, 3};
   // Alone: 1 s an element each way (half each would take 200 s). Shared:
   // the CPU 1.5 s an element, the link 2 s: one bucket 450 s, two 400 s,
   // three 600 s, none 400 s.
-  UpdateSplit split =
+  UpdateSplit bound =
       ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.5, 12.0, 6.0));
-  EXPECT_EQ(split.device_elements, 0);
-  EXPECT_DOUBLE_EQ(split.cpu_seconds(), 400.0);
-  EXPECT_EQ(split.on_device, std::vector<bool>(4, false));
-}
-
-// The first bucket moved slows the CPU's whole part; a walk that stopped
-// at the first loss would keep everything on the CPU where two buckets win.
-TEST(ChooseUpdateSplitTest, LooksPastAFirstBucketThatLoses) {
-  const std::vector<int64_t> host = {100, 100, 100, 100};
-  const std::vector<int> forward = {0, 1, 2, 3};
-  // CPU 1 s alone, 1.4 s shared; link 1 s an element: one bucket 420 s
-  // (worse than 400 s), two 280 s, three 300 s.
-  UpdateSplit split =
+  EXPECT_EQ(bound.on_device, std::vector<bool>(4, false));
+  EXPECT_DOUBLE_EQ(bound.cpu_seconds(), 400.0);
+  // CPU 1.4 s shared, the link 1 s an element: one bucket 420 s (worse
+  // than 400 s), two 280 s, three 300 s.
+  UpdateSplit past_a_loss =
       ChooseUpdateSplit(host, forward, 12, Rates(1.0, 1.4, 12.0, 12.0));
-  EXPECT_EQ(split.device_elements, 200);
-  EXPECT_EQ(split.on_device, (std::vector<bool>{true, true, false, false}));
-  EXPECT_DOUBLE_EQ(split.cpu_seconds(), 280.0);
-  EXPECT_DOUBLE_EQ(split.device_seconds(), 200.0);
+  EXPECT_EQ(past_a_loss.on_device,
+            (std::vector<bool>{true, true, false, false}));
+  EXPECT_DOUBLE_EQ(past_a_loss.cpu_seconds(), 280.0);
+  EXPECT_DOUBLE_EQ(past_a_loss.device_seconds(), 200.0);
 }
 
 // A split given per bucket must name only host buckets, one per bucket.
