@@ -1532,14 +1532,18 @@ TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
   const char* base = R"({"train_batch_size": 8, "pipeline": {"stages": 2},
       "zero_optimization": {"stage": 1}})";
   EXPECT_TRUE(CheckSupported(LoadOrDie(base, 2)).ok());
-  Config refused = LoadOrDie(base, 2);
+  // Clipping composes: the norm spans the stages.
+  Config clipped = LoadOrDie(base, 2);
+  clipped.gradient_clipping = 1.0;
+  EXPECT_TRUE(CheckSupported(clipped).ok());
+  Config refused = clipped;
   refused.zero_optimization.stage = 3;
-  refused.gradient_clipping = 1.0;
+  refused.fp16.enabled = true;
   const absl::Status status = CheckSupported(refused);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
                                   "with zero_optimization.stage 3 (0-1 "
-                                  "work), gradient_clipping"),
+                                  "work), fp16.enabled"),
             absl::string_view::npos)
       << status;
 }

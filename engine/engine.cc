@@ -426,6 +426,19 @@ absl::Status EngineImpl::Setup() {
   context.compute_stream = &compute_stream_;
   context.model = model_.get();
   context.global_steps = &counters_.global_steps;
+  if (pipeline_groups_.pipeline != nullptr) {
+    // The gradient norm spans the stages; the last stage's copy of a tied
+    // table (its gradient made equal to the first stage's at the
+    // schedule's reduce) is counted by the first stage only.
+    context.pipeline = pipeline_groups_.pipeline.get();
+    auto* stage = dynamic_cast<nn::PipelineStage*>(model_.get());
+    if (stage != nullptr && context.pipeline->world_size() > 1 &&
+        context.pipeline->rank() == context.pipeline->world_size() - 1) {
+      for (nn::Parameter* tied : stage->TiedParameters()) {
+        context.gradients_counted_elsewhere.push_back(tied->name());
+      }
+    }
+  }
   // The environment is read here, once, and passed down.
   host_facts_ =
       ReadHostFacts([](const char* name) { return std::getenv(name); });

@@ -1,5 +1,6 @@
 #include "zero/boundary_step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -22,6 +23,30 @@ struct Statistics {
   double loss_sum = 0;        // over ranks
   int failed_ranks = 0;       // ranks whose previous offloaded update failed
 };
+
+// The sum of squares of this rank's own gradient elements of the named
+// parameters (bucket elements in both the parameter's range and the rank's
+// own range), as a one-element f32 tensor on the partition's device.
+absl::StatusOr<Tensor> SumOfSquaresCountedElsewhere(
+    const PartitionState& partition, const std::vector<std::string>& names,
+    const Stream& stream) {
+  ZE_ASSIGN_OR_RETURN(Tensor sum,
+                      Tensor::Empty({1}, DType::kF32, partition.device()));
+  ZE_RETURN_IF_ERROR(Fill(sum, 0.0f, stream));
+  for (const std::string& name : names) {
+    ZE_ASSIGN_OR_RETURN(const int index, partition.layout().FindParam(name));
+    const ParamPlacement& placement = partition.layout().placement(index);
+    if (!partition.trainable(placement.bucket)) continue;
+    const PartitionSlice own = partition.OwnRange(placement.bucket);
+    const int64_t begin = std::max(own.begin, placement.offset);
+    const int64_t end = std::min(own.end, placement.offset + placement.numel);
+    if (begin >= end) continue;
+    ZE_RETURN_IF_ERROR(SumOfSquares(partition.OwnGradients(placement.bucket)
+                                        .Slice(begin - own.begin, end - begin),
+                                    sum, stream));
+  }
+  return sum;
+}
 
 // Step 1 and 2 of the header: the statistics all-reduce, with the schedule
 // hash check when the strategy keeps one.
@@ -46,6 +71,15 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
     if (context.training->checks_overflow()) {
       ZE_RETURN_IF_ERROR(HasInfOrNan(own, overflow, stream));
     }
+  }
+  if (context.gradients_counted_elsewhere != nullptr &&
+      !context.gradients_counted_elsewhere->empty()) {
+    ZE_ASSIGN_OR_RETURN(
+        Tensor elsewhere,
+        SumOfSquaresCountedElsewhere(
+            partition, *context.gradients_counted_elsewhere, stream));
+    ZE_RETURN_IF_ERROR(
+        Axpby(-1.0f, elsewhere, 1.0f, sum_of_squares, sum_of_squares, stream));
   }
   if (!partition.policy().partition_optimizer) {
     // Every rank holds all the gradients: each contributes 1/N of its sum.
@@ -76,6 +110,15 @@ absl::StatusOr<Statistics> ReduceStatistics(const BoundaryStepContext& context,
         work, comm.AllReduce(stats, stats, comm::ReduceOp::kSum, stream));
   }
   ZE_RETURN_IF_ERROR(work.Wait());
+  if (context.pipeline != nullptr && context.pipeline->world_size() > 1) {
+    // The other stages' squares and overflow; the loss is every stage's
+    // already (the executor broadcasts the last stage's).
+    const Tensor across = stats.Slice(0, 2);
+    ZE_ASSIGN_OR_RETURN(comm::Work pipeline_work,
+                        context.pipeline->AllReduce(
+                            across, across, comm::ReduceOp::kSum, stream));
+    ZE_RETURN_IF_ERROR(pipeline_work.Wait());
+  }
   ZE_ASSIGN_OR_RETURN(std::vector<float> values, ToHostFloats(stats, stream));
   if (hashes.defined()) {
     ZE_ASSIGN_OR_RETURN(std::vector<float> extremes,

@@ -11,7 +11,9 @@
 //      1/N of its sum), the fp16 overflow flag, the summed micro-batch
 //      losses and step 0's failure flag; with a schedule hash (stage 3), a
 //      coalesced all-reduce (max) of the hash and its negation gives every rank
-//      its maximum and minimum;
+//      its maximum and minimum; with a pipeline, a second all-reduce sums
+//      the squares and the overflow flag over the stages (a tied
+//      parameter's copy counted once);
 //   2. differing hashes fail every rank with the strategy's Aborted error;
 //   3. the loss scaler updates (fp16); an overflow skips the step; in bf16
 //      and f32 a non-finite loss or gradient norm skips it too (unless an
@@ -39,6 +41,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -60,6 +64,14 @@ struct BoundaryStepContext {
   TrainingState* training = nullptr;
   PartitionState* partition = nullptr;
   int64_t step_number = 0;  // the step being taken, 1-based, for messages
+  // A pipeline's replica across the stages (StrategyContext::pipeline):
+  // the sum of squares and the overflow flag are then summed over it too,
+  // after `comm`'s all-reduce, so every stage clips by the whole model's
+  // norm. Null: no pipeline.
+  comm::Communicator* pipeline = nullptr;
+  // Parameters (by name) whose gradients another stage counts: left out of
+  // this rank's sum of squares. May be null.
+  const std::vector<std::string>* gradients_counted_elsewhere = nullptr;
 };
 
 // What differs between the stages, as data and callbacks (each optional).

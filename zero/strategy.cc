@@ -207,6 +207,8 @@ BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {
   step.training = context_.training;
   step.partition = partition_.get();
   step.step_number = *context_.global_steps + 1;
+  step.pipeline = context_.pipeline;
+  step.gradients_counted_elsewhere = &context_.gradients_counted_elsewhere;
   return step;
 }
 

@@ -69,6 +69,15 @@ struct StrategyContext {
   // with the host's facts): the strategy allocates by it instead of
   // deciding layout, placement or memory itself.
   const Plan* plan = nullptr;
+  // With a pipeline (pipeline/, docs/pipeline.md): this rank's replica
+  // across the stages (`comm` is the stage's data-parallel group), over
+  // which the boundary step sums the gradients' squares and the fp16
+  // overflow flag, since each stage holds other parameters; and the
+  // parameters whose gradients this stage holds as a copy of another
+  // stage's (the last stage's tied embedding), which the norm counts once.
+  // Null and empty without a pipeline.
+  comm::Communicator* pipeline = nullptr;
+  std::vector<std::string> gradients_counted_elsewhere;
 };
 
 // Where a strategy is within a micro-step.
