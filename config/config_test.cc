@@ -1536,14 +1536,17 @@ TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
   Config clipped = LoadOrDie(base, 2);
   clipped.gradient_clipping = 1.0;
   EXPECT_TRUE(CheckSupported(clipped).ok());
+  // And fp16: the overflow flag spans the stages too.
+  clipped.fp16.enabled = true;
+  EXPECT_TRUE(CheckSupported(clipped).ok());
   Config refused = clipped;
   refused.zero_optimization.stage = 3;
-  refused.fp16.enabled = true;
+  refused.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   const absl::Status status = CheckSupported(refused);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
                                   "with zero_optimization.stage 3 (0-1 "
-                                  "work), fp16.enabled"),
+                                  "work), zero_optimization.offload_optimizer"),
             absl::string_view::npos)
       << status;
 }

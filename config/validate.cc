@@ -373,7 +373,7 @@ absl::Status CheckSupported(const Config& config) {
     // are summed across stages before the data-parallel reduction (stage 2
     // reduces each micro-step, stage 3 partitions the weights). The
     // gradient norm and the fp16 overflow flag span the stages
-    // (zero::BoundaryStepContext::pipeline); fp16 is not yet tested there.
+    // (zero::BoundaryStepContext::pipeline).
     std::vector<std::string> refused;
     if (zero.stage > 1) {
       refused.push_back(
@@ -381,9 +381,6 @@ absl::Status CheckSupported(const Config& config) {
     }
     if (offload_optimizer.device != OffloadDevice::kNone) {
       refused.push_back("zero_optimization.offload_optimizer");
-    }
-    if (config.fp16.enabled.is_auto() || config.fp16.enabled.value()) {
-      refused.push_back("fp16.enabled (bf16 and fp32 work)");
     }
     if (!refused.empty()) {
       return absl::UnimplementedError(absl::StrCat(

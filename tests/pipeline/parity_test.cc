@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "nn/decoder.h"
@@ -69,6 +70,32 @@ std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                       R"(, "schedule": ")", schedule, R"("}})");
 }
 
+// The GPT runs' dtype (fp16 for the loss-scale test).
+DType g_dtype = DType::kF32;
+// The fp16 test's injection: in the step numbered g_inject_step, an inf in
+// the gradient of the first block's first module (first stage only), once.
+int g_inject_step = -1;
+bool g_inject_now = false;
+
+// Adds the injection hook to the module of `model` holding parameter
+// "blocks.0...." (none on stages without the first block).
+void AddInjection(nn::LossModel &model) {
+  for (nn::Module *module : model.Modules()) {
+    const std::vector<nn::Parameter *> direct = module->DirectParameters();
+    if (direct.empty() || direct[0]->name().rfind("blocks.0.", 0) != 0) {
+      continue;
+    }
+    module->AddHook(nn::HookKind::kPostBackward,
+                    [](nn::Module &hooked, const Stream &stream) {
+                      if (!g_inject_now) return absl::OkStatus();
+                      g_inject_now = false;
+                      const Tensor &grad = hooked.DirectParameters()[0]->grad();
+                      return Fill(grad.Slice(0, 1), INFINITY, stream);
+                    });
+    return;
+  }
+}
+
 absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
   if (g_family != Family::kGpt) {
     nn::DecoderOptions options;
@@ -84,8 +111,10 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
   options.seed = 1234;
   options.first_layer = first;
   options.last_layer = last;
+  options.dtype = g_dtype;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(Model(), options));
+  if (g_inject_step >= 0) AddInjection(*model);
   return std::shared_ptr<nn::LossModel>(std::move(model));
 }
 
@@ -107,6 +136,7 @@ absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
                          alone));
   Run run;
   for (int step = 0; step < kSteps; ++step) {
+    g_inject_now = step == g_inject_step;
     ZE_ASSIGN_OR_RETURN(engine::StepReport report, TrainStep(*engine, step));
     run.losses.push_back(report.loss);
   }
@@ -157,6 +187,7 @@ absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
                            Tensor::Wrap(targets[m].data(), {kMicro, kSeqLen},
                                         DType::kI32, Device::Cpu()));
     }
+    g_inject_now = step == g_inject_step;
     ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->TrainBatch(batches));
     run.losses.push_back(report.loss);
   }
@@ -264,6 +295,26 @@ TEST(PipelineParity, ClippingByTheNormAcrossStages) {
   }
   g_family = Family::kGpt;
   g_extra_keys.clear();
+}
+
+// fp16 with dynamic loss scaling: an inf in the first block's gradient (on
+// the first stage only) must make every stage skip that step, as the
+// single-rank run does, because the overflow flag is summed over the
+// pipeline; the other steps train as the single-rank fp16 run.
+TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  g_dtype = DType::kF16;
+  g_extra_keys =
+      R"(, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8})";
+  g_inject_step = 1;
+  for (int stages : StageCounts()) {
+    for (int zero_stage : {0, 1}) {
+      ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-4});
+    }
+  }
+  g_dtype = DType::kF32;
+  g_extra_keys.clear();
+  g_inject_step = -1;
 }
 
 // Ranks that would run different schedules (the last stage configured with
