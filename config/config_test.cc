@@ -1539,14 +1539,18 @@ TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
   // And fp16: the overflow flag spans the stages too.
   clipped.fp16.enabled = true;
   EXPECT_TRUE(CheckSupported(clipped).ok());
+  // Stage 2 and offload too.
+  Config offloaded = clipped;
+  offloaded.zero_optimization.stage = 2;
+  offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  EXPECT_TRUE(CheckSupported(offloaded).ok());
   Config refused = clipped;
   refused.zero_optimization.stage = 3;
-  refused.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   const absl::Status status = CheckSupported(refused);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
-                                  "with zero_optimization.stage 3 (0-1 "
-                                  "work), zero_optimization.offload_optimizer"),
+                                  "with zero_optimization.stage 3 (0-2 "
+                                  "work)"),
             absl::string_view::npos)
       << status;
 }

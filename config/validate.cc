@@ -368,19 +368,14 @@ absl::Status CheckSupported(const Config& config) {
                      "(the whole optimizer step on the CPU)"));
   }
   if (config.pipeline.stages > 1) {
-    // What a pipeline composes with so far (docs/pipeline.md): the stage's
-    // gradients must stay whole until the step, where the tied embedding's
-    // are summed across stages before the data-parallel reduction (stage 2
-    // reduces each micro-step, stage 3 partitions the weights). The
-    // gradient norm and the fp16 overflow flag span the stages
-    // (zero::BoundaryStepContext::pipeline).
+    // What a pipeline composes with so far (docs/pipeline.md): stages 0-2,
+    // offload, clipping and fp16. Stage 3 would gather a stage's
+    // parameters across its micro-batches and partition the tied table;
+    // not built yet.
     std::vector<std::string> refused;
-    if (zero.stage > 1) {
+    if (zero.stage > 2) {
       refused.push_back(
-          absl::StrCat("zero_optimization.stage ", zero.stage, " (0-1 work)"));
-    }
-    if (offload_optimizer.device != OffloadDevice::kNone) {
-      refused.push_back("zero_optimization.offload_optimizer");
+          absl::StrCat("zero_optimization.stage ", zero.stage, " (0-2 work)"));
     }
     if (!refused.empty()) {
       return absl::UnimplementedError(absl::StrCat(

@@ -233,22 +233,28 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         break;
       }
       case ActionKind::kBackward: {
+        if (!saved_[mb]) {
+          // F(m) again, saving, as a training forward: the strategy counts
+          // its uses of each parameter, which are what this backward
+          // produces (stage 2 issues a bucket's reduction once they are
+          // all done; a count from another micro-batch's forward would
+          // issue it early).
+          ZE_RETURN_IF_ERROR(strategy.BeginForward());
+          const absl::Status recomputed =
+              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream)
+                  .status();
+          strategy.EndForward();
+          ZE_RETURN_IF_ERROR(recomputed);
+        }
         Tensor grad = output_grad[mb];
         if (last) {
           ZE_ASSIGN_OR_RETURN(
               grad, losses[mb].Backward("pipeline backward", backward_scale));
         }
         ZE_RETURN_IF_ERROR(strategy.BeginBackward(/*boundary=*/false));
-        absl::Status status = absl::OkStatus();
-        if (!saved_[mb]) {
-          status =
-              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream)
-                  .status();
-        }
-        absl::StatusOr<Tensor> grad_input = absl::UnknownError("not run");
-        if (status.ok()) grad_input = stage.BackwardStage(grad, stream);
+        const absl::StatusOr<Tensor> grad_input =
+            stage.BackwardStage(grad, stream);
         const absl::Status end = strategy.EndBackward();
-        ZE_RETURN_IF_ERROR(status);
         ZE_RETURN_IF_ERROR(grad_input.status());
         ZE_RETURN_IF_ERROR(end);
         input_grad[mb] = *grad_input;
@@ -261,17 +267,9 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         // The tied parameters' two halves (first and last stage) summed on
         // both before either reduces over its data-parallel group: the
         // reduction is linear, so both then update alike.
-        for (nn::Parameter *parameter : stage.TiedParameters()) {
-          const Tensor &grad = parameter->grad();
-          if (!grad.defined()) {
-            return absl::FailedPreconditionError(
-                absl::StrCat("pipeline step: tied parameter ",
-                             parameter->name(), " has no gradient"));
-          }
-          ZE_ASSIGN_OR_RETURN(comm::Work work,
-                              context_.tied->AllReduce(
-                                  grad, grad, comm::ReduceOp::kSum, stream));
-          ZE_RETURN_IF_ERROR(work.Wait());
+        const std::vector<nn::Parameter *> tied = stage.TiedParameters();
+        if (!tied.empty()) {
+          ZE_RETURN_IF_ERROR(strategy.SumGradientsWith(tied, *context_.tied));
         }
         break;
       }

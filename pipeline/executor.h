@@ -12,10 +12,12 @@
 //     F(m)                     strategy BeginForward; ForwardStage; the last
 //                              stage reduces the per-row losses to micro-
 //                              batch m's mean (MeanCrossEntropy)
-//     B(m)                     strategy BeginBackward(boundary = false);
-//                              recompute F(m) first when its saved state
-//                              is not the most recent (1F1B's warm-up);
-//                              BackwardStage
+//     B(m)                     when F(m) did not save (1F1B's warm-up),
+//                              F(m) again first, saving, between the
+//                              strategy's BeginForward and EndForward (so
+//                              stage 2 counts this micro-batch's uses);
+//                              then strategy BeginBackward(boundary =
+//                              false); BackwardStage
 //     reduce                   waits for the sends; sums each tied
 //                              parameter's gradient with the other stage
 //                              holding it (an all-reduce over `tied`)

@@ -212,6 +212,54 @@ BoundaryStepContext ZeroStrategy::MakeBoundaryStepContext() const {
   return step;
 }
 
+absl::Status ZeroStrategy::SumGradientsWith(
+    const std::vector<nn::Parameter*>& parameters, comm::Communicator& other) {
+  const auto all_reduce = [this](comm::Communicator& group,
+                                 const Tensor& values) -> absl::Status {
+    ZE_ASSIGN_OR_RETURN(
+        comm::Work work,
+        group.AllReduce(values, values, comm::ReduceOp::kSum, stream()));
+    return work.Wait();
+  };
+  for (nn::Parameter* parameter : parameters) {
+    if (!partition_->policy().partition_gradients) {
+      const Tensor& grad = parameter->grad();
+      if (!grad.defined()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("pipeline step: tied parameter ", parameter->name(),
+                         " has no gradient"));
+      }
+      ZE_RETURN_IF_ERROR(all_reduce(other, grad));
+      continue;
+    }
+    // The rank's piece of the reduced gradient: bucket elements in both
+    // the parameter's range and the rank's own range.
+    ZE_ASSIGN_OR_RETURN(const int index, layout().FindParam(parameter->name()));
+    const ParamPlacement& placement = layout().placement(index);
+    const PartitionSlice own = partition_->OwnRange(placement.bucket);
+    const int64_t begin = std::max(own.begin, placement.offset);
+    const int64_t end = std::min(own.end, placement.offset + placement.numel);
+    const Tensor own_gradients = partition_->OwnGradients(placement.bucket);
+    ZE_ASSIGN_OR_RETURN(Tensor whole,
+                        Tensor::Zeros({placement.numel}, own_gradients.dtype(),
+                                      own_gradients.device(), stream()));
+    const Tensor piece =
+        begin < end ? own_gradients.Slice(begin - own.begin, end - begin)
+                    : Tensor();
+    const Tensor piece_in_whole =
+        begin < end ? whole.Slice(begin - placement.offset, end - begin)
+                    : Tensor();
+    if (piece.defined())
+      ZE_RETURN_IF_ERROR(Copy(piece, piece_in_whole, stream()));
+    // Disjoint pieces, zeros elsewhere: the sum is the whole gradient.
+    ZE_RETURN_IF_ERROR(all_reduce(comm(), whole));
+    ZE_RETURN_IF_ERROR(all_reduce(other, whole));
+    if (piece.defined())
+      ZE_RETURN_IF_ERROR(Copy(piece_in_whole, piece, stream()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> ZeroStrategy::GatherMasterWeights(
     const std::string& name) {
   ZE_ASSIGN_OR_RETURN(int index, partition_->layout().FindParam(name));

@@ -152,6 +152,20 @@ class ZeroStrategy {
   virtual absl::StatusOr<LoadReport> LoadWeights(
       const safetensors::TensorSource& reader) = 0;
 
+  // A pipeline's tied parameters (pipeline/executor.h, the schedule's
+  // reduce): sums the gradients of `parameters` accumulated over the
+  // window so far with those of the same parameters on the other ranks of
+  // `other` (the stages holding a copy), so that every copy then updates
+  // alike. Stages 0-1: each parameter's whole gradient, before it is
+  // reduced over comm(); stage 2 (gradients reduced into the partition
+  // every micro-step): this rank's reduced pieces, assembled whole over
+  // comm() first and written back after. Between micro-steps, on the
+  // compute stream; a collective over comm() and `other`. FailedPrecondition
+  // naming a parameter without a gradient (stages 0-1); NotFound naming
+  // one not in the layout; errors from the collectives.
+  absl::Status SumGradientsWith(const std::vector<nn::Parameter*>& parameters,
+                                comm::Communicator& other);
+
   // Parameter `name`'s f32 master values gathered from every rank (a
   // collective). NotFound naming an unknown parameter.
   absl::StatusOr<std::vector<float>> GatherMasterWeights(

@@ -1,8 +1,9 @@
 // Pipeline parity under mpirun: a pipeline of GPT (and Llama) stages (pipeline
 // x data-parallel layouts 2x1 at 2 ranks, 3x1 at 3, 2x2 and 4x1 at 4), GPipe
-// and 1F1B, ZeRO stages 0 and 1, trains to the losses and f32 master
-// weights of the single-rank run over the same samples (every rank runs
-// that reference itself, over a world of one split from the job's).
+// and 1F1B, ZeRO stages 0-2 (with clipping, offload, fp16), trains to the
+// losses and f32 master weights of the single-rank run over the same samples
+// (every rank runs that reference itself, over a world of one split from the
+// job's).
 //
 // Data: replica d's micro-batch m of step s holds global samples
 // ((s*A + m)*D + d)*B + i; the reference's accumulation of A*D micro-
@@ -57,8 +58,10 @@ std::vector<int64_t> LayerWeights() {
   return Llama(g_family == Family::kLlamaTied).PipelineLayerWeights();
 }
 
-// Extra top-level keys of every run's config (the clipping test's).
+// Extra top-level keys of every run's config (the clipping test's), and
+// extra keys of its zero_optimization section (the offload test's).
 std::string g_extra_keys;
+std::string g_zero_keys;
 
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                        int accumulation, const std::string &optimizer) {
@@ -66,7 +69,7 @@ std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                       g_extra_keys, R"(, "gradient_accumulation_steps": )",
                       accumulation, R"(, "optimizer": )", optimizer,
                       R"(, "zero_optimization": {"stage": )", zero_stage,
-                      R"(}, "pipeline": {"stages": )", stages,
+                      g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
                       R"(, "schedule": ")", schedule, R"("}})");
 }
 
@@ -248,7 +251,7 @@ TEST(PipelineParity, EveryLayoutScheduleAndZeroStageWithSgd) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   for (int stages : StageCounts()) {
     for (const char *schedule : {"gpipe", "1f1b"}) {
-      for (int zero_stage : {0, 1}) {
+      for (int zero_stage : {0, 1, 2}) {
         ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
       }
     }
@@ -279,7 +282,7 @@ TEST(PipelineParity, OneFOneBWithAdamW) {
 // model's norm: each stage holds a part of the gradients (and the last
 // stage a copy of the tied table's), so a norm of one stage's gradients, or
 // one counting the tied table twice, would give other weights than the
-// single-rank run. GPT and the tied Llama, both schedules, ZeRO 0 and 1.
+// single-rank run. GPT and the tied Llama, both schedules, ZeRO 0-2.
 TEST(PipelineParity, ClippingByTheNormAcrossStages) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
@@ -287,7 +290,7 @@ TEST(PipelineParity, ClippingByTheNormAcrossStages) {
     g_family = family;
     for (int stages : StageCounts()) {
       for (const char *schedule : {"gpipe", "1f1b"}) {
-        for (int zero_stage : {0, 1}) {
+        for (int zero_stage : {0, 1, 2}) {
           ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
         }
       }
@@ -315,6 +318,23 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
   g_dtype = DType::kF32;
   g_extra_keys.clear();
   g_inject_step = -1;
+}
+
+// ZeRO-Offload inside each stage: the optimizer step of every stage's
+// data-parallel share on the CPU, clipped by the norm across the stages
+// (the update cannot begin during a boundary backward: a pipeline has
+// none, so it runs at the step). ZeRO 1 and 2, AdamW.
+TEST(PipelineParity, OffloadOptimizerWithClipping) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  g_extra_keys = R"(, "gradient_clipping": 0.1)";
+  g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
+  for (int stages : StageCounts()) {
+    for (int zero_stage : {1, 2}) {
+      ExpectParity({stages, zero_stage, "1f1b", kAdamW, 1e-4});
+    }
+  }
+  g_extra_keys.clear();
+  g_zero_keys.clear();
 }
 
 // Ranks that would run different schedules (the last stage configured with
