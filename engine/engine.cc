@@ -362,15 +362,25 @@ CheckpointedState EngineImpl::CheckpointState() {
   return state;
 }
 
+PipelineCheckpointLayout EngineImpl::PipelineCheckpoint() const {
+  PipelineCheckpointLayout layout;
+  layout.world = world_.get();
+  layout.stage = pipeline_groups_.pipeline->rank();
+  for (const pipeline::LayerRange& range : pipeline_ranges_) {
+    layout.layer_ranges.emplace_back(range.first, range.last);
+  }
+  return layout;
+}
+
 absl::Status EngineImpl::SaveCheckpoint(const std::string& directory,
                                         const std::string& tag,
                                         const nlohmann::json& client_state) {
   last_save_report_ = CheckpointSaveReport();
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("save_checkpoint"));
-  // Each stage's ranks would write the same per-rank file names.
   if (pipeline_ != nullptr) {
-    return absl::UnimplementedError(
-        "save_checkpoint: checkpoints of a pipeline are not implemented yet");
+    return engine::SavePipelineCheckpoint(CheckpointState(),
+                                          PipelineCheckpoint(), directory, tag,
+                                          client_state, &last_save_report_);
   }
   return engine::SaveCheckpoint(CheckpointState(), directory, tag, client_state,
                                 &last_save_report_);
@@ -380,13 +390,13 @@ absl::StatusOr<LoadedCheckpoint> EngineImpl::LoadCheckpoint(
     const std::string& directory, const std::string& tag,
     bool load_optimizer_states) {
   ZE_RETURN_IF_ERROR(RequireNoPendingBackward("load_checkpoint"));
-  if (pipeline_ != nullptr) {
-    return absl::UnimplementedError(
-        "load_checkpoint: checkpoints of a pipeline are not implemented yet");
-  }
   ZE_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                      engine::LoadCheckpoint(CheckpointState(), directory, tag,
-                                             load_optimizer_states));
+                      pipeline_ != nullptr
+                          ? engine::LoadPipelineCheckpoint(
+                                CheckpointState(), PipelineCheckpoint(),
+                                directory, tag, load_optimizer_states)
+                          : engine::LoadCheckpoint(CheckpointState(), directory,
+                                                   tag, load_optimizer_states));
   // Not checkpointed: a window's summed loss and the throughput window.
   loss_sum_ = 0;
   monitor_->RestartWindow();
@@ -519,6 +529,7 @@ absl::Status EngineImpl::SetUpPipeline() {
   ZE_ASSIGN_OR_RETURN(const std::vector<pipeline::LayerRange> ranges,
                       pipeline::PartitionLayers(stage->PipelineLayerWeights(),
                                                 pipe.stages, pipe.partition));
+  pipeline_ranges_ = ranges;
   const pipeline::LayerRange& mine = ranges[stage_index];
   if (stage->first_layer() != mine.first || stage->last_layer() != mine.last) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -330,6 +330,14 @@ class Engine {
   // (StepReport::nonfinite without skipped), the call fails with
   // FailedPrecondition on every rank, naming what is not finite, and
   // `latest` keeps naming the last good checkpoint.
+  //
+  // A pipeline engine (pipeline.stages > 1) writes `directory`/pipeline.json
+  // (stages and layer ranges), one checkpoint as above per stage under
+  // `directory`/pipeline_stage_<s>/ (that stage's data-parallel ranks), and
+  // moves `directory`/latest once every stage has committed; it loads only
+  // a checkpoint of the same pipeline layout (FailedPrecondition naming
+  // both), and no stage loads unless every stage validated its files
+  // (engine/checkpoint/orchestration.h).
   absl::Status SaveCheckpoint(
       const std::string& directory, const std::string& tag = "",
       const nlohmann::json& client_state = nlohmann::json::object());

@@ -36,6 +36,7 @@
 #include "nn/loss_model.h"
 #include "pipeline/executor.h"
 #include "pipeline/layout.h"
+#include "pipeline/partition.h"
 #include "zero/plan.h"
 #include "zero/strategy.h"
 #include "zero/training_state.h"
@@ -137,6 +138,8 @@ class EngineImpl {
   // What the checkpoint orchestration (engine/checkpoint/orchestration.h)
   // reads and restores, borrowed for one call.
   CheckpointedState CheckpointState();
+  // A pipeline engine's place in its checkpoints (pipeline_ set).
+  PipelineCheckpointLayout PipelineCheckpoint() const;
 
   config::Config config_;
   std::shared_ptr<nn::LossModel> model_;
@@ -173,6 +176,8 @@ class EngineImpl {
   std::shared_ptr<comm::Communicator> world_;
   std::optional<pipeline::PipelineLayout> pipeline_layout_;
   pipeline::PipelineGroups pipeline_groups_;
+  // Each stage's layer range (SetUpPipeline), for checkpoints.
+  std::vector<pipeline::LayerRange> pipeline_ranges_;
   std::unique_ptr<pipeline::PipelineExecutor> pipeline_;
 };
 

@@ -16,8 +16,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -25,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/atomic_file.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -588,7 +591,12 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   }();
   if (!valid.ok()) staged.reset();  // its memory back before waiting
   const Clock::time_point agree_start = Clock::now();
-  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(comm, valid, stream, what));
+  absl::Status agreed = AgreeAcrossRanks(comm, valid, stream, what);
+  if (engine.agree_also != nullptr) {
+    // Every rank reaches this agreement, whatever `comm`'s said.
+    agreed = AgreeAcrossRanks(*engine.agree_also, agreed, stream, what);
+  }
+  ZE_RETURN_IF_ERROR(agreed);
   result.verify_seconds += SecondsSince(agree_start);
 
   const checkpoint::Manifest& manifest = reader->manifest();
@@ -639,6 +647,148 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointedState& engine,
   result.bytes_read = reader->bytes_read();
   result.total_seconds = SecondsSince(load_start);
   return result;
+}
+
+namespace {
+
+constexpr char kPipelineFileName[] = "pipeline.json";
+
+std::string StageDirectory(const std::string& directory, int stage) {
+  return absl::StrCat(directory, "/pipeline_stage_", stage);
+}
+
+std::string PipelineJson(const PipelineCheckpointLayout& pipeline) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& [first, last] : pipeline.layer_ranges) {
+    layers.push_back({first, last});
+  }
+  nlohmann::json json;
+  json["stages"] = pipeline.layer_ranges.size();
+  json["layers"] = layers;
+  return json.dump() + "\n";
+}
+
+// The pipeline.json in `directory`: NotFound when there is none.
+absl::StatusOr<std::string> ReadPipelineJson(const std::string& directory) {
+  const std::string path = absl::StrCat(directory, "/", kPipelineFileName);
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        path, " does not exist: ", directory,
+        " holds no pipeline checkpoint (a pipeline loads only checkpoints a "
+        "pipeline of the same stages saved)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status RequireSameLayout(const std::string& directory,
+                               const std::string& found,
+                               const std::string& wanted) {
+  if (found == wanted) return absl::OkStatus();
+  std::string found_line = found, wanted_line = wanted;
+  if (!found_line.empty() && found_line.back() == '\n') found_line.pop_back();
+  if (!wanted_line.empty() && wanted_line.back() == '\n') {
+    wanted_line.pop_back();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(directory, "/", kPipelineFileName,
+                   ": its checkpoints were saved by a "
+                   "pipeline of ",
+                   found_line, "; this one is ", wanted_line,
+                   " (checkpoints do not move between pipeline layouts yet)"));
+}
+
+}  // namespace
+
+absl::Status SavePipelineCheckpoint(const CheckpointedState& engine,
+                                    const PipelineCheckpointLayout& pipeline,
+                                    const std::string& directory,
+                                    const std::string& tag_argument,
+                                    const nlohmann::json& client_state,
+                                    CheckpointSaveReport* report) {
+  const char* what = "save_checkpoint";
+  comm::Communicator& world = *pipeline.world;
+  const Stream& stream = *engine.stream;
+  // Every stage's step count is the same, so is the default tag.
+  const std::string own_tag =
+      tag_argument.empty()
+          ? absl::StrCat("global_step", engine.counters->global_steps)
+          : tag_argument;
+  ZE_ASSIGN_OR_RETURN(
+      const std::string tag,
+      AgreeOnDirectoryAndTag(world, what, directory, own_tag,
+                             engine.config->checkpoint.tag_validation, stream));
+  const std::string layout = PipelineJson(pipeline);
+  absl::Status prepared;
+  if (world.rank() == 0) {
+    prepared = [&]() -> absl::Status {
+      std::error_code error;
+      std::filesystem::create_directories(directory, error);
+      if (error) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            what, ": cannot create ", directory, ": ", error.message()));
+      }
+      absl::StatusOr<std::string> existing = ReadPipelineJson(directory);
+      if (existing.ok()) {
+        return RequireSameLayout(directory, *existing, layout);
+      }
+      return WriteFileAtomically(
+          absl::StrCat(directory, "/", kPipelineFileName), layout);
+    }();
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, prepared, stream, what));
+  const absl::Status saved =
+      SaveCheckpoint(engine, StageDirectory(directory, pipeline.stage), tag,
+                     client_state, report);
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, saved, stream, what));
+  absl::Status committed;
+  if (world.rank() == 0) {
+    committed = WriteFileAtomically(
+        absl::StrCat(directory, "/", checkpoint::kLatestFileName), tag + "\n");
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, committed, stream, what));
+  ZE_LOG_RANK0(INFO) << "saved pipeline checkpoint " << directory << "/" << tag
+                     << " (" << pipeline.layer_ranges.size() << " stages)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadPipelineCheckpoint(
+    const CheckpointedState& engine, const PipelineCheckpointLayout& pipeline,
+    const std::string& directory, const std::string& tag_argument,
+    bool load_optimizer_states) {
+  const char* what = "load_checkpoint";
+  comm::Communicator& world = *pipeline.world;
+  const Stream& stream = *engine.stream;
+  ZE_ASSIGN_OR_RETURN(
+      std::string tag,
+      AgreeOnDirectoryAndTag(world, what, directory, tag_argument,
+                             engine.config->checkpoint.tag_validation, stream));
+  // World rank 0 checks the layout and resolves `latest` once for every
+  // stage (a stage's own `latest` may be ahead after a crash mid-save).
+  absl::StatusOr<std::string> resolved = tag;
+  if (world.rank() == 0) {
+    resolved = [&]() -> absl::StatusOr<std::string> {
+      ZE_ASSIGN_OR_RETURN(const std::string existing,
+                          ReadPipelineJson(directory));
+      ZE_RETURN_IF_ERROR(
+          RequireSameLayout(directory, existing, PipelineJson(pipeline)));
+      if (!tag.empty()) return tag;
+      return checkpoint::ReadLatestTag(directory);
+    }();
+  }
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, resolved.status(), stream, what));
+  ZE_ASSIGN_OR_RETURN(
+      tag,
+      BroadcastString(world, world.rank() == 0 ? *resolved : "", 0, stream));
+  CheckpointedState stage_engine = engine;
+  stage_engine.agree_also = &world;
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      LoadCheckpoint(stage_engine, StageDirectory(directory, pipeline.stage),
+                     tag, load_optimizer_states);
+  ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, loaded.status(), stream, what));
+  return loaded;
 }
 
 }  // namespace engine

@@ -17,6 +17,8 @@
 #define ZE_ENGINE_CHECKPOINT_ORCHESTRATION_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,7 +53,44 @@ struct CheckpointedState {
   // never saved.
   bool last_update_nonfinite = false;
   double last_nonfinite_loss = 0;
+  // A wider group that must also agree, after `comm`, before a load
+  // changes anything (a pipeline's whole job: no stage loads unless every
+  // stage validated). Null: `comm` alone.
+  comm::Communicator* agree_also = nullptr;
 };
+
+// A pipeline engine's place in its checkpoints (pipeline.stages > 1).
+struct PipelineCheckpointLayout {
+  comm::Communicator* world = nullptr;  // every rank of the job
+  int stage = 0;                        // this rank's
+  // Each stage's pipeline layers [first, last), in stage order.
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges;
+};
+
+// Engine::SaveCheckpoint and LoadCheckpoint of a pipeline. `directory`
+// holds pipeline.json (the stage count and each stage's layer range),
+// `latest`, and one ordinary checkpoint per stage under
+// pipeline_stage_<s>/, written and read by that stage's data-parallel
+// ranks (`engine.comm`) as SaveCheckpoint and LoadCheckpoint below do, so
+// a stage reshards over another data-parallel size or ZeRO stage as any
+// checkpoint does. The top-level `latest` moves only once every stage has
+// committed, so a crash between stages leaves the previous complete
+// checkpoint the one loaded. A load resolves the tag once (world rank 0),
+// and no stage changes anything until every stage has validated its files.
+// Collectives over `pipeline.world`. Errors: a directory holding another
+// pipeline layout's checkpoint (FailedPrecondition naming both layouts,
+// on save and load), one without pipeline.json on load (NotFound), and
+// those of SaveCheckpoint / LoadCheckpoint, on every rank.
+absl::Status SavePipelineCheckpoint(const CheckpointedState& engine,
+                                    const PipelineCheckpointLayout& pipeline,
+                                    const std::string& directory,
+                                    const std::string& tag,
+                                    const nlohmann::json& client_state,
+                                    CheckpointSaveReport* report);
+absl::StatusOr<LoadedCheckpoint> LoadPipelineCheckpoint(
+    const CheckpointedState& engine, const PipelineCheckpointLayout& pipeline,
+    const std::string& directory, const std::string& tag,
+    bool load_optimizer_states);
 
 // Engine::SaveCheckpoint after its own checks (no backward owed): checks
 // the accumulation boundary and everything else that contract lists, then

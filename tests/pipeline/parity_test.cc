@@ -9,6 +9,7 @@
 // ((s*A + m)*D + d)*B + i; the reference's accumulation of A*D micro-
 // batches sees the same samples (tests/engine's TrainStep numbering).
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -150,9 +151,10 @@ absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
 }
 
 // This rank's stage of the pipeline run; weights of its stage only.
-absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
-                              const std::string &schedule,
-                              const std::string &optimizer) {
+// This rank's stage of a pipeline engine (fresh weights from the seed).
+absl::StatusOr<std::unique_ptr<engine::Engine>> PipelinedEngine(
+    int stages, int zero_stage, const std::string &schedule,
+    const std::string &optimizer) {
   ZE_ASSIGN_OR_RETURN(
       pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages"));
@@ -162,16 +164,18 @@ absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
   const pipeline::LayerRange mine = ranges[layout.StageOf(Rank())];
   ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
                       Build(mine.first, mine.last));
-  ZE_ASSIGN_OR_RETURN(
-      std::unique_ptr<engine::Engine> engine,
-      engine::Initialize(
-          model,
-          ConfigJson(stages, zero_stage, schedule, kAccumulation, optimizer),
-          Comm()));
-  const int replicas = engine->communicator().world_size();
-  const int replica = engine->communicator().rank();
-  Run run;
-  for (int step = 0; step < kSteps; ++step) {
+  return engine::Initialize(
+      model, ConfigJson(stages, zero_stage, schedule, kAccumulation, optimizer),
+      Comm());
+}
+
+// Steps [first, last) of the pipeline run through `engine`, their losses
+// appended to run->losses.
+absl::Status TrainPipelined(engine::Engine &engine, int first, int last,
+                            Run *run) {
+  const int replicas = engine.communicator().world_size();
+  const int replica = engine.communicator().rank();
+  for (int step = first; step < last; ++step) {
     std::vector<std::vector<int32_t>> tokens(kAccumulation),
         targets(kAccumulation);
     std::vector<std::pair<Tensor, Tensor>> batches;
@@ -191,12 +195,28 @@ absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
                                         DType::kI32, Device::Cpu()));
     }
     g_inject_now = step == g_inject_step;
-    ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine->TrainBatch(batches));
-    run.losses.push_back(report.loss);
+    ZE_ASSIGN_OR_RETURN(engine::StepReport report, engine.TrainBatch(batches));
+    run->losses.push_back(report.loss);
   }
-  for (const std::string &name : engine->ParameterNames()) {
-    ZE_ASSIGN_OR_RETURN(run.weights[name], engine->GatherMasterWeights(name));
+  return absl::OkStatus();
+}
+
+absl::Status ReadWeights(engine::Engine &engine, Run *run) {
+  for (const std::string &name : engine.ParameterNames()) {
+    ZE_ASSIGN_OR_RETURN(run->weights[name], engine.GatherMasterWeights(name));
   }
+  return absl::OkStatus();
+}
+
+// This rank's stage of the pipeline run; weights of its stage only.
+absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
+                              const std::string &schedule,
+                              const std::string &optimizer) {
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                      PipelinedEngine(stages, zero_stage, schedule, optimizer));
+  Run run;
+  ZE_RETURN_IF_ERROR(TrainPipelined(*engine, 0, kSteps, &run));
+  ZE_RETURN_IF_ERROR(ReadWeights(*engine, &run));
   return run;
 }
 
@@ -335,6 +355,77 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
+}
+
+// A directory every rank of this job names alike (the ranks share the
+// test's sandbox).
+std::string SharedDirectory(const std::string &name) {
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, "_w", World());
+}
+
+// A pipeline's checkpoint: saved after step 1 by every stage, loaded by a
+// fresh engine of the same layout, which then trains to the uninterrupted
+// run's losses and weights bit for bit (at ZeRO 1 and 2, AdamW, so the
+// moments travel too). The same directory refuses a pipeline of another
+// stage count, naming both layouts, and a directory without a pipeline
+// checkpoint is NotFound, on every rank, before anything is loaded.
+TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const int stages = World() == 4 ? 2 : World();
+  for (int zero_stage : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("ZeRO ", zero_stage, ", rank ", Rank()));
+    const std::string directory =
+        SharedDirectory(absl::StrCat("pipeline_ckpt_z", zero_stage));
+    absl::StatusOr<std::unique_ptr<engine::Engine>> whole =
+        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    enginetest::Run uninterrupted;
+    ASSERT_TRUE(TrainPipelined(**whole, 0, 1, &uninterrupted).ok());
+    ASSERT_TRUE((*whole)->SaveCheckpoint(directory).ok());
+    ASSERT_TRUE(TrainPipelined(**whole, 1, kSteps, &uninterrupted).ok());
+    ASSERT_TRUE(ReadWeights(**whole, &uninterrupted).ok());
+
+    absl::StatusOr<std::unique_ptr<engine::Engine>> resumed_engine =
+        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+    ASSERT_TRUE(resumed_engine.ok()) << resumed_engine.status();
+    absl::StatusOr<engine::LoadedCheckpoint> loaded =
+        (*resumed_engine)->LoadCheckpoint(directory);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->tag, "global_step1");
+    enginetest::Run resumed;
+    resumed.losses.push_back(uninterrupted.losses[0]);
+    ASSERT_TRUE(TrainPipelined(**resumed_engine, 1, kSteps, &resumed).ok());
+    ASSERT_TRUE(ReadWeights(**resumed_engine, &resumed).ok());
+    EXPECT_EQ(resumed.losses, uninterrupted.losses);
+    for (const auto &[name, values] : uninterrupted.weights) {
+      EXPECT_EQ(resumed.weights[name], values) << name;
+    }
+
+    // Another stage count: every rank refuses, naming pipeline.json.
+    if (World() % 2 == 0 && World() != stages) {
+      absl::StatusOr<std::unique_ptr<engine::Engine>> other =
+          PipelinedEngine(World(), zero_stage, "1f1b", kAdamW);
+      ASSERT_TRUE(other.ok()) << other.status();
+      absl::StatusOr<engine::LoadedCheckpoint> refused =
+          (*other)->LoadCheckpoint(directory);
+      EXPECT_FALSE(refused.ok());
+      if (Rank() == 0) {
+        EXPECT_EQ(refused.status().code(),
+                  absl::StatusCode::kFailedPrecondition);
+        EXPECT_NE(refused.status().message().find("pipeline.json"),
+                  std::string::npos)
+            << refused.status();
+      }
+    }
+    absl::StatusOr<engine::LoadedCheckpoint> missing =
+        (*resumed_engine)->LoadCheckpoint(directory + "_none");
+    EXPECT_FALSE(missing.ok());
+    if (Rank() == 0) {
+      EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound)
+          << missing.status();
+    }
+  }
 }
 
 // Ranks that would run different schedules (the last stage configured with
