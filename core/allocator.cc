@@ -151,19 +151,23 @@ absl::StatusOr<HostRegistration> HostRegistration::Create(
   HostRegistration registration;
   if (CudaDeviceCount() == 0) return registration;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  // [begin, end) page-aligned, sorted, then merged where they touch a
-  // common page.
-  std::vector<std::pair<uintptr_t, uintptr_t>> pages;
+  // Exact [begin, end) byte ranges, sorted, then merged where they overlap
+  // or share a page (the gap between two such spans is inside one page).
+  // Not rounded out to pages: a copy with cudaMemcpyDefault to host memory
+  // that starts inside a registered range and runs past its end fails
+  // (cudaErrorInvalidValue), and a neighbour's buffer in a rounded-out page
+  // would be such memory.
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   for (const Span& span : spans) {
     if (span.bytes == 0) continue;
     const uintptr_t begin = reinterpret_cast<uintptr_t>(span.data);
-    pages.emplace_back(begin / page * page,
-                       (begin + span.bytes + page - 1) / page * page);
+    ranges.emplace_back(begin, begin + span.bytes);
   }
-  std::sort(pages.begin(), pages.end());
+  std::sort(ranges.begin(), ranges.end());
   std::vector<std::pair<uintptr_t, uintptr_t>> merged;
-  for (const auto& range : pages) {
-    if (!merged.empty() && range.first <= merged.back().second) {
+  for (const auto& range : ranges) {
+    if (!merged.empty() &&
+        range.first / page <= (merged.back().second - 1) / page) {
       merged.back().second = std::max(merged.back().second, range.second);
     } else {
       merged.push_back(range);

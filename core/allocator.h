@@ -130,9 +130,11 @@ class PinnedHostAllocator : public Allocator {
 // and of which only a part travels. Move-only; the destructor unregisters.
 //
 // The runtime locks whole pages, and small host arrays share pages with
-// their neighbours (HostMemory is aligned_alloc): Create rounds every span
-// out to its pages and merges spans that overlap or share a page, so that
-// no page is registered twice. A range of which some page is already
+// their neighbours (HostMemory is aligned_alloc): Create merges spans that
+// overlap or share a page into one range (from the first's start to the
+// last's end, exact, never rounded out to pages: a neighbour's buffer that
+// began inside a registered range and ran past its end could not be copied
+// with cudaMemcpyDefault), so that no page is registered twice. A range of which some page is already
 // registered elsewhere in the process (another object's registration of a
 // shared page) is left as it is: locking only speeds copies up, and copies
 // from pageable memory are as correct, only synchronous. On a machine with

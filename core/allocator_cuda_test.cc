@@ -215,6 +215,23 @@ TEST(HostRegistrationTest, SpansSharingPagesRegisterOnce) {
     EXPECT_EQ(second->locked_bytes(), 0u);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
+  // A neighbour's buffer that starts on a registered range's last page and
+  // runs past it is not inside any registration: device copies into it
+  // work (they failed with cudaErrorInvalidValue when ranges were rounded
+  // out to whole pages).
+  {
+    absl::StatusOr<HostRegistration> edge =
+        HostRegistration::Create({{bytes + 64, 1000}});
+    ASSERT_TRUE(edge.ok()) << edge.status();
+    void* device = nullptr;
+    ASSERT_EQ(cudaMalloc(&device, 4000), cudaSuccess);
+    ASSERT_EQ(cudaMemset(device, 7, 4000), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(bytes + 2000, device, 4000, cudaMemcpyDefault),
+              cudaSuccess);
+    EXPECT_EQ(bytes[2000], 7);
+    EXPECT_EQ(bytes[5999], 7);
+    ASSERT_EQ(cudaFree(device), cudaSuccess);
+  }
   // Unregistered: the same pages register again.
   absl::StatusOr<HostRegistration> again =
       HostRegistration::Create({{bytes, 3 * 4096}});

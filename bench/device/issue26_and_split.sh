@@ -42,9 +42,20 @@ if [[ $PART == 1 ]]; then
   pair 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
   pair 124M-both --models=124M --stages=3 --offload=both $common --iters=10
 else
+  # The tests the HostRegistration fix touches, then the 1.3B pairs; the
+  # 124M pairs again, this commit first (order bias).
+  run_fixed_tests core:allocator_cuda_test offload:host_update_cuda_test \
+    tests/engine:parity_cuda_w1_test tests/engine:hf_decoder_gpu_parity_np1_test \
+    tests/engine:parity_cuda_w2_test
+  one head split1.3B --models=1.3B --stages=2 --offload=optimizer --reduce_bucket_size=5e7 $common --iters=5
+  grep -h "split between" $OUT/head.err | cut -c1-500
   pair 1.3B-none --models=1.3B --stages=0,2,3 --offload=none $common --iters=6
   pair 1.3B-opt --models=1.3B --stages=2,3 --offload=optimizer $common --iters=6
   pair 1.3B-both --models=1.3B --stages=3 --offload=both $common --iters=6
+  one head 124M-none --models=124M --stages=0,2,3 --offload=none $common --iters=10
+  one base 124M-none --models=124M --stages=0,2,3 --offload=none $common --iters=10
+  one head 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
+  one base 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
 fi
 python3 - <<PY
 import json
