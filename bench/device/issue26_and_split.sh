@@ -56,6 +56,9 @@ else
   one base 124M-none --models=124M --stages=0,2,3 --offload=none $common --iters=10
   one head 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
   one base 124M-opt --models=124M --stages=2,3 --offload=optimizer $common --iters=10
+  # The CPU optimizer on 15 of the 16 CPUs: does the update during backward
+  # starve the thread that launches the kernels?
+  OMP_NUM_THREADS=15 one head 124M-opt15 --models=124M --stages=2 --offload=optimizer $common --iters=10
   # The loss in one chunk (16 x 1024 rows) instead of the 256 MiB chunks.
   one head 124M-onechunk --models=124M --stages=0 --offload=none --loss_chunk_rows=16384 $common --iters=10
 fi
