@@ -179,7 +179,7 @@ absl::StatusOr<HostRegistration> HostRegistration::Create(
     const cudaError_t error =
         cudaHostRegister(data, bytes, cudaHostRegisterDefault);
     if (error == cudaErrorHostMemoryAlreadyRegistered) {
-      // Some page is another registration's (see the header): leave the
+      // Bytes another registration holds (see the header): leave the
       // range pageable, and clear the error so that no later check of the
       // runtime's last error reports it.
       cudaGetLastError();

@@ -134,11 +134,11 @@ class PinnedHostAllocator : public Allocator {
 // overlap or share a page into one range (from the first's start to the
 // last's end, exact, never rounded out to pages: a neighbour's buffer that
 // began inside a registered range and ran past its end could not be copied
-// with cudaMemcpyDefault), so that no page is registered twice. A range of which some page is already
-// registered elsewhere in the process (another object's registration of a
-// shared page) is left as it is: locking only speeds copies up, and copies
-// from pageable memory are as correct, only synchronous. On a machine with
-// no CUDA device nothing is registered and Create succeeds.
+// with cudaMemcpyDefault), so that one registration covers them. A range
+// overlapping bytes registered elsewhere in the process (the runtime's
+// cudaErrorHostMemoryAlreadyRegistered) is left as it is: locking only speeds
+// copies up, and copies from pageable memory are as correct, only synchronous.
+// On a machine with no CUDA device nothing is registered and Create succeeds.
 class HostRegistration {
  public:
   struct Span {

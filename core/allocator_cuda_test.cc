@@ -208,9 +208,12 @@ TEST(HostRegistrationTest, SpansSharingPagesRegisterOnce) {
         {{bytes + 64, 1000}, {bytes + 1100, 200}, {bytes + 5000, 4000}});
     ASSERT_TRUE(first.ok()) << first.status();
     EXPECT_GT(first->locked_bytes(), 0u);
-    // A page of `first`'s again: left to `first`.
+    // Bytes `first` holds again: left to `first`, with no error left for
+    // a later check. (Bytes on one of its pages that it does not hold do
+    // register: run 63 measured that the runtime refuses only overlapping
+    // byte ranges.)
     absl::StatusOr<HostRegistration> second =
-        HostRegistration::Create({{bytes + 2000, 100}});
+        HostRegistration::Create({{bytes + 1000, 100}});
     ASSERT_TRUE(second.ok()) << second.status();
     EXPECT_EQ(second->locked_bytes(), 0u);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
