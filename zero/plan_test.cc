@@ -348,6 +348,36 @@ TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
   EXPECT_EQ(plan->state.host_threads, 0);
 }
 
+// Few buckets holding host state: the startup line saying the CPU update
+// begins late and what to change; many, or no offload: nothing.
+TEST(PlanTableTest, CoarseOffloadBucketsAreNamed) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  const auto advice = [&](const std::string& json) {
+    absl::StatusOr<config::Config> config = config::LoadConfigString(json, 1);
+    EXPECT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return CoarseOffloadBucketsAdvice(*plan, *config);
+  };
+  const std::string head =
+      R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},)"
+      R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)"
+      R"( "zero_optimization": {"stage": 2, "reduce_bucket_size": )";
+  const std::string offload = R"(, "offload_optimizer": {"device": "cpu"}}})";
+  // One bucket holds the whole model.
+  const std::optional<std::string> one = advice(head + "500000000" + offload);
+  ASSERT_TRUE(one.has_value());
+  EXPECT_NE(one->find("only 1 bucket (zero_optimization.reduce_bucket_size "
+                      "500000000 elements)"),
+            std::string::npos)
+      << *one;
+  // Buckets of 64 elements: many.
+  EXPECT_FALSE(advice(head + "64" + offload).has_value());
+  // No offload.
+  EXPECT_FALSE(advice(head + "500000000}}").has_value());
+}
+
 // Speculation's backup, unset, is every host element's where the host has
 // room, and shrinks to half of this rank's share of MemAvailable left after
 // the rest of its planned host memory where it has not; an explicit
