@@ -351,8 +351,10 @@ absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
 }
 
 std::optional<std::string> CoarseOffloadBucketsAdvice(
-    const Plan& plan, const config::Config& config) {
-  if (!plan.cpu_optimizer) return std::nullopt;
+    const Plan& plan, const config::Config& config, int64_t min_elements) {
+  if (!plan.cpu_optimizer || plan.layout.trainable_elements < min_elements) {
+    return std::nullopt;
+  }
   const std::vector<Placement>& placement = plan.state.optimizer_placement;
   const std::vector<bool>& trainable = plan.layout.trainable;
   int host_buckets = 0;

@@ -117,11 +117,15 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
 // whose host state lies in few buckets gives the CPU its first gradients
 // late (run 63: 1.3B GPT, stage 2, one H100: 35,739 tokens/s with
 // train_bench's 5e8-element reduce buckets, 3 of them, against 39,935 with
-// 5e7). Below kFewHostBuckets buckets holding host state: a line for the
-// startup log saying so and what to change; nullopt otherwise. Pure.
+// 5e7). Below kFewHostBuckets buckets holding host state, for a model of
+// at least `min_elements` trainable elements (smaller ones update in a few
+// milliseconds however late they start): a line for the startup log
+// saying so and what to change; nullopt otherwise. Pure.
 inline constexpr int kFewHostBuckets = 8;
+inline constexpr int64_t kCoarseBucketsMinElements = int64_t{1} << 27;
 std::optional<std::string> CoarseOffloadBucketsAdvice(
-    const Plan& plan, const config::Config& config);
+    const Plan& plan, const config::Config& config,
+    int64_t min_elements = kCoarseBucketsMinElements);
 
 // BuildPlan(model, config, world_size).memory: the per-rank model-state
 // plan the engine reports at startup and allocates by.

@@ -358,7 +358,7 @@ TEST(PlanTableTest, CoarseOffloadBucketsAreNamed) {
     EXPECT_TRUE(config.ok()) << config.status();
     absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
     EXPECT_TRUE(plan.ok()) << plan.status();
-    return CoarseOffloadBucketsAdvice(*plan, *config);
+    return CoarseOffloadBucketsAdvice(*plan, *config, /*min_elements=*/0);
   };
   const std::string head =
       R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},)"
@@ -376,6 +376,14 @@ TEST(PlanTableTest, CoarseOffloadBucketsAreNamed) {
   EXPECT_FALSE(advice(head + "64" + offload).has_value());
   // No offload.
   EXPECT_FALSE(advice(head + "500000000}}").has_value());
+  // A model under the default floor (this one has a few thousand
+  // elements): nothing, however few its buckets.
+  absl::StatusOr<config::Config> config =
+      config::LoadConfigString(head + "500000000" + offload, 1);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(CoarseOffloadBucketsAdvice(*plan, *config).has_value());
 }
 
 // Speculation's backup, unset, is every host element's where the host has
