@@ -1544,13 +1544,19 @@ TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
   offloaded.zero_optimization.stage = 2;
   offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   EXPECT_TRUE(CheckSupported(offloaded).ok());
-  Config refused = clipped;
-  refused.zero_optimization.stage = 3;
+  // Stage 3 with the parameters on the host.
+  Config sharded = offloaded;
+  sharded.zero_optimization.stage = 3;
+  sharded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  EXPECT_TRUE(CheckSupported(sharded).ok());
+  // Untested with a pipeline: refused by name.
+  Config refused = offloaded;
+  refused.zero_optimization.offload_optimizer.delayed_update = true;
   const absl::Status status = CheckSupported(refused);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
-                                  "with zero_optimization.stage 3 (0-2 "
-                                  "work)"),
+                                  "with zero_optimization.offload_optimizer."
+                                  "delayed_update"),
             absl::string_view::npos)
       << status;
 }

@@ -271,7 +271,7 @@ TEST(PipelineParity, EveryLayoutScheduleAndZeroStageWithSgd) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   for (int stages : StageCounts()) {
     for (const char *schedule : {"gpipe", "1f1b"}) {
-      for (int zero_stage : {0, 1, 2}) {
+      for (int zero_stage : {0, 1, 2, 3}) {
         ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
       }
     }
@@ -302,7 +302,7 @@ TEST(PipelineParity, OneFOneBWithAdamW) {
 // model's norm: each stage holds a part of the gradients (and the last
 // stage a copy of the tied table's), so a norm of one stage's gradients, or
 // one counting the tied table twice, would give other weights than the
-// single-rank run. GPT and the tied Llama, both schedules, ZeRO 0-2.
+// single-rank run. GPT and the tied Llama, both schedules, ZeRO 0-3.
 TEST(PipelineParity, ClippingByTheNormAcrossStages) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
@@ -310,7 +310,7 @@ TEST(PipelineParity, ClippingByTheNormAcrossStages) {
     g_family = family;
     for (int stages : StageCounts()) {
       for (const char *schedule : {"gpipe", "1f1b"}) {
-        for (int zero_stage : {0, 1, 2}) {
+        for (int zero_stage : {0, 1, 2, 3}) {
           ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
         }
       }
@@ -343,15 +343,22 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
 // ZeRO-Offload inside each stage: the optimizer step of every stage's
 // data-parallel share on the CPU, clipped by the norm across the stages
 // (the update cannot begin during a boundary backward: a pipeline has
-// none, so it runs at the step). ZeRO 1 and 2, AdamW.
+// none, so it runs at the step). ZeRO 1-3, AdamW; at 3 also with
+// offload_param.
 TEST(PipelineParity, OffloadOptimizerWithClipping) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
   for (int stages : StageCounts()) {
-    for (int zero_stage : {1, 2}) {
+    for (int zero_stage : {1, 2, 3}) {
       ExpectParity({stages, zero_stage, "1f1b", kAdamW, 1e-4});
     }
+  }
+  // Stage 3 with the parameters on the host too.
+  g_zero_keys =
+      R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
+  for (int stages : StageCounts()) {
+    ExpectParity({stages, 3, "1f1b", kAdamW, 1e-4});
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
@@ -366,14 +373,14 @@ std::string SharedDirectory(const std::string &name) {
 
 // A pipeline's checkpoint: saved after step 1 by every stage, loaded by a
 // fresh engine of the same layout, which then trains to the uninterrupted
-// run's losses and weights bit for bit (at ZeRO 1 and 2, AdamW, so the
+// run's losses and weights bit for bit (at ZeRO 1-3, AdamW, so the
 // moments travel too). The same directory refuses a pipeline of another
 // stage count, naming both layouts, and a directory without a pipeline
 // checkpoint is NotFound, on every rank, before anything is loaded.
 TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   const int stages = World() == 4 ? 2 : World();
-  for (int zero_stage : {1, 2}) {
+  for (int zero_stage : {1, 2, 3}) {
     SCOPED_TRACE(absl::StrCat("ZeRO ", zero_stage, ", rank ", Rank()));
     const std::string directory =
         SharedDirectory(absl::StrCat("pipeline_ckpt_z", zero_stage));
