@@ -365,7 +365,9 @@ const Schema<ZeroConfig>& ZeroSchema() {
         .Ignored("memory_efficient_linear", Boolean(),
                  std::optional<bool>(true), kImplementation)
         .Ignored("pipeline_loading_checkpoint", Boolean(),
-                 std::optional<bool>(false), "there is no pipeline parallelism")
+                 std::optional<bool>(false),
+                 "a pipeline loads only its own per-stage checkpoints "
+                 "(docs/pipeline.md)")
         .Ignored("override_module_apply", Boolean(), std::optional<bool>(true),
                  kImplementation)
         .Ignored("log_trace_cache_warnings", Boolean(),
@@ -492,7 +494,9 @@ const Schema<ParallelWriteConfig>& ParallelWriteSchema() {
     auto* s = new Schema<ParallelWriteConfig>();
     s->Add(Value("pipeline_stage", &ParallelWriteConfig::pipeline_stage,
                  Boolean(), "Write checkpoint shards per pipeline stage."))
-        .WithoutEffect("pipeline_stage", "there is no pipeline parallelism");
+        .WithoutEffect("pipeline_stage",
+                       "a pipeline's checkpoint is always written per stage "
+                       "(pipeline_stage_<s>/, docs/pipeline.md)");
     return s;
   }();
   return *schema;
