@@ -44,9 +44,8 @@ if [[ $PART == 1 ]]; then
 else
   # The tests the HostRegistration fix touches, then the 1.3B pairs; the
   # 124M pairs again, this commit first (order bias).
-  run_fixed_tests core:allocator_cuda_test offload:host_update_cuda_test \
-    tests/engine:parity_cuda_w1_test tests/engine:hf_decoder_gpu_parity_np1_test \
-    tests/engine:parity_cuda_w2_test
+  run_fixed_tests allocator_cuda_test host_update_cuda_test parity_cuda_w1 \
+    hf_decoder_gpu_parity_np1 parity_cuda_w2
   one head split1.3B --models=1.3B --stages=2 --offload=optimizer --reduce_bucket_size=5e7 $common --iters=5
   grep -h "split between" $OUT/head.err | cut -c1-500
   pair 1.3B-none --models=1.3B --stages=0,2,3 --offload=none $common --iters=6
