@@ -671,19 +671,6 @@ absl::Status CpuOptimizer::StepRange(int64_t state_offset, int64_t count,
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CpuOptimizer::MeasureSecondsPerElement(
-    int64_t elements) {
-  ZE_ASSIGN_OR_RETURN(UpdateTimer timer, UpdateTimer::Create(this, elements));
-  // The first round pays the pages' first use.
-  ZE_RETURN_IF_ERROR(timer.Round().status());
-  double best = std::numeric_limits<double>::infinity();
-  for (int run = 0; run < 2; ++run) {
-    ZE_ASSIGN_OR_RETURN(const double seconds, timer.Round());
-    best = std::min(best, seconds);
-  }
-  return best;
-}
-
 UpdateTimer::UpdateTimer(CpuOptimizer* optimizer, int64_t elements)
     : optimizer_(optimizer), elements_(elements) {}
 

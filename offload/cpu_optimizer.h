@@ -360,15 +360,6 @@ class CpuOptimizer {
 
   void AdvanceStep() { ++step_count_; }
 
-  // Seconds this optimizer takes per element of an update on its own
-  // threads (Adam/AdamW/SGD as configured, bf16 gradients and weights): the
-  // fastest of a few UpdateTimer rounds over `elements` of scratch memory
-  // (allocated here, freed on return; its state is not touched, nor
-  // step_count()). For the CPU/GPU split's model (zero::ChooseUpdateSplit).
-  // ResourceExhausted when the scratch cannot be allocated;
-  // InvalidArgument for elements < 1.
-  absl::StatusOr<double> MeasureSecondsPerElement(int64_t elements);
-
   // Zeroes `count` elements of `element_bytes` each at `data` from the pool's
   // threads in the static split StepRange(0, count, ...) uses, so that with
   // first-touch NUMA placement each thread's piece lands on its node. For
@@ -475,14 +466,14 @@ class CpuOptimizer {
   StateBuffer step1_;
 };
 
-// One update of a CpuOptimizer over scratch memory, timed, as often as asked:
-// the CPU side of the CPU/GPU split's measurements (MeasureSecondsPerElement,
-// and offload::MeasureUpdateRates, which also runs rounds as a load while it
-// times the link). The scratch (3 f32 arrays, bf16 gradients and weights) is
-// allocated and first-touched by Create and freed with the timer; the
-// optimizer's own state and step_count() are never touched. Uses the
-// optimizer's threads: one Round at a time, and never while the optimizer
-// steps. Not thread-safe; the optimizer must outlive it.
+// One update of a CpuOptimizer over scratch memory (Adam/AdamW/SGD as
+// configured, bf16 gradients and weights), timed, as often as asked: the CPU
+// side of the CPU/GPU split's measurements (offload::MeasureUpdateRates,
+// which also runs rounds as a load while it times the link). The scratch (3 f32
+// arrays, bf16 gradients and weights) is allocated and first-touched by Create
+// and freed with the timer; the optimizer's own state and step_count() are
+// never touched. Uses the optimizer's threads: one Round at a time, and never
+// while the optimizer steps. Not thread-safe; the optimizer must outlive it.
 class UpdateTimer {
  public:
   // InvalidArgument for elements < 1 or an optimizer whose moments are not

@@ -866,14 +866,17 @@ TEST(CpuOptimizerTest, StepRangesStopsAtTheFirstError) {
 
 // The CPU/GPU split's measure: a positive, finite time per element from
 // scratch memory; the optimizer's own state and step count untouched.
-TEST(CpuOptimizerTest, MeasureSecondsPerElementLeavesTheStateAlone) {
+TEST(CpuOptimizerTest, UpdateTimerLeavesTheStateAlone) {
   CpuExecutionOptions execution;
   execution.num_threads = 2;
   absl::StatusOr<std::unique_ptr<CpuOptimizer>> optimizer =
       CpuOptimizer::Create(OptimizerOptions(), 1000, execution);
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
-  absl::StatusOr<double> seconds =
-      (*optimizer)->MeasureSecondsPerElement(1 << 16);
+  absl::StatusOr<UpdateTimer> timer =
+      UpdateTimer::Create(optimizer->get(), 1 << 16);
+  ASSERT_TRUE(timer.ok()) << timer.status();
+  ASSERT_TRUE(timer->Round().ok());  // the pages' first use
+  absl::StatusOr<double> seconds = timer->Round();
   ASSERT_TRUE(seconds.ok()) << seconds.status();
   EXPECT_GT(*seconds, 0.0);
   EXPECT_LT(*seconds, 1e-3);  // a millisecond an element: surely wrong
@@ -882,7 +885,7 @@ TEST(CpuOptimizerTest, MeasureSecondsPerElementLeavesTheStateAlone) {
     ASSERT_EQ((*optimizer)->exp_avg()[i], 0.0f) << i;
     ASSERT_EQ((*optimizer)->exp_avg_sq()[i], 0.0f) << i;
   }
-  EXPECT_EQ((*optimizer)->MeasureSecondsPerElement(0).status().code(),
+  EXPECT_EQ(UpdateTimer::Create(optimizer->get(), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -76,15 +76,14 @@ double GradientSumOfSquares(const void* data, DType dtype, int64_t count) {
 namespace {
 
 // `bytes` up and `bytes` down at once, on two streams, page-locked host
-// memory, timed, as often as asked (MeasureLinkBytesPerSecond and
-// MeasureUpdateRates). Round runs on the thread that calls it, which it
-// makes `device` current on.
+// memory, timed, as often as asked (MeasureUpdateRates). Round runs on the
+// thread that calls it, which it makes `device` current on.
 class LinkTimer {
  public:
   static absl::StatusOr<LinkTimer> Create(const Device& device, int64_t bytes) {
     if (!device.is_cuda()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "MeasureLinkBytesPerSecond: ", device.ToString(), " is not CUDA"));
+          "MeasureUpdateRates: ", device.ToString(), " is not CUDA"));
     }
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
     ZE_ASSIGN_OR_RETURN(Stream up, Stream::Create(device));
@@ -180,12 +179,6 @@ absl::StatusOr<double> MeasureUnderLoad(
 }
 
 }  // namespace
-
-absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
-                                                 int64_t bytes) {
-  ZE_ASSIGN_OR_RETURN(LinkTimer link, LinkTimer::Create(device, bytes));
-  return BestRound(3, [&link] { return link.Round(); });
-}
 
 absl::StatusOr<UpdateRates> MeasureUpdateRates(const Device& device,
                                                CpuOptimizer* optimizer,

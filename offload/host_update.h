@@ -240,15 +240,6 @@ size_t ChooseBucketToUpdate(const std::deque<int>& ready, bool handed_over_all,
                             const std::function<bool(int)>& landed,
                             const std::function<int(int)>& forward_position);
 
-// Bytes per second the link between the host and `device` moves in each
-// direction while both directions run at once (page-locked host memory,
-// `bytes` each way on two streams, the fastest of a few rounds): what a
-// device-updated slot's state going up and coming down shares, for the
-// CPU/GPU split's model (zero::ChooseUpdateSplit). FailedPrecondition for a
-// device that is not CUDA; errors from allocating and copying.
-absl::StatusOr<double> MeasureLinkBytesPerSecond(const Device& device,
-                                                 int64_t bytes);
-
 // What the CPU/GPU split's model needs, each side alone and while the other
 // runs (zero::ChooseUpdateSplit). The CPU update and the link both move host
 // memory: where the CPU update alone already fills the host's memory
@@ -262,11 +253,12 @@ struct UpdateRates {
 };
 // Measures them: the CPU update over `cpu_elements` of scratch
 // (UpdateTimer: `optimizer`'s threads, its state untouched; it must be
-// idle) and the link over `link_bytes` each way (MeasureLinkBytesPerSecond),
-// each alone, then each while the other runs on a second thread. Blocks
+// idle) and the link over `link_bytes` each way (page-locked host memory,
+// both directions at once on two streams), each alone, then each while the
+// other runs on a second thread; each rate the best of a few rounds. Blocks
 // the caller for a few tenths of a second at 16 M elements and 64 MiB.
 // Errors: those of UpdateTimer::Create (f32 moments only) and of
-// MeasureLinkBytesPerSecond (FailedPrecondition off CUDA).
+// allocating and copying (FailedPrecondition off CUDA).
 absl::StatusOr<UpdateRates> MeasureUpdateRates(const Device& device,
                                                CpuOptimizer* optimizer,
                                                int64_t cpu_elements,
