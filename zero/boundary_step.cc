@@ -1,6 +1,5 @@
 #include "zero/boundary_step.h"
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -25,8 +24,8 @@ struct Statistics {
 };
 
 // The sum of squares of this rank's own gradient elements of the named
-// parameters (bucket elements in both the parameter's range and the rank's
-// own range), as a one-element f32 tensor on the partition's device.
+// parameters (PartitionState::OwnGradientsOf), as a one-element f32 tensor
+// on the partition's device.
 absl::StatusOr<Tensor> SumOfSquaresCountedElsewhere(
     const PartitionState& partition, const std::vector<std::string>& names,
     const Stream& stream) {
@@ -35,15 +34,12 @@ absl::StatusOr<Tensor> SumOfSquaresCountedElsewhere(
   ZE_RETURN_IF_ERROR(Fill(sum, 0.0f, stream));
   for (const std::string& name : names) {
     ZE_ASSIGN_OR_RETURN(const int index, partition.layout().FindParam(name));
-    const ParamPlacement& placement = partition.layout().placement(index);
-    if (!partition.trainable(placement.bucket)) continue;
-    const PartitionSlice own = partition.OwnRange(placement.bucket);
-    const int64_t begin = std::max(own.begin, placement.offset);
-    const int64_t end = std::min(own.end, placement.offset + placement.numel);
-    if (begin >= end) continue;
-    ZE_RETURN_IF_ERROR(SumOfSquares(partition.OwnGradients(placement.bucket)
-                                        .Slice(begin - own.begin, end - begin),
-                                    sum, stream));
+    if (!partition.trainable(partition.layout().placement(index).bucket)) {
+      continue;
+    }
+    int64_t param_begin = 0;
+    const Tensor own = partition.OwnGradientsOf(index, &param_begin);
+    if (own.defined()) ZE_RETURN_IF_ERROR(SumOfSquares(own, sum, stream));
   }
   return sum;
 }

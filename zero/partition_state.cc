@@ -736,6 +736,17 @@ Tensor PartitionState::OwnGradients(int bucket) const {
   return OwnSlice(gradients_, gradients_replicated(), bucket);
 }
 
+Tensor PartitionState::OwnGradientsOf(int param_index,
+                                      int64_t* param_begin) const {
+  const ParamPlacement& placement = layout_.placement(param_index);
+  const PartitionSlice own = OwnRange(placement.bucket);
+  const int64_t begin = std::max(own.begin, placement.offset);
+  const int64_t end = std::min(own.end, placement.offset + placement.numel);
+  *param_begin = begin - placement.offset;
+  if (begin >= end) return Tensor();
+  return OwnGradients(placement.bucket).Slice(begin - own.begin, end - begin);
+}
+
 absl::Status PartitionState::ResetGradients(const Stream& stream) {
   std::fill(gradients_current_.begin(), gradients_current_.end(), false);
   if (gradients_replicated()) {

@@ -270,6 +270,11 @@ class PartitionState {
            optimizer_placement_[bucket] == Placement::kDevice;
   }
   Tensor OwnGradients(int bucket) const;
+  // The part of OwnGradients that is parameter `param_index`'s (its
+  // bucket's elements in both the parameter's range and OwnRange): a
+  // view, undefined when this rank owns none of it; `*param_begin`
+  // (non-null) is set to the view's first element within the parameter.
+  Tensor OwnGradientsOf(int param_index, int64_t* param_begin) const;
   // The partitioned gradient buffer (stages 2-3): (partition).
   const Tensor& gradient_partition() const { return gradients_; }
 

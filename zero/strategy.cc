@@ -232,30 +232,27 @@ absl::Status ZeroStrategy::SumGradientsWith(
       ZE_RETURN_IF_ERROR(all_reduce(other, grad));
       continue;
     }
-    // The rank's piece of the reduced gradient: bucket elements in both
-    // the parameter's range and the rank's own range.
+    // The rank's piece of the reduced gradient.
     ZE_ASSIGN_OR_RETURN(const int index, layout().FindParam(parameter->name()));
-    const ParamPlacement& placement = layout().placement(index);
-    const PartitionSlice own = partition_->OwnRange(placement.bucket);
-    const int64_t begin = std::max(own.begin, placement.offset);
-    const int64_t end = std::min(own.end, placement.offset + placement.numel);
-    const Tensor own_gradients = partition_->OwnGradients(placement.bucket);
-    ZE_ASSIGN_OR_RETURN(Tensor whole,
-                        Tensor::Zeros({placement.numel}, own_gradients.dtype(),
-                                      own_gradients.device(), stream()));
-    const Tensor piece =
-        begin < end ? own_gradients.Slice(begin - own.begin, end - begin)
-                    : Tensor();
+    int64_t param_begin = 0;
+    const Tensor piece = partition_->OwnGradientsOf(index, &param_begin);
+    const Tensor gradients =
+        partition_->OwnGradients(layout().placement(index).bucket);
+    ZE_ASSIGN_OR_RETURN(
+        Tensor whole,
+        Tensor::Zeros({layout().placement(index).numel}, gradients.dtype(),
+                      gradients.device(), stream()));
     const Tensor piece_in_whole =
-        begin < end ? whole.Slice(begin - placement.offset, end - begin)
-                    : Tensor();
-    if (piece.defined())
+        piece.defined() ? whole.Slice(param_begin, piece.numel()) : Tensor();
+    if (piece.defined()) {
       ZE_RETURN_IF_ERROR(Copy(piece, piece_in_whole, stream()));
+    }
     // Disjoint pieces, zeros elsewhere: the sum is the whole gradient.
     ZE_RETURN_IF_ERROR(all_reduce(comm(), whole));
     ZE_RETURN_IF_ERROR(all_reduce(other, whole));
-    if (piece.defined())
+    if (piece.defined()) {
       ZE_RETURN_IF_ERROR(Copy(piece_in_whole, piece, stream()));
+    }
   }
   return absl::OkStatus();
 }
