@@ -56,7 +56,7 @@
 //                            step temporaries') peak, to compare runs with
 //                            and without
 //   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
-//                            output head's 256 MiB default; batch x seq: the
+//                            output head's 2 GiB default; batch x seq: the
 //                            whole logits in one chunk)
 //   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
 //   --seed=1234
@@ -72,6 +72,10 @@
 //   --nvme_path=/tmp           needs stage 3); "nvme" adds disk read/write
 //                            bytes and GB/s per timed step
 //   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
+//   --speculation_buffer_size=-1  offload_optimizer.speculation_buffer_size
+//                            (-1: unset, the engine's default; 0: never
+//                            speculate, so a clipped run's update waits
+//                            for the norm)
 //   --sub_group_size=1000000000  zero_optimization.sub_group_size (the
 //                            offloaded update's chunk, capped by the engine)
 //   --pin_memory=1           the offload sections' pin_memory
@@ -142,6 +146,7 @@ struct Options {
   int64_t aio_queue_depth = config::AioConfig().queue_depth;
   bool pin_memory = true;
   bool delayed_update = false;
+  int64_t speculation_buffer_size = -1;  // -1: unset
   double gradient_clipping = 1.0;
   double reduce_bucket_size = 5e8;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
@@ -249,6 +254,9 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(options.pin_memory, flags.GetBool("pin_memory", true));
   ZE_ASSIGN_OR_RETURN(options.delayed_update,
                       flags.GetBool("delayed_update", false));
+  ZE_ASSIGN_OR_RETURN(
+      options.speculation_buffer_size,
+      flags.GetInt("speculation_buffer_size", -1, -1, int64_t{1} << 50));
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,
@@ -298,6 +306,10 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                                  {"pin_memory", options.pin_memory},
                                  {"ratio", options.offload_ratio},
                                  {"delayed_update", options.delayed_update}};
+    if (options.speculation_buffer_size >= 0) {
+      zero["offload_optimizer"]["speculation_buffer_size"] =
+          options.speculation_buffer_size;
+    }
     if (options.offload == "both") {
       zero["offload_param"] = {{"device", "cpu"},
                                {"pin_memory", options.pin_memory}};

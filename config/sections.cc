@@ -228,7 +228,10 @@ const Schema<ZeroConfig>& ZeroSchema() {
                    "all-reduce (stage 2)."))
         .Add(Value("reduce_bucket_size", &Z::reduce_bucket_size,
                    AutoOr(Integer(AtLeast(1))),
-                   "Elements reduced at a time. \"auto\": hidden_size^2."))
+                   "Elements reduced at a time. \"auto\": hidden_size^2. With "
+                   "offload_optimizer at stages 1-2, a model of 2^27 or more "
+                   "elements is reduced in buckets of at most 1/16 of it "
+                   "(the offloaded update begins per bucket)."))
         .Add(Value("allgather_partitions", &Z::allgather_partitions, Boolean(),
                    "All-gather updated parameters rather than broadcast them "
                    "(stage 1, 2)."))

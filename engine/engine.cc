@@ -718,10 +718,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     ZE_LOG_RANK0(INFO) << "ZeRO stage " << config.zero_optimization.stage
                        << ", world size " << engine->communicator_->world_size()
                        << ", " << engine->memory_breakdown().ToString();
-    if (const std::optional<std::string> advice =
-            zero::CoarseOffloadBucketsAdvice(engine->plan_, config);
-        advice.has_value()) {
-      ZE_LOG_RANK0(WARNING) << config.source << ": " << *advice;
+    if (const std::optional<std::string> note =
+            zero::OffloadBucketsNote(engine->plan_, config);
+        note.has_value()) {
+      ZE_LOG_RANK0(INFO) << config.source << ": " << *note;
     }
     const zero::UpdateSplit& split = engine->strategy_->update_split();
     if (split.device_elements > 0 || split.rates.link_bytes_per_second > 0) {

@@ -491,9 +491,15 @@ int64_t OutputHead::LossChunkRowsFor(int64_t vocab, DType dtype) {
   return rows / 128 * 128;
 }
 
-int64_t OutputHead::loss_chunk_rows(DType dtype) const {
-  return loss_chunk_rows_ > 0 ? loss_chunk_rows_
-                              : LossChunkRowsFor(weight_->shape()[0], dtype);
+int64_t OutputHead::loss_chunk_rows(int64_t rows, DType dtype) const {
+  if (loss_chunk_rows_ > 0) return loss_chunk_rows_;
+  const int64_t limit = LossChunkRowsFor(weight_->shape()[0], dtype);
+  if (rows <= limit) return std::max<int64_t>(rows, 1);
+  const int64_t chunks = (rows + limit - 1) / limit;
+  const int64_t even = (rows + chunks - 1) / chunks;
+  if (limit < 128) return even;
+  // limit is a multiple of 128 here, so the rounding stays within it.
+  return std::min(limit, (even + 127) / 128 * 128);
 }
 
 absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
@@ -524,7 +530,7 @@ absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
     }
   }
   const int64_t rows = input.numel() / input.shape().back();
-  const int64_t chunk = std::min(rows, loss_chunk_rows(input.dtype()));
+  const int64_t chunk = std::min(rows, loss_chunk_rows(rows, input.dtype()));
   // (R, V): one chunk of logits, reused by every chunk; freed on return.
   ZE_ASSIGN_OR_RETURN(const Tensor logits,
                       Tensor::Empty({std::max<int64_t>(chunk, 1), vocab},

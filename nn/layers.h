@@ -355,13 +355,16 @@ class Block : public Module {
 class OutputHead : public Module {
  public:
   // The bytes one chunk of logits may take (in the activations' dtype), the
-  // default for loss_chunk_rows: 256 MiB is 1024 rows of Llama 3's 128,256
-  // f16/bf16 logits, a (1024 x C) x (C x V) product big enough to keep a
-  // GPU's matrix units busy, and small next to the 4.2 GB whole logits of a
-  // 16 x 1024-token micro-batch. The workspace lives only inside the
-  // forward; what the loss holds across the memory peak is the gradients
-  // (see the class comment).
-  static constexpr int64_t kLossChunkBytes = int64_t{256} << 20;
+  // default for loss_chunk_rows: 2 GiB is 8192 rows of Llama 3's 128,256
+  // f16/bf16 logits (an 8 x 1024-token micro-batch in one chunk) and 21,248
+  // of GPT-2's 50,304, half the 4.2 GB whole logits of a 16 x 1024-token
+  // Llama micro-batch. Each chunk adds its product into the (V, C) f32
+  // weight-gradient sum, so a chunk costs a pass over that sum besides its
+  // products: at 256 MiB (7 chunks at GPT-2's vocabulary) the 124M GPT
+  // trained 2.7% slower than with one chunk (bench/RESULTS.md, run 63).
+  // The workspace lives only inside the forward; what the loss holds
+  // across the memory peak is the gradients (see the class comment).
+  static constexpr int64_t kLossChunkBytes = int64_t{2} << 30;
 
   // Untied: registers "weight" (vocab, channels).
   OutputHead(int64_t channels, int64_t vocab, const LayerOptions &options,
@@ -380,10 +383,15 @@ class OutputHead : public Module {
   // the forward failed before reaching this module).
   void ClearPendingLoss() { pending_targets_ = Tensor(); }
 
-  // Rows per chunk in loss mode: `rows` >= 1, or 0 (the default) for the
-  // rows of `dtype` logits that fit kLossChunkBytes (LossChunkRowsFor).
+  // Rows per chunk in loss mode: `rows` >= 1, or 0 (the default) for at
+  // most the rows of `dtype` logits that fit kLossChunkBytes
+  // (LossChunkRowsFor), evened out over the chunks a forward needs.
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
-  int64_t loss_chunk_rows(DType dtype) const;
+  // The rows per chunk of a loss-mode forward over `rows` rows: the set
+  // value, else the fewest chunks of at most LossChunkRowsFor rows, of
+  // nearly equal size (rounded up to 128 rows where the budget allows), so
+  // that no chunk is a small remainder.
+  int64_t loss_chunk_rows(int64_t rows, DType dtype) const;
   // kLossChunkBytes / (V * element size), at least 1, and a multiple of 128
   // from 128 on (the GPU products' row tile).
   static int64_t LossChunkRowsFor(int64_t vocab, DType dtype);

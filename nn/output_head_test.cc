@@ -139,13 +139,38 @@ TEST(LinearCrossEntropyTest, RejectsABadWorkspaceAndTargets) {
 }
 
 TEST(OutputHeadTest, ChunkRowsFollowTheByteBudget) {
-  // 256 MiB of bf16 rows of Llama 3's vocabulary: 1046, rounded to 1024.
-  EXPECT_EQ(OutputHead::LossChunkRowsFor(128256, DType::kBF16), 1024);
-  EXPECT_EQ(OutputHead::LossChunkRowsFor(50304, DType::kBF16), 2560);
-  EXPECT_EQ(OutputHead::LossChunkRowsFor(50304, DType::kF32), 1280);
+  // 2 GiB of bf16 rows of Llama 3's vocabulary: 8371, rounded to 8320.
+  EXPECT_EQ(OutputHead::LossChunkRowsFor(128256, DType::kBF16), 8320);
+  EXPECT_EQ(OutputHead::LossChunkRowsFor(50304, DType::kBF16), 21248);
+  EXPECT_EQ(OutputHead::LossChunkRowsFor(50304, DType::kF32), 10624);
   // Below one tile: as many rows as fit, at least one.
-  EXPECT_EQ(OutputHead::LossChunkRowsFor(int64_t{1} << 26, DType::kF32), 1);
-  EXPECT_EQ(OutputHead::LossChunkRowsFor(int64_t{1} << 21, DType::kF32), 32);
+  EXPECT_EQ(OutputHead::LossChunkRowsFor(int64_t{1} << 29, DType::kF32), 1);
+  EXPECT_EQ(OutputHead::LossChunkRowsFor(int64_t{1} << 24, DType::kF32), 32);
+}
+
+TEST(OutputHeadTest, DefaultChunksAreEvenAndWithinTheBudget) {
+  LayerOptions options;
+  options.dtype = DType::kBF16;
+  // Llama 3's vocabulary; 2 channels keep the weight small.
+  OutputHead output(/*channels=*/2, /*vocab=*/128256, options);
+  // One chunk while the budget holds every row.
+  EXPECT_EQ(output.loss_chunk_rows(4096, DType::kBF16), 4096);
+  EXPECT_EQ(output.loss_chunk_rows(8320, DType::kBF16), 8320);
+  // 16384 rows: two chunks of 8192, not 8320 + 8064.
+  EXPECT_EQ(output.loss_chunk_rows(16384, DType::kBF16), 8192);
+  // 3 chunks for 20000 rows: 6667 rounded up to the tile, 6784.
+  EXPECT_EQ(output.loss_chunk_rows(20000, DType::kBF16), 6784);
+  for (int64_t rows : {1, 127, 8321, 16641, 100000}) {
+    const int64_t chunk = output.loss_chunk_rows(rows, DType::kBF16);
+    const int64_t limit = OutputHead::LossChunkRowsFor(128256, DType::kBF16);
+    EXPECT_LE(chunk, std::max<int64_t>(rows, 1)) << rows;
+    EXPECT_LE(chunk, limit) << rows;
+    // No more chunks than the budget needs.
+    EXPECT_EQ((rows + chunk - 1) / chunk, (rows + limit - 1) / limit) << rows;
+  }
+  // A set value is kept as it is.
+  output.set_loss_chunk_rows(3);
+  EXPECT_EQ(output.loss_chunk_rows(16384, DType::kBF16), 3);
 }
 
 // ---- Whole models: ForwardLoss/BackwardLoss against the whole-logits path

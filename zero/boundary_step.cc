@@ -171,6 +171,13 @@ absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
   return early;
 }
 
+bool WorthBeginningEarly(const config::Config& config,
+                         const TrainingState& training) {
+  const bool speculative =
+      config.gradient_clipping.value() > 0 || training.checks_overflow();
+  return !speculative || !training.last_step_needed_statistics();
+}
+
 absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
                                            double loss_sum,
                                            const BoundaryStepHooks& hooks) {
@@ -207,6 +214,8 @@ absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,
                                       config.gradient_clipping.value()));
   report.grad_norm = clip.norm;
   report.learning_rate = training.learning_rate();
+  training.set_last_step_needed_statistics(
+      statistics.overflow || !clip.finite || clip.clip_coefficient < 1.0);
   if (training.checks_overflow()) {
     ZE_RETURN_IF_ERROR(
         training.UpdateLossScale(statistics.overflow, context.step_number));

@@ -105,6 +105,18 @@ struct EarlyStepArgs {
 absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
     const config::Config& config, const TrainingState& training, int world);
 
+// Whether an offloaded update should begin during this step's backward.
+// Exactly (no clipping, no overflow check): always. Speculatively: not
+// after a step whose arguments its statistics changed (it clipped, or was
+// skipped): clipping tends to last from one step to the next (early
+// training, a loss spike), and a speculation undone costs restoring its
+// backup and then the whole update after the boundary (run 63: 124M GPT,
+// stage 2, 2 of 10 steps redone, 14% slower than never speculating). Such
+// a step waits for the norm; the next speculates again if it clipped
+// nothing. Either way the results are the same, bit for bit.
+bool WorthBeginningEarly(const config::Config& config,
+                         const TrainingState& training);
+
 // Runs steps 1-7 above. `loss_sum`: this rank's summed micro-batch losses
 // of the window. Errors from the collectives and kernels, or the
 // schedule-mismatch error; on those the weights are not updated.

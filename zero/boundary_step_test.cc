@@ -50,6 +50,9 @@ struct Result {
   // of the padded bucket it starts at.
   std::vector<std::vector<float>> master;
   std::vector<int64_t> master_begin;
+  // WorthBeginningEarly before and after the step.
+  bool worth_beginning_early_before = false;
+  bool worth_beginning_early_after = false;
 };
 
 absl::StatusOr<PartitionedLayout> Layout(int world) {
@@ -133,8 +136,10 @@ absl::StatusOr<Result> RunStep(const StepSetup& setup,
           absl::StrCat("hashes differ: max ", max, " min ", min, " own ", own));
     };
   }
+  result.worth_beginning_early_before = WorthBeginningEarly(config, *training);
   ZE_ASSIGN_OR_RETURN(result.report,
                       RunBoundaryStep(context, /*loss_sum=*/rank + 1.0, hooks));
+  result.worth_beginning_early_after = WorthBeginningEarly(config, *training);
   if (after_update_calls != (result.report.skipped ? 0 : 1)) {
     return absl::InternalError(
         absl::StrCat("after_update ran ", after_update_calls, " times"));
@@ -227,6 +232,36 @@ TEST_P(BoundaryStepTest, OneRanksInfSkipsTheStepOnEveryRank) {
         ASSERT_EQ(results[r].master[b][i], Weight(b, at))
             << "rank " << r << ", bucket " << b << " element " << at;
       }
+    }
+  }
+}
+
+// An update that must speculate (clipping set) begins early unless the
+// last step clipped or was skipped; one that needs no statistics always
+// does. Every rank decides alike.
+TEST_P(BoundaryStepTest, AClippedOrSkippedStepMakesTheNextWaitForTheNorm) {
+  const int world = GetParam();
+  struct Want {
+    double clipping;
+    int inf_rank;
+    bool worth_after;
+  };
+  // The norm is ~30 / world: 2 clips, 1000 does not.
+  for (const Want& want : {Want{0.0, -1, true}, Want{1000.0, -1, true},
+                           Want{2.0, -1, false}, Want{1000.0, 0, false}}) {
+    StepSetup setup;
+    setup.stage = 2;
+    setup.clipping = want.clipping;
+    setup.inf_rank = want.inf_rank;
+    const std::vector<Result> results = RunWorld(world, setup);
+    for (int r = 0; r < world; ++r) {
+      const std::string where =
+          absl::StrCat("clipping ", want.clipping, ", inf on rank ",
+                       want.inf_rank, ", rank ", r, " of ", world);
+      EXPECT_TRUE(results[r].worth_beginning_early_before) << where;
+      EXPECT_EQ(results[r].worth_beginning_early_after, want.worth_after)
+          << where;
+      EXPECT_EQ(results[r].report.skipped, want.inf_rank >= 0) << where;
     }
   }
 }

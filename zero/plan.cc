@@ -46,7 +46,8 @@ absl::StatusOr<StageLayout> BuildStageLayout(nn::LossModel& model,
       result.trainable_elements += parameter->numel();
     }
     options.bucket_max_elements =
-        config.zero_optimization.reduce_bucket_size.value();
+        OffloadBucketElements(config, result.trainable_elements)
+            .value_or(config.zero_optimization.reduce_bucket_size.value());
     ZE_ASSIGN_OR_RETURN(result.layout,
                         PartitionedLayout::Build(specs, options));
     return result;
@@ -350,28 +351,31 @@ absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
   return plan.memory;
 }
 
-std::optional<std::string> CoarseOffloadBucketsAdvice(
-    const Plan& plan, const config::Config& config, int64_t min_elements) {
-  if (!plan.cpu_optimizer || plan.layout.trainable_elements < min_elements) {
+std::optional<int64_t> OffloadBucketElements(const config::Config& config,
+                                             int64_t trainable_elements) {
+  const config::ZeroConfig& zero = config.zero_optimization;
+  if (zero.offload_optimizer.device == config::OffloadDevice::kNone ||
+      PolicyOf(config).partition_parameters ||
+      trainable_elements < kFineOffloadBucketsMinElements) {
     return std::nullopt;
   }
-  const std::vector<Placement>& placement = plan.state.optimizer_placement;
-  const std::vector<bool>& trainable = plan.layout.trainable;
-  int host_buckets = 0;
-  for (size_t b = 0; b < placement.size(); ++b) {
-    const bool trains = trainable.empty() || trainable[b];
-    if (trains && placement[b] != Placement::kDevice) ++host_buckets;
-  }
-  if (host_buckets == 0 || host_buckets >= kFewHostBuckets) return std::nullopt;
+  const int64_t fine =
+      (trainable_elements + kOffloadBuckets - 1) / kOffloadBuckets;
+  if (fine >= zero.reduce_bucket_size.value()) return std::nullopt;
+  return fine;
+}
+
+std::optional<std::string> OffloadBucketsNote(const Plan& plan,
+                                              const config::Config& config) {
+  const std::optional<int64_t> fine =
+      OffloadBucketElements(config, plan.layout.trainable_elements);
+  if (!fine.has_value()) return std::nullopt;
   return absl::StrCat(
-      "offload_optimizer: the CPU update begins during backward one bucket "
-      "at a time, and this rank's host state lies in only ",
-      host_buckets, host_buckets == 1 ? " bucket" : " buckets",
-      " (zero_optimization.reduce_bucket_size ",
+      "offload_optimizer: gradients are reduced in ",
+      plan.layout.layout.num_buckets(), " buckets of at most ", *fine,
+      " elements instead of zero_optimization.reduce_bucket_size's ",
       config.zero_optimization.reduce_bucket_size.value(),
-      " elements), so the CPU gets its first gradients late in backward; a "
-      "smaller reduce_bucket_size lets it begin earlier (1.3B GPT on an "
-      "H100: 35.7k tokens/s at 5e8, 39.9k at 5e7; bench/RESULTS.md run 63)");
+      ", so that the CPU update begins early in backward");
 }
 
 }  // namespace zero

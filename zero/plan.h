@@ -112,20 +112,27 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
                                const config::Config& config, int world_size,
                                const HostFacts& host = HostFacts());
 
-// offload_optimizer on: the offloaded update begins during backward one
-// bucket at a time, as each bucket's gradients are reduced, so a plan
-// whose host state lies in few buckets gives the CPU its first gradients
-// late (run 63: 1.3B GPT, stage 2, one H100: 35,739 tokens/s with
-// train_bench's 5e8-element reduce buckets, 3 of them, against 39,935 with
-// 5e7). Below kFewHostBuckets buckets holding host state, for a model of
-// at least `min_elements` trainable elements (smaller ones update in a few
-// milliseconds however late they start): a line for the startup log
-// saying so and what to change; nullopt otherwise. Pure.
-inline constexpr int kFewHostBuckets = 8;
-inline constexpr int64_t kCoarseBucketsMinElements = int64_t{1} << 27;
-std::optional<std::string> CoarseOffloadBucketsAdvice(
-    const Plan& plan, const config::Config& config,
-    int64_t min_elements = kCoarseBucketsMinElements);
+// offload_optimizer on, stages 1-2: the offloaded update begins during
+// backward one reduce bucket at a time, as each bucket's gradients are
+// reduced, so few buckets give the CPU its first gradients late (run 63:
+// 1.3B GPT, stage 2, one H100: 35,739 tokens/s with train_bench's
+// 5e8-element reduce buckets, 3 of them, against 39,935 with 5e7, and
+// 39,278 for the update run whole after backward). For a model of at least
+// kFineOffloadBucketsMinElements trainable elements (a smaller one updates
+// in a few milliseconds however late it starts) the layout's buckets are
+// then at most 1/kOffloadBuckets of the model: the elements per bucket, or
+// nullopt where reduce_bucket_size is already that fine (or no offload,
+// stage 3's per-module buckets, a small model). Buckets that large still
+// keep each collective far above the size where its bandwidth saturates.
+// Pure.
+inline constexpr int kOffloadBuckets = 16;
+inline constexpr int64_t kFineOffloadBucketsMinElements = int64_t{1} << 27;
+std::optional<int64_t> OffloadBucketElements(const config::Config& config,
+                                             int64_t trainable_elements);
+// The startup log's line when OffloadBucketElements made the buckets finer
+// than reduce_bucket_size (how many, how large, why); nullopt otherwise.
+std::optional<std::string> OffloadBucketsNote(const Plan& plan,
+                                              const config::Config& config);
 
 // BuildPlan(model, config, world_size).memory: the per-rank model-state
 // plan the engine reports at startup and allocates by.

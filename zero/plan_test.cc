@@ -348,42 +348,82 @@ TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
   EXPECT_EQ(plan->state.host_threads, 0);
 }
 
-// Few buckets holding host state: the startup line saying the CPU update
-// begins late and what to change; many, or no offload: nothing.
-TEST(PlanTableTest, CoarseOffloadBucketsAreNamed) {
-  std::unique_ptr<nn::GptModel> model = Shapes();
-  ASSERT_NE(model, nullptr);
-  const auto advice = [&](const std::string& json) {
-    absl::StatusOr<config::Config> config = config::LoadConfigString(json, 1);
-    EXPECT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
-    EXPECT_TRUE(plan.ok()) << plan.status();
-    return CoarseOffloadBucketsAdvice(*plan, *config, /*min_elements=*/0);
+// offload_optimizer at stages 1-2 on a model of >= 2^27 elements: the
+// layout's buckets are at most 1/16 of the model where reduce_bucket_size
+// would give fewer, and the startup line says so; without offload, with
+// fine buckets already, at stage 3 or for a small model, the configured
+// size stands.
+TEST(PlanTableTest, OffloadedLargeModelsGetFineBuckets) {
+  nn::GptOptions options;
+  options.dtype = DType::kBF16;
+  options.materialize = false;
+  absl::StatusOr<nn::GptConfig> shape = nn::GptConfig::Preset("1.3B");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<std::unique_ptr<nn::GptModel>> large =
+      nn::GptModel::Create(*shape, options);
+  ASSERT_TRUE(large.ok()) << large.status();
+  std::unique_ptr<nn::GptModel> small = Shapes();
+  ASSERT_NE(small, nullptr);
+  struct Planned {
+    int buckets = 0;
+    // The largest bucket of more than one parameter (a parameter larger
+    // than the bucket size is a bucket of its own).
+    int64_t largest = 0;
+    int64_t trainable = 0;
+    std::optional<std::string> note;
   };
-  const std::string head =
-      R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},)"
-      R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)"
-      R"( "zero_optimization": {"stage": 2, "reduce_bucket_size": )";
-  const std::string offload = R"(, "offload_optimizer": {"device": "cpu"}}})";
-  // One bucket holds the whole model.
-  const std::optional<std::string> one = advice(head + "500000000" + offload);
-  ASSERT_TRUE(one.has_value());
-  EXPECT_NE(one->find("only 1 bucket (zero_optimization.reduce_bucket_size "
-                      "500000000 elements)"),
+  const auto plan_of = [](nn::LossModel& model, int stage,
+                          const std::string& bucket_size, bool offload) {
+    const std::string json = absl::StrCat(
+        R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},)",
+        R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},)",
+        R"( "zero_optimization": {"stage": )", stage,
+        R"(, "reduce_bucket_size": )", bucket_size,
+        offload ? R"(, "offload_optimizer": {"device": "cpu"}}})" : "}}");
+    Planned planned;
+    absl::StatusOr<config::Config> config = config::LoadConfigString(json, 2);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return planned;
+    absl::StatusOr<Plan> plan = BuildPlan(model, *config, 2);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return planned;
+    planned.buckets = plan->layout.layout.num_buckets();
+    for (int b = 0; b < planned.buckets; ++b) {
+      const BucketLayout& bucket = plan->layout.layout.bucket(b);
+      if (bucket.end_param - bucket.first_param > 1) {
+        planned.largest = std::max(planned.largest, bucket.content_elements);
+      }
+    }
+    planned.trainable = plan->layout.trainable_elements;
+    planned.note = OffloadBucketsNote(*plan, *config);
+    return planned;
+  };
+  // 1.3B at 5e8-element buckets: 3 without offload, 16 with it.
+  const Planned plain = plan_of(**large, 2, "500000000", false);
+  EXPECT_EQ(plain.buckets, 3);
+  EXPECT_FALSE(plain.note.has_value());
+  const Planned fine = plan_of(**large, 2, "500000000", true);
+  ASSERT_GE(fine.trainable, kFineOffloadBucketsMinElements);
+  EXPECT_GE(fine.buckets, kOffloadBuckets);
+  EXPECT_LE(fine.largest,
+            (fine.trainable + kOffloadBuckets - 1) / kOffloadBuckets);
+  ASSERT_TRUE(fine.note.has_value());
+  EXPECT_NE(fine.note->find(absl::StrCat(fine.buckets, " buckets")),
             std::string::npos)
-      << *one;
-  // Buckets of 64 elements: many.
-  EXPECT_FALSE(advice(head + "64" + offload).has_value());
-  // No offload.
-  EXPECT_FALSE(advice(head + "500000000}}").has_value());
-  // A model under the default floor (this one has a few thousand
-  // elements): nothing, however few its buckets.
-  absl::StatusOr<config::Config> config =
-      config::LoadConfigString(head + "500000000" + offload, 1);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_FALSE(CoarseOffloadBucketsAdvice(*plan, *config).has_value());
+      << *fine.note;
+  EXPECT_NE(fine.note->find("reduce_bucket_size's 500000000"),
+            std::string::npos)
+      << *fine.note;
+  // Stage 1 too.
+  EXPECT_GE(plan_of(**large, 1, "500000000", true).buckets, kOffloadBuckets);
+  // Already finer: kept.
+  const Planned kept = plan_of(**large, 2, "50000000", true);
+  EXPECT_LE(kept.largest, 50000000);
+  EXPECT_FALSE(kept.note.has_value());
+  // A small model, however few its buckets.
+  const Planned tiny = plan_of(*small, 2, "500000000", true);
+  EXPECT_EQ(tiny.buckets, 1);
+  EXPECT_FALSE(tiny.note.has_value());
 }
 
 // Speculation's backup, unset, is every host element's where the host has

@@ -121,7 +121,10 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 }
 
 absl::Status Stage3::OnBeginBackward(bool boundary) {
-  if (!boundary || !partition_->CanBeginEarly()) return absl::OkStatus();
+  if (!boundary || !partition_->CanBeginEarly() ||
+      !WorthBeginningEarly(config(), *context_.training)) {
+    return absl::OkStatus();
+  }
   ZE_ASSIGN_OR_RETURN(
       const EarlyStepArgs early,
       ArgsBeforeStatistics(config(), *context_.training, world()));

@@ -176,7 +176,8 @@ absl::Status Stages0To2::OnBeginForward() {
 absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   if (policy().partition_gradients || boundary)
     window_ = WindowReduction::kReducing;
-  if (policy().partition_optimizer && boundary && partition_->CanBeginEarly()) {
+  if (policy().partition_optimizer && boundary && partition_->CanBeginEarly() &&
+      WorthBeginningEarly(config(), *context_.training)) {
     // Offloaded buckets are updated as backward finishes them: exactly
     // without clipping or an overflow check, else speculatively (as if
     // nothing clips), validated at the boundary.

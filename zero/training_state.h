@@ -48,6 +48,20 @@ class TrainingState {
   absl::Status UpdateLossScale(bool overflow, int64_t step);
   LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
+  // Whether the last boundary step's optimizer arguments depended on its
+  // statistics: it clipped, or it was skipped for an overflow or a
+  // non-finite gradient (RunBoundaryStep records it; false before the
+  // first step). Every rank records the same value (the statistics are
+  // all-reduced). A hint for when to speculate (WorthBeginningEarly), not
+  // training state: checkpoints do not keep it, so a resumed run's first
+  // step counts as following an unclipped one.
+  bool last_step_needed_statistics() const {
+    return last_step_needed_statistics_;
+  }
+  void set_last_step_needed_statistics(bool needed) {
+    last_step_needed_statistics_ = needed;
+  }
+
  private:
   TrainingState() = default;
 
@@ -56,6 +70,7 @@ class TrainingState {
   std::unique_ptr<LrSchedule> schedule_;
   std::optional<LossScaler> scaler_;
   int64_t schedule_step_ = 0;
+  bool last_step_needed_statistics_ = false;
 };
 
 }  // namespace zero
