@@ -76,6 +76,8 @@
 //                            (-1: unset, the engine's default; 0: never
 //                            speculate, so a clipped run's update waits
 //                            for the norm)
+//   --split_update=1         offload_optimizer.split_update (0: the CPU
+//                            updates all of the offloaded state)
 //   --sub_group_size=1000000000  zero_optimization.sub_group_size (the
 //                            offloaded update's chunk, capped by the engine)
 //   --pin_memory=1           the offload sections' pin_memory
@@ -147,6 +149,7 @@ struct Options {
   bool pin_memory = true;
   bool delayed_update = false;
   int64_t speculation_buffer_size = -1;  // -1: unset
+  bool split_update = true;
   double gradient_clipping = 1.0;
   double reduce_bucket_size = 5e8;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
@@ -257,6 +260,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(
       options.speculation_buffer_size,
       flags.GetInt("speculation_buffer_size", -1, -1, int64_t{1} << 50));
+  ZE_ASSIGN_OR_RETURN(options.split_update,
+                      flags.GetBool("split_update", true));
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,
@@ -305,7 +310,8 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                                  {"nvme_path", options.nvme_path},
                                  {"pin_memory", options.pin_memory},
                                  {"ratio", options.offload_ratio},
-                                 {"delayed_update", options.delayed_update}};
+                                 {"delayed_update", options.delayed_update},
+                                 {"split_update", options.split_update}};
     if (options.speculation_buffer_size >= 0) {
       zero["offload_optimizer"]["speculation_buffer_size"] =
           options.speculation_buffer_size;

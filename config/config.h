@@ -242,6 +242,11 @@ struct OffloadOptimizerConfig {
   // the gradient norm is known; unset: all of them that fit the host
   // (zero::BuildPlan bounds it by MemAvailable); 0: off.
   std::optional<int64_t> speculation_buffer_size;
+  // Issue 27's CPU/GPU split (this project's key): whether the engine may
+  // update part of the offloaded state on the GPU, streaming it through,
+  // where its model of the two costs predicts a gain (zero::
+  // ChooseUpdateSplit); false: the CPU updates all of it.
+  bool split_update = true;
   bool operator==(const OffloadOptimizerConfig& other) const;
 };
 

@@ -168,6 +168,14 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "the rest of its planned host memory); 0: off (the "
                    "update waits for the norm). Device cpu, weights on the "
                    "device. Not a DeepSpeed key."))
+        .Add(Value("split_update", &O::split_update, Boolean(),
+                   "Let the engine update part of the offloaded state on the "
+                   "GPU (streamed up and back through it while the CPU "
+                   "updates the rest) where its model of the two measured "
+                   "costs predicts a gain: device cpu, stages 2-3, f32 "
+                   "master and moments, weights on the GPU; the startup log "
+                   "states the split. false: the CPU updates all of it. Not "
+                   "a DeepSpeed key."))
         .WithoutEffect("fast_init",
                        "the NVMe swap files are preallocated at start anyway")
         .Ignored("super_offload", Boolean(), std::optional<bool>(false),
@@ -229,7 +237,7 @@ const Schema<ZeroConfig>& ZeroSchema() {
         .Add(Value("reduce_bucket_size", &Z::reduce_bucket_size,
                    AutoOr(Integer(AtLeast(1))),
                    "Elements reduced at a time. \"auto\": hidden_size^2. With "
-                   "offload_optimizer at stages 1-2, a model of 2^27 or more "
+                   "offload_optimizer at stages 1-2, a model of 2^24 or more "
                    "elements is reduced in buckets of at most 1/16 of it "
                    "(the offloaded update begins per bucket)."))
         .Add(Value("allgather_partitions", &Z::allgather_partitions, Boolean(),

@@ -266,6 +266,7 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
       // partitioned, an f32 master and f32 moments
       // (PartitionStateOptions::split_update).
       state.split_update =
+          zero.offload_optimizer.split_update &&
           plan.policy.partition_gradients && !state.split_master &&
           state.optimizer.moments == offload::MomentFormat::kF32;
     }

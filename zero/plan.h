@@ -114,19 +114,21 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
 
 // offload_optimizer on, stages 1-2: the offloaded update begins during
 // backward one reduce bucket at a time, as each bucket's gradients are
-// reduced, so few buckets give the CPU its first gradients late (run 63:
-// 1.3B GPT, stage 2, one H100: 35,739 tokens/s with train_bench's
-// 5e8-element reduce buckets, 3 of them, against 39,935 with 5e7, and
-// 39,278 for the update run whole after backward). For a model of at least
-// kFineOffloadBucketsMinElements trainable elements (a smaller one updates
-// in a few milliseconds however late it starts) the layout's buckets are
-// then at most 1/kOffloadBuckets of the model: the elements per bucket, or
-// nullopt where reduce_bucket_size is already that fine (or no offload,
-// stage 3's per-module buckets, a small model). Buckets that large still
-// keep each collective far above the size where its bandwidth saturates.
-// Pure.
+// reduced, so few buckets give the CPU its first gradients late, and one
+// bucket gives it none before the boundary while still paying for the
+// early start (speculation's backup; the update runs in backward's order,
+// not the next forward's). Run 63, one H100: 1.3B GPT stage 2 at
+// train_bench's 5e8-element reduce buckets (3) 35,739 tokens/s, at 5e7
+// 39,935; run 64: 124M stage 2 (one bucket) 6% behind the update run whole
+// after backward. For a model of at least kFineOffloadBucketsMinElements
+// trainable elements (a smaller one's update takes a few milliseconds
+// however late it starts) the layout's buckets are then at most
+// 1/kOffloadBuckets of the model: the elements per bucket, or nullopt
+// where reduce_bucket_size is already that fine (or no offload, stage 3's
+// per-module buckets, a small model). Buckets that large still keep each
+// collective far above the size where its bandwidth saturates. Pure.
 inline constexpr int kOffloadBuckets = 16;
-inline constexpr int64_t kFineOffloadBucketsMinElements = int64_t{1} << 27;
+inline constexpr int64_t kFineOffloadBucketsMinElements = int64_t{1} << 24;
 std::optional<int64_t> OffloadBucketElements(const config::Config& config,
                                              int64_t trainable_elements);
 // The startup log's line when OffloadBucketElements made the buckets finer

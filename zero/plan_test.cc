@@ -348,7 +348,7 @@ TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
   EXPECT_EQ(plan->state.host_threads, 0);
 }
 
-// offload_optimizer at stages 1-2 on a model of >= 2^27 elements: the
+// offload_optimizer at stages 1-2 on a model of >= 2^24 elements: the
 // layout's buckets are at most 1/16 of the model where reduce_bucket_size
 // would give fewer, and the startup line says so; without offload, with
 // fine buckets already, at stage 3 or for a small model, the configured
@@ -420,10 +420,50 @@ TEST(PlanTableTest, OffloadedLargeModelsGetFineBuckets) {
   const Planned kept = plan_of(**large, 2, "50000000", true);
   EXPECT_LE(kept.largest, 50000000);
   EXPECT_FALSE(kept.note.has_value());
+  // GPT-2 124M: one 5e8 bucket would hold it whole.
+  absl::StatusOr<nn::GptConfig> small_shape = nn::GptConfig::Preset("124M");
+  ASSERT_TRUE(small_shape.ok()) << small_shape.status();
+  absl::StatusOr<std::unique_ptr<nn::GptModel>> gpt2 =
+      nn::GptModel::Create(*small_shape, options);
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  const Planned gpt2_fine = plan_of(**gpt2, 2, "500000000", true);
+  // (Its 38.6 M-element token table is a bucket of its own.)
+  EXPECT_GE(gpt2_fine.buckets, kOffloadBuckets / 2);
+  EXPECT_LE(gpt2_fine.largest,
+            (gpt2_fine.trainable + kOffloadBuckets - 1) / kOffloadBuckets);
+  EXPECT_TRUE(gpt2_fine.note.has_value());
   // A small model, however few its buckets.
   const Planned tiny = plan_of(*small, 2, "500000000", true);
   EXPECT_EQ(tiny.buckets, 1);
   EXPECT_FALSE(tiny.note.has_value());
+}
+
+// The CPU/GPU split is the plan's where it can be (stages 2-3, cpu, f32
+// master and moments, weights on the device) unless
+// offload_optimizer.split_update is false.
+TEST(PlanTableTest, SplitUpdateFollowsTheKey) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  const auto split = [&](int stage, const std::string& offload) {
+    absl::StatusOr<config::Config> config = config::LoadConfigString(
+        absl::StrCat(
+            R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": )",
+            R"(true}, "optimizer": {"type": "AdamW", "params": {"lr": )",
+            R"(1e-3}}, "zero_optimization": {"stage": )", stage,
+            R"(, "offload_optimizer": {"device": "cpu")", offload, "}}}"),
+        1);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return false;
+    absl::StatusOr<Plan> plan = BuildPlan(*model, *config, 1);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() && plan->state.split_update;
+  };
+  EXPECT_TRUE(split(2, ""));
+  EXPECT_TRUE(split(3, R"(, "split_update": true)"));
+  EXPECT_FALSE(split(2, R"(, "split_update": false)"));
+  EXPECT_FALSE(split(3, R"(, "split_update": false)"));
+  // Stage 1 keeps whole gradients: nothing to split.
+  EXPECT_FALSE(split(1, ""));
 }
 
 // Speculation's backup, unset, is every host element's where the host has
