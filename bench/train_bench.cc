@@ -76,8 +76,10 @@
 //                            (-1: unset, the engine's default; 0: never
 //                            speculate, so a clipped run's update waits
 //                            for the norm)
-//   --split_update=1         offload_optimizer.split_update (0: the CPU
-//                            updates all of the offloaded state)
+//   --split_update=0         offload_optimizer.split_update (1: the
+//                            experimental CPU/GPU split of the offloaded
+//                            update; 0, the engine's default: the CPU
+//                            updates all of it)
 //   --sub_group_size=1000000000  zero_optimization.sub_group_size (the
 //                            offloaded update's chunk, capped by the engine)
 //   --pin_memory=1           the offload sections' pin_memory
@@ -149,7 +151,7 @@ struct Options {
   bool pin_memory = true;
   bool delayed_update = false;
   int64_t speculation_buffer_size = -1;  // -1: unset
-  bool split_update = true;
+  bool split_update = false;
   double gradient_clipping = 1.0;
   double reduce_bucket_size = 5e8;
   // Stage 3 fetcher settings (DeepSpeed's defaults).
@@ -261,7 +263,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       options.speculation_buffer_size,
       flags.GetInt("speculation_buffer_size", -1, -1, int64_t{1} << 50));
   ZE_ASSIGN_OR_RETURN(options.split_update,
-                      flags.GetBool("split_update", true));
+                      flags.GetBool("split_update", false));
   options.backend = flags.GetString("backend", "auto");
   options.device = flags.GetString("device", options.smoke ? "cpu" : "cuda");
   ZE_ASSIGN_OR_RETURN(int64_t seed,

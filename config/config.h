@@ -245,8 +245,12 @@ struct OffloadOptimizerConfig {
   // Issue 27's CPU/GPU split (this project's key): whether the engine may
   // update part of the offloaded state on the GPU, streaming it through,
   // where its model of the two costs predicts a gain (zero::
-  // ChooseUpdateSplit); false: the CPU updates all of it.
-  bool split_update = true;
+  // ChooseUpdateSplit); false (the default): the CPU updates all of it.
+  // Off by default because, measured against the CPU alone in the same
+  // run, the split lost at every size and stage tried (bench/RESULTS.md,
+  // run 64: 5-19%): its model predicts the device part from raw copies,
+  // and the device part ran far slower than predicted.
+  bool split_update = false;
   bool operator==(const OffloadOptimizerConfig& other) const;
 };
 

@@ -1047,7 +1047,7 @@ constexpr char kEveryKeyNonDefault[] = R"({
           "pin_memory": true, "buffer_count": 6, "pipeline_read": true,
           "pipeline_write": true, "fast_init": true, "ratio": 0.5,
           "delayed_update": false, "speculation_buffer_size": 4096,
-          "split_update": false},
+          "split_update": true},
       "offload_param": {"device": "nvme", "nvme_path": "/nvme/b",
           "pin_memory": true, "buffer_count": 7, "buffer_size": 3000,
           "max_in_cpu": 4000},

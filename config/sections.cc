@@ -169,13 +169,15 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "update waits for the norm). Device cpu, weights on the "
                    "device. Not a DeepSpeed key."))
         .Add(Value("split_update", &O::split_update, Boolean(),
-                   "Let the engine update part of the offloaded state on the "
-                   "GPU (streamed up and back through it while the CPU "
-                   "updates the rest) where its model of the two measured "
-                   "costs predicts a gain: device cpu, stages 2-3, f32 "
-                   "master and moments, weights on the GPU; the startup log "
-                   "states the split. false: the CPU updates all of it. Not "
-                   "a DeepSpeed key."))
+                   "true: let the engine update part of the offloaded state "
+                   "on the GPU (streamed up and back through it while the "
+                   "CPU updates the rest) where its model of the two "
+                   "measured costs predicts a gain: device cpu, stages 2-3, "
+                   "f32 master and moments, weights on the GPU; the startup "
+                   "log states the split. Experimental: on an H100 host it "
+                   "was 5-19% slower than the CPU alone at 124M and 1.3B, "
+                   "stages 2 and 3 (bench/RESULTS.md run 64). false: the CPU "
+                   "updates all of it. Not a DeepSpeed key."))
         .WithoutEffect("fast_init",
                        "the NVMe swap files are preallocated at start anyway")
         .Ignored("super_offload", Boolean(), std::optional<bool>(false),

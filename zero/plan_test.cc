@@ -438,9 +438,9 @@ TEST(PlanTableTest, OffloadedLargeModelsGetFineBuckets) {
   EXPECT_FALSE(tiny.note.has_value());
 }
 
-// The CPU/GPU split is the plan's where it can be (stages 2-3, cpu, f32
-// master and moments, weights on the device) unless
-// offload_optimizer.split_update is false.
+// The CPU/GPU split is the plan's where offload_optimizer.split_update
+// asks for it and it can be (stages 2-3, cpu, f32 master and moments,
+// weights on the device); off by default.
 TEST(PlanTableTest, SplitUpdateFollowsTheKey) {
   std::unique_ptr<nn::GptModel> model = Shapes();
   ASSERT_NE(model, nullptr);
@@ -458,12 +458,13 @@ TEST(PlanTableTest, SplitUpdateFollowsTheKey) {
     EXPECT_TRUE(plan.ok()) << plan.status();
     return plan.ok() && plan->state.split_update;
   };
-  EXPECT_TRUE(split(2, ""));
+  EXPECT_FALSE(split(2, ""));
+  EXPECT_FALSE(split(3, ""));
+  EXPECT_TRUE(split(2, R"(, "split_update": true)"));
   EXPECT_TRUE(split(3, R"(, "split_update": true)"));
   EXPECT_FALSE(split(2, R"(, "split_update": false)"));
-  EXPECT_FALSE(split(3, R"(, "split_update": false)"));
   // Stage 1 keeps whole gradients: nothing to split.
-  EXPECT_FALSE(split(1, ""));
+  EXPECT_FALSE(split(1, R"(, "split_update": true)"));
 }
 
 // Speculation's backup, unset, is every host element's where the host has

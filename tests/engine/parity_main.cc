@@ -71,7 +71,8 @@ struct RunSpec {
   int stage = 0;
   int accumulation = 1;
   int micro = 2;
-  // ZeRO-Offload: "" (none), "cpu" (offload_optimizer), "cpuhalf"
+  // ZeRO-Offload: "" (none), "cpu" (offload_optimizer, with the
+  // experimental CPU/GPU split asked for: split_update), "cpuhalf"
   // (offload_optimizer with ratio 0.5: half the buckets' optimizer on the
   // device), "cpuparam" (offload_optimizer and offload_param, stage 3),
   // "cpudelay" (offload_optimizer with delayed_update: different maths,
@@ -145,6 +146,8 @@ std::string OffloadJson(const std::string& offload) {
   const std::string optimizer = absl::StrCat(
       R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
       offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "",
+      // The CPU/GPU split (on a GPU; off by default) where it can run.
+      offload == "cpu" ? R"(, "split_update": true)" : "",
       offload == "cpudelay" ? R"(, "delayed_update": true)" : "", "}");
   const std::string param =
       offload == "cpuparam"
