@@ -10,26 +10,7 @@
 source bench/device/setup.sh
 LIMIT=${LIMIT:-540}
 PART=${PART:-1}
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-[[ -d /tmp/baseline ]] || tar xJf gpu_base/baseline.tar.xz -C /tmp
-cat /tmp/baseline/COMMIT | tee $OUT/baseline_commit.txt
-HEAD_LD=$LD_LIBRARY_PATH
-BASE_LD=/tmp/baseline/lib:/usr/local/cuda/lib64
-one() {  # which(base|head) tag flags...
-  local which=$1 tag=$2; shift 2
-  (( $(left) > 45 )) || { el "skip $which $tag"; return; }
-  if [[ $which == base ]]; then
-    LD_LIBRARY_PATH=$BASE_LD timeout 120 /tmp/baseline/bin/train_bench "$@" \
-      >> $OUT/base.jsonl 2>> $OUT/base.err
-  else
-    LD_LIBRARY_PATH=$HEAD_LD timeout 120 $B/bin/train_bench "$@" \
-      >> $OUT/head.jsonl 2>> $OUT/head.err
-  fi
-  el "$which $tag rc=$?"
-}
-pair() {  # tag flags...: base, then head
-  one base "$@"; one head "$@"
-}
+source bench/device/pairs.sh
 common="--batch=16 --seq=1024 --dtype=bf16 --warmup=2"
 if [[ $PART == 1 ]]; then
   timeout 250 $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; el "gpu tests rc=$?"
@@ -61,13 +42,4 @@ else
   # The loss in one chunk (16 x 1024 rows) instead of the 256 MiB chunks.
   one head 124M-onechunk --models=124M --stages=0 --offload=none --loss_chunk_rows=16384 $common --iters=10
 fi
-python3 - <<PY
-import json
-for name in ['base','head']:
-  try: lines=open('$OUT/'+name+'.jsonl').read().splitlines()
-  except OSError: continue
-  for l in lines:
-    try: d=json.loads(l)
-    except ValueError: continue
-    print(name, {k:d.get(k) for k in ['model','stage','offload','tokens_per_s','step_ms','error']})
-PY
+summarize head

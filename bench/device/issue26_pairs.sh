@@ -10,26 +10,7 @@
 # a gap left comes from. LIMIT seconds (default 560).
 source bench/device/setup.sh
 LIMIT=${LIMIT:-560}
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
-[[ -d /tmp/baseline ]] || tar xJf gpu_base/baseline.tar.xz -C /tmp
-cat /tmp/baseline/COMMIT | tee $OUT/baseline_commit.txt
-HEAD_LD=$LD_LIBRARY_PATH
-BASE_LD=/tmp/baseline/lib:/usr/local/cuda/lib64
-one() {  # which(base|head|diag) tag flags...
-  local which=$1 tag=$2; shift 2
-  (( $(left) > 40 )) || { el "skip $which $tag"; return; }
-  if [[ $which == base ]]; then
-    LD_LIBRARY_PATH=$BASE_LD timeout 120 /tmp/baseline/bin/train_bench "$@" \
-      >> $OUT/base.jsonl 2>> $OUT/base.err
-  else
-    LD_LIBRARY_PATH=$HEAD_LD timeout 120 $B/bin/train_bench "$@" \
-      >> $OUT/$which.jsonl 2>> $OUT/$which.err
-  fi
-  el "$which $tag rc=$?"
-}
-pair() {  # tag flags...: base, then head
-  one base "$@"; one head "$@"
-}
+source bench/device/pairs.sh
 common="--batch=16 --seq=1024 --dtype=bf16 --warmup=2"
 run_fixed_tests allocator_cuda_test layers_cuda_test parity_cuda_w1
 pair 1.3B-none --models=1.3B --stages=0,2,3 --offload=none $common --iters=6
@@ -43,20 +24,4 @@ grep -h "gradients are reduced in\|split between" $OUT/head.err | sort | uniq -c
 # loss in one chunk.
 one diag 1.3B-s3-nospec --models=1.3B --stages=3 --offload=optimizer --speculation_buffer_size=0 $common --iters=6
 one diag 124M-onechunk --models=124M --stages=0 --offload=none --loss_chunk_rows=16384 $common --iters=10
-python3 - <<PY
-import json
-rows = {}
-for name in ['base', 'head', 'diag']:
-  try: lines = open('$OUT/' + name + '.jsonl').read().splitlines()
-  except OSError: continue
-  for l in lines:
-    try: d = json.loads(l)
-    except ValueError: continue
-    key = (d.get('model'), d.get('stage'), d.get('offload'))
-    print(name, key, d.get('tokens_per_s'), d.get('step_ms'), d.get('speculation'),
-          d.get('offload_worker'), d.get('error'))
-    rows.setdefault(key, {})[name] = d.get('tokens_per_s')
-for key, r in rows.items():
-  if 'base' in r and 'head' in r and r['base'] and r['head']:
-    print('ratio', key, round(r['head'] / r['base'], 4))
-PY
+summarize head diag
