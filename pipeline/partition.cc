@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace ze {
@@ -118,6 +119,39 @@ absl::StatusOr<std::vector<LayerRange>> PartitionLayers(
       method_key, " = \"", method,
       "\": expected \"parameters\" (or \"best\"), \"uniform\", or boundaries "
       "such as \"0,4,8,12\""));
+}
+
+namespace {
+
+// "1.25 B", "354.0 M", "3872".
+std::string Count(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.2f B", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.1f M", n / 1e6);
+  return absl::StrFormat("%.0f", n);
+}
+
+// "5.5 GiB" from 1 GiB on, else "12.3 MiB".
+std::string Bytes(double bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (bytes >= 1024.0 * kMiB) {
+    return absl::StrFormat("%.1f GiB", bytes / (1024.0 * kMiB));
+  }
+  return absl::StrFormat("%.1f MiB", bytes / kMiB);
+}
+
+}  // namespace
+
+std::string FormatStages(const std::vector<StageSummary> &stages) {
+  std::string text;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const StageSummary &stage = stages[s];
+    absl::StrAppend(&text, s == 0 ? "" : "; ", "stage ", s, ": layers [",
+                    stage.layers.first, ", ", stage.layers.last, "), ",
+                    Count(stage.parameters), " parameters, ",
+                    Bytes(stage.device_bytes), " GPU + ",
+                    Bytes(stage.host_bytes), " host");
+  }
+  return text;
 }
 
 }  // namespace pipeline

@@ -47,6 +47,20 @@ absl::StatusOr<std::vector<LayerRange>> PartitionLayers(
     const std::string &stages_key = "pipeline.stages",
     const std::string &method_key = "pipeline.partition");
 
+// One stage as the startup line shows it: its layers, and its rank's
+// trainable parameters and model-state memory (the plan's device and host
+// bytes), gathered from the stages' first data-parallel ranks.
+struct StageSummary {
+  LayerRange layers;
+  double parameters = 0;
+  double device_bytes = 0;
+  double host_bytes = 0;
+};
+// "stage 0: layers [0, 7), 354.0 M parameters, 5.5 GiB GPU + 0.0 MiB
+// host; stage 1: ..." (parameters in B from 10^9, M from 10^6; memory in
+// GiB from 1 GiB, else MiB). Pure.
+std::string FormatStages(const std::vector<StageSummary> &stages);
+
 }  // namespace pipeline
 }  // namespace ze
 

@@ -106,6 +106,20 @@ TEST(PartitionTest, ErrorsNameTheKeys) {
               HasSubstr("pipeline.partition = \"type:Block\""));
 }
 
+TEST(FormatStagesTest, NamesEachStagesLayersParametersAndMemory) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::vector<StageSummary> stages(3);
+  stages[0] = {{0, 7}, 354e6, 5.5 * kGiB, 0};
+  stages[1] = {{7, 14}, 1.25e9, 1.0 * kGiB, 17.25 * kGiB};
+  stages[2] = {{14, 15}, 3872, 0.25 * 1024 * 1024, 512.0 * 1024 * 1024};
+  EXPECT_EQ(FormatStages(stages),
+            "stage 0: layers [0, 7), 354.0 M parameters, 5.5 GiB GPU + 0.0 "
+            "MiB host; stage 1: layers [7, 14), 1.25 B parameters, 1.0 GiB "
+            "GPU + 17.2 GiB host; stage 2: layers [14, 15), 3872 "
+            "parameters, 0.2 MiB GPU + 512.0 MiB host");
+  EXPECT_EQ(FormatStages({}), "");
+}
+
 }  // namespace
 }  // namespace pipeline
 }  // namespace ze

@@ -459,6 +459,34 @@ TEST(PipelineErrors, RanksWithDifferentSchedulesFailByName) {
       << status;
 }
 
+// The startup line names every stage: its layers, its parameters and its
+// rank's model-state memory (each stage's plan, gathered over the pipeline).
+TEST(PipelineStartup, TheLineShowsEveryStagesLayersAndMemory) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const int stages = World();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  if (Rank() == 0) ::testing::internal::CaptureStderr();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      PipelinedEngine(stages, 2, "1f1b", kAdamW);
+  const std::string log =
+      Rank() == 0 ? ::testing::internal::GetCapturedStderr() : "";
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  if (Rank() != 0) return;
+  for (int s = 0; s < stages; ++s) {
+    // Each stage's layers, then a parameter count and memory in GiB.
+    const std::string stage =
+        absl::StrCat("stage ", s, ": layers [", (*ranges)[s].first, ", ",
+                     (*ranges)[s].last, "), ");
+    const size_t at = log.find(stage);
+    ASSERT_NE(at, std::string::npos) << stage << " not in:\n" << log;
+    const std::string rest = log.substr(at + stage.size(), 60);
+    EXPECT_NE(rest.find(" parameters, "), std::string::npos) << rest;
+    EXPECT_NE(rest.find("iB GPU + "), std::string::npos) << rest;
+  }
+}
+
 }  // namespace
 }  // namespace enginetest
 }  // namespace ze
