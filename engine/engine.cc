@@ -545,20 +545,13 @@ absl::Status EngineImpl::SetUpPipeline() {
       layer->set_activation_checkpointing(true);
     }
   }
-  pipeline::ScheduleKind kind = pipeline::ScheduleKind::kOneFOneB;
-  switch (pipe.schedule) {
-    case config::PipelineSchedule::kGPipe:
-      kind = pipeline::ScheduleKind::kGPipe;
-      break;
-    case config::PipelineSchedule::kOneFOneB:
-      kind = pipeline::ScheduleKind::kOneFOneB;
-      break;
-    case config::PipelineSchedule::kInterleavedOneFOneB:
-      return absl::UnimplementedError(absl::StrCat(
-          config_.source,
-          ": pipeline.schedule \"interleaved_1f1b\" needs several stages "
-          "per rank, which the engine does not build yet (its schedule "
-          "exists: pipeline/schedule.h); use \"1f1b\" or \"gpipe\""));
+  const pipeline::ScheduleKind kind = pipeline::ScheduleKindOf(pipe.schedule);
+  if (kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
+    return absl::UnimplementedError(absl::StrCat(
+        config_.source,
+        ": pipeline.schedule \"interleaved_1f1b\" needs several stages "
+        "per rank, which the engine does not build yet (its schedule "
+        "exists: pipeline/schedule.h); use \"1f1b\" or \"gpipe\""));
   }
   ZE_ASSIGN_OR_RETURN(
       pipeline::Schedule schedule,

@@ -63,7 +63,10 @@
 // --dry_run checks the config, builds the model's shapes without storage
 // and prints the per-rank memory plan (GPU, pinned host, NVMe; the same
 // figures Initialize would report and allocate by) and an activation
-// estimate, then exits without allocating.
+// estimate, then exits without allocating. With pipeline.stages > 1: the
+// layout, the schedule's bubble and each stage's layers and plan (no
+// activation estimate yet); train_gpt does not train a pipeline config
+// (refused by name: docs/pipeline.md).
 //
 // Checkpoints: with --save_dir the engine saves there every --save_every
 // steps (0: only at the end) and at the end (tag global_stepN, `latest`
@@ -149,6 +152,9 @@
 #include "nn/gpt.h"
 #include "nn/pretrained/hf_decoder_source.h"
 #include "nn/pretrained/hf_gpt2.h"
+#include "pipeline/layout.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 #include "zero/memory_estimate.h"
 #include "zero/plan.h"
 
@@ -622,6 +628,73 @@ bool CheckpointExists(const std::string& directory) {
 // "1 rank", "2 ranks".
 std::string Ranks(int n) {
   return n == 1 ? "1 rank" : absl::StrCat(n, " ranks");
+}
+
+// --dry_run with pipeline.stages > 1: the layout, the schedule's bubble and,
+// per stage, its layers and the model-state plan of one of its ranks
+// (BuildPlan over the stage's own layers at the data-parallel size), from
+// shape-only stage models. Rank 0 prints. Errors from the layout, the
+// partition, the schedule or the plan (the config's key named).
+absl::Status PrintPipelineDryRun(
+    const std::string& config_path, const config::Config& config, int world,
+    int64_t num_parameters, const std::optional<nn::GptConfig>& gpt,
+    const std::optional<nn::DecoderConfig>& decoder, DType dtype, int rank) {
+  const config::PipelineConfig& pipe = config.pipeline;
+  ZE_ASSIGN_OR_RETURN(
+      const pipeline::PipelineLayout layout,
+      pipeline::PipelineLayout::Create(world, static_cast<int>(pipe.stages),
+                                       "pipeline.stages"));
+  ZE_ASSIGN_OR_RETURN(
+      const std::vector<pipeline::LayerRange> ranges,
+      pipeline::PartitionLayers(
+          gpt ? gpt->PipelineLayerWeights() : decoder->PipelineLayerWeights(),
+          layout.stages, pipe.partition));
+  const pipeline::ScheduleKind kind = pipeline::ScheduleKindOf(pipe.schedule);
+  ZE_ASSIGN_OR_RETURN(
+      const pipeline::Schedule schedule,
+      pipeline::BuildSchedule(
+          kind, layout.stages,
+          static_cast<int>(config.gradient_accumulation_steps.value())));
+  std::vector<std::string> lines;
+  for (size_t s = 0; s < ranges.size(); ++s) {
+    std::shared_ptr<nn::LossModel> stage;
+    if (gpt) {
+      nn::GptOptions options;
+      options.dtype = dtype;
+      options.materialize = false;
+      options.first_layer = ranges[s].first;
+      options.last_layer = ranges[s].last;
+      ZE_ASSIGN_OR_RETURN(stage, nn::GptModel::Create(*gpt, options));
+    } else {
+      nn::DecoderOptions options;
+      options.dtype = dtype;
+      options.materialize = false;
+      options.first_layer = ranges[s].first;
+      options.last_layer = ranges[s].last;
+      ZE_ASSIGN_OR_RETURN(stage, nn::DecoderModel::Create(*decoder, options));
+    }
+    ZE_ASSIGN_OR_RETURN(const zero::Plan plan,
+                        zero::BuildPlan(*stage, config, layout.data_parallel));
+    lines.push_back(absl::StrCat(
+        "  stage ", s, ": layers [", ranges[s].first, ", ", ranges[s].last,
+        "), model state per rank: ", plan.memory.ToString()));
+  }
+  if (rank != 0) return absl::OkStatus();
+  std::printf(
+      "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage %d, "
+      "pipeline %s, schedule %s over %lld micro-batches (bubble %.3f; at "
+      "most %d micro-batches' inputs stashed on stage 0)\n",
+      config_path.c_str(), static_cast<long long>(num_parameters),
+      Ranks(world).c_str(), static_cast<int>(config.zero_optimization.stage),
+      layout.ToString().c_str(), pipeline::ScheduleName(kind),
+      static_cast<long long>(config.gradient_accumulation_steps.value()),
+      pipeline::ExpectedBubbleFraction(schedule),
+      pipeline::ActivationBound(schedule, 0));
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::printf(
+      "  activations per stage: not estimated yet; train_gpt itself does not "
+      "train a pipeline yet (Engine::TrainBatch does: docs/pipeline.md)\n");
+  return absl::OkStatus();
 }
 
 // The bytes one checkpoint of `model` under `config` takes on disk, every
@@ -1234,6 +1307,20 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_RETURN_IF_ERROR(engine::AgreeAcrossRanks(
         *communicator, usable, Stream::Default(communicator->device()),
         "checking --export_hf"));
+  }
+  if (options.dry_run && config.pipeline.stages > 1) {
+    ZE_RETURN_IF_ERROR(PrintPipelineDryRun(options.config, config, world,
+                                           facts.num_parameters, gpt_config,
+                                           decoder_config, model_dtype, rank));
+    *exit_code = 0;
+    return absl::OkStatus();
+  }
+  if (config.pipeline.stages > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        options.config, ": pipeline.stages ", config.pipeline.stages,
+        ": train_gpt does not train a pipeline yet (each rank would build "
+        "only its stage and train through Engine::TrainBatch: "
+        "docs/pipeline.md); --dry_run shows the plan per stage"));
   }
   if (options.dry_run) {
     // Activations of one micro-batch (zero/memory_estimate.h): an estimate,

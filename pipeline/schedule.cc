@@ -168,6 +168,18 @@ const char *ScheduleName(ScheduleKind kind) {
   return "?";
 }
 
+ScheduleKind ScheduleKindOf(config::PipelineSchedule schedule) {
+  switch (schedule) {
+    case config::PipelineSchedule::kGPipe:
+      return ScheduleKind::kGPipe;
+    case config::PipelineSchedule::kOneFOneB:
+      return ScheduleKind::kOneFOneB;
+    case config::PipelineSchedule::kInterleavedOneFOneB:
+      return ScheduleKind::kInterleavedOneFOneB;
+  }
+  return ScheduleKind::kOneFOneB;
+}
+
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string &name) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
                             ScheduleKind::kInterleavedOneFOneB}) {

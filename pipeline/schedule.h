@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "config/config.h"
 
 namespace ze {
 namespace pipeline {
@@ -58,6 +59,9 @@ enum class ScheduleKind {
 const char *ScheduleName(ScheduleKind kind);
 // The inverse of ScheduleName. InvalidArgument naming the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string &name);
+// The config's "pipeline.schedule" as a kind (the engine and train_gpt
+// --dry_run both build the schedule from it).
+ScheduleKind ScheduleKindOf(config::PipelineSchedule schedule);
 
 enum class ActionKind {
   kForward,          // stage's forward of micro_batch; stashes its inputs

@@ -260,6 +260,15 @@ TEST(ScheduleBuildTest, NamesRoundTrip) {
               HasSubstr("expected one of gpipe, 1f1b"));
 }
 
+TEST(ScheduleBuildTest, TheConfigsScheduleIsTheKindOfTheSameName) {
+  EXPECT_EQ(ScheduleKindOf(config::PipelineSchedule::kGPipe),
+            ScheduleKind::kGPipe);
+  EXPECT_EQ(ScheduleKindOf(config::PipelineSchedule::kOneFOneB),
+            ScheduleKind::kOneFOneB);
+  EXPECT_EQ(ScheduleKindOf(config::PipelineSchedule::kInterleavedOneFOneB),
+            ScheduleKind::kInterleavedOneFOneB);
+}
+
 }  // namespace
 }  // namespace pipeline
 }  // namespace ze
