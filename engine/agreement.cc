@@ -32,6 +32,22 @@ absl::Status AgreeAcrossRanks(comm::Communicator& comm,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> AllGatherFloats(
+    comm::Communicator& comm, const std::vector<float>& values,
+    const Stream& stream) {
+  if (comm.world_size() == 1) return values;
+  const int64_t count = static_cast<int64_t>(values.size());
+  ZE_ASSIGN_OR_RETURN(
+      const Tensor in,
+      FromHostFloats(values, {count}, DType::kF32, comm.device(), stream));
+  ZE_ASSIGN_OR_RETURN(const Tensor out,
+                      Tensor::Empty({int64_t{comm.world_size()} * count},
+                                    DType::kF32, comm.device()));
+  ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(in, out, stream));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  return ToHostFloats(out, stream);
+}
+
 namespace {
 
 // Small integers (below 2^24, exact in f32) to every rank from `root`. The

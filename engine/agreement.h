@@ -6,6 +6,7 @@
 #define ZE_ENGINE_AGREEMENT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,14 @@ absl::Status AgreeAcrossRanks(comm::Communicator& comm,
 absl::StatusOr<std::string> BroadcastString(comm::Communicator& comm,
                                             const std::string& text, int root,
                                             const Stream& stream);
+
+// Every rank's `values` on every rank, in rank order (a collective; every
+// rank passes as many values). Floats because the collectives carry float
+// types: a caller packs what it needs exactly into values below 2^24, or
+// gathers figures for display. At one rank, `values` itself.
+absl::StatusOr<std::vector<float>> AllGatherFloats(
+    comm::Communicator& comm, const std::vector<float>& values,
+    const Stream& stream);
 
 }  // namespace engine
 }  // namespace ze

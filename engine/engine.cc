@@ -570,23 +570,13 @@ absl::Status EngineImpl::SetUpPipeline() {
   // Every stage's parameters and model-state memory for the startup line:
   // each rank's plan (its own stage) all-gathered over its pipeline, in
   // f32 (display only; the collectives carry float types).
-  comm::Communicator& line = *pipeline_groups_.pipeline;
-  const std::vector<float> own = {
-      static_cast<float>(plan_.memory.parameter_elements),
-      static_cast<float>(plan_.memory.device_bytes),
-      static_cast<float>(plan_.memory.host_bytes)};
   ZE_ASSIGN_OR_RETURN(
-      const Tensor own_tensor,
-      FromHostFloats(own, {3}, DType::kF32, line.device(), compute_stream_));
-  ZE_ASSIGN_OR_RETURN(
-      Tensor all_tensor,
-      Tensor::Zeros({3 * int64_t{line.world_size()}}, DType::kF32,
-                    line.device(), compute_stream_));
-  ZE_ASSIGN_OR_RETURN(comm::Work gathered,
-                      line.AllGather(own_tensor, all_tensor, compute_stream_));
-  ZE_RETURN_IF_ERROR(gathered.Wait());
-  ZE_ASSIGN_OR_RETURN(const std::vector<float> all,
-                      ToHostFloats(all_tensor, compute_stream_));
+      const std::vector<float> all,
+      AllGatherFloats(*pipeline_groups_.pipeline,
+                      {static_cast<float>(plan_.memory.parameter_elements),
+                       static_cast<float>(plan_.memory.device_bytes),
+                       static_cast<float>(plan_.memory.host_bytes)},
+                      compute_stream_));
   std::vector<pipeline::StageSummary> summaries;
   for (size_t s = 0; s < ranges.size(); ++s) {
     summaries.push_back(

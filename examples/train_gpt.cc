@@ -657,21 +657,22 @@ absl::Status PrintPipelineDryRun(
           static_cast<int>(config.gradient_accumulation_steps.value())));
   std::vector<std::string> lines;
   for (size_t s = 0; s < ranges.size(); ++s) {
+    // Either family's options: the stage's layers, shapes only.
+    const auto stage_options = [&](auto options) {
+      options.dtype = dtype;
+      options.materialize = false;
+      options.first_layer = ranges[s].first;
+      options.last_layer = ranges[s].last;
+      return options;
+    };
     std::shared_ptr<nn::LossModel> stage;
     if (gpt) {
-      nn::GptOptions options;
-      options.dtype = dtype;
-      options.materialize = false;
-      options.first_layer = ranges[s].first;
-      options.last_layer = ranges[s].last;
-      ZE_ASSIGN_OR_RETURN(stage, nn::GptModel::Create(*gpt, options));
+      ZE_ASSIGN_OR_RETURN(
+          stage, nn::GptModel::Create(*gpt, stage_options(nn::GptOptions())));
     } else {
-      nn::DecoderOptions options;
-      options.dtype = dtype;
-      options.materialize = false;
-      options.first_layer = ranges[s].first;
-      options.last_layer = ranges[s].last;
-      ZE_ASSIGN_OR_RETURN(stage, nn::DecoderModel::Create(*decoder, options));
+      ZE_ASSIGN_OR_RETURN(
+          stage, nn::DecoderModel::Create(*decoder,
+                                          stage_options(nn::DecoderOptions())));
     }
     ZE_ASSIGN_OR_RETURN(const zero::Plan plan,
                         zero::BuildPlan(*stage, config, layout.data_parallel));

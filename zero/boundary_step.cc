@@ -158,7 +158,7 @@ absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
   early.args.grad_scale = clip.grad_scale;
   training.FillMomentum(&early.args);
   const double max_norm = config.gradient_clipping.value();
-  if (max_norm > 0 || training.checks_overflow()) {
+  if (StepArgsNeedStatistics(config, training)) {
     early.speculation.emplace();
     if (max_norm > 0) {
       // The norm divides the stored gradients' root sum of squares by the
@@ -171,11 +171,15 @@ absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
   return early;
 }
 
+bool StepArgsNeedStatistics(const config::Config& config,
+                            const TrainingState& training) {
+  return config.gradient_clipping.value() > 0 || training.checks_overflow();
+}
+
 bool WorthBeginningEarly(const config::Config& config,
                          const TrainingState& training) {
-  const bool speculative =
-      config.gradient_clipping.value() > 0 || training.checks_overflow();
-  return !speculative || !training.last_step_needed_statistics();
+  return !StepArgsNeedStatistics(config, training) ||
+         !training.last_step_needed_statistics();
 }
 
 absl::StatusOr<StepReport> RunBoundaryStep(const BoundaryStepContext& context,

@@ -105,6 +105,12 @@ struct EarlyStepArgs {
 absl::StatusOr<EarlyStepArgs> ArgsBeforeStatistics(
     const config::Config& config, const TrainingState& training, int world);
 
+// Whether a step's optimizer arguments may depend on its statistics
+// (gradient clipping, or fp16's overflow check): an update begun before
+// them is then speculative.
+bool StepArgsNeedStatistics(const config::Config& config,
+                            const TrainingState& training);
+
 // Whether an offloaded update should begin during this step's backward.
 // Exactly (no clipping, no overflow check): always. Speculatively: not
 // after a step whose arguments its statistics changed (it clipped, or was

@@ -99,18 +99,8 @@ absl::StatusOr<std::vector<checkpoint::FileRecord>> GatherFileRecords(
   for (int i = 0; i < 2; ++i) {
     words.push_back(static_cast<float>((mine.crc32c >> (16 * i)) & 0xFFFF));
   }
-  std::vector<float> all = words;
-  if (world > 1) {
-    ZE_ASSIGN_OR_RETURN(Tensor in,
-                        FromHostFloats(words, {kRecordWords}, DType::kF32,
-                                       comm.device(), stream));
-    ZE_ASSIGN_OR_RETURN(
-        Tensor out, Tensor::Empty({int64_t{world} * kRecordWords}, DType::kF32,
-                                  comm.device()));
-    ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(in, out, stream));
-    ZE_RETURN_IF_ERROR(work.Wait());
-    ZE_ASSIGN_OR_RETURN(all, ToHostFloats(out, stream));
-  }
+  ZE_ASSIGN_OR_RETURN(const std::vector<float> all,
+                      engine::AllGatherFloats(comm, words, stream));
   std::vector<checkpoint::FileRecord> records(world);
   for (int r = 0; r < world; ++r) {
     const float* w = all.data() + r * kRecordWords;
