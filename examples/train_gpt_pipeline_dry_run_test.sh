@@ -3,8 +3,8 @@
 # A config with pipeline.stages 2 at 4 ranks: --dry_run prints the layout
 # (2 stages x 2 data-parallel), the 1F1B schedule's bubble over 4
 # micro-batches and each stage's layers and model-state plan, and exits 0;
-# without --dry_run train_gpt refuses the config by name (it does not train
-# a pipeline yet) instead of failing inside Initialize.
+# without --dry_run train_gpt refuses the config by name with exit status 2
+# (it does not train a pipeline yet) instead of failing inside Initialize.
 set -euo pipefail
 train="$1"; run_mpi="$2"
 config="${TEST_TMPDIR:-/tmp}/pipeline_dry_run.json"
@@ -34,7 +34,7 @@ set +e
 refused=$("$run_mpi" 2 "$train" --config="$config" --device=cpu --seq=64 --steps=5 2>&1)
 status=$?
 set -e
-[[ $status != 0 ]] || { echo "$refused"; fail "a pipeline config trained"; }
+[[ $status == 2 ]] || { echo "$refused"; fail "exit status $status, not 2"; }
 grep -q "pipeline.stages 2: train_gpt does not train a pipeline yet" <<<"$refused" \
   || { echo "$refused"; fail "the refusal does not name pipeline.stages"; }
 echo "train_gpt pipeline --dry_run: ok"
