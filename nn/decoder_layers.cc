@@ -67,12 +67,12 @@ absl::StatusOr<Tensor> RmsNorm::BackwardImpl(const Tensor &grad_output,
   ZE_ASSIGN_OR_RETURN(Tensor grad_input,
                       Tensor::Empty(saved.input.shape(), grad_output.dtype(),
                                     grad_output.device()));
-  ZE_RETURN_IF_ERROR(RmsNormBackward(grad_output, saved.input, weight,
-                                     saved.rstd, grad_input, grad_weight,
-                                     stream));
-  if (grad_addend.defined()) {
-    ZE_RETURN_IF_ERROR(Add(grad_input, grad_addend, grad_input, stream));
-  }
+  ZE_RETURN_IF_ERROR(
+      grad_addend.defined()
+          ? RmsNormBackwardAdd(grad_output, saved.input, weight, saved.rstd,
+                               grad_addend, grad_input, grad_weight, stream)
+          : RmsNormBackward(grad_output, saved.input, weight, saved.rstd,
+                            grad_input, grad_weight, stream));
   return grad_input;
 }
 
@@ -238,17 +238,15 @@ absl::StatusOr<Tensor> GroupedQueryAttention::BackwardImpl(
     ZE_ASSIGN_OR_RETURN(grad_k, k_norm_->Backward(grad_k, stream));
     ZE_ASSIGN_OR_RETURN(grad_q, q_norm_->Backward(grad_q, stream));
   }
-  // The three projections read the same input: their gradients add up.
-  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
+  // The three projections read the same input: their gradients add up,
+  // each product adding the sum so far (LinearBackwardAdd).
+  ZE_ASSIGN_OR_RETURN(Tensor grad_from_v,
                       v_proj_->Backward(Flat3(grad_v), stream));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_from_k,
+  k_proj_->AddToNextGradInput(std::move(grad_from_v));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_from_kv,
                       k_proj_->Backward(Flat3(grad_k), stream));
-  ZE_RETURN_IF_ERROR(Add(grad_input, grad_from_k, grad_input, stream));
-  grad_from_k = Tensor();
-  ZE_ASSIGN_OR_RETURN(Tensor grad_from_q,
-                      q_proj_->Backward(Flat3(grad_q), stream));
-  ZE_RETURN_IF_ERROR(Add(grad_input, grad_from_q, grad_input, stream));
-  return grad_input;
+  q_proj_->AddToNextGradInput(std::move(grad_from_kv));
+  return q_proj_->Backward(Flat3(grad_q), stream);
 }
 
 // ---------------------------------------------------------------- SwiGluMlp
@@ -293,11 +291,12 @@ absl::StatusOr<Tensor> SwiGluMlp::BackwardImpl(const Tensor &grad_output,
   ZE_RETURN_IF_ERROR(SwiGluBackward(grad_hidden, saved.gate, saved.up,
                                     grad_gate, grad_up, stream));
   grad_hidden = Tensor();
-  ZE_ASSIGN_OR_RETURN(Tensor grad_input, up_proj_->Backward(grad_up, stream));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_from_gate,
-                      gate_proj_->Backward(grad_gate, stream));
-  ZE_RETURN_IF_ERROR(Add(grad_input, grad_from_gate, grad_input, stream));
-  return grad_input;
+  // Both projections read the same input: gate's product adds up's
+  // gradient (LinearBackwardAdd).
+  ZE_ASSIGN_OR_RETURN(Tensor grad_from_up, up_proj_->Backward(grad_up, stream));
+  grad_up = Tensor();
+  gate_proj_->AddToNextGradInput(std::move(grad_from_up));
+  return gate_proj_->Backward(grad_gate, stream);
 }
 
 // ---------------------------------------------------------------- Block

@@ -277,6 +277,40 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
                                      grad_input_2d, grad_weight, grad_bias);
 }
 
+absl::Status LinearBackwardAdd(const Tensor &grad_output, const Tensor &input,
+                               const Tensor &weight, const Tensor &grad_addend,
+                               const Tensor &grad_input,
+                               const Tensor &grad_weight,
+                               const Tensor &grad_bias, const Stream &stream) {
+  const char *op = "LinearBackwardAdd";
+  ZE_ASSIGN_OR_RETURN(
+      const LinearSizes sizes,
+      CheckLinearBackward(op, grad_output, input, weight, "grad_input",
+                          grad_input, grad_weight, grad_bias));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
+                                       {{"grad_addend", &grad_addend}}));
+  if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
+    return Invalid(op, "grad_addend must not alias grad_input or grad_output");
+  }
+  const Tensor grad_output_2d = View2D(grad_output, sizes.m, sizes.n);
+  const Tensor input_2d = View2D(input, sizes.m, sizes.k);
+  const Tensor grad_input_2d = View2D(grad_input, sizes.m, sizes.k);
+  if (grad_output.device().is_cuda()) {
+    return cuda_backend::LinearBackward(
+        grad_output_2d, input_2d, weight, grad_input_2d, grad_weight, grad_bias,
+        stream, View2D(grad_addend, sizes.m, sizes.k));
+  }
+  ZE_RETURN_IF_ERROR(cpu_backend::LinearBackward(
+      grad_output_2d, input_2d, weight, grad_input_2d, grad_weight, grad_bias));
+  // The order the decoder layers summed the branches in before the fusion.
+  return Add(grad_addend, grad_input, grad_input, stream);
+}
+
 absl::Status LinearGeluForward(const Tensor &input, const Tensor &weight,
                                const Tensor &bias, const Tensor &output,
                                const Tensor &pre_activation,
@@ -1132,11 +1166,15 @@ absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
                                      View2D(output, rows, channels), rstd);
 }
 
-absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
-                             const Tensor &weight, const Tensor &rstd,
-                             const Tensor &grad_input,
-                             const Tensor &grad_weight, const Stream &stream) {
-  const char *op = "RmsNormBackward";
+namespace {
+
+// RmsNormBackward and RmsNormBackwardAdd (grad_addend defined).
+absl::Status RmsNormBackwardImpl(const char *op, const Tensor &grad_output,
+                                 const Tensor &input, const Tensor &weight,
+                                 const Tensor &rstd, const Tensor &grad_input,
+                                 const Tensor &grad_weight,
+                                 const Stream &stream,
+                                 const Tensor &grad_addend) {
   ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
   ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
@@ -1180,11 +1218,46 @@ absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
   if (input.device().is_cuda()) {
     return cuda_backend::RmsNormBackward(
         View2D(grad_output, rows, channels), View2D(input, rows, channels),
-        weight, rstd, View2D(grad_input, rows, channels), grad_weight, stream);
+        weight, rstd, View2D(grad_input, rows, channels), grad_weight, stream,
+        grad_addend.defined() ? View2D(grad_addend, rows, channels) : Tensor());
   }
-  return cpu_backend::RmsNormBackward(
+  ZE_RETURN_IF_ERROR(cpu_backend::RmsNormBackward(
       View2D(grad_output, rows, channels), View2D(input, rows, channels),
-      weight, rstd, View2D(grad_input, rows, channels), grad_weight);
+      weight, rstd, View2D(grad_input, rows, channels), grad_weight));
+  if (!grad_addend.defined()) return absl::OkStatus();
+  // The order the decoder block summed in before the fusion.
+  return Add(grad_input, grad_addend, grad_input, stream);
+}
+
+}  // namespace
+
+absl::Status RmsNormBackward(const Tensor &grad_output, const Tensor &input,
+                             const Tensor &weight, const Tensor &rstd,
+                             const Tensor &grad_input,
+                             const Tensor &grad_weight, const Stream &stream) {
+  return RmsNormBackwardImpl("RmsNormBackward", grad_output, input, weight,
+                             rstd, grad_input, grad_weight, stream, Tensor());
+}
+
+absl::Status RmsNormBackwardAdd(const Tensor &grad_output, const Tensor &input,
+                                const Tensor &weight, const Tensor &rstd,
+                                const Tensor &grad_addend,
+                                const Tensor &grad_input,
+                                const Tensor &grad_weight,
+                                const Stream &stream) {
+  const char *op = "RmsNormBackwardAdd";
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
+                                       {{"grad_addend", &grad_addend}}));
+  if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
+    return Invalid(op, "grad_addend must not alias grad_input or grad_output");
+  }
+  return RmsNormBackwardImpl(op, grad_output, input, weight, rstd, grad_input,
+                             grad_weight, stream, grad_addend);
 }
 
 absl::Status RotaryEmbeddingForward(const Tensor &input, const Tensor &inv_freq,

@@ -65,6 +65,19 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
                             const Stream& stream);
 
+// LinearBackward whose input gradient also receives another branch's
+// gradient of the same input (q, k and v projections of one hidden state,
+// SwiGLU's gate and up): grad_input (M, K) = grad_output @ weight +
+// grad_addend (M, K), grad_addend required and aliasing neither grad_input
+// nor grad_output. On CUDA the product adds grad_addend as its C (beta 1,
+// rounded once), so no separate pass over the activations; on the CPU
+// LinearBackward then an add.
+absl::Status LinearBackwardAdd(const Tensor& grad_output, const Tensor& input,
+                               const Tensor& weight, const Tensor& grad_addend,
+                               const Tensor& grad_input,
+                               const Tensor& grad_weight,
+                               const Tensor& grad_bias, const Stream& stream);
+
 // output (M, C) = (input - mean) * rstd * weight (C) + bias (C), with
 // eps = 1e-5 as GPT-2. Saves mean (M) and rstd (M), f32, for backward.
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
@@ -286,6 +299,18 @@ absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
                              const Tensor& weight, const Tensor& rstd,
                              const Tensor& grad_input,
                              const Tensor& grad_weight, const Stream& stream);
+// RmsNormBackward whose input gradient also receives the gradient of a
+// residual branch joining at the norm's input: grad_input (M, C) =
+// RMSNorm'(grad_output) + grad_addend (M, C), both required, grad_addend
+// aliasing neither grad_input nor grad_output. On CUDA the kernel adds it
+// before its one rounding (no separate pass); on the CPU the backward then
+// an add.
+absl::Status RmsNormBackwardAdd(const Tensor& grad_output, const Tensor& input,
+                                const Tensor& weight, const Tensor& rstd,
+                                const Tensor& grad_addend,
+                                const Tensor& grad_input,
+                                const Tensor& grad_weight,
+                                const Stream& stream);
 
 // Rotary position embedding in Hugging Face's rotate-half layout: each
 // head's vector x (D) = [x1 | x2] (two halves of D / 2) of a token at

@@ -432,6 +432,71 @@ TEST(FunctionalTest, ResidualFusionOpsMatchTheirCompositions) {
                 "grad_addend must not alias grad_input");
 }
 
+// The decoder's fusions of a second branch's input gradient:
+// LinearBackwardAdd = LinearBackward, then addend + grad_input (the order
+// the decoder layers summed in), and RmsNormBackwardAdd = RmsNormBackward,
+// then grad_input + addend; parameter gradients accumulate as unfused.
+TEST(FunctionalTest, GradInputAddendOpsMatchTheirCompositions) {
+  const Stream stream;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const Tensor input = ToDType(RandomTensor({3, 4, 6}, 1), dtype);
+    const Tensor weight = ToDType(RandomTensor({5, 6}, 2), dtype);
+    const Tensor grad_output = ToDType(RandomTensor({3, 4, 5}, 3), dtype);
+    const Tensor addend = ToDType(RandomTensor({3, 4, 6}, 4), dtype);
+    Tensor grad_input = Empty({3, 4, 6}, dtype);
+    Tensor grad_weight = ToDType(RandomTensor({5, 6}, 5), dtype);
+    ASSERT_TRUE(LinearBackwardAdd(grad_output, input, weight, addend,
+                                  grad_input, grad_weight, Tensor(), stream)
+                    .ok());
+    Tensor want_grad_input = Empty({3, 4, 6}, dtype);
+    Tensor want_grad_weight = ToDType(RandomTensor({5, 6}, 5), dtype);
+    ASSERT_TRUE(LinearBackward(grad_output, input, weight, want_grad_input,
+                               want_grad_weight, Tensor(), stream)
+                    .ok());
+    ASSERT_TRUE(Add(addend, want_grad_input, want_grad_input, stream).ok());
+    EXPECT_EQ(Values(grad_input), Values(want_grad_input)) << DTypeName(dtype);
+    EXPECT_EQ(Values(grad_weight), Values(want_grad_weight));
+
+    const Tensor norm_weight = ToDType(RandomTensor({6}, 6), dtype);
+    Tensor normed = Empty({3, 4, 6}, dtype), rstd = Empty({12});
+    ASSERT_TRUE(
+        RmsNormForward(input, norm_weight, 1e-6f, normed, rstd, stream).ok());
+    const Tensor norm_grad_output = ToDType(RandomTensor({3, 4, 6}, 7), dtype);
+    Tensor norm_grad_input = Empty({3, 4, 6}, dtype);
+    Tensor norm_grad_weight = RandomTensor({6}, 8);
+    ASSERT_TRUE(RmsNormBackwardAdd(norm_grad_output, input, norm_weight, rstd,
+                                   addend, norm_grad_input, norm_grad_weight,
+                                   stream)
+                    .ok());
+    Tensor want_norm_grad_input = Empty({3, 4, 6}, dtype);
+    Tensor want_norm_grad_weight = RandomTensor({6}, 8);
+    ASSERT_TRUE(RmsNormBackward(norm_grad_output, input, norm_weight, rstd,
+                                want_norm_grad_input, want_norm_grad_weight,
+                                stream)
+                    .ok());
+    ASSERT_TRUE(
+        Add(want_norm_grad_input, addend, want_norm_grad_input, stream).ok());
+    EXPECT_EQ(Values(norm_grad_input), Values(want_norm_grad_input));
+    EXPECT_EQ(Values(norm_grad_weight), Values(want_norm_grad_weight));
+  }
+
+  const Tensor input = RandomTensor({4, 6}, 1);
+  const Tensor grad = RandomTensor({4, 5}, 3);
+  Tensor grad_input = Empty({4, 6});
+  ExpectInvalid(
+      LinearBackwardAdd(grad, input, RandomTensor({5, 6}, 2), grad_input,
+                        grad_input, Tensor(), Tensor(), Stream()),
+      "grad_addend must not alias grad_input");
+  ExpectInvalid(
+      LinearBackwardAdd(grad, input, RandomTensor({5, 6}, 2), Empty({4, 5}),
+                        grad_input, Tensor(), Tensor(), Stream()),
+      "grad_addend must have shape [4, 6]");
+  ExpectInvalid(
+      RmsNormBackwardAdd(RandomTensor({4, 6}, 4), input, RandomTensor({6}, 5),
+                         Empty({4}), Tensor(), grad_input, Tensor(), Stream()),
+      "grad_addend");
+}
+
 TEST(FunctionalTest, EmbeddingAddsPositionRows) {
   const Tensor tokens = RandomIds({2, 3}, 1, 5);
   const Tensor wte = RandomTensor({5, 4}, 2);

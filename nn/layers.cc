@@ -139,6 +139,10 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
                       Tensor::Empty(saved.input.shape(), grad_output.dtype(),
                                     grad_output.device()));
   if (fusion.gelu_pre_activation.defined()) {
+    if (fusion.grad_input_addend.defined()) {
+      return absl::InvalidArgumentError(
+          "Linear: AddToNextGradInput cannot join a fused GELU backward");
+    }
     // This module's input was gelu(pre_activation): return the gradient
     // w.r.t. pre_activation.
     ZE_RETURN_IF_ERROR(
@@ -147,9 +151,13 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
                            grad_bias_to_reduce, fusion.gelu_bias_grad, stream));
     return grad_input;
   }
-  ZE_RETURN_IF_ERROR(LinearBackward(grad_product, saved.input, weight,
-                                    grad_input, grad_weight,
-                                    grad_bias_to_reduce, stream));
+  ZE_RETURN_IF_ERROR(
+      fusion.grad_input_addend.defined()
+          ? LinearBackwardAdd(grad_product, saved.input, weight,
+                              fusion.grad_input_addend, grad_input, grad_weight,
+                              grad_bias_to_reduce, stream)
+          : LinearBackward(grad_product, saved.input, weight, grad_input,
+                           grad_weight, grad_bias_to_reduce, stream));
   return grad_input;
 }
 

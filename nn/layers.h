@@ -87,6 +87,14 @@ class Linear : public Module {
   void AddResidualToNextForward(Tensor residual) {
     pending_residual_ = std::move(residual);
   }
+  // The next Backward returns grad_output @ weight + grad_addend (another
+  // branch's gradient of this module's input, summed inside the product:
+  // LinearBackwardAdd); grad_addend is shaped like the input. Not with a
+  // fused GELU backward. Consumed by that call; ClearBackwardFusion and
+  // ClearSavedState drop it.
+  void AddToNextGradInput(Tensor grad_addend) {
+    fusion_.grad_input_addend = std::move(grad_addend);
+  }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -110,6 +118,7 @@ class Linear : public Module {
     Tensor gelu_bias_grad;                // consumer: row sums go here
     bool grad_is_pre_activation = false;  // producer
     Tensor pre_activation_bias_grad;      // producer: add into bias grad
+    Tensor grad_input_addend;             // added to the input's gradient
   };
   int64_t out_features_;
   Activation activation_;

@@ -62,6 +62,34 @@ const char* AttentionKernelName(bool backward, const void* qkv,
                                 const void* out_or_dout, const void* dqkv,
                                 int seq_len, int head_dim, int dtype);
 
+// Grouped-query attention straight from its three tensors, where the Hopper
+// kernels run: q, out (B, T, Hq, 64) and k, v (B, T, Hkv, 64), query head h
+// reading key/value head h / (Hq / Hkv), with no packed copy. dq (B, T, Hq,
+// 64), dk and dv (B, T, Hkv, 64) are overwritten; each key/value head's
+// gradient sums its query heads in f32 (head order) before one rounding.
+// GroupedAttentionRunsDirect says whether these launchers may be called for
+// the given sizes (bf16/f16, head size 64, Hkv dividing Hq, compute
+// capability 9.0); the caller also checks that every pointer is 16-byte
+// aligned. Where it is false, callers pack into LaunchAttentionForward's
+// layout instead.
+// The backward's `workspace` holds at least
+// GroupedAttentionDirectWorkspaceBytes, 256-byte aligned (delta, f32).
+bool GroupedAttentionRunsDirect(int head_dim, int seq_len, int heads,
+                                int kv_heads, int dtype);
+size_t GroupedAttentionDirectWorkspaceBytes(int batch, int seq_len, int heads);
+int LaunchGroupedAttentionForwardDirect(const void* q, const void* k,
+                                        const void* v, void* out,
+                                        float* logsumexp, int batch,
+                                        int seq_len, int heads, int kv_heads,
+                                        int dtype, void* stream);
+int LaunchGroupedAttentionBackwardDirect(const void* dout, const void* q,
+                                         const void* k, const void* v,
+                                         const void* out,
+                                         const float* logsumexp, void* dq,
+                                         void* dk, void* dv, void* workspace,
+                                         int batch, int seq_len, int heads,
+                                         int kv_heads, int dtype, void* stream);
+
 }  // namespace cuda_kernels
 }  // namespace nn
 }  // namespace ze

@@ -8,7 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
+#include <type_traits>
 
 #include "nn/cuda/attention.h"
 #include "nn/cuda/attention_mma.h"
@@ -42,6 +42,21 @@ bool UseSm90Kernel(bool backward, int head_dim, int seq_len,
   return Sm90AttentionAvailable();
 }
 
+// GPT's packed (B, T, 3C) layout at head size 64 as the Hopper kernels
+// address it.
+template <typename Pointer>
+Sm90Qkv<Pointer> Packed(Pointer qkv, int heads) {
+  using Byte =
+      std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>,
+                         const char, char>;
+  const int64_t channels = static_cast<int64_t>(heads) * 64;
+  const int64_t bytes = channels * 2;  // 16-bit elements
+  auto at = [&](int64_t offset) {
+    return static_cast<Pointer>(static_cast<Byte*>(qkv) + offset);
+  };
+  return {qkv, at(bytes), at(2 * bytes), 3 * channels, 3 * channels};
+}
+
 }  // namespace
 
 void SetAttentionMmaSyncOnlyForTesting(bool forward, bool backward) {
@@ -59,8 +74,8 @@ int LaunchAttentionForward(const void* qkv, void* out, float* logsumexp,
   auto s = static_cast<cudaStream_t>(stream);
   if ((dtype == kBF16 || dtype == kF16) &&
       UseSm90Kernel(/*backward=*/false, head_dim, seq_len, {qkv, out})) {
-    return LaunchAttentionForwardSm90(qkv, out, logsumexp, batch, seq_len,
-                                      heads, dtype, s);
+    return LaunchAttentionForwardSm90(Packed(qkv, heads), out, logsumexp, batch,
+                                      seq_len, heads, heads, dtype, s);
   }
   return mma_attention::LaunchForward(qkv, out, logsumexp, batch, seq_len,
                                       heads, head_dim, dtype, s);
@@ -98,12 +113,58 @@ int LaunchAttentionBackward(const void* dout, const void* qkv, const void* out,
                                                    heads, head_dim);
     mma_attention::LaunchDelta(dout, out, delta, batch, seq_len, heads,
                                head_dim, dtype, s);
-    return LaunchAttentionBackwardSm90(dout, qkv, logsumexp, delta, dqkv, batch,
-                                       seq_len, heads, dtype, s);
+    return LaunchAttentionBackwardSm90(dout, Packed(qkv, heads), logsumexp,
+                                       delta, Packed(dqkv, heads), batch,
+                                       seq_len, heads, heads, dtype, s);
   }
   return mma_attention::LaunchBackward(dout, qkv, out, logsumexp, dqkv,
                                        workspace, batch, seq_len, heads,
                                        head_dim, dtype, s);
+}
+
+bool GroupedAttentionRunsDirect(int head_dim, int seq_len, int heads,
+                                int kv_heads, int dtype) {
+  if (dtype != kBF16 && dtype != kF16) return false;
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0) return false;
+  // The mma.sync-only switch covers both directions here: a test that
+  // forces the packed kernels forces them everywhere.
+  return UseSm90Kernel(/*backward=*/false, head_dim, seq_len, {}) &&
+         UseSm90Kernel(/*backward=*/true, head_dim, seq_len, {});
+}
+
+size_t GroupedAttentionDirectWorkspaceBytes(int batch, int seq_len, int heads) {
+  return static_cast<size_t>(batch) * heads * seq_len * sizeof(float);
+}
+
+int LaunchGroupedAttentionForwardDirect(const void* q, const void* k,
+                                        const void* v, void* out,
+                                        float* logsumexp, int batch,
+                                        int seq_len, int heads, int kv_heads,
+                                        int dtype, void* stream) {
+  if (batch == 0 || seq_len == 0 || heads == 0) return 0;
+  const Sm90Qkv<const void*> in{q, k, v, static_cast<int64_t>(heads) * 64,
+                                static_cast<int64_t>(kv_heads) * 64};
+  return LaunchAttentionForwardSm90(in, out, logsumexp, batch, seq_len, heads,
+                                    kv_heads, dtype,
+                                    static_cast<cudaStream_t>(stream));
+}
+
+int LaunchGroupedAttentionBackwardDirect(
+    const void* dout, const void* q, const void* k, const void* v,
+    const void* out, const float* logsumexp, void* dq, void* dk, void* dv,
+    void* workspace, int batch, int seq_len, int heads, int kv_heads, int dtype,
+    void* stream) {
+  if (batch == 0 || seq_len == 0 || heads == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const int64_t q_stride = static_cast<int64_t>(heads) * 64;
+  const int64_t kv_stride = static_cast<int64_t>(kv_heads) * 64;
+  float* delta = static_cast<float*>(workspace);
+  mma_attention::LaunchDelta(dout, out, delta, batch, seq_len, heads, 64, dtype,
+                             s);
+  return LaunchAttentionBackwardSm90(
+      dout, Sm90Qkv<const void*>{q, k, v, q_stride, kv_stride}, logsumexp,
+      delta, Sm90Qkv<void*>{dq, dk, dv, q_stride, kv_stride}, batch, seq_len,
+      heads, kv_heads, dtype, s);
 }
 
 }  // namespace cuda_kernels

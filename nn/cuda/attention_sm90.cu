@@ -93,6 +93,23 @@ __device__ __forceinline__ void CopiesLanded() {
   __syncthreads();
 }
 
+// Row 0 of query head h of sequence b in `qkv` (Sm90Qkv's addressing).
+template <typename Pointer>
+__device__ __forceinline__ Pointer QueryRows(const Sm90Qkv<Pointer>& qkv, int b,
+                                             int h, int seq_len) {
+  return qkv.q + static_cast<int64_t>(b) * seq_len * qkv.q_stride +
+         h * kHeadDim;
+}
+
+// Row 0 of key/value head j of sequence b, in `base` (qkv.k or qkv.v).
+template <typename Pointer>
+__device__ __forceinline__ Pointer KeyRows(Pointer base,
+                                           const Sm90Qkv<Pointer>& qkv, int b,
+                                           int j, int seq_len) {
+  return base + static_cast<int64_t>(b) * seq_len * qkv.kv_stride +
+         j * kHeadDim;
+}
+
 // d (64 x 64) = A B^T over the 64-element rows of two swizzled tiles, both
 // K-major (A rows = d's rows, B rows = d's columns). Issue only: the caller
 // fences before and commits and waits after.
@@ -212,12 +229,12 @@ __device__ __forceinline__ void StoreForwardOutput(
 }
 
 // grid (B*H, query tiles), the last (most expensive) tiles first; block
-// 128. scale_log2 = log2(e) / sqrt(64).
+// 128. scale_log2 = log2(e) / sqrt(64). group = H / kv_heads.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 4)
-    FlashForwardSm90Kernel(const T* __restrict__ qkv, T* __restrict__ out,
+    FlashForwardSm90Kernel(const Sm90Qkv<const T*> in, T* __restrict__ out,
                            float* __restrict__ logsumexp, int seq_len,
-                           int heads, float scale_log2) {
+                           int heads, int group, float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   const uint32_t q_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
   auto key_tile = [&](int stage) {
@@ -231,17 +248,16 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int b = bh / heads, h = bh % heads;
   const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
-  const int64_t ld = 3 * channels;
-  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
-  const T* k_src = q_src + channels;
-  const T* v_src = q_src + 2 * channels;
+  const T* q_src = QueryRows(in, b, h, seq_len);
+  const T* k_src = KeyRows(in.k, in, b, h / group, seq_len);
+  const T* v_src = KeyRows(in.v, in, b, h / group, seq_len);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
-  LoadTile(q_tile, q_src, ld, qt * kRows, seq_len);
-  LoadTile(key_tile(0), k_src, ld, 0, seq_len);
-  LoadTile(value_tile(0), v_src, ld, 0, seq_len);
+  LoadTile(q_tile, q_src, in.q_stride, qt * kRows, seq_len);
+  LoadTile(key_tile(0), k_src, in.kv_stride, 0, seq_len);
+  LoadTile(value_tile(0), v_src, in.kv_stride, 0, seq_len);
   CommitCopies();
   WaitCopies();
   __syncthreads();
@@ -261,8 +277,10 @@ __global__ void __launch_bounds__(kThreads, 4)
     // tile kt + 1.
     CopiesLanded();
     if (kt < qt) {
-      LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
-      LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
+      LoadTile(key_tile(stage ^ 1), k_src, in.kv_stride, (kt + 1) * kRows,
+               seq_len);
+      LoadTile(value_tile(stage ^ 1), v_src, in.kv_stride, (kt + 1) * kRows,
+               seq_len);
       CommitCopies();
     }
 
@@ -332,15 +350,19 @@ __device__ __forceinline__ void LoadRowStats(uint32_t stats,
 // dV += P^T dO and dK += dS^T Q (P^T and dS^T from registers, dO and Q
 // MN-major). Rows are keys here, so a thread's per-query statistics are
 // per column: 16 of each. Q, dO and their statistics are double-buffered.
-// grid (B*H, key tiles), the first (most query tiles) first; block 128.
+// With group > 1 the loop runs over the query tiles of each of the key/value
+// head's query heads in turn (one sequence of steps, so the prefetch crosses
+// from one head to the next), dK and dV summing them in f32.
+// grid (B*kv_heads, key tiles), the first (most query tiles) first; block
+// 128.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2)
     FlashBackwardKvSm90Kernel(const T* __restrict__ dout,
-                              const T* __restrict__ qkv,
+                              const Sm90Qkv<const T*> in,
                               const float* __restrict__ logsumexp,
                               const float* __restrict__ delta,
-                              T* __restrict__ dqkv, int seq_len, int heads,
-                              float scale, float scale_log2) {
+                              const Sm90Qkv<T*> grad, int seq_len, int heads,
+                              int group, float scale, float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   const uint32_t key_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
   const uint32_t value_tile = key_tile + kTileBytes;
@@ -356,28 +378,37 @@ __global__ void __launch_bounds__(kThreads, 2)
   const unsigned char* stats_base =
       shared_raw + (key_tile + 6 * kTileBytes - SharedAddress(shared_raw));
 
-  const int bh = blockIdx.x;
+  const int kv_heads = heads / group;
+  const int bj = blockIdx.x;
   const int kt = blockIdx.y;
-  const int b = bh / heads, h = bh % heads;
+  const int b = bj / kv_heads, j = bj % kv_heads;
   const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
-  const int64_t ld = 3 * channels;
-  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
-  const T* k_src = q_src + channels;
-  const T* v_src = q_src + 2 * channels;
-  const T* do_src =
-      dout + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim;
-  const float* lse_src = logsumexp + static_cast<int64_t>(bh) * seq_len;
-  const float* delta_src = delta + static_cast<int64_t>(bh) * seq_len;
   const int query_tiles = (seq_len + kRows - 1) / kRows;
+  const int tiles_per_head = query_tiles - kt;
+  const int steps = group * tiles_per_head;
+  // Step i: query head j * group + i / tiles_per_head, query tile
+  // kt + i % tiles_per_head. Issues its copies into `stage`.
+  auto load_step = [&](int i, int stage) {
+    const int h = j * group + i / tiles_per_head;
+    const int row0 = (kt + i % tiles_per_head) * kRows;
+    const int64_t bh = static_cast<int64_t>(b) * heads + h;
+    LoadTile(query_tile(stage), QueryRows(in, b, h, seq_len), in.q_stride, row0,
+             seq_len);
+    LoadTile(grad_out_tile(stage),
+             dout + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim,
+             channels, row0, seq_len);
+    LoadRowStats(stats_tile(stage), logsumexp + bh * seq_len,
+                 delta + bh * seq_len, row0, seq_len);
+  };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
-  LoadTile(key_tile, k_src, ld, kt * kRows, seq_len);
-  LoadTile(value_tile, v_src, ld, kt * kRows, seq_len);
-  LoadTile(query_tile(0), q_src, ld, kt * kRows, seq_len);
-  LoadTile(grad_out_tile(0), do_src, channels, kt * kRows, seq_len);
-  LoadRowStats(stats_tile(0), lse_src, delta_src, kt * kRows, seq_len);
+  LoadTile(key_tile, KeyRows(in.k, in, b, j, seq_len), in.kv_stride, kt * kRows,
+           seq_len);
+  LoadTile(value_tile, KeyRows(in.v, in, b, j, seq_len), in.kv_stride,
+           kt * kRows, seq_len);
+  load_step(0, 0);
   CommitCopies();
 
   float dk[32], dv[32], s[32], dp[32];
@@ -385,15 +416,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 0; i < 32; ++i) dk[i] = dv[i] = s[i] = dp[i] = 0.0f;
   const int key_row0 = kt * kRows + warp * 16 + g;  // and key_row0 + 8
 
-  for (int qt = kt; qt < query_tiles; ++qt) {
-    const int stage = (qt - kt) & 1;
+  for (int step = 0; step < steps; ++step) {
+    const int qt = kt + step % tiles_per_head;
+    const int stage = step & 1;
     CopiesLanded();
-    if (qt + 1 < query_tiles) {
-      LoadTile(query_tile(stage ^ 1), q_src, ld, (qt + 1) * kRows, seq_len);
-      LoadTile(grad_out_tile(stage ^ 1), do_src, channels, (qt + 1) * kRows,
-               seq_len);
-      LoadRowStats(stats_tile(stage ^ 1), lse_src, delta_src, (qt + 1) * kRows,
-                   seq_len);
+    if (step + 1 < steps) {
+      load_step(step + 1, stage ^ 1);
       CommitCopies();
     }
 
@@ -470,14 +498,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  T* dk_base =
-      dqkv + static_cast<int64_t>(b) * seq_len * ld + channels + h * kHeadDim;
+  T* dk_base = KeyRows(grad.k, grad, b, j, seq_len);
+  T* dv_base = KeyRows(grad.v, grad, b, j, seq_len);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key_row0 + r * 8;
     if (key >= seq_len) continue;
-    T* dk_row = dk_base + static_cast<int64_t>(key) * ld;
-    T* dv_row = dk_row + channels;
+    T* dk_row = dk_base + static_cast<int64_t>(key) * grad.kv_stride;
+    T* dv_row = dv_base + static_cast<int64_t>(key) * grad.kv_stride;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       *reinterpret_cast<uint32_t*>(dk_row + j * 8 + 2 * t) =
@@ -496,11 +524,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2)
     FlashBackwardDqSm90Kernel(const T* __restrict__ dout,
-                              const T* __restrict__ qkv,
+                              const Sm90Qkv<const T*> in,
                               const float* __restrict__ logsumexp,
                               const float* __restrict__ delta,
-                              T* __restrict__ dqkv, int seq_len, int heads,
-                              float scale, float scale_log2) {
+                              const Sm90Qkv<T*> grad, int seq_len, int heads,
+                              int group, float scale, float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   const uint32_t query_tile = (SharedAddress(shared_raw) + 1023) & ~1023u;
   const uint32_t grad_out_tile = query_tile + kTileBytes;
@@ -515,20 +543,19 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int qt = gridDim.y - 1 - blockIdx.y;
   const int b = bh / heads, h = bh % heads;
   const int64_t channels = static_cast<int64_t>(heads) * kHeadDim;
-  const int64_t ld = 3 * channels;
-  const T* q_src = qkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
-  const T* k_src = q_src + channels;
-  const T* v_src = q_src + 2 * channels;
+  const T* q_src = QueryRows(in, b, h, seq_len);
+  const T* k_src = KeyRows(in.k, in, b, h / group, seq_len);
+  const T* v_src = KeyRows(in.v, in, b, h / group, seq_len);
   const T* do_src =
       dout + static_cast<int64_t>(b) * seq_len * channels + h * kHeadDim;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
-  LoadTile(query_tile, q_src, ld, qt * kRows, seq_len);
+  LoadTile(query_tile, q_src, in.q_stride, qt * kRows, seq_len);
   LoadTile(grad_out_tile, do_src, channels, qt * kRows, seq_len);
-  LoadTile(key_tile(0), k_src, ld, 0, seq_len);
-  LoadTile(value_tile(0), v_src, ld, 0, seq_len);
+  LoadTile(key_tile(0), k_src, in.kv_stride, 0, seq_len);
+  LoadTile(value_tile(0), v_src, in.kv_stride, 0, seq_len);
   CommitCopies();
 
   const int q_row0 = qt * kRows + warp * 16 + g;  // and q_row0 + 8
@@ -550,8 +577,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int stage = kt & 1;
     CopiesLanded();
     if (kt < qt) {
-      LoadTile(key_tile(stage ^ 1), k_src, ld, (kt + 1) * kRows, seq_len);
-      LoadTile(value_tile(stage ^ 1), v_src, ld, (kt + 1) * kRows, seq_len);
+      LoadTile(key_tile(stage ^ 1), k_src, in.kv_stride, (kt + 1) * kRows,
+               seq_len);
+      LoadTile(value_tile(stage ^ 1), v_src, in.kv_stride, (kt + 1) * kRows,
+               seq_len);
       CommitCopies();
     }
 
@@ -598,12 +627,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int kk = 0; kk < 4; ++kk) sm90::PinRegisters(ds_fragments[kk]);
   }
 
-  T* dq_base = dqkv + static_cast<int64_t>(b) * seq_len * ld + h * kHeadDim;
+  T* dq_base = QueryRows(grad, b, h, seq_len);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int query = q_row0 + r * 8;
     if (query >= seq_len) continue;
-    T* dq_row = dq_base + static_cast<int64_t>(query) * ld;
+    T* dq_row = dq_base + static_cast<int64_t>(query) * grad.q_stride;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       *reinterpret_cast<uint32_t*>(dq_row + j * 8 + 2 * t) =
@@ -642,33 +671,43 @@ bool Sm90AttentionAvailable() {
   return known == 2;
 }
 
-int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
-                               int batch, int seq_len, int heads, int dtype,
+namespace {
+
+template <typename T, typename Pointer>
+Sm90Qkv<T*> Typed(const Sm90Qkv<Pointer>& qkv) {
+  return {static_cast<T*>(qkv.q), static_cast<T*>(qkv.k),
+          static_cast<T*>(qkv.v), qkv.q_stride, qkv.kv_stride};
+}
+
+}  // namespace
+
+int LaunchAttentionForwardSm90(const Sm90Qkv<const void*>& in, void* out,
+                               float* logsumexp, int batch, int seq_len,
+                               int heads, int kv_heads, int dtype,
                                cudaStream_t stream) {
   const dim3 grid(batch * heads, (seq_len + kRows - 1) / kRows);
   const float scale_log2 = kLog2e / 8.0f;  // 1 / sqrt(64)
-  if (dtype == kBF16) {
-    FlashForwardSm90Kernel<__nv_bfloat16>
-        <<<grid, kThreads, kForwardSharedBytes, stream>>>(
-            static_cast<const __nv_bfloat16*>(qkv),
-            static_cast<__nv_bfloat16*>(out), logsumexp, seq_len, heads,
-            scale_log2);
-  } else if (dtype == kF16) {
-    FlashForwardSm90Kernel<__half>
-        <<<grid, kThreads, kForwardSharedBytes, stream>>>(
-            static_cast<const __half*>(qkv), static_cast<__half*>(out),
-            logsumexp, seq_len, heads, scale_log2);
-  } else {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return static_cast<int>(cudaGetLastError());
+  const int group = heads / kv_heads;
+  auto launch = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    FlashForwardSm90Kernel<T><<<grid, kThreads, kForwardSharedBytes, stream>>>(
+        Typed<const T>(in), static_cast<T*>(out), logsumexp, seq_len, heads,
+        group, scale_log2);
+    return static_cast<int>(cudaGetLastError());
+  };
+  if (dtype == kBF16) return launch(static_cast<__nv_bfloat16*>(nullptr));
+  if (dtype == kF16) return launch(static_cast<__half*>(nullptr));
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
-int LaunchAttentionBackwardSm90(const void* dout, const void* qkv,
+int LaunchAttentionBackwardSm90(const void* dout,
+                                const Sm90Qkv<const void*>& in,
                                 const float* logsumexp, const float* delta,
-                                void* dqkv, int batch, int seq_len, int heads,
-                                int dtype, cudaStream_t stream) {
-  const dim3 grid(batch * heads, (seq_len + kRows - 1) / kRows);
+                                const Sm90Qkv<void*>& grad, int batch,
+                                int seq_len, int heads, int kv_heads, int dtype,
+                                cudaStream_t stream) {
+  const int tiles = (seq_len + kRows - 1) / kRows;
+  const int group = heads / kv_heads;
   const float scale = 0.125f;  // 1 / sqrt(64)
   auto launch = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -679,14 +718,16 @@ int LaunchAttentionBackwardSm90(const void* dout, const void* qkv,
                          static_cast<int>(kBackwardKvSharedBytes));
     cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(kBackwardDqSharedBytes));
-    kv_kernel<<<grid, kThreads, kBackwardKvSharedBytes, stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
-        delta, static_cast<T*>(dqkv), seq_len, heads, scale, scale * kLog2e);
+    kv_kernel<<<dim3(batch * kv_heads, tiles), kThreads, kBackwardKvSharedBytes,
+                stream>>>(static_cast<const T*>(dout), Typed<const T>(in),
+                          logsumexp, delta, Typed<T>(grad), seq_len, heads,
+                          group, scale, scale * kLog2e);
     const int error = static_cast<int>(cudaGetLastError());
     if (error != 0) return error;
-    dq_kernel<<<grid, kThreads, kBackwardDqSharedBytes, stream>>>(
-        static_cast<const T*>(dout), static_cast<const T*>(qkv), logsumexp,
-        delta, static_cast<T*>(dqkv), seq_len, heads, scale, scale * kLog2e);
+    dq_kernel<<<dim3(batch * heads, tiles), kThreads, kBackwardDqSharedBytes,
+                stream>>>(static_cast<const T*>(dout), Typed<const T>(in),
+                          logsumexp, delta, Typed<T>(grad), seq_len, heads,
+                          group, scale, scale * kLog2e);
     return static_cast<int>(cudaGetLastError());
   };
   if (dtype == kBF16) return launch(static_cast<__nv_bfloat16*>(nullptr));

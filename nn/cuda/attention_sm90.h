@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace ze {
 namespace nn {
 namespace cuda_kernels {
@@ -16,22 +18,42 @@ namespace cuda_kernels {
 // 9.0 exactly: sm_90a code runs nowhere else). Cached per device.
 bool Sm90AttentionAvailable();
 
-// qkv (B, T, 3C) -> out (B, T, C), logsumexp (B, H, T) f32 natural log of
-// the scaled scores. head_dim must be 64; dtype kBF16 or kF16; B, T and H
-// positive with ceil(T / 64) <= 65535 (the grid's y extent); qkv and out
-// 16-byte aligned. attention_dispatch.cu checks all of this before calling.
-int LaunchAttentionForwardSm90(const void* qkv, void* out, float* logsumexp,
-                               int batch, int seq_len, int heads, int dtype,
+// Where a batch's queries, keys and values (or their gradients) live, so
+// one kernel serves GPT's packed qkv and grouped-query attention's three
+// tensors without copying either into the other's layout. Token r of
+// sequence b: its query head h at q + (b T + r) q_stride + 64 h, its
+// key/value head j at k (v) + (b T + r) kv_stride + 64 j; query head h
+// reads key/value head h / (heads / kv_heads). Packed (B, T, 3C): q = qkv,
+// k = qkv + C, v = qkv + 2C, both strides 3C, kv_heads = heads.
+template <typename Pointer>
+struct Sm90Qkv {
+  Pointer q, k, v;
+  int64_t q_stride;   // elements between consecutive tokens' query rows
+  int64_t kv_stride;  // the same for keys and values
+};
+
+// in -> out (B, T, H * 64), logsumexp (B, H, T) f32 natural log of the
+// scaled scores. dtype kBF16 or kF16; B, T, H and kv_heads positive, H a
+// multiple of kv_heads, ceil(T / 64) <= 65535 (the grid's y extent); every
+// pointer 16-byte aligned and both strides multiples of 8.
+// attention_dispatch.cu checks all of this before calling.
+int LaunchAttentionForwardSm90(const Sm90Qkv<const void*>& in, void* out,
+                               float* logsumexp, int batch, int seq_len,
+                               int heads, int kv_heads, int dtype,
                                cudaStream_t stream);
 
-// dqkv (B, T, 3C) overwritten from dout (B, T, C), qkv, the forward's
-// logsumexp and delta (B, H, T) f32 = rowwise dout . out. head_dim 64;
-// dtype kBF16 or kF16. Two kernels: dK/dV per key tile, then dQ per query
-// tile (no atomics, no f32 accumulator).
-int LaunchAttentionBackwardSm90(const void* dout, const void* qkv,
+// grad's q, k and v overwritten from dout (B, T, H * 64), in, the
+// forward's logsumexp and delta (B, H, T) f32 = rowwise dout . out; grad
+// has in's shapes (its own strides). Two kernels: dK/dV per key tile and
+// key/value head (summing that head's query heads in f32, in head order,
+// before one rounding), then dQ per query tile (no atomics, no f32
+// accumulator in memory). Same requirements as the forward.
+int LaunchAttentionBackwardSm90(const void* dout,
+                                const Sm90Qkv<const void*>& in,
                                 const float* logsumexp, const float* delta,
-                                void* dqkv, int batch, int seq_len, int heads,
-                                int dtype, cudaStream_t stream);
+                                const Sm90Qkv<void*>& grad, int batch,
+                                int seq_len, int heads, int kv_heads, int dtype,
+                                cudaStream_t stream);
 
 }  // namespace cuda_kernels
 }  // namespace nn

@@ -205,6 +205,17 @@ TEST_P(DecoderCudaTest, RmsNormMatchesCpu) {
                                 Tensor(), stream_)
                     .ok());
     Check(tag + " grad_input alone", dx_only.gpu, dx.cpu);
+    // A residual branch's gradient added inside the kernel (one rounding;
+    // the CPU adds after rounding, within the same tolerance).
+    Pair addend = Random(shape, 5);
+    Pair dx_sum = Output(shape);
+    ASSERT_TRUE(RmsNormBackwardAdd(dy.gpu, x.gpu, w.gpu, rstd_gpu, addend.gpu,
+                                   dx_sum.gpu, Tensor(), stream_)
+                    .ok());
+    ASSERT_TRUE(RmsNormBackwardAdd(dy.cpu, x.cpu, w.cpu, rstd_cpu, addend.cpu,
+                                   dx_sum.cpu, Tensor(), Stream())
+                    .ok());
+    Check(tag + " grad_input + addend", dx_sum.gpu, dx_sum.cpu);
   }
 }
 
@@ -293,34 +304,56 @@ struct AttentionCase {
   int64_t batch, seq, q_heads, kv_heads, head_dim;
 };
 
-// Sets SetGroupedAttentionTiledOnlyForTesting for a scope.
-class ScopedTiledOnly {
+using cuda_backend::GroupedAttentionRoute;
+
+// Sets SetGroupedAttentionRouteForTesting for a scope.
+class ScopedRoute {
  public:
-  explicit ScopedTiledOnly(bool tiled_only) {
-    cuda_backend::SetGroupedAttentionTiledOnlyForTesting(tiled_only);
+  explicit ScopedRoute(GroupedAttentionRoute route) {
+    cuda_backend::SetGroupedAttentionRouteForTesting(route);
   }
-  ~ScopedTiledOnly() {
-    cuda_backend::SetGroupedAttentionTiledOnlyForTesting(false);
+  ~ScopedRoute() {
+    cuda_backend::SetGroupedAttentionRouteForTesting(
+        GroupedAttentionRoute::kProduction);
   }
-  ScopedTiledOnly(const ScopedTiledOnly&) = delete;
-  ScopedTiledOnly& operator=(const ScopedTiledOnly&) = delete;
+  ScopedRoute(const ScopedRoute&) = delete;
+  ScopedRoute& operator=(const ScopedRoute&) = delete;
 };
 
-// Both routes of bf16/f16 at D 64 and 128: the tiled kernels (forced) and
-// the production choice, attention.h's tensor-core kernels through the
-// packed layout (counted, so a silent fallback shows).
+bool DeviceIsHopper() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+                                device) == cudaSuccess &&
+         major == 9 && minor == 0;
+}
+
+// Every route of bf16/f16 at D 64 and 128: the tiled kernels and the
+// packed tensor-core kernels (each forced), and the production choice
+// (on Hopper at D 64 the kernels that read q, k and v directly); the routes
+// are counted, so a silent fallback shows.
 TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
-  for (const bool tiled_only : {true, false}) {
+  for (const GroupedAttentionRoute forced :
+       {GroupedAttentionRoute::kTiled, GroupedAttentionRoute::kPacked,
+        GroupedAttentionRoute::kProduction}) {
+    const bool tiled_only = forced == GroupedAttentionRoute::kTiled;
     if (!tiled_only && dtype() == DType::kF32) continue;  // one route
-    ScopedTiledOnly scope(tiled_only);
-    const char* route = tiled_only ? " tiled" : " default";
+    ScopedRoute scope(forced);
+    const char* route = tiled_only                                 ? " tiled"
+                        : forced == GroupedAttentionRoute::kPacked ? " packed"
+                                                                   : " default";
 
     // Group sizes 1, 2 and 4; head sizes 64 and 128 (and 40, not a multiple
     // of 16); T odd, below, at and above the 16-row tiles.
     for (const AttentionCase& c :
          {AttentionCase{2, 7, 4, 4, 64}, AttentionCase{1, 33, 4, 2, 128},
           AttentionCase{2, 19, 8, 2, 64}, AttentionCase{1, 16, 4, 1, 128},
-          AttentionCase{1, 17, 2, 1, 40}, AttentionCase{2, 1, 2, 2, 64}}) {
+          AttentionCase{1, 17, 2, 1, 40}, AttentionCase{2, 1, 2, 2, 64},
+          // Several 64-row tiles with groups of 4 and 2: the Hopper dK/dV
+          // kernel's steps cross from one query head to the next.
+          AttentionCase{2, 150, 8, 2, 64}, AttentionCase{1, 129, 4, 2, 64}}) {
       const Shape q_shape{c.batch, c.seq, c.q_heads, c.head_dim};
       const Shape kv_shape{c.batch, c.seq, c.kv_heads, c.head_dim};
       const Shape lse_shape{c.batch, c.q_heads, c.seq};
@@ -330,7 +363,11 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
                               std::to_string(c.kv_heads) + " D" +
                               std::to_string(c.head_dim) + route;
       const int64_t packed_before =
-          cuda_backend::GroupedAttentionPackedCallsForTesting();
+          cuda_backend::GroupedAttentionCallsForTesting(
+              GroupedAttentionRoute::kPacked);
+      const int64_t direct_before =
+          cuda_backend::GroupedAttentionCallsForTesting(
+              GroupedAttentionRoute::kProduction);
       Pair q = Random(q_shape, 11), k = Random(kv_shape, 12),
            v = Random(kv_shape, 13), dout = Random(q_shape, 14);
       Pair out = Output(q_shape);
@@ -342,11 +379,19 @@ TEST_P(DecoderCudaTest, GroupedAttentionMatchesCpu) {
       ASSERT_TRUE(GroupedAttentionForward(q.cpu, k.cpu, v.cpu, out.cpu, lse_cpu,
                                           Stream())
                       .ok());
+      const bool direct = forced == GroupedAttentionRoute::kProduction &&
+                          c.head_dim == 64 && DeviceIsHopper();
       const bool packed =
-          !tiled_only && (c.head_dim == 64 || c.head_dim == 128);
-      EXPECT_EQ(
-          cuda_backend::GroupedAttentionPackedCallsForTesting() - packed_before,
-          packed ? 1 : 0)
+          !tiled_only && !direct && (c.head_dim == 64 || c.head_dim == 128);
+      EXPECT_EQ(cuda_backend::GroupedAttentionCallsForTesting(
+                    GroupedAttentionRoute::kPacked) -
+                    packed_before,
+                packed ? 1 : 0)
+          << tag;
+      EXPECT_EQ(cuda_backend::GroupedAttentionCallsForTesting(
+                    GroupedAttentionRoute::kProduction) -
+                    direct_before,
+                direct ? 1 : 0)
           << tag;
       Check(tag + " output", out.gpu, out.cpu);
       // logsumexp is f32 from the same (rounded) inputs on both sides.
@@ -517,8 +562,8 @@ TEST_P(DecoderCudaTest, RefusesWhatTheKernelsCannotDo) {
 }
 
 // Timings (not a check; run with --gtest_also_run_disabled_tests): grouped
-// attention at a Llama-3-8B-like shape, tiled kernels against the packed
-// tensor-core route, forward and backward.
+// attention at a Llama-3-8B-like shape, each route (tiled, packed, and the
+// production choice: direct on Hopper at D 64), forward and backward.
 TEST_P(DecoderCudaTest, DISABLED_GroupedAttentionTimings) {
   if (dtype() == DType::kF32) GTEST_SKIP() << "16-bit only";
   const int64_t batch = 2, seq = 2048, q_heads = 32, kv_heads = 8;
@@ -534,8 +579,11 @@ TEST_P(DecoderCudaTest, DISABLED_GroupedAttentionTimings) {
     Tensor dv = *Tensor::Zeros(kv_shape, dtype(), Device::Cuda(0));
     Tensor lse =
         *Tensor::Zeros({batch, q_heads, seq}, DType::kF32, Device::Cuda(0));
-    for (const bool tiled_only : {true, false}) {
-      ScopedTiledOnly scope(tiled_only);
+    for (const GroupedAttentionRoute forced :
+         {GroupedAttentionRoute::kTiled, GroupedAttentionRoute::kPacked,
+          GroupedAttentionRoute::kProduction}) {
+      const bool tiled_only = forced == GroupedAttentionRoute::kTiled;
+      ScopedRoute scope(forced);
       cudaEvent_t start, mid, stop;
       cudaEventCreate(&start);
       cudaEventCreate(&mid);
@@ -566,7 +614,10 @@ TEST_P(DecoderCudaTest, DISABLED_GroupedAttentionTimings) {
           static_cast<long long>(batch), static_cast<long long>(seq),
           static_cast<long long>(q_heads), static_cast<long long>(kv_heads),
           static_cast<long long>(head_dim), DTypeName(dtype()),
-          tiled_only ? "tiled" : "packed", forward_ms, backward_ms);
+          tiled_only                                 ? "tiled"
+          : forced == GroupedAttentionRoute::kPacked ? "packed"
+                                                     : "production",
+          forward_ms, backward_ms);
       cudaEventDestroy(start);
       cudaEventDestroy(mid);
       cudaEventDestroy(stop);

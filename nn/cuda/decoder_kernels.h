@@ -24,11 +24,13 @@ int LaunchRmsNormForward(const void* x, const void* weight, void* y,
                          float* rstd, int64_t rows, int64_t cols, float eps,
                          int dtype, void* stream);
 
-// dx (M, C) = rstd * (dxhat - xhat * mean(dxhat * xhat)), dxhat = dy *
-// weight, xhat = x * rstd. dx may alias dy.
+// dx (M, C) = rstd * (dxhat - xhat * mean(dxhat * xhat)) + addend (M, C),
+// dxhat = dy * weight, xhat = x * rstd, one rounding; addend may be null
+// (nothing added). dx may alias dy (and addend: each element is read by
+// the thread that writes it).
 int LaunchRmsNormBackward(const void* dy, const void* x, const void* weight,
-                          const float* rstd, void* dx, int64_t rows,
-                          int64_t cols, int dtype, void* stream);
+                          const float* rstd, const void* addend, void* dx,
+                          int64_t rows, int64_t cols, int dtype, void* stream);
 
 // partials (ColumnPartialSumsCount(rows), C) f32 = sums over row chunks of
 // dy * x * rstd (the weight gradient's terms), in a fixed order; finish with

@@ -65,8 +65,8 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kRowWarps * 32)
     RmsNormBackwardKernel(const T* dy, const T* __restrict__ x,
                           const T* __restrict__ weight,
-                          const float* __restrict__ rstd, T* dx, int64_t rows,
-                          int cols) {
+                          const float* __restrict__ rstd, const T* addend,
+                          T* dx, int64_t rows, int cols) {
   const int lane = threadIdx.x & 31;
   const int64_t row =
       static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
@@ -93,6 +93,12 @@ __global__ void __launch_bounds__(kRowWarps * 32)
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       out[i] = r * (g[i] * w[i] - v[i] * r * mean_dot);
+    }
+    if (addend != nullptr) {
+      float a[VEC];
+      LoadFloats<T, VEC>(addend + row * cols + c, a);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] += a[i];
     }
     StoreFloats<T, VEC>(dxr + c, out);
   }
@@ -452,8 +458,8 @@ int LaunchRmsNormForward(const void* x, const void* weight, void* y,
 }
 
 int LaunchRmsNormBackward(const void* dy, const void* x, const void* weight,
-                          const float* rstd, void* dx, int64_t rows,
-                          int64_t cols, int dtype, void* stream) {
+                          const float* rstd, const void* addend, void* dx,
+                          int64_t rows, int64_t cols, int dtype, void* stream) {
   if (rows == 0) return 0;
   if (cols <= 0 || cols > (int64_t{1} << 30)) {
     return static_cast<int>(cudaErrorInvalidValue);
@@ -464,15 +470,19 @@ int LaunchRmsNormBackward(const void* dy, const void* x, const void* weight,
     constexpr int kVec = 16 / sizeof(T);
     auto s = static_cast<cudaStream_t>(stream);
     const int c = static_cast<int>(cols);
+    const T* add = static_cast<const T*>(addend);
     if (cols % kVec == 0 && Aligned(dy, 16) && Aligned(x, 16) &&
-        Aligned(weight, 16) && Aligned(dx, 16)) {
+        Aligned(weight, 16) && Aligned(dx, 16) &&
+        (addend == nullptr || Aligned(addend, 16))) {
       RmsNormBackwardKernel<T, kVec><<<grid, kRowWarps * 32, 0, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x),
-          static_cast<const T*>(weight), rstd, static_cast<T*>(dx), rows, c);
+          static_cast<const T*>(weight), rstd, add, static_cast<T*>(dx), rows,
+          c);
     } else {
       RmsNormBackwardKernel<T, 1><<<grid, kRowWarps * 32, 0, s>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x),
-          static_cast<const T*>(weight), rstd, static_cast<T*>(dx), rows, c);
+          static_cast<const T*>(weight), rstd, add, static_cast<T*>(dx), rows,
+          c);
     }
     return LastError();
   });

@@ -701,18 +701,28 @@ absl::Status ZeroFill(const Tensor& tensor, const Stream& stream,
 absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
-                            const Stream& stream) {
+                            const Stream& stream, const Tensor& grad_addend) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   const int64_t m = grad_output.size(0), n = grad_output.size(1);
   const int64_t k = weight.size(1);
   if (grad_input.defined()) {
     ZE_RETURN_IF_ERROR(
         RequireSameDType("LinearBackward", grad_output, {&weight}));
-    ZE_ASSIGN_OR_RETURN(const MatmulArgs args,
+    ZE_ASSIGN_OR_RETURN(MatmulArgs args,
                         GradInputArgs(grad_output, weight, grad_input));
-    if (n == 0) {
+    if (grad_addend.defined()) {
       ZE_RETURN_IF_ERROR(
-          ZeroFill(grad_input, stream, "LinearBackward zeroing grad_input"));
+          RequireSameDType("LinearBackward", grad_input, {&grad_addend}));
+      // D = W^T' dY + grad_addend: the other branch's gradient is C.
+      args.c = grad_addend.data();
+      args.beta = 1.0f;
+    }
+    if (n == 0) {
+      // An empty reduction: the product is zero.
+      ZE_RETURN_IF_ERROR(grad_addend.defined()
+                             ? Copy(grad_addend, grad_input, stream)
+                             : ZeroFill(grad_input, stream,
+                                        "LinearBackward zeroing grad_input"));
     } else {
       ZE_RETURN_IF_ERROR(
           Annotate(Matmul(stream, args), "LinearBackward grad_input"));
@@ -1239,10 +1249,12 @@ absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
 absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
                              const Tensor& weight, const Tensor& rstd,
                              const Tensor& grad_input,
-                             const Tensor& grad_weight, const Stream& stream) {
+                             const Tensor& grad_weight, const Stream& stream,
+                             const Tensor& grad_addend) {
   ZE_RETURN_IF_ERROR(Enter(stream));
-  ZE_RETURN_IF_ERROR(RequireSameDType("RmsNormBackward", input,
-                                      {&grad_output, &weight, &grad_input}));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("RmsNormBackward", input,
+                       {&grad_output, &weight, &grad_input, &grad_addend}));
   const int64_t rows = input.size(0), cols = input.size(1);
   if (rows == 0 || cols == 0) return absl::OkStatus();
   const int dtype = DTypeCode(input.dtype());
@@ -1266,11 +1278,13 @@ absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
                      "RmsNormBackward grad_weight"));
   }
   if (!grad_input.defined()) return absl::OkStatus();
-  return LaunchStatus(kernels::LaunchRmsNormBackward(
-                          grad_output.data(), input.data(), weight.data(),
-                          rstd.data_as<float>(), grad_input.data(), rows, cols,
-                          dtype, stream.native()),
-                      "RmsNormBackward kernel");
+  return LaunchStatus(
+      kernels::LaunchRmsNormBackward(
+          grad_output.data(), input.data(), weight.data(),
+          rstd.data_as<float>(),
+          grad_addend.defined() ? grad_addend.data() : nullptr,
+          grad_input.data(), rows, cols, dtype, stream.native()),
+      "RmsNormBackward kernel");
 }
 
 absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,
@@ -1316,9 +1330,35 @@ absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
 
 namespace {
 
-// SetGroupedAttentionTiledOnlyForTesting's flag and the packed-route count.
-std::atomic<bool> grouped_tiled_only{false};
-std::atomic<int64_t> grouped_packed_calls{0};
+// SetGroupedAttentionRouteForTesting's choice and each route's count.
+std::atomic<GroupedAttentionRoute> grouped_route_for_testing{
+    GroupedAttentionRoute::kProduction};
+std::atomic<int64_t> grouped_route_calls[3];
+
+void CountGroupedRoute(GroupedAttentionRoute route) {
+  grouped_route_calls[static_cast<int>(route)].fetch_add(
+      1, std::memory_order_relaxed);
+}
+
+// Whether grouped attention reads q, k and v where they are: the Hopper
+// kernels address the three tensors directly (attention.h's
+// LaunchGroupedAttention*Direct), which saves the packing below (a copy of
+// q and of k and v repeated per query head, 3 * B*T*Hq*D elements written
+// each way, forward and backward) and the summing of per-head dK / dV.
+bool UseDirectGroupedAttention(const Tensor& q, const Tensor& k,
+                               std::initializer_list<const Tensor*> tensors) {
+  if (grouped_route_for_testing.load(std::memory_order_relaxed) !=
+      GroupedAttentionRoute::kProduction) {
+    return false;
+  }
+  for (const Tensor* tensor : tensors) {
+    if (AlignmentOf(tensor->data()) < 16) return false;
+  }
+  return kernels::GroupedAttentionRunsDirect(
+      static_cast<int>(q.size(3)), static_cast<int>(q.size(1)),
+      static_cast<int>(q.size(2)), static_cast<int>(k.size(2)),
+      DTypeCode(q.dtype()));
+}
 
 // Whether grouped attention takes the packed route: attention.h's
 // FlashAttention-2 family (wgmma on Hopper at D = 64, mma.sync otherwise)
@@ -1331,7 +1371,10 @@ std::atomic<int64_t> grouped_packed_calls{0};
 // 16-byte aligned tensors; the tiled kernels take everything else.
 bool UsePackedGroupedAttention(const Tensor& q,
                                std::initializer_list<const Tensor*> tensors) {
-  if (grouped_tiled_only.load(std::memory_order_relaxed)) return false;
+  if (grouped_route_for_testing.load(std::memory_order_relaxed) ==
+      GroupedAttentionRoute::kTiled) {
+    return false;
+  }
   if (q.dtype() != DType::kBF16 && q.dtype() != DType::kF16) return false;
   if (q.size(3) != 64 && q.size(3) != 128) return false;
   for (const Tensor* tensor : tensors) {
@@ -1376,8 +1419,18 @@ absl::Status GroupedAttentionForward(const Tensor& q, const Tensor& k,
   ZE_RETURN_IF_ERROR(RequireSameDType(op, q, {&k, &v, &output}));
   ZE_RETURN_IF_ERROR(CheckGroupedAttentionSizes(op, q, k));
   if (q.numel() == 0) return absl::OkStatus();
+  if (UseDirectGroupedAttention(q, k, {&q, &k, &v, &output})) {
+    CountGroupedRoute(GroupedAttentionRoute::kProduction);
+    return LaunchStatus(
+        kernels::LaunchGroupedAttentionForwardDirect(
+            q.data(), k.data(), v.data(), output.data(),
+            logsumexp.data_as<float>(), static_cast<int>(q.size(0)),
+            static_cast<int>(q.size(1)), static_cast<int>(q.size(2)),
+            static_cast<int>(k.size(2)), DTypeCode(q.dtype()), stream.native()),
+        "GroupedAttentionForward kernel (direct)");
+  }
   if (UsePackedGroupedAttention(q, {&q, &k, &v, &output})) {
-    grouped_packed_calls.fetch_add(1, std::memory_order_relaxed);
+    CountGroupedRoute(GroupedAttentionRoute::kPacked);
     const int q_heads = static_cast<int>(q.size(2));
     const int head_dim = static_cast<int>(q.size(3));
     ZE_ASSIGN_OR_RETURN(void* packed, Scratch(stream, PackedQkvBytes(q)));
@@ -1421,9 +1474,25 @@ absl::Status GroupedAttentionBackward(
   const int kv_heads = static_cast<int>(k.size(2));
   const int head_dim = static_cast<int>(q.size(3));
   if (head_dim == 0) return absl::OkStatus();
+  if (UseDirectGroupedAttention(
+          q, k,
+          {&grad_output, &q, &k, &v, &output, &grad_q, &grad_k, &grad_v})) {
+    CountGroupedRoute(GroupedAttentionRoute::kProduction);
+    ZE_ASSIGN_OR_RETURN(
+        void* workspace,
+        Scratch(stream, kernels::GroupedAttentionDirectWorkspaceBytes(
+                            batch, seq_len, q_heads)));
+    return LaunchStatus(
+        kernels::LaunchGroupedAttentionBackwardDirect(
+            grad_output.data(), q.data(), k.data(), v.data(), output.data(),
+            logsumexp.data_as<float>(), grad_q.data(), grad_k.data(),
+            grad_v.data(), workspace, batch, seq_len, q_heads, kv_heads,
+            DTypeCode(q.dtype()), stream.native()),
+        "GroupedAttentionBackward kernels (direct)");
+  }
   if (UsePackedGroupedAttention(
           q, {&grad_output, &q, &k, &v, &output, &grad_q, &grad_k, &grad_v})) {
-    grouped_packed_calls.fetch_add(1, std::memory_order_relaxed);
+    CountGroupedRoute(GroupedAttentionRoute::kPacked);
     // Scratch: packed qkv, packed dqkv, then attention.h's workspace.
     const size_t packed_bytes = PackedQkvBytes(q);
     ZE_ASSIGN_OR_RETURN(
@@ -1515,12 +1584,13 @@ absl::Status GroupedCachedAttentionForward(const Tensor& q, const Tensor& rows,
       "GroupedCachedAttentionForward kernel");
 }
 
-void SetGroupedAttentionTiledOnlyForTesting(bool tiled_only) {
-  grouped_tiled_only.store(tiled_only, std::memory_order_relaxed);
+void SetGroupedAttentionRouteForTesting(GroupedAttentionRoute route) {
+  grouped_route_for_testing.store(route, std::memory_order_relaxed);
 }
 
-int64_t GroupedAttentionPackedCallsForTesting() {
-  return grouped_packed_calls.load(std::memory_order_relaxed);
+int64_t GroupedAttentionCallsForTesting(GroupedAttentionRoute route) {
+  return grouped_route_calls[static_cast<int>(route)].load(
+      std::memory_order_relaxed);
 }
 
 }  // namespace cuda_backend

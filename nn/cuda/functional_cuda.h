@@ -52,10 +52,13 @@ absl::Status LinearForward(const Tensor& input, const Tensor& weight,
                            const Tensor& bias, const Tensor& output,
                            const Stream& stream,
                            const Tensor& residual = Tensor());
+// grad_addend, when defined: added to grad_input by the product (C, beta
+// 1); must not alias grad_input.
 absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
                             const Tensor& weight, const Tensor& grad_input,
                             const Tensor& grad_weight, const Tensor& grad_bias,
-                            const Stream& stream);
+                            const Stream& stream,
+                            const Tensor& grad_addend = Tensor());
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,
                               const Tensor& bias, const Tensor& output,
                               const Tensor& mean, const Tensor& rstd,
@@ -127,10 +130,12 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
 absl::Status RmsNormForward(const Tensor& input, const Tensor& weight,
                             float eps, const Tensor& output, const Tensor& rstd,
                             const Stream& stream);
+// grad_addend, when defined, is added to grad_input inside the kernel.
 absl::Status RmsNormBackward(const Tensor& grad_output, const Tensor& input,
                              const Tensor& weight, const Tensor& rstd,
                              const Tensor& grad_input,
-                             const Tensor& grad_weight, const Stream& stream);
+                             const Tensor& grad_weight, const Stream& stream,
+                             const Tensor& grad_addend = Tensor());
 // RotaryEmbeddingForward (inverse false) and RotaryEmbeddingBackward
 // (inverse true, input = grad_output, output = grad_input).
 absl::Status RotaryEmbedding(const Tensor& input, const Tensor& inv_freq,

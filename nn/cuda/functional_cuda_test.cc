@@ -213,6 +213,16 @@ TEST_F(FunctionalCudaTest, Linear) {
           cb::LinearBackward(tdy, tx, tw, tdx, Tensor(), Tensor(), stream_)
               .ok());
       Check(tag + " grad_input only", dtype, Host(tdx), dx);
+      // With another branch's gradient added by the product (C, beta 1).
+      Vec addend;
+      Tensor tadd = Random({c.m, c.k}, dtype, 7, &addend);
+      Tensor tdx_sum = *Tensor::Empty({c.m, c.k}, dtype, Device::Cuda(0));
+      ASSERT_TRUE(cb::LinearBackward(tdy, tx, tw, tdx_sum, Tensor(), Tensor(),
+                                     stream_, tadd)
+                      .ok());
+      DVec dx_sum(dx.size());
+      for (size_t i = 0; i < dx.size(); ++i) dx_sum[i] = dx[i] + addend[i];
+      Check(tag + " grad_input + addend", dtype, Host(tdx_sum), dx_sum);
     }
   }
 }

@@ -27,15 +27,19 @@ void ResetMatmulEpilogueFusionForTesting();
 // leaves DGELU_BGRAD and BGRADB off).
 bool MatmulEpilogueFusionEnabledForTesting();
 
-// GroupedAttentionForward / Backward in bf16/f16 at head size 64 or 128 run
-// on attention.h's tensor-core kernels through the packed-layout adapters
-// (see functional_cuda.cc). true: always the tiled kernels of
-// decoder_kernels.h instead (to test them on those shapes); false: the
-// production choice.
-void SetGroupedAttentionTiledOnlyForTesting(bool tiled_only);
-// Grouped attention calls (forward and backward) that took the packed
-// tensor-core route since start.
-int64_t GroupedAttentionPackedCallsForTesting();
+// GroupedAttentionForward / Backward in bf16/f16: on a compute capability
+// 9.0 GPU at head size 64 the Hopper kernels read q, k and v directly
+// (kProduction counts those calls); at head size 64 or 128 otherwise,
+// attention.h's tensor-core kernels through the packed-layout adapters
+// (kPacked); else the tiled kernels of decoder_kernels.h (kTiled). A forced
+// route (kPacked or kTiled) makes every call that can take it do so, to
+// test it on shapes the production choice gives another route;
+// kProduction restores the production choice.
+enum class GroupedAttentionRoute { kProduction = 0, kPacked = 1, kTiled = 2 };
+void SetGroupedAttentionRouteForTesting(GroupedAttentionRoute route);
+// Grouped attention calls (forward and backward) that took `route` since
+// start (kProduction: the direct Hopper route; kTiled is not counted).
+int64_t GroupedAttentionCallsForTesting(GroupedAttentionRoute route);
 
 }  // namespace cuda_backend
 }  // namespace nn
