@@ -288,10 +288,59 @@ absl::StatusOr<Schedule> BuildSchedule(ScheduleKind kind, int ranks,
   return schedule;
 }
 
+namespace {
+
+double StageOr(const std::vector<double> &per_stage, double uniform,
+               int stage) {
+  return per_stage.empty() ? uniform : per_stage[stage];
+}
+
+absl::Status CheckCosts(const ActionCosts &costs, int stages) {
+  for (const auto &[name, per_stage, uniform] :
+       {std::tuple<const char *, const std::vector<double> *, double>{
+            "forward", &costs.stage_forward, costs.forward},
+        {"backward_input", &costs.stage_backward_input, costs.backward_input},
+        {"backward_weight", &costs.stage_backward_weight,
+         costs.backward_weight},
+        {"reduce", &costs.stage_reduce, costs.reduce}}) {
+    if (!per_stage->empty() && static_cast<int>(per_stage->size()) != stages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ActionCosts: stage_", name, " has ", per_stage->size(),
+                       " entries for ", stages, " stages"));
+    }
+    bool negative = uniform < 0;
+    for (double cost : *per_stage) negative = negative || cost < 0;
+    if (negative) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ActionCosts: a negative ", name, " cost"));
+    }
+  }
+  if (costs.message < 0) {
+    return absl::InvalidArgumentError("ActionCosts: a negative message time");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+double ActionCosts::Forward(int stage) const {
+  return StageOr(stage_forward, forward, stage);
+}
+double ActionCosts::BackwardInput(int stage) const {
+  return StageOr(stage_backward_input, backward_input, stage);
+}
+double ActionCosts::BackwardWeight(int stage) const {
+  return StageOr(stage_backward_weight, backward_weight, stage);
+}
+double ActionCosts::Reduce(int stage) const {
+  return StageOr(stage_reduce, reduce, stage);
+}
+
 absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
                                                const ActionCosts &costs) {
   const int p = s.ranks;
   const int last = s.stages() - 1;
+  if (absl::Status bad = CheckCosts(costs, s.stages()); !bad.ok()) return bad;
   if (static_cast<int>(s.actions.size()) != p) {
     return absl::InternalError(absl::StrCat("schedule has ", s.actions.size(),
                                             " action lists for ", p, " ranks"));
@@ -375,7 +424,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
         }
         forwarded.insert(key);
         ++r.stashed;
-        cost = costs.forward;
+        cost = costs.Forward(a.stage);
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
@@ -390,10 +439,10 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
         --r.stashed;
         if (a.kind == ActionKind::kBackward) {
           weight_graded.insert(key);
-          cost = costs.backward_input + costs.backward_weight;
+          cost = costs.BackwardInput(a.stage) + costs.BackwardWeight(a.stage);
         } else {
           ++r.deferred;
-          cost = costs.backward_input;
+          cost = costs.BackwardInput(a.stage);
         }
         break;
       case ActionKind::kBackwardWeight:
@@ -403,7 +452,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
         }
         weight_graded.insert(key);
         --r.deferred;
-        cost = costs.backward_weight;
+        cost = costs.BackwardWeight(a.stage);
         break;
       case ActionKind::kReduceGradients:
         if (reduced.count(a.stage)) return fail(rank, a, "second reduction");
@@ -415,6 +464,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
           }
         }
         reduced.insert(a.stage);
+        cost = costs.Reduce(a.stage);
         break;
       default:
         return fail(rank, a, "not a compute action");
@@ -499,7 +549,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
                     absl::StrCat("matched in order with rank ", m.peer, "'s ",
                                  partner.ToString(), ", not its counterpart"));
       }
-      if (!send) done_at = std::max(done_at, other[slot].time);
+      if (!send) done_at = std::max(done_at, other[slot].time + costs.message);
     }
     for (size_t i = r.next; i < r.group_end; ++i) {
       const Action &m = list[i];

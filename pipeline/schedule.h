@@ -118,12 +118,32 @@ absl::StatusOr<Schedule> BuildSchedule(ScheduleKind kind, int ranks,
                                        int micro_batches,
                                        int stages_per_rank = 1);
 
-// Relative durations for SimulateSchedule. A full backward costs
-// backward_input + backward_weight.
+// Durations for SimulateSchedule, in any one unit (relative by default;
+// seconds for a step model). A full backward costs backward_input +
+// backward_weight.
 struct ActionCosts {
   double forward = 1;
   double backward_input = 1;
   double backward_weight = 1;
+  // Per stage (stages() entries, model order), replacing the three above
+  // when non-empty: a pipeline's first and last stages also carry the
+  // embedding and the head, and a partition is rarely exact.
+  std::vector<double> stage_forward;
+  std::vector<double> stage_backward_input;
+  std::vector<double> stage_backward_weight;
+  // From a send's issue to its data's arrival (an activation or a gradient,
+  // latency plus bytes over the link's bandwidth): a receive completes no
+  // earlier than its send's issue plus this. The sender does not wait.
+  double message = 0;
+  // kReduceGradients: the stage's data-parallel gradient reduction (and
+  // whatever else the step does once per stage, e.g. the optimizer).
+  double reduce = 0;
+  std::vector<double> stage_reduce;  // per stage when non-empty
+
+  double Forward(int stage) const;
+  double BackwardInput(int stage) const;
+  double BackwardWeight(int stage) const;
+  double Reduce(int stage) const;
 };
 
 // What running every rank's list together shows.
@@ -139,9 +159,9 @@ struct ScheduleStats {
   std::vector<int> peak_deferred_weight_gradients;
 };
 
-// Runs the ranks' lists together, communication taking no time, sends
-// eager (complete when issued) and a receive complete once its send is
-// issued, and checks:
+// Runs the ranks' lists together, sends eager (complete when issued) and a
+// receive complete once its send was issued and costs.message has passed,
+// and checks:
 //   - every stage runs, for every micro-batch, exactly one forward and one
 //     backward (or one kBackwardInput then one kBackwardWeight), the
 //     forward first, on the rank that holds the stage;
@@ -153,7 +173,9 @@ struct ScheduleStats {
 //     blocked action;
 //   - kReduceGradients for each stage exactly once, after its last
 //     backward.
-// Errors: Internal naming the rank, the action and the rule broken.
+// Errors: Internal naming the rank, the action and the rule broken;
+// InvalidArgument for per-stage costs of the wrong length or any negative
+// cost.
 absl::StatusOr<ScheduleStats> SimulateSchedule(
     const Schedule &schedule, const ActionCosts &costs = ActionCosts());
 

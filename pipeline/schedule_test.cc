@@ -105,6 +105,67 @@ TEST(ScheduleTest, BubbleOfGPipeAndOneFOneBWithBackwardTwiceForward) {
   }
 }
 
+// The step model's costs: a message delays each receive, the bottleneck
+// stage sets the pace, the reduction adds at the end.
+TEST(ScheduleTest, MessagesStageCostsAndReductionsTakeTime) {
+  // GPipe with uniform costs and a message time c: the forwards pipeline
+  // with f + c between ranks, the backwards with b + c, so the step is
+  // m (f + b) + (p - 1) (f + b + 2c).
+  for (int p = 1; p <= 5; ++p) {
+    for (int m = 1; m <= 6; ++m) {
+      absl::StatusOr<Schedule> gpipe =
+          BuildSchedule(ScheduleKind::kGPipe, p, m);
+      ASSERT_TRUE(gpipe.ok());
+      ActionCosts costs;
+      costs.forward = 1;
+      costs.backward_input = 1.5;
+      costs.backward_weight = 0.5;
+      costs.message = 0.25;
+      absl::StatusOr<ScheduleStats> stats = SimulateSchedule(*gpipe, costs);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      EXPECT_NEAR(stats->makespan, m * 3.0 + (p - 1) * 3.5, 1e-12)
+          << "p=" << p << " m=" << m;
+      // The messages are idle time: the bubble grows past (p-1)/(m+p-1).
+      if (p > 1) {
+        EXPECT_GT(stats->bubble_fraction, (p - 1.0) / (m + p - 1.0));
+      }
+    }
+  }
+
+  // Two stages, the second twice as expensive: by hand, rank 1's forwards
+  // run back to back from t = 1 (ending at 9), its backwards from 9 to 25,
+  // and rank 0's last backward (2) follows the last gradient: 27.
+  absl::StatusOr<Schedule> two = BuildSchedule(ScheduleKind::kGPipe, 2, 4);
+  ASSERT_TRUE(two.ok());
+  ActionCosts uneven;
+  uneven.stage_forward = {1, 2};
+  uneven.stage_backward_input = {2, 4};
+  uneven.stage_backward_weight = {0, 0};
+  absl::StatusOr<ScheduleStats> stats = SimulateSchedule(*two, uneven);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_DOUBLE_EQ(stats->makespan, 27);
+  // Rank 0 is busy 12 of 27, rank 1 24 of 27.
+  EXPECT_NEAR(stats->bubble_fraction, 1 - 36.0 / 54.0, 1e-12);
+
+  // The reduction of stage 0 is the last action of the step.
+  uneven.reduce = 0.5;
+  stats = SimulateSchedule(*two, uneven);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_DOUBLE_EQ(stats->makespan, 27.5);
+
+  // Per-stage costs must cover every stage; no cost may be negative.
+  uneven.stage_reduce = {1, 2, 3};
+  stats = SimulateSchedule(*two, uneven);
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(stats.status().message().find("stage_reduce has 3 entries for 2"),
+            std::string::npos)
+      << stats.status();
+  ActionCosts negative;
+  negative.message = -1;
+  EXPECT_EQ(SimulateSchedule(*two, negative).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // The exact lists of a small 1F1B: warm-up, steady state with each
 // send grouped with the following receive, cool-down, reduction.
 TEST(ScheduleTest, OneFOneBTwoRanksThreeMicroBatchesExactly) {
