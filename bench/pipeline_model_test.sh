@@ -1,0 +1,83 @@
+#!/bin/bash
+# pipeline_model_test.sh PIPELINE_MODEL GPT_BENCH, on the CPU:
+#   1. a written profile of the tiny GPT (2 blocks) whose blocks cost 1 ms
+#      forward and 2 ms backward per sequence and everything else nothing,
+#      cut into two equal stages ("0,2,5"), a link of no cost: every line's
+#      step is (m + p - 1) (f + b) of one stage at the micro-batch size, its
+#      bubble (p - 1) / (m + p - 1), its ZeRO-3 compute the whole batch's;
+#      micro-batches past the profiled sizes are marked extrapolated; a slow
+#      link makes the step longer;
+#   2. gpt_bench --smoke --profile=1's own lines are read (exit 0, a line per
+#      configuration);
+#   3. bad input exits 2 with an error line: no --profile, a profile with
+#      one micro-batch size, an unknown schedule.
+set -u
+model="$1"; bench="$2"
+dir="${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*"; exit 1; }
+
+python3 - "$dir/profile.jsonl" <<'PYTHON'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for b in (1, 2, 4):
+        for name, fwd, bwd in (("embed", 0, 0), ("blocks.*", 2.0 * b, 4.0 * b),
+                               ("ln_f", 0, 0), ("lm_head", 0, 0)):
+            f.write(json.dumps({"bench": "gpt_fwd_bwd_profile", "scope": "path",
+                                "model": "tiny", "batch": b, "name": name,
+                                "forward_ms": fwd, "backward_ms": bwd}) + "\n")
+        f.write(json.dumps({"bench": "gpt_fwd_bwd", "model": "tiny", "batch": b,
+                            "memory": {"peak_bytes_in_use": 1e6 + 3e5 * b}}) + "\n")
+PYTHON
+common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --batches=4,16 --micro_batches=1,2,4"
+"$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
+  > "$dir/fast.jsonl" 2> "$dir/fast.err" || { cat "$dir/fast.err"; fail "exit $?"; }
+"$model" $common --link_gb_s=0.001 > "$dir/slow.jsonl" 2> "$dir/slow.err" \
+  || { cat "$dir/slow.err"; fail "slow link: exit $?"; }
+
+"$bench" --smoke --models=tiny,tiny --batch=1,2 --profile=1 --profile_iters=1 \
+  > "$dir/smoke.jsonl" 2> "$dir/smoke.err" || { cat "$dir/smoke.err"; fail "gpt_bench exit $?"; }
+"$model" --profile="$dir/smoke.jsonl" --model=tiny --ranks=2,3 --batches=4 \
+  --micro_batches=1,2,4 > "$dir/real.jsonl" 2> "$dir/real.err" \
+  || { cat "$dir/real.err"; fail "on gpt_bench's lines: exit $?"; }
+
+"$model" > "$dir/none.jsonl" 2>/dev/null
+[[ $? -eq 2 ]] || fail "no --profile must exit 2"
+grep -q "profile=PATH is required" "$dir/none.jsonl" || fail "error line: $(cat "$dir/none.jsonl")"
+head -4 "$dir/profile.jsonl" > "$dir/one.jsonl"
+echo '{"bench":"gpt_fwd_bwd","model":"tiny","batch":1}' >> "$dir/one.jsonl"
+"$model" --profile="$dir/one.jsonl" --model=tiny > "$dir/one_out.jsonl" 2>/dev/null
+[[ $? -eq 2 ]] || fail "one micro-batch size must exit 2"
+grep -q "two or more" "$dir/one_out.jsonl" || fail "error line: $(cat "$dir/one_out.jsonl")"
+"$model" --profile="$dir/profile.jsonl" --model=tiny --schedules=zigzag > "$dir/bad.jsonl" 2>/dev/null
+[[ $? -eq 2 ]] || fail "an unknown schedule must exit 2"
+
+python3 - "$dir" <<'PYTHON' || exit 1
+import json, sys
+d = sys.argv[1]
+def lines(name):
+    return [json.loads(l) for l in open(f"{d}/{name}")]
+fast, slow, real = lines("fast.jsonl"), lines("slow.jsonl"), lines("real.jsonl")
+assert len(fast) == 2 * 2 * 3, len(fast)  # schedules x batches x micro-batches
+for x in fast:
+    p, m, b = x["ranks"], x["micro_batches"], x["micro_batch"]
+    # One stage: one block, 1 ms forward and 2 ms backward a sequence.
+    stage = 3.0 * b
+    want = (m + p - 1) * stage
+    assert abs(x["step_ms"] - want) < 1e-3 * want + 1e-3, (x["step_ms"], want, x)
+    assert abs(x["bubble"] - (p - 1) / (m + p - 1)) < 1e-4, x
+    assert x["extrapolated"] == (b > 4), x
+    assert [s["layers"] for s in x["stages"]] == [[0, 2], [2, 5]], x["stages"]
+    assert abs(x["one_gpu_step_ms"] - m * 2 * stage) < 1e-3 * want + 1e-3, x
+    z = x["zero3_same_gpus"]
+    assert z["sequences_per_gpu"] == x["batch"] // 2, z
+    assert abs(z["compute_ms"] - x["batch"] // 2 * 6.0) < 1e-2, z
+    # Activations: 3e5 bytes a sequence over 2 blocks.
+    assert abs(x["assumptions"]["activation_bytes_per_sequence_and_block"] - 1.5e5) < 1, x
+for f, s in zip(fast, slow):
+    assert (f["schedule"], f["batch"], f["micro_batches"]) == (s["schedule"], s["batch"], s["micro_batches"])
+    assert s["step_ms"] > f["step_ms"] and s["message_ms"] > 1, (f, s)
+assert len(real) == 2 * 2 * 3, len(real)  # ranks x schedules x micro-batches
+for x in real:
+    assert x["step_ms"] > 0 and 0 <= x["bubble"] < 1, x
+print("pipeline_model_test: ok")
+PYTHON
