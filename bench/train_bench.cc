@@ -556,6 +556,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     const engine::CommunicationCounters k = engine->communication_counters();
     Json stage3;
     stage3["all_gathers_per_step"] = k.all_gathers;
+    stage3["all_gathers_in_place_per_step"] = k.all_gathers_in_place;
     stage3["all_gathered_elements_per_step"] = k.all_gathered_elements;
     stage3["reduce_scatters_per_step"] = k.reduce_scatters;
     stage3["reduce_scattered_elements_per_step"] = k.reduce_scattered_elements;

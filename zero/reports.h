@@ -51,6 +51,9 @@ struct CommunicationCounters {
   int64_t reduce_scattered_elements = 0;
   int64_t all_gathers = 0;
   int64_t reduce_scatters = 0;
+  // Of all_gathers: those one rank served in place (its slice is the whole
+  // bucket, so the parameters read the weights where they are; no copy).
+  int64_t all_gathers_in_place = 0;
   // Stage 3: time the compute stream (CUDA, timing events) or the host
   // (CPU) waited for parameter all-gathers to complete; near zero when
   // prefetching hides them.

@@ -263,7 +263,7 @@ absl::Status Stage3::OrderGatherAfterWeightWrites(const Stream& gather) {
   return weights_written_.StreamWait(gather);
 }
 
-absl::Status Stage3::IssueGather(int b) {
+absl::Status Stage3::IssueGather(int b, bool copy) {
   Bucket& bucket = buckets_[b];
   const BucketLayout& bucket_layout = layout().bucket(b);
   const Stream& communication = GatherStream();
@@ -271,15 +271,28 @@ absl::Status Stage3::IssueGather(int b) {
   // The buffer, and an upload's staging, belong to the stream that writes
   // them.
   StreamGuard guard(communication);
-  ZE_ASSIGN_OR_RETURN(bucket.gathered,
-                      Tensor::Empty({bucket_layout.padded_elements},
-                                    partition_->model_dtype(), device()));
   // With offload_param the slice is first uploaded from host memory.
   ZE_ASSIGN_OR_RETURN(bucket.gather_source,
                       partition_->WeightsForGather(b, communication));
-  ZE_ASSIGN_OR_RETURN(
-      bucket.gather_work,
-      comm().AllGather(bucket.gather_source, bucket.gathered, communication));
+  if (!copy && world() == 1 &&
+      bucket.gather_source.numel() == bucket_layout.padded_elements) {
+    // One rank's slice is the whole bucket: the parameters read it where it
+    // is. An all-gather would copy it (2 bytes a parameter read and
+    // written, in every forward and backward) for nothing; the gradient
+    // side skips its reduction on one rank the same way
+    // (GradientReducer::ReducesInPartition).
+    bucket.gathered = bucket.gather_source;
+    bucket.aliased = true;
+    ZE_ASSIGN_OR_RETURN(bucket.alias_ready, Event::Create(device()));
+    ZE_RETURN_IF_ERROR(bucket.alias_ready.Record(communication));
+  } else {
+    ZE_ASSIGN_OR_RETURN(bucket.gathered,
+                        Tensor::Empty({bucket_layout.padded_elements},
+                                      partition_->model_dtype(), device()));
+    ZE_ASSIGN_OR_RETURN(
+        bucket.gather_work,
+        comm().AllGather(bucket.gather_source, bucket.gathered, communication));
+  }
   bucket.in_flight = true;
   // Evaluation and scoped gathers are not part of the training step; a
   // persistent bucket's first gather is (training would have made it and
@@ -287,6 +300,7 @@ absl::Status Stage3::IssueGather(int b) {
   if (phase_ != Phase::kEvaluation || bucket.persistent) {
     step_counters_.all_gathered_elements += bucket_layout.padded_elements;
     step_counters_.all_gathers += 1;
+    if (bucket.aliased) step_counters_.all_gathers_in_place += 1;
   }
   schedule_->OnGathered(b);
   step_counters_.peak_gathered_elements = std::max(
@@ -314,12 +328,16 @@ absl::Status Stage3::WaitGather(int b) {
     ZE_ASSIGN_OR_RETURN(Event before, Event::Create(device(), /*timing=*/true));
     ZE_ASSIGN_OR_RETURN(Event after, Event::Create(device(), /*timing=*/true));
     ZE_RETURN_IF_ERROR(before.Record(stream()));
-    ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
+    ZE_RETURN_IF_ERROR(bucket.aliased
+                           ? bucket.alias_ready.StreamWait(stream())
+                           : bucket.gather_work.StreamWait(stream()));
     ZE_RETURN_IF_ERROR(after.Record(stream()));
     wait_events_.emplace_back(std::move(before), std::move(after));
   } else {
     const auto start = std::chrono::steady_clock::now();
-    ZE_RETURN_IF_ERROR(bucket.gather_work.StreamWait(stream()));
+    ZE_RETURN_IF_ERROR(bucket.aliased
+                           ? bucket.alias_ready.StreamWait(stream())
+                           : bucket.gather_work.StreamWait(stream()));
     step_counters_.wait_ms += std::chrono::duration<double, std::milli>(
                                   std::chrono::steady_clock::now() - start)
                                   .count();
@@ -339,11 +357,16 @@ absl::Status Stage3::WaitGather(int b) {
 absl::Status Stage3::FreeGathered(int b) {
   Bucket& bucket = buckets_[b];
   if (!bucket.gathered.defined()) return absl::OkStatus();
-  // The buffer may only be reused once the all-gather writing it is done.
-  if (bucket.in_flight) ZE_RETURN_IF_ERROR(bucket.gather_work.Wait());
+  // The buffer may only be reused once the all-gather writing it is done
+  // (an aliased one is the weights or their upload: nothing writes it).
+  if (bucket.in_flight && !bucket.aliased) {
+    ZE_RETURN_IF_ERROR(bucket.gather_work.Wait());
+  }
   bucket.gather_work = comm::Work();
   bucket.gather_source = Tensor();
   bucket.in_flight = false;
+  bucket.aliased = false;
+  bucket.alias_ready = Event();
   ZE_RETURN_IF_ERROR(
       BindBucket(layout(), b, params_, ParameterSlot::kData, Tensor()));
   bucket.gathered = Tensor();
@@ -509,7 +532,15 @@ absl::Status Stage3::GatherScope(const std::vector<std::string>& names) {
   phase_ = Phase::kEvaluation;
   absl::Status status;
   for (int b : buckets) {
-    if (!buckets_[b].gathered.defined()) status = IssueGather(b);
+    // A scope's buffers are copies, also on one rank: a bucket the
+    // training step left as the weights themselves is gathered afresh.
+    if (buckets_[b].aliased && buckets_[b].users == 0) {
+      status = FreeGathered(b);
+      if (!status.ok()) break;
+    }
+    if (!buckets_[b].gathered.defined()) {
+      status = IssueGather(b, /*copy=*/true);
+    }
     if (status.ok()) status = WaitGather(b);
     if (!status.ok()) break;
     ++buckets_[b].users;

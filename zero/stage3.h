@@ -155,6 +155,11 @@ class Stage3 : public ZeroStrategy {
     bool persistent = false;
     Tensor gathered;         // (padded) model dtype while gathered/in flight
     comm::Work gather_work;  // in flight: issued ahead, not waited yet
+    // One rank: `gathered` is the weights slice itself (or its upload), no
+    // all-gather; `alias_ready` orders the compute stream after what
+    // produced it (the weight writes, the upload).
+    bool aliased = false;
+    Event alias_ready;
     // What the in-flight gather reads: the weights slice, or its upload
     // from host memory (offload_param), alive until the gather is waited.
     Tensor gather_source;
@@ -190,7 +195,10 @@ class Stage3 : public ZeroStrategy {
   absl::Status Release(int entry);
   absl::Status AfterBackward(int entry);
 
-  absl::Status IssueGather(int bucket);
+  // `copy`: gather into a buffer of its own even on one rank (a
+  // GatherParameters scope, whose values must not be the weights: what a
+  // read-only scope's caller writes is discarded).
+  absl::Status IssueGather(int bucket, bool copy = false);
   // Where IssueGather runs: the communication stream, or the compute stream
   // for evaluation and scope gathers (phase kEvaluation).
   const Stream& GatherStream() const;

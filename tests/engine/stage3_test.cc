@@ -493,6 +493,8 @@ TEST(Stage3CountersTest, OneStepMovesThreePsi) {
     // Four modules: each gathered for forward and for backward, each
     // gradient bucket reduce-scattered once.
     EXPECT_EQ(counters.all_gathers, 8);
+    // One rank serves every gather in place (no copy of its own slice).
+    EXPECT_EQ(counters.all_gathers_in_place, World() == 1 ? 8 : 0);
     EXPECT_EQ(counters.reduce_scatters, 4);
     EXPECT_EQ(counters.all_gathered_elements,
               2 * counters.reduce_scattered_elements);
