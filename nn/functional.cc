@@ -277,6 +277,29 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
                                      grad_input_2d, grad_weight, grad_bias);
 }
 
+namespace {
+
+// The *BackwardAdd ops' extra argument: grad_addend (shaped like
+// grad_input, a float, on its device) aliasing neither grad_input nor
+// grad_output, both required.
+absl::Status CheckGradAddend(const char *op, const Tensor &grad_addend,
+                             const Tensor &grad_input,
+                             const Tensor &grad_output) {
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
+                                       {{"grad_addend", &grad_addend}}));
+  if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
+    return Invalid(op, "grad_addend must not alias grad_input or grad_output");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status LinearBackwardAdd(const Tensor &grad_output, const Tensor &input,
                                const Tensor &weight, const Tensor &grad_addend,
                                const Tensor &grad_input,
@@ -287,16 +310,7 @@ absl::Status LinearBackwardAdd(const Tensor &grad_output, const Tensor &input,
       const LinearSizes sizes,
       CheckLinearBackward(op, grad_output, input, weight, "grad_input",
                           grad_input, grad_weight, grad_bias));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(
-      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
-                                       {{"grad_addend", &grad_addend}}));
-  if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
-    return Invalid(op, "grad_addend must not alias grad_input or grad_output");
-  }
+  ZE_RETURN_IF_ERROR(CheckGradAddend(op, grad_addend, grad_input, grad_output));
   const Tensor grad_output_2d = View2D(grad_output, sizes.m, sizes.n);
   const Tensor input_2d = View2D(input, sizes.m, sizes.k);
   const Tensor grad_input_2d = View2D(grad_input, sizes.m, sizes.k);
@@ -521,16 +535,7 @@ absl::Status LayerNormBackwardAdd(
     const Tensor &grad_input, const Tensor &grad_weight,
     const Tensor &grad_bias, const Stream &stream) {
   const char *op = "LayerNormBackwardAdd";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
-  ZE_RETURN_IF_ERROR(
-      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
-                                       {{"grad_addend", &grad_addend}}));
-  if (grad_addend.data() == grad_input.data()) {
-    return Invalid(op, "grad_addend must not alias grad_input");
-  }
+  ZE_RETURN_IF_ERROR(CheckGradAddend(op, grad_addend, grad_input, grad_output));
   return LayerNormBackwardImpl(op, grad_output, input, weight, mean, rstd,
                                grad_input, grad_weight, grad_bias, stream,
                                grad_addend);
@@ -1246,16 +1251,7 @@ absl::Status RmsNormBackwardAdd(const Tensor &grad_output, const Tensor &input,
                                 const Tensor &grad_weight,
                                 const Stream &stream) {
   const char *op = "RmsNormBackwardAdd";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
-  ZE_RETURN_IF_ERROR(
-      RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
-  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
-                                       {{"grad_addend", &grad_addend}}));
-  if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
-    return Invalid(op, "grad_addend must not alias grad_input or grad_output");
-  }
+  ZE_RETURN_IF_ERROR(CheckGradAddend(op, grad_addend, grad_input, grad_output));
   return RmsNormBackwardImpl(op, grad_output, input, weight, rstd, grad_input,
                              grad_weight, stream, grad_addend);
 }
