@@ -83,8 +83,8 @@ absl::StatusOr<std::map<int64_t, Measured>> ReadProfile(
     const std::string& path, const std::string& model, int layers) {
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("--profile=", path,
-                                            ": cannot be read"));
+    return absl::NotFoundError(
+        absl::StrCat("--profile=", path, ": cannot be read"));
   }
   std::map<int64_t, std::map<std::string, LayerTimes>> paths;
   std::map<int64_t, double> peaks;
@@ -113,16 +113,16 @@ absl::StatusOr<std::map<int64_t, Measured>> ReadProfile(
     for (const char* name : {"embed", "blocks.*", "ln_f", "lm_head"}) {
       if (!by_name.count(name)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--profile=", path, ": batch ", batch, " of ", model,
-            " has no \"", name, "\" path line (run gpt_bench --profile=1)"));
+            "--profile=", path, ": batch ", batch, " of ", model, " has no \"",
+            name, "\" path line (run gpt_bench --profile=1)"));
       }
     }
     Measured m;
     m.layers.push_back(by_name.at("embed"));
     const LayerTimes all_blocks = by_name.at("blocks.*");
     for (int i = 0; i < layers; ++i) {
-      m.layers.push_back({all_blocks.forward_ms / layers,
-                          all_blocks.backward_ms / layers});
+      m.layers.push_back(
+          {all_blocks.forward_ms / layers, all_blocks.backward_ms / layers});
     }
     m.layers.push_back(by_name.at("ln_f"));
     m.layers.push_back(by_name.at("lm_head"));
@@ -162,7 +162,8 @@ std::vector<LayerTimes> TimesAt(const std::map<int64_t, Measured>& measured,
   for (size_t i = 0; i < times.size(); ++i) {
     const LayerTimes& a = lo->second.layers[i];
     const LayerTimes& c = hi->second.layers[i];
-    times[i].forward_ms = std::max(0.0, a.forward_ms + t * (c.forward_ms - a.forward_ms));
+    times[i].forward_ms =
+        std::max(0.0, a.forward_ms + t * (c.forward_ms - a.forward_ms));
     times[i].backward_ms =
         std::max(0.0, a.backward_ms + t * (c.backward_ms - a.backward_ms));
   }
@@ -299,11 +300,11 @@ Json ZeroThree(const Options& o, const std::map<int64_t, Measured>& measured,
   // bf16 parameters gathered for each micro-batch's forward and backward,
   // gradients reduce-scattered once: (n - 1) / n of the model each time.
   const double share = (gpus - 1.0) / gpus;
-  const double bytes =
-      (2.0 * accumulation + 1.0) * 2.0 * parameters * share;
+  const double bytes = (2.0 * accumulation + 1.0) * 2.0 * parameters * share;
   const double comm_ms = bytes / (o.collective_gb_s * 1e9) * 1e3;
   const double state_gib = 16.0 * parameters / gpus / kGib;
-  const double activation_gib = activation_bytes * micro * config.num_layers / kGib;
+  const double activation_gib =
+      activation_bytes * micro * config.num_layers / kGib;
   z["micro_batch"] = micro;
   z["accumulation"] = accumulation;
   z["compute_ms"] = compute_ms;
@@ -328,10 +329,10 @@ absl::Status Run(const Options& o) {
       2.0 * static_cast<double>(o.seq) * config.channels;  // bf16 (T, C)
   double single_gpu_reference_ms = 0;
   for (const int64_t p : o.ranks) {
-    ZE_ASSIGN_OR_RETURN(std::vector<pipeline::LayerRange> ranges,
-                        pipeline::PartitionLayers(weights, static_cast<int>(p),
-                                                  o.partition, "--ranks",
-                                                  "--partition"));
+    ZE_ASSIGN_OR_RETURN(
+        std::vector<pipeline::LayerRange> ranges,
+        pipeline::PartitionLayers(weights, static_cast<int>(p), o.partition,
+                                  "--ranks", "--partition"));
     for (const pipeline::ScheduleKind kind : o.schedules) {
       for (const int64_t batch : o.batches) {
         for (const int64_t m : o.micro_batches) {
@@ -340,10 +341,9 @@ absl::Status Run(const Options& o) {
           bool extrapolated = false;
           const std::vector<LayerTimes> times =
               TimesAt(measured, b, &extrapolated);
-          ZE_ASSIGN_OR_RETURN(
-              pipeline::Schedule schedule,
-              pipeline::BuildSchedule(kind, static_cast<int>(p),
-                                      static_cast<int>(m)));
+          ZE_ASSIGN_OR_RETURN(pipeline::Schedule schedule,
+                              pipeline::BuildSchedule(kind, static_cast<int>(p),
+                                                      static_cast<int>(m)));
           pipeline::ActionCosts costs;
           Json stages = Json::array();
           double one_gpu_ms = 0;
@@ -365,8 +365,8 @@ absl::Status Run(const Options& o) {
             const int stashed =
                 pipeline::ActivationBound(schedule, static_cast<int>(s));
             const double memory_gib =
-                (16.0 * parameters +
-                 activation_bytes * b * blocks * stashed) / kGib;
+                (16.0 * parameters + activation_bytes * b * blocks * stashed) /
+                kGib;
             Json stage;
             stage["layers"] = {ranges[s].first, ranges[s].last};
             stage["blocks"] = blocks;
@@ -382,7 +382,8 @@ absl::Status Run(const Options& o) {
           ZE_ASSIGN_OR_RETURN(pipeline::ScheduleStats stats,
                               pipeline::SimulateSchedule(schedule, costs));
           const double tokens = static_cast<double>(batch) * o.seq;
-          if (single_gpu_reference_ms == 0) single_gpu_reference_ms = one_gpu_ms;
+          if (single_gpu_reference_ms == 0)
+            single_gpu_reference_ms = one_gpu_ms;
           Json line;
           line["bench"] = "pipeline_model";
           line["model"] = o.model;
@@ -419,8 +420,7 @@ absl::Status Run(const Options& o) {
 
 int Main(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
-  absl::Status status =
-      options.ok() ? Run(*options) : options.status();
+  absl::Status status = options.ok() ? Run(*options) : options.status();
   if (!status.ok()) {
     Json line;
     line["bench"] = "pipeline_model";
