@@ -18,9 +18,9 @@ bench() {  # tag, then train_bench flags
 }
 bench llama0 --models=llama-1B --stages=0 --batch=16 --iters=5 --warmup=2
 bench llama3 --models=llama-1B --stages=3 --batch=16 --iters=5 --warmup=2
+run_fixed_tests parity_cuda_w1 stage3_inference_cuda_np1
 (( $(left) > 100 )) && { timeout 90 python3 exp/anchors/torch_llama_anchor.py llama1b_compile \
   > $OUT/anchor.jsonl 2> $OUT/anchor.err; el "anchor rc=$?"; cut -c1-300 $OUT/anchor.jsonl; }
-run_fixed_tests parity_cuda_w1 stage3_inference_cuda_np1 decoder_cuda_test
 if (( $(left) > 200 )); then
 timeout $(( $(left) - 60 )) $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; el "gpu tests rc=$?"
 grep -h "^FAILED\|^SKIPPED\|gpu tests:" $OUT/gpu_tests.txt | cut -c1-200
