@@ -27,7 +27,12 @@
 // of N-element ranges, as the engine's offloaded update runs it: one
 // StepRange call per range ("per_chunk_best_s", "per_chunk_mean_s": each
 // call a parallel loop ending in a partial wave), and the ranges as one
-// stream of tiles (StepRanges: "stream_best_s", "stream_mean_s").
+// stream of tiles (StepRanges: "stream_best_s", "stream_mean_s"), and that
+// stream again with speculation's backup taken tile by tile before each
+// tile's update (master, m and v: 12 bytes a parameter copied to a separate
+// buffer, as offload/host_update.cc's BackUp does), once with std::memcpy
+// ("backup_memcpy_best_s") and once with core/streaming_copy.h's
+// non-temporal copy ("backup_streaming_best_s", what the engine uses).
 //
 // The bandwidth lines (one per thread count) come first; triad_GBps is the
 // triad at the same thread count, best_triad_GBps the best of all of them.
@@ -77,6 +82,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/streaming_copy.h"
 #include "core/thread_pool.h"
 #include "offload/cpu_optimizer.h"
 
@@ -523,7 +529,7 @@ absl::Status Run(const Flags& flags) {
                                                  out.get(), ze::DType::kBF16);
                         }));
     const double best = whole.best_s;
-    Timing per_chunk, stream;
+    Timing per_chunk, stream, backup_memcpy, backup_streaming;
     const int64_t chunk = flags.chunk_elements;
     if (chunk > 0) {
       ZE_ASSIGN_OR_RETURN(
@@ -555,6 +561,49 @@ absl::Status Run(const Flags& flags) {
                 },
                 [](int64_t) { return absl::OkStatus(); });
           }));
+      // Speculation's backup of master, m and v, tile by tile.
+      auto backup = AlignedArray<float>(3 * n, execution.huge_pages);
+      optimizer->FirstTouch(backup.get(), 3 * n, sizeof(float));
+      for (const bool streaming : {false, true}) {
+        ZE_ASSIGN_OR_RETURN(
+            (streaming ? backup_streaming : backup_memcpy),
+            TimeSteps(flags.steps, [&] {
+              int64_t begin = 0;
+              return optimizer->StepRanges(
+                  args,
+                  [&](ze::offload::RangeToUpdate* range)
+                      -> absl::StatusOr<bool> {
+                    if (begin >= n) return false;
+                    const int64_t first = begin;
+                    range->state_offset = begin;
+                    range->count = std::min(chunk, n - begin);
+                    range->master_weights = master.get() + begin;
+                    range->grads = grads.get() + begin;
+                    range->grad_dtype = ze::DType::kBF16;
+                    range->out = out.get() + begin;
+                    range->out_dtype = ze::DType::kBF16;
+                    range->before_update = [&, first, streaming](
+                                               int64_t at, int64_t count) {
+                      const int64_t i = first + at;
+                      const size_t bytes = sizeof(float) * count;
+                      const float* sources[3] = {master.get() + i,
+                                                 optimizer->exp_avg() + i,
+                                                 optimizer->exp_avg_sq() + i};
+                      for (int k = 0; k < 3; ++k) {
+                        float* to = backup.get() + k * n + i;
+                        if (streaming) {
+                          ze::StreamingCopy(to, sources[k], bytes);
+                        } else {
+                          std::memcpy(to, sources[k], bytes);
+                        }
+                      }
+                    };
+                    begin += range->count;
+                    return true;
+                  },
+                  [](int64_t) { return absl::OkStatus(); });
+            }));
+      }
     }
     const double params_per_s = n / best;
     const double adam_gbps = 28.0 * n / best / 1e9;
@@ -579,7 +628,8 @@ absl::Status Run(const Flags& flags) {
         "\"step_traffic_GBps\":%.1f,\"step_traffic_mean_s\":%.5f,"
         "\"fraction_of_step_traffic\":%.3f,\"chunk_elements\":%lld,"
         "\"per_chunk_best_s\":%.5f,\"per_chunk_mean_s\":%.5f,"
-        "\"stream_best_s\":%.5f,\"stream_mean_s\":%.5f}\n",
+        "\"stream_best_s\":%.5f,\"stream_mean_s\":%.5f,"
+        "\"backup_memcpy_best_s\":%.5f,\"backup_streaming_best_s\":%.5f}\n",
         simd, threads, ScheduleName(execution.schedule),
         execution.pin_threads ? 1 : 0, execution.huge_pages ? 1 : 0,
         execution.nontemporal_out ? 1 : 0,
@@ -589,7 +639,8 @@ absl::Status Run(const Flags& flags) {
         adam_gbps / best_triad, traffic_gbps, traffic.mean_s,
         traffic_gbps > 0 ? adam_gbps / traffic_gbps : 0.0,
         static_cast<long long>(chunk), per_chunk.best_s, per_chunk.mean_s,
-        stream.best_s, stream.mean_s);
+        stream.best_s, stream.mean_s, backup_memcpy.best_s,
+        backup_streaming.best_s);
     std::fflush(stdout);
     ZE_RETURN_IF_ERROR(
         RunStateFormats(flags, execution, threads, triad, best_triad));

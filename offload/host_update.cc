@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "core/streaming_copy.h"
 #include "core/thread_pool.h"
 
 namespace ze {
@@ -850,9 +851,14 @@ int64_t HostUpdate::Reserved(int64_t count) const {
 }
 
 void HostUpdate::BackUp(int slot, int64_t begin, int64_t at, int64_t count) {
+  // The backup is read only if the step rolls back: streamed past the
+  // caches, which keep the tile the update reads next, and without the
+  // read for ownership a cached store costs (cpu_adam_bench's backup_*
+  // figures: the backed-up step 3-10% faster than with memcpy on the 2-core
+  // development VM; not yet measured on the GPU machine's host).
   char* backup = static_cast<char*>(backup_.data());
   for (const StateSpan& span : StateSpans(slot, begin, count, at)) {
-    std::memcpy(backup + span.backup_offset, span.data, span.bytes);
+    StreamingCopy(backup + span.backup_offset, span.data, span.bytes);
   }
   const Tensor grads = slots_[slot].staging.Slice(begin, count);
   const double sum = GradientSumOfSquares(grads.data(), grads.dtype(), count);
