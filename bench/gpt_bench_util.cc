@@ -198,10 +198,15 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     options.dtype = dtype;
     options.seed = seed;
     options.materialize = materialize;
+    options.first_layer = config.first_layer;
+    options.last_layer = config.last_layer;
     ZE_ASSIGN_OR_RETURN(
         std::unique_ptr<nn::DecoderModel> model,
         nn::DecoderModel::Create(*config.decoder, options, stream));
-    model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+    // A pipeline stage before the last has no head.
+    if (model->lm_head() != nullptr) {
+      model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+    }
     return std::shared_ptr<nn::LossModel>(std::move(model));
   }
   nn::GptOptions options;
@@ -209,9 +214,13 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
   options.dtype = dtype;
   options.seed = seed;
   options.materialize = materialize;
+  options.first_layer = config.first_layer;
+  options.last_layer = config.last_layer;
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(config.gpt, options, stream));
-  model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+  if (model->lm_head() != nullptr) {
+    model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+  }
   return std::shared_ptr<nn::LossModel>(std::move(model));
 }
 

@@ -99,6 +99,11 @@ struct BenchModelConfig {
   void set_activation_checkpointing(bool on);
 
   std::string name;
+  // A pipeline stage's layers [first_layer, last_layer) of the model's
+  // pipeline layer sequence (nn::PipelineStage); last_layer -1: through
+  // the end. The whole model by default.
+  int first_layer = 0;
+  int last_layer = -1;
   // Rows of logits the loss forms at a time (nn::OutputHead); 0: the head's
   // default (a 256 MiB chunk). A benchmark knob: the rows that are not in
   // the last chunk pay one more head product in the backward.

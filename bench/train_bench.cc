@@ -85,6 +85,17 @@
 //   --pin_memory=1           the offload sections' pin_memory
 //   --gradient_clipping=1.0  (0: none; DeepSpeed's anchor script clips none)
 //   --reduce_bucket_size=5e8
+//   --pipeline_stages=1      pipeline parallelism: the world is this many
+//                            stages x world / stages replicas (the config's
+//                            "pipeline" section); each rank builds only its
+//                            stage's layers and a step is one
+//                            Engine::TrainBatch of --accumulation
+//                            micro-batches; adds "pipeline" (stages,
+//                            schedule, layers per stage) and counts tokens
+//                            per replica. NCCL refuses point-to-point: use
+//                            --backend=mpi on GPUs
+//   --pipeline_schedule=1f1b (or gpipe)  --pipeline_partition=parameters
+//                            (or uniform, or boundaries "0,4,8,...")
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
 // the run goes on with the next one; with several ranks a failure other than
@@ -118,6 +129,8 @@
 #include "nn/decoder_config.h"
 #include "nn/loss_model.h"
 #include "offload/nvme_store.h"
+#include "pipeline/layout.h"
+#include "pipeline/partition.h"
 
 namespace ze {
 namespace bench {
@@ -159,6 +172,12 @@ struct Options {
   double stage3_max_live_parameters = 1e9;
   double stage3_max_reuse_distance = 1e9;
   double stage3_param_persistence_threshold = 1e5;
+  // Pipeline parallelism (issue 29): the world as pipeline_stages x
+  // world / pipeline_stages replicas; each rank builds only its stage and a
+  // step is one Engine::TrainBatch of `accumulation` micro-batches.
+  int64_t pipeline_stages = 1;
+  std::string pipeline_schedule = "1f1b";
+  std::string pipeline_partition = "parameters";
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -233,6 +252,11 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   }
   ZE_ASSIGN_OR_RETURN(options.accumulation,
                       flags.GetInt("accumulation", 1, 1, 1 << 20));
+  ZE_ASSIGN_OR_RETURN(options.pipeline_stages,
+                      flags.GetInt("pipeline_stages", 1, 1, 1 << 16));
+  options.pipeline_schedule = flags.GetString("pipeline_schedule", "1f1b");
+  options.pipeline_partition =
+      flags.GetString("pipeline_partition", "parameters");
   options.offload = flags.GetString("offload", "none");
   options.offload_device = flags.GetString("offload_device", "cpu");
   options.nvme_path = flags.GetString("nvme_path", "/tmp");
@@ -281,7 +305,15 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
 Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                      int world_size) {
   Json config;
-  config["train_batch_size"] = batch * world_size * options.accumulation;
+  // A pipeline's stages share each replica's batch: DeepSpeed counts the
+  // data-parallel world, world / stages.
+  config["train_batch_size"] =
+      batch * (world_size / options.pipeline_stages) * options.accumulation;
+  if (options.pipeline_stages > 1) {
+    config["pipeline"] = {{"stages", options.pipeline_stages},
+                          {"partition", options.pipeline_partition},
+                          {"schedule", options.pipeline_schedule}};
+  }
   config["train_micro_batch_size_per_gpu"] = batch;
   config["gradient_accumulation_steps"] = options.accumulation;
   // Large: the engine's own progress line would add a host sync per print.
@@ -353,6 +385,37 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   config.set_activation_checkpointing(options.checkpointing);
   config.loss_chunk_rows = options.loss_chunk_rows;
   const int64_t num_parameters = config.NumParameters();
+  // A pipeline: this rank builds only its stage's layers. Ranks of one
+  // replica (the same data-parallel index) train on the same data.
+  int data_index = comm->rank();
+  if (options.pipeline_stages > 1) {
+    ZE_ASSIGN_OR_RETURN(
+        const pipeline::PipelineLayout layout,
+        pipeline::PipelineLayout::Create(
+            comm->world_size(), static_cast<int>(options.pipeline_stages),
+            "--pipeline_stages"));
+    const std::vector<int64_t> weights =
+        config.is_decoder() ? config.decoder->PipelineLayerWeights()
+                            : config.gpt.PipelineLayerWeights();
+    ZE_ASSIGN_OR_RETURN(const std::vector<pipeline::LayerRange> ranges,
+                        pipeline::PartitionLayers(
+                            weights, static_cast<int>(options.pipeline_stages),
+                            options.pipeline_partition, "--pipeline_stages",
+                            "--pipeline_partition"));
+    const pipeline::LayerRange mine = ranges[layout.StageOf(comm->rank())];
+    config.first_layer = mine.first;
+    config.last_layer = mine.last;
+    data_index = layout.DataParallelIndexOf(comm->rank());
+    Json stages = Json::array();
+    for (const pipeline::LayerRange& range : ranges) {
+      stages.push_back({range.first, range.last});
+    }
+    line["pipeline"] = {{"stages", options.pipeline_stages},
+                        {"data_parallel", layout.data_parallel},
+                        {"schedule", options.pipeline_schedule},
+                        {"partition", options.pipeline_partition},
+                        {"stage_layers", stages}};
+  }
   double flops_per_token = 0;
   line["model_config"] = config.ToJson();
   if (config.is_decoder()) {
@@ -414,18 +477,24 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_ASSIGN_OR_RETURN(
       TokenBatch data,
       RandomBatch(batch, options.seq, config.vocab_size(),
-                  options.seed + 1 + static_cast<uint64_t>(comm->rank()),
-                  device, compute));
+                  options.seed + 1 + static_cast<uint64_t>(data_index), device,
+                  compute));
+  const std::vector<std::pair<Tensor, Tensor>> micro_batches(
+      options.accumulation, {data.tokens, data.targets});
 
   double loss = 0;
   double grad_norm = 0;
   double wait_ms = 0;  // summed over the steps since the last reset
   auto step = [&]() -> absl::Status {
     engine::StepReport report;
-    for (int64_t micro = 0; micro < options.accumulation; ++micro) {
-      ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
-      ZE_RETURN_IF_ERROR(engine->Backward());
-      ZE_ASSIGN_OR_RETURN(report, engine->Step());
+    if (options.pipeline_stages > 1) {
+      ZE_ASSIGN_OR_RETURN(report, engine->TrainBatch(micro_batches));
+    } else {
+      for (int64_t micro = 0; micro < options.accumulation; ++micro) {
+        ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
+        ZE_RETURN_IF_ERROR(engine->Backward());
+        ZE_ASSIGN_OR_RETURN(report, engine->Step());
+      }
     }
     loss = report.loss;
     grad_norm = report.grad_norm;
@@ -456,8 +525,10 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     return absl::InternalError(absl::StrCat("loss is ", loss));
   }
 
+  // A replica's tokens, spread over its pipeline stages' GPUs.
   const double tokens_per_gpu_per_step =
-      static_cast<double>(batch) * options.seq * options.accumulation;
+      static_cast<double>(batch) * options.seq * options.accumulation /
+      static_cast<double>(options.pipeline_stages);
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
   const double mfu = per_gpu * flops_per_token / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
