@@ -60,11 +60,16 @@ void FetchSchedule::OnFreed(int bucket) {
 }
 
 size_t FetchSchedule::NextUse(int bucket) const {
-  if (phase_ != Phase::kFollowing) return record_.size();
+  if (phase_ != Phase::kFollowing) return Never();
   for (size_t q = position_; q < record_.size(); ++q) {
     if (record_[q] == bucket) return q;
   }
-  return record_.size();
+  if (next_follows_) {
+    for (size_t q = 0; q < record_.size(); ++q) {
+      if (record_[q] == bucket) return record_.size() + q;
+    }
+  }
+  return Never();
 }
 
 std::vector<int> FetchSchedule::PrefetchCandidates() const {
@@ -96,7 +101,7 @@ bool FetchSchedule::ShouldKeep(int bucket) const {
   }
   if (live_elements_ > options_.max_live_elements) return false;
   const size_t next = NextUse(bucket);
-  return next < record_.size() &&
+  return next < Never() &&
          static_cast<int64_t>(next - position_) < options_.max_reuse_distance;
 }
 

@@ -34,6 +34,11 @@
 //   - reuse: a bucket whose last user released it is kept gathered when the
 //     record requests it again within stage3_max_reuse_distance requests of
 //     the current position and live elements are within the live limit.
+//     When the caller says the next micro-step follows with the same
+//     weights (set_next_micro_step_follows: gradient accumulation before its
+//     boundary), the record's requests of the next micro-step count too, at
+//     their distance past this one's end: the first layers, released last
+//     in backward, stay for the next forward.
 // kRecording, kDiverged and kIdle: on demand only; nothing is kept.
 //
 // Live limit: before an on-demand gather that would take the live elements
@@ -98,6 +103,10 @@ class FetchSchedule {
   std::vector<int> PrefetchCandidates() const;
   // Whether the bucket its last user just released stays gathered.
   bool ShouldKeep(int bucket) const;
+  // Whether the next micro-step repeats the record with the same weights
+  // (not after an optimizer step): its requests count for reuse and
+  // eviction. Off by default; the caller sets it for each micro-step.
+  void set_next_micro_step_follows(bool follows) { next_follows_ = follows; }
   // Whether `incoming` more elements would exceed the live limit.
   bool OverLiveLimit(int64_t incoming) const {
     return live_elements_ + incoming > options_.max_live_elements;
@@ -107,15 +116,18 @@ class FetchSchedule {
   int EvictionVictim(const std::function<bool(int)>& in_use) const;
 
  private:
-  // The record's next request of `bucket` at or after position_, or
-  // record_.size() when none or not kFollowing.
+  // The record's next request of `bucket` at or after position_; with
+  // next_follows_, else the next micro-step's first, as record_.size() +
+  // its index; Never() when none or not kFollowing.
   size_t NextUse(int bucket) const;
+  size_t Never() const { return 2 * record_.size(); }
 
   FetchScheduleOptions options_;
   std::vector<int64_t> bucket_elements_;
   std::vector<bool> persistent_;
   Phase phase_ = Phase::kIdle;
   bool has_record_ = false;
+  bool next_follows_ = false;
   std::vector<int> record_;    // the recorded request order
   std::vector<int> observed_;  // this micro-step's requests
   size_t position_ = 0;

@@ -121,6 +121,10 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 }
 
 absl::Status Stage3::OnBeginBackward(bool boundary) {
+  // Before the accumulation boundary the next micro-step runs on the same
+  // weights: what this backward releases may stay for its forward.
+  backward_before_boundary_ = !boundary;
+  schedule_->set_next_micro_step_follows(!boundary);
   if (!boundary || !partition_->CanBeginEarly() ||
       !WorthBeginningEarly(config(), *context_.training)) {
     return absl::OkStatus();
@@ -192,6 +196,7 @@ absl::Status Stage3::Acquire(int entry, bool backward) {
       if (!buckets_[b].gathered.defined()) {
         ZE_RETURN_IF_ERROR(MakeRoom(layout().bucket(b).padded_elements));
         ZE_RETURN_IF_ERROR(IssueGather(b));
+        buckets_[b].gathered_for_evaluation = true;
       }
       ZE_RETURN_IF_ERROR(WaitGather(b));
       ++buckets_[b].users;
@@ -228,6 +233,10 @@ absl::Status Stage3::Release(int entry) {
     if (bucket.users == 0 && !bucket.persistent) {
       if (phase_ != Phase::kEvaluation && schedule_->ShouldKeep(b)) {
         ++step_counters_.kept_for_reuse;
+        continue;
+      }
+      // An evaluation between micro-steps leaves what training keeps.
+      if (phase_ == Phase::kEvaluation && !bucket.gathered_for_evaluation) {
         continue;
       }
       ZE_RETURN_IF_ERROR(FreeGathered(b));
@@ -367,6 +376,7 @@ absl::Status Stage3::FreeGathered(int b) {
   bucket.in_flight = false;
   bucket.aliased = false;
   bucket.alias_ready = Event();
+  bucket.gathered_for_evaluation = false;
   ZE_RETURN_IF_ERROR(
       BindBucket(layout(), b, params_, ParameterSlot::kData, Tensor()));
   bucket.gathered = Tensor();
@@ -423,13 +433,19 @@ absl::Status Stage3::OnEndBackward() {
     bucket.pending_uses = 0;
   }
   ZE_RETURN_IF_ERROR(reducer_->FinishAll());
-  // Prefetched buckets the micro-step did not reach, and kept ones: the
-  // optimizer step will change the weights.
-  for (int b = 0; b < layout().num_buckets(); ++b) {
-    if (buckets_[b].users == 0 && !buckets_[b].persistent) {
-      ZE_RETURN_IF_ERROR(FreeGathered(b));
+  // Prefetched buckets the micro-step did not reach, and kept ones: at the
+  // boundary the optimizer step will change the weights; before it, the
+  // next micro-step reads them as they are (within the live limit, which
+  // its gathers enforce by eviction).
+  if (!backward_before_boundary_) {
+    for (int b = 0; b < layout().num_buckets(); ++b) {
+      if (buckets_[b].users == 0 && !buckets_[b].persistent) {
+        ZE_RETURN_IF_ERROR(FreeGathered(b));
+      }
     }
   }
+  backward_before_boundary_ = false;
+  schedule_->set_next_micro_step_follows(false);
   if (schedule_->EndMicroStep()) {
     ZE_LOG_RANK0(INFO) << "ZeRO-3: recorded a new module order of "
                        << schedule_->record().size() << " requests";
@@ -437,10 +453,10 @@ absl::Status Stage3::OnEndBackward() {
   return absl::OkStatus();
 }
 
-absl::Status Stage3::ReleaseStalePersistent() {
+absl::Status Stage3::ReleaseStaleGathered() {
   for (int b = 0; b < layout().num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
-    if (!bucket.persistent || !bucket.gathered.defined()) continue;
+    if (!bucket.gathered.defined() || bucket.users > 0) continue;
     ZE_RETURN_IF_ERROR(FreeGathered(b));
   }
   return absl::OkStatus();
@@ -486,7 +502,7 @@ absl::StatusOr<StepReport> Stage3::BoundaryStep(double loss_sum) {
   // follow bucket by bucket.
   hooks.after_update = [this] {
     NoteWeightsWritten();
-    return ReleaseStalePersistent();
+    return ReleaseStaleGathered();
   };
   return RunBoundaryStep(MakeBoundaryStepContext(), loss_sum, hooks);
 }
@@ -502,11 +518,13 @@ absl::Status Stage3::FinishWaitTiming() {
 }
 
 absl::Status Stage3::OnEndEval() {
-  // A failed forward may leave buckets held: let them go.
+  // A failed forward may leave buckets held: let them go. What training
+  // kept for its next micro-step (gathered before the evaluation) stays.
   for (int b = 0; b < layout().num_buckets(); ++b) {
     Bucket& bucket = buckets_[b];
     if (scopes_ == 0) bucket.users = 0;
-    if (bucket.users == 0 && !bucket.persistent) {
+    if (bucket.users == 0 && !bucket.persistent &&
+        bucket.gathered_for_evaluation) {
       ZE_RETURN_IF_ERROR(FreeGathered(b));
     }
   }
@@ -626,7 +644,7 @@ absl::StatusOr<LoadReport> Stage3::LoadWeights(
 absl::Status Stage3::OnStateLoaded() {
   NoteWeightsWritten();
   // Persistent buckets hold the old values.
-  ZE_RETURN_IF_ERROR(ReleaseStalePersistent());
+  ZE_RETURN_IF_ERROR(ReleaseStaleGathered());
   return stream().Synchronize();
 }
 

@@ -160,6 +160,9 @@ class Stage3 : public ZeroStrategy {
     // produced it (the weight writes, the upload).
     bool aliased = false;
     Event alias_ready;
+    // Gathered by an evaluation (or scope) request: its release frees it.
+    // One training kept (for reuse, or for the next micro-step) stays.
+    bool gathered_for_evaluation = false;
     // What the in-flight gather reads: the weights slice, or its upload
     // from host memory (offload_param), alive until the gather is waited.
     Tensor gather_source;
@@ -219,9 +222,10 @@ class Stage3 : public ZeroStrategy {
   absl::Status EnsureGrads(int bucket);
   absl::Status IssueReduce(int bucket);
   absl::Status ReleaseBucketGradients(int bucket);
-  // Frees the gathered copies of persistent buckets after their weights
+  // Frees the gathered copies no module is using (persistent buckets, and
+  // those kept from one micro-step for the next) after their weights
   // changed (an update, a load); their next use gathers them again.
-  absl::Status ReleaseStalePersistent();
+  absl::Status ReleaseStaleGathered();
   void Fold(uint64_t value);
   absl::Status ScheduleMismatch(uint64_t max, uint64_t min, uint64_t own);
 
@@ -244,6 +248,9 @@ class Stage3 : public ZeroStrategy {
   // The schedule check: a running hash of this step's requests and
   // reductions, and the module order (for the mismatch error).
   uint64_t schedule_hash_ = 0;
+  // The running backward is not the accumulation boundary's
+  // (OnBeginBackward): OnEndBackward keeps what is gathered.
+  bool backward_before_boundary_ = false;
   std::vector<int> step_entries_;
   // All-gather stalls of the step: CUDA timing events around each stream
   // wait (read at the boundary); on the CPU the host time of the wait.
