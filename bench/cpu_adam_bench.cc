@@ -542,68 +542,54 @@ absl::Status Run(const Flags& flags) {
             }
             return absl::OkStatus();
           }));
-      ZE_ASSIGN_OR_RETURN(
-          stream, TimeSteps(flags.steps, [&] {
-            int64_t begin = 0;
-            return optimizer->StepRanges(
-                args,
-                [&](ze::offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
-                  if (begin >= n) return false;
-                  range->state_offset = begin;
-                  range->count = std::min(chunk, n - begin);
-                  range->master_weights = master.get() + begin;
-                  range->grads = grads.get() + begin;
-                  range->grad_dtype = ze::DType::kBF16;
-                  range->out = out.get() + begin;
-                  range->out_dtype = ze::DType::kBF16;
-                  begin += range->count;
-                  return true;
-                },
-                [](int64_t) { return absl::OkStatus(); });
-          }));
-      // Speculation's backup of master, m and v, tile by tile.
+      // The ranges as one stream of tiles, as the engine's offloaded update
+      // runs them; with a backup, speculation's copy of master, m and v is
+      // taken tile by tile before each tile's update.
+      enum class Backup { kNone, kMemcpy, kStreaming };
       auto backup = AlignedArray<float>(3 * n, execution.huge_pages);
       optimizer->FirstTouch(backup.get(), 3 * n, sizeof(float));
-      for (const bool streaming : {false, true}) {
-        ZE_ASSIGN_OR_RETURN(
-            (streaming ? backup_streaming : backup_memcpy),
-            TimeSteps(flags.steps, [&] {
-              int64_t begin = 0;
-              return optimizer->StepRanges(
-                  args,
-                  [&](ze::offload::RangeToUpdate* range)
-                      -> absl::StatusOr<bool> {
-                    if (begin >= n) return false;
-                    const int64_t first = begin;
-                    range->state_offset = begin;
-                    range->count = std::min(chunk, n - begin);
-                    range->master_weights = master.get() + begin;
-                    range->grads = grads.get() + begin;
-                    range->grad_dtype = ze::DType::kBF16;
-                    range->out = out.get() + begin;
-                    range->out_dtype = ze::DType::kBF16;
-                    range->before_update = [&, first, streaming](
-                                               int64_t at, int64_t count) {
-                      const int64_t i = first + at;
-                      const size_t bytes = sizeof(float) * count;
-                      const float* sources[3] = {master.get() + i,
-                                                 optimizer->exp_avg() + i,
-                                                 optimizer->exp_avg_sq() + i};
-                      for (int k = 0; k < 3; ++k) {
-                        float* to = backup.get() + k * n + i;
-                        if (streaming) {
-                          ze::StreamingCopy(to, sources[k], bytes);
-                        } else {
-                          std::memcpy(to, sources[k], bytes);
-                        }
+      const auto time_stream = [&](Backup mode) {
+        return TimeSteps(flags.steps, [&] {
+          int64_t begin = 0;
+          return optimizer->StepRanges(
+              args,
+              [&](ze::offload::RangeToUpdate* range) -> absl::StatusOr<bool> {
+                if (begin >= n) return false;
+                const int64_t first = begin;
+                range->state_offset = begin;
+                range->count = std::min(chunk, n - begin);
+                range->master_weights = master.get() + begin;
+                range->grads = grads.get() + begin;
+                range->grad_dtype = ze::DType::kBF16;
+                range->out = out.get() + begin;
+                range->out_dtype = ze::DType::kBF16;
+                if (mode != Backup::kNone) {
+                  range->before_update = [&, first, mode](int64_t at,
+                                                          int64_t count) {
+                    const int64_t i = first + at;
+                    const size_t bytes = sizeof(float) * count;
+                    const float* sources[3] = {master.get() + i,
+                                               optimizer->exp_avg() + i,
+                                               optimizer->exp_avg_sq() + i};
+                    for (int k = 0; k < 3; ++k) {
+                      float* to = backup.get() + k * n + i;
+                      if (mode == Backup::kStreaming) {
+                        ze::StreamingCopy(to, sources[k], bytes);
+                      } else {
+                        std::memcpy(to, sources[k], bytes);
                       }
-                    };
-                    begin += range->count;
-                    return true;
-                  },
-                  [](int64_t) { return absl::OkStatus(); });
-            }));
-      }
+                    }
+                  };
+                }
+                begin += range->count;
+                return true;
+              },
+              [](int64_t) { return absl::OkStatus(); });
+        });
+      };
+      ZE_ASSIGN_OR_RETURN(stream, time_stream(Backup::kNone));
+      ZE_ASSIGN_OR_RETURN(backup_memcpy, time_stream(Backup::kMemcpy));
+      ZE_ASSIGN_OR_RETURN(backup_streaming, time_stream(Backup::kStreaming));
     }
     const double params_per_s = n / best;
     const double adam_gbps = 28.0 * n / best / 1e9;

@@ -84,7 +84,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/gpt_bench_util.h"
 #include "comm/communicator.h"
@@ -119,29 +118,6 @@ struct Options {
   bool dry_run = false;
   int world_size = 1;  // --dry_run's
 };
-
-// "a,b,c" as integers in [min_value, max_value]; InvalidArgument naming the
-// flag otherwise.
-absl::StatusOr<std::vector<int64_t>> IntList(const std::string& flag,
-                                             const std::string& text,
-                                             int64_t min_value,
-                                             int64_t max_value) {
-  std::vector<int64_t> values;
-  for (const std::string& item : SplitList(text)) {
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(item, &value) || value < min_value ||
-        value > max_value) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": '", item, "' is not an integer in [",
-                       min_value, ", ", max_value, "]"));
-    }
-    values.push_back(value);
-  }
-  if (values.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
-  }
-  return values;
-}
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(Flags flags, Flags::Parse(argc, argv));

@@ -92,6 +92,27 @@ std::vector<std::string> SplitList(const std::string& text) {
   return absl::StrSplit(text, ',', absl::SkipEmpty());
 }
 
+absl::StatusOr<std::vector<int64_t>> IntList(const std::string& flag,
+                                             const std::string& text,
+                                             int64_t min_value,
+                                             int64_t max_value) {
+  std::vector<int64_t> values;
+  for (const std::string& item : SplitList(text)) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(item, &value) || value < min_value ||
+        value > max_value) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", item, "' is not an integer in [",
+                       min_value, ", ", max_value, "]"));
+    }
+    values.push_back(value);
+  }
+  if (values.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  }
+  return values;
+}
+
 absl::StatusOr<std::vector<int64_t>> BatchSizes(
     const std::vector<std::string>& models, const std::string& batch_flag) {
   std::vector<int64_t> batches;

@@ -63,6 +63,13 @@ class Flags {
 // Splits "a,b,c" (empty items dropped).
 std::vector<std::string> SplitList(const std::string& text);
 
+// "a,b,c" (a flag's value) as integers in [min_value, max_value];
+// InvalidArgument naming --`flag` for an item that is not, or an empty list.
+absl::StatusOr<std::vector<int64_t>> IntList(const std::string& flag,
+                                             const std::string& text,
+                                             int64_t min_value,
+                                             int64_t max_value);
+
 // The batch for each model: `batch_flag` empty gives the defaults
 // (124M: 32, others: 16); one number applies to every model; a list must have
 // one number per model. InvalidArgument otherwise.

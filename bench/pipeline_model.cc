@@ -194,24 +194,6 @@ struct Options {
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
 };
 
-absl::StatusOr<std::vector<int64_t>> IntList(Flags& flags,
-                                             const std::string& name,
-                                             const std::string& fallback) {
-  std::vector<int64_t> values;
-  for (const std::string& item : SplitList(flags.GetString(name, fallback))) {
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(item, &value) || value < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", name, ": \"", item, "\" is not a positive integer"));
-    }
-    values.push_back(value);
-  }
-  if (values.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, " is empty"));
-  }
-  return values;
-}
-
 absl::StatusOr<double> PositiveDouble(Flags& flags, const std::string& name,
                                       double fallback) {
   const std::string text = flags.GetString(name, "");
@@ -233,10 +215,15 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   }
   o.model = flags.GetString("model", o.model);
   ZE_ASSIGN_OR_RETURN(o.seq, flags.GetInt("seq", 1024, 1, 1 << 20));
-  ZE_ASSIGN_OR_RETURN(o.ranks, IntList(flags, "ranks", "2,4,8"));
-  ZE_ASSIGN_OR_RETURN(o.batches, IntList(flags, "batches", "32,64,128,256"));
-  ZE_ASSIGN_OR_RETURN(o.micro_batches,
-                      IntList(flags, "micro_batches", "1,2,4,8,16"));
+  ZE_ASSIGN_OR_RETURN(
+      o.ranks, IntList("ranks", flags.GetString("ranks", "2,4,8"), 1, 1 << 16));
+  ZE_ASSIGN_OR_RETURN(
+      o.batches, IntList("batches", flags.GetString("batches", "32,64,128,256"),
+                         1, int64_t{1} << 40));
+  ZE_ASSIGN_OR_RETURN(
+      o.micro_batches,
+      IntList("micro_batches", flags.GetString("micro_batches", "1,2,4,8,16"),
+              1, int64_t{1} << 40));
   for (const std::string& name :
        SplitList(flags.GetString("schedules", "gpipe,1f1b"))) {
     ZE_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind,

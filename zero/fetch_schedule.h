@@ -107,6 +107,7 @@ class FetchSchedule {
   // (not after an optimizer step): its requests count for reuse and
   // eviction. Off by default; the caller sets it for each micro-step.
   void set_next_micro_step_follows(bool follows) { next_follows_ = follows; }
+  bool next_micro_step_follows() const { return next_follows_; }
   // Whether `incoming` more elements would exceed the live limit.
   bool OverLiveLimit(int64_t incoming) const {
     return live_elements_ + incoming > options_.max_live_elements;

@@ -122,8 +122,8 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 
 absl::Status Stage3::OnBeginBackward(bool boundary) {
   // Before the accumulation boundary the next micro-step runs on the same
-  // weights: what this backward releases may stay for its forward.
-  backward_before_boundary_ = !boundary;
+  // weights: what this backward releases may stay for its forward
+  // (OnEndBackward reads the flag back and clears it).
   schedule_->set_next_micro_step_follows(!boundary);
   if (!boundary || !partition_->CanBeginEarly() ||
       !WorthBeginningEarly(config(), *context_.training)) {
@@ -332,21 +332,23 @@ absl::Status Stage3::MakeRoom(int64_t incoming) {
 absl::Status Stage3::WaitGather(int b) {
   Bucket& bucket = buckets_[b];
   if (!bucket.in_flight) return absl::OkStatus();
+  // The compute stream waits for the all-gather, or (one rank, in place)
+  // for what produced the weights it reads.
+  const auto wait = [&] {
+    return bucket.aliased ? bucket.alias_ready.StreamWait(stream())
+                          : bucket.gather_work.StreamWait(stream());
+  };
   if (device().is_cuda()) {
     // The stall of the compute stream: from reaching the wait to passing it.
     ZE_ASSIGN_OR_RETURN(Event before, Event::Create(device(), /*timing=*/true));
     ZE_ASSIGN_OR_RETURN(Event after, Event::Create(device(), /*timing=*/true));
     ZE_RETURN_IF_ERROR(before.Record(stream()));
-    ZE_RETURN_IF_ERROR(bucket.aliased
-                           ? bucket.alias_ready.StreamWait(stream())
-                           : bucket.gather_work.StreamWait(stream()));
+    ZE_RETURN_IF_ERROR(wait());
     ZE_RETURN_IF_ERROR(after.Record(stream()));
     wait_events_.emplace_back(std::move(before), std::move(after));
   } else {
     const auto start = std::chrono::steady_clock::now();
-    ZE_RETURN_IF_ERROR(bucket.aliased
-                           ? bucket.alias_ready.StreamWait(stream())
-                           : bucket.gather_work.StreamWait(stream()));
+    ZE_RETURN_IF_ERROR(wait());
     step_counters_.wait_ms += std::chrono::duration<double, std::milli>(
                                   std::chrono::steady_clock::now() - start)
                                   .count();
@@ -437,14 +439,13 @@ absl::Status Stage3::OnEndBackward() {
   // boundary the optimizer step will change the weights; before it, the
   // next micro-step reads them as they are (within the live limit, which
   // its gathers enforce by eviction).
-  if (!backward_before_boundary_) {
+  if (!schedule_->next_micro_step_follows()) {
     for (int b = 0; b < layout().num_buckets(); ++b) {
       if (buckets_[b].users == 0 && !buckets_[b].persistent) {
         ZE_RETURN_IF_ERROR(FreeGathered(b));
       }
     }
   }
-  backward_before_boundary_ = false;
   schedule_->set_next_micro_step_follows(false);
   if (schedule_->EndMicroStep()) {
     ZE_LOG_RANK0(INFO) << "ZeRO-3: recorded a new module order of "

@@ -248,9 +248,6 @@ class Stage3 : public ZeroStrategy {
   // The schedule check: a running hash of this step's requests and
   // reductions, and the module order (for the mismatch error).
   uint64_t schedule_hash_ = 0;
-  // The running backward is not the accumulation boundary's
-  // (OnBeginBackward): OnEndBackward keeps what is gathered.
-  bool backward_before_boundary_ = false;
   std::vector<int> step_entries_;
   // All-gather stalls of the step: CUDA timing events around each stream
   // wait (read at the boundary); on the CPU the host time of the wait.

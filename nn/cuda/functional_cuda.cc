@@ -1340,6 +1340,15 @@ void CountGroupedRoute(GroupedAttentionRoute route) {
       1, std::memory_order_relaxed);
 }
 
+// Whether every tensor's data is 16-byte aligned (both tensor-core routes
+// load 16 bytes at a time).
+bool AllAligned16(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* tensor : tensors) {
+    if (AlignmentOf(tensor->data()) < 16) return false;
+  }
+  return true;
+}
+
 // Whether grouped attention reads q, k and v where they are: the Hopper
 // kernels address the three tensors directly (attention.h's
 // LaunchGroupedAttention*Direct), which saves the packing below (a copy of
@@ -1351,13 +1360,11 @@ bool UseDirectGroupedAttention(const Tensor& q, const Tensor& k,
       GroupedAttentionRoute::kProduction) {
     return false;
   }
-  for (const Tensor* tensor : tensors) {
-    if (AlignmentOf(tensor->data()) < 16) return false;
-  }
-  return kernels::GroupedAttentionRunsDirect(
-      static_cast<int>(q.size(3)), static_cast<int>(q.size(1)),
-      static_cast<int>(q.size(2)), static_cast<int>(k.size(2)),
-      DTypeCode(q.dtype()));
+  return AllAligned16(tensors) &&
+         kernels::GroupedAttentionRunsDirect(
+             static_cast<int>(q.size(3)), static_cast<int>(q.size(1)),
+             static_cast<int>(q.size(2)), static_cast<int>(k.size(2)),
+             DTypeCode(q.dtype()));
 }
 
 // Whether grouped attention takes the packed route: attention.h's
@@ -1377,10 +1384,7 @@ bool UsePackedGroupedAttention(const Tensor& q,
   }
   if (q.dtype() != DType::kBF16 && q.dtype() != DType::kF16) return false;
   if (q.size(3) != 64 && q.size(3) != 128) return false;
-  for (const Tensor* tensor : tensors) {
-    if (AlignmentOf(tensor->data()) < 16) return false;
-  }
-  return true;
+  return AllAligned16(tensors);
 }
 
 // Bytes of one packed (B, T, 3 * Hq * D) buffer, rounded to 256.
