@@ -131,6 +131,7 @@
 #include "offload/nvme_store.h"
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 
 namespace ze {
 namespace bench {
@@ -662,6 +663,21 @@ int Main(int argc, char** argv) {
   std::shared_ptr<comm::Communicator> comm = std::move(*created);
   const Device device = comm->device();
   const bool printer = comm->rank() == 0;
+  // Pipeline flags are bad input (exit 2) before any configuration runs:
+  // a stage count that does not divide the world, an unknown schedule.
+  if (options->pipeline_stages > 1) {
+    absl::Status bad =
+        pipeline::PipelineLayout::Create(
+            comm->world_size(), static_cast<int>(options->pipeline_stages),
+            "--pipeline_stages")
+            .status();
+    if (bad.ok()) {
+      bad = pipeline::ParseScheduleKind(options->pipeline_schedule).status();
+    }
+    if (!bad.ok()) {
+      return ReportStartupError("train_bench", "train_step", bad, 2);
+    }
+  }
 
   int failures = 0;
   for (size_t m = 0; m < options->models.size(); ++m) {

@@ -6,8 +6,9 @@
 #      stages 0 and 3, and its line names the stages' layers;
 #   2. 2 stages x 2 replicas (-np 4, GPipe): data_parallel 2, tokens/s
 #      counted over the 4 GPUs' worth of ranks (4 x per GPU);
-#   3. a stage count that does not divide the world exits non-zero with an
-#      error naming --pipeline_stages.
+#   3. bad pipeline flags exit 2 before any configuration runs, naming the
+#      flag: a stage count that does not divide the world, an unknown
+#      schedule.
 set -u
 bench="$1"; run_mpi="$2"
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -23,9 +24,17 @@ common=(--smoke --dtype=f32 --accumulation=4 --iters=2 --warmup=1)
   --pipeline_schedule=gpipe > "$dir/pipe22.jsonl" 2> "$dir/pipe22.err" \
   || { tail "$dir/pipe22.err"; fail "2 stages x 2 replicas exited $?"; }
 "$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=3 \
-  > "$dir/bad.jsonl" 2> "$dir/bad.err" && fail "3 stages over 2 ranks must fail"
+  > "$dir/bad.jsonl" 2> "$dir/bad.err"
+status=$?
+[[ $status -eq 2 ]] || fail "3 stages over 2 ranks must exit 2, got $status"
 grep -q "pipeline_stages" "$dir/bad.jsonl" "$dir/bad.err" \
   || fail "the error must name --pipeline_stages: $(cat "$dir/bad.jsonl")"
+"$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=2 \
+  --pipeline_schedule=zigzag > "$dir/bad2.jsonl" 2> "$dir/bad2.err"
+status=$?
+[[ $status -eq 2 ]] || fail "an unknown schedule must exit 2, got $status"
+grep -q "zigzag" "$dir/bad2.jsonl" "$dir/bad2.err" \
+  || fail "the error must name the schedule: $(cat "$dir/bad2.jsonl")"
 
 python3 - "$dir" <<'PYTHON' || exit 1
 import json, math, sys
