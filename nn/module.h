@@ -132,6 +132,22 @@ class Module {
   // Activation checkpointing of this module (see the file comment).
   void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
   bool activation_checkpointing() const { return checkpointing_; }
+  // Selective recompute of activation functions. A module whose forward
+  // applies an elementwise function between two matrix products (GPT's
+  // Mlp: GELU; the decoder's SwiGluMlp: SiLU(gate) * up) then keeps only
+  // the function's inputs, which its backward needs anyway, and recomputes
+  // the function's output in backward for the second product's weight
+  // gradient, instead of that product keeping it alive from forward to
+  // backward: per token 4C (GPT) or the FFN width (decoder) fewer saved
+  // elements for one elementwise kernel per layer. Gradients are bit for
+  // bit those without it where the recomputation repeats the forward's
+  // arithmetic (SwiGLU always; GPT's GELU in f32, see Mlp). Set it on the
+  // module itself (GptConfig / DecoderConfig recompute_activations set it
+  // on every MLP); other modules ignore it. Independent of checkpointing.
+  void set_recompute_activation(bool enabled) {
+    recompute_activation_ = enabled;
+  }
+  bool recompute_activation() const { return recompute_activation_; }
   // Where this module keeps its checkpointed inputs from the next Forward
   // on (null: on the device). A call already saved stays with the offload
   // it was saved in.
@@ -235,6 +251,7 @@ class Module {
   std::vector<Parameter *> direct_parameters_;
   std::vector<HookEntry> hooks_[4];
   bool checkpointing_ = false;
+  bool recompute_activation_ = false;
   std::shared_ptr<ActivationOffload> activation_offload_;
   // A checkpointed call's input: the tensor itself, or the offload holding
   // it and its ticket.
