@@ -177,6 +177,10 @@ ABSL_FLAG(bool, activation_checkpointing, false,
           "recompute each transformer block's activations in backward "
           "(Hugging Face's gradient_checkpointing): less memory, one more "
           "forward");
+ABSL_FLAG(bool, recompute_activations, false,
+          "each MLP recomputes its activation function (GELU, SiLU(gate) * "
+          "up) in backward instead of keeping its output: less activation "
+          "memory, the same losses");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -242,6 +246,7 @@ struct Options {
   int heads = 0;
   int64_t channels = 0;
   bool activation_checkpointing = false;
+  bool recompute_activations = false;
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -283,6 +288,7 @@ absl::StatusOr<Options> ReadFlags() {
   o.heads = absl::GetFlag(FLAGS_heads);
   o.channels = absl::GetFlag(FLAGS_channels);
   o.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  o.recompute_activations = absl::GetFlag(FLAGS_recompute_activations);
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -1248,6 +1254,7 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_ASSIGN_OR_RETURN(decoder_config, DecoderModelConfig(options, data_vocab,
                                                            &decoder_source));
     decoder_config->activation_checkpointing = options.activation_checkpointing;
+    decoder_config->recompute_activations = options.recompute_activations;
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1269,6 +1276,7 @@ absl::Status Train(Options options, int* exit_code) {
     }
     ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
     gpt_config->activation_checkpointing = options.activation_checkpointing;
+    gpt_config->recompute_activations = options.recompute_activations;
     nn::GptOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
