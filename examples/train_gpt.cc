@@ -890,6 +890,7 @@ struct ModelFacts {
   int num_heads = 0;
   int64_t hidden = 0;           // the residual stream's width
   int64_t attention_width = 0;  // query heads x head size
+  int64_t mlp_width = 0;        // the MLP's hidden width (4C, or the FFN's)
   int64_t vocab_size = 0;       // the logits that compete
   int64_t max_positions = 0;
   int64_t num_parameters = 0;
@@ -902,6 +903,7 @@ ModelFacts FactsOf(const std::string& name, const nn::GptConfig& gpt) {
   facts.num_heads = gpt.num_heads;
   facts.hidden = gpt.channels;
   facts.attention_width = gpt.channels;
+  facts.mlp_width = 4 * gpt.channels;
   facts.vocab_size = gpt.vocab_size;
   facts.max_positions = gpt.max_seq_len;
   facts.num_parameters = gpt.NumParameters();
@@ -915,6 +917,7 @@ ModelFacts FactsOf(const std::string& name, const nn::DecoderConfig& decoder) {
   facts.num_heads = decoder.num_heads;
   facts.hidden = decoder.hidden_size;
   facts.attention_width = decoder.num_heads * decoder.head_dim;
+  facts.mlp_width = decoder.intermediate_size;
   facts.vocab_size = decoder.vocab_size;
   facts.max_positions = decoder.max_position_embeddings;
   facts.num_parameters = decoder.NumParameters();
@@ -1343,6 +1346,7 @@ absl::Status Train(Options options, int* exit_code) {
     shape.heads = facts.num_heads;
     shape.micro_batch = config.train_micro_batch_size_per_gpu.value();
     shape.seq = seq;
+    if (options.recompute_activations) shape.recomputed_width = facts.mlp_width;
     const zero::ActivationBytes activations = zero::EstimateActivationBytes(
         shape, options.activation_checkpointing, plan.activation_ring_slots);
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -1350,7 +1354,7 @@ absl::Status Train(Options options, int* exit_code) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %lld x %lld%s): %.3f GiB\n",
+          "(estimate, micro-batch %lld x %lld%s%s): %.3f GiB\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
@@ -1358,6 +1362,7 @@ absl::Status Train(Options options, int* exit_code) {
           static_cast<long long>(shape.micro_batch),
           static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
+          options.recompute_activations ? ", recomputed activations" : "",
           activations.device / kGiB);
       if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
         std::printf(
