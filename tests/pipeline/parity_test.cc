@@ -10,6 +10,7 @@
 // batches sees the same samples (tests/engine's TrainStep numbering).
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -407,6 +408,7 @@ std::vector<int> InterleavedStageCounts() {
 
 TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
   for (Family family :
        {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
     g_family = family;
@@ -435,6 +437,7 @@ TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
 // Llama; at 3 also with offload_param.
 TEST(PipelineParity, InterleavedOffloadOptimizer) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
   for (Family family : {Family::kGpt, Family::kLlamaTied}) {
@@ -526,6 +529,64 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
   }
 }
 
+// An interleaved pipeline's checkpoint (2 ranks x 2 stages each): saved
+// after step 1, one checkpoint per pipeline rank holding both its stages
+// (pipeline_rank_<r>/: one strategy's state), loaded by a fresh engine of
+// the same layout, which then trains to the uninterrupted run's losses and
+// weights bit for bit (ZeRO 1 and 3, AdamW: the moments travel too). The
+// same directory is refused, naming pipeline.json, by a pipeline of one
+// stage per rank over the same ranks (its stages hold other layers).
+TEST(PipelineCheckpoint, InterleavedResumesBitForBitAndRefusesOneStagePerRank) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  for (int zero_stage : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat("ZeRO ", zero_stage, ", rank ", Rank()));
+    const std::string directory = SharedDirectory(
+        absl::StrCat("pipeline_interleaved_ckpt_z", zero_stage));
+    absl::StatusOr<std::unique_ptr<engine::Engine>> whole = PipelinedEngine(
+        stages, zero_stage, "interleaved_1f1b", kAdamW, /*per_rank=*/2);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    enginetest::Run uninterrupted;
+    ASSERT_TRUE(TrainPipelined(**whole, 0, 1, &uninterrupted).ok());
+    ASSERT_TRUE((*whole)->SaveCheckpoint(directory).ok());
+    ASSERT_TRUE(TrainPipelined(**whole, 1, kSteps, &uninterrupted).ok());
+    ASSERT_TRUE(ReadWeights(**whole, &uninterrupted).ok());
+    EXPECT_TRUE(std::filesystem::is_directory(
+        absl::StrCat(directory, "/pipeline_rank_", stages - 1)));
+
+    absl::StatusOr<std::unique_ptr<engine::Engine>> resumed_engine =
+        PipelinedEngine(stages, zero_stage, "interleaved_1f1b", kAdamW, 2);
+    ASSERT_TRUE(resumed_engine.ok()) << resumed_engine.status();
+    absl::StatusOr<engine::LoadedCheckpoint> loaded =
+        (*resumed_engine)->LoadCheckpoint(directory);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->tag, "global_step1");
+    enginetest::Run resumed;
+    resumed.losses.push_back(uninterrupted.losses[0]);
+    ASSERT_TRUE(TrainPipelined(**resumed_engine, 1, kSteps, &resumed).ok());
+    ASSERT_TRUE(ReadWeights(**resumed_engine, &resumed).ok());
+    EXPECT_EQ(resumed.losses, uninterrupted.losses);
+    ASSERT_EQ(resumed.weights.size(), uninterrupted.weights.size());
+    for (const auto &[name, values] : uninterrupted.weights) {
+      EXPECT_EQ(resumed.weights[name], values) << name;
+    }
+
+    absl::StatusOr<std::unique_ptr<engine::Engine>> other =
+        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+    ASSERT_TRUE(other.ok()) << other.status();
+    absl::StatusOr<engine::LoadedCheckpoint> refused =
+        (*other)->LoadCheckpoint(directory);
+    EXPECT_FALSE(refused.ok());
+    if (Rank() == 0) {
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(refused.status().message().find("pipeline.json"),
+                std::string::npos)
+          << refused.status();
+    }
+  }
+}
+
 // Ranks that would run different schedules (the last stage configured with
 // fewer micro-batches) fail at Initialize on every rank, naming the cause,
 // instead of hanging in a send no one receives.
@@ -546,6 +607,44 @@ TEST(PipelineErrors, RanksWithDifferentSchedulesFailByName) {
           .status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_NE(status.message().find(absl::StrCat("pipeline ranks ", World() - 1,
+                                               " built another schedule")),
+            std::string::npos)
+      << status;
+}
+
+// Interleaved: ranks of the last pipeline rank configured with fewer
+// micro-batches (2, still a multiple of the ranks) build other lists; every
+// rank fails at Initialize, naming the rank, instead of hanging.
+TEST(PipelineErrors, InterleavedRanksWithDifferentSchedulesFailByName) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<pipeline::PipelineLayout> layout =
+      pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  const int rank = layout->StageOf(Rank());
+  std::vector<std::unique_ptr<nn::LossModel>> chunks;
+  for (int c = 0; c < 2; ++c) {
+    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk = Build(
+        (*ranges)[rank + c * stages].first, (*ranges)[rank + c * stages].last);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    chunks.push_back(std::move(*chunk));
+  }
+  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> model =
+      nn::InterleavedStages::Create(std::move(chunks));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int accumulation = rank == stages - 1 ? 2 : kAccumulation;
+  const absl::Status status =
+      engine::Initialize(std::move(*model),
+                         ConfigJson(stages, 0, "interleaved_1f1b", accumulation,
+                                    kSgd, /*per_rank=*/2),
+                         Comm())
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("pipeline ranks ", stages - 1,
                                                " built another schedule")),
             std::string::npos)
       << status;
@@ -576,6 +675,43 @@ TEST(PipelineStartup, TheLineShowsEveryStagesLayersAndMemory) {
     const std::string rest = log.substr(at + stage.size(), 60);
     EXPECT_NE(rest.find(" parameters, "), std::string::npos) << rest;
     EXPECT_NE(rest.find("iB GPU + "), std::string::npos) << rest;
+  }
+}
+
+// Interleaved: the line says how many stages each rank holds, names every
+// stage's layers, parameters and rank (stage s on rank s % ranks), and
+// each rank's model-state memory once.
+TEST(PipelineStartup, InterleavedLineShowsEveryStagesRank) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  if (Rank() == 0) ::testing::internal::CaptureStderr();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      PipelinedEngine(stages, 2, "interleaved_1f1b", kAdamW, 2);
+  const std::string log =
+      Rank() == 0 ? ::testing::internal::GetCapturedStderr() : "";
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  if (Rank() != 0) return;
+  EXPECT_NE(log.find("2 stages per rank, schedule interleaved_1f1b"),
+            std::string::npos)
+      << log;
+  for (int s = 0; s < 2 * stages; ++s) {
+    const std::string stage =
+        absl::StrCat("stage ", s, ": layers [", (*ranges)[s].first, ", ",
+                     (*ranges)[s].last, "), ");
+    const size_t at = log.find(stage);
+    ASSERT_NE(at, std::string::npos) << stage << " not in:\n" << log;
+    const std::string rest = log.substr(at + stage.size(), 60);
+    EXPECT_NE(rest.find(absl::StrCat(" parameters on rank ", s % stages)),
+              std::string::npos)
+        << rest;
+  }
+  for (int r = 0; r < stages; ++r) {
+    EXPECT_NE(log.find(absl::StrCat("rank ", r, ": ")), std::string::npos)
+        << log;
   }
 }
 
