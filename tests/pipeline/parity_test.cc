@@ -283,6 +283,19 @@ std::vector<int> StageCounts() {
   return counts;
 }
 
+// The pipeline ranks tested with 2 stages per rank: the 6-layer pipeline
+// sequence cut into 2 x ranks stages, the micro-batches a multiple of the
+// ranks (2 at 2 and 4 ranks; none at 3).
+std::vector<int> InterleavedStageCounts() {
+  std::vector<int> counts;
+  for (int stages : StageCounts()) {
+    if (kAccumulation % stages == 0 && 2 * stages <= 6) {
+      counts.push_back(stages);
+    }
+  }
+  return counts;
+}
+
 constexpr char kSgd[] = R"({"type": "SGD", "params": {"lr": 0.1}})";
 constexpr char kAdamW[] =
     R"({"type": "AdamW", "params": {"lr": 0.002, "weight_decay": 0.01}})";
@@ -355,6 +368,12 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
       ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-4});
     }
   }
+  // Interleaved: the first block is in rank 0's first stage.
+  for (int stages : InterleavedStageCounts()) {
+    for (int zero_stage : {0, 1}) {
+      ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-4, 2});
+    }
+  }
   g_dtype = DType::kF32;
   g_extra_keys.clear();
   g_inject_step = -1;
@@ -394,18 +413,6 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
 // buffer, a gradient of a stage reduced before its last backward (ZeRO
 // 2-3 count uses per bracket), a tied table summed twice or not at all,
 // or a chunk's parameters left out of the strategy would each change them.
-std::vector<int> InterleavedStageCounts() {
-  // 2 stages per rank of a 6-layer pipeline sequence, micro-batches a
-  // multiple of the ranks.
-  std::vector<int> counts;
-  for (int stages : StageCounts()) {
-    if (kAccumulation % stages == 0 && 2 * stages <= 6) {
-      counts.push_back(stages);
-    }
-  }
-  return counts;
-}
-
 TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
