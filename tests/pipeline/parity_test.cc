@@ -8,6 +8,7 @@
 // Data: replica d's micro-batch m of step s holds global samples
 // ((s*A + m)*D + d)*B + i; the reference's accumulation of A*D micro-
 // batches sees the same samples (tests/engine's TrainStep numbering).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -35,7 +36,11 @@ constexpr int kSteps = 3;
 constexpr int kAccumulation = 4;
 constexpr int kMicro = 2;
 
-nn::GptConfig Model() { return SmallGpt(/*channels=*/16, /*layers=*/3); }
+// Blocks of the models under test: 3 (6 pipeline layers), more where a
+// case needs more stages (ExpectParity sets it from Case::layers).
+int g_layers = 3;
+
+nn::GptConfig Model() { return SmallGpt(/*channels=*/16, g_layers); }
 
 // The model family under test: GPT, or a tiny Llama (tied or untied head).
 enum class Family { kGpt, kLlamaTied, kLlamaUntied };
@@ -43,7 +48,7 @@ Family g_family = Family::kGpt;
 
 nn::DecoderConfig Llama(bool tied) {
   nn::DecoderConfig config = nn::DecoderConfig::Preset("llama-tiny").value();
-  config.num_layers = 3;
+  config.num_layers = g_layers;
   config.hidden_size = 16;
   config.num_heads = 4;
   config.num_kv_heads = 2;
@@ -246,6 +251,7 @@ struct Case {
   std::string optimizer;
   double tolerance;
   int per_rank = 1;  // pipeline.stages_per_rank (interleaved_1f1b: > 1)
+  int layers = 3;    // blocks of the model
 };
 
 void ExpectParity(const Case &c) {
@@ -254,6 +260,10 @@ void ExpectParity(const Case &c) {
                << " replicas, family " << static_cast<int>(g_family) << ", "
                << c.schedule << " (" << c.per_rank << " per rank), ZeRO "
                << c.zero_stage << ", " << c.optimizer << ", rank " << Rank());
+  g_layers = c.layers;
+  struct RestoreLayers {
+    ~RestoreLayers() { g_layers = 3; }
+  } restore;
   // Every rank splits off its own world of one for the reference.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> alone =
       Comm()->Split(Rank(), 0);
@@ -283,18 +293,21 @@ std::vector<int> StageCounts() {
   return counts;
 }
 
-// The pipeline ranks tested with 2 stages per rank: the 6-layer pipeline
-// sequence cut into 2 x ranks stages, the micro-batches a multiple of the
-// ranks (2 at 2 and 4 ranks; none at 3).
+// The pipeline ranks tested with 2 stages per rank: those dividing the
+// world and the micro-batches (2 at 2 ranks; 2 and 4 at 4 ranks; none at
+// 3).
 std::vector<int> InterleavedStageCounts() {
   std::vector<int> counts;
   for (int stages : StageCounts()) {
-    if (kAccumulation % stages == 0 && 2 * stages <= 6) {
-      counts.push_back(stages);
-    }
+    if (kAccumulation % stages == 0) counts.push_back(stages);
   }
   return counts;
 }
+
+// Blocks for 2 stages on each of `stages` ranks: the model's pipeline
+// sequence (blocks + 3: embedding, final norm, head) needs 2 x stages
+// layers; 3 blocks at least, as the other cases.
+int InterleavedLayers(int stages) { return std::max(3, 2 * stages - 3); }
 
 constexpr char kSgd[] = R"({"type": "SGD", "params": {"lr": 0.1}})";
 constexpr char kAdamW[] =
@@ -368,10 +381,12 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
       ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-4});
     }
   }
-  // Interleaved: the first block is in rank 0's first stage.
+  // Interleaved: the injection is in whichever stage holds the first block
+  // (rank 0's or rank 1's first).
   for (int stages : InterleavedStageCounts()) {
     for (int zero_stage : {0, 1}) {
-      ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-4, 2});
+      ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-4, 2,
+                    InterleavedLayers(stages)});
     }
   }
   g_dtype = DType::kF32;
@@ -406,7 +421,9 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
 // Interleaved 1F1B (issue 29): 2 pipeline ranks (x 2 data-parallel at 4
 // ranks) with 2 stages each, the model cut into 4 (stage s on rank s % 2,
 // so rank 0 holds the embedding's stage and the third, rank 1 the second
-// and the head's), one ZeRO strategy per rank over both its stages:
+// and the head's), and at 4 ranks also 4 x 1 with 2 stages each (8 stages
+// of a 5-block model: the middle ranks hold neither end), one ZeRO
+// strategy per rank over all its stages:
 // the single-rank run's losses and weights at ZeRO 0-3, for GPT and the
 // Llama family (tied and untied), with and without clipping across the
 // stages. A wrong chunk order, a message matched to another stage's
@@ -421,7 +438,8 @@ TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
     g_family = family;
     for (int stages : InterleavedStageCounts()) {
       for (int zero_stage : {0, 1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2});
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                      InterleavedLayers(stages)});
       }
     }
   }
@@ -431,7 +449,8 @@ TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
     g_family = family;
     for (int stages : InterleavedStageCounts()) {
       for (int zero_stage : {0, 1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2});
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                      InterleavedLayers(stages)});
       }
     }
   }
@@ -451,7 +470,8 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
     g_family = family;
     for (int stages : InterleavedStageCounts()) {
       for (int zero_stage : {1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kAdamW, 1e-4, 2});
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kAdamW, 1e-4, 2,
+                      InterleavedLayers(stages)});
       }
     }
   }
@@ -459,7 +479,8 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   g_zero_keys =
       R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
   for (int stages : InterleavedStageCounts()) {
-    ExpectParity({stages, 3, "interleaved_1f1b", kAdamW, 1e-4, 2});
+    ExpectParity({stages, 3, "interleaved_1f1b", kAdamW, 1e-4, 2,
+                  InterleavedLayers(stages)});
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
@@ -655,6 +676,60 @@ TEST(PipelineErrors, InterleavedRanksWithDifferentSchedulesFailByName) {
                                                " built another schedule")),
             std::string::npos)
       << status;
+}
+
+// A rank whose model is not the stages the interleaved layout gives it
+// fails at Initialize, naming the key or the stage: one stage where
+// pipeline.stages_per_rank says 2, and the contiguous placement (rank r
+// holding stages 2r and 2r + 1) instead of the looping one (r and r + 2).
+TEST(PipelineErrors, InterleavedModelsNotMatchingTheLayoutAreNamed) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<pipeline::PipelineLayout> layout =
+      pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const int rank = layout->StageOf(Rank());
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  const std::string config =
+      ConfigJson(stages, 1, "interleaved_1f1b", kAccumulation, kSgd, 2);
+
+  absl::StatusOr<std::unique_ptr<nn::LossModel>> one =
+      Build((*ranges)[rank].first, (*ranges)[rank].last);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const absl::Status single =
+      engine::Initialize(std::move(*one), config, Comm()).status();
+  EXPECT_EQ(single.code(), absl::StatusCode::kInvalidArgument) << single;
+  EXPECT_NE(single.message().find(
+                absl::StrCat("pipeline.stages_per_rank 2 but world rank ",
+                             Rank(), "'s model holds 1 stage(s)")),
+            std::string::npos)
+      << single;
+
+  std::vector<std::unique_ptr<nn::LossModel>> chunks;
+  for (int c = 0; c < 2; ++c) {
+    const pipeline::LayerRange range = (*ranges)[2 * rank + c];
+    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk =
+        Build(range.first, range.last);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    chunks.push_back(std::move(*chunk));
+  }
+  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> contiguous =
+      nn::InterleavedStages::Create(std::move(chunks));
+  ASSERT_TRUE(contiguous.ok()) << contiguous.status();
+  const absl::Status placed =
+      engine::Initialize(std::move(*contiguous), config, Comm()).status();
+  EXPECT_EQ(placed.code(), absl::StatusCode::kInvalidArgument) << placed;
+  // Rank 0's second stage should be stage `stages`; any other rank's first
+  // should be stage `rank`.
+  const std::string named =
+      rank == 0 ? absl::StrCat("gives stage ", stages, " (world rank ", Rank(),
+                               ", its stage 1)")
+                : absl::StrCat("gives stage ", rank, " (world rank ", Rank(),
+                               ", its stage 0)");
+  EXPECT_NE(placed.message().find(named), std::string::npos) << placed;
 }
 
 // The startup line names every stage: its layers, its parameters and its
