@@ -76,7 +76,8 @@ struct PipelineCheckpointLayout {
 // Engine::SaveCheckpoint and LoadCheckpoint of a pipeline. `directory`
 // holds pipeline.json (the stage count and each stage's layer range),
 // `latest`, and one ordinary checkpoint per stage under
-// pipeline_stage_<s>/, written and read by that stage's data-parallel
+// pipeline_stage_<s>/ (with several stages per rank, per pipeline rank
+// under pipeline_rank_<r>/), written and read by that stage's data-parallel
 // ranks (`engine.comm`) as SaveCheckpoint and LoadCheckpoint below do, so
 // a stage reshards over another data-parallel size or ZeRO stage as any
 // checkpoint does. The top-level `latest` moves only once every stage has

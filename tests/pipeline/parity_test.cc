@@ -459,14 +459,15 @@ TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
 }
 
 // Interleaved with ZeRO-Offload inside each rank (AdamW's step on the CPU,
-// clipped by the norm across the ranks), ZeRO 1-3, GPT and the tied
-// Llama; at 3 also with offload_param.
+// clipped by the norm across the ranks), ZeRO 1-3, GPT and the Llama
+// family (tied and untied); at 3 also with offload_param (GPT).
 TEST(PipelineParity, InterleavedOffloadOptimizer) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
-  for (Family family : {Family::kGpt, Family::kLlamaTied}) {
+  for (Family family :
+       {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
     g_family = family;
     for (int stages : InterleavedStageCounts()) {
       for (int zero_stage : {1, 2, 3}) {
