@@ -10,7 +10,7 @@
 // rank + c * ranks. Either way ONE ZeRO strategy holds all the rank's
 // parameters: every bracket below is the strategy's, around one chunk's
 // forward or backward (the other chunks' parameters are then simply not
-// used, as an unused layer's are: their gradients get zeros).
+// used, as an unused layer's are: they add nothing to the gradients).
 //
 // One step, as the engine drives it (Engine::TrainBatch):
 //   RunStep(micro-batches)     the rank's actions in order:
