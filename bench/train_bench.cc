@@ -679,7 +679,17 @@ int Main(int argc, char** argv) {
             "--pipeline_stages")
             .status();
     if (bad.ok()) {
-      bad = pipeline::ParseScheduleKind(options->pipeline_schedule).status();
+      absl::StatusOr<pipeline::ScheduleKind> kind =
+          pipeline::ParseScheduleKind(options->pipeline_schedule);
+      bad = kind.status();
+      if (kind.ok() && *kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
+        // It builds one stage per rank; several would need its model built
+        // as nn::InterleavedStages and a flag for their count.
+        bad = absl::InvalidArgumentError(
+            "--pipeline_schedule=interleaved_1f1b: train_bench builds one "
+            "stage per rank (gpipe or 1f1b); Engine::TrainBatch runs the "
+            "interleaved schedule (docs/pipeline.md)");
+      }
     }
     if (!bad.ok()) {
       return ReportStartupError("train_bench", "train_step", bad, 2);

@@ -150,6 +150,7 @@
 #include "nn/decoder.h"
 #include "nn/decoder_config.h"
 #include "nn/gpt.h"
+#include "nn/pipeline_stage.h"
 #include "nn/pretrained/hf_decoder_source.h"
 #include "nn/pretrained/hf_gpt2.h"
 #include "pipeline/layout.h"
@@ -639,13 +640,17 @@ std::string Ranks(int n) {
 // --dry_run with pipeline.stages > 1: the layout, the schedule's bubble and,
 // per stage, its layers and the model-state plan of one of its ranks
 // (BuildPlan over the stage's own layers at the data-parallel size), from
-// shape-only stage models. Rank 0 prints. Errors from the layout, the
-// partition, the schedule or the plan (the config's key named).
+// shape-only stage models. With pipeline.stages_per_rank v > 1
+// (interleaved) the model is cut into stages x v and the plan is per
+// pipeline rank, over its v stages (one ZeRO strategy holds them): one
+// line per rank naming its stages' layers. Rank 0 prints. Errors from the
+// layout, the partition, the schedule or the plan (the config's key named).
 absl::Status PrintPipelineDryRun(
     const std::string& config_path, const config::Config& config, int world,
     int64_t num_parameters, const std::optional<nn::GptConfig>& gpt,
     const std::optional<nn::DecoderConfig>& decoder, DType dtype, int rank) {
   const config::PipelineConfig& pipe = config.pipeline;
+  const int per_rank = static_cast<int>(pipe.stages_per_rank);
   ZE_ASSIGN_OR_RETURN(
       const pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(world, static_cast<int>(pipe.stages),
@@ -654,46 +659,74 @@ absl::Status PrintPipelineDryRun(
       const std::vector<pipeline::LayerRange> ranges,
       pipeline::PartitionLayers(
           gpt ? gpt->PipelineLayerWeights() : decoder->PipelineLayerWeights(),
-          layout.stages, pipe.partition));
+          layout.stages * per_rank, pipe.partition,
+          per_rank > 1 ? "pipeline.stages x pipeline.stages_per_rank"
+                       : "pipeline.stages"));
   const pipeline::ScheduleKind kind = pipeline::ScheduleKindOf(pipe.schedule);
   ZE_ASSIGN_OR_RETURN(
       const pipeline::Schedule schedule,
       pipeline::BuildSchedule(
           kind, layout.stages,
-          static_cast<int>(config.gradient_accumulation_steps.value())));
-  std::vector<std::string> lines;
-  for (size_t s = 0; s < ranges.size(); ++s) {
-    // Either family's options: the stage's layers, shapes only.
+          static_cast<int>(config.gradient_accumulation_steps.value()),
+          per_rank));
+  // Either family's stage (layers `range`), shapes only.
+  const auto build_stage = [&](const pipeline::LayerRange& range)
+      -> absl::StatusOr<std::unique_ptr<nn::LossModel>> {
     const auto stage_options = [&](auto options) {
       options.dtype = dtype;
       options.materialize = false;
-      options.first_layer = ranges[s].first;
-      options.last_layer = ranges[s].last;
+      options.first_layer = range.first;
+      options.last_layer = range.last;
       return options;
     };
-    std::shared_ptr<nn::LossModel> stage;
     if (gpt) {
       ZE_ASSIGN_OR_RETURN(
-          stage, nn::GptModel::Create(*gpt, stage_options(nn::GptOptions())));
+          std::unique_ptr<nn::GptModel> stage,
+          nn::GptModel::Create(*gpt, stage_options(nn::GptOptions())));
+      return std::unique_ptr<nn::LossModel>(std::move(stage));
+    }
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::DecoderModel> stage,
+                        nn::DecoderModel::Create(
+                            *decoder, stage_options(nn::DecoderOptions())));
+    return std::unique_ptr<nn::LossModel>(std::move(stage));
+  };
+  std::vector<std::string> lines;
+  for (int r = 0; r < layout.stages; ++r) {
+    // Pipeline rank r holds stages r + c * stages (pipeline/schedule.h).
+    std::vector<std::unique_ptr<nn::LossModel>> chunks;
+    std::string held;
+    for (int c = 0; c < per_rank; ++c) {
+      const int s = r + c * layout.stages;
+      ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::LossModel> chunk,
+                          build_stage(ranges[s]));
+      chunks.push_back(std::move(chunk));
+      absl::StrAppend(&held, c == 0 ? "" : ", ", "stage ", s, ": layers [",
+                      ranges[s].first, ", ", ranges[s].last, ")");
+    }
+    std::unique_ptr<nn::LossModel> model;
+    if (per_rank == 1) {
+      model = std::move(chunks[0]);
     } else {
-      ZE_ASSIGN_OR_RETURN(
-          stage, nn::DecoderModel::Create(*decoder,
-                                          stage_options(nn::DecoderOptions())));
+      ZE_ASSIGN_OR_RETURN(model,
+                          nn::InterleavedStages::Create(std::move(chunks)));
     }
     ZE_ASSIGN_OR_RETURN(const zero::Plan plan,
-                        zero::BuildPlan(*stage, config, layout.data_parallel));
+                        zero::BuildPlan(*model, config, layout.data_parallel));
     lines.push_back(absl::StrCat(
-        "  stage ", s, ": layers [", ranges[s].first, ", ", ranges[s].last,
-        "), model state per rank: ", plan.memory.ToString()));
+        "  ", per_rank > 1 ? absl::StrCat("rank ", r, " (", held, ")") : held,
+        ", model state per rank: ", plan.memory.ToString()));
   }
   if (rank != 0) return absl::OkStatus();
   std::printf(
       "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage %d, "
-      "pipeline %s, schedule %s over %lld micro-batches (bubble %.3f; at "
-      "most %d micro-batches' inputs stashed on stage 0)\n",
+      "pipeline %s%s, schedule %s over %lld micro-batches (bubble %.3f; at "
+      "most %d micro-batches' inputs stashed on rank 0)\n",
       config_path.c_str(), static_cast<long long>(num_parameters),
       Ranks(world).c_str(), static_cast<int>(config.zero_optimization.stage),
-      layout.ToString().c_str(), pipeline::ScheduleName(kind),
+      layout.ToString().c_str(),
+      per_rank > 1 ? absl::StrCat(", ", per_rank, " stages per rank").c_str()
+                   : "",
+      pipeline::ScheduleName(kind),
       static_cast<long long>(config.gradient_accumulation_steps.value()),
       pipeline::ExpectedBubbleFraction(schedule),
       pipeline::ActivationBound(schedule, 0));

@@ -217,6 +217,18 @@ class Module {
     AdoptChild(name, std::unique_ptr<Module>(std::move(child)));
     return raw;
   }
+  // Takes ownership of `child` as a child without a name of its own: its
+  // subtree's modules and parameters are named as if they were this
+  // module's own ("blocks.3.attn", not "<child>.blocks.3.attn"). For a
+  // container of models built apart that must keep their names (a pipeline
+  // rank's several stages, nn/pipeline_stage.h InterleavedStages); the
+  // caller keeps the names unique. Aborts when `child` has a parent.
+  template <typename M>
+  M *RegisterUnnamedChild(std::unique_ptr<M> child) {
+    M *raw = child.get();
+    AdoptUnnamedChild(std::unique_ptr<Module>(std::move(child)));
+    return raw;
+  }
   // Creates a parameter owned by this module (no storage yet).
   Parameter *RegisterParameter(const std::string &name, const Shape &shape,
                                DType dtype, const Device &device,
@@ -232,6 +244,7 @@ class Module {
 
  private:
   void AdoptChild(const std::string &name, std::unique_ptr<Module> child);
+  void AdoptUnnamedChild(std::unique_ptr<Module> child);
   void CheckNewName(const std::string &name) const;
   absl::Status RunHooks(HookKind kind, const Stream &stream);
   absl::StatusOr<Tensor> ForwardWithHooks(const Tensor &input,
