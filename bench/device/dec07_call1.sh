@@ -11,18 +11,9 @@
 # mode on the GPU (2 ranks sharing it over MPI). LIMIT seconds (default
 # 560). One tarball back.
 source bench/device/setup.sh
-LIMIT=${LIMIT:-560}
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 timeout 220 $B/run_gpu_tests.sh > $OUT/gpu_tests.txt 2>&1; el "gpu tests rc=$?"
 grep -h "^FAILED\|^SKIPPED\|gpu tests:" $OUT/gpu_tests.txt | cut -c1-200
 grep -A12 "^FAILED" $OUT/gpu_tests.txt | grep "Failure\|Expected\|Which is\|actual\|FAILED  \]" | head -20
-bench() {  # tag, then train_bench flags
-  local tag=$1; shift
-  (( $(left) > 35 )) || { el "skip $tag"; return; }
-  timeout 60 $B/bin/train_bench --batch=16 --seq=1024 --iters=4 --warmup=2 --dtype=bf16 "$@" \
-    >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
-  el "$tag rc=$?"
-}
 bench gpt2 --models=1.3B --stages=2 --offload=none --reduce_bucket_size=5e7
 bench gpt2off --models=1.3B --stages=2 --offload=optimizer --reduce_bucket_size=5e7
 A="--stages=0 --checkpointing=1 --loss_chunk_rows=4096"

@@ -10,8 +10,6 @@
 # and llama-1B, 4096-row loss chunk; the recompute alone against nothing)
 # and issue 27's 1.3B stage-2 pair. LIMIT seconds (default 560).
 source bench/device/setup.sh
-LIMIT=${LIMIT:-560}
-left() { echo $(( LIMIT - ($(date +%s) - T0) )); }
 xz -dc .corpus/linux_doc.txt.xz > /tmp/linux_doc.txt
 sha256sum /tmp/linux_doc.txt | cut -c1-16
 pids=()
@@ -29,13 +27,6 @@ for p in "${pids[@]}"; do wait $p; el "convergence pid $p rc=$?"; done
 for v in f32 bf16_rne bf16_sr int8; do
   echo "$v: $(grep 'validation loss' $OUT/conv_$v.log | tail -1) | $(tail -1 $OUT/conv_$v.log | cut -c1-160)"
 done
-bench() {  # tag, then train_bench flags
-  local tag=$1; shift
-  (( $(left) > 35 )) || { el "skip $tag"; return; }
-  timeout 60 $B/bin/train_bench --batch=16 --seq=1024 --iters=4 --warmup=2 --dtype=bf16 "$@" \
-    >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
-  el "$tag rc=$?"
-}
 A="--stages=0 --checkpointing=1 --loss_chunk_rows=4096"
 bench ckpt --models=1.3B $A
 bench cpuckpt --models=1.3B $A --cpu_checkpointing=1
