@@ -99,7 +99,8 @@ constexpr char kHelp[] =
 
 struct Row {
   int stage = 0;
-  std::string offload;  // none, cpu, cpu+param, param, nvme, nvme+param
+  // none, cpu, cpu+param, param, nvme, nvme+param, nvme+nvmeparam, ...
+  std::string offload;
   int64_t device = 0, host = 0, pinned = 0, nvme = 0;
   double paper = 0;  // the paper's model-state figure (placement aside)
 };
@@ -123,14 +124,18 @@ std::string OffloadName(const Choice& choice) {
   std::string name = choice.optimizer == OffloadDevice::kNvme  ? "nvme"
                      : choice.optimizer == OffloadDevice::kCpu ? "cpu"
                                                                : "";
-  if (choice.param == OffloadDevice::kCpu) {
-    name = name.empty() ? "param" : name + "+param";
+  if (choice.param != OffloadDevice::kNone) {
+    const char* param =
+        choice.param == OffloadDevice::kNvme ? "nvmeparam" : "param";
+    name = name.empty() ? param : name + "+" + param;
   }
   return name.empty() ? "none" : name;
 }
 
 // Every combination shown without --config (offload_optimizer needs stage
-// >= 1; offload_param and this build's NVMe, stage 3).
+// >= 1; offload_param and this build's NVMe, stage 3). The NVMe parameter
+// row keeps nothing in CPU memory (max_in_cpu 0; DeepSpeed's default 1e9
+// would keep a small model's parameters on the host).
 std::vector<Choice> AllChoices() {
   using config::OffloadDevice;
   std::vector<Choice> choices = {
@@ -139,6 +144,7 @@ std::vector<Choice> AllChoices() {
   choices.push_back({3, OffloadDevice::kCpu});
   choices.push_back({3, OffloadDevice::kCpu, OffloadDevice::kCpu});
   choices.push_back({3, OffloadDevice::kNvme});
+  choices.push_back({3, OffloadDevice::kNvme, OffloadDevice::kNvme});
   return choices;
 }
 
@@ -167,7 +173,7 @@ const char* PrecisionName(config::TrainingPrecision precision) {
 // The paper's per-rank bytes, placed: offloaded optimizer state (f32 master
 // and moments) goes to the host with a 16-bit staging copy of the rank's
 // gradients (pinned), or to NVMe; offloaded parameters (stage 3) go to the
-// host, pinned.
+// host, pinned, or to NVMe.
 absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
                              const Choice& choice) {
   ZE_ASSIGN_OR_RETURN(zero::ModelStateBytes bytes,
@@ -200,6 +206,9 @@ absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
     row.device -= bytes.params;
     row.host += bytes.params;
     row.pinned += bytes.params;
+  } else if (choice.param == config::OffloadDevice::kNvme) {
+    row.device -= bytes.params;
+    row.nvme += bytes.params;
   }
   return row;
 }
@@ -414,12 +423,6 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
                     " assumed");
   }
   const config::ZeroConfig& zero = loaded.zero_optimization;
-  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path,
-        ": zero_optimization.offload_param.device \"nvme\" is not built "
-        "(engine::Initialize rejects it)"));
-  }
   Choice choice;
   choice.stage = static_cast<int>(zero.stage);
   choice.optimizer = zero.offload_optimizer.device;
@@ -526,6 +529,9 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
       optimizer.device = choice.optimizer;
       optimizer.pin_memory = true;
       variant.zero_optimization.offload_param.device = choice.param;
+      if (choice.param == config::OffloadDevice::kNvme) {
+        variant.zero_optimization.offload_param.max_in_cpu = 0;
+      }
     }
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
                         zero::PlanMemory(*model, variant, setup.world));
