@@ -222,8 +222,9 @@ const Schema<OffloadParamConfig>& OffloadParamSchema() {
     // Used by device "nvme" only: ConfigWarnings (config.cc) drops these
     // warnings when the device is "nvme".
     const std::string only_nvme =
-        "it sizes offload_param.device \"nvme\"'s swapping (host buffers, "
-        "what stays in CPU memory), and the device is not \"nvme\"";
+        "with offload_param.device \"cpu\" or none; it sizes device "
+        "\"nvme\"'s swapping (host buffers, what stays in CPU memory), "
+        "where it acts";
     s->WithoutEffect("buffer_count", only_nvme)
         .WithoutEffect("buffer_size", only_nvme)
         .WithoutEffect("max_in_cpu", only_nvme);

@@ -853,22 +853,31 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
                                                         const Stream& stream) {
   ZE_RETURN_IF_ERROR(WaitForWeights(bucket, stream));
   Tensor own = OwnWeights(bucket);
-  // A swapped bucket: from the update's staging (then back to the file),
-  // or from the file, into a swap buffer.
+  // A swapped bucket: the update's new weights from the staging buffer
+  // (their write back to the file starts, and goes on while they are
+  // uploaded), or the file's through a swap buffer (read ahead, or now).
   char* swap_buffer = nullptr;
   if (weights_swapped(bucket)) {
+    bool staged = false;
     if (weights_dirty_[bucket]) {
       if (in_flight_.SlotWritten(host_slot_[bucket])) {
         ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
+        staged = true;
       } else {
         // The update failed before the bucket: the file keeps the weights
         // from before it (Join reports the failure on every rank).
         weights_dirty_[bucket] = false;
       }
     }
-    ZE_ASSIGN_OR_RETURN(swap_buffer, swapped_weights_->Acquire(bucket));
-    own = Tensor::Wrap(swap_buffer, {layout_.bucket(bucket).slice_elements},
-                       options_.model_dtype, Device::Cpu());
+    if (staged) {
+      // Next written by the next update's gradients, which come after the
+      // forward that waits for this gather.
+      own = StagingOf(bucket);
+    } else {
+      ZE_ASSIGN_OR_RETURN(swap_buffer, swapped_weights_->Acquire(bucket));
+      own = Tensor::Wrap(swap_buffer, {layout_.bucket(bucket).slice_elements},
+                         options_.model_dtype, Device::Cpu());
+    }
     if (!options_.device.is_cuda()) {
       // A copy of its own: the gather (or, on one rank, the parameters
       // themselves) reads it after the buffer went to another bucket.
@@ -876,7 +885,9 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
           Tensor::Empty(own.shape(), own.dtype(), Device::Cpu());
       absl::Status copied = copy.status();
       if (copied.ok()) copied = Copy(own, *copy, stream);
-      absl::Status released = swapped_weights_->Release(bucket, false);
+      absl::Status released = swap_buffer != nullptr
+                                  ? swapped_weights_->Release(bucket, false)
+                                  : absl::OkStatus();
       ZE_RETURN_IF_ERROR(copied);
       ZE_RETURN_IF_ERROR(released);
       return *copy;

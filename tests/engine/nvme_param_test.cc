@@ -72,12 +72,14 @@ std::string ConfigJson(const Variant& v, const std::string& directory) {
       v.dtype == "bf16" ? R"("bf16": {"enabled": true},)" : "",
       R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "eps": 1e-3, "weight_decay": 0.01}},)",
       R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 3}},)",
-      // Nothing persistent and a small prefetch: every module is fetched
-      // (and read from the swap file) on demand or a little ahead. Chunks
-      // of 100 elements: the offloaded update runs in many pieces.
+      // Nothing persistent or kept for reuse and a small prefetch: every
+      // use of a module fetches it (from the swap file, or from the
+      // update's staging once after a step) on demand or a little ahead,
+      // so training itself reads what was written back. Chunks of 100
+      // elements: the offloaded update runs in many pieces.
       R"("zero_optimization": {"stage": 3, "sub_group_size": 100,)",
       R"("stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 3000,)",
-      optimizer, ",", param, "}}");
+      R"("stage3_max_reuse_distance": 0,)", optimizer, ",", param, "}}");
 }
 
 absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
