@@ -1063,7 +1063,11 @@ absl::Status PartitionState::WriteWeights(int bucket, int64_t begin,
         values, CheckpointWeights(bucket, &unused).Slice(begin, count), stream);
   }
   if (weights_dirty_[bucket]) ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
-  ZE_ASSIGN_OR_RETURN(char* bytes, swapped_weights_->Acquire(bucket));
+  // The whole record (initialisation, a full import) needs no read first.
+  const bool whole = begin == 0 && count == size;
+  ZE_ASSIGN_OR_RETURN(char* bytes,
+                      whole ? swapped_weights_->AcquireForOverwrite(bucket)
+                            : swapped_weights_->Acquire(bucket));
   const Tensor held =
       Tensor::Wrap(bytes, {size}, options_.model_dtype, Device::Cpu());
   absl::Status status =

@@ -129,7 +129,9 @@ PartitionStateOptions WeightsOptions(Placement weights, int64_t max_in_cpu) {
   options.weights_placement = weights;
   options.weights_nvme.nvme.directory = ::testing::TempDir();
   options.weights_nvme.nvme.block_size = 1 << 20;  // a request per record
-  options.weights_nvme.buffer_count = 2;
+  // One swap buffer for two buckets: every bucket goes to the file and is
+  // read back from it.
+  options.weights_nvme.buffer_count = 1;
   options.weights_max_in_cpu = max_in_cpu;
   return options;
 }
@@ -213,9 +215,12 @@ TEST(PartitionStateNvmeWeightsTest, SwappedWeightsFollowTheUpdateExactly) {
         EXPECT_EQ(Gathered(**swapped, b), expected) << "bucket " << b;
       }
     }
-    // Every swapped bucket went to the file and came back from it.
+    // The swapped buckets went to the file and, two of them through one
+    // buffer, came back from it (one alone stays in its buffer).
     EXPECT_GT((*swapped)->weights_nvme_counters().bytes_written, 0);
-    EXPECT_GT((*swapped)->weights_nvme_counters().bytes_read, 0);
+    if (max_in_cpu == 0) {
+      EXPECT_GT((*swapped)->weights_nvme_counters().bytes_read, 0);
+    }
   }
 }
 

@@ -4,7 +4,8 @@
 //     trains bit for bit like the partition in CPU memory (offload_param
 //     cpu): the same losses, the same f32 master weights and the same
 //     logits (the gathered 16-bit weights), with offload_optimizer cpu and
-//     nvme, bf16 and f32, gradient accumulation 2 (a bucket gathered again
+//     nvme, bf16, f32 and fp16 (dynamic loss scaling), gradient
+//     accumulation 2 (a bucket gathered again
 //     in the second micro-step) and clipping; with nothing kept in CPU
 //     memory and few swap buffers (every gather goes through the file and
 //     the buffers are reused), with part kept (max_in_cpu), and with one
@@ -69,7 +70,10 @@ std::string ConfigJson(const Variant& v, const std::string& directory) {
   return absl::StrCat(
       R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,)",
       R"("gradient_clipping": 1.0,)",
-      v.dtype == "bf16" ? R"("bf16": {"enabled": true},)" : "",
+      v.dtype == "bf16" ? R"("bf16": {"enabled": true},)"
+      : v.dtype == "fp16"
+          ? R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 10},)"
+          : "",
       R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "eps": 1e-3, "weight_decay": 0.01}},)",
       R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 3}},)",
       // Nothing persistent or kept for reuse and a small prefetch: every
@@ -84,9 +88,11 @@ std::string ConfigJson(const Variant& v, const std::string& directory) {
 
 absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
     const Variant& v, const std::string& directory) {
-  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::GptModel> model,
-                      MakeGpt(SmallGpt(32, 2, 2),
-                              v.dtype == "bf16" ? DType::kBF16 : DType::kF32));
+  ZE_ASSIGN_OR_RETURN(
+      std::shared_ptr<nn::GptModel> model,
+      MakeGpt(SmallGpt(32, 2, 2), v.dtype == "bf16"   ? DType::kBF16
+                                  : v.dtype == "fp16" ? DType::kF16
+                                                      : DType::kF32));
   return engine::Initialize(model, ConfigJson(v, directory), Comm());
 }
 
@@ -150,7 +156,7 @@ int64_t FileSize(const std::string& path) {
 // The parameter partition in a swap file trains bit for bit like it does in
 // CPU memory.
 TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
-  for (const char* dtype : {"bf16", "f32"}) {
+  for (const char* dtype : {"bf16", "f32", "fp16"}) {
     for (const char* optimizer : {"cpu", "nvme"}) {
       const Variant reference{"ref", dtype, optimizer, "cpu"};
       Training expected;
