@@ -515,8 +515,14 @@ Tensor PartitionState::OwnMaster(int bucket) const {
 }
 
 offload::NvmeStore::Counters PartitionState::nvme_counters() const {
-  if (swapped_ == nullptr) return offload::NvmeStore::Counters();
-  return swapped_->store().counters();
+  offload::NvmeStore::Counters total = weights_nvme_counters();
+  if (swapped_ == nullptr) return total;
+  const offload::NvmeStore::Counters state = swapped_->store().counters();
+  total.bytes_written += state.bytes_written;
+  total.bytes_read += state.bytes_read;
+  total.write_seconds += state.write_seconds;
+  total.read_seconds += state.read_seconds;
+  return total;
 }
 
 absl::Status PartitionState::SwappedRange(int bucket, int array,

@@ -411,7 +411,8 @@ class PartitionState {
   // The host buckets in the order the worker took them in the last finished
   // (or current) update.
   std::vector<int> last_update_order() const;
-  // The swap file's I/O since creation (zeros without NVMe buckets).
+  // The swap files' I/O since creation, summed: the optimizer state's and
+  // the weights' (weights_nvme_counters alone); zeros without either.
   offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
 #include "core/ops.h"
+#include "engine/offload_report.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -201,6 +202,13 @@ TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
             EXPECT_EQ(size, 4096) << what;
           }
           Train(**engine, 0, kSteps, run);
+          // Training went through the file: written back after updates
+          // and read again (no reuse between a module's uses).
+          if (v.name == "swapped" || v.name == "one_buffer") {
+            const engine::NvmeCounters io = (*engine)->nvme_counters();
+            EXPECT_GT(io.bytes_written, 0) << what;
+            EXPECT_GT(io.bytes_read, 0) << what;
+          }
         }
         EXPECT_EQ(FileSize(SwapFile(directory)), -1)
             << what << ": the swap file outlived the engine";
