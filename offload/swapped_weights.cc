@@ -296,9 +296,11 @@ absl::Status SwappedWeights::Flush() {
     if (!status.ok()) {
       // A failed read holds nothing; a failed write's bytes are not in the
       // file: forget both, so the next read goes to the file (which holds
-      // the record's previous value) and the caller decides.
+      // the record's previous value) and the caller decides. A read ahead
+      // that failed is not Flush's error: nobody asked for its bytes yet,
+      // and the Acquire that does reads again and reports.
       buffer.record = -1;
-      if (first.ok()) first = status;
+      if (first.ok() && !buffer.reading) first = status;
     }
     buffer.reading = false;
   }

@@ -98,8 +98,10 @@ class SwappedWeights {
   // still reading it; its error is returned from that call.
   absl::Status Release(int record, bool dirty,
                        std::function<absl::Status()> before_reuse = nullptr);
-  // Waits for every write and read in flight; returns the first error.
-  // Buffers keep their records (a later Acquire needs no read).
+  // Waits for every write and read in flight; returns the first write's
+  // error (a failed read ahead is forgotten: the Acquire that needs it reads
+  // again and reports). Buffers keep their records (a later Acquire needs no
+  // read).
   absl::Status Flush();
   // Forgets what buffer holds `record` (the caller's copy elsewhere is
   // newer, or the record is to be read from the file again). Waits for its

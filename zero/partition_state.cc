@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -843,8 +844,20 @@ absl::StatusOr<offload::UpdateJoined> PartitionState::FinishUpdate(
     const Stream& stream) {
   absl::StatusOr<offload::UpdateJoined> joined = in_flight_.Join(stream);
   absl::Status written = FlushSwappedWeights(joined.ok());
+  // A gather since the last join served zeros for weights it could not
+  // read (WeightsForGather): reported once, here.
+  const absl::Status deferred =
+      std::exchange(deferred_weights_error_, absl::OkStatus());
   if (!joined.ok()) return joined.status();
-  ZE_RETURN_IF_ERROR(written);
+  if (!written.ok()) {
+    return absl::Status(
+        written.code(),
+        absl::StrCat("rank ", options_.rank,
+                     ": zero_optimization.offload_param (nvme): writing the "
+                     "updated weights back failed: ",
+                     written.message()));
+  }
+  ZE_RETURN_IF_ERROR(deferred);
   return joined;
 }
 
@@ -858,55 +871,73 @@ absl::Status PartitionState::FinishPreviousUpdate(const Stream& stream) {
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
                                                         const Stream& stream) {
   ZE_RETURN_IF_ERROR(WaitForWeights(bucket, stream));
-  Tensor own = OwnWeights(bucket);
-  // A swapped bucket: the update's new weights from the staging buffer
-  // (their write back to the file starts, and goes on while they are
-  // uploaded), or the file's through a swap buffer (read ahead, or now).
-  char* swap_buffer = nullptr;
   if (weights_swapped(bucket)) {
-    bool staged = false;
-    if (weights_dirty_[bucket]) {
-      if (in_flight_.SlotWritten(host_slot_[bucket])) {
-        ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
-        staged = true;
-      } else {
-        // The update failed before the bucket: the file keeps the weights
-        // from before it (Join reports the failure on every rank).
-        weights_dirty_[bucket] = false;
-      }
+    absl::StatusOr<Tensor> swapped = SwappedWeightsForGather(bucket, stream);
+    if (swapped.ok()) return swapped;
+    // An I/O error here would stop this rank alone in the middle of a
+    // forward, with the other ranks waiting in its all-gather. The gather
+    // goes on with zeros instead, and the error is the next FinishUpdate's,
+    // which the boundary step reports on every rank before anything is
+    // updated (as it does a failed offloaded update): the step's gradients
+    // are never applied.
+    if (deferred_weights_error_.ok()) {
+      ZE_LOG(ERROR) << "rank " << options_.rank
+                    << ": offload_param nvme: bucket " << bucket
+                    << "'s weights could not be read (" << swapped.status()
+                    << "); this step fails at its boundary on every rank";
+      deferred_weights_error_ = absl::Status(
+          swapped.status().code(),
+          absl::StrCat("rank ", options_.rank,
+                       ": zero_optimization.offload_param (nvme): reading "
+                       "bucket ",
+                       bucket,
+                       "'s weights failed, so this step is not "
+                       "applied: ",
+                       swapped.status().message()));
     }
-    if (staged) {
-      // Next written by the next update's gradients, which come after the
-      // forward that waits for this gather.
-      own = StagingOf(bucket);
-    } else {
-      ZE_ASSIGN_OR_RETURN(swap_buffer, swapped_weights_->Acquire(bucket));
-      own = Tensor::Wrap(swap_buffer, {layout_.bucket(bucket).slice_elements},
-                         options_.model_dtype, Device::Cpu());
-    }
-    if (!options_.device.is_cuda()) {
-      // A copy of its own: the gather (or, on one rank, the parameters
-      // themselves) reads it after the buffer went to another bucket.
-      absl::StatusOr<Tensor> copy =
-          Tensor::Empty(own.shape(), own.dtype(), Device::Cpu());
-      absl::Status copied = copy.status();
-      if (copied.ok()) copied = Copy(own, *copy, stream);
-      absl::Status released = swap_buffer != nullptr
-                                  ? swapped_weights_->Release(bucket, false)
-                                  : absl::OkStatus();
-      ZE_RETURN_IF_ERROR(copied);
-      ZE_RETURN_IF_ERROR(released);
-      return *copy;
-    }
+    return Tensor::Zeros({layout_.bucket(bucket).slice_elements},
+                         options_.model_dtype, options_.device, stream);
   }
+  Tensor own = OwnWeights(bucket);
   if (options_.weights_placement == Placement::kDevice ||
       !options_.device.is_cuda()) {
     return own;
   }
-  // The swap buffer goes back whatever happens below; once the upload is
-  // queued, it is reused only after the upload is done.
+  std::optional<Event> unused;
+  return UploadForGather(own, stream, &unused);
+}
+
+absl::StatusOr<Tensor> PartitionState::SwappedWeightsForGather(
+    int bucket, const Stream& stream) {
+  // The update's new weights from the staging buffer (their write back to
+  // the file starts, and goes on while they are uploaded), or the file's
+  // through a swap buffer (read ahead, or now).
+  Tensor own;
+  char* swap_buffer = nullptr;
+  bool staged = false;
+  if (weights_dirty_[bucket]) {
+    if (in_flight_.SlotWritten(host_slot_[bucket])) {
+      ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
+      staged = true;
+    } else {
+      // The update failed before the bucket: the file keeps the weights
+      // from before it (Join reports the failure on every rank).
+      weights_dirty_[bucket] = false;
+    }
+  }
+  if (staged) {
+    // Next written by the next update's gradients, which come after the
+    // forward that waits for this gather.
+    own = StagingOf(bucket);
+  } else {
+    ZE_ASSIGN_OR_RETURN(swap_buffer, swapped_weights_->Acquire(bucket));
+    own = Tensor::Wrap(swap_buffer, {layout_.bucket(bucket).slice_elements},
+                       options_.model_dtype, Device::Cpu());
+  }
+  // The swap buffer goes back whatever happens below; once a device upload
+  // from it is queued, it is reused only after the upload is done.
   std::optional<Event> upload_done;
-  auto release = [&]() -> absl::Status {
+  const auto release = [&]() -> absl::Status {
     if (swap_buffer == nullptr) return absl::OkStatus();
     std::function<absl::Status()> before_reuse;
     if (upload_done) {
@@ -914,11 +945,22 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
     }
     return swapped_weights_->Release(bucket, false, std::move(before_reuse));
   };
-  absl::StatusOr<Tensor> uploaded = UploadForGather(own, stream, &upload_done);
+  absl::StatusOr<Tensor> result;
+  if (options_.device.is_cuda()) {
+    result = UploadForGather(own, stream, &upload_done);
+  } else {
+    // A copy of its own: the gather (or, on one rank, the parameters
+    // themselves) reads it after the buffer went to another bucket.
+    result = Tensor::Empty(own.shape(), own.dtype(), Device::Cpu());
+    if (result.ok()) {
+      absl::Status copied = Copy(own, *result, stream);
+      if (!copied.ok()) result = copied;
+    }
+  }
   absl::Status released = release();
-  ZE_RETURN_IF_ERROR(uploaded.status());
+  ZE_RETURN_IF_ERROR(result.status());
   ZE_RETURN_IF_ERROR(released);
-  return uploaded;
+  return result;
 }
 
 absl::StatusOr<Tensor> PartitionState::UploadForGather(

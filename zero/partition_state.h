@@ -350,7 +350,8 @@ class PartitionState {
   // weights it wrote back to the swap file and waits for every write (an
   // I/O error is returned, naming the file; after a failed update the
   // staged weights are not written: the file keeps the weights from before
-  // it for the buckets not gathered since); a delayed update is applied here
+  // it for the buckets not gathered since), and returns a read error that
+  // WeightsForGather deferred; a delayed update is applied here
   // (its weights copied into place on `stream`). Returns the proof the
   // state readers take (ReadOwnState, WriteOwnState; the import and export
   // doors, zero/partition_import.h and zero/partition_export.h), so a
@@ -476,7 +477,11 @@ class PartitionState {
   // swap buffer (already there when read ahead), or, when the update has
   // written it since, from the staging buffer, and then goes back to the
   // file; the result is a device copy (CUDA) or a host copy (CPU), so the
-  // swap buffer is free for the next bucket once the copy is done.
+  // swap buffer is free for the next bucket once the copy is done. Its I/O
+  // errors are not returned here (this rank alone would leave the others
+  // in the all-gather): the slice is served as zeros and the error, naming
+  // the file, is the next FinishUpdate's, which the boundary step reports
+  // on every rank before the step is applied.
   absl::StatusOr<Tensor> WeightsForGather(int bucket, const Stream& stream);
   // kNvme: starts reading the swapped buckets among `buckets` (the fetch
   // schedule's next requests, in order) into free swap buffers, as many as
@@ -606,6 +611,10 @@ class PartitionState {
   std::vector<int64_t> resident_offsets_;
   std::unique_ptr<offload::SwappedWeights> swapped_weights_;
   std::vector<bool> weights_dirty_;
+  // A swapped bucket's read (or write-back) failed in WeightsForGather,
+  // which served zeros: the next FinishUpdate returns it (so the boundary
+  // step stops every rank before the step is applied).
+  absl::Status deferred_weights_error_;
   // The staging slice of bucket b (offloaded buckets' packing).
   Tensor StagingOf(int bucket) const;
   // Create's part for kNvme weights: the kept buckets' host buffer and the
@@ -618,6 +627,9 @@ class PartitionState {
   // FinishUpdate's part: every dirty bucket written back (`update_ok`) or
   // dropped (a failed update), then every write waited for.
   absl::Status FlushSwappedWeights(bool update_ok);
+  // WeightsForGather for a swapped bucket; its errors are deferred there.
+  absl::StatusOr<Tensor> SwappedWeightsForGather(int bucket,
+                                                 const Stream& stream);
   // WeightsForGather's upload of host `own` to a device buffer on the
   // upload stream; `*uploaded_event` is set to the upload's end.
   absl::StatusOr<Tensor> UploadForGather(const Tensor& own,

@@ -19,6 +19,7 @@
 //     Initialize; a swap buffer smaller than a bucket's slice names
 //     offload_param.buffer_size.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -256,6 +257,45 @@ TEST(NvmeParamTest, CheckpointsMoveBetweenCpuAndNvmeParameters) {
     Train(**engine, 2, kSteps, resumed);
     ExpectIdentical(resumed, reference, what);
   }
+}
+
+// A swap file that cannot be read in the middle of a forward (rank 0's,
+// truncated): that rank's gather goes on (with zeros) so no rank is left in
+// a collective, and the step's boundary fails on every rank (rank 0 with
+// the DataLoss naming its file, the others Aborted) before the step is
+// applied: the master weights are those from before it.
+TEST(NvmeParamTest, UnreadableSwapFileStopsEveryRankBeforeTheStep) {
+  const std::string directory = TempDirectory("unreadable");
+  const Variant v{"unreadable", "bf16", "cpu",
+                  R"(, "max_in_cpu": 0, "buffer_count": 1)"};
+  auto engine = MakeEngine(v, directory);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  absl::StatusOr<std::vector<float>> before = AllMasterWeights(**engine);
+  ASSERT_TRUE(before.ok()) << before.status();
+  if (Rank() == 0) {
+    ASSERT_EQ(::truncate(SwapFile(directory).c_str(), 0), 0);
+  }
+  absl::StatusOr<engine::StepReport> failed = TrainStep(**engine, 0);
+  ASSERT_FALSE(failed.ok());
+  if (Rank() == 0) {
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kDataLoss)
+        << failed.status();
+    EXPECT_NE(failed.status().message().find(SwapFile(directory)),
+              std::string::npos)
+        << failed.status();
+    EXPECT_NE(failed.status().message().find("offload_param"),
+              std::string::npos)
+        << failed.status();
+  } else {
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kAborted)
+        << failed.status();
+    EXPECT_NE(failed.status().message().find("failed on 1 other rank"),
+              std::string::npos)
+        << failed.status();
+  }
+  absl::StatusOr<std::vector<float>> after = AllMasterWeights(**engine);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *before);
 }
 
 // The optimizer tier's errors, for the parameter tier: by path and key, at
