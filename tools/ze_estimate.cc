@@ -16,7 +16,10 @@
 // only the config's own (its stage, offload_optimizer and offload_param,
 // precision and optimizer; the world size from --world_size or else from
 // its batch triple). Prints a table (GiB per rank: GPU, host with its
-// pinned part, NVMe), or one JSON object per row with --json (bytes).
+// pinned part, NVMe), or one JSON object per row with --json (bytes). The
+// "nvmeparam" rows put the 16-bit weights on NVMe too (offload_param nvme;
+// without --config, max_in_cpu 0: none kept in CPU memory; the engine plan
+// then counts the swap buffers as pinned host bytes).
 // Exit status: 0 printed, 2 bad input (the message names the flag or the
 // config file and key); --help prints the usage.
 #include <array>
@@ -236,10 +239,10 @@ void Print(const std::vector<Row>& rows, bool json, const std::string& what,
     return;
   }
   std::printf("%s\nper rank, GiB:\n", what.c_str());
-  std::printf("%-6s %-10s %10s %10s %10s %10s %14s\n", "stage", "offload",
+  std::printf("%-6s %-14s %10s %10s %10s %10s %14s\n", "stage", "offload",
               "GPU", "host", "(pinned)", "NVMe", "paper (total)");
   for (const Row& row : rows) {
-    std::printf("%-6d %-10s %10s %10s %10s %10s %14s\n", row.stage,
+    std::printf("%-6d %-14s %10s %10s %10s %10s %14s\n", row.stage,
                 row.offload.c_str(), GiB(row.device).c_str(),
                 GiB(row.host).c_str(), GiB(row.pinned).c_str(),
                 GiB(row.nvme).c_str(), GiB(row.paper).c_str());
