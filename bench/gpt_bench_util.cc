@@ -210,6 +210,14 @@ void BenchModelConfig::set_activation_checkpointing(bool on) {
   }
 }
 
+void BenchModelConfig::set_recompute_activations(bool on) {
+  if (is_decoder()) {
+    decoder->recompute_activations = on;
+  } else {
+    gpt.recompute_activations = on;
+  }
+}
+
 absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     const BenchModelConfig& config, const Device& device, DType dtype,
     uint64_t seed, bool materialize, const Stream& stream) {

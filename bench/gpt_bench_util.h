@@ -104,6 +104,8 @@ struct BenchModelConfig {
   // Face config.json (DecoderConfig::ToHuggingFaceJson).
   Json ToJson() const;
   void set_activation_checkpointing(bool on);
+  // The MLPs' selective recompute (GptConfig / DecoderConfig).
+  void set_recompute_activations(bool on);
 
   std::string name;
   // A pipeline stage's layers [first_layer, last_layer) of the model's

@@ -230,8 +230,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                         pipeline::ParseScheduleKind(name));
     if (kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
       return absl::InvalidArgumentError(
-          "--schedules: interleaved_1f1b is not modelled (the executor does "
-          "not run it yet)");
+          "--schedules: interleaved_1f1b is not modelled yet (the model "
+          "prices one stage per rank; the engine runs it: docs/pipeline.md)");
     }
     o.schedules.push_back(kind);
   }

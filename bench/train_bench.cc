@@ -44,6 +44,9 @@
 //   --seq=1024 --iters=10 --warmup=3 --dtype=bf16 (bf16, f16 or f32; the
 //   config enables the matching mixed precision)
 //   --overlap_comm=1 --backend=auto (mpi, nccl) --checkpointing=0
+//   --recompute_activations=0  the MLPs recompute their activation
+//                            function in backward (GptConfig /
+//                            DecoderConfig recompute_activations)
 //   --cpu_checkpointing=0    activation_checkpointing.cpu_checkpointing
 //                            (needs --checkpointing=1): saved block inputs
 //                            in pinned host memory; adds
@@ -148,6 +151,7 @@ struct Options {
   bool overlap_comm = true;
   bool checkpointing = false;
   bool cpu_checkpointing = false;
+  bool recompute_activations = false;
   int64_t loss_chunk_rows = 0;  // 0: the output head's default
   double lr = 6e-4;
   std::string backend = "auto";
@@ -223,6 +227,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       flags.GetBool("checkpointing", false));
   ZE_ASSIGN_OR_RETURN(options.cpu_checkpointing,
                       flags.GetBool("cpu_checkpointing", false));
+  ZE_ASSIGN_OR_RETURN(options.recompute_activations,
+                      flags.GetBool("recompute_activations", false));
   if (options.cpu_checkpointing && !options.checkpointing) {
     return absl::InvalidArgumentError(
         "--cpu_checkpointing=1 offloads the inputs of checkpointed blocks: "
@@ -384,6 +390,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_ASSIGN_OR_RETURN(BenchModelConfig config,
                       BenchModelConfig::FromName(name, options.seq));
   config.set_activation_checkpointing(options.checkpointing);
+  config.set_recompute_activations(options.recompute_activations);
   config.loss_chunk_rows = options.loss_chunk_rows;
   const int64_t num_parameters = config.NumParameters();
   // A pipeline: this rank builds only its stage's layers. Ranks of one
@@ -672,7 +679,17 @@ int Main(int argc, char** argv) {
             "--pipeline_stages")
             .status();
     if (bad.ok()) {
-      bad = pipeline::ParseScheduleKind(options->pipeline_schedule).status();
+      absl::StatusOr<pipeline::ScheduleKind> kind =
+          pipeline::ParseScheduleKind(options->pipeline_schedule);
+      bad = kind.status();
+      if (kind.ok() && *kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
+        // It builds one stage per rank; several would need its model built
+        // as nn::InterleavedStages and a flag for their count.
+        bad = absl::InvalidArgumentError(
+            "--pipeline_schedule=interleaved_1f1b: train_bench builds one "
+            "stage per rank (gpipe or 1f1b); Engine::TrainBatch runs the "
+            "interleaved schedule (docs/pipeline.md)");
+      }
     }
     if (!bad.ok()) {
       return ReportStartupError("train_bench", "train_step", bad, 2);
@@ -701,6 +718,7 @@ int Main(int argc, char** argv) {
       line["optimizer"] = "AdamW (engine's fused kernel)";
       line["checkpointing"] = options->checkpointing;
       line["cpu_checkpointing"] = options->cpu_checkpointing;
+      line["recompute_activations"] = options->recompute_activations;
       line["loss_chunk_rows"] = options->loss_chunk_rows;
       line["accumulation"] = options->accumulation;
       line["offload"] = options->offload;

@@ -35,6 +35,13 @@ status=$?
 [[ $status -eq 2 ]] || fail "an unknown schedule must exit 2, got $status"
 grep -q "zigzag" "$dir/bad2.jsonl" "$dir/bad2.err" \
   || fail "the error must name the schedule: $(cat "$dir/bad2.jsonl")"
+"$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=2 \
+  --pipeline_schedule=interleaved_1f1b > "$dir/bad3.jsonl" 2> "$dir/bad3.err"
+status=$?
+[[ $status -eq 2 ]] || fail "interleaved_1f1b (one stage per rank here) must exit 2, got $status"
+grep -q "interleaved_1f1b: train_bench builds one stage per rank" \
+  "$dir/bad3.jsonl" "$dir/bad3.err" \
+  || fail "the refusal must name the schedule: $(cat "$dir/bad3.jsonl")"
 
 python3 - "$dir" <<'PYTHON' || exit 1
 import json, math, sys

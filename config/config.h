@@ -337,11 +337,14 @@ struct ActivationCheckpointingConfig {
 // stage's forwards and backwards (docs/pipeline.md).
 enum class PipelineSchedule { kGPipe, kOneFOneB, kInterleavedOneFOneB };
 
-// "pipeline": DeepSpeed's pipeline-parallel keys, plus the schedule.
-// The world is `stages` pipeline stages times world_size / stages
-// data-parallel replicas (pipeline/layout.h); the batch triple counts the
-// replicas: train = micro x accumulation x (world_size / stages), and the
-// accumulation steps are the pipeline's micro-batches, as in DeepSpeed.
+// "pipeline": DeepSpeed's pipeline-parallel keys, plus the schedule and
+// the stages per rank. The world is `stages` pipeline ranks times
+// world_size / stages data-parallel replicas (pipeline/layout.h); the batch
+// triple counts the replicas: train = micro x accumulation x (world_size /
+// stages), and the accumulation steps are the pipeline's micro-batches, as
+// in DeepSpeed. With stages_per_rank v > 1 (interleaved_1f1b only) the
+// model is cut into stages x v pipeline stages, stage s on pipeline rank
+// s % stages (Megatron's virtual pipeline stages).
 struct PipelineConfig {
   int64_t stages = 1;
   // "parameters" (or DeepSpeed's "best"), "uniform", or explicit layer
@@ -350,6 +353,9 @@ struct PipelineConfig {
   // 0: no activation checkpointing; 1: every pipeline layer checkpointed.
   int64_t activation_checkpoint_interval = 0;
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  // zero-engine's key: model stages per pipeline rank; > 1 exactly with
+  // schedule kInterleavedOneFOneB (config validation).
+  int64_t stages_per_rank = 1;
   bool seed_layers = false;
   bool pipe_partitioned = true;
   bool grad_partitioned = true;

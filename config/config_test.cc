@@ -906,6 +906,50 @@ TEST(PipelineConfigTest, BadLayoutsAndValuesNameTheKey) {
       << batch.status();
 }
 
+// Several stages per rank is the interleaved schedule, and the
+// interleaved schedule is several stages per rank over micro-batches in
+// groups of one per pipeline rank: each mismatch names its keys at load.
+TEST(PipelineConfigTest, StagesPerRankGoesWithTheInterleavedSchedule) {
+  const Config interleaved = LoadOrDie(
+      R"({"train_batch_size": 16, "gradient_accumulation_steps": 4,
+          "pipeline": {"stages": 2, "schedule": "interleaved_1f1b",
+                       "stages_per_rank": 2}})",
+      4);
+  EXPECT_EQ(interleaved.pipeline.schedule,
+            PipelineSchedule::kInterleavedOneFOneB);
+  EXPECT_EQ(interleaved.pipeline.stages_per_rank, 2);
+  EXPECT_EQ(LoadOrDie(R"({"train_batch_size": 8})", 4).pipeline.stages_per_rank,
+            1);
+  const struct {
+    const char* json;
+    const char* message;
+  } cases[] = {
+      {R"({"train_batch_size": 16, "gradient_accumulation_steps": 4,
+           "pipeline": {"stages": 2, "schedule": "interleaved_1f1b"}})",
+       "pipeline.schedule \"interleaved_1f1b\" needs "
+       "pipeline.stages_per_rank >= 2 (got 1)"},
+      {R"({"train_batch_size": 16, "gradient_accumulation_steps": 4,
+           "pipeline": {"stages": 2, "stages_per_rank": 2}})",
+       "pipeline.stages_per_rank = 2 needs pipeline.schedule "
+       "\"interleaved_1f1b\""},
+      {R"({"train_batch_size": 12, "gradient_accumulation_steps": 3,
+           "pipeline": {"stages": 2, "schedule": "interleaved_1f1b",
+                        "stages_per_rank": 2}})",
+       "gradient_accumulation_steps (the micro-batches, 3) to be a multiple "
+       "of pipeline.stages (2)"},
+      {R"({"train_batch_size": 16,
+           "pipeline": {"stages": 2, "stages_per_rank": 0}})",
+       "pipeline.stages_per_rank"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<Config> config = LoadConfigString(c.json, 4);
+    ASSERT_FALSE(config.ok()) << c.json;
+    EXPECT_NE(config.status().message().find(c.message),
+              absl::string_view::npos)
+        << config.status();
+  }
+}
+
 // ------------------------------------------------------------ auto
 
 TEST(ResolveTest, HiddenSizeRulesFollowHuggingFace) {
@@ -1067,7 +1111,8 @@ constexpr char kEveryKeyNonDefault[] = R"({
       "use_node_local_storage": true, "parallel_write": {"pipeline_stage": true}},
   "csv_monitor": {"enabled": true, "output_path": "out/", "job_name": "job"},
   "pipeline": {"stages": 2, "partition": "uniform",
-               "activation_checkpoint_interval": 1, "schedule": "gpipe",
+               "activation_checkpoint_interval": 1,
+               "schedule": "interleaved_1f1b", "stages_per_rank": 2,
                "seed_layers": true, "pipe_partitioned": false,
                "grad_partitioned": false}
 })";
@@ -1330,6 +1375,8 @@ TEST(EqualityTest, ChangingAnyKeyAloneMakesConfigsUnequal) {
           "type": "WarmupCosineLR", "params": {"total_num_steps": 100}})",
       R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001,
           "cycle_max_lr": 0.01}})",
+      // stages_per_rank changes alone only under the interleaved schedule.
+      R"("pipeline": {"schedule": "interleaved_1f1b", "stages_per_rank": 2})",
   };
   std::set<std::string> covered;
   for (const std::string& base_keys : bases) {

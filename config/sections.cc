@@ -573,8 +573,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
     using P = PipelineConfig;
     auto* s = new Schema<P>();
     s->Add(Value("stages", &P::stages, Integer(AtLeast(1)),
-                 "Pipeline stages; the world is stages x data-parallel "
-                 "replicas (stage = rank / (world / stages))."))
+                 "Pipeline stages (ranks per pipeline); the world is stages "
+                 "x data-parallel replicas (stage = rank / (world / "
+                 "stages))."))
         .Add(Value("partition", &P::partition, String(false),
                    "How the model's layer sequence is cut into stages: "
                    "\"parameters\" (or \"best\"), \"uniform\", or "
@@ -592,6 +593,11 @@ const Schema<PipelineConfig>& PipelineSchema() {
                 /*case_insensitive=*/false),
             "zero-engine: the schedule, gpipe, 1f1b or "
             "interleaved_1f1b."))
+        .Add(Value("stages_per_rank", &P::stages_per_rank, Integer(AtLeast(1)),
+                   "zero-engine: model stages per pipeline rank (the model "
+                   "is cut into stages x stages_per_rank; stage s on "
+                   "pipeline rank s % stages); > 1 needs interleaved_1f1b, "
+                   "which needs >= 2."))
         .Add(Value("seed_layers", &P::seed_layers, Boolean(),
                    "Seed each layer's initialisation by its index."))
         .Add(Value("pipe_partitioned", &P::pipe_partitioned, Boolean(),

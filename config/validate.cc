@@ -248,12 +248,48 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
     return;
   }
 
+  // Several stages per rank is what the interleaved schedule is; the
+  // others hold one (pipeline/schedule.h BuildSchedule would refuse later,
+  // without the keys' names).
+  if (!any_bad({"pipeline.schedule", "pipeline.stages_per_rank",
+                "pipeline.stages"})) {
+    const PipelineConfig& pipe = config->pipeline;
+    const bool interleaved =
+        pipe.schedule == PipelineSchedule::kInterleavedOneFOneB;
+    if (interleaved && pipe.stages_per_rank < 2) {
+      problems.Add(absl::StrCat(
+          "pipeline.schedule \"interleaved_1f1b\" needs "
+          "pipeline.stages_per_rank >= 2 (got ",
+          pipe.stages_per_rank, "); use \"1f1b\" for one stage per rank"));
+    } else if (!interleaved && pipe.stages_per_rank != 1) {
+      problems.Add(
+          absl::StrCat("pipeline.stages_per_rank = ", pipe.stages_per_rank,
+                       " needs pipeline.schedule \"interleaved_1f1b\""
+                       " (the other schedules hold one stage per "
+                       "rank)"));
+    }
+  }
+
   if (!any_bad({"train_batch_size", "train_micro_batch_size_per_gpu",
                 "gradient_accumulation_steps"}) &&
       !config->train_batch_size.is_auto() &&
       !config->train_micro_batch_size_per_gpu.is_auto() &&
       !config->gradient_accumulation_steps.is_auto()) {
     InferBatchTriple(config, problems);
+  }
+  // Megatron's interleaved order runs the micro-batches in groups of one
+  // per pipeline rank.
+  const PipelineConfig& pipe = config->pipeline;
+  if (!any_bad({"pipeline.schedule", "gradient_accumulation_steps"}) &&
+      pipe.schedule == PipelineSchedule::kInterleavedOneFOneB &&
+      pipe.stages > 1 && !config->gradient_accumulation_steps.is_auto() &&
+      config->gradient_accumulation_steps.raw_value() > 0 &&
+      config->gradient_accumulation_steps.raw_value() % pipe.stages != 0) {
+    problems.Add(absl::StrCat(
+        "pipeline.schedule \"interleaved_1f1b\" needs "
+        "gradient_accumulation_steps (the micro-batches, ",
+        config->gradient_accumulation_steps.raw_value(),
+        ") to be a multiple of pipeline.stages (", pipe.stages, ")"));
   }
 }
 

@@ -19,6 +19,7 @@
 #include "engine/agreement.h"
 #include "engine/checkpoint/orchestration.h"
 #include "engine/engine_impl.h"
+#include "nn/pipeline_stage.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "zero/create_strategy.h"
@@ -366,6 +367,7 @@ PipelineCheckpointLayout EngineImpl::PipelineCheckpoint() const {
   PipelineCheckpointLayout layout;
   layout.world = world_.get();
   layout.stage = pipeline_groups_.pipeline->rank();
+  layout.stages_per_rank = static_cast<int>(config_.pipeline.stages_per_rank);
   for (const pipeline::LayerRange& range : pipeline_ranges_) {
     layout.layer_ranges.emplace_back(range.first, range.last);
   }
@@ -441,11 +443,14 @@ absl::Status EngineImpl::Setup() {
     // table (its gradient made equal to the first stage's at the
     // schedule's reduce) is counted by the first stage only.
     context.pipeline = pipeline_groups_.pipeline.get();
-    auto* stage = dynamic_cast<nn::PipelineStage*>(model_.get());
-    if (stage != nullptr && context.pipeline->world_size() > 1 &&
+    if (context.pipeline->world_size() > 1 &&
         context.pipeline->rank() == context.pipeline->world_size() - 1) {
-      for (nn::Parameter* tied : stage->TiedParameters()) {
-        context.gradients_counted_elsewhere.push_back(tied->name());
+      // The last rank's last chunk holds the copy (also interleaved: the
+      // last stage is on the last pipeline rank).
+      for (nn::PipelineStage* stage : nn::PipelineStagesOf(*model_)) {
+        for (nn::Parameter* tied : stage->TiedParameters()) {
+          context.gradients_counted_elsewhere.push_back(tied->name());
+        }
       }
     }
   }
@@ -517,78 +522,120 @@ absl::Status EngineImpl::SetUpPipelineGroups(
 absl::Status EngineImpl::SetUpPipeline() {
   const config::PipelineConfig& pipe = config_.pipeline;
   const pipeline::PipelineLayout& layout = *pipeline_layout_;
-  const int stage_index = pipeline_groups_.pipeline->rank();
-  auto* stage = dynamic_cast<nn::PipelineStage*>(model_.get());
-  if (stage == nullptr) {
+  const int rank = pipeline_groups_.pipeline->rank();
+  const int ranks = layout.stages;
+  const int per_rank = static_cast<int>(pipe.stages_per_rank);
+  const std::vector<nn::PipelineStage*> stages = nn::PipelineStagesOf(*model_);
+  if (stages.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         config_.source, ": pipeline.stages ", pipe.stages, ": the model (",
         model_->type_name(),
         ") is not a pipeline stage (nn::PipelineStage; GptModel built with "
-        "GptOptions::first_layer/last_layer is)"));
+        "GptOptions::first_layer/last_layer is; with "
+        "pipeline.stages_per_rank > 1, an nn::InterleavedStages of them)"));
   }
-  ZE_ASSIGN_OR_RETURN(const std::vector<pipeline::LayerRange> ranges,
-                      pipeline::PartitionLayers(stage->PipelineLayerWeights(),
-                                                pipe.stages, pipe.partition));
-  pipeline_ranges_ = ranges;
-  const pipeline::LayerRange& mine = ranges[stage_index];
-  if (stage->first_layer() != mine.first || stage->last_layer() != mine.last) {
+  if (static_cast<int>(stages.size()) != per_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
-        config_.source, ": pipeline.partition \"", pipe.partition,
-        "\" gives stage ", stage_index, " (world rank ", world_->rank(),
-        ") pipeline layers [", mine.first, ", ", mine.last,
-        ") but the model holds [", stage->first_layer(), ", ",
-        stage->last_layer(),
-        "); build each rank's stage from pipeline::PartitionLayers"));
+        config_.source, ": pipeline.stages_per_rank ", per_rank,
+        " but world rank ", world_->rank(), "'s model holds ", stages.size(),
+        " stage(s); build each rank's stages ",
+        per_rank > 1 ? "(pipeline stages rank + c x pipeline.stages) as one "
+                       "nn::InterleavedStages"
+                     : "as one model",
+        " from pipeline::PartitionLayers"));
+  }
+  // The model is cut into ranks x per_rank stages; stage s is on pipeline
+  // rank s % ranks (pipeline/schedule.h), so chunk c here is stage
+  // rank + c * ranks.
+  ZE_ASSIGN_OR_RETURN(
+      const std::vector<pipeline::LayerRange> ranges,
+      pipeline::PartitionLayers(
+          stages[0]->PipelineLayerWeights(), ranks * per_rank, pipe.partition,
+          per_rank > 1 ? "pipeline.stages x pipeline.stages_per_rank"
+                       : "pipeline.stages"));
+  pipeline_ranges_ = ranges;
+  for (int c = 0; c < per_rank; ++c) {
+    const int stage_index = rank + c * ranks;
+    const pipeline::LayerRange& mine = ranges[stage_index];
+    const nn::PipelineStage& stage = *stages[c];
+    if (stage.first_layer() != mine.first || stage.last_layer() != mine.last) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config_.source, ": pipeline.partition \"", pipe.partition,
+          "\" gives stage ", stage_index, " (world rank ", world_->rank(),
+          per_rank > 1 ? absl::StrCat(", its stage ", c) : "",
+          ") pipeline layers [", mine.first, ", ", mine.last,
+          ") but the model holds [", stage.first_layer(), ", ",
+          stage.last_layer(),
+          "); build each rank's stage from pipeline::PartitionLayers"));
+    }
   }
   if (pipe.activation_checkpoint_interval == 1) {
-    for (nn::Module* layer : stage->StageLayers()) {
-      layer->set_activation_checkpointing(true);
+    for (nn::PipelineStage* stage : stages) {
+      for (nn::Module* layer : stage->StageLayers()) {
+        layer->set_activation_checkpointing(true);
+      }
     }
   }
   const pipeline::ScheduleKind kind = pipeline::ScheduleKindOf(pipe.schedule);
-  if (kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
-    return absl::UnimplementedError(absl::StrCat(
-        config_.source,
-        ": pipeline.schedule \"interleaved_1f1b\" needs several stages "
-        "per rank, which the engine does not build yet (its schedule "
-        "exists: pipeline/schedule.h); use \"1f1b\" or \"gpipe\""));
-  }
   ZE_ASSIGN_OR_RETURN(
       pipeline::Schedule schedule,
       pipeline::BuildSchedule(
-          kind, pipe.stages,
-          static_cast<int>(config_.gradient_accumulation_steps.value())));
+          kind, ranks,
+          static_cast<int>(config_.gradient_accumulation_steps.value()),
+          per_rank));
   const double bubble = pipeline::ExpectedBubbleFraction(schedule);
   pipeline::ExecutorContext context;
-  context.stage = stage;
+  context.stages = stages;
   context.strategy = strategy_.get();
   context.pipeline = pipeline_groups_.pipeline.get();
   context.tied = pipeline_groups_.tied.get();
   context.stream = &compute_stream_;
   ZE_ASSIGN_OR_RETURN(pipeline_, pipeline::PipelineExecutor::Create(
                                      context, std::move(schedule)));
-  // Every stage's parameters and model-state memory for the startup line:
-  // each rank's plan (its own stage) all-gathered over its pipeline, in
-  // f32 (display only; the collectives carry float types).
+  // Every stage's parameters and every rank's model-state memory for the
+  // startup line: each rank's plan (its own stages) and its stages'
+  // parameter counts all-gathered over its pipeline, in f32 (display only;
+  // the collectives carry float types). With one stage per rank the
+  // plan's count is the stage's.
+  std::vector<float> mine = {static_cast<float>(plan_.memory.device_bytes),
+                             static_cast<float>(plan_.memory.host_bytes)};
+  for (int c = 0; c < per_rank; ++c) {
+    int64_t parameters = plan_.memory.parameter_elements;
+    if (per_rank > 1) {
+      parameters = 0;
+      for (nn::Module* layer : stages[c]->StageLayers()) {
+        parameters += layer->NumParameterElements();
+      }
+    }
+    mine.push_back(static_cast<float>(parameters));
+  }
   ZE_ASSIGN_OR_RETURN(
       const std::vector<float> all,
-      AllGatherFloats(*pipeline_groups_.pipeline,
-                      {static_cast<float>(plan_.memory.parameter_elements),
-                       static_cast<float>(plan_.memory.device_bytes),
-                       static_cast<float>(plan_.memory.host_bytes)},
-                      compute_stream_));
+      AllGatherFloats(*pipeline_groups_.pipeline, mine, compute_stream_));
+  const int row = 2 + per_rank;
   std::vector<pipeline::StageSummary> summaries;
   for (size_t s = 0; s < ranges.size(); ++s) {
-    summaries.push_back(
-        {ranges[s], all[3 * s], all[3 * s + 1], all[3 * s + 2]});
+    const int holder = static_cast<int>(s) % ranks;
+    const int chunk = static_cast<int>(s) / ranks;
+    pipeline::StageSummary summary;
+    summary.layers = ranges[s];
+    summary.rank = holder;
+    summary.parameters = all[holder * row + 2 + chunk];
+    summary.device_bytes = all[holder * row];
+    summary.host_bytes = all[holder * row + 1];
+    summaries.push_back(summary);
   }
   if (world_->rank() == 0) {
-    ZE_LOG_RANK0(INFO) << "pipeline: " << layout.ToString() << ", schedule "
-                       << pipeline::ScheduleName(kind) << " over "
+    ZE_LOG_RANK0(INFO) << "pipeline: " << layout.ToString()
+                       << (per_rank > 1 ? absl::StrCat(", ", per_rank,
+                                                       " stages per rank")
+                                        : "")
+                       << ", schedule " << pipeline::ScheduleName(kind)
+                       << " over "
                        << config_.gradient_accumulation_steps.value()
                        << " micro-batches (bubble "
                        << absl::StrFormat("%.3f", bubble) << "); "
-                       << pipeline::FormatStages(summaries);
+                       << pipeline::FormatStages(summaries, per_rank);
   }
   return absl::OkStatus();
 }

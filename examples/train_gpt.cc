@@ -150,6 +150,7 @@
 #include "nn/decoder.h"
 #include "nn/decoder_config.h"
 #include "nn/gpt.h"
+#include "nn/pipeline_stage.h"
 #include "nn/pretrained/hf_decoder_source.h"
 #include "nn/pretrained/hf_gpt2.h"
 #include "pipeline/layout.h"
@@ -177,6 +178,10 @@ ABSL_FLAG(bool, activation_checkpointing, false,
           "recompute each transformer block's activations in backward "
           "(Hugging Face's gradient_checkpointing): less memory, one more "
           "forward");
+ABSL_FLAG(bool, recompute_activations, false,
+          "each MLP recomputes its activation function (GELU, SiLU(gate) * "
+          "up) in backward instead of keeping its output: less activation "
+          "memory, the same losses");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -242,6 +247,7 @@ struct Options {
   int heads = 0;
   int64_t channels = 0;
   bool activation_checkpointing = false;
+  bool recompute_activations = false;
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -283,6 +289,7 @@ absl::StatusOr<Options> ReadFlags() {
   o.heads = absl::GetFlag(FLAGS_heads);
   o.channels = absl::GetFlag(FLAGS_channels);
   o.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
+  o.recompute_activations = absl::GetFlag(FLAGS_recompute_activations);
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -633,13 +640,17 @@ std::string Ranks(int n) {
 // --dry_run with pipeline.stages > 1: the layout, the schedule's bubble and,
 // per stage, its layers and the model-state plan of one of its ranks
 // (BuildPlan over the stage's own layers at the data-parallel size), from
-// shape-only stage models. Rank 0 prints. Errors from the layout, the
-// partition, the schedule or the plan (the config's key named).
+// shape-only stage models. With pipeline.stages_per_rank v > 1
+// (interleaved) the model is cut into stages x v and the plan is per
+// pipeline rank, over its v stages (one ZeRO strategy holds them): one
+// line per rank naming its stages' layers. Rank 0 prints. Errors from the
+// layout, the partition, the schedule or the plan (the config's key named).
 absl::Status PrintPipelineDryRun(
     const std::string& config_path, const config::Config& config, int world,
     int64_t num_parameters, const std::optional<nn::GptConfig>& gpt,
     const std::optional<nn::DecoderConfig>& decoder, DType dtype, int rank) {
   const config::PipelineConfig& pipe = config.pipeline;
+  const int per_rank = static_cast<int>(pipe.stages_per_rank);
   ZE_ASSIGN_OR_RETURN(
       const pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(world, static_cast<int>(pipe.stages),
@@ -648,46 +659,74 @@ absl::Status PrintPipelineDryRun(
       const std::vector<pipeline::LayerRange> ranges,
       pipeline::PartitionLayers(
           gpt ? gpt->PipelineLayerWeights() : decoder->PipelineLayerWeights(),
-          layout.stages, pipe.partition));
+          layout.stages * per_rank, pipe.partition,
+          per_rank > 1 ? "pipeline.stages x pipeline.stages_per_rank"
+                       : "pipeline.stages"));
   const pipeline::ScheduleKind kind = pipeline::ScheduleKindOf(pipe.schedule);
   ZE_ASSIGN_OR_RETURN(
       const pipeline::Schedule schedule,
       pipeline::BuildSchedule(
           kind, layout.stages,
-          static_cast<int>(config.gradient_accumulation_steps.value())));
-  std::vector<std::string> lines;
-  for (size_t s = 0; s < ranges.size(); ++s) {
-    // Either family's options: the stage's layers, shapes only.
+          static_cast<int>(config.gradient_accumulation_steps.value()),
+          per_rank));
+  // Either family's stage (layers `range`), shapes only.
+  const auto build_stage = [&](const pipeline::LayerRange& range)
+      -> absl::StatusOr<std::unique_ptr<nn::LossModel>> {
     const auto stage_options = [&](auto options) {
       options.dtype = dtype;
       options.materialize = false;
-      options.first_layer = ranges[s].first;
-      options.last_layer = ranges[s].last;
+      options.first_layer = range.first;
+      options.last_layer = range.last;
       return options;
     };
-    std::shared_ptr<nn::LossModel> stage;
     if (gpt) {
       ZE_ASSIGN_OR_RETURN(
-          stage, nn::GptModel::Create(*gpt, stage_options(nn::GptOptions())));
+          std::unique_ptr<nn::GptModel> stage,
+          nn::GptModel::Create(*gpt, stage_options(nn::GptOptions())));
+      return std::unique_ptr<nn::LossModel>(std::move(stage));
+    }
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::DecoderModel> stage,
+                        nn::DecoderModel::Create(
+                            *decoder, stage_options(nn::DecoderOptions())));
+    return std::unique_ptr<nn::LossModel>(std::move(stage));
+  };
+  std::vector<std::string> lines;
+  for (int r = 0; r < layout.stages; ++r) {
+    // Pipeline rank r holds stages r + c * stages (pipeline/schedule.h).
+    std::vector<std::unique_ptr<nn::LossModel>> chunks;
+    std::string held;
+    for (int c = 0; c < per_rank; ++c) {
+      const int s = r + c * layout.stages;
+      ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::LossModel> chunk,
+                          build_stage(ranges[s]));
+      chunks.push_back(std::move(chunk));
+      absl::StrAppend(&held, c == 0 ? "" : ", ", "stage ", s, ": layers [",
+                      ranges[s].first, ", ", ranges[s].last, ")");
+    }
+    std::unique_ptr<nn::LossModel> model;
+    if (per_rank == 1) {
+      model = std::move(chunks[0]);
     } else {
-      ZE_ASSIGN_OR_RETURN(
-          stage, nn::DecoderModel::Create(*decoder,
-                                          stage_options(nn::DecoderOptions())));
+      ZE_ASSIGN_OR_RETURN(model,
+                          nn::InterleavedStages::Create(std::move(chunks)));
     }
     ZE_ASSIGN_OR_RETURN(const zero::Plan plan,
-                        zero::BuildPlan(*stage, config, layout.data_parallel));
+                        zero::BuildPlan(*model, config, layout.data_parallel));
     lines.push_back(absl::StrCat(
-        "  stage ", s, ": layers [", ranges[s].first, ", ", ranges[s].last,
-        "), model state per rank: ", plan.memory.ToString()));
+        "  ", per_rank > 1 ? absl::StrCat("rank ", r, " (", held, ")") : held,
+        ", model state per rank: ", plan.memory.ToString()));
   }
   if (rank != 0) return absl::OkStatus();
   std::printf(
       "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage %d, "
-      "pipeline %s, schedule %s over %lld micro-batches (bubble %.3f; at "
-      "most %d micro-batches' inputs stashed on stage 0)\n",
+      "pipeline %s%s, schedule %s over %lld micro-batches (bubble %.3f; at "
+      "most %d micro-batches' inputs stashed on rank 0)\n",
       config_path.c_str(), static_cast<long long>(num_parameters),
       Ranks(world).c_str(), static_cast<int>(config.zero_optimization.stage),
-      layout.ToString().c_str(), pipeline::ScheduleName(kind),
+      layout.ToString().c_str(),
+      per_rank > 1 ? absl::StrCat(", ", per_rank, " stages per rank").c_str()
+                   : "",
+      pipeline::ScheduleName(kind),
       static_cast<long long>(config.gradient_accumulation_steps.value()),
       pipeline::ExpectedBubbleFraction(schedule),
       pipeline::ActivationBound(schedule, 0));
@@ -884,6 +923,7 @@ struct ModelFacts {
   int num_heads = 0;
   int64_t hidden = 0;           // the residual stream's width
   int64_t attention_width = 0;  // query heads x head size
+  int64_t mlp_width = 0;        // the MLP's hidden width (4C, or the FFN's)
   int64_t vocab_size = 0;       // the logits that compete
   int64_t max_positions = 0;
   int64_t num_parameters = 0;
@@ -896,6 +936,7 @@ ModelFacts FactsOf(const std::string& name, const nn::GptConfig& gpt) {
   facts.num_heads = gpt.num_heads;
   facts.hidden = gpt.channels;
   facts.attention_width = gpt.channels;
+  facts.mlp_width = 4 * gpt.channels;
   facts.vocab_size = gpt.vocab_size;
   facts.max_positions = gpt.max_seq_len;
   facts.num_parameters = gpt.NumParameters();
@@ -909,6 +950,7 @@ ModelFacts FactsOf(const std::string& name, const nn::DecoderConfig& decoder) {
   facts.num_heads = decoder.num_heads;
   facts.hidden = decoder.hidden_size;
   facts.attention_width = decoder.num_heads * decoder.head_dim;
+  facts.mlp_width = decoder.intermediate_size;
   facts.vocab_size = decoder.vocab_size;
   facts.max_positions = decoder.max_position_embeddings;
   facts.num_parameters = decoder.NumParameters();
@@ -1248,6 +1290,7 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_ASSIGN_OR_RETURN(decoder_config, DecoderModelConfig(options, data_vocab,
                                                            &decoder_source));
     decoder_config->activation_checkpointing = options.activation_checkpointing;
+    decoder_config->recompute_activations = options.recompute_activations;
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1269,6 +1312,7 @@ absl::Status Train(Options options, int* exit_code) {
     }
     ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
     gpt_config->activation_checkpointing = options.activation_checkpointing;
+    gpt_config->recompute_activations = options.recompute_activations;
     nn::GptOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1335,6 +1379,7 @@ absl::Status Train(Options options, int* exit_code) {
     shape.heads = facts.num_heads;
     shape.micro_batch = config.train_micro_batch_size_per_gpu.value();
     shape.seq = seq;
+    if (options.recompute_activations) shape.recomputed_width = facts.mlp_width;
     const zero::ActivationBytes activations = zero::EstimateActivationBytes(
         shape, options.activation_checkpointing, plan.activation_ring_slots);
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -1342,7 +1387,7 @@ absl::Status Train(Options options, int* exit_code) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %lld x %lld%s): %.3f GiB\n",
+          "(estimate, micro-batch %lld x %lld%s%s): %.3f GiB\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
@@ -1350,6 +1395,7 @@ absl::Status Train(Options options, int* exit_code) {
           static_cast<long long>(shape.micro_batch),
           static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
+          options.recompute_activations ? ", recomputed activations" : "",
           activations.device / kGiB);
       if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
         std::printf(

@@ -3,6 +3,8 @@
 # A config with pipeline.stages 2 at 4 ranks: --dry_run prints the layout
 # (2 stages x 2 data-parallel), the 1F1B schedule's bubble over 4
 # micro-batches and each stage's layers and model-state plan, and exits 0;
+# with 2 stages per rank (interleaved_1f1b), each rank's two stages and
+# its plan over both;
 # without --dry_run train_gpt refuses the config by name with exit status 2
 # (it does not train a pipeline yet) instead of failing inside Initialize.
 set -euo pipefail
@@ -30,6 +32,20 @@ grep -q "schedule 1f1b over 4 micro-batches (bubble 0.200; at most 2 " <<<"$outp
 [[ $(grep -c "stage 1: layers \[[1-9][0-9]*, [0-9]*), model state per rank: Psi=[1-9]" <<<"$output") == 1 ]] \
   || fail "stage 1's plan once"
 if grep -q "loss" <<<"$output"; then fail "a dry run trained"; fi
+
+# Interleaved: 2 stages per rank, the model cut into 4; one plan per rank
+# over its two stages (stage r and r + 2).
+interleaved="${TEST_TMPDIR:-/tmp}/pipeline_dry_run_interleaved.json"
+sed 's/"schedule": "1f1b"/"schedule": "interleaved_1f1b", "stages_per_rank": 2/' \
+  "$config" > "$interleaved"
+output=$("$run_mpi" 4 "$train" --config="$interleaved" --device=cpu --seq=64 --dry_run 2>&1)
+echo "$output" | grep "dry_run\|rank [01] (\|activations per stage"
+grep -q "pipeline 2 stages x 2 data-parallel over 4 ranks, 2 stages per rank, schedule interleaved_1f1b over 4 micro-batches (bubble 0.111; " <<<"$output" \
+  || fail "no interleaved layout and bubble"
+[[ $(grep -c "rank 0 (stage 0: layers \[0, [0-9]*), stage 2: layers \[[1-9][0-9]*, [0-9]*)), model state per rank: Psi=[1-9]" <<<"$output") == 1 ]] \
+  || fail "rank 0's stages and plan once"
+[[ $(grep -c "rank 1 (stage 1: layers \[[1-9][0-9]*, [0-9]*), stage 3: layers \[[1-9][0-9]*, [0-9]*)), model state per rank: Psi=[1-9]" <<<"$output") == 1 ]] \
+  || fail "rank 1's stages and plan once"
 set +e
 refused=$("$run_mpi" 2 "$train" --config="$config" --device=cpu --seq=64 --steps=5 2>&1)
 status=$?

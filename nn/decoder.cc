@@ -46,6 +46,7 @@ DecoderModel::DecoderModel(const DecoderConfig &config,
         layers_->Append(std::to_string(layer),
                         std::make_unique<DecoderBlock>(config, layer_options));
     block->set_activation_checkpointing(config.activation_checkpointing);
+    block->mlp()->set_recompute_activation(config.recompute_activations);
   }
   if (holds(n + 1)) {
     norm_ = RegisterChild(

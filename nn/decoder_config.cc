@@ -733,7 +733,8 @@ bool DecoderConfig::operator==(const DecoderConfig &other) const {
          tie_word_embeddings == other.tie_word_embeddings &&
          qkv_bias == other.qkv_bias && qk_norm == other.qk_norm &&
          sliding_window == other.sliding_window &&
-         activation_checkpointing == other.activation_checkpointing;
+         activation_checkpointing == other.activation_checkpointing &&
+         recompute_activations == other.recompute_activations;
 }
 
 }  // namespace nn

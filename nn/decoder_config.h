@@ -97,6 +97,11 @@ struct DecoderConfig {
   // Checkpoint every block (see Module::set_activation_checkpointing). Not a
   // Hugging Face key: neither read nor written by the JSON functions.
   bool activation_checkpointing = false;
+  // Recompute every MLP's SiLU(gate) * up in backward instead of keeping it
+  // (Module::set_recompute_activation): intermediate_size fewer saved
+  // elements per token and layer, bit for bit the same training. Not a
+  // Hugging Face key either.
+  bool recompute_activations = false;
 
   // InvalidArgument naming the field when a value is out of range or
   // inconsistent with the family (qkv_bias iff Qwen2, qk_norm iff Qwen3,
@@ -141,7 +146,7 @@ struct DecoderConfig {
   // A config.json that transformers' AutoConfig / AutoModelForCausalLM load
   // into the same model (legacy rope spelling, which transformers 4 and 5
   // both read). FromHuggingFaceJson(ToHuggingFaceJson()) returns an equal
-  // config (activation_checkpointing aside).
+  // config (activation_checkpointing and recompute_activations aside).
   std::string ToHuggingFaceJson() const;
 
   // Named shapes: "llama-tiny" (tests: 2 layers, 64 wide, 4/2 heads, tied),

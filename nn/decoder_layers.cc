@@ -273,6 +273,12 @@ absl::StatusOr<Tensor> SwiGluMlp::ForwardImpl(const Tensor &input,
                       Tensor::Empty(gate.shape(), gate.dtype(), gate.device()));
   ZE_RETURN_IF_ERROR(SwiGluForward(gate, up, hidden, stream));
   saved_.Save(Saved{gate, up});
+  // Selective recompute: down_proj keeps no (..., F) input; the backward
+  // recomputes it from gate and up, saved above anyway.
+  if (recompute_activation() && SavingEnabled() &&
+      !down_proj_->activation_checkpointing()) {
+    down_proj_->DropInputOfNextForward();
+  }
   return down_proj_->Forward(hidden, stream);
 }
 
@@ -280,6 +286,14 @@ absl::StatusOr<Tensor> SwiGluMlp::BackwardImpl(const Tensor &grad_output,
                                                const Stream &stream) {
   ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
   const Saved saved = saved_.Pop();
+  if (down_proj_->PendingInputDropped()) {
+    // The same kernel on the same saved values: bit for bit the forward's.
+    ZE_ASSIGN_OR_RETURN(Tensor hidden,
+                        Tensor::Empty(saved.gate.shape(), saved.gate.dtype(),
+                                      saved.gate.device()));
+    ZE_RETURN_IF_ERROR(SwiGluForward(saved.gate, saved.up, hidden, stream));
+    down_proj_->ProvideInputForNextBackward(std::move(hidden));
+  }
   ZE_ASSIGN_OR_RETURN(Tensor grad_hidden,
                       down_proj_->Backward(grad_output, stream));
   ZE_ASSIGN_OR_RETURN(Tensor grad_gate,

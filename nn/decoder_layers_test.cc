@@ -88,6 +88,61 @@ TEST(DecoderLayersGradientTest, SwiGluMlp) {
       CheckGradients(*mlp, RandomTensor({2, 3, 6}, 1), true));
 }
 
+// Selective recompute (Module::set_recompute_activation): down_proj keeps
+// no SiLU(gate) * up, the backward recomputes it with the forward's kernel
+// from the saved gate and up: outputs and gradients bit for bit those
+// without it, in f32 and bf16, over two accumulating passes; the saved
+// activations shrink by exactly the (rows, F) product input.
+Tensor As(const Tensor &f32, DType dtype) {
+  Tensor out = Tensor::Empty(f32.shape(), dtype, Device::Cpu()).value();
+  EXPECT_TRUE(CopyConverting(f32, out, Stream()).ok());
+  return out;
+}
+
+TEST(DecoderLayersTest, SwiGluMlpRecomputeIsBitIdenticalAndSavesItsHidden) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    LayerOptions options;
+    options.dtype = dtype;
+    std::vector<std::vector<float>> results[2];
+    int64_t saved_bytes[2] = {0, 0};
+    for (int recompute = 0; recompute < 2; ++recompute) {
+      auto mlp = Materialized(std::make_unique<SwiGluMlp>(6, 10, options));
+      mlp->set_recompute_activation(recompute == 1);
+      Allocator *host = GetAllocator(Device::Cpu());
+      for (int pass = 0; pass < 2; ++pass) {
+        const Tensor input = As(RandomTensor({2, 3, 6}, 10 + pass), dtype);
+        const Tensor grad_output =
+            As(RandomTensor({2, 3, 6}, 20 + pass), dtype);
+        const int64_t before = host->stats().bytes_in_use;
+        const Tensor output = mlp->Forward(input, Stream()).value();
+        saved_bytes[recompute] = host->stats().bytes_in_use - before;
+        EXPECT_EQ(mlp->down_proj()->PendingInputDropped(), recompute == 1);
+        const Tensor grad_input = mlp->Backward(grad_output, Stream()).value();
+        results[recompute].push_back(Values(output));
+        results[recompute].push_back(Values(grad_input));
+      }
+      for (Parameter *parameter : mlp->Parameters()) {
+        results[recompute].push_back(Values(parameter->grad()));
+      }
+      for (Module *module : mlp->Modules()) {
+        EXPECT_EQ(module->PendingBackwardCalls(), 0) << module->DisplayName();
+      }
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(results[0][i].data(), results[1][i].data(),
+                               results[0][i].size() * sizeof(float)))
+          << "result " << i;
+    }
+    // The host allocator rounds each block up to 256 bytes.
+    const int64_t hidden_bytes =
+        2 * 3 * 10 * static_cast<int64_t>(SizeOf(dtype));
+    EXPECT_EQ(saved_bytes[0] - saved_bytes[1],
+              (hidden_bytes + 255) / 256 * 256);
+  }
+}
+
 TEST(DecoderLayersGradientTest, GroupedQueryAttentionOfEachFamily) {
   for (DecoderFamily family :
        {DecoderFamily::kLlama, DecoderFamily::kQwen2, DecoderFamily::kQwen3}) {

@@ -132,6 +132,7 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
         std::make_unique<Block>(config.channels, config.num_heads,
                                 config.num_layers, layer_options));
     block->set_activation_checkpointing(config.activation_checkpointing);
+    block->mlp()->set_recompute_activation(config.recompute_activations);
   }
   if (holds(n + 1)) {
     ln_f_ = RegisterChild(

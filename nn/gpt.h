@@ -47,6 +47,10 @@ struct GptConfig {
   int64_t max_seq_len = 1024;
   // Checkpoint every block (see Module::set_activation_checkpointing).
   bool activation_checkpointing = false;
+  // Recompute every MLP's GELU in backward instead of keeping its output
+  // (Module::set_recompute_activation): 4 C fewer saved elements per token
+  // and layer.
+  bool recompute_activations = false;
 
   int64_t table_rows() const {
     return padded_vocab_size > 0 ? padded_vocab_size : vocab_size;

@@ -384,6 +384,83 @@ TEST(GptPipelineStageTest, BadRangesAndWholeModelCallsAreRefused) {
   EXPECT_EQ(total, TinyConfig().NumParameters() + 37 * 16);
 }
 
+// A rank's two non-contiguous stages (layers [0, 2) and [3, 4) of 5) as
+// one model: the parameters keep their whole-model names and values (as
+// the stages built alone have them), in chunk order; the chunks still run
+// one by one and the whole refuses to; bad chunk lists are refused by name.
+TEST(GptPipelineStageTest, InterleavedStagesKeepNamesAndRefuseBadChunks) {
+  const GptConfig config = TinyConfig();
+  auto stage = [&](int first, int last) {
+    GptOptions options;
+    options.seed = 42;
+    options.first_layer = first;
+    options.last_layer = last;
+    return std::unique_ptr<LossModel>(
+        GptModel::Create(config, options).value());
+  };
+  std::vector<std::unique_ptr<LossModel>> chunks;
+  chunks.push_back(stage(0, 2));
+  chunks.push_back(stage(3, 4));
+  std::vector<std::string> expected_names;
+  std::vector<std::vector<float>> expected_values;
+  for (auto &chunk : chunks) {
+    for (Parameter *p : chunk->Parameters()) {
+      expected_names.push_back(p->name());
+      expected_values.push_back(testing::Values(p->data().value()));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<InterleavedStages>> both =
+      InterleavedStages::Create(std::move(chunks));
+  ASSERT_TRUE(both.ok()) << both.status();
+  InterleavedStages &model = **both;
+  ASSERT_EQ(model.num_chunks(), 2);
+  EXPECT_EQ(model.chunk(1)->first_layer(), 3);
+  std::vector<std::string> names;
+  const std::vector<Parameter *> parameters = model.Parameters();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    names.push_back(parameters[i]->name());
+    EXPECT_EQ(testing::Values(parameters[i]->data().value()),
+              expected_values[i])
+        << names.back();
+  }
+  EXPECT_EQ(names, expected_names);
+  EXPECT_TRUE(model.FindParameter(expected_names.back()).ok());
+  EXPECT_EQ(expected_names.back().rfind("ln_f.", 0), 0u)
+      << expected_names.back();
+  EXPECT_TRUE(model.FindParameter("embed.wte").ok());
+  EXPECT_FALSE(model.FindParameter("blocks.1.ln1.weight").ok());
+  const std::vector<PipelineStage *> stages = PipelineStagesOf(model);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0], model.chunk(0));
+  EXPECT_TRUE(stages[0]->is_first_stage());
+  EXPECT_FALSE(stages[1]->is_last_stage());
+  const Batch batch = MakeBatch(1, 4, 37, 1);
+  absl::StatusOr<Tensor> out =
+      model.chunk(0)->ForwardStage(batch.tokens, batch.targets, Stream());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->shape(), (Shape{1, 4, 16}));
+  const absl::Status whole =
+      model.ForwardLoss(batch.tokens, batch.targets, Stream()).status();
+  EXPECT_EQ(whole.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(whole.message().find("layers [0, 2), [3, 4) of 5"),
+            std::string::npos)
+      << whole;
+
+  std::vector<std::unique_ptr<LossModel>> one;
+  one.push_back(stage(0, 2));
+  EXPECT_EQ(InterleavedStages::Create(std::move(one)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<std::unique_ptr<LossModel>> backwards;
+  backwards.push_back(stage(3, 4));
+  backwards.push_back(stage(0, 2));
+  const absl::Status order =
+      InterleavedStages::Create(std::move(backwards)).status();
+  EXPECT_NE(order.message().find("chunk 1 holds layers [0, 2), which do not "
+                                 "follow chunk 0's [3, 4)"),
+            std::string::npos)
+      << order;
+}
+
 }  // namespace
 }  // namespace nn
 }  // namespace ze

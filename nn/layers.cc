@@ -64,6 +64,12 @@ Tensor Linear::PendingPreActivation() const {
   return saved_.Top().pre_activation;
 }
 
+bool Linear::PendingInputDropped() const {
+  // As PendingPreActivation: only when the top record is the next call's.
+  if (saved_.empty() || saved_.size() != PendingBackwardCalls()) return false;
+  return !saved_.Top().input.defined();
+}
+
 void Linear::FuseGeluBackwardIntoNextBackward(const Tensor &pre_activation,
                                               const Tensor &bias_grad) {
   fusion_.gelu_pre_activation = pre_activation;
@@ -85,6 +91,9 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
                                                    input.device()));
   const Tensor residual = std::move(pending_residual_);
   pending_residual_ = Tensor();
+  // Selective recompute: the container recomputes the input for Backward.
+  const Tensor kept_input = drop_next_input_ ? Tensor() : input;
+  drop_next_input_ = false;
   if (activation_ == Activation::kGelu) {
     if (residual.defined()) {
       return absl::InvalidArgumentError(
@@ -95,14 +104,14 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor &input,
         Tensor::Empty(output_shape, input.dtype(), input.device()));
     ZE_RETURN_IF_ERROR(
         LinearGeluForward(input, weight, bias, output, pre_activation, stream));
-    saved_.Save(Saved{input, pre_activation});
+    saved_.Save(Saved{kept_input, pre_activation});
     return output;
   }
   ZE_RETURN_IF_ERROR(
       residual.defined()
           ? LinearForwardAdd(input, weight, bias, residual, output, stream)
           : LinearForward(input, weight, bias, output, stream));
-  saved_.Save(Saved{input, Tensor()});
+  saved_.Save(Saved{kept_input, Tensor()});
   return output;
 }
 
@@ -112,6 +121,16 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
   fusion_ = BackwardFusion();
   ZE_RETURN_IF_ERROR(RequireSaved(!saved_.empty()));
   Saved saved = saved_.Pop();
+  if (!saved.input.defined()) {
+    // The forward dropped its input (DropInputOfNextForward).
+    if (!fusion.recomputed_input.defined()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Linear ", DisplayName(),
+          ": the forward kept no input (DropInputOfNextForward) and none "
+          "was given for this Backward (ProvideInputForNextBackward)"));
+    }
+    saved.input = fusion.recomputed_input;
+  }
   ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
   ZE_ASSIGN_OR_RETURN(Tensor grad_weight, GradOrUndefined(weight_, stream));
   ZE_ASSIGN_OR_RETURN(Tensor grad_bias, GradOrUndefined(bias_, stream));
@@ -381,6 +400,14 @@ Mlp::Mlp(int64_t channels, int num_layers, const LayerOptions &options)
 absl::StatusOr<Tensor> Mlp::ForwardImpl(const Tensor &input,
                                         const Stream &stream) {
   ZE_ASSIGN_OR_RETURN(Tensor hidden, fc_->Forward(input, stream));  // gelu'd
+  // Selective recompute: proj keeps no (..., 4C) input; the backward
+  // recomputes it from fc's pre-activation, which fc saves anyway (not when
+  // either is checkpointed: fc then saves no pre-activation, proj's
+  // recomputation saves its own input).
+  if (recompute_activation() && SavingEnabled() &&
+      !fc_->activation_checkpointing() && !proj_->activation_checkpointing()) {
+    proj_->DropInputOfNextForward();
+  }
   return proj_->Forward(hidden, stream);
 }
 
@@ -403,6 +430,16 @@ absl::StatusOr<Tensor> Mlp::BackwardImpl(const Tensor &grad_output,
         fc_bias_grad,
         Tensor::Empty(fc_bias->shape(), DType::kF32, grad_output.device()));
     ZE_RETURN_IF_ERROR(Fill(fc_bias_grad, 0.0f, stream));
+  }
+  if (proj_->PendingInputDropped()) {
+    // proj's input, gelu(pre_activation), recomputed. Bit for bit the
+    // forward's in f32; in bf16/f16 the forward's GELU read the unrounded
+    // pre-activation (fused into fc's product), this one the rounded one.
+    ZE_ASSIGN_OR_RETURN(Tensor hidden, Tensor::Empty(pre_activation.shape(),
+                                                     pre_activation.dtype(),
+                                                     pre_activation.device()));
+    ZE_RETURN_IF_ERROR(GeluForward(pre_activation, hidden, stream));
+    proj_->ProvideInputForNextBackward(std::move(hidden));
   }
   proj_->FuseGeluBackwardIntoNextBackward(pre_activation, fc_bias_grad);
   pre_activation = Tensor();

@@ -95,6 +95,19 @@ class Linear : public Module {
   void AddToNextGradInput(Tensor grad_addend) {
     fusion_.grad_input_addend = std::move(grad_addend);
   }
+  // Selective recompute (Module::set_recompute_activation). The next
+  // Forward keeps no reference to its input (a saving call still saves the
+  // rest); consumed by that call. The container that produced the input
+  // recomputes it and, before the Backward that pops that call, hands it
+  // over with ProvideInputForNextBackward (same shape and values as the
+  // forward's input); that Backward fails with FailedPrecondition when it
+  // was not given one. PendingInputDropped: whether the call the next
+  // Backward pops saved without its input.
+  void DropInputOfNextForward() { drop_next_input_ = true; }
+  bool PendingInputDropped() const;
+  void ProvideInputForNextBackward(Tensor input) {
+    fusion_.recomputed_input = std::move(input);
+  }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -105,6 +118,7 @@ class Linear : public Module {
     saved_.Clear();
     ClearBackwardFusion();
     pending_residual_ = Tensor();
+    drop_next_input_ = false;
   }
 
  private:
@@ -119,6 +133,7 @@ class Linear : public Module {
     bool grad_is_pre_activation = false;  // producer
     Tensor pre_activation_bias_grad;      // producer: add into bias grad
     Tensor grad_input_addend;             // added to the input's gradient
+    Tensor recomputed_input;              // for a call that dropped it
   };
   int64_t out_features_;
   Activation activation_;
@@ -127,6 +142,7 @@ class Linear : public Module {
   SavedStack<Saved> saved_;  // per call
   BackwardFusion fusion_;
   Tensor pending_residual_;  // (..., out) or undefined
+  bool drop_next_input_ = false;
 };
 
 // output (B, T, C) = wte[tokens] + wpe[0..T). Input: tokens (B, T) i32.
@@ -306,6 +322,7 @@ class Block : public Module {
   Block(int64_t channels, int num_heads, int num_layers,
         const LayerOptions &options);
   CausalSelfAttention *attn() const { return attn_; }
+  Mlp *mlp() const { return mlp_; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,

@@ -192,6 +192,78 @@ TEST(LayersTest, MlpEqualsUnfusedLinearGeluLinear) {
   }
 }
 
+// Selective recompute (Module::set_recompute_activation): proj keeps no
+// GELU output; the backward recomputes it from fc's pre-activation. On the
+// CPU in f32 that is the forward's arithmetic, so outputs and gradients
+// are bit for bit those without it over two accumulating passes (the Mlp
+// checkpointed or not); the saved activations shrink by exactly the
+// (rows, 4C) product input. With fc checkpointed nothing is dropped.
+TEST(LayersTest, MlpRecomputeIsBitIdenticalAndSavesTheGeluOutput) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    std::vector<std::vector<float>> results[2];
+    int64_t saved_bytes[2] = {0, 0};
+    for (int recompute = 0; recompute < 2; ++recompute) {
+      auto mlp = Materialized(std::make_unique<Mlp>(6, 2, kCpuF32));
+      Randomize(*mlp, 40);
+      mlp->set_recompute_activation(recompute == 1);
+      if (variant == 1) mlp->set_activation_checkpointing(true);
+      if (variant == 2) mlp->fc()->set_activation_checkpointing(true);
+      Allocator *host = GetAllocator(Device::Cpu());
+      for (int pass = 0; pass < 2; ++pass) {
+        const Tensor input = RandomTensor({2, 3, 6}, 10 + pass);
+        const int64_t before = host->stats().bytes_in_use;
+        const Tensor output = mlp->Forward(input, Stream()).value();
+        saved_bytes[recompute] = host->stats().bytes_in_use - before;
+        EXPECT_EQ(mlp->proj()->PendingInputDropped(),
+                  recompute == 1 && variant == 0);
+        const Tensor grad_input =
+            mlp->Backward(RandomTensor({2, 3, 6}, 20 + pass), Stream()).value();
+        results[recompute].push_back(testing::Values(output));
+        results[recompute].push_back(testing::Values(grad_input));
+      }
+      for (Parameter *parameter : mlp->Parameters()) {
+        results[recompute].push_back(testing::Values(parameter->grad()));
+      }
+      for (Module *module : mlp->Modules()) {
+        EXPECT_EQ(module->PendingBackwardCalls(), 0) << module->DisplayName();
+      }
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_EQ(results[0][i], results[1][i]) << "result " << i;
+    }
+    // The host allocator rounds each block up to 256 bytes.
+    EXPECT_EQ(saved_bytes[0] - saved_bytes[1],
+              variant == 0 ? (2 * 3 * 24 * 4 + 255) / 256 * 256 : 0);
+  }
+}
+
+// A Linear that dropped its input refuses a Backward given none, naming
+// what the caller missed, and works once given it.
+TEST(LayersTest, LinearWithDroppedInputNeedsItBack) {
+  auto linear = Materialized(std::make_unique<Linear>(5, 7, true, kCpuF32));
+  const Tensor input = RandomTensor({2, 5}, 1);
+  linear->DropInputOfNextForward();
+  const Tensor output = linear->Forward(input, Stream()).value();
+  EXPECT_TRUE(linear->PendingInputDropped());
+  const absl::StatusOr<Tensor> refused =
+      linear->Backward(RandomTensor(output.shape(), 2), Stream());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("ProvideInputForNextBackward"),
+            std::string::npos)
+      << refused.status();
+  // The drop was one call only.
+  linear->ClearSavedState();
+  ASSERT_TRUE(linear->Forward(input, Stream()).ok());
+  EXPECT_FALSE(linear->PendingInputDropped());
+  linear->ClearSavedState();
+  linear->DropInputOfNextForward();
+  ASSERT_TRUE(linear->Forward(input, Stream()).ok());
+  linear->ProvideInputForNextBackward(input);
+  EXPECT_TRUE(linear->Backward(RandomTensor(output.shape(), 2), Stream()).ok());
+}
+
 // What ZeRO-3 relies on: fc's and proj's hooks fire as for any two Linears,
 // and every parameter gradient is accumulated inside its own module's
 // Backward. Here gradient slots exist only from a module's pre-backward

@@ -44,6 +44,7 @@ Module::~Module() = default;
 std::string Module::FullName() const {
   if (parent_ == nullptr) return "";
   const std::string prefix = parent_->FullName();
+  if (local_name_.empty()) return prefix;  // an unnamed child
   return prefix.empty() ? local_name_ : absl::StrCat(prefix, ".", local_name_);
 }
 
@@ -279,6 +280,13 @@ void Module::AdoptChild(const std::string &name,
   child->parent_ = this;
   child->local_name_ = name;
   child_views_.emplace_back(name, child.get());
+  owned_children_.push_back(std::move(child));
+}
+
+void Module::AdoptUnnamedChild(std::unique_ptr<Module> child) {
+  ZE_CHECK(child != nullptr && child->parent_ == nullptr);
+  child->parent_ = this;
+  child_views_.emplace_back("", child.get());
   owned_children_.push_back(std::move(child));
 }
 

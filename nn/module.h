@@ -132,6 +132,22 @@ class Module {
   // Activation checkpointing of this module (see the file comment).
   void set_activation_checkpointing(bool enabled) { checkpointing_ = enabled; }
   bool activation_checkpointing() const { return checkpointing_; }
+  // Selective recompute of activation functions. A module whose forward
+  // applies an elementwise function between two matrix products (GPT's
+  // Mlp: GELU; the decoder's SwiGluMlp: SiLU(gate) * up) then keeps only
+  // the function's inputs, which its backward needs anyway, and recomputes
+  // the function's output in backward for the second product's weight
+  // gradient, instead of that product keeping it alive from forward to
+  // backward: per token 4C (GPT) or the FFN width (decoder) fewer saved
+  // elements for one elementwise kernel per layer. Gradients are bit for
+  // bit those without it where the recomputation repeats the forward's
+  // arithmetic (SwiGLU always; GPT's GELU in f32, see Mlp). Set it on the
+  // module itself (GptConfig / DecoderConfig recompute_activations set it
+  // on every MLP); other modules ignore it. Independent of checkpointing.
+  void set_recompute_activation(bool enabled) {
+    recompute_activation_ = enabled;
+  }
+  bool recompute_activation() const { return recompute_activation_; }
   // Where this module keeps its checkpointed inputs from the next Forward
   // on (null: on the device). A call already saved stays with the offload
   // it was saved in.
@@ -201,6 +217,18 @@ class Module {
     AdoptChild(name, std::unique_ptr<Module>(std::move(child)));
     return raw;
   }
+  // Takes ownership of `child` as a child without a name of its own: its
+  // subtree's modules and parameters are named as if they were this
+  // module's own ("blocks.3.attn", not "<child>.blocks.3.attn"). For a
+  // container of models built apart that must keep their names (a pipeline
+  // rank's several stages, nn/pipeline_stage.h InterleavedStages); the
+  // caller keeps the names unique. Aborts when `child` has a parent.
+  template <typename M>
+  M *RegisterUnnamedChild(std::unique_ptr<M> child) {
+    M *raw = child.get();
+    AdoptUnnamedChild(std::unique_ptr<Module>(std::move(child)));
+    return raw;
+  }
   // Creates a parameter owned by this module (no storage yet).
   Parameter *RegisterParameter(const std::string &name, const Shape &shape,
                                DType dtype, const Device &device,
@@ -216,6 +244,7 @@ class Module {
 
  private:
   void AdoptChild(const std::string &name, std::unique_ptr<Module> child);
+  void AdoptUnnamedChild(std::unique_ptr<Module> child);
   void CheckNewName(const std::string &name) const;
   absl::Status RunHooks(HookKind kind, const Stream &stream);
   absl::StatusOr<Tensor> ForwardWithHooks(const Tensor &input,
@@ -235,6 +264,7 @@ class Module {
   std::vector<Parameter *> direct_parameters_;
   std::vector<HookEntry> hooks_[4];
   bool checkpointing_ = false;
+  bool recompute_activation_ = false;
   std::shared_ptr<ActivationOffload> activation_offload_;
   // A checkpointed call's input: the tensor itself, or the offload holding
   // it and its ticket.

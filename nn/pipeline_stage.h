@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/loss_model.h"
 #include "nn/module.h"
 #include "nn/parameter.h"
 
@@ -78,6 +79,63 @@ class PipelineStage {
   // on the last). Empty when the stage holds every user of its parameters.
   virtual std::vector<Parameter *> TiedParameters() = 0;
 };
+
+// A pipeline rank's several stages as one model, for the interleaved
+// schedule (pipeline/schedule.h: stage s on pipeline rank s % ranks, so
+// chunk c of rank r is stage r + c * ranks): what the engine is given on
+// that rank, so that ONE ZeRO strategy holds, partitions, reduces and
+// updates every parameter of the rank, whichever chunk uses it. The chunks
+// are unnamed children (Module::RegisterUnnamedChild): each parameter keeps
+// its whole-model name ("blocks.3.attn.qkv.weight"), and with it its
+// initial values (from (seed, name)), its checkpoint entry and the
+// single-rank run's name. Modules() and Parameters() list chunk 0's, then
+// chunk 1's, ... (model order).
+//
+// The whole never runs as one model: Forward, ForwardLoss and BackwardLoss
+// are FailedPrecondition; the pipeline executor runs each chunk through
+// its PipelineStage interface, inside the strategy's brackets.
+class InterleavedStages : public LossModel {
+ public:
+  // chunks: this rank's stages in model order, each a LossModel that is a
+  // PipelineStage (GptModel/DecoderModel built with first_layer/last_layer).
+  // InvalidArgument naming the chunk: fewer than 2 chunks, a null one, one
+  // that is not a PipelineStage, chunks of models of another layer count,
+  // layer ranges not ascending and disjoint, another device or dtype than
+  // chunk 0's, or two chunks with a parameter of one name.
+  static absl::StatusOr<std::unique_ptr<InterleavedStages>> Create(
+      std::vector<std::unique_ptr<LossModel>> chunks);
+
+  int num_chunks() const { return static_cast<int>(stages_.size()); }
+  // Chunk c as a pipeline stage / as a model; 0 <= c < num_chunks().
+  PipelineStage *chunk(int c) const { return stages_[c]; }
+  LossModel *chunk_model(int c) const { return models_[c]; }
+
+  absl::StatusOr<float> ForwardLoss(const Tensor &inputs, const Tensor &targets,
+                                    const Stream &stream) override;
+  absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
+  int64_t counted_targets() const override { return 0; }
+  Device device() const override { return models_[0]->device(); }
+  DType dtype() const override { return models_[0]->dtype(); }
+  int64_t hidden_size() const override { return models_[0]->hidden_size(); }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
+                                     const Stream &stream) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
+                                      const Stream &stream) override;
+
+ private:
+  InterleavedStages() : LossModel("InterleavedStages") {}
+  // FailedPrecondition: the chunks run one by one, through the pipeline.
+  absl::Status NotRunAsOne(const char *op) const;
+
+  std::vector<LossModel *> models_;
+  std::vector<PipelineStage *> stages_;
+};
+
+// The pipeline stages `model` holds, in model order: an InterleavedStages'
+// chunks, a PipelineStage itself, else none.
+std::vector<PipelineStage *> PipelineStagesOf(Module &model);
 
 // A last stage's copy of a table tied to the head (GPT's "embed.wte",
 // Llama's "embed_tokens.weight"), registered under the embedding's name so

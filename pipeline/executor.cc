@@ -12,11 +12,14 @@ namespace ze {
 namespace pipeline {
 namespace {
 
-// 48 bits of a digest of the schedule's lists, as two floats that carry 24
-// bits each exactly (the communicator moves floating-point tensors).
+// 48 bits of a digest of the schedule (its kind, stages per rank,
+// micro-batches and lists), as two floats that carry 24 bits each exactly
+// (the communicator moves floating-point tensors).
 absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
                              const Schedule &schedule) {
-  const std::string text = DescribeSchedule(schedule);
+  const std::string text = absl::StrCat(
+      ScheduleName(schedule.kind), " v=", schedule.stages_per_rank,
+      " m=", schedule.micro_batches, "\n", DescribeSchedule(schedule));
   uint64_t digest = 1469598103934665603ull;  // FNV-1a
   for (unsigned char c : text) {
     digest = (digest ^ c) * 1099511628211ull;
@@ -41,10 +44,10 @@ absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
   return absl::FailedPreconditionError(absl::StrCat(
       "pipeline rank ", pipeline.rank(), ": pipeline ranks ", differing,
       " built another schedule than pipeline rank 0 (check that every rank "
-      "has the same gradient_accumulation_steps and pipeline.schedule); "
-      "this rank's is ",
+      "has the same gradient_accumulation_steps, pipeline.schedule and "
+      "pipeline.stages_per_rank); this rank's is ",
       ScheduleName(schedule.kind), " over ", schedule.micro_batches,
-      " micro-batches"));
+      " micro-batches, ", schedule.stages_per_rank, " stage(s) per rank"));
 }
 
 }  // namespace
@@ -55,56 +58,70 @@ PipelineExecutor::PipelineExecutor(const ExecutorContext &context,
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     const ExecutorContext &context, Schedule schedule) {
-  if (context.stage == nullptr || context.strategy == nullptr ||
+  if (context.stages.empty() || context.strategy == nullptr ||
       context.pipeline == nullptr || context.stream == nullptr) {
     return absl::InvalidArgumentError(
-        "PipelineExecutor: stage, strategy, pipeline and stream are needed");
+        "PipelineExecutor: stages, strategy, pipeline and stream are needed");
   }
-  if (schedule.stages_per_rank != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline.schedule ", ScheduleName(schedule.kind),
-        ": the executor runs one stage per rank; ", schedule.stages_per_rank,
-        " per rank (interleaved) is not implemented yet"));
+  for (const nn::PipelineStage *stage : context.stages) {
+    if (stage == nullptr) {
+      return absl::InvalidArgumentError("PipelineExecutor: a null stage");
+    }
   }
   const comm::Communicator &pipe = *context.pipeline;
   if (schedule.ranks != pipe.world_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PipelineExecutor: the schedule has ", schedule.ranks,
-        " stages but the pipeline communicator ", pipe.world_size(), " ranks"));
+        " ranks but the pipeline communicator ", pipe.world_size()));
   }
   const int rank = pipe.rank();
-  const nn::PipelineStage &stage = *context.stage;
-  if (stage.is_first_stage() != (rank == 0) ||
-      stage.is_last_stage() != (rank == schedule.ranks - 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PipelineExecutor: pipeline rank ", rank, " of ", schedule.ranks,
-        " holds layers [", stage.first_layer(), ", ", stage.last_layer(),
-        ") of ", stage.num_pipeline_layers(),
-        ", which is not that stage's place in the layer sequence"));
+  if (static_cast<int>(context.stages.size()) != schedule.stages_per_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PipelineExecutor: pipeline rank ", rank, " holds ",
+                     context.stages.size(), " stage(s) but the schedule ",
+                     ScheduleName(schedule.kind), " puts ",
+                     schedule.stages_per_rank, " on each rank"));
   }
-  if (!context.stage->TiedParameters().empty() &&
-      (context.tied == nullptr || context.tied->world_size() != 2)) {
+  const std::vector<int> ids = schedule.StagesOfRank(rank);
+  bool tied = false;
+  for (size_t c = 0; c < ids.size(); ++c) {
+    const nn::PipelineStage &stage = *context.stages[c];
+    if (stage.is_first_stage() != (ids[c] == 0) ||
+        stage.is_last_stage() != (ids[c] == schedule.stages() - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PipelineExecutor: pipeline rank ", rank, "'s stage ", c,
+          " (pipeline stage ", ids[c], " of ", schedule.stages(),
+          ") holds layers [", stage.first_layer(), ", ", stage.last_layer(),
+          ") of ", stage.num_pipeline_layers(),
+          ", which is not that stage's place in the layer sequence"));
+    }
+    tied = tied || !context.stages[c]->TiedParameters().empty();
+  }
+  if (tied && (context.tied == nullptr || context.tied->world_size() != 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "PipelineExecutor: pipeline rank ", rank, " holds tied parameters (",
-        context.stage->TiedParameters()[0]->name(),
-        ") but no 2-rank communicator with the other stage holding them"));
+        "PipelineExecutor: pipeline rank ", rank,
+        " holds tied parameters but no 2-rank communicator with the other "
+        "stage holding them"));
   }
   ZE_RETURN_IF_ERROR(AgreeOnSchedule(*context.pipeline, schedule));
   std::unique_ptr<PipelineExecutor> executor(
       new PipelineExecutor(context, std::move(schedule)));
   executor->rank_ = rank;
-  // F(m) saves when the stage's next forward or backward is B(m): its
-  // record is then the most recent when B(m) pops it.
-  const std::vector<Action> &list = executor->schedule_.actions[rank];
-  executor->saved_.assign(executor->schedule_.micro_batches, false);
+  // F(s,m) saves when the rank's next forward or backward is B(s,m): its
+  // record is then the most recent when B pops it, and the strategy's
+  // counted uses are its own (the header's invariant).
+  const Schedule &built = executor->schedule_;
+  const std::vector<Action> &list = built.actions[rank];
+  executor->saved_.assign(built.stages_per_rank * built.micro_batches, false);
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i].kind != ActionKind::kForward) continue;
     for (size_t j = i + 1; j < list.size(); ++j) {
       const ActionKind kind = list[j].kind;
       if (kind == ActionKind::kForward) break;
       if (kind == ActionKind::kBackward) {
-        executor->saved_[list[i].micro_batch] =
-            list[j].micro_batch == list[i].micro_batch;
+        executor->saved_[executor->Slot(list[i].stage, list[i].micro_batch)] =
+            list[j].micro_batch == list[i].micro_batch &&
+            list[j].stage == list[i].stage;
         break;
       }
     }
@@ -126,24 +143,31 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         absl::StrCat("pipeline step: the schedule runs ", m,
                      " micro-batches, got ", micro_batches.size()));
   }
-  nn::PipelineStage &stage = *context_.stage;
   zero::ZeroStrategy &strategy = *context_.strategy;
   comm::Communicator &pipe = *context_.pipeline;
   const Stream &stream = *context_.stream;
-  const bool last = stage.is_last_stage();
+  const int slots = schedule_.stages_per_rank * m;
 
-  // Per micro-batch: the stage's input (kept for a recompute), its output
-  // (until sent), the gradient received for the output and the one
-  // computed for the input (until sent), the mean-loss bookkeeping.
-  std::vector<Tensor> input(m), output(m), output_grad(m), input_grad(m);
+  // Per (chunk, micro-batch) slot: the stage's input (kept for a
+  // recompute), its output (until sent), the gradient received for the
+  // output and the one computed for the input (until sent); per
+  // micro-batch the last stage's mean-loss bookkeeping.
+  std::vector<Tensor> input(slots), output(slots), output_grad(slots),
+      input_grad(slots);
   std::vector<nn::MeanCrossEntropy> losses(m);
   double loss_sum = 0;
   // Sends in flight, with their tensors (the sender must keep them).
   std::vector<std::pair<comm::Work, std::vector<Tensor>>> sends;
+  bool tied_summed = false;
 
-  auto boundary_buffer = [&](int mb) -> absl::StatusOr<Tensor> {
-    return Tensor::Empty(stage.BoundaryShape(micro_batches[mb].inputs),
-                         stage.boundary_dtype(), stream.device());
+  auto stage_of = [&](const Action &a) -> nn::PipelineStage & {
+    return *context_.stages[ChunkOf(a.stage)];
+  };
+  auto boundary_buffer = [&](const Action &a) -> absl::StatusOr<Tensor> {
+    const nn::PipelineStage &stage = stage_of(a);
+    return Tensor::Empty(
+        stage.BoundaryShape(micro_batches[a.micro_batch].inputs),
+        stage.boundary_dtype(), stream.device());
   };
   auto wait_sends = [&]() -> absl::Status {
     for (auto &[work, tensors] : sends) ZE_RETURN_IF_ERROR(work.Wait());
@@ -163,7 +187,7 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
       size_t end = i;
       while (true) {
         const Action &message = list[end++];
-        const int k = message.micro_batch;
+        const int k = Slot(message.stage, message.micro_batch);
         switch (message.kind) {
           case ActionKind::kSendActivation:
             send_ops.push_back(
@@ -178,13 +202,13 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
             input_grad[k] = Tensor();
             break;
           case ActionKind::kRecvActivation: {
-            ZE_ASSIGN_OR_RETURN(input[k], boundary_buffer(k));
+            ZE_ASSIGN_OR_RETURN(input[k], boundary_buffer(message));
             receive_ops.push_back(
                 comm::CollectiveOp::Recv(input[k], message.peer));
             break;
           }
           case ActionKind::kRecvGradient: {
-            ZE_ASSIGN_OR_RETURN(output_grad[k], boundary_buffer(k));
+            ZE_ASSIGN_OR_RETURN(output_grad[k], boundary_buffer(message));
             receive_ops.push_back(
                 comm::CollectiveOp::Recv(output_grad[k], message.peer));
             break;
@@ -206,18 +230,41 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
       i = end;
       continue;
     }
+    if (a.kind == ActionKind::kReduceGradients) {
+      // Once per rank, at its first reduce: the sends are done and every
+      // backward of every stage of the rank ran. The tied parameters' two
+      // halves (first and last stage) are summed on both before either
+      // reduces over its data-parallel group: the reduction is linear, so
+      // both then update alike.
+      if (!tied_summed) {
+        tied_summed = true;
+        ZE_RETURN_IF_ERROR(wait_sends());
+        std::vector<nn::Parameter *> tied;
+        for (nn::PipelineStage *stage : context_.stages) {
+          for (nn::Parameter *parameter : stage->TiedParameters()) {
+            tied.push_back(parameter);
+          }
+        }
+        if (!tied.empty()) {
+          ZE_RETURN_IF_ERROR(strategy.SumGradientsWith(tied, *context_.tied));
+        }
+      }
+      ++i;
+      continue;
+    }
+    nn::PipelineStage &stage = stage_of(a);
+    const bool last = stage.is_last_stage();
+    const int k = Slot(a.stage, mb);
     switch (a.kind) {
       case ActionKind::kForward: {
-        if (stage.is_first_stage()) input[mb] = micro_batches[mb].inputs;
+        if (stage.is_first_stage()) input[k] = micro_batches[mb].inputs;
         ZE_RETURN_IF_ERROR(strategy.BeginForward());
         absl::StatusOr<Tensor> out;
-        if (saved_[mb]) {
-          out =
-              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream);
+        if (saved_[k]) {
+          out = stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
         } else {
-          nn::NoSaveScope no_save;  // B(m) recomputes it
-          out =
-              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream);
+          nn::NoSaveScope no_save;  // B recomputes it
+          out = stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
         }
         strategy.EndForward();
         ZE_RETURN_IF_ERROR(out.status());
@@ -227,26 +274,26 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
               losses[mb].Forward(*out, micro_batches[mb].targets, stream));
           loss_sum += loss;
         } else {
-          output[mb] = *out;
+          output[k] = *out;
         }
-        if (saved_[mb] && !stage.is_first_stage()) input[mb] = Tensor();
+        if (saved_[k] && !stage.is_first_stage()) input[k] = Tensor();
         break;
       }
       case ActionKind::kBackward: {
-        if (!saved_[mb]) {
-          // F(m) again, saving, as a training forward: the strategy counts
+        if (!saved_[k]) {
+          // F again, saving, as a training forward: the strategy counts
           // its uses of each parameter, which are what this backward
           // produces (stage 2 issues a bucket's reduction once they are
-          // all done; a count from another micro-batch's forward would
-          // issue it early).
+          // all done; a count from another forward, of this chunk or
+          // another, would issue it early or never).
           ZE_RETURN_IF_ERROR(strategy.BeginForward());
           const absl::Status recomputed =
-              stage.ForwardStage(input[mb], micro_batches[mb].targets, stream)
+              stage.ForwardStage(input[k], micro_batches[mb].targets, stream)
                   .status();
           strategy.EndForward();
           ZE_RETURN_IF_ERROR(recomputed);
         }
-        Tensor grad = output_grad[mb];
+        Tensor grad = output_grad[k];
         if (last) {
           ZE_ASSIGN_OR_RETURN(
               grad, losses[mb].Backward("pipeline backward", backward_scale));
@@ -257,20 +304,9 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         const absl::Status end = strategy.EndBackward();
         ZE_RETURN_IF_ERROR(grad_input.status());
         ZE_RETURN_IF_ERROR(end);
-        input_grad[mb] = *grad_input;
-        input[mb] = Tensor();
-        output_grad[mb] = Tensor();
-        break;
-      }
-      case ActionKind::kReduceGradients: {
-        ZE_RETURN_IF_ERROR(wait_sends());
-        // The tied parameters' two halves (first and last stage) summed on
-        // both before either reduces over its data-parallel group: the
-        // reduction is linear, so both then update alike.
-        const std::vector<nn::Parameter *> tied = stage.TiedParameters();
-        if (!tied.empty()) {
-          ZE_RETURN_IF_ERROR(strategy.SumGradientsWith(tied, *context_.tied));
-        }
+        input_grad[k] = *grad_input;
+        input[k] = Tensor();
+        output_grad[k] = Tensor();
         break;
       }
       default:

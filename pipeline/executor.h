@@ -1,7 +1,16 @@
 // PipelineExecutor: runs one rank's action list (pipeline/schedule.h) for
-// a training step: its stage's forwards and backwards under the ZeRO
-// strategy's brackets, the point-to-point messages to the neighbouring
-// stages, and at the end the tied parameters' gradient sum across stages.
+// a training step: its stages' forwards and backwards under the ZeRO
+// strategy's brackets, the point-to-point messages to the ranks holding the
+// neighbouring stages, and at the end the tied parameters' gradient sum
+// across the first and the last stage.
+//
+// Stages of a rank. With one stage per rank (gpipe, 1f1b) the rank's model
+// is that stage; with the interleaved schedule (v stages per rank) it is an
+// nn::InterleavedStages of v chunks, chunk c being pipeline stage
+// rank + c * ranks. Either way ONE ZeRO strategy holds all the rank's
+// parameters: every bracket below is the strategy's, around one chunk's
+// forward or backward (the other chunks' parameters are then simply not
+// used, as an unused layer's are: they add nothing to the gradients).
 //
 // One step, as the engine drives it (Engine::TrainBatch):
 //   RunStep(micro-batches)     the rank's actions in order:
@@ -9,33 +18,42 @@
 //                              group's receives are waited on at once, its
 //                              sends at the step's end (eager, as the
 //                              schedule's check assumes)
-//     F(m)                     strategy BeginForward; ForwardStage; the last
-//                              stage reduces the per-row losses to micro-
-//                              batch m's mean (MeanCrossEntropy)
-//     B(m)                     when F(m) did not save (1F1B's warm-up),
-//                              F(m) again first, saving, between the
-//                              strategy's BeginForward and EndForward (so
-//                              stage 2 counts this micro-batch's uses);
-//                              then strategy BeginBackward(boundary =
-//                              false); BackwardStage
-//     reduce                   waits for the sends; sums each tied
-//                              parameter's gradient with the other stage
-//                              holding it (an all-reduce over `tied`)
-//   then the caller's strategy BoundaryStep reduces the stage's gradients
+//     F(s,m)                   strategy BeginForward; stage s's
+//                              ForwardStage; the last stage reduces the
+//                              per-row losses to micro-batch m's mean
+//                              (MeanCrossEntropy); EndForward
+//     B(s,m)                   when F(s,m) did not save, F(s,m) again
+//                              first, saving, between the strategy's
+//                              BeginForward and EndForward; then strategy
+//                              BeginBackward(boundary = false); stage s's
+//                              BackwardStage; EndBackward
+//     reduce(s)                (first of the rank's) waits for the sends;
+//                              for stage s's tied parameters, sums each
+//                              one's gradient with the other stage holding
+//                              it (an all-reduce over `tied`)
+//   then the caller's strategy BoundaryStep reduces the rank's gradients
 //   over its data-parallel group and updates (the micro-batches are its
 //   gradient accumulation steps; none is a boundary, so stages 0-1 keep the
 //   accumulated gradients whole until BoundaryStep reduces them).
 //
-// Saved state: a stage's modules keep one record per forward and backward
-// pops the most recent (nn/module.h). F(m) saves only when the next
-// forward or backward of the stage in the list is B(m); otherwise it runs
-// under NoSaveScope keeping only its input, and B(m) runs the forward again
-// (with saving) just before its backward: gradients are the same
-// deterministic computation, so bit-identical (as activation checkpointing
-// is), at the cost of one more forward for 1F1B's warm-up micro-batches.
+// Saved state, and the strategy's invariant. A stage's modules keep one
+// record per forward and backward pops the most recent (nn/module.h). The
+// strategy's bookkeeping is per bracket, not per chunk: BeginForward
+// forgets the uses counted before it (stage 2 issues a bucket's reduction
+// once the uses counted since the last BeginForward are backpropagated;
+// stage 3 likewise, and starts a micro-step of its fetch schedule). So
+// B(s,m) must come right after the forward whose uses it backpropagates:
+// F(s,m) saves only when the next forward or backward of the RANK (any
+// chunk) in the list is B(s,m); otherwise it runs under NoSaveScope keeping
+// only its input, and B(s,m) runs the forward again (with saving) just
+// before its backward. Gradients are the same deterministic computation,
+// so bit-identical (as activation checkpointing is), at the cost of one
+// more forward for each such micro-batch (recomputed_per_step). Stage 3
+// keeps gathered parameters from one bracket to the next (no boundary in
+// the step) as its fetch schedule decides; which chunk's modules come next
+// changes only what it keeps, never what it computes.
 //
-// One stage per rank (the schedule's stages_per_rank 1): interleaved
-// schedules are refused. Not thread-safe; one thread drives it.
+// Not thread-safe; one thread drives it.
 #ifndef ZE_PIPELINE_EXECUTOR_H_
 #define ZE_PIPELINE_EXECUTOR_H_
 
@@ -55,13 +73,16 @@ namespace pipeline {
 
 // What the executor borrows; everything outlives it.
 struct ExecutorContext {
-  nn::PipelineStage *stage = nullptr;
+  // This rank's stages in model order: schedule.StagesOfRank(rank) (one
+  // with one stage per rank; nn::PipelineStagesOf the engine's model).
+  std::vector<nn::PipelineStage *> stages;
   // The stage's strategy over its data-parallel group.
   zero::ZeroStrategy *strategy = nullptr;
   // This replica's pipeline: rank() is the stage (pipeline/layout.h).
   comm::Communicator *pipeline = nullptr;
-  // The first and the last stage of this replica, when the stage has tied
-  // parameters (nn::PipelineStage::TiedParameters); else null.
+  // The ranks of this replica holding the first and the last stage, when
+  // one of this rank's stages has tied parameters
+  // (nn::PipelineStage::TiedParameters); else null.
   comm::Communicator *tied = nullptr;
   const Stream *stream = nullptr;
 };
@@ -73,16 +94,19 @@ struct MicroBatch {
 
 class PipelineExecutor {
  public:
-  // Checks the pieces fit: the schedule has one stage per rank and as many
-  // ranks as the pipeline communicator, this rank's stage is the stage's
-  // (first/last agree with the rank), a stage with tied parameters has a
-  // `tied` communicator of 2 ranks. InvalidArgument naming what differs.
-  // Then agrees with the pipeline's other ranks on the schedule (an
-  // all-gather of a digest of every rank's action lists and micro-batch
-  // count: collective over `pipeline`), so ranks that built different
-  // schedules (another gradient_accumulation_steps or pipeline.schedule)
-  // fail here, on every rank, with FailedPrecondition naming the ranks and
-  // their schedules, instead of hanging in a mismatched send or receive.
+  // Checks the pieces fit: the schedule has as many ranks as the pipeline
+  // communicator and as many stages per rank as `stages` holds, each of
+  // this rank's stages is where the schedule puts it (the first stage,
+  // and only it, on rank 0's chunk 0; the last on rank ranks-1's last
+  // chunk), a rank with tied parameters has a `tied` communicator of 2
+  // ranks. InvalidArgument naming what differs. Then agrees with the
+  // pipeline's other ranks on the schedule (an all-gather of a digest of
+  // the kind, the stages per rank, the micro-batch count and every rank's
+  // action lists: collective over `pipeline`), so ranks that built
+  // different schedules (another gradient_accumulation_steps,
+  // pipeline.schedule or pipeline.stages_per_rank) fail here, on every
+  // rank, with FailedPrecondition naming the ranks and their schedules,
+  // instead of hanging in a mismatched send or receive.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
       const ExecutorContext &context, Schedule schedule);
 
@@ -98,8 +122,8 @@ class PipelineExecutor {
   absl::StatusOr<double> RunStep(const std::vector<MicroBatch> &micro_batches,
                                  float backward_scale);
 
-  // Micro-batches whose forward runs twice per step on this rank (not
-  // saved at F, recomputed at B).
+  // Forwards (stage, micro-batch) that run twice per step on this rank
+  // (not saved at F, recomputed at B).
   int recomputed_per_step() const;
   const Schedule &schedule() const { return schedule_; }
 
@@ -109,8 +133,14 @@ class PipelineExecutor {
   ExecutorContext context_;
   Schedule schedule_;
   int rank_ = 0;
-  // Per micro-batch: whether F saves its state for B.
+  // Per (chunk, micro-batch), at chunk * micro_batches + micro-batch:
+  // whether F saves its state for B.
   std::vector<bool> saved_;
+  // The chunk (index into context_.stages) of model stage `stage` here.
+  int ChunkOf(int stage) const { return stage / schedule_.ranks; }
+  int Slot(int stage, int micro_batch) const {
+    return ChunkOf(stage) * schedule_.micro_batches + micro_batch;
+  }
 };
 
 }  // namespace pipeline

@@ -141,15 +141,40 @@ std::string Bytes(double bytes) {
 
 }  // namespace
 
-std::string FormatStages(const std::vector<StageSummary> &stages) {
+std::string FormatStages(const std::vector<StageSummary> &stages,
+                         int stages_per_rank) {
   std::string text;
+  if (stages_per_rank <= 1) {
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const StageSummary &stage = stages[s];
+      absl::StrAppend(&text, s == 0 ? "" : "; ", "stage ", s, ": layers [",
+                      stage.layers.first, ", ", stage.layers.last, "), ",
+                      Count(stage.parameters), " parameters, ",
+                      Bytes(stage.device_bytes), " GPU + ",
+                      Bytes(stage.host_bytes), " host");
+    }
+    return text;
+  }
+  // The memory is per rank (one plan for all its stages): shown once.
+  std::vector<const StageSummary *> first_of_rank;
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageSummary &stage = stages[s];
     absl::StrAppend(&text, s == 0 ? "" : "; ", "stage ", s, ": layers [",
                     stage.layers.first, ", ", stage.layers.last, "), ",
-                    Count(stage.parameters), " parameters, ",
-                    Bytes(stage.device_bytes), " GPU + ",
-                    Bytes(stage.host_bytes), " host");
+                    Count(stage.parameters), " parameters on rank ",
+                    stage.rank);
+    if (stage.rank >= static_cast<int>(first_of_rank.size())) {
+      first_of_rank.resize(stage.rank + 1, nullptr);
+    }
+    if (stage.rank >= 0 && first_of_rank[stage.rank] == nullptr) {
+      first_of_rank[stage.rank] = &stage;
+    }
+  }
+  for (size_t r = 0; r < first_of_rank.size(); ++r) {
+    if (first_of_rank[r] == nullptr) continue;
+    absl::StrAppend(&text, "; rank ", r, ": ",
+                    Bytes(first_of_rank[r]->device_bytes), " GPU + ",
+                    Bytes(first_of_rank[r]->host_bytes), " host");
   }
   return text;
 }

@@ -47,19 +47,25 @@ absl::StatusOr<std::vector<LayerRange>> PartitionLayers(
     const std::string &stages_key = "pipeline.stages",
     const std::string &method_key = "pipeline.partition");
 
-// One stage as the startup line shows it: its layers, and its rank's
-// trainable parameters and model-state memory (the plan's device and host
-// bytes), gathered from the stages' first data-parallel ranks.
+// One stage as the startup line shows it: its layers, its parameters, and
+// its pipeline rank's model-state memory (the plan's device and host bytes,
+// for all the rank's stages), gathered from the stages' first data-parallel
+// ranks.
 struct StageSummary {
   LayerRange layers;
   double parameters = 0;
   double device_bytes = 0;
   double host_bytes = 0;
+  int rank = 0;  // the pipeline rank holding the stage
 };
-// "stage 0: layers [0, 7), 354.0 M parameters, 5.5 GiB GPU + 0.0 MiB
-// host; stage 1: ..." (parameters in B from 10^9, M from 10^6; memory in
-// GiB from 1 GiB, else MiB). Pure.
-std::string FormatStages(const std::vector<StageSummary> &stages);
+// One stage per rank: "stage 0: layers [0, 7), 354.0 M parameters, 5.5 GiB
+// GPU + 0.0 MiB host; stage 1: ..." (parameters in B from 10^9, M from
+// 10^6; memory in GiB from 1 GiB, else MiB). Several (stages_per_rank > 1,
+// the memory being the rank's): "stage 0: layers [0, 2), 1.2 M parameters
+// on rank 0; ...; rank 0: 5.5 GiB GPU + 0.0 MiB host; rank 1: ...", the
+// ranks' memory from their first stage's summary. Pure.
+std::string FormatStages(const std::vector<StageSummary> &stages,
+                         int stages_per_rank = 1);
 
 }  // namespace pipeline
 }  // namespace ze

@@ -120,6 +120,23 @@ TEST(FormatStagesTest, NamesEachStagesLayersParametersAndMemory) {
   EXPECT_EQ(FormatStages({}), "");
 }
 
+// Several stages per rank: each stage names its rank, and each rank's
+// memory (one plan for its stages) is shown once.
+TEST(FormatStagesTest, InterleavedStagesNameTheirRankAndRanksTheirMemory) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  std::vector<StageSummary> stages(4);
+  stages[0] = {{0, 2}, 2e6, 1.5 * kGiB, 0, 0};
+  stages[1] = {{2, 3}, 1e6, 2.0 * kGiB, 0, 1};
+  stages[2] = {{3, 4}, 1e6, 1.5 * kGiB, 0, 0};
+  stages[3] = {{4, 6}, 3e6, 2.0 * kGiB, 0, 1};
+  EXPECT_EQ(FormatStages(stages, 2),
+            "stage 0: layers [0, 2), 2.0 M parameters on rank 0; stage 1: "
+            "layers [2, 3), 1.0 M parameters on rank 1; stage 2: layers [3, "
+            "4), 1.0 M parameters on rank 0; stage 3: layers [4, 6), 3.0 M "
+            "parameters on rank 1; rank 0: 1.5 GiB GPU + 0.0 MiB host; rank "
+            "1: 2.0 GiB GPU + 0.0 MiB host");
+}
+
 }  // namespace
 }  // namespace pipeline
 }  // namespace ze

@@ -19,13 +19,28 @@ FetchSchedule::FetchSchedule(const FetchScheduleOptions& options,
 void FetchSchedule::BeginMicroStep() {
   position_ = 0;
   observed_.clear();
-  phase_ = has_record_ ? Phase::kFollowing : Phase::kRecording;
+  ++micro_steps_;
+  phase_ = has_record() ? Phase::kFollowing : Phase::kRecording;
+}
+
+int FetchSchedule::FindRecord(int first) const {
+  for (int r = 0; r < static_cast<int>(records_.size()); ++r) {
+    const std::vector<int>& requests = records_[r].requests;
+    if (requests.empty() ? first < 0 : requests[0] == first) return r;
+  }
+  return -1;
 }
 
 bool FetchSchedule::OnRequest(int bucket) {
   bool diverged = false;
+  if (phase_ == Phase::kFollowing && position_ == 0) {
+    // The first request picks the path (stays on the last one if none).
+    const int found = FindRecord(bucket);
+    if (found >= 0) active_ = found;
+  }
+  const std::vector<int>& record = this->record();
   if (phase_ == Phase::kFollowing &&
-      (position_ >= record_.size() || record_[position_] != bucket)) {
+      (position_ >= record.size() || record[position_] != bucket)) {
     // Every rank on the same path notices at the same request, so the
     // collectives stay in step.
     phase_ = Phase::kDiverged;
@@ -37,15 +52,28 @@ bool FetchSchedule::OnRequest(int bucket) {
 }
 
 bool FetchSchedule::EndMicroStep() {
-  const bool adopt =
-      !has_record_ || phase_ == Phase::kDiverged || observed_ != record_;
-  const bool replaced = adopt && has_record_;
-  if (adopt) {
-    record_ = observed_;
-    has_record_ = true;
+  const bool had_record = has_record();
+  const int first = observed_.empty() ? -1 : observed_[0];
+  int slot = FindRecord(first);
+  const bool adopt = slot < 0 || records_[slot].requests != observed_;
+  if (slot < 0) {
+    if (static_cast<int>(records_.size()) < kMaxRecords) {
+      slot = static_cast<int>(records_.size());
+      records_.emplace_back();
+    } else {
+      // The least recently used path makes room (the lowest index on a
+      // tie, so every rank picks alike).
+      slot = 0;
+      for (int r = 1; r < static_cast<int>(records_.size()); ++r) {
+        if (records_[r].last_used < records_[slot].last_used) slot = r;
+      }
+    }
   }
+  records_[slot].requests = observed_;
+  records_[slot].last_used = micro_steps_;
+  active_ = slot;
   phase_ = Phase::kIdle;
-  return replaced;
+  return adopt && had_record;
 }
 
 void FetchSchedule::OnGathered(int bucket) {
@@ -61,12 +89,14 @@ void FetchSchedule::OnFreed(int bucket) {
 
 size_t FetchSchedule::NextUse(int bucket) const {
   if (phase_ != Phase::kFollowing) return Never();
-  for (size_t q = position_; q < record_.size(); ++q) {
-    if (record_[q] == bucket) return q;
+  const std::vector<int>& record = this->record();
+  for (size_t q = position_; q < record.size(); ++q) {
+    if (record[q] == bucket) return q;
   }
   if (next_follows_) {
-    for (size_t q = 0; q < record_.size(); ++q) {
-      if (record_[q] == bucket) return record_.size() + q;
+    // The next micro-step is assumed to take this path again.
+    for (size_t q = 0; q < record.size(); ++q) {
+      if (record[q] == bucket) return record.size() + q;
     }
   }
   return Never();
@@ -80,8 +110,9 @@ std::vector<int> FetchSchedule::PrefetchCandidates() const {
   int64_t budget = options_.prefetch_bucket_elements;
   int64_t live = live_elements_;
   std::vector<bool> gathered = gathered_;
-  for (size_t q = position_; q < record_.size(); ++q) {
-    const int bucket = record_[q];
+  const std::vector<int>& record = this->record();
+  for (size_t q = position_; q < record.size(); ++q) {
+    const int bucket = record[q];
     if (gathered[bucket]) continue;
     const int64_t elements = bucket_elements_[bucket];
     if (elements > budget || live + elements > options_.max_live_elements) {
@@ -100,10 +131,12 @@ std::vector<int> FetchSchedule::UpcomingBuckets(
   std::vector<int> upcoming;
   if (phase_ != Phase::kFollowing || count == 0) return upcoming;
   std::vector<bool> seen(gathered_.size(), false);
-  // The rest of this micro-step, then (wrapping once) the next one's.
-  for (size_t k = 0; k < 2 * record_.size() && upcoming.size() < count; ++k) {
-    const size_t q = (position_ + k) % record_.size();
-    const int bucket = record_[q];
+  // The rest of this micro-step, then (wrapping once) the next one's,
+  // assumed to take this path again (as NextUse does).
+  const std::vector<int>& record = this->record();
+  for (size_t k = 0; k < 2 * record.size() && upcoming.size() < count; ++k) {
+    const size_t q = (position_ + k) % record.size();
+    const int bucket = record[q];
     if (seen[bucket] || gathered_[bucket]) continue;
     seen[bucket] = true;
     if (wanted(bucket)) upcoming.push_back(bucket);

@@ -25,6 +25,16 @@
 // there was none, when the order diverged, or when it ended short of (or
 // past) the record.
 //
+// Several paths: one record is kept per first request (up to
+// kMaxRecords, the least recently used replaced), and a micro-step's first
+// request picks the record that starts with it. A model whose micro-steps
+// take a few paths that start at different modules (a pipeline rank's
+// several stages under the interleaved schedule, pipeline/executor.h: each
+// micro-step is one stage's forward and backward) follows each path's own
+// record instead of diverging at every change of path. A first request no
+// record starts with diverges (as a changed order does) and, at
+// EndMicroStep, adds its path's record. record() is the record in use.
+//
 // kFollowing: requests so far match the record. Then
 //   - prefetch: after each request, the record's next buckets that are not
 //     gathered are issued, while they fit in stage3_prefetch_bucket_size
@@ -75,21 +85,30 @@ class FetchSchedule {
                 std::vector<int64_t> bucket_elements,
                 std::vector<bool> persistent);
 
+  // Records kept, one per first request.
+  static constexpr int kMaxRecords = 16;
+
   Phase phase() const { return phase_; }
-  bool has_record() const { return has_record_; }
-  const std::vector<int>& record() const { return record_; }
+  bool has_record() const { return !records_.empty(); }
+  // The record in use: the one the current (or last) micro-step's first
+  // request picked; empty without records.
+  const std::vector<int>& record() const {
+    return active_ < 0 ? empty_ : records_[active_].requests;
+  }
   // Requests so far in this micro-step.
   size_t position() const { return position_; }
 
   // A training micro-step begins (its first forward request is next).
   void BeginMicroStep();
   // A training module call requests bucket `b` (evaluation requests are not
-  // reported). Returns true when this request is the first of the
-  // micro-step to depart from the record (kFollowing -> kDiverged), so the
+  // reported). The micro-step's first request picks the record starting
+  // with it. Returns true when this request is the first of the
+  // micro-step to depart from the records (kFollowing -> kDiverged), so the
   // caller can say so.
   bool OnRequest(int bucket);
   // The micro-step's last backward is done. Returns true when a record
-  // existed and a different one was adopted (the caller logs it).
+  // existed and the micro-step's order was adopted as a new or different
+  // one (the caller logs it).
   bool EndMicroStep();
 
   // Residency, for every gather and free (evaluation's included).
@@ -125,18 +144,26 @@ class FetchSchedule {
 
  private:
   // The record's next request of `bucket` at or after position_; with
-  // next_follows_, else the next micro-step's first, as record_.size() +
+  // next_follows_, else the next micro-step's first, as record().size() +
   // its index; Never() when none or not kFollowing.
   size_t NextUse(int bucket) const;
-  size_t Never() const { return 2 * record_.size(); }
+  size_t Never() const { return 2 * record().size(); }
+  // The record starting with `first` (-1: an empty micro-step), or -1.
+  int FindRecord(int first) const;
 
   FetchScheduleOptions options_;
   std::vector<int64_t> bucket_elements_;
   std::vector<bool> persistent_;
+  struct Record {
+    std::vector<int> requests;  // the recorded request order
+    int64_t last_used = 0;      // micro-step count at its last use
+  };
   Phase phase_ = Phase::kIdle;
-  bool has_record_ = false;
   bool next_follows_ = false;
-  std::vector<int> record_;    // the recorded request order
+  std::vector<Record> records_;
+  int active_ = -1;  // index in records_ of record()
+  int64_t micro_steps_ = 0;
+  std::vector<int> empty_;
   std::vector<int> observed_;  // this micro-step's requests
   size_t position_ = 0;
   std::vector<bool> gathered_;

@@ -253,6 +253,51 @@ TEST(FetchScheduleTest, AShorterOrLongerMicroStepReplacesTheRecord) {
   EXPECT_EQ(schedule.record(), (std::vector<int>{0, 1, 2}));
 }
 
+// Two paths starting at different buckets (a pipeline rank's two stages
+// under the interleaved schedule): once both are recorded, micro-steps of
+// either follow their own record, prefetching along it, with nothing said;
+// a third path is recorded beside them, and a changed order within a path
+// replaces only that path's record.
+TEST(FetchScheduleTest, EachFirstRequestFollowsItsOwnPath) {
+  FetchSchedule schedule(Options(100, 1000, 0), {10, 10, 10, 10, 10}, {});
+  PlayOnDemand(schedule, {0, 1, 1, 0});
+  // A new first request: diverges from the record in use, then adds one.
+  schedule.BeginMicroStep();
+  EXPECT_TRUE(schedule.OnRequest(2));
+  for (int bucket : {3, 3, 2}) EXPECT_FALSE(schedule.OnRequest(bucket));
+  EXPECT_TRUE(schedule.EndMicroStep());
+  for (int round = 0; round < 2; ++round) {
+    for (const std::vector<int>& path :
+         {std::vector<int>{0, 1, 1, 0}, std::vector<int>{2, 3, 3, 2}}) {
+      SCOPED_TRACE(absl::StrCat("round ", round, ", path from ", path[0]));
+      schedule.BeginMicroStep();
+      EXPECT_EQ(schedule.phase(), Phase::kFollowing);
+      EXPECT_FALSE(schedule.OnRequest(path[0]));
+      schedule.OnGathered(path[0]);
+      EXPECT_EQ(schedule.record(), path);
+      EXPECT_EQ(schedule.PrefetchCandidates(), (std::vector<int>{path[1]}));
+      schedule.OnFreed(path[0]);
+      for (size_t q = 1; q < path.size(); ++q) {
+        EXPECT_FALSE(schedule.OnRequest(path[q]));
+      }
+      EXPECT_EQ(schedule.phase(), Phase::kFollowing);
+      EXPECT_FALSE(schedule.EndMicroStep());
+    }
+  }
+  PlayOnDemand(schedule, {4, 4});
+  schedule.BeginMicroStep();
+  EXPECT_FALSE(schedule.OnRequest(2));
+  EXPECT_TRUE(schedule.OnRequest(1));  // path 2's record says 3
+  EXPECT_TRUE(schedule.EndMicroStep());
+  EXPECT_EQ(schedule.record(), (std::vector<int>{2, 1}));
+  for (const std::vector<int>& path :
+       {std::vector<int>{0, 1, 1, 0}, std::vector<int>{4, 4}}) {
+    schedule.BeginMicroStep();
+    EXPECT_FALSE(schedule.OnRequest(path[0]));
+    EXPECT_EQ(schedule.record(), path);
+  }
+}
+
 TEST(FetchScheduleTest, TiedBucketRequestedTwicePrefetchesOnce) {
   // A tied table (bucket 0) is requested by the embedding and the head.
   FetchSchedule schedule(Options(100, 1000, 0), {10, 10, 10}, {});

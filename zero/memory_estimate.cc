@@ -86,7 +86,8 @@ ActivationBytes EstimateActivationBytes(const ActivationShape& shape,
   const double t = static_cast<double>(shape.seq);
   const double c = static_cast<double>(shape.hidden);
   const double per_layer =
-      34.0 * b * t * c + 5.0 * b * static_cast<double>(shape.heads) * t * t;
+      34.0 * b * t * c + 5.0 * b * static_cast<double>(shape.heads) * t * t -
+      2.0 * b * t * static_cast<double>(shape.recomputed_width);
   const double input = 2.0 * b * t * c;
   const double layers = static_cast<double>(shape.layers);
   ActivationBytes bytes;

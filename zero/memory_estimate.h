@@ -78,6 +78,10 @@ struct ActivationShape {
   int64_t heads = 0;        // H
   int64_t micro_batch = 0;  // B
   int64_t seq = 0;          // T
+  // Elements per token a layer recomputes in backward instead of keeping
+  // (recompute_activations: the MLP's activation output, 4C for GPT, the
+  // FFN width for a decoder); 0 without it.
+  int64_t recomputed_width = 0;
 };
 struct ActivationBytes {
   double device = 0;       // on the GPU at the peak
@@ -87,7 +91,8 @@ struct ActivationBytes {
 // With it, each layer keeps its 2 B T C input and one layer's full set is
 // live at a time; with `ring_slots` > 0 (cpu_checkpointing, Plan::
 // activation_ring_slots) the inputs sit in pinned host memory and the
-// device holds ring_slots of them plus the running layer's.
+// device holds ring_slots of them plus the running layer's. A layer's set
+// is 2 B T recomputed_width bytes smaller with recompute_activations.
 ActivationBytes EstimateActivationBytes(const ActivationShape& shape,
                                         bool checkpointing, int ring_slots);
 

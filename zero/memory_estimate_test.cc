@@ -117,6 +117,11 @@ TEST(ActivationEstimateTest, CheckpointingAndCpuCheckpointing) {
   const ActivationBytes offloaded = EstimateActivationBytes(shape, true, 2);
   EXPECT_DOUBLE_EQ(offloaded.device, 2 * input + layer);
   EXPECT_DOUBLE_EQ(offloaded.pinned_host, 24 * input);
+  // recompute_activations: GPT's MLP keeps no (B, T, 4C) GELU output.
+  ActivationShape recomputed = shape;
+  recomputed.recomputed_width = 4 * 2048;
+  EXPECT_DOUBLE_EQ(EstimateActivationBytes(recomputed, false, 0).device,
+                   24 * (layer - 2.0 * 8 * 1024 * 4 * 2048));
 }
 
 }  // namespace

@@ -66,8 +66,11 @@
 // ahead and while gathered elements stay within stage3_max_live_parameters.
 // When a request differs from the record, prefetching stops for the rest of
 // the micro-step (requests are served on demand), the engine logs it, and the
-// new order is recorded. Prefetched buffers are only read after waiting for
-// their all-gather, so a changed order costs time, never correctness.
+// new order is recorded. One record is kept per first module (FetchSchedule),
+// so micro-steps over a pipeline rank's several stages (interleaved 1F1B)
+// each follow their stage's record. Prefetched buffers are only read after
+// waiting for their all-gather, so a changed order costs time, never
+// correctness.
 //
 // Reuse (stage3_max_reuse_distance, in bucket requests): when a bucket's
 // last user releases it while this micro-step follows the recorded order

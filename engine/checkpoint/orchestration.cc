@@ -643,8 +643,14 @@ namespace {
 
 constexpr char kPipelineFileName[] = "pipeline.json";
 
-std::string StageDirectory(const std::string& directory, int stage) {
-  return absl::StrCat(directory, "/pipeline_stage_", stage);
+// One stage per rank: pipeline_stage_<s>. Several: the rank's one
+// strategy state holds them all, so one checkpoint per rank.
+std::string StageDirectory(const std::string& directory,
+                           const PipelineCheckpointLayout& pipeline) {
+  return absl::StrCat(
+      directory,
+      pipeline.stages_per_rank > 1 ? "/pipeline_rank_" : "/pipeline_stage_",
+      pipeline.stage);
 }
 
 std::string PipelineJson(const PipelineCheckpointLayout& pipeline) {
@@ -654,6 +660,10 @@ std::string PipelineJson(const PipelineCheckpointLayout& pipeline) {
   }
   nlohmann::json json;
   json["stages"] = pipeline.layer_ranges.size();
+  // Absent with one stage per rank, so those checkpoints read as before.
+  if (pipeline.stages_per_rank > 1) {
+    json["stages_per_rank"] = pipeline.stages_per_rank;
+  }
   json["layers"] = layers;
   return json.dump() + "\n";
 }
@@ -729,9 +739,8 @@ absl::Status SavePipelineCheckpoint(const CheckpointedState& engine,
     }();
   }
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, prepared, stream, what));
-  const absl::Status saved =
-      SaveCheckpoint(engine, StageDirectory(directory, pipeline.stage), tag,
-                     client_state, report);
+  const absl::Status saved = SaveCheckpoint(
+      engine, StageDirectory(directory, pipeline), tag, client_state, report);
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, saved, stream, what));
   absl::Status committed;
   if (world.rank() == 0) {
@@ -775,8 +784,8 @@ absl::StatusOr<LoadedCheckpoint> LoadPipelineCheckpoint(
   CheckpointedState stage_engine = engine;
   stage_engine.agree_also = &world;
   absl::StatusOr<LoadedCheckpoint> loaded =
-      LoadCheckpoint(stage_engine, StageDirectory(directory, pipeline.stage),
-                     tag, load_optimizer_states);
+      LoadCheckpoint(stage_engine, StageDirectory(directory, pipeline), tag,
+                     load_optimizer_states);
   ZE_RETURN_IF_ERROR(AgreeAcrossRanks(world, loaded.status(), stream, what));
   return loaded;
 }

@@ -62,15 +62,22 @@ struct CheckpointedState {
 // A pipeline engine's place in its checkpoints (pipeline.stages > 1).
 struct PipelineCheckpointLayout {
   comm::Communicator* world = nullptr;  // every rank of the job
-  int stage = 0;                        // this rank's
-  // Each stage's pipeline layers [first, last), in stage order.
+  int stage = 0;  // this rank's pipeline rank (its stage when one per rank)
+  // pipeline.stages_per_rank: with more than 1 (interleaved), the rank's
+  // stages are saved together, under pipeline_rank_<r>/ (one strategy
+  // holds them: its state is one checkpoint), and pipeline.json records
+  // the count.
+  int stages_per_rank = 1;
+  // Each stage's pipeline layers [first, last), in stage order (all
+  // ranks x stages_per_rank of them).
   std::vector<std::pair<int64_t, int64_t>> layer_ranges;
 };
 
 // Engine::SaveCheckpoint and LoadCheckpoint of a pipeline. `directory`
 // holds pipeline.json (the stage count and each stage's layer range),
 // `latest`, and one ordinary checkpoint per stage under
-// pipeline_stage_<s>/, written and read by that stage's data-parallel
+// pipeline_stage_<s>/ (with several stages per rank, per pipeline rank
+// under pipeline_rank_<r>/), written and read by that stage's data-parallel
 // ranks (`engine.comm`) as SaveCheckpoint and LoadCheckpoint below do, so
 // a stage reshards over another data-parallel size or ZeRO stage as any
 // checkpoint does. The top-level `latest` moves only once every stage has

@@ -8,8 +8,10 @@
 // Data: replica d's micro-batch m of step s holds global samples
 // ((s*A + m)*D + d)*B + i; the reference's accumulation of A*D micro-
 // batches sees the same samples (tests/engine's TrainStep numbering).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,7 +36,11 @@ constexpr int kSteps = 3;
 constexpr int kAccumulation = 4;
 constexpr int kMicro = 2;
 
-nn::GptConfig Model() { return SmallGpt(/*channels=*/16, /*layers=*/3); }
+// Blocks of the models under test: 3 (6 pipeline layers), more where a
+// case needs more stages (ExpectParity sets it from Case::layers).
+int g_layers = 3;
+
+nn::GptConfig Model() { return SmallGpt(/*channels=*/16, g_layers); }
 
 // The model family under test: GPT, or a tiny Llama (tied or untied head).
 enum class Family { kGpt, kLlamaTied, kLlamaUntied };
@@ -42,7 +48,7 @@ Family g_family = Family::kGpt;
 
 nn::DecoderConfig Llama(bool tied) {
   nn::DecoderConfig config = nn::DecoderConfig::Preset("llama-tiny").value();
-  config.num_layers = 3;
+  config.num_layers = g_layers;
   config.hidden_size = 16;
   config.num_heads = 4;
   config.num_kv_heads = 2;
@@ -65,13 +71,15 @@ std::string g_extra_keys;
 std::string g_zero_keys;
 
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
-                       int accumulation, const std::string &optimizer) {
+                       int accumulation, const std::string &optimizer,
+                       int per_rank = 1) {
   return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", kMicro,
                       g_extra_keys, R"(, "gradient_accumulation_steps": )",
                       accumulation, R"(, "optimizer": )", optimizer,
                       R"(, "zero_optimization": {"stage": )", zero_stage,
                       g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
-                      R"(, "schedule": ")", schedule, R"("}})");
+                      R"(, "schedule": ")", schedule,
+                      R"(", "stages_per_rank": )", per_rank, "}}");
 }
 
 // The GPT runs' dtype (fp16 for the loss-scale test).
@@ -100,7 +108,7 @@ void AddInjection(nn::LossModel &model) {
   }
 }
 
-absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
+absl::StatusOr<std::unique_ptr<nn::LossModel>> Build(int first, int last) {
   if (g_family != Family::kGpt) {
     nn::DecoderOptions options;
     options.seed = 1234;
@@ -109,7 +117,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
     ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::DecoderModel> model,
                         nn::DecoderModel::Create(
                             Llama(g_family == Family::kLlamaTied), options));
-    return std::shared_ptr<nn::LossModel>(std::move(model));
+    return std::unique_ptr<nn::LossModel>(std::move(model));
   }
   nn::GptOptions options;
   options.seed = 1234;
@@ -119,7 +127,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> Build(int first, int last) {
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::GptModel> model,
                       nn::GptModel::Create(Model(), options));
   if (g_inject_step >= 0) AddInjection(*model);
-  return std::shared_ptr<nn::LossModel>(std::move(model));
+  return std::unique_ptr<nn::LossModel>(std::move(model));
 }
 
 struct Run {
@@ -150,23 +158,38 @@ absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
   return run;
 }
 
-// This rank's stage of the pipeline run; weights of its stage only.
-// This rank's stage of a pipeline engine (fresh weights from the seed).
+// This rank's stage(s) of a pipeline engine (fresh weights from the
+// seed): with per_rank > 1 (interleaved) the model is cut into
+// stages x per_rank and this rank holds stages rank + c x stages, as one
+// nn::InterleavedStages.
 absl::StatusOr<std::unique_ptr<engine::Engine>> PipelinedEngine(
     int stages, int zero_stage, const std::string &schedule,
-    const std::string &optimizer) {
+    const std::string &optimizer, int per_rank = 1) {
   ZE_ASSIGN_OR_RETURN(
       pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages"));
-  ZE_ASSIGN_OR_RETURN(
-      std::vector<pipeline::LayerRange> ranges,
-      pipeline::PartitionLayers(LayerWeights(), stages, "parameters"));
-  const pipeline::LayerRange mine = ranges[layout.StageOf(Rank())];
-  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
-                      Build(mine.first, mine.last));
-  return engine::Initialize(
-      model, ConfigJson(stages, zero_stage, schedule, kAccumulation, optimizer),
-      Comm());
+  ZE_ASSIGN_OR_RETURN(std::vector<pipeline::LayerRange> ranges,
+                      pipeline::PartitionLayers(
+                          LayerWeights(), stages * per_rank, "parameters"));
+  const int rank = layout.StageOf(Rank());
+  std::vector<std::unique_ptr<nn::LossModel>> chunks;
+  for (int c = 0; c < per_rank; ++c) {
+    const pipeline::LayerRange mine = ranges[rank + c * stages];
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::LossModel> chunk,
+                        Build(mine.first, mine.last));
+    chunks.push_back(std::move(chunk));
+  }
+  std::shared_ptr<nn::LossModel> model;
+  if (per_rank == 1) {
+    model = std::move(chunks[0]);
+  } else {
+    ZE_ASSIGN_OR_RETURN(model,
+                        nn::InterleavedStages::Create(std::move(chunks)));
+  }
+  return engine::Initialize(model,
+                            ConfigJson(stages, zero_stage, schedule,
+                                       kAccumulation, optimizer, per_rank),
+                            Comm());
 }
 
 // Steps [first, last) of the pipeline run through `engine`, their losses
@@ -211,9 +234,10 @@ absl::Status ReadWeights(engine::Engine &engine, Run *run) {
 // This rank's stage of the pipeline run; weights of its stage only.
 absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
                               const std::string &schedule,
-                              const std::string &optimizer) {
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                      PipelinedEngine(stages, zero_stage, schedule, optimizer));
+                              const std::string &optimizer, int per_rank) {
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Engine> engine,
+      PipelinedEngine(stages, zero_stage, schedule, optimizer, per_rank));
   Run run;
   ZE_RETURN_IF_ERROR(TrainPipelined(*engine, 0, kSteps, &run));
   ZE_RETURN_IF_ERROR(ReadWeights(*engine, &run));
@@ -226,14 +250,20 @@ struct Case {
   std::string schedule;
   std::string optimizer;
   double tolerance;
+  int per_rank = 1;  // pipeline.stages_per_rank (interleaved_1f1b: > 1)
+  int layers = 3;    // blocks of the model
 };
 
 void ExpectParity(const Case &c) {
   SCOPED_TRACE(testing::Message()
                << c.stages << " stages x " << World() / c.stages
                << " replicas, family " << static_cast<int>(g_family) << ", "
-               << c.schedule << ", ZeRO " << c.zero_stage << ", " << c.optimizer
-               << ", rank " << Rank());
+               << c.schedule << " (" << c.per_rank << " per rank), ZeRO "
+               << c.zero_stage << ", " << c.optimizer << ", rank " << Rank());
+  g_layers = c.layers;
+  struct RestoreLayers {
+    ~RestoreLayers() { g_layers = 3; }
+  } restore;
   // Every rank splits off its own world of one for the reference.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> alone =
       Comm()->Split(Rank(), 0);
@@ -243,7 +273,7 @@ void ExpectParity(const Case &c) {
                 std::shared_ptr<comm::Communicator>(std::move(*alone)));
   ASSERT_TRUE(reference.ok()) << reference.status();
   absl::StatusOr<Run> piped =
-      Pipelined(c.stages, c.zero_stage, c.schedule, c.optimizer);
+      Pipelined(c.stages, c.zero_stage, c.schedule, c.optimizer, c.per_rank);
   ASSERT_TRUE(piped.ok()) << piped.status();
   std::map<std::string, std::vector<float>> reference_weights;
   for (const auto &[name, values] : piped->weights) {
@@ -262,6 +292,22 @@ std::vector<int> StageCounts() {
   }
   return counts;
 }
+
+// The pipeline ranks tested with 2 stages per rank: those dividing the
+// world and the micro-batches (2 at 2 ranks; 2 and 4 at 4 ranks; none at
+// 3).
+std::vector<int> InterleavedStageCounts() {
+  std::vector<int> counts;
+  for (int stages : StageCounts()) {
+    if (kAccumulation % stages == 0) counts.push_back(stages);
+  }
+  return counts;
+}
+
+// Blocks for 2 stages on each of `stages` ranks: the model's pipeline
+// sequence (blocks + 3: embedding, final norm, head) needs 2 x stages
+// layers; 3 blocks at least, as the other cases.
+int InterleavedLayers(int stages) { return std::max(3, 2 * stages - 3); }
 
 constexpr char kSgd[] = R"({"type": "SGD", "params": {"lr": 0.1}})";
 constexpr char kAdamW[] =
@@ -335,6 +381,14 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
       ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-4});
     }
   }
+  // Interleaved: the injection is in whichever stage holds the first block
+  // (rank 0's or rank 1's first).
+  for (int stages : InterleavedStageCounts()) {
+    for (int zero_stage : {0, 1}) {
+      ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-4, 2,
+                    InterleavedLayers(stages)});
+    }
+  }
   g_dtype = DType::kF32;
   g_extra_keys.clear();
   g_inject_step = -1;
@@ -359,6 +413,75 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
       R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
   for (int stages : StageCounts()) {
     ExpectParity({stages, 3, "1f1b", kAdamW, 1e-4});
+  }
+  g_extra_keys.clear();
+  g_zero_keys.clear();
+}
+
+// Interleaved 1F1B (issue 29): 2 pipeline ranks (x 2 data-parallel at 4
+// ranks) with 2 stages each, the model cut into 4 (stage s on rank s % 2,
+// so rank 0 holds the embedding's stage and the third, rank 1 the second
+// and the head's), and at 4 ranks also 4 x 1 with 2 stages each (8 stages
+// of a 5-block model: the middle ranks hold neither end), one ZeRO
+// strategy per rank over all its stages:
+// the single-rank run's losses and weights at ZeRO 0-3, for GPT and the
+// Llama family (tied and untied), with and without clipping across the
+// stages. A wrong chunk order, a message matched to another stage's
+// buffer, a gradient of a stage reduced before its last backward (ZeRO
+// 2-3 count uses per bracket), a tied table summed twice or not at all,
+// or a chunk's parameters left out of the strategy would each change them.
+TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  for (Family family :
+       {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
+    g_family = family;
+    for (int stages : InterleavedStageCounts()) {
+      for (int zero_stage : {0, 1, 2, 3}) {
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                      InterleavedLayers(stages)});
+      }
+    }
+  }
+  g_family = Family::kGpt;
+  g_extra_keys = R"(, "gradient_clipping": 0.1)";
+  for (Family family : {Family::kGpt, Family::kLlamaTied}) {
+    g_family = family;
+    for (int stages : InterleavedStageCounts()) {
+      for (int zero_stage : {0, 1, 2, 3}) {
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                      InterleavedLayers(stages)});
+      }
+    }
+  }
+  g_family = Family::kGpt;
+  g_extra_keys.clear();
+}
+
+// Interleaved with ZeRO-Offload inside each rank (AdamW's step on the CPU,
+// clipped by the norm across the ranks), ZeRO 1-3, GPT and the Llama
+// family (tied and untied); at 3 also with offload_param (GPT).
+TEST(PipelineParity, InterleavedOffloadOptimizer) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  g_extra_keys = R"(, "gradient_clipping": 0.1)";
+  g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
+  for (Family family :
+       {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
+    g_family = family;
+    for (int stages : InterleavedStageCounts()) {
+      for (int zero_stage : {1, 2, 3}) {
+        ExpectParity({stages, zero_stage, "interleaved_1f1b", kAdamW, 1e-4, 2,
+                      InterleavedLayers(stages)});
+      }
+    }
+  }
+  g_family = Family::kGpt;
+  g_zero_keys =
+      R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
+  for (int stages : InterleavedStageCounts()) {
+    ExpectParity({stages, 3, "interleaved_1f1b", kAdamW, 1e-4, 2,
+                  InterleavedLayers(stages)});
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
@@ -435,6 +558,64 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
   }
 }
 
+// An interleaved pipeline's checkpoint (2 ranks x 2 stages each): saved
+// after step 1, one checkpoint per pipeline rank holding both its stages
+// (pipeline_rank_<r>/: one strategy's state), loaded by a fresh engine of
+// the same layout, which then trains to the uninterrupted run's losses and
+// weights bit for bit (ZeRO 1 and 3, AdamW: the moments travel too). The
+// same directory is refused, naming pipeline.json, by a pipeline of one
+// stage per rank over the same ranks (its stages hold other layers).
+TEST(PipelineCheckpoint, InterleavedResumesBitForBitAndRefusesOneStagePerRank) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  for (int zero_stage : {1, 3}) {
+    SCOPED_TRACE(absl::StrCat("ZeRO ", zero_stage, ", rank ", Rank()));
+    const std::string directory = SharedDirectory(
+        absl::StrCat("pipeline_interleaved_ckpt_z", zero_stage));
+    absl::StatusOr<std::unique_ptr<engine::Engine>> whole = PipelinedEngine(
+        stages, zero_stage, "interleaved_1f1b", kAdamW, /*per_rank=*/2);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    enginetest::Run uninterrupted;
+    ASSERT_TRUE(TrainPipelined(**whole, 0, 1, &uninterrupted).ok());
+    ASSERT_TRUE((*whole)->SaveCheckpoint(directory).ok());
+    ASSERT_TRUE(TrainPipelined(**whole, 1, kSteps, &uninterrupted).ok());
+    ASSERT_TRUE(ReadWeights(**whole, &uninterrupted).ok());
+    EXPECT_TRUE(std::filesystem::is_directory(
+        absl::StrCat(directory, "/pipeline_rank_", stages - 1)));
+
+    absl::StatusOr<std::unique_ptr<engine::Engine>> resumed_engine =
+        PipelinedEngine(stages, zero_stage, "interleaved_1f1b", kAdamW, 2);
+    ASSERT_TRUE(resumed_engine.ok()) << resumed_engine.status();
+    absl::StatusOr<engine::LoadedCheckpoint> loaded =
+        (*resumed_engine)->LoadCheckpoint(directory);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->tag, "global_step1");
+    enginetest::Run resumed;
+    resumed.losses.push_back(uninterrupted.losses[0]);
+    ASSERT_TRUE(TrainPipelined(**resumed_engine, 1, kSteps, &resumed).ok());
+    ASSERT_TRUE(ReadWeights(**resumed_engine, &resumed).ok());
+    EXPECT_EQ(resumed.losses, uninterrupted.losses);
+    ASSERT_EQ(resumed.weights.size(), uninterrupted.weights.size());
+    for (const auto &[name, values] : uninterrupted.weights) {
+      EXPECT_EQ(resumed.weights[name], values) << name;
+    }
+
+    absl::StatusOr<std::unique_ptr<engine::Engine>> other =
+        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+    ASSERT_TRUE(other.ok()) << other.status();
+    absl::StatusOr<engine::LoadedCheckpoint> refused =
+        (*other)->LoadCheckpoint(directory);
+    EXPECT_FALSE(refused.ok());
+    if (Rank() == 0) {
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(refused.status().message().find("pipeline.json"),
+                std::string::npos)
+          << refused.status();
+    }
+  }
+}
+
 // Ranks that would run different schedules (the last stage configured with
 // fewer micro-batches) fail at Initialize on every rank, naming the cause,
 // instead of hanging in a send no one receives.
@@ -444,19 +625,112 @@ TEST(PipelineErrors, RanksWithDifferentSchedulesFailByName) {
   absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
       pipeline::PartitionLayers(LayerWeights(), stages, "parameters");
   ASSERT_TRUE(ranges.ok()) << ranges.status();
-  absl::StatusOr<std::shared_ptr<nn::LossModel>> model =
+  absl::StatusOr<std::unique_ptr<nn::LossModel>> model =
       Build((*ranges)[Rank()].first, (*ranges)[Rank()].last);
   ASSERT_TRUE(model.ok()) << model.status();
   const int accumulation = Rank() == World() - 1 ? 2 : kAccumulation;
   const absl::Status status =
-      engine::Initialize(
-          *model, ConfigJson(stages, 0, "1f1b", accumulation, kSgd), Comm())
+      engine::Initialize(std::move(*model),
+                         ConfigJson(stages, 0, "1f1b", accumulation, kSgd),
+                         Comm())
           .status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_NE(status.message().find(absl::StrCat("pipeline ranks ", World() - 1,
                                                " built another schedule")),
             std::string::npos)
       << status;
+}
+
+// Interleaved: ranks of the last pipeline rank configured with fewer
+// micro-batches (2, still a multiple of the ranks) build other lists; every
+// rank fails at Initialize, naming the rank, instead of hanging.
+TEST(PipelineErrors, InterleavedRanksWithDifferentSchedulesFailByName) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<pipeline::PipelineLayout> layout =
+      pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  const int rank = layout->StageOf(Rank());
+  std::vector<std::unique_ptr<nn::LossModel>> chunks;
+  for (int c = 0; c < 2; ++c) {
+    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk = Build(
+        (*ranges)[rank + c * stages].first, (*ranges)[rank + c * stages].last);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    chunks.push_back(std::move(*chunk));
+  }
+  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> model =
+      nn::InterleavedStages::Create(std::move(chunks));
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int accumulation = rank == stages - 1 ? 2 : kAccumulation;
+  const absl::Status status =
+      engine::Initialize(std::move(*model),
+                         ConfigJson(stages, 0, "interleaved_1f1b", accumulation,
+                                    kSgd, /*per_rank=*/2),
+                         Comm())
+          .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("pipeline ranks ", stages - 1,
+                                               " built another schedule")),
+            std::string::npos)
+      << status;
+}
+
+// A rank whose model is not the stages the interleaved layout gives it
+// fails at Initialize, naming the key or the stage: one stage where
+// pipeline.stages_per_rank says 2, and the contiguous placement (rank r
+// holding stages 2r and 2r + 1) instead of the looping one (r and r + 2).
+TEST(PipelineErrors, InterleavedModelsNotMatchingTheLayoutAreNamed) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<pipeline::PipelineLayout> layout =
+      pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages");
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const int rank = layout->StageOf(Rank());
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  const std::string config =
+      ConfigJson(stages, 1, "interleaved_1f1b", kAccumulation, kSgd, 2);
+
+  absl::StatusOr<std::unique_ptr<nn::LossModel>> one =
+      Build((*ranges)[rank].first, (*ranges)[rank].last);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const absl::Status single =
+      engine::Initialize(std::move(*one), config, Comm()).status();
+  EXPECT_EQ(single.code(), absl::StatusCode::kInvalidArgument) << single;
+  EXPECT_NE(single.message().find(
+                absl::StrCat("pipeline.stages_per_rank 2 but world rank ",
+                             Rank(), "'s model holds 1 stage(s)")),
+            std::string::npos)
+      << single;
+
+  std::vector<std::unique_ptr<nn::LossModel>> chunks;
+  for (int c = 0; c < 2; ++c) {
+    const pipeline::LayerRange range = (*ranges)[2 * rank + c];
+    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk =
+        Build(range.first, range.last);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    chunks.push_back(std::move(*chunk));
+  }
+  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> contiguous =
+      nn::InterleavedStages::Create(std::move(chunks));
+  ASSERT_TRUE(contiguous.ok()) << contiguous.status();
+  const absl::Status placed =
+      engine::Initialize(std::move(*contiguous), config, Comm()).status();
+  EXPECT_EQ(placed.code(), absl::StatusCode::kInvalidArgument) << placed;
+  // Rank 0's second stage should be stage `stages`; any other rank's first
+  // should be stage `rank`.
+  const std::string named =
+      rank == 0 ? absl::StrCat("gives stage ", stages, " (world rank ", Rank(),
+                               ", its stage 1)")
+                : absl::StrCat("gives stage ", rank, " (world rank ", Rank(),
+                               ", its stage 0)");
+  EXPECT_NE(placed.message().find(named), std::string::npos) << placed;
 }
 
 // The startup line names every stage: its layers, its parameters and its
@@ -484,6 +758,43 @@ TEST(PipelineStartup, TheLineShowsEveryStagesLayersAndMemory) {
     const std::string rest = log.substr(at + stage.size(), 60);
     EXPECT_NE(rest.find(" parameters, "), std::string::npos) << rest;
     EXPECT_NE(rest.find("iB GPU + "), std::string::npos) << rest;
+  }
+}
+
+// Interleaved: the line says how many stages each rank holds, names every
+// stage's layers, parameters and rank (stage s on rank s % ranks), and
+// each rank's model-state memory once.
+TEST(PipelineStartup, InterleavedLineShowsEveryStagesRank) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  if (InterleavedStageCounts().empty()) GTEST_SKIP() << "no interleaved layout";
+  const int stages = InterleavedStageCounts()[0];
+  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
+      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  if (Rank() == 0) ::testing::internal::CaptureStderr();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+      PipelinedEngine(stages, 2, "interleaved_1f1b", kAdamW, 2);
+  const std::string log =
+      Rank() == 0 ? ::testing::internal::GetCapturedStderr() : "";
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  if (Rank() != 0) return;
+  EXPECT_NE(log.find("2 stages per rank, schedule interleaved_1f1b"),
+            std::string::npos)
+      << log;
+  for (int s = 0; s < 2 * stages; ++s) {
+    const std::string stage =
+        absl::StrCat("stage ", s, ": layers [", (*ranges)[s].first, ", ",
+                     (*ranges)[s].last, "), ");
+    const size_t at = log.find(stage);
+    ASSERT_NE(at, std::string::npos) << stage << " not in:\n" << log;
+    const std::string rest = log.substr(at + stage.size(), 60);
+    EXPECT_NE(rest.find(absl::StrCat(" parameters on rank ", s % stages)),
+              std::string::npos)
+        << rest;
+  }
+  for (int r = 0; r < stages; ++r) {
+    EXPECT_NE(log.find(absl::StrCat("rank ", r, ": ")), std::string::npos)
+        << log;
   }
 }
 
