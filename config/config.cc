@@ -5,6 +5,7 @@
 // triple), resolve.cc ("auto").
 #include "config/config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -168,6 +169,19 @@ std::string ToJson(const Config& config) {
 std::vector<ConfigWarning> ConfigWarnings(const Config& config) {
   std::vector<ConfigWarning> warnings = config.load_warnings;
   internal::TopSchema().Ineffective("", config, Config{}, &warnings);
+  if (config.zero_optimization.offload_param.device == OffloadDevice::kNvme) {
+    // offload_param's swap settings act with device "nvme" (the schema marks
+    // them for every other device).
+    const std::string prefix = "zero_optimization.offload_param.";
+    warnings.erase(
+        std::remove_if(warnings.begin(), warnings.end(),
+                       [&prefix](const ConfigWarning& warning) {
+                         return warning.key == prefix + "buffer_count" ||
+                                warning.key == prefix + "buffer_size" ||
+                                warning.key == prefix + "max_in_cpu";
+                       }),
+        warnings.end());
+  }
   return warnings;
 }
 

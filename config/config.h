@@ -261,9 +261,11 @@ struct OffloadParamConfig {
   std::optional<std::string> nvme_path;  // required when device is nvme
   bool pin_memory = false;
   int64_t buffer_count = 5;
-  // Elements per NVMe swap buffer.
+  // Elements per NVMe swap buffer (each holds one bucket's slice, so the
+  // largest swapped slice must fit).
   int64_t buffer_size = 100'000'000;
-  // Elements of parameters kept in CPU memory when swapping to NVMe.
+  // Elements of parameters kept in CPU memory when swapping to NVMe (the
+  // first buckets the forward reads, zero::ChooseResidentWeights).
   int64_t max_in_cpu = 1'000'000'000;
   bool operator==(const OffloadParamConfig& other) const;
 };
@@ -547,14 +549,13 @@ struct ResolutionContext {
 // The rules across keys that say what the engine can run, for
 // engine::Initialize, which calls it on every config (one changed or built
 // in code after loading included): Unimplemented for
-// zero_optimization.offload_param.device "nvme", for
-// checkpoint.load_universal, and for offload_param.device "cpu" without the
-// whole optimizer step on the CPU (offload_optimizer.device "cpu" or "nvme"
-// with ratio 1); InvalidArgument for offload_optimizer.delayed_update
-// outside device "cpu", ratio 1, stage 1 or 2. Each message starts with
-// config.source and names the keys. Loading keeps accepting these, so a
-// DeepSpeed config that asks for them is still read (check_config,
-// ConfigWarnings) and every key can still change alone.
+// checkpoint.load_universal, and for offload_param.device "cpu" or "nvme"
+// without the whole optimizer step on the CPU (offload_optimizer.device
+// "cpu" or "nvme" with ratio 1); InvalidArgument for
+// offload_optimizer.delayed_update outside device "cpu", ratio 1, stage 1 or 2.
+// Each message starts with config.source and names the keys. Loading keeps
+// accepting these, so a DeepSpeed config that asks for them is still read
+// (check_config, ConfigWarnings) and every key can still change alone.
 absl::Status CheckSupported(const Config& config);
 
 // Returns `config` with every "auto" replaced and the result validated again

@@ -124,8 +124,7 @@ TEST(ExampleConfigsTest, ExamplesMeanWhatTheirNamesSay) {
             OffloadDevice::kCpu);
   EXPECT_EQ(cpu.zero_optimization.offload_param.device, OffloadDevice::kCpu);
 
-  // Optimizer state on NVMe, parameters in CPU memory (the engine refuses
-  // offload_param nvme).
+  // Optimizer state on NVMe, parameters in CPU memory.
   const Config nvme = load("stage3_offload_nvme.json");
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device,
             OffloadDevice::kNvme);
@@ -1630,6 +1629,30 @@ TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {
   EXPECT_EQ(CheckSupported(half).code(), absl::StatusCode::kUnimplemented);
   half.zero_optimization.offload_optimizer.ratio = 1.0;
   EXPECT_TRUE(CheckSupported(half).ok());
+
+  // offload_param nvme (ZeRO-Infinity's parameter tier) runs, with the same
+  // rule as cpu: the whole optimizer step on the CPU.
+  const Config nvme_params = LoadOrDie(R"({"train_batch_size": 8,
+      "zero_optimization": {"stage": 3,
+          "offload_optimizer": {"device": "nvme", "nvme_path": "/x"},
+          "offload_param": {"device": "nvme", "nvme_path": "/x",
+                            "max_in_cpu": 0, "buffer_count": 3}}})");
+  EXPECT_TRUE(CheckSupported(nvme_params).ok());
+  // Its swap settings act: no "without effect" warning for them.
+  for (const ConfigWarning& warning : ConfigWarnings(nvme_params)) {
+    EXPECT_FALSE(
+        absl::StartsWith(warning.key, "zero_optimization.offload_param."))
+        << warning.key << " " << warning.message;
+  }
+  Config nvme_alone = nvme_params;
+  nvme_alone.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+  status = CheckSupported(nvme_alone);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_NE(status.message().find("zero_optimization.offload_param.device "
+                                  "\"nvme\" needs "
+                                  "zero_optimization.offload_optimizer.device"),
+            absl::string_view::npos)
+      << status;
 
   Config universal = LoadOrDie(R"({"train_batch_size": 8,
       "checkpoint": {"load_universal": true}})");

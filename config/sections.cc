@@ -197,21 +197,34 @@ const Schema<OffloadParamConfig>& OffloadParamSchema() {
     using O = OffloadParamConfig;
     auto* s = new Schema<O>();
     s->Add(Value("device", &O::device, OffloadDeviceCodec(),
-                 "Where partitioned parameters live: none (GPU), cpu, nvme. "
-                 "Stage 3 only."))
+                 "Where partitioned parameters live: none (GPU), cpu, nvme "
+                 "(a swap file per rank under nvme_path, read ahead of each "
+                 "all-gather in the fetch order). Stage 3 only; needs the "
+                 "whole optimizer offloaded (offload_optimizer cpu or nvme, "
+                 "ratio 1)."))
         .Add(Value("nvme_path", &O::nvme_path, Nullable(String(false)),
                    "Directory for NVMe swap files; required for nvme."))
         .Add(Value("pin_memory", &O::pin_memory, Boolean(),
                    "Use page-locked CPU buffers."))
         .Add(Value("buffer_count", &O::buffer_count, Integer(AtLeast(1)),
-                   "Swap buffers for parameters (NVMe)."))
+                   "Host swap buffers parameters are read into from NVMe "
+                   "(nvme only; pinned with pin_memory); buffer_count - 1 "
+                   "buckets are read ahead."))
         .Add(Value("buffer_size", &O::buffer_size, Integer(AtLeast(1)),
-                   "Elements per parameter swap buffer (NVMe)."))
+                   "Elements a parameter swap buffer holds at most (nvme "
+                   "only); every swapped ZeRO-3 bucket's per-rank slice must "
+                   "fit one (checked at start). Allocated at the largest "
+                   "slice when that is smaller."))
         .Add(Value("max_in_cpu", &O::max_in_cpu, Integer(AtLeast(0)),
-                   "Elements of parameters kept in CPU memory (NVMe)."));
+                   "Parameter elements kept in CPU memory rather than "
+                   "swapped (nvme only): the first buckets the forward reads, "
+                   "while their per-rank slices fit."));
+    // Used by device "nvme" only: ConfigWarnings (config.cc) drops these
+    // warnings when the device is "nvme".
     const std::string only_nvme =
-        "it sizes offload_param's NVMe swapping, and offload_param.device "
-        "\"nvme\" is not available (only \"cpu\")";
+        "with offload_param.device \"cpu\" or none; it sizes device "
+        "\"nvme\"'s swapping (host buffers, what stays in CPU memory), "
+        "where it acts";
     s->WithoutEffect("buffer_count", only_nvme)
         .WithoutEffect("buffer_size", only_nvme)
         .WithoutEffect("max_in_cpu", only_nvme);

@@ -200,8 +200,9 @@ class Engine {
   const Stream& compute_stream() const;
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
-  // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
-  // zeros otherwise). Include engine/offload_report.h to call it.
+  // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme and
+  // offload_param nvme, summed; zeros otherwise). Include
+  // engine/offload_report.h to call it.
   NvmeCounters nvme_counters() const;
   // Where the offloaded update's worker spent its time, summed over every
   // update so far (zeros without offload_optimizer). Include

@@ -14,8 +14,8 @@
 namespace ze {
 namespace engine {
 
-// Bytes and seconds of swap-file I/O (offload_optimizer nvme; zeros
-// otherwise).
+// Bytes and seconds of swap-file I/O (offload_optimizer nvme and
+// offload_param nvme, summed; zeros otherwise).
 struct NvmeCounters : offload::NvmeStore::Counters {};
 
 // Where the offloaded update's worker spent its time, summed over every

@@ -9,4 +9,23 @@ echo "$output" | grep "train_gpt --dry_run\|model state\|activations"
 grep -q "2 ranks, ZeRO stage 2" <<<"$output"
 grep -q "model state per rank: Psi=834304 parameters" <<<"$output"
 if grep -q "loss" <<<"$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+# The parameter tier on NVMe (offload_param nvme, stage 3): the plan's NVMe
+# bytes include the 16-bit weights; nothing is allocated, so the directory
+# need not exist.
+nvme_config="${TEST_TMPDIR:-$(mktemp -d)}/nvme_params.json"
+python3 - "$config" "$nvme_config" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["zero_optimization"].update({
+    "stage": 3,
+    "offload_optimizer": {"device": "cpu"},
+    "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/dry",
+                      "max_in_cpu": 0, "pin_memory": True}})
+json.dump(config, open(sys.argv[2], "w"))
+PY
+output=$("$run_mpi" 2 "$train" --config="$nvme_config" --device=cpu --seq=64 --dry_run 2>&1)
+echo "$output" | grep "train_gpt --dry_run\|model state"
+grep -q "2 ranks, ZeRO stage 3" <<<"$output"
+grep -q ", NVMe [0-9.]* GiB" <<<"$output"
+if grep -q "loss" <<<"$output"; then echo "FAIL: a dry run trained"; exit 1; fi
 echo "train_gpt --dry_run: ok"

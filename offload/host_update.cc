@@ -1066,6 +1066,12 @@ absl::Status InFlightUpdate::Close(const Stream& stream) {
   return copied.StreamWait(stream);
 }
 
+bool InFlightUpdate::SlotWritten(int slot) const {
+  if (owner_ == nullptr) return true;
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  return owner_->written_from_[slot] == 0;
+}
+
 absl::Status InFlightUpdate::WaitForWeights(int slot, int64_t own_begin,
                                             const Stream& stream) {
   if (owner_ == nullptr || owner_->options_.delayed_update || open_) {

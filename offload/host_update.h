@@ -533,6 +533,11 @@ class InFlightUpdate {
   // report. Errors only from the stream wait.
   absl::Status WaitForWeights(int slot, int64_t own_begin,
                               const Stream& stream);
+  // Whether the worker has written every chunk of `slot`'s weights (true
+  // when nothing is active). After WaitForWeights(slot, 0) returned, false
+  // means the update failed before the slot was done (its staged weights
+  // are partly gradients: zero::PartitionState does not write them back).
+  bool SlotWritten(int slot) const;
   // Waits for the worker to end (after closing the hand-over, should Close
   // have failed halfway), orders `stream` after every upload, and,
   // for a delayed update, copies each slot's `delayed` buffer over its

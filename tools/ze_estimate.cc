@@ -16,7 +16,10 @@
 // only the config's own (its stage, offload_optimizer and offload_param,
 // precision and optimizer; the world size from --world_size or else from
 // its batch triple). Prints a table (GiB per rank: GPU, host with its
-// pinned part, NVMe), or one JSON object per row with --json (bytes).
+// pinned part, NVMe), or one JSON object per row with --json (bytes). The
+// "nvmeparam" rows put the 16-bit weights on NVMe too (offload_param nvme;
+// without --config, max_in_cpu 0: none kept in CPU memory; the engine plan
+// then counts the swap buffers as pinned host bytes).
 // Exit status: 0 printed, 2 bad input (the message names the flag or the
 // config file and key); --help prints the usage.
 #include <array>
@@ -99,7 +102,8 @@ constexpr char kHelp[] =
 
 struct Row {
   int stage = 0;
-  std::string offload;  // none, cpu, cpu+param, param, nvme, nvme+param
+  // none, cpu, cpu+param, param, nvme, nvme+param, nvme+nvmeparam, ...
+  std::string offload;
   int64_t device = 0, host = 0, pinned = 0, nvme = 0;
   double paper = 0;  // the paper's model-state figure (placement aside)
 };
@@ -123,14 +127,18 @@ std::string OffloadName(const Choice& choice) {
   std::string name = choice.optimizer == OffloadDevice::kNvme  ? "nvme"
                      : choice.optimizer == OffloadDevice::kCpu ? "cpu"
                                                                : "";
-  if (choice.param == OffloadDevice::kCpu) {
-    name = name.empty() ? "param" : name + "+param";
+  if (choice.param != OffloadDevice::kNone) {
+    const char* param =
+        choice.param == OffloadDevice::kNvme ? "nvmeparam" : "param";
+    name = name.empty() ? param : name + "+" + param;
   }
   return name.empty() ? "none" : name;
 }
 
 // Every combination shown without --config (offload_optimizer needs stage
-// >= 1; offload_param and this build's NVMe, stage 3).
+// >= 1; offload_param and this build's NVMe, stage 3). The NVMe parameter
+// row keeps nothing in CPU memory (max_in_cpu 0; DeepSpeed's default 1e9
+// would keep a small model's parameters on the host).
 std::vector<Choice> AllChoices() {
   using config::OffloadDevice;
   std::vector<Choice> choices = {
@@ -139,6 +147,7 @@ std::vector<Choice> AllChoices() {
   choices.push_back({3, OffloadDevice::kCpu});
   choices.push_back({3, OffloadDevice::kCpu, OffloadDevice::kCpu});
   choices.push_back({3, OffloadDevice::kNvme});
+  choices.push_back({3, OffloadDevice::kNvme, OffloadDevice::kNvme});
   return choices;
 }
 
@@ -167,7 +176,7 @@ const char* PrecisionName(config::TrainingPrecision precision) {
 // The paper's per-rank bytes, placed: offloaded optimizer state (f32 master
 // and moments) goes to the host with a 16-bit staging copy of the rank's
 // gradients (pinned), or to NVMe; offloaded parameters (stage 3) go to the
-// host, pinned.
+// host, pinned, or to NVMe.
 absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
                              const Choice& choice) {
   ZE_ASSIGN_OR_RETURN(zero::ModelStateBytes bytes,
@@ -200,6 +209,9 @@ absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
     row.device -= bytes.params;
     row.host += bytes.params;
     row.pinned += bytes.params;
+  } else if (choice.param == config::OffloadDevice::kNvme) {
+    row.device -= bytes.params;
+    row.nvme += bytes.params;
   }
   return row;
 }
@@ -227,10 +239,10 @@ void Print(const std::vector<Row>& rows, bool json, const std::string& what,
     return;
   }
   std::printf("%s\nper rank, GiB:\n", what.c_str());
-  std::printf("%-6s %-10s %10s %10s %10s %10s %14s\n", "stage", "offload",
+  std::printf("%-6s %-14s %10s %10s %10s %10s %14s\n", "stage", "offload",
               "GPU", "host", "(pinned)", "NVMe", "paper (total)");
   for (const Row& row : rows) {
-    std::printf("%-6d %-10s %10s %10s %10s %10s %14s\n", row.stage,
+    std::printf("%-6d %-14s %10s %10s %10s %10s %14s\n", row.stage,
                 row.offload.c_str(), GiB(row.device).c_str(),
                 GiB(row.host).c_str(), GiB(row.pinned).c_str(),
                 GiB(row.nvme).c_str(), GiB(row.paper).c_str());
@@ -414,12 +426,6 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
                     " assumed");
   }
   const config::ZeroConfig& zero = loaded.zero_optimization;
-  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path,
-        ": zero_optimization.offload_param.device \"nvme\" is not built "
-        "(engine::Initialize rejects it)"));
-  }
   Choice choice;
   choice.stage = static_cast<int>(zero.stage);
   choice.optimizer = zero.offload_optimizer.device;
@@ -526,6 +532,9 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
       optimizer.device = choice.optimizer;
       optimizer.pin_memory = true;
       variant.zero_optimization.offload_param.device = choice.param;
+      if (choice.param == config::OffloadDevice::kNvme) {
+        variant.zero_optimization.offload_param.max_in_cpu = 0;
+      }
     }
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,
                         zero::PlanMemory(*model, variant, setup.world));

@@ -126,6 +126,24 @@ std::vector<int> FetchSchedule::PrefetchCandidates() const {
   return candidates;
 }
 
+std::vector<int> FetchSchedule::UpcomingBuckets(
+    size_t count, const std::function<bool(int)>& wanted) const {
+  std::vector<int> upcoming;
+  if (phase_ != Phase::kFollowing || count == 0) return upcoming;
+  std::vector<bool> seen(gathered_.size(), false);
+  // The rest of this micro-step, then (wrapping once) the next one's,
+  // assumed to take this path again (as NextUse does).
+  const std::vector<int>& record = this->record();
+  for (size_t k = 0; k < 2 * record.size() && upcoming.size() < count; ++k) {
+    const size_t q = (position_ + k) % record.size();
+    const int bucket = record[q];
+    if (seen[bucket] || gathered_[bucket]) continue;
+    seen[bucket] = true;
+    if (wanted(bucket)) upcoming.push_back(bucket);
+  }
+  return upcoming;
+}
+
 bool FetchSchedule::ShouldKeep(int bucket) const {
   if (phase_ != Phase::kFollowing || options_.max_reuse_distance <= 0) {
     return false;

@@ -120,6 +120,13 @@ class FetchSchedule {
 
   // The buckets to gather ahead now, in order (kFollowing with a budget).
   std::vector<int> PrefetchCandidates() const;
+  // Up to `count` distinct buckets the record requests next (from this
+  // request on, then the next micro-step's first ones), skipping gathered
+  // ones and those `wanted` refuses, in order; empty unless kFollowing.
+  // What offload_param nvme reads ahead from its swap file
+  // (zero::PartitionState::ReadAheadWeights).
+  std::vector<int> UpcomingBuckets(
+      size_t count, const std::function<bool(int)>& wanted) const;
   // Whether the bucket its last user just released stays gathered.
   bool ShouldKeep(int bucket) const;
   // Whether the next micro-step repeats the record with the same weights

@@ -63,6 +63,34 @@ TEST(FetchScheduleTest, FirstMicroStepRecords) {
   EXPECT_EQ(schedule.record(), (std::vector<int>{0, 1, 2, 2, 1, 0}));
 }
 
+// What offload_param nvme reads ahead: the record's next distinct buckets
+// from the current request on, then (wrapping) the next micro-step's first,
+// skipping gathered ones and those the caller does not want, at most
+// `count`; nothing without a record to follow.
+TEST(FetchScheduleTest, UpcomingBucketsFollowTheRecord) {
+  const auto all = [](int) { return true; };
+  FetchSchedule schedule(Options(0, 1000, 0), {10, 10, 10, 10, 10}, {});
+  schedule.BeginMicroStep();
+  schedule.OnRequest(0);
+  EXPECT_TRUE(schedule.UpcomingBuckets(3, all).empty());  // recording
+  schedule.EndMicroStep();
+  RecordThenRequest(schedule, {0, 1, 2, 3, 4, 3, 2, 1, 0}, {0, 1});
+  schedule.OnGathered(1);
+  // Position 2: buckets 2, 3, 4 next (1 is gathered).
+  EXPECT_EQ(schedule.UpcomingBuckets(3, all), (std::vector<int>{2, 3, 4}));
+  EXPECT_EQ(schedule.UpcomingBuckets(1, all), (std::vector<int>{2}));
+  EXPECT_EQ(schedule.UpcomingBuckets(3, [](int b) { return b != 3; }),
+            (std::vector<int>{2, 4, 0}));
+  // Near the end of the record the next micro-step's first requests follow.
+  for (int bucket : {2, 3, 4, 3, 2}) schedule.OnRequest(bucket);
+  EXPECT_EQ(schedule.UpcomingBuckets(4, all), (std::vector<int>{0, 2, 3, 4}));
+  EXPECT_EQ(schedule.UpcomingBuckets(0, all), std::vector<int>{});
+  // A departure from the record: nothing to read ahead by.
+  schedule.OnRequest(4);
+  EXPECT_EQ(schedule.phase(), Phase::kDiverged);
+  EXPECT_TRUE(schedule.UpcomingBuckets(3, all).empty());
+}
+
 TEST(FetchScheduleTest, FollowsAndPrefetchesWithinBudgetAndLiveLimit) {
   // Buckets of 10, 20, 30, 40 elements; budget 50 per request.
   FetchSchedule schedule(Options(50, 1000, 0), {10, 20, 30, 40}, {});

@@ -215,8 +215,7 @@ absl::Status ExportState(const PartitionState& state,
       const int b = piece.bucket;
       // The piece within this rank's own state and within its weights.
       const int64_t own_begin = piece.bucket_offset - state.OwnRange(b).begin;
-      int64_t weights_begin = 0;
-      const Tensor weights = state.CheckpointWeights(b, &weights_begin);
+      const int64_t weights_begin = state.CheckpointWeightsRange(b).begin;
       for (size_t k = 0; k < kinds.size(); ++k) {
         for (int64_t done = 0; done < piece.count;) {
           const int64_t count =
@@ -237,11 +236,9 @@ absl::Status ExportState(const PartitionState& state,
             ZE_RETURN_IF_ERROR(state.ReadOwnState(
                 joined, b, sources[k], own_begin + done, host, stream));
           } else {
-            ZE_RETURN_IF_ERROR(
-                Copy(weights.Slice(piece.bucket_offset - weights_begin + done,
-                                   count),
-                     host, stream));
-            ZE_RETURN_IF_ERROR(stream.Synchronize());
+            // Wherever the weights live (a swap file too), synchronous.
+            ZE_RETURN_IF_ERROR(state.ReadWeights(
+                b, piece.bucket_offset - weights_begin + done, host, stream));
           }
           spent.copy_seconds += SecondsSince(start);
           done += count;

@@ -101,8 +101,8 @@ int64_t ImportBytes(const PartitionState& state, int arrays) {
   for (int b = 0; b < state.num_buckets(); ++b) {
     bytes += std::max(0, arrays - FirstStagedArray(state)) *
              state.OwnRange(b).size() * int64_t{4};
-    int64_t weights_begin = 0;
-    bytes += state.CheckpointWeights(b, &weights_begin).nbytes();
+    bytes += state.CheckpointWeightsRange(b).size() *
+             static_cast<int64_t>(SizeOf(state.model_dtype()));
   }
   return bytes;
 }
@@ -122,12 +122,12 @@ absl::StatusOr<ImportWindow> PlanImport(const PartitionState& state,
       ZE_RETURN_IF_ERROR(StageRange(layout, b, a, names[a], own.begin,
                                     own.size(), DType::kF32, filter, &window));
     }
-    int64_t weights_begin = 0;
-    const Tensor weights = state.CheckpointWeights(b, &weights_begin);
+    // The weights wherever they live (a swap file too: WriteWeights).
+    const PartitionSlice weights = state.CheckpointWeightsRange(b);
     ZE_RETURN_IF_ERROR(StageRange(
         layout, b, ImportTarget::kWeights,
-        state.master_aliases_weights() ? "master" : "weights", weights_begin,
-        weights.numel(), weights.dtype(), filter, &window));
+        state.master_aliases_weights() ? "master" : "weights", weights.begin,
+        weights.size(), state.model_dtype(), filter, &window));
   }
   return window;
 }
@@ -176,10 +176,7 @@ absl::Status CommitImport(PartitionState& state,
     const int b = target.bucket;
     const Tensor& values = target.staging;
     if (target.array == ImportTarget::kWeights) {
-      int64_t weights_begin = 0;
-      const Tensor weights = state.CheckpointWeights(b, &weights_begin);
-      ZE_RETURN_IF_ERROR(
-          Copy(values, weights.Slice(target.begin, values.numel()), stream));
+      ZE_RETURN_IF_ERROR(state.WriteWeights(b, target.begin, values, stream));
     } else {
       ZE_RETURN_IF_ERROR(state.WriteOwnState(joined, b, target.array,
                                              target.begin, values, stream));

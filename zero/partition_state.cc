@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -44,6 +45,19 @@ std::vector<Placement> ChooseOptimizerPlacement(
     on_host += layout.bucket(b).padded_elements;
   }
   return placement;
+}
+
+std::vector<bool> ChooseResidentWeights(const PartitionedLayout& layout,
+                                        int64_t max_in_cpu) {
+  std::vector<bool> resident(layout.num_buckets(), false);
+  int64_t kept = 0;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    const int64_t elements = layout.bucket(b).slice_elements;
+    if (kept + elements > max_in_cpu) break;
+    resident[b] = true;
+    kept += elements;
+  }
+  return resident;
 }
 
 double UpdateSplit::cpu_seconds() const {
@@ -125,7 +139,10 @@ PartitionState::PartitionState(const PartitionedLayout& layout,
       options_.optimizer_placement.empty()
           ? std::vector<Placement>(layout_.num_buckets(), Placement::kDevice)
           : options_.optimizer_placement;
-  master_aliases_weights_ = options_.model_dtype == DType::kF32;
+  // Weights in a swap file are never the master: the optimizer's master
+  // lives in host memory or its own swap file.
+  master_aliases_weights_ = options_.model_dtype == DType::kF32 &&
+                            options_.weights_placement != Placement::kNvme;
   for (int b = 0; b < layout_.num_buckets(); ++b) {
     if (optimizer_placement_[b] != options_.weights_placement) {
       master_aliases_weights_ = false;
@@ -209,6 +226,10 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
     }
   }
   std::unique_ptr<PartitionState> state(new PartitionState(layout, options));
+  if (options.weights_placement == Placement::kNvme) {
+    ZE_RETURN_IF_ERROR(state->CreateSwappedWeights(stream));
+    return state;
+  }
   const int64_t elements = state->weights_replicated()
                                ? layout.padded_total_elements()
                                : layout.partition_elements();
@@ -217,6 +238,49 @@ absl::StatusOr<std::unique_ptr<PartitionState>> PartitionState::Create(
                                       options.weights_placement, stream,
                                       /*transferred=*/true));
   return state;
+}
+
+absl::Status PartitionState::CreateSwappedWeights(const Stream& stream) {
+  if (weights_replicated()) {
+    return absl::InvalidArgumentError(
+        "PartitionState: weights on NVMe (offload_param nvme) need stage 3");
+  }
+  weights_resident_ =
+      ChooseResidentWeights(layout_, options_.weights_max_in_cpu);
+  weights_dirty_.assign(layout_.num_buckets(), false);
+  // The kept buckets packed in host memory (what the device copies from:
+  // pinned with pin_memory); the others one record each in the file.
+  std::vector<int64_t> records(layout_.num_buckets(), 0);
+  int64_t resident = 0;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    resident_offsets_.push_back(resident);
+    const int64_t elements = layout_.bucket(b).slice_elements;
+    if (weights_resident_[b]) {
+      resident += elements;
+    } else {
+      records[b] = elements;
+    }
+  }
+  ZE_ASSIGN_OR_RETURN(weights_,
+                      Allocate(resident, options_.model_dtype, Placement::kHost,
+                               stream, /*transferred=*/true));
+  offload::SwappedWeightsOptions swap = options_.weights_nvme;
+  swap.file_name =
+      absl::StrCat("zero_engine_rank", options_.rank, "_parameters.swp");
+  swap.element_bytes = static_cast<int64_t>(SizeOf(options_.model_dtype));
+  swap.pin = options_.pin_memory && options_.device.is_cuda();
+  absl::StatusOr<std::unique_ptr<offload::SwappedWeights>> swapped =
+      offload::SwappedWeights::Create(swap, records);
+  if (!swapped.ok()) {
+    return absl::Status(
+        swapped.status().code(),
+        absl::StrCat("rank ", options_.rank,
+                     ": zero_optimization.offload_param (nvme): ",
+                     swapped.status().message()));
+  }
+  swapped_weights_ = std::move(swapped).value();
+  // The file starts as zeros (fallocate), as allocated weights do.
+  return absl::OkStatus();
 }
 
 absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
@@ -317,13 +381,11 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
     if (trainable_[b] && optimizer_placement_[b] == Placement::kNvme) {
       // The initial master weights go to the swap file chunk by chunk (the
       // moments start at zero).
-      Tensor weights = OwnWeights(b);
       for (int64_t chunk = 0; chunk < num_chunks(b); ++chunk) {
         const auto [begin, count] = chunk_span(b, chunk);
         ZE_ASSIGN_OR_RETURN(Tensor master,
                             Tensor::Empty({count}, DType::kF32, Device::Cpu()));
-        ZE_RETURN_IF_ERROR(
-            CopyConverting(weights.Slice(begin, count), master, stream));
+        ZE_RETURN_IF_ERROR(ReadOwnWeights(b, begin, master, stream));
         ZE_RETURN_IF_ERROR(stream.Synchronize());
         ZE_RETURN_IF_ERROR(swapped_->Initialize(
             first_swapped_chunk_[b] + static_cast<int>(chunk),
@@ -333,7 +395,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
       // Onto the host (offload) this converts on the device first. A frozen
       // bucket's copy too: it is what its "master" exports (imports may
       // then give it values finer than its 16-bit weights).
-      ZE_RETURN_IF_ERROR(CopyConverting(OwnWeights(b), OwnMaster(b), stream));
+      ZE_RETURN_IF_ERROR(ReadOwnWeights(b, 0, OwnMaster(b), stream));
     }
   }
   if (host_optimizer_ != nullptr) ZE_RETURN_IF_ERROR(stream.Synchronize());
@@ -365,7 +427,77 @@ Tensor PartitionState::OwnSlice(const Tensor& buffer, bool replicated,
 }
 
 Tensor PartitionState::OwnWeights(int bucket) const {
+  if (options_.weights_placement == Placement::kNvme) {
+    if (weights_swapped(bucket)) return Tensor();
+    return weights_.Slice(resident_offsets_[bucket],
+                          layout_.bucket(bucket).slice_elements);
+  }
   return OwnSlice(weights_, weights_replicated(), bucket);
+}
+
+absl::Status PartitionState::ReadOwnWeights(int bucket, int64_t own_begin,
+                                            const Tensor& out,
+                                            const Stream& stream) const {
+  if (weights_swapped(bucket)) {
+    // Stage 3: the own range is the checkpoint range.
+    return ReadWeights(bucket, own_begin, out, stream);
+  }
+  return CopyConverting(OwnWeights(bucket).Slice(own_begin, out.numel()), out,
+                        stream);
+}
+
+Tensor PartitionState::StagingOf(int bucket) const {
+  return host_staging_.Slice(master_offsets_[bucket], own_elements(bucket));
+}
+
+offload::NvmeStore::Counters PartitionState::weights_nvme_counters() const {
+  if (swapped_weights_ == nullptr) return offload::NvmeStore::Counters();
+  return swapped_weights_->store().counters();
+}
+
+absl::Status PartitionState::WriteBackWeights(int bucket) {
+  const Tensor staged = StagingOf(bucket);
+  ZE_ASSIGN_OR_RETURN(char* bytes,
+                      swapped_weights_->AcquireForOverwrite(bucket));
+  std::memcpy(bytes, staged.data(), staged.nbytes());
+  weights_dirty_[bucket] = false;
+  return swapped_weights_->Release(bucket, /*dirty=*/true);
+}
+
+absl::Status PartitionState::FlushSwappedWeights(bool update_ok) {
+  if (swapped_weights_ == nullptr) return absl::OkStatus();
+  absl::Status first;
+  for (int b = 0; b < layout_.num_buckets(); ++b) {
+    if (!weights_dirty_[b]) continue;
+    if (!update_ok) {
+      // The staged values may be partly gradients: the file keeps the
+      // weights from before the failed update.
+      weights_dirty_[b] = false;
+      continue;
+    }
+    absl::Status status = WriteBackWeights(b);
+    if (first.ok()) first = status;
+  }
+  absl::Status flushed = swapped_weights_->Flush();
+  return first.ok() ? flushed : first;
+}
+
+int PartitionState::weights_read_ahead() const {
+  if (swapped_weights_ == nullptr) return 0;
+  return std::max(1, options_.weights_nvme.buffer_count - 1);
+}
+
+bool PartitionState::WantsWeightsRead(int bucket) const {
+  return weights_swapped(bucket) && !weights_dirty_[bucket];
+}
+
+absl::Status PartitionState::ReadAheadWeights(const std::vector<int>& buckets) {
+  if (swapped_weights_ == nullptr) return absl::OkStatus();
+  for (int b : buckets) {
+    if (!WantsWeightsRead(b)) continue;
+    ZE_RETURN_IF_ERROR(swapped_weights_->ReadAhead(b));
+  }
+  return absl::OkStatus();
 }
 
 Tensor PartitionState::OwnMasterLow(int bucket) const {
@@ -384,8 +516,14 @@ Tensor PartitionState::OwnMaster(int bucket) const {
 }
 
 offload::NvmeStore::Counters PartitionState::nvme_counters() const {
-  if (swapped_ == nullptr) return offload::NvmeStore::Counters();
-  return swapped_->store().counters();
+  offload::NvmeStore::Counters total = weights_nvme_counters();
+  if (swapped_ == nullptr) return total;
+  const offload::NvmeStore::Counters state = swapped_->store().counters();
+  total.bytes_written += state.bytes_written;
+  total.bytes_read += state.bytes_read;
+  total.write_seconds += state.write_seconds;
+  total.read_seconds += state.read_seconds;
+  return total;
 }
 
 absl::Status PartitionState::SwappedRange(int bucket, int array,
@@ -476,8 +614,12 @@ absl::Status PartitionState::CreateHostUpdate() {
     slot.master = OwnMaster(b);
     slot.state_offset = master_offsets_[b];
     // Host weights that are the master themselves (f32) take no write.
-    if (options_.weights_placement == Placement::kDevice ||
-        !master_aliases_weights()) {
+    if (weights_swapped(b)) {
+      // Swapped weights: the CPU writes them over the gradients in the
+      // staging buffer, from where they go back to the swap file.
+      slot.weights = slot.staging;
+    } else if (options_.weights_placement == Placement::kDevice ||
+               !master_aliases_weights()) {
       slot.weights = OwnWeights(b);
     }
     if (options_.delayed_update) {
@@ -495,7 +637,7 @@ absl::Status PartitionState::CreateHostUpdate() {
   offload::HostUpdateOptions options;
   options.device = options_.device;
   options.chunk_elements = options_.chunk_elements;
-  options.weights_on_host = options_.weights_placement == Placement::kHost;
+  options.weights_on_host = options_.weights_placement != Placement::kDevice;
   options.delayed_update = options_.delayed_update;
   options.speculation_elements = options_.speculation_elements;
   options.bf16_ties_away = options_.split_master;
@@ -619,6 +761,11 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
       ZE_ASSIGN_OR_RETURN(
           in_flight_, host_update_->Start(step_args, /*begun_early=*/false));
     }
+    // From here the staging buffer, not the file, will hold the newest
+    // weights of every swapped bucket the update writes.
+    for (int b = 0; b < layout_.num_buckets(); ++b) {
+      if (weights_swapped(b) && host_slot_[b] >= 0) weights_dirty_[b] = true;
+    }
     // Buckets not handed over yet travel now, in the order the forward
     // reads them (the worker's order); the device buckets' kernels below
     // run while they travel. `stream` waits for the copies down.
@@ -695,7 +842,23 @@ PartitionState::ChunkSpan PartitionState::chunk_span(int bucket,
 
 absl::StatusOr<offload::UpdateJoined> PartitionState::FinishUpdate(
     const Stream& stream) {
-  return in_flight_.Join(stream);
+  absl::StatusOr<offload::UpdateJoined> joined = in_flight_.Join(stream);
+  absl::Status written = FlushSwappedWeights(joined.ok());
+  // A gather since the last join served zeros for weights it could not
+  // read (WeightsForGather): reported once, here.
+  const absl::Status deferred =
+      std::exchange(deferred_weights_error_, absl::OkStatus());
+  if (!joined.ok()) return joined.status();
+  if (!written.ok()) {
+    return absl::Status(
+        written.code(),
+        absl::StrCat("rank ", options_.rank,
+                     ": zero_optimization.offload_param (nvme): writing the "
+                     "updated weights back failed: ",
+                     written.message()));
+  }
+  ZE_RETURN_IF_ERROR(deferred);
+  return joined;
 }
 
 absl::Status PartitionState::FinishPreviousUpdate(const Stream& stream) {
@@ -708,11 +871,101 @@ absl::Status PartitionState::FinishPreviousUpdate(const Stream& stream) {
 absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
                                                         const Stream& stream) {
   ZE_RETURN_IF_ERROR(WaitForWeights(bucket, stream));
+  if (weights_swapped(bucket)) {
+    absl::StatusOr<Tensor> swapped = SwappedWeightsForGather(bucket, stream);
+    if (swapped.ok()) return swapped;
+    // An I/O error here would stop this rank alone in the middle of a
+    // forward, with the other ranks waiting in its all-gather. The gather
+    // goes on with zeros instead, and the error is the next FinishUpdate's,
+    // which the boundary step reports on every rank before anything is
+    // updated (as it does a failed offloaded update): the step's gradients
+    // are never applied.
+    if (deferred_weights_error_.ok()) {
+      ZE_LOG(ERROR) << "rank " << options_.rank
+                    << ": offload_param nvme: bucket " << bucket
+                    << "'s weights could not be read (" << swapped.status()
+                    << "); this step fails at its boundary on every rank";
+      deferred_weights_error_ = absl::Status(
+          swapped.status().code(),
+          absl::StrCat("rank ", options_.rank,
+                       ": zero_optimization.offload_param (nvme): reading "
+                       "bucket ",
+                       bucket,
+                       "'s weights failed, so this step is not "
+                       "applied: ",
+                       swapped.status().message()));
+    }
+    return Tensor::Zeros({layout_.bucket(bucket).slice_elements},
+                         options_.model_dtype, options_.device, stream);
+  }
   Tensor own = OwnWeights(bucket);
   if (options_.weights_placement == Placement::kDevice ||
       !options_.device.is_cuda()) {
     return own;
   }
+  std::optional<Event> unused;
+  return UploadForGather(own, stream, &unused);
+}
+
+absl::StatusOr<Tensor> PartitionState::SwappedWeightsForGather(
+    int bucket, const Stream& stream) {
+  // The update's new weights from the staging buffer (their write back to
+  // the file starts, and goes on while they are uploaded), or the file's
+  // through a swap buffer (read ahead, or now).
+  Tensor own;
+  char* swap_buffer = nullptr;
+  bool staged = false;
+  if (weights_dirty_[bucket]) {
+    if (in_flight_.SlotWritten(host_slot_[bucket])) {
+      ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
+      staged = true;
+    } else {
+      // The update failed before the bucket: the file keeps the weights
+      // from before it (Join reports the failure on every rank).
+      weights_dirty_[bucket] = false;
+    }
+  }
+  if (staged) {
+    // Next written by the next update's gradients, which come after the
+    // forward that waits for this gather.
+    own = StagingOf(bucket);
+  } else {
+    ZE_ASSIGN_OR_RETURN(swap_buffer, swapped_weights_->Acquire(bucket));
+    own = Tensor::Wrap(swap_buffer, {layout_.bucket(bucket).slice_elements},
+                       options_.model_dtype, Device::Cpu());
+  }
+  // The swap buffer goes back whatever happens below; once a device upload
+  // from it is queued, it is reused only after the upload is done.
+  std::optional<Event> upload_done;
+  const auto release = [&]() -> absl::Status {
+    if (swap_buffer == nullptr) return absl::OkStatus();
+    std::function<absl::Status()> before_reuse;
+    if (upload_done) {
+      before_reuse = [done = *upload_done] { return done.Synchronize(); };
+    }
+    return swapped_weights_->Release(bucket, false, std::move(before_reuse));
+  };
+  absl::StatusOr<Tensor> result;
+  if (options_.device.is_cuda()) {
+    result = UploadForGather(own, stream, &upload_done);
+  } else {
+    // A copy of its own: the gather (or, on one rank, the parameters
+    // themselves) reads it after the buffer went to another bucket.
+    result = Tensor::Empty(own.shape(), own.dtype(), Device::Cpu());
+    if (result.ok()) {
+      absl::Status copied = Copy(own, *result, stream);
+      if (!copied.ok()) result = copied;
+    }
+  }
+  absl::Status released = release();
+  ZE_RETURN_IF_ERROR(result.status());
+  ZE_RETURN_IF_ERROR(released);
+  return result;
+}
+
+absl::StatusOr<Tensor> PartitionState::UploadForGather(
+    const Tensor& own, const Stream& stream,
+    std::optional<Event>* uploaded_event) {
   if (!gather_upload_stream_) {
     ZE_ASSIGN_OR_RETURN(gather_upload_stream_, Stream::Create(options_.device));
   }
@@ -729,6 +982,7 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
   ZE_ASSIGN_OR_RETURN(Event done, Event::Create(options_.device));
   ZE_RETURN_IF_ERROR(done.Record(up));
   ZE_RETURN_IF_ERROR(done.StreamWait(stream));
+  *uploaded_event = done;
   return uploaded;
 }
 
@@ -799,6 +1053,84 @@ PartitionSlice PartitionState::OwnRange(int bucket) const {
                           layout_.bucket(bucket).padded_elements};
   }
   return layout_.BucketSlice(bucket, options_.rank);
+}
+
+PartitionSlice PartitionState::CheckpointWeightsRange(int bucket) const {
+  if (weights_replicated()) {
+    return PartitionSlice{options_.rank, 0,
+                          layout_.bucket(bucket).padded_elements};
+  }
+  return layout_.BucketSlice(bucket, options_.rank);
+}
+
+absl::Status PartitionState::ReadWeights(int bucket, int64_t begin,
+                                         const Tensor& out,
+                                         const Stream& stream) const {
+  const int64_t count = out.numel();
+  const int64_t size = CheckpointWeightsRange(bucket).size();
+  if (begin < 0 || begin + count > size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("ReadWeights: elements [", begin, ", ", begin + count,
+                     ") of bucket ", bucket, "'s ", size, " weights"));
+  }
+  if (!weights_swapped(bucket)) {
+    int64_t unused = 0;
+    ZE_RETURN_IF_ERROR(CopyConverting(
+        CheckpointWeights(bucket, &unused).Slice(begin, count), out, stream));
+    return stream.Synchronize();
+  }
+  if (weights_dirty_[bucket]) {
+    // Written by an update not joined yet: the staging buffer holds them.
+    ZE_RETURN_IF_ERROR(
+        CopyConverting(StagingOf(bucket).Slice(begin, count), out, stream));
+    return stream.Synchronize();
+  }
+  ZE_ASSIGN_OR_RETURN(char* bytes, swapped_weights_->Acquire(bucket));
+  const Tensor held =
+      Tensor::Wrap(bytes, {size}, options_.model_dtype, Device::Cpu());
+  absl::Status status = CopyConverting(held.Slice(begin, count), out, stream);
+  if (status.ok()) status = stream.Synchronize();
+  absl::Status released = swapped_weights_->Release(bucket, false);
+  ZE_RETURN_IF_ERROR(status);
+  return released;
+}
+
+absl::Status PartitionState::WriteWeights(int bucket, int64_t begin,
+                                          const Tensor& values,
+                                          const Stream& stream) {
+  const int64_t count = values.numel();
+  const int64_t size = CheckpointWeightsRange(bucket).size();
+  if (begin < 0 || begin + count > size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("WriteWeights: elements [", begin, ", ", begin + count,
+                     ") of bucket ", bucket, "'s ", size, " weights"));
+  }
+  if (!weights_swapped(bucket)) {
+    int64_t unused = 0;
+    return CopyConverting(
+        values, CheckpointWeights(bucket, &unused).Slice(begin, count), stream);
+  }
+  if (weights_dirty_[bucket]) ZE_RETURN_IF_ERROR(WriteBackWeights(bucket));
+  // The whole record (initialisation, a full import) needs no read first.
+  const bool whole = begin == 0 && count == size;
+  ZE_ASSIGN_OR_RETURN(char* bytes,
+                      whole ? swapped_weights_->AcquireForOverwrite(bucket)
+                            : swapped_weights_->Acquire(bucket));
+  const Tensor held =
+      Tensor::Wrap(bytes, {size}, options_.model_dtype, Device::Cpu());
+  absl::Status status =
+      CopyConverting(values, held.Slice(begin, count), stream);
+  if (status.ok()) status = stream.Synchronize();
+  // Written back even after a failed copy would be wrong: the buffer may
+  // hold part of the values. Dropped instead (the file keeps its record).
+  absl::Status released = swapped_weights_->Release(bucket, status.ok());
+  if (!status.ok()) {
+    swapped_weights_->Forget(bucket).IgnoreError();
+    return status;
+  }
+  ZE_RETURN_IF_ERROR(released);
+  // On disk on return: a load's I/O error is the load's.
+  return swapped_weights_->Flush();
 }
 
 Tensor PartitionState::CheckpointWeights(int bucket,

@@ -27,8 +27,17 @@
 // (offload/host_update.h): PartitionState hands it each offloaded bucket's
 // buffers as a slot and holds the step's offload::InFlightUpdate. With
 // offload_param (stage 3) the weights partition itself lives in host memory
-// and is uploaded before each all-gather (WeightsForGather). Buffers of one
-// placement are packed: bucket b's slice at its own offset in them.
+// and is uploaded before each all-gather (WeightsForGather); with
+// offload_param nvme (kNvme) it lives in a swap file (offload::
+// SwappedWeights), a record per bucket, except the first buckets the
+// forward reads up to max_in_cpu elements, which stay in host memory
+// (ChooseResidentWeights). A swapped bucket is read into a swap buffer
+// before its all-gather (read ahead in the fetch schedule's order:
+// ReadAheadWeights); the update writes its new weights into the host
+// staging buffer, from where they go back to the file when the bucket is
+// next gathered or the update is joined (FinishUpdate), whichever is
+// first. Buffers of one placement are packed: bucket b's slice at its own
+// offset in them.
 //
 // Not thread-safe: owned and driven by one strategy on the engine's thread,
 // which calls every method. It runs no thread of its own; the offloaded
@@ -53,6 +62,7 @@
 #include "offload/cpu_optimizer.h"
 #include "offload/host_update.h"
 #include "offload/swapped_state.h"
+#include "offload/swapped_weights.h"
 #include "zero/flat_layout.h"
 #include "zero/optimizer.h"
 #include "zero/reports.h"
@@ -65,8 +75,9 @@ namespace zero {
 enum class Placement {
   kDevice,  // the model's device (GPU memory, or host memory on CPU)
   kHost,    // host memory (pinned with pin_memory), worked on by the CPU
-  kNvme,    // a swap file (offload::SwappedState), worked on by the CPU in
-            // host buffers; optimizer state only
+  kNvme,    // a swap file (offload::SwappedState for optimizer state,
+            // offload::SwappedWeights for stage 3's weights), worked on by
+            // the CPU in host buffers
 };
 const char* PlacementName(Placement placement);
 
@@ -118,6 +129,14 @@ UpdateSplit ChooseUpdateSplit(const std::vector<int64_t>& host_elements,
                               int64_t state_bytes_per_element,
                               const offload::UpdateRates& rates);
 
+// offload_param nvme's max_in_cpu (DeepSpeed: parameter elements kept in
+// CPU memory rather than swapped): per bucket, whether its weights slice
+// stays in host memory. Buckets in the forward's reading order (stage 3:
+// bucket 0 first) while their slices total at most `max_in_cpu` elements;
+// the rest live in the swap file. Pure; the plan and the state both use it.
+std::vector<bool> ChooseResidentWeights(const PartitionedLayout& layout,
+                                        int64_t max_in_cpu);
+
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
   int rank = 0;
@@ -130,12 +149,13 @@ struct PartitionStateOptions {
   // Per bucket (empty: all kDevice): where its master weights and optimizer
   // state live (ChooseOptimizerPlacement).
   std::vector<Placement> optimizer_placement;
-  // kHost (offload_param, stage 3 only): the weights partition in host
-  // memory. Every trainable bucket's optimizer must then be on the host too.
-  // Both are rules of the config's keys, checked in config/ (offload_param
-  // needs stage 3 at load; the whole optimizer on the CPU in
-  // config::CheckSupported), so the plan (zero/plan.h) never asks otherwise
-  // and Create does not check again.
+  // kHost (offload_param cpu, stage 3 only): the weights partition in host
+  // memory. kNvme (offload_param nvme, stage 3 only): in a swap file
+  // (weights_nvme, weights_max_in_cpu below). Every trainable bucket's
+  // optimizer must then be on the host too. Both are rules of the config's
+  // keys, checked in config/ (offload_param needs stage 3 at load; the whole
+  // optimizer on the CPU in config::CheckSupported), so the plan (zero/plan.h)
+  // never asks otherwise and Create does not check again.
   Placement weights_placement = Placement::kDevice;
   // Host buffers the device copies to and from are page-locked (faster,
   // asynchronous copies); otherwise pageable.
@@ -195,6 +215,11 @@ struct PartitionStateOptions {
   // kNvme buckets: the swap file's directory, aio settings and host
   // buffers (file_name and arrays are set by PartitionState).
   offload::SwappedStateOptions nvme;
+  // weights_placement kNvme: the weights' swap file (directory, aio
+  // settings, buffer_count, buffer_size, pinning; file_name and
+  // element_bytes are set by PartitionState) and max_in_cpu.
+  offload::SwappedWeightsOptions weights_nvme;
+  int64_t weights_max_in_cpu = 0;
   static constexpr int64_t kMaxChunkElements = int64_t{1} << 24;
   // Turns an allocation failure into the error the user sees (the engine
   // states the bytes the plan needs). May be null.
@@ -239,15 +264,22 @@ class PartitionState {
 
   // The whole weights buffer: (padded_total) when replicated, (partition)
   // at stage 3, on weights_placement()'s memory. Parameters' data are views
-  // into it at stages 0-2.
+  // into it at stages 0-2. Undefined with kNvme weights (ReadWeights and
+  // WriteWeights reach every placement).
   const Tensor& weights() const { return weights_; }
   // (padded) bucket b of the replicated weights (stages 0-2 only).
   Tensor FullWeights(int bucket) const;
   // (padded) bucket b of the replicated gradients (stages 0-1 only).
   Tensor FullGradients(int bucket) const;
   // What this rank's optimizer for bucket b reads and writes: the whole
-  // bucket at stage 0, this rank's (slice) from stage 1 on.
+  // bucket at stage 0, this rank's (slice) from stage 1 on. Undefined for a
+  // bucket whose weights are in the swap file (weights_swapped).
   Tensor OwnWeights(int bucket) const;
+  // kNvme weights: bucket b's slice lives in the swap file (not kept in
+  // host memory by max_in_cpu).
+  bool weights_swapped(int bucket) const {
+    return !weights_resident_.empty() && !weights_resident_[bucket];
+  }
   // f32, on optimizer_placement(bucket)'s memory; OwnWeights when aliased;
   // undefined for kNvme (see ReadOwnState and WriteOwnState). A frozen
   // bucket has one too (its weights' values, or what an import gave it).
@@ -314,7 +346,12 @@ class PartitionState {
   // rank updates (stages 0-2's pre-forward hooks).
   absl::Status WaitForParameter(int index, const Stream& stream);
   // Joins the update in flight (if any): waits for the whole of it and
-  // orders `stream` after every upload; a delayed update is applied here
+  // orders `stream` after every upload; with kNvme weights writes the
+  // weights it wrote back to the swap file and waits for every write (an
+  // I/O error is returned, naming the file; after a failed update the
+  // staged weights are not written: the file keeps the weights from before
+  // it for the buckets not gathered since), and returns a read error that
+  // WeightsForGather deferred; a delayed update is applied here
   // (its weights copied into place on `stream`). Returns the proof the
   // state readers take (ReadOwnState, WriteOwnState; the import and export
   // doors, zero/partition_import.h and zero/partition_export.h), so a
@@ -375,7 +412,8 @@ class PartitionState {
   // The host buckets in the order the worker took them in the last finished
   // (or current) update.
   std::vector<int> last_update_order() const;
-  // The swap file's I/O since creation (zeros without NVMe buckets).
+  // The swap files' I/O since creation, summed: the optimizer state's and
+  // the weights' (weights_nvme_counters alone); zeros without either.
   offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
@@ -410,7 +448,22 @@ class PartitionState {
   // (bucket elements [BucketSlice.begin, end)). `*bucket_begin`: the first
   // bucket element the returned tensor holds. On weights_placement()'s
   // memory, in the model's dtype.
+  // Undefined for a swapped bucket: CheckpointWeightsRange, ReadWeights
+  // and WriteWeights reach it.
   Tensor CheckpointWeights(int bucket, int64_t* bucket_begin) const;
+  // CheckpointWeights' range: its first bucket element and its length.
+  PartitionSlice CheckpointWeightsRange(int bucket) const;
+  // Elements [begin, begin + n) of CheckpointWeights' range (begin counted
+  // from its start) into `out` (n elements, any device and float dtype,
+  // converted as CopyConverting does), or from `values` into it, wherever
+  // the weights live: for a swapped bucket through a swap buffer (a write
+  // is read-modify-write of its record, on disk on return). Synchronous.
+  // The caller holds FinishUpdate's proof (nothing else writes them).
+  // OutOfRange for a range outside; copy and NVMe errors (naming the file).
+  absl::Status ReadWeights(int bucket, int64_t begin, const Tensor& out,
+                           const Stream& stream) const;
+  absl::Status WriteWeights(int bucket, int64_t begin, const Tensor& values,
+                            const Stream& stream);
   // Bucket elements this rank's optimizer owns: [0, padded) at stage 0,
   // its slice otherwise.
   PartitionSlice OwnRange(int bucket) const;
@@ -420,7 +473,29 @@ class PartitionState {
   // device copy uploaded on a transfer stream that `stream` then waits for.
   // The caller keeps the returned tensor alive until the all-gather that
   // reads it has been waited for.
+  // A swapped bucket (kNvme): its slice comes from the swap file through a
+  // swap buffer (already there when read ahead), or, when the update has
+  // written it since, from the staging buffer, and then goes back to the
+  // file; the result is a device copy (CUDA) or a host copy (CPU), so the
+  // swap buffer is free for the next bucket once the copy is done. Its I/O
+  // errors are not returned here (this rank alone would leave the others
+  // in the all-gather): the slice is served as zeros and the error, naming
+  // the file, is the next FinishUpdate's, which the boundary step reports
+  // on every rank before the step is applied.
   absl::StatusOr<Tensor> WeightsForGather(int bucket, const Stream& stream);
+  // kNvme: starts reading the swapped buckets among `buckets` (the fetch
+  // schedule's next requests, in order) into free swap buffers, as many as
+  // are free. Nothing for other placements or buckets the update wrote
+  // (their values are in the staging buffer). Errors from submitting.
+  absl::Status ReadAheadWeights(const std::vector<int>& buckets);
+  // The weights' swap file's I/O since creation (zeros without one).
+  offload::NvmeStore::Counters weights_nvme_counters() const;
+  // How many buckets to read ahead (buffer_count - 1, at least 1: the
+  // gather in progress may hold a buffer); 0 without a weights swap file.
+  int weights_read_ahead() const;
+  // Whether bucket b's weights would be read from the swap file: swapped,
+  // and not written by an update since (the staging buffer holds those).
+  bool WantsWeightsRead(int bucket) const;
 
   // Whether bucket b's gradients hold this accumulation window's values.
   // Stages 2-3: until they do, the slice is stale and the window's first
@@ -526,6 +601,43 @@ class PartitionState {
   // delayed_update: host_staging_'s packing on the device, in the model's
   // dtype: the worker's uploads, applied when the update is joined.
   Tensor delayed_weights_;
+  // kNvme weights: per bucket, kept in host memory (max_in_cpu; the rest
+  // swapped), where in weights_ a kept bucket's slice starts, the swap
+  // file (records per bucket, 0 elements for kept ones), and per bucket
+  // whether the update wrote its new weights into host_staging_ that are
+  // not in the file yet (until WeightsForGather or FinishUpdate writes
+  // them back).
+  std::vector<bool> weights_resident_;
+  std::vector<int64_t> resident_offsets_;
+  std::unique_ptr<offload::SwappedWeights> swapped_weights_;
+  std::vector<bool> weights_dirty_;
+  // A swapped bucket's read (or write-back) failed in WeightsForGather,
+  // which served zeros: the next FinishUpdate returns it (so the boundary
+  // step stops every rank before the step is applied).
+  absl::Status deferred_weights_error_;
+  // The staging slice of bucket b (offloaded buckets' packing).
+  Tensor StagingOf(int bucket) const;
+  // Create's part for kNvme weights: the kept buckets' host buffer and the
+  // swap file (its errors prefixed with the rank and the config section).
+  absl::Status CreateSwappedWeights(const Stream& stream);
+  // Own elements [own_begin, ...) of bucket b's weights into `out`
+  // (converted), wherever they live.
+  absl::Status ReadOwnWeights(int bucket, int64_t own_begin, const Tensor& out,
+                              const Stream& stream) const;
+  // FinishUpdate's part: every dirty bucket written back (`update_ok`) or
+  // dropped (a failed update), then every write waited for.
+  absl::Status FlushSwappedWeights(bool update_ok);
+  // WeightsForGather for a swapped bucket; its errors are deferred there.
+  absl::StatusOr<Tensor> SwappedWeightsForGather(int bucket,
+                                                 const Stream& stream);
+  // WeightsForGather's upload of host `own` to a device buffer on the
+  // upload stream; `*uploaded_event` is set to the upload's end.
+  absl::StatusOr<Tensor> UploadForGather(const Tensor& own,
+                                         const Stream& stream,
+                                         std::optional<Event>* uploaded_event);
+  // Writes a dirty bucket's new weights from the staging buffer back to
+  // the swap file (asynchronously; the record stays in its swap buffer).
+  absl::Status WriteBackWeights(int bucket);
   // offload_param (CUDA): the stream WeightsForGather uploads host weights
   // on, created at the first gather.
   std::optional<Stream> gather_upload_stream_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 
 namespace ze {
@@ -118,6 +119,155 @@ TEST(PartitionStateNvmeTest, IoErrorMidStepIsReported) {
   EXPECT_NE(status.message().find("write"), std::string::npos) << status;
   ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
   EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
+}
+
+// offload_param nvme: a state whose weights live in a swap file
+// (`max_in_cpu` elements kept in host memory) and its twin with them in
+// host memory (offload_param cpu), both with weights 0.5 and gradients 1.
+PartitionStateOptions WeightsOptions(Placement weights, int64_t max_in_cpu) {
+  PartitionStateOptions options = OffloadOptions(3, Placement::kHost);
+  options.weights_placement = weights;
+  options.weights_nvme.nvme.directory = ::testing::TempDir();
+  options.weights_nvme.nvme.block_size = 1 << 20;  // a request per record
+  // One swap buffer for two buckets: every bucket goes to the file and is
+  // read back from it.
+  options.weights_nvme.buffer_count = 1;
+  options.weights_max_in_cpu = max_in_cpu;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<PartitionState>> MakeWithWeights(
+    const PartitionStateOptions& options) {
+  const PartitionedLayout layout = Layout();
+  Stream stream;
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> state,
+                      PartitionState::Create(layout, options, stream));
+  for (int b = 0; b < state->num_buckets(); ++b) {
+    ZE_ASSIGN_OR_RETURN(Tensor half,
+                        Tensor::Empty({state->CheckpointWeightsRange(b).size()},
+                                      DType::kF32, Device::Cpu()));
+    ZE_RETURN_IF_ERROR(Fill(half, 0.5f, stream));
+    ZE_RETURN_IF_ERROR(state->WriteWeights(b, 0, half, stream));
+  }
+  ZE_RETURN_IF_ERROR(state->AllocateTrainingState(stream));
+  for (int b = 0; b < state->num_buckets(); ++b) {
+    ZE_RETURN_IF_ERROR(Fill(state->OwnGradients(b), 1.0f, stream));
+  }
+  return state;
+}
+
+std::vector<float> WeightsOf(const PartitionState& state, int bucket) {
+  Stream stream;
+  absl::StatusOr<Tensor> out =
+      Tensor::Empty({state.CheckpointWeightsRange(bucket).size()}, DType::kF32,
+                    Device::Cpu());
+  EXPECT_TRUE(out.ok());
+  absl::Status read = state.ReadWeights(bucket, 0, *out, stream);
+  EXPECT_TRUE(read.ok()) << read;
+  const float* values = out->data_as<float>();
+  return std::vector<float>(values, values + out->numel());
+}
+
+std::vector<float> Gathered(PartitionState& state, int bucket) {
+  Stream stream;
+  absl::StatusOr<Tensor> source = state.WeightsForGather(bucket, stream);
+  EXPECT_TRUE(source.ok()) << source.status();
+  if (!source.ok()) return {};
+  absl::StatusOr<Tensor> out =
+      Tensor::Empty({source->numel()}, DType::kF32, Device::Cpu());
+  EXPECT_TRUE(CopyConverting(*source, *out, stream).ok());
+  const float* values = out->data_as<float>();
+  return std::vector<float>(values, values + out->numel());
+}
+
+// The swapped weights are what the host weights are, bit for bit, through
+// two updates: gathered before the join (from the update's staging), and
+// read after it (from the file), for buckets swapped and kept (max_in_cpu).
+TEST(PartitionStateNvmeWeightsTest, SwappedWeightsFollowTheUpdateExactly) {
+  const PartitionedLayout layout = Layout();
+  for (int64_t max_in_cpu : {int64_t{0}, layout.bucket(0).slice_elements}) {
+    SCOPED_TRACE(max_in_cpu);
+    auto host = MakeWithWeights(WeightsOptions(Placement::kHost, 0));
+    ASSERT_TRUE(host.ok()) << host.status();
+    auto swapped =
+        MakeWithWeights(WeightsOptions(Placement::kNvme, max_in_cpu));
+    ASSERT_TRUE(swapped.ok()) << swapped.status();
+    EXPECT_EQ((*swapped)->weights_swapped(0), max_in_cpu == 0);
+    ASSERT_EQ((*swapped)->num_buckets(), 2);
+    EXPECT_TRUE((*swapped)->weights_swapped(1));
+    EXPECT_FALSE((*swapped)->OwnWeights(1).defined());
+    Stream stream;
+    StepArgs args;
+    args.lr = 0.01;
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE((*host)->UpdateWeights(args, stream).ok());
+      ASSERT_TRUE((*swapped)->UpdateWeights(args, stream).ok());
+      // Bucket 1 gathered before the join: the staged weights, written
+      // back on the way; the others written back by the join.
+      const std::vector<float> gathered = Gathered(**swapped, 1);
+      ASSERT_TRUE((*host)->FinishUpdate(stream).ok());
+      ASSERT_TRUE((*swapped)->FinishUpdate(stream).ok());
+      EXPECT_EQ(gathered, WeightsOf(**host, 1));
+      for (int b = 0; b < layout.num_buckets(); ++b) {
+        const std::vector<float> expected = WeightsOf(**host, b);
+        EXPECT_NE(expected[0], 0.5f);  // updated
+        EXPECT_EQ(WeightsOf(**swapped, b), expected) << "bucket " << b;
+        EXPECT_EQ(Gathered(**swapped, b), expected) << "bucket " << b;
+      }
+    }
+    // The swapped buckets went to the file and, two of them through one
+    // buffer, came back from it (one alone stays in its buffer).
+    EXPECT_GT((*swapped)->weights_nvme_counters().bytes_written, 0);
+    if (max_in_cpu == 0) {
+      EXPECT_GT((*swapped)->weights_nvme_counters().bytes_read, 0);
+    }
+  }
+}
+
+// A write-back that fails: the join's error names the parameters' swap
+// file and the operation, the bucket's weights in the file are those from
+// before the update (unchanged), the others are updated, and a later step
+// works again.
+TEST(PartitionStateNvmeWeightsTest, WriteBackErrorIsNamedAndLeavesTheFile) {
+  PartitionStateOptions options = WeightsOptions(Placement::kNvme, 0);
+  // Initialisation writes each of the 2 buckets once; fail the second
+  // write-back (bucket 1's).
+  options.weights_nvme.nvme.fail_write_request = 3;
+  auto state = MakeWithWeights(options);
+  ASSERT_TRUE(state.ok()) << state.status();
+  Stream stream;
+  StepArgs args;
+  args.lr = 0.01;
+  ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+  const absl::Status status = (*state)->FinishUpdate(stream).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("zero_engine_rank0_parameters.swp"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("write"), std::string::npos) << status;
+  EXPECT_EQ(WeightsOf(**state, 1)[0], 0.5f);
+  EXPECT_NE(WeightsOf(**state, 0)[0], 0.5f);
+  ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+  EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
+}
+
+// Missing directory and too little space: named at Create (before any
+// weight is written), as for the optimizer's file.
+TEST(PartitionStateNvmeWeightsTest, CreateErrorsNameThePath) {
+  PartitionStateOptions missing = WeightsOptions(Placement::kNvme, 0);
+  missing.weights_nvme.nvme.directory = ::testing::TempDir() + "/missing";
+  absl::Status status = MakeWithWeights(missing).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find(::testing::TempDir() + "/missing"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("offload_param"), std::string::npos)
+      << status;
+  PartitionStateOptions full = WeightsOptions(Placement::kNvme, 0);
+  full.weights_nvme.nvme.pretend_free_bytes = 4096;
+  status = MakeWithWeights(full).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("4096 free"), std::string::npos) << status;
 }
 
 // The worker updates the host buckets in the order the next forward reads

@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "offload/host_update.h"
 #include "offload/nvme_store.h"
+#include "offload/swapped_weights.h"
 #include "zero/optimizer.h"
 #include "zero/training_state.h"
 
@@ -164,12 +165,37 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   }
   const int64_t master_element_bytes = (mixed || !aliased) ? 4 : 0;
   memory.staging_bytes = weight_element_bytes * host_elements;
-  const int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
+  int64_t host_weights = weights_on_host ? memory.model_weight_bytes : 0;
+  // offload_param nvme: the buckets max_in_cpu keeps stay in host memory,
+  // the rest are in the weights' swap file, read through buffer_count
+  // buffers of the largest swapped slice (at most buffer_size) each.
+  int64_t nvme_weights = 0;
+  int64_t weight_swap_buffers = 0;
+  if (state.weights_placement == Placement::kNvme) {
+    const std::vector<bool> resident =
+        ChooseResidentWeights(layout, state.weights_max_in_cpu);
+    int64_t largest = 0;
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      const int64_t bytes =
+          weight_element_bytes * layout.bucket(b).slice_elements;
+      if (resident[b]) {
+        host_weights += bytes;
+      } else {
+        nvme_weights += bytes;
+        largest = std::max(largest, layout.bucket(b).slice_elements);
+      }
+    }
+    offload::SwappedWeightsOptions swap = state.weights_nvme;
+    swap.element_bytes = weight_element_bytes;
+    weight_swap_buffers =
+        swap.buffer_count * offload::SwappedWeights::BufferBytes(swap, largest);
+  }
   const int64_t swapped_bytes =
       master_element_bytes * host_elements + host_state_bytes;
   int64_t swap_buffers = 0;
+  memory.nvme_bytes = nvme_weights;
   if (nvme) {
-    memory.nvme_bytes = swapped_bytes;
+    memory.nvme_bytes += swapped_bytes;
     swap_buffers =
         state.nvme.buffer_count *
         (master_element_bytes + optimizer_state_bytes_per_element) *
@@ -180,11 +206,14 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
       offload::HostUpdate::BackupBytesPerElement(state.optimizer);
   memory.host_bytes = (nvme ? swap_buffers : swapped_bytes) +
                       memory.staging_bytes + host_weights +
-                      memory.speculation_bytes;
+                      weight_swap_buffers + memory.speculation_bytes;
   memory.pinned_host_bytes =
-      state.pin_memory ? memory.staging_bytes + host_weights : 0;
-  memory.device_bytes = memory.total_bytes() + memory.staging_bytes -
-                        (swapped_bytes + memory.staging_bytes + host_weights);
+      state.pin_memory
+          ? memory.staging_bytes + host_weights + weight_swap_buffers
+          : 0;
+  memory.device_bytes =
+      memory.total_bytes() + memory.staging_bytes -
+      (swapped_bytes + memory.staging_bytes + host_weights + nvme_weights);
   // The paper's formula in exact arithmetic: each of params, grads and
   // optimizer states is either replicated (Psi) or divided by N.
   const double psi = static_cast<double>(trainable_elements);
@@ -277,6 +306,35 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   if (zero.offload_param.device == config::OffloadDevice::kCpu) {
     state.weights_placement = Placement::kHost;
     state.pin_memory = state.pin_memory || zero.offload_param.pin_memory;
+  }
+  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
+    // ZeRO-Infinity's parameter tier: DeepSpeed's keys with its meaning.
+    state.weights_placement = Placement::kNvme;
+    state.pin_memory = state.pin_memory || zero.offload_param.pin_memory;
+    state.weights_nvme.nvme = offload::NvmeOptionsFromConfig(
+        config.aio, zero.offload_param.nvme_path.value_or(""));
+    state.weights_nvme.buffer_count = static_cast<int>(
+        std::min<int64_t>(zero.offload_param.buffer_count, 1 << 20));
+    state.weights_nvme.buffer_elements = zero.offload_param.buffer_size;
+    state.weights_max_in_cpu = zero.offload_param.max_in_cpu;
+    // A swapped bucket's slice is one record, read into one buffer: refused
+    // here, by key, rather than at the first gather.
+    const PartitionedLayout& layout = plan.layout.layout;
+    const std::vector<bool> resident =
+        ChooseResidentWeights(layout, state.weights_max_in_cpu);
+    for (int b = 0; b < layout.num_buckets(); ++b) {
+      const int64_t slice = layout.bucket(b).slice_elements;
+      if (resident[b] || slice <= zero.offload_param.buffer_size) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          config.source, ": zero_optimization.offload_param.buffer_size ",
+          zero.offload_param.buffer_size,
+          " is smaller than the ZeRO-3 bucket of parameter '",
+          layout.param(layout.bucket(b).first_param).name, "' (", slice,
+          " elements per rank at world size ", world_size,
+          "); every swapped bucket's slice must fit one swap buffer: set "
+          "buffer_size to at least ",
+          slice));
+    }
   }
   if (speculation_unbounded && host.memory_available_bytes.has_value()) {
     // Unset, the backup is bounded by the host: at most half of this rank's

@@ -66,7 +66,10 @@ struct Plan {
   // dtype, trainable buckets and their order, per-bucket optimizer
   // placement (offload_optimizer's device and ratio), the weights'
   // placement (offload_param), pin_memory, the chunk size
-  // (sub_group_size, capped), delayed_update, the NVMe swap settings, and
+  // (sub_group_size, capped), delayed_update, the NVMe swap settings (the
+  // optimizer's, and offload_param nvme's buffers and max_in_cpu; a
+  // swapped bucket slice larger than buffer_size is refused by BuildPlan
+  // naming the key), and
   // host_threads from OMP_NUM_THREADS (0: the strategy divides the host's
   // CPUs among its ranks). A strategy adds its rank, device, CPU share and
   // allocation-error annotation.

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "gtest/gtest.h"
 #include "nn/gpt.h"
+#include "offload/swapped_weights.h"
 
 namespace ze {
 namespace zero {
@@ -346,6 +347,92 @@ TEST(PlanTableTest, PlanMemoryIsThePlansMemory) {
   // Without host facts the CPU optimizer's threads are left to the
   // strategy (this rank's share of the host).
   EXPECT_EQ(plan->state.host_threads, 0);
+}
+
+// offload_param nvme: the weights' placement and swap settings come from
+// the keys with DeepSpeed's meaning, and the bytes add up: the buckets
+// max_in_cpu keeps are host bytes (pinned with pin_memory), the rest are
+// NVMe bytes, the swap buffers (buffer_count of the largest swapped slice)
+// pinned host bytes; nothing of the weights stays on the device. A slice
+// larger than buffer_size is refused by key.
+TEST(PlanTableTest, NvmeParametersCountDiskAndPinnedBuffers) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  for (int world = 1; world <= 3; ++world) {
+    for (int64_t max_in_cpu : {int64_t{0}, int64_t{1500}, int64_t{1} << 40}) {
+      SCOPED_TRACE(absl::StrCat("world ", world, " max_in_cpu ", max_in_cpu));
+      Case c{3, OffloadDevice::kNvme, 1.0, world, false};
+      std::string json = c.Json();
+      json.insert(json.rfind("}}"),
+                  absl::StrCat(R"(, "offload_param": {"device": "nvme", )",
+                               R"("nvme_path": "/tmp/p", "pin_memory": true, )",
+                               R"("buffer_count": 3, "max_in_cpu": )",
+                               max_in_cpu, "}"));
+      absl::StatusOr<config::Config> config =
+          config::LoadConfigString(json, world);
+      ASSERT_TRUE(config.ok()) << config.status();
+      absl::StatusOr<Plan> plan = BuildPlan(*model, *config, world);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const PartitionedLayout& layout = plan->layout.layout;
+      EXPECT_EQ(plan->state.weights_placement, Placement::kNvme);
+      EXPECT_EQ(plan->state.weights_nvme.nvme.directory, "/tmp/p");
+      EXPECT_EQ(plan->state.weights_nvme.buffer_count, 3);
+      EXPECT_EQ(plan->state.weights_max_in_cpu, max_in_cpu);
+      const std::vector<bool> resident =
+          ChooseResidentWeights(layout, max_in_cpu);
+      int64_t kept = 0, swapped = 0, largest = 0;
+      for (int b = 0; b < layout.num_buckets(); ++b) {
+        const int64_t slice = layout.bucket(b).slice_elements;
+        (resident[b] ? kept : swapped) += slice;
+        if (!resident[b]) largest = std::max(largest, slice);
+      }
+      EXPECT_LE(kept, max_in_cpu);
+      EXPECT_EQ(kept + swapped, layout.partition_elements());
+      if (max_in_cpu == 0) EXPECT_EQ(kept, 0);
+      if (max_in_cpu == int64_t{1} << 40) EXPECT_EQ(swapped, 0);
+      if (max_in_cpu == 1500) EXPECT_GT(kept, 0);
+      const MemoryBreakdown& memory = plan->memory;
+      const int64_t state =
+          (kMasterBytes + kMomentBytes) * layout.partition_elements();
+      EXPECT_EQ(memory.nvme_bytes, state + kWeightBytes * swapped);
+      // The weights are off the device: only the gradients stay there.
+      EXPECT_EQ(memory.device_bytes, memory.gradient_bytes);
+      offload::SwappedWeightsOptions swap = plan->state.weights_nvme;
+      swap.element_bytes = kWeightBytes;
+      const int64_t buffers =
+          3 * offload::SwappedWeights::BufferBytes(swap, largest);
+      EXPECT_EQ(memory.pinned_host_bytes,
+                memory.staging_bytes + kWeightBytes * kept + buffers);
+      // Host memory: what the same run holds with the weights in CPU
+      // memory (offload_param cpu), less the swapped weights, plus the
+      // swap buffers.
+      std::string on_cpu = c.Json();
+      on_cpu.insert(on_cpu.rfind("}}"),
+                    R"(, "offload_param": {"device": "cpu"})");
+      absl::StatusOr<config::Config> cpu_config =
+          config::LoadConfigString(on_cpu, world);
+      ASSERT_TRUE(cpu_config.ok()) << cpu_config.status();
+      absl::StatusOr<Plan> cpu_plan = BuildPlan(*model, *cpu_config, world);
+      ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
+      EXPECT_EQ(memory.host_bytes,
+                cpu_plan->memory.host_bytes - kWeightBytes * swapped + buffers);
+      EXPECT_EQ(memory.total_bytes(), cpu_plan->memory.total_bytes());
+    }
+  }
+  // A swap buffer smaller than a swapped bucket's slice: refused by key.
+  Case c{3, OffloadDevice::kCpu, 1.0, 1, false};
+  std::string json = c.Json();
+  json.insert(json.rfind("}}"),
+              R"(, "offload_param": {"device": "nvme", "nvme_path": "/tmp/p", )"
+              R"("max_in_cpu": 0, "buffer_size": 5})");
+  absl::StatusOr<config::Config> config = config::LoadConfigString(json, 1);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::Status refused = BuildPlan(*model, *config, 1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(
+      refused.message().find("zero_optimization.offload_param.buffer_size 5"),
+      std::string::npos)
+      << refused;
 }
 
 // offload_optimizer at stages 1-2 on a model of >= 2^24 elements: the

@@ -95,7 +95,10 @@ struct MemoryBreakdown {
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
   int64_t pinned_host_bytes = 0;
-  int64_t nvme_bytes = 0;  // swap files (offload_optimizer nvme)
+  // Swap files: offload_optimizer nvme's master weights and moments, and
+  // offload_param nvme's weights beyond max_in_cpu (whose swap buffers are
+  // in host_bytes and, with pin_memory, pinned_host_bytes).
+  int64_t nvme_bytes = 0;
   // Part of host_bytes (not of total_bytes()): the speculative update's
   // backup of master weights and optimizer state
   // (offload_optimizer.speculation_buffer_size; issue 27).

@@ -74,10 +74,49 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
   // This rank's pieces of every parameter: sliced from full data when the
   // model has it (then dropped), else generated for this range only.
   const uint64_t seed = context_.plan->seed;
-  for (const ParamShard& shard : layout.RankShards(rank())) {
+  std::vector<ParamShard> shards = layout.RankShards(rank());
+  // offload_param nvme: a swapped bucket's slice is put together in host
+  // memory, one bucket at a time, and written to the swap file.
+  const bool nvme = partition_->weights_placement() == Placement::kNvme;
+  if (nvme) {
+    std::stable_sort(shards.begin(), shards.end(),
+                     [](const ParamShard& a, const ParamShard& b) {
+                       return a.bucket < b.bucket;
+                     });
+  }
+  Tensor staged;
+  int staged_bucket = -1;
+  const auto write_staged = [&]() -> absl::Status {
+    if (staged_bucket < 0) return absl::OkStatus();
+    ZE_RETURN_IF_ERROR(stream().Synchronize());
+    ZE_RETURN_IF_ERROR(
+        partition_->WriteWeights(staged_bucket, 0, staged, stream()));
+    staged = Tensor();
+    staged_bucket = -1;
+    return absl::OkStatus();
+  };
+  for (const ParamShard& shard : shards) {
     nn::Parameter* parameter = params_[shard.param_index];
-    Tensor own =
-        partition_->weights().Slice(shard.partition_offset, shard.count);
+    Tensor own;
+    if (!nvme) {
+      own = partition_->weights().Slice(shard.partition_offset, shard.count);
+    } else {
+      const int b = shard.bucket;
+      const int64_t at =
+          shard.bucket_offset - layout.BucketSlice(b, rank()).begin;
+      if (!partition_->weights_swapped(b)) {
+        own = partition_->OwnWeights(b).Slice(at, shard.count);
+      } else {
+        if (staged_bucket != b) {
+          ZE_RETURN_IF_ERROR(write_staged());
+          ZE_ASSIGN_OR_RETURN(
+              staged, Tensor::Zeros({layout.bucket(b).slice_elements},
+                                    partition_->model_dtype(), Device::Cpu()));
+          staged_bucket = b;
+        }
+        own = staged.Slice(at, shard.count);
+      }
+    }
     if (parameter->state() == nn::ParameterState::kFull) {
       ZE_ASSIGN_OR_RETURN(Tensor full, parameter->data());
       ZE_RETURN_IF_ERROR(Copy(full.Flat().Slice(shard.param_begin, shard.count),
@@ -90,7 +129,9 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
           parameter->InitializeSlice(seed, shard.param_begin, own, stream()));
     }
   }
-  // Each parameter's piece of this rank's slice becomes its shard.
+  ZE_RETURN_IF_ERROR(write_staged());
+  // Each parameter's piece of this rank's slice becomes its shard (none
+  // for a bucket in the swap file: its shard lives there).
   for (int b = 0; b < layout.num_buckets(); ++b) {
     ZE_RETURN_IF_ERROR(BindBucket(layout, b, params_, ParameterSlot::kShard,
                                   partition_->OwnWeights(b),
@@ -314,6 +355,13 @@ absl::Status Stage3::IssueGather(int b, bool copy) {
   schedule_->OnGathered(b);
   step_counters_.peak_gathered_elements = std::max(
       step_counters_.peak_gathered_elements, schedule_->live_elements());
+  // offload_param nvme: the next buckets the record asks for start coming
+  // from the swap file while this one gathers.
+  if (const int ahead = partition_->weights_read_ahead(); ahead > 0) {
+    ZE_RETURN_IF_ERROR(partition_->ReadAheadWeights(schedule_->UpcomingBuckets(
+        static_cast<size_t>(ahead),
+        [this](int bucket) { return partition_->WantsWeightsRead(bucket); })));
+  }
   return absl::OkStatus();
 }
 

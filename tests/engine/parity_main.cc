@@ -77,7 +77,10 @@ struct RunSpec {
   // device), "cpuparam" (offload_optimizer and offload_param, stage 3),
   // "cpudelay" (offload_optimizer with delayed_update: different maths,
   // compared across world sizes with itself), "nvme" (offload_optimizer on
-  // NVMe, stage 3; swap files under --out), "noclip" (no offload, no
+  // NVMe, stage 3; swap files under --out), "nvmeparam" (as "cpuparam" with
+  // the parameters in a swap file under --out, nothing kept in CPU memory,
+  // two swap buffers: compared with "cpuparam", exactly on the CPU; on a
+  // GPU within the dtype's tolerance, as "serial"), "noclip" (no offload, no
   // gradient clipping) and "cpuearly" (offload_optimizer without clipping:
   // stage 2 starts the CPU update during backward), compared with each
   // other; "serial" (no offload, overlap_comm false at accumulation 2, so
@@ -149,10 +152,15 @@ std::string OffloadJson(const std::string& offload) {
       // The CPU/GPU split (on a GPU; off by default) where it can run.
       offload == "cpu" ? R"(, "split_update": true)" : "",
       offload == "cpudelay" ? R"(, "delayed_update": true)" : "", "}");
-  const std::string param =
+  std::string param =
       offload == "cpuparam"
           ? R"(, "offload_param": {"device": "cpu", "pin_memory": true})"
           : "";
+  if (offload == "nvmeparam") {
+    param = absl::StrCat(
+        R"(, "offload_param": {"device": "nvme", "pin_memory": true, "nvme_path": ")",
+        NvmeDirectory(), R"(", "max_in_cpu": 0, "buffer_count": 2})");
+  }
   return optimizer + param;
 }
 
@@ -478,6 +486,7 @@ std::vector<RunSpec> Matrix() {
         }
         specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuhalf"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuparam"});
+        specs.push_back({dtype, optimizer, 3, accumulation, 2, "nvmeparam"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "nvme"});
       }
     }
@@ -632,6 +641,11 @@ int Main(int argc, char** argv) {
         Tolerance tolerance = OffloadTolerance(spec.dtype);
         if (spec.offload == "master16") tolerance = ToleranceFor(spec.dtype);
         if (spec.offload == "serial") {
+          tolerance = on_cuda ? ToleranceFor(spec.dtype) : Tolerance{0, 0};
+        }
+        if (spec.offload == "nvmeparam") {
+          // Only where the weights live differs from "cpuparam".
+          on_device.offload = "cpuparam";
           tolerance = on_cuda ? ToleranceFor(spec.dtype) : Tolerance{0, 0};
         }
         status = Compare(dir, spec.Name(world), on_device.Name(world),

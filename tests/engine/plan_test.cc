@@ -4,6 +4,7 @@
 // at this job's world size; and its paper figure is the ZeRO paper's.
 #include "zero/plan.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@ namespace {
 
 using enginetest::Comm;
 using enginetest::World;
+
+// A directory for offload_param nvme's swap file (one per rank: a rank's
+// file name is its own, but the directory is shared by the test's ranks).
+std::string NvmeDirectory() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
 
 struct Case {
   int stage;
@@ -43,6 +51,13 @@ TEST(PlanTest, PlanWithoutAllocatingEqualsTheEnginesPlan) {
       {3, ""},
       {3,
        R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})"},
+      // The parameters on NVMe (the first buckets kept in CPU memory), the
+      // swap buffers pinned.
+      {3,
+       absl::StrCat(
+           R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "nvme_path": ")",
+           NvmeDirectory(),
+           R"(", "pin_memory": true, "buffer_count": 2, "max_in_cpu": 600})")},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(ConfigJson(c));

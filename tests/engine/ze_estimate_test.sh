@@ -26,9 +26,23 @@ row = rows[(3, "nvme")]
 assert row["nvme_bytes"] == optimizer and row["device_bytes"] == 4 * psi / n, row
 row = rows[(3, "cpu+param")]
 assert row["device_bytes"] == 2 * psi / n, row
+row = rows[(3, "nvme+nvmeparam")]
+assert row["device_bytes"] == 2 * psi / n and row["nvme_bytes"] == optimizer + 2 * psi / n, row
 print("ze_estimate: paper formulas ok")
 '
 "$tool" --model=124M --world_size=4 | tee /dev/stderr | grep -q "engine plan"
+# The engine plan's NVMe parameter row: the 16-bit weights leave the device
+# for the swap file (bytes on disk), read through pinned swap buffers.
+"$tool" --model=124M --world_size=4 --json | python3 -c '
+import json, sys
+rows = {(r["stage"], r["offload"]): r for r in map(json.loads, sys.stdin)}
+on_cpu, on_nvme = rows[(3, "nvme")], rows[(3, "nvme+nvmeparam")]
+assert on_nvme["nvme_bytes"] > on_cpu["nvme_bytes"], (on_cpu, on_nvme)
+assert on_nvme["device_bytes"] < on_cpu["device_bytes"], (on_cpu, on_nvme)
+assert on_nvme["pinned_host_bytes"] > 0, on_nvme
+print("ze_estimate: NVMe parameter row ok")
+'
+
 # One rank is "1 rank", in both modes.
 "$tool" --params=7B --world_size=1 | grep -q "parameters, 1 rank,"
 "$tool" --model=124M --world_size=1 | grep -q " 1 rank,"
