@@ -200,6 +200,9 @@ class Engine {
   const Stream& compute_stream() const;
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
+  // This pipeline rank's last TrainBatch (see PipelineCounters); zeros
+  // without a pipeline.
+  PipelineCounters pipeline_counters() const;
   // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
   // zeros otherwise). Include engine/offload_report.h to call it.
   NvmeCounters nvme_counters() const;
