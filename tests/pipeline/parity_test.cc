@@ -42,7 +42,14 @@ constexpr int kMicro = 2;
 // case needs more stages (ExpectParity sets it from Case::layers).
 int g_layers = 3;
 
-nn::GptConfig Model() { return SmallGpt(/*channels=*/16, g_layers); }
+// Whether the models checkpoint every block (the checkpointing test's).
+bool g_checkpoint_blocks = false;
+
+nn::GptConfig Model() {
+  nn::GptConfig config = SmallGpt(/*channels=*/16, g_layers);
+  config.activation_checkpointing = g_checkpoint_blocks;
+  return config;
+}
 
 // The model family under test: GPT, or a tiny Llama (tied or untied head).
 enum class Family { kGpt, kLlamaTied, kLlamaUntied };
@@ -59,6 +66,7 @@ nn::DecoderConfig Llama(bool tied) {
   config.vocab_size = kVocab;
   config.max_position_embeddings = 16;
   config.tie_word_embeddings = tied;
+  config.activation_checkpointing = g_checkpoint_blocks;
   return config;
 }
 
@@ -67,23 +75,21 @@ std::vector<int64_t> LayerWeights() {
   return Llama(g_family == Family::kLlamaTied).PipelineLayerWeights();
 }
 
-// Extra top-level keys of every run's config (the clipping test's), extra
-// keys of its zero_optimization section (the offload test's) and of its
-// pipeline section (the activation checkpointing test's).
+// Extra top-level keys of every run's config (the clipping test's), and
+// extra keys of its zero_optimization section (the offload test's).
 std::string g_extra_keys;
 std::string g_zero_keys;
-std::string g_pipeline_keys;
 
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                        int accumulation, const std::string &optimizer,
                        int per_rank = 1) {
-  return absl::StrCat(
-      R"({"train_micro_batch_size_per_gpu": )", kMicro, g_extra_keys,
-      R"(, "gradient_accumulation_steps": )", accumulation,
-      R"(, "optimizer": )", optimizer, R"(, "zero_optimization": {"stage": )",
-      zero_stage, g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
-      R"(, "schedule": ")", schedule, R"(", "stages_per_rank": )", per_rank,
-      g_pipeline_keys, "}}");
+  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", kMicro,
+                      g_extra_keys, R"(, "gradient_accumulation_steps": )",
+                      accumulation, R"(, "optimizer": )", optimizer,
+                      R"(, "zero_optimization": {"stage": )", zero_stage,
+                      g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
+                      R"(, "schedule": ")", schedule,
+                      R"(", "stages_per_rank": )", per_rank, "}}");
 }
 
 // The GPT runs' dtype (fp16 for the loss-scale test).
@@ -542,36 +548,43 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   g_zero_keys.clear();
 }
 
-// Activation checkpointing of every pipeline layer
-// (pipeline.activation_checkpoint_interval 1), on the device and with
-// cpu_checkpointing (the layers' kept inputs in host memory): with several
-// micro-batches in flight each checkpointed layer keeps one input per
-// micro-batch, in the micro-batch's saved-state slot, and recomputes from
-// its own one in that micro-batch's backward; the offload prefetches
-// within the slot. 1F1B and interleaved, ZeRO 2 and 3 (their reductions
-// wait for the micro-batch's own uses): the single-rank run's losses and
-// weights. A backward recomputing from another micro-batch's input, or
-// an offloaded input restored for the wrong layer, would change them.
+// Activation checkpointing of every block (GptConfig / DecoderConfig
+// activation_checkpointing; not pipeline.activation_checkpoint_interval,
+// which also checkpoints the head, whose loss mode refuses it), on the
+// device and with cpu_checkpointing (the blocks' kept inputs in host
+// memory): with several micro-batches in flight each checkpointed block
+// keeps one input per micro-batch, in the micro-batch's saved-state slot,
+// and recomputes from its own one in that micro-batch's backward; the
+// offload prefetches within the slot. 1F1B and interleaved, GPT and the
+// tied Llama, ZeRO 2 and 3 (their reductions wait for the micro-batch's
+// own uses): the single-rank run's losses and weights (the reference
+// checkpoints too: bit-identical either way). A backward recomputing from
+// another micro-batch's input, or an offloaded input restored for the
+// wrong block, would change them.
 TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
-  g_pipeline_keys = R"(, "activation_checkpoint_interval": 1)";
+  g_checkpoint_blocks = true;
   for (const char *extra :
        {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})"}) {
     g_extra_keys = extra;
-    for (int stages : StageCounts()) {
-      for (int zero_stage : {2, 3}) {
-        ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-5});
+    for (Family family : {Family::kGpt, Family::kLlamaTied}) {
+      g_family = family;
+      for (int stages : StageCounts()) {
+        for (int zero_stage : {2, 3}) {
+          ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-5});
+        }
       }
-    }
-    for (int stages : InterleavedStageCounts()) {
-      for (int zero_stage : {2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
-                      InterleavedLayers(stages)});
+      for (int stages : InterleavedStageCounts()) {
+        for (int zero_stage : {2, 3}) {
+          ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                        InterleavedLayers(stages)});
+        }
       }
     }
   }
+  g_family = Family::kGpt;
   g_extra_keys.clear();
-  g_pipeline_keys.clear();
+  g_checkpoint_blocks = false;
 }
 
 // The saved micro-batches each pipeline rank holds at most, per schedule
@@ -592,7 +605,7 @@ TEST(PipelineMemory, PeakSavedMicroBatchesPerRank) {
         PipelinedEngine(stages, 1, schedule, kSgd, per_rank);
     g_layers = 3;
     ASSERT_TRUE(engine.ok()) << engine.status();
-    Run run;
+    enginetest::Run run;
     ASSERT_TRUE(TrainPipelined(**engine, 0, 1, &run).ok());
     run.counters = (*engine)->pipeline_counters();
     std::printf(
