@@ -24,7 +24,8 @@
 //                              (MeanCrossEntropy); EndForward
 //     B(s,m)                   strategy BeginBackward(boundary = false);
 //                              stage s's BackwardStage; EndBackward
-//   (F(s,m) and B(s,m) both run in saved-state slot (s,m), below)
+//                              (F(s,m) and B(s,m) both run in the
+//                              saved-state slot of (s,m), below)
 //     reduce(s)                (first of the rank's) waits for the sends;
 //                              for stage s's tied parameters, sums each
 //                              one's gradient with the other stage holding
@@ -51,13 +52,17 @@
 // host until its backward and prefetches within the slot
 // (nn/activation_offload.h).
 //
-// So no forward runs twice (recomputed_forwards() is 0 for GPipe, 1F1B
+// So no forward runs twice (recomputed_per_step() is 0 for GPipe, 1F1B
 // and interleaved 1F1B), and the gradients are the same computation as
-// before, in the same order: bit-identical. The memory is the schedule's:
+// with the recompute this replaced (a deterministic forward, repeated), in
+// the same order: bit-identical. The memory is the schedule's:
 // a rank holds the saved state of the micro-batches whose forward ran and
 // whose backward has not, at most ActivationBound(schedule, rank)
 // (pipeline/schedule.h: m for GPipe, min(m, p - rank) for 1F1B); the
-// executor measures it from the modules (peak_saved_micro_batches()).
+// executor measures it from the modules (peak_saved_micro_batches()). A
+// step that fails part-way leaves its slots' records behind (the caller
+// fails the run); a later step's forward in a slot pushes above them and
+// its backward pops its own, so they cost memory, never correctness.
 // Stage 3 keeps gathered parameters from one bracket to the next (no
 // boundary in the step) as its fetch schedule decides; which chunk's
 // modules come next changes only what it keeps, never what it computes.
