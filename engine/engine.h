@@ -200,9 +200,6 @@ class Engine {
   const Stream& compute_stream() const;
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
-  // This pipeline rank's last TrainBatch (see PipelineCounters); zeros
-  // without a pipeline.
-  PipelineCounters pipeline_counters() const;
   // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme;
   // zeros otherwise). Include engine/offload_report.h to call it.
   NvmeCounters nvme_counters() const;
@@ -210,6 +207,9 @@ class Engine {
   // update so far (zeros without offload_optimizer). Include
   // engine/offload_report.h to call it.
   OffloadTimes offload_times() const;
+  // This pipeline rank's last TrainBatch (see PipelineCounters); zeros
+  // without a pipeline.
+  PipelineCounters pipeline_counters() const;
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.
