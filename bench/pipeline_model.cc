@@ -13,6 +13,11 @@
 //     measured times at b (embedding, blocks, ln_f, head with its loss),
 //     linearly interpolated between measured sizes; outside them, the
 //     nearest two measured sizes extrapolate ("extrapolated": true).
+//   - Each (stage, micro-batch) forward runs once: the executor keeps every
+//     in-flight micro-batch's activations until its backward
+//     (pipeline/executor.h), as the memory below counts; no forward is
+//     recomputed (before pipe-save-29 the executor recomputed every forward
+//     of 1F1B's ranks but the last, which this model did not charge).
 //   - Activations and their gradients cross the link at --link_gb_s after
 //     --link_latency_us; the optimizer runs once per stage at the end
 //     (--optimizer_params_per_s, the engine's fused AdamW on the GPU).
@@ -258,6 +263,7 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["activation_bytes_per_sequence_and_block"] = activation_bytes;
   a["gpu_gib"] = o.gpu_gib;
   a["stage_times"] = "sum of measured module times at the micro-batch size";
+  a["forwards"] = "once per stage and micro-batch, none recomputed";
   return a;
 }
 

@@ -409,6 +409,16 @@ CommunicationCounters EngineImpl::communication_counters() const {
   return strategy_->communication_counters();
 }
 
+PipelineCounters EngineImpl::pipeline_counters() const {
+  PipelineCounters counters;
+  if (pipeline_ == nullptr) return counters;
+  counters.recomputed_forwards = pipeline_->recomputed_per_step();
+  counters.peak_saved_micro_batches = pipeline_->peak_saved_micro_batches();
+  counters.activation_bound = pipeline::ActivationBound(
+      pipeline_->schedule(), pipeline_groups_.pipeline->rank());
+  return counters;
+}
+
 EngineImpl::~EngineImpl() {
   if (activation_offload_ == nullptr || model_ == nullptr) return;
   for (nn::Module* module : model_->Modules()) {
@@ -895,6 +905,10 @@ const Stream& Engine::compute_stream() const { return impl_->compute_stream(); }
 
 CommunicationCounters Engine::communication_counters() const {
   return impl_->communication_counters();
+}
+
+PipelineCounters Engine::pipeline_counters() const {
+  return impl_->pipeline_counters();
 }
 
 NvmeCounters Engine::nvme_counters() const { return impl_->nvme_counters(); }

@@ -208,6 +208,9 @@ class Engine {
   // update so far (zeros without offload_optimizer). Include
   // engine/offload_report.h to call it.
   OffloadTimes offload_times() const;
+  // This pipeline rank's last TrainBatch (see PipelineCounters); zeros
+  // without a pipeline.
+  PipelineCounters pipeline_counters() const;
 
   // The f32 master copy of parameter `name`, gathered from every rank (a
   // collective: every rank must call it). For tests and checkpoints.

@@ -74,6 +74,7 @@ class EngineImpl {
   }
   const Stream& compute_stream() const { return compute_stream_; }
   CommunicationCounters communication_counters() const;
+  PipelineCounters pipeline_counters() const;
   NvmeCounters nvme_counters() const;
   OffloadTimes offload_times() const;
   absl::StatusOr<std::vector<float>> GatherMasterWeights(

@@ -32,6 +32,20 @@ struct Counters {
   int64_t speculation_not_speculated = 0;
 };
 
+// This pipeline rank's last TrainBatch (Engine::pipeline_counters; zeros
+// without a pipeline): pipeline/executor.h.
+struct PipelineCounters {
+  // Forwards of a (stage, micro-batch) that ran more than once: 0, every
+  // forward's activations are kept until its backward.
+  int recomputed_forwards = 0;
+  // The most micro-batches (over the rank's stages) whose saved
+  // activations the rank held at once, measured from the modules; at most
+  // activation_bound.
+  int peak_saved_micro_batches = 0;
+  // The schedule's bound for this rank (pipeline::ActivationBound).
+  int activation_bound = 0;
+};
+
 // Where this rank's last SaveCheckpoint spent its time (seconds), for
 // benchmarks. The copy and the writer run concurrently (a pipeline), so
 // the phases overlap; `total` is the call's wall time.

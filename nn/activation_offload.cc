@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
+#include "nn/module.h"
 
 namespace ze {
 namespace nn {
@@ -83,7 +84,8 @@ absl::StatusOr<int64_t> ActivationOffload::Save(const Tensor& input,
                      " is not on the offload's device ", device_.ToString()));
   }
   Entry entry;
-  if (in_backward_) {
+  entry.slot = CurrentSavedStateSlot();
+  if (backward_slots_.count(entry.slot) > 0) {
     // A recomputation's save: restored within the same outer backward.
     entry.device = input;
   } else {
@@ -98,18 +100,17 @@ absl::StatusOr<int64_t> ActivationOffload::Save(const Tensor& input,
     ++stats_.offloaded;
     stats_.offloaded_bytes += static_cast<int64_t>(input.nbytes());
     // Only the newest input stays on the device (file comment).
-    if (!entries_.empty()) {
-      Entry& previous = entries_.rbegin()->second;
-      if (previous.newest) {
-        previous.device = Tensor();
-        previous.newest = false;
-      }
+    auto previous = entries_.find(newest_ticket_);
+    if (previous != entries_.end() && previous->second.newest) {
+      previous->second.device = Tensor();
+      previous->second.newest = false;
     }
     entry.device = input;
     entry.newest = true;
   }
   ++stats_.saved;
   const int64_t ticket = next_ticket_++;
+  if (entry.newest) newest_ticket_ = ticket;
   entries_.emplace(ticket, std::move(entry));
   return ticket;
 }
@@ -184,7 +185,7 @@ absl::StatusOr<Tensor> ActivationOffload::Restore(int64_t ticket,
   }
   Entry entry = std::move(it->second);
   entries_.erase(it);
-  in_backward_ = true;
+  backward_slots_.insert(entry.slot);
   ++stats_.restored;
   const bool offloaded = entry.host.defined();
   if (entry.newest) {
@@ -201,14 +202,13 @@ absl::StatusOr<Tensor> ActivationOffload::Restore(int64_t ticket,
   // The copy back is queued on copy_stream_, so the host buffer may go
   // back to the pool at once (see ReturnHostBuffer).
   if (offloaded) ReturnHostBuffer(std::move(entry.host));
-  if (status.ok() && !entries_.empty()) {
-    // The next restore in LIFO order: the previous layer's input.
-    Entry& next = entries_.rbegin()->second;
-    if (!next.device.defined()) {
-      status = FetchToDevice(next, stream, /*must=*/false);
-    }
+  // The next restore in LIFO order within the slot: the previous layer's
+  // input of the same forward.
+  Entry* next = Newest(entry.slot);
+  if (status.ok() && next != nullptr && !next->device.defined()) {
+    status = FetchToDevice(*next, stream, /*must=*/false);
   }
-  if (entries_.empty()) in_backward_ = false;
+  if (next == nullptr) backward_slots_.erase(entry.slot);
   if (!status.ok()) return status;
   return std::move(entry.device);
 }
@@ -217,8 +217,16 @@ void ActivationOffload::Discard(int64_t ticket) {
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return;
   if (it->second.host.defined()) ReturnHostBuffer(std::move(it->second.host));
+  const int64_t slot = it->second.slot;
   entries_.erase(it);
-  if (entries_.empty()) in_backward_ = false;
+  if (Newest(slot) == nullptr) backward_slots_.erase(slot);
+}
+
+ActivationOffload::Entry* ActivationOffload::Newest(int64_t slot) {
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->second.slot == slot) return &it->second;
+  }
+  return nullptr;
 }
 
 bool ActivationOffload::OnDevice(int64_t ticket) const {

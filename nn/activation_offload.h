@@ -52,6 +52,17 @@
 // event is complete, so the same code runs in CI). Kernels that read a
 // saved or restored input must run on the stream passed to Save/Restore.
 //
+// Saved-state slots (nn/module.h): several forwards' inputs may be held at
+// once, each forward in a slot of its own, and backpropagated in any order
+// between the slots (a pipeline's 1F1B runs F(m + w) before B(m)). The
+// backward state above is per slot: a Save in a slot whose backward has
+// begun (and that still holds inputs) is a recomputation's and stays on
+// the device, while a forward's Save in another slot is offloaded as
+// usual; the next input prefetched is the slot's own next one. Only the
+// newest input overall stays on the device, so a backward of a slot other
+// than the newest input's fetches its first input on demand (the copy is
+// not prefetched: nothing says which slot's backward comes next).
+//
 // Thread: one thread drives it (the one running the model's forward and
 // backward); not thread-safe. Not copyable.
 #ifndef ZE_NN_ACTIVATION_OFFLOAD_H_
@@ -60,6 +71,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -139,6 +151,7 @@ class ActivationOffload {
     Tensor device;        // the input on the device: kept, or copied back
     bool newest = false;  // `device` is the input itself, kept until a Save
     Event ready;          // recorded on the copy stream after the copy back
+    int64_t slot = 0;     // the saved-state slot it was saved in
   };
 
   ActivationOffload(const Device& device,
@@ -157,11 +170,18 @@ class ActivationOffload {
   ActivationOffloadOptions options_;
   Stream copy_stream_;
   int64_t next_ticket_ = 1;
-  // Held inputs by ticket: the largest ticket is the next LIFO restore.
+  // The held entry of `slot` with the largest ticket (its next LIFO
+  // restore), or null.
+  Entry* Newest(int64_t slot);
+
+  // Held inputs by ticket: within a slot, the largest ticket is the next
+  // LIFO restore.
   std::map<int64_t, Entry> entries_;
-  // From the first Restore until nothing is held: a Save then comes from a
-  // recomputation and stays on the device.
-  bool in_backward_ = false;
+  // Slots from their first Restore until they hold nothing: a Save in one
+  // of them comes from a recomputation and stays on the device.
+  std::set<int64_t> backward_slots_;
+  // The input kept on the device as the newest (see Save), if still held.
+  int64_t newest_ticket_ = 0;
   std::vector<Tensor> slots_;
   // Free host buffers keyed by (dtype, element count).
   std::multimap<std::pair<int, int64_t>, Tensor> host_pool_;

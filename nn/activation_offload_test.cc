@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "nn/decoder.h"
 #include "nn/gpt.h"
+#include "nn/module.h"
 #include "nn/test_util.h"
 
 namespace ze {
@@ -150,6 +151,63 @@ TEST(ActivationOffloadTest, SavesDuringBackwardStayOnTheDevice) {
   EXPECT_EQ(offload->stats().offloaded, 3);
   offload->Discard(next);
   EXPECT_EQ(offload->held(), 0);
+}
+
+// Saved-state slots (a pipeline's 1F1B, nn/module.h): two forwards' inputs
+// held at once, each in its slot. The older one's backward (slot 1) starts
+// while slot 2's are held: its first input is fetched on demand (the
+// newest kept is slot 2's), and the prefetch is slot 1's own previous
+// layer, not slot 2's newest held. A save in slot 1 during its backward is
+// a recomputation's and stays on the device, while a forward's save in
+// another slot meanwhile is offloaded (one backward under way elsewhere
+// does not make every save a recomputation's).
+TEST(ActivationOffloadTest, EachSlotHasItsOwnBackwardAndPrefetchOrder) {
+  std::shared_ptr<ActivationOffload> offload = MakeOffload(2);
+  const Stream stream;
+  std::vector<std::vector<Tensor>> inputs(3);
+  std::vector<std::vector<int64_t>> tickets(3);
+  for (int slot : {1, 2}) {
+    const SavedStateSlot in(slot);
+    for (int layer = 0; layer < 2; ++layer) {
+      inputs[slot].push_back(RandomTensor({2, 3}, 10 * slot + layer));
+      tickets[slot].push_back(
+          offload->Save(inputs[slot].back(), stream).value());
+    }
+  }
+  EXPECT_EQ(offload->stats().offloaded, 4);
+  EXPECT_TRUE(offload->OnDevice(tickets[2][1]));  // the newest
+  EXPECT_FALSE(offload->OnDevice(tickets[1][1]));
+
+  const Tensor r11 = offload->Restore(tickets[1][1], stream).value();
+  EXPECT_TRUE(SameBytes(r11, inputs[1][1]));
+  EXPECT_EQ(offload->stats().kept_newest, 0);
+  EXPECT_TRUE(offload->OnDevice(tickets[1][0]));   // slot 1's next
+  EXPECT_FALSE(offload->OnDevice(tickets[2][0]));  // not slot 2's
+  {
+    const SavedStateSlot in(1);
+    const Tensor inner = RandomTensor({2, 3}, 99);
+    const int64_t ti = offload->Save(inner, stream).value();
+    EXPECT_EQ(offload->stats().offloaded, 4);
+    EXPECT_EQ(offload->Restore(ti, stream).value().data(), inner.data());
+  }
+  {
+    const SavedStateSlot in(3);
+    const int64_t t3 = offload->Save(RandomTensor({2, 3}, 30), stream).value();
+    EXPECT_EQ(offload->stats().offloaded, 5);
+    offload->Discard(t3);
+  }
+  EXPECT_TRUE(
+      SameBytes(offload->Restore(tickets[1][0], stream).value(), inputs[1][0]));
+  EXPECT_EQ(offload->stats().prefetched, 1);
+  for (int layer : {1, 0}) {
+    EXPECT_TRUE(SameBytes(offload->Restore(tickets[2][layer], stream).value(),
+                          inputs[2][layer]));
+  }
+  EXPECT_EQ(offload->held(), 0);
+  // Every slot's backward is over: a forward's save is offloaded again.
+  const int64_t next = offload->Save(RandomTensor({2, 3}, 4), stream).value();
+  EXPECT_EQ(offload->stats().offloaded, 6);
+  offload->Discard(next);
 }
 
 // Host buffers go back to a pool: a second step of the same shapes

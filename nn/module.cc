@@ -12,6 +12,7 @@ namespace nn {
 namespace {
 
 thread_local bool saving_enabled = true;
+thread_local int64_t saved_state_slot = 0;
 std::atomic<int64_t> next_hook_id{1};
 
 int KindIndex(HookKind kind) { return static_cast<int>(kind); }
@@ -37,6 +38,12 @@ NoSaveScope::NoSaveScope() : previous_(saving_enabled) {
 }
 NoSaveScope::~NoSaveScope() { saving_enabled = previous_; }
 bool SavingEnabled() { return saving_enabled; }
+
+SavedStateSlot::SavedStateSlot(int64_t slot) : previous_(saved_state_slot) {
+  saved_state_slot = slot;
+}
+SavedStateSlot::~SavedStateSlot() { saved_state_slot = previous_; }
+int64_t CurrentSavedStateSlot() { return saved_state_slot; }
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 Module::~Module() = default;
@@ -93,8 +100,9 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
     output = ForwardWithHooks(input, stream);
   }
   if (!output.ok()) return output;
+  SavedCall saved;
+  saved.checkpointed = checkpointed;
   if (checkpointed) {
-    CheckpointInput saved;
     if (activation_offload_ != nullptr) {
       absl::StatusOr<int64_t> ticket = activation_offload_->Save(input, stream);
       if (!ticket.ok()) {
@@ -107,26 +115,25 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor &input,
     } else {
       saved.tensor = input;
     }
-    checkpoint_inputs_.push_back(std::move(saved));
   }
-  call_checkpointed_.push_back(checkpointed);
+  calls_.Save(std::move(saved));
   return output;
 }
 
 absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
                                         const Stream &stream) {
-  if (call_checkpointed_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Backward of ", DisplayName(),
-                     " without a saved Forward (was it run under "
-                     "NoSaveScope, or backpropagated already?)"));
+  if (calls_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Backward of ", DisplayName(),
+        " without a saved Forward in saved-state slot ",
+        CurrentSavedStateSlot(),
+        " (was it run under NoSaveScope, in another slot, or backpropagated "
+        "already?)"));
   }
-  const bool checkpointed = call_checkpointed_.back();
-  call_checkpointed_.pop_back();
+  SavedCall saved = calls_.Pop();
+  const bool checkpointed = saved.checkpointed;
   Tensor checkpoint_input;
   if (checkpointed) {
-    CheckpointInput saved = std::move(checkpoint_inputs_.back());
-    checkpoint_inputs_.pop_back();
     if (saved.offload != nullptr) {
       // Before the pre-backward hooks, so that bringing the input back (and
       // prefetching the previous call's) overlaps a stage-3 gather.
@@ -251,18 +258,15 @@ absl::Status Module::ZeroGrad(const Stream &stream) {
 
 void Module::ClearSavedState() {
   for (Module *module : Modules()) {
-    module->call_checkpointed_.clear();
-    for (const CheckpointInput &saved : module->checkpoint_inputs_) {
+    module->calls_.ForEach([](const SavedCall &saved) {
       if (saved.offload != nullptr) saved.offload->Discard(saved.ticket);
-    }
-    module->checkpoint_inputs_.clear();
+    });
+    module->calls_.Clear();
     module->ClearSavedStateImpl();
   }
 }
 
-int Module::PendingBackwardCalls() const {
-  return static_cast<int>(call_checkpointed_.size());
-}
+int Module::PendingBackwardCalls() const { return calls_.size(); }
 
 void Module::CheckNewName(const std::string &name) const {
   ZE_CHECK(!name.empty());

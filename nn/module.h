@@ -26,6 +26,26 @@
 // record, so a module run several times in one forward is backpropagated in
 // reverse order. Backward with nothing saved is FailedPrecondition.
 //
+// Saved-state slots: the records live in per-slot stacks, and the slot is
+// a thread-wide setting (SavedStateSlot; 0 unless set). A Forward pushes
+// onto the current slot's stack and a Backward pops the current slot's most
+// recent record, never another slot's. So several forwards may be in
+// flight at once and be backpropagated in any order between them, as long
+// as each runs in a slot of its own and its Backward runs in the same slot:
+// a pipeline's 1F1B schedule runs F(m + w) before B(m) and keeps each
+// in-flight micro-batch's activations in its own slot (pipeline/
+// executor.h). Within one slot the order stays LIFO. Everything a module
+// keeps from a forward for its backward must follow the contract: the
+// module's own call records (checkpointing, below) and every leaf's
+// SavedStack do; a module keeping per-call state elsewhere must key it by
+// CurrentSavedStateSlot() too. The ZeRO strategies key the parameter uses
+// a forward counts the same way (zero/forward_uses.h), so what a backward
+// counts down is its own forward's. Activation checkpointing and the
+// cpu_checkpointing offload are per slot as well: a checkpointed call's
+// kept input is in its slot's record, and the offload tells a
+// recomputation's saves and its prefetch order by slot
+// (nn/activation_offload.h).
+//
 // Activation checkpointing (set_activation_checkpointing): Forward keeps
 // only its input and runs ForwardImpl with saving disabled, so no child
 // keeps activations. Backward, after the module's pre-backward hooks,
@@ -101,6 +121,98 @@ class NoSaveScope {
 };
 // True unless a NoSaveScope is alive on this thread.
 bool SavingEnabled();
+
+// While alive, Forward calls on this thread save into, and Backward calls
+// pop from, saved-state slot `slot` (see the file comment). Nestable; the
+// previous slot comes back on destruction. Any value is a slot; 0 is the
+// one in use when none is set.
+class SavedStateSlot {
+ public:
+  explicit SavedStateSlot(int64_t slot);
+  ~SavedStateSlot();
+  SavedStateSlot(const SavedStateSlot &) = delete;
+  SavedStateSlot &operator=(const SavedStateSlot &) = delete;
+
+ private:
+  int64_t previous_;
+};
+// The slot Forward saves into and Backward pops from on this thread.
+int64_t CurrentSavedStateSlot();
+
+// Saved per-call records, one LIFO stack per saved-state slot: Save pushes
+// onto the current slot's stack, and only when saving is enabled; empty,
+// size, Top and Pop are the current slot's (Pop returns its most recent
+// record, matching the reverse order of backward). Clear drops every
+// slot's. Leaf modules keep their per-call state in one.
+template <typename Record>
+class SavedStack {
+ public:
+  void Save(Record record) {
+    if (!SavingEnabled()) return;
+    const int64_t slot = CurrentSavedStateSlot();
+    std::vector<Record> *records = Find(slot);
+    if (records == nullptr) {
+      slots_.push_back(Slot{slot, {}});
+      records = &slots_.back().records;
+    }
+    records->push_back(std::move(record));
+  }
+  bool empty() const { return size() == 0; }
+  int size() const {
+    const std::vector<Record> *records = Find(CurrentSavedStateSlot());
+    return records == nullptr ? 0 : static_cast<int>(records->size());
+  }
+  // The record the next Pop returns; the current slot must not be empty.
+  const Record &Top() const { return Find(CurrentSavedStateSlot())->back(); }
+  // The current slot must not be empty.
+  Record Pop() {
+    const int64_t slot = CurrentSavedStateSlot();
+    std::vector<Record> &records = *Find(slot);
+    Record record = std::move(records.back());
+    records.pop_back();
+    if (records.empty()) {
+      // Only slots holding records stay listed (slots() counts them).
+      for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+        if (it->id == slot) {
+          slots_.erase(it);
+          break;
+        }
+      }
+    }
+    return record;
+  }
+  void Clear() { slots_.clear(); }
+  // Slots holding at least one record.
+  int slots() const { return static_cast<int>(slots_.size()); }
+  // Calls f(record) for every record of every slot.
+  template <typename F>
+  void ForEach(F f) const {
+    for (const Slot &slot : slots_) {
+      for (const Record &record : slot.records) f(record);
+    }
+  }
+
+ private:
+  struct Slot {
+    int64_t id;
+    std::vector<Record> records;  // never empty
+  };
+  // A handful of slots at most (a pipeline's in-flight micro-batches): a
+  // linear search beats a map.
+  std::vector<Record> *Find(int64_t slot) {
+    for (Slot &entry : slots_) {
+      if (entry.id == slot) return &entry.records;
+    }
+    return nullptr;
+  }
+  const std::vector<Record> *Find(int64_t slot) const {
+    for (const Slot &entry : slots_) {
+      if (entry.id == slot) return &entry.records;
+    }
+    return nullptr;
+  }
+  std::vector<Slot> slots_;
+};
 
 class Module {
  public:
@@ -193,11 +305,15 @@ class Module {
   // Zeroes every defined grad slot of the subtree (queued on `stream`).
   absl::Status ZeroGrad(const Stream &stream);
 
-  // Drops all saved per-call state of the subtree (e.g. after an error or an
-  // abandoned forward).
+  // Drops all saved per-call state of the subtree, in every slot (e.g.
+  // after an error or an abandoned forward).
   void ClearSavedState();
-  // Saved forward calls not yet backpropagated, this module only.
+  // Saved forward calls not yet backpropagated, this module only, in the
+  // current saved-state slot.
   int PendingBackwardCalls() const;
+  // Saved-state slots holding a saved forward call of this module not yet
+  // backpropagated (a pipeline rank's in-flight micro-batches).
+  int SavedSlots() const { return calls_.slots(); }
 
  protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -266,16 +382,15 @@ class Module {
   bool checkpointing_ = false;
   bool recompute_activation_ = false;
   std::shared_ptr<ActivationOffload> activation_offload_;
-  // A checkpointed call's input: the tensor itself, or the offload holding
-  // it and its ticket.
-  struct CheckpointInput {
+  // Per saved Forward call: whether it was checkpointed, and then its
+  // input: the tensor itself, or the offload holding it and its ticket.
+  struct SavedCall {
+    bool checkpointed = false;
     Tensor tensor;
     std::shared_ptr<ActivationOffload> offload;
     int64_t ticket = 0;
   };
-  // Per saved Forward call: whether it was checkpointed, and its input.
-  std::vector<bool> call_checkpointed_;
-  std::vector<CheckpointInput> checkpoint_inputs_;
+  SavedStack<SavedCall> calls_;
 };
 
 // Runs children in order; Backward runs them in reverse. Children are named
@@ -302,30 +417,6 @@ class Sequential : public Module {
                                      const Stream &stream) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
                                       const Stream &stream) override;
-};
-
-// A stack of saved per-call records for leaf modules: Save pushes only when
-// saving is enabled; Pop returns the most recent (LIFO, matching the reverse
-// order of backward).
-template <typename Record>
-class SavedStack {
- public:
-  void Save(Record record) {
-    if (SavingEnabled()) records_.push_back(std::move(record));
-  }
-  bool empty() const { return records_.empty(); }
-  int size() const { return static_cast<int>(records_.size()); }
-  // The record the next Pop returns; the stack must not be empty.
-  const Record &Top() const { return records_.back(); }
-  Record Pop() {
-    Record record = std::move(records_.back());
-    records_.pop_back();
-    return record;
-  }
-  void Clear() { records_.clear(); }
-
- private:
-  std::vector<Record> records_;
 };
 
 }  // namespace nn

@@ -284,6 +284,50 @@ TEST_F(TreeTest, BackwardWithoutForwardIsFailedPrecondition) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Saved-state slots: two forwards in flight, each in a slot of its own,
+// backpropagated oldest first (1F1B's order, F(m + 1) before B(m)): each
+// backward pops its own forward's records, so the input gradients are
+// those of each forward backpropagated alone, bit for bit, with and
+// without checkpointing (whose kept input is per slot too). One stack for
+// both would give the first backward the second forward's records.
+TEST_F(TreeTest, SlotsBackpropagateTheirOwnForwardInAnyOrder) {
+  const Stream stream;
+  const Tensor a = RandomTensor({2, 4}, 1), b = RandomTensor({2, 4}, 7);
+  const Tensor grad_output = RandomTensor({2, 3}, 2);
+  for (bool checkpointed : {false, true}) {
+    SCOPED_TRACE(checkpointed ? "checkpointed" : "saved");
+    inner_->set_activation_checkpointing(checkpointed);
+    std::vector<std::vector<float>> alone;
+    for (const Tensor &input : {a, b}) {
+      ASSERT_TRUE(root_->Forward(input, stream).ok());
+      alone.push_back(
+          testing::Values(root_->Backward(grad_output, stream).value()));
+    }
+    for (int64_t slot : {1, 2}) {
+      const SavedStateSlot in(slot);
+      ASSERT_TRUE(root_->Forward(slot == 1 ? a : b, stream).ok());
+      EXPECT_EQ(root_->PendingBackwardCalls(), 1);
+    }
+    EXPECT_EQ(root_->SavedSlots(), 2);
+    EXPECT_EQ(inner_->SavedSlots(), 2);
+    EXPECT_EQ(last_->SavedSlots(), checkpointed ? 0 : 2);  // inner_ keeps
+    EXPECT_EQ(root_->PendingBackwardCalls(), 0);           // slot 0's
+    for (int64_t slot : {1, 2}) {
+      const SavedStateSlot in(slot);
+      const absl::StatusOr<Tensor> grad = root_->Backward(grad_output, stream);
+      ASSERT_TRUE(grad.ok()) << grad.status();
+      EXPECT_EQ(testing::Values(*grad), alone[slot - 1]);
+    }
+    EXPECT_EQ(root_->SavedSlots(), 0);
+    const SavedStateSlot in(1);
+    const absl::Status again = root_->Backward(grad_output, stream).status();
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(again.message().find("saved-state slot 1"), std::string::npos)
+        << again;
+  }
+  EXPECT_EQ(CurrentSavedStateSlot(), 0);
+}
+
 TEST_F(TreeTest, FrozenParameterGetsNoGradient) {
   first_->weight()->set_requires_grad(false);
   const Tensor output =

@@ -8,8 +8,10 @@
 // runs a LossModel: ForwardStage and BackwardStage go through the public
 // Module::Forward/Backward, so the ZeRO strategy's hooks fire. Each
 // ForwardStage saves its state and BackwardStage consumes the most recent
-// one (LIFO, as Module does); the executor recomputes a forward under a
-// NoSaveScope when a schedule's order is not LIFO.
+// one of the current saved-state slot (LIFO within a slot, as Module
+// does); the executor runs each micro-batch in a slot of its own
+// (nn::SavedStateSlot), so a schedule's order need not be LIFO across
+// micro-batches.
 //
 // Not thread-safe (one thread drives a stage).
 #ifndef ZE_NN_PIPELINE_STAGE_H_
@@ -65,7 +67,8 @@ class PipelineStage {
   virtual absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
                                               const Tensor &targets,
                                               const Stream &stream) = 0;
-  // Backpropagates the most recent saved ForwardStage: grad_output is the
+  // Backpropagates the most recent saved ForwardStage of the current
+  // saved-state slot (nn/module.h): grad_output is the
   // next stage's input gradient, or on the last stage MeanCrossEntropy's
   // Backward. Returns the gradient of this stage's input (undefined on the
   // first stage, whose inputs are token ids). Accumulates into the

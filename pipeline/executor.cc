@@ -1,5 +1,6 @@
 #include "pipeline/executor.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -107,32 +108,7 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
   std::unique_ptr<PipelineExecutor> executor(
       new PipelineExecutor(context, std::move(schedule)));
   executor->rank_ = rank;
-  // F(s,m) saves when the rank's next forward or backward is B(s,m): its
-  // record is then the most recent when B pops it, and the strategy's
-  // counted uses are its own (the header's invariant).
-  const Schedule &built = executor->schedule_;
-  const std::vector<Action> &list = built.actions[rank];
-  executor->saved_.assign(built.stages_per_rank * built.micro_batches, false);
-  for (size_t i = 0; i < list.size(); ++i) {
-    if (list[i].kind != ActionKind::kForward) continue;
-    for (size_t j = i + 1; j < list.size(); ++j) {
-      const ActionKind kind = list[j].kind;
-      if (kind == ActionKind::kForward) break;
-      if (kind == ActionKind::kBackward) {
-        executor->saved_[executor->Slot(list[i].stage, list[i].micro_batch)] =
-            list[j].micro_batch == list[i].micro_batch &&
-            list[j].stage == list[i].stage;
-        break;
-      }
-    }
-  }
   return executor;
-}
-
-int PipelineExecutor::recomputed_per_step() const {
-  int count = 0;
-  for (bool saved : saved_) count += saved ? 0 : 1;
-  return count;
 }
 
 absl::StatusOr<double> PipelineExecutor::RunStep(
@@ -148,10 +124,10 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
   const Stream &stream = *context_.stream;
   const int slots = schedule_.stages_per_rank * m;
 
-  // Per (chunk, micro-batch) slot: the stage's input (kept for a
-  // recompute), its output (until sent), the gradient received for the
-  // output and the one computed for the input (until sent); per
-  // micro-batch the last stage's mean-loss bookkeeping.
+  // Per (chunk, micro-batch) slot: the stage's input (until its forward
+  // ran), its output (until sent), the gradient received for the output
+  // and the one computed for the input (until sent); per micro-batch the
+  // last stage's mean-loss bookkeeping.
   std::vector<Tensor> input(slots), output(slots), output_grad(slots),
       input_grad(slots);
   std::vector<nn::MeanCrossEntropy> losses(m);
@@ -159,6 +135,18 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
   // Sends in flight, with their tensors (the sender must keep them).
   std::vector<std::pair<comm::Work, std::vector<Tensor>>> sends;
   bool tied_summed = false;
+  // ForwardStage calls per slot, and the saved micro-batches' peak.
+  std::vector<int> forwards(slots, 0);
+  recomputed_per_step_ = 0;
+  peak_saved_micro_batches_ = 0;
+  auto saved_micro_batches = [&]() {
+    int saved = 0;
+    for (nn::PipelineStage *stage : context_.stages) {
+      const std::vector<nn::Module *> layers = stage->StageLayers();
+      if (!layers.empty()) saved += layers.front()->SavedSlots();
+    }
+    return saved;
+  };
 
   auto stage_of = [&](const Action &a) -> nn::PipelineStage & {
     return *context_.stages[ChunkOf(a.stage)];
@@ -255,19 +243,20 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
     nn::PipelineStage &stage = stage_of(a);
     const bool last = stage.is_last_stage();
     const int k = Slot(a.stage, mb);
+    // F(s,m)'s records, and the strategy's counted uses, in (s,m)'s own
+    // slot, where B(s,m) finds them (the header's invariant).
+    const nn::SavedStateSlot slot(k + 1);
     switch (a.kind) {
       case ActionKind::kForward: {
         if (stage.is_first_stage()) input[k] = micro_batches[mb].inputs;
         ZE_RETURN_IF_ERROR(strategy.BeginForward());
-        absl::StatusOr<Tensor> out;
-        if (saved_[k]) {
-          out = stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
-        } else {
-          nn::NoSaveScope no_save;  // B recomputes it
-          out = stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
-        }
+        const absl::StatusOr<Tensor> out =
+            stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
         strategy.EndForward();
         ZE_RETURN_IF_ERROR(out.status());
+        if (++forwards[k] > 1) ++recomputed_per_step_;
+        peak_saved_micro_batches_ =
+            std::max(peak_saved_micro_batches_, saved_micro_batches());
         if (last) {
           ZE_ASSIGN_OR_RETURN(
               const float loss,
@@ -276,23 +265,11 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         } else {
           output[k] = *out;
         }
-        if (saved_[k] && !stage.is_first_stage()) input[k] = Tensor();
+        // The layers keep what they need (a checkpointed one its input).
+        input[k] = Tensor();
         break;
       }
       case ActionKind::kBackward: {
-        if (!saved_[k]) {
-          // F again, saving, as a training forward: the strategy counts
-          // its uses of each parameter, which are what this backward
-          // produces (stage 2 issues a bucket's reduction once they are
-          // all done; a count from another forward, of this chunk or
-          // another, would issue it early or never).
-          ZE_RETURN_IF_ERROR(strategy.BeginForward());
-          const absl::Status recomputed =
-              stage.ForwardStage(input[k], micro_batches[mb].targets, stream)
-                  .status();
-          strategy.EndForward();
-          ZE_RETURN_IF_ERROR(recomputed);
-        }
         Tensor grad = output_grad[k];
         if (last) {
           ZE_ASSIGN_OR_RETURN(

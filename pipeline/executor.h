@@ -22,11 +22,10 @@
 //                              ForwardStage; the last stage reduces the
 //                              per-row losses to micro-batch m's mean
 //                              (MeanCrossEntropy); EndForward
-//     B(s,m)                   when F(s,m) did not save, F(s,m) again
-//                              first, saving, between the strategy's
-//                              BeginForward and EndForward; then strategy
-//                              BeginBackward(boundary = false); stage s's
-//                              BackwardStage; EndBackward
+//     B(s,m)                   strategy BeginBackward(boundary = false);
+//                              stage s's BackwardStage; EndBackward
+//                              (F(s,m) and B(s,m) both run in the
+//                              saved-state slot of (s,m), below)
 //     reduce(s)                (first of the rank's) waits for the sends;
 //                              for stage s's tied parameters, sums each
 //                              one's gradient with the other stage holding
@@ -36,22 +35,37 @@
 //   gradient accumulation steps; none is a boundary, so stages 0-1 keep the
 //   accumulated gradients whole until BoundaryStep reduces them).
 //
-// Saved state, and the strategy's invariant. A stage's modules keep one
-// record per forward and backward pops the most recent (nn/module.h). The
-// strategy's bookkeeping is per bracket, not per chunk: BeginForward
-// forgets the uses counted before it (stage 2 issues a bucket's reduction
-// once the uses counted since the last BeginForward are backpropagated;
-// stage 3 likewise, and starts a micro-step of its fetch schedule). So
-// B(s,m) must come right after the forward whose uses it backpropagates:
-// F(s,m) saves only when the next forward or backward of the RANK (any
-// chunk) in the list is B(s,m); otherwise it runs under NoSaveScope keeping
-// only its input, and B(s,m) runs the forward again (with saving) just
-// before its backward. Gradients are the same deterministic computation,
-// so bit-identical (as activation checkpointing is), at the cost of one
-// more forward for each such micro-batch (recomputed_per_step). Stage 3
-// keeps gathered parameters from one bracket to the next (no boundary in
-// the step) as its fetch schedule decides; which chunk's modules come next
-// changes only what it keeps, never what it computes.
+// Saved state, and the strategy's invariant. Every F(s,m) saves what its
+// backward needs, and B(s,m) backpropagates micro-batch m's own records:
+// both run inside nn::SavedStateSlot(slot of (s,m)) (nn/module.h), so the
+// stage's modules push F(s,m)'s records onto that slot's stacks and B(s,m)
+// pops them from there, whatever other forwards ran in between (1F1B runs
+// F(m + w) before B(m), which a single LIFO stack per module would pop
+// first). The strategy keys its per-forward bookkeeping by the same slot
+// (zero/strategy.h, zero/forward_uses.h): the uses F(s,m) counts are those
+// B(s,m) counts down, so stage 2 issues a bucket's reduction, and stage 3
+// a bucket's reduce-scatter, once micro-batch m's own uses are
+// backpropagated, never on another micro-batch's count. Activation
+// checkpointing works per slot too: a checkpointed layer keeps its input
+// in the slot's record and recomputes in B(s,m) as it would without a
+// pipeline; with cpu_checkpointing the offload keeps a slot's inputs on the
+// host until its backward and prefetches within the slot
+// (nn/activation_offload.h).
+//
+// So no forward runs twice (recomputed_per_step() is 0 for GPipe, 1F1B
+// and interleaved 1F1B), and the gradients are the same computation as
+// with the recompute this replaced (a deterministic forward, repeated), in
+// the same order: bit-identical. The memory is the schedule's:
+// a rank holds the saved state of the micro-batches whose forward ran and
+// whose backward has not, at most ActivationBound(schedule, rank)
+// (pipeline/schedule.h: m for GPipe, min(m, p - rank) for 1F1B); the
+// executor measures it from the modules (peak_saved_micro_batches()). A
+// step that fails part-way leaves its slots' records behind (the caller
+// fails the run); a later step's forward in a slot pushes above them and
+// its backward pops its own, so they cost memory, never correctness.
+// Stage 3 keeps gathered parameters from one bracket to the next (no
+// boundary in the step) as its fetch schedule decides; which chunk's
+// modules come next changes only what it keeps, never what it computes.
 //
 // Not thread-safe; one thread drives it.
 #ifndef ZE_PIPELINE_EXECUTOR_H_
@@ -122,9 +136,17 @@ class PipelineExecutor {
   absl::StatusOr<double> RunStep(const std::vector<MicroBatch> &micro_batches,
                                  float backward_scale);
 
-  // Forwards (stage, micro-batch) that run twice per step on this rank
-  // (not saved at F, recomputed at B).
-  int recomputed_per_step() const;
+  // Of the last RunStep on this rank: forwards of a (stage, micro-batch)
+  // that ran more than once (a recompute at B), counted as the stages'
+  // ForwardStage calls beyond the first per slot; 0 by design (see the
+  // file comment), measured so a change that brings recomputes back shows.
+  int recomputed_per_step() const { return recomputed_per_step_; }
+  // Of the last RunStep on this rank: the most micro-batches (over all its
+  // stages) whose saved state the stages' modules held at once, counted
+  // from the modules' saved-state slots (nn::Module::SavedSlots of each
+  // stage's first layer) after each forward. At most
+  // ActivationBound(schedule(), rank) (pipeline/schedule.h).
+  int peak_saved_micro_batches() const { return peak_saved_micro_batches_; }
   const Schedule &schedule() const { return schedule_; }
 
  private:
@@ -133,11 +155,13 @@ class PipelineExecutor {
   ExecutorContext context_;
   Schedule schedule_;
   int rank_ = 0;
-  // Per (chunk, micro-batch), at chunk * micro_batches + micro-batch:
-  // whether F saves its state for B.
-  std::vector<bool> saved_;
+  int recomputed_per_step_ = 0;
+  int peak_saved_micro_batches_ = 0;
   // The chunk (index into context_.stages) of model stage `stage` here.
   int ChunkOf(int stage) const { return stage / schedule_.ranks; }
+  // Per (chunk, micro-batch): the index of the executor's buffers, and
+  // (plus one, slot 0 being everyone else's) the saved-state slot F and B
+  // run in.
   int Slot(int stage, int micro_batch) const {
     return ChunkOf(stage) * schedule_.micro_batches + micro_batch;
   }

@@ -39,6 +39,7 @@ absl::StatusOr<PartitionedLayout> Stage3::Layout() {
   params_ = plan.layout.params;
   const std::vector<bool>& group_trainable = plan.layout.trainable;
   buckets_.resize(layout.num_buckets());
+  bucket_uses_ = ForwardUses(layout.num_buckets());
   std::vector<int64_t> bucket_elements;
   for (int b = 0; b < layout.num_buckets(); ++b) {
     buckets_[b].trainable = group_trainable[b];
@@ -166,6 +167,14 @@ absl::Status Stage3::OnBeginBackward(bool boundary) {
   // weights: what this backward releases may stay for its forward
   // (OnEndBackward reads the flag back and clears it).
   schedule_->set_next_micro_step_follows(!boundary);
+  // A backward whose forward did not come right before it (a pipeline's
+  // 1F1B cool-down: B after B) is a micro-step of its own for the fetch
+  // schedule, with a record of its own (its first request is another
+  // bucket than a forward's). The engine's micro-steps and 1F1B's steady
+  // state (F(m + w), then B(m)) begin at the forward, as before.
+  if (schedule_->phase() == FetchSchedule::Phase::kIdle) {
+    schedule_->BeginMicroStep();
+  }
   if (!boundary || !partition_->CanBeginEarly() ||
       !WorthBeginningEarly(config(), *context_.training)) {
     return absl::OkStatus();
@@ -185,7 +194,7 @@ absl::Status Stage3::InstallHooks() {
               // recomputation of a checkpointed module (in backward) is not.
               if (phase_ == Phase::kForward) {
                 for (int b : entries_[e].buckets) {
-                  if (buckets_[b].trainable) ++buckets_[b].pending_uses;
+                  if (buckets_[b].trainable) bucket_uses_.Count(b);
                 }
               }
               return Acquire(e, /*backward=*/false);
@@ -213,9 +222,10 @@ absl::Status Stage3::OnBeginForward() {
         "ZeRO-3 on rank ", rank(), ": a training forward started while ",
         scopes_, " GatherParameters scope(s) are open; release them first"));
   }
-  // Forward uses left by an evaluation forward that was never
-  // backpropagated do not count.
-  for (Bucket& bucket : buckets_) bucket.pending_uses = 0;
+  // Forward uses left by a forward of this saved-state slot that was never
+  // backpropagated do not count; other slots' (a pipeline's in-flight
+  // micro-batches) keep theirs.
+  bucket_uses_.BeginForward();
   // Whatever ran since the last micro-step (an optimizer step, a load, a
   // GatherParameters scope) may have written the weights; this micro-step's
   // gathers wait for one event recorded now, not for its own compute.
@@ -289,8 +299,8 @@ absl::Status Stage3::Release(int entry) {
 absl::Status Stage3::AfterBackward(int entry) {
   for (int b : entries_[entry].buckets) {
     Bucket& bucket = buckets_[b];
-    if (!bucket.trainable || bucket.pending_uses == 0) continue;
-    if (--bucket.pending_uses == 0 && bucket.grads.defined()) {
+    if (!bucket.trainable) continue;
+    if (bucket_uses_.CountDown(b) && bucket.grads.defined()) {
       ZE_RETURN_IF_ERROR(IssueReduce(b));
     }
   }
@@ -475,13 +485,11 @@ absl::Status Stage3::OnEndBackward() {
   // A bucket whose uses were not all backpropagated (a module the loss did
   // not reach) still holds gradients: reduce them, in bucket order.
   for (int b = 0; b < layout().num_buckets(); ++b) {
-    Bucket& bucket = buckets_[b];
-    if (bucket.grads.defined() && bucket.pending_uses > 0) {
-      bucket.pending_uses = 0;
+    if (buckets_[b].grads.defined() && bucket_uses_.pending(b) > 0) {
       ZE_RETURN_IF_ERROR(IssueReduce(b));
     }
-    bucket.pending_uses = 0;
   }
+  bucket_uses_.EndBackward();
   ZE_RETURN_IF_ERROR(reducer_->FinishAll());
   // Prefetched buckets the micro-step did not reach, and kept ones: at the
   // boundary the optimizer step will change the weights; before it, the

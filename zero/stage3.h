@@ -28,8 +28,10 @@
 //                               holds them or they are persistent.
 //   post-backward:              once every forward use of a bucket has been
 //                               backpropagated (counted as stages 0-2 count
-//                               parameter uses; a tied table is final after
-//                               the embedding's backward), hand its gradient
+//                               parameter uses, per saved-state slot: a
+//                               backward counts down its own forward's; a
+//                               tied table is final after the embedding's
+//                               backward), hand its gradient
 //                               buffer to the GradientReducer, which
 //                               reduce-scatters it into this rank's gradient
 //                               partition (two buckets in flight).
@@ -68,9 +70,14 @@
 // the micro-step (requests are served on demand), the engine logs it, and the
 // new order is recorded. One record is kept per first module (FetchSchedule),
 // so micro-steps over a pipeline rank's several stages (interleaved 1F1B)
-// each follow their stage's record. Prefetched buffers are only read after
-// waiting for their all-gather, so a changed order costs time, never
-// correctness.
+// each follow their stage's record. A micro-step for the schedule begins
+// at BeginForward (or at BeginBackward when none is open) and ends at
+// EndBackward: with 1F1B's forwards in flight (pipeline/executor.h) a
+// warm-up forward's micro-step is left open and the next BeginForward
+// starts another (nothing recorded), the steady state's are F(m + w) then
+// B(m), and the cool-down's backwards are micro-steps of their own. Prefetched
+// buffers are only read after waiting for their all-gather, so a changed order
+// costs time, never correctness.
 //
 // Reuse (stage3_max_reuse_distance, in bucket requests): when a bucket's
 // last user releases it while this micro-step follows the recorded order
@@ -113,6 +120,7 @@
 #include "nn/module.h"
 #include "zero/fetch_schedule.h"
 #include "zero/flat_layout.h"
+#include "zero/forward_uses.h"
 #include "zero/gradient_reducer.h"
 #include "zero/partition_state.h"
 #include "zero/strategy.h"
@@ -170,9 +178,8 @@ class Stage3 : public ZeroStrategy {
     // from host memory (offload_param), alive until the gather is waited.
     Tensor gather_source;
     bool in_flight = false;
-    int users = 0;         // running module calls holding it
-    int pending_uses = 0;  // forward uses not yet backpropagated
-    Tensor grads;          // (padded) during backward, until reduced
+    int users = 0;  // running module calls holding it
+    Tensor grads;   // (padded) during backward, until reduced
   };
   struct ModuleEntry {
     nn::Module* module = nullptr;
@@ -243,6 +250,9 @@ class Stage3 : public ZeroStrategy {
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<nn::Parameter*> params_;  // layout order
   std::vector<Bucket> buckets_;
+  // Forward uses of each trainable bucket not yet backpropagated, per
+  // saved-state slot (zero/forward_uses.h).
+  ForwardUses bucket_uses_;
   std::vector<ModuleEntry> entries_;
 
   // Recorded order, prefetch, reuse, live limit and eviction decisions.

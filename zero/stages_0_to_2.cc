@@ -89,7 +89,7 @@ absl::Status Stages0To2::Setup() {
         return ReleaseBucketGradients(bucket);
       });
   bucket_gradients_.resize(layout.num_buckets());
-  pending_uses_.assign(layout.num_params(), 0);
+  pending_uses_ = ForwardUses(layout.num_params());
   return absl::OkStatus();
 }
 
@@ -113,7 +113,7 @@ absl::Status Stages0To2::InstallHooks() {
           // checkpointed block the first forward saves nothing, yet its
           // backward (after the recompute) will produce these gradients.
           if (phase_ != Phase::kForward) return absl::OkStatus();
-          for (int index : indices) ++pending_uses_[index];
+          for (int index : indices) pending_uses_.Count(index);
           return absl::OkStatus();
         });
     if (policy().partition_gradients) {
@@ -130,7 +130,7 @@ absl::Status Stages0To2::InstallHooks() {
         module, nn::HookKind::kPostBackward,
         [this, indices](nn::Module&, const Stream&) -> absl::Status {
           for (int index : indices) {
-            if (pending_uses_[index] > 0 && --pending_uses_[index] == 0) {
+            if (pending_uses_.CountDown(index)) {
               --bucket_unready_[partition_->layout().placement(index).bucket];
             }
           }
@@ -167,9 +167,10 @@ absl::Status Stages0To2::ReleaseBucketGradients(int bucket) {
 }
 
 absl::Status Stages0To2::OnBeginForward() {
-  // Forgets uses counted by forwards that had no backward (an evaluation
-  // forward between steps), so this micro-step's counting starts clean.
-  std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
+  // Forgets uses counted by a forward of this slot that had no backward,
+  // so this micro-step's counting starts clean; other slots' forwards
+  // (a pipeline's in-flight micro-batches) keep theirs.
+  pending_uses_.BeginForward();
   return absl::OkStatus();
 }
 
@@ -193,7 +194,9 @@ absl::Status Stages0To2::OnBeginBackward(bool boundary) {
   for (int i = 0; i < layout.num_params(); ++i) {
     // A parameter no module used in this forward has its final (zero)
     // gradient already.
-    if (pending_uses_[i] > 0) ++bucket_unready_[layout.placement(i).bucket];
+    if (pending_uses_.pending(i) > 0) {
+      ++bucket_unready_[layout.placement(i).bucket];
+    }
   }
   return absl::OkStatus();
 }
@@ -219,7 +222,7 @@ absl::Status Stages0To2::IssueBucket(int bucket) {
 }
 
 absl::Status Stages0To2::OnEndBackward() {
-  std::fill(pending_uses_.begin(), pending_uses_.end(), 0);
+  pending_uses_.EndBackward();
   if (window_ != WindowReduction::kReducing) return absl::OkStatus();
   ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));
   if (policy().partition_gradients) {

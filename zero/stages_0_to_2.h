@@ -9,7 +9,10 @@
 // parameters. Pre-forward counts each parameter's uses (not during a
 // checkpointed recompute, which is not a new use), post-backward counts them
 // down; a parameter is final at zero (so a tied embedding is final only
-// after the embedding's backward, the last one). Buckets are issued to the
+// after the embedding's backward, the last one). The counts are the
+// forward's saved state: kept per saved-state slot (zero/forward_uses.h),
+// so a backward counts down its own forward's uses even when other
+// forwards ran in between (a pipeline's 1F1B). Buckets are issued to the
 // GradientReducer strictly in index order as they complete, which keeps
 // every rank's collective sequence identical.
 //
@@ -40,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "nn/module.h"
 #include "zero/flat_layout.h"
+#include "zero/forward_uses.h"
 #include "zero/gradient_reducer.h"
 #include "zero/partition_state.h"
 #include "zero/stage_policy.h"
@@ -55,7 +59,8 @@ class Stages0To2 : public ZeroStrategy {
   static absl::StatusOr<std::unique_ptr<ZeroStrategy>> Create(
       const StrategyContext& context);
 
-  // Forgets parameter uses counted by a forward that had no backward.
+  // Forgets parameter uses counted by a forward of the same saved-state
+  // slot that had no backward.
   absl::Status OnBeginForward() override;
   // Reduces the window's gradients first when the boundary micro-step had
   // no Backward; stages 1-2 then all-gather the updated weights.
@@ -102,8 +107,9 @@ class Stages0To2 : public ZeroStrategy {
   std::vector<nn::Parameter*> params_;  // layout order
   std::unordered_map<const nn::Parameter*, int> index_of_;
 
-  // Backward bookkeeping (see the header comment).
-  std::vector<int> pending_uses_;    // per parameter
+  // Backward bookkeeping (see the header comment). Uses per parameter,
+  // per saved-state slot (the forward's: zero/forward_uses.h).
+  ForwardUses pending_uses_;
   std::vector<int> bucket_unready_;  // parameters not yet final, per bucket
   int next_bucket_ = 0;              // buckets are issued in index order
   std::vector<Tensor> bucket_gradients_;  // stage 2: in-flight full buffers

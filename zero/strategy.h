@@ -18,6 +18,16 @@
 //   BeginForward; the model's ForwardLoss (module hooks fire); EndForward;
 //   BeginBackward; the model's BackwardLoss (hooks fire); EndBackward;
 //   at the accumulation boundary, BoundaryStep.
+// Per-forward bookkeeping (the parameter uses a forward counts, which its
+// backward counts down to know when a gradient is final) is kept per
+// saved-state slot (nn/module.h SavedStateSlot; zero/forward_uses.h), like
+// the modules' saved records: BeginForward starts the current slot's
+// count afresh, BeginBackward..EndBackward counts down and then drops the
+// current slot's. So brackets of different slots may interleave, as long
+// as each backward runs in its forward's slot and brackets do not nest: a
+// pipeline rank's 1F1B runs F(m + w) before B(m), each micro-batch in a
+// slot of its own (pipeline/executor.h). The engine's micro-steps all run
+// in slot 0, one forward then its backward.
 // Evaluation (EvalForward, Generate) is bracketed by BeginEval / EndEval.
 // Checkpoints are a second protocol over the same state, handed out by
 // checkpoint() and declared apart (zero/strategy_checkpoint.h).
@@ -98,7 +108,8 @@ class ZeroStrategy {
 
   // Around the model's ForwardLoss in a training micro-step (phase kForward
   // between them; EndForward returns to kIdle even when the forward
-  // failed).
+  // failed). The forward's uses are counted in the current saved-state
+  // slot (see the file comment).
   absl::Status BeginForward() {
     ZE_RETURN_IF_ERROR(OnBeginForward());
     phase_ = Phase::kForward;
@@ -106,8 +117,9 @@ class ZeroStrategy {
   }
   void EndForward() { phase_ = Phase::kIdle; }
   // Around the model's BackwardLoss (phase kBackward between them; EndBackward
-  // returns to kIdle even when it fails). `boundary`: this micro-step ends
-  // the accumulation window.
+  // returns to kIdle even when it fails), in the saved-state slot of the
+  // forward it backpropagates. `boundary`: this micro-step ends the
+  // accumulation window.
   absl::Status BeginBackward(bool boundary) {
     phase_ = Phase::kBackward;
     return OnBeginBackward(boundary);

@@ -10,6 +10,7 @@
 // batches sees the same samples (tests/engine's TrainStep numbering).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -26,6 +27,7 @@
 #include "nn/gpt.h"
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
+#include "pipeline/schedule.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ze {
@@ -40,7 +42,14 @@ constexpr int kMicro = 2;
 // case needs more stages (ExpectParity sets it from Case::layers).
 int g_layers = 3;
 
-nn::GptConfig Model() { return SmallGpt(/*channels=*/16, g_layers); }
+// Whether the models checkpoint every block (the checkpointing test's).
+bool g_checkpoint_blocks = false;
+
+nn::GptConfig Model() {
+  nn::GptConfig config = SmallGpt(/*channels=*/16, g_layers);
+  config.activation_checkpointing = g_checkpoint_blocks;
+  return config;
+}
 
 // The model family under test: GPT, or a tiny Llama (tied or untied head).
 enum class Family { kGpt, kLlamaTied, kLlamaUntied };
@@ -57,6 +66,7 @@ nn::DecoderConfig Llama(bool tied) {
   config.vocab_size = kVocab;
   config.max_position_embeddings = 16;
   config.tie_word_embeddings = tied;
+  config.activation_checkpointing = g_checkpoint_blocks;
   return config;
 }
 
@@ -133,6 +143,8 @@ absl::StatusOr<std::unique_ptr<nn::LossModel>> Build(int first, int last) {
 struct Run {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> weights;
+  // A pipeline run's last step on this rank.
+  engine::PipelineCounters counters;
 };
 
 // The single-rank run: A*D micro-batches per step over a world of one.
@@ -240,8 +252,56 @@ absl::StatusOr<Run> Pipelined(int stages, int zero_stage,
       PipelinedEngine(stages, zero_stage, schedule, optimizer, per_rank));
   Run run;
   ZE_RETURN_IF_ERROR(TrainPipelined(*engine, 0, kSteps, &run));
+  run.counters = engine->pipeline_counters();
   ZE_RETURN_IF_ERROR(ReadWeights(*engine, &run));
   return run;
+}
+
+// What the schedule of `stages` pipeline ranks (`per_rank` stages each,
+// kAccumulation micro-batches) keeps in flight on this rank: the
+// simulation's peak of stashed micro-batches, and the design's bound.
+struct InFlight {
+  int pipeline_rank = 0;
+  int simulated_peak = 0;
+  int bound = 0;
+};
+absl::StatusOr<InFlight> ScheduledInFlight(int stages,
+                                           const std::string &schedule_name,
+                                           int per_rank) {
+  ZE_ASSIGN_OR_RETURN(
+      pipeline::PipelineLayout layout,
+      pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages"));
+  ZE_ASSIGN_OR_RETURN(const pipeline::ScheduleKind kind,
+                      pipeline::ParseScheduleKind(schedule_name));
+  ZE_ASSIGN_OR_RETURN(
+      const pipeline::Schedule schedule,
+      pipeline::BuildSchedule(kind, stages, kAccumulation, per_rank));
+  ZE_ASSIGN_OR_RETURN(const pipeline::ScheduleStats stats,
+                      pipeline::SimulateSchedule(schedule));
+  InFlight in_flight;
+  in_flight.pipeline_rank = layout.StageOf(Rank());
+  in_flight.simulated_peak = stats.peak_activations[in_flight.pipeline_rank];
+  in_flight.bound =
+      pipeline::ActivationBound(schedule, in_flight.pipeline_rank);
+  return in_flight;
+}
+
+// Every forward's activations are kept until its backward
+// (pipeline/executor.h): no forward ran twice in the step, and the rank
+// held the saved state of exactly the micro-batches the schedule keeps in
+// flight (measured from the modules' saved-state slots), within its bound.
+// A forward run without saving and recomputed at its backward, or records
+// dropped or kept past their backward, would change the counts.
+void ExpectEveryForwardSavedOnce(const Run &run, int stages,
+                                 const std::string &schedule, int per_rank) {
+  absl::StatusOr<InFlight> in_flight =
+      ScheduledInFlight(stages, schedule, per_rank);
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status();
+  EXPECT_EQ(run.counters.recomputed_forwards, 0);
+  EXPECT_EQ(run.counters.peak_saved_micro_batches, in_flight->simulated_peak)
+      << "pipeline rank " << in_flight->pipeline_rank;
+  EXPECT_EQ(run.counters.activation_bound, in_flight->bound);
+  EXPECT_LE(run.counters.peak_saved_micro_batches, in_flight->bound);
 }
 
 struct Case {
@@ -283,6 +343,7 @@ void ExpectParity(const Case &c) {
   ASSERT_FALSE(piped->weights.empty());
   ExpectRunsClose(piped->losses, piped->weights, reference->losses,
                   reference_weights, c.tolerance);
+  ExpectEveryForwardSavedOnce(*piped, c.stages, c.schedule, c.per_rank);
 }
 
 std::vector<int> StageCounts() {
@@ -485,6 +546,76 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
+}
+
+// Activation checkpointing of every block (GptConfig / DecoderConfig
+// activation_checkpointing; not pipeline.activation_checkpoint_interval,
+// which also checkpoints the head, whose loss mode refuses it), on the
+// device and with cpu_checkpointing (the blocks' kept inputs in host
+// memory): with several micro-batches in flight each checkpointed block
+// keeps one input per micro-batch, in the micro-batch's saved-state slot,
+// and recomputes from its own one in that micro-batch's backward; the
+// offload prefetches within the slot. 1F1B and interleaved, GPT and the
+// tied Llama, ZeRO 2 and 3 (their reductions wait for the micro-batch's
+// own uses): the single-rank run's losses and weights (the reference
+// checkpoints too: bit-identical either way). A backward recomputing from
+// another micro-batch's input, or an offloaded input restored for the
+// wrong block, would change them.
+TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  g_checkpoint_blocks = true;
+  for (const char *extra :
+       {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})"}) {
+    g_extra_keys = extra;
+    for (Family family : {Family::kGpt, Family::kLlamaTied}) {
+      g_family = family;
+      for (int stages : StageCounts()) {
+        for (int zero_stage : {2, 3}) {
+          ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-5});
+        }
+      }
+      for (int stages : InterleavedStageCounts()) {
+        for (int zero_stage : {2, 3}) {
+          ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
+                        InterleavedLayers(stages)});
+        }
+      }
+    }
+  }
+  g_family = Family::kGpt;
+  g_extra_keys.clear();
+  g_checkpoint_blocks = false;
+}
+
+// The saved micro-batches each pipeline rank holds at most, per schedule
+// (printed; and equal to the schedule's simulated peak): GPipe m, 1F1B
+// min(m, p - rank), interleaved Megatron's warm-up plus one (in stages).
+TEST(PipelineMemory, PeakSavedMicroBatchesPerRank) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  const int stages = World();
+  std::vector<std::pair<std::string, int>> schedules = {{"gpipe", 1},
+                                                        {"1f1b", 1}};
+  if (kAccumulation % stages == 0) {
+    schedules.emplace_back("interleaved_1f1b", 2);
+  }
+  for (const auto &[schedule, per_rank] : schedules) {
+    SCOPED_TRACE(absl::StrCat(schedule, ", rank ", Rank()));
+    g_layers = per_rank == 1 ? 3 : InterleavedLayers(stages);
+    absl::StatusOr<std::unique_ptr<engine::Engine>> engine =
+        PipelinedEngine(stages, 1, schedule, kSgd, per_rank);
+    g_layers = 3;
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    enginetest::Run run;
+    ASSERT_TRUE(TrainPipelined(**engine, 0, 1, &run).ok());
+    run.counters = (*engine)->pipeline_counters();
+    std::printf(
+        "%s, %d ranks x %d stage(s), %d micro-batches: pipeline rank %d held "
+        "at most %d saved micro-batches (bound %d), recomputed %d forwards\n",
+        schedule.c_str(), stages, per_rank, kAccumulation, Rank(),
+        run.counters.peak_saved_micro_batches, run.counters.activation_bound,
+        run.counters.recomputed_forwards);
+    ExpectEveryForwardSavedOnce(run, stages, schedule, per_rank);
+  }
 }
 
 // A directory every rank of this job names alike (the ranks share the
