@@ -582,8 +582,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
                    "boundaries such as \"0,4,8,12\"."))
         .Add(Value("activation_checkpoint_interval",
                    &P::activation_checkpoint_interval, Integer(Between(0, 1)),
-                   "1: checkpoint every pipeline layer (recompute in "
-                   "backward); 0: off."))
+                   "1: checkpoint every transformer block of the stage "
+                   "(recompute in backward; as in DeepSpeed, not the "
+                   "embedding, the final norm or the head); 0: off."))
         .Add(Value(
             "schedule", &P::schedule,
             Enum<PipelineSchedule>(

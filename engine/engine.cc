@@ -503,12 +503,16 @@ absl::Status EngineImpl::Setup() {
     ZE_ASSIGN_OR_RETURN(activation_offload_, nn::ActivationOffload::Create(
                                                  model_->device(), options));
   }
-  checkpointed_modules_ = 0;
   for (nn::Module* module : model_->Modules()) {
     module->set_activation_offload(activation_offload_);
+  }
+  // After the pipeline's setup, which may checkpoint the blocks itself
+  // (pipeline.activation_checkpoint_interval).
+  if (pipeline_layout_.has_value()) ZE_RETURN_IF_ERROR(SetUpPipeline());
+  checkpointed_modules_ = 0;
+  for (nn::Module* module : model_->Modules()) {
     if (module->activation_checkpointing()) ++checkpointed_modules_;
   }
-  if (pipeline_layout_.has_value()) ZE_RETURN_IF_ERROR(SetUpPipeline());
   return absl::OkStatus();
 }
 
@@ -581,7 +585,7 @@ absl::Status EngineImpl::SetUpPipeline() {
   }
   if (pipe.activation_checkpoint_interval == 1) {
     for (nn::PipelineStage* stage : stages) {
-      for (nn::Module* layer : stage->StageLayers()) {
+      for (nn::Module* layer : stage->BlockLayers()) {
         layer->set_activation_checkpointing(true);
       }
     }

@@ -148,6 +148,14 @@ std::vector<Module *> DecoderModel::StageLayers() {
   return layers;
 }
 
+std::vector<Module *> DecoderModel::BlockLayers() {
+  std::vector<Module *> layers;
+  if (layers_ != nullptr) {
+    for (int i = 0; i < layers_->size(); ++i) layers.push_back(layers_->at(i));
+  }
+  return layers;
+}
+
 absl::StatusOr<Tensor> DecoderModel::ForwardStage(const Tensor &input,
                                                   const Tensor &targets,
                                                   const Stream &stream) {

@@ -97,6 +97,7 @@ class DecoderModel : public LossModel,
   }
   DType boundary_dtype() const override { return options_.dtype; }
   std::vector<Module *> StageLayers() override;
+  std::vector<Module *> BlockLayers() override;
   absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
                                       const Tensor &targets,
                                       const Stream &stream) override;

@@ -207,6 +207,14 @@ std::vector<Module *> GptModel::StageLayers() {
   return layers;
 }
 
+std::vector<Module *> GptModel::BlockLayers() {
+  std::vector<Module *> layers;
+  if (blocks_ != nullptr) {
+    for (int i = 0; i < blocks_->size(); ++i) layers.push_back(blocks_->at(i));
+  }
+  return layers;
+}
+
 absl::StatusOr<Tensor> GptModel::ForwardStage(const Tensor &input,
                                               const Tensor &targets,
                                               const Stream &stream) {

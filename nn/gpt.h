@@ -139,6 +139,7 @@ class GptModel : public LossModel,
   Shape BoundaryShape(const Tensor &inputs) const override;
   DType boundary_dtype() const override { return options_.dtype; }
   std::vector<Module *> StageLayers() override;
+  std::vector<Module *> BlockLayers() override;
   absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
                                       const Tensor &targets,
                                       const Stream &stream) override;

@@ -58,6 +58,11 @@ class PipelineStage {
   // The modules of this stage's layers, in order (the executor turns on
   // per-layer activation checkpointing through them).
   virtual std::vector<Module *> StageLayers() = 0;
+  // Of those, the transformer blocks: what pipeline.
+  // activation_checkpoint_interval checkpoints. As in DeepSpeed, not the
+  // embedding, the final norm or the head (whose loss mode forms its
+  // gradients during the forward and refuses to be checkpointed).
+  virtual std::vector<Module *> BlockLayers() = 0;
 
   // Runs this stage's layers. input: the model's inputs on the first stage,
   // else the previous stage's output. targets: read by the last stage

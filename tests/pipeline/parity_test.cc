@@ -80,16 +80,19 @@ std::vector<int64_t> LayerWeights() {
 std::string g_extra_keys;
 std::string g_zero_keys;
 
+// Appended inside the "pipeline" section.
+std::string g_pipeline_keys;
+
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                        int accumulation, const std::string &optimizer,
                        int per_rank = 1) {
-  return absl::StrCat(R"({"train_micro_batch_size_per_gpu": )", kMicro,
-                      g_extra_keys, R"(, "gradient_accumulation_steps": )",
-                      accumulation, R"(, "optimizer": )", optimizer,
-                      R"(, "zero_optimization": {"stage": )", zero_stage,
-                      g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
-                      R"(, "schedule": ")", schedule,
-                      R"(", "stages_per_rank": )", per_rank, "}}");
+  return absl::StrCat(
+      R"({"train_micro_batch_size_per_gpu": )", kMicro, g_extra_keys,
+      R"(, "gradient_accumulation_steps": )", accumulation,
+      R"(, "optimizer": )", optimizer, R"(, "zero_optimization": {"stage": )",
+      zero_stage, g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
+      R"(, "schedule": ")", schedule, R"(", "stages_per_rank": )", per_rank,
+      g_pipeline_keys, "}}");
 }
 
 // The GPT runs' dtype (fp16 for the loss-scale test).
@@ -549,10 +552,10 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
 }
 
 // Activation checkpointing of every block (GptConfig / DecoderConfig
-// activation_checkpointing; not pipeline.activation_checkpoint_interval,
-// which also checkpoints the head, whose loss mode refuses it), on the
-// device and with cpu_checkpointing (the blocks' kept inputs in host
-// memory): with several micro-batches in flight each checkpointed block
+// activation_checkpointing, or pipeline.activation_checkpoint_interval 1,
+// which checkpoints the blocks and not the head, whose loss mode refuses
+// it), on the device and with cpu_checkpointing (the blocks' kept inputs in
+// host memory): with several micro-batches in flight each checkpointed block
 // keeps one input per micro-batch, in the micro-batch's saved-state slot,
 // and recomputes from its own one in that micro-batch's backward; the
 // offload prefetches within the slot. 1F1B and interleaved, GPT and the
@@ -563,10 +566,15 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
 // wrong block, would change them.
 TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
-  g_checkpoint_blocks = true;
   for (const char *extra :
-       {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})"}) {
-    g_extra_keys = extra;
+       {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
+        "interval"}) {
+    // The third pass checkpoints through the config's pipeline section.
+    const bool by_interval = std::string(extra) == "interval";
+    g_checkpoint_blocks = !by_interval;
+    g_pipeline_keys =
+        by_interval ? R"(, "activation_checkpoint_interval": 1)" : "";
+    g_extra_keys = by_interval ? "" : extra;
     for (Family family : {Family::kGpt, Family::kLlamaTied}) {
       g_family = family;
       for (int stages : StageCounts()) {
@@ -584,6 +592,7 @@ TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
   }
   g_family = Family::kGpt;
   g_extra_keys.clear();
+  g_pipeline_keys.clear();
   g_checkpoint_blocks = false;
 }
 
