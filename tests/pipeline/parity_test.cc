@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -173,13 +174,15 @@ absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
   return run;
 }
 
-// This rank's stage(s) of a pipeline engine (fresh weights from the
-// seed): with per_rank > 1 (interleaved) the model is cut into
-// stages x per_rank and this rank holds stages rank + c x stages, as one
+// This rank's model (fresh weights from the seed) for a pipeline of
+// `stages` ranks with per_rank stages each: the model cut into
+// stages x per_rank, this rank (pipeline rank r) holding stage
+// stage_of(r, c) as its chunk c; by default the looping placement
+// r + c x stages. One chunk is the stage itself, several an
 // nn::InterleavedStages.
-absl::StatusOr<std::unique_ptr<engine::Engine>> PipelinedEngine(
-    int stages, int zero_stage, const std::string &schedule,
-    const std::string &optimizer, int per_rank = 1) {
+absl::StatusOr<std::shared_ptr<nn::LossModel>> RankModel(
+    int stages, int per_rank,
+    const std::function<int(int, int)> &stage_of = nullptr) {
   ZE_ASSIGN_OR_RETURN(
       pipeline::PipelineLayout layout,
       pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages"));
@@ -189,18 +192,25 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> PipelinedEngine(
   const int rank = layout.StageOf(Rank());
   std::vector<std::unique_ptr<nn::LossModel>> chunks;
   for (int c = 0; c < per_rank; ++c) {
-    const pipeline::LayerRange mine = ranges[rank + c * stages];
+    const pipeline::LayerRange mine =
+        ranges[stage_of ? stage_of(rank, c) : rank + c * stages];
     ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::LossModel> chunk,
                         Build(mine.first, mine.last));
     chunks.push_back(std::move(chunk));
   }
-  std::shared_ptr<nn::LossModel> model;
-  if (per_rank == 1) {
-    model = std::move(chunks[0]);
-  } else {
-    ZE_ASSIGN_OR_RETURN(model,
-                        nn::InterleavedStages::Create(std::move(chunks)));
-  }
+  if (per_rank == 1)
+    return std::shared_ptr<nn::LossModel>(std::move(chunks[0]));
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::InterleavedStages> model,
+                      nn::InterleavedStages::Create(std::move(chunks)));
+  return std::shared_ptr<nn::LossModel>(std::move(model));
+}
+
+// A pipeline engine over RankModel's looping placement.
+absl::StatusOr<std::unique_ptr<engine::Engine>> PipelinedEngine(
+    int stages, int zero_stage, const std::string &schedule,
+    const std::string &optimizer, int per_rank = 1) {
+  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
+                      RankModel(stages, per_rank));
   return engine::Initialize(model,
                             ConfigJson(stages, zero_stage, schedule,
                                        kAccumulation, optimizer, per_rank),
@@ -791,23 +801,12 @@ TEST(PipelineErrors, InterleavedRanksWithDifferentSchedulesFailByName) {
   absl::StatusOr<pipeline::PipelineLayout> layout =
       pipeline::PipelineLayout::Create(World(), stages, "pipeline.stages");
   ASSERT_TRUE(layout.ok()) << layout.status();
-  absl::StatusOr<std::vector<pipeline::LayerRange>> ranges =
-      pipeline::PartitionLayers(LayerWeights(), 2 * stages, "parameters");
-  ASSERT_TRUE(ranges.ok()) << ranges.status();
   const int rank = layout->StageOf(Rank());
-  std::vector<std::unique_ptr<nn::LossModel>> chunks;
-  for (int c = 0; c < 2; ++c) {
-    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk = Build(
-        (*ranges)[rank + c * stages].first, (*ranges)[rank + c * stages].last);
-    ASSERT_TRUE(chunk.ok()) << chunk.status();
-    chunks.push_back(std::move(*chunk));
-  }
-  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> model =
-      nn::InterleavedStages::Create(std::move(chunks));
+  absl::StatusOr<std::shared_ptr<nn::LossModel>> model = RankModel(stages, 2);
   ASSERT_TRUE(model.ok()) << model.status();
   const int accumulation = rank == stages - 1 ? 2 : kAccumulation;
   const absl::Status status =
-      engine::Initialize(std::move(*model),
+      engine::Initialize(*model,
                          ConfigJson(stages, 0, "interleaved_1f1b", accumulation,
                                     kSgd, /*per_rank=*/2),
                          Comm())
@@ -849,19 +848,11 @@ TEST(PipelineErrors, InterleavedModelsNotMatchingTheLayoutAreNamed) {
             std::string::npos)
       << single;
 
-  std::vector<std::unique_ptr<nn::LossModel>> chunks;
-  for (int c = 0; c < 2; ++c) {
-    const pipeline::LayerRange range = (*ranges)[2 * rank + c];
-    absl::StatusOr<std::unique_ptr<nn::LossModel>> chunk =
-        Build(range.first, range.last);
-    ASSERT_TRUE(chunk.ok()) << chunk.status();
-    chunks.push_back(std::move(*chunk));
-  }
-  absl::StatusOr<std::unique_ptr<nn::InterleavedStages>> contiguous =
-      nn::InterleavedStages::Create(std::move(chunks));
+  absl::StatusOr<std::shared_ptr<nn::LossModel>> contiguous =
+      RankModel(stages, 2, [](int r, int c) { return 2 * r + c; });
   ASSERT_TRUE(contiguous.ok()) << contiguous.status();
   const absl::Status placed =
-      engine::Initialize(std::move(*contiguous), config, Comm()).status();
+      engine::Initialize(*contiguous, config, Comm()).status();
   EXPECT_EQ(placed.code(), absl::StatusCode::kInvalidArgument) << placed;
   // Rank 0's second stage should be stage `stages`; any other rank's first
   // should be stage `rank`.
