@@ -383,6 +383,16 @@ std::vector<int> InterleavedStageCounts() {
 // layers; 3 blocks at least, as the other cases.
 int InterleavedLayers(int stages) { return std::max(3, 2 * stages - 3); }
 
+// ExpectParity for the interleaved schedule (2 stages per rank) at every
+// interleaved layout of this world, ZeRO stage `zero_stage`.
+void ExpectInterleavedParity(int zero_stage, const std::string &optimizer,
+                             double tolerance) {
+  for (int stages : InterleavedStageCounts()) {
+    ExpectParity({stages, zero_stage, "interleaved_1f1b", optimizer, tolerance,
+                  2, InterleavedLayers(stages)});
+  }
+}
+
 constexpr char kSgd[] = R"({"type": "SGD", "params": {"lr": 0.1}})";
 constexpr char kAdamW[] =
     R"({"type": "AdamW", "params": {"lr": 0.002, "weight_decay": 0.01}})";
@@ -457,11 +467,8 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
   }
   // Interleaved: the injection is in whichever stage holds the first block
   // (rank 0's or rank 1's first).
-  for (int stages : InterleavedStageCounts()) {
-    for (int zero_stage : {0, 1}) {
-      ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-4, 2,
-                    InterleavedLayers(stages)});
-    }
+  for (int zero_stage : {0, 1}) {
+    ExpectInterleavedParity(zero_stage, kSgd, 1e-4);
   }
   g_dtype = DType::kF32;
   g_extra_keys.clear();
@@ -510,22 +517,16 @@ TEST(PipelineParity, InterleavedEveryZeroStageGptAndLlama) {
   for (Family family :
        {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
     g_family = family;
-    for (int stages : InterleavedStageCounts()) {
-      for (int zero_stage : {0, 1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
-                      InterleavedLayers(stages)});
-      }
+    for (int zero_stage : {0, 1, 2, 3}) {
+      ExpectInterleavedParity(zero_stage, kSgd, 1e-5);
     }
   }
   g_family = Family::kGpt;
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   for (Family family : {Family::kGpt, Family::kLlamaTied}) {
     g_family = family;
-    for (int stages : InterleavedStageCounts()) {
-      for (int zero_stage : {0, 1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
-                      InterleavedLayers(stages)});
-      }
+    for (int zero_stage : {0, 1, 2, 3}) {
+      ExpectInterleavedParity(zero_stage, kSgd, 1e-5);
     }
   }
   g_family = Family::kGpt;
@@ -543,20 +544,14 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   for (Family family :
        {Family::kGpt, Family::kLlamaTied, Family::kLlamaUntied}) {
     g_family = family;
-    for (int stages : InterleavedStageCounts()) {
-      for (int zero_stage : {1, 2, 3}) {
-        ExpectParity({stages, zero_stage, "interleaved_1f1b", kAdamW, 1e-4, 2,
-                      InterleavedLayers(stages)});
-      }
+    for (int zero_stage : {1, 2, 3}) {
+      ExpectInterleavedParity(zero_stage, kAdamW, 1e-4);
     }
   }
   g_family = Family::kGpt;
   g_zero_keys =
       R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
-  for (int stages : InterleavedStageCounts()) {
-    ExpectParity({stages, 3, "interleaved_1f1b", kAdamW, 1e-4, 2,
-                  InterleavedLayers(stages)});
-  }
+  ExpectInterleavedParity(3, kAdamW, 1e-4);
   g_extra_keys.clear();
   g_zero_keys.clear();
 }
@@ -576,15 +571,22 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
 // wrong block, would change them.
 TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
-  for (const char *extra :
-       {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
-        "interval"}) {
-    // The third pass checkpoints through the config's pipeline section.
-    const bool by_interval = std::string(extra) == "interval";
-    g_checkpoint_blocks = !by_interval;
-    g_pipeline_keys =
-        by_interval ? R"(, "activation_checkpoint_interval": 1)" : "";
-    g_extra_keys = by_interval ? "" : extra;
+  // Blocks checkpointed by the model's config, on the device or with
+  // cpu_checkpointing, or by the config's pipeline section.
+  struct Variant {
+    bool model_checkpoints_blocks;
+    const char *extra_keys;
+    const char *pipeline_keys;
+  };
+  for (const Variant &variant :
+       {Variant{true, "", ""},
+        Variant{true,
+                R"(, "activation_checkpointing": {"cpu_checkpointing": true})",
+                ""},
+        Variant{false, "", R"(, "activation_checkpoint_interval": 1)"}}) {
+    g_checkpoint_blocks = variant.model_checkpoints_blocks;
+    g_extra_keys = variant.extra_keys;
+    g_pipeline_keys = variant.pipeline_keys;
     for (Family family : {Family::kGpt, Family::kLlamaTied}) {
       g_family = family;
       for (int stages : StageCounts()) {
@@ -592,11 +594,8 @@ TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
           ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-5});
         }
       }
-      for (int stages : InterleavedStageCounts()) {
-        for (int zero_stage : {2, 3}) {
-          ExpectParity({stages, zero_stage, "interleaved_1f1b", kSgd, 1e-5, 2,
-                        InterleavedLayers(stages)});
-        }
+      for (int zero_stage : {2, 3}) {
+        ExpectInterleavedParity(zero_stage, kSgd, 1e-5);
       }
     }
   }
