@@ -162,11 +162,12 @@
 ABSL_FLAG(std::string, config, "examples/configs/train_gpt_cpu.json",
           "DeepSpeed-style JSON config (path); the default is looked up in "
           "the working directory, then in the binary's runfiles");
-ABSL_FLAG(std::string, model, "",
-          "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B), "
-          "or a decoder preset (llama-tiny, mistral-tiny, qwen2-tiny, "
-          "qwen3-tiny, llama-1B, llama-3B, llama-8B); empty: tiny, or the "
-          "--init_from file's or directory's shape");
+ABSL_FLAG(
+    std::string, model, "",
+    "tiny, or a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, 13B, 25B), "
+    "or a decoder preset (llama-tiny, mistral-tiny, qwen2-tiny, "
+    "qwen3-tiny, llama-1B, llama-3B, llama-8B); empty: tiny, or the "
+    "--init_from file's or directory's shape");
 ABSL_FLAG(int32_t, layers, 0,
           "--model=tiny only: transformer blocks (0: tiny's 4)");
 ABSL_FLAG(int32_t, heads, 0,
