@@ -1,9 +1,11 @@
 #include "nn/module.h"
 
 #include <atomic>
+#include <cstring>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -77,6 +79,13 @@ absl::Status Module::RunHooks(HookKind kind, const Stream &stream) {
 
 absl::StatusOr<Tensor> Module::ForwardWithHooks(const Tensor &input,
                                                 const Stream &stream) {
+  // Peak attribution's label: inside a checkpointed module's recompute its
+  // children's forwards stay "recompute".
+  const char *phase =
+      std::strcmp(AllocationScope::CurrentPhase(), "recompute") == 0
+          ? "recompute"
+          : "forward";
+  AllocationScope scope(&type_name_, phase);
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreForward, stream));
   absl::StatusOr<Tensor> output = ForwardImpl(input, stream);
   if (!output.ok()) {
@@ -149,6 +158,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
       checkpoint_input = std::move(saved.tensor);
     }
   }
+  AllocationScope scope(&type_name_, "backward");
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
   if (checkpointed) {
     // Recompute with saving enabled, so this module and its children hold
@@ -158,6 +168,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
     // available) and a post-forward hook here would release them before
     // BackwardImpl. Children's hooks fire, since ForwardImpl calls their
     // public Forward.
+    AllocationScope recompute(&type_name_, "recompute");
     absl::StatusOr<Tensor> recomputed = ForwardImpl(checkpoint_input, stream);
     if (!recomputed.ok()) {
       return Annotate(recomputed.status(),
