@@ -242,15 +242,20 @@ absl::Status Module::RunDeferred(int64_t sequence, const Stream &stream) {
   return RunHooks(HookKind::kPostBackward, stream);
 }
 
-absl::Status Module::BackwardWeights(const Stream &stream) {
+absl::Status Module::BackwardWeightsOf(const std::vector<Module *> &subtrees,
+                                       const Stream &stream) {
   const int64_t slot = CurrentSavedStateSlot();
   std::vector<std::pair<int64_t, Module *>> pending;
-  for (Module *module : Modules()) {
-    for (const DeferredCall &call : module->deferred_) {
-      if (call.slot == slot) pending.emplace_back(call.sequence, module);
+  for (Module *root : subtrees) {
+    for (Module *module : root->Modules()) {
+      for (const DeferredCall &call : module->deferred_) {
+        if (call.slot == slot) pending.emplace_back(call.sequence, module);
+      }
     }
   }
+  // A module shared by two subtrees would be listed twice.
   std::sort(pending.begin(), pending.end());
+  pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
   for (const auto &[sequence, module] : pending) {
     ZE_RETURN_IF_ERROR(module->RunDeferred(sequence, stream));
   }

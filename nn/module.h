@@ -372,7 +372,13 @@ class Module {
   // hooks (part kWeight). Nothing to run is OK. Errors from a hook or the
   // work, annotated with the module's name; the failed call's work is gone,
   // the later ones stay.
-  absl::Status BackwardWeights(const Stream &stream);
+  absl::Status BackwardWeights(const Stream &stream) {
+    return BackwardWeightsOf({this}, stream);
+  }
+  // BackwardWeights over several subtrees together (a pipeline stage's
+  // layers), in the order of the first parts across all of them.
+  static absl::Status BackwardWeightsOf(const std::vector<Module *> &subtrees,
+                                        const Stream &stream);
   // Second parts of split Backward calls of this subtree waiting in the
   // current saved-state slot.
   int PendingWeightGradients();

@@ -190,6 +190,8 @@ class Stage3 : public ZeroStrategy {
   // The boundary micro-step's backward begins an offloaded update
   // (exactly, or speculatively under clipping or fp16: zero/boundary_step.h)
   // that takes each bucket as its reduction finishes.
+  // With `boundary`, begins the offloaded update early where it may.
+  absl::Status BeginUpdateEarly(bool boundary);
   absl::Status OnBeginBackward(bool boundary) override;
   // Reduces what the loss did not reach, frees unused gathered buckets and
   // adopts the micro-step's request order as the record when it changed.
