@@ -310,8 +310,8 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         break;
       }
       default:
-        return absl::InternalError(absl::StrCat(
-            "pipeline step: ", a.ToString(), " is not a compute action"));
+        return absl::InternalError(absl::StrCat("pipeline step: ", a.ToString(),
+                                                " is not a compute action"));
     }
     ++i;
   }

@@ -423,7 +423,8 @@ TEST(PipelineParity, LlamaTiedAndUntied) {
     g_family = family;
     for (int stages : StageCounts()) {
       for (const ScheduleStages &table :
-           {ScheduleStages{"1f1b", {1}}, ScheduleStages{"zb_h1", {0, 1, 2, 3}}}) {
+           {ScheduleStages{"1f1b", {1}},
+            ScheduleStages{"zb_h1", {0, 1, 2, 3}}}) {
         for (int zero_stage : table.zero_stages) {
           ExpectParity({stages, zero_stage, table.schedule, kSgd, 1e-5});
         }
