@@ -316,6 +316,21 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
     ++i;
   }
   ZE_RETURN_IF_ERROR(wait_sends());
+  // A split backward whose weight part never ran would leave its
+  // micro-batch's gradients short and its deferred inputs held: a schedule
+  // bug (SimulateSchedule refuses such lists), named here, not trained on.
+  for (int c = 0; c < schedule_.stages_per_rank; ++c) {
+    for (int mb = 0; mb < m; ++mb) {
+      const nn::SavedStateSlot slot(c * m + mb + 1);
+      if (context_.stages[c]->PendingStageWeightGradients() > 0) {
+        return absl::InternalError(absl::StrCat(
+            "pipeline step: pipeline stage ", rank_ + c * schedule_.ranks,
+            ", micro-batch ", mb,
+            ": weight gradients deferred by its input-gradient backward "
+            "never ran (no Bw in the schedule)"));
+      }
+    }
+  }
 
   // Every stage reports the step's loss: the last stage's, broadcast as
   // two floats (high and low parts) so the double arrives whole.

@@ -446,15 +446,17 @@ TEST(PipelineParity, OneFOneBWithAdamW) {
 // model's norm: each stage holds a part of the gradients (and the last
 // stage a copy of the tied table's), so a norm of one stage's gradients, or
 // one counting the tied table twice, would give other weights than the
-// single-rank run. GPT and the tied Llama, every one-stage-per-rank
-// schedule, ZeRO 0-3.
+// single-rank run. GPT and the tied Llama, GPipe and 1F1B, ZeRO 0-3.
 TEST(PipelineParity, ClippingByTheNormAcrossStages) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   for (Family family : {Family::kGpt, Family::kLlamaTied}) {
     g_family = family;
+    // zb_h1 clips as 1f1b does (the split changes how the gradients are
+    // formed, which the other tables check, not the step): with clipping
+    // in the offload table.
     for (int stages : StageCounts()) {
-      for (const char *schedule : {"gpipe", "1f1b", "zb_h1"}) {
+      for (const char *schedule : {"gpipe", "1f1b"}) {
         for (int zero_stage : {0, 1, 2, 3}) {
           ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
         }
