@@ -97,7 +97,7 @@
 //                            schedule, layers per stage) and counts tokens
 //                            per replica. NCCL refuses point-to-point: use
 //                            --backend=mpi on GPUs
-//   --pipeline_schedule=1f1b (or gpipe)  --pipeline_partition=parameters
+//   --pipeline_schedule=1f1b (or gpipe, zb_h1)  --pipeline_partition=parameters
 //                            (or uniform, or boundaries "0,4,8,...")
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
