@@ -53,9 +53,11 @@
 // Backward, part kInput: its input's gradient, leaving the parameter
 // gradients as deferred work of the call (DeferWeightGradient: the input
 // and output gradient it needs, a few tensors). Every other module runs
-// its whole backward there (part kWhole): the norms', embeddings', biases
-// outside a Linear and the output head's gradients are computed in the
-// first part, as cheap (or, the head, not split yet). BackwardWeights, on
+// its whole backward there (part kWhole): the norms', embeddings' and the
+// output head's gradients are computed in the first part, as cheap (a
+// loss-mode head forms its weight gradient in its forward already, its
+// backward only scales it in; a plain head's product is not split yet).
+// BackwardWeights, on
 // the tree and in the same saved-state slot, later runs the deferred parts
 // (part kWeight), in the order their first parts ran, so a parameter used
 // several times accumulates in the order of a whole backward. The deferred
