@@ -97,7 +97,7 @@
 //                            schedule, layers per stage) and counts tokens
 //                            per replica. NCCL refuses point-to-point: use
 //                            --backend=mpi on GPUs
-//   --pipeline_schedule=1f1b (or gpipe)  --pipeline_partition=parameters
+//   --pipeline_schedule=1f1b (or gpipe, zb_h1)  --pipeline_partition=parameters
 //                            (or uniform, or boundaries "0,4,8,...")
 //   --ds_config_patch=FILE   a JSON merge patch (RFC 7386) over every run's
 //                            generated config, applied last: keys no flag
