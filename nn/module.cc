@@ -242,6 +242,7 @@ absl::Status Module::RunDeferred(int64_t sequence, const Stream &stream) {
   const WeightGradientWork work = std::move(it->work);
   deferred_.erase(it);
   const BackwardPartScope part_scope(BackwardPart::kWeight);
+  AllocationScope scope(&type_name_, "weight gradient");
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
   if (work) {
     absl::Status status = work(stream);
