@@ -8,7 +8,7 @@
 #      its fraction of the disk's duplex figure (the ratio it says), and
 #      "nvme_steps", one entry per timed step adding up to no more than the
 #      total;
-#   2. the optimizer tier alone (stage 2) has "nvme" too; a run without
+#   2. the optimizer tier alone (stage 3) has "nvme" too; a run without
 #      NVMe has neither field;
 #   3. bad values of the new flags exit 2 naming the flag; the swap files
 #      and the baseline's files are gone afterwards.
@@ -24,7 +24,7 @@ common=(--smoke --dtype=f32 --iters=3 --warmup=1 --nvme_path="$swap")
   --offload_param_device=nvme --max_in_cpu=0 --disk_baseline=1 \
   --disk_baseline_bytes=4MiB > "$dir/both.jsonl" 2> "$dir/both.err" \
   || { tail "$dir/both.err"; fail "both tiers on nvme exited $?"; }
-"$bench" "${common[@]}" --stages=2 --offload=optimizer --offload_device=nvme \
+"$bench" "${common[@]}" --stages=3 --offload=optimizer --offload_device=nvme \
   > "$dir/opt.jsonl" 2> "$dir/opt.err" \
   || { tail "$dir/opt.err"; fail "optimizer on nvme exited $?"; }
 "$bench" "${common[@]}" --stages=2 --offload=optimizer \
