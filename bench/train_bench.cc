@@ -149,6 +149,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/ops.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -479,6 +480,54 @@ Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
   return json;
 }
 
+// Pipeline mode: every rank's own figures, gathered to rank 0's line (a
+// collective: every rank calls it) so issue 29's step model can be checked
+// stage by stage: the device memory peak (this process's allocator; ranks
+// sharing one GPU each have their own) and in use when the steps ended, in
+// MiB,
+// and the micro-batches whose activations the rank held at once against
+// its schedule's bound. Travels as f32 (MiB are exact to 1/1024 up to 16
+// GiB, to 1 KiB up to 16 TiB).
+absl::StatusOr<Json> PipelineRanksJson(comm::Communicator& comm,
+                                       engine::Engine& engine,
+                                       const Device& device,
+                                       int64_t peak_before_steps) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  double peak_mib = 0, in_use_mib = 0;
+  if (device.is_cuda()) {
+    const AllocatorStats stats = CudaMemory(device.index)->stats();
+    peak_mib = static_cast<double>(
+                   std::max(stats.peak_bytes_in_use, peak_before_steps)) /
+               kMiB;
+    in_use_mib = static_cast<double>(stats.bytes_in_use) / kMiB;
+  }
+  const engine::PipelineCounters counters = engine.pipeline_counters();
+  constexpr int64_t kFields = 4;
+  const std::vector<float> mine = {
+      static_cast<float>(peak_mib), static_cast<float>(in_use_mib),
+      static_cast<float>(counters.peak_saved_micro_batches),
+      static_cast<float>(counters.activation_bound)};
+  const Stream& stream = engine.compute_stream();
+  ZE_ASSIGN_OR_RETURN(Tensor input, FromHostFloats(mine, {kFields}, DType::kF32,
+                                                   comm.device(), stream));
+  ZE_ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({kFields * comm.world_size()},
+                                                DType::kF32, comm.device()));
+  ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(input, all, stream));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  ZE_ASSIGN_OR_RETURN(const std::vector<float> values,
+                      ToHostFloats(all, stream));
+  Json ranks = Json::array();
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const float* v = &values[static_cast<size_t>(r * kFields)];
+    ranks.push_back({{"rank", r},
+                     {"peak_mib", v[0]},
+                     {"in_use_mib", v[1]},
+                     {"peak_saved_micro_batches", static_cast<int>(v[2])},
+                     {"activation_bound", static_cast<int>(v[3])}});
+  }
+  return ranks;
+}
+
 // Builds the model and the engine for (model, stage), times the steps and
 // fills `line`. Collective with the other ranks. `disk`: the disk's
 // baseline when --disk_baseline=1 measured it (else null).
@@ -746,6 +795,11 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     stats.peak_bytes_in_use =
         std::max(stats.peak_bytes_in_use, peak_before_steps);
     line["memory"] = MemoryJson(stats);
+  }
+  if (options.pipeline_stages > 1) {
+    ZE_ASSIGN_OR_RETURN(
+        line["pipeline"]["ranks"],
+        PipelineRanksJson(*comm, *engine, device, peak_before_steps));
   }
   if (const std::shared_ptr<nn::ActivationOffload>& offload =
           model->activation_offload();

@@ -6,6 +6,8 @@
 #      stages 0 and 3, and its line names the stages' layers;
 #   2. 2 stages x 2 replicas (-np 4, GPipe): data_parallel 2, tokens/s
 #      counted over the 4 GPUs' worth of ranks (4 x per GPU);
+#   every pipeline line lists each rank's memory peak and the micro-batches
+#   whose activations it held at once (1F1B: 2 - rank; GPipe: all 4);
 #   3. bad pipeline flags exit 2 before any configuration runs, naming the
 #      flag: a stage count that does not divide the world, an unknown
 #      schedule.
@@ -59,9 +61,17 @@ for a, b in zip(one, pipe2):
     assert p["stage_layers"][0][0] == 0 and p["stage_layers"][0][1] == p["stage_layers"][1][0], p
     assert b["ds_config"]["pipeline"]["stages"] == 2, b["ds_config"]
     assert b["ds_config"]["train_batch_size"] == b["batch"] * 4, b["ds_config"]
+    # Every rank's figures: 1F1B over 2 ranks holds at most 2 - r
+    # micro-batches' activations on rank r, and reaches the bound with 4.
+    ranks = p["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1], ranks
+    assert [r["activation_bound"] for r in ranks] == [2, 1], ranks
+    assert [r["peak_saved_micro_batches"] for r in ranks] == [2, 1], ranks
 (x,) = pipe22
 assert "error" not in x, x
 assert x["pipeline"]["data_parallel"] == 2 and x["pipeline"]["schedule"] == "gpipe", x["pipeline"]
+# GPipe stashes all 4 micro-batches on every rank.
+assert [r["peak_saved_micro_batches"] for r in x["pipeline"]["ranks"]] == [4] * 4, x["pipeline"]
 assert x["ds_config"]["train_batch_size"] == x["batch"] * 2 * 4, x["ds_config"]
 assert abs(x["tokens_per_s"] - 4 * x["tokens_per_s_per_gpu"]) < 1e-6 * x["tokens_per_s"], x
 assert math.isfinite(x["loss"]), x

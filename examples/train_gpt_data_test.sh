@@ -3,7 +3,7 @@
 # --data from files at 2 ranks: a text file read as bytes and a nanoGPT
 # uint16 token file must train (the loss falls) and evaluate (validation
 # loss and a sample); a uint32 token file (tokens32:) is read as such at
-# 1 rank; bad files are refused with errors naming them.
+# 1 rank, its validation loss over 11 windows (--eval_windows); bad files are refused with errors naming them.
 set -euo pipefail
 train="$1"; run_mpi="$2"; config="$3"; text="$4"
 out="${TEST_TMPDIR:-$(mktemp -d)}/train_gpt_data"
@@ -36,12 +36,15 @@ import struct, sys
 tokens = [(i * 7) % 500 for i in range(20000)]
 open(sys.argv[1], 'wb').write(struct.pack('<%dI' % len(tokens), *tokens))
 " "$out/tokens32.bin"
-"$train" --config="$config" --device=cpu --steps=5 --seq=32 \
+# --eval_windows=11: the validation loss from a batch of 8 windows and one
+# of 3.
+"$train" --config="$config" --device=cpu --steps=5 --seq=32 --eval_windows=11 \
   --data="tokens32:$out/tokens32.bin" >"$out/tokens32.txt" 2>&1 \
   || { cat "$out/tokens32.txt"; exit 1; }
 grep "^eval\|^train_gpt" "$out/tokens32.txt"
 grep -q "20000 uint32 tokens, largest 499" "$out/tokens32.txt"
 grep -q "sampled token ids" "$out/tokens32.txt"
+grep -q "eval at step 5: validation loss [0-9]" "$out/tokens32.txt"
 
 expect_error() {  # pattern, train_gpt flags...
   local pattern="$1"; shift
@@ -61,4 +64,5 @@ printf 'short' >"$out/short.txt"
 expect_error "short.txt holds 5 tokens; --seq=64 needs at least 650" \
   --data="text:$out/short.txt"
 expect_error "--data=corpus.csv: use addition" --data=corpus.csv
+expect_error "--eval_windows=0: need >= 1" --eval_windows=0 --data="$out/tokens.bin"
 echo "train_gpt data: ok"

@@ -72,9 +72,10 @@ struct GptConfig {
 
   // GPT-2 / GPT-3 sizes: "124M" (12 layers, 12 heads, 768), "350M" (24, 16,
   // 1024), "760M" (24, 16, 1536), "1.3B" (24, 32, 2048), "2.7B" (32, 32,
-  // 2560), "6.7B" (32, 32, 4096), "13B" (40, 40, 5120); vocabulary 50257,
-  // sequence 1024. With `pad_vocab`, padded_vocab_size is 50304.
-  // InvalidArgument listing the known names otherwise.
+  // 2560), "6.7B" (32, 32, 4096), "13B" (40, 40, 5120), "25B" (56, 48, 6144:
+  // GPT-NeoX-20B's width, deeper); vocabulary 50257, sequence 1024. With
+  // `pad_vocab`, padded_vocab_size is 50304. InvalidArgument listing the known
+  // names otherwise.
   static absl::StatusOr<GptConfig> Preset(const std::string &name,
                                           bool pad_vocab = false);
   static std::vector<std::string> PresetNames();

@@ -211,7 +211,7 @@ TEST(GptTest, PresetsAndParameterCounts) {
       {"124M", {12, 12, 768}},  {"350M", {24, 16, 1024}},
       {"760M", {24, 16, 1536}}, {"1.3B", {24, 32, 2048}},
       {"2.7B", {32, 32, 2560}}, {"6.7B", {32, 32, 4096}},
-      {"13B", {40, 40, 5120}}};
+      {"13B", {40, 40, 5120}},  {"25B", {56, 48, 6144}}};
   for (const auto &[name, shape] : expected) {
     const GptConfig config =
         GptConfig::Preset(name, /*pad_vocab=*/true).value();

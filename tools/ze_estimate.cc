@@ -18,10 +18,12 @@
 // its batch triple). Prints a table (GiB per rank: GPU, host with its
 // pinned part, NVMe), or one JSON object per row with --json (bytes). The
 // "nvmeparam" rows put the 16-bit weights on NVMe too (offload_param nvme;
-// without --config, max_in_cpu 0: none kept in CPU memory; the engine plan
-// then counts the swap buffers as pinned host bytes).
+// without --config, max_in_cpu 0: none kept in CPU memory, and buffer_size
+// at least the largest bucket; the engine plan then counts the swap buffers
+// as pinned host bytes).
 // Exit status: 0 printed, 2 bad input (the message names the flag or the
 // config file and key); --help prints the usage.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -83,7 +85,7 @@ constexpr char kHelp[] =
     "  --params=N       parameter count: 13e9, 7B, 1.3B, 350M, 125K, 2T\n"
     "                   (the ZeRO paper's formulas)\n"
     "  --model=NAME     a GPT preset (124M, 350M, 760M, 1.3B, 2.7B, 6.7B, "
-    "13B)\n"
+    "13B, 25B)\n"
     "                   or tiny: the engine's own plan, padding included\n"
     "  --world_size=W   ranks (1 to 1000000); with --config, defaults to\n"
     "                   train_batch_size / (micro batch x accumulation)\n"
@@ -534,6 +536,19 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
       variant.zero_optimization.offload_param.device = choice.param;
       if (choice.param == config::OffloadDevice::kNvme) {
         variant.zero_optimization.offload_param.max_in_cpu = 0;
+        // A swapped bucket must fit one buffer (BuildPlan refuses it, as
+        // DeepSpeed's swapper does): the row raises buffer_size to the
+        // largest bucket where the default 1e8 is too small.
+        config::Config unswapped = variant;
+        unswapped.zero_optimization.offload_param.device =
+            config::OffloadDevice::kNone;
+        ZE_ASSIGN_OR_RETURN(const zero::Plan layout_plan,
+                            zero::BuildPlan(*model, unswapped, setup.world));
+        const zero::PartitionedLayout& layout = layout_plan.layout.layout;
+        int64_t& buffer = variant.zero_optimization.offload_param.buffer_size;
+        for (int b = 0; b < layout.num_buckets(); ++b) {
+          buffer = std::max(buffer, layout.bucket(b).slice_elements);
+        }
       }
     }
     ZE_ASSIGN_OR_RETURN(zero::MemoryBreakdown plan,

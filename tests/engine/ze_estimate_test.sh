@@ -43,6 +43,17 @@ assert on_nvme["pinned_host_bytes"] > 0, on_nvme
 print("ze_estimate: NVMe parameter row ok")
 '
 
+# A model whose largest bucket (25B's 6144-wide token table at one rank)
+# exceeds offload_param's default buffer_size still gets its NVMe parameter
+# row: without --config the row sizes the buffers to the largest bucket.
+"$tool" --model=25B --world_size=1 --json | python3 -c '
+import json, sys
+rows = {(r["stage"], r["offload"]): r for r in map(json.loads, sys.stdin)}
+row = rows[(3, "nvme+nvmeparam")]
+assert row["nvme_bytes"] > 2 * 25e9, row
+print("ze_estimate: 25B NVMe parameter row ok")
+'
+
 # One rank is "1 rank", in both modes.
 "$tool" --params=7B --world_size=1 | grep -q "parameters, 1 rank,"
 "$tool" --model=124M --world_size=1 | grep -q " 1 rank,"
