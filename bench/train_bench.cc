@@ -123,6 +123,11 @@
 //                            --backend=mpi on GPUs
 //   --pipeline_schedule=1f1b (or gpipe)  --pipeline_partition=parameters
 //                            (or uniform, or boundaries "0,4,8,...")
+//   --ds_config_patch=FILE   a JSON merge patch (RFC 7386) over every run's
+//                            generated config, applied last: keys no flag
+//                            sets (blockwise_8bit_moments, offload_param
+//                            nvme and its buffers, ...); the line's
+//                            ds_config shows the result
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
 // the run goes on with the next one; with several ranks a failure other than
@@ -133,6 +138,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -214,6 +220,10 @@ struct Options {
   int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
   std::string pipeline_partition = "parameters";
+  // --ds_config_patch: a JSON merge patch (RFC 7386) applied last to every
+  // run's generated config, for keys no flag sets (state formats,
+  // offload_param's NVMe buffers, ...). Null when not given.
+  Json config_patch;
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -353,6 +363,20 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(int64_t seed,
                       flags.GetInt("seed", 1234, 0, int64_t{1} << 62));
   options.seed = static_cast<uint64_t>(seed);
+  if (const std::string patch = flags.GetString("ds_config_patch", "");
+      !patch.empty()) {
+    std::ifstream file(patch);
+    if (!file) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ds_config_patch=", patch, ": cannot open it"));
+    }
+    options.config_patch =
+        Json::parse(file, nullptr, /*allow_exceptions=*/false);
+    if (!options.config_patch.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ds_config_patch=", patch, ": not a JSON object (a merge patch)"));
+    }
+  }
   ZE_RETURN_IF_ERROR(flags.CheckAllUsed());
   if (options.device != "cpu" && CudaDeviceCount() == 0) {
     return absl::FailedPreconditionError(
@@ -444,6 +468,7 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
     zero["stage3_param_persistence_threshold"] =
         static_cast<int64_t>(options.stage3_param_persistence_threshold);
   }
+  if (!options.config_patch.is_null()) config.merge_patch(options.config_patch);
   return config;
 }
 

@@ -166,8 +166,9 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "every offloaded element, bounded by the host (at most "
                    "half of this rank's share of MemAvailable left after "
                    "the rest of its planned host memory); 0: off (the "
-                   "update waits for the norm). Device cpu, weights on the "
-                   "device. Not a DeepSpeed key."))
+                   "update waits for the norm). Device cpu, the weights on "
+                   "the device or in host memory (offload_param cpu, not "
+                   "nvme). Not a DeepSpeed key."))
         .Add(Value("split_update", &O::split_update, Boolean(),
                    "true: let the engine update part of the offloaded state "
                    "on the GPU (streamed up and back through it while the "

@@ -250,6 +250,10 @@ absl::StatusOr<std::unique_ptr<HostUpdate>> HostUpdate::Create(
         absl::StrCat("HostUpdate: chunk_elements must be >= 1, not ",
                      options.chunk_elements));
   }
+  if (options.weights_swapped && !options.weights_on_host) {
+    return absl::InvalidArgumentError(
+        "HostUpdate: swapped weights are host weights (weights_on_host)");
+  }
   if (options.delayed_update && options.weights_on_host) {
     return absl::InvalidArgumentError(
         "HostUpdate: a delayed update needs the weights on the device");
@@ -406,7 +410,7 @@ absl::Status HostUpdate::PrepareDeviceSlots() {
 
 bool HostUpdate::CanBeginEarly() const {
   return swapped_ == nullptr && !options_.delayed_update &&
-         !options_.weights_on_host;
+         !options_.weights_swapped;
 }
 
 int64_t HostUpdate::BackupBytesPerElement(const OptimizerOptions& optimizer) {
@@ -1184,8 +1188,9 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
     ZE_RETURN_IF_ERROR(status);
     return UpdateJoined();
   }
-  // The speculated chunks' weights went up already: send the restored
-  // ones. Staging is rewritten only after the uploads that read it.
+  // The speculated chunks' weights went up (or, in host memory, were
+  // overwritten) already: send (write) the restored ones. Staging is
+  // rewritten only after the uploads that read it.
   if (update.to_device_stream_) {
     ZE_RETURN_IF_ERROR(update.to_device_stream_->Synchronize());
   }
@@ -1200,19 +1205,27 @@ absl::StatusOr<UpdateJoined> InFlightUpdate::Rollback(const Stream& stream,
       static_cast<int64_t>(pieces.size()), [&](int, int64_t i) -> absl::Status {
         const HostUpdate::Backup& piece = pieces[i];
         const HostUpdateSlot& slot = update.slots_[piece.slot];
-        if (update.options_.bf16_ties_away &&
-            slot.staging.dtype() == DType::kBF16) {
+        // Host weights are written where they live (none where the f32
+        // master is the weights: the restore rewrote them); device
+        // weights go through staging.
+        const bool on_host = update.options_.weights_on_host;
+        if (on_host && !slot.weights.defined()) return absl::OkStatus();
+        const Tensor& out = on_host ? slot.weights : slot.staging;
+        if (update.options_.bf16_ties_away && out.dtype() == DType::kBF16) {
           const float* master = slot.master.data_as<float>() + piece.begin;
-          uint16_t* weights = slot.staging.data_as<uint16_t>() + piece.begin;
+          uint16_t* weights = out.data_as<uint16_t>() + piece.begin;
           for (int64_t k = 0; k < piece.count; ++k) {
             weights[k] = SplitForBf16(master[k]).hi;
           }
           return absl::OkStatus();
         }
         return CopyConverting(slot.master.Slice(piece.begin, piece.count),
-                              slot.staging.Slice(piece.begin, piece.count),
-                              Stream());
+                              out.Slice(piece.begin, piece.count), Stream());
       }));
+  if (update.options_.weights_on_host) {
+    ZE_RETURN_IF_ERROR(status);
+    return UpdateJoined();
+  }
   for (const HostUpdate::Backup& backup : update.backups_) {
     const HostUpdateSlot& slot = update.slots_[backup.slot];
     const Tensor& destination =

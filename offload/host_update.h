@@ -162,6 +162,11 @@ struct HostUpdateOptions {
   int64_t chunk_elements = int64_t{1} << 24;
   // The weights are in host memory (offload_param): nothing is uploaded.
   bool weights_on_host = false;
+  // With weights_on_host: they live in swap files (offload_param nvme) and
+  // each slot's `weights` is its `staging` buffer, from which the caller
+  // writes them back. No early start then: the caller reads the next
+  // forward's weights ahead along the whole step's plan.
+  bool weights_swapped = false;
   // ZeRO-Offload's delayed parameter update: uploads go to each slot's
   // `delayed` buffer and replace the weights at Join; WaitForWeights never
   // waits (the weights in use are the previous ones).
@@ -303,7 +308,11 @@ class HostUpdate {
   int num_slots() const { return static_cast<int>(slots_.size()); }
   // Whether slots may be handed over during backward (Start's
   // begun_early): not with swapped slots (their reads are planned over the
-  // whole step), a delayed update or host weights.
+  // whole step), a delayed update or swapped weights. Host weights
+  // (offload_param cpu) may: a slot is handed over once its gradients are
+  // final, after the step's last read of its weights, so the CPU writing
+  // them in place races no reader; the next forward's reads wait for them
+  // (WaitForWeights, once Close has ended the early phase).
   bool CanBeginEarly() const;
 
   // Starts one step's update on a new worker thread with `step_args`

@@ -641,6 +641,7 @@ absl::Status PartitionState::CreateHostUpdate() {
   options.device = options_.device;
   options.chunk_elements = options_.chunk_elements;
   options.weights_on_host = options_.weights_placement != Placement::kDevice;
+  options.weights_swapped = options_.weights_placement == Placement::kNvme;
   options.delayed_update = options_.delayed_update;
   options.speculation_elements = options_.speculation_elements;
   options.bf16_ties_away = options_.split_master;

@@ -275,9 +275,9 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
     state.delayed_update = zero.offload_optimizer.delayed_update;
     // Speculation's backup (issue 27): where an update begins during
     // backward (offload::HostUpdate::CanBeginEarly: host buckets, no
-    // delayed update, the weights on the device), up to every host element.
+    // delayed update, the weights not swapped), up to every host element.
     if (!nvme && !state.delayed_update &&
-        zero.offload_param.device == config::OffloadDevice::kNone) {
+        zero.offload_param.device != config::OffloadDevice::kNvme) {
       int64_t host_elements = 0;
       for (int b = 0; b < plan.layout.layout.num_buckets(); ++b) {
         if (state.optimizer_placement[static_cast<size_t>(b)] !=

@@ -260,9 +260,9 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
                                        host_weights + memory.speculation_bytes);
     }
     // Speculation's backup: every host element's master and moments where
-    // an update can begin during backward (cpu, weights on the device),
-    // none elsewhere.
-    const bool speculates = c.device == OffloadDevice::kCpu && !c.offload_param;
+    // an update can begin during backward (cpu, weights on the device or
+    // in host memory), none elsewhere.
+    const bool speculates = c.device == OffloadDevice::kCpu;
     EXPECT_EQ(plan.state.speculation_elements, speculates ? own_away : 0);
     EXPECT_EQ(memory.speculation_bytes, speculates ? swapped : 0);
     EXPECT_EQ(memory.pinned_host_bytes,

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Plots issue 28's convergence runs (bench/device/dec07_convergence.sh).
+"""Plots issue 28's convergence runs (bench/device/dec07_final.sh, and
+dec07b_call1.sh with a second f32 seed and a 512-window validation set).
 
   python3 bench/convergence/plot.py LOG_DIR OUT.png
 
 LOG_DIR holds one train_gpt log per moment format (f32.log, bf16_rne.log,
-bf16_sr.log, int8.log). Draws the training loss (the engine's log line,
+bf16_sr.log, int8.log; f32_seed2.log, the f32 run from another seed, shows
+how far two runs of one format land apart). Draws the training loss (the engine's log line,
 every steps_per_print steps) and the validation loss (train_gpt's "eval at
 step N: validation loss X") against the step, and prints one JSON line per
 run: its final validation loss and the difference from the f32 run's.
@@ -14,7 +16,8 @@ import os
 import re
 import sys
 
-RUNS = [("f32", "f32 moments"), ("bf16_rne", "bf16 moments, to nearest"),
+RUNS = [("f32", "f32 moments"), ("f32_seed2", "f32 moments, seed 2"),
+        ("bf16_rne", "bf16 moments, to nearest"),
         ("bf16_sr", "bf16 moments, stochastic rounding"),
         ("int8", "8-bit block-wise moments")]
 

@@ -1,5 +1,7 @@
 // The speculative offloaded update (issue 27) through the public engine API:
-// with offload_optimizer at stages 1-3 (cpu, and nvme at stage 3), f32, bf16
+// with offload_optimizer at stages 1-3 (cpu, and nvme at stage 3; at stage 3
+// cpu also with offload_param cpu, the CPU writing the weights where they
+// live), f32, bf16
 // and fp16, gradient accumulation 1 and 3, training with speculation (the
 // default) must give bit for bit the losses, norms, skips and final f32
 // master weights of the synchronous exact update
@@ -81,11 +83,12 @@ struct Case {
   const char* device;  // offload_optimizer's: "cpu" or "nvme"
   const char* dtype;   // f32, bf16, fp16
   int accumulation;
+  bool offload_param = false;  // stage 3's weights in host memory too
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat("s", c.stage, "_", c.device, "_", c.dtype, "_a",
-                      c.accumulation);
+                      c.accumulation, c.offload_param ? "_param" : "");
 }
 
 // Where an update can begin during backward: host buckets (not NVMe).
@@ -119,7 +122,8 @@ std::string ConfigJson(const Case& c, double clipping, bool speculate) {
       // Several buckets, many chunks: the worker takes buckets as backward
       // finishes them and speculation stops mid-bucket.
       R"(, "reduce_bucket_size": 700, "sub_group_size": 100, "offload_optimizer": {)",
-      device, speculate ? "" : R"(, "speculation_buffer_size": 0)", "}}}");
+      device, speculate ? "" : R"(, "speculation_buffer_size": 0)", "}",
+      c.offload_param ? R"(, "offload_param": {"device": "cpu"})" : "", "}}");
 }
 
 struct Training {
@@ -339,6 +343,7 @@ std::vector<Case> Cases() {
       for (int stage : {1, 2, 3}) {
         cases.push_back({stage, "cpu", dtype, accumulation});
       }
+      cases.push_back({3, "cpu", dtype, accumulation, /*offload_param=*/true});
       cases.push_back({3, "nvme", dtype, accumulation});
     }
   }
