@@ -77,7 +77,8 @@
 //                            the engine's default, 1e9)
 //   --aio_block_size=1048576 --aio_queue_depth=8   the config's aio block
 //                            (DeepSpeed's defaults), used by nvme
-//   --nvme_path=/tmp         both tiers' nvme_path. With either on nvme,
+//   --nvme_path=/tmp         both tiers' nvme_path. With either on nvme
+//                            (by these flags or --ds_config_patch),
 //                            "nvme" gives the swap files' traffic over the
 //                            timed steps (per step: bytes read and written,
 //                            the time any / both directions had I/O in
@@ -385,7 +386,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return options;
 }
 
-// Whether either offload tier is on NVMe (then the line has "nvme").
+// Whether the flags put either offload tier on NVMe (then the config gets
+// the aio block; the line's "nvme" follows the final config instead).
 bool UsesNvme(const Options& options) {
   return options.offload != "none" &&
          (options.offload_device == "nvme" ||
@@ -621,6 +623,14 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const Json ds_config =
       DeepSpeedConfig(options, batch, stage, comm->world_size());
   line["ds_config"] = ds_config;
+  // Its "nvme" and "nvme_steps" follow the config the engine gets (a
+  // --ds_config_patch may put a tier on NVMe).
+  bool uses_nvme = false;
+  for (const char* tier : {"offload_optimizer", "offload_param"}) {
+    const Json::json_pointer device(
+        absl::StrCat("/zero_optimization/", tier, "/device"));
+    uses_nvme |= ds_config.contains(device) && ds_config.at(device) == "nvme";
+  }
 
   ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
   Stream stream;  // the CPU's immediate stream
@@ -702,7 +712,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   auto last_return = wall_start;
   for (int64_t i = 0; i < options.iters; ++i) {
     ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
-    if (UsesNvme(options)) {
+    if (uses_nvme) {
       const offload::NvmeStore::Counters io = engine->nvme_counters();
       const auto now = std::chrono::steady_clock::now();
       nvme_steps.push_back(NvmeTrafficJson(
@@ -728,7 +738,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
   const double mfu = per_gpu * flops_per_token / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
-  if (UsesNvme(options)) {
+  if (uses_nvme) {
     const offload::NvmeStore::Counters io = engine->nvme_counters();
     const double iters = static_cast<double>(options.iters);
     // Per step over the timed steps. A transfer still in flight now (a

@@ -8,8 +8,9 @@
 #      its fraction of the disk's duplex figure (the ratio it says), and
 #      "nvme_steps", one entry per timed step adding up to no more than the
 #      total;
-#   2. the optimizer tier alone (stage 3) has "nvme" too; a run without
-#      NVMe has neither field;
+#   2. the optimizer tier alone (stage 3) has "nvme" too, and so has the
+#      parameter tier put on NVMe by --ds_config_patch; a run without NVMe
+#      has neither field;
 #   3. bad values of the new flags exit 2 naming the flag; the swap files
 #      and the baseline's files are gone afterwards.
 set -u
@@ -30,6 +31,15 @@ common=(--smoke --dtype=f32 --iters=3 --warmup=1 --nvme_path="$swap")
 "$bench" "${common[@]}" --stages=2 --offload=optimizer \
   > "$dir/cpu.jsonl" 2> "$dir/cpu.err" \
   || { tail "$dir/cpu.err"; fail "optimizer on cpu exited $?"; }
+# The parameter tier put on NVMe by a config patch, not the flags.
+cat > "$dir/patch.json" <<JSON
+{"zero_optimization": {"offload_param": {"device": "nvme",
+  "nvme_path": "$swap", "max_in_cpu": 0}}}
+JSON
+"$bench" "${common[@]}" --stages=3 --offload=both \
+  --ds_config_patch="$dir/patch.json" > "$dir/patched.jsonl" \
+  2> "$dir/patched.err" \
+  || { tail "$dir/patched.err"; fail "patched parameter tier exited $?"; }
 "$bench" "${common[@]}" --offload_param_device=disk > /dev/null \
   2> "$dir/bad.err"
 status=$?
@@ -79,6 +89,10 @@ opt = lines("opt.jsonl")
 assert len(opt) == 1 and "error" not in opt[0], opt
 assert opt[0]["nvme"]["bytes_read"] > 0 and opt[0]["nvme"]["bytes_written"] > 0, opt[0]["nvme"]
 assert len(opt[0]["nvme_steps"]) == 3 and "disk_duplex_GBps" not in opt[0]["nvme"], opt[0]
+patched = lines("patched.jsonl")
+assert len(patched) == 1 and "error" not in patched[0], patched
+assert patched[0]["ds_config"]["zero_optimization"]["offload_param"]["device"] == "nvme", patched[0]
+assert patched[0]["nvme"]["bytes_written"] > 0 and len(patched[0]["nvme_steps"]) == 3, patched[0]
 cpu = lines("cpu.jsonl")
 assert "nvme" not in cpu[0] and "nvme_steps" not in cpu[0], cpu[0]
 print("nvme:", json.dumps(nvme))
