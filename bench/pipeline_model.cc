@@ -18,6 +18,15 @@
 //     (pipeline/executor.h), as the memory below counts; no forward is
 //     recomputed (before pipe-save-29 the executor recomputed every forward
 //     of 1F1B's ranks but the last, which this model did not charge).
+//   - zb_h1 splits each block's measured backward into its input-gradient
+//     part and its Linears' weight gradients, --weight_gradient_share of it
+//     (0.5 by default: a Linear's two backward products cost alike; the
+//     attention core, norms and GELU belong to the input part, so the
+//     share is a little below one half); the embedding's, final norm's and
+//     head's backward stay in the input part, as the engine runs them
+//     (nn/module.h). Its memory counts InFlightBound micro-batches per rank
+//     (a deferred weight gradient's inputs priced as a whole micro-batch's
+//     activations: an upper bound).
 //   - Activations and their gradients cross the link at --link_gb_s after
 //     --link_latency_us; the optimizer runs once per stage at the end
 //     (--optimizer_params_per_s, the engine's fused AdamW on the GPU).
@@ -39,7 +48,9 @@
 //   --model=1.3B             the GPT preset those lines measured
 //   --seq=1024
 //   --ranks=2,4,8  --batches=32,64,128,256  --micro_batches=1,2,4,8,16
-//   --schedules=gpipe,1f1b   --partition=parameters (or uniform, or "0,4,..")
+//   --schedules=gpipe,1f1b   (or zb_h1)
+//   --partition=parameters   (or uniform, or "0,4,..")
+//   --weight_gradient_share=0.5
 //   --link_gb_s=100 --link_latency_us=10 --collective_gb_s=100
 //   --optimizer_params_per_s=1.46e11 --gpu_gib=139
 // Exit status 0, or 2 with a JSON error line for bad flags or a profile
@@ -197,6 +208,7 @@ struct Options {
   std::string partition = "parameters";
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
+  double weight_gradient_share = 0.5;
 };
 
 absl::StatusOr<double> PositiveDouble(Flags& flags, const std::string& name,
@@ -249,6 +261,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(o.optimizer_params_per_s,
                       PositiveDouble(flags, "optimizer_params_per_s", 1.46e11));
   ZE_ASSIGN_OR_RETURN(o.gpu_gib, PositiveDouble(flags, "gpu_gib", 139));
+  ZE_ASSIGN_OR_RETURN(
+      o.weight_gradient_share,
+      PositiveDouble(flags, "weight_gradient_share", o.weight_gradient_share));
+  if (o.weight_gradient_share >= 1) {
+    return absl::InvalidArgumentError(
+        "--weight_gradient_share must be below 1 (a share of the backward)");
+  }
   ZE_RETURN_IF_ERROR(flags.CheckAllUsed());
   return o;
 }
@@ -264,6 +283,7 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["gpu_gib"] = o.gpu_gib;
   a["stage_times"] = "sum of measured module times at the micro-batch size";
   a["forwards"] = "once per stage and micro-batch, none recomputed";
+  a["weight_gradient_share"] = o.weight_gradient_share;
   return a;
 }
 
@@ -340,23 +360,34 @@ absl::Status Run(const Options& o) {
           pipeline::ActionCosts costs;
           Json stages = Json::array();
           double one_gpu_ms = 0;
+          const bool split = kind == pipeline::ScheduleKind::kZeroBubbleH1;
           for (size_t s = 0; s < ranges.size(); ++s) {
-            double forward = 0, backward = 0, parameters = 0;
+            double forward = 0, backward = 0, weight_gradients = 0;
+            double parameters = 0;
             int blocks = 0;
             for (int layer = ranges[s].first; layer < ranges[s].last; ++layer) {
               forward += times[layer].forward_ms;
               backward += times[layer].backward_ms;
               parameters += static_cast<double>(weights[layer]);
-              if (layer >= 1 && layer <= config.num_layers) ++blocks;
+              if (layer >= 1 && layer <= config.num_layers) {
+                ++blocks;
+                if (split) {
+                  weight_gradients +=
+                      o.weight_gradient_share * times[layer].backward_ms;
+                }
+              }
             }
             costs.stage_forward.push_back(forward / 1e3);
-            costs.stage_backward_input.push_back(backward / 1e3);
-            costs.stage_backward_weight.push_back(0);
+            costs.stage_backward_input.push_back((backward - weight_gradients) /
+                                                 1e3);
+            costs.stage_backward_weight.push_back(weight_gradients / 1e3);
             const double optimizer_s = parameters / o.optimizer_params_per_s;
             costs.stage_reduce.push_back(optimizer_s);
             one_gpu_ms += m * (forward + backward) + optimizer_s * 1e3;
+            // A deferred weight gradient's inputs (zb_h1) priced as a
+            // stashed micro-batch's activations.
             const int stashed =
-                pipeline::ActivationBound(schedule, static_cast<int>(s));
+                pipeline::InFlightBound(schedule, static_cast<int>(s));
             const double memory_gib =
                 (16.0 * parameters + activation_bytes * b * blocks * stashed) /
                 kGib;
@@ -365,6 +396,7 @@ absl::Status Run(const Options& o) {
             stage["blocks"] = blocks;
             stage["forward_ms"] = forward;
             stage["backward_ms"] = backward;
+            if (split) stage["weight_gradient_ms"] = weight_gradients;
             stage["stashed_micro_batches"] = stashed;
             stage["memory_gib"] = memory_gib;
             stage["fits"] = memory_gib <= o.gpu_gib;

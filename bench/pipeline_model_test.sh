@@ -7,6 +7,9 @@
 #      bubble (p - 1) / (m + p - 1), its ZeRO-3 compute the whole batch's;
 #      micro-batches past the profiled sizes are marked extrapolated; a slow
 #      link makes the step longer;
+#      zb_h1 with the backward split in halves (F = B = W, one unit b per
+#      sequence): its step is (3m + p - 1 + max(0, p - m)) b, shorter than
+#      1F1B's 3 (m + p - 1) b, its bubble the schedule's formula;
 #   2. gpt_bench --smoke --profile=1's own lines are read (exit 0, a line per
 #      configuration);
 #   3. bad input exits 2 with an error line: no --profile, a profile with
@@ -33,6 +36,9 @@ common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --
   > "$dir/fast.jsonl" 2> "$dir/fast.err" || { cat "$dir/fast.err"; fail "exit $?"; }
 "$model" $common --link_gb_s=0.001 > "$dir/slow.jsonl" 2> "$dir/slow.err" \
   || { cat "$dir/slow.err"; fail "slow link: exit $?"; }
+"$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
+  --schedules=zb_h1 --weight_gradient_share=0.5 > "$dir/zb.jsonl" 2> "$dir/zb.err" \
+  || { cat "$dir/zb.err"; fail "zb_h1: exit $?"; }
 
 "$bench" --smoke --models=tiny,tiny --batch=1,2 --profile=1 --profile_iters=1 \
   > "$dir/smoke.jsonl" 2> "$dir/smoke.err" || { cat "$dir/smoke.err"; fail "gpt_bench exit $?"; }
@@ -57,6 +63,15 @@ d = sys.argv[1]
 def lines(name):
     return [json.loads(l) for l in open(f"{d}/{name}")]
 fast, slow, real = lines("fast.jsonl"), lines("slow.jsonl"), lines("real.jsonl")
+zb = lines("zb.jsonl")
+assert len(zb) == 2 * 3, len(zb)  # batches x micro-batches
+for x in zb:
+    p, m, b = x["ranks"], x["micro_batches"], x["micro_batch"]
+    want = (3 * m + p - 1 + max(0, p - m)) * b
+    assert abs(x["step_ms"] - want) < 1e-3 * want + 1e-3, (x["step_ms"], want, x)
+    assert abs(x["bubble"] - x["bubble_equal_stages"]) < 1e-4, x
+    assert x["step_ms"] < 3 * (m + p - 1) * b, x
+    assert abs(x["stages"][0]["weight_gradient_ms"] - b) < 1e-3, x["stages"]
 assert len(fast) == 2 * 2 * 3, len(fast)  # schedules x batches x micro-batches
 for x in fast:
     p, m, b = x["ranks"], x["micro_batches"], x["micro_batch"]

@@ -122,13 +122,20 @@
 //                            schedule, layers per stage) and counts tokens
 //                            per replica. NCCL refuses point-to-point: use
 //                            --backend=mpi on GPUs
-//   --pipeline_schedule=1f1b (or gpipe)  --pipeline_partition=parameters
+//   --pipeline_schedule=1f1b (or gpipe, zb_h1)  --pipeline_partition=parameters
 //                            (or uniform, or boundaries "0,4,8,...")
 //   --ds_config_patch=FILE   a JSON merge patch (RFC 7386) over every run's
 //                            generated config, applied last: keys no flag
 //                            sets (blockwise_8bit_moments, offload_param
 //                            nvme and its buffers, ...); the line's
 //                            ds_config shows the result
+//   --peak_attribution=0     1: "peak_attribution" in the line: the bytes
+//                            live at the steps' memory peak (the device's
+//                            allocator; host memory on the CPU) by the
+//                            module scope that allocated them ("Linear
+//                            backward", "Block recompute", ...; model
+//                            state is "(before attribution)"); each
+//                            allocation then also updates a table
 //   --smoke                  tiny GPT on the CPU, stages 0,2,3, 2 steps
 // A configuration that fails prints {"...","error":"..."}. At world size 1
 // the run goes on with the next one; with several ranks a failure other than
@@ -225,6 +232,8 @@ struct Options {
   // run's generated config, for keys no flag sets (state formats,
   // offload_param's NVMe buffers, ...). Null when not given.
   Json config_patch;
+  // --peak_attribution: the steps' memory peak by allocation scope.
+  bool peak_attribution = false;
 };
 
 absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
@@ -364,6 +373,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(int64_t seed,
                       flags.GetInt("seed", 1234, 0, int64_t{1} << 62));
   options.seed = static_cast<uint64_t>(seed);
+  ZE_ASSIGN_OR_RETURN(options.peak_attribution,
+                      flags.GetBool("peak_attribution", false));
   if (const std::string patch = flags.GetString("ds_config_patch", "");
       !patch.empty()) {
     std::ifstream file(patch);
@@ -664,6 +675,14 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     peak_before_steps = CudaMemory(device.index)->stats().peak_bytes_in_use;
     CudaMemory(device.index)->ResetPeak();
   }
+  // The device's allocator (host memory on the CPU) whose steps' peak
+  // --peak_attribution breaks down by the module scope of each block.
+  Allocator* const memory =
+      device.is_cuda() ? CudaMemory(device.index) : HostMemory();
+  if (options.peak_attribution) {
+    memory->EnablePeakAttribution();
+    memory->ResetPeak();
+  }
 
   const Stream& compute = engine->compute_stream();
   ZE_ASSIGN_OR_RETURN(
@@ -830,6 +849,20 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     stats.peak_bytes_in_use =
         std::max(stats.peak_bytes_in_use, peak_before_steps);
     line["memory"] = MemoryJson(stats);
+  }
+  if (options.peak_attribution) {
+    // Largest first; everything live at Initialize's end (model state,
+    // buffers) is "(before attribution)".
+    const std::vector<std::pair<std::string, int64_t>> labels =
+        memory->PeakAttribution();
+    Json by_label = Json::array();
+    int64_t total = 0;
+    for (const auto& [label, bytes] : labels) {
+      total += bytes;
+      by_label.push_back({label, bytes});
+    }
+    line["peak_attribution"] = {{"peak_bytes", total},
+                                {"bytes_by_scope", by_label}};
   }
   if (options.pipeline_stages > 1) {
     ZE_ASSIGN_OR_RETURN(

@@ -335,7 +335,12 @@ struct ActivationCheckpointingConfig {
 
 // "pipeline.schedule" (zero-engine's key): the order of a pipeline
 // stage's forwards and backwards (docs/pipeline.md).
-enum class PipelineSchedule { kGPipe, kOneFOneB, kInterleavedOneFOneB };
+enum class PipelineSchedule {
+  kGPipe,
+  kOneFOneB,
+  kInterleavedOneFOneB,
+  kZeroBubbleH1,
+};
 
 // "pipeline": DeepSpeed's pipeline-parallel keys, plus the schedule and
 // the stages per rank. The world is `stages` pipeline ranks times

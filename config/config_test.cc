@@ -920,6 +920,12 @@ TEST(PipelineConfigTest, StagesPerRankGoesWithTheInterleavedSchedule) {
   EXPECT_EQ(interleaved.pipeline.stages_per_rank, 2);
   EXPECT_EQ(LoadOrDie(R"({"train_batch_size": 8})", 4).pipeline.stages_per_rank,
             1);
+  // The zero-bubble schedule holds one stage per rank.
+  EXPECT_EQ(LoadOrDie(R"({"train_batch_size": 16,
+                          "pipeline": {"stages": 2, "schedule": "zb_h1"}})",
+                      4)
+                .pipeline.schedule,
+            PipelineSchedule::kZeroBubbleH1);
   const struct {
     const char* json;
     const char* message;
@@ -940,6 +946,11 @@ TEST(PipelineConfigTest, StagesPerRankGoesWithTheInterleavedSchedule) {
       {R"({"train_batch_size": 16,
            "pipeline": {"stages": 2, "stages_per_rank": 0}})",
        "pipeline.stages_per_rank"},
+      {R"({"train_batch_size": 16,
+           "pipeline": {"stages": 2, "schedule": "zb_h1",
+                        "stages_per_rank": 2}})",
+       "pipeline.stages_per_rank = 2 needs pipeline.schedule "
+       "\"interleaved_1f1b\""},
   };
   for (const auto& c : cases) {
     absl::StatusOr<Config> config = LoadConfigString(c.json, 4);

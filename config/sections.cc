@@ -591,10 +591,13 @@ const Schema<PipelineConfig>& PipelineSchema() {
             Enum<PipelineSchedule>(
                 {{"gpipe", PipelineSchedule::kGPipe},
                  {"1f1b", PipelineSchedule::kOneFOneB},
-                 {"interleaved_1f1b", PipelineSchedule::kInterleavedOneFOneB}},
+                 {"interleaved_1f1b", PipelineSchedule::kInterleavedOneFOneB},
+                 {"zb_h1", PipelineSchedule::kZeroBubbleH1}},
                 /*case_insensitive=*/false),
-            "zero-engine: the schedule, gpipe, 1f1b or "
-            "interleaved_1f1b."))
+            "zero-engine: the schedule, gpipe, 1f1b, interleaved_1f1b or "
+            "zb_h1 (zero bubble, Qi et al. 2023: 1F1B with each backward "
+            "split into its input and weight gradients, the weight "
+            "gradients filling the cool-down's bubble)."))
         .Add(Value("stages_per_rank", &P::stages_per_rank, Integer(AtLeast(1)),
                    "zero-engine: model stages per pipeline rank (the model "
                    "is cut into stages x stages_per_rank; stage s on "

@@ -40,7 +40,91 @@ class DeviceScope {
   bool changed_ = false;
 };
 
+thread_local const std::string* scope_what = nullptr;
+thread_local const char* scope_phase = nullptr;
+
 }  // namespace
+
+AllocationScope::AllocationScope(const std::string* what, const char* phase)
+    : previous_what_(scope_what), previous_phase_(scope_phase) {
+  scope_what = what;
+  scope_phase = phase;
+}
+
+AllocationScope::~AllocationScope() {
+  scope_what = previous_what_;
+  scope_phase = previous_phase_;
+}
+
+std::string AllocationScope::CurrentLabel() {
+  if (scope_what == nullptr) return "";
+  return scope_phase == nullptr ? *scope_what
+                                : absl::StrCat(*scope_what, " ", scope_phase);
+}
+
+const char* AllocationScope::CurrentPhase() {
+  return scope_phase == nullptr ? "" : scope_phase;
+}
+
+int Allocator::Attribution::IdOf(const std::string& label) {
+  auto [it, added] = label_ids.emplace(label, static_cast<int>(labels.size()));
+  if (added) {
+    labels.push_back(label);
+    live.push_back(0);
+    at_peak.push_back(0);
+  }
+  return it->second;
+}
+
+void Allocator::RecordAllocation(void* block, int64_t rounded) {
+  Attribution& a = *attribution_;
+  const std::string label = AllocationScope::CurrentLabel();
+  const int id = a.IdOf(label.empty() ? "(no scope)" : label);
+  a.blocks[block] = {rounded, id};
+  a.live[static_cast<size_t>(id)] += rounded;
+  if (stats_.bytes_in_use > a.peak) {
+    a.peak = stats_.bytes_in_use;
+    a.at_peak = a.live;
+  }
+}
+
+void Allocator::RecordDeallocation(void* block, int64_t rounded) {
+  Attribution& a = *attribution_;
+  auto it = a.blocks.find(block);
+  int id;
+  if (it == a.blocks.end()) {
+    id = a.IdOf("(before attribution)");
+  } else {
+    id = it->second.second;
+    a.blocks.erase(it);
+  }
+  a.live[static_cast<size_t>(id)] -= rounded;
+}
+
+void Allocator::EnablePeakAttribution() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (attribution_ != nullptr) return;
+  attribution_ = std::make_unique<Attribution>();
+  const int before = attribution_->IdOf("(before attribution)");
+  attribution_->live[static_cast<size_t>(before)] = stats_.bytes_in_use;
+  attribution_->at_peak = attribution_->live;
+  attribution_->peak = stats_.bytes_in_use;
+}
+
+std::vector<std::pair<std::string, int64_t>> Allocator::PeakAttribution()
+    const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<std::string, int64_t>> out;
+  if (attribution_ == nullptr) return out;
+  for (size_t i = 0; i < attribution_->labels.size(); ++i) {
+    if (attribution_->at_peak[i] != 0) {
+      out.emplace_back(attribution_->labels[i], attribution_->at_peak[i]);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& x, const auto& y) { return x.second > y.second; });
+  return out;
+}
 
 Allocator::Allocator(std::string name, Device device)
     : name_(std::move(name)), device_(device) {}
@@ -76,6 +160,9 @@ absl::StatusOr<void*> Allocator::Allocate(size_t bytes) {
   }
   ++stats_.num_allocations;
   ++stats_.live_allocations;
+  if (attribution_ != nullptr) {
+    RecordAllocation(*block, static_cast<int64_t>(rounded));
+  }
   return *block;
 }
 
@@ -86,6 +173,9 @@ void Allocator::Deallocate(void* ptr, size_t bytes) {
   RawDeallocate(ptr, rounded);
   stats_.bytes_in_use -= rounded;
   --stats_.live_allocations;
+  if (attribution_ != nullptr) {
+    RecordDeallocation(ptr, static_cast<int64_t>(rounded));
+  }
 }
 
 absl::Status Allocator::RecordStream(void* ptr, const Stream& stream) {
@@ -100,6 +190,10 @@ void Allocator::SetByteCap(int64_t cap) {
 void Allocator::ResetPeak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  if (attribution_ != nullptr) {
+    attribution_->at_peak = attribution_->live;
+    attribution_->peak = stats_.bytes_in_use;
+  }
 }
 
 AllocatorStats Allocator::stats() const {

@@ -15,6 +15,11 @@
 // it was allocated, and other streams that use it are declared with
 // RecordStream. Host allocators ignore streams.
 //
+// Peak attribution (for benchmarks, off by default): where the bytes in use
+// at the peak came from, by the AllocationScope each block was allocated
+// under (nn::Module labels its forward, recompute and backward with its
+// type name), so a memory target can be chased to the buffers that set it.
+//
 // Allocators are thread-safe. They are not copyable; the process-wide ones
 // returned by the accessors below live until exit.
 #ifndef ZE_CORE_ALLOCATOR_H_
@@ -23,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -34,6 +40,28 @@
 #include "core/stream.h"
 
 namespace ze {
+
+// Names the blocks this thread allocates while it lives (the innermost
+// scope wins), for Allocator::EnablePeakAttribution. `what` and `phase`
+// must outlive the scope (a module's type name and a string literal); the
+// label is "what phase". Costs two thread-local stores; the allocator
+// reads the label only when attribution is on.
+class AllocationScope {
+ public:
+  AllocationScope(const std::string* what, const char* phase);
+  ~AllocationScope();
+  AllocationScope(const AllocationScope&) = delete;
+  AllocationScope& operator=(const AllocationScope&) = delete;
+
+  // This thread's innermost label; empty outside every scope.
+  static std::string CurrentLabel();
+  // The innermost scope's phase; "" outside every scope.
+  static const char* CurrentPhase();
+
+ private:
+  const std::string* previous_what_;
+  const char* previous_phase_;
+};
 
 struct AllocatorStats {
   int64_t bytes_in_use = 0;       // held by callers now
@@ -76,7 +104,19 @@ class Allocator {
   // A cap of 0 removes it. Lowering the cap below the bytes in use does not
   // free anything; later allocations fail until usage drops.
   void SetByteCap(int64_t cap);
+  // Also restarts peak attribution's snapshot at the current usage.
   void ResetPeak();
+
+  // Peak attribution. From this call on, each block is recorded with its
+  // label (AllocationScope::CurrentLabel; "(no scope)" outside any) and,
+  // each time the bytes in use pass their highest since the call (or
+  // ResetPeak), the live bytes per label are copied: blocks live before
+  // the call count as "(before attribution)". Every Allocate and
+  // Deallocate then also updates a table under the allocator's mutex.
+  void EnablePeakAttribution();
+  // The copy at the peak, largest first; its bytes add up to the peak's
+  // bytes in use. Empty when attribution is off.
+  std::vector<std::pair<std::string, int64_t>> PeakAttribution() const;
   AllocatorStats stats() const;
   const std::string& name() const { return name_; }
   Device device() const { return device_; }
@@ -97,9 +137,23 @@ class Allocator {
   mutable std::mutex mutex_;
 
  private:
+  // Peak attribution's state, under mutex_ (see EnablePeakAttribution).
+  struct Attribution {
+    std::map<std::string, int> label_ids;
+    std::vector<std::string> labels;
+    std::vector<int64_t> live;     // bytes per label id now
+    std::vector<int64_t> at_peak;  // bytes per label id at the peak
+    int64_t peak = 0;              // bytes in use when at_peak was copied
+    std::unordered_map<void*, std::pair<int64_t, int>> blocks;  // size, id
+    int IdOf(const std::string& label);
+  };
+  void RecordAllocation(void* block, int64_t rounded);
+  void RecordDeallocation(void* block, int64_t rounded);
+
   std::string name_;
   Device device_;
   AllocatorStats stats_;
+  std::unique_ptr<Attribution> attribution_;  // null: off
 };
 
 // malloc-backed host memory.

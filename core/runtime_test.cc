@@ -77,6 +77,49 @@ TEST(AllocatorTest, CountsBytesAndPeak) {
   EXPECT_EQ(allocator.stats().bytes_in_use, 0);
 }
 
+// Peak attribution: the bytes live at the peak, by the innermost scope each
+// block was allocated under; blocks from before it was enabled are named
+// so; ResetPeak restarts the copy. The labels add up to the peak.
+TEST(AllocatorTest, PeakAttributionNamesTheScopesAtThePeak) {
+  HostAllocator allocator("attributed");
+  void* early = allocator.Allocate(1024).value();
+  EXPECT_TRUE(allocator.PeakAttribution().empty());
+  allocator.EnablePeakAttribution();
+  const std::string linear = "Linear", block = "Block";
+  void* outside = allocator.Allocate(256).value();
+  void* a = nullptr;
+  void* b = nullptr;
+  {
+    AllocationScope in_block(&block, "backward");
+    EXPECT_EQ(AllocationScope::CurrentLabel(), "Block backward");
+    b = allocator.Allocate(4096).value();
+    {
+      AllocationScope in_linear(&linear, "forward");
+      a = allocator.Allocate(2048).value();
+    }
+    EXPECT_EQ(AllocationScope::CurrentLabel(), "Block backward");
+  }
+  EXPECT_EQ(AllocationScope::CurrentLabel(), "");
+  allocator.Deallocate(early, 1024);
+  allocator.Deallocate(a, 2048);
+  // Below the peak: the copy stays the one at 1024 + 256 + 4096 + 2048.
+  void* small = allocator.Allocate(512).value();
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"Block backward", 4096},
+      {"Linear forward", 2048},
+      {"(before attribution)", 1024},
+      {"(no scope)", 256}};
+  EXPECT_EQ(allocator.PeakAttribution(), expected);
+  EXPECT_EQ(allocator.stats().peak_bytes_in_use, 1024 + 256 + 4096 + 2048);
+  allocator.ResetPeak();  // now 256 + 4096 + 512 in use
+  const std::vector<std::pair<std::string, int64_t>> after_reset = {
+      {"Block backward", 4096}, {"(no scope)", 256 + 512}};
+  EXPECT_EQ(allocator.PeakAttribution(), after_reset);
+  allocator.Deallocate(small, 512);
+  allocator.Deallocate(b, 4096);
+  allocator.Deallocate(outside, 256);
+}
+
 TEST(AllocatorTest, CapFailsWithResourceExhaustedNamingRequestAndCap) {
   HostAllocator allocator("small_device");
   allocator.SetByteCap(4096);

@@ -3,6 +3,7 @@
 # A config with pipeline.stages 2 at 4 ranks: --dry_run prints the layout
 # (2 stages x 2 data-parallel), the 1F1B schedule's bubble over 4
 # micro-batches and each stage's layers and model-state plan, and exits 0;
+# with zb_h1, the zero-bubble schedule's smaller bubble;
 # with 2 stages per rank (interleaved_1f1b), each rank's two stages and
 # its plan over both;
 # without --dry_run train_gpt refuses the config by name with exit status 2
@@ -32,6 +33,15 @@ grep -q "schedule 1f1b over 4 micro-batches (bubble 0.200; at most 2 " <<<"$outp
 [[ $(grep -c "stage 1: layers \[[1-9][0-9]*, [0-9]*), model state per rank: Psi=[1-9]" <<<"$output") == 1 ]] \
   || fail "stage 1's plan once"
 if grep -q "loss" <<<"$output"; then fail "a dry run trained"; fi
+
+# Zero bubble (ZB-H1): the same layout, its bubble with equal F, B and W,
+# 1 / (3 * 4 + 1).
+zero_bubble="${TEST_TMPDIR:-/tmp}/pipeline_dry_run_zb.json"
+sed 's/"schedule": "1f1b"/"schedule": "zb_h1"/' "$config" > "$zero_bubble"
+output=$("$run_mpi" 4 "$train" --config="$zero_bubble" --device=cpu --seq=64 --dry_run 2>&1)
+echo "$output" | grep "dry_run"
+grep -q "schedule zb_h1 over 4 micro-batches (bubble 0.077; at most 2 " <<<"$output" \
+  || fail "no zero-bubble schedule and bubble"
 
 # Interleaved: 2 stages per rank, the model cut into 4; one plan per rank
 # over its two stages (stage r and r + 2).

@@ -132,17 +132,26 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
     saved.input = fusion.recomputed_input;
   }
   ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
-  ZE_ASSIGN_OR_RETURN(Tensor grad_weight, GradOrUndefined(weight_, stream));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_bias, GradOrUndefined(bias_, stream));
+  // Split (nn/module.h): this part computes the input's gradient only and
+  // touches no parameter gradient; the weight and bias gradients are
+  // WeightGradients' later, from the same tensors.
+  const bool deferring = CurrentBackwardPart() == BackwardPart::kInput;
+  // The consumer applied GELU's backward and summed the rows already.
+  const Tensor summed_bias_rows = fusion.grad_is_pre_activation
+                                      ? fusion.pre_activation_bias_grad
+                                      : Tensor();
+  Tensor grad_weight, grad_bias;
+  if (!deferring) {
+    ZE_ASSIGN_OR_RETURN(grad_weight, GradOrUndefined(weight_, stream));
+    ZE_ASSIGN_OR_RETURN(grad_bias, GradOrUndefined(bias_, stream));
+  }
   // The gradient w.r.t. input @ weight^T + bias, and the bias gradient still
   // to be reduced from it.
   Tensor grad_product = grad_output;
   Tensor grad_bias_to_reduce = grad_bias;
   if (fusion.grad_is_pre_activation) {
-    // The consumer applied GELU's backward and summed the rows already.
-    if (grad_bias.defined() && fusion.pre_activation_bias_grad.defined()) {
-      ZE_RETURN_IF_ERROR(
-          Add(fusion.pre_activation_bias_grad, grad_bias, grad_bias, stream));
+    if (grad_bias.defined() && summed_bias_rows.defined()) {
+      ZE_RETURN_IF_ERROR(Add(summed_bias_rows, grad_bias, grad_bias, stream));
       grad_bias_to_reduce = Tensor();
     }
   } else if (activation_ == Activation::kGelu) {
@@ -154,6 +163,12 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
   }
   // Not needed any more: let it go before grad_input is allocated.
   saved.pre_activation = Tensor();
+  if (deferring) {
+    DeferWeightGradient([this, grad_product, input = saved.input,
+                         summed_bias_rows](const Stream &later) {
+      return WeightGradients(grad_product, input, summed_bias_rows, later);
+    });
+  }
   ZE_ASSIGN_OR_RETURN(Tensor grad_input,
                       Tensor::Empty(saved.input.shape(), grad_output.dtype(),
                                     grad_output.device()));
@@ -178,6 +193,26 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
           : LinearBackward(grad_product, saved.input, weight, grad_input,
                            grad_weight, grad_bias_to_reduce, stream));
   return grad_input;
+}
+
+absl::Status Linear::WeightGradients(const Tensor &grad_product,
+                                     const Tensor &input,
+                                     const Tensor &summed_bias_rows,
+                                     const Stream &stream) {
+  // The same products and sums as a whole backward's, in the same order.
+  ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+  ZE_ASSIGN_OR_RETURN(Tensor grad_weight, GradOrUndefined(weight_, stream));
+  ZE_ASSIGN_OR_RETURN(Tensor grad_bias, GradOrUndefined(bias_, stream));
+  Tensor grad_bias_to_reduce = grad_bias;
+  if (grad_bias.defined() && summed_bias_rows.defined()) {
+    ZE_RETURN_IF_ERROR(Add(summed_bias_rows, grad_bias, grad_bias, stream));
+    grad_bias_to_reduce = Tensor();
+  }
+  if (!grad_weight.defined() && !grad_bias_to_reduce.defined()) {
+    return absl::OkStatus();
+  }
+  return LinearBackward(grad_product, input, weight, Tensor(), grad_weight,
+                        grad_bias_to_reduce, stream);
 }
 
 // ---------------------------------------------------------------- Embedding

@@ -120,8 +120,21 @@ class Linear : public Module {
     pending_residual_ = Tensor();
     drop_next_input_ = false;
   }
+  // Split backward (nn/module.h): the first part returns the input's
+  // gradient; the weight and bias gradients (the product grad^T @ input,
+  // the row sums) are the deferred second part, holding the gradient w.r.t.
+  // the product and the input until then. Fusions stay in the first part
+  // (the GELU backward, a summed gradient addend, the producer's bias rows
+  // it hands on); a fused-in bias gradient is added in the second.
+  bool SplitsBackward() const override { return true; }
 
  private:
+  // The second part: accumulates grad_product^T @ input into the weight's
+  // gradient and the bias gradient (summed_bias_rows when defined, else
+  // grad_product's row sums).
+  absl::Status WeightGradients(const Tensor &grad_product, const Tensor &input,
+                               const Tensor &summed_bias_rows,
+                               const Stream &stream);
   struct Saved {
     Tensor input;           // (..., in)
     Tensor pre_activation;  // (..., out), kGelu only

@@ -8,9 +8,11 @@
 #include "nn/layers.h"
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -363,6 +365,102 @@ TEST(LayersCheckpointTest, CheckpointedBlockGivesIdenticalGradients) {
         << "parameter " << i;
   }
   EXPECT_EQ(input_grads[0], input_grads[1]);
+}
+
+// Split backward (nn/module.h): two micro-batches in their own saved-state
+// slots, both forwards, both input-gradient parts, then both weight-gradient
+// parts, give the gradients of whole backwards in the same order bit for
+// bit, for a block run twice in one forward (its weights accumulate two
+// calls), plain, checkpointed, and with the MLP's GELU recomputed. The
+// input-gradient part writes no Linear gradient (the LayerNorms' it does),
+// leaves one deferred call per Linear call, and the hooks see each Linear's
+// parts: pre/post at kInput, then pre/post at kWeight; other modules' at
+// kWhole only.
+TEST(SplitBackwardTest, SplitEqualsWholeBitForBitAcrossSlots) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    std::vector<std::vector<float>> grads[2];
+    std::vector<float> input_grads[2];
+    for (int split = 0; split < 2; ++split) {
+      auto model = Materialized(std::make_unique<Repeat>(
+          std::make_unique<Block>(8, 2, 2, kCpuF32), 2));
+      Randomize(*model, 70);
+      if (variant == 1) model->set_activation_checkpointing(true);
+      for (Module *module : model->Modules()) {
+        if (variant == 2 && module->type_name() == "Mlp") {
+          module->set_recompute_activation(true);
+        }
+      }
+      std::map<std::string, std::string> parts;  // module -> parts seen
+      for (Module *module : model->Modules()) {
+        for (HookKind kind :
+             {HookKind::kPreBackward, HookKind::kPostBackward}) {
+          module->AddHook(kind, [&parts, kind](Module &m, const Stream &) {
+            absl::StrAppend(&parts[m.FullName()],
+                            kind == HookKind::kPreBackward ? "<" : ">",
+                            BackwardPartName(CurrentBackwardPart()), " ");
+            return absl::OkStatus();
+          });
+        }
+      }
+      Tensor grad_input[2];
+      for (int mb = 0; mb < 2; ++mb) {
+        SavedStateSlot slot(mb + 1);
+        ASSERT_TRUE(
+            model->Forward(RandomTensor({2, 4, 8}, 10 + mb), Stream()).ok());
+      }
+      for (int mb = 0; mb < 2; ++mb) {
+        SavedStateSlot slot(mb + 1);
+        const Tensor grad_output = RandomTensor({2, 4, 8}, 20 + mb);
+        if (split == 0) {
+          grad_input[mb] = model->Backward(grad_output, Stream()).value();
+          continue;
+        }
+        SplitBackwardScope splitting;
+        grad_input[mb] = model->Backward(grad_output, Stream()).value();
+        // 4 Linears per block call, 2 calls.
+        EXPECT_EQ(model->PendingWeightGradients(), 8);
+      }
+      if (split == 1) {
+        for (Parameter *parameter : model->Parameters()) {
+          const bool linear = parameter->owner()->type_name() == "Linear";
+          EXPECT_EQ(parameter->grad().defined(), !linear) << parameter->name();
+        }
+        for (int mb = 0; mb < 2; ++mb) {
+          SavedStateSlot slot(mb + 1);
+          ASSERT_TRUE(model->BackwardWeights(Stream()).ok());
+          EXPECT_EQ(model->PendingWeightGradients(), 0);
+        }
+        // Nothing left in any slot: a second run has nothing to do.
+        SavedStateSlot slot(1);
+        EXPECT_TRUE(model->BackwardWeights(Stream()).ok());
+        const std::string linear_parts =
+            "<input >input <input >input <input >input <input >input "
+            "<weight >weight <weight >weight <weight >weight "
+            "<weight >weight ";
+        EXPECT_EQ(parts["layer.attn.qkv"], linear_parts);
+        EXPECT_EQ(parts["layer.mlp.fc"], linear_parts);
+        EXPECT_EQ(parts["layer.ln1"],
+                  "<whole >whole <whole >whole <whole >whole <whole >whole ");
+      }
+      for (int mb = 0; mb < 2; ++mb) {
+        const std::vector<float> values = testing::Values(grad_input[mb]);
+        input_grads[split].insert(input_grads[split].end(), values.begin(),
+                                  values.end());
+      }
+      for (Parameter *parameter : model->Parameters()) {
+        grads[split].push_back(testing::Values(parameter->grad()));
+      }
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      ASSERT_EQ(grads[0][i].size(), grads[1][i].size());
+      EXPECT_EQ(0, std::memcmp(grads[0][i].data(), grads[1][i].data(),
+                               grads[0][i].size() * sizeof(float)))
+          << "parameter " << i;
+    }
+    EXPECT_EQ(input_grads[0], input_grads[1]);
+  }
 }
 
 // A Block whose attention fails mid-forward (here: a failing hook on the

@@ -1,9 +1,12 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/status.h"
 
@@ -13,11 +16,48 @@ namespace {
 
 thread_local bool saving_enabled = true;
 thread_local int64_t saved_state_slot = 0;
+thread_local bool splitting_backward = false;
+thread_local BackwardPart backward_part = BackwardPart::kWhole;
 std::atomic<int64_t> next_hook_id{1};
+std::atomic<int64_t> next_deferred_sequence{1};
 
 int KindIndex(HookKind kind) { return static_cast<int>(kind); }
 
+// The part a module's backward is in, for its hooks and implementation;
+// the enclosing module's part comes back after.
+class BackwardPartScope {
+ public:
+  explicit BackwardPartScope(BackwardPart part) : previous_(backward_part) {
+    backward_part = part;
+  }
+  ~BackwardPartScope() { backward_part = previous_; }
+  BackwardPartScope(const BackwardPartScope &) = delete;
+  BackwardPartScope &operator=(const BackwardPartScope &) = delete;
+
+ private:
+  BackwardPart previous_;
+};
+
 }  // namespace
+
+const char *BackwardPartName(BackwardPart part) {
+  switch (part) {
+    case BackwardPart::kWhole:
+      return "whole";
+    case BackwardPart::kInput:
+      return "input";
+    case BackwardPart::kWeight:
+      return "weight";
+  }
+  return "unknown";
+}
+
+SplitBackwardScope::SplitBackwardScope() : previous_(splitting_backward) {
+  splitting_backward = true;
+}
+SplitBackwardScope::~SplitBackwardScope() { splitting_backward = previous_; }
+bool SplittingBackward() { return splitting_backward; }
+BackwardPart CurrentBackwardPart() { return backward_part; }
 
 const char *HookKindName(HookKind kind) {
   switch (kind) {
@@ -77,6 +117,13 @@ absl::Status Module::RunHooks(HookKind kind, const Stream &stream) {
 
 absl::StatusOr<Tensor> Module::ForwardWithHooks(const Tensor &input,
                                                 const Stream &stream) {
+  // Peak attribution's label: inside a checkpointed module's recompute its
+  // children's forwards stay "recompute".
+  const char *phase =
+      std::strcmp(AllocationScope::CurrentPhase(), "recompute") == 0
+          ? "recompute"
+          : "forward";
+  AllocationScope scope(&type_name_, phase);
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreForward, stream));
   absl::StatusOr<Tensor> output = ForwardImpl(input, stream);
   if (!output.ok()) {
@@ -132,6 +179,10 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
   }
   SavedCall saved = calls_.Pop();
   const bool checkpointed = saved.checkpointed;
+  const BackwardPart part = SplittingBackward() && SplitsBackward()
+                                ? BackwardPart::kInput
+                                : BackwardPart::kWhole;
+  const BackwardPartScope part_scope(part);
   Tensor checkpoint_input;
   if (checkpointed) {
     if (saved.offload != nullptr) {
@@ -149,6 +200,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
       checkpoint_input = std::move(saved.tensor);
     }
   }
+  AllocationScope scope(&type_name_, "backward");
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
   if (checkpointed) {
     // Recompute with saving enabled, so this module and its children hold
@@ -158,6 +210,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
     // available) and a post-forward hook here would release them before
     // BackwardImpl. Children's hooks fire, since ForwardImpl calls their
     // public Forward.
+    AllocationScope recompute(&type_name_, "recompute");
     absl::StatusOr<Tensor> recomputed = ForwardImpl(checkpoint_input, stream);
     if (!recomputed.ok()) {
       return Annotate(recomputed.status(),
@@ -165,13 +218,70 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor &grad_output,
                                    " for backward"));
     }
   }
+  deferring_ = nullptr;
   absl::StatusOr<Tensor> grad_input = BackwardImpl(grad_output, stream);
   if (!grad_input.ok()) {
+    deferring_ = nullptr;
     return Annotate(grad_input.status(),
                     absl::StrCat("backward of ", DisplayName()));
   }
+  if (part == BackwardPart::kInput) {
+    deferred_.push_back(DeferredCall{CurrentSavedStateSlot(),
+                                     next_deferred_sequence.fetch_add(1),
+                                     std::move(deferring_)});
+    deferring_ = nullptr;
+  }
   ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPostBackward, stream));
   return grad_input;
+}
+
+absl::Status Module::RunDeferred(int64_t sequence, const Stream &stream) {
+  auto it = deferred_.begin();
+  while (it != deferred_.end() && it->sequence != sequence) ++it;
+  ZE_CHECK(it != deferred_.end());
+  const WeightGradientWork work = std::move(it->work);
+  deferred_.erase(it);
+  const BackwardPartScope part_scope(BackwardPart::kWeight);
+  ZE_RETURN_IF_ERROR(RunHooks(HookKind::kPreBackward, stream));
+  if (work) {
+    absl::Status status = work(stream);
+    if (!status.ok()) {
+      return Annotate(status,
+                      absl::StrCat("weight gradient of ", DisplayName()));
+    }
+  }
+  return RunHooks(HookKind::kPostBackward, stream);
+}
+
+absl::Status Module::BackwardWeightsOf(const std::vector<Module *> &subtrees,
+                                       const Stream &stream) {
+  const int64_t slot = CurrentSavedStateSlot();
+  std::vector<std::pair<int64_t, Module *>> pending;
+  for (Module *root : subtrees) {
+    for (Module *module : root->Modules()) {
+      for (const DeferredCall &call : module->deferred_) {
+        if (call.slot == slot) pending.emplace_back(call.sequence, module);
+      }
+    }
+  }
+  // A module shared by two subtrees would be listed twice.
+  std::sort(pending.begin(), pending.end());
+  pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
+  for (const auto &[sequence, module] : pending) {
+    ZE_RETURN_IF_ERROR(module->RunDeferred(sequence, stream));
+  }
+  return absl::OkStatus();
+}
+
+int Module::PendingWeightGradients() {
+  const int64_t slot = CurrentSavedStateSlot();
+  int pending = 0;
+  for (Module *module : Modules()) {
+    for (const DeferredCall &call : module->deferred_) {
+      if (call.slot == slot) ++pending;
+    }
+  }
+  return pending;
 }
 
 HookHandle Module::AddHook(HookKind kind, Hook hook) {
@@ -262,6 +372,8 @@ void Module::ClearSavedState() {
       if (saved.offload != nullptr) saved.offload->Discard(saved.ticket);
     });
     module->calls_.Clear();
+    module->deferred_.clear();
+    module->deferring_ = nullptr;
     module->ClearSavedStateImpl();
   }
 }

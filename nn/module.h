@@ -46,6 +46,33 @@
 // recomputation's saves and its prefetch order by slot
 // (nn/activation_offload.h).
 //
+// Split backward (a pipeline's zero-bubble schedule: pipeline/schedule.h
+// kBackwardInput, kBackwardWeight). Under a SplitBackwardScope, a module
+// that splits (SplitsBackward: nn::Linear, whose weight-gradient product is
+// a third of a layer's work) runs only the first part of its backward in
+// Backward, part kInput: its input's gradient, leaving the parameter
+// gradients as deferred work of the call (DeferWeightGradient: the input
+// and output gradient it needs, a few tensors). Every other module runs
+// its whole backward there (part kWhole): the norms', embeddings' and the
+// output head's gradients are computed in the first part, as cheap (a
+// loss-mode head forms its weight gradient in its forward already, its
+// backward only scales it in; a plain head's product is not split yet).
+// BackwardWeights, on
+// the tree and in the same saved-state slot, later runs the deferred parts
+// (part kWeight), in the order their first parts ran, so a parameter used
+// several times accumulates in the order of a whole backward. The deferred
+// work is per-call state like the saved records: kept per slot, dropped by
+// ClearSavedState.
+//
+// Hooks and the parts. A module's pre- and post-backward hooks fire around
+// each part it runs, CurrentBackwardPart() telling them which: kWhole as
+// always; for a split module kInput around the first part (it reads its
+// parameters, computes no parameter gradient) and kWeight around the
+// second (it writes its parameter gradients, which are final for the call
+// after it). So a hook that gathers parameters acts at kWhole and kInput,
+// one that provides gradient buffers or reduces final gradients at kWhole
+// and kWeight (the ZeRO strategies: zero/strategy.h).
+//
 // Activation checkpointing (set_activation_checkpointing): Forward keeps
 // only its input and runs ForwardImpl with saving disabled, so no child
 // keeps activations. Backward, after the module's pre-backward hooks,
@@ -138,6 +165,32 @@ class SavedStateSlot {
 };
 // The slot Forward saves into and Backward pops from on this thread.
 int64_t CurrentSavedStateSlot();
+
+// Which part of a module's backward runs (see the file comment).
+enum class BackwardPart {
+  kWhole,   // input and parameter gradients
+  kInput,   // split, first part: the input's gradient only
+  kWeight,  // split, second part: the parameter gradients deferred
+};
+const char *BackwardPartName(BackwardPart part);
+
+// While alive, Backward calls on this thread split where the module can
+// (see the file comment). Nestable.
+class SplitBackwardScope {
+ public:
+  SplitBackwardScope();
+  ~SplitBackwardScope();
+  SplitBackwardScope(const SplitBackwardScope &) = delete;
+  SplitBackwardScope &operator=(const SplitBackwardScope &) = delete;
+
+ private:
+  bool previous_;
+};
+// True while a SplitBackwardScope is alive on this thread.
+bool SplittingBackward();
+// The part of the innermost module backward running on this thread (its
+// hooks and its BackwardImpl or deferred work read it); kWhole outside any.
+BackwardPart CurrentBackwardPart();
 
 // Saved per-call records, one LIFO stack per saved-state slot: Save pushes
 // onto the current slot's stack, and only when saving is enabled; empty,
@@ -315,6 +368,23 @@ class Module {
   // backpropagated (a pipeline rank's in-flight micro-batches).
   int SavedSlots() const { return calls_.slots(); }
 
+  // Runs the second parts of the split Backward calls of this subtree in
+  // the current saved-state slot (see the file comment), in the order
+  // their first parts ran, each between the module's pre- and post-backward
+  // hooks (part kWeight). Nothing to run is OK. Errors from a hook or the
+  // work, annotated with the module's name; the failed call's work is gone,
+  // the later ones stay.
+  absl::Status BackwardWeights(const Stream &stream) {
+    return BackwardWeightsOf({this}, stream);
+  }
+  // BackwardWeights over several subtrees together (a pipeline stage's
+  // layers), in the order of the first parts across all of them.
+  static absl::Status BackwardWeightsOf(const std::vector<Module *> &subtrees,
+                                        const Stream &stream);
+  // Second parts of split Backward calls of this subtree waiting in the
+  // current saved-state slot.
+  int PendingWeightGradients();
+
  protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
                                              const Stream &stream) = 0;
@@ -322,6 +392,18 @@ class Module {
                                               const Stream &stream) = 0;
   // Drop everything this module's ForwardImpl saved (not its children's).
   virtual void ClearSavedStateImpl() {}
+  // True for a module whose BackwardImpl, in part kInput, computes only its
+  // input's gradient and hands its parameter gradients' computation to
+  // DeferWeightGradient.
+  virtual bool SplitsBackward() const { return false; }
+  // From BackwardImpl in part kInput: `work` computes this call's parameter
+  // gradients later (BackwardWeights runs it in part kWeight, on the stream
+  // it is given). At most once per call; a call that defers nothing still
+  // gets its kWeight hooks, with nothing to compute.
+  using WeightGradientWork = std::function<absl::Status(const Stream &)>;
+  void DeferWeightGradient(WeightGradientWork work) {
+    deferring_ = std::move(work);
+  }
 
   // Takes ownership of `child` under `name` (unique among this module's
   // children and parameters, no '.'); returns the raw pointer for the
@@ -391,6 +473,18 @@ class Module {
     int64_t ticket = 0;
   };
   SavedStack<SavedCall> calls_;
+  // A split call's second part, waiting for BackwardWeights in its slot;
+  // `sequence` orders them across the modules (first parts' order).
+  struct DeferredCall {
+    int64_t slot = 0;
+    int64_t sequence = 0;
+    WeightGradientWork work;  // may be empty: nothing to compute
+  };
+  std::vector<DeferredCall> deferred_;
+  // Set by DeferWeightGradient during a kInput BackwardImpl.
+  WeightGradientWork deferring_;
+  // Runs deferred_ entry `sequence` (part kWeight, with hooks) and drops it.
+  absl::Status RunDeferred(int64_t sequence, const Stream &stream);
 };
 
 // Runs children in order; Backward runs them in reverse. Children are named

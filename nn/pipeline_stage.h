@@ -80,6 +80,21 @@ class PipelineStage {
   // parameters' grad slots. FailedPrecondition without a saved forward.
   virtual absl::StatusOr<Tensor> BackwardStage(const Tensor &grad_output,
                                                const Stream &stream) = 0;
+  // Under nn::SplitBackwardScope, BackwardStage runs the first part of a
+  // split backward (nn/module.h); this runs the second, the deferred weight
+  // gradients of the current saved-state slot's BackwardStage, over every
+  // layer of the stage in the order of the first part.
+  absl::Status BackwardStageWeights(const Stream &stream) {
+    return Module::BackwardWeightsOf(StageLayers(), stream);
+  }
+  // Weight-gradient parts waiting in the current slot, over the stage.
+  int PendingStageWeightGradients() {
+    int pending = 0;
+    for (Module *layer : StageLayers()) {
+      pending += layer->PendingWeightGradients();
+    }
+    return pending;
+  }
 
   // Parameters this stage holds that another stage holds too, whose
   // gradients the pipeline sums across the two before the update (GPT's

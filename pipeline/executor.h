@@ -26,6 +26,17 @@
 //                              stage s's BackwardStage; EndBackward
 //                              (F(s,m) and B(s,m) both run in the
 //                              saved-state slot of (s,m), below)
+//     Bi(s,m)                  (zb_h1) B(s,m) split (nn/module.h): the
+//                              bracket's part kInput, BackwardStage under
+//                              nn::SplitBackwardScope, so the stage's
+//                              Linears compute their input gradients only
+//                              and keep their weight gradients' inputs in
+//                              (s,m)'s slot; its input gradient is sent on
+//     Bw(s,m)                  the bracket's part kWeight around the
+//                              stage's BackwardStageWeights in (s,m)'s
+//                              slot: the weight gradients, after which
+//                              the strategy counts their uses down and
+//                              reduces what is final (zero/strategy.h)
 //     reduce(s)                (first of the rank's) waits for the sends;
 //                              for stage s's tied parameters, sums each
 //                              one's gradient with the other stage holding
@@ -52,14 +63,17 @@
 // host until its backward and prefetches within the slot
 // (nn/activation_offload.h).
 //
-// So no forward runs twice (recomputed_per_step() is 0 for GPipe, 1F1B
-// and interleaved 1F1B), and the gradients are the same computation as
+// So no forward runs twice (recomputed_per_step() is 0 for every
+// schedule), and the gradients are the same computation as
 // with the recompute this replaced (a deterministic forward, repeated), in
 // the same order: bit-identical. The memory is the schedule's:
 // a rank holds the saved state of the micro-batches whose forward ran and
 // whose backward has not, at most ActivationBound(schedule, rank)
-// (pipeline/schedule.h: m for GPipe, min(m, p - rank) for 1F1B); the
-// executor measures it from the modules (peak_saved_micro_batches()). A
+// (pipeline/schedule.h: m for GPipe, min(m, p - rank) for 1F1B and
+// ZB-H1); the executor measures it from the modules
+// (peak_saved_micro_batches()). ZB-H1 holds besides, from Bi(s,m) to
+// Bw(s,m), each Linear's input and output gradient of the micro-batch
+// (InFlightBound: min(m, p) micro-batches with either). A
 // step that fails part-way leaves its slots' records behind (the caller
 // fails the run); a later step's forward in a slot pushes above them and
 // its backward pops its own, so they cost memory, never correctness.

@@ -89,6 +89,41 @@ std::vector<Action> ComputeOrder(const Schedule &s, int rank) {
       }
       break;
     }
+    case ScheduleKind::kZeroBubbleH1: {
+      // 1F1B's forwards and input gradients. Rank r defers up to r weight
+      // gradients in the steady state (the last rank, which 1F1B keeps at
+      // one micro-batch in flight, the most), so every rank holds at most
+      // p micro-batches; in the cool-down each input gradient is followed
+      // by one weight gradient, which fills the wait for the next input
+      // gradient from rank r + 1; the rest close the step. Weight gradients
+      // run in micro-batch order, so a stage's gradient sums round as a
+      // single rank's accumulation does.
+      const int warmup = std::min(p - rank - 1, m);
+      std::vector<int> deferred;  // a queue: front first
+      size_t front = 0;
+      auto weight = [&]() {
+        order.push_back(
+            Compute(ActionKind::kBackwardWeight, rank, deferred[front++]));
+      };
+      auto input = [&](int mb) {
+        order.push_back(Compute(ActionKind::kBackwardInput, rank, mb));
+        deferred.push_back(mb);
+      };
+      for (int mb = 0; mb < warmup; ++mb) {
+        order.push_back(Compute(ActionKind::kForward, rank, mb));
+      }
+      for (int i = 0; i < m - warmup; ++i) {
+        order.push_back(Compute(ActionKind::kForward, rank, warmup + i));
+        input(i);
+        if (static_cast<int>(deferred.size() - front) > rank) weight();
+      }
+      for (int mb = m - warmup; mb < m; ++mb) {
+        input(mb);
+        weight();
+      }
+      while (front < deferred.size()) weight();
+      break;
+    }
   }
   return order;
 }
@@ -164,6 +199,8 @@ const char *ScheduleName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleavedOneFOneB:
       return "interleaved_1f1b";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb_h1";
   }
   return "?";
 }
@@ -176,18 +213,21 @@ ScheduleKind ScheduleKindOf(config::PipelineSchedule schedule) {
       return ScheduleKind::kOneFOneB;
     case config::PipelineSchedule::kInterleavedOneFOneB:
       return ScheduleKind::kInterleavedOneFOneB;
+    case config::PipelineSchedule::kZeroBubbleH1:
+      return ScheduleKind::kZeroBubbleH1;
   }
   return ScheduleKind::kOneFOneB;
 }
 
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string &name) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                            ScheduleKind::kInterleavedOneFOneB}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+        ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kZeroBubbleH1}) {
     if (name == ScheduleName(kind)) return kind;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown pipeline schedule \"", name,
-                   "\"; expected one of gpipe, 1f1b, interleaved_1f1b"));
+                   "\"; expected one of gpipe, 1f1b, interleaved_1f1b, zb_h1"));
 }
 
 const char *ActionKindName(ActionKind kind) {
@@ -349,6 +389,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
   ScheduleStats stats;
   stats.peak_activations.assign(p, 0);
   stats.peak_deferred_weight_gradients.assign(p, 0);
+  stats.peak_in_flight.assign(p, 0);
   // (sender, receiver) -> messages in posting order, sends and receives.
   std::map<std::pair<int, int>, std::vector<Posted>> sends, receives;
   std::set<StageMb> forwarded, input_graded, weight_graded, received_act,
@@ -475,6 +516,8 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
         std::max(stats.peak_activations[rank], r.stashed);
     stats.peak_deferred_weight_gradients[rank] =
         std::max(stats.peak_deferred_weight_gradients[rank], r.deferred);
+    stats.peak_in_flight[rank] =
+        std::max(stats.peak_in_flight[rank], r.stashed + r.deferred);
     return absl::OkStatus();
   };
 
@@ -647,6 +690,10 @@ double ExpectedBubbleFraction(const Schedule &s) {
       return (p - 1) / (m + p - 1);
     case ScheduleKind::kInterleavedOneFOneB:
       return (p - 1) / (v * m + p - 1);
+    case ScheduleKind::kZeroBubbleH1: {
+      const double idle = (p - 1) + std::max(0.0, p - m);
+      return idle / (3 * m + idle);
+    }
   }
   return 0;
 }
@@ -659,11 +706,19 @@ int ActivationBound(const Schedule &s, int rank) {
     case ScheduleKind::kGPipe:
       return m * v;
     case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kZeroBubbleH1:
       return std::min(m, p - rank);
     case ScheduleKind::kInterleavedOneFOneB:
       return std::min(v * m, 2 * (p - rank - 1) + (v - 1) * p + 1);
   }
   return 0;
+}
+
+int InFlightBound(const Schedule &s, int rank) {
+  if (s.kind == ScheduleKind::kZeroBubbleH1) {
+    return std::min(s.micro_batches, s.ranks);
+  }
+  return ActivationBound(s, rank);
 }
 
 std::string DescribeSchedule(const Schedule &s) {

@@ -51,11 +51,22 @@ enum class ScheduleKind {
   // the bubble shrinks by the number of stages per rank, at the cost of
   // more messages. Micro-batches must be a multiple of the ranks.
   kInterleavedOneFOneB,
-  // Not yet: a zero-bubble schedule (ZB-H1) splitting the backward into
-  // kBackwardInput and kBackwardWeight; the actions and their checks exist.
+  // Zero bubble, ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline
+  // Parallelism"): 1F1B's order of forwards and input-gradient backwards
+  // (kBackwardInput, which alone feeds the previous stage), with the
+  // weight-gradient halves (kBackwardWeight) deferred: rank r keeps up to
+  // r of them pending in the steady state and runs one after each of its
+  // cool-down's input gradients, then the rest, so they fill the time
+  // 1F1B's cool-down waits for gradients. Rank r's forwards not yet
+  // backpropagated are 1F1B's, min(m, p - r); with the deferred weight
+  // gradients every rank holds at most min(m, p) micro-batches (F ran, W
+  // not), 1F1B's peak (rank 0's). With equal F, B and W costs the bubble
+  // is (p - 1) / (3m + p - 1) for m >= p, a third of 1F1B's idle time.
+  // One stage per rank.
+  kZeroBubbleH1,
 };
 
-// "gpipe", "1f1b", "interleaved_1f1b".
+// "gpipe", "1f1b", "interleaved_1f1b", "zb_h1".
 const char *ScheduleName(ScheduleKind kind);
 // The inverse of ScheduleName. InvalidArgument naming the accepted names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(const std::string &name);
@@ -67,9 +78,10 @@ enum class ActionKind {
   kForward,          // stage's forward of micro_batch; stashes its inputs
   kBackward,         // the whole backward (input and weight gradients)
   kBackwardInput,    // split backward: gradient w.r.t. the stage's input
-                     // only (no schedule emits it yet)
-  kBackwardWeight,   // split backward: the weight gradients, after
-                     // kBackwardInput of the same micro-batch
+                     // (and the parameter gradients a layer does not
+                     // defer, nn/module.h BackwardPart)
+  kBackwardWeight,   // split backward: the deferred weight gradients,
+                     // after kBackwardInput of the same micro-batch
   kSendActivation,   // stage's output of micro_batch to stage + 1 (on peer)
   kRecvActivation,   // stage's input of micro_batch from stage - 1 (on peer)
   kSendGradient,     // gradient w.r.t. stage's input to stage - 1 (on peer)
@@ -157,6 +169,10 @@ struct ScheduleStats {
   // Per rank, the most micro-batches whose input gradient ran and whose
   // weight gradient has not (split backwards' deferred W).
   std::vector<int> peak_deferred_weight_gradients;
+  // Per rank, the most micro-batches whose forward ran and whose backward
+  // has not finished (the whole one, or the weight half): what the rank
+  // holds memory for, activations or a deferred weight gradient's inputs.
+  std::vector<int> peak_in_flight;
 };
 
 // Runs the ranks' lists together, sends eager (complete when issued) and a
@@ -181,14 +197,23 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(
 
 // The bubble fraction the literature gives for `schedule`'s kind and sizes
 // with equal per-stage costs: (p - 1) / (m + p - 1) for GPipe and 1F1B,
-// (p - 1) / (v m + p - 1) for interleaved 1F1B.
+// (p - 1) / (v m + p - 1) for interleaved 1F1B; for ZB-H1 with equal
+// forward, input-gradient and weight-gradient costs, i = (p - 1) +
+// max(0, p - m) idle units per rank over 3m + i (with fewer micro-batches
+// than ranks there are too few weight gradients to fill the cool-down).
 double ExpectedBubbleFraction(const Schedule &schedule);
 
 // The most micro-batches a rank of `schedule` stashes activations for, by
-// the schedule's design: m for GPipe; min(m, p - rank) for 1F1B; for
-// interleaved, Megatron's warm-up count plus one,
+// the schedule's design: m for GPipe; min(m, p - rank) for 1F1B and ZB-H1;
+// for interleaved, Megatron's warm-up count plus one,
 // min(v m, 2 (p - rank - 1) + (v - 1) p + 1).
 int ActivationBound(const Schedule &schedule, int rank);
+
+// The most micro-batches a rank of `schedule` holds in flight (forward ran,
+// backward not finished; ScheduleStats::peak_in_flight): the activation
+// bound, except for ZB-H1, whose deferred weight gradients raise every
+// rank's to min(m, p), rank 0's under 1F1B.
+int InFlightBound(const Schedule &schedule, int rank);
 
 // One line per rank, its actions separated by spaces (for messages and
 // debugging).

@@ -1,5 +1,6 @@
 #include "pipeline/schedule.h"
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -35,7 +36,8 @@ int Find(const std::vector<Action> &list, ActionKind kind, int mb) {
 
 std::vector<GridCase> Grid() {
   std::vector<GridCase> cases;
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kZeroBubbleH1}) {
     for (int p = 1; p <= 6; ++p) {
       for (int m = 1; m <= 12; ++m) cases.push_back({kind, p, 1, m});
     }
@@ -75,7 +77,23 @@ TEST(ScheduleTest, EveryScheduleOverAGridOfSizes) {
         EXPECT_EQ(stats->peak_activations[rank],
                   ActivationBound(*schedule, rank));
       }
-      EXPECT_EQ(stats->peak_deferred_weight_gradients[rank], 0);
+      // Memory held for a micro-batch (its activations, or a deferred
+      // weight gradient's inputs) stays within the schedule's bound, which
+      // it reaches except for interleaved.
+      EXPECT_LE(stats->peak_in_flight[rank], InFlightBound(*schedule, rank));
+      if (c.kind != ScheduleKind::kInterleavedOneFOneB) {
+        EXPECT_EQ(stats->peak_in_flight[rank], InFlightBound(*schedule, rank))
+            << "rank " << rank << "\n"
+            << DescribeSchedule(*schedule);
+      }
+      if (c.kind == ScheduleKind::kZeroBubbleH1) {
+        // Rank r defers at most r weight gradients past the steady state's
+        // input gradients (at most r + 1 while its cool-down runs).
+        EXPECT_LE(stats->peak_deferred_weight_gradients[rank],
+                  std::min(c.micro_batches, rank + 1));
+      } else {
+        EXPECT_EQ(stats->peak_deferred_weight_gradients[rank], 0);
+      }
     }
     EXPECT_NEAR(stats->bubble_fraction, ExpectedBubbleFraction(*schedule),
                 1e-12)
@@ -103,6 +121,86 @@ TEST(ScheduleTest, BubbleOfGPipeAndOneFOneBWithBackwardTwiceForward) {
       }
     }
   }
+}
+
+// Every micro-batch's input gradient comes before its weight gradient, and
+// each stage's weight gradients run in micro-batch order (so its gradient
+// sums round as a single rank's accumulation): ZB-H1 over the grid.
+TEST(ScheduleTest, ZeroBubbleRunsEveryWeightGradientInOrderAfterItsInput) {
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      absl::StatusOr<Schedule> s =
+          BuildSchedule(ScheduleKind::kZeroBubbleH1, p, m);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (int rank = 0; rank < p; ++rank) {
+        const std::vector<Action> &list = s->actions[rank];
+        int last_weight = -1;
+        for (int mb = 0; mb < m; ++mb) {
+          const int forward = Find(list, ActionKind::kForward, mb);
+          const int input = Find(list, ActionKind::kBackwardInput, mb);
+          const int weight = Find(list, ActionKind::kBackwardWeight, mb);
+          ASSERT_GE(forward, 0);
+          EXPECT_LT(forward, input) << "p=" << p << " m=" << m;
+          EXPECT_LT(input, weight) << "p=" << p << " m=" << m;
+          EXPECT_LT(last_weight, weight) << "p=" << p << " m=" << m;
+          last_weight = weight;
+          EXPECT_EQ(Find(list, ActionKind::kBackward, mb), -1);
+        }
+      }
+    }
+  }
+}
+
+// The point of ZB-H1: with the paper's equal F, B and W costs its bubble is
+// 1F1B's idle time cut to a third (p - 1 units instead of 3 (p - 1)) once
+// there are at least as many micro-batches as ranks, and never more than
+// 1F1B's at any size; also with the weight half cheaper than the input
+// half, and with a message time.
+TEST(ScheduleTest, ZeroBubbleBubbleIsAThirdOfOneFOneBs) {
+  for (int p = 2; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      absl::StatusOr<Schedule> zb =
+          BuildSchedule(ScheduleKind::kZeroBubbleH1, p, m);
+      absl::StatusOr<Schedule> one =
+          BuildSchedule(ScheduleKind::kOneFOneB, p, m);
+      ASSERT_TRUE(zb.ok() && one.ok());
+      ActionCosts equal;  // F = B = W = 1
+      absl::StatusOr<ScheduleStats> z = SimulateSchedule(*zb, equal);
+      absl::StatusOr<ScheduleStats> o = SimulateSchedule(*one, equal);
+      ASSERT_TRUE(z.ok() && o.ok()) << z.status() << o.status();
+      SCOPED_TRACE(testing::Message() << "p=" << p << " m=" << m);
+      EXPECT_LT(z->bubble_fraction, o->bubble_fraction);
+      if (m >= p) {
+        EXPECT_DOUBLE_EQ(z->makespan, 3.0 * m + (p - 1));
+        EXPECT_DOUBLE_EQ(o->makespan - 3.0 * m, 3.0 * (p - 1));
+      }
+      for (ActionCosts costs : {ActionCosts{1, 1.2, 0.8}, ActionCosts{}}) {
+        costs.message = 0.1;
+        z = SimulateSchedule(*zb, costs);
+        o = SimulateSchedule(*one, costs);
+        ASSERT_TRUE(z.ok() && o.ok());
+        EXPECT_LT(z->makespan, o->makespan);
+      }
+    }
+  }
+}
+
+// The exact lists of a small ZB-H1: rank 0 runs each weight gradient right
+// after its input gradient; rank 1 (the last) defers one, fills its
+// cool-down with it and closes with the last.
+TEST(ScheduleTest, ZeroBubbleTwoRanksThreeMicroBatchesExactly) {
+  absl::StatusOr<Schedule> schedule =
+      BuildSchedule(ScheduleKind::kZeroBubbleH1, 2, 3);
+  ASSERT_TRUE(schedule.ok());
+  EXPECT_EQ(DescribeSchedule(*schedule),
+            "rank 0: F(s0,m0) sendA(s0,m0)->1 F(s0,m1) sendA(s0,m1)->1+ "
+            "recvG(s0,m0)<-1 Bi(s0,m0) Bw(s0,m0) F(s0,m2) sendA(s0,m2)->1+ "
+            "recvG(s0,m1)<-1 Bi(s0,m1) Bw(s0,m1) recvG(s0,m2)<-1 Bi(s0,m2) "
+            "Bw(s0,m2) reduce(s0)\n"
+            "rank 1: recvA(s1,m0)<-0 F(s1,m0) Bi(s1,m0) sendG(s1,m0)->0+ "
+            "recvA(s1,m1)<-0 F(s1,m1) Bi(s1,m1) sendG(s1,m1)->0 Bw(s1,m0) "
+            "recvA(s1,m2)<-0 F(s1,m2) Bi(s1,m2) sendG(s1,m2)->0 Bw(s1,m1) "
+            "Bw(s1,m2) reduce(s1)\n");
 }
 
 // The step model's costs: a message delays each receive, the bottleneck
@@ -311,8 +409,9 @@ TEST(ScheduleBuildTest, BadSizesAreNamed) {
 }
 
 TEST(ScheduleBuildTest, NamesRoundTrip) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                            ScheduleKind::kInterleavedOneFOneB}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+        ScheduleKind::kInterleavedOneFOneB, ScheduleKind::kZeroBubbleH1}) {
     absl::StatusOr<ScheduleKind> parsed = ParseScheduleKind(ScheduleName(kind));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, kind);
@@ -328,6 +427,8 @@ TEST(ScheduleBuildTest, TheConfigsScheduleIsTheKindOfTheSameName) {
             ScheduleKind::kOneFOneB);
   EXPECT_EQ(ScheduleKindOf(config::PipelineSchedule::kInterleavedOneFOneB),
             ScheduleKind::kInterleavedOneFOneB);
+  EXPECT_EQ(ScheduleKindOf(config::PipelineSchedule::kZeroBubbleH1),
+            ScheduleKind::kZeroBubbleH1);
 }
 
 }  // namespace

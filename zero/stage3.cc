@@ -163,6 +163,13 @@ absl::Status Stage3::Allocate(const PartitionedLayout& layout) {
 }
 
 absl::Status Stage3::OnBeginBackward(bool boundary) {
+  const nn::BackwardPart part = backward_part();
+  if (part == nn::BackwardPart::kWeight) {
+    // A split backward's second part gathers nothing (its modules kept
+    // their parameters from the first part): not a micro-step of the
+    // fetch schedule. Its gradients are final: an update may begin.
+    return BeginUpdateEarly(boundary);
+  }
   // Before the accumulation boundary the next micro-step runs on the same
   // weights: what this backward releases may stay for its forward
   // (OnEndBackward reads the flag back and clears it).
@@ -175,6 +182,12 @@ absl::Status Stage3::OnBeginBackward(bool boundary) {
   if (schedule_->phase() == FetchSchedule::Phase::kIdle) {
     schedule_->BeginMicroStep();
   }
+  // A first part's gradients are not final.
+  if (part == nn::BackwardPart::kInput) return absl::OkStatus();
+  return BeginUpdateEarly(boundary);
+}
+
+absl::Status Stage3::BeginUpdateEarly(bool boundary) {
   if (!boundary || !partition_->CanBeginEarly() ||
       !WorthBeginningEarly(config(), *context_.training)) {
     return absl::OkStatus();
@@ -201,12 +214,26 @@ absl::Status Stage3::InstallHooks() {
             });
     AddHook(module, nn::HookKind::kPostForward,
             [this, e](nn::Module&, const Stream&) { return Release(e); });
+    // A split module (nn/module.h BackwardPart) gathers at its first part
+    // and keeps the parameters to the end of its second, whose weight
+    // gradients need a buffer again (another slot's second part may have
+    // reduced and freed the one the first part made) and are final after
+    // it.
     AddHook(module, nn::HookKind::kPreBackward,
-            [this, e](nn::Module&, const Stream&) {
-              return Acquire(e, /*backward=*/true);
+            [this, e](nn::Module&, const Stream&) -> absl::Status {
+              if (nn::CurrentBackwardPart() != nn::BackwardPart::kWeight) {
+                return Acquire(e, /*backward=*/true);
+              }
+              for (int b : entries_[e].buckets) {
+                if (buckets_[b].trainable) ZE_RETURN_IF_ERROR(EnsureGrads(b));
+              }
+              return absl::OkStatus();
             });
     AddHook(module, nn::HookKind::kPostBackward,
             [this, e](nn::Module&, const Stream&) -> absl::Status {
+              if (nn::CurrentBackwardPart() == nn::BackwardPart::kInput) {
+                return absl::OkStatus();
+              }
               ZE_RETURN_IF_ERROR(Release(e));
               return AfterBackward(e);
             });
@@ -482,15 +509,22 @@ absl::Status Stage3::ReleaseBucketGradients(int b) {
 }
 
 absl::Status Stage3::OnEndBackward() {
-  // A bucket whose uses were not all backpropagated (a module the loss did
-  // not reach) still holds gradients: reduce them, in bucket order.
-  for (int b = 0; b < layout().num_buckets(); ++b) {
-    if (buckets_[b].grads.defined() && bucket_uses_.pending(b) > 0) {
-      ZE_RETURN_IF_ERROR(IssueReduce(b));
+  const nn::BackwardPart part = backward_part();
+  if (part != nn::BackwardPart::kInput) {
+    // A bucket whose uses were not all backpropagated (a module the loss
+    // did not reach) still holds gradients: reduce them, in bucket order.
+    // Not after a split backward's first part: its split modules' uses are
+    // the second part's to count down.
+    for (int b = 0; b < layout().num_buckets(); ++b) {
+      if (buckets_[b].grads.defined() && bucket_uses_.pending(b) > 0) {
+        ZE_RETURN_IF_ERROR(IssueReduce(b));
+      }
     }
+    bucket_uses_.EndBackward();
   }
-  bucket_uses_.EndBackward();
   ZE_RETURN_IF_ERROR(reducer_->FinishAll());
+  // A second part was no micro-step of the fetch schedule.
+  if (part == nn::BackwardPart::kWeight) return absl::OkStatus();
   // Prefetched buckets the micro-step did not reach, and kept ones: at the
   // boundary the optimizer step will change the weights; before it, the
   // next micro-step reads them as they are (within the live limit, which

@@ -35,6 +35,10 @@
 //                               buffer to the GradientReducer, which
 //                               reduce-scatters it into this rank's gradient
 //                               partition (two buckets in flight).
+//   A split backward (nn/module.h BackwardPart; zero/strategy.h): a split
+//   module's kInput part gathers (pre-backward) and releases nothing; its
+//   kWeight part gives its buckets a gradient buffer again (pre-backward),
+//   then releases, counts down and reduces (post-backward).
 // Streams: on a GPU with overlap_comm (DeepSpeed's default at stage 3), the
 // all-gathers and reduce-scatters run on a communication stream of their
 // own, so they overlap the compute stream's forward and backward kernels:
@@ -190,6 +194,8 @@ class Stage3 : public ZeroStrategy {
   // The boundary micro-step's backward begins an offloaded update
   // (exactly, or speculatively under clipping or fp16: zero/boundary_step.h)
   // that takes each bucket as its reduction finishes.
+  // With `boundary`, begins the offloaded update early where it may.
+  absl::Status BeginUpdateEarly(bool boundary);
   absl::Status OnBeginBackward(bool boundary) override;
   // Reduces what the loss did not reach, frees unused gathered buckets and
   // adopts the micro-step's request order as the record when it changed.

@@ -119,6 +119,10 @@ absl::Status Stages0To2::InstallHooks() {
     if (policy().partition_gradients) {
       AddHook(module, nn::HookKind::kPreBackward,
               [this, indices](nn::Module&, const Stream&) -> absl::Status {
+                // A split module's first part writes no gradient.
+                if (nn::CurrentBackwardPart() == nn::BackwardPart::kInput) {
+                  return absl::OkStatus();
+                }
                 for (int index : indices) {
                   ZE_RETURN_IF_ERROR(EnsureBucketGradients(
                       partition_->layout().placement(index).bucket));
@@ -129,6 +133,10 @@ absl::Status Stages0To2::InstallHooks() {
     AddHook(
         module, nn::HookKind::kPostBackward,
         [this, indices](nn::Module&, const Stream&) -> absl::Status {
+          // A split module's use is backpropagated after its second part.
+          if (nn::CurrentBackwardPart() == nn::BackwardPart::kInput) {
+            return absl::OkStatus();
+          }
           for (int index : indices) {
             if (pending_uses_.CountDown(index)) {
               --bucket_unready_[partition_->layout().placement(index).bucket];
@@ -175,9 +183,16 @@ absl::Status Stages0To2::OnBeginForward() {
 }
 
 absl::Status Stages0To2::OnBeginBackward(bool boundary) {
-  if (policy().partition_gradients || boundary)
+  // A split backward's first part reduces nothing: its split modules'
+  // gradients come in the second part, whose bracket issues every bucket
+  // (strategy.h). The others' uses are counted down here already, so the
+  // second part starts from the slot's remaining counts.
+  const bool first_part = backward_part() == nn::BackwardPart::kInput;
+  if (!first_part && (policy().partition_gradients || boundary)) {
     window_ = WindowReduction::kReducing;
-  if (policy().partition_optimizer && boundary && partition_->CanBeginEarly() &&
+  }
+  if (!first_part && policy().partition_optimizer && boundary &&
+      partition_->CanBeginEarly() &&
       WorthBeginningEarly(config(), *context_.training)) {
     // Offloaded buckets are updated as backward finishes them: exactly
     // without clipping or an overflow check, else speculatively (as if
@@ -222,6 +237,8 @@ absl::Status Stages0To2::IssueBucket(int bucket) {
 }
 
 absl::Status Stages0To2::OnEndBackward() {
+  // The slot's counts wait for its second part.
+  if (backward_part() == nn::BackwardPart::kInput) return absl::OkStatus();
   pending_uses_.EndBackward();
   if (window_ != WindowReduction::kReducing) return absl::OkStatus();
   ZE_RETURN_IF_ERROR(IssueReadyBuckets(/*flush=*/true));

@@ -12,7 +12,10 @@
 // after the embedding's backward, the last one). The counts are the
 // forward's saved state: kept per saved-state slot (zero/forward_uses.h),
 // so a backward counts down its own forward's uses even when other
-// forwards ran in between (a pipeline's 1F1B). Buckets are issued to the
+// forwards ran in between (a pipeline's 1F1B). In a split backward
+// (zero/strategy.h) a split module's uses are counted down in its kWeight
+// part, stage 2's bucket buffers made there too, and the kInput bracket
+// issues nothing. Buckets are issued to the
 // GradientReducer strictly in index order as they complete, which keeps
 // every rank's collective sequence identical.
 //

@@ -28,6 +28,20 @@
 // pipeline rank's 1F1B runs F(m + w) before B(m), each micro-batch in a
 // slot of its own (pipeline/executor.h). The engine's micro-steps all run
 // in slot 0, one forward then its backward.
+// Split backward (nn/module.h BackwardPart; a pipeline's zero-bubble
+// schedule): a micro-batch's backward may be two brackets of its slot,
+// BeginBackward(boundary, kInput)..EndBackward, in which split modules
+// compute their input's gradient only, then later, with other slots'
+// brackets between, BeginBackward(boundary, kWeight)..EndBackward, which
+// runs the deferred weight gradients (nn::Module::BackwardWeights). A
+// gradient is final, and so reduced, only when every use of it is
+// backpropagated: the strategies count a split module's use down in its
+// kWeight part and leave the slot's counts, and every reduction that waits
+// for the backward's end, to the kWeight bracket; the kInput bracket
+// reduces nothing it would not reduce mid-backward. Stage 3 keeps a split
+// module's parameters gathered from its kInput part to its kWeight part
+// (which reads the weight's shape), and gives it a gradient buffer in both
+// (another slot's kWeight bracket may reduce and free it in between).
 // Evaluation (EvalForward, Generate) is bracketed by BeginEval / EndEval.
 // Checkpoints are a second protocol over the same state, handed out by
 // checkpoint() and declared apart (zero/strategy_checkpoint.h).
@@ -119,9 +133,13 @@ class ZeroStrategy {
   // Around the model's BackwardLoss (phase kBackward between them; EndBackward
   // returns to kIdle even when it fails), in the saved-state slot of the
   // forward it backpropagates. `boundary`: this micro-step ends the
-  // accumulation window.
-  absl::Status BeginBackward(bool boundary) {
+  // accumulation window. `part`: the whole backward, or one part of a split
+  // one (see the file comment); kInput and then kWeight, in the same slot,
+  // for one micro-batch.
+  absl::Status BeginBackward(bool boundary,
+                             nn::BackwardPart part = nn::BackwardPart::kWhole) {
     phase_ = Phase::kBackward;
+    backward_part_ = part;
     return OnBeginBackward(boundary);
   }
   absl::Status EndBackward() {
@@ -209,7 +227,8 @@ class ZeroStrategy {
 
  protected:
   explicit ZeroStrategy(const StrategyContext& context) : context_(context) {}
-  // The stage's part of the phase changes above.
+  // The stage's part of the phase changes above; OnBeginBackward and
+  // OnEndBackward read backward_part().
   virtual absl::Status OnBeginForward() = 0;
   virtual absl::Status OnBeginBackward(bool boundary) = 0;
   virtual absl::Status OnEndBackward() = 0;
@@ -219,6 +238,8 @@ class ZeroStrategy {
   // After LoadState wrote new weights: refresh anything derived from them
   // (stage 3's persistent gathered parameters).
   virtual absl::Status OnStateLoaded() { return absl::OkStatus(); }
+  // The part of the backward the current (or last) bracket runs.
+  nn::BackwardPart backward_part() const { return backward_part_; }
   const config::Config& config() const { return *context_.config; }
   comm::Communicator& comm() const { return *context_.comm; }
   const Stream& stream() const { return *context_.compute_stream; }
@@ -276,6 +297,7 @@ class ZeroStrategy {
   Phase phase_ = Phase::kIdle;
 
  private:
+  nn::BackwardPart backward_part_ = nn::BackwardPart::kWhole;
   std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
 };
 

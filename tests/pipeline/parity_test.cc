@@ -1,6 +1,7 @@
 // Pipeline parity under mpirun: a pipeline of GPT (and Llama) stages (pipeline
-// x data-parallel layouts 2x1 at 2 ranks, 3x1 at 3, 2x2 and 4x1 at 4), GPipe
-// and 1F1B, ZeRO stages 0-2 (with clipping, offload, fp16), trains to the
+// x data-parallel layouts 2x1 at 2 ranks, 3x1 at 3, 2x2 and 4x1 at 4), GPipe,
+// 1F1B and zero bubble (ZB-H1, split backward), ZeRO stages 0-3 (with
+// clipping, offload, fp16), trains to the
 // losses and f32 master weights of the single-rank run over the same samples
 // (every rank runs that reference itself, over a world of one split from the
 // job's).
@@ -400,7 +401,7 @@ constexpr char kAdamW[] =
 TEST(PipelineParity, EveryLayoutScheduleAndZeroStageWithSgd) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   for (int stages : StageCounts()) {
-    for (const char *schedule : {"gpipe", "1f1b"}) {
+    for (const char *schedule : {"gpipe", "1f1b", "zb_h1"}) {
       for (int zero_stage : {0, 1, 2, 3}) {
         ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
       }
@@ -408,13 +409,26 @@ TEST(PipelineParity, EveryLayoutScheduleAndZeroStageWithSgd) {
   }
 }
 
-// The Llama family through the same engine path, tied and untied heads.
-TEST(PipelineParity, LlamaTiedAndUntiedOneFOneB) {
+// The Llama family through the same engine path, tied and untied heads:
+// 1F1B at ZeRO 1, and the zero-bubble schedule at ZeRO 0-3 (its split
+// backward through the decoder's fused projections, whose gradient addends
+// stay in the input-gradient part).
+TEST(PipelineParity, LlamaTiedAndUntied) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  struct ScheduleStages {
+    const char *schedule;
+    std::vector<int> zero_stages;
+  };
   for (Family family : {Family::kLlamaTied, Family::kLlamaUntied}) {
     g_family = family;
     for (int stages : StageCounts()) {
-      ExpectParity({stages, 1, "1f1b", kSgd, 1e-5});
+      for (const ScheduleStages &table :
+           {ScheduleStages{"1f1b", {1}},
+            ScheduleStages{"zb_h1", {0, 1, 2, 3}}}) {
+        for (int zero_stage : table.zero_stages) {
+          ExpectParity({stages, zero_stage, table.schedule, kSgd, 1e-5});
+        }
+      }
     }
   }
   g_family = Family::kGpt;
@@ -432,12 +446,15 @@ TEST(PipelineParity, OneFOneBWithAdamW) {
 // model's norm: each stage holds a part of the gradients (and the last
 // stage a copy of the tied table's), so a norm of one stage's gradients, or
 // one counting the tied table twice, would give other weights than the
-// single-rank run. GPT and the tied Llama, both schedules, ZeRO 0-3.
+// single-rank run. GPT and the tied Llama, GPipe and 1F1B, ZeRO 0-3.
 TEST(PipelineParity, ClippingByTheNormAcrossStages) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   for (Family family : {Family::kGpt, Family::kLlamaTied}) {
     g_family = family;
+    // zb_h1 clips as 1f1b does (the split changes how the gradients are
+    // formed, which the other tables check, not the step): with clipping
+    // in the offload table.
     for (int stages : StageCounts()) {
       for (const char *schedule : {"gpipe", "1f1b"}) {
         for (int zero_stage : {0, 1, 2, 3}) {
@@ -461,8 +478,11 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
       R"(, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 8})";
   g_inject_step = 1;
   for (int stages : StageCounts()) {
-    for (int zero_stage : {0, 1}) {
-      ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-4});
+    // zb_h1: the inf lands in a LayerNorm's gradient, formed in Bi.
+    for (const char *schedule : {"1f1b", "zb_h1"}) {
+      for (int zero_stage : {0, 1}) {
+        ExpectParity({stages, zero_stage, schedule, kSgd, 1e-4});
+      }
     }
   }
   // Interleaved: the injection is in whichever stage holds the first block
@@ -485,15 +505,19 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys = R"(, "offload_optimizer": {"device": "cpu"})";
   for (int stages : StageCounts()) {
-    for (int zero_stage : {1, 2, 3}) {
-      ExpectParity({stages, zero_stage, "1f1b", kAdamW, 1e-4});
+    for (const char *schedule : {"1f1b", "zb_h1"}) {
+      for (int zero_stage : {1, 2, 3}) {
+        ExpectParity({stages, zero_stage, schedule, kAdamW, 1e-4});
+      }
     }
   }
   // Stage 3 with the parameters on the host too.
   g_zero_keys =
       R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"})";
   for (int stages : StageCounts()) {
-    ExpectParity({stages, 3, "1f1b", kAdamW, 1e-4});
+    for (const char *schedule : {"1f1b", "zb_h1"}) {
+      ExpectParity({stages, 3, schedule, kAdamW, 1e-4});
+    }
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
@@ -590,8 +614,10 @@ TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
     for (Family family : {Family::kGpt, Family::kLlamaTied}) {
       g_family = family;
       for (int stages : StageCounts()) {
-        for (int zero_stage : {2, 3}) {
-          ExpectParity({stages, zero_stage, "1f1b", kSgd, 1e-5});
+        for (const char *schedule : {"1f1b", "zb_h1"}) {
+          for (int zero_stage : {2, 3}) {
+            ExpectParity({stages, zero_stage, schedule, kSgd, 1e-5});
+          }
         }
       }
       for (int zero_stage : {2, 3}) {
@@ -611,8 +637,8 @@ TEST(PipelineParity, ActivationCheckpointingWithMicroBatchesInFlight) {
 TEST(PipelineMemory, PeakSavedMicroBatchesPerRank) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   const int stages = World();
-  std::vector<std::pair<std::string, int>> schedules = {{"gpipe", 1},
-                                                        {"1f1b", 1}};
+  std::vector<std::pair<std::string, int>> schedules = {
+      {"gpipe", 1}, {"1f1b", 1}, {"zb_h1", 1}};
   if (kAccumulation % stages == 0) {
     schedules.emplace_back("interleaved_1f1b", 2);
   }

@@ -1,10 +1,13 @@
 #!/bin/bash
-# train_bench_patch_test.sh TRAIN_BENCH, on the CPU (tiny GPT): the
+# train_bench_flags_test.sh TRAIN_BENCH, on the CPU (tiny GPT).
+# --ds_config_patch: the
 # --ds_config_patch file is merged (RFC 7386) over the generated config of
 # every run and the run trains with it: 8-bit moments and a speculation
 # buffer of 0 appear in the line's ds_config, a key set to null is gone,
 # and the same run without the patch has none of them. A missing file or
 # one that is not a JSON object exits 2 naming the flag.
+# --peak_attribution=1: the line breaks the steps' memory peak down by the
+# module scope that allocated each live block, model state first.
 set -u
 bench="$1"
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -18,7 +21,7 @@ JSON
 "$bench" "${common[@]}" --ds_config_patch="$dir/patch.json" \
   > "$dir/patched.jsonl" 2> "$dir/patched.err" \
   || { tail "$dir/patched.err"; fail "patched run exited $?"; }
-"$bench" "${common[@]}" > "$dir/plain.jsonl" 2> "$dir/plain.err" \
+"$bench" "${common[@]}" --peak_attribution=1 > "$dir/plain.jsonl" 2> "$dir/plain.err" \
   || { tail "$dir/plain.err"; fail "plain run exited $?"; }
 python3 - "$dir" <<'PYTHON' || exit 1
 import json, math, sys
@@ -36,7 +39,16 @@ assert "blockwise_8bit_moments" not in p["optimizer"]["params"], p
 assert "allgather_bucket_size" in p["zero_optimization"], p
 # The engine honoured the patch: nothing speculated with a buffer of 0.
 assert patched["speculation"]["committed"] + patched["speculation"]["redone"] == 0, patched
-print("train_bench_patch_test: ok")
+# The plain run's peak, by scope: model state (live before the steps)
+# and the layers' forward or backward buffers, largest first.
+a = plain["peak_attribution"]
+labels = dict(a["bytes_by_scope"])
+sizes = [b for _, b in a["bytes_by_scope"]]
+assert sizes == sorted(sizes, reverse=True) and sum(sizes) == a["peak_bytes"], a
+assert labels.get("(before attribution)", 0) > 0, a
+assert any(l.startswith("Linear ") for l in labels), a
+assert "peak_attribution" not in patched, patched
+print("train_bench_flags_test: ok")
 PYTHON
 for bad in "$dir/none.json" "$dir/list.json"; do
   echo '[1, 2]' > "$dir/list.json"
