@@ -67,13 +67,38 @@
 //                            that many forward/backward micro-steps and one
 //                            optimizer step (tokens count all of them)
 //   --offload=none           none, optimizer (offload_optimizer: cpu; stages
-//                            1-3) or both (and offload_param: cpu; stage 3)
+//                            1-3) or both (and offload_param; stage 3)
 //   --offload_ratio=1        offload_optimizer.ratio
-//   --offload_device=cpu     cpu or nvme (offload_optimizer.device; nvme
+//   --offload_device=cpu     cpu or nvme: offload_optimizer.device
+//   --offload_param_device=cpu  cpu or nvme: offload_param.device (with
+//                            --offload=both)
+//   --max_in_cpu=            offload_param.max_in_cpu (elements kept in
+//                            host memory by the nvme parameter tier; unset:
+//                            the engine's default, 1e9)
 //   --aio_block_size=1048576 --aio_queue_depth=8   the config's aio block
 //                            (DeepSpeed's defaults), used by nvme
-//   --nvme_path=/tmp           needs stage 3); "nvme" adds disk read/write
-//                            bytes and GB/s per timed step
+//   --nvme_path=/tmp         both tiers' nvme_path. With either on nvme
+//                            (by these flags or --ds_config_patch),
+//                            "nvme" gives the swap files' traffic over the
+//                            timed steps (per step: bytes read and written,
+//                            the time any / both directions had I/O in
+//                            flight, the union over both files, so overlaps
+//                            count once; GB/s over that busy time and over
+//                            the wall time) and "nvme_steps", the same per
+//                            timed step (bytes counted when a transfer
+//                            finishes, so I/O a step leaves in flight falls
+//                            in the next; wall_ms between the returns of
+//                            successive steps, which a GPU may trail)
+//   --disk_baseline=0        1: before any configuration, rank 0 measures
+//                            the disk at --nvme_path with bench/
+//                            disk_baseline.h's dd-like loop (each direction
+//                            alone, then both at once) and prints it as
+//                            {"bench":"disk_baseline",...}; each line's
+//                            "nvme" then has "disk_duplex_GBps" and
+//                            "fraction_of_disk_duplex" (the busy-time
+//                            combined GB/s over the disk's both-at-once
+//                            combined GB/s: issue 28's measure)
+//   --disk_baseline_bytes=4GiB  per file (2 files: needs twice that free)
 //   --delayed_update=0       offload_optimizer.delayed_update (stages 1-2)
 //   --speculation_buffer_size=-1  offload_optimizer.speculation_buffer_size
 //                            (-1: unset, the engine's default; 0: never
@@ -123,12 +148,14 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/disk_baseline.h"
 #include "bench/gpt_bench_util.h"
 #include "comm/communicator.h"
 #include "comm/factory.h"
@@ -177,7 +204,11 @@ struct Options {
   double offload_ratio = 1.0;
   int64_t sub_group_size = config::ZeroConfig().sub_group_size;
   std::string offload_device = "cpu";
+  std::string offload_param_device = "cpu";
+  int64_t max_in_cpu = -1;  // -1: unset
   std::string nvme_path = "/tmp";
+  bool disk_baseline = false;
+  int64_t disk_baseline_bytes = int64_t{4} << 30;
   int64_t aio_block_size = config::AioConfig().block_size;
   int64_t aio_queue_depth = config::AioConfig().queue_depth;
   bool pin_memory = true;
@@ -286,7 +317,29 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       flags.GetString("pipeline_partition", "parameters");
   options.offload = flags.GetString("offload", "none");
   options.offload_device = flags.GetString("offload_device", "cpu");
+  options.offload_param_device = flags.GetString("offload_param_device", "cpu");
+  for (const std::string* device :
+       {&options.offload_device, &options.offload_param_device}) {
+    if (*device != "cpu" && *device != "nvme") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--offload_device and --offload_param_device must be cpu or nvme, "
+          "not '",
+          *device, "'"));
+    }
+  }
+  ZE_ASSIGN_OR_RETURN(options.max_in_cpu,
+                      flags.GetInt("max_in_cpu", -1, -1, int64_t{1} << 50));
   options.nvme_path = flags.GetString("nvme_path", "/tmp");
+  ZE_ASSIGN_OR_RETURN(options.disk_baseline,
+                      flags.GetBool("disk_baseline", false));
+  ZE_ASSIGN_OR_RETURN(
+      options.disk_baseline_bytes,
+      ParseByteSize(flags.GetString("disk_baseline_bytes", "4GiB")));
+  if (options.disk_baseline_bytes <= 0 ||
+      options.disk_baseline_bytes % (1 << 20) != 0) {
+    return absl::InvalidArgumentError(
+        "--disk_baseline_bytes must be a positive multiple of 1 MiB");
+  }
   ZE_ASSIGN_OR_RETURN(
       options.aio_block_size,
       flags.GetInt("aio_block_size", options.aio_block_size, 4096, 1 << 30));
@@ -344,6 +397,15 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return options;
 }
 
+// Whether the flags put either offload tier on NVMe (then the config gets
+// the aio block; the line's "nvme" follows the final config instead).
+bool UsesNvme(const Options& options) {
+  return options.offload != "none" &&
+         (options.offload_device == "nvme" ||
+          (options.offload == "both" &&
+           options.offload_param_device == "nvme"));
+}
+
 // The DeepSpeed config of one run, as the engine reads it.
 Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
                      int world_size) {
@@ -394,10 +456,16 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
           options.speculation_buffer_size;
     }
     if (options.offload == "both") {
-      zero["offload_param"] = {{"device", "cpu"},
+      zero["offload_param"] = {{"device", options.offload_param_device},
                                {"pin_memory", options.pin_memory}};
+      if (options.offload_param_device == "nvme") {
+        zero["offload_param"]["nvme_path"] = options.nvme_path;
+      }
+      if (options.max_in_cpu >= 0) {
+        zero["offload_param"]["max_in_cpu"] = options.max_in_cpu;
+      }
     }
-    if (options.offload_device == "nvme") {
+    if (UsesNvme(options)) {
       config["aio"] = {{"block_size", options.aio_block_size},
                        {"queue_depth", options.aio_queue_depth}};
     }
@@ -415,6 +483,39 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
   }
   if (!options.config_patch.is_null()) config.merge_patch(options.config_patch);
   return config;
+}
+
+// The swap files' traffic between two readings of Engine::nvme_counters
+// over `seconds` of wall time: bytes each way, the time any / each / both
+// directions had I/O in flight (the union over both files) and the GB/s
+// over that busy time and over the wall time. Divided by `steps` (the
+// bytes and times per step; the rates are not).
+Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
+                     const offload::NvmeStore::Counters& after, double seconds,
+                     double steps) {
+  const double read = static_cast<double>(after.bytes_read - before.bytes_read);
+  const double written =
+      static_cast<double>(after.bytes_written - before.bytes_written);
+  const double busy = after.busy.busy_seconds - before.busy.busy_seconds;
+  const double read_busy =
+      after.busy.read_busy_seconds - before.busy.read_busy_seconds;
+  const double write_busy =
+      after.busy.write_busy_seconds - before.busy.write_busy_seconds;
+  const double duplex = after.busy.duplex_seconds - before.busy.duplex_seconds;
+  Json json;
+  json["bytes_read"] = read / steps;
+  json["bytes_written"] = written / steps;
+  json["busy_ms"] = busy * 1e3 / steps;
+  json["read_busy_ms"] = read_busy * 1e3 / steps;
+  json["write_busy_ms"] = write_busy * 1e3 / steps;
+  json["duplex_ms"] = duplex * 1e3 / steps;
+  json["wall_ms"] = seconds * 1e3 / steps;
+  // The disk's rate while it had work, both directions together: what
+  // issue 28 compares with dd reading and writing at once.
+  json["combined_GBps_busy"] = busy > 0 ? (read + written) / busy / 1e9 : 0.0;
+  json["combined_GBps_wall"] =
+      seconds > 0 ? (read + written) / seconds / 1e9 : 0.0;
+  return json;
 }
 
 // Pipeline mode: every rank's own figures, gathered to rank 0's line (a
@@ -466,11 +567,12 @@ absl::StatusOr<Json> PipelineRanksJson(comm::Communicator& comm,
 }
 
 // Builds the model and the engine for (model, stage), times the steps and
-// fills `line`. Collective with the other ranks.
+// fills `line`. Collective with the other ranks. `disk`: the disk's
+// baseline when --disk_baseline=1 measured it (else null).
 absl::Status RunConfiguration(const Options& options, const std::string& name,
                               int64_t batch, int stage,
                               std::shared_ptr<comm::Communicator> comm,
-                              Json& line) {
+                              const DiskBaseline* disk, Json& line) {
   const Device device = comm->device();
   ZE_ASSIGN_OR_RETURN(BenchModelConfig config,
                       BenchModelConfig::FromName(name, options.seq));
@@ -532,6 +634,14 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const Json ds_config =
       DeepSpeedConfig(options, batch, stage, comm->world_size());
   line["ds_config"] = ds_config;
+  // Its "nvme" and "nvme_steps" follow the config the engine gets (a
+  // --ds_config_patch may put a tier on NVMe).
+  bool uses_nvme = false;
+  for (const char* tier : {"offload_optimizer", "offload_param"}) {
+    const Json::json_pointer device(
+        absl::StrCat("/zero_optimization/", tier, "/device"));
+    uses_nvme |= ds_config.contains(device) && ds_config.at(device) == "nvme";
+  }
 
   ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
   Stream stream;  // the CPU's immediate stream
@@ -614,8 +724,22 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
       engine->offload_times();
   const engine::Counters counters_before = engine->counters();
   const auto wall_start = std::chrono::steady_clock::now();
+  // Per timed step: the swap files' counters when it returned (a host
+  // reading, no synchronisation, so the timing is unchanged).
+  Json nvme_steps = Json::array();
+  offload::NvmeStore::Counters io_last = io_before;
+  auto last_return = wall_start;
   for (int64_t i = 0; i < options.iters; ++i) {
     ZE_RETURN_IF_ERROR(Annotate(step(), absl::StrCat("step ", i)));
+    if (uses_nvme) {
+      const offload::NvmeStore::Counters io = engine->nvme_counters();
+      const auto now = std::chrono::steady_clock::now();
+      nvme_steps.push_back(NvmeTrafficJson(
+          io_last, io, std::chrono::duration<double>(now - last_return).count(),
+          1.0));
+      io_last = io;
+      last_return = now;
+    }
   }
   ZE_RETURN_IF_ERROR(compute.Synchronize());
   ZE_RETURN_IF_ERROR(comm->Barrier());
@@ -633,25 +757,41 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const double per_gpu = tokens_per_gpu_per_step * options.iters / seconds;
   const double mfu = per_gpu * flops_per_token / kPeakFlops;
   line["step_ms"] = seconds * 1e3 / options.iters;
-  if (options.offload != "none" && options.offload_device == "nvme") {
+  if (uses_nvme) {
     const offload::NvmeStore::Counters io = engine->nvme_counters();
-    Json nvme;
+    const double iters = static_cast<double>(options.iters);
+    // Per step over the timed steps. A transfer still in flight now (a
+    // read-ahead for the next step) has its busy time so far counted and
+    // its bytes not: the rate errs low, never high.
+    Json nvme = NvmeTrafficJson(io_before, io, seconds, iters);
     const double written =
         static_cast<double>(io.bytes_written - io_before.bytes_written);
     const double read =
         static_cast<double>(io.bytes_read - io_before.bytes_read);
-    nvme["bytes_written_per_step"] = written / options.iters;
-    nvme["bytes_read_per_step"] = read / options.iters;
-    // Over the wall time of the timed steps, and while requests were in
-    // flight (summed per request batch).
+    // Each direction over the timed steps' wall time, and over the time
+    // that direction had I/O in flight.
     nvme["write_GBps_wall"] = written / seconds / 1e9;
     nvme["read_GBps_wall"] = read / seconds / 1e9;
-    nvme["write_GBps_busy"] =
-        written / std::max(1e-9, io.write_seconds - io_before.write_seconds) /
-        1e9;
-    nvme["read_GBps_busy"] =
-        read / std::max(1e-9, io.read_seconds - io_before.read_seconds) / 1e9;
+    const double write_busy =
+        io.busy.write_busy_seconds - io_before.busy.write_busy_seconds;
+    const double read_busy =
+        io.busy.read_busy_seconds - io_before.busy.read_busy_seconds;
+    nvme["write_GBps_busy"] = write_busy > 0 ? written / write_busy / 1e9 : 0.0;
+    nvme["read_GBps_busy"] = read_busy > 0 ? read / read_busy / 1e9 : 0.0;
+    // Share of the step the disk had work, and of that, both directions.
+    const double busy = io.busy.busy_seconds - io_before.busy.busy_seconds;
+    nvme["busy_fraction"] = busy / seconds;
+    nvme["duplex_fraction"] =
+        busy > 0
+            ? (io.busy.duplex_seconds - io_before.busy.duplex_seconds) / busy
+            : 0.0;
+    if (disk != nullptr && disk->duplex.combined_GBps > 0) {
+      nvme["disk_duplex_GBps"] = disk->duplex.combined_GBps;
+      nvme["fraction_of_disk_duplex"] =
+          nvme["combined_GBps_busy"].get<double>() / disk->duplex.combined_GBps;
+    }
     line["nvme"] = nvme;
+    line["nvme_steps"] = nvme_steps;
   }
   if (options.offload != "none") {
     // Per update, in milliseconds: the worker's span (first gradient chunk
@@ -808,6 +948,35 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // The disk's own figures, before any swap file exists: rank 0 alone (the
+  // ranks of a machine share its disk), the others waiting at the barrier
+  // so no other I/O of this program runs meanwhile.
+  std::optional<DiskBaseline> disk;
+  if (options->disk_baseline) {
+    absl::Status measured = absl::OkStatus();
+    if (printer) {
+      absl::StatusOr<DiskBaseline> result = MeasureDiskBaseline(
+          options->nvme_path, options->disk_baseline_bytes, /*duplex=*/true);
+      measured = result.status();
+      if (result.ok()) {
+        disk = *result;
+        Json line;
+        line["bench"] = "disk_baseline";
+        line.update(DiskBaselineJson(*disk));
+        PrintJson(line);
+      }
+    }
+    if (!measured.ok()) {
+      // The other ranks wait at the barrier: end the job (MPI's launcher
+      // ends them once this rank exits).
+      return ReportStartupError("train_bench", "disk_baseline", measured, 1);
+    }
+    const absl::Status barrier = comm->Barrier();
+    if (!barrier.ok()) {
+      return ReportStartupError("train_bench", "disk_baseline", barrier, 1);
+    }
+  }
+
   int failures = 0;
   for (size_t m = 0; m < options->models.size(); ++m) {
     for (int stage : options->stages) {
@@ -836,7 +1005,8 @@ int Main(int argc, char** argv) {
       line["offload"] = options->offload;
       // The engine, model and data are released when this returns.
       const absl::Status status =
-          RunConfiguration(*options, model, batch, stage, comm, line);
+          RunConfiguration(*options, model, batch, stage, comm,
+                           disk.has_value() ? &*disk : nullptr, line);
       if (!status.ok()) {
         const bool unimplemented =
             status.code() == absl::StatusCode::kUnimplemented;

@@ -201,7 +201,9 @@ class Engine {
   // Over the last completed optimizer step (see CommunicationCounters).
   CommunicationCounters communication_counters() const;
   // Bytes and seconds of swap-file I/O so far (offload_optimizer nvme and
-  // offload_param nvme, summed; zeros otherwise). Include
+  // offload_param nvme, summed; zeros otherwise), and `busy`: the union of
+  // both files' in-flight intervals, per direction and both at once
+  // (offload::IoActivity), counted once where they overlap. Include
   // engine/offload_report.h to call it.
   NvmeCounters nvme_counters() const;
   // Where the offloaded update's worker spent its time, summed over every

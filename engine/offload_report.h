@@ -15,7 +15,8 @@ namespace ze {
 namespace engine {
 
 // Bytes and seconds of swap-file I/O (offload_optimizer nvme and
-// offload_param nvme, summed; zeros otherwise).
+// offload_param nvme, summed; zeros otherwise); `busy` is the two files'
+// shared in-flight clock (offload::IoActivity), not a sum.
 struct NvmeCounters : offload::NvmeStore::Counters {};
 
 // Where the offloaded update's worker spent its time, summed over every

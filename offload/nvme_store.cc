@@ -134,6 +134,38 @@ absl::StatusOr<OpenedFile> OpenAndLock(const std::string& path) {
 
 }  // namespace
 
+void IoActivity::Accumulate(double now, Times& into) const {
+  const double elapsed = now - since_;
+  if (reads_ > 0) into.read_busy_seconds += elapsed;
+  if (writes_ > 0) into.write_busy_seconds += elapsed;
+  if (reads_ > 0 && writes_ > 0) into.duplex_seconds += elapsed;
+  if (reads_ > 0 || writes_ > 0) into.busy_seconds += elapsed;
+}
+
+void IoActivity::Begin(bool is_write) {
+  const double now = Now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Accumulate(now, times_);
+  since_ = now;
+  ++(is_write ? writes_ : reads_);
+}
+
+void IoActivity::End(bool is_write) {
+  const double now = Now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Accumulate(now, times_);
+  since_ = now;
+  --(is_write ? writes_ : reads_);
+}
+
+IoActivity::Times IoActivity::times() const {
+  const double now = Now();
+  std::lock_guard<std::mutex> lock(mutex_);
+  Times times = times_;
+  Accumulate(now, times);
+  return times;
+}
+
 NvmeOptions NvmeOptionsFromConfig(const config::AioConfig& aio,
                                   const std::string& directory) {
   NvmeOptions options;
@@ -273,7 +305,9 @@ NvmeStore::NvmeStore(const NvmeOptions& options, std::string path, int fd,
       fd_(fd),
       size_bytes_(size_bytes),
       direct_(direct),
-      rings_(std::move(rings)) {
+      rings_(std::move(rings)),
+      activity_(options.activity != nullptr ? options.activity
+                                            : std::make_shared<IoActivity>()) {
   if (rings_.empty()) {
     for (int i = 0; i < options_.thread_count; ++i) {
       workers_.emplace_back([this] { WorkerLoop(); });
@@ -350,12 +384,24 @@ absl::StatusOr<IoTicket> NvmeStore::Submit(bool is_write, int64_t offset,
       request.bytes = std::min(options_.block_size, aligned - done);
       request.index = is_write ? write_requests_++ : read_requests_++;
       request.ticket = ticket;
-      queue_.push_back(std::move(request));
+      queues_[is_write ? 1 : 0].push_back(std::move(request));
       ++ticket->pending;
     }
+    // Under mutex_, so this ticket's End (in Finish, also under mutex_)
+    // cannot come first. A ticket of no bytes has no request: never begun.
+    if (ticket->pending > 0) activity_->Begin(is_write);
   }
   work_ready_.notify_all();
   return result;
+}
+
+NvmeStore::Request NvmeStore::TakeNext() {
+  int direction = next_direction_;
+  if (queues_[direction].empty()) direction = 1 - direction;
+  Request request = std::move(queues_[direction].front());
+  queues_[direction].pop_front();
+  next_direction_ = 1 - direction;
+  return request;
 }
 
 void NvmeStore::WorkerLoop() {
@@ -363,10 +409,9 @@ void NvmeStore::WorkerLoop() {
     Request request;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and nothing left to do
-      request = std::move(queue_.front());
-      queue_.pop_front();
+      work_ready_.wait(lock, [this] { return stopping_ || Pending(); });
+      if (!Pending()) return;  // stopping, and nothing left to do
+      request = TakeNext();
     }
     Execute(request);
   }
@@ -424,6 +469,7 @@ void NvmeStore::Finish(const Request& request, int64_t done, int error) {
     Ticket& ticket = *request.ticket;
     if (!status.ok() && ticket.status.ok()) ticket.status = status;
     if (--ticket.pending == 0) {
+      activity_->End(ticket.is_write);
       if (ticket.is_write) {
         counters_.bytes_written += ticket.bytes;
         counters_.write_seconds += finished - ticket.submitted;
@@ -443,15 +489,14 @@ void NvmeStore::IoUringLoop(io_uring* ring) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (in_flight == 0) {
-        work_ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and nothing left to do
+        work_ready_.wait(lock, [this] { return stopping_ || Pending(); });
+        if (!Pending()) return;  // stopping, and nothing left to do
       }
       // Without overlap_events, a new batch waits for the last to finish.
       const bool may_submit = options_.overlap_events || in_flight == 0;
       const int slots = may_submit ? options_.queue_depth - in_flight : 0;
-      while (static_cast<int>(taken.size()) < slots && !queue_.empty()) {
-        taken.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      while (static_cast<int>(taken.size()) < slots && Pending()) {
+        taken.push_back(TakeNext());
       }
     }
     int prepared = 0;
@@ -487,7 +532,7 @@ void NvmeStore::IoUringLoop(io_uring* ring) {
     bool block;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      block = queue_.empty() || in_flight >= options_.queue_depth ||
+      block = !Pending() || in_flight >= options_.queue_depth ||
               !options_.overlap_events;
     }
     io_uring_cqe* cqe = nullptr;
@@ -547,8 +592,13 @@ absl::Status NvmeStore::WaitAll() {
 }
 
 NvmeStore::Counters NvmeStore::counters() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return counters_;
+  Counters counters;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    counters = counters_;
+  }
+  counters.busy = activity_->times();
+  return counters;
 }
 
 absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(int64_t bytes) {

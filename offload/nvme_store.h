@@ -29,6 +29,41 @@ struct io_uring;
 namespace ze {
 namespace offload {
 
+// When a rank's swap I/O was in flight: the union of the intervals from a
+// ticket's submission to its last request's completion, per direction and
+// for both at once, over every store sharing it (the optimizer state's and
+// the weights' files share one, so I/O of the two files at the same time is
+// counted once). Summed per-ticket seconds (NvmeStore::Counters'
+// write_seconds, read_seconds) count overlapping tickets twice; these do
+// not, so bytes / busy_seconds is the rate the disk was driven at while it
+// had work. A queued request counts as in flight: the disk has work. Time
+// is the steady clock's. Thread-safe.
+class IoActivity {
+ public:
+  struct Times {
+    double busy_seconds = 0;        // a read or a write in flight
+    double read_busy_seconds = 0;   // a read in flight
+    double write_busy_seconds = 0;  // a write in flight
+    double duplex_seconds = 0;      // a read and a write in flight
+  };
+  // A ticket of that direction started / finished.
+  void Begin(bool is_write);
+  void End(bool is_write);
+  // Up to now (an interval still open counts until now).
+  Times times() const;
+
+ private:
+  // Adds the time since the last change, by what was in flight, to `into`.
+  void Accumulate(double now, Times& into) const;
+
+  mutable std::mutex mutex_;
+  // Guarded by mutex_.
+  int64_t reads_ = 0;
+  int64_t writes_ = 0;
+  double since_ = 0;  // the last Begin or End
+  Times times_;
+};
+
 // From DeepSpeed's "aio" block (config::AioConfig) plus the directory.
 struct NvmeOptions {
   enum class Backend { kAuto, kIoUring, kThreads };
@@ -39,6 +74,10 @@ struct NvmeOptions {
   bool single_submit = false;  // io_uring only: submit one by one
   bool overlap_events = true;  // io_uring only: submit while reaping
   Backend backend = Backend::kAuto;
+  // Where the store records its in-flight intervals; stores given the same
+  // one are timed as one disk's traffic. Null: Create makes the store its
+  // own.
+  std::shared_ptr<IoActivity> activity;
   // Tests only: inject failures (no environment variables). Count requests
   // (of block_size or less) from 0 after Create, writes and reads
   // separately; -1 = never.
@@ -122,13 +161,17 @@ class NvmeStore {
 
   // Bytes and seconds of finished I/O (for bandwidth reports); seconds are
   // summed per ticket from submission to its last request's completion.
+  // `busy` is the store's IoActivity's (shared with other stores when the
+  // options named a shared one: then it covers their I/O too).
   struct Counters {
     int64_t bytes_written = 0;
     int64_t bytes_read = 0;
     double write_seconds = 0;
     double read_seconds = 0;
+    IoActivity::Times busy;
   };
   Counters counters() const;
+  const std::shared_ptr<IoActivity>& activity() const { return activity_; }
 
  private:
   struct Ticket;
@@ -147,6 +190,10 @@ class NvmeStore {
   absl::StatusOr<IoTicket> Submit(bool is_write, int64_t offset, char* buffer,
                                   int64_t bytes);
   void WorkerLoop();
+  // Whether a request waits; the next one, alternating directions when both
+  // have some (callers hold mutex_ and check Pending first).
+  bool Pending() const { return !queues_[0].empty() || !queues_[1].empty(); }
+  Request TakeNext();
   // io_uring backend: one thread per ring submits up to queue_depth
   // requests and reaps their completions.
   void IoUringLoop(io_uring* ring);
@@ -164,12 +211,20 @@ class NvmeStore {
   const bool direct_;
   // Empty: the threads backend runs.
   std::vector<std::unique_ptr<io_uring>> rings_;
+  const std::shared_ptr<IoActivity> activity_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable ticket_done_;
-  // Guarded by mutex_.
-  std::deque<Request> queue_;
+  // Guarded by mutex_. Requests waiting for a worker, per direction
+  // (0 reads, 1 writes), each in submission order. Workers take from the
+  // two in turn, so reads and writes submitted at once are in flight at
+  // once (the disk's duplex bandwidth) rather than one direction's backlog
+  // holding back the other (a write-back ahead of a read-ahead). There is
+  // no order between a read and a write: callers never have both in flight
+  // on one range.
+  std::deque<Request> queues_[2];
+  int next_direction_ = 0;
   std::unordered_map<int64_t, std::shared_ptr<Ticket>> tickets_;
   int64_t next_ticket_ = 0;
   int64_t write_requests_ = 0;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,6 +155,72 @@ TEST_P(NvmeStoreTest, SingleSubmitWithoutOverlap) {
         std::memcmp(out->data() + i * stride, in->data() + i * stride, kBytes),
         0);
   }
+}
+
+// Reads submitted behind a backlog of writes are served among them, not
+// after them: one worker, a 16 MiB write, then a read of the write's last
+// block. Served in turn, the read comes second or so and finds the block as
+// fallocate left it (zeros); behind the writes it would find their bytes.
+TEST_P(NvmeStoreTest, ReadIsServedAmongQueuedWrites) {
+  NvmeOptions options = SmallOptions(GetParam());
+  options.thread_count = 1;
+  options.queue_depth = 1;
+  options.block_size = NvmeStore::kAlignment;
+  constexpr int64_t kBytes = int64_t{16} << 20;
+  CREATE_OR_SKIP(store, options, "interleave", kBytes);
+  NvmeStore& s = **store;
+  auto out = AlignedBuffer::Allocate(kBytes);
+  auto in = AlignedBuffer::Allocate(NvmeStore::kAlignment);
+  ASSERT_TRUE(out.ok() && in.ok());
+  std::memset(out->data(), 0x77, kBytes);
+  std::memset(in->data(), 0x11, NvmeStore::kAlignment);
+  auto written = s.Write(0, out->data(), kBytes);
+  auto read =
+      s.Read(kBytes - NvmeStore::kAlignment, in->data(), NvmeStore::kAlignment);
+  ASSERT_TRUE(written.ok() && read.ok());
+  ASSERT_TRUE(s.Wait(*read).ok());
+  ASSERT_TRUE(s.Wait(*written).ok());
+  for (int64_t i = 0; i < NvmeStore::kAlignment; ++i) {
+    ASSERT_EQ(in->data()[i], 0) << "byte " << i;
+  }
+}
+
+// The busy clock: both directions' tickets in flight at once count once in
+// busy_seconds and in duplex_seconds; two stores sharing an IoActivity
+// report the same union.
+TEST_P(NvmeStoreTest, ActivityCountsTheUnionOfInFlightTime) {
+  NvmeOptions options = SmallOptions(GetParam());
+  options.activity = std::make_shared<IoActivity>();
+  CREATE_OR_SKIP(first, options, "activity_a", 4 << 20);
+  CREATE_OR_SKIP(second, options, "activity_b", 4 << 20);
+  EXPECT_EQ((*first)->activity(), options.activity);
+  auto data = RandomBuffer(4 << 20, 3);
+  auto back = AlignedBuffer::Allocate(4 << 20);
+  ASSERT_TRUE(data.ok() && back.ok());
+  ASSERT_TRUE((*first)->Write(0, data->data(), 4 << 20).ok());
+  ASSERT_TRUE((*first)->WaitAll().ok());
+  ASSERT_TRUE((*first)->Read(0, back->data(), 4 << 20).ok());
+  ASSERT_TRUE((*second)->Write(0, data->data(), 4 << 20).ok());
+  ASSERT_TRUE((*first)->WaitAll().ok());
+  ASSERT_TRUE((*second)->WaitAll().ok());
+  const NvmeStore::Counters a = (*first)->counters();
+  const NvmeStore::Counters b = (*second)->counters();
+  EXPECT_EQ(a.bytes_written, 4 << 20);
+  EXPECT_EQ(a.bytes_read, 4 << 20);
+  EXPECT_EQ(b.bytes_written, 4 << 20);
+  // Nothing in flight now: the shared clock is stopped, both read it.
+  EXPECT_DOUBLE_EQ(a.busy.busy_seconds, b.busy.busy_seconds);
+  const IoActivity::Times& t = a.busy;
+  EXPECT_GT(t.busy_seconds, 0);
+  EXPECT_GT(t.read_busy_seconds, 0);
+  EXPECT_GT(t.write_busy_seconds, 0);
+  // Inclusion-exclusion holds exactly by construction; the union is no
+  // longer than the per-ticket sums (up to the microseconds between a
+  // ticket's own timestamps and the clock's, taken under the locks).
+  EXPECT_NEAR(t.read_busy_seconds + t.write_busy_seconds - t.duplex_seconds,
+              t.busy_seconds, 1e-9);
+  EXPECT_LE(t.busy_seconds, a.write_seconds + a.read_seconds + b.write_seconds +
+                                b.read_seconds + 1e-3);
 }
 
 TEST_P(NvmeStoreTest, RejectsBadArguments) {
@@ -402,6 +469,35 @@ TEST(NvmeStoreCreateTest, TooLittleSpaceOnRealTmpfs) {
   fits->reset();
   umount(mount_point.c_str());
   rmdir(mount_point.c_str());
+}
+
+// IoActivity alone, on a timeline the test makes: read alone, both, write
+// alone.
+TEST(IoActivityTest, SplitsTimeByDirection) {
+  IoActivity activity;
+  auto pause = [] { usleep(20'000); };
+  activity.Begin(/*is_write=*/false);
+  pause();
+  activity.Begin(/*is_write=*/true);
+  pause();
+  activity.End(/*is_write=*/false);
+  pause();
+  // Still in flight: counted up to now.
+  const IoActivity::Times open = activity.times();
+  EXPECT_GE(open.busy_seconds, 0.06);
+  activity.End(/*is_write=*/true);
+  const IoActivity::Times t = activity.times();
+  EXPECT_GE(t.busy_seconds, open.busy_seconds);
+  EXPECT_GE(t.duplex_seconds, 0.02);
+  EXPECT_GE(t.read_busy_seconds, 0.04);
+  EXPECT_GE(t.write_busy_seconds, 0.04);
+  EXPECT_LT(t.duplex_seconds, t.read_busy_seconds);
+  EXPECT_LT(t.duplex_seconds, t.write_busy_seconds);
+  EXPECT_NEAR(t.read_busy_seconds + t.write_busy_seconds - t.duplex_seconds,
+              t.busy_seconds, 1e-9);
+  // Idle time adds nothing.
+  pause();
+  EXPECT_EQ(activity.times().busy_seconds, t.busy_seconds);
 }
 
 TEST(NvmeStoreCreateTest, BadOptions) {

@@ -269,6 +269,7 @@ absl::Status PartitionState::CreateSwappedWeights(const Stream& stream) {
       absl::StrCat("zero_engine_rank", options_.rank, "_parameters.swp");
   swap.element_bytes = static_cast<int64_t>(SizeOf(options_.model_dtype));
   swap.pin = options_.pin_memory && options_.device.is_cuda();
+  swap.nvme.activity = io_activity_;
   absl::StatusOr<std::unique_ptr<offload::SwappedWeights>> swapped =
       offload::SwappedWeights::Create(swap, records);
   if (!swapped.ok()) {
@@ -332,6 +333,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
         1 + static_cast<int>(StateBytesPerElement(options_.optimizer) /
                              sizeof(float));
     options_.nvme.arrays = swap.arrays;
+    swap.nvme.activity = io_activity_;
     ZE_ASSIGN_OR_RETURN(swapped_,
                         offload::SwappedState::Create(swap, swapped_chunks));
   }
@@ -523,6 +525,7 @@ offload::NvmeStore::Counters PartitionState::nvme_counters() const {
   total.bytes_read += state.bytes_read;
   total.write_seconds += state.write_seconds;
   total.read_seconds += state.read_seconds;
+  total.busy = state.busy;  // the shared clock: both files' union
   return total;
 }
 

@@ -413,7 +413,9 @@ class PartitionState {
   // (or current) update.
   std::vector<int> last_update_order() const;
   // The swap files' I/O since creation, summed: the optimizer state's and
-  // the weights' (weights_nvme_counters alone); zeros without either.
+  // the weights' (weights_nvme_counters alone); zeros without either. Its
+  // `busy` is the union of both files' in-flight intervals (they share one
+  // IoActivity), not a sum.
   offload::NvmeStore::Counters nvme_counters() const;
   // Steps taken by the optimizers (every trainable bucket's agree).
   int64_t optimizer_step_count() const;
@@ -611,6 +613,11 @@ class PartitionState {
   std::vector<int64_t> resident_offsets_;
   std::unique_ptr<offload::SwappedWeights> swapped_weights_;
   std::vector<bool> weights_dirty_;
+  // The in-flight clock both swap files (swapped_, swapped_weights_)
+  // share: one disk's traffic, its overlaps counted once (nvme_counters'
+  // `busy`).
+  std::shared_ptr<offload::IoActivity> io_activity_ =
+      std::make_shared<offload::IoActivity>();
   // A swapped bucket's read (or write-back) failed in WeightsForGather,
   // which served zeros: the next FinishUpdate returns it (so the boundary
   // step stops every rank before the step is applied).
