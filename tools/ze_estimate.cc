@@ -381,6 +381,10 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
   const std::string& path = flags.at("config");
   ZE_ASSIGN_OR_RETURN(config::Config loaded,
                       config::LoadConfigFile(path, setup.world));
+  // What Initialize would refuse (offload_param with part of the optimizer
+  // on the device, compressed moments on NVMe, ...) gets no row: its plan
+  // would describe a run that cannot start.
+  ZE_RETURN_IF_ERROR(config::CheckSupported(loaded));
   if (loaded.fp16.enabled.is_auto() || loaded.bf16.enabled.is_auto()) {
     setup.precision = dtype.value_or(config::TrainingPrecision::kBf16);
   } else if (dtype) {

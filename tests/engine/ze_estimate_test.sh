@@ -173,4 +173,13 @@ PY
 # "auto" precision: --dtype fills it; a config that sets it refuses --dtype.
 "$tool" --model=124M --world_size=2 --config="$auto_config" --dtype=fp16 | grep -q "f16"
 expect_bad "--dtype" --params=7B --config="$tmp/sgd.json" --dtype=bf16
+# A config Initialize refuses gets no row either, the same message: here
+# offload_param with part of the optimizer state kept on the device.
+cat > "$tmp/split_param.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 3,
+   "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+   "offload_param": {"device": "cpu"}}}
+JSON
+expect_bad "with ratio 1" --model=124M --world_size=1 --config="$tmp/split_param.json"
 echo "ze_estimate: ok"
