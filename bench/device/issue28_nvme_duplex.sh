@@ -9,7 +9,9 @@
 #      parameter bucket in the swap file), --disk_baseline=1: the disk's
 #      duplex figure measured by the same process before the steps, each
 #      line's nvme.fraction_of_disk_duplex the measure (>= 0.9): the
-#      1.3B GPT, then the 2.7B while LIMIT (default 560 s) allows.
+#      1.3B GPT, then the 2.7B while LIMIT (default 560 s) allows; swap
+#      buffers of 2e8 elements (nvme_param_buffers.json: the default 1e8 is
+#      smaller than either model's token table, refused in run 69 call 2).
 # Prints the figures; the JSON lines are in $OUT/nvme_bench.jsonl and
 # $OUT/train_bench.jsonl.
 source bench/device/setup.sh
@@ -29,6 +31,7 @@ for model in 1.3B 2.7B; do
     --batch=16 --seq=1024 --iters=3 --warmup=1 --dtype=bf16 --offload=both \
     --offload_device=nvme --offload_param_device=nvme --max_in_cpu=0 \
     --nvme_path=$NVME --disk_baseline=1 --disk_baseline_bytes=4GiB \
+    --ds_config_patch=bench/device/nvme_param_buffers.json \
     >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
   el "train_bench $model rc=$?"
 done
