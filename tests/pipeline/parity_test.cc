@@ -672,18 +672,23 @@ std::string SharedDirectory(const std::string &name) {
 // A pipeline's checkpoint: saved after step 1 by every stage, loaded by a
 // fresh engine of the same layout, which then trains to the uninterrupted
 // run's losses and weights bit for bit (at ZeRO 1-3, AdamW, so the
-// moments travel too). The same directory refuses a pipeline of another
-// stage count, naming both layouts, and a directory without a pipeline
-// checkpoint is NotFound, on every rank, before anything is loaded.
+// moments travel too), with 1F1B and, at ZeRO 3, zb_h1 (its deferred
+// weight gradients all run within the step, so nothing of them is saved).
+// The same directory refuses a pipeline of another stage count, naming
+// both layouts, and a directory without a pipeline checkpoint is NotFound,
+// on every rank, before anything is loaded.
 TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   const int stages = World() == 4 ? 2 : World();
-  for (int zero_stage : {1, 2, 3}) {
-    SCOPED_TRACE(absl::StrCat("ZeRO ", zero_stage, ", rank ", Rank()));
-    const std::string directory =
-        SharedDirectory(absl::StrCat("pipeline_ckpt_z", zero_stage));
+  const std::vector<std::pair<const char *, int>> cases = {
+      {"1f1b", 1}, {"1f1b", 2}, {"1f1b", 3}, {"zb_h1", 3}};
+  for (const auto &[schedule, zero_stage] : cases) {
+    SCOPED_TRACE(
+        absl::StrCat(schedule, ", ZeRO ", zero_stage, ", rank ", Rank()));
+    const std::string directory = SharedDirectory(
+        absl::StrCat("pipeline_ckpt_", schedule, "_z", zero_stage));
     absl::StatusOr<std::unique_ptr<engine::Engine>> whole =
-        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+        PipelinedEngine(stages, zero_stage, schedule, kAdamW);
     ASSERT_TRUE(whole.ok()) << whole.status();
     enginetest::Run uninterrupted;
     ASSERT_TRUE(TrainPipelined(**whole, 0, 1, &uninterrupted).ok());
@@ -692,7 +697,7 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
     ASSERT_TRUE(ReadWeights(**whole, &uninterrupted).ok());
 
     absl::StatusOr<std::unique_ptr<engine::Engine>> resumed_engine =
-        PipelinedEngine(stages, zero_stage, "1f1b", kAdamW);
+        PipelinedEngine(stages, zero_stage, schedule, kAdamW);
     ASSERT_TRUE(resumed_engine.ok()) << resumed_engine.status();
     absl::StatusOr<engine::LoadedCheckpoint> loaded =
         (*resumed_engine)->LoadCheckpoint(directory);
