@@ -1,8 +1,8 @@
 #!/bin/bash
 # Is a GPU training run reproducible on one machine? Run 69's convergence
 # runs differed from run 68's (another GPU) already at step 100 with the
-# same seed. The 350M byte-level run of bench/convergence (f32 and 8-bit
-# moments here) twice, one after the other, 200 steps, then the losses at
+# same seed. The 350M byte-level run of bench/convergence (f32
+# moments) twice, one after the other, 200 steps, then the losses at
 # steps 100-200 and the final validation loss side by side. Carry gpu_pack
 # and .corpus/linux_doc.txt.xz.
 source bench/device/setup.sh
