@@ -397,13 +397,16 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return options;
 }
 
-// Whether the flags put either offload tier on NVMe (then the config gets
-// the aio block; the line's "nvme" follows the final config instead).
-bool UsesNvme(const Options& options) {
-  return options.offload != "none" &&
-         (options.offload_device == "nvme" ||
-          (options.offload == "both" &&
-           options.offload_param_device == "nvme"));
+// Whether a run's config puts either offload tier on NVMe, by the flags
+// or a --ds_config_patch: it then gets the aio block (unless the patch set
+// one) and its line the swap files' traffic.
+bool ConfigUsesNvme(const Json& config) {
+  for (const char* tier : {"offload_optimizer", "offload_param"}) {
+    const Json::json_pointer device(
+        absl::StrCat("/zero_optimization/", tier, "/device"));
+    if (config.contains(device) && config.at(device) == "nvme") return true;
+  }
+  return false;
 }
 
 // The DeepSpeed config of one run, as the engine reads it.
@@ -465,10 +468,6 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
         zero["offload_param"]["max_in_cpu"] = options.max_in_cpu;
       }
     }
-    if (UsesNvme(options)) {
-      config["aio"] = {{"block_size", options.aio_block_size},
-                       {"queue_depth", options.aio_queue_depth}};
-    }
   }
   if (stage == 3) {
     Json& zero = config["zero_optimization"];
@@ -482,14 +481,19 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
         static_cast<int64_t>(options.stage3_param_persistence_threshold);
   }
   if (!options.config_patch.is_null()) config.merge_patch(options.config_patch);
+  if (ConfigUsesNvme(config) && !config.contains("aio")) {
+    config["aio"] = {{"block_size", options.aio_block_size},
+                     {"queue_depth", options.aio_queue_depth}};
+  }
   return config;
 }
 
 // The swap files' traffic between two readings of Engine::nvme_counters
 // over `seconds` of wall time: bytes each way, the time any / each / both
-// directions had I/O in flight (the union over both files) and the GB/s
-// over that busy time and over the wall time. Divided by `steps` (the
-// bytes and times per step; the rates are not).
+// directions had I/O in flight (the union over both files), the GB/s
+// (together and each way) over that busy time and over the wall time, and
+// the busy and both-at-once shares. Divided by `steps` (the bytes and
+// times per step; the rates and shares are not).
 Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
                      const offload::NvmeStore::Counters& after, double seconds,
                      double steps) {
@@ -515,6 +519,15 @@ Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
   json["combined_GBps_busy"] = busy > 0 ? (read + written) / busy / 1e9 : 0.0;
   json["combined_GBps_wall"] =
       seconds > 0 ? (read + written) / seconds / 1e9 : 0.0;
+  // Each direction over the wall time, and over the time that direction
+  // had I/O in flight.
+  json["write_GBps_wall"] = seconds > 0 ? written / seconds / 1e9 : 0.0;
+  json["read_GBps_wall"] = seconds > 0 ? read / seconds / 1e9 : 0.0;
+  json["write_GBps_busy"] = write_busy > 0 ? written / write_busy / 1e9 : 0.0;
+  json["read_GBps_busy"] = read_busy > 0 ? read / read_busy / 1e9 : 0.0;
+  // Share of the time the disk had work, and of that, both directions.
+  json["busy_fraction"] = seconds > 0 ? busy / seconds : 0.0;
+  json["duplex_fraction"] = busy > 0 ? duplex / busy : 0.0;
   return json;
 }
 
@@ -634,14 +647,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   const Json ds_config =
       DeepSpeedConfig(options, batch, stage, comm->world_size());
   line["ds_config"] = ds_config;
-  // Its "nvme" and "nvme_steps" follow the config the engine gets (a
-  // --ds_config_patch may put a tier on NVMe).
-  bool uses_nvme = false;
-  for (const char* tier : {"offload_optimizer", "offload_param"}) {
-    const Json::json_pointer device(
-        absl::StrCat("/zero_optimization/", tier, "/device"));
-    uses_nvme |= ds_config.contains(device) && ds_config.at(device) == "nvme";
-  }
+  const bool uses_nvme = ConfigUsesNvme(ds_config);
 
   ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
   Stream stream;  // the CPU's immediate stream
@@ -764,27 +770,6 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     // read-ahead for the next step) has its busy time so far counted and
     // its bytes not: the rate errs low, never high.
     Json nvme = NvmeTrafficJson(io_before, io, seconds, iters);
-    const double written =
-        static_cast<double>(io.bytes_written - io_before.bytes_written);
-    const double read =
-        static_cast<double>(io.bytes_read - io_before.bytes_read);
-    // Each direction over the timed steps' wall time, and over the time
-    // that direction had I/O in flight.
-    nvme["write_GBps_wall"] = written / seconds / 1e9;
-    nvme["read_GBps_wall"] = read / seconds / 1e9;
-    const double write_busy =
-        io.busy.write_busy_seconds - io_before.busy.write_busy_seconds;
-    const double read_busy =
-        io.busy.read_busy_seconds - io_before.busy.read_busy_seconds;
-    nvme["write_GBps_busy"] = write_busy > 0 ? written / write_busy / 1e9 : 0.0;
-    nvme["read_GBps_busy"] = read_busy > 0 ? read / read_busy / 1e9 : 0.0;
-    // Share of the step the disk had work, and of that, both directions.
-    const double busy = io.busy.busy_seconds - io_before.busy.busy_seconds;
-    nvme["busy_fraction"] = busy / seconds;
-    nvme["duplex_fraction"] =
-        busy > 0
-            ? (io.busy.duplex_seconds - io_before.busy.duplex_seconds) / busy
-            : 0.0;
     if (disk != nullptr && disk->duplex.combined_GBps > 0) {
       nvme["disk_duplex_GBps"] = disk->duplex.combined_GBps;
       nvme["fraction_of_disk_duplex"] =
