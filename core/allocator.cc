@@ -80,7 +80,7 @@ void Allocator::RecordAllocation(void* block, int64_t rounded) {
   Attribution& a = *attribution_;
   const std::string label = AllocationScope::CurrentLabel();
   const int id = a.IdOf(label.empty() ? "(no scope)" : label);
-  a.blocks[block] = {rounded, id};
+  a.blocks[block] = id;
   a.live[static_cast<size_t>(id)] += rounded;
   if (stats_.bytes_in_use > a.peak) {
     a.peak = stats_.bytes_in_use;
@@ -95,7 +95,7 @@ void Allocator::RecordDeallocation(void* block, int64_t rounded) {
   if (it == a.blocks.end()) {
     id = a.IdOf("(before attribution)");
   } else {
-    id = it->second.second;
+    id = it->second;
     a.blocks.erase(it);
   }
   a.live[static_cast<size_t>(id)] -= rounded;

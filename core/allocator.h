@@ -144,7 +144,7 @@ class Allocator {
     std::vector<int64_t> live;     // bytes per label id now
     std::vector<int64_t> at_peak;  // bytes per label id at the peak
     int64_t peak = 0;              // bytes in use when at_peak was copied
-    std::unordered_map<void*, std::pair<int64_t, int>> blocks;  // size, id
+    std::unordered_map<void*, int> blocks;  // live block -> its label id
     int IdOf(const std::string& label);
   };
   void RecordAllocation(void* block, int64_t rounded);
