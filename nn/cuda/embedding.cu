@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
 #include <type_traits>
 
 #include "nn/cuda/cuda_common.cuh"
@@ -65,45 +67,95 @@ __global__ void EmbeddingPositionBackwardKernel(const T* __restrict__ dy,
   StoreAny(grad, grad_dtype, idx, LoadAny(grad, grad_dtype, idx) + sum);
 }
 
-template <typename T>
-__global__ void EmbeddingScatterAddKernel(const T* __restrict__ dy,
-                                          const int32_t* __restrict__ tokens,
-                                          int64_t rows, int64_t cols,
-                                          int64_t vocab, float* table) {
-  const int64_t idx =
-      static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= rows * cols) return;
-  const int64_t row = idx / cols;
-  const int64_t c = idx % cols;
-  const int64_t token = ClampToken(tokens[row], vocab);
-  atomicAdd(&table[token * cols + c], ToFloat(dy[idx]));
-}
-
-__global__ void MarkTokensKernel(const int32_t* __restrict__ tokens,
-                                 int64_t rows, int64_t vocab,
-                                 int32_t* touched) {
+// Sort keys: the clamped token id of each row, and the row itself.
+__global__ void TokenSortKeysKernel(const int32_t* __restrict__ tokens,
+                                    int64_t rows, int64_t vocab,
+                                    int32_t* keys, int32_t* row_ids) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < rows) touched[ClampToken(tokens[i], vocab)] = 1;
+  if (i >= rows) return;
+  keys[i] = static_cast<int32_t>(ClampToken(tokens[i], vocab));
+  row_ids[i] = static_cast<int32_t>(i);
 }
 
-// Block per vocabulary row; untouched rows return at once.
-__global__ void ZeroTouchedRowsKernel(const int32_t* __restrict__ touched,
-                                      int64_t cols, float* scratch) {
-  if (touched[blockIdx.x] == 0) return;
-  float* row = scratch + static_cast<int64_t>(blockIdx.x) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row[c] = 0.0f;
-}
-
-__global__ void AddTouchedRowsKernel(const int32_t* __restrict__ touched,
-                                     int64_t cols,
-                                     const float* __restrict__ scratch,
-                                     void* grad, int grad_dtype) {
-  if (touched[blockIdx.x] == 0) return;
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    StoreAny(grad, grad_dtype, base + c,
-             LoadAny(grad, grad_dtype, base + c) + scratch[base + c]);
+// Block (sorted position p, column tile): if p starts a run of equal
+// tokens, its threads add the run's dy rows into the token's gradient row,
+// one column each, in ascending row order (the radix sort is stable). The
+// loads of a batch are issued before its adds, so a long run (a frequent
+// token) is not one memory latency per row.
+template <typename T>
+__global__ void AccumulateTokenRunsKernel(const T* __restrict__ dy,
+                                          const int32_t* __restrict__ keys,
+                                          const int32_t* __restrict__ row_ids,
+                                          int64_t rows, int64_t cols,
+                                          void* grad, int grad_dtype) {
+  const int64_t first = blockIdx.x;
+  const int32_t token = keys[first];
+  if (first > 0 && keys[first - 1] == token) return;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t at = static_cast<int64_t>(token) * cols + c;
+  float sum = LoadAny(grad, grad_dtype, at);
+  constexpr int kBatch = 8;
+  int64_t i = first;
+  while (true) {
+    float v[kBatch];
+    int n = 0;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (n == k && i + k < rows && keys[i + k] == token) {
+        v[k] = ToFloat(dy[static_cast<int64_t>(row_ids[i + k]) * cols + c]);
+        ++n;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (k < n) sum += v[k];
+    }
+    i += n;
+    if (n < kBatch) break;
   }
+  StoreAny(grad, grad_dtype, at, sum);
+}
+
+int SortKeyBits(int64_t vocab) {
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < vocab) ++bits;
+  return bits;
+}
+
+// The token-backward workspace: keys and rows, before and after the sort,
+// then the sort's own temporary storage.
+struct TokenBackwardWorkspace {
+  int32_t* keys_in;
+  int32_t* keys_out;
+  int32_t* rows_in;
+  int32_t* rows_out;
+  void* sort_storage;
+  size_t sort_bytes;
+};
+
+size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Sizes (base == nullptr) or carves the workspace for `rows` rows.
+size_t LayoutTokenBackwardWorkspace(int64_t rows, int64_t vocab, void* base,
+                                    TokenBackwardWorkspace* out) {
+  size_t sort_bytes = 0;
+  cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<int>(rows), 0,
+      SortKeyBits(vocab));
+  const size_t one = Align256(sizeof(int32_t) * rows);
+  if (out != nullptr) {
+    char* p = static_cast<char*>(base);
+    out->keys_in = reinterpret_cast<int32_t*>(p);
+    out->keys_out = reinterpret_cast<int32_t*>(p + one);
+    out->rows_in = reinterpret_cast<int32_t*>(p + 2 * one);
+    out->rows_out = reinterpret_cast<int32_t*>(p + 3 * one);
+    out->sort_storage = p + 4 * one;
+    out->sort_bytes = sort_bytes;
+  }
+  return 4 * one + Align256(sort_bytes);
 }
 
 }  // namespace
@@ -158,38 +210,44 @@ int LaunchEmbeddingPositionBackward(const void* dy, void* grad_position_table,
   });
 }
 
-int LaunchEmbeddingScatterAddF32(const void* dy, int dtype,
-                                 const int32_t* tokens, int64_t rows,
-                                 int64_t cols, int64_t vocab,
-                                 float* grad_token_table, void* stream) {
-  if (rows * cols == 0) return 0;
-  return DispatchFloat(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    EmbeddingScatterAddKernel<T><<<GridFor(rows * cols, 256), 256, 0,
-                                   static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(dy), tokens, rows, cols, vocab, grad_token_table);
-    return LastError();
-  });
+size_t EmbeddingTokenBackwardWorkspaceBytes(int64_t rows, int64_t vocab) {
+  return LayoutTokenBackwardWorkspace(rows, vocab, nullptr, nullptr);
 }
 
-int LaunchEmbeddingScatterAddViaScratch(const void* dy, int dtype,
-                                        const int32_t* tokens, int64_t rows,
-                                        int64_t cols, int64_t vocab,
-                                        int32_t* touched, float* scratch,
-                                        void* grad_token_table, int grad_dtype,
-                                        void* stream) {
-  if (rows * cols == 0) return 0;
+int LaunchEmbeddingTokenBackward(const void* dy, int dtype,
+                                 const int32_t* tokens, int64_t rows,
+                                 int64_t cols, int64_t vocab, void* workspace,
+                                 size_t workspace_bytes,
+                                 void* grad_token_table, int grad_dtype,
+                                 void* stream) {
+  if (rows == 0 || cols == 0) return 0;
+  if (rows > std::numeric_limits<int32_t>::max() || vocab < 1 ||
+      vocab > std::numeric_limits<int32_t>::max() ||
+      (cols + 255) / 256 > 65535) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  TokenBackwardWorkspace w;
+  if (LayoutTokenBackwardWorkspace(rows, vocab, workspace, &w) >
+      workspace_bytes) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   auto s = static_cast<cudaStream_t>(stream);
-  MarkTokensKernel<<<GridFor(rows, 256), 256, 0, s>>>(tokens, rows, vocab,
-                                                      touched);
-  ZeroTouchedRowsKernel<<<static_cast<unsigned>(vocab), 256, 0, s>>>(
-      touched, cols, scratch);
-  const int error = LaunchEmbeddingScatterAddF32(dy, dtype, tokens, rows, cols,
-                                                 vocab, scratch, stream);
-  if (error != 0) return error;
-  AddTouchedRowsKernel<<<static_cast<unsigned>(vocab), 256, 0, s>>>(
-      touched, cols, scratch, grad_token_table, grad_dtype);
-  return LastError();
+  TokenSortKeysKernel<<<GridFor(rows, 256), 256, 0, s>>>(
+      tokens, rows, vocab, w.keys_in, w.rows_in);
+  size_t sort_bytes = w.sort_bytes;
+  const cudaError_t sorted = cub::DeviceRadixSort::SortPairs(
+      w.sort_storage, sort_bytes, w.keys_in, w.keys_out, w.rows_in,
+      w.rows_out, static_cast<int>(rows), 0, SortKeyBits(vocab), s);
+  if (sorted != cudaSuccess) return static_cast<int>(sorted);
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const dim3 grid(static_cast<unsigned>(rows),
+                    static_cast<unsigned>((cols + 255) / 256));
+    AccumulateTokenRunsKernel<T><<<grid, 256, 0, s>>>(
+        static_cast<const T*>(dy), w.keys_out, w.rows_out, rows, cols,
+        grad_token_table, grad_dtype);
+    return LastError();
+  });
 }
 
 }  // namespace cuda_kernels

@@ -1174,31 +1174,15 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
   }
   if (!grad_token_table.defined() || rows == 0) return absl::OkStatus();
   const int64_t vocab = grad_token_table.size(0);
-  if (grad_token_table.dtype() == DType::kF32) {
-    return LaunchStatus(
-        kernels::LaunchEmbeddingScatterAddF32(
-            grad_output.data(), dtype, tokens.data_as<int32_t>(), rows, cols,
-            vocab, grad_token_table.data_as<float>(), stream.native()),
-        "EmbeddingBackward scatter-add");
-  }
-  // 16-bit gradients cannot take atomics precisely: sum in f32 scratch.
-  const size_t flags_bytes = RoundUp256(sizeof(int32_t) * vocab);
-  ZE_ASSIGN_OR_RETURN(
-      void* scratch,
-      Scratch(stream, flags_bytes + sizeof(float) * vocab * cols));
-  int32_t* touched = static_cast<int32_t*>(scratch);
-  float* sums =
-      reinterpret_cast<float*>(static_cast<char*>(scratch) + flags_bytes);
-  ZE_RETURN_IF_ERROR(
-      CudaStatus(cudaMemsetAsync(touched, 0, sizeof(int32_t) * vocab,
-                                 static_cast<cudaStream_t>(stream.native())),
-                 "EmbeddingBackward clearing flags"));
+  const size_t workspace_bytes =
+      kernels::EmbeddingTokenBackwardWorkspaceBytes(rows, vocab);
+  ZE_ASSIGN_OR_RETURN(void* workspace, Scratch(stream, workspace_bytes));
   return LaunchStatus(
-      kernels::LaunchEmbeddingScatterAddViaScratch(
+      kernels::LaunchEmbeddingTokenBackward(
           grad_output.data(), dtype, tokens.data_as<int32_t>(), rows, cols,
-          vocab, touched, sums, grad_token_table.data(),
+          vocab, workspace, workspace_bytes, grad_token_table.data(),
           DTypeCode(grad_token_table.dtype()), stream.native()),
-      "EmbeddingBackward scatter-add");
+      "EmbeddingBackward token kernel");
 }
 
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,

@@ -908,6 +908,70 @@ TEST_F(FunctionalCudaTest, Embedding) {
   }
 }
 
+// The token table's gradient is summed in a fixed order (the CPU backend's:
+// the gradient's value, then its token's rows in ascending row order, in
+// f32), so the GPU equals the CPU bit for bit, for every gradient dtype,
+// with a frequent token (runs longer than the kernel's load batch), ids
+// at both ends of the vocabulary, and an existing gradient to add to.
+TEST_F(FunctionalCudaTest, EmbeddingTokenGradientEqualsCpuBitForBit) {
+  const int64_t B = 4, T = 61, V = 5003;
+  std::mt19937 generator(7);
+  std::uniform_int_distribution<int32_t> any_token(0, V - 1);
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids[i] = i % 5 < 2 ? 7 : (i % 5 == 2 ? static_cast<int32_t>(i % 13)
+                                         : any_token(generator));
+  }
+  ids[0] = 0;
+  ids[B * T - 1] = V - 1;
+  const Tensor tokens = Tokens(ids, {B, T});
+  const Tensor cpu_tokens =
+      *Tensor::Empty({B, T}, DType::kI32, Device::Cpu());
+  std::copy(ids.begin(), ids.end(), cpu_tokens.data_as<int32_t>());
+  struct Case {
+    DType dy, grad;
+  };
+  for (const Case& dtypes : {Case{DType::kF32, DType::kF32},
+                             Case{DType::kBF16, DType::kBF16},
+                             Case{DType::kF16, DType::kF16},
+                             Case{DType::kBF16, DType::kF32}}) {
+    for (int64_t cols : {64, 37, 520}) {
+      const std::string tag = std::string("dy ") + DTypeName(dtypes.dy) +
+                              " grad " + DTypeName(dtypes.grad) +
+                              " C=" + std::to_string(cols);
+      Vec dy, grad0;
+      const Tensor tdy = Random({B, T, cols}, dtypes.dy, 61, &dy);
+      const Tensor tgrad = Random({V, cols}, dtypes.grad, 62, &grad0, 0.1f);
+      const Tensor cpu_dy =
+          *FromHostFloats(dy, {B, T, cols}, dtypes.dy, Device::Cpu(), Stream());
+      const Tensor cpu_grad = *FromHostFloats(grad0, {V, cols}, dtypes.grad,
+                                              Device::Cpu(), Stream());
+      for (int repeat = 1; repeat <= 2; ++repeat) {
+        ASSERT_TRUE(
+            EmbeddingBackward(tdy, tokens, tgrad, Tensor(), stream_).ok())
+            << tag;
+        ASSERT_TRUE(EmbeddingBackward(cpu_dy, cpu_tokens, cpu_grad, Tensor(),
+                                      Stream())
+                        .ok())
+            << tag;
+        const Vec got = Host(tgrad);
+        const Vec want = *ToHostFloats(cpu_grad, Stream());
+        int64_t differ = 0, first = -1;
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (got[i] != want[i]) {
+            if (first < 0) first = static_cast<int64_t>(i);
+            ++differ;
+          }
+        }
+        EXPECT_EQ(differ, 0)
+            << tag << " backward x" << repeat << ": first at token "
+            << first / cols << " column " << first % cols << " got "
+            << got[first] << " want " << want[first];
+      }
+    }
+  }
+}
+
 // Incremental decoding: KvCacheWrite, CachedAttentionForward and
 // EmbeddingForwardAt through nn/functional.h's dispatch, against the same
 // ops on the CPU with the rounded inputs. Three sequences in rows 2, 0 and 3

@@ -89,23 +89,23 @@ int LaunchEmbeddingPositionBackward(const void* dy, void* grad_position_table,
                                     int64_t cols, int dtype, int grad_dtype,
                                     void* stream);
 
-// grad_token_table (V, C) f32 += dy rows scattered by token id (atomics:
-// summation order varies run to run).
-int LaunchEmbeddingScatterAddF32(const void* dy, int dtype,
+// grad_token_table (V, C) of grad_dtype += dy (rows, C) of `dtype`, row r
+// added to token tokens[r]'s row (ids clamped into [0, V) as the forward
+// does). The rows are grouped by token with a stable radix sort, and each
+// touched gradient element is read once, summed in f32 with its token's dy
+// rows in ascending row order, and written once: deterministic, the CPU
+// backend's order (so equal to it bit for bit), and no (V, C) scratch.
+// `workspace` (device) holds at least
+// EmbeddingTokenBackwardWorkspaceBytes(rows, vocab) bytes, used on `stream`
+// until the launch's work completes. cudaErrorInvalidValue for a small
+// workspace, rows or V above 2^31 - 1, or C above 65535 * 256.
+size_t EmbeddingTokenBackwardWorkspaceBytes(int64_t rows, int64_t vocab);
+int LaunchEmbeddingTokenBackward(const void* dy, int dtype,
                                  const int32_t* tokens, int64_t rows,
-                                 int64_t cols, int64_t vocab,
-                                 float* grad_token_table, void* stream);
-
-// For 16-bit token-table gradients: `touched` (V) int32 must be zeroed by
-// the caller; marks touched rows, zeroes them in `scratch` (V, C) f32 (other
-// rows are never read), scatter-adds dy there, then adds touched rows into
-// grad_token_table (V, C) of grad_dtype. Cost scales with touched rows.
-int LaunchEmbeddingScatterAddViaScratch(const void* dy, int dtype,
-                                        const int32_t* tokens, int64_t rows,
-                                        int64_t cols, int64_t vocab,
-                                        int32_t* touched, float* scratch,
-                                        void* grad_token_table, int grad_dtype,
-                                        void* stream);
+                                 int64_t cols, int64_t vocab, void* workspace,
+                                 size_t workspace_bytes,
+                                 void* grad_token_table, int grad_dtype,
+                                 void* stream);
 
 // Key/value cache of incremental decoding (kv_cache.cu). qkv (N, T, 3C)
 // with C = heads * head_dim; rows, starts (N) int32; key_cache, value_cache
