@@ -180,8 +180,16 @@ absl::Status SumOfSquares(const Tensor& x, const Tensor& result,
   }
   ZE_RETURN_IF_ERROR(CheckScalarF32(x, result, "SumOfSquares"));
   if (x.device().is_cuda()) {
+    // Per-block partials, added in a fixed order (no float atomics), so the
+    // sum and every gradient norm built from it repeat bit for bit. Storage
+    // of `stream`: freeing it at once is safe (core/allocator.h).
+    StreamGuard guard(stream);
+    ZE_ASSIGN_OR_RETURN(Tensor partials,
+                        Tensor::Empty({cuda::SumOfSquaresBlocks(x.numel())},
+                                      DType::kF32, x.device()));
     return Launched(
         cuda::LaunchSumOfSquares(x.data(), Code(x.dtype()), x.numel(),
+                                 partials.data_as<float>(),
                                  result.data_as<float>(), stream.native()),
         "SumOfSquares", x);
   }

@@ -44,7 +44,10 @@ inline absl::Status Add(const Tensor& a, const Tensor& b, const Tensor& out,
 absl::Status Scale(const Tensor& x, float factor, const Stream& stream);
 
 // result (an f32 tensor of one element on x's device) += sum(x^2).
-// Accumulating lets a caller sum over many tensors before one read back.
+// Accumulating lets a caller sum over many tensors before one read back. On
+// a GPU the f32 summation order is fixed by x's size alone (no atomics), so
+// the result repeats bit for bit across runs and GPUs; the CPU sums in
+// double.
 absl::Status SumOfSquares(const Tensor& x, const Tensor& result,
                           const Stream& stream);
 

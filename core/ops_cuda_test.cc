@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda/elementwise.h"
 #include "core/ops.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -136,6 +137,87 @@ TEST_P(OpsCudaTest, MatchesCpu) {
 // the view would show. Coefficients are powers of two: the CPU reference's
 // fused multiply-add pairing is the compiler's choice (and differs between
 // its loops), and only exact products make it irrelevant.
+// The GPU's sum of squares in the order core/cuda/elementwise.cu fixes
+// (grid-stride threads over pairs of 16-byte vectors, then the scalar tail;
+// a shuffle tree per warp, per block and over the blocks' partials),
+// emulated on the host: the GPU must equal it bit for bit, so the sum
+// cannot depend on the run or on the GPU's size.
+float EmulatedSumOfSquares(const std::vector<float>& values, int element_bytes,
+                           bool aligned) {
+  const int64_t count = static_cast<int64_t>(values.size());
+  constexpr int kThreads = 256;
+  const int64_t vector_width = 16 / element_bytes;
+  const int64_t step = 2 * vector_width;
+  const int64_t vector_end = aligned ? count / step * step : 0;
+  const int blocks = cuda::SumOfSquaresBlocks(count);
+  const int64_t threads = int64_t{blocks} * kThreads;
+  auto warp_sum = [](const float* lanes) {
+    std::vector<float> value(lanes, lanes + 32);
+    for (int offset = 16; offset > 0; offset /= 2) {
+      std::vector<float> next = value;
+      for (int i = 0; i + offset < 32; ++i)
+        next[i] = value[i] + value[i + offset];
+      value = next;
+    }
+    return value[0];
+  };
+  auto block_sum = [&](const float* thread_values) {
+    float warps[32] = {};
+    for (int w = 0; w < kThreads / 32; ++w)
+      warps[w] = warp_sum(thread_values + 32 * w);
+    return warp_sum(warps);
+  };
+  std::vector<float> thread_partial(threads, 0.0f);
+  for (int64_t t = 0; t < threads; ++t) {
+    float partial = 0.0f;
+    for (int64_t first = t * step; first < vector_end;
+         first += threads * step) {
+      for (int64_t i = first; i < first + step; ++i) {
+        partial = std::fma(values[i], values[i], partial);
+      }
+    }
+    for (int64_t i = vector_end + t; i < count; i += threads) {
+      partial = std::fma(values[i], values[i], partial);
+    }
+    thread_partial[t] = partial;
+  }
+  std::vector<float> partials(blocks);
+  for (int b = 0; b < blocks; ++b) {
+    partials[b] = block_sum(thread_partial.data() + int64_t{b} * kThreads);
+  }
+  std::vector<float> adders(kThreads, 0.0f);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = t; i < blocks; i += kThreads) adders[t] += partials[i];
+  }
+  return 0.0f + block_sum(adders.data());
+}
+
+TEST_P(OpsCudaTest, SumOfSquaresFollowsItsFixedOrder) {
+  const DType dtype = GetParam();
+  // The last count needs more than kMaxReductionBlocks blocks' worth.
+  for (int64_t count : {1, 53, 1000, 1 << 20, 3000017, (1 << 23) + 5}) {
+    const std::vector<float> values = RandomValues(count + 1, 5);
+    Tensor x =
+        *FromHostFloats(values, {count + 1}, dtype, Device::Cuda(0), stream_);
+    const std::vector<float> rounded = *ToHostFloats(x, stream_);
+    for (bool aligned : {true, false}) {
+      const Tensor view = aligned ? x.Slice(0, count) : x.Slice(1, count);
+      const std::vector<float> view_values(
+          rounded.begin() + (aligned ? 0 : 1),
+          rounded.begin() + (aligned ? 0 : 1) + count);
+      Tensor sum = *Tensor::Zeros({1}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(SumOfSquares(view, sum, stream_).ok());
+      EXPECT_EQ(Bits(sum, stream_)[0],
+                Bits(*FromHostFloats({EmulatedSumOfSquares(
+                                         view_values, SizeOf(dtype), aligned)},
+                                     {1}, DType::kF32, Device::Cpu(), cpu_),
+                     cpu_)[0])
+          << DTypeName(dtype) << " count " << count
+          << (aligned ? " aligned" : " at an odd offset");
+    }
+  }
+}
+
 TEST_P(OpsCudaTest, AlignedAndMisalignedViewsMatchCpu) {
   const DType a_dtype = GetParam();
   const DType float_dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};

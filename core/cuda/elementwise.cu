@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
@@ -280,17 +281,18 @@ __device__ float WarpSum(float value) {
   return value;
 }
 
-// Adds the block's sum of `partial` to *result (one atomic per block).
-__device__ void BlockSumToGlobal(float partial, float* result) {
+// The block's sum of `partial`, in a fixed order, in thread 0.
+__device__ float BlockSum(float partial) {
   __shared__ float warp_sums[kThreads / 32];
   partial = WarpSum(partial);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = partial;
   __syncthreads();
+  float value = 0.0f;
   if (threadIdx.x < 32) {
-    float value = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0f;
+    value = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0f;
     value = WarpSum(value);
-    if (threadIdx.x == 0) atomicAdd(result, value);
   }
+  return value;
 }
 
 // Calls visit(value) for every element of x[0, count): elements
@@ -319,15 +321,26 @@ __device__ __forceinline__ void ForEachElement(const void* x, int64_t count,
   }
 }
 
+// Block b writes the sum of squares of its elements to partials[b].
 template <int kDType>
 __global__ void __launch_bounds__(kThreads)
     SumOfSquaresKernel(const void* x, int64_t count, int64_t vector_end,
-                       float* result) {
+                       float* partials) {
   float partial = 0.0f;
   ForEachElement<kDType>(x, count, vector_end, [&](float value) {
     partial = __fmaf_rn(value, value, partial);
   });
-  BlockSumToGlobal(partial, result);
+  partial = BlockSum(partial);
+  if (threadIdx.x == 0) partials[blockIdx.x] = partial;
+}
+
+// One block: *result += the sum of partials[0, count), in a fixed order.
+__global__ void __launch_bounds__(kThreads)
+    AddPartialsKernel(const float* partials, int count, float* result) {
+  float partial = 0.0f;
+  for (int i = threadIdx.x; i < count; i += kThreads) partial += partials[i];
+  partial = BlockSum(partial);
+  if (threadIdx.x == 0) *result += partial;
 }
 
 template <int kDType>
@@ -398,14 +411,26 @@ int LaunchScale(void* x, int dtype, int64_t count, float factor, void* stream) {
         x, nullptr, x, count, ScaleOp{factor}, stream);
   });
 }
-int LaunchSumOfSquares(const void* x, int dtype, int64_t count,
+int SumOfSquaresBlocks(int64_t count) {
+  // Two vectors of up to 8 elements per work item; as many blocks as fill a
+  // large GPU once, but fixed by the count alone.
+  const int64_t blocks = (count / 16 + kThreads - 1) / kThreads;
+  return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxReductionBlocks));
+}
+
+int LaunchSumOfSquares(const void* x, int dtype, int64_t count, float* partials,
                        float* result_f32, void* stream) {
-  return LaunchReduction(
-      x, dtype, count, [&](auto type, int blocks, int64_t vector_end) {
-        SumOfSquaresKernel<decltype(type)::value>
-            <<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-                x, count, vector_end, result_f32);
-      });
+  if (count == 0) return 0;
+  const int blocks = SumOfSquaresBlocks(count);
+  auto s = static_cast<cudaStream_t>(stream);
+  return DispatchDType(dtype, [&](auto type) {
+    constexpr int64_t kStep = 2 * (16 / SizeOfDType(decltype(type)::value));
+    const int64_t vector_end = Aligned16(x) ? count / kStep * kStep : 0;
+    SumOfSquaresKernel<decltype(type)::value>
+        <<<blocks, kThreads, 0, s>>>(x, count, vector_end, partials);
+    AddPartialsKernel<<<1, kThreads, 0, s>>>(partials, blocks, result_f32);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int LaunchHasInfOrNan(const void* x, int dtype, int64_t count, float* flag_f32,

@@ -24,8 +24,14 @@ int LaunchAxpby(const void* a, int a_dtype, float alpha, const void* b,
                 int64_t count, void* stream);
 // x[i] *= factor (in place).
 int LaunchScale(void* x, int dtype, int64_t count, float factor, void* stream);
-// *result_f32 += sum_i x[i]^2 (accumulated in f32, atomically).
-int LaunchSumOfSquares(const void* x, int dtype, int64_t count,
+// *result_f32 += sum_i x[i]^2, accumulated in f32 in an order fixed by
+// `count` alone (not the GPU's size, nor run to run): SumOfSquaresBlocks(count)
+// blocks each write one partial into `partials` (device, at least that
+// many floats, used on `stream` until the work completes), then one block
+// adds them in order.
+inline constexpr int kMaxReductionBlocks = 1024;
+int SumOfSquaresBlocks(int64_t count);
+int LaunchSumOfSquares(const void* x, int dtype, int64_t count, float* partials,
                        float* result_f32, void* stream);
 // *flag_f32 = 1 if any x[i] is inf or NaN; left unchanged otherwise.
 int LaunchHasInfOrNan(const void* x, int dtype, int64_t count, float* flag_f32,

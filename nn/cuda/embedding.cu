@@ -69,8 +69,8 @@ __global__ void EmbeddingPositionBackwardKernel(const T* __restrict__ dy,
 
 // Sort keys: the clamped token id of each row, and the row itself.
 __global__ void TokenSortKeysKernel(const int32_t* __restrict__ tokens,
-                                    int64_t rows, int64_t vocab,
-                                    int32_t* keys, int32_t* row_ids) {
+                                    int64_t rows, int64_t vocab, int32_t* keys,
+                                    int32_t* row_ids) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows) return;
   keys[i] = static_cast<int32_t>(ClampToken(tokens[i], vocab));
@@ -217,9 +217,8 @@ size_t EmbeddingTokenBackwardWorkspaceBytes(int64_t rows, int64_t vocab) {
 int LaunchEmbeddingTokenBackward(const void* dy, int dtype,
                                  const int32_t* tokens, int64_t rows,
                                  int64_t cols, int64_t vocab, void* workspace,
-                                 size_t workspace_bytes,
-                                 void* grad_token_table, int grad_dtype,
-                                 void* stream) {
+                                 size_t workspace_bytes, void* grad_token_table,
+                                 int grad_dtype, void* stream) {
   if (rows == 0 || cols == 0) return 0;
   if (rows > std::numeric_limits<int32_t>::max() || vocab < 1 ||
       vocab > std::numeric_limits<int32_t>::max() ||
@@ -232,20 +231,20 @@ int LaunchEmbeddingTokenBackward(const void* dy, int dtype,
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto s = static_cast<cudaStream_t>(stream);
-  TokenSortKeysKernel<<<GridFor(rows, 256), 256, 0, s>>>(
-      tokens, rows, vocab, w.keys_in, w.rows_in);
+  TokenSortKeysKernel<<<GridFor(rows, 256), 256, 0, s>>>(tokens, rows, vocab,
+                                                         w.keys_in, w.rows_in);
   size_t sort_bytes = w.sort_bytes;
   const cudaError_t sorted = cub::DeviceRadixSort::SortPairs(
-      w.sort_storage, sort_bytes, w.keys_in, w.keys_out, w.rows_in,
-      w.rows_out, static_cast<int>(rows), 0, SortKeyBits(vocab), s);
+      w.sort_storage, sort_bytes, w.keys_in, w.keys_out, w.rows_in, w.rows_out,
+      static_cast<int>(rows), 0, SortKeyBits(vocab), s);
   if (sorted != cudaSuccess) return static_cast<int>(sorted);
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const dim3 grid(static_cast<unsigned>(rows),
                     static_cast<unsigned>((cols + 255) / 256));
-    AccumulateTokenRunsKernel<T><<<grid, 256, 0, s>>>(
-        static_cast<const T*>(dy), w.keys_out, w.rows_out, rows, cols,
-        grad_token_table, grad_dtype);
+    AccumulateTokenRunsKernel<T>
+        <<<grid, 256, 0, s>>>(static_cast<const T*>(dy), w.keys_out, w.rows_out,
+                              rows, cols, grad_token_table, grad_dtype);
     return LastError();
   });
 }

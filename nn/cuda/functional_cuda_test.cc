@@ -919,22 +919,21 @@ TEST_F(FunctionalCudaTest, EmbeddingTokenGradientEqualsCpuBitForBit) {
   std::uniform_int_distribution<int32_t> any_token(0, V - 1);
   std::vector<int32_t> ids(B * T);
   for (int64_t i = 0; i < B * T; ++i) {
-    ids[i] = i % 5 < 2 ? 7 : (i % 5 == 2 ? static_cast<int32_t>(i % 13)
-                                         : any_token(generator));
+    ids[i] = i % 5 < 2 ? 7
+                       : (i % 5 == 2 ? static_cast<int32_t>(i % 13)
+                                     : any_token(generator));
   }
   ids[0] = 0;
   ids[B * T - 1] = V - 1;
   const Tensor tokens = Tokens(ids, {B, T});
-  const Tensor cpu_tokens =
-      *Tensor::Empty({B, T}, DType::kI32, Device::Cpu());
+  const Tensor cpu_tokens = *Tensor::Empty({B, T}, DType::kI32, Device::Cpu());
   std::copy(ids.begin(), ids.end(), cpu_tokens.data_as<int32_t>());
   struct Case {
     DType dy, grad;
   };
-  for (const Case& dtypes : {Case{DType::kF32, DType::kF32},
-                             Case{DType::kBF16, DType::kBF16},
-                             Case{DType::kF16, DType::kF16},
-                             Case{DType::kBF16, DType::kF32}}) {
+  for (const Case& dtypes :
+       {Case{DType::kF32, DType::kF32}, Case{DType::kBF16, DType::kBF16},
+        Case{DType::kF16, DType::kF16}, Case{DType::kBF16, DType::kF32}}) {
     for (int64_t cols : {64, 37, 520}) {
       const std::string tag = std::string("dy ") + DTypeName(dtypes.dy) +
                               " grad " + DTypeName(dtypes.grad) +
@@ -950,9 +949,9 @@ TEST_F(FunctionalCudaTest, EmbeddingTokenGradientEqualsCpuBitForBit) {
         ASSERT_TRUE(
             EmbeddingBackward(tdy, tokens, tgrad, Tensor(), stream_).ok())
             << tag;
-        ASSERT_TRUE(EmbeddingBackward(cpu_dy, cpu_tokens, cpu_grad, Tensor(),
-                                      Stream())
-                        .ok())
+        ASSERT_TRUE(
+            EmbeddingBackward(cpu_dy, cpu_tokens, cpu_grad, Tensor(), Stream())
+                .ok())
             << tag;
         const Vec got = Host(tgrad);
         const Vec want = *ToHostFloats(cpu_grad, Stream());

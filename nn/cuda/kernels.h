@@ -103,9 +103,8 @@ size_t EmbeddingTokenBackwardWorkspaceBytes(int64_t rows, int64_t vocab);
 int LaunchEmbeddingTokenBackward(const void* dy, int dtype,
                                  const int32_t* tokens, int64_t rows,
                                  int64_t cols, int64_t vocab, void* workspace,
-                                 size_t workspace_bytes,
-                                 void* grad_token_table, int grad_dtype,
-                                 void* stream);
+                                 size_t workspace_bytes, void* grad_token_table,
+                                 int grad_dtype, void* stream);
 
 // Key/value cache of incremental decoding (kv_cache.cu). qkv (N, T, 3C)
 // with C = heads * head_dim; rows, starts (N) int32; key_cache, value_cache
