@@ -2,7 +2,8 @@
 # Third session of 2026-12-07, call 1 (carry gpu_pack and
 # .corpus/linux_doc.txt.xz):
 # 1. The new token-gradient kernel (ce0905f) against the CPU, bit for bit
-#    (functional_cuda_test).
+#    (functional_cuda_test), and the fixed-order sum of squares (2888dc9)
+#    against its host emulation (ops_cuda_test).
 # 2. Issue 28's activation pairs with the token table's (V, C) f32 scratch
 #    gone: 1.3B and llama-1B as run 69 call 3 (1024-row loss chunks), and
 #    the 8B Llama shape (stage 2, optimizer on the host with 8-bit moments:
@@ -26,7 +27,7 @@ for r in a b; do grep -o "step [0-9]* loss [0-9.]*" $OUT/det_$r.log | tr '\n' ' 
 cmp <(grep -o "step [0-9]* loss [0-9.]*" $OUT/det_a.log) \
     <(grep -o "step [0-9]* loss [0-9.]*" $OUT/det_b.log) && echo "determinism: identical"
 
-run_fixed_tests functional_cuda_test
+run_fixed_tests functional_cuda_test ops_cuda_test
 
 BENCH_DEFAULTS="--batch=16 --seq=1024 --iters=4 --warmup=2 --dtype=bf16 --stages=0 --checkpointing=1 --loss_chunk_rows=1024 --peak_attribution=1"
 BENCH_TIMEOUT=60
