@@ -843,7 +843,8 @@ absl::Status PartitionState::OffloadDeviceUpdatedWeights(
     // weights from before this update, and every rank stops at the next
     // boundary (a rank failing here alone would leave the others in the
     // next forward's all-gathers).
-    DeferWeightsError(bucket, "writing the update of", bytes.status());
+    DeferWeightsError(bucket, "taking a swap buffer for the update of",
+                      bytes.status());
     return absl::OkStatus();
   }
   PendingWeightsWrite write;
