@@ -266,6 +266,17 @@ Json MemoryBreakdownJson(const zero::MemoryBreakdown& memory) {
   json["host_bytes"] = memory.host_bytes;
   json["pinned_host_bytes"] = memory.pinned_host_bytes;
   json["staging_bytes"] = memory.staging_bytes;
+  json["nvme_bytes"] = memory.nvme_bytes;
+  json["speculation_bytes"] = memory.speculation_bytes;
+  // Where each part lives (zero/reports.h: they add up to device_bytes,
+  // host_bytes and nvme_bytes).
+  json["device_weight_bytes"] = memory.device_weight_bytes;
+  json["host_weight_bytes"] = memory.host_weight_bytes;
+  json["nvme_weight_bytes"] = memory.nvme_weight_bytes;
+  json["device_optimizer_bytes"] = memory.device_optimizer_bytes;
+  json["host_optimizer_bytes"] = memory.host_optimizer_bytes;
+  json["nvme_optimizer_bytes"] = memory.nvme_optimizer_bytes;
+  json["swap_buffer_bytes"] = memory.swap_buffer_bytes;
   return json;
 }
 

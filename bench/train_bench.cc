@@ -10,6 +10,13 @@
 //    "step_ms":...,"tokens_per_s":...,"mfu":...,"memory":{...},
 //    "memory_breakdown":{...},"ds_config":{...},"reference":{...}}
 //
+// Beside the plan (memory_breakdown, zero/reports.h's parts included) the
+// line measures where the model state went: "host_memory" (this rank's
+// resident bytes and peak, page-locked as PinnedHostMemory's blocks plus
+// registered ranges, the pageable rest) and, with an NVMe tier,
+// "nvme_files" (its swap files' allocated bytes); "losses" holds every
+// step's loss, warm-up steps first.
+//
 // Timing: `warmup` untimed steps, then `iters` steps between two
 // synchronisations of the engine's compute stream (and a barrier across
 // ranks), by the wall clock. tokens_per_s counts every rank's tokens
@@ -142,10 +149,13 @@
 // "not implemented" ends the run (the ranks could no longer agree on the
 // collectives to issue). Exit status 1 if any configuration failed other
 // than with Unimplemented, 2 for bad flags.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -153,6 +163,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "bench/disk_baseline.h"
@@ -407,6 +418,84 @@ bool ConfigUsesNvme(const Json& config) {
     if (config.contains(device) && config.at(device) == "nvme") return true;
   }
   return false;
+}
+
+// This process's host memory now, to hold against memory_breakdown's
+// host_bytes and pinned_host_bytes: resident (VmRSS) and its peak (VmHWM)
+// from /proc/self/status; page-locked, as PinnedHostMemory's blocks in use
+// (staging, pinned weights) plus the ranges registered in place
+// (HostRegistration: swap buffers, CPU optimizer state); pageable, the
+// resident bytes less both (the model's host state and everything else the
+// process holds: libraries, the CUDA runtime's own buffers, data).
+Json HostMemoryJson() {
+  Json json;
+  int64_t rss = 0, peak = 0;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    int64_t kib = 0;
+    const auto field = [&](const char* name, int64_t* out) {
+      if (line.rfind(name, 0) != 0) return;
+      std::string value = line.substr(std::string(name).size());
+      value = value.substr(0, value.find(" kB"));
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &kib)) {
+        *out = kib * 1024;
+      }
+    };
+    field("VmRSS:", &rss);
+    field("VmHWM:", &peak);
+  }
+  const int64_t pinned = PinnedHostMemory()->stats().bytes_in_use;
+  const int64_t registered = HostRegistration::ProcessLockedBytes();
+  json["rss_bytes"] = rss;
+  json["peak_rss_bytes"] = peak;
+  json["pinned_allocator_bytes"] = pinned;
+  json["registered_bytes"] = registered;
+  json["pinned_bytes"] = pinned + registered;
+  json["pageable_bytes"] = std::max<int64_t>(0, rss - pinned - registered);
+  return json;
+}
+
+// The swap files this rank's engine holds now (zero_engine_rank<R>_*.swp
+// under each NVMe tier's nvme_path): bytes allocated on disk (fallocate'd
+// at creation, so the plan's nvme_bytes plus each record's rounding to 4
+// KiB), by file.
+Json SwapFilesJson(const Json& config, int rank) {
+  Json json;
+  json["files"] = Json::object();
+  int64_t total = 0;
+  std::vector<std::string> directories;
+  for (const char* tier : {"offload_optimizer", "offload_param"}) {
+    const Json::json_pointer path(
+        absl::StrCat("/zero_optimization/", tier, "/nvme_path"));
+    const Json::json_pointer device(
+        absl::StrCat("/zero_optimization/", tier, "/device"));
+    if (!config.contains(device) || config.at(device) != "nvme" ||
+        !config.contains(path)) {
+      continue;
+    }
+    const std::string directory = config.at(path).get<std::string>();
+    if (std::find(directories.begin(), directories.end(), directory) ==
+        directories.end()) {
+      directories.push_back(directory);
+    }
+  }
+  const std::string prefix = absl::StrCat("zero_engine_rank", rank, "_");
+  for (const std::string& directory : directories) {
+    std::error_code error;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(directory, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      struct stat info;
+      if (::stat(entry.path().c_str(), &info) != 0) continue;
+      const int64_t bytes = static_cast<int64_t>(info.st_blocks) * 512;
+      json["files"][entry.path().string()] = bytes;
+      total += bytes;
+    }
+  }
+  json["bytes"] = total;
+  return json;
 }
 
 // The DeepSpeed config of one run, as the engine reads it.
@@ -701,7 +790,8 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
 
   double loss = 0;
   double grad_norm = 0;
-  double wait_ms = 0;  // summed over the steps since the last reset
+  Json losses = Json::array();  // every step's, warm-up included
+  double wait_ms = 0;           // summed over the steps since the last reset
   auto step = [&]() -> absl::Status {
     engine::StepReport report;
     if (options.pipeline_stages > 1) {
@@ -714,6 +804,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
       }
     }
     loss = report.loss;
+    losses.push_back(loss);
     grad_norm = report.grad_norm;
     wait_ms += engine->communication_counters().wait_ms;
     return absl::OkStatus();
@@ -822,7 +913,12 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   line["mfu"] = mfu;
   line["mfu_pct"] = mfu * 100;
   line["loss"] = loss;
+  line["losses"] = losses;
   line["grad_norm"] = grad_norm;
+  // Where the model state went, measured, beside memory_breakdown's plan:
+  // host memory (this rank's process) and the swap files on disk.
+  line["host_memory"] = HostMemoryJson();
+  if (uses_nvme) line["nvme_files"] = SwapFilesJson(ds_config, comm->rank());
   line["global_steps"] = engine->counters().global_steps;
   line["skipped_steps"] = engine->counters().skipped_steps;
   line["loss_scale"] = engine->current_loss_scale();

@@ -147,7 +147,13 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "Faster initialisation when offloading to NVMe."))
         .Add(Value("ratio", &O::ratio,
                    Number(DoubleRule{0.0, 1.0, true, false}),
-                   "Fraction of the optimizer step done on the CPU."))
+                   "Fraction of the optimizer step done on the CPU: whole "
+                   "buckets (stages 0-2: the last layers' first; stage 3: "
+                   "the first modules') until at least this share of the "
+                   "trainable elements is offloaded; the rest keep their "
+                   "master weights and state on the GPU and are updated "
+                   "there, also with offload_param (their new weights then "
+                   "go to the parameters' tier)."))
         .Add(Value("delayed_update", &O::delayed_update, Boolean(),
                    "One-step delayed parameter update (ZeRO-Offload's DPU; "
                    "stages 1-2, device cpu, ratio 1): step t's CPU update "
@@ -200,9 +206,14 @@ const Schema<OffloadParamConfig>& OffloadParamSchema() {
     s->Add(Value("device", &O::device, OffloadDeviceCodec(),
                  "Where partitioned parameters live: none (GPU), cpu, nvme "
                  "(a swap file per rank under nvme_path, read ahead of each "
-                 "all-gather in the fetch order). Stage 3 only; needs the "
-                 "whole optimizer offloaded (offload_optimizer cpu or nvme, "
-                 "ratio 1)."))
+                 "all-gather in the fetch order). Stage 3 only. The "
+                 "optimizer may be anywhere: where offload_optimizer puts a "
+                 "bucket's state on the CPU, the CPU update writes its "
+                 "weights where they live; where it stays on the GPU (no "
+                 "offload_optimizer, or beyond its ratio), the GPU updates "
+                 "it and its new weights are copied to this tier each step "
+                 "(into host memory, or into a swap buffer written to the "
+                 "file). Not with bf16.master_weights_16_plus_16."))
         .Add(Value("nvme_path", &O::nvme_path, Nullable(String(false)),
                    "Directory for NVMe swap files; required for nvme."))
         .Add(Value("pin_memory", &O::pin_memory, Boolean(),

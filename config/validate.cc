@@ -385,18 +385,6 @@ absl::Status CheckSupported(const Config& config) {
         "zero_optimization.stage 1 or 2 (stage is ",
         zero.stage, ")"));
   }
-  if (offload_param.device != OffloadDevice::kNone &&
-      (offload_optimizer.device == OffloadDevice::kNone ||
-       offload_optimizer.ratio != 1.0)) {
-    // The CPU optimizer writes the offloaded weights in place (in host
-    // memory, or into the staging buffer they go back to NVMe from); a
-    // device optimizer would need them on the device.
-    return absl::UnimplementedError(absl::StrCat(
-        config.source, ": zero_optimization.offload_param.device \"",
-        offload_param.device == OffloadDevice::kCpu ? "cpu" : "nvme",
-        "\" needs zero_optimization.offload_optimizer.device \"cpu\" or "
-        "\"nvme\" with ratio 1 (the whole optimizer step on the CPU)"));
-  }
   if (config.pipeline.stages > 1) {
     // What a pipeline composes with (docs/pipeline.md): ZeRO 0-3,
     // offload_optimizer cpu, offload_param cpu, clipping and fp16, each

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -240,6 +241,18 @@ void PinnedHostAllocator::RawDeallocate(void* ptr, size_t bytes) {
   AddReserved(-static_cast<int64_t>(bytes));
 }
 
+namespace {
+
+// Every live HostRegistration's locked bytes (HostRegistration::
+// ProcessLockedBytes).
+std::atomic<int64_t> process_locked_bytes{0};
+
+}  // namespace
+
+int64_t HostRegistration::ProcessLockedBytes() {
+  return process_locked_bytes.load(std::memory_order_relaxed);
+}
+
 absl::StatusOr<HostRegistration> HostRegistration::Create(
     std::vector<Span> spans) {
   HostRegistration registration;
@@ -283,6 +296,8 @@ absl::StatusOr<HostRegistration> HostRegistration::Create(
     ZE_RETURN_IF_ERROR(
         CudaStatus(error, absl::StrCat("cudaHostRegister(", bytes, " bytes)")));
     registration.ranges_.push_back({data, bytes});
+    process_locked_bytes.fetch_add(static_cast<int64_t>(bytes),
+                                   std::memory_order_relaxed);
   }
   return registration;
 }
@@ -308,7 +323,11 @@ size_t HostRegistration::locked_bytes() const {
 }
 
 void HostRegistration::Release() {
-  for (const Span& range : ranges_) cudaHostUnregister(range.data);
+  for (const Span& range : ranges_) {
+    cudaHostUnregister(range.data);
+    process_locked_bytes.fetch_sub(static_cast<int64_t>(range.bytes),
+                                   std::memory_order_relaxed);
+  }
   ranges_.clear();
 }
 

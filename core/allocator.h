@@ -212,6 +212,10 @@ class HostRegistration {
 
   // Bytes this object locked (whole pages; 0 without a CUDA device).
   size_t locked_bytes() const;
+  // Bytes every live HostRegistration of the process holds locked: the
+  // page-locked host memory beside PinnedHostMemory's (benchmarks report
+  // both against the plan's pinned bytes). Thread-safe.
+  static int64_t ProcessLockedBytes();
 
  private:
   void Release();

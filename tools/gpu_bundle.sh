@@ -95,8 +95,9 @@ print(" ".join(re.sub(r"\$\((rootpath|location|execpath) ([^)]+)\)", path, a) fo
   fi
 done
 
-# Benchmarks and examples: every cc_binary under bench/ and examples/.
-for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/cuda/... + //tools:ze_checkpoint)' 2>/dev/null); do
+# Benchmarks and examples: every cc_binary under bench/ and examples/, and
+# the ze_checkpoint and ze_estimate tools (device scripts print the plan).
+for label in $(bazel query 'kind(cc_binary, //bench/... + //examples/... + //nn/cuda/... + //tools:ze_checkpoint + //tools:ze_estimate)' 2>/dev/null); do
   package="${label#//}"; package="${package%%:*}"; name="${label##*:}"
   add_binary "${package}/${name}" "${bundle}/bin/${name}"
 done

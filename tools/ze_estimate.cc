@@ -20,7 +20,11 @@
 // "nvmeparam" rows put the 16-bit weights on NVMe too (offload_param nvme;
 // without --config, max_in_cpu 0: none kept in CPU memory, and buffer_size
 // at least the largest bucket; the engine plan then counts the swap buffers
-// as pinned host bytes).
+// as pinned host bytes). With --model and --config the one row is followed
+// by where each part lives (GPU: weights, gradients, master and optimizer
+// state; host: the offloaded master and state, weights, staging, swap
+// buffers, speculation backup; NVMe: state and weights), and --json adds
+// them as "placement" (zero/reports.h MemoryBreakdown's parts).
 // Exit status: 0 printed, 2 bad input (the message names the flag or the
 // config file and key); --help prints the usage.
 #include <algorithm>
@@ -105,9 +109,12 @@ constexpr char kHelp[] =
 struct Row {
   int stage = 0;
   // none, cpu, cpu+param, param, nvme, nvme+param, nvme+nvmeparam, ...
+  // (cpu0.6+nvmeparam: offload_optimizer's ratio where it is below 1)
   std::string offload;
   int64_t device = 0, host = 0, pinned = 0, nvme = 0;
   double paper = 0;  // the paper's model-state figure (placement aside)
+  // The engine plan's breakdown (--model only): where each part lives.
+  std::optional<zero::MemoryBreakdown> plan;
 };
 
 // Bad input: exit 2 with the message, which names the flag or file.
@@ -122,6 +129,9 @@ struct Choice {
   int stage = 0;
   config::OffloadDevice optimizer = config::OffloadDevice::kNone;
   config::OffloadDevice param = config::OffloadDevice::kNone;
+  // offload_optimizer.ratio (--config only): the share of the optimizer
+  // state offloaded, the rest staying on the device.
+  double ratio = 1.0;
 };
 
 std::string OffloadName(const Choice& choice) {
@@ -129,6 +139,9 @@ std::string OffloadName(const Choice& choice) {
   std::string name = choice.optimizer == OffloadDevice::kNvme  ? "nvme"
                      : choice.optimizer == OffloadDevice::kCpu ? "cpu"
                                                                : "";
+  if (!name.empty() && choice.ratio < 1.0) {
+    absl::StrAppend(&name, absl::StrFormat("%g", choice.ratio));
+  }
   if (choice.param != OffloadDevice::kNone) {
     const char* param =
         choice.param == OffloadDevice::kNvme ? "nvmeparam" : "param";
@@ -197,13 +210,19 @@ absl::StatusOr<Row> PaperRow(double psi, const Setup& setup,
       setup.precision == config::TrainingPrecision::kFp32 ? 4 : 2;
   row.device = bytes.total();
   if (choice.optimizer != config::OffloadDevice::kNone) {
-    const int64_t staging = element_bytes * own;
-    row.device -= bytes.optimizer_states;
+    // `ratio` of the state (and of the staging its gradients travel
+    // through) offloaded, the rest on the device: the formula's share, not
+    // whole buckets as the engine plan takes them.
+    const int64_t offloaded = static_cast<int64_t>(std::llround(
+        choice.ratio * static_cast<double>(bytes.optimizer_states)));
+    const int64_t staging = static_cast<int64_t>(
+        std::llround(choice.ratio * static_cast<double>(element_bytes * own)));
+    row.device -= offloaded;
     if (choice.optimizer == config::OffloadDevice::kNvme) {
-      row.nvme = bytes.optimizer_states;
+      row.nvme = offloaded;
       row.host = staging;
     } else {
-      row.host = bytes.optimizer_states + staging;
+      row.host = offloaded + staging;
     }
     row.pinned = staging;
   }
@@ -236,6 +255,22 @@ void Print(const std::vector<Row>& rows, bool json, const std::string& what,
       line["pinned_host_bytes"] = row.pinned;
       line["nvme_bytes"] = row.nvme;
       line["paper_bytes"] = row.paper;
+      if (row.plan.has_value()) {
+        // MemoryBreakdown's parts (zero/reports.h: they add up to the
+        // totals above).
+        const zero::MemoryBreakdown& plan = *row.plan;
+        line["placement"] = {
+            {"device_weight_bytes", plan.device_weight_bytes},
+            {"host_weight_bytes", plan.host_weight_bytes},
+            {"nvme_weight_bytes", plan.nvme_weight_bytes},
+            {"gradient_bytes", plan.gradient_bytes},
+            {"device_optimizer_bytes", plan.device_optimizer_bytes},
+            {"host_optimizer_bytes", plan.host_optimizer_bytes},
+            {"nvme_optimizer_bytes", plan.nvme_optimizer_bytes},
+            {"staging_bytes", plan.staging_bytes},
+            {"swap_buffer_bytes", plan.swap_buffer_bytes},
+            {"speculation_bytes", plan.speculation_bytes}};
+      }
       std::printf("%s\n", line.dump().c_str());
     }
     return;
@@ -248,6 +283,23 @@ void Print(const std::vector<Row>& rows, bool json, const std::string& what,
                 row.offload.c_str(), GiB(row.device).c_str(),
                 GiB(row.host).c_str(), GiB(row.pinned).c_str(),
                 GiB(row.nvme).c_str(), GiB(row.paper).c_str());
+  }
+  if (rows.size() == 1 && rows[0].plan.has_value()) {
+    // One config's row: where each part of it lives.
+    const zero::MemoryBreakdown& plan = *rows[0].plan;
+    std::printf(
+        "GPU = weights %s + gradients %s + master and optimizer state %s\n"
+        "host = master and optimizer state %s + weights %s + transfer "
+        "staging %s + swap buffers %s + speculation backup %s\n"
+        "NVMe = master and optimizer state %s + weights %s\n",
+        GiB(plan.device_weight_bytes).c_str(), GiB(plan.gradient_bytes).c_str(),
+        GiB(plan.device_optimizer_bytes).c_str(),
+        GiB(plan.host_optimizer_bytes).c_str(),
+        GiB(plan.host_weight_bytes).c_str(), GiB(plan.staging_bytes).c_str(),
+        GiB(plan.swap_buffer_bytes).c_str(),
+        GiB(plan.speculation_bytes).c_str(),
+        GiB(plan.nvme_optimizer_bytes).c_str(),
+        GiB(plan.nvme_weight_bytes).c_str());
   }
 }
 
@@ -381,9 +433,9 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
   const std::string& path = flags.at("config");
   ZE_ASSIGN_OR_RETURN(config::Config loaded,
                       config::LoadConfigFile(path, setup.world));
-  // What Initialize would refuse (offload_param with part of the optimizer
-  // on the device, compressed moments on NVMe, ...) gets no row: its plan
-  // would describe a run that cannot start.
+  // What Initialize would refuse (compressed moments on NVMe, the 16+16
+  // master with offload_param, ...) gets no row: its plan would describe a
+  // run that cannot start.
   ZE_RETURN_IF_ERROR(config::CheckSupported(loaded));
   if (loaded.fp16.enabled.is_auto() || loaded.bf16.enabled.is_auto()) {
     setup.precision = dtype.value_or(config::TrainingPrecision::kBf16);
@@ -435,6 +487,7 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
   Choice choice;
   choice.stage = static_cast<int>(zero.stage);
   choice.optimizer = zero.offload_optimizer.device;
+  choice.ratio = zero.offload_optimizer.ratio;
   // DeepSpeed uses offload_param at stage 3 only.
   choice.param = zero::PolicyOf(loaded).partition_parameters
                      ? zero.offload_param.device
@@ -565,6 +618,7 @@ absl::Status FromModel(const Flags& flags, const Setup& setup, bool json) {
     row.pinned = plan.pinned_host_bytes;
     row.nvme = plan.nvme_bytes;
     row.paper = plan.paper_bytes;
+    row.plan = plan;
     rows.push_back(row);
   }
   Print(rows, json,

@@ -776,22 +776,134 @@ absl::Status PartitionState::UpdateWeights(const StepArgs& step_args,
     ZE_RETURN_IF_ERROR(in_flight_.Close(stream));
     early_args_.reset();
   }
-  for (int b = 0; b < layout_.num_buckets(); ++b) {
+  // Swapped device buckets' writes in flight: as many as there are swap
+  // buffers, so the device updates the next bucket while the host waits
+  // for the oldest copy.
+  std::deque<PendingWeightsWrite> pending;
+  const size_t window =
+      static_cast<size_t>(std::max(1, options_.weights_nvme.buffer_count));
+  absl::Status status;
+  for (int b = 0; b < layout_.num_buckets() && status.ok(); ++b) {
     if (!trainable_[b] || optimizer_placement_[b] != Placement::kDevice) {
       continue;
     }
     if (options_.split_master) {
-      ZE_RETURN_IF_ERROR(
+      status =
           optimizers_[b]->StepSplitRange(0, OwnWeights(b), OwnMasterLow(b),
-                                         OwnGradients(b), step_args, stream));
-      optimizers_[b]->AdvanceStep();
-      continue;
+                                         OwnGradients(b), step_args, stream);
+      if (status.ok()) optimizers_[b]->AdvanceStep();
+    } else if (options_.weights_placement != Placement::kDevice) {
+      status =
+          OffloadDeviceUpdatedWeights(b, step_args, stream, window, &pending);
+    } else {
+      status = optimizers_[b]->Step(
+          OwnMaster(b), OwnGradients(b), step_args, stream,
+          master_aliases_weights() ? Tensor() : OwnWeights(b));
     }
-    ZE_RETURN_IF_ERROR(optimizers_[b]->Step(
-        OwnMaster(b), OwnGradients(b), step_args, stream,
-        master_aliases_weights() ? Tensor() : OwnWeights(b)));
   }
-  return absl::OkStatus();
+  // Every acquired swap buffer goes back, whatever failed above.
+  const absl::Status released = ReleasePendingWeights(0, status.ok(), &pending);
+  ZE_RETURN_IF_ERROR(status);
+  return released;
+}
+
+absl::Status PartitionState::OffloadDeviceUpdatedWeights(
+    int bucket, const StepArgs& step_args, const Stream& stream, size_t window,
+    std::deque<PendingWeightsWrite>* pending) {
+  // The weights are not the master here (the master is on the device, the
+  // weights are not), so the kernel writes a separate 16-bit (or f32) copy:
+  // into a device buffer of the stream's, reused by its later work only.
+  const int64_t elements = own_elements(bucket);
+  Tensor updated;
+  {
+    StreamGuard guard(stream);
+    absl::StatusOr<Tensor> buffer =
+        Tensor::Empty({elements}, options_.model_dtype, options_.device);
+    if (!buffer.ok() && options_.annotate_allocation_error) {
+      return options_.annotate_allocation_error(buffer.status());
+    }
+    ZE_ASSIGN_OR_RETURN(updated, std::move(buffer));
+  }
+  ZE_RETURN_IF_ERROR(optimizers_[bucket]->Step(
+      OwnMaster(bucket), OwnGradients(bucket), step_args, stream, updated));
+  if (!weights_swapped(bucket)) {
+    // Host memory (offload_param cpu, or kept there by max_in_cpu): the
+    // next gather uploads it on a stream ordered after this one's work.
+    return Copy(updated, OwnWeights(bucket), stream);
+  }
+  // Swapped: the new weights replace the record in a swap buffer, the one
+  // place its newest bytes may be besides the file (SwappedWeights' cache),
+  // so the next gather finds them there or, once written, in the file. Not
+  // through the staging buffer: it holds only host buckets (a device
+  // bucket's would cost host memory for nothing).
+  ZE_RETURN_IF_ERROR(ReleasePendingWeights(window - 1, /*ok=*/true, pending));
+  absl::StatusOr<char*> bytes = swapped_weights_->AcquireForOverwrite(bucket);
+  if (!bytes.ok()) {
+    // The buffer's previous write failed: the file keeps the bucket's
+    // weights from before this update, and every rank stops at the next
+    // boundary (a rank failing here alone would leave the others in the
+    // next forward's all-gathers).
+    DeferWeightsError(bucket, "taking a swap buffer for the update of",
+                      bytes.status());
+    return absl::OkStatus();
+  }
+  PendingWeightsWrite write;
+  write.bucket = bucket;
+  absl::Status copied = Copy(
+      updated,
+      Tensor::Wrap(*bytes, {elements}, options_.model_dtype, Device::Cpu()),
+      stream);
+  if (copied.ok()) {
+    absl::StatusOr<Event> event = Event::Create(options_.device);
+    copied = event.status();
+    if (event.ok()) {
+      write.copied = *std::move(event);
+      copied = write.copied.Record(stream);
+    }
+  }
+  // Pending even when the copy failed: ReleasePendingWeights gives the
+  // buffer back (clean) on the failed step's way out.
+  pending->push_back(std::move(write));
+  return copied;
+}
+
+absl::Status PartitionState::ReleasePendingWeights(
+    size_t keep, bool ok, std::deque<PendingWeightsWrite>* pending) {
+  absl::Status first;
+  while (pending->size() > keep) {
+    PendingWeightsWrite write = std::move(pending->front());
+    pending->pop_front();
+    // The copy writes the buffer: it must be done before the buffer is
+    // released, written to the file or taken for another record.
+    absl::Status copied = write.copied.Synchronize();
+    const bool dirty = ok && copied.ok();
+    absl::Status released = swapped_weights_->Release(write.bucket, dirty);
+    if (!dirty) {
+      // Partly copied bytes are not the record's: read the file next.
+      absl::Status forgotten = swapped_weights_->Forget(write.bucket);
+      if (released.ok()) released = forgotten;
+    }
+    if (!released.ok()) {
+      DeferWeightsError(write.bucket, "writing the update of", released);
+    }
+    if (first.ok()) first = copied;
+  }
+  return first;
+}
+
+void PartitionState::DeferWeightsError(int bucket, const char* what,
+                                       const absl::Status& status) {
+  if (!deferred_weights_error_.ok()) return;
+  ZE_LOG(ERROR) << "rank " << options_.rank << ": offload_param nvme: " << what
+                << " bucket " << bucket << "'s weights failed (" << status
+                << "); this step fails at its boundary on every rank";
+  deferred_weights_error_ = absl::Status(
+      status.code(),
+      absl::StrCat("rank ", options_.rank,
+                   ": zero_optimization.offload_param (nvme): ", what,
+                   " bucket ", bucket,
+                   "'s weights failed, so this step is not applied: ",
+                   status.message()));
 }
 
 PartitionState::OffloadTimes PartitionState::offload_times() const {
@@ -884,21 +996,7 @@ absl::StatusOr<Tensor> PartitionState::WeightsForGather(int bucket,
     // which the boundary step reports on every rank before anything is
     // updated (as it does a failed offloaded update): the step's gradients
     // are never applied.
-    if (deferred_weights_error_.ok()) {
-      ZE_LOG(ERROR) << "rank " << options_.rank
-                    << ": offload_param nvme: bucket " << bucket
-                    << "'s weights could not be read (" << swapped.status()
-                    << "); this step fails at its boundary on every rank";
-      deferred_weights_error_ = absl::Status(
-          swapped.status().code(),
-          absl::StrCat("rank ", options_.rank,
-                       ": zero_optimization.offload_param (nvme): reading "
-                       "bucket ",
-                       bucket,
-                       "'s weights failed, so this step is not "
-                       "applied: ",
-                       swapped.status().message()));
-    }
+    DeferWeightsError(bucket, "reading", swapped.status());
     return Tensor::Zeros({layout_.bucket(bucket).slice_elements},
                          options_.model_dtype, options_.device, stream);
   }

@@ -36,8 +36,12 @@
 // ReadAheadWeights); the update writes its new weights into the host
 // staging buffer, from where they go back to the file when the bucket is
 // next gathered or the update is joined (FinishUpdate), whichever is
-// first. Buffers of one placement are packed: bucket b's slice at its own
-// offset in them.
+// first. A bucket whose optimizer stays on the device (offload_optimizer's
+// ratio < 1, or none) while its weights are offloaded is updated by its
+// device kernel into a device buffer, and the new weights are then copied
+// to their tier: host memory, or a swap buffer that is written to the file
+// (UpdateWeights). Buffers of one placement are packed: bucket b's slice at
+// its own offset in them.
 //
 // Not thread-safe: owned and driven by one strategy on the engine's thread,
 // which calls every method. It runs no thread of its own; the offloaded
@@ -47,6 +51,7 @@
 #define ZE_ZERO_PARTITION_STATE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -151,11 +156,13 @@ struct PartitionStateOptions {
   std::vector<Placement> optimizer_placement;
   // kHost (offload_param cpu, stage 3 only): the weights partition in host
   // memory. kNvme (offload_param nvme, stage 3 only): in a swap file
-  // (weights_nvme, weights_max_in_cpu below). Every trainable bucket's
-  // optimizer must then be on the host too. Both are rules of the config's
-  // keys, checked in config/ (offload_param needs stage 3 at load; the whole
-  // optimizer on the CPU in config::CheckSupported), so the plan (zero/plan.h)
-  // never asks otherwise and Create does not check again.
+  // (weights_nvme, weights_max_in_cpu below). Stage 3 is a rule of the
+  // config's keys, checked in config/ at load, so the plan (zero/plan.h)
+  // never asks otherwise and Create does not check again. The optimizer
+  // may be anywhere: a host bucket's CPU update writes the weights where
+  // they live; a device bucket's (offload_optimizer ratio < 1) kernel
+  // writes them into a device buffer that UpdateWeights then copies to
+  // their tier (OffloadDeviceUpdatedWeights).
   Placement weights_placement = Placement::kDevice;
   // Host buffers the device copies to and from are page-locked (faster,
   // asynchronous copies); otherwise pageable.
@@ -328,6 +335,15 @@ class PartitionState {
   // Runs FinishUpdate itself first (one update at a time). InvalidArgument
   // for bad step_args (nothing updated), kernel or copy errors otherwise;
   // an error of the worker is returned when the update is next joined.
+  // A device bucket whose weights live off the device (offload_param with
+  // offload_optimizer's ratio < 1) is updated by its kernel into a device
+  // buffer, then copied to its tier: into host memory on `stream` (the next
+  // gather's upload is ordered after it), or, swapped, into a swap buffer
+  // whose write to the file starts once the copy is done, so the next
+  // gather reads the new weights from that buffer or the file. Never
+  // speculative: the boundary's arguments are known here. A swap file
+  // error in that write is deferred like WeightsForGather's: the next
+  // FinishUpdate returns it (every rank stops at the next boundary).
   absl::Status UpdateWeights(const StepArgs& step_args, const Stream& stream);
   // Makes `stream`'s later work see bucket b's updated weights: waits (on
   // the host) until the worker has written them, then orders `stream` after
@@ -645,6 +661,33 @@ class PartitionState {
   // Writes a dirty bucket's new weights from the staging buffer back to
   // the swap file (asynchronously; the record stays in its swap buffer).
   absl::Status WriteBackWeights(int bucket);
+  // UpdateWeights' device buckets with the weights off the device: a swapped
+  // bucket's new weights on their way from the device into its swap buffer
+  // (acquired for overwrite); once `copied` is done the buffer is released
+  // dirty, which starts its write to the file.
+  struct PendingWeightsWrite {
+    int bucket = -1;
+    Event copied;
+  };
+  // Bucket b (trainable, optimizer on the device, weights off it): its
+  // update into a device buffer of the model's dtype, then the copy to the
+  // weights' tier (host memory, on `stream`; or a swap buffer, appended to
+  // `pending`, at most `window` of them held at once: the oldest are
+  // released first).
+  absl::Status OffloadDeviceUpdatedWeights(
+      int bucket, const StepArgs& step_args, const Stream& stream,
+      size_t window, std::deque<PendingWeightsWrite>* pending);
+  // Releases the oldest of `pending` until at most `keep` remain: waits for
+  // each copy, then releases its buffer dirty (the write starts). `ok`
+  // false (a failed step): the buffers are released clean and forgotten,
+  // so the file's previous record is read next. Swap-file errors are
+  // deferred (deferred_weights_error_); a copy's error is returned.
+  absl::Status ReleasePendingWeights(size_t keep, bool ok,
+                                     std::deque<PendingWeightsWrite>* pending);
+  // Records `status` (a swap-file error of bucket b's weights, `what`
+  // being done) as the next FinishUpdate's, unless one is recorded already.
+  void DeferWeightsError(int bucket, const char* what,
+                         const absl::Status& status);
   // offload_param (CUDA): the stream WeightsForGather uploads host weights
   // on, created at the first gather.
   std::optional<Stream> gather_upload_stream_;

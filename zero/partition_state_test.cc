@@ -251,6 +251,103 @@ TEST(PartitionStateNvmeWeightsTest, WriteBackErrorIsNamedAndLeavesTheFile) {
   EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
 }
 
+// offload_param with part of the optimizer on the device (issue 28):
+// bucket 0's optimizer on the host, bucket 1's on the device (ratio < 1).
+// The device-updated bucket's new weights reach the weights' tier (host
+// memory, a swap buffer and then the file, or host memory kept by
+// max_in_cpu), bit for bit what the same placement writes with the weights
+// on the device, gathered before the join and read after it, through two
+// updates; without offload_optimizer (both buckets on the device) too.
+TEST(PartitionStateNvmeWeightsTest, DeviceUpdatedBucketsReachTheWeightsTier) {
+  const PartitionedLayout layout = Layout();
+  ASSERT_EQ(layout.num_buckets(), 2);
+  const std::vector<std::vector<Placement>> placements = {
+      {Placement::kHost, Placement::kDevice},
+      {Placement::kDevice, Placement::kDevice}};
+  for (const std::vector<Placement>& optimizer : placements) {
+    struct Tier {
+      Placement weights;
+      int64_t max_in_cpu;
+    };
+    for (const Tier tier :
+         {Tier{Placement::kHost, 0}, Tier{Placement::kNvme, 0},
+          Tier{Placement::kNvme, int64_t{1} << 40}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "bucket 0's optimizer " << PlacementName(optimizer[0])
+                   << ", weights " << PlacementName(tier.weights)
+                   << ", max_in_cpu " << tier.max_in_cpu);
+      PartitionStateOptions on_device = WeightsOptions(Placement::kDevice, 0);
+      on_device.optimizer_placement = optimizer;
+      PartitionStateOptions offloaded =
+          WeightsOptions(tier.weights, tier.max_in_cpu);
+      offloaded.optimizer_placement = optimizer;
+      auto reference = MakeWithWeights(on_device);
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      auto state = MakeWithWeights(offloaded);
+      ASSERT_TRUE(state.ok()) << state.status();
+      EXPECT_EQ((*state)->weights_swapped(1),
+                tier.weights == Placement::kNvme && tier.max_in_cpu == 0);
+      Stream stream;
+      StepArgs args;
+      args.lr = 0.01;
+      for (int step = 0; step < 2; ++step) {
+        ASSERT_TRUE((*reference)->UpdateWeights(args, stream).ok());
+        ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+        // The device bucket gathered before the join: from its swap
+        // buffer (or host memory), not the update's staging.
+        const std::vector<float> gathered = Gathered(**state, 1);
+        ASSERT_TRUE((*reference)->FinishUpdate(stream).ok());
+        ASSERT_TRUE((*state)->FinishUpdate(stream).ok());
+        EXPECT_EQ(gathered, WeightsOf(**reference, 1));
+        for (int b = 0; b < layout.num_buckets(); ++b) {
+          const std::vector<float> expected = WeightsOf(**reference, b);
+          EXPECT_NE(expected[0], 0.5f) << "bucket " << b;  // updated
+          EXPECT_EQ(WeightsOf(**state, b), expected) << "bucket " << b;
+          EXPECT_EQ(Gathered(**state, b), expected) << "bucket " << b;
+        }
+      }
+      if ((*state)->weights_swapped(1)) {
+        // One swap buffer for two buckets: the device bucket's weights
+        // went to the file and came back from it.
+        EXPECT_GT((*state)->weights_nvme_counters().bytes_written, 0);
+        EXPECT_GT((*state)->weights_nvme_counters().bytes_read, 0);
+      }
+    }
+  }
+}
+
+// A device-updated bucket's write to the swap file fails (bucket 0's; the
+// next bucket then cannot take the one swap buffer either): UpdateWeights
+// does not fail on this rank alone; the join does, naming the parameters'
+// swap file, and the file keeps both buckets' weights from before the
+// update; a later step works again.
+TEST(PartitionStateNvmeWeightsTest, DeviceUpdatedWriteErrorIsTheJoins) {
+  PartitionStateOptions options = WeightsOptions(Placement::kNvme, 0);
+  options.optimizer_placement = {Placement::kDevice, Placement::kDevice};
+  // Initialisation writes each of the 2 buckets once (requests 0 and 1);
+  // the update's first write is request 2.
+  options.weights_nvme.nvme.fail_write_request = 2;
+  auto state = MakeWithWeights(options);
+  ASSERT_TRUE(state.ok()) << state.status();
+  Stream stream;
+  StepArgs args;
+  args.lr = 0.01;
+  ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+  const absl::Status status = (*state)->FinishUpdate(stream).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_NE(status.message().find("zero_engine_rank0_parameters.swp"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("offload_param"), std::string::npos)
+      << status;
+  EXPECT_EQ(WeightsOf(**state, 0)[0], 0.5f);
+  EXPECT_EQ(WeightsOf(**state, 1)[0], 0.5f);
+  ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
+  EXPECT_TRUE((*state)->FinishUpdate(stream).ok());
+  EXPECT_NE(WeightsOf(**state, 0)[0], 0.5f);
+  EXPECT_NE(WeightsOf(**state, 1)[0], 0.5f);
+}
+
 // Missing directory and too little space: named at Create (before any
 // weight is written), as for the optimizer's file.
 TEST(PartitionStateNvmeWeightsTest, CreateErrorsNameThePath) {

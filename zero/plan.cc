@@ -214,6 +214,21 @@ absl::StatusOr<MemoryBreakdown> PlanModelStateMemory(
   memory.device_bytes =
       memory.total_bytes() + memory.staging_bytes -
       (swapped_bytes + memory.staging_bytes + host_weights + nvme_weights);
+  // The same bytes part by part (MemoryBreakdown's identities). With
+  // offload_param and part of the optimizer on the device (ratio < 1) the
+  // device keeps its buckets' master and moments while their weights are
+  // off it: the update writes them into one bucket's device buffer at a
+  // time and copies them to their tier (transient, as gathered buckets
+  // are, so not model state).
+  memory.host_optimizer_bytes = nvme ? 0 : swapped_bytes;
+  memory.nvme_optimizer_bytes = nvme ? swapped_bytes : 0;
+  memory.device_optimizer_bytes =
+      memory.master_weight_bytes + memory.optimizer_state_bytes - swapped_bytes;
+  memory.host_weight_bytes = host_weights;
+  memory.nvme_weight_bytes = nvme_weights;
+  memory.device_weight_bytes =
+      memory.model_weight_bytes - host_weights - nvme_weights;
+  memory.swap_buffer_bytes = swap_buffers + weight_swap_buffers;
   // The paper's formula in exact arithmetic: each of params, grads and
   // optimizer states is either replicated (Psi) or divided by N.
   const double psi = static_cast<double>(trainable_elements);
@@ -292,12 +307,13 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
       speculation_unbounded =
           !zero.offload_optimizer.speculation_buffer_size.has_value();
       // The CPU/GPU split where a device-updated bucket can be: gradients
-      // partitioned, an f32 master and f32 moments
-      // (PartitionStateOptions::split_update).
+      // partitioned, an f32 master and f32 moments, the weights on the
+      // device (PartitionStateOptions::split_update).
       state.split_update =
           zero.offload_optimizer.split_update &&
           plan.policy.partition_gradients && !state.split_master &&
-          state.optimizer.moments == offload::MomentFormat::kF32;
+          state.optimizer.moments == offload::MomentFormat::kF32 &&
+          zero.offload_param.device == config::OffloadDevice::kNone;
     }
     // OMP_NUM_THREADS sets the CPU optimizer's threads (0: the strategy
     // gives it this rank's share of the host's CPUs).

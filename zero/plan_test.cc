@@ -79,8 +79,10 @@ std::vector<Case> AllCases() {
         for (int world = 1; world <= 3; ++world) {
           Case c{stage, device, ratio, world, false};
           cases.push_back(c);
-          // offload_param needs stage 3 and the whole optimizer on the CPU.
-          if (stage == 3 && device != OffloadDevice::kNone && ratio == 1.0) {
+          // offload_param needs stage 3; the optimizer may be anywhere:
+          // on the host, on NVMe, split by ratio, or all on the device
+          // (no offload_optimizer, where ratio means nothing).
+          if (stage == 3 && (device != OffloadDevice::kNone || ratio == 1.0)) {
             c.offload_param = true;
             cases.push_back(c);
           }
@@ -266,7 +268,47 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
     EXPECT_EQ(plan.state.speculation_elements, speculates ? own_away : 0);
     EXPECT_EQ(memory.speculation_bytes, speculates ? swapped : 0);
     EXPECT_EQ(memory.pinned_host_bytes,
-              offloaded ? memory.staging_bytes + host_weights : 0);
+              plan.state.pin_memory ? memory.staging_bytes + host_weights : 0);
+    // Part by part: the master and moments of the device buckets on the
+    // device, the others' on the host or NVMe; the weights on the device
+    // or, with offload_param, the host; the identities of MemoryBreakdown.
+    const int64_t kept = (kMasterBytes + kMomentBytes) * (own_total - own_away);
+    EXPECT_EQ(memory.device_optimizer_bytes, kept);
+    EXPECT_EQ(memory.host_optimizer_bytes,
+              c.device == OffloadDevice::kCpu ? swapped : 0);
+    EXPECT_EQ(memory.nvme_optimizer_bytes,
+              c.device == OffloadDevice::kNvme ? swapped : 0);
+    EXPECT_EQ(memory.device_weight_bytes,
+              c.offload_param ? 0 : memory.model_weight_bytes);
+    EXPECT_EQ(memory.host_weight_bytes, host_weights);
+    EXPECT_EQ(memory.nvme_weight_bytes, 0);
+    EXPECT_EQ(memory.device_optimizer_bytes + memory.host_optimizer_bytes +
+                  memory.nvme_optimizer_bytes,
+              memory.master_weight_bytes + memory.optimizer_state_bytes);
+    EXPECT_EQ(memory.device_bytes, memory.device_weight_bytes +
+                                       memory.gradient_bytes +
+                                       memory.device_optimizer_bytes);
+    EXPECT_EQ(memory.host_bytes,
+              memory.host_optimizer_bytes + memory.host_weight_bytes +
+                  memory.staging_bytes + memory.swap_buffer_bytes +
+                  memory.speculation_bytes);
+    EXPECT_EQ(memory.nvme_bytes,
+              memory.nvme_optimizer_bytes + memory.nvme_weight_bytes);
+    if (c.offload_param && offloaded && c.ratio < 1.0) {
+      // offload_param with part of the optimizer on the device (issue 28):
+      // the device keeps that part and the gradients, nothing of the
+      // weights; the report names both tiers of the optimizer.
+      EXPECT_GT(kept, 0);
+      EXPECT_EQ(memory.device_bytes, memory.gradient_bytes + kept);
+      const std::string text = memory.ToString();
+      EXPECT_NE(text.find("master weights and optimizer state: device "),
+                std::string::npos)
+          << text;
+      EXPECT_NE(
+          text.find(c.device == OffloadDevice::kCpu ? " + host " : " + NVMe "),
+          std::string::npos)
+          << text;
+    }
     if (offloaded && c.ratio == 1.0) {
       // The whole optimizer step on the CPU: only weights (unless
       // offloaded too) and gradients stay on the device.
@@ -325,8 +367,9 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
     EXPECT_GE(static_cast<double>(memory.total_bytes()), memory.paper_bytes);
   }
   // Every combination config/ accepts was planned: stages 1-3 with cpu and
-  // stage 3 with nvme, both ratios, the no-offload rows, and offload_param.
-  EXPECT_EQ(planned, 4 * 2 * 3 + 3 * 2 * 3 + 1 * 2 * 3 + 2 * 3);
+  // stage 3 with nvme, both ratios, the no-offload rows, and offload_param
+  // with each of those at stage 3 (and without offload_optimizer).
+  EXPECT_EQ(planned, 4 * 2 * 3 + 3 * 2 * 3 + 1 * 2 * 3 + (1 + 2 * 2) * 3);
 }
 
 // PlanMemory is the plan's memory part: what ze_estimate and --dry_run
@@ -360,63 +403,85 @@ TEST(PlanTableTest, NvmeParametersCountDiskAndPinnedBuffers) {
   ASSERT_NE(model, nullptr);
   for (int world = 1; world <= 3; ++world) {
     for (int64_t max_in_cpu : {int64_t{0}, int64_t{1500}, int64_t{1} << 40}) {
-      SCOPED_TRACE(absl::StrCat("world ", world, " max_in_cpu ", max_in_cpu));
-      Case c{3, OffloadDevice::kNvme, 1.0, world, false};
-      std::string json = c.Json();
-      json.insert(json.rfind("}}"),
-                  absl::StrCat(R"(, "offload_param": {"device": "nvme", )",
-                               R"("nvme_path": "/tmp/p", "pin_memory": true, )",
-                               R"("buffer_count": 3, "max_in_cpu": )",
-                               max_in_cpu, "}"));
-      absl::StatusOr<config::Config> config =
-          config::LoadConfigString(json, world);
-      ASSERT_TRUE(config.ok()) << config.status();
-      absl::StatusOr<Plan> plan = BuildPlan(*model, *config, world);
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      const PartitionedLayout& layout = plan->layout.layout;
-      EXPECT_EQ(plan->state.weights_placement, Placement::kNvme);
-      EXPECT_EQ(plan->state.weights_nvme.nvme.directory, "/tmp/p");
-      EXPECT_EQ(plan->state.weights_nvme.buffer_count, 3);
-      EXPECT_EQ(plan->state.weights_max_in_cpu, max_in_cpu);
-      const std::vector<bool> resident =
-          ChooseResidentWeights(layout, max_in_cpu);
-      int64_t kept = 0, swapped = 0, largest = 0;
-      for (int b = 0; b < layout.num_buckets(); ++b) {
-        const int64_t slice = layout.bucket(b).slice_elements;
-        (resident[b] ? kept : swapped) += slice;
-        if (!resident[b]) largest = std::max(largest, slice);
+      // ratio 0.5: half the optimizer on the device, its buckets' weights
+      // in the swap file all the same.
+      for (double ratio : {1.0, 0.5}) {
+        SCOPED_TRACE(absl::StrCat("world ", world, " max_in_cpu ", max_in_cpu,
+                                  " ratio ", ratio));
+        Case c{3, OffloadDevice::kNvme, ratio, world, false};
+        std::string json = c.Json();
+        json.insert(
+            json.rfind("}}"),
+            absl::StrCat(R"(, "offload_param": {"device": "nvme", )",
+                         R"("nvme_path": "/tmp/p", "pin_memory": true, )",
+                         R"("buffer_count": 3, "max_in_cpu": )", max_in_cpu,
+                         "}"));
+        absl::StatusOr<config::Config> config =
+            config::LoadConfigString(json, world);
+        ASSERT_TRUE(config.ok()) << config.status();
+        absl::StatusOr<Plan> plan = BuildPlan(*model, *config, world);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        const PartitionedLayout& layout = plan->layout.layout;
+        EXPECT_EQ(plan->state.weights_placement, Placement::kNvme);
+        EXPECT_EQ(plan->state.weights_nvme.nvme.directory, "/tmp/p");
+        EXPECT_EQ(plan->state.weights_nvme.buffer_count, 3);
+        EXPECT_EQ(plan->state.weights_max_in_cpu, max_in_cpu);
+        const std::vector<bool> resident =
+            ChooseResidentWeights(layout, max_in_cpu);
+        int64_t kept = 0, swapped = 0, largest = 0;
+        for (int b = 0; b < layout.num_buckets(); ++b) {
+          const int64_t slice = layout.bucket(b).slice_elements;
+          (resident[b] ? kept : swapped) += slice;
+          if (!resident[b]) largest = std::max(largest, slice);
+        }
+        EXPECT_LE(kept, max_in_cpu);
+        EXPECT_EQ(kept + swapped, layout.partition_elements());
+        if (max_in_cpu == 0) EXPECT_EQ(kept, 0);
+        if (max_in_cpu == int64_t{1} << 40) EXPECT_EQ(swapped, 0);
+        if (max_in_cpu == 1500) EXPECT_GT(kept, 0);
+        const MemoryBreakdown& memory = plan->memory;
+        int64_t away = 0;
+        for (int b = 0; b < layout.num_buckets(); ++b) {
+          if (plan->state.optimizer_placement[b] == Placement::kNvme) {
+            away += layout.bucket(b).slice_elements;
+          }
+        }
+        if (ratio == 1.0) EXPECT_EQ(away, layout.partition_elements());
+        const int64_t state = (kMasterBytes + kMomentBytes) * away;
+        const int64_t on_device = (kMasterBytes + kMomentBytes) *
+                                  (layout.partition_elements() - away);
+        EXPECT_EQ(memory.nvme_bytes, state + kWeightBytes * swapped);
+        EXPECT_EQ(memory.nvme_optimizer_bytes, state);
+        EXPECT_EQ(memory.nvme_weight_bytes, kWeightBytes * swapped);
+        EXPECT_EQ(memory.host_weight_bytes, kWeightBytes * kept);
+        // The weights are off the device: only the gradients (and the
+        // optimizer of the buckets kept there) stay there.
+        EXPECT_EQ(memory.device_bytes, memory.gradient_bytes + on_device);
+        EXPECT_EQ(memory.device_optimizer_bytes, on_device);
+        EXPECT_EQ(memory.device_weight_bytes, 0);
+        offload::SwappedWeightsOptions swap = plan->state.weights_nvme;
+        swap.element_bytes = kWeightBytes;
+        const int64_t buffers =
+            3 * offload::SwappedWeights::BufferBytes(swap, largest);
+        EXPECT_EQ(memory.pinned_host_bytes,
+                  memory.staging_bytes + kWeightBytes * kept + buffers);
+        // Host memory: what the same run holds with the weights in CPU
+        // memory (offload_param cpu), less the swapped weights, plus the
+        // swap buffers.
+        std::string on_cpu = c.Json();
+        on_cpu.insert(on_cpu.rfind("}}"),
+                      R"(, "offload_param": {"device": "cpu"})");
+        absl::StatusOr<config::Config> cpu_config =
+            config::LoadConfigString(on_cpu, world);
+        ASSERT_TRUE(cpu_config.ok()) << cpu_config.status();
+        absl::StatusOr<Plan> cpu_plan = BuildPlan(*model, *cpu_config, world);
+        ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
+        EXPECT_EQ(memory.host_bytes, cpu_plan->memory.host_bytes -
+                                         kWeightBytes * swapped + buffers);
+        EXPECT_EQ(memory.total_bytes(), cpu_plan->memory.total_bytes());
+        EXPECT_EQ(memory.swap_buffer_bytes,
+                  cpu_plan->memory.swap_buffer_bytes + buffers);
       }
-      EXPECT_LE(kept, max_in_cpu);
-      EXPECT_EQ(kept + swapped, layout.partition_elements());
-      if (max_in_cpu == 0) EXPECT_EQ(kept, 0);
-      if (max_in_cpu == int64_t{1} << 40) EXPECT_EQ(swapped, 0);
-      if (max_in_cpu == 1500) EXPECT_GT(kept, 0);
-      const MemoryBreakdown& memory = plan->memory;
-      const int64_t state =
-          (kMasterBytes + kMomentBytes) * layout.partition_elements();
-      EXPECT_EQ(memory.nvme_bytes, state + kWeightBytes * swapped);
-      // The weights are off the device: only the gradients stay there.
-      EXPECT_EQ(memory.device_bytes, memory.gradient_bytes);
-      offload::SwappedWeightsOptions swap = plan->state.weights_nvme;
-      swap.element_bytes = kWeightBytes;
-      const int64_t buffers =
-          3 * offload::SwappedWeights::BufferBytes(swap, largest);
-      EXPECT_EQ(memory.pinned_host_bytes,
-                memory.staging_bytes + kWeightBytes * kept + buffers);
-      // Host memory: what the same run holds with the weights in CPU
-      // memory (offload_param cpu), less the swapped weights, plus the
-      // swap buffers.
-      std::string on_cpu = c.Json();
-      on_cpu.insert(on_cpu.rfind("}}"),
-                    R"(, "offload_param": {"device": "cpu"})");
-      absl::StatusOr<config::Config> cpu_config =
-          config::LoadConfigString(on_cpu, world);
-      ASSERT_TRUE(cpu_config.ok()) << cpu_config.status();
-      absl::StatusOr<Plan> cpu_plan = BuildPlan(*model, *cpu_config, world);
-      ASSERT_TRUE(cpu_plan.ok()) << cpu_plan.status();
-      EXPECT_EQ(memory.host_bytes,
-                cpu_plan->memory.host_bytes - kWeightBytes * swapped + buffers);
-      EXPECT_EQ(memory.total_bytes(), cpu_plan->memory.total_bytes());
     }
   }
   // A swap buffer smaller than a swapped bucket's slice: refused by key.

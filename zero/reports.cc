@@ -1,6 +1,7 @@
 #include "zero/reports.h"
 
 #include <cstdio>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +49,30 @@ std::string MemoryBreakdown::ToString() const {
     }
     if (nvme_bytes > 0) {
       absl::StrAppend(&text, ", NVMe ", FormatGiB(nvme_bytes));
+    }
+    // Part by part, where each lives (the tiers named only where they hold
+    // something).
+    const auto tiers = [](int64_t device, int64_t host, int64_t nvme) {
+      std::string where;
+      for (const auto& [name, bytes] :
+           {std::pair<const char*, int64_t>{"device", device},
+            {"host", host},
+            {"NVMe", nvme}}) {
+        if (bytes == 0) continue;
+        absl::StrAppend(&where, where.empty() ? "" : " + ", name, " ",
+                        FormatGiB(bytes));
+      }
+      return where.empty() ? std::string("none") : where;
+    };
+    absl::StrAppend(
+        &text, "; master weights and optimizer state: ",
+        tiers(device_optimizer_bytes, host_optimizer_bytes,
+              nvme_optimizer_bytes),
+        "; weights: ",
+        tiers(device_weight_bytes, host_weight_bytes, nvme_weight_bytes));
+    if (swap_buffer_bytes > 0) {
+      absl::StrAppend(&text, "; swap buffers (host) ",
+                      FormatGiB(swap_buffer_bytes));
     }
   }
   return text;

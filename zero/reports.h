@@ -103,6 +103,31 @@ struct MemoryBreakdown {
   // backup of master weights and optimizer state
   // (offload_optimizer.speculation_buffer_size; issue 27).
   int64_t speculation_bytes = 0;
+  // Where each part lives, so a mixed placement reads off directly. The
+  // master weights and optimizer state of the buckets whose optimizer is on
+  // the device (all of them without offload_optimizer; the rest beyond
+  // `ratio` with it), in host memory (offload_optimizer cpu) and in a swap
+  // file (nvme):
+  //   device_optimizer_bytes + host_optimizer_bytes + nvme_optimizer_bytes
+  //     = master_weight_bytes + optimizer_state_bytes.
+  // The weights (this rank's 16-bit or f32 copy) on the device, in host
+  // memory (offload_param cpu, or nvme's max_in_cpu part) and in their swap
+  // file (offload_param nvme):
+  //   device_weight_bytes + host_weight_bytes + nvme_weight_bytes
+  //     = model_weight_bytes.
+  // swap_buffer_bytes: the host buffers both swap files are read and
+  // written through. So device_bytes = device_weight_bytes + gradient_bytes
+  // + device_optimizer_bytes; host_bytes = host_optimizer_bytes +
+  // host_weight_bytes + staging_bytes + swap_buffer_bytes +
+  // speculation_bytes; nvme_bytes = nvme_optimizer_bytes +
+  // nvme_weight_bytes.
+  int64_t device_optimizer_bytes = 0;
+  int64_t host_optimizer_bytes = 0;
+  int64_t nvme_optimizer_bytes = 0;
+  int64_t device_weight_bytes = 0;
+  int64_t host_weight_bytes = 0;
+  int64_t nvme_weight_bytes = 0;
+  int64_t swap_buffer_bytes = 0;
   // The paper's figure for this stage, precision and world size (16 Psi,
   // 4 Psi + 12 Psi / N, 2 Psi + 14 Psi / N, 16 Psi / N for mixed-precision
   // Adam), exact (no rounding of Psi / N).

@@ -80,7 +80,11 @@ struct RunSpec {
   // NVMe, stage 3; swap files under --out), "nvmeparam" (as "cpuparam" with
   // the parameters in a swap file under --out, nothing kept in CPU memory,
   // two swap buffers: compared with "cpuparam", exactly on the CPU; on a
-  // GPU within the dtype's tolerance, as "serial"), "noclip" (no offload, no
+  // GPU within the dtype's tolerance, as "serial"), "cpuhalfparam" and
+  // "nvmehalfparam" (as "cpuparam" and "nvmeparam" with ratio 0.5: the
+  // device-updated buckets' weights copied to the host or the swap file;
+  // issue 28), the second compared with the first as "nvmeparam" is with
+  // "cpuparam", "noclip" (no offload, no
   // gradient clipping) and "cpuearly" (offload_optimizer without clipping:
   // stage 2 starts the CPU update during backward), compared with each
   // other; "serial" (no offload, overlap_comm false at accumulation 2, so
@@ -148,15 +152,18 @@ std::string OffloadJson(const std::string& offload) {
   // A small sub_group_size: the offloaded step runs in many chunks.
   const std::string optimizer = absl::StrCat(
       R"(, "sub_group_size": 100, "offload_optimizer": {"device": "cpu", "pin_memory": true)",
-      offload == "cpuhalf" ? R"(, "ratio": 0.5)" : "",
+      offload == "cpuhalf" || offload == "cpuhalfparam" ||
+              offload == "nvmehalfparam"
+          ? R"(, "ratio": 0.5)"
+          : "",
       // The CPU/GPU split (on a GPU; off by default) where it can run.
       offload == "cpu" ? R"(, "split_update": true)" : "",
       offload == "cpudelay" ? R"(, "delayed_update": true)" : "", "}");
   std::string param =
-      offload == "cpuparam"
+      offload == "cpuparam" || offload == "cpuhalfparam"
           ? R"(, "offload_param": {"device": "cpu", "pin_memory": true})"
           : "";
-  if (offload == "nvmeparam") {
+  if (offload == "nvmeparam" || offload == "nvmehalfparam") {
     param = absl::StrCat(
         R"(, "offload_param": {"device": "nvme", "pin_memory": true, "nvme_path": ")",
         NvmeDirectory(), R"(", "max_in_cpu": 0, "buffer_count": 2})");
@@ -487,6 +494,9 @@ std::vector<RunSpec> Matrix() {
         specs.push_back({dtype, optimizer, 2, accumulation, 2, "cpuhalf"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuparam"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "nvmeparam"});
+        specs.push_back({dtype, optimizer, 3, accumulation, 2, "cpuhalfparam"});
+        specs.push_back(
+            {dtype, optimizer, 3, accumulation, 2, "nvmehalfparam"});
         specs.push_back({dtype, optimizer, 3, accumulation, 2, "nvme"});
       }
     }
@@ -643,9 +653,11 @@ int Main(int argc, char** argv) {
         if (spec.offload == "serial") {
           tolerance = on_cuda ? ToleranceFor(spec.dtype) : Tolerance{0, 0};
         }
-        if (spec.offload == "nvmeparam") {
-          // Only where the weights live differs from "cpuparam".
-          on_device.offload = "cpuparam";
+        if (spec.offload == "nvmeparam" || spec.offload == "nvmehalfparam") {
+          // Only where the weights live differs from "cpuparam" (or
+          // "cpuhalfparam").
+          on_device.offload =
+              spec.offload == "nvmeparam" ? "cpuparam" : "cpuhalfparam";
           tolerance = on_cuda ? ToleranceFor(spec.dtype) : Tolerance{0, 0};
         }
         status = Compare(dir, spec.Name(world), on_device.Name(world),

@@ -173,13 +173,46 @@ PY
 # "auto" precision: --dtype fills it; a config that sets it refuses --dtype.
 "$tool" --model=124M --world_size=2 --config="$auto_config" --dtype=fp16 | grep -q "f16"
 expect_bad "--dtype" --params=7B --config="$tmp/sgd.json" --dtype=bf16
-# A config Initialize refuses gets no row either, the same message: here
-# offload_param with part of the optimizer state kept on the device.
+# offload_param with part of the optimizer kept on the device (ratio 0.5,
+# issue 28): one row, cpu0.5+param; the device keeps the gradients and that
+# part's master and moments, the host the rest, the weights and the staging
+# of the offloaded part; the parts add up to the totals, and the text names
+# both tiers of the optimizer.
 cat > "$tmp/split_param.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
  "zero_optimization": {"stage": 3,
    "offload_optimizer": {"device": "cpu", "ratio": 0.5},
    "offload_param": {"device": "cpu"}}}
 JSON
-expect_bad "with ratio 1" --model=124M --world_size=1 --config="$tmp/split_param.json"
+"$tool" --model=124M --world_size=1 --config="$tmp/split_param.json" --json > "$tmp/rows"
+"$tool" --model=124M --world_size=1 --config="$tmp/split_param.json" | tee "$tmp/text"
+grep -q "^GPU = weights 0.00 + gradients" "$tmp/text"
+python3 - "$tmp/rows" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 1, rows
+row = rows[0]
+assert (row["stage"], row["offload"]) == (3, "cpu0.5+param"), row
+p = row["placement"]
+assert p["device_weight_bytes"] == 0 and p["host_weight_bytes"] > 0, p
+assert p["device_optimizer_bytes"] > 0 and p["host_optimizer_bytes"] > 0, p
+assert row["device_bytes"] == p["gradient_bytes"] + p["device_optimizer_bytes"], row
+assert row["host_bytes"] == (p["host_optimizer_bytes"] + p["host_weight_bytes"] +
+                             p["staging_bytes"] + p["swap_buffer_bytes"] +
+                             p["speculation_bytes"]), row
+# About half of the state each way (whole buckets, so not exactly).
+share = p["host_optimizer_bytes"] / (p["host_optimizer_bytes"] + p["device_optimizer_bytes"])
+assert 0.5 <= share < 0.75, share
+print("ze_estimate: offload_param with ratio 0.5 ok, host share", share)
+PY
+# A config Initialize refuses gets no row either, the same message: here
+# the 16+16 master with offload_param.
+cat > "$tmp/master16_param.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 1,
+ "bf16": {"enabled": true, "master_weights_16_plus_16": true},
+ "zero_optimization": {"stage": 3,
+   "offload_optimizer": {"device": "cpu"},
+   "offload_param": {"device": "cpu"}}}
+JSON
+expect_bad "bf16.master_weights_16_plus_16" --model=124M --world_size=1 --config="$tmp/master16_param.json"
 echo "ze_estimate: ok"

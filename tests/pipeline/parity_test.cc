@@ -499,7 +499,8 @@ TEST(PipelineParity, Fp16OverflowSkipsTheStepOnEveryStage) {
 // data-parallel share on the CPU, clipped by the norm across the stages
 // (the update cannot begin during a boundary backward: a pipeline has
 // none, so it runs at the step). ZeRO 1-3, AdamW; at 3 also with
-// offload_param.
+// offload_param, with the whole optimizer on the CPU, half of it or all of
+// it on the GPU.
 TEST(PipelineParity, OffloadOptimizerWithClipping) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
@@ -518,6 +519,18 @@ TEST(PipelineParity, OffloadOptimizerWithClipping) {
     for (const char *schedule : {"1f1b", "zb_h1"}) {
       ExpectParity({stages, 3, schedule, kAdamW, 1e-4});
     }
+  }
+  // And with half of each stage's optimizer kept on the GPU (issue 28):
+  // its buckets' new weights are copied to the host after their update.
+  g_zero_keys =
+      R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5}, "offload_param": {"device": "cpu"})";
+  for (int stages : StageCounts()) {
+    ExpectParity({stages, 3, "1f1b", kAdamW, 1e-4});
+  }
+  // ... and all of it (no offload_optimizer).
+  g_zero_keys = R"(, "offload_param": {"device": "cpu"})";
+  for (int stages : StageCounts()) {
+    ExpectParity({stages, 3, "1f1b", kAdamW, 1e-4});
   }
   g_extra_keys.clear();
   g_zero_keys.clear();
