@@ -613,7 +613,7 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
 // files named by that rank would collide across the stages (the second
 // stage's Initialize failing on the first's lock): they are named by the
 // world rank. 1F1B and ZB-H1, GPT and the Llama family (tied and untied);
-// GPipe for GPT.
+// GPipe and interleaved 1F1B for GPT.
 TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
@@ -643,7 +643,13 @@ TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
       }
     }
   }
+  // Interleaved (GPT): one strategy, so one set of files, per rank for its
+  // stages; each stage's micro-steps follow their own fetch record.
   g_family = Family::kGpt;
+  for (const std::string &keys : {optimizer_on_nvme, parameters_on_nvme}) {
+    g_zero_keys = keys;
+    ExpectInterleavedParity(3, kAdamW, 1e-4);
+  }
   g_extra_keys.clear();
   g_zero_keys.clear();
 }
@@ -656,7 +662,8 @@ TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
 // tied table's two copies updated alike, clipped by the norm across the
 // stages. A stage joining at another point (a micro-batch's instead of the
 // step's), or one stage's update landing a step early, would change the
-// losses. 1F1B and ZB-H1, GPT and the Llama family; GPipe for GPT.
+// losses. 1F1B and ZB-H1, GPT and the Llama family; GPipe and
+// interleaved 1F1B for GPT.
 TEST(PipelineParity, DelayedUpdate) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
@@ -678,7 +685,11 @@ TEST(PipelineParity, DelayedUpdate) {
       }
     }
   }
+  // Interleaved (GPT): a rank's stages share one optimizer, so one lag.
   g_family = Family::kGpt;
+  for (int zero_stage : {1, 2}) {
+    ExpectInterleavedParity(zero_stage, kAdamW, 1e-4);
+  }
   g_extra_keys.clear();
   g_zero_keys.clear();
 }
