@@ -625,15 +625,21 @@ TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
       R"(, "stage3_param_persistence_threshold": 0, )"
       R"("stage3_max_reuse_distance": 0, "offload_param": {"device": "nvme", )"
       R"("nvme_path": "$NVME", "max_in_cpu": 0, "buffer_count": 3})");
+  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
+  // 2x2): its 4x1 would check nothing of the files' names or the fetch
+  // order that GPT's does not, for a third of the 4-rank run's time.
   struct Table {
     Family family;
     std::vector<const char *> schedules;
+    int max_stages;
   };
-  for (const Table &table : {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}},
-                             Table{Family::kLlamaTied, {"1f1b", "zb_h1"}},
-                             Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}}}) {
+  for (const Table &table :
+       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
+        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
+        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
     g_family = table.family;
     for (int stages : StageCounts()) {
+      if (stages > table.max_stages) continue;
       for (const char *schedule : table.schedules) {
         for (const std::string &keys :
              {optimizer_on_nvme, parameters_on_nvme}) {
@@ -669,15 +675,21 @@ TEST(PipelineParity, DelayedUpdate) {
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys =
       R"(, "offload_optimizer": {"device": "cpu", "delayed_update": true})";
+  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
+  // 2x2): its 4x1 would check nothing of the lag that GPT's does not, for
+  // a third of the 4-rank run's time.
   struct Table {
     Family family;
     std::vector<const char *> schedules;
+    int max_stages;
   };
-  for (const Table &table : {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}},
-                             Table{Family::kLlamaTied, {"1f1b", "zb_h1"}},
-                             Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}}}) {
+  for (const Table &table :
+       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
+        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
+        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
     g_family = table.family;
     for (int stages : StageCounts()) {
+      if (stages > table.max_stages) continue;
       for (const char *schedule : table.schedules) {
         for (int zero_stage : {1, 2}) {
           ExpectParity({stages, zero_stage, schedule, kAdamW, 1e-4});
