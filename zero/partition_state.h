@@ -141,8 +141,8 @@ struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
   int rank = 0;   // in the data-parallel group the state is partitioned over
   // This rank's number in the job: what names its swap files (SwapFileName
-  // in partition_state.cc), since every rank of a job may create them in
-  // the same nvme_path. `rank` cannot: with a pipeline each stage's group
+  // below), since every rank of a job may create them in the same
+  // nvme_path. `rank` cannot: with a pipeline each stage's group
   // numbers its ranks from 0, and the stages hold different parameters.
   // -1: `rank` (no pipeline: the group is the job).
   int job_rank = -1;
