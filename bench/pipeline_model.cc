@@ -34,8 +34,16 @@
 //     gradients, f32 master and moments: ZeRO stage 0 inside a pipeline of
 //     one data-parallel replica), plus the stashed micro-batches'
 //     activations (the schedule's own count, per rank) at the measured
-//     activation bytes per sequence and layer (the slope of gpt_bench's peak
-//     memory over micro-batch size, spread over the blocks).
+//     activation bytes per sequence and block (the slope of gpt_bench's
+//     peak memory over micro-batch size, less the output head's share of
+//     it, spread over the blocks), plus, on the stage holding the head, its
+//     loss buffers (nn::OutputHead::LossBuffersFor at --loss_chunk_rows):
+//     one chunk of bf16 logits and the f32 losses while a forward runs, and
+//     for every micro-batch whose head forward awaits its backward
+//     (ActivationBound: GPipe m, 1F1B and zb_h1 one on the last rank) the
+//     input's gradient and the (V, C) f32 weight-gradient sum. gpt_bench's
+//     peak is the head's forward (the chunk lives only there), so the head's
+//     bytes per sequence are in its slope and are taken out of the blocks'.
 //   - ZeRO-3 over the same p GPUs: each GPU runs batch / p sequences as
 //     accumulation of micro-batches of at most the largest measured size;
 //     its parameters are gathered for every micro-batch's forward and
@@ -51,6 +59,9 @@
 //   --schedules=gpipe,1f1b   (or zb_h1)
 //   --partition=parameters   (or uniform, or "0,4,..")
 //   --weight_gradient_share=0.5
+//   --loss_chunk_rows=0      the head's chunk rows as the runs set them (0:
+//                            the engine's 2 GiB default, as gpt_bench's and
+//                            train_bench's unless given)
 //   --link_gb_s=100 --link_latency_us=10 --collective_gb_s=100
 //   --optimizer_params_per_s=1.46e11 --gpu_gib=139
 // Exit status 0, or 2 with a JSON error line for bad flags or a profile
@@ -70,6 +81,7 @@
 #include "bench/gpt_bench_util.h"
 #include "core/status.h"
 #include "nn/gpt.h"
+#include "nn/layers.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 
@@ -186,17 +198,41 @@ std::vector<LayerTimes> TimesAt(const std::map<int64_t, Measured>& measured,
   return times;
 }
 
+// The output head's loss buffers for a micro-batch of `sequences` (bf16
+// activations, as gpt_bench and train_bench run).
+nn::OutputHead::LossBuffers HeadBuffers(const nn::GptConfig& config,
+                                        int64_t seq, int64_t loss_chunk_rows,
+                                        double sequences) {
+  return nn::OutputHead::LossBuffersFor(
+      static_cast<int64_t>(std::llround(sequences * seq)), config.channels,
+      config.table_rows(), DType::kBF16, loss_chunk_rows,
+      /*trainable_weight=*/true);
+}
+
+// All of them at once: the head's forward, where gpt_bench's peak is.
+double HeadPeakBytes(const nn::OutputHead::LossBuffers& buffers) {
+  return static_cast<double>(buffers.logits_chunk_bytes + buffers.losses_bytes +
+                             buffers.saved_bytes);
+}
+
 // Activation bytes one sequence keeps per block: the slope of the peak over
-// micro-batch size between the smallest and largest measured sizes, spread
-// over the blocks (0 when the profile has no memory, e.g. a CPU run).
+// micro-batch size between the smallest and largest measured sizes, less
+// the head's loss buffers' slope between the same sizes (priced on the
+// head's stage instead), spread over the blocks (0 when the profile has no
+// memory, e.g. a CPU run).
 double ActivationBytesPerSequenceAndBlock(
-    const std::map<int64_t, Measured>& measured, int layers) {
+    const std::map<int64_t, Measured>& measured, const nn::GptConfig& config,
+    int64_t seq, int64_t loss_chunk_rows) {
   const auto& first = *measured.begin();
   const auto& last = *measured.rbegin();
   if (first.second.peak_bytes <= 0 || last.second.peak_bytes <= 0) return 0;
-  return std::max(0.0, (last.second.peak_bytes - first.second.peak_bytes) /
-                           static_cast<double>(last.first - first.first) /
-                           layers);
+  const double head =
+      HeadPeakBytes(HeadBuffers(config, seq, loss_chunk_rows, last.first)) -
+      HeadPeakBytes(HeadBuffers(config, seq, loss_chunk_rows, first.first));
+  return std::max(0.0,
+                  (last.second.peak_bytes - first.second.peak_bytes - head) /
+                      static_cast<double>(last.first - first.first) /
+                      config.num_layers);
 }
 
 struct Options {
@@ -209,6 +245,7 @@ struct Options {
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
+  int64_t loss_chunk_rows = 0;
 };
 
 absl::StatusOr<double> PositiveDouble(Flags& flags, const std::string& name,
@@ -264,6 +301,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   ZE_ASSIGN_OR_RETURN(
       o.weight_gradient_share,
       PositiveDouble(flags, "weight_gradient_share", o.weight_gradient_share));
+  ZE_ASSIGN_OR_RETURN(o.loss_chunk_rows,
+                      flags.GetInt("loss_chunk_rows", 0, 0, int64_t{1} << 40));
   if (o.weight_gradient_share >= 1) {
     return absl::InvalidArgumentError(
         "--weight_gradient_share must be below 1 (a share of the backward)");
@@ -280,6 +319,11 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["optimizer_params_per_s"] = o.optimizer_params_per_s;
   a["state_bytes_per_parameter"] = 16;
   a["activation_bytes_per_sequence_and_block"] = activation_bytes;
+  a["loss_chunk_rows"] = o.loss_chunk_rows;
+  a["head_loss_buffers"] =
+      "the head's stage: one bf16 logits chunk and the f32 losses, and per "
+      "micro-batch awaiting its head backward the input gradient and the "
+      "(V, C) f32 weight-gradient sum";
   a["gpu_gib"] = o.gpu_gib;
   a["stage_times"] = "sum of measured module times at the micro-batch size";
   a["forwards"] = "once per stage and micro-batch, none recomputed";
@@ -316,8 +360,12 @@ Json ZeroThree(const Options& o, const std::map<int64_t, Measured>& measured,
   const double bytes = (2.0 * accumulation + 1.0) * 2.0 * parameters * share;
   const double comm_ms = bytes / (o.collective_gb_s * 1e9) * 1e3;
   const double state_gib = 16.0 * parameters / gpus / kGib;
+  // Every GPU holds the head: its loss buffers for the one micro-batch.
   const double activation_gib =
-      activation_bytes * micro * config.num_layers / kGib;
+      (activation_bytes * micro * config.num_layers +
+       HeadPeakBytes(HeadBuffers(config, o.seq, o.loss_chunk_rows,
+                                 static_cast<double>(micro)))) /
+      kGib;
   z["micro_batch"] = micro;
   z["accumulation"] = accumulation;
   z["compute_ms"] = compute_ms;
@@ -335,8 +383,9 @@ absl::Status Run(const Options& o) {
   ZE_ASSIGN_OR_RETURN(nn::GptConfig config, ModelConfig(o.model, o.seq));
   ZE_ASSIGN_OR_RETURN(auto measured,
                       ReadProfile(o.profile, o.model, config.num_layers));
-  const double activation_bytes =
-      ActivationBytesPerSequenceAndBlock(measured, config.num_layers);
+  const double activation_bytes = ActivationBytesPerSequenceAndBlock(
+      measured, config, o.seq, o.loss_chunk_rows);
+  const int head_layer = config.pipeline_layers() - 1;
   const std::vector<int64_t> weights = config.PipelineLayerWeights();
   const double message_bytes_per_sequence =
       2.0 * static_cast<double>(o.seq) * config.channels;  // bf16 (T, C)
@@ -388,9 +437,22 @@ absl::Status Run(const Options& o) {
             // stashed micro-batch's activations.
             const int stashed =
                 pipeline::InFlightBound(schedule, static_cast<int>(s));
+            // The head's loss buffers: its backward runs whole in Bi, so
+            // its saved sums follow the forwards in flight, not a deferred
+            // weight gradient's.
+            double loss_buffers = 0;
+            if (ranges[s].first <= head_layer && head_layer < ranges[s].last) {
+              const nn::OutputHead::LossBuffers head =
+                  HeadBuffers(config, o.seq, o.loss_chunk_rows, b);
+              loss_buffers =
+                  static_cast<double>(head.logits_chunk_bytes +
+                                      head.losses_bytes) +
+                  static_cast<double>(head.saved_bytes) *
+                      pipeline::ActivationBound(schedule, static_cast<int>(s));
+            }
+            const double activations = activation_bytes * b * blocks * stashed;
             const double memory_gib =
-                (16.0 * parameters + activation_bytes * b * blocks * stashed) /
-                kGib;
+                (16.0 * parameters + activations + loss_buffers) / kGib;
             Json stage;
             stage["layers"] = {ranges[s].first, ranges[s].last};
             stage["blocks"] = blocks;
@@ -398,6 +460,8 @@ absl::Status Run(const Options& o) {
             stage["backward_ms"] = backward;
             if (split) stage["weight_gradient_ms"] = weight_gradients;
             stage["stashed_micro_batches"] = stashed;
+            stage["activations_gib"] = activations / kGib;
+            stage["loss_buffers_bytes"] = loss_buffers;
             stage["memory_gib"] = memory_gib;
             stage["fits"] = memory_gib <= o.gpu_gib;
             stages.push_back(stage);

@@ -10,6 +10,13 @@
 #      zb_h1 with the backward split in halves (F = B = W, one unit b per
 #      sequence): its step is (3m + p - 1 + max(0, p - m)) b, shorter than
 #      1F1B's 3 (m + p - 1) b, its bubble the schedule's formula;
+#      the output head's loss buffers (one bf16 logits chunk, the f32
+#      losses, and per micro-batch awaiting its head backward the input's
+#      bf16 gradient and the (V, C) f32 weight-gradient sum) are priced on
+#      the last stage only, GPipe's m micro-batches' sums against 1F1B's and
+#      zb_h1's one, and taken out of the blocks' slope (the profile's peak
+#      includes them: 1.5e5 bytes a sequence and block remain), and a
+#      --loss_chunk_rows below the rows makes the chunk that size;
 #   2. gpt_bench --smoke --profile=1's own lines are read (exit 0, a line per
 #      configuration);
 #   3. bad input exits 2 with an error line: no --profile, a profile with
@@ -21,6 +28,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 python3 - "$dir/profile.jsonl" <<'PYTHON'
 import json, sys
+# The tiny GPT's head at sequence 1024 (V 256, C 64, bf16): a sequence's
+# logits, losses and input gradient, which the peak grows by too.
+head = 1024 * 256 * 2 + 1024 * 4 + 1024 * 64 * 2
 with open(sys.argv[1], "w") as f:
     for b in (1, 2, 4):
         for name, fwd, bwd in (("embed", 0, 0), ("blocks.*", 2.0 * b, 4.0 * b),
@@ -29,7 +39,7 @@ with open(sys.argv[1], "w") as f:
                                 "model": "tiny", "batch": b, "name": name,
                                 "forward_ms": fwd, "backward_ms": bwd}) + "\n")
         f.write(json.dumps({"bench": "gpt_fwd_bwd", "model": "tiny", "batch": b,
-                            "memory": {"peak_bytes_in_use": 1e6 + 3e5 * b}}) + "\n")
+                            "memory": {"peak_bytes_in_use": 1e6 + (3e5 + head) * b}}) + "\n")
 PYTHON
 common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --batches=4,16 --micro_batches=1,2,4"
 "$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
@@ -39,6 +49,10 @@ common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --
 "$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
   --schedules=zb_h1 --weight_gradient_share=0.5 > "$dir/zb.jsonl" 2> "$dir/zb.err" \
   || { cat "$dir/zb.err"; fail "zb_h1: exit $?"; }
+
+"$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
+  --schedules=gpipe,1f1b --loss_chunk_rows=256 > "$dir/chunk.jsonl" 2> "$dir/chunk.err" \
+  || { cat "$dir/chunk.err"; fail "loss_chunk_rows: exit $?"; }
 
 "$bench" --smoke --models=tiny,tiny --batch=1,2 --profile=1 --profile_iters=1 \
   > "$dir/smoke.jsonl" 2> "$dir/smoke.err" || { cat "$dir/smoke.err"; fail "gpt_bench exit $?"; }
@@ -88,6 +102,24 @@ for x in fast:
     assert abs(z["compute_ms"] - x["batch"] // 2 * 6.0) < 1e-2, z
     # Activations: 3e5 bytes a sequence over 2 blocks.
     assert abs(x["assumptions"]["activation_bytes_per_sequence_and_block"] - 1.5e5) < 1, x
+# The head's loss buffers: on the last stage only; GPipe keeps a (V, C) f32
+# sum per micro-batch in flight (m), 1F1B and zb_h1 one.
+V, C, T = 256, 64, 1024
+def head_bytes(x, chunk_rows=None):
+    rows = int(x["micro_batch"] * T)
+    chunk = rows if chunk_rows is None else min(rows, chunk_rows)
+    held = x["micro_batches"] if x["schedule"] == "gpipe" else 1
+    return chunk * V * 2 + rows * 4 + held * (rows * C * 2 + V * C * 4)
+chunked = lines("chunk.jsonl")
+assert len(chunked) == len(fast), len(chunked)
+for lines_, chunk_rows in ((fast, None), (zb, None), (chunked, 256)):
+    for x in lines_:
+        stages = x["stages"]
+        assert all(s["loss_buffers_bytes"] == 0 for s in stages[:-1]), stages
+        want = head_bytes(x, chunk_rows)
+        assert abs(stages[-1]["loss_buffers_bytes"] - want) < 1, (want, x)
+        # In the stage's memory, beside its activations.
+        assert stages[-1]["memory_gib"] * 2**30 > want + stages[-1]["activations_gib"] * 2**30, x
 for f, s in zip(fast, slow):
     assert (f["schedule"], f["batch"], f["micro_batches"]) == (s["schedule"], s["batch"], s["micro_batches"])
     assert s["step_ms"] > f["step_ms"] and s["message_ms"] > 1, (f, s)

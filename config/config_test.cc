@@ -1584,9 +1584,10 @@ TEST(ResolveTest, HuggingFaceZero3ConfigResolvesGivenAHiddenSize) {
   EXPECT_FALSE(c->HasUnresolvedAuto());
 }
 
-// What the engine cannot run is read at load (DeepSpeed configs stay
-// loadable) and refused by CheckSupported, naming the keys.
-TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
+// A pipeline composes with every ZeRO stage and offload the engine runs
+// (tests/pipeline:parity_np*, against the single-rank run): CheckSupported
+// refuses nothing for it that it would not refuse without one.
+TEST(CheckSupportedTest, PipelineComposesWithZeroAndEveryOffload) {
   const char* base = R"({"train_batch_size": 8, "pipeline": {"stages": 2},
       "zero_optimization": {"stage": 1}})";
   EXPECT_TRUE(CheckSupported(LoadOrDie(base, 2)).ok());
@@ -1602,21 +1603,24 @@ TEST(CheckSupportedTest, PipelineRefusesWhatItDoesNotComposeWithYet) {
   offloaded.zero_optimization.stage = 2;
   offloaded.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   EXPECT_TRUE(CheckSupported(offloaded).ok());
+  // The delayed update (each stage's optimizer one step behind).
+  Config delayed = offloaded;
+  delayed.zero_optimization.offload_optimizer.delayed_update = true;
+  EXPECT_TRUE(CheckSupported(delayed).ok()) << CheckSupported(delayed);
   // Stage 3 with the parameters on the host.
   Config sharded = offloaded;
   sharded.zero_optimization.stage = 3;
   sharded.zero_optimization.offload_param.device = OffloadDevice::kCpu;
   EXPECT_TRUE(CheckSupported(sharded).ok());
-  // Untested with a pipeline: refused by name.
-  Config refused = offloaded;
-  refused.zero_optimization.offload_optimizer.delayed_update = true;
-  const absl::Status status = CheckSupported(refused);
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(status.message().find("pipeline.stages 2 does not compose yet "
-                                  "with zero_optimization.offload_optimizer."
-                                  "delayed_update"),
-            absl::string_view::npos)
-      << status;
+  // The NVMe tier (stage 3): the optimizer state, then the parameters too
+  // (each rank's swap files named by its world rank, so the stages' files
+  // stay apart in one nvme_path).
+  sharded.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+  sharded.zero_optimization.offload_optimizer.nvme_path = "/tmp";
+  EXPECT_TRUE(CheckSupported(sharded).ok()) << CheckSupported(sharded);
+  sharded.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  sharded.zero_optimization.offload_param.nvme_path = "/tmp";
+  EXPECT_TRUE(CheckSupported(sharded).ok()) << CheckSupported(sharded);
 }
 
 TEST(CheckSupportedTest, RefusesWhatThisBuildCannotRun) {

@@ -205,8 +205,9 @@ const Schema<OffloadParamConfig>& OffloadParamSchema() {
     auto* s = new Schema<O>();
     s->Add(Value("device", &O::device, OffloadDeviceCodec(),
                  "Where partitioned parameters live: none (GPU), cpu, nvme "
-                 "(a swap file per rank under nvme_path, read ahead of each "
-                 "all-gather in the fetch order). Stage 3 only. The "
+                 "(a swap file per rank under nvme_path, named by its world "
+                 "rank, read ahead of each all-gather in the fetch order). "
+                 "Stage 3 only. The "
                  "optimizer may be anywhere: where offload_optimizer puts a "
                  "bucket's state on the CPU, the CPU update writes its "
                  "weights where they live; where it stays on the GPU (no "
@@ -587,7 +588,9 @@ const Schema<PipelineConfig>& PipelineSchema() {
     s->Add(Value("stages", &P::stages, Integer(AtLeast(1)),
                  "Pipeline stages (ranks per pipeline); the world is stages "
                  "x data-parallel replicas (stage = rank / (world / "
-                 "stages))."))
+                 "stages)). Each stage's replicas run the ZeRO stage "
+                 "(0-3) and offload (cpu or nvme, delayed_update) of "
+                 "zero_optimization over that stage's parameters."))
         .Add(Value("partition", &P::partition, String(false),
                    "How the model's layer sequence is cut into stages: "
                    "\"parameters\" (or \"best\"), \"uniform\", or "

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "config/sections.h"
 
 namespace ze {
@@ -384,26 +383,6 @@ absl::Status CheckSupported(const Config& config) {
         "offload_optimizer.device \"cpu\" with ratio 1 at "
         "zero_optimization.stage 1 or 2 (stage is ",
         zero.stage, ")"));
-  }
-  if (config.pipeline.stages > 1) {
-    // What a pipeline composes with (docs/pipeline.md): ZeRO 0-3,
-    // offload_optimizer cpu, offload_param cpu, clipping and fp16, each
-    // tested against the single-rank run. Not yet tested with one, so
-    // refused by name rather than run untested: the NVMe tier and the
-    // delayed update.
-    std::vector<std::string> refused;
-    if (offload_optimizer.device == OffloadDevice::kNvme ||
-        zero.offload_param.device == OffloadDevice::kNvme) {
-      refused.push_back("an nvme offload device");
-    }
-    if (offload_optimizer.delayed_update) {
-      refused.push_back("zero_optimization.offload_optimizer.delayed_update");
-    }
-    if (!refused.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          config.source, ": pipeline.stages ", config.pipeline.stages,
-          " does not compose yet with ", absl::StrJoin(refused, ", ")));
-    }
   }
   return absl::OkStatus();
 }

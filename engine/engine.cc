@@ -453,6 +453,7 @@ absl::Status EngineImpl::Setup() {
     // table (its gradient made equal to the first stage's at the
     // schedule's reduce) is counted by the first stage only.
     context.pipeline = pipeline_groups_.pipeline.get();
+    context.job_rank = world_->rank();
     if (context.pipeline->world_size() > 1 &&
         context.pipeline->rank() == context.pipeline->world_size() - 1) {
       // The last rank's last chunk holds the copy (also interleaved: the

@@ -572,14 +572,39 @@ int64_t OutputHead::LossChunkRowsFor(int64_t vocab, DType dtype) {
 }
 
 int64_t OutputHead::loss_chunk_rows(int64_t rows, DType dtype) const {
-  if (loss_chunk_rows_ > 0) return loss_chunk_rows_;
-  const int64_t limit = LossChunkRowsFor(weight_->shape()[0], dtype);
+  return LossChunkRows(rows, weight_->shape()[0], dtype, loss_chunk_rows_);
+}
+
+int64_t OutputHead::LossChunkRows(int64_t rows, int64_t vocab, DType dtype,
+                                  int64_t set_rows) {
+  if (set_rows > 0) return set_rows;
+  const int64_t limit = LossChunkRowsFor(vocab, dtype);
   if (rows <= limit) return std::max<int64_t>(rows, 1);
   const int64_t chunks = (rows + limit - 1) / limit;
   const int64_t even = (rows + chunks - 1) / chunks;
   if (limit < 128) return even;
   // limit is a multiple of 128 here, so the rounding stays within it.
   return std::min(limit, (even + 127) / 128 * 128);
+}
+
+OutputHead::LossBuffers OutputHead::LossBuffersFor(int64_t rows,
+                                                   int64_t channels,
+                                                   int64_t vocab, DType dtype,
+                                                   int64_t set_rows,
+                                                   bool trainable_weight) {
+  // As ForwardImpl allocates them.
+  const int64_t element = static_cast<int64_t>(SizeOf(dtype));
+  const int64_t chunk = std::max<int64_t>(
+      std::min(rows, LossChunkRows(rows, vocab, dtype, set_rows)), 1);
+  LossBuffers buffers;
+  buffers.logits_chunk_bytes = chunk * vocab * element;
+  buffers.losses_bytes = rows * static_cast<int64_t>(sizeof(float));
+  buffers.saved_bytes = rows * channels * element;
+  if (trainable_weight) {
+    buffers.saved_bytes +=
+        vocab * channels * static_cast<int64_t>(sizeof(float));
+  }
+  return buffers;
 }
 
 absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,

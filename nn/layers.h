@@ -431,9 +431,30 @@ class OutputHead : public Module {
   // nearly equal size (rounded up to 128 rows where the budget allows), so
   // that no chunk is a small remainder.
   int64_t loss_chunk_rows(int64_t rows, DType dtype) const;
+  // loss_chunk_rows of a head of `vocab` rows whose set value is
+  // `set_rows` (0: the default): what a memory model asks without a head.
+  static int64_t LossChunkRows(int64_t rows, int64_t vocab, DType dtype,
+                               int64_t set_rows);
   // kLossChunkBytes / (V * element size), at least 1, and a multiple of 128
   // from 128 on (the GPU products' row tile).
   static int64_t LossChunkRowsFor(int64_t vocab, DType dtype);
+
+  // The buffers of a loss-mode Forward over `rows` rows of `channels` in
+  // `dtype` (a head of `vocab` rows, its chunk rows set to `set_rows`),
+  // for memory models (bench/pipeline_model): what the forward allocates
+  // and frees on return (one chunk of logits), what it returns (the rows'
+  // f32 losses), and what a saving forward keeps until its Backward (the
+  // input's gradient, and for a trainable weight the (vocab, channels) f32
+  // weight-gradient sum), once per forward awaiting its backward: a
+  // pipeline's last stage holds one per micro-batch in flight.
+  struct LossBuffers {
+    int64_t logits_chunk_bytes = 0;
+    int64_t losses_bytes = 0;
+    int64_t saved_bytes = 0;
+  };
+  static LossBuffers LossBuffersFor(int64_t rows, int64_t channels,
+                                    int64_t vocab, DType dtype,
+                                    int64_t set_rows, bool trainable_weight);
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,

@@ -173,6 +173,54 @@ TEST(OutputHeadTest, DefaultChunksAreEvenAndWithinTheBudget) {
   EXPECT_EQ(output.loss_chunk_rows(16384, DType::kBF16), 3);
 }
 
+// LossBuffersFor states what a loss-mode forward allocates: measured with
+// the host allocator around one saving forward (sizes that are multiples of
+// its 256-byte rounding), chunked and whole, with a trainable weight and a
+// frozen one, and freed by the backward. A memory model of the head's stage
+// (bench/pipeline_model) counts these instead of its own guess.
+TEST(OutputHeadTest, LossBuffersAreWhatTheForwardAllocates) {
+  const int64_t rows = 64, channels = 16, vocab = 128;
+  for (int64_t set_rows : {int64_t{0}, int64_t{32}}) {
+    for (bool trainable : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("chunk rows ", set_rows,
+                                trainable ? ", trainable" : ", frozen"));
+      OutputHead head(channels, vocab, LayerOptions{});
+      ASSERT_TRUE(head.MaterializeParameters(3, Stream()).ok());
+      head.weight()->set_requires_grad(trainable);
+      head.set_loss_chunk_rows(set_rows);
+      const OutputHead::LossBuffers buffers = OutputHead::LossBuffersFor(
+          rows, channels, vocab, DType::kF32, set_rows, trainable);
+      EXPECT_EQ(buffers.logits_chunk_bytes,
+                (set_rows > 0 ? set_rows : rows) * vocab * 4);
+      const Stream stream;
+      const Tensor input = RandomTensor({rows, channels}, 1);
+      const Tensor targets = RandomIds({rows}, 2, vocab);
+      Allocator &host = *HostMemory();
+      const int64_t before = host.stats().bytes_in_use;
+      host.ResetPeak();
+      head.ComputeLossInNextForward(targets, vocab);
+      absl::StatusOr<Tensor> losses = head.Forward(input, stream);
+      ASSERT_TRUE(losses.ok()) << losses.status();
+      const AllocatorStats forward = host.stats();
+      EXPECT_EQ(forward.bytes_in_use - before,
+                buffers.losses_bytes + buffers.saved_bytes);
+      EXPECT_EQ(forward.peak_bytes_in_use - before, buffers.logits_chunk_bytes +
+                                                        buffers.losses_bytes +
+                                                        buffers.saved_bytes);
+      *losses = Tensor();
+      const float one = 1.0f;
+      absl::StatusOr<Tensor> grad_input =
+          head.Backward(Tensor::Wrap(const_cast<float *>(&one), {1},
+                                     DType::kF32, Device::Cpu()),
+                        stream);
+      ASSERT_TRUE(grad_input.ok()) << grad_input.status();
+      *grad_input = Tensor();
+      head.weight()->ReleaseGrad();
+      EXPECT_EQ(host.stats().bytes_in_use, before);
+    }
+  }
+}
+
 // ---- Whole models: ForwardLoss/BackwardLoss against the whole-logits path
 // through the public Forward/Backward (which still returns logits).
 

@@ -47,6 +47,12 @@ std::vector<Placement> ChooseOptimizerPlacement(
   return placement;
 }
 
+std::string SwapFileName(const PartitionStateOptions& options,
+                         const std::string& what) {
+  const int rank = options.job_rank >= 0 ? options.job_rank : options.rank;
+  return absl::StrCat("zero_engine_rank", rank, "_", what, ".swp");
+}
+
 std::vector<bool> ChooseResidentWeights(const PartitionedLayout& layout,
                                         int64_t max_in_cpu) {
   std::vector<bool> resident(layout.num_buckets(), false);
@@ -265,8 +271,7 @@ absl::Status PartitionState::CreateSwappedWeights(const Stream& stream) {
                       Allocate(resident, options_.model_dtype, Placement::kHost,
                                stream, /*transferred=*/true));
   offload::SwappedWeightsOptions swap = options_.weights_nvme;
-  swap.file_name =
-      absl::StrCat("zero_engine_rank", options_.rank, "_parameters.swp");
+  swap.file_name = SwapFileName(options_, "parameters");
   swap.element_bytes = static_cast<int64_t>(SizeOf(options_.model_dtype));
   swap.pin = options_.pin_memory && options_.device.is_cuda();
   swap.nvme.activity = io_activity_;
@@ -327,8 +332,7 @@ absl::Status PartitionState::AllocateTrainingState(const Stream& stream) {
   if (!swapped_chunks.empty()) {
     // Master weights and moments of every NVMe bucket, chunk by chunk.
     offload::SwappedStateOptions swap = options_.nvme;
-    swap.file_name =
-        absl::StrCat("zero_engine_rank", options_.rank, "_optimizer_state.swp");
+    swap.file_name = SwapFileName(options_, "optimizer_state");
     swap.arrays =
         1 + static_cast<int>(StateBytesPerElement(options_.optimizer) /
                              sizeof(float));

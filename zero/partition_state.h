@@ -144,7 +144,13 @@ std::vector<bool> ChooseResidentWeights(const PartitionedLayout& layout,
 
 struct PartitionStateOptions {
   int stage = 0;  // 0-3: which quantities are replicated (table above)
-  int rank = 0;
+  int rank = 0;   // in the data-parallel group the state is partitioned over
+  // This rank's number in the job: what names its swap files (SwapFileName
+  // below), since every rank of a job may create them in the same
+  // nvme_path. `rank` cannot: with a pipeline each stage's group
+  // numbers its ranks from 0, and the stages hold different parameters.
+  // -1: `rank` (no pipeline: the group is the job).
+  int job_rank = -1;
   DType model_dtype = DType::kF32;
   Device device = Device::Cpu();
   OptimizerOptions optimizer;
@@ -232,6 +238,14 @@ struct PartitionStateOptions {
   // states the bytes the plan needs). May be null.
   std::function<absl::Status(const absl::Status&)> annotate_allocation_error;
 };
+
+// The name of a rank's swap file of `what` ("optimizer_state",
+// "parameters") inside nvme_path: zero_engine_rank<R>_<what>.swp, R its
+// job_rank (else its rank), so the ranks of one job, which may share an
+// nvme_path, never name the same file (NvmeStore refuses one a live store
+// holds). Pure.
+std::string SwapFileName(const PartitionStateOptions& options,
+                         const std::string& what);
 
 class PartitionState {
  public:

@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "gtest/gtest.h"
@@ -89,6 +91,36 @@ TEST(PartitionStateNvmeTest, TooLittleSpaceStatesBytesNeededAndFree) {
   EXPECT_NE(status.message().find("4096 free"), std::string::npos) << status;
   EXPECT_NE(status.message().find(::testing::TempDir()), std::string::npos)
       << status;
+}
+
+// A pipeline's stages each number their data-parallel ranks from 0 and
+// hold different parameters: two states of rank 0 in one nvme_path are
+// told apart by their job ranks (the world ranks), which name the files.
+// Named by `rank` alone, the second would meet the first's lock.
+TEST(PartitionStateNvmeTest, SwapFilesOfOneJobAreNamedByTheJobRank) {
+  PartitionStateOptions first = NvmeOptions(::testing::TempDir());
+  EXPECT_EQ(SwapFileName(first, "optimizer_state"),
+            "zero_engine_rank0_optimizer_state.swp");
+  first.job_rank = 2;
+  PartitionStateOptions second = first;
+  second.job_rank = 3;
+  EXPECT_EQ(SwapFileName(second, "parameters"),
+            "zero_engine_rank3_parameters.swp");
+  absl::StatusOr<std::unique_ptr<PartitionState>> a = Make(first);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::unique_ptr<PartitionState>> b = Make(second);
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (int job_rank : {2, 3}) {
+    EXPECT_TRUE(std::filesystem::exists(
+        absl::StrCat(::testing::TempDir(), "/zero_engine_rank", job_rank,
+                     "_optimizer_state.swp")));
+  }
+  PartitionStateOptions same = first;
+  const absl::Status taken = Make(same).status();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kFailedPrecondition) << taken;
+  EXPECT_NE(taken.message().find("zero_engine_rank2_optimizer_state.swp"),
+            std::string::npos)
+      << taken;
 }
 
 // A write that fails in the middle of a step: the step's error names the

@@ -168,6 +168,7 @@ absl::Status ZeroStrategy::ImportScope(const std::vector<int>& indices,
 PartitionStateOptions ZeroStrategy::RankPartitionStateOptions() const {
   PartitionStateOptions options = context_.plan->state;
   options.rank = rank();
+  options.job_rank = context_.job_rank;
   options.device = device();
   if (context_.plan->cpu_optimizer) {
     // This host's cores, shared by its ranks (each pins its workers into

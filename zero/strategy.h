@@ -102,6 +102,11 @@ struct StrategyContext {
   // Null and empty without a pipeline.
   comm::Communicator* pipeline = nullptr;
   std::vector<std::string> gradients_counted_elsewhere;
+  // This rank's number in the job (its world rank), for what must differ
+  // across all of the job's ranks (PartitionStateOptions::job_rank: the
+  // swap files' names). With a pipeline `comm` numbers each stage's ranks
+  // from 0. -1: `comm`'s rank (no pipeline: `comm` is the job).
+  int job_rank = -1;
 };
 
 // Where a strategy is within a micro-step.

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/ops.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
@@ -85,14 +86,35 @@ std::string g_zero_keys;
 // Appended inside the "pipeline" section.
 std::string g_pipeline_keys;
 
+// The NVMe tier's nvme_path, "$NVME" in g_zero_keys: one directory for
+// every rank of a pipeline run, as a job's ranks share one (its stages'
+// swap files must not collide there), and the rank's own for its
+// single-rank reference, a job of its own (whose one rank would name its
+// files as every other rank's reference does). g_nvme_engine tells apart
+// the engines a test keeps alive at once, each a job of its own.
+std::string g_nvme_engine;
+std::string NvmeDirectory(bool reference) {
+  const char *tmp = std::getenv("TEST_TMPDIR");
+  const std::string directory = absl::StrCat(
+      tmp != nullptr ? tmp : "/tmp", "/nvme_w", World(), g_nvme_engine,
+      reference ? absl::StrCat("_reference_rank", Rank()) : "");
+  std::filesystem::create_directories(directory);
+  return directory;
+}
+
 std::string ConfigJson(int stages, int zero_stage, const std::string &schedule,
                        int accumulation, const std::string &optimizer,
                        int per_rank = 1) {
+  std::string zero_keys = g_zero_keys;
+  if (zero_keys.find("$NVME") != std::string::npos) {
+    zero_keys = absl::StrReplaceAll(
+        zero_keys, {{"$NVME", NvmeDirectory(/*reference=*/stages == 1)}});
+  }
   return absl::StrCat(
       R"({"train_micro_batch_size_per_gpu": )", kMicro, g_extra_keys,
       R"(, "gradient_accumulation_steps": )", accumulation,
       R"(, "optimizer": )", optimizer, R"(, "zero_optimization": {"stage": )",
-      zero_stage, g_zero_keys, R"(}, "pipeline": {"stages": )", stages,
+      zero_stage, zero_keys, R"(}, "pipeline": {"stages": )", stages,
       R"(, "schedule": ")", schedule, R"(", "stages_per_rank": )", per_rank,
       g_pipeline_keys, "}}");
 }
@@ -152,6 +174,22 @@ struct Run {
   engine::PipelineCounters counters;
 };
 
+// The single-rank run's config: A*D micro-batches per step.
+std::string ReferenceConfig(int data_parallel, int zero_stage,
+                            const std::string &optimizer) {
+  return ConfigJson(1, zero_stage, "1f1b", kAccumulation * data_parallel,
+                    optimizer);
+}
+
+// What Build(0, -1) makes of the globals it reads: with ReferenceConfig,
+// all a single-rank run depends on (ReferenceOnce's key).
+std::string ModelKey() {
+  return absl::StrCat("family ", static_cast<int>(g_family), ", blocks ",
+                      g_layers, ", checkpointed ", g_checkpoint_blocks,
+                      ", dtype ", DTypeName(g_dtype), ", inject at step ",
+                      g_inject_step);
+}
+
 // The single-rank run: A*D micro-batches per step over a world of one.
 absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
                               const std::string &optimizer,
@@ -159,10 +197,8 @@ absl::StatusOr<Run> Reference(int data_parallel, int zero_stage,
   ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model, Build(0, -1));
   ZE_ASSIGN_OR_RETURN(
       std::unique_ptr<engine::Engine> engine,
-      engine::Initialize(model,
-                         ConfigJson(1, zero_stage, "1f1b",
-                                    kAccumulation * data_parallel, optimizer),
-                         alone));
+      engine::Initialize(
+          model, ReferenceConfig(data_parallel, zero_stage, optimizer), alone));
   Run run;
   for (int step = 0; step < kSteps; ++step) {
     g_inject_now = step == g_inject_step;
@@ -328,6 +364,29 @@ struct Case {
   int layers = 3;    // blocks of the model
 };
 
+// Reference, run once per process for each config and model: it does not
+// depend on the schedule or the stage count, only on the data-parallel
+// size (in its accumulation), so a table's schedules and stage counts of
+// one data-parallel size share it. It costs p x D times a pipeline rank's
+// work, most of a case's time on 2 cores. Every rank asks for the same
+// keys in the same order (its own reference nvme_path the only difference),
+// so all ranks split a world of one off together or none does.
+absl::StatusOr<Run> ReferenceOnce(int data_parallel, int zero_stage,
+                                  const std::string &optimizer) {
+  static auto *runs = new std::map<std::string, Run>();
+  const std::string key = absl::StrCat(
+      ReferenceConfig(data_parallel, zero_stage, optimizer), " | ", ModelKey());
+  if (auto found = runs->find(key); found != runs->end()) return found->second;
+  // Every rank splits off its own world of one for the reference.
+  ZE_ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> alone,
+                      Comm()->Split(Rank(), 0));
+  ZE_ASSIGN_OR_RETURN(
+      Run run,
+      Reference(data_parallel, zero_stage, optimizer,
+                std::shared_ptr<comm::Communicator>(std::move(alone))));
+  return runs->emplace(key, std::move(run)).first->second;
+}
+
 void ExpectParity(const Case &c) {
   SCOPED_TRACE(testing::Message()
                << c.stages << " stages x " << World() / c.stages
@@ -338,13 +397,8 @@ void ExpectParity(const Case &c) {
   struct RestoreLayers {
     ~RestoreLayers() { g_layers = 3; }
   } restore;
-  // Every rank splits off its own world of one for the reference.
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> alone =
-      Comm()->Split(Rank(), 0);
-  ASSERT_TRUE(alone.ok()) << alone.status();
   absl::StatusOr<Run> reference =
-      Reference(World() / c.stages, c.zero_stage, c.optimizer,
-                std::shared_ptr<comm::Communicator>(std::move(*alone)));
+      ReferenceOnce(World() / c.stages, c.zero_stage, c.optimizer);
   ASSERT_TRUE(reference.ok()) << reference.status();
   absl::StatusOr<Run> piped =
       Pipelined(c.stages, c.zero_stage, c.schedule, c.optimizer, c.per_rank);
@@ -593,6 +647,110 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   g_zero_keys.clear();
 }
 
+// The NVMe tier inside each stage (ZeRO-Infinity, stage 3), clipped by the
+// norm across the stages: AdamW's state in a swap file per rank (in chunks
+// of a sub-group), and then the parameters too, each bucket gathered anew
+// at every use (no persistence, no reuse) and read ahead from its file in
+// the fetch schedule's recorded order, which a pipeline's micro-steps
+// interleave (1F1B's F(m + w) then B(m), its cool-down's backwards, ZB-H1's
+// split parts). Every rank of the pipeline run swaps into one nvme_path,
+// as a job's ranks do; each stage's data-parallel ranks number from 0, so
+// files named by that rank would collide across the stages (the second
+// stage's Initialize failing on the first's lock): they are named by the
+// world rank. 1F1B and ZB-H1, GPT and the Llama family (tied and untied);
+// GPipe and interleaved 1F1B for GPT.
+TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  g_extra_keys = R"(, "gradient_clipping": 0.1)";
+  const std::string optimizer_on_nvme =
+      R"(, "sub_group_size": 1000, "offload_optimizer": {"device": "nvme", )"
+      R"("nvme_path": "$NVME", "buffer_count": 2})";
+  const std::string parameters_on_nvme = absl::StrCat(
+      optimizer_on_nvme,
+      R"(, "stage3_param_persistence_threshold": 0, )"
+      R"("stage3_max_reuse_distance": 0, "offload_param": {"device": "nvme", )"
+      R"("nvme_path": "$NVME", "max_in_cpu": 0, "buffer_count": 3})");
+  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
+  // 2x2): its 4x1 would check nothing of the files' names or the fetch
+  // order that GPT's does not, for a third of the 4-rank run's time.
+  struct Table {
+    Family family;
+    std::vector<const char *> schedules;
+    int max_stages;
+  };
+  for (const Table &table :
+       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
+        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
+        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
+    g_family = table.family;
+    for (int stages : StageCounts()) {
+      if (stages > table.max_stages) continue;
+      for (const char *schedule : table.schedules) {
+        for (const std::string &keys :
+             {optimizer_on_nvme, parameters_on_nvme}) {
+          g_zero_keys = keys;
+          ExpectParity({stages, 3, schedule, kAdamW, 1e-4});
+        }
+      }
+    }
+  }
+  // Interleaved (GPT): one strategy, so one set of files, per rank for its
+  // stages; each stage's micro-steps follow their own fetch record.
+  g_family = Family::kGpt;
+  for (const std::string &keys : {optimizer_on_nvme, parameters_on_nvme}) {
+    g_zero_keys = keys;
+    ExpectInterleavedParity(3, kAdamW, 1e-4);
+  }
+  g_extra_keys.clear();
+  g_zero_keys.clear();
+}
+
+// ZeRO-Offload's delayed update inside each stage (stages 1-2, the CPU
+// optimizer, ratio 1): each stage's optimizer step t runs during step
+// t + 1's micro-batches, which use the weights from before it, and joins
+// at step t + 1's boundary, as the single-rank run with the delayed update
+// does (the reference here): the same one-step lag on every stage, the
+// tied table's two copies updated alike, clipped by the norm across the
+// stages. A stage joining at another point (a micro-batch's instead of the
+// step's), or one stage's update landing a step early, would change the
+// losses. 1F1B and ZB-H1, GPT and the Llama family; GPipe and
+// interleaved 1F1B for GPT.
+TEST(PipelineParity, DelayedUpdate) {
+  if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
+  g_extra_keys = R"(, "gradient_clipping": 0.1)";
+  g_zero_keys =
+      R"(, "offload_optimizer": {"device": "cpu", "delayed_update": true})";
+  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
+  // 2x2): its 4x1 would check nothing of the lag that GPT's does not, for
+  // a third of the 4-rank run's time.
+  struct Table {
+    Family family;
+    std::vector<const char *> schedules;
+    int max_stages;
+  };
+  for (const Table &table :
+       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
+        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
+        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
+    g_family = table.family;
+    for (int stages : StageCounts()) {
+      if (stages > table.max_stages) continue;
+      for (const char *schedule : table.schedules) {
+        for (int zero_stage : {1, 2}) {
+          ExpectParity({stages, zero_stage, schedule, kAdamW, 1e-4});
+        }
+      }
+    }
+  }
+  // Interleaved (GPT): a rank's stages share one optimizer, so one lag.
+  g_family = Family::kGpt;
+  for (int zero_stage : {1, 2}) {
+    ExpectInterleavedParity(zero_stage, kAdamW, 1e-4);
+  }
+  g_extra_keys.clear();
+  g_zero_keys.clear();
+}
+
 // Activation checkpointing of every block (GptConfig / DecoderConfig
 // activation_checkpointing, or pipeline.activation_checkpoint_interval 1,
 // which checkpoints the blocks and not the head, whose loss mode refuses
@@ -686,20 +844,47 @@ std::string SharedDirectory(const std::string &name) {
 // fresh engine of the same layout, which then trains to the uninterrupted
 // run's losses and weights bit for bit (at ZeRO 1-3, AdamW, so the
 // moments travel too), with 1F1B and, at ZeRO 3, zb_h1 (its deferred
-// weight gradients all run within the step, so nothing of them is saved).
+// weight gradients all run within the step, so nothing of them is saved),
+// and at ZeRO 3 with the NVMe tier: the optimizer state's swap files (1F1B),
+// and the parameters' too (zb_h1), read into the checkpoint and written
+// back from it by every stage (each engine's files in its own nvme_path,
+// the engines being alive at once).
 // The same directory refuses a pipeline of another stage count, naming
 // both layouts, and a directory without a pipeline checkpoint is NotFound,
 // on every rank, before anything is loaded.
 TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
   if (World() < 2) GTEST_SKIP() << "a pipeline needs 2 or more ranks";
   const int stages = World() == 4 ? 2 : World();
-  const std::vector<std::pair<const char *, int>> cases = {
-      {"1f1b", 1}, {"1f1b", 2}, {"1f1b", 3}, {"zb_h1", 3}};
-  for (const auto &[schedule, zero_stage] : cases) {
-    SCOPED_TRACE(
-        absl::StrCat(schedule, ", ZeRO ", zero_stage, ", rank ", Rank()));
+  struct CheckpointCase {
+    const char *schedule;
+    int zero_stage;
+    const char *zero_keys;
+    const char *name;
+  };
+  const char *optimizer_on_nvme =
+      R"(, "sub_group_size": 1000, "offload_optimizer": {"device": "nvme", )"
+      R"("nvme_path": "$NVME", "buffer_count": 2})";
+  const std::string parameters_on_nvme = absl::StrCat(
+      optimizer_on_nvme,
+      R"(, "stage3_param_persistence_threshold": 0, "offload_param": )"
+      R"({"device": "nvme", "nvme_path": "$NVME", "max_in_cpu": 0, )"
+      R"("buffer_count": 3})");
+  const std::vector<CheckpointCase> cases = {
+      {"1f1b", 1, "", ""},
+      {"1f1b", 2, "", ""},
+      {"1f1b", 3, "", ""},
+      {"zb_h1", 3, "", ""},
+      {"1f1b", 3, optimizer_on_nvme, "_nvme"},
+      {"zb_h1", 3, parameters_on_nvme.c_str(), "_nvme_param"}};
+  for (const CheckpointCase &c : cases) {
+    const char *schedule = c.schedule;
+    const int zero_stage = c.zero_stage;
+    g_zero_keys = c.zero_keys;
+    SCOPED_TRACE(absl::StrCat(schedule, ", ZeRO ", zero_stage, c.name,
+                              ", rank ", Rank()));
     const std::string directory = SharedDirectory(
-        absl::StrCat("pipeline_ckpt_", schedule, "_z", zero_stage));
+        absl::StrCat("pipeline_ckpt_", schedule, "_z", zero_stage, c.name));
+    g_nvme_engine = "_whole";
     absl::StatusOr<std::unique_ptr<engine::Engine>> whole =
         PipelinedEngine(stages, zero_stage, schedule, kAdamW);
     ASSERT_TRUE(whole.ok()) << whole.status();
@@ -709,6 +894,7 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
     ASSERT_TRUE(TrainPipelined(**whole, 1, kSteps, &uninterrupted).ok());
     ASSERT_TRUE(ReadWeights(**whole, &uninterrupted).ok());
 
+    g_nvme_engine = "_resumed";
     absl::StatusOr<std::unique_ptr<engine::Engine>> resumed_engine =
         PipelinedEngine(stages, zero_stage, schedule, kAdamW);
     ASSERT_TRUE(resumed_engine.ok()) << resumed_engine.status();
@@ -727,6 +913,7 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
 
     // Another stage count: every rank refuses, naming pipeline.json.
     if (World() % 2 == 0 && World() != stages) {
+      g_nvme_engine = "_other";
       absl::StatusOr<std::unique_ptr<engine::Engine>> other =
           PipelinedEngine(World(), zero_stage, "1f1b", kAdamW);
       ASSERT_TRUE(other.ok()) << other.status();
@@ -749,6 +936,8 @@ TEST(PipelineCheckpoint, ResumesBitForBitAndRefusesAnotherLayout) {
           << missing.status();
     }
   }
+  g_zero_keys.clear();
+  g_nvme_engine.clear();
 }
 
 // An interleaved pipeline's checkpoint (2 ranks x 2 stages each): saved
