@@ -19,7 +19,7 @@
 #      Initialize and at its peak, nvidia-smi's peak), host memory (resident,
 #      page-locked, pageable; the sampler's lowest MemAvailable) and disk.
 # The swap files are removed by the engine at exit; $NVME is emptied first.
-# LIMIT (default 560 s) bounds the whole call.
+# LIMIT (default 560 s) bounds the whole call; ITERS (default 3) timed steps.
 source bench/device/setup.sh
 NVME=${NVME:-/tmp/nv}
 mkdir -p "$NVME" && rm -f "$NVME"/zero_engine_rank*.swp
@@ -50,7 +50,7 @@ SAMPLER=$!
 # parameters on NVMe, the swap directory); the patch, applied last, is the
 # config itself.
 timeout $(( $(left) - 15 )) $B/bin/train_bench --models=25B --stages=3 \
-  --batch=1 --seq=1024 --iters=3 --warmup=1 --dtype=bf16 --checkpointing=1 \
+  --batch=1 --seq=1024 --iters=${ITERS:-3} --warmup=1 --dtype=bf16 --checkpointing=1 \
   --offload=both --offload_ratio=0.5 --offload_param_device=nvme \
   --nvme_path=$NVME --ds_config_patch=$OUT/gpt25b_h200.json \
   >> $OUT/train_bench.jsonl 2>> $OUT/train_bench.err
