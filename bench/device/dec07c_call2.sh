@@ -1,12 +1,22 @@
 #!/bin/bash
 # Third session of 2026-12-07, call 2, on an H200 (carry gpu_pack, pack at
 # 643f747): issue 28's 25B (bench/device/issue28_25b.sh with 2 timed steps
-# after 1 warm-up), then, with the time left, issue 27's 13B at
-# accumulation 8 (stage 2, 60% of the optimizer state on the host).
+# after 1 warm-up), then, with the time left, the GPU parity test that
+# runs the merged device-updated buckets' copy to the weights' tier
+# (parity_cuda_w1: its cpuhalfparam and nvmehalfparam modes), then issue
+# 27's 13B at accumulation 8 (stage 2, 60% of the optimizer state on the
+# host).
 START=$(date +%s)
 ITERS=2 bash bench/device/issue28_25b.sh
 source bench/device/setup.sh
 T0=$START  # the call's clock, for `left`
+if (( $(left) > 100 )); then
+  mkdir -p $OUT/logs
+  OUT=$OUT/logs timeout $(( $(left) - 10 )) $B/run_gpu_tests.sh parity_cuda_w1_test \
+    > $OUT/logs/parity_cuda_w1.txt 2>&1
+  el "parity_cuda_w1 rc=$?"
+  grep -h "gpu tests:\|^FAILED\|OK \]\|FAILED  \]" $OUT/logs/parity_cuda_w1.txt | tail -8
+fi
 if (( $(left) > 200 )); then
   BENCH_DEFAULTS="--batch=4 --seq=1024 --dtype=bf16"
   BENCH_TIMEOUT=$(( $(left) - 15 ))
