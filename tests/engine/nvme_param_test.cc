@@ -77,7 +77,7 @@ std::string ConfigJson(const Variant& v, const std::string& directory) {
           ? R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 10},)"
           : "",
       R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "eps": 1e-3, "weight_decay": 0.01}},)",
-      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 3}},)",
+      R"("scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.01, "warmup_num_steps": 3}},)",
       // Nothing persistent or kept for reuse and a small prefetch: every
       // use of a module fetches it (from the swap file, or from the
       // update's staging once after a step) on demand or a little ahead,
