@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <utility>
 
@@ -257,6 +258,47 @@ void ExpectOnlyFittingStageTrainsUnderCap(
       Rank(), static_cast<long long>(cap), static_cast<long long>(need_stage0),
       fitting_stage, static_cast<long long>(need_fitting), fitting_stage,
       static_cast<long long>(peak));
+}
+
+std::vector<uint8_t> EvalLogitBytes(engine::Engine& engine,
+                                    int64_t first_sample) {
+  std::vector<int32_t> tokens(2 * kSeqLen), targets(2 * kSeqLen);
+  FillSample(first_sample, tokens.data(), targets.data());
+  FillSample(first_sample + 1, tokens.data() + kSeqLen,
+             targets.data() + kSeqLen);
+  absl::StatusOr<Tensor> out = engine.EvalOutputs(
+      Tensor::Wrap(tokens.data(), {2, kSeqLen}, DType::kI32, Device::Cpu()));
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  const uint8_t* bytes = static_cast<const uint8_t*>(out->data());
+  return std::vector<uint8_t>(bytes, bytes + out->nbytes());
+}
+
+void TrainRecording(engine::Engine& engine, int first, int end,
+                    int64_t logits_sample, BitwiseRun& run) {
+  for (int step = first; step < end; ++step) {
+    absl::StatusOr<engine::StepReport> report = TrainStep(engine, step);
+    ASSERT_TRUE(report.ok()) << report.status();
+    run.losses.push_back(report->loss);
+  }
+  absl::StatusOr<std::vector<float>> master = AllMasterWeights(engine);
+  ASSERT_TRUE(master.ok()) << master.status();
+  run.master = *master;
+  run.logits = EvalLogitBytes(engine, logits_sample);
+}
+
+void ExpectBitIdentical(const BitwiseRun& run, const BitwiseRun& reference,
+                        const std::string& what) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
+  }
+  ASSERT_EQ(run.master.size(), reference.master.size()) << what;
+  EXPECT_EQ(0, std::memcmp(run.master.data(), reference.master.data(),
+                           run.master.size() * sizeof(float)))
+      << what << ": master weights differ";
+  ASSERT_FALSE(run.logits.empty()) << what;
+  EXPECT_EQ(run.logits, reference.logits) << what << ": logits differ";
 }
 
 }  // namespace enginetest

@@ -65,6 +65,32 @@ absl::StatusOr<engine::StepReport> TrainStep(engine::Engine& engine,
 // engine's layout order (a collective: every rank calls it).
 absl::StatusOr<std::vector<float>> AllMasterWeights(engine::Engine& engine);
 
+// A training's record for bit-for-bit comparisons: every step's loss, the
+// f32 master weights (AllMasterWeights) and EvalOutputs' bytes for two
+// fixed samples (the 16-bit weights the forward gathers).
+struct BitwiseRun {
+  std::vector<double> losses;
+  std::vector<float> master;
+  std::vector<uint8_t> logits;
+};
+
+// EvalOutputs' bytes for global samples `first_sample` and the next (a
+// collective at stage 3: every rank calls it); empty after a failure, which
+// is reported (EXPECT).
+std::vector<uint8_t> EvalLogitBytes(engine::Engine& engine,
+                                    int64_t first_sample);
+
+// Trains steps [first, end) with TrainStep, appending their losses to
+// run.losses, then records the master weights and EvalLogitBytes(engine,
+// logits_sample) (ASSERTs on failures; collectives: every rank calls it).
+void TrainRecording(engine::Engine& engine, int first, int end,
+                    int64_t logits_sample, BitwiseRun& run);
+
+// Losses, master weights and logits equal bit for bit (EXPECT), `what`
+// naming the run in messages.
+void ExpectBitIdentical(const BitwiseRun& run, const BitwiseRun& reference,
+                        const std::string& what);
+
 // Compares a run's per-step losses and final f32 master weights (by
 // parameter name) with a reference run's: both largest relative differences,
 // |a - b| / max(1, |b|), must be within `tolerance` (EXPECT), and are printed

@@ -39,6 +39,9 @@ namespace ze {
 namespace enginetest {
 namespace {
 
+// The global samples whose logits each run records (EvalLogitBytes).
+constexpr int64_t kLogitsSample = 1000;
+
 constexpr int kSteps = 4;
 
 std::string TempDirectory(const std::string& name) {
@@ -98,52 +101,6 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
   return engine::Initialize(model, ConfigJson(v, directory), Comm());
 }
 
-struct Training {
-  std::vector<double> losses;
-  std::vector<float> master;
-  std::vector<uint8_t> logits;  // EvalOutputs' bytes for fixed inputs
-};
-
-// The model's output for two fixed samples: the gathered weights, bit for
-// bit (a collective at stage 3).
-std::vector<uint8_t> Logits(engine::Engine& engine) {
-  std::vector<int32_t> tokens(2 * kSeqLen), targets(2 * kSeqLen);
-  FillSample(1000, tokens.data(), targets.data());
-  FillSample(1001, tokens.data() + kSeqLen, targets.data() + kSeqLen);
-  absl::StatusOr<Tensor> out = engine.EvalOutputs(
-      Tensor::Wrap(tokens.data(), {2, kSeqLen}, DType::kI32, Device::Cpu()));
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  const uint8_t* bytes = static_cast<const uint8_t*>(out->data());
-  return std::vector<uint8_t>(bytes, bytes + out->nbytes());
-}
-
-void Train(engine::Engine& engine, int first, int end, Training& run) {
-  for (int step = first; step < end; ++step) {
-    absl::StatusOr<engine::StepReport> report = TrainStep(engine, step);
-    ASSERT_TRUE(report.ok()) << report.status();
-    run.losses.push_back(report->loss);
-  }
-  absl::StatusOr<std::vector<float>> master = AllMasterWeights(engine);
-  ASSERT_TRUE(master.ok()) << master.status();
-  run.master = *master;
-  run.logits = Logits(engine);
-}
-
-void ExpectIdentical(const Training& run, const Training& reference,
-                     const std::string& what) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
-  }
-  ASSERT_EQ(run.master.size(), reference.master.size()) << what;
-  EXPECT_EQ(0, std::memcmp(run.master.data(), reference.master.data(),
-                           run.master.size() * sizeof(float)))
-      << what << ": master weights differ";
-  ASSERT_FALSE(run.logits.empty()) << what;
-  EXPECT_EQ(run.logits, reference.logits) << what << ": logits differ";
-}
-
 std::string SwapFile(const std::string& directory) {
   return absl::StrCat(directory, "/zero_engine_rank", Rank(),
                       "_parameters.swp");
@@ -161,13 +118,13 @@ TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
   for (const char* dtype : {"bf16", "f32", "fp16"}) {
     for (const char* optimizer : {"cpu", "nvme"}) {
       const Variant reference{"ref", dtype, optimizer, "cpu"};
-      Training expected;
+      BitwiseRun expected;
       {
         auto engine = MakeEngine(
             reference,
             TempDirectory(absl::StrCat("ref_", dtype, "_", optimizer)));
         ASSERT_TRUE(engine.ok()) << engine.status();
-        Train(**engine, 0, kSteps, expected);
+        TrainRecording(**engine, 0, kSteps, kLogitsSample, expected);
       }
       const std::vector<Variant> variants = {
           // Nothing in CPU memory, two buffers: every bucket is read from
@@ -188,7 +145,7 @@ TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
                          " world ", World());
         const std::string directory =
             TempDirectory(absl::StrCat(v.name, "_", dtype, "_", optimizer));
-        Training run;
+        BitwiseRun run;
         {
           auto engine = MakeEngine(v, directory);
           ASSERT_TRUE(engine.ok()) << what << ": " << engine.status();
@@ -202,7 +159,7 @@ TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
           if (v.name == "defaults") {
             EXPECT_EQ(size, 4096) << what;
           }
-          Train(**engine, 0, kSteps, run);
+          TrainRecording(**engine, 0, kSteps, kLogitsSample, run);
           // Training went through the file: written back after updates
           // and read again (no reuse between a module's uses).
           if (v.name == "swapped" || v.name == "one_buffer") {
@@ -213,7 +170,7 @@ TEST(NvmeParamTest, BitIdenticalToParametersInCpuMemory) {
         }
         EXPECT_EQ(FileSize(SwapFile(directory)), -1)
             << what << ": the swap file outlived the engine";
-        ExpectIdentical(run, expected, what);
+        ExpectBitIdentical(run, expected, what);
       }
     }
   }
@@ -225,11 +182,11 @@ TEST(NvmeParamTest, CheckpointsMoveBetweenCpuAndNvmeParameters) {
   const Variant cpu{"cpu", "bf16", "nvme", "cpu"};
   const Variant nvme{"nvme", "bf16", "nvme",
                      R"(, "max_in_cpu": 0, "buffer_count": 2)"};
-  Training reference;
+  BitwiseRun reference;
   {
     auto engine = MakeEngine(cpu, TempDirectory("ckpt_ref"));
     ASSERT_TRUE(engine.ok()) << engine.status();
-    Train(**engine, 0, kSteps, reference);
+    TrainRecording(**engine, 0, kSteps, kLogitsSample, reference);
   }
   reference.losses.erase(reference.losses.begin(),
                          reference.losses.begin() + 2);
@@ -244,8 +201,8 @@ TEST(NvmeParamTest, CheckpointsMoveBetweenCpuAndNvmeParameters) {
     {
       auto engine = MakeEngine(*saver, TempDirectory(name + "_save"));
       ASSERT_TRUE(engine.ok()) << engine.status();
-      Training first;
-      Train(**engine, 0, 2, first);
+      BitwiseRun first;
+      TrainRecording(**engine, 0, 2, kLogitsSample, first);
       const absl::Status saved = (*engine)->SaveCheckpoint(checkpoint, "t2");
       ASSERT_TRUE(saved.ok()) << what << ": " << saved;
     }
@@ -253,9 +210,9 @@ TEST(NvmeParamTest, CheckpointsMoveBetweenCpuAndNvmeParameters) {
     ASSERT_TRUE(engine.ok()) << engine.status();
     auto loaded = (*engine)->LoadCheckpoint(checkpoint, "t2");
     ASSERT_TRUE(loaded.ok()) << what << ": " << loaded.status();
-    Training resumed;
-    Train(**engine, 2, kSteps, resumed);
-    ExpectIdentical(resumed, reference, what);
+    BitwiseRun resumed;
+    TrainRecording(**engine, 2, kSteps, kLogitsSample, resumed);
+    ExpectBitIdentical(resumed, reference, what);
   }
 }
 
@@ -268,12 +225,12 @@ TEST(NvmeParamTest, ModifiedGatheredParametersReachTheSwapFile) {
   // rest of each record must come from the file.
   const Variant nvme{"scope_nvme", "bf16", "cpu",
                      R"(, "max_in_cpu": 0, "buffer_count": 1)"};
-  std::vector<Training> runs;
+  std::vector<BitwiseRun> runs;
   for (const Variant* v : {&cpu, &nvme}) {
     auto engine = MakeEngine(*v, TempDirectory(v->name));
     ASSERT_TRUE(engine.ok()) << engine.status();
-    Training run;
-    Train(**engine, 0, 2, run);
+    BitwiseRun run;
+    TrainRecording(**engine, 0, 2, kLogitsSample, run);
     const std::vector<std::string> names = (*engine)->ParameterNames();
     ASSERT_GT(names.size(), 3u);
     const std::vector<std::string> modified = {names[names.size() / 2],
@@ -295,11 +252,11 @@ TEST(NvmeParamTest, ModifiedGatheredParametersReachTheSwapFile) {
       }
       ASSERT_TRUE((*scope)->Release().ok());
     }
-    Train(**engine, 2, kSteps, run);
+    TrainRecording(**engine, 2, kSteps, kLogitsSample, run);
     runs.push_back(run);
   }
-  ExpectIdentical(runs[1], runs[0],
-                  absl::StrCat("modified scope, world ", World()));
+  ExpectBitIdentical(runs[1], runs[0],
+                     absl::StrCat("modified scope, world ", World()));
 }
 
 // A swap file that cannot be read in the middle of a forward (rank 0's,

@@ -42,6 +42,9 @@ namespace ze {
 namespace enginetest {
 namespace {
 
+// The global samples whose logits each run records (EvalLogitBytes).
+constexpr int64_t kLogitsSample = 2000;
+
 constexpr int kSteps = 4;
 
 std::string TempDirectory(const std::string& name) {
@@ -114,63 +117,17 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
   return engine::Initialize(model, ConfigJson(s, v, directory), Comm());
 }
 
-struct Training {
-  std::vector<double> losses;
-  std::vector<float> master;
-  std::vector<uint8_t> logits;  // EvalOutputs' bytes for fixed inputs
-};
-
-// The model's output for two fixed samples: the gathered weights, bit for
-// bit (a collective at stage 3).
-std::vector<uint8_t> Logits(engine::Engine& engine) {
-  std::vector<int32_t> tokens(2 * kSeqLen), targets(2 * kSeqLen);
-  FillSample(2000, tokens.data(), targets.data());
-  FillSample(2001, tokens.data() + kSeqLen, targets.data() + kSeqLen);
-  absl::StatusOr<Tensor> out = engine.EvalOutputs(
-      Tensor::Wrap(tokens.data(), {2, kSeqLen}, DType::kI32, Device::Cpu()));
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  const uint8_t* bytes = static_cast<const uint8_t*>(out->data());
-  return std::vector<uint8_t>(bytes, bytes + out->nbytes());
-}
-
-void Train(engine::Engine& engine, int first, int end, Training& run) {
-  for (int step = first; step < end; ++step) {
-    absl::StatusOr<engine::StepReport> report = TrainStep(engine, step);
-    ASSERT_TRUE(report.ok()) << report.status();
-    run.losses.push_back(report->loss);
-  }
-  absl::StatusOr<std::vector<float>> master = AllMasterWeights(engine);
-  ASSERT_TRUE(master.ok()) << master.status();
-  run.master = *master;
-  run.logits = Logits(engine);
-}
-
-void ExpectIdentical(const Training& run, const Training& reference,
-                     const std::string& what) {
-  ASSERT_EQ(run.losses.size(), reference.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
-  }
-  ASSERT_EQ(run.master.size(), reference.master.size()) << what;
-  EXPECT_EQ(0, std::memcmp(run.master.data(), reference.master.data(),
-                           run.master.size() * sizeof(float)))
-      << what << ": master weights differ";
-  ASSERT_FALSE(run.logits.empty()) << what;
-  EXPECT_EQ(run.logits, reference.logits) << what << ": logits differ";
-}
-
 // Trains `v` for kSteps; checks that the swap file, if any, was used both
 // ways (the device buckets' weights went through it).
-Training TrainVariant(const Setting& s, const Variant& v,
-                      const std::string& what) {
-  Training run;
+BitwiseRun TrainVariant(const Setting& s, const Variant& v,
+                        const std::string& what) {
+  BitwiseRun run;
   const std::string directory = TempDirectory(absl::StrCat(
       v.name, "_", s.dtype, "_a", s.accumulation, s.eight_bit ? "_8bit" : ""));
   auto engine = MakeEngine(s, v, directory);
   EXPECT_TRUE(engine.ok()) << what << ": " << engine.status();
   if (!engine.ok()) return run;
-  Train(**engine, 0, kSteps, run);
+  TrainRecording(**engine, 0, kSteps, kLogitsSample, run);
   if (v.param == "nvme" &&
       v.param_extra.find("max_in_cpu\": 0") != std::string::npos) {
     const engine::NvmeCounters io = (*engine)->nvme_counters();
@@ -212,15 +169,16 @@ TEST(ParamOffloadRatioTest, BitIdenticalToNoOffloadAndToRatioOne) {
       const Setting s{dtype, accumulation};
       const std::string setting = absl::StrCat(
           dtype, " accumulation ", accumulation, " world ", World());
-      const Training expected =
+      const BitwiseRun expected =
           TrainVariant(s, references[0], "reference none " + setting);
       for (size_t i = 1; i < references.size(); ++i) {
         const std::string what = references[i].name + " " + setting;
-        ExpectIdentical(TrainVariant(s, references[i], what), expected, what);
+        ExpectBitIdentical(TrainVariant(s, references[i], what), expected,
+                           what);
       }
       for (const Variant& v : variants) {
         const std::string what = v.name + " " + setting;
-        ExpectIdentical(TrainVariant(s, v, what), expected, what);
+        ExpectBitIdentical(TrainVariant(s, v, what), expected, what);
       }
     }
   }
@@ -231,14 +189,14 @@ TEST(ParamOffloadRatioTest, BitIdenticalToNoOffloadAndToRatioOne) {
 TEST(ParamOffloadRatioTest, EightBitMomentsBitIdenticalAcrossWeightTiers) {
   const Setting s{"bf16", 1, /*eight_bit=*/true};
   const std::string setting = absl::StrCat("8-bit world ", World());
-  const Training expected =
+  const BitwiseRun expected =
       TrainVariant(s, {"weights_on_device", "cpu", 0.5}, "device " + setting);
-  ExpectIdentical(
+  ExpectBitIdentical(
       TrainVariant(s, {"cpu_r05", "cpu", 0.5, "cpu"}, "cpu " + setting),
       expected, "cpu " + setting);
-  ExpectIdentical(TrainVariant(s, {"nvme_r05", "cpu", 0.5, "nvme", kSwapped},
-                               "nvme " + setting),
-                  expected, "nvme " + setting);
+  ExpectBitIdentical(TrainVariant(s, {"nvme_r05", "cpu", 0.5, "nvme", kSwapped},
+                                  "nvme " + setting),
+                     expected, "nvme " + setting);
 }
 
 // Checkpoints between ratio 0.5 with the weights on NVMe and the other
@@ -248,11 +206,11 @@ TEST(ParamOffloadRatioTest, CheckpointsMoveBetweenPlacements) {
   const Variant none{"ckpt_none"};
   const Variant ratio_one{"ckpt_cpu_r1", "cpu", 1.0, "cpu"};
   const Variant half{"ckpt_nvme_r05", "cpu", 0.5, "nvme", kSwapped};
-  Training reference;
+  BitwiseRun reference;
   {
     auto engine = MakeEngine(s, none, TempDirectory("ckpt_reference"));
     ASSERT_TRUE(engine.ok()) << engine.status();
-    Train(**engine, 0, kSteps, reference);
+    TrainRecording(**engine, 0, kSteps, kLogitsSample, reference);
   }
   reference.losses.erase(reference.losses.begin(),
                          reference.losses.begin() + 2);
@@ -266,8 +224,8 @@ TEST(ParamOffloadRatioTest, CheckpointsMoveBetweenPlacements) {
     {
       auto engine = MakeEngine(s, *saver, TempDirectory(name + "_save"));
       ASSERT_TRUE(engine.ok()) << what << ": " << engine.status();
-      Training first;
-      Train(**engine, 0, 2, first);
+      BitwiseRun first;
+      TrainRecording(**engine, 0, 2, kLogitsSample, first);
       const absl::Status saved = (*engine)->SaveCheckpoint(checkpoint, "t2");
       ASSERT_TRUE(saved.ok()) << what << ": " << saved;
     }
@@ -275,9 +233,9 @@ TEST(ParamOffloadRatioTest, CheckpointsMoveBetweenPlacements) {
     ASSERT_TRUE(engine.ok()) << what << ": " << engine.status();
     auto loaded = (*engine)->LoadCheckpoint(checkpoint, "t2");
     ASSERT_TRUE(loaded.ok()) << what << ": " << loaded.status();
-    Training resumed;
-    Train(**engine, 2, kSteps, resumed);
-    ExpectIdentical(resumed, reference, what);
+    BitwiseRun resumed;
+    TrainRecording(**engine, 2, kSteps, kLogitsSample, resumed);
+    ExpectBitIdentical(resumed, reference, what);
   }
 }
 
