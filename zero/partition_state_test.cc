@@ -212,6 +212,30 @@ std::vector<float> Gathered(PartitionState& state, int bucket) {
   return std::vector<float>(values, values + out->numel());
 }
 
+// Two steps of `reference` and `state` with the same arguments: bucket 1
+// gathered from `state` between its update and the join already holds the
+// new weights, and after each join every bucket's weights, held and
+// gathered, equal `reference`'s bit for bit (and moved from their 0.5 start).
+void ExpectSameUpdates(PartitionState& reference, PartitionState& state) {
+  Stream stream;
+  StepArgs args;
+  args.lr = 0.01;
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(reference.UpdateWeights(args, stream).ok());
+    ASSERT_TRUE(state.UpdateWeights(args, stream).ok());
+    const std::vector<float> gathered = Gathered(state, 1);
+    ASSERT_TRUE(reference.FinishUpdate(stream).ok());
+    ASSERT_TRUE(state.FinishUpdate(stream).ok());
+    EXPECT_EQ(gathered, WeightsOf(reference, 1));
+    for (int b = 0; b < state.num_buckets(); ++b) {
+      const std::vector<float> expected = WeightsOf(reference, b);
+      EXPECT_NE(expected[0], 0.5f) << "bucket " << b;  // updated
+      EXPECT_EQ(WeightsOf(state, b), expected) << "bucket " << b;
+      EXPECT_EQ(Gathered(state, b), expected) << "bucket " << b;
+    }
+  }
+}
+
 // The swapped weights are what the host weights are, bit for bit, through
 // two updates: gathered before the join (from the update's staging), and
 // read after it (from the file), for buckets swapped and kept (max_in_cpu).
@@ -228,25 +252,9 @@ TEST(PartitionStateNvmeWeightsTest, SwappedWeightsFollowTheUpdateExactly) {
     ASSERT_EQ((*swapped)->num_buckets(), 2);
     EXPECT_TRUE((*swapped)->weights_swapped(1));
     EXPECT_FALSE((*swapped)->OwnWeights(1).defined());
-    Stream stream;
-    StepArgs args;
-    args.lr = 0.01;
-    for (int step = 0; step < 2; ++step) {
-      ASSERT_TRUE((*host)->UpdateWeights(args, stream).ok());
-      ASSERT_TRUE((*swapped)->UpdateWeights(args, stream).ok());
-      // Bucket 1 gathered before the join: the staged weights, written
-      // back on the way; the others written back by the join.
-      const std::vector<float> gathered = Gathered(**swapped, 1);
-      ASSERT_TRUE((*host)->FinishUpdate(stream).ok());
-      ASSERT_TRUE((*swapped)->FinishUpdate(stream).ok());
-      EXPECT_EQ(gathered, WeightsOf(**host, 1));
-      for (int b = 0; b < layout.num_buckets(); ++b) {
-        const std::vector<float> expected = WeightsOf(**host, b);
-        EXPECT_NE(expected[0], 0.5f);  // updated
-        EXPECT_EQ(WeightsOf(**swapped, b), expected) << "bucket " << b;
-        EXPECT_EQ(Gathered(**swapped, b), expected) << "bucket " << b;
-      }
-    }
+    // Bucket 1 gathered before the join: the staged weights, written back
+    // on the way; the others written back by the join.
+    ExpectSameUpdates(**host, **swapped);
     // The swapped buckets went to the file and, two of them through one
     // buffer, came back from it (one alone stays in its buffer).
     EXPECT_GT((*swapped)->weights_nvme_counters().bytes_written, 0);
@@ -319,25 +327,9 @@ TEST(PartitionStateNvmeWeightsTest, DeviceUpdatedBucketsReachTheWeightsTier) {
       ASSERT_TRUE(state.ok()) << state.status();
       EXPECT_EQ((*state)->weights_swapped(1),
                 tier.weights == Placement::kNvme && tier.max_in_cpu == 0);
-      Stream stream;
-      StepArgs args;
-      args.lr = 0.01;
-      for (int step = 0; step < 2; ++step) {
-        ASSERT_TRUE((*reference)->UpdateWeights(args, stream).ok());
-        ASSERT_TRUE((*state)->UpdateWeights(args, stream).ok());
-        // The device bucket gathered before the join: from its swap
-        // buffer (or host memory), not the update's staging.
-        const std::vector<float> gathered = Gathered(**state, 1);
-        ASSERT_TRUE((*reference)->FinishUpdate(stream).ok());
-        ASSERT_TRUE((*state)->FinishUpdate(stream).ok());
-        EXPECT_EQ(gathered, WeightsOf(**reference, 1));
-        for (int b = 0; b < layout.num_buckets(); ++b) {
-          const std::vector<float> expected = WeightsOf(**reference, b);
-          EXPECT_NE(expected[0], 0.5f) << "bucket " << b;  // updated
-          EXPECT_EQ(WeightsOf(**state, b), expected) << "bucket " << b;
-          EXPECT_EQ(Gathered(**state, b), expected) << "bucket " << b;
-        }
-      }
+      // The device bucket gathered before the join: from its swap buffer
+      // (or host memory), not the update's staging.
+      ExpectSameUpdates(**reference, **state);
       if ((*state)->weights_swapped(1)) {
         // One swap buffer for two buckets: the device bucket's weights
         // went to the file and came back from it.
