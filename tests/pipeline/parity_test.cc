@@ -647,6 +647,30 @@ TEST(PipelineParity, InterleavedOffloadOptimizer) {
   g_zero_keys.clear();
 }
 
+// The layouts and schedules of the NVMe and delayed-update tables: every
+// layout for GPT (gpipe, 1f1b, zb_h1); the Llama family's (tied and untied)
+// up to 3 stages (2x1, 3x1, 2x2) with 1f1b and zb_h1: its 4x1 would check
+// nothing of the swap files' names, the fetch order or the lag that GPT's
+// does not, for a third of the 4-rank run's time. Sets g_family for each.
+void ForEachFamilyStagesAndSchedule(
+    const std::function<void(int stages, const char *schedule)> &run) {
+  struct Table {
+    Family family;
+    std::vector<const char *> schedules;
+    int max_stages;
+  };
+  for (const Table &table :
+       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
+        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
+        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
+    g_family = table.family;
+    for (int stages : StageCounts()) {
+      if (stages > table.max_stages) continue;
+      for (const char *schedule : table.schedules) run(stages, schedule);
+    }
+  }
+}
+
 // The NVMe tier inside each stage (ZeRO-Infinity, stage 3), clipped by the
 // norm across the stages: AdamW's state in a swap file per rank (in chunks
 // of a sub-group), and then the parameters too, each bucket gathered anew
@@ -670,30 +694,12 @@ TEST(PipelineParity, NvmeOffloadOfOptimizerAndParameters) {
       R"(, "stage3_param_persistence_threshold": 0, )"
       R"("stage3_max_reuse_distance": 0, "offload_param": {"device": "nvme", )"
       R"("nvme_path": "$NVME", "max_in_cpu": 0, "buffer_count": 3})");
-  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
-  // 2x2): its 4x1 would check nothing of the files' names or the fetch
-  // order that GPT's does not, for a third of the 4-rank run's time.
-  struct Table {
-    Family family;
-    std::vector<const char *> schedules;
-    int max_stages;
-  };
-  for (const Table &table :
-       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
-        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
-        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
-    g_family = table.family;
-    for (int stages : StageCounts()) {
-      if (stages > table.max_stages) continue;
-      for (const char *schedule : table.schedules) {
-        for (const std::string &keys :
-             {optimizer_on_nvme, parameters_on_nvme}) {
-          g_zero_keys = keys;
-          ExpectParity({stages, 3, schedule, kAdamW, 1e-4});
-        }
-      }
+  ForEachFamilyStagesAndSchedule([&](int stages, const char *schedule) {
+    for (const std::string &keys : {optimizer_on_nvme, parameters_on_nvme}) {
+      g_zero_keys = keys;
+      ExpectParity({stages, 3, schedule, kAdamW, 1e-4});
     }
-  }
+  });
   // Interleaved (GPT): one strategy, so one set of files, per rank for its
   // stages; each stage's micro-steps follow their own fetch record.
   g_family = Family::kGpt;
@@ -720,28 +726,11 @@ TEST(PipelineParity, DelayedUpdate) {
   g_extra_keys = R"(, "gradient_clipping": 0.1)";
   g_zero_keys =
       R"(, "offload_optimizer": {"device": "cpu", "delayed_update": true})";
-  // Every layout for GPT; the Llama family's up to 3 stages (2x1, 3x1,
-  // 2x2): its 4x1 would check nothing of the lag that GPT's does not, for
-  // a third of the 4-rank run's time.
-  struct Table {
-    Family family;
-    std::vector<const char *> schedules;
-    int max_stages;
-  };
-  for (const Table &table :
-       {Table{Family::kGpt, {"gpipe", "1f1b", "zb_h1"}, 4},
-        Table{Family::kLlamaTied, {"1f1b", "zb_h1"}, 3},
-        Table{Family::kLlamaUntied, {"1f1b", "zb_h1"}, 3}}) {
-    g_family = table.family;
-    for (int stages : StageCounts()) {
-      if (stages > table.max_stages) continue;
-      for (const char *schedule : table.schedules) {
-        for (int zero_stage : {1, 2}) {
-          ExpectParity({stages, zero_stage, schedule, kAdamW, 1e-4});
-        }
-      }
+  ForEachFamilyStagesAndSchedule([](int stages, const char *schedule) {
+    for (int zero_stage : {1, 2}) {
+      ExpectParity({stages, zero_stage, schedule, kAdamW, 1e-4});
     }
-  }
+  });
   // Interleaved (GPT): a rank's stages share one optimizer, so one lag.
   g_family = Family::kGpt;
   for (int zero_stage : {1, 2}) {
