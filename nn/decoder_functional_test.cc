@@ -303,6 +303,35 @@ TEST(SwiGluTest, ForwardAndBackward) {
   ExpectInvalid(SwiGluForward(gate, up, gate, Stream()), "alias");
 }
 
+// SwiGluBackward in place (grad_gate into gate, grad_up into up) equals
+// the separate buffers' result bit for bit, f32 and bf16; the crossed
+// aliases are refused.
+TEST(SwiGluTest, BackwardInPlace) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto as = [dtype](const Tensor &f32) {
+      Tensor out = Tensor::Empty(f32.shape(), dtype, Device::Cpu()).value();
+      EXPECT_TRUE(CopyConverting(f32, out, Stream()).ok());
+      return out;
+    };
+    const Tensor gate = as(RandomTensor({4, 9}, 1, 3.0f));
+    const Tensor up = as(RandomTensor({4, 9}, 2));
+    const Tensor dy = as(RandomTensor({4, 9}, 3));
+    Tensor dg = as(RandomTensor({4, 9}, 4)), du = as(RandomTensor({4, 9}, 5));
+    ASSERT_TRUE(SwiGluBackward(dy, gate, up, dg, du, Stream()).ok());
+    const Tensor gate_in_place = as(gate), up_in_place = as(up);
+    ASSERT_TRUE(SwiGluBackward(dy, gate_in_place, up_in_place, gate_in_place,
+                               up_in_place, Stream())
+                    .ok());
+    EXPECT_EQ(Values(gate_in_place), Values(dg));
+    EXPECT_EQ(Values(up_in_place), Values(du));
+    ExpectInvalid(SwiGluBackward(dy, gate, up, dg, gate, Stream()), "alias");
+    const Tensor crossed = as(gate);
+    ExpectInvalid(SwiGluBackward(dy, gate, crossed, crossed, du, Stream()),
+                  "alias");
+  }
+}
+
 // q (B, T, Hq, D), k/v (B, T, Hkv, D) -> the fused qkv (B, T, 3 * Hq * D)
 // of the GPT attention with each kv head repeated for its group.
 Tensor RepeatedQkv(const Tensor &q, const Tensor &k, const Tensor &v) {

@@ -294,14 +294,22 @@ absl::StatusOr<Tensor> SwiGluMlp::BackwardImpl(const Tensor &grad_output,
     ZE_RETURN_IF_ERROR(SwiGluForward(saved.gate, saved.up, hidden, stream));
     down_proj_->ProvideInputForNextBackward(std::move(hidden));
   }
+  // hidden, gate and up are this module's own: each buffer takes its own
+  // gradient, so the backward allocates no (..., F) tensor. (With new
+  // buffers the SwiGLU backward held five at once: gate, up and the
+  // gradients of hidden, gate and up; now three.)
+  down_proj_->WriteGradInputIntoInputInNextBackward();
   ZE_ASSIGN_OR_RETURN(Tensor grad_hidden,
                       down_proj_->Backward(grad_output, stream));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_gate,
-                      Tensor::Empty(saved.gate.shape(), grad_output.dtype(),
-                                    grad_output.device()));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_up,
-                      Tensor::Empty(saved.up.shape(), grad_output.dtype(),
-                                    grad_output.device()));
+  Tensor grad_gate = saved.gate, grad_up = saved.up;
+  if (saved.gate.dtype() != grad_output.dtype()) {
+    ZE_ASSIGN_OR_RETURN(grad_gate,
+                        Tensor::Empty(saved.gate.shape(), grad_output.dtype(),
+                                      grad_output.device()));
+    ZE_ASSIGN_OR_RETURN(grad_up,
+                        Tensor::Empty(saved.up.shape(), grad_output.dtype(),
+                                      grad_output.device()));
+  }
   ZE_RETURN_IF_ERROR(SwiGluBackward(grad_hidden, saved.gate, saved.up,
                                     grad_gate, grad_up, stream));
   grad_hidden = Tensor();

@@ -143,6 +143,37 @@ TEST(DecoderLayersTest, SwiGluMlpRecomputeIsBitIdenticalAndSavesItsHidden) {
   }
 }
 
+// SwiGluMlp's backward writes each gradient into its own activation's
+// buffer (hidden's into hidden, gate's into gate, up's into up): above what
+// the forward left, it allocates nothing of (..., F) (only the (..., C)
+// input gradients of up and gate), where new buffers held three at once.
+// Second pass (parameter gradients exist); f32 and bf16; the results are
+// those of the gradient check and recompute tests above.
+TEST(DecoderLayersTest, SwiGluMlpBackwardAllocatesNoIntermediateBuffer) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    LayerOptions options;
+    options.dtype = dtype;
+    const int64_t rows = 64, hidden = 8, intermediate = 64;
+    auto mlp = Materialized(
+        std::make_unique<SwiGluMlp>(hidden, intermediate, options));
+    Allocator *host = GetAllocator(Device::Cpu());
+    const int64_t f_bytes = rows * intermediate * SizeOf(dtype);
+    for (int pass = 0; pass < 2; ++pass) {
+      const Tensor input = As(RandomTensor({rows, hidden}, 10 + pass), dtype);
+      const Tensor grad_output =
+          As(RandomTensor({rows, hidden}, 20 + pass), dtype);
+      ASSERT_TRUE(mlp->Forward(input, Stream()).ok());
+      const int64_t before = host->stats().bytes_in_use;
+      host->ResetPeak();
+      ASSERT_TRUE(mlp->Backward(grad_output, Stream()).ok());
+      if (pass == 1) {
+        EXPECT_LT(host->stats().peak_bytes_in_use - before, f_bytes);
+      }
+    }
+  }
+}
+
 TEST(DecoderLayersGradientTest, GroupedQueryAttentionOfEachFamily) {
   for (DecoderFamily family :
        {DecoderFamily::kLlama, DecoderFamily::kQwen2, DecoderFamily::kQwen3}) {

@@ -145,6 +145,17 @@ absl::StatusOr<LinearSizes> CheckLinearForward(const char *op,
   return sizes;
 }
 
+bool Aliases(const Tensor &a, const Tensor &b) {
+  return a.defined() && b.defined() && a.numel() > 0 && b.numel() > 0 &&
+         a.data() == b.data();
+}
+
+// The one alias some ops allow: an output that is an input itself (same
+// data, shape and dtype), each of its elements read before it is written.
+bool SameTensor(const Tensor &a, const Tensor &b) {
+  return Aliases(a, b) && a.shape() == b.shape() && a.dtype() == b.dtype();
+}
+
 // The checks LinearBackward and GeluLinearBackward share; `grad_input_name`
 // names grad_input in messages.
 absl::StatusOr<LinearSizes> CheckLinearBackward(
@@ -183,6 +194,12 @@ absl::StatusOr<LinearSizes> CheckLinearBackward(
                                       " must have ", sizes.m, " rows"));
     }
   }
+  if (Aliases(grad_input, input) && !SameTensor(grad_input, input)) {
+    return Invalid(op,
+                   absl::StrCat(grad_input_name,
+                                " may be input itself (same shape and "
+                                "dtype) but must not overlap it otherwise"));
+  }
   if (grad_weight.defined()) {
     ZE_RETURN_IF_ERROR(
         RequireShape(op, "grad_weight", grad_weight, weight.shape()));
@@ -206,11 +223,6 @@ absl::StatusOr<LinearSizes> CheckLinearBackward(
                                         {"grad_weight", &grad_weight},
                                         {"grad_bias", &grad_bias}}));
   return sizes;
-}
-
-bool Aliases(const Tensor &a, const Tensor &b) {
-  return a.defined() && b.defined() && a.numel() > 0 && b.numel() > 0 &&
-         a.data() == b.data();
 }
 
 }  // namespace
@@ -379,10 +391,9 @@ absl::Status GeluLinearBackward(
       {{"pre_activation", &pre_activation},
        {"grad_pre_activation_bias", &grad_pre_activation_bias}}));
   if (Aliases(grad_pre_activation, grad_output) ||
-      Aliases(grad_pre_activation, input) ||
       Aliases(grad_pre_activation, pre_activation)) {
     return Invalid(op,
-                   "grad_pre_activation must not alias grad_output, input or "
+                   "grad_pre_activation must not alias grad_output or "
                    "pre_activation");
   }
   const Tensor grad_output_2d = View2D(grad_output, sizes.m, sizes.n);
@@ -1325,14 +1336,16 @@ absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
     ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
   }
   ZE_RETURN_IF_ERROR(RequireFloat(op, "gate", gate));
-  for (const Tensor *grad : {&grad_gate, &grad_up}) {
-    if (Aliases(*grad, grad_output) || Aliases(*grad, gate) ||
-        Aliases(*grad, up) ||
-        (grad == &grad_up && Aliases(grad_up, grad_gate))) {
-      return Invalid(op,
-                     "grad_gate and grad_up must not alias an input or "
-                     "each other");
-    }
+  // Each gradient may be its own input itself (read before written).
+  if (Aliases(grad_gate, grad_output) || Aliases(grad_gate, up) ||
+      (Aliases(grad_gate, gate) && !SameTensor(grad_gate, gate)) ||
+      Aliases(grad_up, grad_output) || Aliases(grad_up, gate) ||
+      Aliases(grad_up, grad_gate) ||
+      (Aliases(grad_up, up) && !SameTensor(grad_up, up))) {
+    return Invalid(op,
+                   "grad_gate and grad_up must not alias an input or each "
+                   "other, except each its own input itself (grad_gate gate, "
+                   "grad_up up)");
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "gate", gate,
                                        {{"grad_output", &grad_output},

@@ -55,7 +55,12 @@ absl::Status LinearForwardAdd(const Tensor& input, const Tensor& weight,
 // grad_input (M, K)   = grad_output (M, N) @ weight (N, K)      (overwritten)
 // grad_weight (N, K) += grad_output^T @ input (M, K)           (accumulated)
 // grad_bias (N)      += sum over rows of grad_output           (accumulated)
-// Each output may be undefined (skipped).
+// Each output may be undefined (skipped). grad_input may be `input` itself
+// (the same tensor: data, shape and dtype), which then receives its own
+// gradient: the weight gradient, input's only reader, is formed first on
+// the stream. A layer whose input is its own (a block's (M, 4C) hidden
+// activation) saves that buffer at the backward's peak this way. Any
+// other overlap of grad_input with an input is refused.
 // CUDA: with both grad_weight and grad_bias, the bias sum is fused into the
 // weight-gradient product (cuBLASLt BGRADB epilogue into f32 scratch, then
 // one small add); otherwise, or where cuBLASLt rejects that epilogue, or
@@ -69,9 +74,9 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
 // gradient of the same input (q, k and v projections of one hidden state,
 // SwiGLU's gate and up): grad_input (M, K) = grad_output @ weight +
 // grad_addend (M, K), grad_addend required and aliasing neither grad_input
-// nor grad_output. On CUDA the product adds grad_addend as its C (beta 1,
-// rounded once), so no separate pass over the activations; on the CPU
-// LinearBackward then an add.
+// nor grad_output; grad_input may be input itself, as there. On CUDA the
+// product adds grad_addend as its C (beta 1, rounded once), so no separate pass
+// over the activations; on the CPU LinearBackward then an add.
 absl::Status LinearBackwardAdd(const Tensor& grad_output, const Tensor& input,
                                const Tensor& weight, const Tensor& grad_addend,
                                const Tensor& grad_input,
@@ -140,7 +145,10 @@ absl::Status LinearGeluForward(const Tensor& input, const Tensor& weight,
 // pre_activation (any float dtype). grad_pre_activation and pre_activation
 // are required; input only with grad_weight; grad_weight, grad_bias and
 // grad_pre_activation_bias may be undefined (skipped). grad_pre_activation
-// must not alias grad_output, input or pre_activation.
+// must not alias grad_output or pre_activation; it may be input itself
+// (same shape and dtype; the weight gradient, input's only reader, is then
+// formed first), so that the (M, K) activation's buffer takes its
+// gradient.
 // CUDA: the input-gradient product uses the DGELU_BGRAD epilogue (DGELU
 // without grad_pre_activation_bias), the bias sum going through f32 scratch
 // and one small add; where cuBLASLt rejects it (K not a multiple of 8, ...)
@@ -337,8 +345,10 @@ absl::Status RotaryEmbeddingBackward(const Tensor& grad_output,
 absl::Status SwiGluForward(const Tensor& gate, const Tensor& up,
                            const Tensor& output, const Stream& stream);
 // grad_gate = grad_output * up * silu'(gate), grad_up = grad_output *
-// silu(gate); both overwritten, either may be undefined; neither may alias
-// an input.
+// silu(gate); both overwritten, either may be undefined. grad_gate may be
+// gate itself and grad_up up itself (same dtype: each element is read
+// before it is written), so that a block's gate and up buffers take their
+// own gradients; any other alias is refused.
 absl::Status SwiGluBackward(const Tensor& grad_output, const Tensor& gate,
                             const Tensor& up, const Tensor& grad_gate,
                             const Tensor& grad_up, const Stream& stream);

@@ -128,15 +128,7 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
   const int n = static_cast<int>(grad_output.size(1));
   const int k = static_cast<int>(weight.size(1));
   FloatIn dy(grad_output);
-  if (grad_input.defined()) {
-    FloatIn w(weight);
-    FloatOut dx(grad_input, /*load=*/false);
-    if (m > 0 && k > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f,
-                  dy.get(), n, w.get(), k, 0.0f, dx.get(), k);
-    }
-    dx.Commit();
-  }
+  // The weight gradient first: grad_input may be input itself.
   if (grad_weight.defined()) {
     FloatIn x(input);
     FloatOut dw(grad_weight, /*load=*/true);
@@ -145,6 +137,15 @@ absl::Status LinearBackward(const Tensor &grad_output, const Tensor &input,
                   dy.get(), n, x.get(), k, 1.0f, dw.get(), k);
     }
     dw.Commit();
+  }
+  if (grad_input.defined()) {
+    FloatIn w(weight);
+    FloatOut dx(grad_input, /*load=*/false);
+    if (m > 0 && k > 0) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f,
+                  dy.get(), n, w.get(), k, 0.0f, dx.get(), k);
+    }
+    dx.Commit();
   }
   if (grad_bias.defined()) {
     FloatOut db(grad_bias, /*load=*/true);
@@ -315,6 +316,12 @@ absl::Status GeluLinearBackward(const Tensor &grad_output, const Tensor &input,
   const int m = static_cast<int>(grad_output.size(0));
   const int n = static_cast<int>(grad_output.size(1));
   const int k = static_cast<int>(weight.size(1));
+  // The weight and bias gradients first: grad_pre_activation may be input
+  // itself.
+  if (grad_weight.defined() || grad_bias.defined()) {
+    ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, weight, Tensor(),
+                                      grad_weight, grad_bias));
+  }
   {
     // d(pre) = (dy @ W) * gelu'(pre), all in f32; the bias sum is taken from
     // the f32 values before rounding.
@@ -341,9 +348,7 @@ absl::Status GeluLinearBackward(const Tensor &grad_output, const Tensor &input,
     }
     dpre.Commit();
   }
-  if (!grad_weight.defined() && !grad_bias.defined()) return absl::OkStatus();
-  return LinearBackward(grad_output, input, weight, Tensor(), grad_weight,
-                        grad_bias);
+  return absl::OkStatus();
 }
 
 absl::Status AttentionForward(const Tensor &qkv, int num_heads,

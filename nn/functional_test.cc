@@ -326,6 +326,53 @@ TEST(FunctionalTest, GeluLinearBackwardMatchesUnfusedComposition) {
   EXPECT_EQ(Values(grad_pre_only), grad_pre_values);
 }
 
+// grad_input (grad_pre_activation) may be input itself: the result equals
+// a separate buffer's bit for bit (the weight gradient reads input first),
+// f32 and bf16; a partial overlap (another shape over the same data) is
+// refused by name.
+TEST(FunctionalTest, InputGradientsMayOverwriteTheInput) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t m = 6, k = 8, n = 5;
+    const Tensor pre = ToDType(RandomTensor({m, k}, 1, 3.0f), dtype);
+    Tensor input = Empty({m, k}, dtype);
+    ASSERT_TRUE(GeluForward(pre, input, Stream()).ok());
+    const Tensor weight = ToDType(RandomTensor({n, k}, 2), dtype);
+    const Tensor grad_output = ToDType(RandomTensor({m, n}, 3), dtype);
+    const Tensor addend = ToDType(RandomTensor({m, k}, 7), dtype);
+    for (int op = 0; op < 3; ++op) {
+      SCOPED_TRACE(op);
+      auto run = [&](const Tensor &x, const Tensor &grad_x,
+                     const Tensor &grad_weight) {
+        switch (op) {
+          case 0:
+            return LinearBackward(grad_output, x, weight, grad_x, grad_weight,
+                                  Tensor(), Stream());
+          case 1:
+            return LinearBackwardAdd(grad_output, x, weight, addend, grad_x,
+                                     grad_weight, Tensor(), Stream());
+          default:
+            return GeluLinearBackward(grad_output, x, weight, pre, grad_x,
+                                      grad_weight, Tensor(), Tensor(),
+                                      Stream());
+        }
+      };
+      Tensor grad_input = Empty({m, k}, dtype);
+      Tensor grad_weight = RandomTensor({n, k}, 4);
+      ASSERT_TRUE(run(input, grad_input, grad_weight).ok());
+      Tensor in_place = ToDType(input, dtype);
+      Tensor grad_weight_in_place = RandomTensor({n, k}, 4);
+      ASSERT_TRUE(run(in_place, in_place, grad_weight_in_place).ok());
+      EXPECT_EQ(Values(in_place), Values(grad_input));
+      EXPECT_EQ(Values(grad_weight_in_place), Values(grad_weight));
+      Tensor reshaped = ToDType(input, dtype);
+      ExpectInvalid(
+          run(reshaped, reshaped.View({2, m / 2, k}), RandomTensor({n, k}, 4)),
+          "may be input itself");
+    }
+  }
+}
+
 TEST(FunctionalValidationTest, FusedGeluOpsNameTheBadArgument) {
   const Stream stream;
   const Tensor input = RandomTensor({4, 5}, 1);

@@ -169,9 +169,15 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor &grad_output,
       return WeightGradients(grad_product, input, summed_bias_rows, later);
     });
   }
-  ZE_ASSIGN_OR_RETURN(Tensor grad_input,
-                      Tensor::Empty(saved.input.shape(), grad_output.dtype(),
-                                    grad_output.device()));
+  Tensor grad_input;
+  if (fusion.grad_input_into_input && !deferring &&
+      saved.input.dtype() == grad_output.dtype()) {
+    grad_input = saved.input;
+  } else {
+    ZE_ASSIGN_OR_RETURN(grad_input,
+                        Tensor::Empty(saved.input.shape(), grad_output.dtype(),
+                                      grad_output.device()));
+  }
   if (fusion.gelu_pre_activation.defined()) {
     if (fusion.grad_input_addend.defined()) {
       return absl::InvalidArgumentError(
@@ -477,6 +483,9 @@ absl::StatusOr<Tensor> Mlp::BackwardImpl(const Tensor &grad_output,
     proj_->ProvideInputForNextBackward(std::move(hidden));
   }
   proj_->FuseGeluBackwardIntoNextBackward(pre_activation, fc_bias_grad);
+  // proj's input, gelu(pre_activation), is this module's own: its buffer
+  // takes the pre-activation's gradient.
+  proj_->WriteGradInputIntoInputInNextBackward();
   pre_activation = Tensor();
   absl::StatusOr<Tensor> grad_pre_activation =
       proj_->Backward(grad_output, stream);

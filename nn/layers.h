@@ -108,6 +108,19 @@ class Linear : public Module {
   void ProvideInputForNextBackward(Tensor input) {
     fusion_.recomputed_input = std::move(input);
   }
+  // The next Backward writes its input's gradient into the saved input
+  // itself (LinearBackward's in-place form: the weight gradient, which
+  // reads the input, is formed first) instead of a new buffer. For a
+  // container whose activation is private to it (Mlp's (..., 4C) hidden,
+  // SwiGluMlp's (..., F) gated product): that buffer is the block
+  // backward's largest, and its gradient is the next. The caller promises
+  // that nothing reads the input after that Backward. Not applied when the
+  // weight gradient is deferred (a split backward keeps the input for its
+  // second part) or the gradient's dtype is not the input's. Consumed by
+  // that call; ClearBackwardFusion and ClearSavedState drop it.
+  void WriteGradInputIntoInputInNextBackward() {
+    fusion_.grad_input_into_input = true;
+  }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -147,6 +160,7 @@ class Linear : public Module {
     Tensor pre_activation_bias_grad;      // producer: add into bias grad
     Tensor grad_input_addend;             // added to the input's gradient
     Tensor recomputed_input;              // for a call that dropped it
+    bool grad_input_into_input = false;   // the input is the caller's own
   };
   int64_t out_features_;
   Activation activation_;

@@ -194,6 +194,44 @@ TEST(LayersTest, MlpEqualsUnfusedLinearGeluLinear) {
   }
 }
 
+// The Mlp's backward writes the pre-activation's gradient into its own
+// (..., 4C) hidden buffer (Linear::WriteGradInputIntoInputInNextBackward):
+// above what the forward left and what it must recompute, it allocates
+// nothing as large as that buffer (only fc's (..., C) input gradient, once
+// the pre-activation is freed, and f32 bias-row sums), where a new
+// gradient buffer would have added the whole (..., 4C) at the peak. Measured on
+// the second pass, once the parameter gradients exist; with and without
+// selective recompute (its recomputed hidden is the Mlp's own too), and with
+// the Mlp checkpointed (its recomputed forward's).
+TEST(LayersTest, MlpBackwardAllocatesNoSecondHiddenBuffer) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    auto mlp = Materialized(std::make_unique<Mlp>(16, 2, kCpuF32));
+    if (variant == 1) mlp->set_recompute_activation(true);
+    if (variant == 2) mlp->set_activation_checkpointing(true);
+    Allocator *host = GetAllocator(Device::Cpu());
+    const int64_t rows = 64;
+    const int64_t hidden_bytes = rows * 4 * 16 * sizeof(float);
+    for (int pass = 0; pass < 2; ++pass) {
+      const Tensor input = RandomTensor({rows, 16}, 10 + pass);
+      const Tensor grad_output = RandomTensor({rows, 16}, 20 + pass);
+      ASSERT_TRUE(mlp->Forward(input, Stream()).ok());
+      const int64_t before = host->stats().bytes_in_use;
+      host->ResetPeak();
+      ASSERT_TRUE(mlp->Backward(grad_output, Stream()).ok());
+      const int64_t above = host->stats().peak_bytes_in_use - before;
+      if (pass == 1) {
+        // What the backward must recompute: selective recompute the hidden,
+        // the checkpointed Mlp pre-activation and hidden; and no more
+        // (..., 4C) buffer than that.
+        const int64_t recomputed = variant * hidden_bytes;
+        EXPECT_GE(above, recomputed);
+        EXPECT_LT(above, recomputed + hidden_bytes);
+      }
+    }
+  }
+}
+
 // Selective recompute (Module::set_recompute_activation): proj keeps no
 // GELU output; the backward recomputes it from fc's pre-activation. On the
 // CPU in f32 that is the forward's arithmetic, so outputs and gradients

@@ -296,6 +296,14 @@ TEST_P(DecoderCudaTest, SwiGluMatchesCpu) {
       SwiGluBackward(dy.gpu, gate.gpu, up.gpu, Tensor(), only_up.gpu, stream_)
           .ok());
   Check("SwiGlu grad_up alone", only_up.gpu, dup.cpu);
+  // In place (grad_gate into gate, grad_up into up): bit for bit the
+  // separate buffers' values.
+  Pair gate_in_place = Random(shape, 6, 3.0f), up_in_place = Random(shape, 7);
+  ASSERT_TRUE(SwiGluBackward(dy.gpu, gate_in_place.gpu, up_in_place.gpu,
+                             gate_in_place.gpu, up_in_place.gpu, stream_)
+                  .ok());
+  EXPECT_EQ(Host(gate_in_place.gpu), Host(dgate.gpu));
+  EXPECT_EQ(Host(up_in_place.gpu), Host(dup.gpu));
 }
 
 // ------------------------------------------------------ Grouped attention

@@ -182,11 +182,11 @@ __global__ void SwiGluForwardKernel(const T* __restrict__ gate,
   }
 }
 
+// dgate may be gate and dup up (in place: a thread loads its group of
+// every input before it stores either output), so no __restrict__ there.
 template <typename T, int VEC>
-__global__ void SwiGluBackwardKernel(const T* __restrict__ dy,
-                                     const T* __restrict__ gate,
-                                     const T* __restrict__ up,
-                                     T* __restrict__ dgate, T* __restrict__ dup,
+__global__ void SwiGluBackwardKernel(const T* __restrict__ dy, const T* gate,
+                                     const T* up, T* dgate, T* dup,
                                      int64_t groups) {
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        g < groups; g += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -705,29 +705,8 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
   ZE_RETURN_IF_ERROR(Enter(stream));
   const int64_t m = grad_output.size(0), n = grad_output.size(1);
   const int64_t k = weight.size(1);
-  if (grad_input.defined()) {
-    ZE_RETURN_IF_ERROR(
-        RequireSameDType("LinearBackward", grad_output, {&weight}));
-    ZE_ASSIGN_OR_RETURN(MatmulArgs args,
-                        GradInputArgs(grad_output, weight, grad_input));
-    if (grad_addend.defined()) {
-      ZE_RETURN_IF_ERROR(
-          RequireSameDType("LinearBackward", grad_input, {&grad_addend}));
-      // D = W^T' dY + grad_addend: the other branch's gradient is C.
-      args.c = grad_addend.data();
-      args.beta = 1.0f;
-    }
-    if (n == 0) {
-      // An empty reduction: the product is zero.
-      ZE_RETURN_IF_ERROR(grad_addend.defined()
-                             ? Copy(grad_addend, grad_input, stream)
-                             : ZeroFill(grad_input, stream,
-                                        "LinearBackward zeroing grad_input"));
-    } else {
-      ZE_RETURN_IF_ERROR(
-          Annotate(Matmul(stream, args), "LinearBackward grad_input"));
-    }
-  }
+  // The weight and bias gradients first: they are input's only readers,
+  // and grad_input may be input itself (same stream, so in order).
   bool bias_done = false;
   if (grad_weight.defined() && m > 0) {
     ZE_RETURN_IF_ERROR(
@@ -772,6 +751,29 @@ absl::Status LinearBackward(const Tensor& grad_output, const Tensor& input,
     ZE_RETURN_IF_ERROR(RequireFloatDType("LinearBackward", grad_output));
     ZE_RETURN_IF_ERROR(AddColumnSums(stream, grad_output, grad_bias,
                                      "LinearBackward grad_bias"));
+  }
+  if (grad_input.defined()) {
+    ZE_RETURN_IF_ERROR(
+        RequireSameDType("LinearBackward", grad_output, {&weight}));
+    ZE_ASSIGN_OR_RETURN(MatmulArgs args,
+                        GradInputArgs(grad_output, weight, grad_input));
+    if (grad_addend.defined()) {
+      ZE_RETURN_IF_ERROR(
+          RequireSameDType("LinearBackward", grad_input, {&grad_addend}));
+      // D = W^T' dY + grad_addend: the other branch's gradient is C.
+      args.c = grad_addend.data();
+      args.beta = 1.0f;
+    }
+    if (n == 0) {
+      // An empty reduction: the product is zero.
+      ZE_RETURN_IF_ERROR(grad_addend.defined()
+                             ? Copy(grad_addend, grad_input, stream)
+                             : ZeroFill(grad_input, stream,
+                                        "LinearBackward zeroing grad_input"));
+    } else {
+      ZE_RETURN_IF_ERROR(
+          Annotate(Matmul(stream, args), "LinearBackward grad_input"));
+    }
   }
   return absl::OkStatus();
 }
@@ -820,6 +822,12 @@ absl::Status GeluLinearBackward(
                        {&weight, &pre_activation, &grad_pre_activation}));
   const int64_t m = grad_output.size(0), n = grad_output.size(1);
   const int64_t k = weight.size(1);
+  // The weight and bias gradients first, on the same stream: they are
+  // input's only readers, and grad_pre_activation may be input itself.
+  if (grad_weight.defined() || grad_bias.defined()) {
+    ZE_RETURN_IF_ERROR(LinearBackward(grad_output, input, weight, Tensor(),
+                                      grad_weight, grad_bias, stream));
+  }
   if (m > 0 && k > 0) {
     if (n == 0) {
       // dY @ W is zero, and so is its GELU gradient and its sum.
@@ -907,9 +915,7 @@ absl::Status GeluLinearBackward(
       }
     }
   }
-  if (!grad_weight.defined() && !grad_bias.defined()) return absl::OkStatus();
-  return LinearBackward(grad_output, input, weight, Tensor(), grad_weight,
-                        grad_bias, stream);
+  return absl::OkStatus();
 }
 
 absl::Status LayerNormForward(const Tensor& input, const Tensor& weight,

@@ -477,6 +477,45 @@ TEST_F(FunctionalCudaTest, GeluLinearBackwardMatchesCpu) {
   }
 }
 
+// LinearBackward and GeluLinearBackward with the input's gradient written
+// into the input itself (nn/functional.h: the weight gradient, its only
+// reader, runs first on the stream) equal separate buffers bit for bit:
+// the same products in another order. Fused and unfused, f32 and bf16.
+TEST_F(FunctionalCudaTest, InputGradientMayOverwriteTheInput) {
+  for (bool fusion : {true, false}) {
+    ScopedEpilogueFusion scoped(fusion);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t m = 256, k = 512, n = 128;
+      Vec unused;
+      Tensor pre = Random({m, k}, dtype, 61, &unused, 2.0f);
+      Tensor w = Random({n, k}, dtype, 62, &unused, 0.2f);
+      Tensor dy = Random({m, n}, dtype, 63, &unused);
+      for (int op = 0; op < 2; ++op) {
+        const std::string tag =
+            std::string(op == 0 ? "LinearBackward" : "GeluLinearBackward") +
+            " " + DTypeName(dtype) + FusionTag(fusion);
+        auto run = [&](const Tensor& x, const Tensor& dx, const Tensor& dw) {
+          return op == 0
+                     ? cb::LinearBackward(dy, x, w, dx, dw, Tensor(), stream_)
+                     : cb::GeluLinearBackward(dy, x, w, pre, dx, dw, Tensor(),
+                                              Tensor(), stream_);
+        };
+        Tensor x = *Tensor::Empty({m, k}, dtype, Device::Cuda(0));
+        ASSERT_TRUE(cb::GeluForward(pre, x, stream_).ok());
+        Tensor dx = *Tensor::Empty({m, k}, dtype, Device::Cuda(0));
+        Tensor dw = Random({n, k}, dtype, 64, &unused);
+        ASSERT_TRUE(run(x, dx, dw).ok()) << tag;
+        Tensor x_in_place = *Tensor::Empty({m, k}, dtype, Device::Cuda(0));
+        ASSERT_TRUE(cb::GeluForward(pre, x_in_place, stream_).ok());
+        Tensor dw_in_place = Random({n, k}, dtype, 64, &unused);
+        ASSERT_TRUE(run(x_in_place, x_in_place, dw_in_place).ok()) << tag;
+        EXPECT_EQ(Host(x_in_place), Host(dx)) << tag << " grad_input";
+        EXPECT_EQ(Host(dw_in_place), Host(dw)) << tag << " grad_weight";
+      }
+    }
+  }
+}
+
 // Which GELU cuBLASLt's epilogue computes: f32 pre-activations over
 // [-6, 6] (identity weight, so output = gelu(input)) against the tanh
 // approximation (our CPU and kernels) and the exact erf form, which differ
