@@ -21,7 +21,7 @@
 #   1b. interleaved 1F1B (a written 124M profile, 12 blocks of 1 ms forward
 #      and 2 ms backward a sequence, 2 ranks x 2 stages of 3 blocks each):
 #      its step is (v m + p - 1) stage units, against 1F1B's (m + p - 1)
-#      units of twice the size over the same blocks ("0,7,14"), its bubble
+#      units of twice the size over the same blocks ("0,7,15"), its bubble
 #      the formula's (p - 1) / (v m + p - 1); each stage names its rank
 #      (r, r + p); micro-batch counts not a multiple of the ranks give no
 #      interleaved line; --stages_per_rank=3 over 6 stages of 2 blocks;
@@ -83,16 +83,16 @@ with open(sys.argv[1], "w") as f:
 PYTHON
 free="--link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 --optimizer_params_per_s=1e18"
 "$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
-  --micro_batches=1,2,4,8 --schedules=interleaved_1f1b --partition=0,4,7,10,14 \
+  --micro_batches=1,2,4,8 --schedules=interleaved_1f1b --partition=0,4,7,10,15 \
   $free > "$dir/inter.jsonl" 2> "$dir/inter.err" \
   || { cat "$dir/inter.err"; fail "interleaved: exit $?"; }
 "$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
-  --micro_batches=1,2,4,8 --schedules=1f1b --partition=0,7,14 \
+  --micro_batches=1,2,4,8 --schedules=1f1b --partition=0,7,15 \
   $free > "$dir/inter_base.jsonl" 2> "$dir/inter_base.err" \
   || { cat "$dir/inter_base.err"; fail "1f1b beside interleaved: exit $?"; }
 "$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
   --micro_batches=2,4 --schedules=interleaved_1f1b --stages_per_rank=3 \
-  --partition=0,3,5,7,9,11,14 $free > "$dir/inter3.jsonl" 2> "$dir/inter3.err" \
+  --partition=0,3,5,7,9,11,15 $free > "$dir/inter3.jsonl" 2> "$dir/inter3.err" \
   || { cat "$dir/inter3.err"; fail "interleaved v=3: exit $?"; }
 
 head -4 "$dir/profile.jsonl" > "$dir/one.jsonl"
@@ -172,7 +172,7 @@ for x in inter:
     assert abs(x["bubble"] - (p - 1) / (v * m + p - 1)) < 1e-9, x
     assert abs(x["bubble_equal_stages"] - x["bubble"]) < 1e-9, x
     assert [s["rank"] for s in x["stages"]] == [0, 1, 0, 1], x["stages"]
-    assert [s["layers"] for s in x["stages"]] == [[0, 4], [4, 7], [7, 10], [10, 14]], x["stages"]
+    assert [s["layers"] for s in x["stages"]] == [[0, 4], [4, 7], [7, 10], [10, 15]], x["stages"]
     assert abs(x["one_gpu_step_ms"] - m * 4 * unit) < 1e-6 * want, x
     (one,) = [y for y in base if y["micro_batches"] == m]
     assert abs(one["step_ms"] - (m + p - 1) * 2 * unit) < 1e-6 * want, one
