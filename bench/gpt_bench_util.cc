@@ -221,6 +221,15 @@ void BenchModelConfig::set_recompute_activations(bool on) {
 absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     const BenchModelConfig& config, const Device& device, DType dtype,
     uint64_t seed, bool materialize, const Stream& stream) {
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<nn::LossModel> model,
+      BuildUniqueModel(config, device, dtype, seed, materialize, stream));
+  return std::shared_ptr<nn::LossModel>(std::move(model));
+}
+
+absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
+    const BenchModelConfig& config, const Device& device, DType dtype,
+    uint64_t seed, bool materialize, const Stream& stream) {
   if (config.is_decoder()) {
     nn::DecoderOptions options;
     options.device = device;
@@ -236,7 +245,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     if (model->lm_head() != nullptr) {
       model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
     }
-    return std::shared_ptr<nn::LossModel>(std::move(model));
+    return std::unique_ptr<nn::LossModel>(std::move(model));
   }
   nn::GptOptions options;
   options.device = device;
@@ -250,7 +259,7 @@ absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
   if (model->lm_head() != nullptr) {
     model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
   }
-  return std::shared_ptr<nn::LossModel>(std::move(model));
+  return std::unique_ptr<nn::LossModel>(std::move(model));
 }
 
 Json MemoryBreakdownJson(const zero::MemoryBreakdown& memory) {

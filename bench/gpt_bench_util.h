@@ -131,6 +131,10 @@ struct BenchModelConfig {
 absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     const BenchModelConfig& config, const Device& device, DType dtype,
     uint64_t seed, bool materialize, const Stream& stream);
+// The same, owned alone (a chunk for nn::InterleavedStages::Create).
+absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
+    const BenchModelConfig& config, const Device& device, DType dtype,
+    uint64_t seed, bool materialize, const Stream& stream);
 
 // The engine's per-rank model-state plan (Engine::memory_breakdown,
 // zero::PlanMemory) as JSON, in bytes.

@@ -5,8 +5,10 @@
 // action lists with those durations (pipeline::SimulateSchedule: receives
 // wait for their sends plus the link's time), and prints one JSON line per
 // (schedule, ranks, batch, micro-batches) with the predicted step, tokens/s,
-// bubble, each stage's memory, and the same batch under ZeRO-3 over the same
-// GPUs for comparison. Nothing runs on a GPU here.
+// bubble, each stage's memory, per rank ("per_rank") its predicted busy and
+// idle time, idle share (what train_bench's pipeline lines measure as
+// "bubble") and memory, and the same batch under ZeRO-3 over the same GPUs
+// for comparison. Nothing runs on a GPU here.
 //
 // What it assumes (each printed in the lines' "assumptions"):
 //   - A stage's time for micro-batch b is the sum of its pipeline layers'
@@ -26,7 +28,9 @@
 //     head's backward stay in the input part, as the engine runs them
 //     (nn/module.h). Its memory counts InFlightBound micro-batches per rank
 //     (a deferred weight gradient's inputs priced as a whole micro-batch's
-//     activations: an upper bound).
+//     activations: an upper bound). interleaved_1f1b: a rank's in-flight
+//     stage-forwards (ActivationBound) spread evenly over its v stages
+//     (an approximation: the warm-up runs the rank's earlier stages first).
 //   - Activations and their gradients cross the link at --link_gb_s after
 //     --link_latency_us; the optimizer runs once per stage at the end
 //     (--optimizer_params_per_s, the engine's fused AdamW on the GPU).
@@ -56,8 +60,13 @@
 //   --model=1.3B             the GPT preset those lines measured
 //   --seq=1024
 //   --ranks=2,4,8  --batches=32,64,128,256  --micro_batches=1,2,4,8,16
-//   --schedules=gpipe,1f1b   (or zb_h1)
-//   --partition=parameters   (or uniform, or "0,4,..")
+//   --schedules=gpipe,1f1b   (or zb_h1, interleaved_1f1b)
+//   --stages_per_rank=2      interleaved_1f1b's stages per rank (v): the
+//                            model is cut into ranks x v stages, rank r
+//                            holding r, r + ranks, ...; micro-batch counts
+//                            that are not a multiple of the ranks are
+//                            skipped for it
+//   --partition=parameters   (or uniform, or "0,4,..": over all the stages)
 //   --weight_gradient_share=0.5
 //   --loss_chunk_rows=0      the head's chunk rows as the runs set them (0:
 //                            the engine's 2 GiB default, as gpt_bench's and
@@ -246,6 +255,7 @@ struct Options {
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
   int64_t loss_chunk_rows = 0;
+  int64_t stages_per_rank = 2;  // interleaved_1f1b's v
 };
 
 absl::StatusOr<double> PositiveDouble(Flags& flags, const std::string& name,
@@ -282,14 +292,11 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
        SplitList(flags.GetString("schedules", "gpipe,1f1b"))) {
     ZE_ASSIGN_OR_RETURN(pipeline::ScheduleKind kind,
                         pipeline::ParseScheduleKind(name));
-    if (kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
-      return absl::InvalidArgumentError(
-          "--schedules: interleaved_1f1b is not modelled yet (the model "
-          "prices one stage per rank; the engine runs it: docs/pipeline.md)");
-    }
     o.schedules.push_back(kind);
   }
   o.partition = flags.GetString("partition", o.partition);
+  ZE_ASSIGN_OR_RETURN(o.stages_per_rank,
+                      flags.GetInt("stages_per_rank", 2, 2, 1 << 10));
   ZE_ASSIGN_OR_RETURN(o.link_gb_s, PositiveDouble(flags, "link_gb_s", 100));
   ZE_ASSIGN_OR_RETURN(o.link_latency_us,
                       PositiveDouble(flags, "link_latency_us", 10));
@@ -328,6 +335,9 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["stage_times"] = "sum of measured module times at the micro-batch size";
   a["forwards"] = "once per stage and micro-batch, none recomputed";
   a["weight_gradient_share"] = o.weight_gradient_share;
+  a["interleaved_activations"] =
+      "a rank's in-flight stage-forwards (pipeline::InFlightBound) shared "
+      "equally by its stages";
   return a;
 }
 
@@ -391,26 +401,33 @@ absl::Status Run(const Options& o) {
       2.0 * static_cast<double>(o.seq) * config.channels;  // bf16 (T, C)
   double single_gpu_reference_ms = 0;
   for (const int64_t p : o.ranks) {
-    ZE_ASSIGN_OR_RETURN(
-        std::vector<pipeline::LayerRange> ranges,
-        pipeline::PartitionLayers(weights, static_cast<int>(p), o.partition,
-                                  "--ranks", "--partition"));
     for (const pipeline::ScheduleKind kind : o.schedules) {
+      const bool interleaved =
+          kind == pipeline::ScheduleKind::kInterleavedOneFOneB;
+      const int v = interleaved ? static_cast<int>(o.stages_per_rank) : 1;
+      ZE_ASSIGN_OR_RETURN(
+          std::vector<pipeline::LayerRange> ranges,
+          pipeline::PartitionLayers(weights, static_cast<int>(p) * v,
+                                    o.partition, "--ranks", "--partition"));
       for (const int64_t batch : o.batches) {
         for (const int64_t m : o.micro_batches) {
           if (batch % m != 0) continue;
+          // Interleaved 1F1B runs micro-batches in rounds of p.
+          if (interleaved && m % p != 0) continue;
           const double b = static_cast<double>(batch / m);
           bool extrapolated = false;
           const std::vector<LayerTimes> times =
               TimesAt(measured, b, &extrapolated);
           ZE_ASSIGN_OR_RETURN(pipeline::Schedule schedule,
                               pipeline::BuildSchedule(kind, static_cast<int>(p),
-                                                      static_cast<int>(m)));
+                                                      static_cast<int>(m), v));
           pipeline::ActionCosts costs;
           Json stages = Json::array();
+          std::vector<double> rank_memory_gib(p, 0);
           double one_gpu_ms = 0;
           const bool split = kind == pipeline::ScheduleKind::kZeroBubbleH1;
           for (size_t s = 0; s < ranges.size(); ++s) {
+            const int rank = schedule.RankOfStage(static_cast<int>(s));
             double forward = 0, backward = 0, weight_gradients = 0;
             double parameters = 0;
             int blocks = 0;
@@ -434,9 +451,11 @@ absl::Status Run(const Options& o) {
             costs.stage_reduce.push_back(optimizer_s);
             one_gpu_ms += m * (forward + backward) + optimizer_s * 1e3;
             // A deferred weight gradient's inputs (zb_h1) priced as a
-            // stashed micro-batch's activations.
-            const int stashed =
-                pipeline::InFlightBound(schedule, static_cast<int>(s));
+            // stashed micro-batch's activations; interleaved, the rank's
+            // stage-forwards in flight shared by its v stages.
+            const double stashed =
+                static_cast<double>(pipeline::InFlightBound(schedule, rank)) /
+                v;
             // The head's loss buffers: its backward runs whole in Bi, so
             // its saved sums follow the forwards in flight, not a deferred
             // weight gradient's.
@@ -448,13 +467,17 @@ absl::Status Run(const Options& o) {
                   static_cast<double>(head.logits_chunk_bytes +
                                       head.losses_bytes) +
                   static_cast<double>(head.saved_bytes) *
-                      pipeline::ActivationBound(schedule, static_cast<int>(s));
+                      std::ceil(static_cast<double>(
+                                    pipeline::ActivationBound(schedule, rank)) /
+                                v);
             }
             const double activations = activation_bytes * b * blocks * stashed;
             const double memory_gib =
                 (16.0 * parameters + activations + loss_buffers) / kGib;
+            rank_memory_gib[rank] += memory_gib;
             Json stage;
             stage["layers"] = {ranges[s].first, ranges[s].last};
+            stage["rank"] = rank;
             stage["blocks"] = blocks;
             stage["forward_ms"] = forward;
             stage["backward_ms"] = backward;
@@ -470,6 +493,19 @@ absl::Status Run(const Options& o) {
                           message_bytes_per_sequence * b / (o.link_gb_s * 1e9);
           ZE_ASSIGN_OR_RETURN(pipeline::ScheduleStats stats,
                               pipeline::SimulateSchedule(schedule, costs));
+          // Per rank: what train_bench's pipeline lines measure beside it
+          // (busy_ms, bubble = idle over the step) and the memory of its
+          // stages.
+          Json ranks = Json::array();
+          for (int r = 0; r < p; ++r) {
+            ranks.push_back(
+                {{"rank", r},
+                 {"busy_ms", stats.rank_busy[r] * 1e3},
+                 {"idle_ms", (stats.makespan - stats.rank_busy[r]) * 1e3},
+                 {"bubble", stats.rank_bubble[r]},
+                 {"memory_gib", rank_memory_gib[r]},
+                 {"fits", rank_memory_gib[r] <= o.gpu_gib}});
+          }
           const double tokens = static_cast<double>(batch) * o.seq;
           if (single_gpu_reference_ms == 0)
             single_gpu_reference_ms = one_gpu_ms;
@@ -478,6 +514,7 @@ absl::Status Run(const Options& o) {
           line["model"] = o.model;
           line["schedule"] = pipeline::ScheduleName(kind);
           line["ranks"] = p;
+          line["stages_per_rank"] = v;
           line["batch"] = batch;
           line["micro_batches"] = m;
           line["micro_batch"] = b;
@@ -495,6 +532,7 @@ absl::Status Run(const Options& o) {
           line["one_gpu_step_ms"] = one_gpu_ms;
           line["speedup_over_one_gpu"] = one_gpu_ms / (stats.makespan * 1e3);
           line["stages"] = stages;
+          line["per_rank"] = ranks;
           line["extrapolated"] = extrapolated;
           line["zero3_same_gpus"] =
               ZeroThree(o, measured, config, batch, p, activation_bytes);

@@ -17,6 +17,14 @@
 #      zb_h1's one, and taken out of the blocks' slope (the profile's peak
 #      includes them: 1.5e5 bytes a sequence and block remain), and a
 #      --loss_chunk_rows below the rows makes the chunk that size;
+#      every line's per-rank idle shares average to its bubble;
+#   1b. interleaved 1F1B (a written 124M profile, 12 blocks of 1 ms forward
+#      and 2 ms backward a sequence, 2 ranks x 2 stages of 3 blocks each):
+#      its step is (v m + p - 1) stage units, against 1F1B's (m + p - 1)
+#      units of twice the size over the same blocks ("0,7,15"), its bubble
+#      the formula's (p - 1) / (v m + p - 1); each stage names its rank
+#      (r, r + p); micro-batch counts not a multiple of the ranks give no
+#      interleaved line; --stages_per_rank=3 over 6 stages of 2 blocks;
 #   2. gpt_bench --smoke --profile=1's own lines are read (exit 0, a line per
 #      configuration);
 #   3. bad input exits 2 with an error line: no --profile, a profile with
@@ -63,6 +71,30 @@ common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --
 "$model" > "$dir/none.jsonl" 2>/dev/null
 [[ $? -eq 2 ]] || fail "no --profile must exit 2"
 grep -q "profile=PATH is required" "$dir/none.jsonl" || fail "error line: $(cat "$dir/none.jsonl")"
+python3 - "$dir/profile124.jsonl" <<'PYTHON'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for b in (1, 2, 4):
+        for name, fwd, bwd in (("embed", 0, 0), ("blocks.*", 12.0 * b, 24.0 * b),
+                               ("ln_f", 0, 0), ("lm_head", 0, 0)):
+            f.write(json.dumps({"bench": "gpt_fwd_bwd_profile", "scope": "path",
+                                "model": "124M", "batch": b, "name": name,
+                                "forward_ms": fwd, "backward_ms": bwd}) + "\n")
+PYTHON
+free="--link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 --optimizer_params_per_s=1e18"
+"$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
+  --micro_batches=1,2,4,8 --schedules=interleaved_1f1b --partition=0,4,7,10,15 \
+  $free > "$dir/inter.jsonl" 2> "$dir/inter.err" \
+  || { cat "$dir/inter.err"; fail "interleaved: exit $?"; }
+"$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
+  --micro_batches=1,2,4,8 --schedules=1f1b --partition=0,7,15 \
+  $free > "$dir/inter_base.jsonl" 2> "$dir/inter_base.err" \
+  || { cat "$dir/inter_base.err"; fail "1f1b beside interleaved: exit $?"; }
+"$model" --profile="$dir/profile124.jsonl" --model=124M --ranks=2 --batches=8 \
+  --micro_batches=2,4 --schedules=interleaved_1f1b --stages_per_rank=3 \
+  --partition=0,3,5,7,9,11,15 $free > "$dir/inter3.jsonl" 2> "$dir/inter3.err" \
+  || { cat "$dir/inter3.err"; fail "interleaved v=3: exit $?"; }
+
 head -4 "$dir/profile.jsonl" > "$dir/one.jsonl"
 echo '{"bench":"gpt_fwd_bwd","model":"tiny","batch":1}' >> "$dir/one.jsonl"
 "$model" --profile="$dir/one.jsonl" --model=tiny > "$dir/one_out.jsonl" 2>/dev/null
@@ -123,6 +155,36 @@ for lines_, chunk_rows in ((fast, None), (zb, None), (chunked, 256)):
 for f, s in zip(fast, slow):
     assert (f["schedule"], f["batch"], f["micro_batches"]) == (s["schedule"], s["batch"], s["micro_batches"])
     assert s["step_ms"] > f["step_ms"] and s["message_ms"] > 1, (f, s)
+for x in fast + slow + zb + real:
+    shares = [r["bubble"] for r in x["per_rank"]]
+    assert len(shares) == x["ranks"], x["per_rank"]
+    assert abs(sum(shares) / len(shares) - x["bubble"]) < 1e-9, x
+inter, base, inter3 = lines("inter.jsonl"), lines("inter_base.jsonl"), lines("inter3.jsonl")
+# m = 1 is not a multiple of 2 ranks: no interleaved line.
+assert [x["micro_batches"] for x in inter] == [2, 4, 8], inter
+assert [x["micro_batches"] for x in base] == [1, 2, 4, 8], base
+for x in inter:
+    p, v, m, b = x["ranks"], x["stages_per_rank"], x["micro_batches"], x["micro_batch"]
+    assert (p, v) == (2, 2), x
+    unit = 9.0 * b  # a stage's 3 blocks: 3 b forward + 6 b backward
+    want = (v * m + p - 1) * unit
+    assert abs(x["step_ms"] - want) < 1e-6 * want, (x["step_ms"], want)
+    assert abs(x["bubble"] - (p - 1) / (v * m + p - 1)) < 1e-9, x
+    assert abs(x["bubble_equal_stages"] - x["bubble"]) < 1e-9, x
+    assert [s["rank"] for s in x["stages"]] == [0, 1, 0, 1], x["stages"]
+    assert [s["layers"] for s in x["stages"]] == [[0, 4], [4, 7], [7, 10], [10, 15]], x["stages"]
+    assert abs(x["one_gpu_step_ms"] - m * 4 * unit) < 1e-6 * want, x
+    (one,) = [y for y in base if y["micro_batches"] == m]
+    assert abs(one["step_ms"] - (m + p - 1) * 2 * unit) < 1e-6 * want, one
+    assert x["step_ms"] < one["step_ms"], (x["step_ms"], one["step_ms"])
+    for r in x["per_rank"]:
+        assert abs(r["busy_ms"] - v * m * unit) < 1e-6 * want, r
+assert [x["micro_batches"] for x in inter3] == [2, 4], inter3
+for x in inter3:
+    p, v, m, b = x["ranks"], x["stages_per_rank"], x["micro_batches"], x["micro_batch"]
+    assert v == 3 and len(x["stages"]) == 6, x
+    want = (v * m + p - 1) * 6.0 * b  # 2 blocks a stage
+    assert abs(x["step_ms"] - want) < 1e-6 * want, (x["step_ms"], want)
 assert len(real) == 2 * 2 * 3, len(real)  # ranks x schedules x micro-batches
 for x in real:
     assert x["step_ms"] > 0 and 0 <= x["bubble"] < 1, x

@@ -126,11 +126,28 @@
 //                            stage's layers and a step is one
 //                            Engine::TrainBatch of --accumulation
 //                            micro-batches; adds "pipeline" (stages,
-//                            schedule, layers per stage) and counts tokens
-//                            per replica. NCCL refuses point-to-point: use
-//                            --backend=mpi on GPUs
-//   --pipeline_schedule=1f1b (or gpipe, zb_h1)  --pipeline_partition=parameters
-//                            (or uniform, or boundaries "0,4,8,...")
+//                            schedule, layers per stage, and per rank
+//                            "ranks": memory peak, activations held, and
+//                            the step's time per timed step: busy_ms (its
+//                            compute actions, on a GPU until their kernels
+//                            finished), idle_ms (the rest of the rank's
+//                            step: waits for messages and the slowest
+//                            rank), wait_ms (blocked on messages, part of
+//                            idle_ms), bubble = idle_ms / wall_ms beside
+//                            predicted_bubble, the schedule's for that
+//                            rank in its own units (forward 1, backward 2:
+//                            pipeline::SimulateSchedule), and boundary_ms
+//                            (the optimizer step after it);
+//                            "measured_bubble" and "predicted_bubble" over
+//                            the ranks) and counts tokens per replica.
+//                            NCCL refuses point-to-point: use --backend=mpi
+//                            on GPUs
+//   --pipeline_schedule=1f1b (or gpipe, zb_h1, interleaved_1f1b)
+//   --pipeline_stages_per_rank=1  pipeline.stages_per_rank: 2 or more with
+//                            interleaved_1f1b (each rank builds its stages
+//                            as one nn::InterleavedStages), else 1
+//   --pipeline_partition=parameters (or uniform, or boundaries "0,4,8,...",
+//                            over stages x stages_per_rank stages)
 //   --ds_config_patch=FILE   a JSON merge patch (RFC 7386) over every run's
 //                            generated config, applied last: keys no flag
 //                            sets (blockwise_8bit_moments, offload_param
@@ -183,6 +200,7 @@
 #include "nn/activation_offload.h"
 #include "nn/decoder_config.h"
 #include "nn/loss_model.h"
+#include "nn/pipeline_stage.h"
 #include "offload/nvme_store.h"
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
@@ -239,6 +257,7 @@ struct Options {
   int64_t pipeline_stages = 1;
   std::string pipeline_schedule = "1f1b";
   std::string pipeline_partition = "parameters";
+  int64_t pipeline_stages_per_rank = 1;
   // --ds_config_patch: a JSON merge patch (RFC 7386) applied last to every
   // run's generated config, for keys no flag sets (state formats,
   // offload_param's NVMe buffers, ...). Null when not given.
@@ -326,6 +345,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   options.pipeline_schedule = flags.GetString("pipeline_schedule", "1f1b");
   options.pipeline_partition =
       flags.GetString("pipeline_partition", "parameters");
+  ZE_ASSIGN_OR_RETURN(options.pipeline_stages_per_rank,
+                      flags.GetInt("pipeline_stages_per_rank", 1, 1, 1 << 10));
   options.offload = flags.GetString("offload", "none");
   options.offload_device = flags.GetString("offload_device", "cpu");
   options.offload_param_device = flags.GetString("offload_param_device", "cpu");
@@ -510,6 +531,9 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
     config["pipeline"] = {{"stages", options.pipeline_stages},
                           {"partition", options.pipeline_partition},
                           {"schedule", options.pipeline_schedule}};
+    if (options.pipeline_stages_per_rank > 1) {
+      config["pipeline"]["stages_per_rank"] = options.pipeline_stages_per_rank;
+    }
   }
   config["train_micro_batch_size_per_gpu"] = batch;
   config["gradient_accumulation_steps"] = options.accumulation;
@@ -620,18 +644,41 @@ Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
   return json;
 }
 
+// The timed steps' pipeline time on this rank (Engine::pipeline_counters
+// after each TrainBatch), summed; printed per step.
+struct PipelineStepTimes {
+  int steps = 0;
+  double wall_ms = 0, busy_ms = 0, idle_ms = 0, wait_ms = 0;
+  double forward_ms = 0, backward_ms = 0, weight_gradient_ms = 0;
+  double reduce_ms = 0, boundary_ms = 0;
+  void Add(const engine::PipelineCounters& c) {
+    ++steps;
+    wall_ms += c.wall_ms;
+    busy_ms += c.busy_ms;
+    idle_ms += c.idle_ms;
+    wait_ms += c.wait_ms;
+    forward_ms += c.forward_ms;
+    backward_ms += c.backward_ms;
+    weight_gradient_ms += c.weight_gradient_ms;
+    reduce_ms += c.reduce_ms;
+    boundary_ms += c.boundary_ms;
+  }
+};
+
 // Pipeline mode: every rank's own figures, gathered to rank 0's line (a
 // collective: every rank calls it) so issue 29's step model can be checked
 // stage by stage: the device memory peak (this process's allocator; ranks
 // sharing one GPU each have their own) and in use when the steps ended, in
-// MiB,
-// and the micro-batches whose activations the rank held at once against
-// its schedule's bound. Travels as f32 (MiB are exact to 1/1024 up to 16
-// GiB, to 1 KiB up to 16 TiB).
-absl::StatusOr<Json> PipelineRanksJson(comm::Communicator& comm,
-                                       engine::Engine& engine,
-                                       const Device& device,
-                                       int64_t peak_before_steps) {
+// MiB, the micro-batches whose activations the rank held at once against
+// its schedule's bound, and the timed steps' time split into compute and
+// idle (per step) beside the schedule's predicted bubble for the rank.
+// Travels as f32 (MiB are exact to 1/1024 up to 16 GiB, to 1 KiB up to 16
+// TiB; milliseconds to 24 bits). Also prints one line per rank to stderr
+// on rank 0. `pipeline` gets "ranks", "measured_bubble" (the ranks' idle
+// time over their wall time) and "predicted_bubble" (the schedule's).
+absl::Status AddPipelineRanks(comm::Communicator& comm, engine::Engine& engine,
+                              const Device& device, int64_t peak_before_steps,
+                              const PipelineStepTimes& times, Json& pipeline) {
   constexpr double kMiB = 1024.0 * 1024.0;
   double peak_mib = 0, in_use_mib = 0;
   if (device.is_cuda()) {
@@ -642,30 +689,68 @@ absl::StatusOr<Json> PipelineRanksJson(comm::Communicator& comm,
     in_use_mib = static_cast<double>(stats.bytes_in_use) / kMiB;
   }
   const engine::PipelineCounters counters = engine.pipeline_counters();
-  constexpr int64_t kFields = 4;
+  const double steps = std::max(1, times.steps);
   const std::vector<float> mine = {
-      static_cast<float>(peak_mib), static_cast<float>(in_use_mib),
+      static_cast<float>(peak_mib),
+      static_cast<float>(in_use_mib),
       static_cast<float>(counters.peak_saved_micro_batches),
-      static_cast<float>(counters.activation_bound)};
+      static_cast<float>(counters.activation_bound),
+      static_cast<float>(times.wall_ms / steps),
+      static_cast<float>(times.busy_ms / steps),
+      static_cast<float>(times.idle_ms / steps),
+      static_cast<float>(times.wait_ms / steps),
+      static_cast<float>(times.forward_ms / steps),
+      static_cast<float>(times.backward_ms / steps),
+      static_cast<float>(times.weight_gradient_ms / steps),
+      static_cast<float>(times.boundary_ms / steps),
+      static_cast<float>(counters.schedule_rank_bubble),
+      static_cast<float>(times.reduce_ms / steps)};
+  const int64_t fields = static_cast<int64_t>(mine.size());
   const Stream& stream = engine.compute_stream();
-  ZE_ASSIGN_OR_RETURN(Tensor input, FromHostFloats(mine, {kFields}, DType::kF32,
+  ZE_ASSIGN_OR_RETURN(Tensor input, FromHostFloats(mine, {fields}, DType::kF32,
                                                    comm.device(), stream));
-  ZE_ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({kFields * comm.world_size()},
+  ZE_ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({fields * comm.world_size()},
                                                 DType::kF32, comm.device()));
   ZE_ASSIGN_OR_RETURN(comm::Work work, comm.AllGather(input, all, stream));
   ZE_RETURN_IF_ERROR(work.Wait());
   ZE_ASSIGN_OR_RETURN(const std::vector<float> values,
                       ToHostFloats(all, stream));
   Json ranks = Json::array();
+  double wall = 0, idle = 0;
   for (int r = 0; r < comm.world_size(); ++r) {
-    const float* v = &values[static_cast<size_t>(r * kFields)];
+    const float* v = &values[static_cast<size_t>(r * fields)];
+    const double bubble = v[4] > 0 ? v[6] / v[4] : 0;
+    wall += v[4];
+    idle += v[6];
     ranks.push_back({{"rank", r},
                      {"peak_mib", v[0]},
                      {"in_use_mib", v[1]},
                      {"peak_saved_micro_batches", static_cast<int>(v[2])},
-                     {"activation_bound", static_cast<int>(v[3])}});
+                     {"activation_bound", static_cast<int>(v[3])},
+                     {"wall_ms", v[4]},
+                     {"busy_ms", v[5]},
+                     {"idle_ms", v[6]},
+                     {"wait_ms", v[7]},
+                     {"forward_ms", v[8]},
+                     {"backward_ms", v[9]},
+                     {"weight_gradient_ms", v[10]},
+                     {"reduce_ms", v[13]},
+                     {"boundary_ms", v[11]},
+                     {"bubble", bubble},
+                     {"predicted_bubble", v[12]}});
+    if (comm.rank() == 0) {
+      std::fprintf(stderr,
+                   "train_bench: pipeline rank %d: busy_ms %.2f idle_ms %.2f "
+                   "(waiting %.2f) of %.2f per step: bubble %.3f, the "
+                   "schedule's %.3f; boundary_ms %.2f\n",
+                   r, v[5], v[6], v[7], v[4], bubble, v[12], v[11]);
+    }
   }
-  return ranks;
+  pipeline["ranks"] = ranks;
+  pipeline["measured_bubble"] = wall > 0 ? idle / wall : 0;
+  pipeline["predicted_bubble"] = counters.schedule_bubble;
+  pipeline["timed_steps"] = times.steps;
+  return absl::OkStatus();
 }
 
 // Builds the model and the engine for (model, stage), times the steps and
@@ -685,6 +770,9 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   // A pipeline: this rank builds only its stage's layers. Ranks of one
   // replica (the same data-parallel index) train on the same data.
   int data_index = comm->rank();
+  // With several stages per rank (interleaved_1f1b), this rank's stages in
+  // model order: pipeline rank r holds stages r, r + stages, ...
+  std::vector<pipeline::LayerRange> my_stages;
   if (options.pipeline_stages > 1) {
     ZE_ASSIGN_OR_RETURN(
         const pipeline::PipelineLayout layout,
@@ -694,14 +782,20 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
     const std::vector<int64_t> weights =
         config.is_decoder() ? config.decoder->PipelineLayerWeights()
                             : config.gpt.PipelineLayerWeights();
-    ZE_ASSIGN_OR_RETURN(const std::vector<pipeline::LayerRange> ranges,
-                        pipeline::PartitionLayers(
-                            weights, static_cast<int>(options.pipeline_stages),
-                            options.pipeline_partition, "--pipeline_stages",
-                            "--pipeline_partition"));
-    const pipeline::LayerRange mine = ranges[layout.StageOf(comm->rank())];
-    config.first_layer = mine.first;
-    config.last_layer = mine.last;
+    const int per_rank = static_cast<int>(options.pipeline_stages_per_rank);
+    ZE_ASSIGN_OR_RETURN(
+        const std::vector<pipeline::LayerRange> ranges,
+        pipeline::PartitionLayers(
+            weights, static_cast<int>(options.pipeline_stages) * per_rank,
+            options.pipeline_partition, "--pipeline_stages",
+            "--pipeline_partition"));
+    for (int c = 0; c < per_rank; ++c) {
+      my_stages.push_back(
+          ranges[layout.StageOf(comm->rank()) +
+                 c * static_cast<int>(options.pipeline_stages)]);
+    }
+    config.first_layer = my_stages[0].first;
+    config.last_layer = my_stages[0].last;
     data_index = layout.DataParallelIndexOf(comm->rank());
     Json stages = Json::array();
     for (const pipeline::LayerRange& range : ranges) {
@@ -711,6 +805,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                         {"data_parallel", layout.data_parallel},
                         {"schedule", options.pipeline_schedule},
                         {"partition", options.pipeline_partition},
+                        {"stages_per_rank", per_rank},
                         {"stage_layers", stages}};
   }
   double flops_per_token = 0;
@@ -752,9 +847,29 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   }
   // Stage 3: no storage until the engine creates this rank's partition.
   // The same seed on every rank: the same weights.
-  ZE_ASSIGN_OR_RETURN(std::shared_ptr<nn::LossModel> model,
-                      BuildModel(config, device, options.dtype, options.seed,
-                                 /*materialize=*/stage != 3, stream));
+  std::shared_ptr<nn::LossModel> model;
+  if (my_stages.size() > 1) {
+    // Interleaved: the rank's stages as one model, each chunk built for its
+    // layer range under the whole model's names (nn/pipeline_stage.h).
+    std::vector<std::unique_ptr<nn::LossModel>> chunks;
+    for (const pipeline::LayerRange& range : my_stages) {
+      BenchModelConfig chunk = config;
+      chunk.first_layer = range.first;
+      chunk.last_layer = range.last;
+      ZE_ASSIGN_OR_RETURN(
+          std::unique_ptr<nn::LossModel> built,
+          BuildUniqueModel(chunk, device, options.dtype, options.seed,
+                           /*materialize=*/stage != 3, stream));
+      chunks.push_back(std::move(built));
+    }
+    ZE_ASSIGN_OR_RETURN(std::unique_ptr<nn::InterleavedStages> stages,
+                        nn::InterleavedStages::Create(std::move(chunks)));
+    model = std::move(stages);
+  } else {
+    ZE_ASSIGN_OR_RETURN(model,
+                        BuildModel(config, device, options.dtype, options.seed,
+                                   /*materialize=*/stage != 3, stream));
+  }
   ZE_RETURN_IF_ERROR(stream.Synchronize());
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Initialize(model, ds_config.dump(), comm));
@@ -792,10 +907,12 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   double grad_norm = 0;
   Json losses = Json::array();  // every step's, warm-up included
   double wait_ms = 0;           // summed over the steps since the last reset
+  PipelineStepTimes pipeline_times;  // likewise
   auto step = [&]() -> absl::Status {
     engine::StepReport report;
     if (options.pipeline_stages > 1) {
       ZE_ASSIGN_OR_RETURN(report, engine->TrainBatch(micro_batches));
+      pipeline_times.Add(engine->pipeline_counters());
     } else {
       for (int64_t micro = 0; micro < options.accumulation; ++micro) {
         ZE_RETURN_IF_ERROR(engine->Forward(data.tokens, data.targets).status());
@@ -815,6 +932,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   ZE_RETURN_IF_ERROR(compute.Synchronize());
   ZE_RETURN_IF_ERROR(comm->Barrier());
   wait_ms = 0;
+  pipeline_times = PipelineStepTimes();
 
   const offload::NvmeStore::Counters io_before = engine->nvme_counters();
   const zero::PartitionState::OffloadTimes times_before =
@@ -946,9 +1064,9 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                                 {"bytes_by_scope", by_label}};
   }
   if (options.pipeline_stages > 1) {
-    ZE_ASSIGN_OR_RETURN(
-        line["pipeline"]["ranks"],
-        PipelineRanksJson(*comm, *engine, device, peak_before_steps));
+    ZE_RETURN_IF_ERROR(AddPipelineRanks(*comm, *engine, device,
+                                        peak_before_steps, pipeline_times,
+                                        line["pipeline"]));
   }
   if (const std::shared_ptr<nn::ActivationOffload>& offload =
           model->activation_offload();
@@ -1015,13 +1133,20 @@ int Main(int argc, char** argv) {
       absl::StatusOr<pipeline::ScheduleKind> kind =
           pipeline::ParseScheduleKind(options->pipeline_schedule);
       bad = kind.status();
-      if (kind.ok() && *kind == pipeline::ScheduleKind::kInterleavedOneFOneB) {
-        // It builds one stage per rank; several would need its model built
-        // as nn::InterleavedStages and a flag for their count.
+      // Named here, before any model is built (the config's validation
+      // would name pipeline.stages_per_rank only after).
+      const bool interleaved =
+          kind.ok() && *kind == pipeline::ScheduleKind::kInterleavedOneFOneB;
+      if (interleaved && options->pipeline_stages_per_rank < 2) {
         bad = absl::InvalidArgumentError(
-            "--pipeline_schedule=interleaved_1f1b: train_bench builds one "
-            "stage per rank (gpipe or 1f1b); Engine::TrainBatch runs the "
-            "interleaved schedule (docs/pipeline.md)");
+            "--pipeline_schedule=interleaved_1f1b needs "
+            "--pipeline_stages_per_rank=2 or more");
+      } else if (kind.ok() && !interleaved &&
+                 options->pipeline_stages_per_rank > 1) {
+        bad = absl::InvalidArgumentError(absl::StrCat(
+            "--pipeline_stages_per_rank=", options->pipeline_stages_per_rank,
+            ": only --pipeline_schedule=interleaved_1f1b holds several "
+            "stages per rank"));
       }
     }
     if (!bad.ok()) {

@@ -8,11 +8,21 @@
 #      counted over the 4 GPUs' worth of ranks (4 x per GPU);
 #   every pipeline line lists each rank's memory peak and the micro-batches
 #   whose activations it held at once (1F1B: 2 - rank; GPipe: all 4);
-#   3. bad pipeline flags exit 2 before any configuration runs, naming the
+#   every pipeline line splits each rank's step into busy and idle time
+#   (busy + idle = wall, waits within idle) beside the schedule's predicted
+#   bubble for the rank (1F1B and GPipe over 2 ranks and 4 micro-batches:
+#   0.2 on both);
+#   3. interleaved 1F1B, 2 ranks x 2 stages each (-np 2,
+#      --pipeline_stages_per_rank=2): the single-rank run's loss at ZeRO 0,
+#      4 stages' layers, each rank's predicted bubble 1/9;
+#   4. bench/pipeline_bubble_summary.py prints a row per rank of those
+#      lines, with a pipeline_model line's figures where one matches;
+#   5. bad pipeline flags exit 2 before any configuration runs, naming the
 #      flag: a stage count that does not divide the world, an unknown
-#      schedule.
+#      schedule, interleaved_1f1b with one stage per rank, several stages
+#      per rank with another schedule.
 set -u
-bench="$1"; run_mpi="$2"
+bench="$1"; run_mpi="$2"; summary="$3"
 dir="${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*"; exit 1; }
 common=(--smoke --dtype=f32 --accumulation=4 --iters=2 --warmup=1)
@@ -40,10 +50,23 @@ grep -q "zigzag" "$dir/bad2.jsonl" "$dir/bad2.err" \
 "$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=2 \
   --pipeline_schedule=interleaved_1f1b > "$dir/bad3.jsonl" 2> "$dir/bad3.err"
 status=$?
-[[ $status -eq 2 ]] || fail "interleaved_1f1b (one stage per rank here) must exit 2, got $status"
-grep -q "interleaved_1f1b: train_bench builds one stage per rank" \
+[[ $status -eq 2 ]] || fail "interleaved_1f1b with one stage per rank must exit 2, got $status"
+grep -q "interleaved_1f1b needs --pipeline_stages_per_rank=2 or more" \
   "$dir/bad3.jsonl" "$dir/bad3.err" \
-  || fail "the refusal must name the schedule: $(cat "$dir/bad3.jsonl")"
+  || fail "the refusal must name the flag: $(cat "$dir/bad3.jsonl")"
+"$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=2 \
+  --pipeline_stages_per_rank=2 > "$dir/bad4.jsonl" 2> "$dir/bad4.err"
+status=$?
+[[ $status -eq 2 ]] || fail "2 stages per rank under 1f1b must exit 2, got $status"
+grep -q "pipeline_stages_per_rank=2: only --pipeline_schedule=interleaved_1f1b" \
+  "$dir/bad4.jsonl" "$dir/bad4.err" \
+  || fail "the refusal must name both flags: $(cat "$dir/bad4.jsonl")"
+"$run_mpi" 2 "$bench" "${common[@]}" --stages=0 --pipeline_stages=2 \
+  --pipeline_schedule=interleaved_1f1b --pipeline_stages_per_rank=2 \
+  > "$dir/inter.jsonl" 2> "$dir/inter.err" \
+  || { tail "$dir/inter.err"; fail "interleaved exited $?"; }
+grep -q "pipeline rank 1: busy_ms" "$dir/inter.err" \
+  || fail "rank 0 prints each rank's time: $(tail -3 "$dir/inter.err")"
 
 python3 - "$dir" <<'PYTHON' || exit 1
 import json, math, sys
@@ -51,6 +74,28 @@ d = sys.argv[1]
 def lines(name):
     return [json.loads(l) for l in open(f"{d}/{name}")]
 one, pipe2, pipe22 = lines("one.jsonl"), lines("pipe2.jsonl"), lines("pipe22.jsonl")
+(inter,) = lines("inter.jsonl")
+def check_times(x, predicted):
+    p = x["pipeline"]
+    assert p["timed_steps"] == x["iters"], p
+    assert abs(p["predicted_bubble"] - predicted) < 1e-9, p
+    for r in p["ranks"]:
+        # f32 figures: the sums within their rounding.
+        assert abs(r["busy_ms"] + r["idle_ms"] - r["wall_ms"]) <= 1e-5 * r["wall_ms"] + 1e-6, r
+        assert 0 <= r["wait_ms"] <= r["idle_ms"] * (1 + 1e-5) + 1e-6, r
+        parts = r["forward_ms"] + r["backward_ms"] + r["weight_gradient_ms"] + r["reduce_ms"]
+        assert abs(r["busy_ms"] - parts) <= 1e-5 * r["busy_ms"] + 1e-4, r
+        assert r["weight_gradient_ms"] == 0, r  # no zb_h1 here
+        assert 0 <= r["bubble"] < 1, r
+        assert abs(r["predicted_bubble"] - predicted) < 1e-6, r
+    assert 0 <= p["measured_bubble"] < 1, p
+assert "error" not in inter, inter
+assert inter["loss"] == one[0]["loss"], ("interleaved loss differs", inter["loss"], one[0]["loss"])
+ip = inter["pipeline"]
+assert ip["schedule"] == "interleaved_1f1b" and ip["stages_per_rank"] == 2, ip
+assert len(ip["stage_layers"]) == 4, ip
+assert inter["ds_config"]["pipeline"]["stages_per_rank"] == 2, inter["ds_config"]
+check_times(inter, 1 / 9)
 assert [x["stage"] for x in one] == [0, 3] and [x["stage"] for x in pipe2] == [0, 3], (one, pipe2)
 for a, b in zip(one, pipe2):
     assert "error" not in a and "error" not in b, (a, b)
@@ -67,13 +112,32 @@ for a, b in zip(one, pipe2):
     assert [r["rank"] for r in ranks] == [0, 1], ranks
     assert [r["activation_bound"] for r in ranks] == [2, 1], ranks
     assert [r["peak_saved_micro_batches"] for r in ranks] == [2, 1], ranks
+    check_times(b, 0.2)
 (x,) = pipe22
 assert "error" not in x, x
 assert x["pipeline"]["data_parallel"] == 2 and x["pipeline"]["schedule"] == "gpipe", x["pipeline"]
 # GPipe stashes all 4 micro-batches on every rank.
 assert [r["peak_saved_micro_batches"] for r in x["pipeline"]["ranks"]] == [4] * 4, x["pipeline"]
+check_times(x, 0.2)
 assert x["ds_config"]["train_batch_size"] == x["batch"] * 2 * 4, x["ds_config"]
 assert abs(x["tokens_per_s"] - 4 * x["tokens_per_s_per_gpu"]) < 1e-6 * x["tokens_per_s"], x
 assert math.isfinite(x["loss"]), x
 print("train_bench_pipeline_test: ok")
 PYTHON
+
+# The summary the device script prints: a model line for 1F1B over 2 ranks
+# (its figures made up), none for the others.
+echo '{"bench":"pipeline_model","schedule":"1f1b","ranks":2,"stages_per_rank":1,"bubble":0.25,"step_ms":40,"per_rank":[{"rank":0,"busy_ms":30,"bubble":0.25,"memory_gib":1.5},{"rank":1,"busy_ms":30,"bubble":0.25,"memory_gib":2.5}]}' \
+  > "$dir/model.jsonl"
+cat "$dir/pipe2.jsonl" "$dir/inter.jsonl" > "$dir/runs.jsonl"
+python3 "$summary" "$dir/runs.jsonl" "$dir/model.jsonl" > "$dir/summary.txt" \
+  || { cat "$dir/summary.txt"; fail "summary exited $?"; }
+[[ $(grep -c "1f1b over 2 ranks x 1 stage(s)" "$dir/summary.txt") -eq 2 ]] \
+  || fail "a block per 1f1b line: $(cat "$dir/summary.txt")"
+grep -q "interleaved_1f1b over 2 ranks x 2 stage(s).*no model line" "$dir/summary.txt" \
+  || fail "interleaved without a model line: $(cat "$dir/summary.txt")"
+grep -q "model 40.0 ms on separate GPUs, 60.0 ms of compute for one GPU" "$dir/summary.txt" \
+  || fail "the model's step and one-GPU floor: $(cat "$dir/summary.txt")"
+[[ $(grep -cE "^ +[01] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +0\.200 +0\.250" "$dir/summary.txt") -eq 4 ]] \
+  || fail "a row per rank with both predictions: $(cat "$dir/summary.txt")"
+echo "train_bench_pipeline_test (summary): ok"

@@ -414,8 +414,28 @@ PipelineCounters EngineImpl::pipeline_counters() const {
   if (pipeline_ == nullptr) return counters;
   counters.recomputed_forwards = pipeline_->recomputed_per_step();
   counters.peak_saved_micro_batches = pipeline_->peak_saved_micro_batches();
-  counters.activation_bound = pipeline::ActivationBound(
-      pipeline_->schedule(), pipeline_groups_.pipeline->rank());
+  const int rank = pipeline_groups_.pipeline->rank();
+  counters.activation_bound =
+      pipeline::ActivationBound(pipeline_->schedule(), rank);
+  const pipeline::StepTimes& times = pipeline_->last_step_times();
+  counters.wall_ms = times.wall_ms;
+  counters.busy_ms = times.busy_ms;
+  counters.idle_ms = times.idle_ms;
+  counters.wait_ms = times.wait_ms;
+  counters.forward_ms = times.forward_ms;
+  counters.backward_ms = times.backward_ms;
+  counters.weight_gradient_ms = times.weight_gradient_ms;
+  counters.reduce_ms = times.reduce_ms;
+  counters.compute_actions = times.compute_actions;
+  counters.boundary_ms = pipeline_boundary_ms_;
+  // The schedule checked at Setup simulates again (microseconds at the
+  // sizes that train).
+  const absl::StatusOr<pipeline::ScheduleStats> simulated =
+      pipeline::SimulateSchedule(pipeline_->schedule());
+  if (simulated.ok()) {
+    counters.schedule_rank_bubble = simulated->rank_bubble[rank];
+    counters.schedule_bubble = simulated->bubble_fraction;
+  }
   return counters;
 }
 
@@ -692,11 +712,15 @@ absl::StatusOr<StepReport> EngineImpl::TrainPipelineBatch(
       monitor_->EndPhase(StepMonitor::kForward, start, compute_stream_));
   loss_sum_ = loss_sum;
   StepReport report;
+  const Clock::time_point boundary = Clock::now();
   for (const pipeline::MicroBatch& batch : batches) {
     monitor_->RecordMicroBatch(
         batch.inputs.dtype() == DType::kI32 ? batch.inputs.numel() : micro);
     ZE_ASSIGN_OR_RETURN(report, Step());
   }
+  pipeline_boundary_ms_ =
+      std::chrono::duration<double, std::milli>(Clock::now() - boundary)
+          .count();
   return report;
 }
 

@@ -179,6 +179,9 @@ class EngineImpl {
   pipeline::PipelineGroups pipeline_groups_;
   // Each stage's layer range (SetUpPipeline), for checkpoints.
   std::vector<pipeline::LayerRange> pipeline_ranges_;
+  // The last TrainBatch's boundary step, host milliseconds
+  // (PipelineCounters::boundary_ms).
+  double pipeline_boundary_ms_ = 0;
   std::unique_ptr<pipeline::PipelineExecutor> pipeline_;
 };
 

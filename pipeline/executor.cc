@@ -8,6 +8,7 @@
 #include "core/status.h"
 #include "nn/loss_model.h"
 #include "nn/module.h"
+#include "pipeline/step_time.h"
 
 namespace ze {
 namespace pipeline {
@@ -123,6 +124,15 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
   comm::Communicator &pipe = *context_.pipeline;
   const Stream &stream = *context_.stream;
   const int slots = schedule_.stages_per_rank * m;
+  // The step's time, compute against waits (header: "Time"). A compute
+  // action's interval ends once the stream finished its kernels.
+  timer_.BeginStep();
+  auto begin_compute = [&](ActionKind kind) { timer_.BeginCompute(kind); };
+  auto end_compute = [&]() -> absl::Status {
+    if (stream.device().is_cuda()) ZE_RETURN_IF_ERROR(stream.Synchronize());
+    timer_.EndCompute();
+    return absl::OkStatus();
+  };
 
   // Per (chunk, micro-batch) slot: the stage's input (until its forward
   // ran), its output (until sent), the gradient received for the output
@@ -158,7 +168,9 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         stage.boundary_dtype(), stream.device());
   };
   auto wait_sends = [&]() -> absl::Status {
+    timer_.BeginWait();
     for (auto &[work, tensors] : sends) ZE_RETURN_IF_ERROR(work.Wait());
+    timer_.EndWait();
     sends.clear();
     return absl::OkStatus();
   };
@@ -214,7 +226,11 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         ZE_ASSIGN_OR_RETURN(comm::Work work, pipe.Coalesced(send_ops, stream));
         sends.emplace_back(work, std::move(sent));
       }
-      ZE_RETURN_IF_ERROR(received.Wait());
+      if (!receive_ops.empty()) {
+        timer_.BeginWait();
+        ZE_RETURN_IF_ERROR(received.Wait());
+        timer_.EndWait();
+      }
       i = end;
       continue;
     }
@@ -233,9 +249,15 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
             tied.push_back(parameter);
           }
         }
+        begin_compute(a.kind);
         if (!tied.empty()) {
           ZE_RETURN_IF_ERROR(strategy.SumGradientsWith(tied, *context_.tied));
         }
+        ZE_RETURN_IF_ERROR(end_compute());
+      } else {
+        // Counted, empty: every compute action of the list is timed.
+        begin_compute(a.kind);
+        ZE_RETURN_IF_ERROR(end_compute());
       }
       ++i;
       continue;
@@ -249,6 +271,7 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
     switch (a.kind) {
       case ActionKind::kForward: {
         if (stage.is_first_stage()) input[k] = micro_batches[mb].inputs;
+        begin_compute(a.kind);
         ZE_RETURN_IF_ERROR(strategy.BeginForward());
         const absl::StatusOr<Tensor> out =
             stage.ForwardStage(input[k], micro_batches[mb].targets, stream);
@@ -265,6 +288,7 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         } else {
           output[k] = *out;
         }
+        ZE_RETURN_IF_ERROR(end_compute());
         // The layers keep what they need (a checkpointed one its input).
         input[k] = Tensor();
         break;
@@ -272,6 +296,7 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput: {
         Tensor grad = output_grad[k];
+        begin_compute(a.kind);
         if (last) {
           ZE_ASSIGN_OR_RETURN(
               grad, losses[mb].Backward("pipeline backward", backward_scale));
@@ -292,6 +317,7 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         const absl::Status end = strategy.EndBackward();
         ZE_RETURN_IF_ERROR(grad_input.status());
         ZE_RETURN_IF_ERROR(end);
+        ZE_RETURN_IF_ERROR(end_compute());
         input_grad[k] = *grad_input;
         input[k] = Tensor();
         output_grad[k] = Tensor();
@@ -301,12 +327,14 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         // The second part of B(s,m): the stage's deferred weight gradients,
         // in the strategy's bracket that counts their uses down and reduces
         // what is final (zero/strategy.h).
+        begin_compute(a.kind);
         ZE_RETURN_IF_ERROR(strategy.BeginBackward(/*boundary=*/false,
                                                   nn::BackwardPart::kWeight));
         const absl::Status weights = stage.BackwardStageWeights(stream);
         const absl::Status end = strategy.EndBackward();
         ZE_RETURN_IF_ERROR(weights);
         ZE_RETURN_IF_ERROR(end);
+        ZE_RETURN_IF_ERROR(end_compute());
         break;
       }
       default:
@@ -332,16 +360,26 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
     }
   }
 
-  // Every stage reports the step's loss: the last stage's, broadcast as
-  // two floats (high and low parts) so the double arrives whole.
+  // Every stage reports the step's loss: the last stage's, as two floats
+  // (high and low parts) so the double arrives whole, summed with the
+  // other ranks' zeros (exact). An all-reduce rather than a broadcast, so
+  // no rank's step ends before every rank's: each rank's wall time is the
+  // pipeline's step, as the simulation's makespan is (its idle time
+  // includes waiting for the slowest rank's last action).
   ZE_ASSIGN_OR_RETURN(Tensor total,
                       Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
-  const float high = static_cast<float>(loss_sum);
-  total.data_as<float>()[0] = high;
-  total.data_as<float>()[1] = static_cast<float>(loss_sum - high);
-  ZE_ASSIGN_OR_RETURN(comm::Work broadcast,
-                      pipe.Broadcast(total, schedule_.ranks - 1, Stream()));
-  ZE_RETURN_IF_ERROR(broadcast.Wait());
+  if (rank_ == schedule_.ranks - 1) {
+    const float high = static_cast<float>(loss_sum);
+    total.data_as<float>()[0] = high;
+    total.data_as<float>()[1] = static_cast<float>(loss_sum - high);
+  }
+  ZE_ASSIGN_OR_RETURN(
+      comm::Work exchange,
+      pipe.AllReduce(total, total, comm::ReduceOp::kSum, Stream()));
+  timer_.BeginWait();
+  ZE_RETURN_IF_ERROR(exchange.Wait());
+  timer_.EndWait();
+  timer_.EndStep();
   return static_cast<double>(total.data_as<float>()[0]) +
          static_cast<double>(total.data_as<float>()[1]);
 }

@@ -81,6 +81,27 @@
 // boundary in the step) as its fetch schedule decides; which chunk's
 // modules come next changes only what it keeps, never what it computes.
 //
+// Time. Each RunStep splits this rank's wall time (from its first action
+// to the end of the closing loss exchange, an all-reduce over the
+// pipeline, so every rank's step ends with the slowest rank's) into busy
+// time, its compute actions (F, B, Bi, Bw, and reduce's tied-gradient sum),
+// and idle time, the rest: blocked in a group's receives, in the wait for
+// its sends at the first reduce, in the closing exchange (wait_ms), and
+// the executor's own work between actions (last_step_times(),
+// pipeline/step_time.h). Idle over wall is the rank's measured bubble,
+// what SimulateSchedule's rank_bubble predicts. On a GPU the kernels run
+// after the host queued them, so the executor synchronises its compute
+// stream at the end of every compute action: the interval is the host's
+// wall time until the action's kernels finished. Over the mpi backend
+// (the only one with point-to-point) every message group synchronises the
+// stream anyway before staging through host memory, so this adds a
+// synchronisation only between two compute actions with no message
+// between them (1F1B's last rank, Bi then Bw), exposing one kernel
+// launch's latency there. With ranks sharing one GPU, "busy" includes the
+// time the GPU ran another rank's kernels while this rank's waited.
+// The strategy's BoundaryStep (the data-parallel reduction and the
+// optimizer) is the caller's, outside the step timed here.
+//
 // Not thread-safe; one thread drives it.
 #ifndef ZE_PIPELINE_EXECUTOR_H_
 #define ZE_PIPELINE_EXECUTOR_H_
@@ -94,6 +115,7 @@
 #include "core/tensor.h"
 #include "nn/pipeline_stage.h"
 #include "pipeline/schedule.h"
+#include "pipeline/step_time.h"
 #include "zero/strategy.h"
 
 namespace ze {
@@ -144,9 +166,9 @@ class PipelineExecutor {
   // inputs' shape). backward_scale multiplies each micro-batch's mean loss
   // before backward (the engine's loss_scale / gradient_accumulation_steps).
   // Returns the sum of the micro-batches' mean losses, on every stage (the
-  // last stage's, broadcast over the pipeline). Errors from the stage, the
-  // strategy or the communicators; the step is then unusable (the caller
-  // fails).
+  // last stage's, sent to every rank by an all-reduce over the pipeline).
+  // Errors from the stage, the strategy or the communicators; the step is then
+  // unusable (the caller fails).
   absl::StatusOr<double> RunStep(const std::vector<MicroBatch> &micro_batches,
                                  float backward_scale);
 
@@ -162,6 +184,10 @@ class PipelineExecutor {
   // ActivationBound(schedule(), rank) (pipeline/schedule.h).
   int peak_saved_micro_batches() const { return peak_saved_micro_batches_; }
   const Schedule &schedule() const { return schedule_; }
+  // Of the last RunStep on this rank: its wall time split into compute and
+  // idle time (the file comment's "Time"). Of a step that failed, what was
+  // counted until it did (wall_ms 0).
+  const StepTimes &last_step_times() const { return timer_.last(); }
 
  private:
   PipelineExecutor(const ExecutorContext &context, Schedule schedule);
@@ -171,6 +197,7 @@ class PipelineExecutor {
   int rank_ = 0;
   int recomputed_per_step_ = 0;
   int peak_saved_micro_batches_ = 0;
+  StepTimer timer_;
   // The chunk (index into context_.stages) of model stage `stage` here.
   int ChunkOf(int stage) const { return stage / schedule_.ranks; }
   // Per (chunk, micro-batch): the index of the executor's buffers, and

@@ -390,6 +390,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
   stats.peak_activations.assign(p, 0);
   stats.peak_deferred_weight_gradients.assign(p, 0);
   stats.peak_in_flight.assign(p, 0);
+  stats.compute_intervals.assign(p, {});
   // (sender, receiver) -> messages in posting order, sends and receives.
   std::map<std::pair<int, int>, std::vector<Posted>> sends, receives;
   std::set<StageMb> forwarded, input_graded, weight_graded, received_act,
@@ -510,6 +511,7 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
       default:
         return fail(rank, a, "not a compute action");
     }
+    stats.compute_intervals[rank].push_back({r.next, r.clock, r.clock + cost});
     r.clock += cost;
     r.busy += cost;
     stats.peak_activations[rank] =
@@ -674,6 +676,11 @@ absl::StatusOr<ScheduleStats> SimulateSchedule(const Schedule &s,
   for (const RankState &r : state) {
     stats.makespan = std::max(stats.makespan, r.clock);
     busy += r.busy;
+    stats.rank_busy.push_back(r.busy);
+  }
+  for (const RankState &r : state) {
+    stats.rank_bubble.push_back(
+        stats.makespan > 0 ? 1.0 - r.busy / stats.makespan : 0);
   }
   stats.bubble_fraction =
       stats.makespan > 0 ? 1.0 - busy / (p * stats.makespan) : 0;

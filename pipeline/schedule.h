@@ -173,6 +173,21 @@ struct ScheduleStats {
   // has not finished (the whole one, or the weight half): what the rank
   // holds memory for, activations or a deferred weight gradient's inputs.
   std::vector<int> peak_in_flight;
+  // Per rank, its compute time (the costs of its compute actions, reduce
+  // included) and its idle share of the step, 1 - rank_busy / makespan:
+  // what the executor measures on a rank of a real step
+  // (pipeline/step_time.h StepTimes::bubble_fraction, every rank's step
+  // ending together). bubble_fraction is their mean.
+  std::vector<double> rank_busy;
+  std::vector<double> rank_bubble;
+  // Per rank, when each of its compute actions ran, in list order: the
+  // simulated timeline, to replay through a StepTimer (step_time_test).
+  struct Interval {
+    size_t action = 0;  // index in the rank's list
+    double start = 0;
+    double end = 0;
+  };
+  std::vector<std::vector<Interval>> compute_intervals;
 };
 
 // Runs the ranks' lists together, sends eager (complete when issued) and a

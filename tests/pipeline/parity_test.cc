@@ -314,6 +314,9 @@ struct InFlight {
   int pipeline_rank = 0;
   int simulated_peak = 0;
   int bound = 0;
+  int compute_actions = 0;  // in the rank's list
+  bool split = false;       // Bw actions in it
+  double rank_bubble = 0;   // simulated with the default costs
 };
 absl::StatusOr<InFlight> ScheduledInFlight(int stages,
                                            const std::string &schedule_name,
@@ -333,6 +336,12 @@ absl::StatusOr<InFlight> ScheduledInFlight(int stages,
   in_flight.simulated_peak = stats.peak_activations[in_flight.pipeline_rank];
   in_flight.bound =
       pipeline::ActivationBound(schedule, in_flight.pipeline_rank);
+  for (const pipeline::Action &a : schedule.actions[in_flight.pipeline_rank]) {
+    if (pipeline::IsCommunication(a.kind)) continue;
+    ++in_flight.compute_actions;
+    in_flight.split |= a.kind == pipeline::ActionKind::kBackwardWeight;
+  }
+  in_flight.rank_bubble = stats.rank_bubble[in_flight.pipeline_rank];
   return in_flight;
 }
 
@@ -352,6 +361,22 @@ void ExpectEveryForwardSavedOnce(const Run &run, int stages,
       << "pipeline rank " << in_flight->pipeline_rank;
   EXPECT_EQ(run.counters.activation_bound, in_flight->bound);
   EXPECT_LE(run.counters.peak_saved_micro_batches, in_flight->bound);
+  // The step's time (pipeline/executor.h "Time"): every compute action of
+  // the rank's list timed once, busy the sum of its parts, the waits part
+  // of the idle time (intervals of one clock, disjoint, inside the step),
+  // weight-gradient time only where the list has Bw actions. No durations
+  // compared: they are the machine's.
+  const engine::PipelineCounters &t = run.counters;
+  EXPECT_EQ(t.compute_actions, in_flight->compute_actions);
+  EXPECT_NEAR(t.busy_ms,
+              t.forward_ms + t.backward_ms + t.weight_gradient_ms + t.reduce_ms,
+              1e-9 * (1 + t.busy_ms));
+  EXPECT_GT(t.wall_ms, 0);
+  EXPECT_NEAR(t.busy_ms + t.idle_ms, t.wall_ms, 1e-9 * t.wall_ms);
+  EXPECT_GE(t.wait_ms, 0);
+  EXPECT_LE(t.wait_ms, t.idle_ms + 1e-6);
+  if (!in_flight->split) EXPECT_EQ(t.weight_gradient_ms, 0);
+  EXPECT_DOUBLE_EQ(t.schedule_rank_bubble, in_flight->rank_bubble);
 }
 
 struct Case {
