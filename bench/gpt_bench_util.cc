@@ -244,6 +244,7 @@ absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
     // A pipeline stage before the last has no head.
     if (model->lm_head() != nullptr) {
       model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+      model->lm_head()->set_weight_gradient(config.head_weight_gradient);
     }
     return std::unique_ptr<nn::LossModel>(std::move(model));
   }
@@ -258,6 +259,7 @@ absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
                       nn::GptModel::Create(config.gpt, options, stream));
   if (model->lm_head() != nullptr) {
     model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
+    model->lm_head()->set_weight_gradient(config.head_weight_gradient);
   }
   return std::unique_ptr<nn::LossModel>(std::move(model));
 }

@@ -117,6 +117,11 @@ struct BenchModelConfig {
   // default (a 256 MiB chunk). A benchmark knob: the rows that are not in
   // the last chunk pay one more head product in the backward.
   int64_t loss_chunk_rows = 0;
+  // Where the head forms its weight gradient (nn::OutputHead::
+  // WeightGradient): in the loss forward (a (V, C) f32 sum held until the
+  // backward) or in the backward, a vocabulary slice at a time.
+  nn::OutputHead::WeightGradient head_weight_gradient =
+      nn::OutputHead::WeightGradient::kInForward;
   nn::GptConfig gpt;                         // when !is_decoder()
   std::optional<nn::DecoderConfig> decoder;  // decoder presets
 };

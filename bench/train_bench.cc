@@ -68,6 +68,12 @@
 //   --loss_chunk_rows=0      rows of logits the loss forms at a time (0: the
 //                            output head's 2 GiB default; batch x seq: the
 //                            whole logits in one chunk)
+//   --head_weight_gradient=forward  where the output head forms its weight
+//                            gradient (nn::OutputHead::WeightGradient):
+//                            "forward" (a (V, C) f32 sum kept from the
+//                            loss forward to its backward) or "backward"
+//                            (a vocabulary slice at a time: no such sum,
+//                            one more logits product)
 //   --lr=6e-4 (AdamW, betas 0.9/0.95, weight decay 0.1)
 //   --seed=1234
 //   --accumulation=1         gradient_accumulation_steps; a timed step is
@@ -223,6 +229,8 @@ struct Options {
   bool cpu_checkpointing = false;
   bool recompute_activations = false;
   int64_t loss_chunk_rows = 0;  // 0: the output head's default
+  nn::OutputHead::WeightGradient head_weight_gradient =
+      nn::OutputHead::WeightGradient::kInForward;
   double lr = 6e-4;
   std::string backend = "auto";
   std::string device = "cuda";
@@ -317,6 +325,15 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   }
   ZE_ASSIGN_OR_RETURN(options.loss_chunk_rows,
                       flags.GetInt("loss_chunk_rows", 0, 0, 1 << 30));
+  const std::string head_weight_gradient =
+      flags.GetString("head_weight_gradient", "forward");
+  if (head_weight_gradient == "backward") {
+    options.head_weight_gradient = nn::OutputHead::WeightGradient::kInBackward;
+  } else if (head_weight_gradient != "forward") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head_weight_gradient=", head_weight_gradient,
+                     ": expected forward or backward"));
+  }
   const std::string lr = flags.GetString("lr", "6e-4");
   if (!absl::SimpleAtod(lr, &options.lr) || !(options.lr > 0)) {
     return absl::InvalidArgumentError(
@@ -766,6 +783,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   config.set_activation_checkpointing(options.checkpointing);
   config.set_recompute_activations(options.recompute_activations);
   config.loss_chunk_rows = options.loss_chunk_rows;
+  config.head_weight_gradient = options.head_weight_gradient;
   const int64_t num_parameters = config.NumParameters();
   // A pipeline: this rank builds only its stage's layers. Ranks of one
   // replica (the same data-parallel index) train on the same data.
@@ -1207,6 +1225,11 @@ int Main(int argc, char** argv) {
       line["cpu_checkpointing"] = options->cpu_checkpointing;
       line["recompute_activations"] = options->recompute_activations;
       line["loss_chunk_rows"] = options->loss_chunk_rows;
+      line["head_weight_gradient"] =
+          options->head_weight_gradient ==
+                  nn::OutputHead::WeightGradient::kInBackward
+              ? "backward"
+              : "forward";
       line["accumulation"] = options->accumulation;
       line["offload"] = options->offload;
       // The engine, model and data are released when this returns.

@@ -931,7 +931,7 @@ absl::StatusOr<int64_t> CheckClasses(const char *op, const Tensor &logits,
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
                                  const Tensor &losses, const Stream &stream,
-                                 int64_t classes) {
+                                 int64_t classes, const Tensor &logsumexp) {
   const char *op = "CrossEntropyForward";
   ZE_ASSIGN_OR_RETURN(const int64_t rows,
                       CheckCrossEntropyShapes(op, logits, targets));
@@ -943,18 +943,61 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
                                 " must hold one value per row (", rows, ")"));
   }
   ZE_RETURN_IF_ERROR(RequireDType(op, "losses", losses, DType::kF32));
+  if (logsumexp.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp, {rows}));
+    ZE_RETURN_IF_ERROR(RequireDType(op, "logsumexp", logsumexp, DType::kF32));
+  }
   ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "logits", logits, {{"targets", &targets}, {"losses", &losses}}));
+      op, "logits", logits,
+      {{"targets", &targets}, {"losses", &losses}, {"logsumexp", &logsumexp}}));
   const int64_t vocab = logits.shape().back();
   const Tensor logits_2d = View2D(logits, rows, vocab);
   const Tensor targets_1d = targets.View({rows});
   const Tensor losses_1d = losses.View({rows});
   if (logits.device().is_cuda()) {
     return cuda_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d,
-                                             classes, stream);
+                                             classes, stream, logsumexp);
   }
   return cpu_backend::CrossEntropyForward(logits_2d, targets_1d, losses_1d,
-                                          classes);
+                                          classes, logsumexp);
+}
+
+absl::Status CrossEntropySliceBackward(const Tensor &logits,
+                                       const Tensor &logsumexp,
+                                       const Tensor &targets, int64_t offset,
+                                       int64_t classes, float grad_scale,
+                                       const Tensor &grad_logits,
+                                       const Stream &stream) {
+  const char *op = "CrossEntropySliceBackward";
+  ZE_ASSIGN_OR_RETURN(const int64_t rows,
+                      CheckCrossEntropyShapes(op, logits, targets));
+  if (logits.dim() != 2) {
+    return Invalid(op, absl::StrCat("logits must be (M, W), got ",
+                                    ShapeToString(logits.shape())));
+  }
+  if (offset < 0 || classes < 1) {
+    return Invalid(op, absl::StrCat("offset ", offset, " must be >= 0 and ",
+                                    "classes ", classes, " >= 1"));
+  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp, {rows}));
+  ZE_RETURN_IF_ERROR(RequireDType(op, "logsumexp", logsumexp, DType::kF32));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_logits", grad_logits));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_logits", grad_logits, logits.shape()));
+  ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_logits", grad_logits));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "logits", logits,
+                                       {{"targets", &targets},
+                                        {"logsumexp", &logsumexp},
+                                        {"grad_logits", &grad_logits}}));
+  const Tensor targets_1d = targets.View({rows});
+  if (logits.device().is_cuda()) {
+    return cuda_backend::CrossEntropySliceBackward(
+        logits, logsumexp, targets_1d, grad_scale, grad_logits, offset, classes,
+        stream);
+  }
+  return cpu_backend::CrossEntropySliceBackward(
+      logits, logsumexp, targets_1d, grad_scale, grad_logits, offset, classes);
 }
 
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
@@ -1039,7 +1082,8 @@ Tensor Rows(const Tensor &tensor, int64_t width, int64_t begin, int64_t count) {
 absl::Status LinearCrossEntropyForward(
     const Tensor &input, const Tensor &weight, const Tensor &targets,
     const Tensor &logits, const Tensor &losses, const Stream &stream,
-    int64_t classes, const Tensor &grad_input, const Tensor &grad_weight) {
+    int64_t classes, const Tensor &grad_input, const Tensor &grad_weight,
+    const Tensor &logsumexp) {
   const char *op = "LinearCrossEntropyForward";
   ZE_ASSIGN_OR_RETURN(
       const ChunkedHeadSizes sizes,
@@ -1058,6 +1102,9 @@ absl::Status LinearCrossEntropyForward(
     ZE_RETURN_IF_ERROR(
         RequireShape(op, "grad_weight", grad_weight, weight.shape()));
   }
+  if (logsumexp.defined()) {
+    ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp, {sizes.rows}));
+  }
   const bool gradients = grad_input.defined() || grad_weight.defined();
   for (int64_t begin = 0; begin < sizes.rows; begin += sizes.chunk) {
     const int64_t count = std::min(sizes.chunk, sizes.rows - begin);
@@ -1066,9 +1113,10 @@ absl::Status LinearCrossEntropyForward(
     const Tensor chunk_targets = targets.Flat().Slice(begin, count);
     ZE_RETURN_IF_ERROR(
         LinearForward(chunk_input, weight, Tensor(), chunk_logits, stream));
-    ZE_RETURN_IF_ERROR(CrossEntropyForward(chunk_logits, chunk_targets,
-                                           losses.Flat().Slice(begin, count),
-                                           stream, classes));
+    ZE_RETURN_IF_ERROR(CrossEntropyForward(
+        chunk_logits, chunk_targets, losses.Flat().Slice(begin, count), stream,
+        classes,
+        logsumexp.defined() ? logsumexp.Slice(begin, count) : Tensor()));
     if (!gradients) continue;
     // In place: the chunk's logits are not needed once their gradient is
     // formed.
@@ -1079,6 +1127,68 @@ absl::Status LinearCrossEntropyForward(
         grad_input.defined() ? Rows(grad_input, sizes.in, begin, count)
                              : Tensor(),
         grad_weight, Tensor(), stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LinearCrossEntropyWeightGradient(
+    const Tensor &input, const Tensor &weight, const Tensor &targets,
+    const Tensor &logsumexp, float grad_scale, const Tensor &workspace,
+    const Tensor &grad_weight, const Stream &stream, int64_t classes) {
+  const char *op = "LinearCrossEntropyWeightGradient";
+  for (const auto &[name, tensor] :
+       {std::pair<const char *, const Tensor *>{"input", &input},
+        {"weight", &weight},
+        {"targets", &targets},
+        {"logsumexp", &logsumexp},
+        {"workspace", &workspace},
+        {"grad_weight", &grad_weight}}) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
+  }
+  if (weight.dim() != 2) {
+    return Invalid(op, absl::StrCat("weight must be (V, K), got ",
+                                    ShapeToString(weight.shape())));
+  }
+  const int64_t vocab = weight.size(0), in = weight.size(1);
+  ZE_ASSIGN_OR_RETURN(const int64_t rows, RowsOf(op, "input", input, in));
+  if (targets.numel() != rows) {
+    return Invalid(
+        op, absl::StrCat("targets ", ShapeToString(targets.shape()),
+                         " must hold one id per input row (", rows, ")"));
+  }
+  ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp, {rows}));
+  ZE_RETURN_IF_ERROR(
+      RequireShape(op, "grad_weight", grad_weight, weight.shape()));
+  if (workspace.dim() != 2 || workspace.size(0) != rows ||
+      workspace.size(1) < 1 || workspace.dtype() != input.dtype()) {
+    return Invalid(op, absl::StrCat("the workspace must be (", rows,
+                                    ", S) with S >= 1 in input's dtype ",
+                                    DTypeName(input.dtype()), ", got ",
+                                    ShapeToString(workspace.shape()), " ",
+                                    DTypeName(workspace.dtype())));
+  }
+  if (classes == 0) classes = vocab;
+  if (classes < 1 || classes > vocab) {
+    return Invalid(
+        op, absl::StrCat("classes ", classes, " must be in [1, ", vocab, "]"));
+  }
+  const Tensor input_2d = View2D(input, rows, in);
+  const Tensor targets_1d = targets.View({rows});
+  const int64_t width = workspace.size(1);
+  // Slices from `classes` on have no gradient (padding columns).
+  for (int64_t begin = 0; begin < classes && rows > 0; begin += width) {
+    const int64_t count = std::min(width, vocab - begin);
+    const Tensor slice_weight = Rows(weight, in, begin, count);
+    const Tensor logits =
+        workspace.Flat().Slice(0, rows * count).View({rows, count});
+    ZE_RETURN_IF_ERROR(
+        LinearForward(input_2d, slice_weight, Tensor(), logits, stream));
+    ZE_RETURN_IF_ERROR(CrossEntropySliceBackward(logits, logsumexp, targets_1d,
+                                                 begin, classes, grad_scale,
+                                                 logits, stream));
+    ZE_RETURN_IF_ERROR(LinearBackward(logits, input_2d, slice_weight, Tensor(),
+                                      Rows(grad_weight, in, begin, count),
+                                      Tensor(), stream));
   }
   return absl::OkStatus();
 }

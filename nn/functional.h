@@ -245,9 +245,12 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
 //   columns [classes, V) out of the softmax (a model whose token table is
 //   padded for speed computes the unpadded model's loss). InvalidArgument
 //   for classes outside [0, V], or (CPU) a target >= classes.
+// logsumexp (M) f32, when defined, receives each row's logsumexp (0 for
+// ignored rows), what CrossEntropySliceBackward needs.
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
                                  const Tensor& losses, const Stream& stream,
-                                 int64_t classes = 0);
+                                 int64_t classes = 0,
+                                 const Tensor& logsumexp = Tensor());
 // grad_logits (M, V) = grad_scale * (softmax(logits) - onehot(target)) over
 // the first `classes` columns for rows with target >= 0; 0 for ignored rows
 // and for the columns from `classes` on. grad_scale is dLoss/dloss_i (e.g.
@@ -256,6 +259,20 @@ absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   const Stream& stream, int64_t classes = 0);
+// CrossEntropyBackward over a slice of the vocabulary, from the rows'
+// logsumexp (CrossEntropyForward's) instead of a pass over whole rows:
+//   logits (M, W): columns [offset, offset + W) of the logits;
+//   grad_logits (M, W) = grad_scale * (exp(logits - logsumexp) -
+//   onehot(target)) for rows with target >= 0 and columns below `classes`
+//   (the vocabulary's unpadded size, >= 1), 0 elsewhere. grad_logits MAY
+//   alias logits. Equal to CrossEntropyBackward's columns when logits and
+//   logsumexp are the same values.
+absl::Status CrossEntropySliceBackward(const Tensor& logits,
+                                       const Tensor& logsumexp,
+                                       const Tensor& targets, int64_t offset,
+                                       int64_t classes, float grad_scale,
+                                       const Tensor& grad_logits,
+                                       const Stream& stream);
 
 // An output head and its cross-entropy, a chunk of rows at a time, so that
 // the logits input @ weight^T (M, V) never exist as a whole: only R rows of
@@ -278,11 +295,34 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
 // costs no precision: g is in [-1, 1] and f32 keeps the weight's sum).
 // Gradients equal the whole-matrix path's up to the order of the weight
 // gradient's summation over chunks and that final scaling's rounding.
+// logsumexp (M) f32, when defined, receives the rows' logsumexp for
+// LinearCrossEntropyWeightGradient (a caller that forms the weight's
+// gradient later passes grad_weight undefined).
 absl::Status LinearCrossEntropyForward(
     const Tensor& input, const Tensor& weight, const Tensor& targets,
     const Tensor& logits, const Tensor& losses, const Stream& stream,
     int64_t classes = 0, const Tensor& grad_input = Tensor(),
-    const Tensor& grad_weight = Tensor());
+    const Tensor& grad_weight = Tensor(), const Tensor& logsumexp = Tensor());
+
+// The output head's weight gradient after its loss forward, a slice of the
+// vocabulary at a time, so that neither the (M, V) logits nor a (V, K) f32
+// sum exist:
+//   grad_weight (V, K) += grad_scale * g^T @ input,  g = softmax gradient
+// where for each slice of S columns (S = workspace's columns; the last
+// slice narrower) the logits input @ weight[slice]^T (M, S) are formed
+// again in `workspace` (M, S) (input's dtype), turned in place into
+// CrossEntropySliceBackward(grad_scale) from the forward's logsumexp, and
+// multiplied into grad_weight's rows of the slice: one product over all M
+// rows per slice, so each gradient element is rounded once into
+// grad_weight (any float dtype). Costs one more (M x K) x (K x V) product
+// than forming the gradient in the forward (LinearCrossEntropyForward's
+// grad_weight). targets, classes as there; logsumexp (M) f32 from it.
+// grad_scale multiplies the softmax terms before their rounding into the
+// workspace's dtype (f16's range may flush them: use f32 or bf16).
+absl::Status LinearCrossEntropyWeightGradient(
+    const Tensor& input, const Tensor& weight, const Tensor& targets,
+    const Tensor& logsumexp, float grad_scale, const Tensor& workspace,
+    const Tensor& grad_weight, const Stream& stream, int64_t classes = 0);
 
 // ---- Decoder (Llama / Mistral / Qwen) ops.
 // On CUDA (nn/cuda/decoder_kernels.h) every tensor of a call shares one

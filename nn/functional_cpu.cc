@@ -714,7 +714,8 @@ float RowLogSumExp(const float *row, int64_t count) {
 }  // namespace
 
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses, int64_t classes) {
+                                 const Tensor &losses, int64_t classes,
+                                 const Tensor &logsumexp) {
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
   const int32_t *target_ids = targets.data_as<const int32_t>();
@@ -725,14 +726,49 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
   }
   FloatIn x(logits);
   float *loss_out = losses.data_as<float>();
+  float *lse_out = logsumexp.defined() ? logsumexp.data_as<float>() : nullptr;
   for (int64_t row = 0; row < rows; ++row) {
     if (target_ids[row] < 0) {
       loss_out[row] = 0.0f;
+      if (lse_out != nullptr) lse_out[row] = 0.0f;
       continue;
     }
     const float *x_row = x.get() + row * vocab;
-    loss_out[row] = RowLogSumExp(x_row, classes) - x_row[target_ids[row]];
+    const float lse = RowLogSumExp(x_row, classes);
+    loss_out[row] = lse - x_row[target_ids[row]];
+    if (lse_out != nullptr) lse_out[row] = lse;
   }
+  return absl::OkStatus();
+}
+
+absl::Status CrossEntropySliceBackward(const Tensor &logits,
+                                       const Tensor &logsumexp,
+                                       const Tensor &targets, float grad_scale,
+                                       const Tensor &grad_logits,
+                                       int64_t offset, int64_t classes) {
+  const int64_t rows = logits.size(0);
+  const int64_t width = logits.size(1);
+  const int32_t *target_ids = targets.data_as<const int32_t>();
+  const float *lse = logsumexp.data_as<const float>();
+  // As CrossEntropyBackward's arithmetic, element by element (grad_logits
+  // may alias logits).
+  FloatIn x(logits);
+  FloatOut dx(grad_logits, /*load=*/false);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float *x_row = x.get() + row * width;
+    float *dx_row = dx.get() + row * width;
+    const int64_t target = target_ids[row];
+    for (int64_t i = 0; i < width; ++i) {
+      const int64_t column = offset + i;
+      if (target < 0 || column >= classes) {
+        dx_row[i] = 0.0f;
+        continue;
+      }
+      dx_row[i] = grad_scale * std::exp(x_row[i] - lse[row]);
+      if (column == target) dx_row[i] -= grad_scale;
+    }
+  }
+  dx.Commit();
   return absl::OkStatus();
 }
 

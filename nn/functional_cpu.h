@@ -81,7 +81,13 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
 // logits (M, V), targets (M) i32, losses (M) f32; the softmax over the
 // first `classes` (1..V) columns. InvalidArgument for a target >= classes.
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
-                                 const Tensor &losses, int64_t classes);
+                                 const Tensor &losses, int64_t classes,
+                                 const Tensor &logsumexp);
+absl::Status CrossEntropySliceBackward(const Tensor &logits,
+                                       const Tensor &logsumexp,
+                                       const Tensor &targets, float grad_scale,
+                                       const Tensor &grad_logits,
+                                       int64_t offset, int64_t classes);
 absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
                                   float grad_scale, const Tensor &grad_logits,
                                   int64_t classes);

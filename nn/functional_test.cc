@@ -3,6 +3,7 @@
 // bf16 storage path, and the documented aliasing rules.
 #include "nn/functional.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -145,6 +146,93 @@ TEST(FunctionalTest, CrossEntropyValuesIgnoredRowsAndInPlaceBackward) {
 // A padded vocabulary: with `classes` < V the columns from `classes` on are
 // out of the softmax (no loss share, no gradient), so the loss and the real
 // columns' gradients equal those of the unpadded logits.
+// CrossEntropySliceBackward, from CrossEntropyForward's logsumexp, equals
+// CrossEntropyBackward's columns bit for bit (f32, CPU) for slices that
+// cross the padding boundary and lie beyond it; ignored rows are zero.
+TEST(FunctionalTest, CrossEntropySliceBackwardEqualsTheWholeRowsColumns) {
+  const int64_t rows = 5, vocab = 12, classes = 10;
+  const Tensor logits = RandomTensor({rows, vocab}, 1, 3.0f);
+  Tensor targets = Tensor::Empty({rows}, DType::kI32, Device::Cpu()).value();
+  const int32_t ids[rows] = {3, -1, 9, 0, 7};
+  std::copy(ids, ids + rows, targets.data_as<int32_t>());
+  Tensor losses = Empty({rows}), lse = Empty({rows});
+  ASSERT_TRUE(
+      CrossEntropyForward(logits, targets, losses, Stream(), classes, lse)
+          .ok());
+  Tensor whole = Empty({rows, vocab});
+  ASSERT_TRUE(
+      CrossEntropyBackward(logits, targets, 0.25f, whole, Stream(), classes)
+          .ok());
+  const std::vector<float> expected = Values(whole);
+  for (int64_t width : {1, 4, 5, 12}) {
+    for (int64_t offset = 0; offset < vocab; offset += width) {
+      const int64_t count = std::min(width, vocab - offset);
+      Tensor slice = Empty({rows, count});
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < count; ++c) {
+          slice.data_as<float>()[r * count + c] =
+              logits.data_as<const float>()[r * vocab + offset + c];
+        }
+      }
+      ASSERT_TRUE(CrossEntropySliceBackward(slice, lse, targets, offset,
+                                            classes, 0.25f, slice, Stream())
+                      .ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < count; ++c) {
+          EXPECT_EQ(slice.data_as<float>()[r * count + c],
+                    expected[r * vocab + offset + c])
+              << "width " << width << " row " << r << " column " << offset + c;
+        }
+      }
+    }
+  }
+  ExpectInvalid(CrossEntropySliceBackward(logits, Empty({4}), targets, 0,
+                                          classes, 1.0f, logits, Stream()),
+                "logsumexp must have shape [5]");
+  ExpectInvalid(CrossEntropySliceBackward(logits, lse, targets, 0, 0, 1.0f,
+                                          logits, Stream()),
+                "classes 0");
+}
+
+// LinearCrossEntropyWeightGradient (a vocabulary slice at a time, in the
+// backward) equals the forward's (V, K) gradient sum times the scale, for
+// slice widths from 1 column to the whole vocabulary, and adds into what
+// the gradient held.
+TEST(FunctionalTest, LinearCrossEntropyWeightGradientEqualsTheForwardsSum) {
+  const int64_t rows = 7, in = 6, vocab = 11, classes = 9;
+  const Tensor input = RandomTensor({rows, in}, 1);
+  const Tensor weight = RandomTensor({vocab, in}, 2);
+  Tensor targets = Tensor::Empty({rows}, DType::kI32, Device::Cpu()).value();
+  const int32_t ids[rows] = {3, -1, 8, 0, 7, 2, -1};
+  std::copy(ids, ids + rows, targets.data_as<int32_t>());
+  Tensor logits = Empty({3, vocab}), losses = Empty({rows});
+  Tensor grad_input = Empty({rows, in}), sum = Empty({vocab, in});
+  ASSERT_TRUE(Fill(sum, 0.0f, Stream()).ok());
+  Tensor lse = Empty({rows});
+  ASSERT_TRUE(LinearCrossEntropyForward(input, weight, targets, logits, losses,
+                                        Stream(), classes, grad_input, sum, lse)
+                  .ok());
+  const std::vector<float> start = Values(RandomTensor({vocab, in}, 3));
+  const std::vector<float> summed = Values(sum);
+  const float scale = 0.3f;
+  for (int64_t width : {1, 2, 4, 9, 11}) {
+    SCOPED_TRACE(width);
+    Tensor grad_weight = RandomTensor({vocab, in}, 3);
+    ASSERT_TRUE(LinearCrossEntropyWeightGradient(input, weight, targets, lse,
+                                                 scale, Empty({rows, width}),
+                                                 grad_weight, Stream(), classes)
+                    .ok());
+    const std::vector<float> got = Values(grad_weight);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], start[i] + scale * summed[i], 1e-6f) << i;
+    }
+  }
+  ExpectInvalid(LinearCrossEntropyWeightGradient(
+                    input, weight, targets, lse, scale, Empty({rows - 1, 2}),
+                    RandomTensor({vocab, in}, 3), Stream(), classes),
+                "workspace must be (7, S)");
+}
+
 TEST(FunctionalTest, CrossEntropyLeavesPaddingColumnsOut) {
   const Tensor padded = RandomTensor({3, 6}, 4, 3.0f);
   Tensor unpadded = Empty({3, 4});

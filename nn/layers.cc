@@ -596,11 +596,9 @@ int64_t OutputHead::LossChunkRows(int64_t rows, int64_t vocab, DType dtype,
   return std::min(limit, (even + 127) / 128 * 128);
 }
 
-OutputHead::LossBuffers OutputHead::LossBuffersFor(int64_t rows,
-                                                   int64_t channels,
-                                                   int64_t vocab, DType dtype,
-                                                   int64_t set_rows,
-                                                   bool trainable_weight) {
+OutputHead::LossBuffers OutputHead::LossBuffersFor(
+    int64_t rows, int64_t channels, int64_t vocab, DType dtype,
+    int64_t set_rows, bool trainable_weight, WeightGradient where) {
   // As ForwardImpl allocates them.
   const int64_t element = static_cast<int64_t>(SizeOf(dtype));
   const int64_t chunk = std::max<int64_t>(
@@ -611,7 +609,10 @@ OutputHead::LossBuffers OutputHead::LossBuffersFor(int64_t rows,
   buffers.saved_bytes = rows * channels * element;
   if (trainable_weight) {
     buffers.saved_bytes +=
-        vocab * channels * static_cast<int64_t>(sizeof(float));
+        where == WeightGradient::kInBackward && dtype != DType::kF16
+            ? rows * channels * element +
+                  rows * static_cast<int64_t>(sizeof(float))
+            : vocab * channels * static_cast<int64_t>(sizeof(float));
   }
   return buffers;
 }
@@ -657,7 +658,15 @@ absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
     ZE_ASSIGN_OR_RETURN(
         saved.grad_input,
         Tensor::Empty(input.shape(), input.dtype(), input.device()));
-    if (weight_->requires_grad()) {
+    if (weight_->requires_grad() &&
+        weight_gradient_ == WeightGradient::kInBackward &&
+        input.dtype() != DType::kF16) {
+      ZE_ASSIGN_OR_RETURN(saved.logsumexp,
+                          Tensor::Empty({rows}, DType::kF32, input.device()));
+      saved.input = input;
+      saved.targets = targets;
+      saved.classes = pending_classes_;
+    } else if (weight_->requires_grad()) {
       ZE_ASSIGN_OR_RETURN(
           saved.grad_weight,
           Tensor::Empty(weight.shape(), DType::kF32, input.device()));
@@ -666,7 +675,7 @@ absl::StatusOr<Tensor> OutputHead::ForwardImpl(const Tensor &input,
   }
   ZE_RETURN_IF_ERROR(LinearCrossEntropyForward(
       input, weight, targets, logits, losses, stream, pending_classes_,
-      saved.grad_input, saved.grad_weight));
+      saved.grad_input, saved.grad_weight, saved.logsumexp));
   saved_.Save(std::move(saved));
   return losses;
 }
@@ -698,6 +707,23 @@ absl::StatusOr<Tensor> OutputHead::BackwardImpl(const Tensor &grad_output,
   if (grad_weight.defined() && saved.grad_weight.defined()) {
     ZE_RETURN_IF_ERROR(Axpby(grad_scale, saved.grad_weight, 1.0f, grad_weight,
                              grad_weight, stream));
+  }
+  if (grad_weight.defined() && saved.logsumexp.defined()) {
+    // A vocabulary slice of as many logits as one forward chunk held.
+    ZE_ASSIGN_OR_RETURN(Tensor weight, weight_->data());
+    const int64_t vocab = weight.size(0);
+    const int64_t rows = saved.logsumexp.numel();
+    const int64_t chunk =
+        std::min(rows, loss_chunk_rows(rows, saved.input.dtype()));
+    int64_t width = std::clamp<int64_t>(
+        chunk * vocab / std::max<int64_t>(rows, 1), 1, vocab);
+    if (width >= 128 && width < vocab) width = width / 128 * 128;
+    ZE_ASSIGN_OR_RETURN(Tensor workspace,
+                        Tensor::Empty({rows, width}, saved.input.dtype(),
+                                      saved.input.device()));
+    ZE_RETURN_IF_ERROR(LinearCrossEntropyWeightGradient(
+        saved.input, weight, saved.targets, saved.logsumexp, grad_scale,
+        workspace, grad_weight, stream, saved.classes));
   }
   ZE_RETURN_IF_ERROR(Scale(saved.grad_input, grad_scale, stream));
   return saved.grad_input;

@@ -453,6 +453,24 @@ class OutputHead : public Module {
   // from 128 on (the GPU products' row tile).
   static int64_t LossChunkRowsFor(int64_t vocab, DType dtype);
 
+  // Where a saving loss-mode Forward's weight gradient is formed. In the
+  // forward (the default; see the class comment): summed over the row
+  // chunks into a private (V, C) f32 buffer held until the Backward. In
+  // the backward: the forward keeps the rows' logsumexp (f32) and its
+  // input instead, and the Backward forms the gradient a vocabulary slice
+  // at a time (LinearCrossEntropyWeightGradient: each slice's logits formed
+  // again, in a workspace of the forward's chunk of logits), each element
+  // rounded once into the weight's gradient. No (V, C) f32 buffer (2.1 GB
+  // at Llama-3-8B's head, the largest activation-like buffer once the
+  // layers' inputs go to the host) for one more logits product: a third
+  // more head products, about 2% of an 8B step and 6% at Llama-3.2-1B's
+  // shape. Gradients equal the default's up to the order of the f32 sums.
+  // f16 activations keep the default (the scaled softmax terms would be
+  // rounded into f16's range).
+  enum class WeightGradient { kInForward, kInBackward };
+  void set_weight_gradient(WeightGradient where) { weight_gradient_ = where; }
+  WeightGradient weight_gradient() const { return weight_gradient_; }
+
   // The buffers of a loss-mode Forward over `rows` rows of `channels` in
   // `dtype` (a head of `vocab` rows, its chunk rows set to `set_rows`),
   // for memory models (bench/pipeline_model): what the forward allocates
@@ -466,9 +484,13 @@ class OutputHead : public Module {
     int64_t losses_bytes = 0;
     int64_t saved_bytes = 0;
   };
-  static LossBuffers LossBuffersFor(int64_t rows, int64_t channels,
-                                    int64_t vocab, DType dtype,
-                                    int64_t set_rows, bool trainable_weight);
+  // With kInBackward, saved_bytes holds the input and the logsumexp
+  // instead of the (V, C) sum, and the Backward allocates a workspace of
+  // logits_chunk_bytes.
+  static LossBuffers LossBuffersFor(
+      int64_t rows, int64_t channels, int64_t vocab, DType dtype,
+      int64_t set_rows, bool trainable_weight,
+      WeightGradient where = WeightGradient::kInForward);
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor &input,
@@ -482,17 +504,22 @@ class OutputHead : public Module {
 
  private:
   struct Saved {
-    Tensor input;  // (..., C); logits mode only
+    Tensor input;  // (..., C); logits mode, and loss mode kInBackward
     bool loss = false;
     // Loss mode only: the gradients of the sum of the rows' losses.
     Tensor grad_input;   // (..., C), the input's dtype
-    Tensor grad_weight;  // (V, C) f32; undefined for a frozen weight
+    Tensor grad_weight;  // (V, C) f32; kInForward with a trainable weight
+    // kInBackward with a trainable weight: what the weight gradient needs.
+    Tensor logsumexp;  // (rows) f32
+    Tensor targets;    // the forward's targets
+    int64_t classes = 0;
   };
   Parameter *weight_;
   SavedStack<Saved> saved_;  // per call
   Tensor pending_targets_;   // loss mode for the next Forward when defined
   int64_t pending_classes_ = 0;
   int64_t loss_chunk_rows_ = 0;
+  WeightGradient weight_gradient_ = WeightGradient::kInForward;
 };
 
 // Runs its one child "layer" `times` times (weights shared across the

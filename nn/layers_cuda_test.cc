@@ -364,14 +364,34 @@ TEST_F(CudaTest, SmallGptChunkedLossMatchesCpuAndNeverHoldsTheLogits) {
     EXPECT_NEAR(gpu_loss, whole_loss, dtype == DType::kF32 ? 1e-5 : 1e-3);
     EXPECT_NEAR(gpu_loss, cpu_loss, dtype == DType::kF32 ? 1e-3 : 2e-2);
     const double grad_tol = dtype == DType::kF32 ? 5e-3 : 5e-2;
-    const std::vector<Parameter *> cpu_params = cpu->Parameters();
-    const std::vector<Parameter *> gpu_params = gpu->Parameters();
-    for (size_t i = 0; i < cpu_params.size(); ++i) {
-      EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
-                                Values(cpu_params[i]->grad())),
-                grad_tol)
-          << cpu_params[i]->name();
-    }
+    auto expect_cpu_gradients = [&](const char *what) {
+      const std::vector<Parameter *> cpu_params = cpu->Parameters();
+      const std::vector<Parameter *> gpu_params = gpu->Parameters();
+      for (size_t i = 0; i < cpu_params.size(); ++i) {
+        EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
+                                  Values(cpu_params[i]->grad())),
+                  grad_tol)
+            << what << " " << cpu_params[i]->name();
+      }
+    };
+    expect_cpu_gradients("weight gradient in the forward");
+    // The head's weight gradient formed in the backward, a vocabulary slice
+    // at a time (CrossEntropySliceBackward, LinearCrossEntropyWeightGradient):
+    // the same loss, the CPU's gradients, and a forward that no longer
+    // holds the (V, C) f32 sum.
+    gpu->lm_head()->set_weight_gradient(
+        OutputHead::WeightGradient::kInBackward);
+    float in_backward_loss = 0.0f;
+    const Peaks in_backward = step_peaks(kChunkRows, &in_backward_loss);
+    gpu->lm_head()->set_weight_gradient(OutputHead::WeightGradient::kInForward);
+    EXPECT_EQ(in_backward_loss, gpu_loss);
+    expect_cpu_gradients("weight gradient in the backward");
+    const int64_t f32_sum_bytes =
+        config.padded_vocab_size * config.channels * int64_t{4};
+    EXPECT_LE(in_backward.forward + f32_sum_bytes - (int64_t{2} << 20),
+              chunked.forward)
+        << "forward peak with the weight gradient in the backward "
+        << in_backward.forward << ", in the forward " << chunked.forward;
   }
 }
 

@@ -182,41 +182,51 @@ TEST(OutputHeadTest, LossBuffersAreWhatTheForwardAllocates) {
   const int64_t rows = 64, channels = 16, vocab = 128;
   for (int64_t set_rows : {int64_t{0}, int64_t{32}}) {
     for (bool trainable : {true, false}) {
-      SCOPED_TRACE(absl::StrCat("chunk rows ", set_rows,
-                                trainable ? ", trainable" : ", frozen"));
-      OutputHead head(channels, vocab, LayerOptions{});
-      ASSERT_TRUE(head.MaterializeParameters(3, Stream()).ok());
-      head.weight()->set_requires_grad(trainable);
-      head.set_loss_chunk_rows(set_rows);
-      const OutputHead::LossBuffers buffers = OutputHead::LossBuffersFor(
-          rows, channels, vocab, DType::kF32, set_rows, trainable);
-      EXPECT_EQ(buffers.logits_chunk_bytes,
-                (set_rows > 0 ? set_rows : rows) * vocab * 4);
-      const Stream stream;
-      const Tensor input = RandomTensor({rows, channels}, 1);
-      const Tensor targets = RandomIds({rows}, 2, vocab);
-      Allocator &host = *HostMemory();
-      const int64_t before = host.stats().bytes_in_use;
-      host.ResetPeak();
-      head.ComputeLossInNextForward(targets, vocab);
-      absl::StatusOr<Tensor> losses = head.Forward(input, stream);
-      ASSERT_TRUE(losses.ok()) << losses.status();
-      const AllocatorStats forward = host.stats();
-      EXPECT_EQ(forward.bytes_in_use - before,
-                buffers.losses_bytes + buffers.saved_bytes);
-      EXPECT_EQ(forward.peak_bytes_in_use - before, buffers.logits_chunk_bytes +
-                                                        buffers.losses_bytes +
-                                                        buffers.saved_bytes);
-      *losses = Tensor();
-      const float one = 1.0f;
-      absl::StatusOr<Tensor> grad_input =
-          head.Backward(Tensor::Wrap(const_cast<float *>(&one), {1},
-                                     DType::kF32, Device::Cpu()),
-                        stream);
-      ASSERT_TRUE(grad_input.ok()) << grad_input.status();
-      *grad_input = Tensor();
-      head.weight()->ReleaseGrad();
-      EXPECT_EQ(host.stats().bytes_in_use, before);
+      for (OutputHead::WeightGradient where :
+           {OutputHead::WeightGradient::kInForward,
+            OutputHead::WeightGradient::kInBackward}) {
+        const bool in_backward =
+            trainable && where == OutputHead::WeightGradient::kInBackward;
+        SCOPED_TRACE(absl::StrCat("chunk rows ", set_rows,
+                                  trainable ? ", trainable" : ", frozen",
+                                  in_backward ? ", in backward" : ""));
+        OutputHead head(channels, vocab, LayerOptions{});
+        ASSERT_TRUE(head.MaterializeParameters(3, Stream()).ok());
+        head.weight()->set_requires_grad(trainable);
+        head.set_loss_chunk_rows(set_rows);
+        head.set_weight_gradient(where);
+        const OutputHead::LossBuffers buffers = OutputHead::LossBuffersFor(
+            rows, channels, vocab, DType::kF32, set_rows, trainable, where);
+        // The saved input is this test's own tensor, allocated before.
+        const int64_t kept_input = in_backward ? rows * channels * 4 : 0;
+        EXPECT_EQ(buffers.logits_chunk_bytes,
+                  (set_rows > 0 ? set_rows : rows) * vocab * 4);
+        const Stream stream;
+        const Tensor input = RandomTensor({rows, channels}, 1);
+        const Tensor targets = RandomIds({rows}, 2, vocab);
+        Allocator &host = *HostMemory();
+        const int64_t before = host.stats().bytes_in_use;
+        host.ResetPeak();
+        head.ComputeLossInNextForward(targets, vocab);
+        absl::StatusOr<Tensor> losses = head.Forward(input, stream);
+        ASSERT_TRUE(losses.ok()) << losses.status();
+        const AllocatorStats forward = host.stats();
+        EXPECT_EQ(forward.bytes_in_use - before,
+                  buffers.losses_bytes + buffers.saved_bytes - kept_input);
+        EXPECT_EQ(forward.peak_bytes_in_use - before,
+                  buffers.logits_chunk_bytes + buffers.losses_bytes +
+                      buffers.saved_bytes - kept_input);
+        *losses = Tensor();
+        const float one = 1.0f;
+        absl::StatusOr<Tensor> grad_input =
+            head.Backward(Tensor::Wrap(const_cast<float *>(&one), {1},
+                                       DType::kF32, Device::Cpu()),
+                          stream);
+        ASSERT_TRUE(grad_input.ok()) << grad_input.status();
+        *grad_input = Tensor();
+        head.weight()->ReleaseGrad();
+        EXPECT_EQ(host.stats().bytes_in_use, before);
+      }
     }
   }
 }
@@ -319,6 +329,16 @@ TEST(OutputHeadTest, DecoderLossAndGradientsMatchTheWholeLogitsPath) {
     model->lm_head()->set_loss_chunk_rows(3);
     ExpectSameLossAndGrads(*model, ChunkedLoss(*model, tokens, targets, 2.5f),
                            whole);
+    // The weight gradient formed in the backward a vocabulary slice at a
+    // time (slices of 3 * 37 / 14 = 7 columns, the last of 2), and in one
+    // slice (the default budget).
+    model->lm_head()->set_weight_gradient(
+        OutputHead::WeightGradient::kInBackward);
+    ExpectSameLossAndGrads(*model, ChunkedLoss(*model, tokens, targets, 2.5f),
+                           whole);
+    model->lm_head()->set_loss_chunk_rows(0);
+    ExpectSameLossAndGrads(*model, ChunkedLoss(*model, tokens, targets, 2.5f),
+                           whole);
     // Nothing left pending: a plain forward returns logits again.
     EXPECT_EQ(model->Forward(tokens, Stream()).value().shape(),
               (Shape{batch, seq, 37}));
@@ -340,6 +360,12 @@ TEST(OutputHeadTest, GptLossAndGradientsMatchTheWholeLogitsPath) {
   const LossAndGrads whole =
       WholeLogitsLoss(*model, tokens, targets, config.vocab_size, 1.0f);
   model->lm_head()->set_loss_chunk_rows(4);  // 4 + 4 + 4 + 3
+  ExpectSameLossAndGrads(*model, ChunkedLoss(*model, tokens, targets, 1.0f),
+                         whole);
+  // In the backward: slices of 4 * 32 / 15 = 8 columns; the last, [24, 32),
+  // holds the 3 padding columns next to 5 real ones.
+  model->lm_head()->set_weight_gradient(
+      OutputHead::WeightGradient::kInBackward);
   ExpectSameLossAndGrads(*model, ChunkedLoss(*model, tokens, targets, 1.0f),
                          whole);
 }
@@ -410,6 +436,17 @@ TEST(OutputHeadTest, TheChunkedLossNeverHoldsTheWholeLogits) {
   const int64_t private_sum_bytes = config.vocab_size * config.hidden_size * 4;
   EXPECT_LT(chunked, chunk * config.vocab_size * 4 + private_sum_bytes +
                          logits_bytes / 8);
+  // With the weight gradient formed in the backward, that sum is gone (its
+  // slices' workspace is one chunk of logits, as the forward's).
+  model->lm_head()->set_weight_gradient(
+      OutputHead::WeightGradient::kInBackward);
+  const int64_t in_backward = StepPeak([&] {
+    ASSERT_TRUE(model->ForwardLoss(tokens, targets, stream).ok());
+    ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
+  });
+  std::cout << "weight gradient in the backward: " << in_backward << "\n";
+  EXPECT_LT(in_backward, chunk * config.vocab_size * 4 + logits_bytes / 8);
+  EXPECT_LE(in_backward, chunked - private_sum_bytes / 2);
 }
 
 }  // namespace

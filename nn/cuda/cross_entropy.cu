@@ -53,13 +53,16 @@ __device__ float RowLogSumExp(const T* row, int64_t classes, float* scratch) {
 template <typename T, int VEC>
 __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
                                           const int32_t* __restrict__ targets,
-                                          float* losses, int64_t vocab,
-                                          int64_t classes) {
+                                          float* losses, float* logsumexp,
+                                          int64_t vocab, int64_t classes) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const int32_t target = targets[row];
   if (target < 0) {
-    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (threadIdx.x == 0) {
+      losses[row] = 0.0f;
+      if (logsumexp != nullptr) logsumexp[row] = 0.0f;
+    }
     return;
   }
   const T* r = logits + row * vocab;
@@ -67,6 +70,39 @@ __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
   if (threadIdx.x == 0) {
     const int64_t t = target >= classes ? classes - 1 : target;
     losses[row] = lse - ToFloat(r[t]);
+    if (logsumexp != nullptr) logsumexp[row] = lse;
+  }
+}
+
+// One block per row of a (rows, width) slice of logits whose column c is
+// the vocabulary's column `offset + c`: the softmax gradient from the
+// row's logsumexp (no pass over the rest of the row). grad may alias
+// logits: each element is read and written by one thread.
+template <typename T, int VEC>
+__global__ void CrossEntropySliceBackwardKernel(
+    const T* logits, const float* __restrict__ logsumexp,
+    const int32_t* __restrict__ targets, float scale, T* grad, int64_t width,
+    int64_t offset, int64_t classes) {
+  const int64_t row = blockIdx.x;
+  const int32_t target = targets[row];
+  const T* r = logits + row * width;
+  T* g = grad + row * width;
+  const float lse = logsumexp[row];
+  auto value = [&](float v, int64_t column) {
+    return target >= 0 && column < classes
+               ? scale * (__expf(v - lse) - (column == target ? 1.0f : 0.0f))
+               : 0.0f;
+  };
+  const int64_t vec_end = (width / VEC) * VEC;
+  for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
+    float v[VEC];
+    LoadFloats<T, VEC>(r + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = value(v[k], offset + c + k);
+    StoreFloats<T, VEC>(g + c, v);
+  }
+  for (int64_t c = vec_end + threadIdx.x; c < width; c += blockDim.x) {
+    g[c] = FromFloat<T>(value(ToFloat(r[c]), offset + c));
   }
 }
 
@@ -114,8 +150,9 @@ __global__ void CrossEntropyBackwardKernel(const T* logits,
 }  // namespace
 
 int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
-                              float* losses, int64_t rows, int64_t vocab,
-                              int64_t classes, int dtype, void* stream) {
+                              float* losses, float* logsumexp, int64_t rows,
+                              int64_t vocab, int64_t classes, int dtype,
+                              void* stream) {
   if (rows == 0) return 0;
   return DispatchFloat(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -124,11 +161,38 @@ int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
     if (vocab % kVec == 0 && Aligned(logits, 16)) {
       CrossEntropyForwardKernel<T, kVec>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
-              static_cast<const T*>(logits), targets, losses, vocab, classes);
+              static_cast<const T*>(logits), targets, losses, logsumexp, vocab,
+              classes);
     } else {
       CrossEntropyForwardKernel<T, 1>
           <<<static_cast<unsigned>(rows), 512, 0, s>>>(
-              static_cast<const T*>(logits), targets, losses, vocab, classes);
+              static_cast<const T*>(logits), targets, losses, logsumexp, vocab,
+              classes);
+    }
+    return LastError();
+  });
+}
+
+int LaunchCrossEntropySliceBackward(const void* logits, const float* logsumexp,
+                                    const int32_t* targets, float scale,
+                                    void* grad, int64_t rows, int64_t width,
+                                    int64_t offset, int64_t classes, int dtype,
+                                    void* stream) {
+  if (rows == 0 || width == 0) return 0;
+  return DispatchFloat(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int kVec = 16 / sizeof(T);
+    auto s = static_cast<cudaStream_t>(stream);
+    if (width % kVec == 0 && Aligned(logits, 16) && Aligned(grad, 16)) {
+      CrossEntropySliceBackwardKernel<T, kVec>
+          <<<static_cast<unsigned>(rows), 256, 0, s>>>(
+              static_cast<const T*>(logits), logsumexp, targets, scale,
+              static_cast<T*>(grad), width, offset, classes);
+    } else {
+      CrossEntropySliceBackwardKernel<T, 1>
+          <<<static_cast<unsigned>(rows), 256, 0, s>>>(
+              static_cast<const T*>(logits), logsumexp, targets, scale,
+              static_cast<T*>(grad), width, offset, classes);
     }
     return LastError();
   });

@@ -1193,7 +1193,8 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
 
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
                                  const Tensor& losses, int64_t classes,
-                                 const Stream& stream) {
+                                 const Stream& stream,
+                                 const Tensor& logsumexp) {
   ZE_RETURN_IF_ERROR(Enter(stream));
   ZE_RETURN_IF_ERROR(RequireFloatDType("CrossEntropyForward", logits));
   const int64_t vocab = logits.size(logits.dim() - 1);
@@ -1201,8 +1202,26 @@ absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
   return LaunchStatus(
       kernels::LaunchCrossEntropyForward(
           logits.data(), targets.data_as<int32_t>(), losses.data_as<float>(),
-          rows, vocab, classes, DTypeCode(logits.dtype()), stream.native()),
+          logsumexp.defined() ? logsumexp.data_as<float>() : nullptr, rows,
+          vocab, classes, DTypeCode(logits.dtype()), stream.native()),
       "CrossEntropyForward kernel");
+}
+
+absl::Status CrossEntropySliceBackward(const Tensor& logits,
+                                       const Tensor& logsumexp,
+                                       const Tensor& targets, float grad_scale,
+                                       const Tensor& grad_logits,
+                                       int64_t offset, int64_t classes,
+                                       const Stream& stream) {
+  ZE_RETURN_IF_ERROR(Enter(stream));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDType("CrossEntropySliceBackward", logits, {&grad_logits}));
+  return LaunchStatus(
+      kernels::LaunchCrossEntropySliceBackward(
+          logits.data(), logsumexp.data_as<float>(), targets.data_as<int32_t>(),
+          grad_scale, grad_logits.data(), logits.size(0), logits.size(1),
+          offset, classes, DTypeCode(logits.dtype()), stream.native()),
+      "CrossEntropySliceBackward kernel");
 }
 
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,

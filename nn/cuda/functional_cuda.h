@@ -115,7 +115,14 @@ absl::Status EmbeddingBackward(const Tensor& grad_output, const Tensor& tokens,
 // The softmax over the first `classes` (1..V) columns of each row.
 absl::Status CrossEntropyForward(const Tensor& logits, const Tensor& targets,
                                  const Tensor& losses, int64_t classes,
-                                 const Stream& stream);
+                                 const Stream& stream,
+                                 const Tensor& logsumexp = Tensor());
+absl::Status CrossEntropySliceBackward(const Tensor& logits,
+                                       const Tensor& logsumexp,
+                                       const Tensor& targets, float grad_scale,
+                                       const Tensor& grad_logits,
+                                       int64_t offset, int64_t classes,
+                                       const Stream& stream);
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   float grad_scale, const Tensor& grad_logits,
                                   int64_t classes, const Stream& stream);

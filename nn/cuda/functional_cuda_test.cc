@@ -1139,6 +1139,34 @@ TEST_F(FunctionalCudaTest, CrossEntropy) {
                                            classes, stream_)
                       .ok());
       Check(tag + " grad in place", dtype, Host(tlogits), grad);
+      // A slice of the columns from the forward's logsumexp (in place).
+      Tensor tlogits2 = Random({M, V}, dtype, 51, &logits, 4.0f);
+      Tensor tlse = *Tensor::Empty({M}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(cb::CrossEntropyForward(tlogits2, ttargets, tlosses, classes,
+                                          stream_, tlse)
+                      .ok());
+      Check(tag + " losses with logsumexp", DType::kF32, Host(tlosses), losses,
+            dtype == DType::kF32 ? 1 : 5);
+      const int64_t offset = 496, width = V - offset;
+      Vec slice_values(M * width);
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t c = 0; c < width; ++c) {
+          slice_values[r * width + c] = logits[r * V + offset + c];
+        }
+      }
+      Tensor tslice = *FromHostFloats(slice_values, {M, width}, dtype,
+                                      Device::Cuda(0), stream_);
+      ASSERT_TRUE(cb::CrossEntropySliceBackward(tslice, tlse, ttargets, 0.5f,
+                                                tslice, offset, classes,
+                                                stream_)
+                      .ok());
+      DVec slice_grad(M * width);
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t c = 0; c < width; ++c) {
+          slice_grad[r * width + c] = grad[r * V + offset + c];
+        }
+      }
+      Check(tag + " slice grad", dtype, Host(tslice), slice_grad);
     }
   }
 }

@@ -131,10 +131,21 @@ int LaunchCachedAttentionForward(const void* qkv, const int32_t* rows,
 
 // Rows of `vocab` logits, of which the first `classes` (1..vocab) take
 // part in the softmax. losses (M) f32 = logsumexp(row[0, classes)) -
-// row[target]; 0 where target < 0.
+// row[target]; 0 where target < 0. logsumexp (M) f32, when not null,
+// receives each row's logsumexp (0 where target < 0).
 int LaunchCrossEntropyForward(const void* logits, const int32_t* targets,
-                              float* losses, int64_t rows, int64_t vocab,
-                              int64_t classes, int dtype, void* stream);
+                              float* losses, float* logsumexp, int64_t rows,
+                              int64_t vocab, int64_t classes, int dtype,
+                              void* stream);
+// A (M, width) slice of logits, its column c the vocabulary's column
+// offset + c: grad = scale * (exp(logit - logsumexp[row]) - onehot(target))
+// where target >= 0 and offset + c < classes, else 0. grad may alias
+// logits.
+int LaunchCrossEntropySliceBackward(const void* logits, const float* logsumexp,
+                                    const int32_t* targets, float scale,
+                                    void* grad, int64_t rows, int64_t width,
+                                    int64_t offset, int64_t classes, int dtype,
+                                    void* stream);
 // grad (M, V) = scale * (softmax(row[0, classes)) - onehot(target)) in the
 // first `classes` columns, 0 in the rest and for target < 0. grad may alias
 // logits.
