@@ -11,8 +11,9 @@
 # at once on the one GPU, as runs 68 and 69 ran theirs. One change from run
 # 69: validation every 500 steps instead of 250 (the same final
 # evaluation, half the evaluation time). With EXTRA_SEED=3, f32, bf16_sr
-# and int8 get a third seed (11 runs: only where the GPU has the time;
-# run 69's five runs took 180 s each on the H200).
+# and int8 get a third seed (11 runs: only on an H200, where memory and
+# time allow; run 69's five runs took 180 s each there; the 8 runs need
+# about 70 GiB of an H100's 80 by estimate: the +90 s line measures it).
 #   LIMIT=560 bash bench/device/convergence_seeds.sh
 # Prints each format's mean and spread of final validation loss against
 # f32's (bench/convergence/plot.py; paired by seed) and writes
@@ -40,6 +41,10 @@ if [[ -n ${EXTRA_SEED:-} ]]; then
   for format in f32 bf16_sr int8; do run_conv $format $EXTRA_SEED; done
 fi
 el "${#pids[@]} runs started"
+# GPU memory once every run is training (about 9 GiB a run estimated: the
+# 5.3 GiB of f32 state or 4.0 / 3.3 compressed, activations, context).
+(sleep 90; nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu \
+   --format=csv,noheader | sed 's/^/gpu at +90 s: /') &
 for k in "${!pids[@]}"; do
   wait ${pids[$k]}
   el "${tags[$k]} rc=$?"
