@@ -318,10 +318,11 @@ struct Avx2Ops {
   }
   // Lanes < 2^31, exact below 2^24.
   static Vec IntToFloat(Int a) { return _mm256_cvtepi32_ps(a); }
-  // k + 1 where u < up, else k.
-  static Vec AddOneWhereLess(Vec k, Vec u, Vec up) {
-    return _mm256_add_ps(k, _mm256_and_ps(_mm256_cmp_ps(u, up, _CMP_LT_OQ),
-                                          _mm256_set1_ps(1.0f)));
+  // k + 1 where u < up or x >= sure, else k.
+  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
+    const Vec mask = _mm256_or_ps(_mm256_cmp_ps(u, up, _CMP_LT_OQ),
+                                  _mm256_cmp_ps(x, sure, _CMP_GE_OQ));
+    return _mm256_add_ps(k, _mm256_and_ps(mask, _mm256_set1_ps(1.0f)));
   }
 };
 
@@ -450,9 +451,10 @@ struct Avx512Ops {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   }
   static Vec IntToFloat(Int a) { return _mm512_cvtepi32_ps(a); }
-  static Vec AddOneWhereLess(Vec k, Vec u, Vec up) {
-    return _mm512_mask_add_ps(k, _mm512_cmp_ps_mask(u, up, _CMP_LT_OQ), k,
-                              _mm512_set1_ps(1.0f));
+  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
+    const __mmask16 mask = _mm512_cmp_ps_mask(u, up, _CMP_LT_OQ) |
+                           _mm512_cmp_ps_mask(x, sure, _CMP_GE_OQ);
+    return _mm512_mask_add_ps(k, mask, k, _mm512_set1_ps(1.0f));
   }
 };
 
@@ -643,7 +645,8 @@ inline float LargestLane(typename V::Vec lanes) {
 }
 
 // moment_codec.h's StochasticCode V::kWidth at a time, the same operations
-// (k * (k * -1) is -(k * k), exact; k * 2 + 1 is k + k + 1, exact).
+// (k * (k * -1) is -(k * k), exact; k * 2 + 1 is k + k + 1 and
+// k * 1 + kSureUp is k + kSureUp, exact).
 template <class V>
 inline typename V::Vec StochasticCodeAs(typename V::Vec x,
                                         typename V::Int noise) {
@@ -653,7 +656,8 @@ inline typename V::Vec StochasticCodeAs(typename V::Vec x,
   const Vec up = V::Div(above, V::Fmadd(k, V::Set1(2.0f), V::Set1(1.0f)));
   const Vec u = V::Mul(V::IntToFloat(V::template ShiftRight<8>(noise)),
                        V::Set1(0x1p-24f));
-  return V::AddOneWhereLess(k, u, up);
+  const Vec one = V::Set1(1.0f);
+  return V::AddOneWhere(k, u, up, x, V::Fmadd(k, one, V::Set1(kSureUp)));
 }
 
 // EncodeBlock8Stochastic over n (a multiple of V::kWidth) elements,

@@ -212,9 +212,14 @@ ZE_MOMENT_HD float DecodeV(uint8_t c, float step) {
 
 // `x` (>= 0, at most the top code) rounded to k = floor(x) or k + 1, up
 // with probability (x^2 - k^2) / ((k + 1)^2 - k^2) from the top 24 bits of
-// `noise`: code^2 is unbiased. An explicit fma and exact integers (below
-// 2^24), the same operations on every path, so every path gives the same
-// code.
+// `noise`: code^2 is unbiased. An x within kSureUp of k + 1 always rounds
+// up: the block's largest element (x within 2^-16 of the top code, its
+// step being rounded up) keeps the top code, so a state decoded to f32 and
+// encoded again (a checkpoint, ReadState / WriteState) recomputes the same
+// step and codes; the bias this leaves is under 2^-7 of a code. An explicit
+// fma and exact arithmetic (integers below 2^24, k + kSureUp), the same
+// operations on every path, so every path gives the same code.
+constexpr float kSureUp = 1.0f - 0x1p-7f;
 ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise) {
 #if defined(__CUDA_ARCH__)
   const float k = floorf(x);
@@ -225,7 +230,7 @@ ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise) {
 #endif
   const float up = above / (k + k + 1.0f);
   const float u = static_cast<float>(noise >> 8) * 0x1p-24f;
-  return u < up ? k + 1.0f : k;
+  return u < up || x >= k + kSureUp ? k + 1.0f : k;
 }
 
 ZE_MOMENT_HD int8_t EncodeMStochastic(float m, float inverse_step,
