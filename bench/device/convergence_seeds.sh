@@ -5,19 +5,21 @@
 # steps of 4 x 512, AdamW lr 6e-4 with 100 warm-up steps and linear decay,
 # clipping 1.0, bf16, final validation loss over --eval_windows=512) for
 # f32, bf16 stochastic rounding, bf16 to nearest and 8-bit block-wise
-# moments, each at seeds $SEEDS (default "1 2"; train_gpt's --seed sets the
-# initialisation and the data order; the rounding noise is keyed by the
-# config's seed, the same in every run), all
-# at once on the one GPU, as runs 68 and 69 ran theirs. One change from run
-# 69: validation every 500 steps instead of 250 (the same final
-# evaluation, half the evaluation time). With EXTRA_SEED=3, f32, bf16_sr
-# and int8 get a third seed (11 runs: only on an H200, where memory and
-# time allow; run 69's five runs took 180 s each there; the 8 runs need
-# about 70 GiB of an H100's 80 by estimate: the +90 s line measures it).
-#   LIMIT=560 bash bench/device/convergence_seeds.sh
-# Prints each format's mean and spread of final validation loss against
-# f32's (bench/convergence/plot.py; paired by seed) and writes
-# $OUT/convergence.png; the logs go to $OUT/conv_FORMAT_seedN.log.
+# moments, each at seeds $SEEDS (default "1 2": 8 runs), all at once on
+# the one GPU, as runs 68 and 69 ran theirs. train_gpt's --seed sets the
+# initialisation and the data order; the moments' rounding noise is keyed
+# by the config's seed, the same in every run. One change from run 69:
+# validation every 500 steps instead of 250 (the same final evaluation,
+# half the evaluation time). With EXTRA_SEED=3, f32, bf16_sr and int8 get
+# a third seed (11 runs: only on an H200, where memory and time allow; run
+# 69's five runs took 180 s each there; the 8 runs need about 70 GiB of an
+# H100's 80 by estimate: the "+90 s" line measures it).
+#   LIMIT=540 bash bench/device/convergence_seeds.sh
+# Beside the runs, the gpu test optimizer_cuda_test (the CUDA 8-bit kernel
+# equals the CPU's, bit for bit). Prints each format's mean and spread of
+# final validation loss against f32's (bench/convergence/plot.py; paired
+# by seed) and writes $OUT/convergence.png; logs in
+# $OUT/conv_FORMAT_seedN.log.
 source bench/device/setup.sh
 xz -dc .corpus/linux_doc.txt.xz > /tmp/linux_doc.txt
 sha256sum /tmp/linux_doc.txt | cut -c1-16
@@ -41,6 +43,10 @@ if [[ -n ${EXTRA_SEED:-} ]]; then
   for format in f32 bf16_sr int8; do run_conv $format $EXTRA_SEED; done
 fi
 el "${#pids[@]} runs started"
+# The CUDA optimizer against the CPU's, bit for bit, with the 8-bit codes'
+# stochastic rounding (OptimizerCudaTest.CompressedMomentsMatchCpuBitForBit),
+# beside the runs (a few seconds).
+run_fixed_tests optimizer_cuda_test
 # GPU memory once every run is training (about 9 GiB a run estimated: the
 # 5.3 GiB of f32 state or 4.0 / 3.3 compressed, activations, context).
 (sleep 90; nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu \
