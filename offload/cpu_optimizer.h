@@ -81,7 +81,9 @@ struct OptimizerOptions {
   // is exact). bf16 rounds to nearest even, or stochastically with
   // stochastic_rounding, seeded by rounding_seed (moment_codec.h). 8-bit
   // block-wise moments apply to optimizers of at least kMin8BitElements
-  // elements (EffectiveMomentFormat). SGD keeps f32 (InvalidArgument
+  // elements (EffectiveMomentFormat); their update always rounds the codes
+  // stochastically, seeded by rounding_seed (stochastic_rounding is for
+  // bf16). SGD keeps f32 (InvalidArgument
   // otherwise).
   MomentFormat moments = MomentFormat::kF32;
   bool stochastic_rounding = false;

@@ -312,6 +312,18 @@ struct Avx2Ops {
     return _mm256_and_ps(m,
                          _mm256_cmp_ps(code, _mm256_setzero_ps(), _CMP_NEQ_OQ));
   }
+  // The update's stochastic codes (StochasticCodeAs).
+  static Vec Floor(Vec a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  }
+  // Lanes < 2^31, exact below 2^24.
+  static Vec IntToFloat(Int a) { return _mm256_cvtepi32_ps(a); }
+  // k + 1 where u < up or x >= sure, else k.
+  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
+    const Vec mask = _mm256_or_ps(_mm256_cmp_ps(u, up, _CMP_LT_OQ),
+                                  _mm256_cmp_ps(x, sure, _CMP_GE_OQ));
+    return _mm256_add_ps(k, _mm256_and_ps(mask, _mm256_set1_ps(1.0f)));
+  }
 };
 
 // AVX-512: 16 elements. Everything from here to the matching pop carries
@@ -434,6 +446,15 @@ struct Avx512Ops {
   static Vec ZeroWhereZero(Vec m, Vec code) {
     return _mm512_maskz_mov_ps(
         _mm512_cmp_ps_mask(code, _mm512_setzero_ps(), _CMP_NEQ_OQ), m);
+  }
+  static Vec Floor(Vec a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  }
+  static Vec IntToFloat(Int a) { return _mm512_cvtepi32_ps(a); }
+  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
+    const __mmask16 mask = _mm512_cmp_ps_mask(u, up, _CMP_LT_OQ) |
+                           _mm512_cmp_ps_mask(x, sure, _CMP_GE_OQ);
+    return _mm512_mask_add_ps(k, mask, k, _mm512_set1_ps(1.0f));
   }
 };
 
@@ -623,15 +644,32 @@ inline float LargestLane(typename V::Vec lanes) {
   return largest;
 }
 
-// EncodeBlock8 over n (a multiple of V::kWidth) elements, V::kWidth at a
-// time: the same operations in the same order per element, from
+// moment_codec.h's StochasticCode V::kWidth at a time, the same operations
+// (k * (k * -1) is -(k * k), exact; k * 2 + 1 is k + k + 1 and
+// k * 1 + kSureUp is k + kSureUp, exact).
+template <class V>
+inline typename V::Vec StochasticCodeAs(typename V::Vec x,
+                                        typename V::Int noise) {
+  using Vec = typename V::Vec;
+  const Vec k = V::Floor(x);
+  const Vec above = V::Fmadd(x, x, V::Mul(k, V::Mul(k, V::Set1(-1.0f))));
+  const Vec up = V::Div(above, V::Fmadd(k, V::Set1(2.0f), V::Set1(1.0f)));
+  const Vec u = V::Mul(V::IntToFloat(V::template ShiftRight<8>(noise)),
+                       V::Set1(0x1p-24f));
+  const Vec one = V::Set1(1.0f);
+  return V::AddOneWhere(k, u, up, x, V::Fmadd(k, one, V::Set1(kSureUp)));
+}
+
+// EncodeBlock8Stochastic over n (a multiple of V::kWidth) elements,
+// V::kWidth at a time: the same operations per element, from
 // root_v = sqrt(v) (the update's own square root, so the fourth root
 // costs one more instead of two; the same values, sqrt being correctly
 // rounded).
 template <class V>
 inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
                            int8_t* m_codes, uint8_t* v_codes, float* m_step,
-                           float* v_step) {
+                           float* v_step, uint32_t key_m, uint32_t key_v,
+                           int64_t first) {
   using Vec = typename V::Vec;
   const Vec zero = V::Set1(0.0f);
   Vec max_root = zero;
@@ -644,8 +682,10 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
   const typename V::Int sign_off = V::Splat(0x7fffffff);
   Vec absmax = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
-    const Vec code = V::Rint(V::Min(
-        V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero), v_top));
+    const Vec code = StochasticCodeAs<V>(
+        V::Min(V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero),
+               v_top),
+        RoundingNoiseAs<V>(key_v, first + j));
     V::StoreCodes(v_codes + j, code);
     const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
     V::Store(m + j, kept);
@@ -657,11 +697,13 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
   const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
   for (int64_t j = 0; j < n; j += V::kWidth) {
     const Vec value = V::Load(m + j);
-    const Vec root = V::Rint(V::Min(
-        V::Max(V::Mul(V::Sqrt(V::AsFloat(V::And(V::AsInt(value), sign_off))),
-                      inverse_m),
-               zero),
-        m_top));
+    const Vec root = StochasticCodeAs<V>(
+        V::Min(V::Max(V::Mul(V::Sqrt(
+                                 V::AsFloat(V::And(V::AsInt(value), sign_off))),
+                             inverse_m),
+                      zero),
+               m_top),
+        RoundingNoiseAs<V>(key_m, first + j));
     // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
     V::StoreCodes(
         m_codes + j,
@@ -717,7 +759,7 @@ inline void VectorStep(const StepCoefficients& c, const StepBuffers& b,
 // Adam over 8-bit moments (b.first_index a multiple of kMomentBlock), block
 // by block: decode, update and keep the new f32 moments of the block
 // (V::kWidth at a time, the rest element by element), then encode them
-// (EncodeBlock8; its vector form for whole vectors). V is Scalar (no
+// (EncodeBlock8Stochastic; its vector form for whole vectors). V is Scalar (no
 // vectors) or an Ops table.
 template <class V, int kGrad, int kOut>
 inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
@@ -761,12 +803,14 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
     if constexpr (V::kWidth > 1) {
       if (roots) {
         EncodeBlock8As<V>(m_new, v_new, n, m_codes + start, v_codes + start,
-                          b.step0 + block, b.step1 + block);
+                          b.step0 + block, b.step1 + block, c.round_key_m,
+                          c.round_key_v, b.first_index + start);
         continue;
       }
     }
-    EncodeBlock8(m_new, v_new, n, m_codes + start, v_codes + start,
-                 b.step0 + block, b.step1 + block);
+    EncodeBlock8Stochastic(m_new, v_new, n, m_codes + start, v_codes + start,
+                           b.step0 + block, b.step1 + block, c.round_key_m,
+                           c.round_key_v, b.first_index + start);
   }
 }
 

@@ -192,6 +192,61 @@ ZE_MOMENT_HD float DecodeV(uint8_t c, float step) {
   const float square = root * root;
   return square * square;
 }
+// The update's codes round stochastically (issue 28, bench/moment_bias):
+// a code rounded to nearest cannot follow a moment that changes by less
+// than half a code a step. Adam's decay is such a change for every
+// element low in its block (m shrinks by 1 - sqrt(beta1) of its code a
+// step, 5% at beta1 0.9, so below code 10 an m whose gradients average
+// out stays where it is; v by 1 - beta2^(1/4), below code 39 at beta2
+// 0.95): quiet elements kept |m| and v of their loudest recent steps, and
+// took steps up to 1.9x f32's. Rounded up with probability
+//   (x^2 - floor(x)^2) / (2 floor(x) + 1)
+// (x the exact code), the decoded value is unbiased in code^2, i.e. in m
+// for m and in sqrt(v), the update's denominator, for v: E[decoded] is the
+// f32 value, and the decay happens on average. (Unbiased in v instead,
+// code^4, sqrt(v) of the quietest elements came out 12% low and their
+// steps larger; in the code itself, 26% high: bench/convergence/README.md.)
+// Noise as bf16's (RoundingNoise of the step's key and the element's
+// index: reproducible, no state). Conversions (checkpoints, ReadState /
+// WriteState) still round to nearest: an exact code stays itself either way.
+
+// `x` (>= 0, at most the top code) rounded to k = floor(x) or k + 1, up
+// with probability (x^2 - k^2) / ((k + 1)^2 - k^2) from the top 24 bits of
+// `noise`: code^2 is unbiased. An x within kSureUp of k + 1 always rounds
+// up: the block's largest element (x within 2^-16 of the top code, its
+// step being rounded up) keeps the top code, so a state decoded to f32 and
+// encoded again (a checkpoint, ReadState / WriteState) recomputes the same
+// step and codes; the bias this leaves is under 2^-7 of a code. An explicit
+// fma and exact arithmetic (integers below 2^24, k + kSureUp), the same
+// operations on every path, so every path gives the same code.
+constexpr float kSureUp = 1.0f - 0x1p-7f;
+ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise) {
+#if defined(__CUDA_ARCH__)
+  const float k = floorf(x);
+  const float above = fmaf(x, x, -(k * k));  // x^2 - k^2
+#else
+  const float k = std::floor(x);
+  const float above = std::fma(x, x, -(k * k));
+#endif
+  const float up = above / (k + k + 1.0f);
+  const float u = static_cast<float>(noise >> 8) * 0x1p-24f;
+  return u < up || x >= k + kSureUp ? k + 1.0f : k;
+}
+
+ZE_MOMENT_HD int8_t EncodeMStochastic(float m, float inverse_step,
+                                      uint32_t noise) {
+  const float root = StochasticCode(
+      MomentMin(MomentMax(sqrtf(AbsMoment(m)) * inverse_step, 0.0f), kMCodeMax),
+      noise);
+  return static_cast<int8_t>(m < 0.0f ? -root : root);
+}
+ZE_MOMENT_HD uint8_t EncodeVStochastic(float v, float inverse_step,
+                                       uint32_t noise) {
+  return static_cast<uint8_t>(StochasticCode(
+      MomentMin(MomentMax(sqrtf(sqrtf(v)) * inverse_step, 0.0f), kVCodeMax),
+      noise));
+}
+
 // Encodes `n` (<= kMomentBlock) f32 values of one block of v, or of m.
 ZE_MOMENT_HD void EncodeVBlock(const float* v, int64_t n, uint8_t* codes,
                                float* step) {
@@ -220,6 +275,35 @@ ZE_MOMENT_HD void EncodeBlock8(float* m, const float* v, int64_t n,
     if (v_codes[i] == 0) m[i] = 0.0f;
   }
   EncodeMBlock(m, n, m_codes, m_step);
+}
+
+// EncodeBlock8 with the update's stochastic codes: element i's noise is
+// RoundingNoise(key_m or key_v, first + i), `first` the block's first
+// element in the optimizer's state.
+ZE_MOMENT_HD void EncodeBlock8Stochastic(float* m, const float* v, int64_t n,
+                                         int8_t* m_codes, uint8_t* v_codes,
+                                         float* m_step, float* v_step,
+                                         uint32_t key_m, uint32_t key_v,
+                                         int64_t first) {
+  float max_v = 0.0f;
+  for (int64_t i = 0; i < n; ++i) max_v = MomentMax(v[i], max_v);
+  *v_step = VStep(max_v);
+  const float inverse_v = InverseStep(*v_step);
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    v_codes[i] = EncodeVStochastic(
+        v[i], inverse_v,
+        RoundingNoise(key_v, static_cast<uint32_t>(first + i)));
+    if (v_codes[i] == 0) m[i] = 0.0f;
+    absmax = MomentMax(AbsMoment(m[i]), absmax);
+  }
+  *m_step = MStep(absmax);
+  const float inverse_m = InverseStep(*m_step);
+  for (int64_t i = 0; i < n; ++i) {
+    m_codes[i] = EncodeMStochastic(
+        m[i], inverse_m,
+        RoundingNoise(key_m, static_cast<uint32_t>(first + i)));
+  }
 }
 
 }  // namespace offload

@@ -70,6 +70,70 @@ TEST(MomentCodecTest, StochasticBf16IsUnbiasedAndReproducible) {
   EXPECT_EQ(differ, 2000);
 }
 
+// The update's 8-bit codes: x rounds to floor(x) or floor(x) + 1 with
+// code^2 unbiased (m, and sqrt(v), are code^2 times the step's), exact
+// codes never move, and the same noise gives the same code.
+TEST(MomentCodecTest, StochasticCodeIsUnbiasedInItsSquare) {
+  const uint32_t key = RoundingKey(3, 11, 1);
+  for (const float x : {0.3f, 1.0f, 1.25f, 4.9f, 38.6f, 126.5f, 254.2f}) {
+    const float k = std::floor(x);
+    double sum = 0.0;
+    constexpr int kSamples = 200000;
+    for (int i = 0; i < kSamples; ++i) {
+      const float code = StochasticCode(x, RoundingNoise(key, i));
+      ASSERT_TRUE(code == k || code == k + 1.0f) << x << " " << code;
+      ASSERT_EQ(code, StochasticCode(x, RoundingNoise(key, i)));
+      sum += static_cast<double>(code) * code;
+    }
+    // Each sample's code^2 is k^2 or (k + 1)^2: sigma of the mean is at
+    // most (2k + 1) / 2 / sqrt(kSamples); 5 sigma.
+    EXPECT_NEAR(sum / kSamples, static_cast<double>(x) * x,
+                5.0 * (2.0 * k + 1.0) / 2.0 / std::sqrt(kSamples))
+        << x;
+  }
+  EXPECT_EQ(StochasticCode(7.0f, 0xffffffffu), 7.0f);
+  EXPECT_EQ(StochasticCode(0.0f, 0xffffffffu), 0.0f);
+  EXPECT_EQ(StochasticCode(255.0f, 0xffffffffu), 255.0f);
+}
+
+// The update's stochastic encoding keeps the largest element of a block at
+// the top code, so decoding to f32 and encoding again (to nearest: a
+// checkpoint loaded, ReadState / WriteState) gives back the same steps and
+// codes. (Rounded up with its probability alone, the largest v lands on
+// code 254 about once in 250 blocks and the reload changes the block.)
+TEST(MomentCodecTest, StochasticBlockReencodesExactly) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<float> m(kMomentBlock), v(kMomentBlock), m_in(kMomentBlock),
+      m_back(kMomentBlock), v_back(kMomentBlock);
+  std::vector<int8_t> m_codes(kMomentBlock), m_again(kMomentBlock);
+  std::vector<uint8_t> v_codes(kMomentBlock), v_again(kMomentBlock);
+  for (int trial = 0; trial < 2000; ++trial) {
+    for (int64_t i = 0; i < kMomentBlock; ++i) {
+      const float scale = std::pow(10.0f, -3.0f * (rng() % 1000) / 1000.0f);
+      m_in[i] = scale * normal(rng);
+      v[i] = scale * scale * (1.0f + std::fabs(normal(rng)));
+    }
+    m = m_in;
+    float m_step, v_step;
+    EncodeBlock8Stochastic(m.data(), v.data(), kMomentBlock, m_codes.data(),
+                           v_codes.data(), &m_step, &v_step,
+                           RoundingKey(1, trial, 0), RoundingKey(1, trial, 1),
+                           trial * kMomentBlock);
+    for (int64_t i = 0; i < kMomentBlock; ++i) {
+      m_back[i] = DecodeM(m_codes[i], m_step);
+      v_back[i] = DecodeV(v_codes[i], v_step);
+    }
+    float m_step_again, v_step_again;
+    EncodeBlock8(m_back.data(), v_back.data(), kMomentBlock, m_again.data(),
+                 v_again.data(), &m_step_again, &v_step_again);
+    ASSERT_EQ(m_step_again, m_step) << trial;
+    ASSERT_EQ(v_step_again, v_step) << trial;
+    ASSERT_EQ(m_again, m_codes) << trial;
+    ASSERT_EQ(v_again, v_codes) << trial;
+  }
+}
+
 // A block of moments like Adam's: m of both signs over several decades,
 // v = m^2-like and larger, some exact zeros.
 void MakeBlock(std::mt19937& rng, int64_t n, std::vector<float>* m,
@@ -286,6 +350,66 @@ TEST(CompressedMomentsKernelTest, CompressedMomentsTrackTheF32Update) {
     }
     EXPECT_LT(error, c.tolerance * moved)
         << MomentFormatName(c.format) << (c.stochastic ? " stochastic" : "");
+  }
+}
+
+// Adam's decay reaches elements low in their 8-bit block. Each block has
+// one loud element (gradient 1 every step, so the block's steps stay put)
+// and 255 quiet ones (gradient 0.004 for 20 steps, then 0 for 40): f32's
+// quiet m falls to 0.9^40 (1.5%) and sqrt(v) to 0.95^20 (36%) of their
+// step-20 values. Rounded to nearest, a quiet element's codes (about 8 for
+// m, 16 for v) never moved down (a step's decay is under half a code):
+// m ended 76x and sqrt(v) 3.3x f32's. Rounded stochastically, the mean
+// over 64 blocks' quiet elements follows f32's (1.01 and 1.00), on every
+// path.
+TEST(CompressedMomentsKernelTest, EightBitMomentsFollowAdamsDecay) {
+  constexpr int64_t kBlocks = 64;
+  constexpr int64_t kCount = kBlocks * kMomentBlock;
+  for (const SimdPath path : kAllPaths) {
+    if (!SimdPathSupported(path)) continue;
+    OptimizerOptions options;
+    options.type = OptimizerType::kAdamW;
+    options.beta1 = 0.9;
+    options.beta2 = 0.95;
+    options.rounding_seed = 9;
+    CpuExecutionOptions one;
+    one.num_threads = 1;
+    one.pin_threads = false;
+    one.huge_pages = false;
+    one.simd_path = path;
+    auto exact = CpuOptimizer::Create(options, kCount, one);
+    options.moments = MomentFormat::kBlockwise8;
+    auto eight = CpuOptimizer::Create(options, kCount, one);
+    ASSERT_TRUE(exact.ok() && eight.ok());
+    std::vector<float> master(kCount), grads(kCount);
+    StepArgs args;
+    args.lr = 1e-3;
+    for (int step = 1; step <= 60; ++step) {
+      for (int64_t i = 0; i < kCount; ++i) {
+        grads[i] = i % kMomentBlock == 0 ? 1.0f : step <= 20 ? 0.004f : 0.0f;
+      }
+      for (CpuOptimizer* optimizer : {exact->get(), eight->get()}) {
+        ASSERT_TRUE(
+            optimizer->Step(master.data(), grads.data(), DType::kF32, args)
+                .ok());
+      }
+    }
+    std::vector<float> m_exact(kCount), v_exact(kCount), m_eight(kCount),
+        v_eight(kCount);
+    (*exact)->ReadState(0, 0, kCount, m_exact.data());
+    (*exact)->ReadState(1, 0, kCount, v_exact.data());
+    (*eight)->ReadState(0, 0, kCount, m_eight.data());
+    (*eight)->ReadState(1, 0, kCount, v_eight.data());
+    double m_sum[2] = {0, 0}, root_sum[2] = {0, 0};
+    for (int64_t i = 0; i < kCount; ++i) {
+      if (i % kMomentBlock == 0) continue;
+      m_sum[0] += m_exact[i];
+      m_sum[1] += m_eight[i];
+      root_sum[0] += std::sqrt(v_exact[i]);
+      root_sum[1] += std::sqrt(v_eight[i]);
+    }
+    EXPECT_NEAR(m_sum[1] / m_sum[0], 1.0, 0.25) << SimdPathName(path);
+    EXPECT_NEAR(root_sum[1] / root_sum[0], 1.0, 0.25) << SimdPathName(path);
   }
 }
 

@@ -47,6 +47,8 @@ absl::StatusOr<std::unique_ptr<TrainingState>> TrainingState::Create(
       options.eps = optimizer.params.eps.value();
       if (optimizer.params.blockwise_8bit_moments) {
         options.moments = offload::MomentFormat::kBlockwise8;
+        // The codes' stochastic rounding (offload/moment_codec.h).
+        options.rounding_seed = static_cast<uint64_t>(config.seed);
       } else if (config.bf16.bf16_optimizer_states) {
         options.moments = offload::MomentFormat::kBf16;
         options.stochastic_rounding =
