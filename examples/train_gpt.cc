@@ -51,6 +51,11 @@
 //                 Face model directory (--export_dtype=bf16|f16|f32).
 //   --save_dir/--save_every/--resume/--resume_if_present/--resume_tag
 //                 checkpoints (below).
+//   --head_weight_gradient=forward|backward  where the output head forms
+//                 its weight gradient (nn::OutputHead::WeightGradient):
+//                 forward keeps a (vocab, hidden) f32 sum from the loss
+//                 forward to its backward; backward forms it a vocabulary
+//                 slice at a time (less memory, one more logits product).
 //   --dry_run     prints the per-rank memory plan and exits (below).
 //   --progress    auto|line|log (below).
 //   --prompt      text to continue at each evaluation (and at the end), in
@@ -187,6 +192,11 @@ ABSL_FLAG(bool, recompute_activations, false,
           "each MLP recomputes its activation function (GELU, SiLU(gate) * "
           "up) in backward instead of keeping its output: less activation "
           "memory, the same losses");
+ABSL_FLAG(std::string, head_weight_gradient, "forward",
+          "where the output head forms its weight gradient: forward (a "
+          "(vocab, hidden) f32 sum held from the loss forward to its "
+          "backward) or backward (a vocabulary slice at a time: no such sum, "
+          "one more logits product)");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -256,6 +266,7 @@ struct Options {
   int64_t channels = 0;
   bool activation_checkpointing = false;
   bool recompute_activations = false;
+  bool head_weight_gradient_in_backward = false;  // --head_weight_gradient
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -299,6 +310,14 @@ absl::StatusOr<Options> ReadFlags() {
   o.channels = absl::GetFlag(FLAGS_channels);
   o.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
   o.recompute_activations = absl::GetFlag(FLAGS_recompute_activations);
+  const std::string head_weight_gradient =
+      absl::GetFlag(FLAGS_head_weight_gradient);
+  if (head_weight_gradient != "forward" && head_weight_gradient != "backward") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head_weight_gradient=", head_weight_gradient,
+                     ": use forward or backward"));
+  }
+  o.head_weight_gradient_in_backward = head_weight_gradient == "backward";
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -1314,6 +1333,8 @@ absl::Status Train(Options options, int* exit_code) {
                                                            &decoder_source));
     decoder_config->activation_checkpointing = options.activation_checkpointing;
     decoder_config->recompute_activations = options.recompute_activations;
+    decoder_config->head_weight_gradient_in_backward =
+        options.head_weight_gradient_in_backward;
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1336,6 +1357,8 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
     gpt_config->activation_checkpointing = options.activation_checkpointing;
     gpt_config->recompute_activations = options.recompute_activations;
+    gpt_config->head_weight_gradient_in_backward =
+        options.head_weight_gradient_in_backward;
     nn::GptOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
