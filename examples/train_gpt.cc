@@ -165,6 +165,7 @@
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "zero/activation_estimate.h"
 #include "zero/memory_estimate.h"
 #include "zero/plan.h"
 
@@ -1414,35 +1415,42 @@ absl::Status Train(Options options, int* exit_code) {
         "docs/pipeline.md); --dry_run shows the plan per stage"));
   }
   if (options.dry_run) {
-    // Activations of one micro-batch (zero/memory_estimate.h): an estimate,
-    // not the engine's allocator. With cpu_checkpointing the saved inputs
-    // move to pinned host memory and the plan's ring stays on the GPU.
+    // Activations of one micro-batch (zero/activation_estimate.h): the
+    // step's allocations walked in the modules' order, loss head and
+    // checkpointing included. With cpu_checkpointing the checkpointed
+    // inputs move to pinned host memory and the plan's ring stays on the
+    // device.
     ZE_ASSIGN_OR_RETURN(zero::Plan plan,
                         zero::BuildPlan(*model, config, world));
-    zero::ActivationShape shape;
-    shape.layers = facts.num_layers;
-    shape.hidden = facts.hidden;
-    shape.heads = facts.num_heads;
-    shape.micro_batch = config.train_micro_batch_size_per_gpu.value();
-    shape.seq = seq;
-    if (options.recompute_activations) shape.recomputed_width = facts.mlp_width;
-    const zero::ActivationBytes activations = zero::EstimateActivationBytes(
-        shape, options.activation_checkpointing, plan.activation_ring_slots);
+    const int64_t micro_batch = config.train_micro_batch_size_per_gpu.value();
+    zero::ActivationModel shape =
+        decoder_config.has_value()
+            ? zero::ActivationModel::Of(*decoder_config, model_dtype,
+                                        micro_batch, seq)
+            : zero::ActivationModel::Of(*gpt_config, model_dtype, micro_batch,
+                                        seq);
+    shape.ring_slots =
+        options.activation_checkpointing ? plan.activation_ring_slots : 0;
+    shape.cuda = communicator->device().is_cuda();
+    const zero::ActivationEstimate activations =
+        zero::EstimateActivations(shape);
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %lld x %lld%s%s): %.3f GiB\n",
+          "(estimate, micro-batch %lld x %lld%s%s%s): %s\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
-          plan.memory.ToString().c_str(),
-          static_cast<long long>(shape.micro_batch),
+          plan.memory.ToString().c_str(), static_cast<long long>(micro_batch),
           static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
           options.recompute_activations ? ", recomputed activations" : "",
-          activations.device / kGiB);
+          options.head_weight_gradient_in_backward
+              ? ", head weight gradient in backward"
+              : "",
+          activations.ToString().c_str());
       if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
         std::printf(
             "  cpu_checkpointing: saved inputs in pinned host memory %.3f "
