@@ -218,6 +218,16 @@ void BenchModelConfig::set_recompute_activations(bool on) {
   }
 }
 
+void BenchModelConfig::set_head_weight_gradient(
+    nn::OutputHead::WeightGradient where) {
+  const bool in_backward = where == nn::OutputHead::WeightGradient::kInBackward;
+  if (is_decoder()) {
+    decoder->head_weight_gradient_in_backward = in_backward;
+  } else {
+    gpt.head_weight_gradient_in_backward = in_backward;
+  }
+}
+
 absl::StatusOr<std::shared_ptr<nn::LossModel>> BuildModel(
     const BenchModelConfig& config, const Device& device, DType dtype,
     uint64_t seed, bool materialize, const Stream& stream) {
@@ -244,7 +254,6 @@ absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
     // A pipeline stage before the last has no head.
     if (model->lm_head() != nullptr) {
       model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
-      model->lm_head()->set_weight_gradient(config.head_weight_gradient);
     }
     return std::unique_ptr<nn::LossModel>(std::move(model));
   }
@@ -259,7 +268,6 @@ absl::StatusOr<std::unique_ptr<nn::LossModel>> BuildUniqueModel(
                       nn::GptModel::Create(config.gpt, options, stream));
   if (model->lm_head() != nullptr) {
     model->lm_head()->set_loss_chunk_rows(config.loss_chunk_rows);
-    model->lm_head()->set_weight_gradient(config.head_weight_gradient);
   }
   return std::unique_ptr<nn::LossModel>(std::move(model));
 }

@@ -106,6 +106,11 @@ struct BenchModelConfig {
   void set_activation_checkpointing(bool on);
   // The MLPs' selective recompute (GptConfig / DecoderConfig).
   void set_recompute_activations(bool on);
+  // Where the head forms its weight gradient (GptConfig / DecoderConfig
+  // head_weight_gradient_in_backward, nn::OutputHead::WeightGradient): in
+  // the loss forward (a (V, C) f32 sum held until the backward) or in the
+  // backward, a vocabulary slice at a time.
+  void set_head_weight_gradient(nn::OutputHead::WeightGradient where);
 
   std::string name;
   // A pipeline stage's layers [first_layer, last_layer) of the model's
@@ -117,11 +122,6 @@ struct BenchModelConfig {
   // default (a 256 MiB chunk). A benchmark knob: the rows that are not in
   // the last chunk pay one more head product in the backward.
   int64_t loss_chunk_rows = 0;
-  // Where the head forms its weight gradient (nn::OutputHead::
-  // WeightGradient): in the loss forward (a (V, C) f32 sum held until the
-  // backward) or in the backward, a vocabulary slice at a time.
-  nn::OutputHead::WeightGradient head_weight_gradient =
-      nn::OutputHead::WeightGradient::kInForward;
   nn::GptConfig gpt;                         // when !is_decoder()
   std::optional<nn::DecoderConfig> decoder;  // decoder presets
 };

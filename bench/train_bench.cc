@@ -783,7 +783,7 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
   config.set_activation_checkpointing(options.checkpointing);
   config.set_recompute_activations(options.recompute_activations);
   config.loss_chunk_rows = options.loss_chunk_rows;
-  config.head_weight_gradient = options.head_weight_gradient;
+  config.set_head_weight_gradient(options.head_weight_gradient);
   const int64_t num_parameters = config.NumParameters();
   // A pipeline: this rank builds only its stage's layers. Ranks of one
   // replica (the same data-parallel index) train on the same data.

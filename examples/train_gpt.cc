@@ -51,6 +51,11 @@
 //                 Face model directory (--export_dtype=bf16|f16|f32).
 //   --save_dir/--save_every/--resume/--resume_if_present/--resume_tag
 //                 checkpoints (below).
+//   --head_weight_gradient=forward|backward  where the output head forms
+//                 its weight gradient (nn::OutputHead::WeightGradient):
+//                 forward keeps a (vocab, hidden) f32 sum from the loss
+//                 forward to its backward; backward forms it a vocabulary
+//                 slice at a time (less memory, one more logits product).
 //   --dry_run     prints the per-rank memory plan and exits (below).
 //   --progress    auto|line|log (below).
 //   --prompt      text to continue at each evaluation (and at the end), in
@@ -160,6 +165,7 @@
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "zero/activation_estimate.h"
 #include "zero/memory_estimate.h"
 #include "zero/plan.h"
 
@@ -187,6 +193,11 @@ ABSL_FLAG(bool, recompute_activations, false,
           "each MLP recomputes its activation function (GELU, SiLU(gate) * "
           "up) in backward instead of keeping its output: less activation "
           "memory, the same losses");
+ABSL_FLAG(std::string, head_weight_gradient, "forward",
+          "where the output head forms its weight gradient: forward (a "
+          "(vocab, hidden) f32 sum held from the loss forward to its "
+          "backward) or backward (a vocabulary slice at a time: no such sum, "
+          "one more logits product)");
 ABSL_FLAG(std::string, data, "addition",
           "addition (built-in task), text:PATH or PATH.txt (bytes), "
           "tokens:PATH or PATH.bin (nanoGPT uint16 tokens), tokens32:PATH "
@@ -256,6 +267,7 @@ struct Options {
   int64_t channels = 0;
   bool activation_checkpointing = false;
   bool recompute_activations = false;
+  bool head_weight_gradient_in_backward = false;  // --head_weight_gradient
   std::string data;
   int digits = 3;
   int eval_problems = 128;
@@ -299,6 +311,14 @@ absl::StatusOr<Options> ReadFlags() {
   o.channels = absl::GetFlag(FLAGS_channels);
   o.activation_checkpointing = absl::GetFlag(FLAGS_activation_checkpointing);
   o.recompute_activations = absl::GetFlag(FLAGS_recompute_activations);
+  const std::string head_weight_gradient =
+      absl::GetFlag(FLAGS_head_weight_gradient);
+  if (head_weight_gradient != "forward" && head_weight_gradient != "backward") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head_weight_gradient=", head_weight_gradient,
+                     ": use forward or backward"));
+  }
+  o.head_weight_gradient_in_backward = head_weight_gradient == "backward";
   o.data = absl::GetFlag(FLAGS_data);
   o.digits = absl::GetFlag(FLAGS_digits);
   o.eval_problems = absl::GetFlag(FLAGS_eval_problems);
@@ -1314,6 +1334,8 @@ absl::Status Train(Options options, int* exit_code) {
                                                            &decoder_source));
     decoder_config->activation_checkpointing = options.activation_checkpointing;
     decoder_config->recompute_activations = options.recompute_activations;
+    decoder_config->head_weight_gradient_in_backward =
+        options.head_weight_gradient_in_backward;
     nn::DecoderOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1336,6 +1358,8 @@ absl::Status Train(Options options, int* exit_code) {
     ZE_ASSIGN_OR_RETURN(gpt_config, ModelConfig(options, data_vocab, init));
     gpt_config->activation_checkpointing = options.activation_checkpointing;
     gpt_config->recompute_activations = options.recompute_activations;
+    gpt_config->head_weight_gradient_in_backward =
+        options.head_weight_gradient_in_backward;
     nn::GptOptions model_options;
     model_options.device = communicator->device();
     model_options.dtype = model_dtype;
@@ -1391,35 +1415,42 @@ absl::Status Train(Options options, int* exit_code) {
         "docs/pipeline.md); --dry_run shows the plan per stage"));
   }
   if (options.dry_run) {
-    // Activations of one micro-batch (zero/memory_estimate.h): an estimate,
-    // not the engine's allocator. With cpu_checkpointing the saved inputs
-    // move to pinned host memory and the plan's ring stays on the GPU.
+    // Activations of one micro-batch (zero/activation_estimate.h): the
+    // step's allocations walked in the modules' order, loss head and
+    // checkpointing included. With cpu_checkpointing the checkpointed
+    // inputs move to pinned host memory and the plan's ring stays on the
+    // device.
     ZE_ASSIGN_OR_RETURN(zero::Plan plan,
                         zero::BuildPlan(*model, config, world));
-    zero::ActivationShape shape;
-    shape.layers = facts.num_layers;
-    shape.hidden = facts.hidden;
-    shape.heads = facts.num_heads;
-    shape.micro_batch = config.train_micro_batch_size_per_gpu.value();
-    shape.seq = seq;
-    if (options.recompute_activations) shape.recomputed_width = facts.mlp_width;
-    const zero::ActivationBytes activations = zero::EstimateActivationBytes(
-        shape, options.activation_checkpointing, plan.activation_ring_slots);
+    const int64_t micro_batch = config.train_micro_batch_size_per_gpu.value();
+    zero::ActivationModel shape =
+        decoder_config.has_value()
+            ? zero::ActivationModel::Of(*decoder_config, model_dtype,
+                                        micro_batch, seq)
+            : zero::ActivationModel::Of(*gpt_config, model_dtype, micro_batch,
+                                        seq);
+    shape.ring_slots =
+        options.activation_checkpointing ? plan.activation_ring_slots : 0;
+    shape.cuda = communicator->device().is_cuda();
+    const zero::ActivationEstimate activations =
+        zero::EstimateActivations(shape);
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     if (rank == 0) {
       std::printf(
           "train_gpt --dry_run: %s (%lld parameters), %s, ZeRO stage "
           "%d\n  model state per rank: %s\n  activations per rank "
-          "(estimate, micro-batch %lld x %lld%s%s): %.3f GiB\n",
+          "(estimate, micro-batch %lld x %lld%s%s%s): %s\n",
           options.config.c_str(), static_cast<long long>(facts.num_parameters),
           Ranks(world).c_str(),
           static_cast<int>(config.zero_optimization.stage),
-          plan.memory.ToString().c_str(),
-          static_cast<long long>(shape.micro_batch),
+          plan.memory.ToString().c_str(), static_cast<long long>(micro_batch),
           static_cast<long long>(seq),
           options.activation_checkpointing ? ", activation checkpointing" : "",
           options.recompute_activations ? ", recomputed activations" : "",
-          activations.device / kGiB);
+          options.head_weight_gradient_in_backward
+              ? ", head weight gradient in backward"
+              : "",
+          activations.ToString().c_str());
       if (plan.activation_ring_slots > 0 && options.activation_checkpointing) {
         std::printf(
             "  cpu_checkpointing: saved inputs in pinned host memory %.3f "

@@ -49,6 +49,8 @@ expect 2 bad_value "$train" "${quick[@]}" --steps=many
 has bad_value "--steps=many"
 expect 2 bad_bool "$train" "${quick[@]}" --resume=if_present --save_dir="$out/x"
 has bad_bool "--resume=if_present"
+expect 2 bad_head_mode "$train" "${quick[@]}" --head_weight_gradient=sideways
+has bad_head_mode "--head_weight_gradient=sideways: use forward or backward"
 expect 0 help "$train" --help
 has help "--resume_if_present"
 has help "--min_loss_drop"

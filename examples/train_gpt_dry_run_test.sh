@@ -8,7 +8,15 @@ output=$("$run_mpi" 2 "$train" --config="$config" --device=cpu --seq=64 --dry_ru
 echo "$output" | grep "train_gpt --dry_run\|model state\|activations"
 grep -q "2 ranks, ZeRO stage 2" <<<"$output"
 grep -q "model state per rank: Psi=834304 parameters" <<<"$output"
-if grep -q "loss" <<<"$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+# The activation estimate: the step's peak, where it falls (the estimate's
+# own "loss head" is no sign of training, so trained() leaves its line out).
+grep -q "activations per rank (estimate, micro-batch [0-9]* x 64): [0-9.]* GiB at " <<<"$output"
+trained() { grep -v "activations per rank" <<<"$1" | grep -q "loss"; }
+if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+# The head's weight gradient in the backward reaches the estimate (its
+# bytes: zero:activation_estimate_test).
+backward=$("$run_mpi" 2 "$train" --config="$config" --device=cpu --seq=64 --dry_run --head_weight_gradient=backward 2>&1)
+grep -q "head weight gradient in backward): [0-9.]* GiB at " <<<"$backward"
 # The parameter tier on NVMe (offload_param nvme, stage 3): the plan's NVMe
 # bytes include the 16-bit weights; nothing is allocated, so the directory
 # need not exist.
@@ -27,5 +35,5 @@ output=$("$run_mpi" 2 "$train" --config="$nvme_config" --device=cpu --seq=64 --d
 echo "$output" | grep "train_gpt --dry_run\|model state"
 grep -q "2 ranks, ZeRO stage 3" <<<"$output"
 grep -q ", NVMe [0-9.]* GiB" <<<"$output"
-if grep -q "loss" <<<"$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
 echo "train_gpt --dry_run: ok"

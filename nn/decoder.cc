@@ -64,6 +64,9 @@ DecoderModel::DecoderModel(const DecoderConfig &config,
         "lm_head", std::make_unique<OutputHead>(
                        config.hidden_size, config.vocab_size, layer_options));
   }
+  lm_head_->set_weight_gradient(config.head_weight_gradient_in_backward
+                                    ? OutputHead::WeightGradient::kInBackward
+                                    : OutputHead::WeightGradient::kInForward);
 }
 
 absl::StatusOr<std::unique_ptr<DecoderModel>> DecoderModel::Create(

@@ -734,7 +734,9 @@ bool DecoderConfig::operator==(const DecoderConfig &other) const {
          qkv_bias == other.qkv_bias && qk_norm == other.qk_norm &&
          sliding_window == other.sliding_window &&
          activation_checkpointing == other.activation_checkpointing &&
-         recompute_activations == other.recompute_activations;
+         recompute_activations == other.recompute_activations &&
+         head_weight_gradient_in_backward ==
+             other.head_weight_gradient_in_backward;
 }
 
 }  // namespace nn

@@ -102,6 +102,12 @@ struct DecoderConfig {
   // elements per token and layer, bit for bit the same training. Not a
   // Hugging Face key either.
   bool recompute_activations = false;
+  // Where the head forms its weight gradient in a loss-mode forward
+  // (OutputHead::WeightGradient, set on the head at construction): false,
+  // in the forward, a (vocab_size, hidden_size) f32 sum held until the
+  // backward; true, in the backward, a vocabulary slice at a time (no such
+  // sum, one more logits product). Not a Hugging Face key either.
+  bool head_weight_gradient_in_backward = false;
 
   // InvalidArgument naming the field when a value is out of range or
   // inconsistent with the family (qkv_bias iff Qwen2, qk_norm iff Qwen3,
@@ -146,7 +152,8 @@ struct DecoderConfig {
   // A config.json that transformers' AutoConfig / AutoModelForCausalLM load
   // into the same model (legacy rope spelling, which transformers 4 and 5
   // both read). FromHuggingFaceJson(ToHuggingFaceJson()) returns an equal
-  // config (activation_checkpointing and recompute_activations aside).
+  // config (activation_checkpointing, recompute_activations and
+  // head_weight_gradient_in_backward aside).
   std::string ToHuggingFaceJson() const;
 
   // Named shapes: "llama-tiny" (tests: 2 layers, 64 wide, 4/2 heads, tied),

@@ -241,6 +241,42 @@ TEST(DecoderTest, SgdStepsLowerTheLoss) {
   }
 }
 
+// DecoderConfig::head_weight_gradient_in_backward reaches the head (tied
+// and untied), and the model trains as with the default: the same losses
+// over SGD steps up to the order of the head's f32 weight-gradient sums.
+TEST(DecoderTest, HeadWeightGradientInBackwardTrainsAsInForward) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    std::vector<float> losses[2];
+    for (bool in_backward : {false, true}) {
+      DecoderConfig config = Tiny(DecoderFamily::kLlama, tied);
+      config.head_weight_gradient_in_backward = in_backward;
+      auto model = MakeModel(config);
+      EXPECT_EQ(model->lm_head()->weight_gradient(),
+                in_backward ? OutputHead::WeightGradient::kInBackward
+                            : OutputHead::WeightGradient::kInForward);
+      const Batch batch = MakeBatch(2, 8, 37, 3);
+      const Stream stream;
+      for (int step = 0; step < 8; ++step) {
+        ASSERT_TRUE(model->ZeroGrad(stream).ok());
+        losses[in_backward].push_back(
+            model->ForwardLoss(batch.tokens, batch.targets, stream).value());
+        ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
+        for (Parameter *parameter : model->Parameters()) {
+          ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.2f,
+                            parameter->grad(), parameter->data().value(),
+                            stream)
+                          .ok());
+        }
+      }
+    }
+    EXPECT_LT(losses[0].back(), losses[0].front() - 0.5f);
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5f * losses[0][i]) << i;
+    }
+  }
+}
+
 // The cached forward's logits equal the full forward's at every position:
 // two rows of different prompt lengths prefilled separately, then decoded
 // one token at a time together.

@@ -150,6 +150,9 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
         "lm_head", std::make_unique<OutputHead>(
                        embed_ != nullptr ? embed_->shared_token_table()
                                          : tied_table_->shared_table()));
+    lm_head_->set_weight_gradient(config.head_weight_gradient_in_backward
+                                      ? OutputHead::WeightGradient::kInBackward
+                                      : OutputHead::WeightGradient::kInForward);
   }
 }
 

@@ -51,6 +51,12 @@ struct GptConfig {
   // (Module::set_recompute_activation): 4 C fewer saved elements per token
   // and layer.
   bool recompute_activations = false;
+  // Where the tied head forms its weight gradient in a loss-mode forward
+  // (OutputHead::WeightGradient, set on the head at construction): false,
+  // in the forward, a (table_rows, C) f32 sum held until the backward;
+  // true, in the backward, a vocabulary slice at a time (no such sum, one
+  // more logits product). The same gradients up to the order of f32 sums.
+  bool head_weight_gradient_in_backward = false;
 
   int64_t table_rows() const {
     return padded_vocab_size > 0 ? padded_vocab_size : vocab_size;

@@ -260,6 +260,39 @@ TEST(GptTest, SgdOverfitsOneBatch) {
   EXPECT_LT(loss, 0.1f) << "after " << step << " steps";
 }
 
+// GptConfig::head_weight_gradient_in_backward reaches the head, and the
+// model trains as with the default: the same losses over SGD steps up to
+// the order of the f32 sums of the head's weight gradient.
+TEST(GptTest, HeadWeightGradientInBackwardTrainsAsInForward) {
+  std::vector<float> losses[2];
+  for (bool in_backward : {false, true}) {
+    GptConfig config = TinyConfig();
+    config.head_weight_gradient_in_backward = in_backward;
+    auto model = MakeModel(config, 7);
+    EXPECT_EQ(model->lm_head()->weight_gradient(),
+              in_backward ? OutputHead::WeightGradient::kInBackward
+                          : OutputHead::WeightGradient::kInForward);
+    const Batch batch = MakeBatch(2, 8, 37, 11);
+    const Stream stream;
+    for (int step = 0; step < 8; ++step) {
+      ASSERT_TRUE(model->ZeroGrad(stream).ok());
+      losses[in_backward].push_back(
+          model->ForwardLoss(batch.tokens, batch.targets, stream).value());
+      ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
+      for (Parameter *parameter : model->Parameters()) {
+        ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.3f,
+                          parameter->grad(), parameter->data().value(), stream)
+                        .ok());
+      }
+    }
+  }
+  // The loss falls (the steps do something), and each step's loss agrees.
+  EXPECT_LT(losses[0].back(), losses[0].front() - 0.5f);
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5f * losses[0][i]) << i;
+  }
+}
+
 TEST(GptTest, BackwardLossWithoutForwardLossIsFailedPrecondition) {
   auto model = MakeModel(TinyConfig());
   EXPECT_EQ(model->BackwardLoss(1.0f, Stream()).code(),

@@ -80,27 +80,5 @@ absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
                  optimizer_state_bytes_per_element);
 }
 
-ActivationBytes EstimateActivationBytes(const ActivationShape& shape,
-                                        bool checkpointing, int ring_slots) {
-  const double b = static_cast<double>(shape.micro_batch);
-  const double t = static_cast<double>(shape.seq);
-  const double c = static_cast<double>(shape.hidden);
-  const double per_layer =
-      34.0 * b * t * c + 5.0 * b * static_cast<double>(shape.heads) * t * t -
-      2.0 * b * t * static_cast<double>(shape.recomputed_width);
-  const double input = 2.0 * b * t * c;
-  const double layers = static_cast<double>(shape.layers);
-  ActivationBytes bytes;
-  if (!checkpointing) {
-    bytes.device = layers * per_layer;
-  } else if (ring_slots <= 0) {
-    bytes.device = layers * input + per_layer;
-  } else {
-    bytes.device = ring_slots * input + per_layer;
-    bytes.pinned_host = layers * input;
-  }
-  return bytes;
-}
-
 }  // namespace zero
 }  // namespace ze

@@ -19,11 +19,11 @@
 // SGD with momentum has state 4 (K = 8 mixed, 4 f32); plain SGD 0 (K = 4
 // mixed: the master weights; 0 in f32).
 //
-// Excluded, as in the paper: activations, communication buckets (stage 2's
-// in-flight reduce buckets, stage 3's gathered parameters) and allocator
-// rounding. EstimateModelStateBytes adds this project's layout padding:
-// replicated quantities use the padded total, partitioned ones the padded
-// partition (flat_layout.h).
+// Excluded, as in the paper: activations (zero/activation_estimate.h),
+// communication buckets (stage 2's in-flight reduce buckets, stage 3's
+// gathered parameters) and allocator rounding. EstimateModelStateBytes adds
+// this project's layout padding: replicated quantities use the padded total,
+// partitioned ones the padded partition (flat_layout.h).
 #ifndef ZE_ZERO_MEMORY_ESTIMATE_H_
 #define ZE_ZERO_MEMORY_ESTIMATE_H_
 
@@ -68,33 +68,6 @@ absl::StatusOr<ModelStateBytes> PaperModelStateBytes(
 absl::StatusOr<ModelStateBytes> EstimateModelStateBytes(
     const PartitionedLayout& layout, int stage, TrainingPrecision precision,
     int64_t optimizer_state_bytes_per_element);
-
-// Activations of one micro-batch of a transformer on one rank, 16-bit
-// (Korthikanti et al. 2022: 34 B T C + 5 B H T^2 bytes per layer without
-// recomputation). An estimate for --dry_run, not the engine's allocator.
-struct ActivationShape {
-  int64_t layers = 0;
-  int64_t hidden = 0;       // C
-  int64_t heads = 0;        // H
-  int64_t micro_batch = 0;  // B
-  int64_t seq = 0;          // T
-  // Elements per token a layer recomputes in backward instead of keeping
-  // (recompute_activations: the MLP's activation output, 4C for GPT, the
-  // FFN width for a decoder); 0 without it.
-  int64_t recomputed_width = 0;
-};
-struct ActivationBytes {
-  double device = 0;       // on the GPU at the peak
-  double pinned_host = 0;  // saved inputs in pinned host memory
-};
-// Without checkpointing every layer's activations are live at the peak.
-// With it, each layer keeps its 2 B T C input and one layer's full set is
-// live at a time; with `ring_slots` > 0 (cpu_checkpointing, Plan::
-// activation_ring_slots) the inputs sit in pinned host memory and the
-// device holds ring_slots of them plus the running layer's. A layer's set
-// is 2 B T recomputed_width bytes smaller with recompute_activations.
-ActivationBytes EstimateActivationBytes(const ActivationShape& shape,
-                                        bool checkpointing, int ring_slots);
 
 }  // namespace zero
 }  // namespace ze

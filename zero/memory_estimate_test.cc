@@ -102,28 +102,6 @@ TEST(MemoryEstimateTest, LayoutEstimateAddsOnlyPadding) {
   }
 }
 
-// 1.3B GPT shape, micro-batch 8 x 1024: checkpointing keeps 24 inputs of
-// 32 MiB on the GPU; cpu_checkpointing moves them to pinned host memory
-// and keeps two.
-TEST(ActivationEstimateTest, CheckpointingAndCpuCheckpointing) {
-  const ActivationShape shape{24, 2048, 16, 8, 1024};
-  const double input = 2.0 * 8 * 1024 * 2048;
-  const double layer = 34.0 * 8 * 1024 * 2048 + 5.0 * 8 * 16 * 1024 * 1024;
-  const ActivationBytes plain = EstimateActivationBytes(shape, false, 0);
-  EXPECT_DOUBLE_EQ(plain.device, 24 * layer);
-  EXPECT_DOUBLE_EQ(plain.pinned_host, 0);
-  const ActivationBytes checkpointed = EstimateActivationBytes(shape, true, 0);
-  EXPECT_DOUBLE_EQ(checkpointed.device, 24 * input + layer);
-  const ActivationBytes offloaded = EstimateActivationBytes(shape, true, 2);
-  EXPECT_DOUBLE_EQ(offloaded.device, 2 * input + layer);
-  EXPECT_DOUBLE_EQ(offloaded.pinned_host, 24 * input);
-  // recompute_activations: GPT's MLP keeps no (B, T, 4C) GELU output.
-  ActivationShape recomputed = shape;
-  recomputed.recomputed_width = 4 * 2048;
-  EXPECT_DOUBLE_EQ(EstimateActivationBytes(recomputed, false, 0).device,
-                   24 * (layer - 2.0 * 8 * 1024 * 4 * 2048));
-}
-
 }  // namespace
 }  // namespace zero
 }  // namespace ze

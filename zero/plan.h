@@ -101,8 +101,8 @@ struct Plan {
   // many device buffers, each one input (B, T, C) in size
   // (nn::ActivationOffloadOptions::ring_slots): the one the running layer
   // reads and the one the previous layer's input is prefetched into. 0 when
-  // off. EstimateActivationBytes (zero/memory_estimate.h) turns it into
-  // bytes for a micro-batch shape.
+  // off. EstimateActivations (zero/activation_estimate.h, ring_slots)
+  // turns it into bytes for a micro-batch shape.
   int activation_ring_slots = 0;
 };
 
