@@ -272,9 +272,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color,
     }
   }
   if (!negative.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Split on rank ", rank_, ": color must be >= 0 (",
-                     negative, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Split on rank ", rank_, ": color must be >= 0 (", negative, ")"));
   }
   // This rank's place: ranked by key, ties by rank here (MPI_Comm_split's
   // rule, which every backend's split must reproduce).
@@ -287,8 +286,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color,
   return SplitImpl(color, key, new_rank, new_size);
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitImpl(
-    int, int, int, int) {
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitImpl(int, int,
+                                                                      int,
+                                                                      int) {
   return absl::UnimplementedError(
       absl::StrCat("Split on rank ", rank_, ": the ", backend_name(),
                    " backend cannot make sub-communicators (use mpi or nccl)"));

@@ -297,8 +297,10 @@ class Communicator {
   // broken). `new_rank` and `new_size` are what the split must give this
   // rank (from the all-gathered colors and keys: ranked by key, ties by
   // this communicator's rank), for backends to pass on or check.
-  virtual absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(
-      int color, int key, int new_rank, int new_size);
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int color,
+                                                                  int key,
+                                                                  int new_rank,
+                                                                  int new_size);
 
   // The DeadlineExceeded status for the operations `first`..`last` after
   // `seconds`; logs the recent collectives at ERROR.

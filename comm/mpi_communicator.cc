@@ -635,10 +635,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::SplitImpl(
       std::lock_guard<std::mutex> lock(MpiMutex());
       MPI_Comm_free(&split);
     }
-    return absl::InternalError(absl::StrCat(
-        "MPI_Comm_split(color ", color, ", key ", key, ") on rank ",
-        this->rank(), " gave rank ", rank, " of ", size, ", expected ",
-        new_rank, " of ", new_size));
+    return absl::InternalError(
+        absl::StrCat("MPI_Comm_split(color ", color, ", key ", key,
+                     ") on rank ", this->rank(), " gave rank ", rank, " of ",
+                     size, ", expected ", new_rank, " of ", new_size));
   }
   LaunchInfo info;
   info.rank = rank;

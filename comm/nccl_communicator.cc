@@ -102,8 +102,8 @@ ncclRedOp_t ToNcclOp(ReduceOp op) {
 // The group's operations for messages: each collective's name, and each
 // send's and receive's peer, which is what a hung or failed exchange needs.
 std::string DescribeOps(const std::vector<CollectiveOp> &ops,
-                        const std::vector<uint64_t> &sequence_numbers,
-                        int rank, int world_size) {
+                        const std::vector<uint64_t> &sequence_numbers, int rank,
+                        int world_size) {
   std::string text = "NCCL ";
   for (size_t i = 0; i < ops.size(); ++i) {
     const CollectiveOp &op = ops[i];
@@ -330,8 +330,8 @@ class NcclCommunicator : public Communicator {
           result = ncclSend(op.input.data(), op.input.numel(), type, op.root,
                             comm_, cuda_stream);
           call = absl::StrCat(" (ncclSend of ", op.input.numel(), " ",
-                              DTypeName(op.input.dtype()), " to rank ",
-                              op.root, ")");
+                              DTypeName(op.input.dtype()), " to rank ", op.root,
+                              ")");
           break;
         case CollectiveKind::kRecv:
           result = ncclRecv(op.output.data(), op.output.numel(), type, op.root,
@@ -381,9 +381,9 @@ class NcclCommunicator : public Communicator {
       status = NcclStatus(ncclCommCount(child, &child_size), what, child);
     }
     if (status.ok() && (child_rank != new_rank || child_size != new_size)) {
-      status = absl::InternalError(absl::StrCat(
-          what, " gave rank ", child_rank, " of ", child_size, ", expected ",
-          new_rank, " of ", new_size));
+      status = absl::InternalError(
+          absl::StrCat(what, " gave rank ", child_rank, " of ", child_size,
+                       ", expected ", new_rank, " of ", new_size));
     }
     if (!status.ok()) {
       ncclCommDestroy(child);
@@ -398,9 +398,9 @@ class NcclCommunicator : public Communicator {
     return std::unique_ptr<Communicator>(
         new NcclCommunicator(info, device(), timeout_seconds(), child));
 #else
-    return absl::UnimplementedError(absl::StrCat(
-        what, ": this NCCL (", NCCL_MAJOR, ".", NCCL_MINOR,
-        ") has no ncclCommSplit; it needs 2.18 or later"));
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": this NCCL (", NCCL_MAJOR, ".", NCCL_MINOR,
+                     ") has no ncclCommSplit; it needs 2.18 or later"));
 #endif
   }
 

@@ -744,17 +744,17 @@ std::string DescribeSchedule(const Schedule &s) {
 absl::Status CheckBlockingMessages(const Schedule &s) {
   const int p = s.ranks;
   if (static_cast<int>(s.actions.size()) != p) {
-    return absl::InternalError(absl::StrCat("CheckBlockingMessages: ",
-                                            s.actions.size(), " lists for ", p,
-                                            " ranks"));
+    return absl::InternalError(
+        absl::StrCat("CheckBlockingMessages: ", s.actions.size(), " lists for ",
+                     p, " ranks"));
   }
   auto is_send = [](const Action &a) {
     return a.kind == ActionKind::kSendActivation ||
            a.kind == ActionKind::kSendGradient;
   };
   struct Message {
-    int action = 0;   // index in the rank's list
-    int group = -1;   // the issued group holding it (-1: not issued yet)
+    int action = 0;  // index in the rank's list
+    int group = -1;  // the issued group holding it (-1: not issued yet)
     bool done = false;
   };
   struct RankState {
@@ -874,10 +874,10 @@ absl::Status CheckBlockingMessages(const Schedule &s) {
         if (state.messages[k].done) continue;
         const auto found = counterpart.find({r, k});
         if (found == counterpart.end()) {
-          return absl::InternalError(absl::StrCat(
-              "rank ", r, "'s ",
-              s.actions[r][state.messages[k].action].ToString(),
-              " has no matching message on its peer"));
+          return absl::InternalError(
+              absl::StrCat("rank ", r, "'s ",
+                           s.actions[r][state.messages[k].action].ToString(),
+                           " has no matching message on its peer"));
         }
         const auto [q, j] = found->second;
         RankState &peer = ranks[q];

@@ -395,8 +395,7 @@ TEST(BlockingMessagesTest, EveryScheduleButInterleavedRunsOverAGrid) {
     ASSERT_TRUE(schedule.ok()) << schedule.status();
     const absl::Status status = CheckBlockingMessages(*schedule);
     if (c.kind != ScheduleKind::kInterleavedOneFOneB) {
-      EXPECT_TRUE(status.ok()) << status << "\n"
-                               << DescribeSchedule(*schedule);
+      EXPECT_TRUE(status.ok()) << status << "\n" << DescribeSchedule(*schedule);
     }
   }
   absl::StatusOr<Schedule> interleaved =
