@@ -146,8 +146,10 @@
 //                            (the optimizer step after it);
 //                            "measured_bubble" and "predicted_bubble" over
 //                            the ranks) and counts tokens per replica.
-//                            NCCL refuses point-to-point: use --backend=mpi
-//                            on GPUs
+//                            Over nccl (one GPU per rank) the messages
+//                            go device to device; interleaved_1f1b is
+//                            refused there (it relies on eager sends):
+//                            --backend=mpi for it
 //   --pipeline_schedule=1f1b (or gpipe, zb_h1, interleaved_1f1b)
 //   --pipeline_stages_per_rank=1  pipeline.stages_per_rank: 2 or more with
 //                            interleaved_1f1b (each rank builds its stages

@@ -2,10 +2,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/logging.h"
+#include "core/ops.h"
 #include "core/status.h"
 
 namespace ze {
@@ -172,7 +175,7 @@ absl::Status Communicator::Validate(const CollectiveOp &op) const {
       if (!supports_point_to_point()) {
         return absl::UnimplementedError(absl::StrCat(
             where, ": the ", backend_name(),
-            " backend has no point-to-point operations (use mpi)"));
+            " backend has no point-to-point operations (use mpi or nccl)"));
       }
       if (!same) {
         return absl::InvalidArgumentError(
@@ -231,18 +234,64 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color,
         "communicator on rank ", rank_,
         " is unusable after an earlier error: ", broken_.message()));
   }
-  if (color < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Split on rank ", rank_, ": color must be >= 0, got ", color));
+  // Every rank's (color, key), each int as two 16-bit halves of its bits
+  // (exact in f32: the communicator moves floating-point tensors). Agreed
+  // before the backend splits, so one rank's bad color fails every rank
+  // here, and a rank that never calls Split makes this all-gather time out
+  // rather than leave the others blocked in a backend split without one.
+  const int n = world_size_;
+  auto halves = [](int value, float *out) {
+    const uint32_t bits = static_cast<uint32_t>(value);
+    out[0] = static_cast<float>(bits >> 16);
+    out[1] = static_cast<float>(bits & 0xFFFF);
+  };
+  auto whole = [](const float *in) {
+    return static_cast<int>((static_cast<uint32_t>(in[0]) << 16) |
+                            static_cast<uint32_t>(in[1]));
+  };
+  std::vector<float> mine(4);
+  halves(color, &mine[0]);
+  halves(key, &mine[2]);
+  const Device on = accepts_host_tensors() ? Device::Cpu() : device_;
+  const Stream stream = on.is_cuda() ? Stream::Default(on) : Stream();
+  ZE_ASSIGN_OR_RETURN(const Tensor in,
+                      FromHostFloats(mine, {4}, DType::kF32, on, stream));
+  ZE_ASSIGN_OR_RETURN(const Tensor out,
+                      Tensor::Empty({4 * int64_t{n}}, DType::kF32, on));
+  ZE_ASSIGN_OR_RETURN(Work work, AllGather(in, out, stream));
+  ZE_RETURN_IF_ERROR(work.Wait());
+  ZE_ASSIGN_OR_RETURN(const std::vector<float> all, ToHostFloats(out, stream));
+  std::vector<int> colors(n), keys(n);
+  std::string negative;
+  for (int r = 0; r < n; ++r) {
+    colors[r] = whole(&all[4 * r]);
+    keys[r] = whole(&all[4 * r + 2]);
+    if (colors[r] < 0) {
+      absl::StrAppend(&negative, negative.empty() ? "" : ", ", "rank ", r,
+                      " passed ", colors[r]);
+    }
   }
-  return SplitImpl(color, key);
+  if (!negative.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Split on rank ", rank_, ": color must be >= 0 (", negative, ")"));
+  }
+  // This rank's place: ranked by key, ties by rank here (MPI_Comm_split's
+  // rule, which every backend's split must reproduce).
+  int new_rank = 0, new_size = 0;
+  for (int r = 0; r < n; ++r) {
+    if (colors[r] != color) continue;
+    ++new_size;
+    if (keys[r] < key || (keys[r] == key && r < rank_)) ++new_rank;
+  }
+  return SplitImpl(color, key, new_rank, new_size);
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitImpl(int,
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::SplitImpl(int, int,
+                                                                      int,
                                                                       int) {
   return absl::UnimplementedError(
       absl::StrCat("Split on rank ", rank_, ": the ", backend_name(),
-                   " backend cannot make sub-communicators yet (use mpi)"));
+                   " backend cannot make sub-communicators (use mpi or nccl)"));
 }
 
 absl::StatusOr<Work> Communicator::Coalesced(

@@ -186,14 +186,24 @@ class Communicator {
   // for it and it does not count among the collectives every rank must
   // issue alike. The sender must not write `tensor` until the Work
   // completes. Completion: the data has left `tensor` (MPI: the send
-  // request completed; the receiver may not have it yet). Work::Wait on a
-  // send or receive waits for that operation alone, not for earlier
-  // point-to-point operations (collectives still complete in issue order),
-  // so a rank may issue a send, then wait for a later receive: that is how
-  // a pipeline keeps a send in flight while it waits for its next input.
+  // request completed; the receiver may not have it yet; NCCL: the peer's
+  // receive has taken it). On mpi, Work::Wait on a send or receive waits
+  // for that operation alone, not for earlier point-to-point operations
+  // (collectives still complete in issue order), so a rank may issue a
+  // send, then wait for a later receive: that is how a pipeline keeps a
+  // send in flight while it waits for its next input. On nccl the
+  // point-to-point groups run in issue order on the communicator's own
+  // stream (which first waits for the work queued on `stream` before the
+  // call, so the input is read and the output written after it; `stream`
+  // itself waits only through Work::StreamWait or Wait): a later group
+  // completes after the earlier ones, and a send completes only when the
+  // peer receives it (sends_wait_for_receiver()). A point-to-point group
+  // and a collective of one nccl communicator are still ordered on the
+  // device in issue order, as collectives on different streams are.
   // Errors: InvalidArgument for a peer outside [0, world_size) or equal to
   // rank(); Unimplemented on backends without point-to-point
-  // (supports_point_to_point()).
+  // (supports_point_to_point()); nccl: a group mixing point-to-point
+  // operations with collectives is InvalidArgument.
   absl::StatusOr<Work> Send(const Tensor &tensor, int peer,
                             const Stream &stream);
   // Receives into `tensor` (written) what rank `peer` sends, as above. The
@@ -201,19 +211,38 @@ class Communicator {
   absl::StatusOr<Work> Recv(const Tensor &tensor, int peer,
                             const Stream &stream);
   // Whether Send, Recv and Send/Recv ops in Coalesced work here: the mpi
-  // backend (and the local one, whose world has no peer to name).
+  // and nccl backends (and the local one, whose world has no peer to name).
   virtual bool supports_point_to_point() const { return false; }
+  // Whether a send can complete only once its peer has posted the matching
+  // receive, and holds up what this communicator issued after it until then
+  // (nccl: ncclSend blocks its stream, and this backend runs its
+  // point-to-point groups in issue order on one stream). Two ranks that
+  // send to each other must then put the send and the receive in ONE
+  // Coalesced group (an NCCL group, whose operations progress
+  // independently), or each blocks in its send before reaching its
+  // receive. False for mpi: MPI_Isend progresses without the receiver's
+  // host, so separate groups in any order work there.
+  virtual bool sends_wait_for_receiver() const { return false; }
+  // Whether tensors on the host are accepted (mpi, local, in_process); nccl
+  // takes device tensors only, so callers exchanging small host values put
+  // them on device() first.
+  bool accepts_host_tensors() const { return AcceptsDevice(Device::Cpu()); }
 
   // A communicator over the ranks that pass the same `color` (>= 0), ranked
   // by `key` (ties by this communicator's rank): how a pipeline group and a
   // data-parallel group are made from the world. Collective: every rank of
   // this communicator calls it, in the same order relative to its other
-  // collectives. The new communicator has its own sequence numbers and
-  // timeout (this one's); this one stays usable. Its device, backend and
-  // local rank/size are this one's (local rank and size still describe the
-  // host). Errors: InvalidArgument for a negative color; FailedPrecondition
-  // when this communicator is broken; Unimplemented on backends that cannot
-  // split (in_process, nccl for now); the backend's translated error.
+  // collectives. Every rank's (color, key) is first all-gathered over this
+  // communicator (it counts as one of its collectives), so a negative
+  // color on any rank fails Split on every rank alike, and a rank that never
+  // calls it makes the others time out (DeadlineExceeded) instead of
+  // blocking in the backend's split. The new communicator has its own
+  // sequence numbers and timeout (this one's); this one stays usable. Its
+  // device, backend and local rank/size are this one's (local rank and size
+  // still describe the host). Errors: InvalidArgument naming the ranks with
+  // a negative color; FailedPrecondition when this communicator is broken;
+  // Unimplemented on backends that cannot split (in_process); the backend's
+  // translated error (nccl: ncclCommSplit's, naming color, key and rank).
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key);
 
   // Issues several operations as one group: a backend may fuse them (NCCL
@@ -264,9 +293,14 @@ class Communicator {
   virtual absl::Status BarrierImpl(uint64_t sequence_number) = 0;
   // Whether this backend accepts tensors on `device`.
   virtual bool AcceptsDevice(const Device &device) const = 0;
-  // Split's backend part (arguments checked, communicator not broken).
+  // Split's backend part (every rank's arguments checked, communicator not
+  // broken). `new_rank` and `new_size` are what the split must give this
+  // rank (from the all-gathered colors and keys: ranked by key, ties by
+  // this communicator's rank), for backends to pass on or check.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int color,
-                                                                  int key);
+                                                                  int key,
+                                                                  int new_rank,
+                                                                  int new_size);
 
   // The DeadlineExceeded status for the operations `first`..`last` after
   // `seconds`; logs the recent collectives at ERROR.

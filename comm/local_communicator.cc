@@ -76,7 +76,8 @@ class LocalCommunicator : public Communicator {
   absl::Status BarrierImpl(uint64_t) override { return absl::OkStatus(); }
 
   // Every color names this one rank's world.
-  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int, int) override {
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int, int, int,
+                                                          int) override {
     return CreateLocalCommunicator(device(), timeout_seconds());
   }
 };

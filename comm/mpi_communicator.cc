@@ -189,8 +189,8 @@ class MpiCommunicator : public Communicator {
                              const std::vector<uint64_t> &sequence_numbers,
                              const Stream &stream) override;
   absl::Status BarrierImpl(uint64_t sequence_number) override;
-  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(int color,
-                                                          int key) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(
+      int color, int key, int new_rank, int new_size) override;
 
  private:
   absl::Status Stage(Group *group);
@@ -616,7 +616,7 @@ absl::Status MpiCommunicator::BarrierImpl(uint64_t sequence_number) {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::SplitImpl(
-    int color, int key) {
+    int color, int key, int new_rank, int new_size) {
   MPI_Comm split = MPI_COMM_NULL;
   int rank = -1, size = 0;
   {
@@ -628,6 +628,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::SplitImpl(
     MPI_Comm_set_errhandler(split, MPI_ERRORS_RETURN);
     MPI_Comm_rank(split, &rank);
     MPI_Comm_size(split, &size);
+  }
+  if (rank != new_rank || size != new_size) {
+    // MPI_Comm_split ranks as Split promises; a difference is a bug here.
+    {
+      std::lock_guard<std::mutex> lock(MpiMutex());
+      MPI_Comm_free(&split);
+    }
+    return absl::InternalError(
+        absl::StrCat("MPI_Comm_split(color ", color, ", key ", key,
+                     ") on rank ", this->rank(), " gave rank ", rank, " of ",
+                     size, ", expected ", new_rank, " of ", new_size));
   }
   LaunchInfo info;
   info.rank = rank;

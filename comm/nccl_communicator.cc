@@ -11,6 +11,26 @@
 // asynchronous error; on an error or past the timeout the communicator is
 // aborted (ncclCommAbort), which also releases kernels stuck waiting for a
 // peer, and becomes unusable.
+//
+// Point-to-point (a group of only sends and receives) runs on a stream of
+// the communicator's own instead of the caller's: the p2p stream first
+// waits for an event recorded on the caller's stream (the input is read,
+// and the output written, after the caller's earlier work), then the
+// sends and receives are queued in one NCCL group, followed by the group's
+// event. The caller's stream waits only when asked (Work::StreamWait), so a
+// compute stream never waits for a send it does not read, nor for a
+// receive before it needs its tensor. ncclSend and ncclRecv block their
+// stream until the peer's matching call runs, and NCCL does not promise
+// that two of a communicator's operations progress at once, so the groups
+// run in issue order on that one stream (and are ordered with the
+// collectives as above): a rank must post the sends and receives that its
+// peers post together in one group (sends_wait_for_receiver()).
+//
+// Split is ncclCommSplit (NCCL 2.18+) on the parent, after the generic
+// Split's all-gather of every rank's (color, key): the key passed to NCCL
+// is the rank the child must give this rank (ranked by key, ties by parent
+// rank, as MPI_Comm_split), so the child's ranks do not depend on how NCCL
+// breaks ties, and they are checked against NCCL's answer.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -79,10 +99,40 @@ ncclRedOp_t ToNcclOp(ReduceOp op) {
   return ncclSum;
 }
 
+// The group's operations for messages: each collective's name, and each
+// send's and receive's peer, which is what a hung or failed exchange needs.
+std::string DescribeOps(const std::vector<CollectiveOp> &ops,
+                        const std::vector<uint64_t> &sequence_numbers, int rank,
+                        int world_size) {
+  std::string text = "NCCL ";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const CollectiveOp &op = ops[i];
+    if (i > 0) text += "+";
+    text += CollectiveKindName(op.kind);
+    if (op.kind == CollectiveKind::kSend) {
+      absl::StrAppend(&text, "(to ", op.root, ")");
+    } else if (op.kind == CollectiveKind::kRecv) {
+      absl::StrAppend(&text, "(from ", op.root, ")");
+    }
+  }
+  absl::StrAppend(&text, " #", sequence_numbers.front());
+  if (sequence_numbers.size() > 1) {
+    absl::StrAppend(&text, "-", sequence_numbers.back());
+  }
+  absl::StrAppend(&text, " on rank ", rank, " of ", world_size);
+  return text;
+}
+
+bool IsPointToPoint(const CollectiveOp &op) {
+  return op.kind == CollectiveKind::kSend || op.kind == CollectiveKind::kRecv;
+}
+
 struct NcclGroup {
   std::vector<CollectiveOp> ops;  // keeps the tensors alive while queued
   uint64_t first_sequence = 0;
   uint64_t last_sequence = 0;
+  // "NCCL send(to 1)+recv(from 1) #7-8 on rank 0 of 2": errors name it.
+  std::string what;
   void *stream = nullptr;  // the cudaStream_t it was queued on
   Event start;             // with timing: recorded just before the group
   Event done;
@@ -137,6 +187,8 @@ class NcclCommunicator : public Communicator {
   }
 
   const char *backend_name() const override { return "nccl"; }
+  bool supports_point_to_point() const override { return true; }
+  bool sends_wait_for_receiver() const override { return true; }
 
  protected:
   // Timed on the device, by events around each group.
@@ -157,11 +209,7 @@ class NcclCommunicator : public Communicator {
                                      "ncclCommGetAsyncError", comm_);
     if (status.ok() && async_error != ncclSuccess &&
         async_error != ncclInProgress) {
-      status =
-          NcclStatus(async_error,
-                     absl::StrCat("NCCL collective #", group->first_sequence,
-                                  " on rank ", rank()),
-                     comm_);
+      status = NcclStatus(async_error, group->what, comm_);
     }
     if (!status.ok()) return Abort(group, status);
     return false;
@@ -198,40 +246,63 @@ class NcclCommunicator : public Communicator {
   absl::StatusOr<Work> Issue(const std::vector<CollectiveOp> &ops,
                              const std::vector<uint64_t> &sequence_numbers,
                              const Stream &stream) override {
+    const bool point_to_point = IsPointToPoint(ops.front());
+    for (const CollectiveOp &op : ops) {
+      if (IsPointToPoint(op) != point_to_point) {
+        // They run on different streams (top of the file); nothing issued.
+        return absl::InvalidArgumentError(absl::StrCat(
+            DescribeOps(ops, sequence_numbers, rank(), world_size()),
+            ": a group mixes point-to-point operations with collectives; "
+            "issue them as separate groups"));
+      }
+    }
     Prune();
     ZE_RETURN_IF_ERROR(SetCurrentDevice(device()));
     auto group = std::make_shared<NcclGroup>();
     group->ops = ops;
     group->first_sequence = sequence_numbers.front();
     group->last_sequence = sequence_numbers.back();
+    group->what = DescribeOps(ops, sequence_numbers, rank(), world_size());
+    const std::string &what = group->what;
     ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device(), timing()));
-    auto cuda_stream = static_cast<cudaStream_t>(stream.native());
-    group->stream = stream.native();
-    const std::string what =
-        absl::StrCat("NCCL ", CollectiveKindName(ops.front().kind), " #",
-                     sequence_numbers.front(), " on rank ", rank());
+    // Where the group runs: the caller's stream, or for point-to-point the
+    // communicator's own, after the caller's work so far.
+    Stream run_on = stream;
+    if (point_to_point) {
+      if (p2p_stream_.native() == nullptr) {
+        ZE_ASSIGN_OR_RETURN(p2p_stream_,
+                            Stream::Create(device(), /*high_priority=*/true));
+      }
+      ZE_ASSIGN_OR_RETURN(Event queued, Event::Create(device()));
+      ZE_RETURN_IF_ERROR(queued.Record(stream));
+      ZE_RETURN_IF_ERROR(queued.StreamWait(p2p_stream_));
+      run_on = p2p_stream_;
+    }
+    auto cuda_stream = static_cast<cudaStream_t>(run_on.native());
+    group->stream = run_on.native();
     // Issue order on the device (see the top of the file). Only the newest
     // unfinished group matters: it was itself ordered after the ones before.
     if (!in_flight_.empty() && in_flight_.back()->stream != group->stream) {
-      ZE_RETURN_IF_ERROR(in_flight_.back()->done.StreamWait(stream));
+      ZE_RETURN_IF_ERROR(in_flight_.back()->done.StreamWait(run_on));
     }
     if (timing()) {
       ZE_ASSIGN_OR_RETURN(group->start, Event::Create(device(), true));
-      ZE_RETURN_IF_ERROR(group->start.Record(stream));
+      ZE_RETURN_IF_ERROR(group->start.Record(run_on));
     }
-    // The collectives read and write the callers' tensors on `stream`,
+    // The operations read and write the callers' tensors on `run_on`,
     // usually not the stream they were allocated on: recorded, the memory
     // is not handed out again before they are done, however soon the
     // caller frees it.
     for (const CollectiveOp &op : ops) {
-      ZE_RETURN_IF_ERROR(op.input.RecordStream(stream));
-      ZE_RETURN_IF_ERROR(op.output.RecordStream(stream));
+      ZE_RETURN_IF_ERROR(op.input.RecordStream(run_on));
+      ZE_RETURN_IF_ERROR(op.output.RecordStream(run_on));
     }
     ZE_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), what, comm_));
     absl::Status status;
     for (const CollectiveOp &op : ops) {
       const ncclDataType_t type = ToNcclType(op.input.dtype());
       ncclResult_t result = ncclSuccess;
+      std::string call;
       switch (op.kind) {
         case CollectiveKind::kAllReduce:
           result =
@@ -252,17 +323,32 @@ class NcclCommunicator : public Communicator {
               ncclBroadcast(op.input.data(), op.output.data(), op.input.numel(),
                             type, op.root, comm_, cuda_stream);
           break;
-        case CollectiveKind::kBarrier:
-        case CollectiveKind::kSend:  // refused by Validate: no point-to-point
-        case CollectiveKind::kRecv:  // here yet (supports_point_to_point)
+        // Within the group every send and receive progresses on its own
+        // (NCCL's group semantics), so a rank may send to and receive from
+        // the same peer here; between two ranks they match in issue order.
+        case CollectiveKind::kSend:
+          result = ncclSend(op.input.data(), op.input.numel(), type, op.root,
+                            comm_, cuda_stream);
+          call = absl::StrCat(" (ncclSend of ", op.input.numel(), " ",
+                              DTypeName(op.input.dtype()), " to rank ", op.root,
+                              ")");
+          break;
+        case CollectiveKind::kRecv:
+          result = ncclRecv(op.output.data(), op.output.numel(), type, op.root,
+                            comm_, cuda_stream);
+          call = absl::StrCat(" (ncclRecv of ", op.output.numel(), " ",
+                              DTypeName(op.output.dtype()), " from rank ",
+                              op.root, ")");
+          break;
+        case CollectiveKind::kBarrier:  // refused by Validate
           break;
       }
-      status = NcclStatus(result, what, comm_);
+      status = NcclStatus(result, absl::StrCat(what, call), comm_);
       if (!status.ok()) break;
     }
     const absl::Status end = NcclStatus(ncclGroupEnd(), what, comm_);
     if (status.ok()) status = end;
-    if (status.ok()) status = group->done.Record(stream);
+    if (status.ok()) status = group->done.Record(run_on);
     if (!status.ok()) {
       // Some ranks may have queued their part: the communicator cannot be
       // trusted any more.
@@ -270,6 +356,52 @@ class NcclCommunicator : public Communicator {
     }
     in_flight_.push_back(group);
     return Work(std::make_shared<NcclWork>(this, group));
+  }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> SplitImpl(
+      int color, int key, int new_rank, int new_size) override {
+    const std::string what =
+        absl::StrCat("ncclCommSplit(color ", color, ", key ", key, ") on rank ",
+                     rank(), " of ", world_size());
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    ZE_RETURN_IF_ERROR(SetCurrentDevice(device()));
+    ncclComm_t child = nullptr;
+    // new_rank as NCCL's key: the child ranks as Split promises whatever
+    // NCCL's tie-breaking; null config: the parent's settings.
+    ZE_RETURN_IF_ERROR(NcclStatus(
+        ncclCommSplit(comm_, color, new_rank, &child, nullptr), what, comm_));
+    if (child == nullptr) {
+      return absl::InternalError(
+          absl::StrCat(what, " returned no communicator for color ", color));
+    }
+    int child_rank = -1, child_size = 0;
+    absl::Status status =
+        NcclStatus(ncclCommUserRank(child, &child_rank), what, child);
+    if (status.ok()) {
+      status = NcclStatus(ncclCommCount(child, &child_size), what, child);
+    }
+    if (status.ok() && (child_rank != new_rank || child_size != new_size)) {
+      status = absl::InternalError(
+          absl::StrCat(what, " gave rank ", child_rank, " of ", child_size,
+                       ", expected ", new_rank, " of ", new_size));
+    }
+    if (!status.ok()) {
+      ncclCommDestroy(child);
+      return status;
+    }
+    LaunchInfo info;
+    info.rank = new_rank;
+    info.world_size = new_size;
+    info.local_rank = local_rank();
+    info.local_size = local_size();
+    info.launched = true;
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(info, device(), timeout_seconds(), child));
+#else
+    return absl::UnimplementedError(
+        absl::StrCat(what, ": this NCCL (", NCCL_MAJOR, ".", NCCL_MINOR,
+                     ") has no ncclCommSplit; it needs 2.18 or later"));
+#endif
   }
 
   absl::Status BarrierImpl(uint64_t sequence_number) override {
@@ -291,6 +423,7 @@ class NcclCommunicator : public Communicator {
     ZE_ASSIGN_OR_RETURN(group->done, Event::Create(device()));
     const std::string what =
         absl::StrCat("NCCL barrier #", sequence_number, " on rank ", rank());
+    group->what = what;
     absl::Status status = NcclStatus(
         ncclAllReduce(barrier_scratch_.data(), barrier_scratch_.data(), 1,
                       ncclFloat32, ncclSum, comm_,
@@ -343,6 +476,8 @@ class NcclCommunicator : public Communicator {
   std::deque<std::shared_ptr<NcclGroup>> in_flight_;
   Tensor barrier_scratch_;
   Stream barrier_stream_;
+  // Point-to-point groups run here (created at the first one).
+  Stream p2p_stream_;
 };
 
 absl::Status NcclWork::Wait() {

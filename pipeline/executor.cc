@@ -17,8 +17,20 @@ namespace {
 // 48 bits of a digest of the schedule (its kind, stages per rank,
 // micro-batches and lists), as two floats that carry 24 bits each exactly
 // (the communicator moves floating-point tensors).
+// Where the executor's small exchanges (the schedule's digest, the step's
+// loss) live: the host, or the device for a backend without host tensors
+// (nccl), on `stream`.
+struct Exchange {
+  Device device = Device::Cpu();
+  Stream stream;
+};
+Exchange ExchangeOn(const comm::Communicator &comm, const Stream &stream) {
+  if (comm.accepts_host_tensors()) return Exchange();
+  return Exchange{comm.device(), stream};
+}
+
 absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
-                             const Schedule &schedule) {
+                             const Schedule &schedule, const Stream &stream) {
   const std::string text = absl::StrCat(
       ScheduleName(schedule.kind), " v=", schedule.stages_per_rank,
       " m=", schedule.micro_batches, "\n", DescribeSchedule(schedule));
@@ -27,15 +39,20 @@ absl::Status AgreeOnSchedule(comm::Communicator &pipeline,
     digest = (digest ^ c) * 1099511628211ull;
   }
   const int n = pipeline.world_size();
-  ZE_ASSIGN_OR_RETURN(Tensor mine,
-                      Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
-  mine.data_as<float>()[0] = static_cast<float>(digest & 0xFFFFFF);
-  mine.data_as<float>()[1] = static_cast<float>((digest >> 24) & 0xFFFFFF);
-  ZE_ASSIGN_OR_RETURN(Tensor all,
-                      Tensor::Zeros({2 * n}, DType::kF32, Device::Cpu()));
-  ZE_ASSIGN_OR_RETURN(comm::Work work, pipeline.AllGather(mine, all, Stream()));
+  const Exchange on = ExchangeOn(pipeline, stream);
+  ZE_ASSIGN_OR_RETURN(
+      Tensor mine,
+      FromHostFloats({static_cast<float>(digest & 0xFFFFFF),
+                      static_cast<float>((digest >> 24) & 0xFFFFFF)},
+                     {2}, DType::kF32, on.device, on.stream));
+  ZE_ASSIGN_OR_RETURN(
+      Tensor all, Tensor::Zeros({2 * n}, DType::kF32, on.device, on.stream));
+  ZE_ASSIGN_OR_RETURN(comm::Work work,
+                      pipeline.AllGather(mine, all, on.stream));
   ZE_RETURN_IF_ERROR(work.Wait());
-  const float *values = all.data_as<float>();
+  ZE_ASSIGN_OR_RETURN(const std::vector<float> gathered,
+                      ToHostFloats(all, on.stream));
+  const float *values = gathered.data();
   std::string differing;
   for (int r = 0; r < n; ++r) {
     if (values[2 * r] != values[0] || values[2 * r + 1] != values[1]) {
@@ -105,7 +122,22 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
         " holds tied parameters but no 2-rank communicator with the other "
         "stage holding them"));
   }
-  ZE_RETURN_IF_ERROR(AgreeOnSchedule(*context.pipeline, schedule));
+  if (context.pipeline->sends_wait_for_receiver()) {
+    // nccl: a send holds up the rank's later messages until received, so
+    // lists that rely on eager sends would hang; refused by name on every
+    // rank instead (every rank builds the same lists).
+    const absl::Status blocking = CheckBlockingMessages(schedule);
+    if (!blocking.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PipelineExecutor: schedule ", ScheduleName(schedule.kind),
+          " cannot run over the ", context.pipeline->backend_name(),
+          " backend, whose sends wait for their receiver: ", blocking.message(),
+          ". Use gpipe, 1f1b or zb_h1 there, or the mpi "
+          "backend"));
+    }
+  }
+  ZE_RETURN_IF_ERROR(
+      AgreeOnSchedule(*context.pipeline, schedule, *context.stream));
   std::unique_ptr<PipelineExecutor> executor(
       new PipelineExecutor(context, std::move(schedule)));
   executor->rank_ = rank;
@@ -219,14 +251,30 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
         if (!message.with_next) break;
       }
       comm::Work received;
-      if (!receive_ops.empty()) {
-        ZE_ASSIGN_OR_RETURN(received, pipe.Coalesced(receive_ops, stream));
-      }
-      if (!send_ops.empty()) {
-        ZE_ASSIGN_OR_RETURN(comm::Work work, pipe.Coalesced(send_ops, stream));
+      const bool receives = !receive_ops.empty();
+      if (pipe.sends_wait_for_receiver()) {
+        // nccl: one NCCL group, on the communicator's own stream. A peer
+        // posts its half of an exchange as one group too (1F1B's steady
+        // state: rank r sends an activation and receives a gradient while
+        // r + 1 does the reverse); issued as two groups, each rank's send
+        // would block its stream before its receive (CheckBlockingMessages).
+        // The group's Work covers its sends, kept until the step's end.
+        std::vector<comm::CollectiveOp> ops = std::move(receive_ops);
+        ops.insert(ops.end(), send_ops.begin(), send_ops.end());
+        ZE_ASSIGN_OR_RETURN(comm::Work work, pipe.Coalesced(ops, stream));
+        if (receives) received = work;
         sends.emplace_back(work, std::move(sent));
+      } else {
+        if (!receive_ops.empty()) {
+          ZE_ASSIGN_OR_RETURN(received, pipe.Coalesced(receive_ops, stream));
+        }
+        if (!send_ops.empty()) {
+          ZE_ASSIGN_OR_RETURN(comm::Work work,
+                              pipe.Coalesced(send_ops, stream));
+          sends.emplace_back(work, std::move(sent));
+        }
       }
-      if (!receive_ops.empty()) {
+      if (receives) {
         timer_.BeginWait();
         ZE_RETURN_IF_ERROR(received.Wait());
         timer_.EndWait();
@@ -366,22 +414,24 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
   // no rank's step ends before every rank's: each rank's wall time is the
   // pipeline's step, as the simulation's makespan is (its idle time
   // includes waiting for the slowest rank's last action).
-  ZE_ASSIGN_OR_RETURN(Tensor total,
-                      Tensor::Zeros({2}, DType::kF32, Device::Cpu()));
+  // On the device over nccl (ExchangeOn), on the host otherwise.
+  std::vector<float> parts = {0.0f, 0.0f};
   if (rank_ == schedule_.ranks - 1) {
-    const float high = static_cast<float>(loss_sum);
-    total.data_as<float>()[0] = high;
-    total.data_as<float>()[1] = static_cast<float>(loss_sum - high);
+    parts[0] = static_cast<float>(loss_sum);
+    parts[1] = static_cast<float>(loss_sum - parts[0]);
   }
+  const Exchange on = ExchangeOn(pipe, stream);
+  ZE_ASSIGN_OR_RETURN(Tensor total, FromHostFloats(parts, {2}, DType::kF32,
+                                                   on.device, on.stream));
   ZE_ASSIGN_OR_RETURN(
       comm::Work exchange,
-      pipe.AllReduce(total, total, comm::ReduceOp::kSum, Stream()));
+      pipe.AllReduce(total, total, comm::ReduceOp::kSum, on.stream));
   timer_.BeginWait();
   ZE_RETURN_IF_ERROR(exchange.Wait());
   timer_.EndWait();
   timer_.EndStep();
-  return static_cast<double>(total.data_as<float>()[0]) +
-         static_cast<double>(total.data_as<float>()[1]);
+  ZE_ASSIGN_OR_RETURN(parts, ToHostFloats(total, on.stream));
+  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
 }
 
 }  // namespace pipeline

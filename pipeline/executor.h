@@ -14,10 +14,17 @@
 //
 // One step, as the engine drives it (Engine::TrainBatch):
 //   RunStep(micro-batches)     the rank's actions in order:
-//     recv/send groups         issued together (one Coalesced call); the
+//     recv/send groups         issued together: over mpi its receives
+//                              as one Coalesced call and its sends as
+//                              another (eager, as SimulateSchedule
+//                              assumes); over nccl, whose sends block until
+//                              received (sends_wait_for_receiver), both as
+//                              ONE call, one NCCL group, else two ranks
+//                              exchanging would each block in its send
+//                              (Create refuses lists that would hang so:
+//                              CheckBlockingMessages, interleaved). The
 //                              group's receives are waited on at once, its
-//                              sends at the step's end (eager, as the
-//                              schedule's check assumes)
+//                              sends at the rank's first reduce
 //     F(s,m)                   strategy BeginForward; stage s's
 //                              ForwardStage; the last stage reduces the
 //                              per-row losses to micro-batch m's mean
@@ -93,13 +100,14 @@
 // after the host queued them, so the executor synchronises its compute
 // stream at the end of every compute action: the interval is the host's
 // wall time until the action's kernels finished. Over the mpi backend
-// (the only one with point-to-point) every message group synchronises the
-// stream anyway before staging through host memory, so this adds a
-// synchronisation only between two compute actions with no message
-// between them (1F1B's last rank, Bi then Bw), exposing one kernel
-// launch's latency there. With ranks sharing one GPU, "busy" includes the
-// time the GPU ran another rank's kernels while this rank's waited.
-// The strategy's BoundaryStep (the data-parallel reduction and the
+// every message group synchronises the stream anyway before staging
+// through host memory, so this adds a synchronisation only between two
+// compute actions with no message between them (1F1B's last rank, Bi then
+// Bw), exposing one kernel launch's latency there. Over nccl the messages
+// run on the communicator's own stream; the synchronisation keeps the
+// compute intervals measured the same way. With ranks sharing one GPU, "busy"
+// includes the time the GPU ran another rank's kernels while this rank's
+// waited. The strategy's BoundaryStep (the data-parallel reduction and the
 // optimizer) is the caller's, outside the step timed here.
 //
 // Not thread-safe; one thread drives it.
@@ -156,7 +164,10 @@ class PipelineExecutor {
   // different schedules (another gradient_accumulation_steps,
   // pipeline.schedule or pipeline.stages_per_rank) fail here, on every
   // rank, with FailedPrecondition naming the ranks and their schedules,
-  // instead of hanging in a mismatched send or receive.
+  // instead of hanging in a mismatched send or receive. Over a backend
+  // whose sends wait for their receiver (nccl), first FailedPrecondition
+  // on every rank for a schedule that would deadlock there
+  // (CheckBlockingMessages: interleaved_1f1b).
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(
       const ExecutorContext &context, Schedule schedule);
 

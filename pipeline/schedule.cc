@@ -1,6 +1,7 @@
 #include "pipeline/schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <tuple>
@@ -738,6 +739,189 @@ std::string DescribeSchedule(const Schedule &s) {
     text += "\n";
   }
   return text;
+}
+
+absl::Status CheckBlockingMessages(const Schedule &s) {
+  const int p = s.ranks;
+  if (static_cast<int>(s.actions.size()) != p) {
+    return absl::InternalError(
+        absl::StrCat("CheckBlockingMessages: ", s.actions.size(), " lists for ",
+                     p, " ranks"));
+  }
+  auto is_send = [](const Action &a) {
+    return a.kind == ActionKind::kSendActivation ||
+           a.kind == ActionKind::kSendGradient;
+  };
+  struct Message {
+    int action = 0;  // index in the rank's list
+    int group = -1;  // the issued group holding it (-1: not issued yet)
+    bool done = false;
+  };
+  struct RankState {
+    std::vector<Message> messages;
+    // The list's groups (message indices), by their first action.
+    std::map<size_t, std::vector<int>> list_groups;
+    std::vector<std::vector<int>> issued;  // groups as issued
+    std::deque<int> queue;  // issued groups not completed, in order
+    size_t pc = 0;
+    int waiting_for = -1;  // an issued group; kAll: every one
+    bool reduced = false;
+    bool finished = false;
+  };
+  constexpr int kAll = -2;
+  std::vector<RankState> ranks(p);
+  // (from, to, ordinal) -> (rank, message), for sends and for receives.
+  std::map<std::tuple<int, int, int>, std::pair<int, int>> sends, receives;
+  for (int r = 0; r < p; ++r) {
+    RankState &state = ranks[r];
+    const std::vector<Action> &list = s.actions[r];
+    std::map<std::pair<int, bool>, int> ordinal;  // (peer, send) -> count
+    size_t first = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!IsCommunication(list[i].kind)) continue;
+      if (i == 0 || !IsCommunication(list[i - 1].kind) ||
+          !list[i - 1].with_next) {
+        first = i;
+      }
+      const Action &a = list[i];
+      const int k = static_cast<int>(state.messages.size());
+      state.messages.push_back({static_cast<int>(i), -1, false});
+      state.list_groups[first].push_back(k);
+      const int n = ordinal[{a.peer, is_send(a)}]++;
+      if (is_send(a)) {
+        sends[{r, a.peer, n}] = {r, k};
+      } else {
+        receives[{a.peer, r, n}] = {r, k};
+      }
+    }
+  }
+  std::map<std::pair<int, int>, std::pair<int, int>> counterpart;
+  for (const auto &[key, send] : sends) {
+    const auto found = receives.find(key);
+    if (found == receives.end()) continue;
+    counterpart[send] = found->second;
+    counterpart[found->second] = send;
+  }
+  auto issue = [&](RankState &state, std::vector<int> messages) {
+    const int g = static_cast<int>(state.issued.size());
+    for (int k : messages) state.messages[k].group = g;
+    state.issued.push_back(std::move(messages));
+    state.queue.push_back(g);
+    return g;
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    // Each host runs until it must wait.
+    for (int r = 0; r < p; ++r) {
+      RankState &state = ranks[r];
+      const std::vector<Action> &list = s.actions[r];
+      while (!state.finished) {
+        if (state.waiting_for == kAll) {
+          if (!state.queue.empty()) break;
+          state.waiting_for = -1;
+          progress = true;
+          if (state.pc >= list.size()) {
+            state.finished = true;
+            break;
+          }
+          continue;
+        }
+        if (state.waiting_for >= 0) {
+          const auto &q = state.queue;
+          if (std::find(q.begin(), q.end(), state.waiting_for) != q.end()) {
+            break;
+          }
+          state.waiting_for = -1;
+        }
+        const bool at_end = state.pc >= list.size();
+        const bool first_reduce =
+            !at_end && list[state.pc].kind == ActionKind::kReduceGradients &&
+            !state.reduced;
+        if (at_end || first_reduce) {
+          // The executor waits for every group it issued (its sends).
+          state.waiting_for = kAll;
+          if (first_reduce) {
+            state.reduced = true;
+            ++state.pc;
+          }
+          progress = true;
+          continue;
+        }
+        const Action &a = list[state.pc];
+        progress = true;
+        if (!IsCommunication(a.kind)) {
+          ++state.pc;
+          continue;
+        }
+        const std::vector<int> &group = state.list_groups.at(state.pc);
+        state.pc += group.size();
+        bool receives_any = false;
+        for (int k : group) {
+          receives_any |= !is_send(list[state.messages[k].action]);
+        }
+        // Issued at once; the host waits for a group with receives.
+        const int issued = issue(state, group);
+        if (receives_any) state.waiting_for = issued;
+      }
+    }
+    // The devices: a message completes once both ends are in the groups
+    // their ranks' streams are running (the heads of the queues).
+    for (int r = 0; r < p; ++r) {
+      RankState &state = ranks[r];
+      if (state.queue.empty()) continue;
+      for (int k : state.issued[state.queue.front()]) {
+        if (state.messages[k].done) continue;
+        const auto found = counterpart.find({r, k});
+        if (found == counterpart.end()) {
+          return absl::InternalError(
+              absl::StrCat("rank ", r, "'s ",
+                           s.actions[r][state.messages[k].action].ToString(),
+                           " has no matching message on its peer"));
+        }
+        const auto [q, j] = found->second;
+        RankState &peer = ranks[q];
+        if (!peer.queue.empty() &&
+            peer.queue.front() == peer.messages[j].group) {
+          state.messages[k].done = true;
+          peer.messages[j].done = true;
+          progress = true;
+        }
+      }
+    }
+    for (RankState &state : ranks) {
+      while (!state.queue.empty()) {
+        bool all = true;
+        for (int k : state.issued[state.queue.front()]) {
+          all = all && state.messages[k].done;
+        }
+        if (!all) break;
+        state.queue.pop_front();
+        progress = true;
+      }
+    }
+  }
+  std::string blocked;
+  for (int r = 0; r < p; ++r) {
+    const RankState &state = ranks[r];
+    if (state.finished) continue;
+    absl::StrAppend(&blocked, blocked.empty() ? "" : "; ", "rank ", r,
+                    " waits for ",
+                    state.waiting_for == kAll ? "its sends" : "a receive");
+    if (!state.queue.empty()) {
+      std::vector<std::string> head;
+      for (int k : state.issued[state.queue.front()]) {
+        head.push_back(s.actions[r][state.messages[k].action].ToString());
+      }
+      absl::StrAppend(&blocked, ", its stream blocked in ",
+                      absl::StrJoin(head, " "));
+    }
+  }
+  if (blocked.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      ScheduleName(s.kind), " over ", p, " ranks, ", s.micro_batches,
+      " micro-batches deadlocks when a send waits for its receiver: ",
+      blocked));
 }
 
 }  // namespace pipeline

@@ -210,6 +210,20 @@ struct ScheduleStats {
 absl::StatusOr<ScheduleStats> SimulateSchedule(
     const Schedule &schedule, const ActionCosts &costs = ActionCosts());
 
+// Checks that the ranks' lists cannot deadlock where a send blocks until its
+// receiver takes it (NCCL: ncclSend blocks its stream), as the executor runs
+// them over such a backend (comm::Communicator::sends_wait_for_receiver):
+// each group's sends and receives issued together as one group on one
+// ordered stream per rank, a group complete once every message in it met
+// its peer's matching message in the group the peer's stream is running
+// (messages of one group progress independently), the host waiting for a
+// group with receives right after issuing it, and for every group issued
+// at its first kReduceGradients and at the end. Sends are not eager here:
+// SimulateSchedule's lists must also pass this to run over nccl.
+// Errors: Internal naming every blocked rank and the group its stream
+// is blocked in.
+absl::Status CheckBlockingMessages(const Schedule &schedule);
+
 // The bubble fraction the literature gives for `schedule`'s kind and sizes
 // with equal per-stage costs: (p - 1) / (m + p - 1) for GPipe and 1F1B,
 // (p - 1) / (v m + p - 1) for interleaved 1F1B; for ZB-H1 with equal

@@ -377,6 +377,64 @@ TEST(ScheduleCheckTest, DeadlockIsNamed) {
   EXPECT_THAT(status.message(), HasSubstr("rank 0 at recvG(s0,m0)<-1"));
 }
 
+// Over nccl a send blocks until its receiver takes it (ncclSend), and a
+// rank's groups run in order on one stream: GPipe, 1F1B and ZB-H1 over the
+// grid still run, their groups issued whole (the executor issues a group's
+// sends and receives as one NCCL group there). The interleaved lists rely
+// on eager sends: with 2 ranks, rank 0's stream blocks in a gradient send
+// that rank 1 receives only after a group needing rank 0's next group
+// (rank 1's activation send). The executor refuses them over nccl by
+// this check's error.
+TEST(BlockingMessagesTest, EveryScheduleButInterleavedRunsOverAGrid) {
+  for (const GridCase &c : Grid()) {
+    SCOPED_TRACE(testing::Message()
+                 << ScheduleName(c.kind) << " p=" << c.ranks
+                 << " v=" << c.stages_per_rank << " m=" << c.micro_batches);
+    absl::StatusOr<Schedule> schedule =
+        BuildSchedule(c.kind, c.ranks, c.micro_batches, c.stages_per_rank);
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    const absl::Status status = CheckBlockingMessages(*schedule);
+    if (c.kind != ScheduleKind::kInterleavedOneFOneB) {
+      EXPECT_TRUE(status.ok()) << status << "\n" << DescribeSchedule(*schedule);
+    }
+  }
+  absl::StatusOr<Schedule> interleaved =
+      BuildSchedule(ScheduleKind::kInterleavedOneFOneB, 2, 4, 2);
+  ASSERT_TRUE(interleaved.ok());
+  EXPECT_THAT(CheckBlockingMessages(*interleaved).message(),
+              HasSubstr("interleaved_1f1b over 2 ranks, 4 micro-batches "
+                        "deadlocks when a send waits for its receiver"));
+}
+
+// Two ranks exchanging in one step (1F1B's steady state: rank 0 sends an
+// activation and receives a gradient, rank 1 the reverse) deadlock once
+// each group is cut in two, the send first: each rank's stream blocks in
+// its send, its receive queued behind it. Eager sends (SimulateSchedule,
+// MPI) do not see it.
+TEST(BlockingMessagesTest, ExchangeCutInTwoDeadlocksByName) {
+  absl::StatusOr<Schedule> s = BuildSchedule(ScheduleKind::kOneFOneB, 2, 4);
+  ASSERT_TRUE(s.ok());
+  bool cut = false;
+  for (std::vector<Action> &list : s->actions) {
+    for (size_t i = 0; i + 1 < list.size(); ++i) {
+      if (!list[i].with_next) continue;
+      // The send first, then the receive, as two groups.
+      const bool send_first = list[i].kind == ActionKind::kSendActivation ||
+                              list[i].kind == ActionKind::kSendGradient;
+      if (!send_first) std::swap(list[i], list[i + 1]);
+      list[i].with_next = false;
+      list[i + 1].with_next = false;
+      cut = true;
+    }
+  }
+  ASSERT_TRUE(cut) << DescribeSchedule(*s);
+  EXPECT_TRUE(SimulateSchedule(*s).ok());
+  const absl::Status status = CheckBlockingMessages(*s);
+  EXPECT_THAT(status.message(), HasSubstr("deadlocks"));
+  EXPECT_THAT(status.message(), HasSubstr("rank 0 waits for a receive"));
+  EXPECT_THAT(status.message(), HasSubstr("its stream blocked in sendA"));
+}
+
 TEST(ScheduleCheckTest, MismatchedMicroBatchesFail) {
   Schedule s = OneFOneB(2, 2);
   for (Action &a : s.actions[1]) {
