@@ -20,6 +20,7 @@ constexpr char kTransient[] = "forward temporaries";
 constexpr char kHead[] = "loss head";
 constexpr char kRing[] = "cpu_checkpointing ring";
 constexpr char kScratch[] = "CUDA scratch";
+constexpr char kAttention[] = "attention workspace";
 
 // Allocations and frees in the order the code makes them; the peak of the
 // bytes live, with what was live then.
@@ -125,6 +126,18 @@ class StepWalk {
   // input's gradient. `input`: the block input, freed with the norm that
   // saved it when nothing else keeps it (kNone when something does).
   Ledger::Id BlockBackward(BlockSaved saved, Ledger::Id input);
+  // The bytes one attention call's CUDA workspace takes (0 on the CPU and
+  // where a call needs none), as nn/cuda/functional_cuda.cc asks for them:
+  // GPT's backward an f32 dq and the rows' deltas; the grouped kernels'
+  // direct route (head_dim 64) the deltas; the packed route (head_dim 128)
+  // q/k/v packed as GPT's qkv in the forward, and those plus their
+  // gradients, the f32 dq and the deltas in the backward.
+  int64_t AttentionWorkspace(bool backward) const;
+  // Books that workspace for the call's duration.
+  void AttentionCall(bool backward) {
+    const int64_t bytes = AttentionWorkspace(backward);
+    if (bytes > 0) ledger_.Free(ledger_.Alloc(kAttention, bytes));
+  }
 
   const ActivationModel &m_;
   Ledger ledger_;
@@ -164,6 +177,8 @@ Ledger::Id StepWalk::BlockForward(bool saving, const char *kind,
     }
     s.attended = l.Alloc(kind, Rows(QWidth()));
     s.logsumexp = l.Alloc(kind, 4 * m_.micro_batch * m_.heads * m_.seq);
+    // The packed route's q/k/v packing, for the call.
+    AttentionCall(/*backward=*/false);
   }
   // The output projection adds the residual into its product.
   s.residual = l.Alloc(kind, Rows(c));
@@ -243,6 +258,7 @@ Ledger::Id StepWalk::BlockBackward(BlockSaved s, Ledger::Id input) {
   if (gpt_) {
     const Ledger::Id grad_attended = l.Alloc(kBackward, Rows(c));
     const Ledger::Id grad_qkv = l.Alloc(kBackward, Rows(3 * c));
+    AttentionCall(/*backward=*/true);
     grad_attn_in = l.Alloc(kBackward, Rows(c));
     l.Free(s.normed);  // qkv's saved input
     for (Ledger::Id id :
@@ -254,6 +270,7 @@ Ledger::Id StepWalk::BlockBackward(BlockSaved s, Ledger::Id input) {
     Ledger::Id grad_q = l.Alloc(kBackward, Rows(QWidth()));
     Ledger::Id grad_k = l.Alloc(kBackward, Rows(KvWidth()));
     const Ledger::Id grad_v = l.Alloc(kBackward, Rows(KvWidth()));
+    AttentionCall(/*backward=*/true);
     l.Free(grad_attended);
     if (m_.qk_norm) {
       const Ledger::Id k2 = l.Alloc(kBackward, Rows(KvWidth()));
@@ -282,6 +299,18 @@ Ledger::Id StepWalk::BlockBackward(BlockSaved s, Ledger::Id input) {
   return grad_input;
 }
 
+int64_t StepWalk::AttentionWorkspace(bool backward) const {
+  if (!m_.cuda) return 0;
+  const int64_t rows_f32 = 4 * m_.micro_batch * m_.heads * m_.seq;
+  const bool half = m_.dtype == DType::kBF16 || m_.dtype == DType::kF16;
+  if (gpt_) return backward ? 4 * n_ * m_.hidden + rows_f32 : 0;
+  if (half && m_.head_dim == 128) {
+    const int64_t packed = (3 * Rows(QWidth()) + 255) / 256 * 256;
+    return backward ? 2 * packed + 4 * n_ * QWidth() + rows_f32 : packed;
+  }
+  return backward ? rows_f32 : 0;
+}
+
 ActivationEstimate StepWalk::Run() {
   Ledger &l = ledger_;
   const int64_t c = m_.hidden;
@@ -291,24 +320,11 @@ ActivationEstimate StepWalk::Run() {
 
   // Kept from the previous step: the CUDA kernels' scratch and the ring.
   if (m_.cuda) {
+    // The attention kernels' workspaces live only for their calls
+    // (AttentionWorkspace); the stream's scratch buffer keeps the small
+    // partial sums of bias and norm gradients (a few MiB, not counted).
     l.set_phase("scratch");
     l.Alloc(kScratch, int64_t{32} << 20);  // cuBLASLt's workspace
-    const int64_t rows_f32 = 4 * m_.micro_batch * m_.heads * m_.seq;
-    const bool half = m_.dtype == DType::kBF16 || m_.dtype == DType::kF16;
-    if (gpt_) {
-      // Asked for whichever kernel runs: an f32 dq and the row deltas.
-      l.Alloc(kScratch, 4 * n_ * c + rows_f32);
-    } else if (half && m_.head_dim == 64) {
-      // Hopper's direct grouped kernels: the row deltas only.
-      l.Alloc(kScratch, rows_f32);
-    } else if (half && m_.head_dim == 128) {
-      // The packed route: q/k/v packed as GPT's qkv, their gradients, and
-      // the attention's f32 dq and deltas.
-      const int64_t packed = (3 * Rows(QWidth()) + 255) / 256 * 256;
-      l.Alloc(kScratch, 2 * packed + 4 * n_ * QWidth() + rows_f32);
-    } else {
-      l.Alloc(kScratch, rows_f32);
-    }
   }
   if (offload) {
     l.set_phase("ring");

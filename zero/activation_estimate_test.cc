@@ -177,9 +177,13 @@ TEST(ActivationEstimateTest, DecoderStepPeakOnTheHostAllocator) {
   }
 }
 
-// Bench run 70's GPU configurations (bench/RESULTS.md; H100, bf16, loss
-// chunks of 1024 rows, checkpointing with and without cpu_checkpointing):
-// the estimates, and where the peaks fall. At the Llama shapes with the
+// Bench runs 70-71's GPU configurations (bench/RESULTS.md; H100, bf16,
+// loss chunks of 1024 rows, checkpointing with and without
+// cpu_checkpointing): the estimates, and where the peaks fall. (Run 71
+// measured 2.924 / 1.515 GB at 1.3B and 5.287 / 1.983 at 8B with the head
+// in the backward when the attention workspaces stayed in the stream's
+// scratch buffer; with them live only for their calls the walk gives
+// 2.787 / 1.378 and 4.748 / 1.444.) At the Llama shapes with the
 // head's weight gradient in the forward the peak is the head's forward
 // (at 8B its (V, C) f32 sum, 2.1 GB, was at the measured peak too); in the
 // backward, it moves into the top block's backward, where GPT's is.
