@@ -213,6 +213,7 @@
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "pipeline/step_time.h"
 
 namespace ze {
 namespace bench {
@@ -666,20 +667,10 @@ Json NvmeTrafficJson(const offload::NvmeStore::Counters& before,
 // The timed steps' pipeline time on this rank (Engine::pipeline_counters
 // after each TrainBatch), summed; printed per step.
 struct PipelineStepTimes {
-  int steps = 0;
-  double wall_ms = 0, busy_ms = 0, idle_ms = 0, wait_ms = 0;
-  double forward_ms = 0, backward_ms = 0, weight_gradient_ms = 0;
-  double reduce_ms = 0, boundary_ms = 0;
+  pipeline::StepTimes times;  // times.steps counts the timed steps
+  double boundary_ms = 0;
   void Add(const engine::PipelineCounters& c) {
-    ++steps;
-    wall_ms += c.wall_ms;
-    busy_ms += c.busy_ms;
-    idle_ms += c.idle_ms;
-    wait_ms += c.wait_ms;
-    forward_ms += c.forward_ms;
-    backward_ms += c.backward_ms;
-    weight_gradient_ms += c.weight_gradient_ms;
-    reduce_ms += c.reduce_ms;
+    times += c.times;
     boundary_ms += c.boundary_ms;
   }
 };
@@ -708,22 +699,23 @@ absl::Status AddPipelineRanks(comm::Communicator& comm, engine::Engine& engine,
     in_use_mib = static_cast<double>(stats.bytes_in_use) / kMiB;
   }
   const engine::PipelineCounters counters = engine.pipeline_counters();
-  const double steps = std::max(1, times.steps);
+  const pipeline::StepTimes& sum = times.times;
+  const double steps = std::max(1, sum.steps);
   const std::vector<float> mine = {
       static_cast<float>(peak_mib),
       static_cast<float>(in_use_mib),
       static_cast<float>(counters.peak_saved_micro_batches),
       static_cast<float>(counters.activation_bound),
-      static_cast<float>(times.wall_ms / steps),
-      static_cast<float>(times.busy_ms / steps),
-      static_cast<float>(times.idle_ms / steps),
-      static_cast<float>(times.wait_ms / steps),
-      static_cast<float>(times.forward_ms / steps),
-      static_cast<float>(times.backward_ms / steps),
-      static_cast<float>(times.weight_gradient_ms / steps),
+      static_cast<float>(sum.wall_ms / steps),
+      static_cast<float>(sum.busy_ms / steps),
+      static_cast<float>(sum.idle_ms / steps),
+      static_cast<float>(sum.wait_ms / steps),
+      static_cast<float>(sum.forward_ms / steps),
+      static_cast<float>(sum.backward_ms / steps),
+      static_cast<float>(sum.weight_gradient_ms / steps),
       static_cast<float>(times.boundary_ms / steps),
       static_cast<float>(counters.schedule_rank_bubble),
-      static_cast<float>(times.reduce_ms / steps)};
+      static_cast<float>(sum.reduce_ms / steps)};
   const int64_t fields = static_cast<int64_t>(mine.size());
   const Stream& stream = engine.compute_stream();
   ZE_ASSIGN_OR_RETURN(Tensor input, FromHostFloats(mine, {fields}, DType::kF32,
@@ -768,7 +760,7 @@ absl::Status AddPipelineRanks(comm::Communicator& comm, engine::Engine& engine,
   pipeline["ranks"] = ranks;
   pipeline["measured_bubble"] = wall > 0 ? idle / wall : 0;
   pipeline["predicted_bubble"] = counters.schedule_bubble;
-  pipeline["timed_steps"] = times.steps;
+  pipeline["timed_steps"] = times.times.steps;
   return absl::OkStatus();
 }
 

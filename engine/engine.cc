@@ -417,16 +417,7 @@ PipelineCounters EngineImpl::pipeline_counters() const {
   const int rank = pipeline_groups_.pipeline->rank();
   counters.activation_bound =
       pipeline::ActivationBound(pipeline_->schedule(), rank);
-  const pipeline::StepTimes& times = pipeline_->last_step_times();
-  counters.wall_ms = times.wall_ms;
-  counters.busy_ms = times.busy_ms;
-  counters.idle_ms = times.idle_ms;
-  counters.wait_ms = times.wait_ms;
-  counters.forward_ms = times.forward_ms;
-  counters.backward_ms = times.backward_ms;
-  counters.weight_gradient_ms = times.weight_gradient_ms;
-  counters.reduce_ms = times.reduce_ms;
-  counters.compute_actions = times.compute_actions;
+  counters.times = pipeline_->last_step_times();
   counters.boundary_ms = pipeline_boundary_ms_;
   // The schedule checked at Setup simulates again (microseconds at the
   // sizes that train).

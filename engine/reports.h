@@ -9,6 +9,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "pipeline/step_time.h"
 #include "zero/reports.h"
 
 namespace ze {
@@ -45,23 +46,15 @@ struct PipelineCounters {
   // The schedule's bound for this rank (pipeline::ActivationBound).
   int activation_bound = 0;
 
-  // Time of the last TrainBatch on this rank, in milliseconds
-  // (pipeline/executor.h "Time"): wall_ms, from the rank's first action to
+  // Time of the last TrainBatch on this rank (pipeline/step_time.h,
+  // pipeline/executor.h "Time"): wall_ms, from the rank's first action to
   // the end of the step's closing loss exchange (every rank's step ends
   // with the slowest rank's), split into busy_ms, its compute actions
   // (forward_ms + backward_ms + weight_gradient_ms + reduce_ms; on a GPU
   // each until its kernels finished), and idle_ms = wall_ms - busy_ms, of
-  // which wait_ms was blocked on messages. idle_ms / wall_ms is the rank's
-  // measured bubble.
-  double wall_ms = 0;
-  double busy_ms = 0;
-  double idle_ms = 0;
-  double wait_ms = 0;
-  double forward_ms = 0;
-  double backward_ms = 0;         // whole backwards and input-gradient parts
-  double weight_gradient_ms = 0;  // the split backward's weight parts
-  double reduce_ms = 0;           // the tied parameters' gradient sum
-  int compute_actions = 0;        // the rank's compute actions timed
+  // which wait_ms was blocked on messages. times.bubble_fraction() is the
+  // rank's measured bubble.
+  pipeline::StepTimes times;
   // After the step: the boundary step (the data-parallel reduction and the
   // optimizer), the host's wall time of that call (not synchronised with
   // the device: a GPU may still be running its last kernels).

@@ -31,6 +31,7 @@
 #include "pipeline/layout.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
+#include "pipeline/step_time.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace ze {
@@ -366,7 +367,7 @@ void ExpectEveryForwardSavedOnce(const Run &run, int stages,
   // of the idle time (intervals of one clock, disjoint, inside the step),
   // weight-gradient time only where the list has Bw actions. No durations
   // compared: they are the machine's.
-  const engine::PipelineCounters &t = run.counters;
+  const pipeline::StepTimes &t = run.counters.times;
   EXPECT_EQ(t.compute_actions, in_flight->compute_actions);
   EXPECT_NEAR(t.busy_ms,
               t.forward_ms + t.backward_ms + t.weight_gradient_ms + t.reduce_ms,
@@ -376,7 +377,7 @@ void ExpectEveryForwardSavedOnce(const Run &run, int stages,
   EXPECT_GE(t.wait_ms, 0);
   EXPECT_LE(t.wait_ms, t.idle_ms + 1e-6);
   if (!in_flight->split) EXPECT_EQ(t.weight_gradient_ms, 0);
-  EXPECT_DOUBLE_EQ(t.schedule_rank_bubble, in_flight->rank_bubble);
+  EXPECT_DOUBLE_EQ(run.counters.schedule_rank_bubble, in_flight->rank_bubble);
 }
 
 struct Case {
