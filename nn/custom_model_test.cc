@@ -198,11 +198,7 @@ TEST(CustomModelTest, TrainsWithSgd) {
     last = loss_and_grad(&grad);
     if (step == 0) first = last;
     ASSERT_TRUE(model->Backward(grad, stream).ok());
-    for (Parameter *parameter : model->Parameters()) {
-      ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.5f,
-                        parameter->grad(), parameter->data().value(), stream)
-                      .ok());
-    }
+    ASSERT_TRUE(testing::SgdStep(*model, 0.5f, stream).ok());
   }
   EXPECT_LT(last, 0.01 * first);
 }

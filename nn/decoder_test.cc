@@ -226,11 +226,7 @@ TEST(DecoderTest, SgdStepsLowerTheLoss) {
       losses.push_back(
           model->ForwardLoss(batch.tokens, batch.targets, stream).value());
       ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-      for (Parameter *parameter : model->Parameters()) {
-        ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.2f,
-                          parameter->grad(), parameter->data().value(), stream)
-                        .ok());
-      }
+      ASSERT_TRUE(testing::SgdStep(*model, 0.2f, stream).ok());
     }
     EXPECT_NEAR(losses.front(), std::log(37.0), 0.05);
     EXPECT_LT(losses.back(), losses.front() - 0.5f)
@@ -262,12 +258,7 @@ TEST(DecoderTest, HeadWeightGradientInBackwardTrainsAsInForward) {
         losses[in_backward].push_back(
             model->ForwardLoss(batch.tokens, batch.targets, stream).value());
         ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-        for (Parameter *parameter : model->Parameters()) {
-          ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.2f,
-                            parameter->grad(), parameter->data().value(),
-                            stream)
-                          .ok());
-        }
+        ASSERT_TRUE(testing::SgdStep(*model, 0.2f, stream).ok());
       }
     }
     EXPECT_LT(losses[0].back(), losses[0].front() - 0.5f);

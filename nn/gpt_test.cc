@@ -250,11 +250,7 @@ TEST(GptTest, SgdOverfitsOneBatch) {
     if (step == 0) first_loss = loss;
     if (loss < 0.1f) break;
     ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-    for (Parameter *parameter : model->Parameters()) {
-      ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -learning_rate,
-                        parameter->grad(), parameter->data().value(), stream)
-                      .ok());
-    }
+    ASSERT_TRUE(testing::SgdStep(*model, learning_rate, stream).ok());
   }
   EXPECT_NEAR(first_loss, std::log(37.0f), 0.3f);
   EXPECT_LT(loss, 0.1f) << "after " << step << " steps";
@@ -279,11 +275,7 @@ TEST(GptTest, HeadWeightGradientInBackwardTrainsAsInForward) {
       losses[in_backward].push_back(
           model->ForwardLoss(batch.tokens, batch.targets, stream).value());
       ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-      for (Parameter *parameter : model->Parameters()) {
-        ASSERT_TRUE(Axpby(1.0f, parameter->data().value(), -0.3f,
-                          parameter->grad(), parameter->data().value(), stream)
-                        .ok());
-      }
+      ASSERT_TRUE(testing::SgdStep(*model, 0.3f, stream).ok());
     }
   }
   // The loss falls (the steps do something), and each step's loss agrees.

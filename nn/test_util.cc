@@ -132,6 +132,15 @@ std::vector<std::string> CheckGradients(Module &module, const Tensor &input,
   return failures;
 }
 
+absl::Status SgdStep(Module &model, float learning_rate, const Stream &stream) {
+  for (Parameter *parameter : model.Parameters()) {
+    ZE_ASSIGN_OR_RETURN(Tensor data, parameter->data());
+    ZE_RETURN_IF_ERROR(
+        Axpby(1.0f, data, -learning_rate, parameter->grad(), data, stream));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace testing
 }  // namespace nn
 }  // namespace ze

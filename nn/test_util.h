@@ -24,6 +24,10 @@ Tensor RandomIds(const Shape &shape, uint64_t seed, int32_t limit);
 std::vector<float> Values(const Tensor &tensor);
 // A copy of `tensor` on the CPU in f32.
 Tensor CopyToCpuF32(const Tensor &tensor);
+// One plain SGD step: every parameter of `model` -= learning_rate * its
+// gradient (Axpby on `stream`). Fails as Axpby, or for a parameter without
+// data.
+absl::Status SgdStep(Module &model, float learning_rate, const Stream &stream);
 
 struct GradCheckOptions {
   float epsilon = 1e-2f;       // central difference step
