@@ -65,6 +65,22 @@ double NormalisedError(const std::vector<float> &got,
   return max_error / max_value;
 }
 
+// Every parameter gradient of `gpu` within `tol` (NormalisedError) of the
+// same parameter's in `cpu`, a module of the same structure; failures name
+// `what` and the parameter.
+void ExpectParameterGradientsNear(Module &gpu, Module &cpu, double tol,
+                                  const std::string &what) {
+  const std::vector<Parameter *> cpu_params = cpu.Parameters();
+  const std::vector<Parameter *> gpu_params = gpu.Parameters();
+  ASSERT_EQ(cpu_params.size(), gpu_params.size()) << what;
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
+                              Values(cpu_params[i]->grad())),
+              tol)
+        << what << " " << cpu_params[i]->name();
+  }
+}
+
 class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -104,15 +120,7 @@ void CompareLayer(const std::string &label, const Factory &factory,
     EXPECT_LE(NormalisedError(Values(gpu_grad), Values(cpu_grad)), grad_tol)
         << "input grad";
   }
-  const std::vector<Parameter *> cpu_params = cpu->Parameters();
-  const std::vector<Parameter *> gpu_params = gpu->Parameters();
-  ASSERT_EQ(cpu_params.size(), gpu_params.size());
-  for (size_t i = 0; i < cpu_params.size(); ++i) {
-    EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
-                              Values(cpu_params[i]->grad())),
-              grad_tol)
-        << cpu_params[i]->name();
-  }
+  ExpectParameterGradientsNear(*gpu, *cpu, grad_tol, "parameter grad");
 }
 
 struct LayerCase {
@@ -272,14 +280,9 @@ TEST_F(CudaTest, SmallGptLossAndGradientsMatchCpu) {
       const double loss_tol = dtype == DType::kF32 ? 1e-3 : 2e-2;
       const double grad_tol = dtype == DType::kF32 ? 5e-3 : 5e-2;
       EXPECT_NEAR(gpu_loss, cpu_loss, loss_tol);
-      const std::vector<Parameter *> cpu_params = cpu->Parameters();
-      const std::vector<Parameter *> gpu_params = gpu->Parameters();
-      for (size_t i = 0; i < cpu_params.size(); ++i) {
-        EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
-                                  Values(cpu_params[i]->grad())),
-                  grad_tol)
-            << cpu_params[i]->name() << " checkpointing=" << checkpointing;
-      }
+      ExpectParameterGradientsNear(
+          *gpu, *cpu, grad_tol,
+          checkpointing ? "checkpointing=1" : "checkpointing=0");
     }
   }
 }
@@ -364,17 +367,8 @@ TEST_F(CudaTest, SmallGptChunkedLossMatchesCpuAndNeverHoldsTheLogits) {
     EXPECT_NEAR(gpu_loss, whole_loss, dtype == DType::kF32 ? 1e-5 : 1e-3);
     EXPECT_NEAR(gpu_loss, cpu_loss, dtype == DType::kF32 ? 1e-3 : 2e-2);
     const double grad_tol = dtype == DType::kF32 ? 5e-3 : 5e-2;
-    auto expect_cpu_gradients = [&](const char *what) {
-      const std::vector<Parameter *> cpu_params = cpu->Parameters();
-      const std::vector<Parameter *> gpu_params = gpu->Parameters();
-      for (size_t i = 0; i < cpu_params.size(); ++i) {
-        EXPECT_LE(NormalisedError(Values(gpu_params[i]->grad()),
-                                  Values(cpu_params[i]->grad())),
-                  grad_tol)
-            << what << " " << cpu_params[i]->name();
-      }
-    };
-    expect_cpu_gradients("weight gradient in the forward");
+    ExpectParameterGradientsNear(*gpu, *cpu, grad_tol,
+                                 "weight gradient in the forward");
     // The head's weight gradient formed in the backward, a vocabulary slice
     // at a time (CrossEntropySliceBackward, LinearCrossEntropyWeightGradient):
     // the same loss, the CPU's gradients, and a forward that no longer
@@ -385,7 +379,8 @@ TEST_F(CudaTest, SmallGptChunkedLossMatchesCpuAndNeverHoldsTheLogits) {
     const Peaks in_backward = step_peaks(kChunkRows, &in_backward_loss);
     gpu->lm_head()->set_weight_gradient(OutputHead::WeightGradient::kInForward);
     EXPECT_EQ(in_backward_loss, gpu_loss);
-    expect_cpu_gradients("weight gradient in the backward");
+    ExpectParameterGradientsNear(*gpu, *cpu, grad_tol,
+                                 "weight gradient in the backward");
     const int64_t f32_sum_bytes =
         config.padded_vocab_size * config.channels * int64_t{4};
     EXPECT_LE(in_backward.forward + f32_sum_bytes - (int64_t{2} << 20),
