@@ -713,6 +713,29 @@ float RowLogSumExp(const float *row, int64_t count) {
 
 }  // namespace
 
+namespace {
+
+// The softmax cross-entropy's gradient over `width` logits of one row, the
+// vocabulary's columns [offset, offset + width): grad_scale * (exp(x -
+// lse) - onehot(target)) below `classes`, 0 from there on and for an
+// ignored row (target < 0). Element by element, so dx may be x; the
+// whole-row and slice backwards' one arithmetic.
+void SoftmaxGradientRow(const float *x, int64_t width, int64_t offset,
+                        float lse, int64_t target, int64_t classes,
+                        float grad_scale, float *dx) {
+  for (int64_t i = 0; i < width; ++i) {
+    const int64_t column = offset + i;
+    if (target < 0 || column >= classes) {
+      dx[i] = 0.0f;
+      continue;
+    }
+    dx[i] = grad_scale * std::exp(x[i] - lse);
+    if (column == target) dx[i] -= grad_scale;
+  }
+}
+
+}  // namespace
+
 absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
                                  const Tensor &losses, int64_t classes,
                                  const Tensor &logsumexp) {
@@ -750,23 +773,13 @@ absl::Status CrossEntropySliceBackward(const Tensor &logits,
   const int64_t width = logits.size(1);
   const int32_t *target_ids = targets.data_as<const int32_t>();
   const float *lse = logsumexp.data_as<const float>();
-  // As CrossEntropyBackward's arithmetic, element by element (grad_logits
-  // may alias logits).
+  // As CrossEntropyBackward's arithmetic (grad_logits may alias logits).
   FloatIn x(logits);
   FloatOut dx(grad_logits, /*load=*/false);
   for (int64_t row = 0; row < rows; ++row) {
-    const float *x_row = x.get() + row * width;
-    float *dx_row = dx.get() + row * width;
-    const int64_t target = target_ids[row];
-    for (int64_t i = 0; i < width; ++i) {
-      const int64_t column = offset + i;
-      if (target < 0 || column >= classes) {
-        dx_row[i] = 0.0f;
-        continue;
-      }
-      dx_row[i] = grad_scale * std::exp(x_row[i] - lse[row]);
-      if (column == target) dx_row[i] -= grad_scale;
-    }
+    SoftmaxGradientRow(x.get() + row * width, width, offset, lse[row],
+                       target_ids[row], classes, grad_scale,
+                       dx.get() + row * width);
   }
   dx.Commit();
   return absl::OkStatus();
@@ -790,16 +803,9 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   for (int64_t row = 0; row < rows; ++row) {
     const float *x_row = x.get() + row * vocab;
     float *dx_row = dx.get() + row * vocab;
-    if (target_ids[row] < 0) {
-      for (int64_t i = 0; i < vocab; ++i) dx_row[i] = 0.0f;
-      continue;
-    }
-    const float lse = RowLogSumExp(x_row, classes);
-    for (int64_t i = 0; i < classes; ++i) {
-      dx_row[i] = grad_scale * std::exp(x_row[i] - lse);
-    }
-    for (int64_t i = classes; i < vocab; ++i) dx_row[i] = 0.0f;
-    dx_row[target_ids[row]] -= grad_scale;
+    const float lse = target_ids[row] < 0 ? 0.0f : RowLogSumExp(x_row, classes);
+    SoftmaxGradientRow(x_row, vocab, 0, lse, target_ids[row], classes,
+                       grad_scale, dx_row);
   }
   dx.Commit();
   return absl::OkStatus();

@@ -74,6 +74,17 @@ __global__ void CrossEntropyForwardKernel(const T* __restrict__ logits,
   }
 }
 
+// The softmax cross-entropy's gradient at one logit of a counted row (its
+// target >= 0): scale * (exp(logit - lse) - onehot) in the first `classes`
+// columns, 0 from there on (padding). Both backward kernels' arithmetic.
+__device__ __forceinline__ float SoftmaxGradient(float logit, float lse,
+                                                 int64_t column, int32_t target,
+                                                 int64_t classes, float scale) {
+  return column < classes
+             ? scale * (__expf(logit - lse) - (column == target ? 1.0f : 0.0f))
+             : 0.0f;
+}
+
 // One block per row of a (rows, width) slice of logits whose column c is
 // the vocabulary's column `offset + c`: the softmax gradient from the
 // row's logsumexp (no pass over the rest of the row). grad may alias
@@ -89,9 +100,8 @@ __global__ void CrossEntropySliceBackwardKernel(
   T* g = grad + row * width;
   const float lse = logsumexp[row];
   auto value = [&](float v, int64_t column) {
-    return target >= 0 && column < classes
-               ? scale * (__expf(v - lse) - (column == target ? 1.0f : 0.0f))
-               : 0.0f;
+    return target >= 0 ? SoftmaxGradient(v, lse, column, target, classes, scale)
+                       : 0.0f;
   };
   const int64_t vec_end = (width / VEC) * VEC;
   for (int64_t c = threadIdx.x * VEC; c < vec_end; c += blockDim.x * VEC) {
@@ -132,18 +142,13 @@ __global__ void CrossEntropyBackwardKernel(const T* logits,
     LoadFloats<T, VEC>(r + c, v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      v[k] =
-          c + k < classes
-              ? scale * (__expf(v[k] - lse) - (c + k == target ? 1.0f : 0.0f))
-              : 0.0f;
+      v[k] = SoftmaxGradient(v[k], lse, c + k, target, classes, scale);
     }
     StoreFloats<T, VEC>(g + c, v);
   }
   for (int64_t c = vec_end + threadIdx.x; c < vocab; c += blockDim.x) {
-    const float v = ToFloat(r[c]);
     g[c] = FromFloat<T>(
-        c < classes ? scale * (__expf(v - lse) - (c == target ? 1.0f : 0.0f))
-                    : 0.0f);
+        SoftmaxGradient(ToFloat(r[c]), lse, c, target, classes, scale));
   }
 }
 
