@@ -113,6 +113,24 @@ void ExpectClose(const ActivationEstimate &estimate, int64_t measured,
   EXPECT_EQ(estimate.pinned_host, host_bytes);
 }
 
+// `model` (built from `config`) in two 32-row loss chunks (the head's
+// default would take all 64 rows at once): the walk of the config's shape
+// against one measured step.
+template <class Model, class Config>
+void ExpectEstimateOfStep(Model &model, const Config &config, const Case &c,
+                          int64_t batch, int64_t seq, int32_t vocab) {
+  const int64_t chunk_rows = 32;
+  model.lm_head()->set_loss_chunk_rows(chunk_rows);
+  int64_t host_bytes = 0;
+  const int64_t measured =
+      MeasuredStepBytes(model, c, batch, seq, vocab, &host_bytes);
+  ActivationModel shape = ActivationModel::Of(config, c.dtype, batch, seq);
+  shape.loss_chunk_rows = chunk_rows;
+  shape.ring_slots = c.offload ? 2 : 0;
+  shape.cuda = false;
+  ExpectClose(EstimateActivations(shape), measured, host_bytes);
+}
+
 TEST(ActivationEstimateTest, GptStepPeakOnTheHostAllocator) {
   const int64_t batch = 2, seq = 32;
   for (const Case &c : AllCases()) {
@@ -131,17 +149,7 @@ TEST(ActivationEstimateTest, GptStepPeakOnTheHostAllocator) {
     nn::GptOptions options;
     options.dtype = c.dtype;
     auto model = nn::GptModel::Create(config, options).value();
-    // Two loss chunks: the head's default would take all 64 rows at once.
-    const int64_t chunk_rows = 32;
-    model->lm_head()->set_loss_chunk_rows(chunk_rows);
-    int64_t host_bytes = 0;
-    const int64_t measured = MeasuredStepBytes(*model, c, batch, seq,
-                                               config.vocab_size, &host_bytes);
-    ActivationModel shape = ActivationModel::Of(config, c.dtype, batch, seq);
-    shape.loss_chunk_rows = chunk_rows;
-    shape.ring_slots = c.offload ? 2 : 0;
-    shape.cuda = false;
-    ExpectClose(EstimateActivations(shape), measured, host_bytes);
+    ExpectEstimateOfStep(*model, config, c, batch, seq, config.vocab_size);
   }
 }
 
@@ -162,17 +170,8 @@ TEST(ActivationEstimateTest, DecoderStepPeakOnTheHostAllocator) {
       nn::DecoderOptions options;
       options.dtype = c.dtype;
       auto model = nn::DecoderModel::Create(config, options).value();
-      const int64_t chunk_rows = 32;
-      model->lm_head()->set_loss_chunk_rows(chunk_rows);
-      int64_t host_bytes = 0;
-      const int64_t measured = MeasuredStepBytes(
-          *model, c, batch, seq, static_cast<int32_t>(config.vocab_size),
-          &host_bytes);
-      ActivationModel shape = ActivationModel::Of(config, c.dtype, batch, seq);
-      shape.loss_chunk_rows = chunk_rows;
-      shape.ring_slots = c.offload ? 2 : 0;
-      shape.cuda = false;
-      ExpectClose(EstimateActivations(shape), measured, host_bytes);
+      ExpectEstimateOfStep(*model, config, c, batch, seq,
+                           static_cast<int32_t>(config.vocab_size));
     }
   }
 }
