@@ -646,31 +646,33 @@ inline float LargestLane(typename V::Vec lanes) {
 
 // moment_codec.h's StochasticCode V::kWidth at a time, the same operations
 // (k * (k * -1) is -(k * k), exact; k * 2 + 1 is k + k + 1 and
-// k * 1 + kSureUp is k + kSureUp, exact).
+// k * 1 + kSureUp is k + kSureUp, exact), from `noise16` (integral lanes
+// in [0, 2^16), as floats: exact).
 template <class V>
 inline typename V::Vec StochasticCodeAs(typename V::Vec x,
-                                        typename V::Int noise) {
+                                        typename V::Vec noise16) {
   using Vec = typename V::Vec;
   const Vec k = V::Floor(x);
   const Vec above = V::Fmadd(x, x, V::Mul(k, V::Mul(k, V::Set1(-1.0f))));
-  const Vec up = V::Div(above, V::Fmadd(k, V::Set1(2.0f), V::Set1(1.0f)));
-  const Vec u = V::Mul(V::IntToFloat(V::template ShiftRight<8>(noise)),
-                       V::Set1(0x1p-24f));
+  const Vec draw = V::Mul(noise16, V::Fmadd(k, V::Set1(2.0f), V::Set1(1.0f)));
   const Vec one = V::Set1(1.0f);
-  return V::AddOneWhere(k, u, up, x, V::Fmadd(k, one, V::Set1(kSureUp)));
+  return V::AddOneWhere(k, draw, V::Mul(above, V::Set1(0x1p16f)), x,
+                        V::Fmadd(k, one, V::Set1(kSureUp)));
 }
 
 // EncodeBlock8Stochastic over n (a multiple of V::kWidth) elements,
 // V::kWidth at a time: the same operations per element, from
 // root_v = sqrt(v) (the update's own square root, so the fourth root
 // costs one more instead of two; the same values, sqrt being correctly
-// rounded).
+// rounded). Each element's hash is computed once: m's half waits in
+// `m_noise` for m's step.
 template <class V>
 inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
                            int8_t* m_codes, uint8_t* v_codes, float* m_step,
-                           float* v_step, uint32_t key_m, uint32_t key_v,
-                           int64_t first) {
+                           float* v_step, uint32_t key, int64_t first) {
   using Vec = typename V::Vec;
+  using Int = typename V::Int;
+  alignas(64) float m_noise[kMomentBlock];
   const Vec zero = V::Set1(0.0f);
   Vec max_root = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
@@ -679,13 +681,17 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
   *v_step = VStepOfRoot(LargestLane<V>(max_root));
   const Vec inverse_v = V::Set1(InverseStep(*v_step));
   const Vec v_top = V::Set1(kVCodeMax);
-  const typename V::Int sign_off = V::Splat(0x7fffffff);
+  const Int sign_off = V::Splat(0x7fffffff);
+  const Int low_half = V::Splat(0xffff);
   Vec absmax = zero;
   for (int64_t j = 0; j < n; j += V::kWidth) {
+    const Int noise = RoundingNoiseAs<V>(key, first + j);
+    V::Store(m_noise + j,
+             V::IntToFloat(V::And(noise, low_half)));  // MCodeNoise
     const Vec code = StochasticCodeAs<V>(
         V::Min(V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero),
                v_top),
-        RoundingNoiseAs<V>(key_v, first + j));
+        V::IntToFloat(V::template ShiftRight<16>(noise)));  // VCodeNoise
     V::StoreCodes(v_codes + j, code);
     const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
     V::Store(m + j, kept);
@@ -694,7 +700,7 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
   *m_step = MStep(LargestLane<V>(absmax));
   const Vec inverse_m = V::Set1(InverseStep(*m_step));
   const Vec m_top = V::Set1(kMCodeMax);
-  const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
+  const Int sign_on = V::Splat(static_cast<int>(0x80000000u));
   for (int64_t j = 0; j < n; j += V::kWidth) {
     const Vec value = V::Load(m + j);
     const Vec root = StochasticCodeAs<V>(
@@ -703,7 +709,7 @@ inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
                              inverse_m),
                       zero),
                m_top),
-        RoundingNoiseAs<V>(key_m, first + j));
+        V::Load(m_noise + j));
     // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
     V::StoreCodes(
         m_codes + j,
@@ -804,13 +810,13 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
       if (roots) {
         EncodeBlock8As<V>(m_new, v_new, n, m_codes + start, v_codes + start,
                           b.step0 + block, b.step1 + block, c.round_key_m,
-                          c.round_key_v, b.first_index + start);
+                          b.first_index + start);
         continue;
       }
     }
     EncodeBlock8Stochastic(m_new, v_new, n, m_codes + start, v_codes + start,
                            b.step0 + block, b.step1 + block, c.round_key_m,
-                           c.round_key_v, b.first_index + start);
+                           b.first_index + start);
   }
 }
 

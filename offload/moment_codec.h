@@ -207,20 +207,29 @@ ZE_MOMENT_HD float DecodeV(uint8_t c, float step) {
 // code^4, sqrt(v) of the quietest elements came out 12% low and their
 // steps larger; in the code itself, 26% high: bench/convergence/README.md.)
 // Noise as bf16's (RoundingNoise of the step's key and the element's
-// index: reproducible, no state). Conversions (checkpoints, ReadState /
-// WriteState) still round to nearest: an exact code stays itself either way.
+// index: reproducible, no state), one 32-bit hash per element for both
+// codes: its top 16 bits round v's code (VCodeNoise), its low 16 bits m's
+// (MCodeNoise). (Two hashes and a division per element cost the 8-bit CPU
+// Adam 39% of its throughput; 16 bits of noise leave a bias under 2^-16
+// of a code.) Conversions (checkpoints, ReadState / WriteState) still
+// round to nearest: an exact code stays itself either way.
+ZE_MOMENT_HD uint32_t VCodeNoise(uint32_t noise) { return noise >> 16; }
+ZE_MOMENT_HD uint32_t MCodeNoise(uint32_t noise) { return noise & 0xffffu; }
 
 // `x` (>= 0, at most the top code) rounded to k = floor(x) or k + 1, up
-// with probability (x^2 - k^2) / ((k + 1)^2 - k^2) from the top 24 bits of
-// `noise`: code^2 is unbiased. An x within kSureUp of k + 1 always rounds
-// up: the block's largest element (x within 2^-16 of the top code, its
-// step being rounded up) keeps the top code, so a state decoded to f32 and
-// encoded again (a checkpoint, ReadState / WriteState) recomputes the same
-// step and codes; the bias this leaves is under 2^-7 of a code. An explicit
-// fma and exact arithmetic (integers below 2^24, k + kSureUp), the same
-// operations on every path, so every path gives the same code.
+// with probability (x^2 - k^2) / ((k + 1)^2 - k^2) from `noise16` (in
+// [0, 2^16), uniform): up where noise16 (2k + 1) < (x^2 - k^2) 2^16, so
+// code^2 is unbiased (to 2^-16 of a code; no division). An x within
+// kSureUp of k + 1 always rounds up: the block's largest element (x within
+// 2^-16 of the top code, its step being rounded up) keeps the top code, so
+// a state decoded to f32 and encoded again (a checkpoint, ReadState /
+// WriteState) recomputes the same step and codes; the bias this leaves is
+// under 2^-7 of a code. An explicit fma, then products and sums that are
+// exact or rounded once (integers below 2^25, a power-of-two scale, k +
+// kSureUp), the same operations on every path, so every path gives the
+// same code.
 constexpr float kSureUp = 1.0f - 0x1p-7f;
-ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise) {
+ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise16) {
 #if defined(__CUDA_ARCH__)
   const float k = floorf(x);
   const float above = fmaf(x, x, -(k * k));  // x^2 - k^2
@@ -228,23 +237,22 @@ ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise) {
   const float k = std::floor(x);
   const float above = std::fma(x, x, -(k * k));
 #endif
-  const float up = above / (k + k + 1.0f);
-  const float u = static_cast<float>(noise >> 8) * 0x1p-24f;
-  return u < up || x >= k + kSureUp ? k + 1.0f : k;
+  const float draw = static_cast<float>(noise16) * (k + k + 1.0f);
+  return draw < above * 0x1p16f || x >= k + kSureUp ? k + 1.0f : k;
 }
 
 ZE_MOMENT_HD int8_t EncodeMStochastic(float m, float inverse_step,
-                                      uint32_t noise) {
+                                      uint32_t noise16) {
   const float root = StochasticCode(
       MomentMin(MomentMax(sqrtf(AbsMoment(m)) * inverse_step, 0.0f), kMCodeMax),
-      noise);
+      noise16);
   return static_cast<int8_t>(m < 0.0f ? -root : root);
 }
 ZE_MOMENT_HD uint8_t EncodeVStochastic(float v, float inverse_step,
-                                       uint32_t noise) {
+                                       uint32_t noise16) {
   return static_cast<uint8_t>(StochasticCode(
       MomentMin(MomentMax(sqrtf(sqrtf(v)) * inverse_step, 0.0f), kVCodeMax),
-      noise));
+      noise16));
 }
 
 // Encodes `n` (<= kMomentBlock) f32 values of one block of v, or of m.
@@ -278,13 +286,13 @@ ZE_MOMENT_HD void EncodeBlock8(float* m, const float* v, int64_t n,
 }
 
 // EncodeBlock8 with the update's stochastic codes: element i's noise is
-// RoundingNoise(key_m or key_v, first + i), `first` the block's first
-// element in the optimizer's state.
+// RoundingNoise(key, first + i), `first` the block's first element in the
+// optimizer's state (v's code from its VCodeNoise, m's from its
+// MCodeNoise).
 ZE_MOMENT_HD void EncodeBlock8Stochastic(float* m, const float* v, int64_t n,
                                          int8_t* m_codes, uint8_t* v_codes,
                                          float* m_step, float* v_step,
-                                         uint32_t key_m, uint32_t key_v,
-                                         int64_t first) {
+                                         uint32_t key, int64_t first) {
   float max_v = 0.0f;
   for (int64_t i = 0; i < n; ++i) max_v = MomentMax(v[i], max_v);
   *v_step = VStep(max_v);
@@ -293,7 +301,7 @@ ZE_MOMENT_HD void EncodeBlock8Stochastic(float* m, const float* v, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     v_codes[i] = EncodeVStochastic(
         v[i], inverse_v,
-        RoundingNoise(key_v, static_cast<uint32_t>(first + i)));
+        VCodeNoise(RoundingNoise(key, static_cast<uint32_t>(first + i))));
     if (v_codes[i] == 0) m[i] = 0.0f;
     absmax = MomentMax(AbsMoment(m[i]), absmax);
   }
@@ -302,7 +310,7 @@ ZE_MOMENT_HD void EncodeBlock8Stochastic(float* m, const float* v, int64_t n,
   for (int64_t i = 0; i < n; ++i) {
     m_codes[i] = EncodeMStochastic(
         m[i], inverse_m,
-        RoundingNoise(key_m, static_cast<uint32_t>(first + i)));
+        MCodeNoise(RoundingNoise(key, static_cast<uint32_t>(first + i))));
   }
 }
 

@@ -79,21 +79,37 @@ TEST(MomentCodecTest, StochasticCodeIsUnbiasedInItsSquare) {
     const float k = std::floor(x);
     double sum = 0.0;
     constexpr int kSamples = 200000;
+    // Both halves of the hash (v's and m's noise).
+    double sums[2] = {0.0, 0.0};
     for (int i = 0; i < kSamples; ++i) {
-      const float code = StochasticCode(x, RoundingNoise(key, i));
-      ASSERT_TRUE(code == k || code == k + 1.0f) << x << " " << code;
-      ASSERT_EQ(code, StochasticCode(x, RoundingNoise(key, i)));
-      sum += static_cast<double>(code) * code;
+      const uint32_t noise = RoundingNoise(key, i);
+      const float codes[2] = {StochasticCode(x, VCodeNoise(noise)),
+                              StochasticCode(x, MCodeNoise(noise))};
+      for (int half = 0; half < 2; ++half) {
+        const float code = codes[half];
+        ASSERT_TRUE(code == k || code == k + 1.0f) << x << " " << code;
+        sums[half] += static_cast<double>(code) * code;
+      }
+      ASSERT_EQ(codes[0], StochasticCode(x, VCodeNoise(noise)));
     }
     // Each sample's code^2 is k^2 or (k + 1)^2: sigma of the mean is at
     // most (2k + 1) / 2 / sqrt(kSamples); 5 sigma.
-    EXPECT_NEAR(sum / kSamples, static_cast<double>(x) * x,
-                5.0 * (2.0 * k + 1.0) / 2.0 / std::sqrt(kSamples))
-        << x;
+    for (const double sum : sums) {
+      EXPECT_NEAR(sum / kSamples, static_cast<double>(x) * x,
+                  5.0 * (2.0 * k + 1.0) / 2.0 / std::sqrt(kSamples))
+          << x;
+    }
   }
-  EXPECT_EQ(StochasticCode(7.0f, 0xffffffffu), 7.0f);
-  EXPECT_EQ(StochasticCode(0.0f, 0xffffffffu), 0.0f);
-  EXPECT_EQ(StochasticCode(255.0f, 0xffffffffu), 255.0f);
+  // The extremes of the noise: exact codes stay, and the probability is
+  // exact at its ends (never up at noise 2^16 - 1 unless x is within
+  // kSureUp, always up at noise 0 when x is above k).
+  EXPECT_EQ(StochasticCode(7.0f, 0xffffu), 7.0f);
+  EXPECT_EQ(StochasticCode(0.0f, 0xffffu), 0.0f);
+  EXPECT_EQ(StochasticCode(255.0f, 0xffffu), 255.0f);
+  EXPECT_EQ(StochasticCode(7.0f, 0u), 7.0f);
+  EXPECT_EQ(StochasticCode(7.5f, 0xffffu), 7.0f);
+  EXPECT_EQ(StochasticCode(7.001f, 0u), 8.0f);
+  EXPECT_EQ(StochasticCode(7.995f, 0xffffu), 8.0f);
 }
 
 // The update's stochastic encoding keeps the largest element of a block at
@@ -118,8 +134,7 @@ TEST(MomentCodecTest, StochasticBlockReencodesExactly) {
     float m_step, v_step;
     EncodeBlock8Stochastic(m.data(), v.data(), kMomentBlock, m_codes.data(),
                            v_codes.data(), &m_step, &v_step,
-                           RoundingKey(1, trial, 0), RoundingKey(1, trial, 1),
-                           trial * kMomentBlock);
+                           RoundingKey(1, trial, 0), trial * kMomentBlock);
     for (int64_t i = 0; i < kMomentBlock; ++i) {
       m_back[i] = DecodeM(m_codes[i], m_step);
       v_back[i] = DecodeV(v_codes[i], v_step);

@@ -45,7 +45,9 @@ struct StepCoefficients {
   // stochastic_rounding they round with moment_codec.h's StochasticBf16,
   // its noise keyed by round_key_m / round_key_v (RoundingKey of the seed,
   // this step and the moment) and the element's index in the optimizer's
-  // state; otherwise to nearest even.
+  // state; otherwise to nearest even. 8-bit moments always round the
+  // update's codes stochastically, both codes from round_key_m's noise
+  // (moment_codec.h's EncodeBlock8Stochastic).
   bool stochastic_rounding = false;
   uint32_t round_key_m = 0;
   uint32_t round_key_v = 0;

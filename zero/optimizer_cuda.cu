@@ -302,8 +302,8 @@ __device__ __forceinline__ float BlockMax(float value, float* shared) {
 // Adam over 8-bit moments: thread block b (grid-strided) updates state
 // block b, thread t its element t: decode with the block's steps, update,
 // then offload::EncodeBlock8Stochastic's steps, in its order (v's step,
-// v's codes, m zeroed where v's code is 0, m's step, m's codes), each
-// code's noise keyed by the step's key and the element's state index.
+// v's codes, m zeroed where v's code is 0, m's step, m's codes), the
+// codes' noise keyed by the step's key and the element's state index.
 template <int kGrad, int kOut>
 __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
                              Moments moments, const void* grads, void* out,
@@ -326,19 +326,19 @@ __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
       StoreMaster<kOut>(master, out, lo, i, p);
     }
     const float v_step = offload::VStep(BlockMax(v, shared));
-    // The noise counter: the element's index in the optimizer's state.
-    const uint32_t counter = static_cast<uint32_t>(moments.first_index + i);
+    // The noise: a hash of the element's index in the optimizer's state,
+    // its halves for the two codes.
+    const uint32_t noise = offload::RoundingNoise(
+        c.round_key_m, static_cast<uint32_t>(moments.first_index + i));
     const uint8_t v_code = offload::EncodeVStochastic(
-        v, offload::InverseStep(v_step),
-        offload::RoundingNoise(c.round_key_v, counter));
+        v, offload::InverseStep(v_step), offload::VCodeNoise(noise));
     if (v_code == 0) m = 0.0f;
     const float m_step =
         offload::MStep(BlockMax(offload::AbsMoment(m), shared));
     if (active) {
       v_codes[i] = v_code;
-      m_codes[i] = offload::EncodeMStochastic(
-          m, offload::InverseStep(m_step),
-          offload::RoundingNoise(c.round_key_m, counter));
+      m_codes[i] = offload::EncodeMStochastic(m, offload::InverseStep(m_step),
+                                              offload::MCodeNoise(noise));
     }
     // Every thread read the old steps before BlockMax's barriers.
     if (threadIdx.x == 0) {
