@@ -1,6 +1,8 @@
 // The world of one process: a reduction over one rank is the input itself,
 // a gather is a copy and a broadcast changes nothing. Copies are queued on
-// the caller's stream; an event marks their end for device tensors.
+// the caller's stream; an event marks their end for device tensors. Other
+// backends' communicators of one rank (a pipeline's data-parallel groups
+// split from an MPI world) issue their collectives the same way.
 #include "absl/strings/str_cat.h"
 #include "comm/backends.h"
 #include "core/ops.h"
@@ -57,20 +59,7 @@ class LocalCommunicator : public Communicator {
   absl::StatusOr<Work> Issue(const std::vector<CollectiveOp> &ops,
                              const std::vector<uint64_t> &sequence_numbers,
                              const Stream &stream) override {
-    for (const CollectiveOp &op : ops) {
-      if (op.input.data() != op.output.data()) {
-        ZE_RETURN_IF_ERROR(Copy(op.input, op.output, stream));
-      }
-    }
-    Event done;
-    if (stream.device().is_cuda()) {
-      ZE_ASSIGN_OR_RETURN(done, Event::Create(stream.device()));
-      ZE_RETURN_IF_ERROR(done.Record(stream));
-    }
-    auto work = std::make_shared<LocalWork>(
-        done, sequence_numbers.front(), sequence_numbers.back(), recorder());
-    if (stream.device().is_cpu()) ZE_RETURN_IF_ERROR(work->Wait());
-    return Work(work);
+    return IssueWithinOneRank(ops, sequence_numbers, stream, recorder());
   }
 
   absl::Status BarrierImpl(uint64_t) override { return absl::OkStatus(); }
@@ -83,6 +72,27 @@ class LocalCommunicator : public Communicator {
 };
 
 }  // namespace
+
+absl::StatusOr<Work> IssueWithinOneRank(
+    const std::vector<CollectiveOp> &ops,
+    const std::vector<uint64_t> &sequence_numbers, const Stream &stream,
+    std::shared_ptr<RecentCollectives> recorder) {
+  for (const CollectiveOp &op : ops) {
+    if (op.input.data() != op.output.data()) {
+      ZE_RETURN_IF_ERROR(Copy(op.input, op.output, stream));
+    }
+  }
+  Event done;
+  if (stream.device().is_cuda()) {
+    ZE_ASSIGN_OR_RETURN(done, Event::Create(stream.device()));
+    ZE_RETURN_IF_ERROR(done.Record(stream));
+  }
+  auto work =
+      std::make_shared<LocalWork>(done, sequence_numbers.front(),
+                                  sequence_numbers.back(), std::move(recorder));
+  if (stream.device().is_cpu()) ZE_RETURN_IF_ERROR(work->Wait());
+  return Work(work);
+}
 
 std::unique_ptr<Communicator> CreateLocalCommunicator(const Device &device,
                                                       double timeout_seconds) {

@@ -393,6 +393,9 @@ absl::StatusOr<Work> MpiCommunicator::Issue(
           " elements exceed the MPI backend's limit of ", INT_MAX));
     }
   }
+  if (world_size() == 1) {
+    return IssueWithinOneRank(ops, sequence_numbers, stream, recorder());
+  }
   Prune();
   auto group = std::make_shared<Group>();
   group->stream = stream;

@@ -408,6 +408,48 @@ TEST(Split, GroupsByColorRankedByKey) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A group of one rank (a pipeline's data-parallel group at one replica):
+// every collective leaves its input, in place or copied, in every dtype,
+// and the group keeps the parent's backend.
+TEST(Split, GroupsOfOneRankCopyTheirInputs) {
+  absl::StatusOr<std::unique_ptr<Communicator>> alone =
+      g_comm->Split(g_comm->rank(), 0);
+  if (!alone.ok() &&
+      alone.status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << alone.status();
+  }
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  Communicator &group = **alone;
+  ASSERT_EQ(group.world_size(), 1);
+  EXPECT_STREQ(group.backend_name(), g_comm->backend_name());
+  const float r = static_cast<float>(g_comm->rank());
+  for (DType dtype : kDTypes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+      Tensor in_place = Make({r + 1.5f, -2.0f, 3.25f}, dtype);
+      ASSERT_TRUE(
+          group.AllReduce(in_place, in_place, op, *g_stream)->Wait().ok());
+      EXPECT_EQ(Read(in_place), (std::vector<float>{r + 1.5f, -2.0f, 3.25f}));
+      Tensor input = Make({r, 7.0f}, dtype);
+      Tensor output = Make({0.0f, 0.0f}, dtype);
+      ASSERT_TRUE(group.AllReduce(input, output, op, *g_stream)->Wait().ok());
+      EXPECT_EQ(Read(output), (std::vector<float>{r, 7.0f}));
+      Tensor scattered = Make({0.0f, 0.0f}, dtype);
+      ASSERT_TRUE(
+          group.ReduceScatter(input, scattered, op, *g_stream)->Wait().ok());
+      EXPECT_EQ(Read(scattered), (std::vector<float>{r, 7.0f}));
+    }
+    Tensor input = Make({r, 0.5f}, dtype);
+    Tensor gathered = Make({0.0f, 0.0f}, dtype);
+    ASSERT_TRUE(group.AllGather(input, gathered, *g_stream)->Wait().ok());
+    EXPECT_EQ(Read(gathered), (std::vector<float>{r, 0.5f}));
+    ASSERT_TRUE(group.Broadcast(input, 0, *g_stream)->Wait().ok());
+    EXPECT_EQ(Read(input), (std::vector<float>{r, 0.5f}));
+  }
+  ASSERT_TRUE(group.Barrier().ok());
+  ASSERT_TRUE(g_comm->Barrier().ok());
+}
+
 }  // namespace
 }  // namespace comm
 }  // namespace ze
