@@ -9,7 +9,9 @@ bench/pipeline_model's lines for the same model, schedules and ranks (its
 "per_rank": busy_ms, bubble and memory_gib with the measured module times,
 one GPU per rank), and prints, per (schedule, ranks), one row per rank:
 
-  measured busy / idle / wait (ms per step), bubble (idle / wall)
+  measured busy / idle / wait (ms per step; tied_ms, part of the wait: the
+  tied embedding's gradient sum between the end ranks), bubble (idle /
+  wall)
   the schedule's bubble for the rank (forward 1, backward 2 units)
   the model's bubble and busy time for the rank (separate GPUs)
   the measured peak memory against the model's
@@ -64,12 +66,13 @@ def main(argv):
               f"{p['predicted_bubble']:.3f}"
               + (f", the model's {model['bubble']:.3f}" if model else
                  ", no model line"))
-        print("  rank   busy_ms   idle_ms   wait_ms  bubble  schedule"
+        print("  rank   busy_ms   idle_ms   wait_ms   tied_ms  bubble  schedule"
               "  model  model_busy_ms  peak_GiB  model_GiB")
         for r in p["ranks"]:
             m = model["per_rank"][r["rank"]] if model else None
             print(f"  {r['rank']:4d} {r['busy_ms']:9.1f} {r['idle_ms']:9.1f}"
-                  f" {r['wait_ms']:9.1f}  {r['bubble']:6.3f}"
+                  f" {r['wait_ms']:9.1f} {r.get('tied_sum_ms', 0):9.1f}"
+                  f"  {r['bubble']:6.3f}"
                   f"  {r['predicted_bubble']:8.3f}"
                   + (f"  {m['bubble']:5.3f}  {m['busy_ms']:13.1f}"
                      f"  {r['peak_mib'] / 1024:8.2f}  {m['memory_gib']:9.2f}"
@@ -81,8 +84,9 @@ def main(argv):
                f"{run['step_ms']:.1f} with the optimizer)"
         if model:
             floor = sum(x["busy_ms"] for x in model["per_rank"])
-            text += (f"; model {model['step_ms']:.1f} ms on separate GPUs, "
-                     f"{floor:.1f} ms of compute for one GPU")
+            text += (f"; model {model['step_ms']:.1f} ms on separate GPUs "
+                     f"(the tied sum {model.get('tied_reduce_ms', 0):.1f} ms "
+                     f"of it), {floor:.1f} ms of compute for one GPU")
         print(text)
     return 0
 

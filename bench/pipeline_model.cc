@@ -72,6 +72,13 @@
 //                            the engine's 2 GiB default, as gpt_bench's and
 //                            train_bench's unless given)
 //   --link_gb_s=100 --link_latency_us=10 --collective_gb_s=100
+//   --tied_gb_s              the tied embedding's gradient sum between the
+//                            first and last rank (2 V C bytes; default
+//                            --collective_gb_s), added after the schedule:
+//                            step_ms = schedule_ms + tied_reduce_ms, every
+//                            rank idle through it (train_bench's
+//                            tied_sum_ms), so "bubble" includes it and
+//                            "schedule_bubble" is the schedule's alone
 //   --optimizer_params_per_s=1.46e11 --gpu_gib=139
 // Exit status 0, or 2 with a JSON error line for bad flags or a profile
 // without the lines needed.
@@ -252,6 +259,7 @@ struct Options {
   std::vector<pipeline::ScheduleKind> schedules;
   std::string partition = "parameters";
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
+  double tied_gb_s = 0;  // 0: collective_gb_s
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
   int64_t loss_chunk_rows = 0;
@@ -302,6 +310,8 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       PositiveDouble(flags, "link_latency_us", 10));
   ZE_ASSIGN_OR_RETURN(o.collective_gb_s,
                       PositiveDouble(flags, "collective_gb_s", 100));
+  ZE_ASSIGN_OR_RETURN(o.tied_gb_s,
+                      PositiveDouble(flags, "tied_gb_s", o.collective_gb_s));
   ZE_ASSIGN_OR_RETURN(o.optimizer_params_per_s,
                       PositiveDouble(flags, "optimizer_params_per_s", 1.46e11));
   ZE_ASSIGN_OR_RETURN(o.gpu_gib, PositiveDouble(flags, "gpu_gib", 139));
@@ -323,6 +333,10 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["link_gb_s"] = o.link_gb_s;
   a["link_latency_us"] = o.link_latency_us;
   a["collective_gb_s"] = o.collective_gb_s;
+  a["tied_gb_s"] = o.tied_gb_s;
+  a["tied_reduce"] =
+      "the tied (V, C) bf16 embedding gradient summed between the first and "
+      "last rank after both finished the schedule, every rank waiting";
   a["optimizer_params_per_s"] = o.optimizer_params_per_s;
   a["state_bytes_per_parameter"] = 16;
   a["activation_bytes_per_sequence_and_block"] = activation_bytes;
@@ -493,18 +507,31 @@ absl::Status Run(const Options& o) {
                           message_bytes_per_sequence * b / (o.link_gb_s * 1e9);
           ZE_ASSIGN_OR_RETURN(pipeline::ScheduleStats stats,
                               pipeline::SimulateSchedule(schedule, costs));
+          // The tied embedding's gradient (the first stage's table, the
+          // last's head) summed between the two end ranks once both
+          // finished (pipeline/executor.h); the boundary's all-reduce holds
+          // every other rank until then. One rank holds both at p = 1.
+          const double tied_s =
+              p > 1 ? 2.0 * static_cast<double>(config.table_rows()) *
+                          config.channels / (o.tied_gb_s * 1e9)
+                    : 0.0;
+          const double step_s = stats.makespan + tied_s;
           // Per rank: what train_bench's pipeline lines measure beside it
-          // (busy_ms, bubble = idle over the step) and the memory of its
+          // (busy_ms, bubble = idle over the step, the tied sum counted
+          // idle as train_bench's tied_sum_ms is) and the memory of its
           // stages.
           Json ranks = Json::array();
+          double idle_s = 0;
           for (int r = 0; r < p; ++r) {
-            ranks.push_back(
-                {{"rank", r},
-                 {"busy_ms", stats.rank_busy[r] * 1e3},
-                 {"idle_ms", (stats.makespan - stats.rank_busy[r]) * 1e3},
-                 {"bubble", stats.rank_bubble[r]},
-                 {"memory_gib", rank_memory_gib[r]},
-                 {"fits", rank_memory_gib[r] <= o.gpu_gib}});
+            const double idle = step_s - stats.rank_busy[r];
+            idle_s += idle;
+            ranks.push_back({{"rank", r},
+                             {"busy_ms", stats.rank_busy[r] * 1e3},
+                             {"idle_ms", idle * 1e3},
+                             {"bubble", idle / step_s},
+                             {"schedule_bubble", stats.rank_bubble[r]},
+                             {"memory_gib", rank_memory_gib[r]},
+                             {"fits", rank_memory_gib[r] <= o.gpu_gib}});
           }
           const double tokens = static_cast<double>(batch) * o.seq;
           if (single_gpu_reference_ms == 0)
@@ -520,17 +547,20 @@ absl::Status Run(const Options& o) {
           line["micro_batch"] = b;
           line["seq"] = o.seq;
           line["partition"] = o.partition;
-          line["step_ms"] = stats.makespan * 1e3;
-          line["tokens_per_s"] = tokens / stats.makespan;
-          line["tokens_per_s_per_gpu"] = tokens / stats.makespan / p;
-          line["bubble"] = stats.bubble_fraction;
+          line["step_ms"] = step_s * 1e3;
+          line["schedule_ms"] = stats.makespan * 1e3;
+          line["tied_reduce_ms"] = tied_s * 1e3;
+          line["tokens_per_s"] = tokens / step_s;
+          line["tokens_per_s_per_gpu"] = tokens / step_s / p;
+          line["bubble"] = idle_s / (step_s * static_cast<double>(p));
+          line["schedule_bubble"] = stats.bubble_fraction;
           line["bubble_equal_stages"] =
               pipeline::ExpectedBubbleFraction(schedule);
           line["message_ms"] = costs.message * 1e3;
           // The same micro-batches one after another on one GPU (if it
           // held the model): what the pipeline's p GPUs are compared with.
           line["one_gpu_step_ms"] = one_gpu_ms;
-          line["speedup_over_one_gpu"] = one_gpu_ms / (stats.makespan * 1e3);
+          line["speedup_over_one_gpu"] = one_gpu_ms / (step_s * 1e3);
           line["stages"] = stages;
           line["per_rank"] = ranks;
           line["extrapolated"] = extrapolated;

@@ -27,6 +27,9 @@
 #      interleaved line; --stages_per_rank=3 over 6 stages of 2 blocks;
 #   2. gpt_bench --smoke --profile=1's own lines are read (exit 0, a line per
 #      configuration);
+#   2b. --tied_gb_s: the tied embedding's gradient sum between the end
+#      ranks (2 V C bytes at that rate) follows the schedule: step_ms is
+#      schedule_ms plus it, every rank idle through it;
 #   3. bad input exits 2 with an error line: no --profile, a profile with
 #      one micro-batch size, an unknown schedule.
 set -u
@@ -61,6 +64,9 @@ common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --
 "$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
   --schedules=gpipe,1f1b --loss_chunk_rows=256 > "$dir/chunk.jsonl" 2> "$dir/chunk.err" \
   || { cat "$dir/chunk.err"; fail "loss_chunk_rows: exit $?"; }
+"$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
+  --tied_gb_s=0.001 > "$dir/tied.jsonl" 2> "$dir/tied.err" \
+  || { cat "$dir/tied.err"; fail "tied_gb_s: exit $?"; }
 
 "$bench" --smoke --models=tiny,tiny --batch=1,2 --profile=1 --profile_iters=1 \
   > "$dir/smoke.jsonl" 2> "$dir/smoke.err" || { cat "$dir/smoke.err"; fail "gpt_bench exit $?"; }
@@ -185,6 +191,19 @@ for x in inter3:
     assert v == 3 and len(x["stages"]) == 6, x
     want = (v * m + p - 1) * 6.0 * b  # 2 blocks a stage
     assert abs(x["step_ms"] - want) < 1e-6 * want, (x["step_ms"], want)
+# The tied embedding's sum (V x C bf16 at 1 MB/s) after the schedule, every
+# rank idle through it.
+tied = lines("tied.jsonl")
+assert len(tied) == len(fast), tied
+for x in tied:
+    want = 2 * 256 * 64 / 1e6 * 1e3
+    assert abs(x["tied_reduce_ms"] - want) < 1e-9, x
+    assert abs(x["step_ms"] - (x["schedule_ms"] + want)) < 1e-9, x
+    for r in x["per_rank"]:
+        assert abs(r["busy_ms"] + r["idle_ms"] - x["step_ms"]) < 1e-9, (r, x)
+    shares = [r["bubble"] for r in x["per_rank"]]
+    assert abs(sum(shares) / len(shares) - x["bubble"]) < 1e-9, x
+    assert x["bubble"] > x["schedule_bubble"], x
 assert len(real) == 2 * 2 * 3, len(real)  # ranks x schedules x micro-batches
 for x in real:
     assert x["step_ms"] > 0 and 0 <= x["bubble"] < 1, x

@@ -138,7 +138,9 @@
 //                            compute actions, on a GPU until their kernels
 //                            finished), idle_ms (the rest of the rank's
 //                            step: waits for messages and the slowest
-//                            rank), wait_ms (blocked on messages, part of
+//                            rank), wait_ms (blocked on messages and in
+//                            the tied embedding's gradient sum between
+//                            the end ranks, tied_sum_ms; part of
 //                            idle_ms), bubble = idle_ms / wall_ms beside
 //                            predicted_bubble, the schedule's for that
 //                            rank in its own units (forward 1, backward 2:
@@ -715,7 +717,8 @@ absl::Status AddPipelineRanks(comm::Communicator& comm, engine::Engine& engine,
       static_cast<float>(sum.weight_gradient_ms / steps),
       static_cast<float>(times.boundary_ms / steps),
       static_cast<float>(counters.schedule_rank_bubble),
-      static_cast<float>(sum.reduce_ms / steps)};
+      static_cast<float>(sum.reduce_ms / steps),
+      static_cast<float>(sum.tied_sum_ms / steps)};
   const int64_t fields = static_cast<int64_t>(mine.size());
   const Stream& stream = engine.compute_stream();
   ZE_ASSIGN_OR_RETURN(Tensor input, FromHostFloats(mine, {fields}, DType::kF32,
@@ -746,6 +749,7 @@ absl::Status AddPipelineRanks(comm::Communicator& comm, engine::Engine& engine,
                      {"backward_ms", v[9]},
                      {"weight_gradient_ms", v[10]},
                      {"reduce_ms", v[13]},
+                     {"tied_sum_ms", v[14]},
                      {"boundary_ms", v[11]},
                      {"bubble", bubble},
                      {"predicted_bubble", v[12]}});

@@ -14,6 +14,7 @@ StepTimes &StepTimes::operator+=(const StepTimes &other) {
   busy_ms += other.busy_ms;
   idle_ms += other.idle_ms;
   wait_ms += other.wait_ms;
+  tied_sum_ms += other.tied_sum_ms;
   forward_ms += other.forward_ms;
   backward_ms += other.backward_ms;
   weight_gradient_ms += other.weight_gradient_ms;
@@ -68,15 +69,18 @@ void StepTimer::EndCompute() {
   ++times_.compute_actions;
 }
 
-void StepTimer::BeginWait() {
+void StepTimer::BeginWait(Wait kind) {
   open_ = Open::kWait;
+  open_wait_ = kind;
   interval_start_ = clock_();
 }
 
 void StepTimer::EndWait() {
   if (open_ != Open::kWait) return;
   open_ = Open::kNone;
-  times_.wait_ms += (clock_() - interval_start_) * 1e3;
+  const double ms = (clock_() - interval_start_) * 1e3;
+  times_.wait_ms += ms;
+  if (open_wait_ == Wait::kTiedSum) times_.tied_sum_ms += ms;
   ++times_.waits;
 }
 

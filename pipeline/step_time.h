@@ -30,10 +30,16 @@ struct StepTimes {
   // weight_gradient_ms + reduce_ms.
   double busy_ms = 0;
   double idle_ms = 0;  // wall_ms - busy_ms: waiting and everything else
-  // The part of idle_ms spent blocked in waits (receives, sends, the closing
-  // loss exchange); the rest of idle_ms is the executor's own time between
-  // actions (issuing messages, allocating their buffers).
+  // The part of idle_ms spent blocked in waits (receives, sends, the tied
+  // parameters' sum, the closing loss exchange); the rest of idle_ms is the
+  // executor's own time between actions (issuing messages, allocating their
+  // buffers).
   double wait_ms = 0;
+  // The part of wait_ms in the tied parameters' gradient sum between the
+  // first and last stage (GPT's embedding and head): communication, not
+  // compute, which holds up both end ranks and, through the boundary's
+  // all-reduce, every other (bench/pipeline_model's tied_reduce_ms).
+  double tied_sum_ms = 0;
   double forward_ms = 0;          // kForward
   double backward_ms = 0;         // kBackward and kBackwardInput
   double weight_gradient_ms = 0;  // kBackwardWeight
@@ -64,8 +70,10 @@ class StepTimer {
   // time: a Begin closes none, an End without its Begin counts nothing.
   void BeginCompute(ActionKind kind);
   void EndCompute();
-  // One interval blocked on communication.
-  void BeginWait();
+  // One interval blocked on communication: messages (receives, sends, the
+  // loss exchange) or the tied parameters' sum (also in tied_sum_ms).
+  enum class Wait { kMessages, kTiedSum };
+  void BeginWait(Wait kind = Wait::kMessages);
   void EndWait();
   // Ends the step (wall_ms, idle_ms) and returns its figures; they stay
   // readable in last() until the next BeginStep.
@@ -79,6 +87,7 @@ class StepTimer {
   double interval_start_ = 0;
   enum class Open { kNone, kCompute, kWait } open_ = Open::kNone;
   ActionKind open_kind_ = ActionKind::kForward;
+  Wait open_wait_ = Wait::kMessages;
 };
 
 }  // namespace pipeline

@@ -36,7 +36,10 @@ TEST(StepTimerTest, SplitsTheWallIntoComputeWaitsAndTheRest) {
   timer.BeginCompute(ActionKind::kBackwardWeight);
   t.now = 19.5;
   timer.EndCompute();
+  t.now = 19.75;
+  timer.BeginWait(StepTimer::Wait::kTiedSum);
   t.now = 20;
+  timer.EndWait();
   timer.BeginCompute(ActionKind::kReduceGradients);
   t.now = 20.5;
   timer.EndCompute();
@@ -48,11 +51,12 @@ TEST(StepTimerTest, SplitsTheWallIntoComputeWaitsAndTheRest) {
   EXPECT_DOUBLE_EQ(s.weight_gradient_ms, 1500);
   EXPECT_DOUBLE_EQ(s.reduce_ms, 500);
   EXPECT_DOUBLE_EQ(s.busy_ms, 5000);
-  EXPECT_DOUBLE_EQ(s.wait_ms, 3000);
-  EXPECT_DOUBLE_EQ(s.idle_ms, 6000);  // 3 s waiting, 3 s between actions
+  EXPECT_DOUBLE_EQ(s.wait_ms, 3250);  // messages 3 s, the tied sum 0.25 s
+  EXPECT_DOUBLE_EQ(s.tied_sum_ms, 250);
+  EXPECT_DOUBLE_EQ(s.idle_ms, 6000);  // 3.25 s waiting, 2.75 s in between
   EXPECT_DOUBLE_EQ(s.busy_ms + s.idle_ms, s.wall_ms);
   EXPECT_EQ(s.compute_actions, 4);
-  EXPECT_EQ(s.waits, 1);
+  EXPECT_EQ(s.waits, 2);
   EXPECT_DOUBLE_EQ(s.bubble_fraction(), 6.0 / 11.0);
 }
 

@@ -14,7 +14,9 @@
 #      forward 1 and backward 2 units);
 #   3. bench/pipeline_model on that profile for the same layouts
 #      (--partition=parameters as train_bench; messages at --link_gb_s=10,
-#      the host-staged copies of the mpi backend);
+#      the host-staged copies of the mpi backend; the tied embedding's
+#      gradient sum at --tied_gb_s, the bus bandwidth comm_bench measures
+#      for that bf16 all-reduce between 2 ranks sharing the GPU);
 #   4. bench/pipeline_bubble_summary.py: per schedule, ranks and rank, the
 #      measured busy, idle and bubble beside both predictions.
 #
@@ -67,9 +69,24 @@ pipe 4 gpipe
 pipe 3 zb_h1
 pipe 3 gpipe
 
+# The tied embedding's gradient sum between the end ranks: a bf16 all-reduce
+# of the (V, C) table over 2 ranks sharing the GPU (host-staged on mpi), its
+# bus bandwidth the model's --tied_gb_s.
+TIED_BYTES=${TIED_BYTES:-$(( 50304 * 1024 * 2 ))}  # 350M: padded V x C
+timeout 60 mpirun --allow-run-as-root -np 2 -x ZE_ALLOW_GPU_SHARING=1 \
+  -x LD_LIBRARY_PATH $B/bin/comm_bench --backend=mpi --device=cuda \
+  --dtype=bf16 --min_bytes=$TIED_BYTES --max_bytes=$TIED_BYTES --iters=1 \
+  --warmup=2 --collectives=all_reduce > $OUT/tied_comm.jsonl 2> $OUT/tied_comm.err
+el "tied all-reduce rc=$?"
+TIED_GB_S=$(python3 -c "
+import json, sys
+v = [json.loads(l)['busbw_GBps'] for l in open('$OUT/tied_comm.jsonl') if '\"in_place\":true' in l]
+print(v[0] if v and v[0] > 0 else 10)" 2>/dev/null || echo 10)
+el "tied all-reduce: $TIED_GB_S GB/s bus bandwidth"
+
 batch=$(( MB * M ))
 common="--profile=$OUT/profile.jsonl --model=$MODEL --batches=$batch
-  --micro_batches=$M --link_gb_s=10 --gpu_gib=80"
+  --micro_batches=$M --link_gb_s=10 --gpu_gib=80 --tied_gb_s=$TIED_GB_S"
 $B/bin/pipeline_model $common --ranks=2,3,4 --schedules=gpipe,1f1b,zb_h1 \
   > $OUT/model.jsonl 2> $OUT/model.err
 el "pipeline_model rc=$?"
