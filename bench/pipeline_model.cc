@@ -72,8 +72,10 @@
 //                            the engine's 2 GiB default, as gpt_bench's and
 //                            train_bench's unless given)
 //   --link_gb_s=100 --link_latency_us=10 --collective_gb_s=100
+//   --dtype=bf16             or f32: the training dtype, the bytes of an
+//                            activation message and of the tied gradient
 //   --tied_gb_s              the tied embedding's gradient sum between the
-//                            first and last rank (2 V C bytes; default
+//                            first and last rank (V C elements; default
 //                            --collective_gb_s), added after the schedule:
 //                            step_ms = schedule_ms + tied_reduce_ms, every
 //                            rank idle through it (train_bench's
@@ -260,6 +262,7 @@ struct Options {
   std::string partition = "parameters";
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
   double tied_gb_s = 0;  // 0: collective_gb_s
+  double element_bytes = 2;  // --dtype: bf16 (2) or f32 (4)
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
   int64_t loss_chunk_rows = 0;
@@ -312,6 +315,13 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       PositiveDouble(flags, "collective_gb_s", 100));
   ZE_ASSIGN_OR_RETURN(o.tied_gb_s,
                       PositiveDouble(flags, "tied_gb_s", o.collective_gb_s));
+  const std::string dtype = flags.GetString("dtype", "bf16");
+  if (dtype != "bf16" && dtype != "f32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dtype: \"", dtype, "\" is not bf16 or f32 (the training dtype: "
+        "the bytes of a message and of the tied gradient)"));
+  }
+  o.element_bytes = dtype == "f32" ? 4 : 2;
   ZE_ASSIGN_OR_RETURN(o.optimizer_params_per_s,
                       PositiveDouble(flags, "optimizer_params_per_s", 1.46e11));
   ZE_ASSIGN_OR_RETURN(o.gpu_gib, PositiveDouble(flags, "gpu_gib", 139));
@@ -334,8 +344,10 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["link_latency_us"] = o.link_latency_us;
   a["collective_gb_s"] = o.collective_gb_s;
   a["tied_gb_s"] = o.tied_gb_s;
+  a["element_bytes"] = o.element_bytes;
   a["tied_reduce"] =
-      "the tied (V, C) bf16 embedding gradient summed between the first and "
+      "the tied (V, C) embedding gradient (element_bytes each) summed between "
+      "the first and "
       "last rank after both finished the schedule, every rank waiting";
   a["optimizer_params_per_s"] = o.optimizer_params_per_s;
   a["state_bytes_per_parameter"] = 16;
@@ -412,7 +424,7 @@ absl::Status Run(const Options& o) {
   const int head_layer = config.pipeline_layers() - 1;
   const std::vector<int64_t> weights = config.PipelineLayerWeights();
   const double message_bytes_per_sequence =
-      2.0 * static_cast<double>(o.seq) * config.channels;  // bf16 (T, C)
+      o.element_bytes * static_cast<double>(o.seq) * config.channels;  // (T, C)
   double single_gpu_reference_ms = 0;
   for (const int64_t p : o.ranks) {
     for (const pipeline::ScheduleKind kind : o.schedules) {
@@ -512,7 +524,8 @@ absl::Status Run(const Options& o) {
           // finished (pipeline/executor.h); the boundary's all-reduce holds
           // every other rank until then. One rank holds both at p = 1.
           const double tied_s =
-              p > 1 ? 2.0 * static_cast<double>(config.table_rows()) *
+              p > 1 ? o.element_bytes *
+                          static_cast<double>(config.table_rows()) *
                           config.channels / (o.tied_gb_s * 1e9)
                     : 0.0;
           const double step_s = stats.makespan + tied_s;

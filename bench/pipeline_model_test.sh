@@ -29,7 +29,8 @@
 #      configuration);
 #   2b. --tied_gb_s: the tied embedding's gradient sum between the end
 #      ranks (2 V C bytes at that rate) follows the schedule: step_ms is
-#      schedule_ms plus it, every rank idle through it;
+#      schedule_ms plus it, every rank idle through it; --dtype=f32 doubles
+#      it and each message; another --dtype exits 2;
 #   3. bad input exits 2 with an error line: no --profile, a profile with
 #      one micro-batch size, an unknown schedule.
 set -u
@@ -67,6 +68,14 @@ common="--profile=$dir/profile.jsonl --model=tiny --ranks=2 --partition=0,2,5 --
 "$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
   --tied_gb_s=0.001 > "$dir/tied.jsonl" 2> "$dir/tied.err" \
   || { cat "$dir/tied.err"; fail "tied_gb_s: exit $?"; }
+"$model" $common --link_gb_s=1e12 --link_latency_us=1e-9 --collective_gb_s=1e12 \
+  --tied_gb_s=0.001 --dtype=f32 > "$dir/tied_f32.jsonl" 2> "$dir/tied_f32.err" \
+  || { cat "$dir/tied_f32.err"; fail "dtype f32: exit $?"; }
+"$model" $common --link_gb_s=0.001 --dtype=f32 > "$dir/slow_f32.jsonl" \
+  2> "$dir/slow_f32.err" || { cat "$dir/slow_f32.err"; fail "slow f32: exit $?"; }
+"$model" $common --dtype=f16 > "$dir/bad_dtype.jsonl" 2>/dev/null
+[[ $? -eq 2 ]] || fail "--dtype=f16 must exit 2"
+grep -q "dtype" "$dir/bad_dtype.jsonl" || fail "error line: $(cat "$dir/bad_dtype.jsonl")"
 
 "$bench" --smoke --models=tiny,tiny --batch=1,2 --profile=1 --profile_iters=1 \
   > "$dir/smoke.jsonl" 2> "$dir/smoke.err" || { cat "$dir/smoke.err"; fail "gpt_bench exit $?"; }
@@ -204,6 +213,11 @@ for x in tied:
     shares = [r["bubble"] for r in x["per_rank"]]
     assert abs(sum(shares) / len(shares) - x["bubble"]) < 1e-9, x
     assert x["bubble"] > x["schedule_bubble"], x
+# f32 training: the tied gradient (and each message) twice the bytes.
+for x, y in zip(tied, lines("tied_f32.jsonl")):
+    assert abs(y["tied_reduce_ms"] - 2 * x["tied_reduce_ms"]) < 1e-9, (x, y)
+for x, y in zip(slow, lines("slow_f32.jsonl")):
+    assert abs(y["message_ms"] - 2 * x["message_ms"]) < 1e-3 * y["message_ms"], (x, y)
 assert len(real) == 2 * 2 * 3, len(real)  # ranks x schedules x micro-batches
 for x in real:
     assert x["step_ms"] > 0 and 0 <= x["bubble"] < 1, x
