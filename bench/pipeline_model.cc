@@ -261,7 +261,7 @@ struct Options {
   std::vector<pipeline::ScheduleKind> schedules;
   std::string partition = "parameters";
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
-  double tied_gb_s = 0;  // 0: collective_gb_s
+  double tied_gb_s = 0;      // 0: collective_gb_s
   double element_bytes = 2;  // --dtype: bf16 (2) or f32 (4)
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
@@ -317,9 +317,10 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
                       PositiveDouble(flags, "tied_gb_s", o.collective_gb_s));
   const std::string dtype = flags.GetString("dtype", "bf16");
   if (dtype != "bf16" && dtype != "f32") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dtype: \"", dtype, "\" is not bf16 or f32 (the training dtype: "
-        "the bytes of a message and of the tied gradient)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype: \"", dtype,
+                     "\" is not bf16 or f32 (the training dtype: "
+                     "the bytes of a message and of the tied gradient)"));
   }
   o.element_bytes = dtype == "f32" ? 4 : 2;
   ZE_ASSIGN_OR_RETURN(o.optimizer_params_per_s,
@@ -524,10 +525,10 @@ absl::Status Run(const Options& o) {
           // finished (pipeline/executor.h); the boundary's all-reduce holds
           // every other rank until then. One rank holds both at p = 1.
           const double tied_s =
-              p > 1 ? o.element_bytes *
-                          static_cast<double>(config.table_rows()) *
-                          config.channels / (o.tied_gb_s * 1e9)
-                    : 0.0;
+              p > 1
+                  ? o.element_bytes * static_cast<double>(config.table_rows()) *
+                        config.channels / (o.tied_gb_s * 1e9)
+                  : 0.0;
           const double step_s = stats.makespan + tied_s;
           // Per rank: what train_bench's pipeline lines measure beside it
           // (busy_ms, bubble = idle over the step, the tied sum counted

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -252,12 +253,14 @@ TEST_F(FunctionalCudaTest, DestroyedStreamReleasesItsMatmulWorkspace) {
 TEST_F(FunctionalCudaTest, LayerNorm) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     // (rows, cols): small shapes take the warp-per-row kernel; multiples of
-    // 256 take the team kernel (one, two or four teams per block, one or two
-    // vectors per thread), with more rows than rows in flight so teams loop
-    // and some passes run past the last row.
+    // 256 take the team kernel (one, two or four teams per block, one, two
+    // or four vectors per thread: bf16 5120-8192, GPT 13B-70B widths; f32
+    // there takes the warp-per-row kernel), with more rows than rows in
+    // flight so teams loop and some passes run past the last row.
     const std::vector<std::pair<int64_t, int64_t>> shapes = {
         {19, 64},    {19, 100},   {19, 2048},  {1037, 256},
-        {1037, 768}, {700, 1024}, {613, 2048}, {129, 4096}};
+        {1037, 768}, {700, 1024}, {613, 2048}, {129, 4096},
+        {301, 5120}, {300, 6144}, {277, 8192}};
     for (const auto& [rows, cols] : shapes) {
       const std::string tag =
           "LayerNorm R=" + std::to_string(rows) + " C=" + std::to_string(cols);
@@ -319,6 +322,46 @@ TEST_F(FunctionalCudaTest, LayerNorm) {
         Check(tag + " grad_bias" + r, dtype, Host(tgb), want_gb);
       }
     }
+  }
+}
+
+// The team kernel's weight and bias gradients are the same bits every run
+// (registers in a fixed order, partial rows summed in a fixed order): bf16
+// at every team shape, one, two and four vectors per thread, into zeroed
+// gradients twice.
+TEST_F(FunctionalCudaTest, LayerNormBackwardTeamKernelIsDeterministic) {
+  for (const int64_t cols : {768, 2048, 4096, 5120, 8192}) {
+    const int64_t rows = 2053;
+    const std::string tag = "LayerNorm C=" + std::to_string(cols);
+    Vec x, w, b, dy;
+    Tensor tx = Random({rows, cols}, DType::kBF16, 31, &x, 2.0f);
+    Tensor tw = Random({cols}, DType::kBF16, 32, &w);
+    Tensor tb = Random({cols}, DType::kBF16, 33, &b);
+    Tensor tdy = Random({rows, cols}, DType::kBF16, 34, &dy);
+    Tensor ty = *Tensor::Empty({rows, cols}, DType::kBF16, Device::Cuda(0));
+    Tensor tmean = *Tensor::Empty({rows}, DType::kF32, Device::Cuda(0));
+    Tensor trstd = *Tensor::Empty({rows}, DType::kF32, Device::Cuda(0));
+    ASSERT_TRUE(
+        cb::LayerNormForward(tx, tw, tb, ty, tmean, trstd, stream_).ok());
+    std::vector<std::vector<uint32_t>> runs;  // f32 gradients' bits
+    for (int run = 0; run < 2; ++run) {
+      Tensor tdx = *Tensor::Empty({rows, cols}, DType::kBF16, Device::Cuda(0));
+      Tensor tgw = *Tensor::Zeros({cols}, DType::kF32, Device::Cuda(0));
+      Tensor tgb = *Tensor::Zeros({cols}, DType::kF32, Device::Cuda(0));
+      ASSERT_TRUE(cb::LayerNormBackward(tdy, tx, tw, tmean, trstd, tdx, tgw,
+                                        tgb, stream_)
+                      .ok());
+      std::vector<uint32_t> bits;
+      for (const Tensor& t : {tgw, tgb}) {
+        for (const float v : Host(t)) {
+          uint32_t u;
+          std::memcpy(&u, &v, sizeof(u));
+          bits.push_back(u);
+        }
+      }
+      runs.push_back(std::move(bits));
+    }
+    EXPECT_EQ(runs[0], runs[1]) << tag;
   }
 }
 

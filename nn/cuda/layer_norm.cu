@@ -74,6 +74,10 @@ __global__ void LayerNormForwardKernel(const T* __restrict__ x,
 // One warp per row, rows strided over a grid of a few blocks per SM. Weight
 // and bias gradients accumulate in shared memory (f32 atomics, cheap there)
 // and each block writes one partial row; LaunchAddColumnSums finishes them.
+// The atomics' order varies from run to run, so these gradients may differ
+// in their last bits between identical runs: only shapes the team kernel
+// below cannot take come here (rows not a whole number of 16-byte vectors
+// per thread, unaligned tensors, f32 rows above 4096 or bf16 above 8192).
 template <typename T, int VEC>
 __global__ void LayerNormBackwardKernel(
     const T* __restrict__ dy, const T* __restrict__ x,
@@ -155,15 +159,16 @@ __global__ void LayerNormBackwardKernel(
 
 // Fused backward for rows a whole number of 16-byte vectors wide: a team of
 // `threads_per_row` threads (a multiple of 32) owns one row at a time, each
-// thread ITEMS vectors of VEC columns at fixed positions, so the weight stays
-// in registers and the weight/bias gradient partials accumulate in registers
-// (f32) with no atomics. A block holds blockDim / threads_per_row teams and
+// thread ITEMS (1, 2 or 4) vectors of VEC columns at fixed positions, so the
+// weight stays in registers and the weight/bias gradient partials accumulate
+// in registers (f32) with no atomics: the same sums in the same order every
+// run. A block holds blockDim / threads_per_row teams and
 // each team writes one partial row at the end (see LayerNormBackwardPlan).
 // The row sums cross the team's warps through shared memory, double-buffered
 // so one barrier per row suffices; the next row's dy and x are loaded before
 // that barrier to keep memory busy.
 template <typename T, int VEC, int ITEMS>
-__global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : 2)
+__global__ void __launch_bounds__(256, ITEMS == 1 ? 4 : (ITEMS == 2 ? 2 : 1))
     LayerNormBackwardTeamKernel(
         const T* __restrict__ dy, const T* __restrict__ x,
         const T* __restrict__ weight, const float* __restrict__ mean,
@@ -345,7 +350,7 @@ LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
   LayerNormBackwardPlan plan;
   const int elem = dtype == kF32 ? 4 : 2;
   const int vec = 16 / elem;
-  for (int items = 1; items <= 2; items *= 2) {
+  for (int items = 1; items <= 4; items *= 2) {
     const int64_t width = static_cast<int64_t>(vec) * items;
     if (cols % (32 * width) != 0 || cols / width > 256) continue;
     plan.team = true;
@@ -357,7 +362,9 @@ LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
   if (plan.team) {
     // As many blocks as __launch_bounds__ guarantees resident per SM (4 for
     // one vector per thread, 2 for two): about 32 KB of loads in flight per
-    // SM, what HBM3e needs to stream, for ~528 partial rows.
+    // SM, what HBM3e needs to stream, for ~528 partial rows. Four vectors
+    // (bf16 rows of 4608-8192: GPT 13B-70B widths) guarantee one block of
+    // up to 256 threads; two are asked for, as many rows in flight.
     const int per_sm = plan.items == 1 ? 4 : 2;
     const int64_t needed = (rows + plan.teams - 1) / plan.teams;
     plan.grid = static_cast<int>(
@@ -408,8 +415,10 @@ int LaunchLayerNormBackward(const void* dy, const void* x, const void* weight,
       };
       if (plan.items == 1) {
         launch(LayerNormBackwardTeamKernel<T, kVec, 1>);
-      } else {
+      } else if (plan.items == 2) {
         launch(LayerNormBackwardTeamKernel<T, kVec, 2>);
+      } else {
+        launch(LayerNormBackwardTeamKernel<T, kVec, 4>);
       }
       return LastError();
     }
