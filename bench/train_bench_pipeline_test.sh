@@ -83,6 +83,9 @@ def check_times(x, predicted):
         # f32 figures: the sums within their rounding.
         assert abs(r["busy_ms"] + r["idle_ms"] - r["wall_ms"]) <= 1e-5 * r["wall_ms"] + 1e-6, r
         assert 0 <= r["wait_ms"] <= r["idle_ms"] * (1 + 1e-5) + 1e-6, r
+        # The tied GPT's table and head: every rank here holds the first or
+        # the last stage, so each sums the tied gradients, inside its waits.
+        assert 0 < r["tied_sum_ms"] <= r["wait_ms"] * (1 + 1e-5) + 1e-6, r
         parts = r["forward_ms"] + r["backward_ms"] + r["weight_gradient_ms"] + r["reduce_ms"]
         assert abs(r["busy_ms"] - parts) <= 1e-5 * r["busy_ms"] + 1e-4, r
         assert r["weight_gradient_ms"] == 0, r  # no zb_h1 here
@@ -127,7 +130,7 @@ PYTHON
 
 # The summary the device script prints: a model line for 1F1B over 2 ranks
 # (its figures made up), none for the others.
-echo '{"bench":"pipeline_model","schedule":"1f1b","ranks":2,"stages_per_rank":1,"bubble":0.25,"step_ms":40,"per_rank":[{"rank":0,"busy_ms":30,"bubble":0.25,"memory_gib":1.5},{"rank":1,"busy_ms":30,"bubble":0.25,"memory_gib":2.5}]}' \
+echo '{"bench":"pipeline_model","schedule":"1f1b","ranks":2,"stages_per_rank":1,"bubble":0.25,"step_ms":40,"tied_reduce_ms":5,"per_rank":[{"rank":0,"busy_ms":30,"bubble":0.25,"memory_gib":1.5},{"rank":1,"busy_ms":30,"bubble":0.25,"memory_gib":2.5}]}' \
   > "$dir/model.jsonl"
 cat "$dir/pipe2.jsonl" "$dir/inter.jsonl" > "$dir/runs.jsonl"
 python3 "$summary" "$dir/runs.jsonl" "$dir/model.jsonl" > "$dir/summary.txt" \
@@ -136,8 +139,10 @@ python3 "$summary" "$dir/runs.jsonl" "$dir/model.jsonl" > "$dir/summary.txt" \
   || fail "a block per 1f1b line: $(cat "$dir/summary.txt")"
 grep -q "interleaved_1f1b over 2 ranks x 2 stage(s).*no model line" "$dir/summary.txt" \
   || fail "interleaved without a model line: $(cat "$dir/summary.txt")"
-grep -q "model 40.0 ms on separate GPUs, 60.0 ms of compute for one GPU" "$dir/summary.txt" \
+grep -q "model 40.0 ms on separate GPUs (the tied sum 5.0 ms of it), 60.0 ms of compute for one GPU" "$dir/summary.txt" \
   || fail "the model's step and one-GPU floor: $(cat "$dir/summary.txt")"
-[[ $(grep -cE "^ +[01] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +0\.200 +0\.250" "$dir/summary.txt") -eq 4 ]] \
+# busy, idle, wait, tied_ms (the tied gradients' sum), bubble, then both
+# predictions.
+[[ $(grep -cE "^ +[01] +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +0\.200 +0\.250" "$dir/summary.txt") -eq 4 ]] \
   || fail "a row per rank with both predictions: $(cat "$dir/summary.txt")"
 echo "train_bench_pipeline_test (summary): ok"
