@@ -91,10 +91,12 @@
 // Time. Each RunStep splits this rank's wall time (from its first action
 // to the end of the closing loss exchange, an all-reduce over the
 // pipeline, so every rank's step ends with the slowest rank's) into busy
-// time, its compute actions (F, B, Bi, Bw, and reduce's tied-gradient sum),
-// and idle time, the rest: blocked in a group's receives, in the wait for
-// its sends at the first reduce, in the closing exchange (wait_ms), and
-// the executor's own work between actions (last_step_times(),
+// time, its compute actions (F, B, Bi, Bw, and reduce), and idle time, the
+// rest: blocked in a group's receives, in the wait for its sends at the
+// first reduce, in the tied parameters' gradient sum there (communication:
+// tied_sum_ms, synchronised on a GPU so the interval covers it), in the
+// closing exchange (all of these wait_ms), and the executor's own work
+// between actions (last_step_times(),
 // pipeline/step_time.h). Idle over wall is the rank's measured bubble,
 // what SimulateSchedule's rank_bubble predicts. On a GPU the kernels run
 // after the host queued them, so the executor synchronises its compute
