@@ -363,8 +363,12 @@ LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
     // As many blocks as __launch_bounds__ guarantees resident per SM (4 for
     // one vector per thread, 2 for two): about 32 KB of loads in flight per
     // SM, what HBM3e needs to stream, for ~528 partial rows. Four vectors
-    // (bf16 rows of 4608-8192: GPT 13B-70B widths) guarantee one block of
-    // up to 256 threads; two are asked for, as many rows in flight.
+    // (bf16 rows of 4608-8192: GPT 13B-70B widths) take 255 registers a
+    // thread with no spills (ptxas, sm_90a), so one block of 160-256
+    // threads is resident per SM and the second of each SM's pair waits: a
+    // memory-bound kernel at about 20 KB in flight per SM, a small share
+    // of a step at those widths, traded for gradients that are the same
+    // bits every run (the warp-per-row kernel's atomics are not).
     const int per_sm = plan.items == 1 ? 4 : 2;
     const int64_t needed = (rows + plan.teams - 1) / plan.teams;
     plan.grid = static_cast<int>(
