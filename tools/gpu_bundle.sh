@@ -9,6 +9,12 @@
 # failure) and gpu_bundle/bin/<benchmark>.
 #
 # Usage: tools/gpu_bundle.sh
+#   GPU_BUNDLE_ONLY="train_gpt optimizer_cuda_test" tools/gpu_bundle.sh
+# packs only the named benchmarks/examples (gpu_bundle/bin/NAME) and gpu
+# tests (by the manifest's test name), with the libraries, the test runner
+# and the configs: a few MB where the whole pack is over 50, for a call
+# that also carries other files (a corpus) under the device's 64 MiB carry
+# limit. gpu_bundle/ itself is still whole. A name that is neither exits 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
@@ -129,5 +135,33 @@ echo "gpu_bundle: $(du -sh "${bundle}" | cut -f1) in ${bundle}/ ($(wc -l < "${bu
 # One compressed file travels far faster (and under the size limit) than the
 # folder: on the GPU machine, `tar xJf gpu_pack/bundle.tar.xz -C /tmp`.
 mkdir -p gpu_pack
-tar cf - "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
+if [[ -z "${GPU_BUNDLE_ONLY:-}" ]]; then
+  tar cf - "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
+else
+  # The subset: links to first copies (above) resolved, as the copies they
+  # point at may be left out.
+  subset="$(mktemp -d)"
+  trap 'rm -rf "${subset}"' EXIT
+  mkdir -p "${subset}/${bundle}/bin" "${subset}/${bundle}/tests"
+  cp -rL "${bundle}/lib" "${bundle}/run_gpu_tests.sh" "${subset}/${bundle}/"
+  [[ -d "${bundle}/configs" ]] && cp -rL "${bundle}/configs" "${subset}/${bundle}/"
+  : > "${subset}/${bundle}/tests/manifest.txt"
+  for name in ${GPU_BUNDLE_ONLY}; do
+    line="$(awk -v n="${name}" '$3 == n' "${bundle}/tests/manifest.txt" | head -1)"
+    if [[ -e "${bundle}/bin/${name}" ]]; then
+      cp -L "${bundle}/bin/${name}" "${subset}/${bundle}/bin/"
+    elif [[ -n "${line}" ]]; then
+      directory="$(echo "${line}" | awk '{print $2}')"
+      mkdir -p "${subset}/${bundle}/tests/${directory}"
+      cp -rL "${bundle}/tests/${directory}/${name}" "${subset}/${bundle}/tests/${directory}/"
+      echo "${line}" >> "${subset}/${bundle}/tests/manifest.txt"
+    else
+      echo "gpu_bundle: GPU_BUNDLE_ONLY names \"${name}\", neither a binary in" \
+        "${bundle}/bin nor a gpu test in ${bundle}/tests/manifest.txt" >&2
+      exit 2
+    fi
+  done
+  tar cf - -C "${subset}" "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
+  echo "gpu_bundle: only ${GPU_BUNDLE_ONLY}"
+fi
 echo "gpu_bundle: packed into gpu_pack/bundle.tar.xz ($(du -h gpu_pack/bundle.tar.xz | cut -f1))"
