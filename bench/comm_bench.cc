@@ -20,7 +20,11 @@
 // (per rank for reduce-scatter and all-gather). algbw = bytes / time; busbw =
 // algbw * 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and
 // all-gather, 1 for broadcast. time is rank 0's mean over the timed
-// iterations (issued back to back, then waited for).
+// iterations (issued back to back, then waited for). On the mpi backend
+// each 16-bit reduction in flight needs f32 buffers of its own and only two
+// are kept between collectives, so --iters above 1 times fresh allocations
+// there too; --iters=1 (after --warmup) gives the steady cost of one at a
+// time, as the engine's tied-gradient sum issues it.
 //
 // In place: all-reduce with input = output, reduce-scatter into its own
 // slice of the input, all-gather from its own slice of the output. Broadcast
