@@ -76,8 +76,9 @@ __global__ void LayerNormForwardKernel(const T* __restrict__ x,
 // and each block writes one partial row; LaunchAddColumnSums finishes them.
 // The atomics' order varies from run to run, so these gradients may differ
 // in their last bits between identical runs: only shapes the team kernel
-// below cannot take come here (rows not a whole number of 16-byte vectors
-// per thread, unaligned tensors, f32 rows above 4096 or bf16 above 8192).
+// below cannot take come here (PlanLayerNormBackward: a width that is not
+// a multiple of 32 x 1, 2 or 4 16-byte vectors within 256 threads, e.g.
+// bf16 4608 or above 8192, f32 above 4096; unaligned tensors).
 template <typename T, int VEC>
 __global__ void LayerNormBackwardKernel(
     const T* __restrict__ dy, const T* __restrict__ x,
@@ -363,12 +364,13 @@ LayerNormBackwardPlan PlanLayerNormBackward(int64_t rows, int64_t cols,
     // As many blocks as __launch_bounds__ guarantees resident per SM (4 for
     // one vector per thread, 2 for two): about 32 KB of loads in flight per
     // SM, what HBM3e needs to stream, for ~528 partial rows. Four vectors
-    // (bf16 rows of 4608-8192: GPT 13B-70B widths) take 255 registers a
-    // thread with no spills (ptxas, sm_90a), so one block of 160-256
-    // threads is resident per SM and the second of each SM's pair waits: a
-    // memory-bound kernel at about 20 KB in flight per SM, a small share
-    // of a step at those widths, traded for gradients that are the same
-    // bits every run (the warp-per-row kernel's atomics are not).
+    // (bf16 rows of 5120, 6144, 7168 or 8192: GPT 13B-70B widths; f32 rows
+    // of 2560-4096) take 255 registers a thread in bf16 (175 in f32) with
+    // no spills (ptxas, sm_90a), so one bf16 block of 160-256 threads is
+    // resident per SM and the second of each SM's pair waits: a
+    // memory-bound kernel at about 20 KB in flight per SM, a small share of
+    // a step at those widths, traded for gradients that are the same bits
+    // every run (the warp-per-row kernel's atomics are not).
     const int per_sm = plan.items == 1 ? 4 : 2;
     const int64_t needed = (rows + plan.teams - 1) / plan.teams;
     plan.grid = static_cast<int>(
