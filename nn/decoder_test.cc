@@ -219,15 +219,10 @@ TEST(DecoderTest, SgdStepsLowerTheLoss) {
     SCOPED_TRACE(tied ? "tied" : "untied");
     auto model = MakeModel(Tiny(DecoderFamily::kLlama, tied));
     const Batch batch = MakeBatch(2, 8, 37, 3);
-    const Stream stream;
-    std::vector<float> losses;
-    for (int step = 0; step < 10; ++step) {
-      ASSERT_TRUE(model->ZeroGrad(stream).ok());
-      losses.push_back(
-          model->ForwardLoss(batch.tokens, batch.targets, stream).value());
-      ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-      ASSERT_TRUE(testing::SgdStep(*model, 0.2f, stream).ok());
-    }
+    const absl::StatusOr<std::vector<float>> trained = testing::SgdLosses(
+        *model, batch.tokens, batch.targets, 10, 0.2f, Stream());
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    const std::vector<float> &losses = *trained;
     EXPECT_NEAR(losses.front(), std::log(37.0), 0.05);
     EXPECT_LT(losses.back(), losses.front() - 0.5f)
         << absl::StrJoin(losses, ", ");
@@ -252,14 +247,10 @@ TEST(DecoderTest, HeadWeightGradientInBackwardTrainsAsInForward) {
                 in_backward ? OutputHead::WeightGradient::kInBackward
                             : OutputHead::WeightGradient::kInForward);
       const Batch batch = MakeBatch(2, 8, 37, 3);
-      const Stream stream;
-      for (int step = 0; step < 8; ++step) {
-        ASSERT_TRUE(model->ZeroGrad(stream).ok());
-        losses[in_backward].push_back(
-            model->ForwardLoss(batch.tokens, batch.targets, stream).value());
-        ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-        ASSERT_TRUE(testing::SgdStep(*model, 0.2f, stream).ok());
-      }
+      absl::StatusOr<std::vector<float>> trained = testing::SgdLosses(
+          *model, batch.tokens, batch.targets, 8, 0.2f, Stream());
+      ASSERT_TRUE(trained.ok()) << trained.status();
+      losses[in_backward] = *std::move(trained);
     }
     EXPECT_LT(losses[0].back(), losses[0].front() - 0.5f);
     for (size_t i = 0; i < losses[0].size(); ++i) {

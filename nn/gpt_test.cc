@@ -269,14 +269,10 @@ TEST(GptTest, HeadWeightGradientInBackwardTrainsAsInForward) {
               in_backward ? OutputHead::WeightGradient::kInBackward
                           : OutputHead::WeightGradient::kInForward);
     const Batch batch = MakeBatch(2, 8, 37, 11);
-    const Stream stream;
-    for (int step = 0; step < 8; ++step) {
-      ASSERT_TRUE(model->ZeroGrad(stream).ok());
-      losses[in_backward].push_back(
-          model->ForwardLoss(batch.tokens, batch.targets, stream).value());
-      ASSERT_TRUE(model->BackwardLoss(1.0f, stream).ok());
-      ASSERT_TRUE(testing::SgdStep(*model, 0.3f, stream).ok());
-    }
+    absl::StatusOr<std::vector<float>> trained = testing::SgdLosses(
+        *model, batch.tokens, batch.targets, 8, 0.3f, Stream());
+    ASSERT_TRUE(trained.ok()) << trained.status();
+    losses[in_backward] = *std::move(trained);
   }
   // The loss falls (the steps do something), and each step's loss agrees.
   EXPECT_LT(losses[0].back(), losses[0].front() - 0.5f);

@@ -141,6 +141,23 @@ absl::Status SgdStep(Module &model, float learning_rate, const Stream &stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> SgdLosses(LossModel &model,
+                                             const Tensor &inputs,
+                                             const Tensor &targets, int steps,
+                                             float learning_rate,
+                                             const Stream &stream) {
+  std::vector<float> losses;
+  for (int step = 0; step < steps; ++step) {
+    ZE_RETURN_IF_ERROR(model.ZeroGrad(stream));
+    ZE_ASSIGN_OR_RETURN(const float loss,
+                        model.ForwardLoss(inputs, targets, stream));
+    losses.push_back(loss);
+    ZE_RETURN_IF_ERROR(model.BackwardLoss(1.0f, stream));
+    ZE_RETURN_IF_ERROR(SgdStep(model, learning_rate, stream));
+  }
+  return losses;
+}
+
 }  // namespace testing
 }  // namespace nn
 }  // namespace ze

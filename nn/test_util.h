@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/loss_model.h"
 #include "nn/module.h"
 
 namespace ze {
@@ -28,6 +30,14 @@ Tensor CopyToCpuF32(const Tensor &tensor);
 // gradient (Axpby on `stream`). Fails as Axpby, or for a parameter without
 // data.
 absl::Status SgdStep(Module &model, float learning_rate, const Stream &stream);
+// `steps` SGD steps of `model` on one batch: each zeroes the gradients, runs
+// ForwardLoss, BackwardLoss(1) and SgdStep. Returns each step's loss (before
+// its update), or the first failure.
+absl::StatusOr<std::vector<float>> SgdLosses(LossModel &model,
+                                             const Tensor &inputs,
+                                             const Tensor &targets, int steps,
+                                             float learning_rate,
+                                             const Stream &stream);
 
 struct GradCheckOptions {
   float epsilon = 1e-2f;       // central difference step
