@@ -261,7 +261,7 @@ struct Options {
   std::vector<pipeline::ScheduleKind> schedules;
   std::string partition = "parameters";
   double link_gb_s = 100, link_latency_us = 10, collective_gb_s = 100;
-  double tied_gb_s = 0;      // 0: collective_gb_s
+  double tied_gb_s = 100;    // --tied_gb_s, by default collective_gb_s
   double element_bytes = 2;  // --dtype: bf16 (2) or f32 (4)
   double optimizer_params_per_s = 1.46e11, gpu_gib = 139;
   double weight_gradient_share = 0.5;
@@ -348,8 +348,8 @@ Json Assumptions(const Options& o, double activation_bytes) {
   a["element_bytes"] = o.element_bytes;
   a["tied_reduce"] =
       "the tied (V, C) embedding gradient (element_bytes each) summed between "
-      "the first and "
-      "last rank after both finished the schedule, every rank waiting";
+      "the first and last rank after both finished the schedule, every rank "
+      "waiting";
   a["optimizer_params_per_s"] = o.optimizer_params_per_s;
   a["state_bytes_per_parameter"] = 16;
   a["activation_bytes_per_sequence_and_block"] = activation_bytes;

@@ -309,8 +309,8 @@ absl::StatusOr<double> PipelineExecutor::RunStep(
           timer_.EndWait();
         }
       }
-      // Counted (empty but for the sum above): every compute action of the
-      // list is timed.
+      // Counted, empty (the sum above is a wait): every compute action of
+      // the list is timed.
       begin_compute(a.kind);
       ZE_RETURN_IF_ERROR(end_compute());
       ++i;
