@@ -151,9 +151,13 @@ else
     if [[ -e "${bundle}/bin/${name}" ]]; then
       cp -L "${bundle}/bin/${name}" "${subset}/${bundle}/bin/"
     elif [[ -n "${line}" ]]; then
+      kind="$(echo "${line}" | awk '{print $1}')"
       directory="$(echo "${line}" | awk '{print $2}')"
       mkdir -p "${subset}/${bundle}/tests/${directory}"
-      cp -rL "${bundle}/tests/${directory}/${name}" "${subset}/${bundle}/tests/${directory}/"
+      # A cc test is one binary; an sh test is its whole runfiles tree.
+      entry="${name}"
+      [[ "${kind}" == "sh" ]] && entry="${name}.runfiles"
+      cp -r "${bundle}/tests/${directory}/${entry}" "${subset}/${bundle}/tests/${directory}/"
       echo "${line}" >> "${subset}/${bundle}/tests/manifest.txt"
     else
       echo "gpu_bundle: GPU_BUNDLE_ONLY names \"${name}\", neither a binary in" \
@@ -161,6 +165,12 @@ else
       exit 2
     fi
   done
+  # Links between tests (relative, to a first copy) stay links where the
+  # copy they point at came along; the rest become copies.
+  (cd "${subset}" && find "${bundle}" -type l ! -exec test -e {} \; -print) |
+    while read -r link; do
+      rm "${subset}/${link}"; cp -L "${link}" "${subset}/${link}"
+    done
   tar cf - -C "${subset}" "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
   echo "gpu_bundle: only ${GPU_BUNDLE_ONLY}"
 fi
