@@ -152,8 +152,9 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
         .Add(Value("ratio", &O::ratio,
                    Number(DoubleRule{0.0, 1.0, true, false}),
                    "Fraction of the optimizer step done on the CPU: whole "
-                   "buckets (stages 0-2: the last layers' first; stage 3: "
-                   "the first modules') until at least this share of the "
+                   "buckets, the last layers' first (their gradients are "
+                   "final first in backward, and the next forward reads "
+                   "them last), until at least this share of the "
                    "trainable elements is offloaded; the rest keep their "
                    "master weights and state on the GPU and are updated "
                    "there, also with offload_param (their new weights then "

@@ -28,7 +28,7 @@ const char* PlacementName(Placement placement) {
 
 std::vector<Placement> ChooseOptimizerPlacement(
     const PartitionedLayout& layout, const std::vector<bool>& trainable,
-    double ratio, Placement offloaded) {
+    double ratio, bool bucket_zero_read_first, Placement offloaded) {
   auto is_trainable = [&](int b) {
     return trainable.empty() || trainable[static_cast<size_t>(b)];
   };
@@ -39,7 +39,9 @@ std::vector<Placement> ChooseOptimizerPlacement(
   std::vector<Placement> placement(layout.num_buckets(), Placement::kDevice);
   const double wanted = ratio * static_cast<double>(total);
   int64_t on_host = 0;
-  for (int b = 0; b < layout.num_buckets(); ++b) {
+  const int buckets = layout.num_buckets();
+  for (int i = 0; i < buckets; ++i) {
+    const int b = bucket_zero_read_first ? buckets - 1 - i : i;
     if (!is_trainable(b) || static_cast<double>(on_host) >= wanted) continue;
     placement[b] = offloaded;
     on_host += layout.bucket(b).padded_elements;

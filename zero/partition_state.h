@@ -88,14 +88,19 @@ const char* PlacementName(Placement placement);
 
 // Which buckets' master weights and optimizer state go to the host for
 // offload_optimizer's `ratio` (DeepSpeed: the fraction of the optimizer
-// state offloaded to CPU Adam): trainable buckets in index order (the last
-// layers first: their gradients are final first in backward) until at least
+// state offloaded to CPU Adam): trainable buckets in the order their
+// gradients are final in backward (the last layers first) until at least
 // `ratio` of the trainable elements are on the host; the rest stay on the
-// device. ratio 1: every trainable bucket; ratio 0: none. Frozen buckets stay
-// on the device.
+// device. The CPU update of those buckets then starts earliest in backward
+// and the next forward reads their weights last, so both ends of the update
+// overlap compute. `bucket_zero_read_first` (stage 3's model order) means
+// bucket 0's gradients are final last: the choice starts from the last
+// bucket; otherwise (stages 0-2's backward order) from bucket 0. ratio 1:
+// every trainable bucket; ratio 0: none. Frozen buckets stay on the device.
 std::vector<Placement> ChooseOptimizerPlacement(
     const PartitionedLayout& layout, const std::vector<bool>& trainable,
-    double ratio, Placement offloaded = Placement::kHost);
+    double ratio, bool bucket_zero_read_first,
+    Placement offloaded = Placement::kHost);
 
 // The CPU/GPU split of the offloaded update (issue 27; offload::HostUpdate's
 // header): which host buckets the device updates, their state streamed up

@@ -37,7 +37,7 @@ PartitionStateOptions OffloadOptions(int stage, Placement placement) {
   PartitionStateOptions options;
   options.stage = stage;
   options.optimizer_placement =
-      ChooseOptimizerPlacement(Layout(), {}, 1.0, placement);
+      ChooseOptimizerPlacement(Layout(), {}, 1.0, stage == 3, placement);
   options.model_dtype = DType::kBF16;
   options.optimizer.type = OptimizerType::kAdamW;
   options.host_threads = 2;
@@ -491,7 +491,7 @@ TEST(PartitionStateHostTest, SpeculationCommitsOrIsRedoneExactly) {
     options.chunk_elements = 512;
     options.speculation_elements = 1 << 20;
     options.optimizer_placement =
-        ChooseOptimizerPlacement(layout, {}, 1.0, Placement::kHost);
+        ChooseOptimizerPlacement(layout, {}, 1.0, false, Placement::kHost);
     if (split) options.update_on_device = {false, true};
     Stream stream;
     Run result;

@@ -276,6 +276,7 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
     plan.cpu_optimizer = true;
     state.optimizer_placement = ChooseOptimizerPlacement(
         plan.layout.layout, plan.layout.trainable, zero.offload_optimizer.ratio,
+        plan.layout.bucket_zero_read_first,
         nvme ? Placement::kNvme : Placement::kHost);
     if (nvme) {
       state.nvme.nvme = offload::NvmeOptionsFromConfig(

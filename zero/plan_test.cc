@@ -169,7 +169,10 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
       ASSERT_EQ(static_cast<int>(plan.state.optimizer_placement.size()),
                 layout.num_buckets());
     }
-    for (int b = 0; b < layout.num_buckets(); ++b) {
+    // In the order gradients are final in backward: bucket 0 first at
+    // stages 0-2, last at stage 3 (model order).
+    for (int i = 0; i < layout.num_buckets(); ++i) {
+      const int b = c.stage == 3 ? layout.num_buckets() - 1 - i : i;
       const int64_t own = plan.policy.partition_optimizer
                               ? layout.bucket(b).slice_elements
                               : layout.bucket(b).padded_elements;
@@ -178,8 +181,9 @@ TEST(PlanTableTest, PlacementAndBytesOverStageOffloadRatioAndWorld) {
       const Placement where = plan.state.optimizer_placement[b];
       EXPECT_TRUE(where == Placement::kDevice || where == away) << b;
       if (where == away) {
-        // The offloaded buckets come first (the last layers': their
-        // gradients are final first in backward).
+        // The offloaded buckets come first in that order (the last
+        // layers': their update starts earliest and the next forward reads
+        // them last).
         EXPECT_FALSE(device_seen) << "bucket " << b << " offloaded after one "
                                   << "kept on the device";
         own_away += own;
