@@ -19,7 +19,7 @@ for shape in "5120 40" "6144 48"; do
   for which in old new; do
     bin=$B/bin/functional_cuda_bench
     if [[ $which == old ]]; then [[ -x /tmp/fcb_old ]] || continue; bin=/tmp/fcb_old; fi
-    timeout 60 $bin 4 1024 $1 $2 50304 bf16 20 2>/dev/null | grep -i "layer_\?norm" \
+    timeout 60 $bin batch=4 seq=1024 channels=$1 heads=$2 vocab=50304 dtype=bf16 iters=20 2>/dev/null | grep -i "layer_\?norm" \
       | sed "s/^/$which C=$1 /" | cut -c1-220
   done
 done

@@ -22,7 +22,7 @@ grep -h "^FAILED\|^SKIPPED\|gpu tests:" $OUT/gpu_tests.txt | cut -c1-200
 grep -A12 "^FAILED" $OUT/gpu_tests.txt | grep "Failure\|Expected\|Which is\|actual\|FAILED  \]" | head -20
 for shape in "5120 40" "6144 48" "4096 32"; do
   set -- $shape
-  timeout 60 $B/bin/functional_cuda_bench 4 1024 $1 $2 50304 bf16 20 2>/dev/null \
+  timeout 60 $B/bin/functional_cuda_bench batch=4 seq=1024 channels=$1 heads=$2 vocab=50304 dtype=bf16 iters=20 2>/dev/null \
     | grep -i "layer_\?norm" | sed "s/^/C=$1 /" | cut -c1-240
 done
 el "layernorm timed"

@@ -4,6 +4,7 @@
 // ops, bytes read + written once)}.
 // Usage: functional_cuda_bench [batch=16] [seq=1024] [channels=2048]
 //        [heads=32] [vocab=50304] [dtype=bf16] [iters=20]
+// (anything else exits 2 naming the argument).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "core/stream.h"
@@ -31,23 +34,43 @@ namespace ck = ::ze::nn::cuda_kernels;
 struct Options {
   int64_t batch = 16, seq = 1024, channels = 2048, heads = 32, vocab = 50304;
   DType dtype = DType::kBF16;
-  int iters = 20;
+  int64_t iters = 20;
 };
 
-Options Parse(int argc, char** argv) {
+// Fails (naming the argument) on anything but a known key=value with a
+// positive integer or a known dtype: an argument ignored would time the
+// default shape under another shape's label.
+absl::StatusOr<Options> Parse(int argc, char** argv) {
   Options o;
+  const std::map<std::string, int64_t*> integers = {
+      {"batch", &o.batch}, {"seq", &o.seq},     {"channels", &o.channels},
+      {"heads", &o.heads}, {"vocab", &o.vocab}, {"iters", &o.iters}};
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
+    const std::string arg = argv[i];
     const size_t eq = arg.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string key = arg.substr(0, eq), value = arg.substr(eq + 1);
-    if (key == "batch") o.batch = std::atoll(value.c_str());
-    if (key == "seq") o.seq = std::atoll(value.c_str());
-    if (key == "channels") o.channels = std::atoll(value.c_str());
-    if (key == "heads") o.heads = std::atoll(value.c_str());
-    if (key == "vocab") o.vocab = std::atoll(value.c_str());
-    if (key == "iters") o.iters = std::atoi(value.c_str());
-    if (key == "dtype") o.dtype = *ParseDType(value);
+    const std::string key = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "dtype") {
+      absl::StatusOr<DType> dtype = ParseDType(value);
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(
+            "dtype=" + value + ": " + std::string(dtype.status().message()));
+      }
+      o.dtype = *dtype;
+      continue;
+    }
+    const auto it = integers.find(key);
+    char* end = nullptr;
+    const long long number =
+        eq == std::string::npos ? 0 : std::strtoll(value.c_str(), &end, 10);
+    if (it == integers.end() || eq == std::string::npos || value.empty() ||
+        *end != '\0' || number <= 0) {
+      return absl::InvalidArgumentError(
+          "argument '" + arg +
+          "': want key=value with key batch, seq, channels, heads, vocab, "
+          "iters (a positive integer) or dtype");
+    }
+    *it->second = number;
   }
   return o;
 }
@@ -71,14 +94,14 @@ Tensor Noise(const Shape& shape, DType dtype, const Stream& stream) {
   return *FromHostFloats(values, shape, dtype, stream.device(), stream);
 }
 
-void Time(const std::string& op, const std::string& shape, int iters,
+void Time(const std::string& op, const std::string& shape, int64_t iters,
           const Stream& stream, double flops, double bytes,
           const std::function<absl::Status()>& body) {
   for (int i = 0; i < 3; ++i) ZE_CHECK_OK(body());
   Event start = *Event::Create(stream.device(), true);
   Event end = *Event::Create(stream.device(), true);
   ZE_CHECK_OK(start.Record(stream));
-  for (int i = 0; i < iters; ++i) ZE_CHECK_OK(body());
+  for (int64_t i = 0; i < iters; ++i) ZE_CHECK_OK(body());
   ZE_CHECK_OK(end.Record(stream));
   ZE_CHECK_OK(end.Synchronize());
   const double ms = *Event::ElapsedMs(start, end) / iters;
@@ -91,7 +114,13 @@ void Time(const std::string& op, const std::string& shape, int iters,
 }
 
 int Main(int argc, char** argv) {
-  const Options o = Parse(argc, argv);
+  const absl::StatusOr<Options> parsed = Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "functional_cuda_bench: %s\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  const Options& o = *parsed;
   if (CudaDeviceCount() == 0) {
     std::fprintf(stderr, "functional_cuda_bench needs a GPU\n");
     return 1;
