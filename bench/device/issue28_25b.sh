@@ -3,11 +3,11 @@
 # in one call (carry gpu_pack; one H200 with 139 GiB, 128 GiB of host
 # memory, at least 46 GB free under $NVME, default /tmp/nv):
 #   1. the plan of bench/device/gpt25b_h200.json for the 25B GPT
-#      (25,686,994,944 parameters): ze_estimate's placement (GPU 119.95 GiB,
-#      host 103.17 of which 30.99 pinned, NVMe 42.48; see the JSON's notes in
+#      (25,686,994,944 parameters): ze_estimate's placement (GPU 119.18 GiB,
+#      host 104.20 of which 31.25 pinned, NVMe 42.48; see the JSON's notes in
 #      bench/device/README.md) and train_gpt --dry_run's activation estimate;
 #   2. train_bench --models=25B at stage 3 with that config as the patch
-#      (ZeRO-3, the optimizer's first half of the buckets on the CPU and the
+#      (ZeRO-3, the optimizer's last half of the buckets on the CPU and the
 #      rest on the GPU, offload_optimizer ratio 0.5; the bf16 weights on NVMe
 #      beyond the first 3e9 elements; 8-bit moments), micro-batch 1 x 1024
 #      tokens, activation checkpointing, 1 warm-up and 3 timed steps, while
