@@ -691,7 +691,9 @@ const Schema<Config>& TopSchema() {
         .Add(Value("wall_clock_breakdown", &C::wall_clock_breakdown, Boolean(),
                    "Time forward, backward and step separately, and the "
                    "collectives (the communicator's own time per step; "
-                   "csv_monitor: elapsed_time_ms_*)."))
+                   "csv_monitor: elapsed_time_ms_*); with offload_optimizer, "
+                   "also the CPU update's time, what the engine waited for "
+                   "it and the ratio that would hide it."))
         .Add(Value("memory_breakdown", &C::memory_breakdown, Boolean(),
                    "Log memory use at each phase."))
         .Add(Value("seed", &C::seed, Integer(AtLeast(0)),

@@ -198,11 +198,27 @@ absl::StatusOr<StepReport> EngineImpl::Step() {
   ZE_RETURN_IF_ERROR(
       monitor_->EndPhase(StepMonitor::kStep, start, compute_stream_));
   // wall_clock_breakdown: this step's collective time (every rank takes it,
-  // so each rank's sum stays its own).
+  // so each rank's sum stays its own), and the offloaded update's times.
+  const config::OffloadOptimizerConfig& offload =
+      config_.zero_optimization.offload_optimizer;
+  OffloadTotals offload_totals;
+  const bool report_offload = monitor_->wall_clock_breakdown() &&
+                              offload.device != config::OffloadDevice::kNone;
+  if (report_offload) {
+    const OffloadTimes times = offload_times();
+    const MemoryBreakdown& memory = memory_breakdown();
+    offload_totals = {times.updates,
+                      times.optimizer_seconds,
+                      times.engine_wait_seconds,
+                      offload.ratio,
+                      memory.host_optimizer_bytes + memory.nvme_optimizer_bytes,
+                      offload.device == config::OffloadDevice::kNvme};
+  }
   monitor_->ReportStep(report, counters_,
                        monitor_->wall_clock_breakdown()
                            ? communicator_->TakeCommunicationMilliseconds()
-                           : 0.0);
+                           : 0.0,
+                       report_offload ? &offload_totals : nullptr);
   ZE_RETURN_IF_ERROR(CheckFinite(report));
   return report;
 }

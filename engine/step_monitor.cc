@@ -1,5 +1,7 @@
 #include "engine/step_monitor.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -49,8 +51,29 @@ void StepMonitor::RestartWindow() {
   window_start_ = Clock::now();
 }
 
+OffloadRatioAdvice AdviseOffloadRatio(double ratio, double update_ms,
+                                      double wait_ms,
+                                      int64_t offloaded_optimizer_bytes) {
+  OffloadRatioAdvice advice;
+  advice.ratio = ratio;
+  if (update_ms <= 0 || wait_ms <= std::max(1.0, 0.05 * update_ms)) {
+    return advice;
+  }
+  if (wait_ms > update_ms) {
+    advice.kind = OffloadRatioAdvice::kNotUpdate;
+    return advice;
+  }
+  advice.kind = OffloadRatioAdvice::kSuggest;
+  advice.ratio = ratio * (update_ms - wait_ms) / update_ms;
+  advice.more_device_bytes =
+      static_cast<int64_t>(static_cast<double>(offloaded_optimizer_bytes) *
+                           (1.0 - advice.ratio / ratio));
+  return advice;
+}
+
 void StepMonitor::ReportStep(const StepReport& report, const Counters& counters,
-                             double communication_ms) {
+                             double communication_ms,
+                             const OffloadTotals* offload) {
   last_step_times_ = StepTimes();
   if (wall_clock_breakdown_) {
     last_step_times_ = {step_phase_ms_[kForward], step_phase_ms_[kBackward],
@@ -131,6 +154,41 @@ void StepMonitor::ReportStep(const StepReport& report, const Counters& counters,
         "print; collectives on their own stream overlap compute)",
         mean(kForward), mean(kBackward), mean(kStep),
         window_steps_ > 0 ? window_communication_ms_ / window_steps_ : 0.0);
+    if (offload != nullptr && offload->updates > printed_offload_.updates) {
+      const double updates =
+          static_cast<double>(offload->updates - printed_offload_.updates);
+      const double update_ms =
+          (offload->update_seconds - printed_offload_.update_seconds) * 1e3 /
+          updates;
+      const double wait_ms =
+          (offload->wait_seconds - printed_offload_.wait_seconds) * 1e3 /
+          updates;
+      const OffloadRatioAdvice advice =
+          AdviseOffloadRatio(offload->ratio, update_ms, wait_ms,
+                             offload->offloaded_optimizer_bytes);
+      constexpr double kGib = 1024.0 * 1024.0 * 1024.0;
+      std::string verdict;
+      if (offload->nvme) {
+        verdict = "NVMe: the wait includes the swap file's reads and writes";
+      } else if (advice.kind == OffloadRatioAdvice::kHidden) {
+        verdict = "backward hides it";
+      } else if (advice.kind == OffloadRatioAdvice::kNotUpdate) {
+        verdict =
+            "the engine waited longer than the update ran: gradient copies "
+            "or weight uploads held it, not the CPU";
+      } else {
+        verdict = absl::StrFormat(
+            "offload_optimizer.ratio %.2g: about %.2f would let backward "
+            "hide it (%.2f GiB more optimizer state on the device a rank)",
+            offload->ratio, advice.ratio,
+            static_cast<double>(advice.more_device_bytes) / kGib);
+      }
+      ZE_LOG_RANK0(INFO) << absl::StrFormat(
+          "offload (ms per step) | CPU update: %.2f | waited for it: %.2f | "
+          "%s",
+          update_ms, wait_ms, verdict);
+      printed_offload_ = *offload;
+    }
     for (int phase = 0; phase < 3; ++phase) {
       window_phase_ms_[phase] = 0;
       window_phase_count_[phase] = 0;

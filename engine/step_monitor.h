@@ -7,6 +7,10 @@
 //     its queued device work included (EndPhase synchronises the stream),
 //     and the print adds the mean forward and backward time per micro-step,
 //     step time per step and the collectives' own time per step;
+//     With the optimizer offloaded to the CPU it adds the CPU update's
+//     time a step, the part of it the engine waited for, and the
+//     offload_optimizer.ratio at which backward would have hidden it
+//     (AdviseOffloadRatio);
 //   - memory_breakdown: the allocator's bytes in use after each phase, and
 //     at the print its peak since the last print (whose peak it then
 //     resets);
@@ -39,6 +43,42 @@
 
 namespace ze {
 namespace engine {
+
+// The offloaded optimizer's totals since Initialize (HostUpdateTimes' sums)
+// and what its placement was planned from, for the print's offload line.
+struct OffloadTotals {
+  int64_t updates = 0;
+  double update_seconds = 0;  // the CPU optimizer's time
+  double wait_seconds = 0;    // the engine blocked on it
+  double ratio = 1.0;         // offload_optimizer.ratio
+  // This rank's master weights and optimizer state on the host or NVMe
+  // (the plan's host_optimizer_bytes + nvme_optimizer_bytes).
+  int64_t offloaded_optimizer_bytes = 0;
+  bool nvme = false;  // offload_optimizer.device nvme: times only
+};
+
+// What the offload line suggests. The part of the update that overlapped
+// compute (update - wait) is taken as the window a smaller CPU share could
+// fill; the update's time as proportional to its share. So the ratio whose
+// update that window would hide is ratio * (update - wait) / update, and
+// the state it moves back to the device is offloaded_bytes * (1 - that /
+// ratio). Pure; a heuristic from one run's figures (run 73: the window
+// stayed 88-103 ms over ratios 0.4-1.0). Only for the CPU tier: with NVMe
+// the wait is mostly the swap file's I/O.
+struct OffloadRatioAdvice {
+  enum Kind {
+    kHidden,     // the engine waited at most 5% of the update (or < 1 ms)
+    kSuggest,    // `ratio` and `more_device_bytes` say what would hide it
+    kNotUpdate,  // it waited longer than the update ran: something else
+                 // (gradient copies, uploads) held it; no ratio fixes that
+  };
+  Kind kind = kHidden;
+  double ratio = 1.0;
+  int64_t more_device_bytes = 0;
+};
+OffloadRatioAdvice AdviseOffloadRatio(double ratio, double update_ms,
+                                      double wait_ms,
+                                      int64_t offloaded_optimizer_bytes);
 
 class StepMonitor {
  public:
@@ -79,9 +119,12 @@ class StepMonitor {
   // steps_per_print steps (counters.global_steps) the log lines; then the
   // step's times restart. `communication_ms`: the collectives' time of this
   // step (Communicator::TakeCommunicationMilliseconds; used only with
-  // wall_clock_breakdown). Never fails (see the header comment).
+  // wall_clock_breakdown). `offload`: the offloaded optimizer's totals now
+  // (null without a CPU optimizer; used only with wall_clock_breakdown).
+  // Never fails (see the header comment).
   void ReportStep(const StepReport& report, const Counters& counters,
-                  double communication_ms);
+                  double communication_ms,
+                  const OffloadTotals* offload = nullptr);
   // After a checkpoint load: the throughput window restarts and the last
   // micro-batch is forgotten.
   void RestartWindow();
@@ -113,6 +156,8 @@ class StepMonitor {
   double window_communication_ms_ = 0;
   int64_t window_steps_ = 0;
   StepTimes last_step_times_;
+  // The offload totals at the last print (the line shows the window's).
+  OffloadTotals printed_offload_;
   // memory_breakdown: the allocator after each phase's latest run.
   AllocatorStats phase_memory_[3];
 };

@@ -41,6 +41,10 @@ if isinstance(params.get("warmup_num_steps"), (int, float)):
     params["warmup_num_steps"] = min(params["warmup_num_steps"], 3)
 config["csv_monitor"] = {"enabled": True, "output_path": directory + "/csv",
                          "job_name": "run"}
+# An offloaded optimizer: the print's offload line (wall_clock_breakdown).
+if zero.get("offload_optimizer", {}).get("device") in ("cpu", "nvme"):
+    config["wall_clock_breakdown"] = True
+    config["steps_per_print"] = 5
 with open(directory + "/config.json", "w") as f:
     json.dump(config, f, indent=2)
 PY
@@ -54,6 +58,17 @@ PY
   fi
   grep "^train_gpt: " "$out/$name/log.txt"
   grep -q "OK, the loss fell" "$out/$name/log.txt"
+  if grep -q '"wall_clock_breakdown": true' "$out/$name/config.json" &&
+      grep -q '"offload_optimizer"' "$out/$name/config.json"; then
+    # Every print says how long the CPU update took and what the engine
+    # waited for it, and then whether backward hides it, which ratio would,
+    # or why no ratio would (NVMe, or a wait that was not the update's).
+    line="$(grep -m1 "offload (ms per step) | CPU update: " "$out/$name/log.txt" || true)"
+    if [[ ! "$line" =~ \|\ waited\ for\ it:\ [0-9.]+\ \|\ (backward\ hides\ it|offload_optimizer.ratio|NVMe:|the\ engine\ waited\ longer) ]]; then
+      echo "FAIL: $name: no offload line with wall_clock_breakdown: '$line'"; exit 1
+    fi
+    echo "   ${line#*] }"
+  fi
   csv="$out/$name/csv/run"
   metrics=(Train_Samples_train_loss Train_Samples_lr
            Train_Samples_tokens_per_second Train_Samples_memory_allocated_bytes
