@@ -56,15 +56,18 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
         return absl::InvalidArgumentError(
             "dtype=" + value + ": " + std::string(dtype.status().message()));
       }
+      if (*dtype == DType::kI32) {
+        return absl::InvalidArgumentError(
+            "dtype=" + value + ": the ops time a float dtype: bf16, f16, f32");
+      }
       o.dtype = *dtype;
       continue;
     }
+    // No '=' leaves `value` empty, which reads as 0: refused below.
     const auto it = integers.find(key);
     char* end = nullptr;
-    const long long number =
-        eq == std::string::npos ? 0 : std::strtoll(value.c_str(), &end, 10);
-    if (it == integers.end() || eq == std::string::npos || value.empty() ||
-        *end != '\0' || number <= 0) {
+    const long long number = std::strtoll(value.c_str(), &end, 10);
+    if (it == integers.end() || *end != '\0' || number <= 0) {
       return absl::InvalidArgumentError(
           "argument '" + arg +
           "': want key=value with key batch, seq, channels, heads, vocab, "

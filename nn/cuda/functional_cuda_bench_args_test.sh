@@ -2,8 +2,9 @@
 # functional_cuda_bench_args_test.sh BENCH, on any machine (the arguments
 # are read before the GPU is looked for): an argument that is not a known
 # key=value (a positional shape, an unknown key, a non-positive or
-# malformed number, an unknown dtype) exits 2 naming it, instead of being
-# ignored and the default shape timed under the caller's label.
+# malformed number, an unknown or integer dtype) exits 2 naming it,
+# instead of being ignored and the default shape timed under the caller's
+# label.
 set -u
 bench="$1"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -21,6 +22,7 @@ expect_refused "'iters=0'" iters=0
 expect_refused "'seq=12x'" seq=12x
 expect_refused "'channels'" channels
 expect_refused "dtype=q8" dtype=q8
+expect_refused "dtype=i32" dtype=i32
 # Well-formed arguments get past parsing: exit 0 with a GPU, or 1 saying
 # it needs one.
 "$bench" channels=5120 heads=40 dtype=bf16 iters=1 > /dev/null 2>&1
