@@ -138,8 +138,8 @@ mkdir -p gpu_pack
 if [[ -z "${GPU_BUNDLE_ONLY:-}" ]]; then
   tar cf - "${bundle}" | xz -T2 -6 > gpu_pack/bundle.tar.xz
 else
-  # The subset: links to first copies (above) resolved, as the copies they
-  # point at may be left out.
+  # The subset: the named binaries and tests, with every library and the
+  # runner (links between tests handled below).
   subset="$(mktemp -d)"
   trap 'rm -rf "${subset}"' EXIT
   mkdir -p "${subset}/${bundle}/bin" "${subset}/${bundle}/tests"
@@ -151,8 +151,7 @@ else
     if [[ -e "${bundle}/bin/${name}" ]]; then
       cp -L "${bundle}/bin/${name}" "${subset}/${bundle}/bin/"
     elif [[ -n "${line}" ]]; then
-      kind="$(echo "${line}" | awk '{print $1}')"
-      directory="$(echo "${line}" | awk '{print $2}')"
+      read -r kind directory _ <<< "${line}"
       mkdir -p "${subset}/${bundle}/tests/${directory}"
       # A cc test is one binary; an sh test is its whole runfiles tree.
       entry="${name}"
