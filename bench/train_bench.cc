@@ -81,7 +81,11 @@
 //                            optimizer step (tokens count all of them)
 //   --offload=none           none, optimizer (offload_optimizer: cpu; stages
 //                            1-3) or both (and offload_param; stage 3)
-//   --offload_ratio=1        offload_optimizer.ratio
+//   --offload_ratio=1        offload_optimizer.ratio; auto: the engine's
+//                            choice (engine/auto_offload_ratio.h) from the
+//                            GPU's free memory and the activation estimate
+//                            (zero::EstimateActivations), reported as
+//                            "offload_ratio_chosen"
 //   --offload_device=cpu     cpu or nvme: offload_optimizer.device
 //   --offload_param_device=cpu  cpu or nvme: offload_param.device (with
 //                            --offload=both)
@@ -216,6 +220,8 @@
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/step_time.h"
+#include "zero/activation_estimate.h"
+#include "zero/plan.h"
 
 namespace ze {
 namespace bench {
@@ -244,6 +250,7 @@ struct Options {
   int64_t accumulation = 1;
   std::string offload = "none";  // none, optimizer, both
   double offload_ratio = 1.0;
+  bool offload_ratio_auto = false;  // --offload_ratio=auto
   int64_t sub_group_size = config::ZeroConfig().sub_group_size;
   std::string offload_device = "cpu";
   std::string offload_param_device = "cpu";
@@ -406,10 +413,12 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
         "--offload=", options.offload, " must be none, optimizer or both"));
   }
   const std::string ratio = flags.GetString("offload_ratio", "1");
-  if (!absl::SimpleAtod(ratio, &options.offload_ratio) ||
-      !(options.offload_ratio >= 0 && options.offload_ratio <= 1)) {
+  options.offload_ratio_auto = ratio == "auto";
+  if (!options.offload_ratio_auto &&
+      (!absl::SimpleAtod(ratio, &options.offload_ratio) ||
+       !(options.offload_ratio >= 0 && options.offload_ratio <= 1))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--offload_ratio=", ratio, " is not in [0, 1]"));
+        absl::StrCat("--offload_ratio=", ratio, " is not in [0, 1] or auto"));
   }
   ZE_ASSIGN_OR_RETURN(options.sub_group_size,
                       flags.GetInt("sub_group_size", options.sub_group_size, 1,
@@ -583,12 +592,14 @@ Json DeepSpeedConfig(const Options& options, int64_t batch, int stage,
       {"allgather_bucket_size", 5e8}};
   if (options.offload != "none") {
     Json& zero = config["zero_optimization"];
-    zero["offload_optimizer"] = {{"device", options.offload_device},
-                                 {"nvme_path", options.nvme_path},
-                                 {"pin_memory", options.pin_memory},
-                                 {"ratio", options.offload_ratio},
-                                 {"delayed_update", options.delayed_update},
-                                 {"split_update", options.split_update}};
+    zero["offload_optimizer"] = {
+        {"device", options.offload_device},
+        {"nvme_path", options.nvme_path},
+        {"pin_memory", options.pin_memory},
+        {"ratio", options.offload_ratio_auto ? Json("auto")
+                                             : Json(options.offload_ratio)},
+        {"delayed_update", options.delayed_update},
+        {"split_update", options.split_update}};
     if (options.speculation_buffer_size >= 0) {
       zero["offload_optimizer"]["speculation_buffer_size"] =
           options.speculation_buffer_size;
@@ -887,8 +898,29 @@ absl::Status RunConfiguration(const Options& options, const std::string& name,
                                    /*materialize=*/stage != 3, stream));
   }
   ZE_RETURN_IF_ERROR(stream.Synchronize());
+  // --offload_ratio=auto: the engine keeps on the GPU what fits beside one
+  // micro-batch's activations, as estimated for this model and shape.
+  config::ResolutionContext hints;
+  if (options.offload_ratio_auto) {
+    zero::ActivationModel shape =
+        config.is_decoder()
+            ? zero::ActivationModel::Of(*config.decoder, options.dtype, batch,
+                                        options.seq)
+            : zero::ActivationModel::Of(config.gpt, options.dtype, batch,
+                                        options.seq);
+    shape.loss_chunk_rows = options.loss_chunk_rows;
+    shape.ring_slots = options.checkpointing && options.cpu_checkpointing
+                           ? zero::kActivationRingSlots
+                           : 0;
+    shape.cuda = device.is_cuda();
+    hints.activation_bytes = zero::EstimateActivations(shape).device;
+  }
   ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                      engine::Initialize(model, ds_config.dump(), comm));
+                      engine::Initialize(model, ds_config.dump(), comm, hints));
+  if (options.offload != "none") {
+    line["offload_ratio_chosen"] =
+        engine->config().zero_optimization.offload_optimizer.ratio.value();
+  }
   int64_t peak_before_steps = 0;
   line["memory_breakdown"] = MemoryBreakdownJson(engine->memory_breakdown());
   if (device.is_cuda()) {

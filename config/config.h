@@ -232,7 +232,11 @@ struct OffloadOptimizerConfig {
   bool pipeline_write = false;
   bool fast_init = false;
   // Fraction of the optimizer step offloaded to the CPU (1 = all of it).
-  double ratio = 1.0;
+  // "auto" (this project's meaning; device cpu only): the smallest share
+  // whose plan fits the device beside one micro-batch's activations
+  // (engine::ChooseAutoOffloadRatio), resolved by Initialize through
+  // ResolutionContext::offload_optimizer_ratio.
+  Autoable<double> ratio = 1.0;
   // ZeRO-Offload's one-step delayed parameter update (this project's key;
   // DeepSpeed has none): stages 1-2, device cpu, ratio 1.
   bool delayed_update = false;
@@ -549,6 +553,20 @@ struct ResolutionContext {
   std::optional<int64_t> warmup_num_steps;
   // For "auto" fp16.enabled / bf16.enabled.
   std::optional<TrainingPrecision> precision;
+  // For "auto" zero_optimization.offload_optimizer.ratio: the share of the
+  // optimizer step on the CPU, in [0, 1]. engine::Initialize fills it
+  // (engine::ChooseAutoOffloadRatio) from activation_bytes below and the
+  // device's free memory.
+  std::optional<double> offload_optimizer_ratio;
+  // The device memory one micro-batch's activations take on each rank
+  // (zero::EstimateActivations' peak: train_gpt and train_bench pass it),
+  // which the device must keep free beside the model state an "auto"
+  // ratio places there.
+  std::optional<int64_t> activation_bytes;
+  // The device memory each rank may use for an "auto" ratio (a GPU shared
+  // with another job, say); unset: what the device has free (plus what the
+  // process already holds), shared among the ranks on it.
+  std::optional<int64_t> device_memory_bytes;
 };
 
 // The rules across keys that say what the engine can run, for

@@ -1058,6 +1058,60 @@ TEST(ResolveTest, HintsAreValidatedAndWorldSizeMustMatch) {
   EXPECT_EQ(wrong_world.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// offload_optimizer.ratio "auto" is kept by the loader, printed back as
+// "auto", needs device cpu, and resolves only from its hint (which
+// engine::Initialize computes), checked like the file's value.
+TEST(ResolveTest, AutoOffloadRatioResolvesFromItsHint) {
+  const std::string json =
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": )"
+      R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "auto"}}})";
+  absl::StatusOr<Config> raw = LoadConfigString(json, 1, "auto_ratio.json");
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_TRUE(raw->zero_optimization.offload_optimizer.ratio.is_auto());
+  EXPECT_EQ(
+      raw->UnresolvedAutoPaths(),
+      std::vector<std::string>{"zero_optimization.offload_optimizer.ratio"});
+  absl::StatusOr<Config> again = LoadConfigString(ToJson(*raw), 1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->zero_optimization.offload_optimizer.ratio.is_auto());
+
+  absl::StatusOr<Config> unhinted = Resolve(*raw, ResolutionContext());
+  ASSERT_FALSE(unhinted.ok());
+  EXPECT_NE(unhinted.status().message().find(
+                "auto_ratio.json: zero_optimization.offload_optimizer.ratio "
+                "is \"auto\" but ResolutionContext::offload_optimizer_ratio "
+                "was not given"),
+            absl::string_view::npos)
+      << unhinted.status();
+
+  ResolutionContext context;
+  context.offload_optimizer_ratio = 0.35;
+  absl::StatusOr<Config> resolved = Resolve(*raw, context);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->zero_optimization.offload_optimizer.ratio.value(), 0.35);
+  EXPECT_FALSE(resolved->HasUnresolvedAuto());
+
+  context.offload_optimizer_ratio = 1.5;
+  absl::StatusOr<Config> out_of_range = Resolve(*raw, context);
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find(
+                "zero_optimization.offload_optimizer.ratio must be in"),
+            absl::string_view::npos)
+      << out_of_range.status();
+
+  absl::StatusOr<Config> nvme = LoadConfigString(
+      R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": )"
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", )"
+      R"("nvme_path": "/tmp", "ratio": "auto"}}})",
+      1, "nvme_auto.json");
+  ASSERT_FALSE(nvme.ok());
+  EXPECT_NE(nvme.status().message().find(
+                "zero_optimization.offload_optimizer.ratio \"auto\" needs "
+                "zero_optimization.offload_optimizer.device \"cpu\""),
+            absl::string_view::npos)
+      << nvme.status();
+}
+
 // ------------------------------------------------------------ ToJson
 
 // Every key, each set to a value other than its default, so a key ToJson()

@@ -122,6 +122,11 @@ absl::StatusOr<Config> Resolve(const Config& config,
        "zero_optimization.stage3_param_persistence_threshold", "hidden_size",
        kNeedsHiddenSize);
 
+  fill(&zero.offload_optimizer.ratio, context.offload_optimizer_ratio,
+       "zero_optimization.offload_optimizer.ratio", "offload_optimizer_ratio",
+       ": engine::Initialize chooses it from ResolutionContext::"
+       "activation_bytes (engine::ChooseAutoOffloadRatio)");
+
   ZE_RETURN_IF_ERROR(problems.ToStatus());
 
   // Hints are user input too: check them with the same rules as the file by

@@ -150,7 +150,7 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
         .Add(Value("fast_init", &O::fast_init, Boolean(),
                    "Faster initialisation when offloading to NVMe."))
         .Add(Value("ratio", &O::ratio,
-                   Number(DoubleRule{0.0, 1.0, true, false}),
+                   AutoOr(Number(DoubleRule{0.0, 1.0, true, false})),
                    "Fraction of the optimizer step done on the CPU: whole "
                    "buckets, the last layers' first (their gradients are "
                    "final first in backward, and the next forward reads "
@@ -158,7 +158,12 @@ const Schema<OffloadOptimizerConfig>& OffloadOptimizerSchema() {
                    "trainable elements is offloaded; the rest keep their "
                    "master weights and state on the GPU and are updated "
                    "there, also with offload_param (their new weights then "
-                   "go to the parameters' tier)."))
+                   "go to the parameters' tier). \"auto\" (device cpu; "
+                   "not a DeepSpeed value): the smallest share whose state "
+                   "fits on the GPU beside the model's other state, one "
+                   "micro-batch's activations and a reserve, so only what "
+                   "does not fit is offloaded; the startup log names the "
+                   "share and the sizes."))
         .Add(Value("delayed_update", &O::delayed_update, Boolean(),
                    "One-step delayed parameter update (ZeRO-Offload's DPU; "
                    "stages 1-2, device cpu, ratio 1): step t's CPU update "

@@ -169,6 +169,14 @@ void ValidateAcrossKeys(Config* config, Problems& problems) {
                               "3 (ZeRO-Infinity); stage is ",
                               stage));
   }
+  // "auto" chooses how much of the state the GPU keeps; without a CPU
+  // optimizer there is nothing to choose (nvme: the ratio's share goes to
+  // the swap file, whose I/O, not the GPU's memory, sets its cost).
+  if (!optimizer_device_bad && zero.offload_optimizer.ratio.is_auto() &&
+      zero.offload_optimizer.device != OffloadDevice::kCpu) {
+    problems.Add(absl::StrCat(offload_optimizer, ".ratio \"auto\" needs ",
+                              offload_optimizer, ".device \"cpu\""));
+  }
   if (!param_device_bad && zero.offload_param.device != OffloadDevice::kNone &&
       zero.stage != 3) {
     problems.Add(absl::StrCat(offload_param,
@@ -375,7 +383,7 @@ absl::Status CheckSupported(const Config& config) {
   // ZeRO-Offload's stage 1-2 CPU mode only.
   if (offload_optimizer.delayed_update &&
       (offload_optimizer.device != OffloadDevice::kCpu ||
-       offload_optimizer.ratio != 1.0 ||
+       offload_optimizer.ratio != Autoable<double>(1.0) ||
        (zero.stage != 1 && zero.stage != 2))) {
     return absl::InvalidArgumentError(absl::StrCat(
         config.source,

@@ -2,9 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace ze {
 
@@ -68,6 +72,20 @@ absl::Status SetCurrentDevice(const Device& device) {
   }
   return CudaStatus(cudaSetDevice(device.index),
                     absl::StrCat("cudaSetDevice(", device.index, ")"));
+}
+
+absl::StatusOr<int64_t> CudaFreeMemoryBytes(const Device& device) {
+  if (!device.is_cuda()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CudaFreeMemoryBytes: ", device.ToString(), " is not a CUDA device"));
+  }
+  ZE_RETURN_IF_ERROR(SetCurrentDevice(device));
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  ZE_RETURN_IF_ERROR(
+      CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes),
+                 absl::StrCat("cudaMemGetInfo on ", device.ToString())));
+  return static_cast<int64_t>(free_bytes);
 }
 
 }  // namespace ze

@@ -2,6 +2,7 @@
 #ifndef ZE_CORE_DEVICE_H_
 #define ZE_CORE_DEVICE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -44,6 +45,11 @@ absl::Status CudaStatus(int cuda_error, const std::string& what);
 
 // Makes `device` current for this thread (cudaSetDevice); no-op for CPU.
 absl::Status SetCurrentDevice(const Device& device);
+
+// The bytes the CUDA device has free now (cudaMemGetInfo; makes it current
+// for this thread). Memory this process's caching allocator holds counts
+// as used. FailedPrecondition for a CPU device or one not visible.
+absl::StatusOr<int64_t> CudaFreeMemoryBytes(const Device& device);
 
 }  // namespace ze
 

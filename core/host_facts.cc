@@ -32,4 +32,12 @@ std::optional<int64_t> ReadMemAvailableBytes() {
   return std::nullopt;
 }
 
+HostFacts ReadProcessHostFacts(int local_ranks) {
+  HostFacts facts =
+      ReadHostFacts([](const char* name) { return std::getenv(name); });
+  facts.memory_available_bytes = ReadMemAvailableBytes();
+  facts.local_ranks = local_ranks;
+  return facts;
+}
+
 }  // namespace ze

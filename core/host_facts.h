@@ -40,6 +40,10 @@ HostFacts ReadHostFacts(const std::function<const char*(const char*)>& getenv);
 // read (not Linux).
 std::optional<int64_t> ReadMemAvailableBytes();
 
+// This process's facts as the engine plans by them: the environment's
+// (std::getenv), MemAvailable now, and `local_ranks`.
+HostFacts ReadProcessHostFacts(int local_ranks);
+
 }  // namespace ze
 
 #endif  // ZE_CORE_HOST_FACTS_H_

@@ -17,6 +17,7 @@
 #include "core/safetensors/reader.h"
 #include "core/status.h"
 #include "engine/agreement.h"
+#include "engine/auto_offload_ratio.h"
 #include "engine/checkpoint/orchestration.h"
 #include "engine/engine_impl.h"
 #include "nn/pipeline_stage.h"
@@ -84,7 +85,7 @@ std::string StartupSummary(const config::Config& config,
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
     absl::StrAppend(&text, ", offload_optimizer ",
                     device_name(zero.offload_optimizer.device), " (ratio ",
-                    zero.offload_optimizer.ratio,
+                    zero.offload_optimizer.ratio.value(),
                     zero.offload_optimizer.pin_memory ? ", pinned" : "",
                     zero.offload_optimizer.delayed_update ? ", delayed" : "",
                     ")");
@@ -210,7 +211,7 @@ absl::StatusOr<StepReport> EngineImpl::Step() {
     offload_totals = {times.updates,
                       times.optimizer_seconds,
                       times.engine_wait_seconds,
-                      offload.ratio,
+                      offload.ratio.value(),
                       memory.host_optimizer_bytes + memory.nvme_optimizer_bytes,
                       offload.device == config::OffloadDevice::kNvme};
   }
@@ -493,10 +494,7 @@ absl::Status EngineImpl::Setup() {
     }
   }
   // The environment is read here, once, and passed down.
-  host_facts_ =
-      ReadHostFacts([](const char* name) { return std::getenv(name); });
-  host_facts_.memory_available_bytes = ReadMemAvailableBytes();
-  host_facts_.local_ranks = communicator_->local_size();
+  host_facts_ = ReadProcessHostFacts(communicator_->local_size());
   context.communication_dtype = model_dtype;
   if (cfg.communication_data_type.has_value()) {
     context.communication_dtype =
@@ -857,6 +855,51 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
   return std::unique_ptr<Engine>(new Engine(std::move(engine)));
 }
 
+absl::StatusOr<config::Config> ResolveConfig(
+    const config::Config& loaded, nn::LossModel& model,
+    comm::Communicator& communicator, const config::ResolutionContext& hints) {
+  const int world = communicator.world_size();
+  // What the model and the job tell, unless the caller's hints say.
+  config::ResolutionContext context = hints;
+  context.world_size = world;
+  if (!context.hidden_size.has_value() && model.hidden_size() > 0) {
+    context.hidden_size = model.hidden_size();
+  }
+  if (!context.precision.has_value()) {
+    context.precision = config::PrecisionOfDType(model.dtype());
+  }
+  if (loaded.zero_optimization.offload_optimizer.ratio.is_auto() &&
+      !context.offload_optimizer_ratio.has_value()) {
+    if (!context.activation_bytes.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          loaded.source,
+          ": zero_optimization.offload_optimizer.ratio is \"auto\" but "
+          "ResolutionContext::activation_bytes was not given: the engine "
+          "keeps on the GPU what fits beside one micro-batch's "
+          "activations, so it needs their size (train_gpt and train_bench "
+          "pass zero::EstimateActivations'; or give "
+          "ResolutionContext::offload_optimizer_ratio, or a number)"));
+    }
+    // Every other value resolved first: the plans the choice compares
+    // need them (the ratio's own is replaced for each).
+    config::ResolutionContext any_ratio = context;
+    any_ratio.offload_optimizer_ratio = 1.0;
+    ZE_ASSIGN_OR_RETURN(const config::Config others,
+                        config::Resolve(loaded, any_ratio));
+    ZE_ASSIGN_OR_RETURN(const AutoOffloadRatio chosen,
+                        ChooseAutoOffloadRatio(model, others, communicator,
+                                               *context.activation_bytes,
+                                               context.device_memory_bytes));
+    ZE_LOG_RANK0(INFO) << loaded.source
+                       << ": offload_optimizer.ratio \"auto\": "
+                       << chosen.ToString();
+    context.offload_optimizer_ratio = chosen.ratio;
+  }
+  ZE_ASSIGN_OR_RETURN(config::Config resolved,
+                      config::Resolve(loaded, context));
+  return resolved;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<nn::LossModel> model,
     const std::string& config_path_or_json,
@@ -876,17 +919,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
           ? config::LoadConfigString(config_path_or_json, world)
           : config::LoadConfigFile(config_path_or_json, world);
   ZE_RETURN_IF_ERROR(loaded.status());
-  // What the model and the job tell, unless the caller's hints say.
-  config::ResolutionContext context = hints;
-  context.world_size = world;
-  if (!context.hidden_size.has_value() && model->hidden_size() > 0) {
-    context.hidden_size = model->hidden_size();
-  }
-  if (!context.precision.has_value()) {
-    context.precision = config::PrecisionOfDType(model->dtype());
-  }
   ZE_ASSIGN_OR_RETURN(config::Config resolved,
-                      config::Resolve(*loaded, context));
+                      ResolveConfig(*loaded, *model, *communicator, hints));
   return Initialize(std::move(model), resolved, std::move(communicator));
 }
 

@@ -427,6 +427,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
     std::shared_ptr<comm::Communicator> communicator = nullptr,
     const config::ResolutionContext& hints = config::ResolutionContext());
 
+// What the config-file Initialize trains by: `loaded` (LoadConfigFile's)
+// with every "auto" replaced as it does (above), offload_optimizer.ratio
+// "auto" chosen by engine::ChooseAutoOffloadRatio from `hints`'
+// activation_bytes (and device_memory_bytes) and logged, unless `hints`
+// gives the ratio. For programs that plan before Initialize
+// (train_gpt --dry_run); passing the result's ratio on as
+// ResolutionContext::offload_optimizer_ratio makes Initialize keep it. A
+// collective when the ratio is chosen (every rank calls it). Errors:
+// config::Resolve's, and InvalidArgument naming the key for an "auto" ratio
+// without activation_bytes.
+absl::StatusOr<config::Config> ResolveConfig(
+    const config::Config& loaded, nn::LossModel& model,
+    comm::Communicator& communicator,
+    const config::ResolutionContext& hints = config::ResolutionContext());
+
 }  // namespace engine
 }  // namespace ze
 

@@ -1316,6 +1316,18 @@ absl::Status Train(Options options, int* exit_code) {
                                     8 * corpus->bytes_per_token(),
                                     " tokens, largest ", data_vocab - 1, ")");
   }
+  // The config's precision builds the model, so it cannot come from the
+  // model as Initialize's "auto" would take it.
+  for (const auto& [key, enabled] :
+       {std::pair{"fp16.enabled", &config.fp16.enabled},
+        std::pair{"bf16.enabled", &config.bf16.enabled}}) {
+    if (enabled->is_auto()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.config, ": ", key,
+          " is \"auto\", but train_gpt builds the model in the config's "
+          "precision: set fp16.enabled or bf16.enabled to true or false"));
+    }
+  }
   const config::TrainingPrecision precision =
       config::GetTrainingPrecision(config);
   const DType model_dtype = config::PrecisionDType(precision);
@@ -1414,26 +1426,54 @@ absl::Status Train(Options options, int* exit_code) {
         "only its stage and train through Engine::TrainBatch: "
         "docs/pipeline.md); --dry_run shows the plan per stage"));
   }
+  // The config as Initialize trains by, resolved here the same way
+  // (engine::ResolveConfig) so that the plans below are Initialize's: an
+  // "auto" offload_optimizer.ratio is chosen beside this run's activation
+  // estimate and handed to Initialize, which keeps it. "auto" values only
+  // a trainer's arguments fill (learning rates...) fail here, naming them.
+  config::ResolutionContext hints;
+  const bool auto_ratio =
+      config.zero_optimization.offload_optimizer.ratio.is_auto();
+  {
+    config::ResolutionContext any_ratio;
+    any_ratio.offload_optimizer_ratio = 1.0;
+    ZE_ASSIGN_OR_RETURN(
+        config::Config others,
+        engine::ResolveConfig(config, *model, *communicator, any_ratio));
+    if (!auto_ratio)
+      config = std::move(others);
+    else
+      config.train_micro_batch_size_per_gpu =
+          others.train_micro_batch_size_per_gpu;
+  }
+  // Activations of one micro-batch (zero/activation_estimate.h): the
+  // step's allocations walked in the modules' order, loss head and
+  // checkpointing included. With cpu_checkpointing the checkpointed
+  // inputs move to pinned host memory and the plan's ring stays on the
+  // device.
+  const int64_t micro_batch = config.train_micro_batch_size_per_gpu.value();
+  zero::ActivationModel shape =
+      decoder_config.has_value()
+          ? zero::ActivationModel::Of(*decoder_config, model_dtype, micro_batch,
+                                      seq)
+          : zero::ActivationModel::Of(*gpt_config, model_dtype, micro_batch,
+                                      seq);
+  shape.ring_slots = options.activation_checkpointing &&
+                             config.activation_checkpointing.cpu_checkpointing
+                         ? zero::kActivationRingSlots
+                         : 0;
+  shape.cuda = communicator->device().is_cuda();
+  const zero::ActivationEstimate activations = zero::EstimateActivations(shape);
+  if (auto_ratio) {
+    hints.activation_bytes = activations.device;
+    ZE_ASSIGN_OR_RETURN(
+        config, engine::ResolveConfig(config, *model, *communicator, hints));
+    hints.offload_optimizer_ratio =
+        config.zero_optimization.offload_optimizer.ratio.value();
+  }
   if (options.dry_run) {
-    // Activations of one micro-batch (zero/activation_estimate.h): the
-    // step's allocations walked in the modules' order, loss head and
-    // checkpointing included. With cpu_checkpointing the checkpointed
-    // inputs move to pinned host memory and the plan's ring stays on the
-    // device.
     ZE_ASSIGN_OR_RETURN(zero::Plan plan,
                         zero::BuildPlan(*model, config, world));
-    const int64_t micro_batch = config.train_micro_batch_size_per_gpu.value();
-    zero::ActivationModel shape =
-        decoder_config.has_value()
-            ? zero::ActivationModel::Of(*decoder_config, model_dtype,
-                                        micro_batch, seq)
-            : zero::ActivationModel::Of(*gpt_config, model_dtype, micro_batch,
-                                        seq);
-    shape.ring_slots =
-        options.activation_checkpointing ? plan.activation_ring_slots : 0;
-    shape.cuda = communicator->device().is_cuda();
-    const zero::ActivationEstimate activations =
-        zero::EstimateActivations(shape);
     constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     if (rank == 0) {
       std::printf(
@@ -1506,8 +1546,9 @@ absl::Status Train(Options options, int* exit_code) {
       std::vector<int32_t> prompt,
       PromptTokens(options.prompt, data.kind, facts.vocab_size));
 
-  ZE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
-                      engine::Initialize(model, options.config, communicator));
+  ZE_ASSIGN_OR_RETURN(
+      std::unique_ptr<engine::Engine> engine,
+      engine::Initialize(model, options.config, communicator, hints));
 
   const int64_t micro = engine->config().train_micro_batch_size_per_gpu.value();
   const int64_t accumulation =

@@ -484,10 +484,20 @@ absl::Status MakeSetup(const Flags& flags, Setup& setup) {
                     " assumed");
   }
   const config::ZeroConfig& zero = loaded.zero_optimization;
+  if (zero.offload_optimizer.ratio.is_auto()) {
+    // Chosen at Initialize from the GPU's free memory and the run's
+    // activations, which a plan made elsewhere cannot know.
+    return absl::InvalidArgumentError(absl::StrCat(
+        loaded.source,
+        ": zero_optimization.offload_optimizer.ratio is \"auto\": the "
+        "engine chooses it at start from the GPU's free memory (train_gpt "
+        "--dry_run on the GPU machine shows the choice); give a number "
+        "here to see that share's plan"));
+  }
   Choice choice;
   choice.stage = static_cast<int>(zero.stage);
   choice.optimizer = zero.offload_optimizer.device;
-  choice.ratio = zero.offload_optimizer.ratio;
+  choice.ratio = zero.offload_optimizer.ratio.value();
   // DeepSpeed uses offload_param at stage 3 only.
   choice.param = zero::PolicyOf(loaded).partition_parameters
                      ? zero.offload_param.device

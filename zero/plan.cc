@@ -274,10 +274,11 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   bool speculation_unbounded = false;
   if (zero.offload_optimizer.device != config::OffloadDevice::kNone) {
     plan.cpu_optimizer = true;
-    state.optimizer_placement = ChooseOptimizerPlacement(
-        plan.layout.layout, plan.layout.trainable, zero.offload_optimizer.ratio,
-        plan.layout.bucket_zero_read_first,
-        nvme ? Placement::kNvme : Placement::kHost);
+    state.optimizer_placement =
+        ChooseOptimizerPlacement(plan.layout.layout, plan.layout.trainable,
+                                 zero.offload_optimizer.ratio.value(),
+                                 plan.layout.bucket_zero_read_first,
+                                 nvme ? Placement::kNvme : Placement::kHost);
     if (nvme) {
       state.nvme.nvme = offload::NvmeOptionsFromConfig(
           config.aio, zero.offload_optimizer.nvme_path.value_or(""));
@@ -390,9 +391,9 @@ absl::StatusOr<Plan> BuildPlan(nn::LossModel& model,
   plan.allgather_bucket_elements =
       std::max<int64_t>(1, zero.allgather_bucket_size);
   plan.seed = static_cast<uint64_t>(config.seed);
-  // Two: one input in use, the next on its way (nn/activation_offload.h).
-  plan.activation_ring_slots =
-      config.activation_checkpointing.cpu_checkpointing ? 2 : 0;
+  plan.activation_ring_slots = config.activation_checkpointing.cpu_checkpointing
+                                   ? kActivationRingSlots
+                                   : 0;
   if (plan.policy.partition_parameters) {
     // Small buckets stay gathered, in layout order, while their total stays
     // within stage3_model_persistence_threshold (DeepSpeed's cap on what
@@ -425,6 +426,47 @@ absl::StatusOr<MemoryBreakdown> PlanMemory(nn::LossModel& model,
                                            int world_size) {
   ZE_ASSIGN_OR_RETURN(Plan plan, BuildPlan(model, config, world_size));
   return plan.memory;
+}
+
+int64_t GatheredWeightBytes(const Plan& plan, int world_size) {
+  if (!plan.policy.partition_parameters) return 0;
+  if (world_size == 1 && plan.state.weights_placement == Placement::kDevice) {
+    return 0;  // every gather in place (the partition is the whole model)
+  }
+  const int64_t live = std::min(
+      plan.layout.layout.total_param_elements(),
+      plan.fetch.max_live_elements + plan.fetch.prefetch_bucket_elements);
+  return live * static_cast<int64_t>(SizeOf(plan.state.model_dtype));
+}
+
+absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
+    nn::LossModel& model, const config::Config& config, int world_size,
+    const HostFacts& host, int64_t device_bytes_allowed) {
+  config::Config candidate = config;
+  AutoRatioPlan choice;
+  // The device bytes fall as the ratio grows (whole buckets move to the
+  // host), so the first that fits is the smallest. Step 0 (nothing on the
+  // host) is planned only to say so; the key's smallest value is one step.
+  for (int step = 0; step <= kAutoRatioSteps; ++step) {
+    const double ratio = static_cast<double>(step) / kAutoRatioSteps;
+    candidate.zero_optimization.offload_optimizer.ratio = ratio;
+    ZE_ASSIGN_OR_RETURN(Plan plan,
+                        BuildPlan(model, candidate, world_size, host));
+    const int64_t device_bytes =
+        plan.memory.device_bytes + GatheredWeightBytes(plan, world_size);
+    const bool fits = device_bytes <= device_bytes_allowed;
+    if (step == 0) {
+      choice.everything_fits = fits;
+      if (!fits) continue;
+    }
+    choice.ratio = ratio;
+    choice.device_bytes = device_bytes;
+    if (fits && step > 0) {
+      choice.fits = true;
+      return choice;
+    }
+  }
+  return choice;  // ratio 1, not fitting
 }
 
 std::optional<int64_t> OffloadBucketElements(const config::Config& config,

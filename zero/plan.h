@@ -106,6 +106,10 @@ struct Plan {
   int activation_ring_slots = 0;
 };
 
+// cpu_checkpointing's device ring: one input in use, the next on its way
+// (nn/activation_offload.h).
+inline constexpr int kActivationRingSlots = 2;
+
 // The plan for `model` under `config` (validated) at `world_size` (any:
 // no ranks are needed), with `host`'s facts. Needs only shapes (parameters
 // may have no storage); borrows `model`'s parameters (StageLayout::params),
@@ -138,6 +142,38 @@ std::optional<int64_t> OffloadBucketElements(const config::Config& config,
 // than reduce_bucket_size (how many, how large, why); nullopt otherwise.
 std::optional<std::string> OffloadBucketsNote(const Plan& plan,
                                               const config::Config& config);
+
+// offload_optimizer.ratio "auto" (engine::ChooseAutoOffloadRatio): the
+// smallest of the ratios 1/kAutoRatioSteps, ..., 1 (the key excludes 0)
+// whose plan keeps at most `device_bytes_allowed` of model state on the
+// device
+// (MemoryBreakdown::device_bytes, stage 3's gathered weights added:
+// GatheredWeightBytes), or ratio 1 with fits false when none does (the
+// strategy then fails to allocate, naming the bytes). A smaller ratio keeps
+// more of the exact f32 state on the GPU, where its update costs no host
+// memory traffic (bench/RESULTS.md runs 73-74: ratio 0.4-0.5 is 85-97% of
+// no offload where 1 is 61-89%), so the smallest that fits is the fastest.
+// `config`: resolved (its own ratio is ignored), offload_optimizer.device
+// cpu. Errors: BuildPlan's. Pure apart from BuildPlan's reading of `host`.
+inline constexpr int kAutoRatioSteps = 20;
+struct AutoRatioPlan {
+  double ratio = 1.0;
+  int64_t device_bytes = 0;  // model state and gathered weights at `ratio`
+  bool fits = false;
+  // Nothing offloaded would fit too (without offload_optimizer).
+  bool everything_fits = false;
+};
+absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
+    nn::LossModel& model, const config::Config& config, int world_size,
+    const HostFacts& host, int64_t device_bytes_allowed);
+
+// Stage 3: the device bytes of gathered weights beyond the plan's own
+// partition, where a gather cannot be served in place (several ranks, or
+// the partition on the host with offload_param): at most
+// stage3_max_live_parameters plus one prefetch bucket of the model's
+// elements at the model's element size (the fetch schedule's bound). 0 at
+// stages 0-2 and where every gather is in place. Pure.
+int64_t GatheredWeightBytes(const Plan& plan, int world_size);
 
 // BuildPlan(model, config, world_size).memory: the per-rank model-state
 // plan the engine reports at startup and allocates by.

@@ -623,6 +623,105 @@ TEST(PlanTableTest, SplitUpdateFollowsTheKey) {
   EXPECT_FALSE(split(1, R"(, "split_update": true)"));
 }
 
+// offload_optimizer.ratio "auto": the smallest ratio on the grid whose plan
+// (with stage 3's gathered weights) fits the bytes allowed; ratio 1 with
+// fits false when none does; a budget that holds everything says so and
+// still offloads the key's smallest share.
+TEST(PlanTableTest, SmallestFittingOffloadRatioIsTheFirstThatFits) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  for (const int stage : {1, 2, 3}) {
+    for (const int world : {1, 2, 3}) {
+      SCOPED_TRACE(absl::StrCat("stage ", stage, ", world ", world));
+      absl::StatusOr<config::Config> config = config::LoadConfigString(
+          absl::StrCat(
+              R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": )",
+              R"(true}, "optimizer": {"type": "AdamW", "params": {"lr": )",
+              R"(1e-3}}, "zero_optimization": {"stage": )", stage,
+              R"(, "reduce_bucket_size": 300, "offload_optimizer": )",
+              R"({"device": "cpu", "ratio": "auto"}}})"),
+          world);
+      ASSERT_TRUE(config.ok()) << config.status();
+      // The device bytes of each grid ratio, planned one by one.
+      std::vector<int64_t> bytes;
+      for (int step = 0; step <= kAutoRatioSteps; ++step) {
+        config::Config at = *config;
+        at.zero_optimization.offload_optimizer.ratio =
+            static_cast<double>(step) / kAutoRatioSteps;
+        absl::StatusOr<Plan> plan = BuildPlan(*model, at, world);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        bytes.push_back(plan->memory.device_bytes +
+                        GatheredWeightBytes(*plan, world));
+        if (step > 0) EXPECT_LE(bytes[step], bytes[step - 1]) << step;
+      }
+      ASSERT_LT(bytes.back(), bytes.front());  // the ratio moves something
+
+      absl::StatusOr<AutoRatioPlan> roomy = SmallestFittingOffloadRatio(
+          *model, *config, world, HostFacts(), bytes.front());
+      ASSERT_TRUE(roomy.ok()) << roomy.status();
+      EXPECT_TRUE(roomy->fits);
+      EXPECT_TRUE(roomy->everything_fits);
+      EXPECT_DOUBLE_EQ(roomy->ratio, 1.0 / kAutoRatioSteps);
+
+      absl::StatusOr<AutoRatioPlan> none = SmallestFittingOffloadRatio(
+          *model, *config, world, HostFacts(), bytes.back() - 1);
+      ASSERT_TRUE(none.ok()) << none.status();
+      EXPECT_FALSE(none->fits);
+      EXPECT_FALSE(none->everything_fits);
+      EXPECT_DOUBLE_EQ(none->ratio, 1.0);
+      EXPECT_EQ(none->device_bytes, bytes.back());
+
+      // Just under each distinct size: the first step below it is chosen.
+      for (int step = 1; step <= kAutoRatioSteps; ++step) {
+        if (bytes[step] == bytes[step - 1]) continue;
+        absl::StatusOr<AutoRatioPlan> chosen = SmallestFittingOffloadRatio(
+            *model, *config, world, HostFacts(), bytes[step - 1] - 1);
+        ASSERT_TRUE(chosen.ok()) << chosen.status();
+        int expected = step;
+        while (expected > 1 && bytes[expected - 1] == bytes[step]) --expected;
+        EXPECT_TRUE(chosen->fits);
+        EXPECT_FALSE(chosen->everything_fits);
+        EXPECT_DOUBLE_EQ(chosen->ratio,
+                         static_cast<double>(expected) / kAutoRatioSteps);
+        EXPECT_EQ(chosen->device_bytes, bytes[step]);
+      }
+    }
+  }
+}
+
+// Stage 3's gathers need their own device buffers except at one rank with
+// the partition on the device (served in place): bounded by the live
+// parameters and a prefetch bucket, and by the model.
+TEST(PlanTableTest, GatheredWeightBytesFollowTheFetchBound) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  const auto gathered = [&](int stage, int world, const std::string& extra) {
+    absl::StatusOr<config::Config> config = config::LoadConfigString(
+        absl::StrCat(
+            R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": )",
+            R"(true}, "optimizer": {"type": "AdamW", "params": {"lr": )",
+            R"(1e-3}}, "zero_optimization": {"stage": )", stage, extra, "}}"),
+        world);
+    EXPECT_TRUE(config.ok()) << config.status();
+    if (!config.ok()) return int64_t{-1};
+    absl::StatusOr<Plan> plan = BuildPlan(*model, *config, world);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? GatheredWeightBytes(*plan, world) : int64_t{-1};
+  };
+  const int64_t elements = model->config().NumParameters();
+  EXPECT_EQ(gathered(2, 2, ""), 0);
+  EXPECT_EQ(gathered(3, 1, ""), 0);
+  EXPECT_EQ(gathered(3, 2, ""), elements * kWeightBytes);
+  EXPECT_EQ(gathered(3, 1,
+                     R"(, "offload_param": {"device": "cpu"}, )"
+                     R"("offload_optimizer": {"device": "cpu"})"),
+            elements * kWeightBytes);
+  EXPECT_EQ(gathered(3, 3,
+                     R"(, "stage3_max_live_parameters": 100, )"
+                     R"("stage3_prefetch_bucket_size": 50)"),
+            150 * kWeightBytes);
+}
+
 // Speculation's backup, unset, is every host element's where the host has
 // room, and shrinks to half of this rank's share of MemAvailable left after
 // the rest of its planned host memory where it has not; an explicit

@@ -7,7 +7,9 @@
 # activation checkpointing, clipping 1.0. PyTorch in the same call: the
 # anchor's llama8b_bf16_ckpt (bf16 weights and bf16 AdamW states,
 # checkpointing, micro-batch 8). Run 67 gave the 8B 150 s and it did not
-# finish: this call gives it 330 s.
+# finish: this call gives it 330 s. RATIO=auto (a pack at or after the
+# commit that added offload_optimizer.ratio "auto") lets the engine choose
+# the share from the card's free memory.
 rm -rf /tmp/b
 source bench/device/setup.sh
 RATIO=${RATIO:-0.7}
@@ -20,7 +22,7 @@ for l in open('$OUT/train_bench.jsonl'):
   d=json.loads(l)
   if d.get('error'): print('ERROR', d['error'][:300]); continue
   w=d.get('offload_worker',{}); m=d.get('memory',{})
-  print('ours 8B', round(d['tokens_per_s']), 'step_ms', round(d['step_ms'],1), 'cpu', w.get('optimizer_ms'), 'wait', w.get('engine_wait_ms'), d.get('speculation'), 'peak %.2f GB' % (m.get('peak_bytes_in_use',0)/1e9), {k: d[k] for k in d if 'host' in k or 'pinned' in k or 'pageable' in k})" | cut -c1-700
+  print('ours 8B ratio', d.get('offload_ratio_chosen'), round(d['tokens_per_s']), 'step_ms', round(d['step_ms'],1), 'cpu', w.get('optimizer_ms'), 'wait', w.get('engine_wait_ms'), d.get('speculation'), 'peak %.2f GB' % (m.get('peak_bytes_in_use',0)/1e9), {k: d[k] for k in d if 'host' in k or 'pinned' in k or 'pageable' in k})" | cut -c1-700
 tail -5 $OUT/train_bench.err | cut -c1-300
 el "pytorch"
 timeout $(( $(left) - 10 )) python3 .anchors/torch_llama_anchor.py llama8b_bf16_ckpt > $OUT/torch_llama8b.jsonl 2> $OUT/torch_llama8b.err
