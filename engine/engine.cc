@@ -857,7 +857,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
 
 absl::StatusOr<config::Config> ResolveConfig(
     const config::Config& loaded, nn::LossModel& model,
-    comm::Communicator& communicator, const config::ResolutionContext& hints) {
+    comm::Communicator& communicator, const config::ResolutionContext& hints,
+    AutoOffloadRatio* auto_ratio) {
   const int world = communicator.world_size();
   // What the model and the job tell, unless the caller's hints say.
   config::ResolutionContext context = hints;
@@ -894,6 +895,7 @@ absl::StatusOr<config::Config> ResolveConfig(
                        << ": offload_optimizer.ratio \"auto\": "
                        << chosen.ToString();
     context.offload_optimizer_ratio = chosen.ratio;
+    if (auto_ratio != nullptr) *auto_ratio = chosen;
   }
   ZE_ASSIGN_OR_RETURN(config::Config resolved,
                       config::Resolve(loaded, context));

@@ -77,6 +77,7 @@
 #include "core/safetensors/tensor_source.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "engine/auto_offload_ratio.h"
 #include "engine/reports.h"
 #include "nlohmann/json.hpp"
 #include "nn/loss_model.h"
@@ -436,11 +437,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Initialize(
 // ResolutionContext::offload_optimizer_ratio makes Initialize keep it. A
 // collective when the ratio is chosen (every rank calls it). Errors:
 // config::Resolve's, and InvalidArgument naming the key for an "auto" ratio
-// without activation_bytes.
+// without activation_bytes. `auto_ratio`, when not null, receives the
+// choice (untouched when nothing was chosen).
 absl::StatusOr<config::Config> ResolveConfig(
     const config::Config& loaded, nn::LossModel& model,
     comm::Communicator& communicator,
-    const config::ResolutionContext& hints = config::ResolutionContext());
+    const config::ResolutionContext& hints = config::ResolutionContext(),
+    AutoOffloadRatio* auto_ratio = nullptr);
 
 }  // namespace engine
 }  // namespace ze

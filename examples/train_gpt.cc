@@ -72,7 +72,9 @@
 // --dry_run checks the config, builds the model's shapes without storage
 // and prints the per-rank memory plan (GPU, pinned host, NVMe; the same
 // figures Initialize would report and allocate by) and an activation
-// estimate, then exits without allocating. With pipeline.stages > 1: the
+// estimate, with an "auto" offload_optimizer.ratio the share the engine
+// chose beside that estimate (engine::ResolveConfig; training hands the
+// same choice to Initialize), then exits without allocating. With pipeline.stages > 1: the
 // layout, the schedule's bubble and each stage's layers and plan (no
 // activation estimate yet); train_gpt does not train a pipeline config
 // (refused by name: docs/pipeline.md).
@@ -1464,10 +1466,12 @@ absl::Status Train(Options options, int* exit_code) {
                          : 0;
   shape.cuda = communicator->device().is_cuda();
   const zero::ActivationEstimate activations = zero::EstimateActivations(shape);
+  engine::AutoOffloadRatio chosen_ratio;
   if (auto_ratio) {
     hints.activation_bytes = activations.device;
     ZE_ASSIGN_OR_RETURN(
-        config, engine::ResolveConfig(config, *model, *communicator, hints));
+        config, engine::ResolveConfig(config, *model, *communicator, hints,
+                                      &chosen_ratio));
     hints.offload_optimizer_ratio =
         config.zero_optimization.offload_optimizer.ratio.value();
   }
@@ -1500,6 +1504,10 @@ absl::Status Train(Options options, int* exit_code) {
         std::printf(
             "  cpu_checkpointing: set, but no block is checkpointed "
             "(--activation_checkpointing): nothing to offload\n");
+      }
+      if (auto_ratio) {
+        std::printf("  offload_optimizer.ratio \"auto\": %s\n",
+                    chosen_ratio.ToString().c_str());
       }
     }
     *exit_code = 0;

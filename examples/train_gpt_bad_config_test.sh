@@ -33,5 +33,18 @@ echo '{"train_batch_size": 8, "optimizer": {"type": "AdamW",
 expect_bad_input "$tmp/overflow.json: number out of range at optimizer.params.lr" \
   --config="$tmp/overflow.json"
 
+# Hugging Face's "auto" precision: train_gpt builds the model in the
+# config's precision, so it names the key (it used to abort on a ZE_CHECK).
+echo '{"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": "auto"},
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}' > "$tmp/auto_precision.json"
+expect_bad_input "$tmp/auto_precision.json: bf16.enabled is \"auto\", but train_gpt builds the model in the config's precision" \
+  --config="$tmp/auto_precision.json" --dry_run
+# Other "auto" values only a trainer's arguments fill: named, with the hint
+# they need, before anything is planned.
+echo '{"train_micro_batch_size_per_gpu": 2,
+       "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}' > "$tmp/auto_lr.json"
+expect_bad_input "$tmp/auto_lr.json: optimizer.params.lr is \"auto\" but ResolutionContext::learning_rate was not given" \
+  --config="$tmp/auto_lr.json" --dry_run
+
 if (( failures > 0 )); then echo "$failures failure(s)"; exit 1; fi
 echo "train_gpt bad configs: ok"

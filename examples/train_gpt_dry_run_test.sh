@@ -36,4 +36,27 @@ echo "$output" | grep "train_gpt --dry_run\|model state"
 grep -q "2 ranks, ZeRO stage 3" <<<"$output"
 grep -q ", NVMe [0-9.]* GiB" <<<"$output"
 if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+# offload_optimizer.ratio "auto": the plan is made with the ratio the engine
+# chooses from the device's free memory (here the host's, which holds this
+# model many times over: the key's smallest share, 0.05), said once; a
+# short training run keeps that choice (Initialize is handed it, so the
+# line is not repeated) and trains.
+auto_config="${TEST_TMPDIR:-$(mktemp -d)}/auto_ratio.json"
+python3 - "$config" "$auto_config" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["zero_optimization"].update({
+    "stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "auto"}})
+json.dump(config, open(sys.argv[2], "w"))
+PY
+output=$("$run_mpi" 2 "$train" --config="$auto_config" --device=cpu --seq=64 --dry_run 2>&1)
+echo "$output" | grep "ratio \"auto\"\|model state"
+grep -q "offload_optimizer.ratio \"auto\": 0.05 (model state on the device .* <= .*: free on the device, 2 ranks on it); all of it would fit on the device" <<<"$output"
+grep -q "model state per rank: .*master weights and optimizer state: device [0-9.]* GiB + host [0-9.]* GiB" <<<"$output"
+if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+output=$("$run_mpi" 2 "$train" --config="$auto_config" --device=cpu --seq=64 --steps=5 2>&1)
+[[ $(grep -c "offload_optimizer.ratio \"auto\": 0.05" <<<"$output") == 1 ]] ||
+  { echo "FAIL: the auto ratio's line is not there once:"; echo "$output" | tail -20; exit 1; }
+grep -q "offload_optimizer cpu (ratio 0.05" <<<"$output" ||
+  { echo "FAIL: Initialize did not train with the chosen ratio:"; echo "$output" | tail -20; exit 1; }
 echo "train_gpt --dry_run: ok"
