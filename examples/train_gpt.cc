@@ -74,10 +74,10 @@
 // figures Initialize would report and allocate by) and an activation
 // estimate, with an "auto" offload_optimizer.ratio the share the engine
 // chose beside that estimate (engine::ResolveConfig; training hands the
-// same choice to Initialize), then exits without allocating. With pipeline.stages > 1: the
-// layout, the schedule's bubble and each stage's layers and plan (no
-// activation estimate yet); train_gpt does not train a pipeline config
-// (refused by name: docs/pipeline.md).
+// same choice to Initialize), then exits without allocating. With
+// pipeline.stages > 1: the layout, the schedule's bubble and each stage's
+// layers and plan (no activation estimate yet); train_gpt does not train a
+// pipeline config (refused by name: docs/pipeline.md).
 //
 // Checkpoints: with --save_dir the engine saves there every --save_every
 // steps (0: only at the end) and at the end (tag global_stepN, `latest`
