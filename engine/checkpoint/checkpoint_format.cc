@@ -43,12 +43,6 @@ absl::Status FsStatus(const std::error_code& error, const std::string& action,
   return ErrnoToStatus(error.value(), action, path);
 }
 
-// fsync of a directory, so a rename inside it is durable.
-std::string ParentDirectory(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? "." : parent.string();
-}
-
 absl::StatusOr<DType> ParseDTypeKey(const std::string& text) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     if (text == DTypeName(dtype)) return dtype;
