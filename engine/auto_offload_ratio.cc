@@ -56,7 +56,7 @@ std::string AutoOffloadRatio::ToString() const {
       ratio, GiB(model_state_device_bytes), GiB(activation_bytes),
       GiB(reserve_bytes), fits ? "<=" : ">", GiB(device_budget_bytes));
   if (budget_given) {
-    absl::StrAppend(&text, ": ResolutionContext::device_memory_bytes)");
+    absl::StrAppend(&text, ": the budget given)");
   } else {
     absl::StrAppend(&text, ": free on the device, ", ranks_per_device,
                     ranks_per_device == 1 ? " rank" : " ranks", " on it)");

@@ -56,8 +56,10 @@ struct AutoOffloadRatio {
   // The model state (and stage 3's gathered weights) the plan keeps on the
   // device at `ratio`.
   int64_t model_state_device_bytes = 0;
-  // "0.35 (model state on the GPU 30.1 GiB + activations 26.2 GiB +
-  // reserve 7.4 GiB <= 74.0 GiB: free on cuda:0, 1 rank on it)".
+  // The log's form, "R (model state on the device A + activations B +
+  // reserve C <= D: free on the device, N ranks on it)", or "...: the
+  // budget given)" for device_memory_bytes; "> D" and a note when it does
+  // not fit, and a note when no offload would fit too.
   std::string ToString() const;
 };
 

@@ -57,6 +57,10 @@
 //                 forward to its backward; backward forms it a vocabulary
 //                 slice at a time (less memory, one more logits product).
 //   --dry_run     prints the per-rank memory plan and exits (below).
+//   --device_memory_gib  with offload_optimizer.ratio "auto": the device
+//                 memory each rank may use (0, the default: what the device
+//                 has free), e.g. to plan for an 80 GB card on another
+//                 machine with --dry_run, or to leave room on a shared GPU.
 //   --progress    auto|line|log (below).
 //   --prompt      text to continue at each evaluation (and at the end), in
 //                 the data's vocabulary: bytes for text files, the task's
@@ -240,6 +244,10 @@ ABSL_FLAG(std::string, resume_tag, "",
           "it is missing");
 ABSL_FLAG(bool, dry_run, false,
           "print the per-rank memory plan and exit without allocating");
+ABSL_FLAG(double, device_memory_gib, 0,
+          "the device memory (GiB) each rank may use when the config's "
+          "offload_optimizer.ratio is \"auto\" (0: what the device has "
+          "free); plans for another card, or leaves room on a shared one");
 ABSL_FLAG(std::string, progress, "auto",
           "line (redrawn in place), log (the engine's line every "
           "steps_per_print), or auto");
@@ -286,6 +294,7 @@ struct Options {
   bool resume_if_present = false;  // --resume_if_present
   std::string resume_tag;          // empty: `latest`
   bool dry_run = false;
+  double device_memory_gib = 0;  // 0: the device's free memory
   std::string progress;
   double min_accuracy = 0;
   double min_loss_drop = 0;
@@ -339,6 +348,7 @@ absl::StatusOr<Options> ReadFlags() {
   o.min_loss_drop = absl::GetFlag(FLAGS_min_loss_drop);
   o.prompt = absl::GetFlag(FLAGS_prompt);
   o.dry_run = absl::GetFlag(FLAGS_dry_run);
+  o.device_memory_gib = absl::GetFlag(FLAGS_device_memory_gib);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.min_accuracy = absl::GetFlag(FLAGS_min_accuracy);
   o.peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
@@ -349,6 +359,11 @@ absl::StatusOr<Options> ReadFlags() {
   if (o.seq != 0 && o.seq < 2) {
     return bad(
         absl::StrCat("--seq=", o.seq, ": need >= 2, or 0 for the data's own"));
+  }
+  if (!(o.device_memory_gib >= 0) || !std::isfinite(o.device_memory_gib)) {
+    return bad(absl::StrCat("--device_memory_gib=", o.device_memory_gib,
+                            ": need a finite number >= 0 (0: the device's "
+                            "free memory)"));
   }
   if (o.eval_windows < 1) {
     return bad(absl::StrCat("--eval_windows=", o.eval_windows, ": need >= 1"));
@@ -1469,6 +1484,10 @@ absl::Status Train(Options options, int* exit_code) {
   engine::AutoOffloadRatio chosen_ratio;
   if (auto_ratio) {
     hints.activation_bytes = activations.device;
+    if (options.device_memory_gib > 0) {
+      hints.device_memory_bytes = static_cast<int64_t>(
+          options.device_memory_gib * 1024.0 * 1024.0 * 1024.0);
+    }
     ZE_ASSIGN_OR_RETURN(
         config, engine::ResolveConfig(config, *model, *communicator, hints,
                                       &chosen_ratio));

@@ -54,6 +54,12 @@ echo "$output" | grep "ratio \"auto\"\|model state"
 grep -q "offload_optimizer.ratio \"auto\": 0.05 (model state on the device .* <= .*: free on the device, 2 ranks on it); all of it would fit on the device" <<<"$output"
 grep -q "model state per rank: .*master weights and optimizer state: device [0-9.]* GiB + host [0-9.]* GiB" <<<"$output"
 if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
+# --device_memory_gib: a budget that holds part of the state takes a
+# share between the smallest and all (10 MiB here: the weights, gradients
+# and activations take most of it).
+output=$("$run_mpi" 2 "$train" --config="$auto_config" --device=cpu --seq=64 --dry_run --device_memory_gib=0.01 2>&1)
+grep "ratio \"auto\"" <<<"$output"
+grep -q "offload_optimizer.ratio \"auto\": 0\.[1-9][0-9] (model state on the device .* <= 10\.2 MiB: the budget given)" <<<"$output"
 output=$("$run_mpi" 2 "$train" --config="$auto_config" --device=cpu --seq=64 --steps=5 2>&1)
 [[ $(grep -c "offload_optimizer.ratio \"auto\": 0.05" <<<"$output") == 1 ]] ||
   { echo "FAIL: the auto ratio's line is not there once:"; echo "$output" | tail -20; exit 1; }
