@@ -13,22 +13,13 @@
 #include "core/stream.h"
 #include "engine/agreement.h"
 #include "zero/plan.h"
+#include "zero/reports.h"
 
 namespace ze {
 namespace engine {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-
-// "12.3 GiB", "4.5 MiB" or "800 bytes": a GPU's figures and a test's.
-std::string GiB(int64_t bytes) {
-  const double value = static_cast<double>(bytes);
-  if (value >= kMiB * 1024.0) {
-    return absl::StrFormat("%.1f GiB", value / (kMiB * 1024.0));
-  }
-  if (value >= kMiB) return absl::StrFormat("%.1f MiB", value / kMiB);
-  return absl::StrCat(bytes, " bytes");
-}
 
 // What this process may use of its device now: the free memory (a GPU's,
 // or the host's MemAvailable for a CPU model) plus what its own allocator
@@ -53,8 +44,10 @@ std::string AutoOffloadRatio::ToString() const {
   std::string text = absl::StrFormat(
       "%.2f (model state on the device %s + activations %s + reserve %s %s "
       "%s",
-      ratio, GiB(model_state_device_bytes), GiB(activation_bytes),
-      GiB(reserve_bytes), fits ? "<=" : ">", GiB(device_budget_bytes));
+      ratio, zero::FormatGiBOrMiB(model_state_device_bytes),
+      zero::FormatGiBOrMiB(activation_bytes),
+      zero::FormatGiBOrMiB(reserve_bytes), fits ? "<=" : ">",
+      zero::FormatGiBOrMiB(device_budget_bytes));
   if (budget_given) {
     absl::StrAppend(&text, ": the budget given)");
   } else {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "zero/reports.h"
 
 namespace ze {
 namespace pipeline {
@@ -130,15 +131,6 @@ std::string Count(double n) {
   return absl::StrFormat("%.0f", n);
 }
 
-// "5.5 GiB" from 1 GiB on, else "12.3 MiB".
-std::string Bytes(double bytes) {
-  constexpr double kMiB = 1024.0 * 1024.0;
-  if (bytes >= 1024.0 * kMiB) {
-    return absl::StrFormat("%.1f GiB", bytes / (1024.0 * kMiB));
-  }
-  return absl::StrFormat("%.1f MiB", bytes / kMiB);
-}
-
 }  // namespace
 
 std::string FormatStages(const std::vector<StageSummary> &stages,
@@ -150,8 +142,8 @@ std::string FormatStages(const std::vector<StageSummary> &stages,
       absl::StrAppend(&text, s == 0 ? "" : "; ", "stage ", s, ": layers [",
                       stage.layers.first, ", ", stage.layers.last, "), ",
                       Count(stage.parameters), " parameters, ",
-                      Bytes(stage.device_bytes), " GPU + ",
-                      Bytes(stage.host_bytes), " host");
+                      zero::FormatGiBOrMiB(stage.device_bytes), " GPU + ",
+                      zero::FormatGiBOrMiB(stage.host_bytes), " host");
     }
     return text;
   }
@@ -172,9 +164,10 @@ std::string FormatStages(const std::vector<StageSummary> &stages,
   }
   for (size_t r = 0; r < first_of_rank.size(); ++r) {
     if (first_of_rank[r] == nullptr) continue;
-    absl::StrAppend(&text, "; rank ", r, ": ",
-                    Bytes(first_of_rank[r]->device_bytes), " GPU + ",
-                    Bytes(first_of_rank[r]->host_bytes), " host");
+    absl::StrAppend(
+        &text, "; rank ", r, ": ",
+        zero::FormatGiBOrMiB(first_of_rank[r]->device_bytes), " GPU + ",
+        zero::FormatGiBOrMiB(first_of_rank[r]->host_bytes), " host");
   }
   return text;
 }

@@ -16,6 +16,14 @@ std::string FormatGiB(int64_t bytes) {
   return text;
 }
 
+std::string FormatGiBOrMiB(double bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (bytes >= 1024.0 * kMiB) {
+    return absl::StrFormat("%.1f GiB", bytes / (1024.0 * kMiB));
+  }
+  return absl::StrFormat("%.1f MiB", bytes / kMiB);
+}
+
 const char* SpeculationOutcomeName(SpeculationOutcome outcome) {
   switch (outcome) {
     case SpeculationOutcome::kNone:

@@ -137,6 +137,9 @@ struct MemoryBreakdown {
 
 // `bytes` as "1.234 GiB" (three decimals), for memory messages.
 std::string FormatGiB(int64_t bytes);
+// `bytes` at a glance: "5.5 GiB" from 1 GiB on, else "12.3 MiB" (the
+// pipeline's per-stage plan, the "auto" offload ratio's log line).
+std::string FormatGiBOrMiB(double bytes);
 
 }  // namespace zero
 }  // namespace ze

@@ -13,6 +13,14 @@ TEST(FormatGiBTest, ThreeDecimals) {
   EXPECT_EQ(FormatGiB(int64_t{3} << 29), "1.500 GiB");
 }
 
+TEST(FormatGiBOrMiBTest, GiBFromOneGiBOn) {
+  EXPECT_EQ(FormatGiBOrMiB(0), "0.0 MiB");
+  EXPECT_EQ(FormatGiBOrMiB(1.5 * 1024 * 1024), "1.5 MiB");
+  EXPECT_EQ(FormatGiBOrMiB(1023.0 * 1024 * 1024), "1023.0 MiB");
+  EXPECT_EQ(FormatGiBOrMiB(1024.0 * 1024 * 1024), "1.0 GiB");
+  EXPECT_EQ(FormatGiBOrMiB(5.5 * 1024 * 1024 * 1024), "5.5 GiB");
+}
+
 TEST(MemoryBreakdownTest, TotalExcludesStagingAndPlacement) {
   // A bit of its own per field, so the total shows which ones count: the
   // first four (1 + 2 + 4 + 8), not staging (16) or host (32).
