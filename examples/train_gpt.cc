@@ -1448,27 +1448,22 @@ absl::Status Train(Options options, int* exit_code) {
   // "auto" offload_optimizer.ratio is chosen beside this run's activation
   // estimate and handed to Initialize, which keeps it. "auto" values only
   // a trainer's arguments fill (learning rates...) fail here, naming them.
-  config::ResolutionContext hints;
+  // The ratio's placeholder is used only when it is "auto" (then replaced
+  // below); the micro-batch it resolves sizes the activation estimate.
   const bool auto_ratio =
       config.zero_optimization.offload_optimizer.ratio.is_auto();
-  {
-    config::ResolutionContext any_ratio;
-    any_ratio.offload_optimizer_ratio = 1.0;
-    ZE_ASSIGN_OR_RETURN(
-        config::Config others,
-        engine::ResolveConfig(config, *model, *communicator, any_ratio));
-    if (!auto_ratio)
-      config = std::move(others);
-    else
-      config.train_micro_batch_size_per_gpu =
-          others.train_micro_batch_size_per_gpu;
-  }
+  config::ResolutionContext hints;
+  config::ResolutionContext any_ratio;
+  any_ratio.offload_optimizer_ratio = 1.0;
+  ZE_ASSIGN_OR_RETURN(
+      config::Config resolved,
+      engine::ResolveConfig(config, *model, *communicator, any_ratio));
   // Activations of one micro-batch (zero/activation_estimate.h): the
   // step's allocations walked in the modules' order, loss head and
   // checkpointing included. With cpu_checkpointing the checkpointed
   // inputs move to pinned host memory and the plan's ring stays on the
   // device.
-  const int64_t micro_batch = config.train_micro_batch_size_per_gpu.value();
+  const int64_t micro_batch = resolved.train_micro_batch_size_per_gpu.value();
   zero::ActivationModel shape =
       decoder_config.has_value()
           ? zero::ActivationModel::Of(*decoder_config, model_dtype, micro_batch,
@@ -1476,7 +1471,7 @@ absl::Status Train(Options options, int* exit_code) {
           : zero::ActivationModel::Of(*gpt_config, model_dtype, micro_batch,
                                       seq);
   shape.ring_slots = options.activation_checkpointing &&
-                             config.activation_checkpointing.cpu_checkpointing
+                             resolved.activation_checkpointing.cpu_checkpointing
                          ? zero::kActivationRingSlots
                          : 0;
   shape.cuda = communicator->device().is_cuda();
@@ -1489,11 +1484,11 @@ absl::Status Train(Options options, int* exit_code) {
           options.device_memory_gib * 1024.0 * 1024.0 * 1024.0);
     }
     ZE_ASSIGN_OR_RETURN(
-        config, engine::ResolveConfig(config, *model, *communicator, hints,
-                                      &chosen_ratio));
-    hints.offload_optimizer_ratio =
-        config.zero_optimization.offload_optimizer.ratio.value();
+        resolved, engine::ResolveConfig(config, *model, *communicator, hints,
+                                        &chosen_ratio));
+    hints.offload_optimizer_ratio = chosen_ratio.ratio;
   }
+  config = std::move(resolved);
   if (options.dry_run) {
     ZE_ASSIGN_OR_RETURN(zero::Plan plan,
                         zero::BuildPlan(*model, config, world));

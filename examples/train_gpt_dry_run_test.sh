@@ -17,20 +17,25 @@ if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
 # bytes: zero:activation_estimate_test).
 backward=$("$run_mpi" 2 "$train" --config="$config" --device=cpu --seq=64 --dry_run --head_weight_gradient=backward 2>&1)
 grep -q "head weight gradient in backward): [0-9.]* GiB at " <<<"$backward"
+# with_zero NAME JSON: the path of a copy of $config whose
+# zero_optimization is updated with the keys of JSON.
+with_zero() {
+  local derived="${TEST_TMPDIR:-$(mktemp -d)}/$1.json"
+  python3 - "$config" "$derived" "$2" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["zero_optimization"].update(json.loads(sys.argv[3]))
+json.dump(config, open(sys.argv[2], "w"))
+PY
+  echo "$derived"
+}
 # The parameter tier on NVMe (offload_param nvme, stage 3): the plan's NVMe
 # bytes include the 16-bit weights; nothing is allocated, so the directory
 # need not exist.
-nvme_config="${TEST_TMPDIR:-$(mktemp -d)}/nvme_params.json"
-python3 - "$config" "$nvme_config" <<'PY'
-import json, sys
-config = json.load(open(sys.argv[1]))
-config["zero_optimization"].update({
-    "stage": 3,
-    "offload_optimizer": {"device": "cpu"},
-    "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/dry",
-                      "max_in_cpu": 0, "pin_memory": True}})
-json.dump(config, open(sys.argv[2], "w"))
-PY
+nvme_config=$(with_zero nvme_params '{"stage": 3,
+  "offload_optimizer": {"device": "cpu"},
+  "offload_param": {"device": "nvme", "nvme_path": "/nonexistent/dry",
+                    "max_in_cpu": 0, "pin_memory": true}}')
 output=$("$run_mpi" 2 "$train" --config="$nvme_config" --device=cpu --seq=64 --dry_run 2>&1)
 echo "$output" | grep "train_gpt --dry_run\|model state"
 grep -q "2 ranks, ZeRO stage 3" <<<"$output"
@@ -41,14 +46,8 @@ if trained "$output"; then echo "FAIL: a dry run trained"; exit 1; fi
 # model many times over: the key's smallest share, 0.05), said once; a
 # short training run keeps that choice (Initialize is handed it, so the
 # line is not repeated) and trains.
-auto_config="${TEST_TMPDIR:-$(mktemp -d)}/auto_ratio.json"
-python3 - "$config" "$auto_config" <<'PY'
-import json, sys
-config = json.load(open(sys.argv[1]))
-config["zero_optimization"].update({
-    "stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "auto"}})
-json.dump(config, open(sys.argv[2], "w"))
-PY
+auto_config=$(with_zero auto_ratio \
+  '{"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": "auto"}}')
 output=$("$run_mpi" 2 "$train" --config="$auto_config" --device=cpu --seq=64 --dry_run 2>&1)
 echo "$output" | grep "ratio \"auto\"\|model state"
 grep -q "offload_optimizer.ratio \"auto\": 0.05 (model state on the device .* <= .*: free on the device, 2 ranks on it); all of it would fit on the device" <<<"$output"

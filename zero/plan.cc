@@ -443,25 +443,23 @@ absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
     nn::LossModel& model, const config::Config& config, int world_size,
     const HostFacts& host, int64_t device_bytes_allowed) {
   config::Config candidate = config;
-  AutoRatioPlan choice;
-  // The device bytes fall as the ratio grows (whole buckets move to the
-  // host), so the first that fits is the smallest. Step 0 (nothing on the
-  // host) is planned only to say so; the key's smallest value is one step.
-  for (int step = 0; step <= kAutoRatioSteps; ++step) {
-    const double ratio = static_cast<double>(step) / kAutoRatioSteps;
+  const auto device_bytes_at = [&](double ratio) -> absl::StatusOr<int64_t> {
     candidate.zero_optimization.offload_optimizer.ratio = ratio;
-    ZE_ASSIGN_OR_RETURN(Plan plan,
+    ZE_ASSIGN_OR_RETURN(const Plan plan,
                         BuildPlan(model, candidate, world_size, host));
-    const int64_t device_bytes =
-        plan.memory.device_bytes + GatheredWeightBytes(plan, world_size);
-    const bool fits = device_bytes <= device_bytes_allowed;
-    if (step == 0) {
-      choice.everything_fits = fits;
-      if (!fits) continue;
-    }
-    choice.ratio = ratio;
-    choice.device_bytes = device_bytes;
-    if (fits && step > 0) {
+    return plan.memory.device_bytes + GatheredWeightBytes(plan, world_size);
+  };
+  AutoRatioPlan choice;
+  // Nothing on the host is planned only to say so: the key's smallest
+  // value is one step.
+  ZE_ASSIGN_OR_RETURN(const int64_t nothing_offloaded, device_bytes_at(0.0));
+  choice.everything_fits = nothing_offloaded <= device_bytes_allowed;
+  // The device bytes fall as the ratio grows (whole buckets move to the
+  // host), so the first that fits is the smallest.
+  for (int step = 1; step <= kAutoRatioSteps; ++step) {
+    choice.ratio = static_cast<double>(step) / kAutoRatioSteps;
+    ZE_ASSIGN_OR_RETURN(choice.device_bytes, device_bytes_at(choice.ratio));
+    if (choice.device_bytes <= device_bytes_allowed) {
       choice.fits = true;
       return choice;
     }
