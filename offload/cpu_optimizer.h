@@ -174,8 +174,10 @@ struct StepBuffers {
   float* master = nullptr;
   // exp_avg (Adam) or the momentum buffer (SGD, f32), and exp_avg_sq
   // (Adam; null for SGD), stored as moment_format says: f32, bf16 bits
-  // (uint16_t) or 8-bit codes (int8_t m, uint8_t v) with one f32 step per
-  // block of each in step0 / step1.
+  // (uint16_t) or 8-bit codes (int8_t m, uint8_t v) with one f32 per
+  // block of each in step0 / step1: the block's scale (moment_codec.h's
+  // top; the name is from the format's first codes, whose scale was a
+  // step).
   void* state0 = nullptr;
   void* state1 = nullptr;
   float* step0 = nullptr;

@@ -186,14 +186,14 @@ inline void StepElement(const StepCoefficients& c, const StepBuffers& b,
 }
 
 // The Adam update of element i of an 8-bit pass (Block8Step): old moments
-// decoded with the block's steps, new ones (f32) into m_new[j] / v_new[j].
+// decoded with the block's tops, new ones (f32) into m_new[j] / v_new[j].
 template <int kGrad, int kOut>
 inline void Block8Element(const StepCoefficients& c, const StepBuffers& b,
-                          int64_t i, float m_step, float v_step, float* m_new,
+                          int64_t i, float m_top, float v_top, float* m_new,
                           float* v_new) {
   float p = LoadMaster1<kOut>(b, i);
-  float m = DecodeM(static_cast<const int8_t*>(b.state0)[i], m_step);
-  float v = DecodeV(static_cast<const uint8_t*>(b.state1)[i], v_step);
+  float m = DecodeM(static_cast<const int8_t*>(b.state0)[i], m_top);
+  float v = DecodeV(static_cast<const uint8_t*>(b.state1)[i], v_top);
   AdamCore(c, Load1<kGrad>(b.grads, i), p, m, v);
   *m_new = m;
   *v_new = v;
@@ -286,17 +286,14 @@ struct Avx2Ops {
     return _mm256_srli_epi32(a, kBits);
   }
   static Vec Max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-  static Vec Min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
-  static Vec Rint(Vec a) {
-    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // 8-bit codes as 32-bit lanes.
+  static Int LoadI8(const int8_t* p) {
+    return _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
-  static Vec LoadI8(const int8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Vec LoadU8(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  static Int LoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
   // Integral codes in [-127, 255] as bytes (the low byte of each lane).
   static void StoreCodes(void* p, Vec codes) {
@@ -307,22 +304,28 @@ struct Avx2Ops {
       static_cast<uint8_t*>(p)[k] = static_cast<uint8_t>(lanes[k]);
     }
   }
+  static Int LoadInt(const uint32_t* p) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static void StoreInt(uint32_t* p, Int a) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(p), a);
+  }
+  template <int kBits>
+  static Int ShiftLeft(Int a) {
+    return _mm256_slli_epi32(a, kBits);
+  }
+  static Int AbsInt(Int a) { return _mm256_abs_epi32(a); }
   // m where `code` is not 0, else 0.
   static Vec ZeroWhereZero(Vec m, Vec code) {
     return _mm256_and_ps(m,
                          _mm256_cmp_ps(code, _mm256_setzero_ps(), _CMP_NEQ_OQ));
   }
-  // The update's stochastic codes (StochasticCodeAs).
-  static Vec Floor(Vec a) {
-    return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  }
   // Lanes < 2^31, exact below 2^24.
   static Vec IntToFloat(Int a) { return _mm256_cvtepi32_ps(a); }
-  // k + 1 where u < up or x >= sure, else k.
-  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
-    const Vec mask = _mm256_or_ps(_mm256_cmp_ps(u, up, _CMP_LT_OQ),
-                                  _mm256_cmp_ps(x, sure, _CMP_GE_OQ));
-    return _mm256_add_ps(k, _mm256_and_ps(mask, _mm256_set1_ps(1.0f)));
+  // a < b ? if_less : otherwise, lane by lane.
+  static Vec SelectLess(Vec a, Vec b, Vec if_less, Vec otherwise) {
+    return _mm256_blendv_ps(otherwise, if_less,
+                            _mm256_cmp_ps(a, b, _CMP_LT_OQ));
   }
 };
 
@@ -426,35 +429,33 @@ struct Avx512Ops {
     return _mm512_srli_epi32(a, kBits);
   }
   static Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-  static Vec Min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
-  static Vec Rint(Vec a) {
-    return _mm512_roundscale_ps(a,
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  static Int LoadI8(const int8_t* p) {
+    return _mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static Vec LoadI8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static Vec LoadU8(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  static Int LoadU8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
   static void StoreCodes(void* p, Vec codes) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                      _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(codes)));
   }
+  static Int LoadInt(const uint32_t* p) { return _mm512_load_si512(p); }
+  static void StoreInt(uint32_t* p, Int a) { _mm512_store_si512(p, a); }
+  template <int kBits>
+  static Int ShiftLeft(Int a) {
+    return _mm512_slli_epi32(a, kBits);
+  }
+  static Int AbsInt(Int a) { return _mm512_abs_epi32(a); }
   static Vec ZeroWhereZero(Vec m, Vec code) {
     return _mm512_maskz_mov_ps(
         _mm512_cmp_ps_mask(code, _mm512_setzero_ps(), _CMP_NEQ_OQ), m);
   }
-  static Vec Floor(Vec a) {
-    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  }
   static Vec IntToFloat(Int a) { return _mm512_cvtepi32_ps(a); }
-  static Vec AddOneWhere(Vec k, Vec u, Vec up, Vec x, Vec sure) {
-    const __mmask16 mask = _mm512_cmp_ps_mask(u, up, _CMP_LT_OQ) |
-                           _mm512_cmp_ps_mask(x, sure, _CMP_GE_OQ);
-    return _mm512_mask_add_ps(k, mask, k, _mm512_set1_ps(1.0f));
+  static Vec SelectLess(Vec a, Vec b, Vec if_less, Vec otherwise) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), otherwise,
+                                if_less);
   }
 };
 
@@ -644,76 +645,96 @@ inline float LargestLane(typename V::Vec lanes) {
   return largest;
 }
 
-// moment_codec.h's StochasticCode V::kWidth at a time, the same operations
-// (k * (k * -1) is -(k * k), exact; k * 2 + 1 is k + k + 1 and
-// k * 1 + kSureUp is k + kSureUp, exact), from `noise16` (integral lanes
-// in [0, 2^16), as floats: exact).
+// moment_codec.h's GridCodeStochastic V::kWidth at a time, from each
+// lane's magnitude, its grid index `index` (as a float: exact, indices are
+// under 2^12) and its noise16 (as a float), given the block's top index
+// and lowest point: the same operations (the code levels - (top - index)
+// as index + (levels - top), exact in small integers; the products exact).
 template <class V>
-inline typename V::Vec StochasticCodeAs(typename V::Vec x,
-                                        typename V::Vec noise16) {
+inline typename V::Vec GridCodeAs(typename V::Vec magnitude,
+                                  typename V::Vec index,
+                                  typename V::Vec noise16, uint32_t top_index,
+                                  float lowest, MomentGrid grid) {
   using Vec = typename V::Vec;
-  const Vec k = V::Floor(x);
-  const Vec above = V::Fmadd(x, x, V::Mul(k, V::Mul(k, V::Set1(-1.0f))));
-  const Vec draw = V::Mul(noise16, V::Fmadd(k, V::Set1(2.0f), V::Set1(1.0f)));
   const Vec one = V::Set1(1.0f);
-  return V::AddOneWhere(k, draw, V::Mul(above, V::Set1(0x1p16f)), x,
-                        V::Fmadd(k, one, V::Set1(kSureUp)));
+  const Vec zero = V::Set1(0.0f);
+  const Vec in_range =
+      V::ZeroWhereZero(V::Fmadd(index, one,
+                                V::Set1(static_cast<float>(grid.levels) -
+                                        static_cast<float>(top_index))),
+                       index);
+  const Vec low = V::Set1(lowest);
+  const Vec under = V::SelectLess(
+      V::Mul(noise16, low), V::Mul(magnitude, V::Set1(0x1p16f)), one, zero);
+  return V::SelectLess(magnitude, low, under, in_range);
+}
+
+// The grid indices of V::kWidth magnitudes rounded with noise16 (integer
+// lanes in [0, 2^16)), as floats.
+template <class V, int kShift>
+inline typename V::Vec GridIndexAs(typename V::Vec magnitude,
+                                   typename V::Int noise16) {
+  return V::IntToFloat(V::template ShiftRight<kShift>(V::Add(
+      V::AsInt(magnitude), V::template ShiftLeft<kShift - 16>(noise16))));
 }
 
 // EncodeBlock8Stochastic over n (a multiple of V::kWidth) elements,
-// V::kWidth at a time: the same operations per element, from
-// root_v = sqrt(v) (the update's own square root, so the fourth root
-// costs one more instead of two; the same values, sqrt being correctly
-// rounded). Each element's hash is computed once: m's half waits in
-// `m_noise` for m's step.
+// V::kWidth at a time: the same operations per element. Each element's
+// hash is computed once and kept for the later passes; so are the grid
+// indices, which the block's top must see whole before any code.
 template <class V>
-inline void EncodeBlock8As(float* m, const float* root_v, int64_t n,
-                           int8_t* m_codes, uint8_t* v_codes, float* m_step,
-                           float* v_step, uint32_t key, int64_t first) {
+inline void EncodeBlock8As(float* m, const float* v, int64_t n, int8_t* m_codes,
+                           uint8_t* v_codes, float* m_top, float* v_top,
+                           uint32_t key, int64_t first) {
   using Vec = typename V::Vec;
   using Int = typename V::Int;
-  alignas(64) float m_noise[kMomentBlock];
-  const Vec zero = V::Set1(0.0f);
-  Vec max_root = zero;
-  for (int64_t j = 0; j < n; j += V::kWidth) {
-    max_root = V::Max(V::Load(root_v + j), max_root);
-  }
-  *v_step = VStepOfRoot(LargestLane<V>(max_root));
-  const Vec inverse_v = V::Set1(InverseStep(*v_step));
-  const Vec v_top = V::Set1(kVCodeMax);
-  const Int sign_off = V::Splat(0x7fffffff);
+  static_assert(kVGrid.shift == 20 && kMGrid.shift == 21,
+                "GridIndexAs's shifts are moment_codec.h's grids");
+  alignas(64) uint32_t noise[kMomentBlock];
+  alignas(64) float index[kMomentBlock];
   const Int low_half = V::Splat(0xffff);
-  Vec absmax = zero;
+  const Int sign_off = V::Splat(0x7fffffff);
+  Vec largest = V::Set1(0.0f);
   for (int64_t j = 0; j < n; j += V::kWidth) {
-    const Int noise = RoundingNoiseAs<V>(key, first + j);
-    V::Store(m_noise + j,
-             V::IntToFloat(V::And(noise, low_half)));  // MCodeNoise
-    const Vec code = StochasticCodeAs<V>(
-        V::Min(V::Max(V::Mul(V::Sqrt(V::Load(root_v + j)), inverse_v), zero),
-               v_top),
-        V::IntToFloat(V::template ShiftRight<16>(noise)));  // VCodeNoise
+    const Int hash = RoundingNoiseAs<V>(key, first + j);
+    V::StoreInt(noise + j, hash);
+    const Vec at =
+        GridIndexAs<V, 20>(V::Load(v + j), V::template ShiftRight<16>(hash));
+    V::Store(index + j, at);
+    largest = V::Max(at, largest);
+  }
+  uint32_t top_index = static_cast<uint32_t>(LargestLane<V>(largest));
+  *v_top = GridTop(top_index, kVGrid);
+  float lowest = GridLowest(*v_top, kVGrid);
+  largest = V::Set1(0.0f);
+  for (int64_t j = 0; j < n; j += V::kWidth) {
+    const Int hash = V::LoadInt(noise + j);
+    const Vec code =
+        GridCodeAs<V>(V::Load(v + j), V::Load(index + j),
+                      V::IntToFloat(V::template ShiftRight<16>(hash)),
+                      top_index, lowest, kVGrid);
     V::StoreCodes(v_codes + j, code);
     const Vec kept = V::ZeroWhereZero(V::Load(m + j), code);
     V::Store(m + j, kept);
-    absmax = V::Max(V::AsFloat(V::And(V::AsInt(kept), sign_off)), absmax);
+    const Vec at = GridIndexAs<V, 21>(
+        V::AsFloat(V::And(V::AsInt(kept), sign_off)), V::And(hash, low_half));
+    V::Store(index + j, at);
+    largest = V::Max(at, largest);
   }
-  *m_step = MStep(LargestLane<V>(absmax));
-  const Vec inverse_m = V::Set1(InverseStep(*m_step));
-  const Vec m_top = V::Set1(kMCodeMax);
+  top_index = static_cast<uint32_t>(LargestLane<V>(largest));
+  *m_top = GridTop(top_index, kMGrid);
+  lowest = GridLowest(*m_top, kMGrid);
   const Int sign_on = V::Splat(static_cast<int>(0x80000000u));
   for (int64_t j = 0; j < n; j += V::kWidth) {
     const Vec value = V::Load(m + j);
-    const Vec root = StochasticCodeAs<V>(
-        V::Min(V::Max(V::Mul(V::Sqrt(
-                                 V::AsFloat(V::And(V::AsInt(value), sign_off))),
-                             inverse_m),
-                      zero),
-               m_top),
-        V::Load(m_noise + j));
+    const Vec magnitude = GridCodeAs<V>(
+        V::AsFloat(V::And(V::AsInt(value), sign_off)), V::Load(index + j),
+        V::IntToFloat(V::And(V::LoadInt(noise + j), low_half)), top_index,
+        lowest, kMGrid);
     // sign(m) on the code (-0 for a negative m of code 0 truncates to 0).
-    V::StoreCodes(
-        m_codes + j,
-        V::AsFloat(V::Or(V::AsInt(root), V::And(V::AsInt(value), sign_on))));
+    V::StoreCodes(m_codes + j,
+                  V::AsFloat(V::Or(V::AsInt(magnitude),
+                                   V::And(V::AsInt(value), sign_on))));
   }
 }
 
@@ -776,38 +797,47 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
   for (int64_t start = 0; start < b.count; start += kMomentBlock) {
     const int64_t n = std::min<int64_t>(kMomentBlock, b.count - start);
     const int64_t block = start / kMomentBlock;
-    const float m_step = b.step0[block];
-    const float v_step = b.step1[block];
+    const float m_top = b.step0[block];
+    const float v_top = b.step1[block];
     int64_t j = 0;
-    const bool roots = n % V::kWidth == 0;
+    const bool whole_vectors = n % V::kWidth == 0;
     if constexpr (V::kWidth > 1) {
       using Vec = typename V::Vec;
       const Coefficients<V> k(c);
-      const Vec m_scale = V::Set1(m_step);
-      const typename V::Int sign_off = V::Splat(0x7fffffff);
-      const Vec v_scale = V::Set1(v_step);
+      // Decoding is integer arithmetic on the bits (moment_codec.h's
+      // GridValue): the point `levels - code` below the block's top.
+      const typename V::Int m_base =
+          V::Splat(static_cast<int>(FloatBits(m_top) >> kMGrid.shift) -
+                   static_cast<int>(kMGrid.levels));
+      const typename V::Int v_base =
+          V::Splat(static_cast<int>(FloatBits(v_top) >> kVGrid.shift) -
+                   static_cast<int>(kVGrid.levels));
+      const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
       for (; j + V::kWidth <= n; j += V::kWidth) {
         const int64_t i = start + j;
         Vec p = LoadMasterAs<V, kOut>(b, i);
-        const Vec m_root = V::Mul(V::LoadI8(m_codes + i), m_scale);
-        Vec m = V::Mul(m_root, V::AsFloat(V::And(V::AsInt(m_root), sign_off)));
-        const Vec root = V::Mul(V::LoadU8(v_codes + i), v_scale);
-        const Vec square = V::Mul(root, root);
-        Vec v = V::Mul(square, square);
+        const typename V::Int q = V::LoadI8(m_codes + i);
+        Vec m = V::ZeroWhereZero(
+            V::AsFloat(
+                V::Or(V::template ShiftLeft<21>(V::Add(V::AbsInt(q), m_base)),
+                      V::And(q, sign_on))),
+            V::IntToFloat(q));
+        const typename V::Int c = V::LoadU8(v_codes + i);
+        Vec v = V::ZeroWhereZero(
+            V::AsFloat(V::template ShiftLeft<20>(V::Add(c, v_base))),
+            V::IntToFloat(c));
         k.Adam(LoadAs<V, kGrad>(b.grads, i), p, m, v);
         V::Store(m_new + j, m);
-        // Whole-vector blocks encode from sqrt(v) (EncodeBlock8As; the
-        // compiler shares it with the update's), a short one from v.
-        V::Store(v_new + j, roots ? V::Sqrt(v) : v);
+        V::Store(v_new + j, v);
         StoreMasterAs<V, kOut, false>(b, i, p);
       }
     }
     for (; j < n; ++j) {
-      Block8Element<kGrad, kOut>(c, b, start + j, m_step, v_step, m_new + j,
+      Block8Element<kGrad, kOut>(c, b, start + j, m_top, v_top, m_new + j,
                                  v_new + j);
     }
     if constexpr (V::kWidth > 1) {
-      if (roots) {
+      if (whole_vectors) {
         EncodeBlock8As<V>(m_new, v_new, n, m_codes + start, v_codes + start,
                           b.step0 + block, b.step1 + block, c.round_key_m,
                           b.first_index + start);

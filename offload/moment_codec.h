@@ -17,28 +17,46 @@
 //
 // 8-bit block-wise moments: the state is cut into blocks of kMomentBlock
 // elements (from the optimizer's element 0; the last block may be short).
-// Per block and moment one f32 step d:
-//   m: signed codes q in [-127, 127] of sign(m) sqrt|m|,
-//      m = sign(q) (|q| d_m)^2,  d_m >= sqrt(absmax |m|) / 127
-//   v: unsigned codes c in [0, 255] of v^(1/4), v = (c * d_v)^4,
-//      d_v >= (max v)^(1/4) / 255
-// Both are coded through roots (IEEE square roots) because a block's
-// gradients spread over decades (an embedding's rare rows beside its
-// frequent ones, a layer's quiet and busy units): a linear code of 127
-// levels would flatten every m below 1/254 of the block's largest to 0.
-// The square root spans 127^2 (16129):1 of |m| and the fourth root 255^4
-// (4e9):1 of v, i.e. 65025:1 of the denominator sqrt(v); both codes are
-// then linear in sqrt|gradient|. The relative error is at most 1/|q| for
-// m and 1/c for sqrt(v) at a code (under 1% at the top of a block).
-// Where v's code is 0 the element's m is stored as 0 too (encoded v
-// first, and m's absmax taken after): read back, its step
+// Each value is rounded to a coarse grid of floats, the floats whose low
+// `shift` bits are 0: v to 3 significand bits (8 grid points an octave,
+// neighbours 6-12% apart), |m| to 2 (4 an octave, 12-25% apart). On that
+// grid a float's bits >> shift number the points in order, so a value is
+// stored as how many points it lies below the block's largest rounded
+// value, the block's `top` (its one f32 per moment):
+//   v: code c in [1, 255] is the point 255 - c below top; 0 is 0.
+//   m: code q in [-127, 127]: the sign, and |q| in [1, 127] the point
+//      127 - |q| below m's top; 0 is 0.
+// So v spans 254 points, 31.75 octaves (sqrt(v), the update's denominator,
+// down to 1.7e-5 of the block's largest), |m| 126 points, 31.5 octaves,
+// with the same relative precision at every magnitude. A value under the
+// lowest point (`lowest`) becomes 0 or `lowest`.
+// Why a grid of floats (bench/convergence/README.md): the earlier codes
+// were linear in sqrt|m| and v^(1/4) of the block's largest: fine at the
+// top, a few levels wide for a block's quiet elements, whose steps came
+// out 38% larger than f32's on bench/moment_bias's stream (their |m| kept
+// the noise of codes 1-4, their sqrt(v) 13% high), 12.6% overall, and the
+// 350M runs ended 0.018 lower than f32's. On the grid: 1.3% and 2%.
+// The update rounds stochastically: a value between two points rounds up
+// with probability (value - lower) / (upper - lower), which within the
+// grid is the dropped bits / 2^shift (points are evenly spaced within an
+// octave and its end), so the decoded value is unbiased in m and in v
+// (not only in sqrt(v): an excess in v compounds through Adam's recursion)
+// and Adam's decay happens on average however quiet the element. Under
+// `lowest`, up to `lowest` with probability value / lowest. Noise as
+// bf16's (RoundingNoise of the step's key and the element's index:
+// reproducible, no state), one 32-bit hash per element for both moments:
+// its top 16 bits round v (VCodeNoise), its low 16 bits m (MCodeNoise).
+// Conversions (checkpoints, ReadState / WriteState) round to nearest.
+// top is the largest *rounded* index, so a block's largest element decodes
+// to top exactly and a state decoded to f32 and encoded again (to nearest)
+// gives back the same codes and tops, bit for bit (moment_codec_test).
+// Where v's code is 0 the update stores m as 0 too: read back, its step
 // m / (sqrt(v) + eps) would otherwise be m / eps, a jump no f32 state
 // makes (an embedding row absent from a batch has g = 0 but m != 0); the
 // element restarts from zero moments instead.
-// Steps keep 17 (m) and 16 (v) significant bits (RoundUpSignificand), so
-// q * d is exact, and sqrt(RN(x * x)) == x for every float: a state decoded to
-// f32 and encoded again (a checkpoint saved as f32 and loaded) gives back the
-// same codes and steps, bit for bit (moment_codec_test checks it).
+// Everything is integer arithmetic on the bits, comparisons, and products
+// that are exact (a 16-bit integer times a grid point of at most 3
+// significand bits; powers of two), so every path gives the same codes.
 //
 // Non-finite moments (a run already diverged) give codes no test pins.
 #ifndef ZE_OFFLOAD_MOMENT_CODEC_H_
@@ -63,8 +81,6 @@ constexpr int64_t kMomentBlock = 256;
 // asked for: the steps would cost a large share of its few bytes, and
 // small tensors (norm gains, biases) are the most sensitive to them.
 constexpr int64_t kMin8BitElements = 4096;
-constexpr float kMCodeMax = 127.0f;
-constexpr float kVCodeMax = 255.0f;
 
 // The bits of a float as uint32_t and back (memcpy: device code has it
 // too, and it compiles to a register move on either side).
@@ -82,22 +98,10 @@ ZE_MOMENT_HD float MomentBitsFloat(uint32_t bits) {
   return MomentBitCast<float>(bits);
 }
 
-// Round to nearest, ties to even (IEEE rint in the default mode).
-ZE_MOMENT_HD float MomentRint(float value) {
-#if defined(__CUDA_ARCH__)
-  return rintf(value);
-#else
-  return std::nearbyint(value);
-#endif
-}
-
-// The SIMD max/min semantics (x86 maxps/minps with the constant second):
-// a NaN `x` gives `bound`.
+// The SIMD max semantics (x86 maxps with the constant second): a NaN `x`
+// gives `bound`.
 ZE_MOMENT_HD float MomentMax(float x, float bound) {
   return x > bound ? x : bound;
-}
-ZE_MOMENT_HD float MomentMin(float x, float bound) {
-  return x < bound ? x : bound;
 }
 
 // f32 to bf16 bits, to nearest even; a NaN stays a (quiet) NaN with its
@@ -147,170 +151,175 @@ inline uint32_t RoundingKey(uint64_t seed, int64_t step, int moment) {
   return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
 }
 
-// `value` (>= 0, finite) rounded up to the nearest float whose significand
-// bits under `drop_mask` are zero.
-ZE_MOMENT_HD float RoundUpSignificand(float value, uint32_t drop_mask) {
-  const uint32_t bits = MomentFloatBits(value);
-  return MomentBitsFloat((bits + drop_mask) & ~drop_mask);
-}
-
-// A block's steps from its largest |m| and largest v.
-ZE_MOMENT_HD float MStep(float absmax_m) {
-  return RoundUpSignificand(sqrtf(absmax_m) / kMCodeMax, 0x7fu);
-}
-// The same from the block's largest sqrt(v) (sqrt is monotone and
-// correctly rounded, so sqrtf(max v) is the largest root): for kernels that
-// have the roots at hand from the update's denominator.
-ZE_MOMENT_HD float VStepOfRoot(float max_root) {
-  return RoundUpSignificand(sqrtf(max_root) / kVCodeMax, 0xffu);
-}
-ZE_MOMENT_HD float VStep(float max_v) { return VStepOfRoot(sqrtf(max_v)); }
-// 1 / step, or 0 for an all-zero block (every code then 0).
-ZE_MOMENT_HD float InverseStep(float step) {
-  return step > 0.0f ? 1.0f / step : 0.0f;
-}
+// One moment's grid: the low `shift` bits of the float dropped, codes
+// 1..levels above 0.
+struct MomentGrid {
+  int shift;
+  uint32_t levels;
+};
+constexpr MomentGrid kVGrid = {20, 255};
+constexpr MomentGrid kMGrid = {21, 127};
 
 ZE_MOMENT_HD float AbsMoment(float value) {
   return MomentBitsFloat(MomentFloatBits(value) & 0x7fffffffu);
 }
 
-ZE_MOMENT_HD int8_t EncodeM(float m, float inverse_step) {
-  const float root = MomentRint(MomentMin(
-      MomentMax(sqrtf(AbsMoment(m)) * inverse_step, 0.0f), kMCodeMax));
-  return static_cast<int8_t>(m < 0.0f ? -root : root);
+// The grid index of `magnitude` (>= 0), rounded to nearest (ties up) or
+// up with probability dropped / 2^shift from `noise16` (uniform in
+// [0, 2^16)). 0 for 0.
+ZE_MOMENT_HD uint32_t GridIndexNearest(float magnitude, MomentGrid grid) {
+  return (MomentFloatBits(magnitude) + (1u << (grid.shift - 1))) >> grid.shift;
 }
-ZE_MOMENT_HD uint8_t EncodeV(float v, float inverse_step) {
-  return static_cast<uint8_t>(MomentRint(
-      MomentMin(MomentMax(sqrtf(sqrtf(v)) * inverse_step, 0.0f), kVCodeMax)));
+ZE_MOMENT_HD uint32_t GridIndexStochastic(float magnitude, MomentGrid grid,
+                                          uint32_t noise16) {
+  return (MomentFloatBits(magnitude) + (noise16 << (grid.shift - 16))) >>
+         grid.shift;
 }
-ZE_MOMENT_HD float DecodeM(int8_t q, float step) {
-  const float root = static_cast<float>(q) * step;
-  return root * AbsMoment(root);
+ZE_MOMENT_HD float GridPoint(uint32_t index, MomentGrid grid) {
+  return MomentBitsFloat(index << grid.shift);
 }
-ZE_MOMENT_HD float DecodeV(uint8_t c, float step) {
-  const float root = static_cast<float>(c) * step;
-  const float square = root * root;
-  return square * square;
+
+// A block's top from the largest rounded index, and its lowest point (0
+// when the grid below top holds fewer than `levels` points: every value
+// then has a code).
+ZE_MOMENT_HD float GridTop(uint32_t largest_index, MomentGrid grid) {
+  return GridPoint(largest_index, grid);
 }
-// The update's codes round stochastically (issue 28, bench/moment_bias):
-// a code rounded to nearest cannot follow a moment that changes by less
-// than half a code a step. Adam's decay is such a change for every
-// element low in its block (m shrinks by 1 - sqrt(beta1) of its code a
-// step, 5% at beta1 0.9, so below code 10 an m whose gradients average
-// out stays where it is; v by 1 - beta2^(1/4), below code 39 at beta2
-// 0.95): quiet elements kept |m| and v of their loudest recent steps, and
-// took steps up to 1.9x f32's. Rounded up with probability
-//   (x^2 - floor(x)^2) / (2 floor(x) + 1)
-// (x the exact code), the decoded value is unbiased in code^2, i.e. in m
-// for m and in sqrt(v), the update's denominator, for v: E[decoded] is the
-// f32 value, and the decay happens on average. (Unbiased in v instead,
-// code^4, sqrt(v) of the quietest elements came out 12% low and their
-// steps larger; in the code itself, 26% high: bench/convergence/README.md.)
-// Noise as bf16's (RoundingNoise of the step's key and the element's
-// index: reproducible, no state), one 32-bit hash per element for both
-// codes: its top 16 bits round v's code (VCodeNoise), its low 16 bits m's
-// (MCodeNoise). (Two hashes and a division per element cost the 8-bit CPU
-// Adam 39% of its throughput; 16 bits of noise leave a bias under 2^-16
-// of a code.) Conversions (checkpoints, ReadState / WriteState) still
-// round to nearest: an exact code stays itself either way.
+ZE_MOMENT_HD float GridLowest(float top, MomentGrid grid) {
+  const uint32_t top_index = MomentFloatBits(top) >> grid.shift;
+  return top_index >= grid.levels
+             ? GridPoint(top_index - (grid.levels - 1), grid)
+             : 0.0f;
+}
+
+// The code of `magnitude` whose grid index is `index` (rounded the same
+// way as the block's top), given the block's top and lowest point; under
+// lowest: 1 with probability magnitude / lowest (stochastic: noise16 /
+// 2^16 below it, compared exactly as noise16 * lowest < magnitude * 2^16)
+// or when at least lowest / 2 (nearest).
+ZE_MOMENT_HD uint32_t GridCode(float magnitude, uint32_t index, float top,
+                               float lowest, MomentGrid grid) {
+  if (magnitude < lowest) return magnitude >= lowest * 0.5f ? 1u : 0u;
+  if (index == 0) return 0;
+  return grid.levels - ((MomentFloatBits(top) >> grid.shift) - index);
+}
+ZE_MOMENT_HD uint32_t GridCodeStochastic(float magnitude, uint32_t index,
+                                         float top, float lowest,
+                                         MomentGrid grid, uint32_t noise16) {
+  if (magnitude < lowest) {
+    return static_cast<float>(noise16) * lowest < magnitude * 0x1p16f ? 1u : 0u;
+  }
+  if (index == 0) return 0;
+  return grid.levels - ((MomentFloatBits(top) >> grid.shift) - index);
+}
+// The magnitude of code `code` (> 0) under `top`.
+ZE_MOMENT_HD float GridValue(uint32_t code, float top, MomentGrid grid) {
+  return GridPoint((MomentFloatBits(top) >> grid.shift) - (grid.levels - code),
+                   grid);
+}
+
+ZE_MOMENT_HD float DecodeV(uint8_t code, float top) {
+  return code == 0 ? 0.0f : GridValue(code, top, kVGrid);
+}
+ZE_MOMENT_HD float DecodeM(int8_t code, float top) {
+  if (code == 0) return 0.0f;
+  const float magnitude =
+      GridValue(static_cast<uint32_t>(code < 0 ? -code : code), top, kMGrid);
+  return code < 0 ? -magnitude : magnitude;
+}
+ZE_MOMENT_HD int8_t SignedCode(uint32_t magnitude_code, float value) {
+  const int code = static_cast<int>(magnitude_code);
+  return static_cast<int8_t>(value < 0.0f ? -code : code);
+}
+
+// The update's codes round stochastically (file comment), from one 32-bit
+// hash per element: v from its top half, m from its low half.
 ZE_MOMENT_HD uint32_t VCodeNoise(uint32_t noise) { return noise >> 16; }
 ZE_MOMENT_HD uint32_t MCodeNoise(uint32_t noise) { return noise & 0xffffu; }
 
-// `x` (>= 0, at most the top code) rounded to k = floor(x) or k + 1, up
-// with probability (x^2 - k^2) / ((k + 1)^2 - k^2) from `noise16` (in
-// [0, 2^16), uniform): up where noise16 (2k + 1) < (x^2 - k^2) 2^16, so
-// code^2 is unbiased (to 2^-16 of a code; no division). An x within
-// kSureUp of k + 1 always rounds up: the block's largest element (x within
-// 2^-16 of the top code, its step being rounded up) keeps the top code, so
-// a state decoded to f32 and encoded again (a checkpoint, ReadState /
-// WriteState) recomputes the same step and codes; the bias this leaves is
-// under 2^-7 of a code. An explicit fma, then products and sums that are
-// exact or rounded once (integers below 2^25, a power-of-two scale, k +
-// kSureUp), the same operations on every path, so every path gives the
-// same code.
-constexpr float kSureUp = 1.0f - 0x1p-7f;
-ZE_MOMENT_HD float StochasticCode(float x, uint32_t noise16) {
-#if defined(__CUDA_ARCH__)
-  const float k = floorf(x);
-  const float above = fmaf(x, x, -(k * k));  // x^2 - k^2
-#else
-  const float k = std::floor(x);
-  const float above = std::fma(x, x, -(k * k));
-#endif
-  const float draw = static_cast<float>(noise16) * (k + k + 1.0f);
-  return draw < above * 0x1p16f || x >= k + kSureUp ? k + 1.0f : k;
-}
-
-ZE_MOMENT_HD int8_t EncodeMStochastic(float m, float inverse_step,
-                                      uint32_t noise16) {
-  const float root = StochasticCode(
-      MomentMin(MomentMax(sqrtf(AbsMoment(m)) * inverse_step, 0.0f), kMCodeMax),
-      noise16);
-  return static_cast<int8_t>(m < 0.0f ? -root : root);
-}
-ZE_MOMENT_HD uint8_t EncodeVStochastic(float v, float inverse_step,
-                                       uint32_t noise16) {
-  return static_cast<uint8_t>(StochasticCode(
-      MomentMin(MomentMax(sqrtf(sqrtf(v)) * inverse_step, 0.0f), kVCodeMax),
-      noise16));
-}
-
-// Encodes `n` (<= kMomentBlock) f32 values of one block of v, or of m.
+// Encodes `n` (<= kMomentBlock) f32 values of one block of v, or of m, to
+// nearest (conversions).
 ZE_MOMENT_HD void EncodeVBlock(const float* v, int64_t n, uint8_t* codes,
-                               float* step) {
-  float max_v = 0.0f;
-  for (int64_t i = 0; i < n; ++i) max_v = MomentMax(v[i], max_v);
-  *step = VStep(max_v);
-  const float inverse = InverseStep(*step);
-  for (int64_t i = 0; i < n; ++i) codes[i] = EncodeV(v[i], inverse);
+                               float* top) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t index = GridIndexNearest(v[i], kVGrid);
+    largest = index > largest ? index : largest;
+  }
+  *top = GridTop(largest, kVGrid);
+  const float lowest = GridLowest(*top, kVGrid);
+  for (int64_t i = 0; i < n; ++i) {
+    codes[i] = static_cast<uint8_t>(
+        GridCode(v[i], GridIndexNearest(v[i], kVGrid), *top, lowest, kVGrid));
+  }
 }
 ZE_MOMENT_HD void EncodeMBlock(const float* m, int64_t n, int8_t* codes,
-                               float* step) {
-  float absmax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) absmax = MomentMax(AbsMoment(m[i]), absmax);
-  *step = MStep(absmax);
-  const float inverse = InverseStep(*step);
-  for (int64_t i = 0; i < n; ++i) codes[i] = EncodeM(m[i], inverse);
+                               float* top) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t index = GridIndexNearest(AbsMoment(m[i]), kMGrid);
+    largest = index > largest ? index : largest;
+  }
+  *top = GridTop(largest, kMGrid);
+  const float lowest = GridLowest(*top, kMGrid);
+  for (int64_t i = 0; i < n; ++i) {
+    const float magnitude = AbsMoment(m[i]);
+    codes[i] =
+        SignedCode(GridCode(magnitude, GridIndexNearest(magnitude, kMGrid),
+                            *top, lowest, kMGrid),
+                   m[i]);
+  }
 }
 
-// The update's encoding of one block's new moments: v first, then m
-// zeroed where v's code is 0 (in `m`, which the caller gives up), then m.
+// A block's new moments, v first, then m zeroed where v's code is 0 (in
+// `m`, which the caller gives up), then m: to nearest (EncodeBlock8), or
+// with the update's stochastic codes (EncodeBlock8Stochastic: element i's
+// noise is RoundingNoise(key, first + i), `first` the block's first
+// element in the optimizer's state).
 ZE_MOMENT_HD void EncodeBlock8(float* m, const float* v, int64_t n,
-                               int8_t* m_codes, uint8_t* v_codes, float* m_step,
-                               float* v_step) {
-  EncodeVBlock(v, n, v_codes, v_step);
+                               int8_t* m_codes, uint8_t* v_codes, float* m_top,
+                               float* v_top) {
+  EncodeVBlock(v, n, v_codes, v_top);
   for (int64_t i = 0; i < n; ++i) {
     if (v_codes[i] == 0) m[i] = 0.0f;
   }
-  EncodeMBlock(m, n, m_codes, m_step);
+  EncodeMBlock(m, n, m_codes, m_top);
 }
-
-// EncodeBlock8 with the update's stochastic codes: element i's noise is
-// RoundingNoise(key, first + i), `first` the block's first element in the
-// optimizer's state (v's code from its VCodeNoise, m's from its
-// MCodeNoise).
 ZE_MOMENT_HD void EncodeBlock8Stochastic(float* m, const float* v, int64_t n,
                                          int8_t* m_codes, uint8_t* v_codes,
-                                         float* m_step, float* v_step,
+                                         float* m_top, float* v_top,
                                          uint32_t key, int64_t first) {
-  float max_v = 0.0f;
-  for (int64_t i = 0; i < n; ++i) max_v = MomentMax(v[i], max_v);
-  *v_step = VStep(max_v);
-  const float inverse_v = InverseStep(*v_step);
-  float absmax = 0.0f;
+  uint32_t noise[kMomentBlock];
+  uint32_t largest = 0;
   for (int64_t i = 0; i < n; ++i) {
-    v_codes[i] = EncodeVStochastic(
-        v[i], inverse_v,
-        VCodeNoise(RoundingNoise(key, static_cast<uint32_t>(first + i))));
-    if (v_codes[i] == 0) m[i] = 0.0f;
-    absmax = MomentMax(AbsMoment(m[i]), absmax);
+    noise[i] = RoundingNoise(key, static_cast<uint32_t>(first + i));
+    const uint32_t index =
+        GridIndexStochastic(v[i], kVGrid, VCodeNoise(noise[i]));
+    largest = index > largest ? index : largest;
   }
-  *m_step = MStep(absmax);
-  const float inverse_m = InverseStep(*m_step);
+  *v_top = GridTop(largest, kVGrid);
+  const float v_lowest = GridLowest(*v_top, kVGrid);
+  largest = 0;
   for (int64_t i = 0; i < n; ++i) {
-    m_codes[i] = EncodeMStochastic(
-        m[i], inverse_m,
-        MCodeNoise(RoundingNoise(key, static_cast<uint32_t>(first + i))));
+    const uint32_t v_noise = VCodeNoise(noise[i]);
+    v_codes[i] = static_cast<uint8_t>(
+        GridCodeStochastic(v[i], GridIndexStochastic(v[i], kVGrid, v_noise),
+                           *v_top, v_lowest, kVGrid, v_noise));
+    if (v_codes[i] == 0) m[i] = 0.0f;
+    const uint32_t index =
+        GridIndexStochastic(AbsMoment(m[i]), kMGrid, MCodeNoise(noise[i]));
+    largest = index > largest ? index : largest;
+  }
+  *m_top = GridTop(largest, kMGrid);
+  const float m_lowest = GridLowest(*m_top, kMGrid);
+  for (int64_t i = 0; i < n; ++i) {
+    const float magnitude = AbsMoment(m[i]);
+    const uint32_t m_noise = MCodeNoise(noise[i]);
+    m_codes[i] = SignedCode(
+        GridCodeStochastic(magnitude,
+                           GridIndexStochastic(magnitude, kMGrid, m_noise),
+                           *m_top, m_lowest, kMGrid, m_noise),
+        m[i]);
   }
 }
 

@@ -300,10 +300,12 @@ __device__ __forceinline__ float BlockMax(float value, float* shared) {
 }
 
 // Adam over 8-bit moments: thread block b (grid-strided) updates state
-// block b, thread t its element t: decode with the block's steps, update,
-// then offload::EncodeBlock8Stochastic's steps, in its order (v's step,
-// v's codes, m zeroed where v's code is 0, m's step, m's codes), the
-// codes' noise keyed by the step's key and the element's state index.
+// block b, thread t its element t: decode with the block's tops, update,
+// then offload::EncodeBlock8Stochastic's steps, in its order (v's grid
+// index, v's top, v's code, m zeroed where v's code is 0, m's index, m's
+// top, m's code), the noise keyed by the step's key and the element's
+// state index. The largest index of a block is a BlockMax of the indices
+// as floats (exact: under 2^12).
 template <int kGrad, int kOut>
 __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
                              Moments moments, const void* grads, void* out,
@@ -325,25 +327,40 @@ __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
       AdamElement(c, LoadOne<kGrad>(grads, i), p, m, v);
       StoreMaster<kOut>(master, out, lo, i, p);
     }
-    const float v_step = offload::VStep(BlockMax(v, shared));
     // The noise: a hash of the element's index in the optimizer's state,
-    // its halves for the two codes.
+    // its halves for the two moments.
     const uint32_t noise = offload::RoundingNoise(
         c.round_key_m, static_cast<uint32_t>(moments.first_index + i));
-    const uint8_t v_code = offload::EncodeVStochastic(
-        v, offload::InverseStep(v_step), offload::VCodeNoise(noise));
+    const uint32_t v_noise = offload::VCodeNoise(noise);
+    const uint32_t v_index =
+        offload::GridIndexStochastic(v, offload::kVGrid, v_noise);
+    // Every thread read the old tops before BlockMax's barriers.
+    const float v_top = offload::GridTop(
+        static_cast<uint32_t>(BlockMax(static_cast<float>(v_index), shared)),
+        offload::kVGrid);
+    const uint8_t v_code = static_cast<uint8_t>(offload::GridCodeStochastic(
+        v, v_index, v_top, offload::GridLowest(v_top, offload::kVGrid),
+        offload::kVGrid, v_noise));
     if (v_code == 0) m = 0.0f;
-    const float m_step =
-        offload::MStep(BlockMax(offload::AbsMoment(m), shared));
+    const float magnitude = offload::AbsMoment(m);
+    const uint32_t m_noise = offload::MCodeNoise(noise);
+    const uint32_t m_index =
+        offload::GridIndexStochastic(magnitude, offload::kMGrid, m_noise);
+    const float m_top = offload::GridTop(
+        static_cast<uint32_t>(BlockMax(static_cast<float>(m_index), shared)),
+        offload::kMGrid);
     if (active) {
       v_codes[i] = v_code;
-      m_codes[i] = offload::EncodeMStochastic(m, offload::InverseStep(m_step),
-                                              offload::MCodeNoise(noise));
+      m_codes[i] =
+          offload::SignedCode(offload::GridCodeStochastic(
+                                  magnitude, m_index, m_top,
+                                  offload::GridLowest(m_top, offload::kMGrid),
+                                  offload::kMGrid, m_noise),
+                              m);
     }
-    // Every thread read the old steps before BlockMax's barriers.
     if (threadIdx.x == 0) {
-      moments.step0[block] = m_step;
-      moments.step1[block] = v_step;
+      moments.step0[block] = m_top;
+      moments.step1[block] = v_top;
     }
   }
 }
