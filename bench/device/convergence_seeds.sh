@@ -15,6 +15,8 @@
 # 69's five runs took 180 s each there; the 8 runs need about 70 GiB of an
 # H100's 80 by estimate: the "+90 s" line measures it).
 #   LIMIT=540 bash bench/device/convergence_seeds.sh
+# RUNS="int8:1 f32:5 ..." replaces SEEDS and EXTRA_SEED with exactly
+# those format:seed runs (at most 8 on an H100).
 # Beside the runs, the gpu test optimizer_cuda_test (the CUDA 8-bit kernel
 # equals the CPU's, bit for bit). Prints each format's mean and spread of
 # final validation loss against f32's (bench/convergence/plot.py; paired
@@ -36,11 +38,15 @@ run_conv() {  # format seed
   pids+=($!)
   tags+=($tag)
 }
-for seed in $SEEDS; do
-  for format in f32 bf16_sr bf16_rne int8; do run_conv $format $seed; done
-done
-if [[ -n ${EXTRA_SEED:-} ]]; then
-  for format in f32 bf16_sr int8; do run_conv $format $EXTRA_SEED; done
+if [[ -n ${RUNS:-} ]]; then
+  for run in $RUNS; do run_conv ${run%%:*} ${run##*:}; done
+else
+  for seed in $SEEDS; do
+    for format in f32 bf16_sr bf16_rne int8; do run_conv $format $seed; done
+  done
+  if [[ -n ${EXTRA_SEED:-} ]]; then
+    for format in f32 bf16_sr int8; do run_conv $format $EXTRA_SEED; done
+  fi
 fi
 el "${#pids[@]} runs started"
 # The CUDA optimizer against the CPU's, bit for bit, with the 8-bit codes'
