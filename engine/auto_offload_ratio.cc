@@ -42,9 +42,10 @@ absl::StatusOr<int64_t> LocalDeviceMemory(const Device& device) {
 
 std::string AutoOffloadRatio::ToString() const {
   std::string text = absl::StrFormat(
-      "%.2f (model state on the device %s + activations %s + reserve %s %s "
-      "%s",
+      "%.2f (model state on the device %s + gradient buckets %s + "
+      "activations %s + reserve %s %s %s",
       ratio, zero::FormatGiBOrMiB(model_state_device_bytes),
+      zero::FormatGiBOrMiB(gradient_bucket_bytes),
       zero::FormatGiBOrMiB(activation_bytes),
       zero::FormatGiBOrMiB(reserve_bytes), fits ? "<=" : ">",
       zero::FormatGiBOrMiB(device_budget_bytes));
@@ -124,6 +125,7 @@ absl::StatusOr<AutoOffloadRatio> ChooseAutoOffloadRatio(
   choice.fits = plan.fits && allowed >= 0;
   choice.everything_fits = plan.everything_fits && allowed >= 0;
   choice.model_state_device_bytes = plan.device_bytes;
+  choice.gradient_bucket_bytes = plan.gradient_bucket_bytes;
   return choice;
 }
 

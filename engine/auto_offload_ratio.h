@@ -56,10 +56,13 @@ struct AutoOffloadRatio {
   // The model state (and stage 3's gathered weights) the plan keeps on the
   // device at `ratio`.
   int64_t model_state_device_bytes = 0;
-  // The log's form, "R (model state on the device A + activations B +
-  // reserve C <= D: free on the device, N ranks on it)", or "...: the
-  // budget given)" for device_memory_bytes; "> D" and a note when it does
-  // not fit, and a note when no offload would fit too.
+  // The stage 2-3 gradient buckets' bytes during a backward
+  // (zero::GradientBucketTransientBytes).
+  int64_t gradient_bucket_bytes = 0;
+  // The log's form, "R (model state on the device A + gradient buckets G +
+  // activations B + reserve C <= D: free on the device, N ranks on it)", or
+  // "...: the budget given)" for device_memory_bytes; "> D" and a note when it
+  // does not fit, and a note when no offload would fit too.
   std::string ToString() const;
 };
 

@@ -7,15 +7,6 @@
 
 namespace ze {
 namespace zero {
-namespace {
-
-// Buckets of kReduceScatterToPartition in flight at once: enough to overlap
-// one bucket's collective with the next bucket's backward, few enough to
-// bound the full-size gradient buffers alive.
-constexpr size_t kMaxInFlight = 2;
-
-}  // namespace
-
 GradientReducer::GradientReducer(
     const GradientReducerOptions& options, PartitionState* state,
     comm::Communicator* comm, const Stream* compute_stream,
@@ -114,7 +105,7 @@ absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
     }
   }
   in_flight_.push_back(std::move(flight));
-  if (!in_place && in_flight_.size() > kMaxInFlight) {
+  if (!in_place && in_flight_.size() > kMaxReductionsInFlight) {
     InFlight oldest = std::move(in_flight_.front());
     in_flight_.pop_front();
     ZE_RETURN_IF_ERROR(Finish(oldest));

@@ -45,6 +45,12 @@
 namespace ze {
 namespace zero {
 
+// Buckets of kReduceScatterToPartition in flight at once: enough to overlap
+// one bucket's collective with the next bucket's backward, few enough to
+// bound the full-size gradient buffers alive (the plan counts them:
+// GradientBucketTransientBytes in zero/plan.h).
+inline constexpr size_t kMaxReductionsInFlight = 2;
+
 enum class ReductionKind {
   kAllReduce,
   kReduceScatterInPlace,

@@ -443,28 +443,66 @@ absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
     nn::LossModel& model, const config::Config& config, int world_size,
     const HostFacts& host, int64_t device_bytes_allowed) {
   config::Config candidate = config;
+  // Model state and gathered weights at `ratio`; the gradient buckets'
+  // transient bytes (the same at every ratio) into `choice`.
+  AutoRatioPlan choice;
   const auto device_bytes_at = [&](double ratio) -> absl::StatusOr<int64_t> {
     candidate.zero_optimization.offload_optimizer.ratio = ratio;
     ZE_ASSIGN_OR_RETURN(const Plan plan,
                         BuildPlan(model, candidate, world_size, host));
+    choice.gradient_bucket_bytes =
+        GradientBucketTransientBytes(plan, candidate, world_size);
     return plan.memory.device_bytes + GatheredWeightBytes(plan, world_size);
   };
-  AutoRatioPlan choice;
+  const auto fits = [&](int64_t device_bytes) {
+    return device_bytes + choice.gradient_bucket_bytes <= device_bytes_allowed;
+  };
   // Nothing on the host is planned only to say so: the key's smallest
   // value is one step.
   ZE_ASSIGN_OR_RETURN(const int64_t nothing_offloaded, device_bytes_at(0.0));
-  choice.everything_fits = nothing_offloaded <= device_bytes_allowed;
+  choice.everything_fits = fits(nothing_offloaded);
   // The device bytes fall as the ratio grows (whole buckets move to the
   // host), so the first that fits is the smallest.
   for (int step = 1; step <= kAutoRatioSteps; ++step) {
     choice.ratio = static_cast<double>(step) / kAutoRatioSteps;
     ZE_ASSIGN_OR_RETURN(choice.device_bytes, device_bytes_at(choice.ratio));
-    if (choice.device_bytes <= device_bytes_allowed) {
+    if (fits(choice.device_bytes)) {
       choice.fits = true;
       return choice;
     }
   }
   return choice;  // ratio 1, not fitting
+}
+
+int64_t GradientBucketTransientBytes(const Plan& plan,
+                                     const config::Config& config,
+                                     int world_size) {
+  if (plan.reducer.kind != ReductionKind::kReduceScatterToPartition) return 0;
+  const DType model_dtype = plan.state.model_dtype;
+  const DType wire_dtype =
+      config.communication_data_type.has_value()
+          ? config::CommDataTypeDType(*config.communication_data_type)
+          : model_dtype;
+  const bool casts = wire_dtype != model_dtype;
+  const bool accumulates = config.gradient_accumulation_steps.is_auto() ||
+                           config.gradient_accumulation_steps.value() > 1;
+  int64_t padded = 0;
+  int64_t slice = 0;
+  const PartitionedLayout& layout = plan.layout.layout;
+  for (int b = 0; b < layout.num_buckets(); ++b) {
+    padded = std::max(padded, layout.bucket(b).padded_elements);
+    slice = std::max(slice, layout.bucket(b).slice_elements);
+  }
+  const bool in_partition = world_size == 1 && !casts && !accumulates &&
+                            !plan.policy.partition_parameters;
+  const bool slices = casts || accumulates;
+  const int64_t in_flight = static_cast<int64_t>(kMaxReductionsInFlight);
+  return (in_partition ? 0
+                       : (in_flight + 2) * padded *
+                             static_cast<int64_t>(SizeOf(model_dtype))) +
+         (slices ? (in_flight + 1) * slice *
+                       static_cast<int64_t>(SizeOf(wire_dtype))
+                 : 0);
 }
 
 std::optional<int64_t> OffloadBucketElements(const config::Config& config,

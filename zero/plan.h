@@ -145,12 +145,12 @@ std::optional<std::string> OffloadBucketsNote(const Plan& plan,
 
 // offload_optimizer.ratio "auto" (engine::ChooseAutoOffloadRatio): the
 // smallest of the ratios 1/kAutoRatioSteps, ..., 1 (the key excludes 0)
-// whose plan keeps at most `device_bytes_allowed` of model state on the
-// device
-// (MemoryBreakdown::device_bytes, stage 3's gathered weights added:
-// GatheredWeightBytes), or ratio 1 with fits false when none does (the
-// strategy then fails to allocate, naming the bytes). A smaller ratio keeps
-// more of the exact f32 state on the GPU, where its update costs no host
+// whose plan keeps at most `device_bytes_allowed` on the device: model
+// state (MemoryBreakdown::device_bytes), stage 3's gathered weights
+// (GatheredWeightBytes) and the gradient buckets' transient bytes
+// (GradientBucketTransientBytes); or ratio 1 with fits false when none does
+// (the strategy then fails to allocate, naming the bytes). A smaller ratio
+// keeps more of the exact f32 state on the GPU, where its update costs no host
 // memory traffic (bench/RESULTS.md runs 73-74: ratio 0.4-0.5 is 85-97% of
 // no offload where 1 is 61-89%), so the smallest that fits is the fastest.
 // `config`: resolved (its own ratio is ignored), offload_optimizer.device
@@ -159,6 +159,7 @@ inline constexpr int kAutoRatioSteps = 20;
 struct AutoRatioPlan {
   double ratio = 1.0;
   int64_t device_bytes = 0;  // model state and gathered weights at `ratio`
+  int64_t gradient_bucket_bytes = 0;  // GradientBucketTransientBytes
   bool fits = false;
   // Nothing offloaded would fit too (without offload_optimizer).
   bool everything_fits = false;
@@ -174,6 +175,22 @@ absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
 // elements at the model's element size (the fetch schedule's bound). 0 at
 // stages 0-2 and where every gather is in place. Pure.
 int64_t GatheredWeightBytes(const Plan& plan, int world_size);
+
+// Stages 2-3 (kReduceScatterToPartition): the device bytes the gradient
+// buckets hold at once during a backward beyond the model state, at the
+// largest bucket's size: each bucket's full gradients from its first
+// module's backward until its reduction finishes (kMaxReductionsInFlight
+// in flight, the one just issued and the next being written: + 2), and,
+// where a reduction cannot land in the partition itself (accumulating onto
+// it, or a communication_data_type cast), its output slice (+ 1 each). At
+// one rank without a cast a window's first micro-batch writes into the
+// partition directly, so with gradient_accumulation_steps 1 (stage 2) the
+// buckets cost nothing; an unresolved accumulation counts as several.
+// Live with the activations (run 76's 8B, accumulation 4: 5e8-element
+// bf16 buckets, about 7 GB). 0 at stages 0-1. Pure.
+int64_t GradientBucketTransientBytes(const Plan& plan,
+                                     const config::Config& config,
+                                     int world_size);
 
 // BuildPlan(model, config, world_size).memory: the per-rank model-state
 // plan the engine reports at startup and allocates by.

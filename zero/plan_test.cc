@@ -651,7 +651,8 @@ TEST(PlanTableTest, SmallestFittingOffloadRatioIsTheFirstThatFits) {
         absl::StatusOr<Plan> plan = BuildPlan(*model, at, world);
         ASSERT_TRUE(plan.ok()) << plan.status();
         bytes.push_back(plan->memory.device_bytes +
-                        GatheredWeightBytes(*plan, world));
+                        GatheredWeightBytes(*plan, world) +
+                        GradientBucketTransientBytes(*plan, at, world));
         if (step > 0) EXPECT_LE(bytes[step], bytes[step - 1]) << step;
       }
       ASSERT_LT(bytes.back(), bytes.front());  // the ratio moves something
@@ -669,7 +670,7 @@ TEST(PlanTableTest, SmallestFittingOffloadRatioIsTheFirstThatFits) {
       EXPECT_FALSE(none->fits);
       EXPECT_FALSE(none->everything_fits);
       EXPECT_DOUBLE_EQ(none->ratio, 1.0);
-      EXPECT_EQ(none->device_bytes, bytes.back());
+      EXPECT_EQ(none->device_bytes + none->gradient_bucket_bytes, bytes.back());
 
       // Just under each distinct size: the first step below it is chosen.
       for (int step = 1; step <= kAutoRatioSteps; ++step) {
@@ -683,9 +684,64 @@ TEST(PlanTableTest, SmallestFittingOffloadRatioIsTheFirstThatFits) {
         EXPECT_FALSE(chosen->everything_fits);
         EXPECT_DOUBLE_EQ(chosen->ratio,
                          static_cast<double>(expected) / kAutoRatioSteps);
-        EXPECT_EQ(chosen->device_bytes, bytes[step]);
+        EXPECT_EQ(chosen->device_bytes + chosen->gradient_bucket_bytes,
+                  bytes[step]);
       }
     }
+  }
+}
+
+// The gradient buckets' transient bytes: nothing at stages 0-1, nor at
+// stage 2 on one rank without accumulation or a cast (the partition takes
+// the layers' gradients); otherwise the largest bucket's full gradients
+// kMaxReductionsInFlight + 2 times, and its slice kMaxReductionsInFlight +
+// 1 times where the reduction accumulates or casts (run 76's 8B).
+TEST(PlanTableTest, GradientBucketTransientBytesFollowTheReducer) {
+  std::unique_ptr<nn::GptModel> model = Shapes();
+  ASSERT_NE(model, nullptr);
+  struct Case {
+    int stage;
+    int world;
+    int accumulation;
+    const char* communication;  // communication_data_type, or ""
+    bool buffers;
+    bool slices;
+  };
+  for (const Case& c :
+       {Case{0, 2, 4, "", false, false}, Case{1, 2, 4, "", false, false},
+        Case{2, 1, 1, "", false, false}, Case{2, 1, 4, "", true, true},
+        Case{2, 1, 1, "fp32", true, true}, Case{2, 2, 1, "", true, false},
+        Case{2, 3, 3, "", true, true}, Case{3, 1, 1, "", true, false},
+        Case{3, 2, 2, "", true, true}}) {
+    SCOPED_TRACE(absl::StrCat("stage ", c.stage, ", world ", c.world,
+                              ", accumulation ", c.accumulation, " ",
+                              c.communication));
+    const std::string communication =
+        *c.communication == '\0'
+            ? ""
+            : absl::StrCat(R"(, "communication_data_type": ")", c.communication,
+                           R"(")");
+    absl::StatusOr<config::Config> config = config::LoadConfigString(
+        absl::StrCat(
+            R"({"train_micro_batch_size_per_gpu": 2, )",
+            R"("gradient_accumulation_steps": )", c.accumulation,
+            R"(, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", )",
+            R"("params": {"lr": 1e-3}}, "zero_optimization": {"stage": )",
+            c.stage, R"(, "reduce_bucket_size": 300})", communication, "}"),
+        c.world);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<Plan> plan = BuildPlan(*model, *config, c.world);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int64_t padded = 0, slice = 0;
+    for (int b = 0; b < plan->layout.layout.num_buckets(); ++b) {
+      padded = std::max(padded, plan->layout.layout.bucket(b).padded_elements);
+      slice = std::max(slice, plan->layout.layout.bucket(b).slice_elements);
+    }
+    const int64_t wire = *c.communication == '\0' ? 2 : 4;
+    const int64_t in_flight = static_cast<int64_t>(kMaxReductionsInFlight);
+    EXPECT_EQ(GradientBucketTransientBytes(*plan, *config, c.world),
+              (c.buffers ? (in_flight + 2) * padded * 2 : 0) +
+                  (c.slices ? (in_flight + 1) * slice * wire : 0));
   }
 }
 

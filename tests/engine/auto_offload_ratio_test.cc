@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<engine::Engine>> MakeEngine(
   return engine::Initialize(model, ConfigJson(stage, ratio), Comm(), hints);
 }
 
-// The device bytes (model state, stage 3's gathers) of each grid ratio
+// The device bytes (model state, stage 3's gathers, the gradient buckets)
+// of each grid ratio
 // 0, 1/20, ..., 1, planned one by one.
 std::vector<int64_t> DeviceBytesByRatio(int stage) {
   std::vector<int64_t> bytes;
@@ -72,8 +73,9 @@ std::vector<int64_t> DeviceBytesByRatio(int stage) {
         zero::BuildPlan(**model, *config, World());
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return {};
-    bytes.push_back(plan->memory.device_bytes +
-                    zero::GatheredWeightBytes(*plan, World()));
+    bytes.push_back(
+        plan->memory.device_bytes + zero::GatheredWeightBytes(*plan, World()) +
+        zero::GradientBucketTransientBytes(*plan, *config, World()));
   }
   return bytes;
 }
