@@ -6,11 +6,16 @@
 # (--peak_attribution), separating accumulation (the stage 2 gradient
 # buckets' transient buffers from the second micro-batch on) from the
 # device's share of the update (ratio < 1); then the CPU Adam per format
-# with the 8-bit grid codes.
+# with the 8-bit grid codes. Runs 75-76 measured 21.28 GiB above
+# Initialize at ratio 0.7 and 17.65 at 0.65 (both accumulation 4): the
+# activations (6.1) and the gradient buckets (6.8, 9033782) leave 8.4 and
+# 4.8 GiB that grow with the host's share; r07a4 repeats run 75's.
+#   LIMIT=560 bash bench/device/dec07h_8b_peak.sh
 source bench/device/setup.sh
 BENCH_DEFAULTS="--seq=1024 --dtype=bf16 --models=llama-8B --stages=2 --batch=8 --checkpointing=1 --iters=1 --warmup=1 --offload=optimizer --peak_attribution=1"
 BENCH_TIMEOUT=150
 bench r065a4 --offload_ratio=0.65 --accumulation=4
+bench r07a4 --offload_ratio=0.7 --accumulation=4
 bench r065a1 --offload_ratio=0.65 --accumulation=1
 bench r1a4 --offload_ratio=1 --accumulation=4
 python3 -c "
