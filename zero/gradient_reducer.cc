@@ -22,7 +22,7 @@ GradientReducer::GradientReducer(
 bool GradientReducer::ReducesInPartition(int bucket) const {
   return options_.kind == ReductionKind::kReduceScatterToPartition &&
          comm_->world_size() == 1 && !casts() &&
-         !state_->gradients_current(bucket);
+         !(options_.prescale && state_->gradients_current(bucket));
 }
 
 absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
@@ -49,8 +49,8 @@ absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
         Scale(gradients, static_cast<float>(1.0 / options_.predivide_factor),
               compute));
   }
-  // Already the partition slice (stage 2, one rank, first reduction of the
-  // window): the layers wrote the result itself; nothing to reduce.
+  // Already the partition slice (stage 2, one rank): the layers wrote (or
+  // added to) the result itself; nothing to reduce.
   const bool already_in_partition =
       !in_place && ReducesInPartition(bucket) &&
       gradients.data() == state_->OwnGradients(bucket).data();
@@ -129,7 +129,7 @@ absl::Status GradientReducer::Finish(InFlight& flight) {
     }
     return on_finished_ ? on_finished_(bucket) : absl::OkStatus();
   }
-  if (!flight.overwrite) {
+  if (!flight.overwrite && flight.reduced.defined()) {
     ZE_RETURN_IF_ERROR(Add(own, flight.reduced, own, compute));
   } else if (flight.reduced.defined()) {
     // Reduced in communication_data_type: rounded into the partition.

@@ -19,8 +19,10 @@
 // decided per bucket by PartitionState::gradients_current: the window's
 // first reduction of a bucket writes the slice directly (into the
 // partition itself when no cast is needed), later ones add through a
-// temporary. When communication_data_type differs from the model's dtype,
-// sums are formed in it and rounded back to the model's dtype once.
+// temporary; at one rank without a cast the layers accumulate into the
+// partition itself in every micro-batch (ReducesInPartition). When
+// communication_data_type differs from the model's dtype, sums are formed in it
+// and rounded back to the model's dtype once.
 //
 // Streams: every kernel the reducer queues runs on the compute stream; the
 // collective runs on the communication stream (which may be the compute
@@ -80,10 +82,14 @@ class GradientReducer {
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   // Whether kReduceScatterToPartition at world size 1 can skip the
-  // collective for `bucket`: its window's first reduction, no cast. Then
-  // the strategy may let the layers write the partition slice itself
-  // (PartitionState::OwnGradients, which is the whole bucket) and Issue
-  // only records it.
+  // collective for `bucket`: no cast, and not a later micro-batch under
+  // prescale_gradients (whose scaling would reach the window's sum). Then
+  // the strategy lets the layers write the partition slice itself
+  // (PartitionState::OwnGradients, which is the whole bucket), zeroed
+  // only for the window's first micro-batch, and Issue only records it:
+  // no full-size buffer, no output slice, no add (the sum is formed in
+  // the layers' accumulation, rounded once a micro-batch instead of
+  // twice).
   bool ReducesInPartition(int bucket) const;
 
   // Issues the reduction of `bucket`'s gradients, (padded) model dtype,

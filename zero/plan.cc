@@ -493,9 +493,13 @@ int64_t GradientBucketTransientBytes(const Plan& plan,
     padded = std::max(padded, layout.bucket(b).padded_elements);
     slice = std::max(slice, layout.bucket(b).slice_elements);
   }
-  const bool in_partition = world_size == 1 && !casts && !accumulates &&
-                            !plan.policy.partition_parameters;
-  const bool slices = casts || accumulates;
+  // Stage 2 on one rank without a cast: the layers accumulate into the
+  // partition itself (GradientReducer::ReducesInPartition), unless
+  // prescale_gradients keeps later micro-batches apart.
+  const bool in_partition = !plan.policy.partition_parameters &&
+                            world_size == 1 && !casts &&
+                            !(plan.reducer.prescale && accumulates);
+  const bool slices = !in_partition && (casts || accumulates);
   const int64_t in_flight = static_cast<int64_t>(kMaxReductionsInFlight);
   return (in_partition ? 0
                        : (in_flight + 2) * padded *

@@ -182,12 +182,12 @@ int64_t GatheredWeightBytes(const Plan& plan, int world_size);
 // module's backward until its reduction finishes (kMaxReductionsInFlight
 // in flight, the one just issued and the next being written: + 2), and,
 // where a reduction cannot land in the partition itself (accumulating onto
-// it, or a communication_data_type cast), its output slice (+ 1 each). At
-// one rank without a cast a window's first micro-batch writes into the
-// partition directly, so with gradient_accumulation_steps 1 (stage 2) the
-// buckets cost nothing; an unresolved accumulation counts as several.
-// Live with the activations (run 76's 8B, accumulation 4: 5e8-element
-// bf16 buckets, about 7 GB). 0 at stages 0-1. Pure.
+// it, or a communication_data_type cast), its output slice (+ 1 each).
+// Stage 2 on one rank without a cast needs neither: the layers accumulate
+// into the partition (except later micro-batches under
+// prescale_gradients). Live with the activations (run 76's 8B before
+// that, accumulation 4: 5e8-element bf16 buckets, about 7 GB); an
+// unresolved accumulation counts as several. 0 at stages 0-1. Pure.
 int64_t GradientBucketTransientBytes(const Plan& plan,
                                      const config::Config& config,
                                      int world_size);

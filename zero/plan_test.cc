@@ -692,10 +692,11 @@ TEST(PlanTableTest, SmallestFittingOffloadRatioIsTheFirstThatFits) {
 }
 
 // The gradient buckets' transient bytes: nothing at stages 0-1, nor at
-// stage 2 on one rank without accumulation or a cast (the partition takes
-// the layers' gradients); otherwise the largest bucket's full gradients
+// stage 2 on one rank without a cast (the partition takes the layers'
+// gradients, every micro-batch; under prescale_gradients only the
+// first); otherwise the largest bucket's full gradients
 // kMaxReductionsInFlight + 2 times, and its slice kMaxReductionsInFlight +
-// 1 times where the reduction accumulates or casts (run 76's 8B).
+// 1 times where the reduction accumulates or casts.
 TEST(PlanTableTest, GradientBucketTransientBytesFollowTheReducer) {
   std::unique_ptr<nn::GptModel> model = Shapes();
   ASSERT_NE(model, nullptr);
@@ -704,18 +705,24 @@ TEST(PlanTableTest, GradientBucketTransientBytesFollowTheReducer) {
     int world;
     int accumulation;
     const char* communication;  // communication_data_type, or ""
+    bool prescale;
     bool buffers;
     bool slices;
   };
-  for (const Case& c :
-       {Case{0, 2, 4, "", false, false}, Case{1, 2, 4, "", false, false},
-        Case{2, 1, 1, "", false, false}, Case{2, 1, 4, "", true, true},
-        Case{2, 1, 1, "fp32", true, true}, Case{2, 2, 1, "", true, false},
-        Case{2, 3, 3, "", true, true}, Case{3, 1, 1, "", true, false},
-        Case{3, 2, 2, "", true, true}}) {
+  for (const Case& c : {Case{0, 2, 4, "", false, false, false},
+                        Case{1, 2, 4, "", false, false, false},
+                        Case{2, 1, 1, "", false, false, false},
+                        Case{2, 1, 4, "", false, false, false},
+                        Case{2, 1, 1, "", true, false, false},
+                        Case{2, 1, 4, "", true, true, true},
+                        Case{2, 1, 1, "fp32", false, true, true},
+                        Case{2, 2, 1, "", false, true, false},
+                        Case{2, 3, 3, "", false, true, true},
+                        Case{3, 1, 1, "", false, true, false},
+                        Case{3, 2, 2, "", false, true, true}}) {
     SCOPED_TRACE(absl::StrCat("stage ", c.stage, ", world ", c.world,
                               ", accumulation ", c.accumulation, " ",
-                              c.communication));
+                              c.communication, c.prescale ? " prescale" : ""));
     const std::string communication =
         *c.communication == '\0'
             ? ""
@@ -723,8 +730,9 @@ TEST(PlanTableTest, GradientBucketTransientBytesFollowTheReducer) {
                            R"(")");
     absl::StatusOr<config::Config> config = config::LoadConfigString(
         absl::StrCat(
-            R"({"train_micro_batch_size_per_gpu": 2, )",
-            R"("gradient_accumulation_steps": )", c.accumulation,
+            R"({"train_micro_batch_size_per_gpu": 2, "prescale_gradients": )",
+            c.prescale ? "true" : "false",
+            R"(, "gradient_accumulation_steps": )", c.accumulation,
             R"(, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", )",
             R"("params": {"lr": 1e-3}}, "zero_optimization": {"stage": )",
             c.stage, R"(, "reduce_bucket_size": 300})", communication, "}"),

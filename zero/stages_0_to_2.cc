@@ -154,8 +154,13 @@ absl::Status Stages0To2::EnsureBucketGradients(int bucket) {
   const BucketLayout& bucket_layout = layout.bucket(bucket);
   if (reducer_->ReducesInPartition(bucket)) {
     // One rank's slice is the whole bucket and the reduce-scatter is the
-    // identity: the layers accumulate straight into the partition.
+    // identity: the layers accumulate straight into the partition, which
+    // after the window's first micro-batch holds the sum so far.
     bucket_gradients_[bucket] = partition_->OwnGradients(bucket);
+    if (partition_->gradients_current(bucket)) {
+      return BindBucket(layout, bucket, params_, ParameterSlot::kGrad,
+                        bucket_gradients_[bucket]);
+    }
   } else {
     ZE_ASSIGN_OR_RETURN(bucket_gradients_[bucket],
                         Tensor::Empty({bucket_layout.padded_elements},
