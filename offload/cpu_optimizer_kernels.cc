@@ -807,10 +807,10 @@ inline void Block8Step(const StepCoefficients& c, const StepBuffers& b) {
       // Decoding is integer arithmetic on the bits (moment_codec.h's
       // GridValue): the point `levels - code` below the block's top.
       const typename V::Int m_base =
-          V::Splat(static_cast<int>(FloatBits(m_top) >> kMGrid.shift) -
+          V::Splat(static_cast<int>(GridTopIndex(m_top, kMGrid)) -
                    static_cast<int>(kMGrid.levels));
       const typename V::Int v_base =
-          V::Splat(static_cast<int>(FloatBits(v_top) >> kVGrid.shift) -
+          V::Splat(static_cast<int>(GridTopIndex(v_top, kVGrid)) -
                    static_cast<int>(kVGrid.levels));
       const typename V::Int sign_on = V::Splat(static_cast<int>(0x80000000u));
       for (; j + V::kWidth <= n; j += V::kWidth) {

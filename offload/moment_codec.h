@@ -179,29 +179,38 @@ ZE_MOMENT_HD float GridPoint(uint32_t index, MomentGrid grid) {
   return MomentBitsFloat(index << grid.shift);
 }
 
-// A block's top from the largest rounded index, and its lowest point (0
-// when the grid below top holds fewer than `levels` points: every value
-// then has a code).
+// A block's top from the largest rounded index, its index back, and its
+// lowest point (0 when the grid below top holds fewer than `levels`
+// points: every value then has a code).
 ZE_MOMENT_HD float GridTop(uint32_t largest_index, MomentGrid grid) {
   return GridPoint(largest_index, grid);
 }
+ZE_MOMENT_HD uint32_t GridTopIndex(float top, MomentGrid grid) {
+  return MomentFloatBits(top) >> grid.shift;
+}
 ZE_MOMENT_HD float GridLowest(float top, MomentGrid grid) {
-  const uint32_t top_index = MomentFloatBits(top) >> grid.shift;
+  const uint32_t top_index = GridTopIndex(top, grid);
   return top_index >= grid.levels
              ? GridPoint(top_index - (grid.levels - 1), grid)
              : 0.0f;
 }
 
-// The code of `magnitude` whose grid index is `index` (rounded the same
-// way as the block's top), given the block's top and lowest point; under
-// lowest: 1 with probability magnitude / lowest (stochastic: noise16 /
-// 2^16 below it, compared exactly as noise16 * lowest < magnitude * 2^16)
-// or when at least lowest / 2 (nearest).
+// The code of a value at grid index `index` (>= lowest's; rounded the same
+// way as the block's top): levels at the top, one less a point below; 0
+// for index 0.
+ZE_MOMENT_HD uint32_t GridCodeOfIndex(uint32_t index, float top,
+                                      MomentGrid grid) {
+  return index == 0 ? 0u : grid.levels - (GridTopIndex(top, grid) - index);
+}
+// The code of `magnitude` whose grid index is `index`, given the block's
+// top and lowest point; under lowest: 1 with probability magnitude /
+// lowest (stochastic: noise16 / 2^16 below it, compared exactly as
+// noise16 * lowest < magnitude * 2^16) or when at least lowest / 2
+// (nearest).
 ZE_MOMENT_HD uint32_t GridCode(float magnitude, uint32_t index, float top,
                                float lowest, MomentGrid grid) {
   if (magnitude < lowest) return magnitude >= lowest * 0.5f ? 1u : 0u;
-  if (index == 0) return 0;
-  return grid.levels - ((MomentFloatBits(top) >> grid.shift) - index);
+  return GridCodeOfIndex(index, top, grid);
 }
 ZE_MOMENT_HD uint32_t GridCodeStochastic(float magnitude, uint32_t index,
                                          float top, float lowest,
@@ -209,13 +218,11 @@ ZE_MOMENT_HD uint32_t GridCodeStochastic(float magnitude, uint32_t index,
   if (magnitude < lowest) {
     return static_cast<float>(noise16) * lowest < magnitude * 0x1p16f ? 1u : 0u;
   }
-  if (index == 0) return 0;
-  return grid.levels - ((MomentFloatBits(top) >> grid.shift) - index);
+  return GridCodeOfIndex(index, top, grid);
 }
 // The magnitude of code `code` (> 0) under `top`.
 ZE_MOMENT_HD float GridValue(uint32_t code, float top, MomentGrid grid) {
-  return GridPoint((MomentFloatBits(top) >> grid.shift) - (grid.levels - code),
-                   grid);
+  return GridPoint(GridTopIndex(top, grid) - (grid.levels - code), grid);
 }
 
 ZE_MOMENT_HD float DecodeV(uint8_t code, float top) {

@@ -19,10 +19,15 @@ GradientReducer::GradientReducer(
       communication_stream_(communication_stream),
       on_finished_(std::move(on_finished)) {}
 
+bool LayersWriteThePartition(const GradientReducerOptions& options,
+                             int world_size, bool casts, bool accumulates) {
+  return options.kind == ReductionKind::kReduceScatterToPartition &&
+         world_size == 1 && !casts && !(options.prescale && accumulates);
+}
+
 bool GradientReducer::ReducesInPartition(int bucket) const {
-  return options_.kind == ReductionKind::kReduceScatterToPartition &&
-         comm_->world_size() == 1 && !casts() &&
-         !(options_.prescale && state_->gradients_current(bucket));
+  return LayersWriteThePartition(options_, comm_->world_size(), casts(),
+                                 state_->gradients_current(bucket));
 }
 
 absl::Status GradientReducer::Issue(int bucket, const Tensor& gradients) {
@@ -129,11 +134,14 @@ absl::Status GradientReducer::Finish(InFlight& flight) {
     }
     return on_finished_ ? on_finished_(bucket) : absl::OkStatus();
   }
-  if (!flight.overwrite && flight.reduced.defined()) {
-    ZE_RETURN_IF_ERROR(Add(own, flight.reduced, own, compute));
-  } else if (flight.reduced.defined()) {
-    // Reduced in communication_data_type: rounded into the partition.
-    ZE_RETURN_IF_ERROR(Copy(flight.reduced, own, compute));
+  // Without an output of its own the reduction landed in the partition
+  // (or the layers wrote it there).
+  if (flight.reduced.defined()) {
+    ZE_RETURN_IF_ERROR(flight.overwrite
+                           // Reduced in communication_data_type: rounded
+                           // into the partition.
+                           ? Copy(flight.reduced, own, compute)
+                           : Add(own, flight.reduced, own, compute));
   }
   // The caching allocator may hand these blocks out again at once; work
   // queued on the compute stream is ordered after the reads above.

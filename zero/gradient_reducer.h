@@ -68,6 +68,17 @@ struct GradientReducerOptions {
   double predivide_factor = 1.0;
 };
 
+// Whether the layers can write a bucket's gradients into the partition
+// itself and the reduction be skipped: kReduceScatterToPartition at one
+// rank without a cast (`casts`: communication_data_type differs from the
+// model's dtype), for a micro-batch that `accumulates` onto the window's
+// earlier sum too, except under prescale_gradients (its scaling would
+// reach that sum). GradientReducer::ReducesInPartition applies it per
+// bucket; the plan counts the buckets' memory by it
+// (GradientBucketTransientBytes).
+bool LayersWriteThePartition(const GradientReducerOptions& options,
+                             int world_size, bool casts, bool accumulates);
+
 class GradientReducer {
  public:
   // `state`, `comm` and the streams must outlive the reducer.

@@ -299,13 +299,21 @@ __device__ __forceinline__ float BlockMax(float value, float* shared) {
   return largest;
 }
 
+// The top of one state block's grid (offload::GridTop) from every thread's
+// grid index: their BlockMax as floats (exact: indices are under 2^12).
+__device__ __forceinline__ float BlockGridTop(uint32_t index,
+                                              offload::MomentGrid grid,
+                                              float* shared) {
+  return offload::GridTop(
+      static_cast<uint32_t>(BlockMax(static_cast<float>(index), shared)), grid);
+}
+
 // Adam over 8-bit moments: thread block b (grid-strided) updates state
 // block b, thread t its element t: decode with the block's tops, update,
 // then offload::EncodeBlock8Stochastic's steps, in its order (v's grid
 // index, v's top, v's code, m zeroed where v's code is 0, m's index, m's
 // top, m's code), the noise keyed by the step's key and the element's
-// state index. The largest index of a block is a BlockMax of the indices
-// as floats (exact: under 2^12).
+// state index.
 template <int kGrad, int kOut>
 __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
                              Moments moments, const void* grads, void* out,
@@ -335,9 +343,7 @@ __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
     const uint32_t v_index =
         offload::GridIndexStochastic(v, offload::kVGrid, v_noise);
     // Every thread read the old tops before BlockMax's barriers.
-    const float v_top = offload::GridTop(
-        static_cast<uint32_t>(BlockMax(static_cast<float>(v_index), shared)),
-        offload::kVGrid);
+    const float v_top = BlockGridTop(v_index, offload::kVGrid, shared);
     const uint8_t v_code = static_cast<uint8_t>(offload::GridCodeStochastic(
         v, v_index, v_top, offload::GridLowest(v_top, offload::kVGrid),
         offload::kVGrid, v_noise));
@@ -346,9 +352,7 @@ __global__ void Block8Kernel(offload::StepCoefficients c, float* master,
     const uint32_t m_noise = offload::MCodeNoise(noise);
     const uint32_t m_index =
         offload::GridIndexStochastic(magnitude, offload::kMGrid, m_noise);
-    const float m_top = offload::GridTop(
-        static_cast<uint32_t>(BlockMax(static_cast<float>(m_index), shared)),
-        offload::kMGrid);
+    const float m_top = BlockGridTop(m_index, offload::kMGrid, shared);
     if (active) {
       v_codes[i] = v_code;
       m_codes[i] =

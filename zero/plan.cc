@@ -443,29 +443,31 @@ absl::StatusOr<AutoRatioPlan> SmallestFittingOffloadRatio(
     nn::LossModel& model, const config::Config& config, int world_size,
     const HostFacts& host, int64_t device_bytes_allowed) {
   config::Config candidate = config;
-  // Model state and gathered weights at `ratio`; the gradient buckets'
-  // transient bytes (the same at every ratio) into `choice`.
-  AutoRatioPlan choice;
-  const auto device_bytes_at = [&](double ratio) -> absl::StatusOr<int64_t> {
+  const auto plan_at = [&](double ratio) -> absl::StatusOr<Plan> {
     candidate.zero_optimization.offload_optimizer.ratio = ratio;
-    ZE_ASSIGN_OR_RETURN(const Plan plan,
-                        BuildPlan(model, candidate, world_size, host));
-    choice.gradient_bucket_bytes =
-        GradientBucketTransientBytes(plan, candidate, world_size);
+    return BuildPlan(model, candidate, world_size, host);
+  };
+  // Model state and gathered weights at a ratio.
+  const auto device_bytes_of = [&](const Plan& plan) {
     return plan.memory.device_bytes + GatheredWeightBytes(plan, world_size);
   };
+  // Nothing on the host is planned only to say so (the key's smallest
+  // value is one step), and for the gradient buckets' transient bytes,
+  // the same at every ratio.
+  AutoRatioPlan choice;
+  ZE_ASSIGN_OR_RETURN(const Plan nothing_offloaded, plan_at(0.0));
+  choice.gradient_bucket_bytes =
+      GradientBucketTransientBytes(nothing_offloaded, candidate, world_size);
   const auto fits = [&](int64_t device_bytes) {
     return device_bytes + choice.gradient_bucket_bytes <= device_bytes_allowed;
   };
-  // Nothing on the host is planned only to say so: the key's smallest
-  // value is one step.
-  ZE_ASSIGN_OR_RETURN(const int64_t nothing_offloaded, device_bytes_at(0.0));
-  choice.everything_fits = fits(nothing_offloaded);
+  choice.everything_fits = fits(device_bytes_of(nothing_offloaded));
   // The device bytes fall as the ratio grows (whole buckets move to the
   // host), so the first that fits is the smallest.
   for (int step = 1; step <= kAutoRatioSteps; ++step) {
     choice.ratio = static_cast<double>(step) / kAutoRatioSteps;
-    ZE_ASSIGN_OR_RETURN(choice.device_bytes, device_bytes_at(choice.ratio));
+    ZE_ASSIGN_OR_RETURN(const Plan plan, plan_at(choice.ratio));
+    choice.device_bytes = device_bytes_of(plan);
     if (fits(choice.device_bytes)) {
       choice.fits = true;
       return choice;
@@ -493,12 +495,10 @@ int64_t GradientBucketTransientBytes(const Plan& plan,
     padded = std::max(padded, layout.bucket(b).padded_elements);
     slice = std::max(slice, layout.bucket(b).slice_elements);
   }
-  // Stage 2 on one rank without a cast: the layers accumulate into the
-  // partition itself (GradientReducer::ReducesInPartition), unless
-  // prescale_gradients keeps later micro-batches apart.
-  const bool in_partition = !plan.policy.partition_parameters &&
-                            world_size == 1 && !casts &&
-                            !(plan.reducer.prescale && accumulates);
+  // Stage 3 keeps its bucket gradients apart from the partition.
+  const bool in_partition =
+      !plan.policy.partition_parameters &&
+      LayersWriteThePartition(plan.reducer, world_size, casts, accumulates);
   const bool slices = !in_partition && (casts || accumulates);
   const int64_t in_flight = static_cast<int64_t>(kMaxReductionsInFlight);
   return (in_partition ? 0
