@@ -12,7 +12,8 @@
 #   3. the 13B GPT, stage 2, micro-batch 8 x 1024, accumulation 8,
 #      checkpointing, ratio "auto" (run 26: 1,700 tokens/s at ratio 0.6,
 #      micro-batch 4, accumulation 1);
-#   4. the 8B as 1 with checkpointing, while time is left.
+#   4. the 8B as 1 at micro-batch 4, accumulation 8 (half the activations,
+#      so more of the state on the GPU), while time is left.
 #   LIMIT=560 bash bench/device/dec07i_h200.sh
 source bench/device/setup.sh
 BENCH_DEFAULTS="--seq=1024 --dtype=bf16 --stages=2 --offload=optimizer --offload_ratio=auto --iters=3 --warmup=1"
@@ -24,7 +25,7 @@ el "pytorch rc=$?"; cut -c1-400 $OUT/torch_llama8b.jsonl; tail -2 $OUT/torch_lla
 BENCH_TIMEOUT=200
 bench g13b --models=13B --batch=8 --accumulation=8 --checkpointing=1 --iters=2
 BENCH_TIMEOUT=$(( $(left) - 10 ))
-bench l8b_ck --models=llama-8B --batch=8 --accumulation=4 --checkpointing=1
+bench l8b_nock_mb4 --models=llama-8B --batch=4 --accumulation=8 --checkpointing=0
 python3 -c "
 import json
 for l in open('$OUT/train_bench.jsonl'):
