@@ -6,7 +6,11 @@
 # at 0.50, the 8B at 0.05 with checkpointing and 0.35 without).
 #   1. the Llama-3.1-8B shape, stage 2, micro-batch 8 x 1024, accumulation
 #      4, bf16, exact f32 master and moments, clipping 1.0, ratio "auto",
-#      without activation checkpointing (the step without recompute);
+#      without activation checkpointing (the step without recompute), 12
+#      warm-up steps on train_bench's repeated batch so that the timed
+#      steps' norms may fall under 1.0 and their updates be speculated, as
+#      a fine-tune's mostly are (the first steps from random weights all
+#      clip; run 69 at 1.3B: 40 steps);
 #   2. PyTorch's llama8b_bf16_ckpt in the same call (bf16 weights and bf16
 #      AdamW states, checkpointing, micro-batch 8);
 #   3. the 13B GPT, stage 2, micro-batch 8 x 1024, accumulation 8,
@@ -17,8 +21,8 @@
 #   LIMIT=560 bash bench/device/dec07i_h200.sh
 source bench/device/setup.sh
 BENCH_DEFAULTS="--seq=1024 --dtype=bf16 --stages=2 --offload=optimizer --offload_ratio=auto --iters=3 --warmup=1"
-BENCH_TIMEOUT=150
-bench l8b_nock --models=llama-8B --batch=8 --accumulation=4 --checkpointing=0
+BENCH_TIMEOUT=190
+bench l8b_nock --models=llama-8B --batch=8 --accumulation=4 --checkpointing=0 --warmup=12 --iters=4
 el "pytorch"
 timeout 120 python3 .anchors/torch_llama_anchor.py llama8b_bf16_ckpt > $OUT/torch_llama8b.jsonl 2> $OUT/torch_llama8b.err
 el "pytorch rc=$?"; cut -c1-400 $OUT/torch_llama8b.jsonl; tail -2 $OUT/torch_llama8b.err | cut -c1-300
