@@ -13,11 +13,12 @@
 #      clip; run 69 at 1.3B: 40 steps);
 #   2. PyTorch's llama8b_bf16_ckpt in the same call (bf16 weights and bf16
 #      AdamW states, checkpointing, micro-batch 8);
-#   3. the 13B GPT, stage 2, micro-batch 8 x 1024, accumulation 8,
-#      checkpointing, ratio "auto" (run 26: 1,700 tokens/s at ratio 0.6,
-#      micro-batch 4, accumulation 1);
-#   4. the 8B as 1 at micro-batch 4, accumulation 8 (half the activations,
-#      so more of the state on the GPU), while time is left.
+#   3. the 13B GPT, stage 2, micro-batch 2 x 1024, accumulation 16, no
+#      checkpointing, ratio "auto" (planned 0.55: 13.7 GiB of activations;
+#      run 26: 1,700 tokens/s at ratio 0.6, micro-batch 4, accumulation 1,
+#      checkpointing);
+#   4. the 13B at micro-batch 8, accumulation 8, checkpointing (planned
+#      0.50), while time is left.
 #   LIMIT=560 bash bench/device/dec07i_h200.sh
 source bench/device/setup.sh
 BENCH_DEFAULTS="--seq=1024 --dtype=bf16 --stages=2 --offload=optimizer --offload_ratio=auto --iters=3 --warmup=1"
@@ -27,9 +28,9 @@ el "pytorch"
 timeout 120 python3 .anchors/torch_llama_anchor.py llama8b_bf16_ckpt > $OUT/torch_llama8b.jsonl 2> $OUT/torch_llama8b.err
 el "pytorch rc=$?"; cut -c1-400 $OUT/torch_llama8b.jsonl; tail -2 $OUT/torch_llama8b.err | cut -c1-300
 BENCH_TIMEOUT=200
-bench g13b --models=13B --batch=8 --accumulation=8 --checkpointing=1 --iters=2
+bench g13b_nock --models=13B --batch=2 --accumulation=16 --checkpointing=0 --iters=2
 BENCH_TIMEOUT=$(( $(left) - 10 ))
-bench l8b_nock_mb4 --models=llama-8B --batch=4 --accumulation=8 --checkpointing=0
+bench g13b_ck --models=13B --batch=8 --accumulation=8 --checkpointing=1 --iters=2
 python3 -c "
 import json
 for l in open('$OUT/train_bench.jsonl'):
