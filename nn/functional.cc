@@ -34,6 +34,21 @@ absl::Status RequireDefined(const char *op, const char *name,
   return absl::OkStatus();
 }
 
+// A tensor argument and the name an error gives it.
+struct NamedTensor {
+  const char *name;
+  const Tensor &tensor;
+};
+
+// Each of `tensors` must be defined; the error names the first that is not.
+absl::Status RequireDefined(const char *op,
+                            std::initializer_list<NamedTensor> tensors) {
+  for (const NamedTensor &named : tensors) {
+    ZE_RETURN_IF_ERROR(RequireDefined(op, named.name, named.tensor));
+  }
+  return absl::OkStatus();
+}
+
 // `tensor` must have exactly `shape`.
 absl::Status RequireShape(const char *op, const char *name,
                           const Tensor &tensor, const Shape &shape) {
@@ -63,16 +78,27 @@ absl::Status RequireFloat(const char *op, const char *name,
   return absl::OkStatus();
 }
 
+// Each defined tensor of `tensors` must have a float dtype.
+absl::Status RequireFloatWhereDefined(
+    const char *op, std::initializer_list<NamedTensor> tensors) {
+  for (const NamedTensor &named : tensors) {
+    if (named.tensor.defined()) {
+      ZE_RETURN_IF_ERROR(RequireFloat(op, named.name, named.tensor));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // All defined tensors among `tensors` must sit on `reference`'s device.
-absl::Status RequireSameDevice(
-    const char *op, const char *reference_name, const Tensor &reference,
-    std::initializer_list<std::pair<const char *, const Tensor *>> tensors) {
+absl::Status RequireSameDevice(const char *op, const char *reference_name,
+                               const Tensor &reference,
+                               std::initializer_list<NamedTensor> tensors) {
   for (const auto &[name, tensor] : tensors) {
-    if (tensor->defined() && tensor->device() != reference.device()) {
-      return Invalid(op,
-                     absl::StrCat(name, " is on ", tensor->device().ToString(),
-                                  " but ", reference_name, " is on ",
-                                  reference.device().ToString()));
+    if (tensor.defined() && tensor.device() != reference.device()) {
+      return Invalid(
+          op, absl::StrCat(name, " is on ", tensor.device().ToString(), " but ",
+                           reference_name, " is on ",
+                           reference.device().ToString()));
     }
   }
   return absl::OkStatus();
@@ -107,9 +133,8 @@ absl::StatusOr<LinearSizes> CheckLinearForward(const char *op,
                                                const Tensor &weight,
                                                const Tensor &bias,
                                                const Tensor &output) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op, {{"input", input}, {"weight", weight}, {"output", output}}));
   if (weight.dim() != 2) {
     return Invalid(op, absl::StrCat("weight must be (N, K), got ",
                                     ShapeToString(weight.shape())));
@@ -129,16 +154,12 @@ absl::StatusOr<LinearSizes> CheckLinearForward(const char *op,
   if (bias.defined()) {
     ZE_RETURN_IF_ERROR(RequireShape(op, "bias", bias, {sizes.n}));
   }
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"input", &input},
-        {"weight", &weight},
-        {"output", &output}}) {
-    ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(RequireFloatWhereDefined(
+      op, {{"input", input}, {"weight", weight}, {"output", output}}));
   if (bias.defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, "bias", bias));
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "input", input,
-      {{"weight", &weight}, {"bias", &bias}, {"output", &output}}));
+      {{"weight", weight}, {"bias", bias}, {"output", output}}));
   if (input.data() == output.data() && input.numel() > 0) {
     return Invalid(op, "output must not alias input");
   }
@@ -162,8 +183,8 @@ absl::StatusOr<LinearSizes> CheckLinearBackward(
     const char *op, const Tensor &grad_output, const Tensor &input,
     const Tensor &weight, const char *grad_input_name, const Tensor &grad_input,
     const Tensor &grad_weight, const Tensor &grad_bias) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"grad_output", grad_output}, {"weight", weight}}));
   if (weight.dim() != 2) {
     return Invalid(op, absl::StrCat("weight must be (N, K), got ",
                                     ShapeToString(weight.shape())));
@@ -207,21 +228,19 @@ absl::StatusOr<LinearSizes> CheckLinearBackward(
   if (grad_bias.defined()) {
     ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {sizes.n}));
   }
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
-        {"input", &input},
-        {"weight", &weight},
-        {grad_input_name, &grad_input},
-        {"grad_weight", &grad_weight},
-        {"grad_bias", &grad_bias}}) {
-    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(
+      RequireFloatWhereDefined(op, {{"grad_output", grad_output},
+                                    {"input", input},
+                                    {"weight", weight},
+                                    {grad_input_name, grad_input},
+                                    {"grad_weight", grad_weight},
+                                    {"grad_bias", grad_bias}}));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
-                                       {{"input", &input},
-                                        {"weight", &weight},
-                                        {grad_input_name, &grad_input},
-                                        {"grad_weight", &grad_weight},
-                                        {"grad_bias", &grad_bias}}));
+                                       {{"input", input},
+                                        {"weight", weight},
+                                        {grad_input_name, grad_input},
+                                        {"grad_weight", grad_weight},
+                                        {"grad_bias", grad_bias}}));
   return sizes;
 }
 
@@ -252,7 +271,7 @@ absl::Status LinearForwardAdd(const Tensor &input, const Tensor &weight,
   ZE_RETURN_IF_ERROR(RequireShape(op, "residual", residual, output.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "residual", residual));
   ZE_RETURN_IF_ERROR(
-      RequireSameDevice(op, "output", output, {{"residual", &residual}}));
+      RequireSameDevice(op, "output", output, {{"residual", residual}}));
   if (Aliases(residual, output) || Aliases(residual, input)) {
     return Invalid(op, "residual must not alias output or input");
   }
@@ -297,13 +316,13 @@ namespace {
 absl::Status CheckGradAddend(const char *op, const Tensor &grad_addend,
                              const Tensor &grad_input,
                              const Tensor &grad_output) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_addend", grad_addend));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op, {{"grad_addend", grad_addend}, {"grad_input", grad_input}}));
   ZE_RETURN_IF_ERROR(
       RequireShape(op, "grad_addend", grad_addend, grad_input.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_addend", grad_addend));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_input", grad_input,
-                                       {{"grad_addend", &grad_addend}}));
+                                       {{"grad_addend", grad_addend}}));
   if (Aliases(grad_addend, grad_input) || Aliases(grad_addend, grad_output)) {
     return Invalid(op, "grad_addend must not alias grad_input or grad_output");
   }
@@ -349,7 +368,7 @@ absl::Status LinearGeluForward(const Tensor &input, const Tensor &weight,
       RequireShape(op, "pre_activation", pre_activation, output.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "pre_activation", pre_activation));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
-                                       {{"pre_activation", &pre_activation}}));
+                                       {{"pre_activation", pre_activation}}));
   if (Aliases(pre_activation, input) || Aliases(pre_activation, output)) {
     return Invalid(op, "pre_activation must not alias input or output");
   }
@@ -388,8 +407,8 @@ absl::Status GeluLinearBackward(
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "grad_output", grad_output,
-      {{"pre_activation", &pre_activation},
-       {"grad_pre_activation_bias", &grad_pre_activation_bias}}));
+      {{"pre_activation", pre_activation},
+       {"grad_pre_activation_bias", grad_pre_activation_bias}}));
   if (Aliases(grad_pre_activation, grad_output) ||
       Aliases(grad_pre_activation, pre_activation)) {
     return Invalid(op,
@@ -418,14 +437,11 @@ absl::Status LayerNormBackwardImpl(
     const Tensor &weight, const Tensor &mean, const Tensor &rstd,
     const Tensor &grad_input, const Tensor &grad_weight,
     const Tensor &grad_bias, const Stream &stream, const Tensor &grad_addend) {
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
-        {"input", &input},
-        {"weight", &weight},
-        {"mean", &mean},
-        {"rstd", &rstd}}) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"grad_output", grad_output},
+                                         {"input", input},
+                                         {"weight", weight},
+                                         {"mean", mean},
+                                         {"rstd", rstd}}));
   if (weight.dim() != 1) {
     return Invalid(op, absl::StrCat("weight must be (C), got ",
                                     ShapeToString(weight.shape())));
@@ -448,23 +464,20 @@ absl::Status LayerNormBackwardImpl(
   if (grad_bias.defined()) {
     ZE_RETURN_IF_ERROR(RequireShape(op, "grad_bias", grad_bias, {c}));
   }
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
-        {"input", &input},
-        {"weight", &weight},
-        {"grad_input", &grad_input},
-        {"grad_weight", &grad_weight},
-        {"grad_bias", &grad_bias}}) {
-    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(RequireFloatWhereDefined(op, {{"grad_output", grad_output},
+                                                   {"input", input},
+                                                   {"weight", weight},
+                                                   {"grad_input", grad_input},
+                                                   {"grad_weight", grad_weight},
+                                                   {"grad_bias", grad_bias}}));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "grad_output", grad_output,
-                                       {{"input", &input},
-                                        {"weight", &weight},
-                                        {"mean", &mean},
-                                        {"rstd", &rstd},
-                                        {"grad_input", &grad_input},
-                                        {"grad_weight", &grad_weight},
-                                        {"grad_bias", &grad_bias}}));
+                                       {{"input", input},
+                                        {"weight", weight},
+                                        {"mean", mean},
+                                        {"rstd", rstd},
+                                        {"grad_input", grad_input},
+                                        {"grad_weight", grad_weight},
+                                        {"grad_bias", grad_bias}}));
   const Tensor grad_output_2d = View2D(grad_output, m, c);
   const Tensor input_2d = View2D(input, m, c);
   const Tensor grad_input_2d = View2D(grad_input, m, c);
@@ -489,15 +502,12 @@ absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
                               const Tensor &mean, const Tensor &rstd,
                               const Stream &stream) {
   const char *op = "LayerNormForward";
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"input", &input},
-        {"weight", &weight},
-        {"bias", &bias},
-        {"output", &output},
-        {"mean", &mean},
-        {"rstd", &rstd}}) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"input", input},
+                                         {"weight", weight},
+                                         {"bias", bias},
+                                         {"output", output},
+                                         {"mean", mean},
+                                         {"rstd", rstd}}));
   if (weight.dim() != 1) {
     return Invalid(op, absl::StrCat("weight must be (C), got ",
                                     ShapeToString(weight.shape())));
@@ -515,11 +525,11 @@ absl::Status LayerNormForward(const Tensor &input, const Tensor &weight,
   ZE_RETURN_IF_ERROR(RequireDType(op, "mean", mean, DType::kF32));
   ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
-                                       {{"weight", &weight},
-                                        {"bias", &bias},
-                                        {"output", &output},
-                                        {"mean", &mean},
-                                        {"rstd", &rstd}}));
+                                       {{"weight", weight},
+                                        {"bias", bias},
+                                        {"output", output},
+                                        {"mean", mean},
+                                        {"rstd", rstd}}));
   const Tensor input_2d = View2D(input, m, c);
   const Tensor output_2d = View2D(output, m, c);
   if (input.device().is_cuda()) {
@@ -555,13 +565,13 @@ absl::Status LayerNormBackwardAdd(
 absl::Status GeluForward(const Tensor &input, const Tensor &output,
                          const Stream &stream) {
   const char *op = "GeluForward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"input", input}, {"output", output}}));
   ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, input.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "input", input));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
   ZE_RETURN_IF_ERROR(
-      RequireSameDevice(op, "input", input, {{"output", &output}}));
+      RequireSameDevice(op, "input", input, {{"output", output}}));
   if (input.device().is_cuda()) {
     return cuda_backend::GeluForward(input, output, stream);
   }
@@ -571,9 +581,9 @@ absl::Status GeluForward(const Tensor &input, const Tensor &output,
 absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
                           const Tensor &grad_input, const Stream &stream) {
   const char *op = "GeluBackward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_input", grad_input));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"grad_output", grad_output},
+                                         {"input", input},
+                                         {"grad_input", grad_input}}));
   ZE_RETURN_IF_ERROR(
       RequireShape(op, "grad_output", grad_output, input.shape()));
   ZE_RETURN_IF_ERROR(RequireShape(op, "grad_input", grad_input, input.shape()));
@@ -582,7 +592,7 @@ absl::Status GeluBackward(const Tensor &grad_output, const Tensor &input,
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_input", grad_input));
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "input", input,
-      {{"grad_output", &grad_output}, {"grad_input", &grad_input}}));
+      {{"grad_output", grad_output}, {"grad_input", grad_input}}));
   if (input.device().is_cuda()) {
     return cuda_backend::GeluBackward(grad_output, input, grad_input, stream);
   }
@@ -596,9 +606,8 @@ absl::StatusOr<int64_t> CheckAttentionShapes(const char *op, const Tensor &qkv,
                                              int num_heads,
                                              const Tensor &output,
                                              const Tensor &logsumexp) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "qkv", qkv));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op, {{"qkv", qkv}, {"output", output}, {"logsumexp", logsumexp}}));
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0) {
     return Invalid(op, absl::StrCat("qkv must be (B, T, 3 * C), got ",
                                     ShapeToString(qkv.shape())));
@@ -629,7 +638,7 @@ absl::Status AttentionForward(const Tensor &qkv, int num_heads,
   ZE_RETURN_IF_ERROR(
       CheckAttentionShapes(op, qkv, num_heads, output, logsumexp).status());
   ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "qkv", qkv, {{"output", &output}, {"logsumexp", &logsumexp}}));
+      op, "qkv", qkv, {{"output", output}, {"logsumexp", logsumexp}}));
   if (qkv.device().is_cuda()) {
     return cuda_backend::AttentionForward(qkv, num_heads, output, logsumexp,
                                           stream);
@@ -644,18 +653,18 @@ absl::Status AttentionBackward(const Tensor &grad_output, const Tensor &qkv,
   const char *op = "AttentionBackward";
   ZE_RETURN_IF_ERROR(
       CheckAttentionShapes(op, qkv, num_heads, output, logsumexp).status());
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_qkv", grad_qkv));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op, {{"grad_output", grad_output}, {"grad_qkv", grad_qkv}}));
   ZE_RETURN_IF_ERROR(
       RequireShape(op, "grad_output", grad_output, output.shape()));
   ZE_RETURN_IF_ERROR(RequireShape(op, "grad_qkv", grad_qkv, qkv.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_output", grad_output));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_qkv", grad_qkv));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "qkv", qkv,
-                                       {{"grad_output", &grad_output},
-                                        {"output", &output},
-                                        {"logsumexp", &logsumexp},
-                                        {"grad_qkv", &grad_qkv}}));
+                                       {{"grad_output", grad_output},
+                                        {"output", output},
+                                        {"logsumexp", logsumexp},
+                                        {"grad_qkv", grad_qkv}}));
   if (qkv.device().is_cuda()) {
     return cuda_backend::AttentionBackward(grad_output, qkv, output, logsumexp,
                                            num_heads, grad_qkv, stream);
@@ -674,10 +683,10 @@ absl::Status CheckCacheTensors(const char *op, int64_t n, int64_t kv_heads,
                                const Tensor &rows, const Tensor &starts,
                                const Tensor &key_cache,
                                const Tensor &value_cache) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "rows", rows));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "starts", starts));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "key_cache", key_cache));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "value_cache", value_cache));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"rows", rows},
+                                         {"starts", starts},
+                                         {"key_cache", key_cache},
+                                         {"value_cache", value_cache}}));
   if (key_cache.dim() != 4 || key_cache.size(1) != kv_heads ||
       key_cache.size(3) != head_dim || key_cache.size(0) < 1) {
     return Invalid(op, absl::StrCat("key_cache must be (B, ", kv_heads,
@@ -697,7 +706,7 @@ absl::Status CheckCacheTensors(const char *op, int64_t n, int64_t kv_heads,
   }
   return RequireSameDevice(
       op, "key_cache", key_cache,
-      {{"rows", &rows}, {"starts", &starts}, {"value_cache", &value_cache}});
+      {{"rows", rows}, {"starts", starts}, {"value_cache", value_cache}});
 }
 
 // KvCacheWrite's and CachedAttentionForward's common checks.
@@ -720,7 +729,7 @@ absl::Status CheckKvCacheArguments(const char *op, const Tensor &qkv,
   ZE_RETURN_IF_ERROR(CheckCacheTensors(op, n, num_heads, channels / num_heads,
                                        qkv.dtype(), rows, starts, key_cache,
                                        value_cache));
-  return RequireSameDevice(op, "qkv", qkv, {{"key_cache", &key_cache}});
+  return RequireSameDevice(op, "qkv", qkv, {{"key_cache", key_cache}});
 }
 
 }  // namespace
@@ -752,7 +761,7 @@ absl::Status CachedAttentionForward(const Tensor &qkv, const Tensor &rows,
   ZE_RETURN_IF_ERROR(RequireShape(op, "output", output,
                                   {qkv.size(0), qkv.size(1), qkv.size(2) / 3}));
   ZE_RETURN_IF_ERROR(RequireDType(op, "output", output, qkv.dtype()));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "qkv", qkv, {{"output", &output}}));
+  ZE_RETURN_IF_ERROR(RequireSameDevice(op, "qkv", qkv, {{"output", output}}));
   if (qkv.device().is_cuda()) {
     return cuda_backend::CachedAttentionForward(
         qkv, rows, starts, num_heads, key_cache, value_cache, output, stream);
@@ -768,9 +777,9 @@ absl::Status CheckEmbeddingForward(const char *op, const Tensor &tokens,
                                    const Tensor &token_table,
                                    const Tensor &position_table,
                                    const Tensor &output) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "tokens", tokens));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "token_table", token_table));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op,
+      {{"tokens", tokens}, {"token_table", token_table}, {"output", output}}));
   if (tokens.dim() != 2) {
     return Invalid(op, absl::StrCat("tokens must be (B, T), got ",
                                     ShapeToString(tokens.shape())));
@@ -796,9 +805,9 @@ absl::Status CheckEmbeddingForward(const char *op, const Tensor &tokens,
   ZE_RETURN_IF_ERROR(RequireFloat(op, "token_table", token_table));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
   return RequireSameDevice(op, "tokens", tokens,
-                           {{"token_table", &token_table},
-                            {"position_table", &position_table},
-                            {"output", &output}});
+                           {{"token_table", token_table},
+                            {"position_table", position_table},
+                            {"output", output}});
 }
 
 }  // namespace
@@ -828,7 +837,7 @@ absl::Status EmbeddingForwardAt(const Tensor &tokens, const Tensor &starts,
   ZE_RETURN_IF_ERROR(RequireShape(op, "starts", starts, {tokens.size(0)}));
   ZE_RETURN_IF_ERROR(RequireDType(op, "starts", starts, DType::kI32));
   ZE_RETURN_IF_ERROR(
-      RequireSameDevice(op, "tokens", tokens, {{"starts", &starts}}));
+      RequireSameDevice(op, "tokens", tokens, {{"starts", starts}}));
   if (tokens.device().is_cuda()) {
     return cuda_backend::EmbeddingForwardAt(tokens, starts, token_table,
                                             position_table, output, stream);
@@ -842,8 +851,8 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
                                const Tensor &grad_position_table,
                                const Stream &stream) {
   const char *op = "EmbeddingBackward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "tokens", tokens));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"grad_output", grad_output}, {"tokens", tokens}}));
   if (tokens.dim() != 2) {
     return Invalid(op, absl::StrCat("tokens must be (B, T), got ",
                                     ShapeToString(tokens.shape())));
@@ -880,9 +889,9 @@ absl::Status EmbeddingBackward(const Tensor &grad_output, const Tensor &tokens,
   }
   ZE_RETURN_IF_ERROR(
       RequireSameDevice(op, "grad_output", grad_output,
-                        {{"tokens", &tokens},
-                         {"grad_token_table", &grad_token_table},
-                         {"grad_position_table", &grad_position_table}}));
+                        {{"tokens", tokens},
+                         {"grad_token_table", grad_token_table},
+                         {"grad_position_table", grad_position_table}}));
   if (tokens.device().is_cuda()) {
     return cuda_backend::EmbeddingBackward(
         grad_output, tokens, grad_token_table, grad_position_table, stream);
@@ -897,8 +906,8 @@ namespace {
 absl::StatusOr<int64_t> CheckCrossEntropyShapes(const char *op,
                                                 const Tensor &logits,
                                                 const Tensor &targets) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "logits", logits));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "targets", targets));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"logits", logits}, {"targets", targets}}));
   if (logits.dim() < 2) {
     return Invalid(op, absl::StrCat("logits must be (M, V), got ",
                                     ShapeToString(logits.shape())));
@@ -949,7 +958,7 @@ absl::Status CrossEntropyForward(const Tensor &logits, const Tensor &targets,
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "logits", logits,
-      {{"targets", &targets}, {"losses", &losses}, {"logsumexp", &logsumexp}}));
+      {{"targets", targets}, {"losses", losses}, {"logsumexp", logsumexp}}));
   const int64_t vocab = logits.shape().back();
   const Tensor logits_2d = View2D(logits, rows, vocab);
   const Tensor targets_1d = targets.View({rows});
@@ -987,9 +996,9 @@ absl::Status CrossEntropySliceBackward(const Tensor &logits,
       RequireShape(op, "grad_logits", grad_logits, logits.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_logits", grad_logits));
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "logits", logits,
-                                       {{"targets", &targets},
-                                        {"logsumexp", &logsumexp},
-                                        {"grad_logits", &grad_logits}}));
+                                       {{"targets", targets},
+                                        {"logsumexp", logsumexp},
+                                        {"grad_logits", grad_logits}}));
   const Tensor targets_1d = targets.View({rows});
   if (logits.device().is_cuda()) {
     return cuda_backend::CrossEntropySliceBackward(
@@ -1011,9 +1020,9 @@ absl::Status CrossEntropyBackward(const Tensor &logits, const Tensor &targets,
   ZE_RETURN_IF_ERROR(
       RequireShape(op, "grad_logits", grad_logits, logits.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "grad_logits", grad_logits));
-  ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "logits", logits,
-      {{"targets", &targets}, {"grad_logits", &grad_logits}}));
+  ZE_RETURN_IF_ERROR(
+      RequireSameDevice(op, "logits", logits,
+                        {{"targets", targets}, {"grad_logits", grad_logits}}));
   const int64_t vocab = logits.shape().back();
   const Tensor logits_2d = View2D(logits, rows, vocab);
   const Tensor targets_1d = targets.View({rows});
@@ -1039,10 +1048,10 @@ absl::StatusOr<ChunkedHeadSizes> CheckLinearCrossEntropy(const char *op,
                                                          const Tensor &weight,
                                                          const Tensor &targets,
                                                          const Tensor &logits) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "targets", targets));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "logits", logits));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"input", input},
+                                         {"weight", weight},
+                                         {"targets", targets},
+                                         {"logits", logits}}));
   if (weight.dim() != 2) {
     return Invalid(op, absl::StrCat("weight must be (V, K), got ",
                                     ShapeToString(weight.shape())));
@@ -1136,15 +1145,12 @@ absl::Status LinearCrossEntropyWeightGradient(
     const Tensor &logsumexp, float grad_scale, const Tensor &workspace,
     const Tensor &grad_weight, const Stream &stream, int64_t classes) {
   const char *op = "LinearCrossEntropyWeightGradient";
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"input", &input},
-        {"weight", &weight},
-        {"targets", &targets},
-        {"logsumexp", &logsumexp},
-        {"workspace", &workspace},
-        {"grad_weight", &grad_weight}}) {
-    ZE_RETURN_IF_ERROR(RequireDefined(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"input", input},
+                                         {"weight", weight},
+                                         {"targets", targets},
+                                         {"logsumexp", logsumexp},
+                                         {"workspace", workspace},
+                                         {"grad_weight", grad_weight}}));
   if (weight.dim() != 2) {
     return Invalid(op, absl::StrCat("weight must be (V, K), got ",
                                     ShapeToString(weight.shape())));
@@ -1237,7 +1243,7 @@ absl::Status CheckRotary(const char *op, const Tensor &input,
   }
   return RequireSameDevice(
       op, input_name, input,
-      {{"inv_freq", &inv_freq}, {"starts", &starts}, {output_name, &output}});
+      {{"inv_freq", inv_freq}, {"starts", starts}, {output_name, output}});
 }
 
 // q (B, T, Hq, D), k and v (B, T, Hkv, D) with Hkv dividing Hq.
@@ -1254,7 +1260,7 @@ absl::Status CheckGroupedQkv(const char *op, const Tensor &q, const Tensor &k,
                                     ShapeToString(q.shape())));
   }
   ZE_RETURN_IF_ERROR(RequireShape(op, "v", v, k.shape()));
-  return RequireSameDevice(op, "q", q, {{"k", &k}, {"v", &v}});
+  return RequireSameDevice(op, "q", q, {{"k", k}, {"v", v}});
 }
 
 }  // namespace
@@ -1263,10 +1269,10 @@ absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
                             float eps, const Tensor &output, const Tensor &rstd,
                             const Stream &stream) {
   const char *op = "RmsNormForward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "rstd", rstd));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"input", input},
+                                         {"weight", weight},
+                                         {"output", output},
+                                         {"rstd", rstd}}));
   if (weight.dim() != 1) {
     return Invalid(op, absl::StrCat("weight must be (C), got ",
                                     ShapeToString(weight.shape())));
@@ -1282,7 +1288,7 @@ absl::Status RmsNormForward(const Tensor &input, const Tensor &weight,
   if (!(eps > 0)) return Invalid(op, absl::StrCat("eps = ", eps));
   ZE_RETURN_IF_ERROR(RequireSameDevice(
       op, "input", input,
-      {{"weight", &weight}, {"output", &output}, {"rstd", &rstd}}));
+      {{"weight", weight}, {"output", output}, {"rstd", rstd}}));
   if (input.device().is_cuda()) {
     return cuda_backend::RmsNormForward(View2D(input, rows, channels), weight,
                                         eps, View2D(output, rows, channels),
@@ -1301,10 +1307,10 @@ absl::Status RmsNormBackwardImpl(const char *op, const Tensor &grad_output,
                                  const Tensor &grad_weight,
                                  const Stream &stream,
                                  const Tensor &grad_addend) {
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "input", input));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "weight", weight));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "rstd", rstd));
+  ZE_RETURN_IF_ERROR(RequireDefined(op, {{"grad_output", grad_output},
+                                         {"input", input},
+                                         {"weight", weight},
+                                         {"rstd", rstd}}));
   if (weight.dim() != 1) {
     return Invalid(op, absl::StrCat("weight must be (C), got ",
                                     ShapeToString(weight.shape())));
@@ -1315,14 +1321,12 @@ absl::Status RmsNormBackwardImpl(const char *op, const Tensor &grad_output,
       RequireShape(op, "grad_output", grad_output, input.shape()));
   ZE_RETURN_IF_ERROR(RequireShape(op, "rstd", rstd, {rows}));
   ZE_RETURN_IF_ERROR(RequireDType(op, "rstd", rstd, DType::kF32));
-  for (const auto &[name, tensor] :
-       {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
-        {"input", &input},
-        {"weight", &weight},
-        {"grad_input", &grad_input},
-        {"grad_weight", &grad_weight}}) {
-    if (tensor->defined()) ZE_RETURN_IF_ERROR(RequireFloat(op, name, *tensor));
-  }
+  ZE_RETURN_IF_ERROR(
+      RequireFloatWhereDefined(op, {{"grad_output", grad_output},
+                                    {"input", input},
+                                    {"weight", weight},
+                                    {"grad_input", grad_input},
+                                    {"grad_weight", grad_weight}}));
   if (grad_input.defined()) {
     ZE_RETURN_IF_ERROR(
         RequireShape(op, "grad_input", grad_input, input.shape()));
@@ -1336,11 +1340,11 @@ absl::Status RmsNormBackwardImpl(const char *op, const Tensor &grad_output,
         RequireShape(op, "grad_weight", grad_weight, weight.shape()));
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "input", input,
-                                       {{"grad_output", &grad_output},
-                                        {"weight", &weight},
-                                        {"rstd", &rstd},
-                                        {"grad_input", &grad_input},
-                                        {"grad_weight", &grad_weight}}));
+                                       {{"grad_output", grad_output},
+                                        {"weight", weight},
+                                        {"rstd", rstd},
+                                        {"grad_input", grad_input},
+                                        {"grad_weight", grad_weight}}));
   if (input.device().is_cuda()) {
     return cuda_backend::RmsNormBackward(
         View2D(grad_output, rows, channels), View2D(input, rows, channels),
@@ -1410,9 +1414,8 @@ absl::Status RotaryEmbeddingBackward(const Tensor &grad_output,
 absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
                            const Tensor &output, const Stream &stream) {
   const char *op = "SwiGluForward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "gate", gate));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "up", up));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"gate", gate}, {"up", up}, {"output", output}}));
   ZE_RETURN_IF_ERROR(RequireShape(op, "up", up, gate.shape()));
   ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, gate.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "gate", gate));
@@ -1422,7 +1425,7 @@ absl::Status SwiGluForward(const Tensor &gate, const Tensor &up,
     return Invalid(op, "output must not alias gate or up");
   }
   ZE_RETURN_IF_ERROR(
-      RequireSameDevice(op, "gate", gate, {{"up", &up}, {"output", &output}}));
+      RequireSameDevice(op, "gate", gate, {{"up", up}, {"output", output}}));
   if (gate.device().is_cuda()) {
     return cuda_backend::SwiGluForward(gate, up, output, stream);
   }
@@ -1433,9 +1436,8 @@ absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
                             const Tensor &up, const Tensor &grad_gate,
                             const Tensor &grad_up, const Stream &stream) {
   const char *op = "SwiGluBackward";
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "grad_output", grad_output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "gate", gate));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "up", up));
+  ZE_RETURN_IF_ERROR(RequireDefined(
+      op, {{"grad_output", grad_output}, {"gate", gate}, {"up", up}}));
   for (const auto &[name, tensor] :
        {std::pair<const char *, const Tensor *>{"grad_output", &grad_output},
         {"up", &up},
@@ -1458,10 +1460,10 @@ absl::Status SwiGluBackward(const Tensor &grad_output, const Tensor &gate,
                    "grad_up up)");
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "gate", gate,
-                                       {{"grad_output", &grad_output},
-                                        {"up", &up},
-                                        {"grad_gate", &grad_gate},
-                                        {"grad_up", &grad_up}}));
+                                       {{"grad_output", grad_output},
+                                        {"up", up},
+                                        {"grad_gate", grad_gate},
+                                        {"grad_up", grad_up}}));
   if (gate.device().is_cuda()) {
     return cuda_backend::SwiGluBackward(grad_output, gate, up, grad_gate,
                                         grad_up, stream);
@@ -1475,8 +1477,8 @@ absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
                                      const Stream &stream) {
   const char *op = "GroupedAttentionForward";
   ZE_RETURN_IF_ERROR(CheckGroupedQkv(op, q, k, v));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "output", output));
-  ZE_RETURN_IF_ERROR(RequireDefined(op, "logsumexp", logsumexp));
+  ZE_RETURN_IF_ERROR(
+      RequireDefined(op, {{"output", output}, {"logsumexp", logsumexp}}));
   ZE_RETURN_IF_ERROR(RequireShape(op, "output", output, q.shape()));
   ZE_RETURN_IF_ERROR(RequireFloat(op, "output", output));
   ZE_RETURN_IF_ERROR(RequireShape(op, "logsumexp", logsumexp,
@@ -1486,7 +1488,7 @@ absl::Status GroupedAttentionForward(const Tensor &q, const Tensor &k,
     return Invalid(op, "output must not alias q, k or v");
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "q", q, {{"output", &output}, {"logsumexp", &logsumexp}}));
+      op, "q", q, {{"output", output}, {"logsumexp", logsumexp}}));
   if (q.device().is_cuda()) {
     return cuda_backend::GroupedAttentionForward(q, k, v, output, logsumexp,
                                                  stream);
@@ -1527,12 +1529,12 @@ absl::Status GroupedAttentionBackward(
     }
   }
   ZE_RETURN_IF_ERROR(RequireSameDevice(op, "q", q,
-                                       {{"grad_output", &grad_output},
-                                        {"output", &output},
-                                        {"logsumexp", &logsumexp},
-                                        {"grad_q", &grad_q},
-                                        {"grad_k", &grad_k},
-                                        {"grad_v", &grad_v}}));
+                                       {{"grad_output", grad_output},
+                                        {"output", output},
+                                        {"logsumexp", logsumexp},
+                                        {"grad_q", grad_q},
+                                        {"grad_k", grad_k},
+                                        {"grad_v", grad_v}}));
   if (q.device().is_cuda()) {
     return cuda_backend::GroupedAttentionBackward(grad_output, q, k, v, output,
                                                   logsumexp, grad_q, grad_k,
@@ -1556,7 +1558,7 @@ absl::Status GroupedKvCacheWrite(const Tensor &k, const Tensor &v,
                                        k.dtype(), rows, starts, key_cache,
                                        value_cache));
   ZE_RETURN_IF_ERROR(
-      RequireSameDevice(op, "k", k, {{"v", &v}, {"key_cache", &key_cache}}));
+      RequireSameDevice(op, "k", k, {{"v", v}, {"key_cache", key_cache}}));
   if (k.device().is_cuda()) {
     return cuda_backend::GroupedKvCacheWrite(k, v, rows, starts, key_cache,
                                              value_cache, stream);
@@ -1589,7 +1591,7 @@ absl::Status GroupedCachedAttentionForward(const Tensor &q, const Tensor &rows,
   ZE_RETURN_IF_ERROR(RequireDType(op, "output", output, q.dtype()));
   if (Aliases(output, q)) return Invalid(op, "output must not alias q");
   ZE_RETURN_IF_ERROR(RequireSameDevice(
-      op, "q", q, {{"key_cache", &key_cache}, {"output", &output}}));
+      op, "q", q, {{"key_cache", key_cache}, {"output", output}}));
   if (q.device().is_cuda()) {
     return cuda_backend::GroupedCachedAttentionForward(
         q, rows, starts, key_cache, value_cache, output, stream);
