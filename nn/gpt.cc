@@ -106,35 +106,39 @@ std::vector<std::string> GptConfig::PresetNames() {
 }
 
 GptModel::GptModel(const GptConfig &config, const GptOptions &options)
-    : LossModel("GptModel"),
+    : CausalLm("GptModel", config.vocab_size, options.first_layer,
+               options.last_layer < 0 ? config.pipeline_layers()
+                                      : options.last_layer),
       config_(config),
-      options_(options),
-      first_layer_(options.first_layer),
-      last_layer_(options.last_layer < 0 ? config.pipeline_layers()
-                                         : options.last_layer) {
+      options_(options) {
   const LayerOptions layer_options{options.device, options.dtype};
   const int n = config.num_layers;
   auto holds = [&](int layer) {
-    return first_layer_ <= layer && layer < last_layer_;
+    return first_layer() <= layer && layer < last_layer();
   };
+  Embedding *embed = nullptr;
+  Sequential *blocks = nullptr;
+  LayerNorm *ln_f = nullptr;
+  OutputHead *lm_head = nullptr;
+  TiedTableCopy *tied_table = nullptr;
   if (holds(0)) {
-    embed_ = RegisterChild("embed", std::make_unique<Embedding>(
-                                        config.table_rows(), config.max_seq_len,
-                                        config.channels, layer_options));
+    embed = RegisterChild("embed", std::make_unique<Embedding>(
+                                       config.table_rows(), config.max_seq_len,
+                                       config.channels, layer_options));
   } else if (holds(n + 2)) {
     // Embedding's initialiser for its token table.
-    tied_table_ = RegisterChild(
+    tied_table = RegisterChild(
         "embed", std::make_unique<TiedTableCopy>(
                      "wte", config.table_rows(), config.channels, options.dtype,
                      options.device, Initializer::Normal(0.02f)));
   }
   for (int layer = 0; layer < n; ++layer) {
     if (!holds(layer + 1)) continue;
-    if (blocks_ == nullptr) {
-      blocks_ = RegisterChild("blocks", std::make_unique<Sequential>());
+    if (blocks == nullptr) {
+      blocks = RegisterChild("blocks", std::make_unique<Sequential>());
     }
     // Named by its index in the whole model, whatever the stage.
-    Block *block = blocks_->Append(
+    Block *block = blocks->Append(
         std::to_string(layer),
         std::make_unique<Block>(config.channels, config.num_heads,
                                 config.num_layers, layer_options));
@@ -142,18 +146,26 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
     block->mlp()->set_recompute_activation(config.recompute_activations);
   }
   if (holds(n + 1)) {
-    ln_f_ = RegisterChild(
+    ln_f = RegisterChild(
         "ln_f", std::make_unique<LayerNorm>(config.channels, layer_options));
   }
   if (holds(n + 2)) {
-    lm_head_ = RegisterChild(
-        "lm_head", std::make_unique<OutputHead>(
-                       embed_ != nullptr ? embed_->shared_token_table()
-                                         : tied_table_->shared_table()));
-    lm_head_->set_weight_gradient(config.head_weight_gradient_in_backward
-                                      ? OutputHead::WeightGradient::kInBackward
-                                      : OutputHead::WeightGradient::kInForward);
+    lm_head = RegisterChild("lm_head",
+                            std::make_unique<OutputHead>(
+                                embed != nullptr ? embed->shared_token_table()
+                                                 : tied_table->shared_table()));
+    lm_head->set_weight_gradient(config.head_weight_gradient_in_backward
+                                     ? OutputHead::WeightGradient::kInBackward
+                                     : OutputHead::WeightGradient::kInForward);
   }
+  Stack stack;
+  stack.embedding = embed;
+  stack.blocks = blocks;
+  stack.final_norm = ln_f;
+  stack.head = lm_head;
+  stack.tied_table = tied_table;
+  if (embed != nullptr) stack.tied_embedding_table = embed->token_table();
+  SetStack(stack);
 }
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
@@ -172,92 +184,6 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(
     ZE_RETURN_IF_ERROR(model->MaterializeParameters(options.seed, stream));
   }
   return model;
-}
-
-absl::StatusOr<Tensor> GptModel::ForwardImpl(const Tensor &tokens,
-                                             const Stream &stream) {
-  // A pipeline stage runs the layers it holds: tokens (B, T) i32 in on the
-  // first stage, else the activation (B, T, C).
-  Tensor x = tokens;
-  if (embed_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(x, embed_->Forward(tokens, stream));  // (B, T, C)
-  }
-  if (blocks_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(x, blocks_->Forward(x, stream));
-  }
-  if (last_position_only_ && x.size(1) > 1) {
-    ZE_ASSIGN_OR_RETURN(x, LastPositions(x, stream));  // (B, 1, C)
-  }
-  if (ln_f_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(x, ln_f_->Forward(x, stream));
-  }
-  if (lm_head_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(x, lm_head_->Forward(x, stream));  // (B, T, Vp)
-  }
-  return x;
-}
-
-absl::Status GptModel::RequireWhole(const char *op) const {
-  if (whole()) return absl::OkStatus();
-  return NotWholeModelError(op, *this);
-}
-
-Shape GptModel::BoundaryShape(const Tensor &inputs) const {
-  return {inputs.size(0), inputs.size(1), config_.channels};
-}
-
-std::vector<Module *> GptModel::StageLayers() {
-  std::vector<Module *> layers;
-  if (embed_ != nullptr) layers.push_back(embed_);
-  if (blocks_ != nullptr) {
-    for (int i = 0; i < blocks_->size(); ++i) layers.push_back(blocks_->at(i));
-  }
-  if (ln_f_ != nullptr) layers.push_back(ln_f_);
-  if (lm_head_ != nullptr) layers.push_back(lm_head_);
-  return layers;
-}
-
-std::vector<Module *> GptModel::BlockLayers() {
-  std::vector<Module *> layers;
-  if (blocks_ != nullptr) {
-    for (int i = 0; i < blocks_->size(); ++i) layers.push_back(blocks_->at(i));
-  }
-  return layers;
-}
-
-absl::StatusOr<Tensor> GptModel::ForwardStage(const Tensor &input,
-                                              const Tensor &targets,
-                                              const Stream &stream) {
-  if (lm_head_ != nullptr) {
-    if (!targets.defined() || targets.dtype() != DType::kI32 ||
-        targets.dim() != 2 || input.dim() < 2 ||
-        targets.size(0) != input.size(0) || targets.size(1) != input.size(1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "GptModel::ForwardStage: the last stage needs targets (B, T) i32 "
-          "matching its input ",
-          input.DebugString(), ", got ",
-          targets.defined() ? targets.DebugString() : "undefined"));
-    }
-    // Only the real vocabulary's logits compete (as in ForwardLoss).
-    lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
-  }
-  absl::StatusOr<Tensor> output = Forward(input, stream);
-  if (lm_head_ != nullptr) lm_head_->ClearPendingLoss();
-  return output;
-}
-
-absl::StatusOr<Tensor> GptModel::BackwardStage(const Tensor &grad_output,
-                                               const Stream &stream) {
-  return Backward(grad_output, stream);
-}
-
-std::vector<Parameter *> GptModel::TiedParameters() {
-  if (whole()) return {};
-  if (embed_ != nullptr && lm_head_ == nullptr) return {embed_->token_table()};
-  if (tied_table_ != nullptr) {
-    return {tied_table_->table()};
-  }
-  return {};
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> GptModel::NewKvCache(
@@ -301,7 +227,7 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
   const bool empty_prefix = slots.empty_prefix;
 
   // The settings live for this call only, whatever its outcome.
-  embed_->set_position_starts(starts);
+  embed()->set_position_starts(starts);
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     CausalSelfAttention::CacheSlot slot;
     slot.keys = cache.keys(layer);
@@ -309,65 +235,19 @@ absl::StatusOr<Tensor> GptModel::ForwardCached(const Tensor &tokens,
     slot.rows = row_ids;
     slot.starts = starts;
     slot.empty_prefix = empty_prefix;
-    static_cast<Block *>(blocks_->at(layer))
+    static_cast<Block *>(blocks()->at(layer))
         ->attn()
         ->set_cache_slot(std::move(slot));
   }
-  last_position_only_ = true;
-  absl::StatusOr<Tensor> logits;
-  {
-    NoSaveScope no_save;
-    logits = Forward(tokens, stream);  // (N, 1, Vp); hooks fire
-  }
-  last_position_only_ = false;
-  embed_->set_position_starts(Tensor());
+  absl::StatusOr<Tensor> logits =
+      ForwardLastPositions(tokens, stream);  // (N, 1, Vp); hooks fire
+  embed()->set_position_starts(Tensor());
   for (int layer = 0; layer < config_.num_layers; ++layer) {
-    static_cast<Block *>(blocks_->at(layer))->attn()->clear_cache_slot();
+    static_cast<Block *>(blocks()->at(layer))->attn()->clear_cache_slot();
   }
   ZE_RETURN_IF_ERROR(logits.status());
   ZE_RETURN_IF_ERROR(cache.Advance(rows, seq));
   return logits;
-}
-
-absl::StatusOr<Tensor> GptModel::BackwardImpl(const Tensor &grad_output,
-                                              const Stream &stream) {
-  Tensor grad = grad_output;
-  if (lm_head_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(grad, lm_head_->Backward(grad, stream));
-  }
-  if (ln_f_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(grad, ln_f_->Backward(grad, stream));
-  }
-  if (blocks_ != nullptr) {
-    ZE_ASSIGN_OR_RETURN(grad, blocks_->Backward(grad, stream));
-  }
-  if (embed_ != nullptr) return embed_->Backward(grad, stream);
-  return grad;  // (B, T, C): the previous stage's output gradient
-}
-
-void GptModel::ClearSavedStateImpl() { loss_.Clear(); }
-
-absl::StatusOr<float> GptModel::ForwardLoss(const Tensor &tokens,
-                                            const Tensor &targets,
-                                            const Stream &stream) {
-  ZE_RETURN_IF_ERROR(RequireWhole("GptModel::ForwardLoss"));
-  ZE_RETURN_IF_ERROR(MeanCrossEntropy::CheckTokensAndTargets(
-      "GptModel::ForwardLoss", tokens, targets));
-  loss_.Clear();
-  // Only the real vocabulary's logits compete; a padded table's extra
-  // columns are left out (GptConfig::padded_vocab_size).
-  lm_head_->ComputeLossInNextForward(targets, config_.vocab_size);
-  absl::StatusOr<Tensor> losses = Forward(tokens, stream);  // (B, T) f32
-  lm_head_->ClearPendingLoss();  // the forward may have failed before it
-  ZE_RETURN_IF_ERROR(losses.status());
-  return loss_.Forward(*losses, targets, stream);
-}
-
-absl::Status GptModel::BackwardLoss(float loss_scale, const Stream &stream) {
-  ZE_RETURN_IF_ERROR(RequireWhole("GptModel::BackwardLoss"));
-  ZE_ASSIGN_OR_RETURN(Tensor grad_losses,
-                      loss_.Backward("GptModel::BackwardLoss", loss_scale));
-  return Backward(grad_losses, stream).status();
 }
 
 }  // namespace nn

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "nn/causal_lm.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/loss_model.h"
@@ -111,9 +112,7 @@ struct GptOptions {
 // the embedding placing each row's tokens at its cached length and every
 // attention layer appending to and reading its cache; the final LayerNorm
 // and the head then run on each sequence's last position only.
-class GptModel : public LossModel,
-                 public IncrementalDecoder,
-                 public PipelineStage {
+class GptModel : public CausalLm {
  public:
   // Builds the tree and, with options.materialize, initialises every
   // parameter from (seed, name). InvalidArgument for a bad config;
@@ -129,50 +128,21 @@ class GptModel : public LossModel,
   // The embedding width (config().channels, GPT-2's n_embd).
   int64_t hidden_size() const override { return config_.channels; }
   // Null on a pipeline stage without that layer (blocks: without blocks).
-  Embedding *embed() const { return embed_; }
-  Sequential *blocks() const { return blocks_; }
-  LayerNorm *ln_f() const { return ln_f_; }
-  OutputHead *lm_head() const { return lm_head_; }
-  // Whether this model holds every layer (not a pipeline stage).
-  bool whole() const { return is_first_stage() && is_last_stage(); }
+  Embedding *embed() const {
+    return static_cast<Embedding *>(stack().embedding);
+  }
+  Sequential *blocks() const { return stack().blocks; }
+  LayerNorm *ln_f() const {
+    return static_cast<LayerNorm *>(stack().final_norm);
+  }
 
-  // PipelineStage (nn/pipeline_stage.h).
-  int first_layer() const override { return first_layer_; }
-  int last_layer() const override { return last_layer_; }
+  // PipelineStage (nn/pipeline_stage.h; the rest is CausalLm's).
   int num_pipeline_layers() const override { return config_.pipeline_layers(); }
   std::vector<int64_t> PipelineLayerWeights() const override {
     return config_.PipelineLayerWeights();
   }
-  Shape BoundaryShape(const Tensor &inputs) const override;
-  DType boundary_dtype() const override { return options_.dtype; }
-  std::vector<Module *> StageLayers() override;
-  std::vector<Module *> BlockLayers() override;
-  absl::StatusOr<Tensor> ForwardStage(const Tensor &input,
-                                      const Tensor &targets,
-                                      const Stream &stream) override;
-  absl::StatusOr<Tensor> BackwardStage(const Tensor &grad_output,
-                                       const Stream &stream) override;
-  std::vector<Parameter *> TiedParameters() override;
 
-  // Forward through the public Module::Forward (hooks fire) plus the loss.
-  // A pipeline stage that is not the whole model refuses (FailedPrecondition;
-  // the pipeline runs it through ForwardStage), as do BackwardLoss,
-  // NewKvCache and ForwardCached.
-  //   tokens, targets (B, T) i32 on the model's device; a target < 0 is
-  //   ignored. Returns the mean loss over counted targets. Reads the
-  //   per-row losses (and the targets) back to the host: one stream
-  //   synchronisation per call. Only one chunk of logits is alive at a time
-  //   (OutputHead's loss mode); the last stays until BackwardLoss.
-  absl::StatusOr<float> ForwardLoss(const Tensor &tokens, const Tensor &targets,
-                                    const Stream &stream) override;
-  // Backpropagates loss_scale * (mean loss of the last ForwardLoss) through
-  // the public Module::Backward, accumulating into the parameters' grads.
-  // The head recomputes each chunk's logits but the last and turns them into
-  // their gradient in place. FailedPrecondition without a preceding
-  // ForwardLoss.
-  absl::Status BackwardLoss(float loss_scale, const Stream &stream) override;
-  // Targets counted by the last ForwardLoss.
-  int64_t counted_targets() const override { return loss_.counted(); }
+  // ForwardLoss and BackwardLoss: CausalLm's (a target < 0 is ignored).
 
   // IncrementalDecoder (nn/kv_cache.h). max_positions() is
   // config().max_seq_len.
@@ -184,38 +154,11 @@ class GptModel : public LossModel,
                                        KvCache &cache,
                                        const Stream &stream) override;
 
- protected:
-  absl::StatusOr<Tensor> ForwardImpl(const Tensor &tokens,
-                                     const Stream &stream) override;
-  // grad_output: the logits' gradient, or for a ForwardLoss's forward the
-  // per-row losses' (OutputHead's loss mode).
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor &grad_output,
-                                      const Stream &stream) override;
-  void ClearSavedStateImpl() override;
-
  private:
   GptModel(const GptConfig &config, const GptOptions &options);
 
-  // FailedPrecondition naming `op` unless whole().
-  absl::Status RequireWhole(const char *op) const;
-
   GptConfig config_;
   GptOptions options_;
-  int first_layer_ = 0;
-  int last_layer_ = 0;
-  Embedding *embed_ = nullptr;
-  Sequential *blocks_ = nullptr;
-  LayerNorm *ln_f_ = nullptr;
-  OutputHead *lm_head_ = nullptr;
-  // A last stage without the embedding: the module holding its copy of the
-  // tied table ("embed.wte").
-  TiedTableCopy *tied_table_ = nullptr;
-  // Between ForwardLoss and BackwardLoss: the count of targets (the head
-  // keeps what its backward needs).
-  MeanCrossEntropy loss_;
-  // During ForwardCached: ForwardImpl applies ln_f and the head to each
-  // sequence's last position only.
-  bool last_position_only_ = false;
 };
 
 }  // namespace nn
