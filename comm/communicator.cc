@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/dtype.h"
 #include "core/logging.h"
 #include "core/ops.h"
 #include "core/status.h"
@@ -19,10 +20,6 @@ bool Overlap(const Tensor &a, const Tensor &b) {
   const auto a_begin = reinterpret_cast<uintptr_t>(a.data());
   const auto b_begin = reinterpret_cast<uintptr_t>(b.data());
   return a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
-}
-
-bool IsFloatFormat(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
 }  // namespace
@@ -94,7 +91,7 @@ absl::Status Communicator::Validate(const CollectiveOp &op) const {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": input or output tensor is undefined"));
   }
-  if (!IsFloatFormat(op.input.dtype()) ||
+  if (!IsFloatingPoint(op.input.dtype()) ||
       op.input.dtype() != op.output.dtype()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": input and output must share one of f32, bf16, f16; got ",

@@ -20,6 +20,11 @@ namespace ze {
 // casts to or from it are not supported by the kernels in core/ops.h.
 enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
+// Whether `dtype` holds floating-point numbers (f32, bf16, f16; not i32).
+constexpr bool IsFloatingPoint(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
 // Bytes per element: 4 for f32 and i32, 2 for bf16 and f16.
 constexpr size_t SizeOf(DType dtype) {
   return (dtype == DType::kF32 || dtype == DType::kI32) ? 4 : 2;

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "nn/cuda/functional_cuda.h"
@@ -19,8 +20,6 @@
 namespace ze {
 namespace nn {
 namespace {
-
-bool IsFloat(DType dtype) { return dtype != DType::kI32; }
 
 absl::Status Invalid(const char *op, const std::string &message) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", message));
@@ -71,7 +70,7 @@ absl::Status RequireDType(const char *op, const char *name,
 
 absl::Status RequireFloat(const char *op, const char *name,
                           const Tensor &tensor) {
-  if (!IsFloat(tensor.dtype())) {
+  if (!IsFloatingPoint(tensor.dtype())) {
     return Invalid(op, absl::StrCat(name, " must be a float dtype, got ",
                                     DTypeName(tensor.dtype())));
   }

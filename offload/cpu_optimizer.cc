@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace ze {
@@ -46,10 +47,6 @@ void StaticPiece(int64_t count, int index, int pieces, int64_t* begin,
 }
 
 bool IsBeta(double beta) { return beta >= 0.0 && beta < 1.0; }
-
-bool IsFloatFormat(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-}
 
 // Bytes per element of a state array in `format` (SGD's buffer: f32).
 int64_t MomentBytes(MomentFormat format) {
@@ -518,12 +515,12 @@ absl::Status CpuOptimizer::CheckStepInputs(int64_t count,
         "optimizer step: ",
         master_weights == nullptr ? "master_weights" : "grads", " is null"));
   }
-  if (!IsFloatFormat(grad_dtype)) {
+  if (!IsFloatingPoint(grad_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer step: grad_dtype ", DTypeName(grad_dtype),
                      " must be f32, bf16 or f16"));
   }
-  if (out != nullptr && !IsFloatFormat(out_dtype)) {
+  if (out != nullptr && !IsFloatingPoint(out_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer step: out_dtype ", DTypeName(out_dtype),
                      " must be f32, bf16 or f16"));

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype.h"
 #include "core/ops.h"
 #include "core/status.h"
 #include "zero/optimizer_kernels.h"
@@ -12,10 +13,6 @@
 namespace ze {
 namespace zero {
 namespace {
-
-bool IsFloatFormat(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
-}
 
 absl::Status CheckTensor(const Tensor& tensor, const char* what,
                          int64_t num_elements, const Device& device,
@@ -35,7 +32,7 @@ absl::Status CheckTensor(const Tensor& tensor, const char* what,
                      " is not on the optimizer's device ", device.ToString()));
   }
   if (must_be_f32 ? tensor.dtype() != DType::kF32
-                  : !IsFloatFormat(tensor.dtype())) {
+                  : !IsFloatingPoint(tensor.dtype())) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer step: ", what, " ", tensor.DebugString(),
                      " must be ", must_be_f32 ? "f32" : "f32, bf16 or f16"));

@@ -19,10 +19,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "core/atomic_file.h"
+#include "core/dtype.h"
 #include "core/safetensors/reader.h"
 #include "core/safetensors/writer.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "nn/pretrained/hf_names.h"
 
 namespace ze {
 namespace nn {
@@ -73,25 +75,6 @@ constexpr char kHfHead[] = "lm_head.weight";
 // another dtype, the tied-head comparison).
 constexpr uint64_t kChunkBytes = 4 << 20;
 
-// Splits "<prefix><index>.<rest>". Rejects leading zeros and signs so
-// "layers.01" cannot alias "layers.1".
-bool SplitLayerName(absl::string_view name, absl::string_view prefix,
-                    int *index, absl::string_view *rest) {
-  if (!absl::ConsumePrefix(&name, prefix)) return false;
-  size_t digits = 0;
-  while (digits < name.size() &&
-         std::isdigit(static_cast<unsigned char>(name[digits]))) {
-    ++digits;
-  }
-  if (digits == 0 || digits > 6 || digits >= name.size() ||
-      name[digits] != '.' || (digits > 1 && name[0] == '0')) {
-    return false;
-  }
-  *index = std::stoi(std::string(name.substr(0, digits)));
-  *rest = name.substr(digits + 1);
-  return true;
-}
-
 std::optional<std::string> MapName(absl::string_view name, bool from_hf) {
   auto side = [from_hf](const NameEntry &entry) {
     return from_hf ? entry.hf : entry.ours;
@@ -101,8 +84,8 @@ std::optional<std::string> MapName(absl::string_view name, bool from_hf) {
   };
   int index = 0;
   absl::string_view rest;
-  if (SplitLayerName(name, from_hf ? kHfLayerPrefix : kOurLayerPrefix, &index,
-                     &rest)) {
+  if (SplitIndexedName(name, from_hf ? kHfLayerPrefix : kOurLayerPrefix, &index,
+                       &rest)) {
     for (const NameEntry &entry : kLayerNames) {
       if (rest == side(entry)) {
         return absl::StrCat(from_hf ? kOurLayerPrefix : kHfLayerPrefix, index,
@@ -115,10 +98,6 @@ std::optional<std::string> MapName(absl::string_view name, bool from_hf) {
     if (name == side(entry)) return std::string(other(entry));
   }
   return std::nullopt;
-}
-
-bool IsFloatDType(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
 bool IsLoadableElementType(ElementType type) {
@@ -243,7 +222,7 @@ std::optional<std::string> MapToHuggingFaceDecoderName(
 bool IsIgnoredHuggingFaceDecoderName(absl::string_view hf_name) {
   int index = 0;
   absl::string_view rest;
-  return SplitLayerName(hf_name, kHfLayerPrefix, &index, &rest) &&
+  return SplitIndexedName(hf_name, kHfLayerPrefix, &index, &rest) &&
          rest == kHfIgnoredLayerSuffix;
 }
 
@@ -262,7 +241,7 @@ HuggingFaceDecoderReader::~HuggingFaceDecoderReader() = default;
 absl::StatusOr<std::unique_ptr<HuggingFaceDecoderReader>>
 HuggingFaceDecoderReader::Open(const std::string &directory,
                                const DecoderLoadOptions &options) {
-  if (!IsFloatDType(options.dtype)) {
+  if (!IsFloatingPoint(options.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("loading ", directory, ": requested dtype ",
                      DTypeName(options.dtype), " is not f32, bf16 or f16"));
@@ -509,7 +488,7 @@ absl::Status HuggingFaceDecoderReader::ReadRange(
         directory_, ": the model has no parameter ", Quoted(our_name)));
   }
   if (!destination.defined() || !destination.device().is_cpu() ||
-      !IsFloatDType(destination.dtype())) {
+      !IsFloatingPoint(destination.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "reading ", our_name, " from ", source->file, ": the destination ",
         destination.defined() ? destination.DebugString() : "is undefined",
@@ -576,7 +555,7 @@ absl::StatusOr<std::unique_ptr<HuggingFaceDecoderWriter>>
 HuggingFaceDecoderWriter::Create(const std::string &directory,
                                  const DecoderConfig &config,
                                  const DecoderExportOptions &options) {
-  if (!IsFloatDType(options.dtype)) {
+  if (!IsFloatingPoint(options.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("exporting ", directory, ": dtype ",
                      DTypeName(options.dtype), " is not f32, bf16 or f16"));
@@ -686,7 +665,7 @@ absl::Status HuggingFaceDecoderWriter::Append(absl::string_view our_name,
   }
   const int64_t remaining = NumElements(shape) - written_in_current_;
   if (!values.defined() || !values.device().is_cpu() ||
-      !IsFloatDType(values.dtype()) || values.numel() > remaining) {
+      !IsFloatingPoint(values.dtype()) || values.numel() > remaining) {
     return absl::InvalidArgumentError(absl::StrCat(
         "exporting ", directory_, ": parameter ", name, ": got ",
         values.defined() ? values.DebugString() : "an undefined tensor",
@@ -808,7 +787,7 @@ absl::Status ExportHuggingFaceDecoder(const std::string &directory,
     absl::StatusOr<Tensor> value = source(name);
     if (!value.ok()) return Annotate(value.status(), context);
     if (!value->defined() || !value->device().is_cpu() ||
-        !IsFloatDType(value->dtype()) || value->shape() != shape) {
+        !IsFloatingPoint(value->dtype()) || value->shape() != shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           context, ": the source gave ",
           value->defined() ? value->DebugString() : "an undefined tensor",

@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "core/dtype.h"
 #include "core/safetensors/reader.h"
 #include "core/safetensors/writer.h"
 #include "core/status.h"
+#include "nn/pretrained/hf_names.h"
 
 namespace ze {
 namespace nn {
@@ -105,25 +107,6 @@ Shape Transposed(const Shape &shape) {
   return {shape[1], shape[0]};
 }
 
-// Splits "<prefix><index>.<rest>" into index and rest. Rejects leading
-// zeros and signs so "h.01" cannot alias "h.1".
-bool SplitBlockName(absl::string_view name, absl::string_view prefix,
-                    int *index, absl::string_view *rest) {
-  if (!absl::ConsumePrefix(&name, prefix)) return false;
-  size_t digits = 0;
-  while (digits < name.size() &&
-         std::isdigit(static_cast<unsigned char>(name[digits]))) {
-    ++digits;
-  }
-  if (digits == 0 || digits > 6 || digits >= name.size() ||
-      name[digits] != '.' || (digits > 1 && name[0] == '0')) {
-    return false;
-  }
-  *index = std::stoi(std::string(name.substr(0, digits)));
-  *rest = name.substr(digits + 1);
-  return true;
-}
-
 // Looks `name` up on one side of the table (hf or ours) and returns the
 // other side, with or without the block index.
 std::optional<Gpt2NameMapping> MapName(absl::string_view name, bool from_hf) {
@@ -135,8 +118,8 @@ std::optional<Gpt2NameMapping> MapName(absl::string_view name, bool from_hf) {
   };
   int index = 0;
   absl::string_view rest;
-  if (SplitBlockName(name, from_hf ? kHfBlockPrefix : kOurBlockPrefix, &index,
-                     &rest)) {
+  if (SplitIndexedName(name, from_hf ? kHfBlockPrefix : kOurBlockPrefix, &index,
+                       &rest)) {
     for (const ParamEntry &entry : kBlockParams) {
       if (rest == side(entry)) {
         return Gpt2NameMapping{
@@ -171,10 +154,6 @@ const TensorInfo *FindEither(const Reader &reader, absl::string_view hf_name) {
 bool IsLoadableElementType(ElementType type) {
   return type == ElementType::kF32 || type == ElementType::kBF16 ||
          type == ElementType::kF16 || type == ElementType::kF64;
-}
-
-bool IsFloatDType(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
 }
 
 float LoadElement(const void *data, ElementType type, size_t index) {
@@ -250,8 +229,8 @@ absl::StatusOr<Gpt2Dims> InferDims(const Reader &reader) {
   for (const TensorInfo &info : reader.tensors()) {
     int index = 0;
     absl::string_view rest;
-    if (SplitBlockName(StripModelPrefix(info.name), kHfBlockPrefix, &index,
-                       &rest)) {
+    if (SplitIndexedName(StripModelPrefix(info.name), kHfBlockPrefix, &index,
+                         &rest)) {
       dims.num_layers = std::max(dims.num_layers, index + 1);
     }
   }
@@ -277,8 +256,8 @@ bool IsIgnoredHuggingFaceGpt2Name(absl::string_view hf_name) {
   if (hf_name == kHfLmHead) return true;
   int index = 0;
   absl::string_view rest;
-  if (!SplitBlockName(StripModelPrefix(hf_name), kHfBlockPrefix, &index,
-                      &rest)) {
+  if (!SplitIndexedName(StripModelPrefix(hf_name), kHfBlockPrefix, &index,
+                        &rest)) {
     return false;
   }
   for (const char *suffix : kHfIgnoredBlockSuffixes) {
@@ -319,7 +298,7 @@ absl::StatusOr<Gpt2Dims> InferHuggingFaceGpt2Dims(const std::string &path) {
 absl::Status LoadHuggingFaceGpt2(const std::string &path,
                                  const Gpt2TensorVisitor &visitor,
                                  const Gpt2LoadOptions &options) {
-  if (!IsFloatDType(options.dtype)) {
+  if (!IsFloatingPoint(options.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("loading ", path, ": requested dtype ",
                      DTypeName(options.dtype), " is not f32, bf16 or f16"));
@@ -452,7 +431,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
       options.vocab_size == 0 ? dims.vocab_size : options.vocab_size;
   if (dims.num_layers <= 0 || dims.channels <= 0 || dims.vocab_size <= 0 ||
       dims.max_positions <= 0 || vocab_rows <= 0 ||
-      vocab_rows > dims.vocab_size || !IsFloatDType(options.dtype)) {
+      vocab_rows > dims.vocab_size || !IsFloatingPoint(options.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "exporting ", path, ": invalid dims (", dims.num_layers, " layers, C=",
         dims.channels, ", V=", dims.vocab_size, ", P=", dims.max_positions,
@@ -482,7 +461,7 @@ absl::Status ExportHuggingFaceGpt2(const std::string &path,
     absl::StatusOr<Tensor> value = source(our_name);
     if (!value.ok()) return Annotate(value.status(), context);
     if (!value->defined() || !value->device().is_cpu() ||
-        !IsFloatDType(value->dtype()) || value->shape() != our_shape) {
+        !IsFloatingPoint(value->dtype()) || value->shape() != our_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
           context, ": the source gave ",
           value->defined() ? value->DebugString() : "an undefined tensor",
