@@ -20,17 +20,24 @@
 #   4. the 13B at micro-batch 8, accumulation 8, checkpointing (planned
 #      0.50), while time is left.
 #   LIMIT=560 bash bench/device/dec07i_h200.sh
+# PARTS (default "8b torch 13b 13bck") picks and orders them, e.g.
+# PARTS="13b 8b" after the 25B run on the same warm machine.
 source bench/device/setup.sh
+PARTS=${PARTS:-8b torch 13b 13bck}
 BENCH_DEFAULTS="--seq=1024 --dtype=bf16 --stages=2 --offload=optimizer --offload_ratio=auto --iters=3 --warmup=1"
-BENCH_TIMEOUT=190
-bench l8b_nock --models=llama-8B --batch=8 --accumulation=4 --checkpointing=0 --warmup=12 --iters=4
-el "pytorch"
-timeout 120 python3 .anchors/torch_llama_anchor.py llama8b_bf16_ckpt > $OUT/torch_llama8b.jsonl 2> $OUT/torch_llama8b.err
-el "pytorch rc=$?"; cut -c1-400 $OUT/torch_llama8b.jsonl; tail -2 $OUT/torch_llama8b.err | cut -c1-300
-BENCH_TIMEOUT=200
-bench g13b_nock --models=13B --batch=2 --accumulation=16 --checkpointing=0 --iters=2
-BENCH_TIMEOUT=$(( $(left) - 10 ))
-bench g13b_ck --models=13B --batch=8 --accumulation=8 --checkpointing=1 --iters=2
+for part in $PARTS; do
+  case $part in
+    8b) BENCH_TIMEOUT=190
+        bench l8b_nock --models=llama-8B --batch=8 --accumulation=4 --checkpointing=0 --warmup=12 --iters=4 ;;
+    torch) el "pytorch"
+        timeout 120 python3 .anchors/torch_llama_anchor.py llama8b_bf16_ckpt > $OUT/torch_llama8b.jsonl 2> $OUT/torch_llama8b.err
+        el "pytorch rc=$?"; cut -c1-400 $OUT/torch_llama8b.jsonl; tail -2 $OUT/torch_llama8b.err | cut -c1-300 ;;
+    13b) BENCH_TIMEOUT=200
+        bench g13b_nock --models=13B --batch=2 --accumulation=16 --checkpointing=0 --iters=2 ;;
+    13bck) BENCH_TIMEOUT=$(( $(left) - 10 ))
+        bench g13b_ck --models=13B --batch=8 --accumulation=8 --checkpointing=1 --iters=2 ;;
+  esac
+done
 python3 -c "
 import json
 for l in open('$OUT/train_bench.jsonl'):
