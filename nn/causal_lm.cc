@@ -7,12 +7,12 @@ namespace ze {
 namespace nn {
 
 CausalLm::CausalLm(const char *type_name, int64_t loss_vocab, int first_layer,
-                   int last_layer)
+                   int last_layer, int pipeline_layers)
     : LossModel(type_name),
       type_name_(type_name),
       loss_vocab_(loss_vocab),
       first_layer_(first_layer),
-      last_layer_(last_layer) {}
+      last_layer_(last_layer < 0 ? pipeline_layers : last_layer) {}
 
 absl::Status CausalLm::RequireWhole(const char *op) const {
   if (whole()) return absl::OkStatus();

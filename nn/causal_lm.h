@@ -97,9 +97,10 @@ class CausalLm : public LossModel,
 
   // `type_name` names the model in messages ("GptModel"); `loss_vocab`
   // columns of the head's logits compete in the loss; the stage holds
-  // pipeline layers [first_layer, last_layer).
+  // pipeline layers [first_layer, last_layer) of `pipeline_layers`
+  // (last_layer -1: through the end, as GptOptions and DecoderOptions say).
   CausalLm(const char *type_name, int64_t loss_vocab, int first_layer,
-           int last_layer);
+           int last_layer, int pipeline_layers);
 
   // Called once by the family's constructor, after registering the layers.
   void SetStack(const Stack &stack) { stack_ = stack; }

@@ -13,8 +13,7 @@ namespace nn {
 DecoderModel::DecoderModel(const DecoderConfig &config,
                            const DecoderOptions &options)
     : CausalLm("DecoderModel", config.vocab_size, options.first_layer,
-               options.last_layer < 0 ? config.pipeline_layers()
-                                      : options.last_layer),
+               options.last_layer, config.pipeline_layers()),
       config_(config),
       options_(options) {
   const LayerOptions layer_options{options.device, options.dtype};

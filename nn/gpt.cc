@@ -107,8 +107,7 @@ std::vector<std::string> GptConfig::PresetNames() {
 
 GptModel::GptModel(const GptConfig &config, const GptOptions &options)
     : CausalLm("GptModel", config.vocab_size, options.first_layer,
-               options.last_layer < 0 ? config.pipeline_layers()
-                                      : options.last_layer),
+               options.last_layer, config.pipeline_layers()),
       config_(config),
       options_(options) {
   const LayerOptions layer_options{options.device, options.dtype};
@@ -116,29 +115,28 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
   auto holds = [&](int layer) {
     return first_layer() <= layer && layer < last_layer();
   };
+  Stack stack;
   Embedding *embed = nullptr;
-  Sequential *blocks = nullptr;
-  LayerNorm *ln_f = nullptr;
-  OutputHead *lm_head = nullptr;
-  TiedTableCopy *tied_table = nullptr;
   if (holds(0)) {
     embed = RegisterChild("embed", std::make_unique<Embedding>(
                                        config.table_rows(), config.max_seq_len,
                                        config.channels, layer_options));
+    stack.embedding = embed;
+    stack.tied_embedding_table = embed->token_table();
   } else if (holds(n + 2)) {
     // Embedding's initialiser for its token table.
-    tied_table = RegisterChild(
+    stack.tied_table = RegisterChild(
         "embed", std::make_unique<TiedTableCopy>(
                      "wte", config.table_rows(), config.channels, options.dtype,
                      options.device, Initializer::Normal(0.02f)));
   }
   for (int layer = 0; layer < n; ++layer) {
     if (!holds(layer + 1)) continue;
-    if (blocks == nullptr) {
-      blocks = RegisterChild("blocks", std::make_unique<Sequential>());
+    if (stack.blocks == nullptr) {
+      stack.blocks = RegisterChild("blocks", std::make_unique<Sequential>());
     }
     // Named by its index in the whole model, whatever the stage.
-    Block *block = blocks->Append(
+    Block *block = stack.blocks->Append(
         std::to_string(layer),
         std::make_unique<Block>(config.channels, config.num_heads,
                                 config.num_layers, layer_options));
@@ -146,25 +144,19 @@ GptModel::GptModel(const GptConfig &config, const GptOptions &options)
     block->mlp()->set_recompute_activation(config.recompute_activations);
   }
   if (holds(n + 1)) {
-    ln_f = RegisterChild(
+    stack.final_norm = RegisterChild(
         "ln_f", std::make_unique<LayerNorm>(config.channels, layer_options));
   }
   if (holds(n + 2)) {
-    lm_head = RegisterChild("lm_head",
-                            std::make_unique<OutputHead>(
-                                embed != nullptr ? embed->shared_token_table()
-                                                 : tied_table->shared_table()));
-    lm_head->set_weight_gradient(config.head_weight_gradient_in_backward
-                                     ? OutputHead::WeightGradient::kInBackward
-                                     : OutputHead::WeightGradient::kInForward);
+    stack.head = RegisterChild(
+        "lm_head", std::make_unique<OutputHead>(
+                       embed != nullptr ? embed->shared_token_table()
+                                        : stack.tied_table->shared_table()));
+    stack.head->set_weight_gradient(
+        config.head_weight_gradient_in_backward
+            ? OutputHead::WeightGradient::kInBackward
+            : OutputHead::WeightGradient::kInForward);
   }
-  Stack stack;
-  stack.embedding = embed;
-  stack.blocks = blocks;
-  stack.final_norm = ln_f;
-  stack.head = lm_head;
-  stack.tied_table = tied_table;
-  if (embed != nullptr) stack.tied_embedding_table = embed->token_table();
   SetStack(stack);
 }
 
